@@ -1,0 +1,307 @@
+// Fused condition-number regularizer (SPEC §3-4, DESIGN §2): schemas and CPU kernels.
+//
+//   pycore::cond_reg(Z, kind, rtol, tie_rtol, with_grad) -> (value, dR/dZ, diag)
+//       value = R_kind(H), H = ZᵀZ; when with_grad, also dR/dZ = 2 Z ∇_H R(H) (SPEC §4),
+//       computed in the same call so that autograd's backward is a single scale.
+//   pycore::precond_linear(X, W, bias, lambda_reg, precondition) -> X Wᵀ + b
+//   pycore::precond_linear_backward(...) -> (grad_X, grad_W) with
+//       grad_W = (grad_outᵀ X)(XᵀX + λI)⁻¹  (right side: SPEC §4 "orientation matters").
+//
+// Precision policy of cond_reg: the two products (forming H or the Gram matrix, and the
+// product that forms dR/dZ) run in Z's dtype, like any BLAS product of that dtype; every
+// spectral and scalar step (eigenvalues, rank, eigenvector, R, the coefficients of ∇_H R) runs
+// in float64.  Pass float64 Z for float64 products (the paper's setting).
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "spectral_summary.h"
+
+extern "C" {
+// `import pycore._C` only has to load this library (its static TORCH_LIBRARY blocks register
+// the ops); an empty module keeps it independent of pybind11 and of the Python ABI details.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+namespace pycore {
+
+namespace {
+
+int parse_kind(c10::string_view kind) {
+  if (kind == "ill") return kIll;
+  if (kind == "well") return kWell;
+  TORCH_CHECK(false, "cond_regularizer: kind must be 'ill' or 'well', got '", std::string(kind), "'");
+}
+
+double dtype_eps(at::ScalarType t) {
+  return t == at::kFloat ? static_cast<double>(std::numeric_limits<float>::epsilon())
+                         : std::numeric_limits<double>::epsilon();
+}
+
+}  // namespace
+
+// Input checks shared by the CPU and CUDA kernels of cond_reg (declared in cond_reg.h-less
+// style: the CUDA file re-declares it).
+void check_cond_reg_inputs(const at::Tensor& Z, c10::optional<double> rtol,
+                           c10::optional<double> tie_rtol) {
+  TORCH_CHECK(Z.dim() == 2, "cond_regularizer: Z must be a 2-D (N x D) feature matrix, got ",
+              Z.dim(), "-D with shape ", Z.sizes());
+  TORCH_CHECK(Z.scalar_type() == at::kFloat || Z.scalar_type() == at::kDouble,
+              "cond_regularizer: Z must be float32 or float64, got ", Z.scalar_type());
+  TORCH_CHECK(Z.size(0) >= 1 && Z.size(1) >= 1, "cond_regularizer: Z must be non-empty, got shape ",
+              Z.sizes());
+  TORCH_CHECK(Z.is_contiguous(), "cond_regularizer: Z must be contiguous (call .contiguous())");
+  TORCH_CHECK(!rtol.has_value() || (*rtol >= 0.0 && std::isfinite(*rtol)),
+              "cond_regularizer: rtol must be a finite number >= 0, got ", rtol.value_or(0.0));
+  TORCH_CHECK(!tie_rtol.has_value() || (*tie_rtol >= 0.0 && std::isfinite(*tie_rtol)),
+              "cond_regularizer: tie_rtol must be a finite number >= 0, got ", tie_rtol.value_or(0.0));
+}
+
+// Defaults: rank tolerance of numpy.linalg.matrix_rank for the D×D matrix H in Z's precision
+// (H is formed in that precision, so eigenvalues below D·eps·λ_max are round-off), and a tie
+// when the gap at the extreme is below sqrt(eps)·λ_max: the extreme eigenvector then carries
+// an error ~eps·λ_max/gap ≥ sqrt(eps), i.e. fewer than half the digits (pycore.spectral does
+// the same in float64).
+double default_rtol(const at::Tensor& Z, c10::optional<double> rtol) {
+  return rtol.has_value() ? *rtol : static_cast<double>(Z.size(1)) * dtype_eps(Z.scalar_type());
+}
+double default_tie_rtol(const at::Tensor& Z, c10::optional<double> tie_rtol) {
+  return tie_rtol.has_value() ? *tie_rtol : std::sqrt(dtype_eps(Z.scalar_type()));
+}
+
+namespace {
+
+// Unit eigenvector of the symmetric M (float64, n×n) for its extreme eigenvalue lam[idx]
+// (idx = 0 or n−1), by inverse iteration with a definite shift: (M − μI) with μ just outside
+// the spectrum is positive (or negative) definite, so one Cholesky factorisation (n³/3) and a
+// few triangular solves replace the full eigh (about 2.5x the cost of eigvalsh).  The shift
+// sits δ = 1e-3·gap beyond the eigenvalue, so each step shrinks the other components by
+// ≤ δ/(gap+δ) ≈ 1e-3.  Returns an undefined tensor when the shortcut does not apply (interior
+// eigenvalue, tiny gap, failed factorisation or slow convergence); the caller then uses eigh.
+at::Tensor extreme_eigvec_inverse_iteration(const at::Tensor& M, const double* lam, int64_t n,
+                                            int64_t idx) {
+  if (n == 1) return at::ones({1}, M.options());
+  const bool top = (idx == n - 1);
+  if (!top && idx != 0) return at::Tensor();
+  const double lmax = std::max(std::abs(lam[n - 1]), std::abs(lam[0]));
+  const double gap = top ? lam[n - 1] - lam[n - 2] : lam[1] - lam[0];
+  const double eps = std::numeric_limits<double>::epsilon();
+  const double floor_shift = 64.0 * static_cast<double>(n) * eps * lmax;
+  const double delta = 1e-3 * gap;
+  if (!(delta > floor_shift)) return at::Tensor();
+  const double mu = top ? lam[idx] + delta : lam[idx] - delta;
+  at::Tensor B = top ? at::neg(M) : M.clone();
+  B.diagonal().add_(top ? mu : -mu);  // B = ±(M − μI), positive definite
+  auto chol = at::linalg_cholesky_ex(B, /*upper=*/false, /*check_errors=*/false);
+  if (std::get<1>(chol).item<int64_t>() != 0) return at::Tensor();
+  const at::Tensor& L = std::get<0>(chol);
+  // Deterministic start with no special structure (a fixed LCG, not a global RNG): a start
+  // orthogonal to the target would need exact cancellation against these values.
+  at::Tensor x = at::empty({n, 1}, M.options());
+  double* xp = x.data_ptr<double>();
+  uint64_t s = 0x9E3779B97F4A7C15ULL;
+  for (int64_t i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    xp[i] = 0.5 + static_cast<double>(s >> 11) * (1.0 / 9007199254740992.0);
+  }
+  x.div_(x.norm());
+  // Stop at the round-off floor: successive iterates agree to ~eps, or stop improving.
+  double diff = 1.0, prev = 2.0;
+  for (int it = 0; it < 12; ++it) {
+    at::Tensor y = at::cholesky_solve(x, L, /*upper=*/false);
+    y.div_(y.norm());
+    if (at::dot(y.view({n}), x.view({n})).item<double>() < 0) y.neg_();
+    diff = (y - x).norm().item<double>();
+    x = y;
+    if (diff <= 16.0 * eps * std::sqrt(static_cast<double>(n))) break;
+    if (it >= 3 && diff > 0.5 * prev) break;  // stagnated at the floor (or not converging)
+    prev = diff;
+  }
+  // the last step shrank the error by ~1e-3 more than `diff`
+  const bool converged = diff <= 1e-8;
+  if (!converged) return at::Tensor();
+  // Backward-stable check: ‖Mx − λx‖ at the level a full eigensolver would reach.
+  const double res = (at::mm(M, x) - lam[idx] * x).norm().item<double>();
+  if (!(res <= 16.0 * static_cast<double>(n) * eps * lmax)) return at::Tensor();
+  return x.view({n});
+}
+
+// out[i, j] = alpha·a[i]·b[j] + beta·P[i, j], the fused "apply ∇_H R" step, one pass over P.
+template <typename scalar_t>
+void rank1_plus_scaled(const scalar_t* P, const double* a, const double* b, double alpha,
+                       double beta, int64_t rows, int64_t cols, scalar_t* out) {
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      const double ai = alpha * a[i];
+      const scalar_t* Pi = P + i * cols;
+      scalar_t* oi = out + i * cols;
+      for (int64_t j = 0; j < cols; ++j)
+        oi[j] = static_cast<scalar_t>(ai * b[j] + beta * static_cast<double>(Pi[j]));
+    }
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cpu(const at::Tensor& Z,
+                                                           c10::string_view kind_str,
+                                                           c10::optional<double> rtol_opt,
+                                                           c10::optional<double> tie_rtol_opt,
+                                                           bool with_grad) {
+  const int kind = parse_kind(kind_str);
+  check_cond_reg_inputs(Z, rtol_opt, tie_rtol_opt);
+  TORCH_CHECK(Z.device().is_cpu(), "cond_regularizer: expected a CPU tensor, got ", Z.device());
+  TORCH_CHECK(at::isfinite(Z).all().item<bool>(), "cond_regularizer: Z contains NaN or Inf");
+  const double rtol = default_rtol(Z, rtol_opt);
+  const double tie_rtol = default_tie_rtol(Z, tie_rtol_opt);
+  const int64_t N = Z.size(0), D = Z.size(1);
+  const bool gram = N < D;  // Gram space: A = ZZᵀ (N×N) has the nonzero eigenvalues of H
+  const int64_t n = gram ? N : D;
+
+  const at::Tensor M = gram ? at::mm(Z, Z.t()) : at::mm(Z.t(), Z);  // Z's dtype
+  const at::Tensor M64 = M.to(at::kDouble);
+  const at::Tensor lam = at::linalg_eigvalsh(M64).contiguous();  // ascending
+  at::Tensor summary = at::empty({kSummarySize}, Z.options().dtype(at::kDouble));
+  double* sp = summary.data_ptr<double>();
+  spectral_summary(lam.data_ptr<double>(), n, D, kind, rtol, tie_rtol, dtype_eps(Z.scalar_type()),
+                   gram, sp);
+
+  at::Tensor grad = at::empty({0}, Z.options());
+  if (with_grad) {
+    const int64_t idx = static_cast<int64_t>(sp[kIndex]);
+    at::Tensor x = (sp[kTie] == 0.0)
+                       ? extreme_eigvec_inverse_iteration(M64, lam.data_ptr<double>(), n, idx)
+                       : at::Tensor();
+    sp[kEigvecMethod] = 0.0;
+    if (!x.defined()) {  // ties, interior eigenvalues (rank-deficient R_ill), hard cases
+      x = std::get<1>(at::linalg_eigh(M64)).select(1, idx).contiguous();
+      sp[kEigvecMethod] = 1.0;
+    }
+    // dR/dZ = 2 Z G with G = c_vec v vᵀ − c_mat H:
+    //   covariance path (x = v):  2 c_vec (Z v) vᵀ − 2 c_mat (Z H)
+    //   Gram path (x = u, A u = λu, v = Zᵀu/√λ so Z v = √λ u):  2 c_vec u (Zᵀu)ᵀ − 2 c_mat (A Z)
+    const at::Tensor Z64 = Z.to(at::kDouble);
+    const at::Tensor a = gram ? x : at::mv(Z64, x);
+    const at::Tensor b = gram ? at::mv(Z64.t(), x).contiguous() : x;
+    const at::Tensor P = gram ? at::mm(M, Z) : at::mm(Z, M);  // the second product, Z's dtype
+    grad = at::empty_like(Z);
+    AT_DISPATCH_FLOATING_TYPES(Z.scalar_type(), "cond_reg_cpu", [&] {
+      rank1_plus_scaled<scalar_t>(P.data_ptr<scalar_t>(), a.contiguous().data_ptr<double>(),
+                                  b.data_ptr<double>(), 2.0 * sp[kCVec], -2.0 * sp[kCMat], N, D,
+                                  grad.data_ptr<scalar_t>());
+    });
+  }
+  at::Tensor value = at::scalar_tensor(sp[kValue64], Z.options());
+  return {value, grad, summary.narrow(0, 0, kDiagSize).clone()};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Immunization head (paper Appendix C.3 "dummy layer"): Z = X Wᵀ (+ b), preconditioned weight
+// gradient.  Composed of ATen calls only (GEMM, Cholesky), so one kernel serves every device:
+// registered as CompositeExplicitAutograd (cuBLAS/cuSOLVER through ATen on CUDA).
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+void check_head_inputs(const at::Tensor& X, const at::Tensor& W, double lambda_reg) {
+  TORCH_CHECK(X.dim() == 2, "ImmunizationHead: input must be 2-D (N x D_in), got ", X.dim(),
+              "-D with shape ", X.sizes());
+  TORCH_CHECK(W.dim() == 2, "ImmunizationHead: weight must be 2-D (D_out x D_in), got shape ",
+              W.sizes());
+  TORCH_CHECK(X.size(1) == W.size(1), "ImmunizationHead: input has ", X.size(1),
+              " features but the weight expects ", W.size(1));
+  TORCH_CHECK(X.scalar_type() == at::kFloat || X.scalar_type() == at::kDouble,
+              "ImmunizationHead: input must be float32 or float64, got ", X.scalar_type());
+  TORCH_CHECK(X.scalar_type() == W.scalar_type(), "ImmunizationHead: input dtype ",
+              X.scalar_type(), " differs from weight dtype ", W.scalar_type());
+  TORCH_CHECK(X.device() == W.device(), "ImmunizationHead: input on ", X.device(),
+              " but weight on ", W.device());
+  TORCH_CHECK(lambda_reg >= 0.0 && std::isfinite(lambda_reg),
+              "ImmunizationHead: lambda_reg must be a finite number >= 0, got ", lambda_reg);
+}
+
+}  // namespace
+
+at::Tensor precond_linear(const at::Tensor& X, const at::Tensor& W,
+                          const c10::optional<at::Tensor>& bias, double lambda_reg,
+                          bool precondition) {
+  check_head_inputs(X, W, lambda_reg);
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == W.size(0), "ImmunizationHead: bias must have shape (",
+                W.size(0), ",), got ", bias->sizes());
+    TORCH_CHECK(bias->scalar_type() == W.scalar_type() && bias->device() == W.device(),
+                "ImmunizationHead: bias dtype/device must match the weight");
+    return at::addmm(*bias, X, W.t());
+  }
+  return at::mm(X, W.t());
+}
+
+// grad_W (XᵀX + λI)⁻¹ with grad_W = grad_outᵀ X, in float64 (λ = 1e-7 next to eigenvalues of
+// order 1e2-1e4 gives a condition number far beyond float32's 1e7).
+//   N ≥ D_in: Cholesky of the D_in×D_in matrix K + λI.
+//   N < D_in: push-through identity  X(XᵀX + λI)⁻¹ = (XXᵀ + λI)⁻¹X, so
+//             grad_W (K + λI)⁻¹ = [(XXᵀ + λI)⁻¹ grad_out]ᵀ X  with an N×N Cholesky:
+//             O(N²D + N³).  This is Woodbury's identity applied to the product, without the
+//             (1/λ)(I − Xᵀ(XXᵀ+λI)⁻¹X) form, whose 1/λ = 1e7 would cancel catastrophically.
+//             With λ = 0 it gives grad_W K⁺ for X of full row rank (SPEC §5: K⁺ when K is singular).
+std::tuple<at::Tensor, at::Tensor> precond_linear_backward(const at::Tensor& grad_out,
+                                                           const at::Tensor& X,
+                                                           const at::Tensor& W, double lambda_reg,
+                                                           bool precondition, bool need_input,
+                                                           bool need_weight) {
+  check_head_inputs(X, W, lambda_reg);
+  TORCH_CHECK(grad_out.dim() == 2 && grad_out.size(0) == X.size(0) && grad_out.size(1) == W.size(0),
+              "ImmunizationHead backward: grad_output must have shape (", X.size(0), ", ",
+              W.size(0), "), got ", grad_out.sizes());
+  at::Tensor grad_X = need_input ? at::mm(grad_out, W) : at::empty({0}, X.options());
+  if (!need_weight) return {grad_X, at::empty({0}, W.options())};
+  if (!precondition) return {grad_X, at::mm(grad_out.t(), X)};
+  const int64_t N = X.size(0), Din = X.size(1);
+  const at::Tensor X64 = X.to(at::kDouble);
+  const at::Tensor G64 = grad_out.to(at::kDouble);
+  const bool gram = N < Din;
+  at::Tensor S = gram ? at::mm(X64, X64.t()) : at::mm(X64.t(), X64);
+  S.diagonal().add_(lambda_reg);
+  auto chol = at::linalg_cholesky_ex(S, /*upper=*/false, /*check_errors=*/false);
+  TORCH_CHECK(std::get<1>(chol).item<int64_t>() == 0,
+              "ImmunizationHead: ", gram ? "XXᵀ + λI" : "XᵀX + λI",
+              " is not positive definite in float64 (lambda_reg=", lambda_reg,
+              "); the batch features are rank-deficient: use lambda_reg > 0 or a larger one");
+  const at::Tensor& L = std::get<0>(chol);
+  at::Tensor gW;
+  if (gram) {
+    gW = at::mm(at::cholesky_solve(G64, L, /*upper=*/false).t(), X64);  // (D_out×N)(N×D_in)
+  } else {
+    // (K+λI) symmetric:  grad_W (K+λI)⁻¹ = [(K+λI)⁻¹ grad_Wᵀ]ᵀ
+    gW = at::cholesky_solve(at::mm(X64.t(), G64), L, /*upper=*/false).t();
+  }
+  return {grad_X, gW.to(W.scalar_type()).contiguous()};
+}
+
+TORCH_LIBRARY(pycore, m) {
+  m.def("cond_reg(Tensor Z, str kind, float? rtol=None, float? tie_rtol=None, bool with_grad=False)"
+        " -> (Tensor, Tensor, Tensor)");
+  m.def("precond_linear(Tensor X, Tensor W, Tensor? bias, float lambda_reg, bool precondition)"
+        " -> Tensor");
+  m.def("precond_linear_backward(Tensor grad_out, Tensor X, Tensor W, float lambda_reg,"
+        " bool precondition, bool need_input, bool need_weight) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(pycore, CPU, m) { m.impl("cond_reg", &cond_reg_cpu); }
+
+TORCH_LIBRARY_IMPL(pycore, CompositeExplicitAutograd, m) {
+  m.impl("precond_linear", &precond_linear);
+  m.impl("precond_linear_backward", &precond_linear_backward);
+}
+
+}  // namespace pycore

@@ -1,0 +1,349 @@
+"""Attack suite on House Prices (SPEC §10): how many steps does each linear-probing attacker need?
+
+For identity and every immunizer of :data:`pycore.immunize.METHODS`, probe the features
+``Z = Xθ`` of D_H (harmful, ``SalePrice``) and D_P (pre-training, ``LotArea``), on the rows used
+to immunize ("train") and on the rows never seen ("held-out"), with every attacker of
+:mod:`pycore.attacks`, and count the steps to a relative suboptimality ε. The slow-down factor
+is ``steps(θ_I)/steps(identity)``: > 1 on D_H is what immunization promises, ≤ 1 on D_P is what
+it must keep (paper Figure 1 / Definition 3.1).
+
+    python experiments/attacks.py                       # 1 seed, cap 20000 steps (~1 min)
+    python experiments/attacks.py --seeds 0 1 2 --max-steps 50000
+    python experiments/attacks.py --certified           # immunize in certified-monotone mode
+
+Writes ``results/attacks/results.json`` (every number, the command line, versions),
+``table.md`` and ``curves.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pycore import attacks as A  # noqa: E402
+
+ROWS = ("train", "heldout")
+TASKS = ("D_H", "D_P")
+
+
+# ----------------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="immunization seeds (default: 0)")
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="immunizers to attack (default: all of pycore.immunize.METHODS; identity is always added)")
+    p.add_argument("--attackers", nargs="+", default=None,
+                   help=f"attackers (default: all for least squares: {', '.join(A.attackers_for('lsq'))})")
+    p.add_argument("--eps", type=float, nargs="+", default=list(A.DEFAULT_EPS),
+                   help="relative-suboptimality targets (default: 1e-2 1e-4 1e-6)")
+    p.add_argument("--max-steps", type=int, default=20000, help="step cap of every iterative attacker (default 20000)")
+    p.add_argument("--epochs", type=int, default=None, help="immunization epochs (default: ImmunizeConfig's)")
+    p.add_argument("--certified", action="store_true",
+                   help="immunize in certified-monotone mode (ImmunizeConfig(certified=True))")
+    p.add_argument("--data", type=Path, default=None, help="Kaggle House Prices train.csv (default: packaged copy)")
+    p.add_argument("--n-train", type=int, default=200, help="training rows per split (authors' protocol: 200)")
+    p.add_argument("--out", type=Path, default=Path("results/attacks"), help="output folder")
+    p.add_argument("--no-plot", action="store_true", help="skip curves.png")
+    args = p.parse_args(argv)
+    if args.max_steps < 1:
+        p.error(f"--max-steps must be ≥ 1, got {args.max_steps}")
+    if any(not (0 < e < 1) for e in args.eps):
+        p.error(f"--eps values must lie in (0, 1), got {args.eps}")
+    if args.attackers:
+        bad = [a for a in args.attackers if a not in A.attackers_for("lsq")]
+        if bad:
+            p.error(f"unknown least-squares attacker(s) {bad}; choose from {list(A.attackers_for('lsq'))}")
+    return args
+
+
+# ----------------------------------------------------------------------------------------------
+def slowdown(s_method, s_identity, cap):
+    """``steps(θ_I)/steps(identity)`` as ``(value, kind)``; kind '=' exact, '>=' when θ_I hit the
+    cap (a lower bound), '<=' when identity did (an upper bound), 'n/a' when both did."""
+    if s_method is not None and s_identity is not None:
+        return s_method / s_identity, "="
+    if s_method is None and s_identity is not None:
+        return (cap + 1) / s_identity, ">="
+    if s_method is not None and s_identity is None:
+        return s_method / (cap + 1), "<="
+    return None, "n/a"
+
+
+def _fmt_one(v, kind):
+    if kind == "n/a":
+        return "both capped"
+    txt = f"{v:.3g}" if v < 1000 else f"{v:.2e}"
+    return {"=": txt, ">=": "≥" + txt, "<=": "≤" + txt}[kind]
+
+
+def fmt_factors(items):
+    """One table cell from the per-seed ``(value, kind)`` list: median, and the range if > 1 seed."""
+    vals = [(v, k) for v, k in items if k != "n/a"]
+    if not vals:
+        return "both capped"
+    if len(items) == 1:
+        return _fmt_one(*items[0])
+    vals.sort(key=lambda x: x[0])
+    med = vals[len(vals) // 2]
+    return f"{_fmt_one(*med)} ({_fmt_one(*vals[0])}–{_fmt_one(*vals[-1])})"
+
+
+def holds(items, want):
+    """Claim check on the per-seed factors: ``want='>1'`` (slower) or ``'<=1'`` (not slower).
+    A bound counts only when it decides the question; 'n/a' never does."""
+    ok = []
+    for v, k in items:
+        if k == "n/a":
+            ok.append(False)
+        elif want == ">1":
+            ok.append(v > 1 and k in ("=", ">="))
+        else:
+            ok.append(v <= 1 and k in ("=", "<="))
+    return all(ok)
+
+
+def _curve_digest(rel, n=120):
+    """Log-spaced subsample of a curve, for replotting from the JSON."""
+    idx = np.unique(np.concatenate([[0], np.geomspace(1, max(1, len(rel) - 1), n).astype(int)]))
+    return {"step": idx.tolist(), "rel_subopt": [float(rel[i]) for i in idx]}
+
+
+# ----------------------------------------------------------------------------------------------
+def run(args) -> dict:
+    from pycore.data.house_price import load_house_price
+    from pycore.immunize import METHODS, ImmunizeConfig, config_dict, immunize
+    from pycore.metrics import rir
+
+    data = load_house_price(args.data, n_train=args.n_train)
+    if data.heldout is None:
+        raise SystemExit("House Prices: no held-out rows left (lower --n-train)")
+    methods = list(args.methods or METHODS)
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise SystemExit(f"unknown method(s) {bad}; choose from {list(METHODS)}")
+    if "identity" not in methods:
+        methods.insert(0, "identity")
+    attackers = tuple(args.attackers or A.attackers_for("lsq"))
+    cfg = ImmunizeConfig()
+    if args.epochs is not None:
+        cfg = replace(cfg, epochs=args.epochs)
+    if args.certified:
+        cfg = replace(cfg, certified=True)
+    splits = {"train": data.train, "heldout": data.heldout}
+
+    runs, curves = [], {}
+    t_start = time.perf_counter()
+    for seed in args.seeds:
+        for method in methods:
+            res = immunize(data.train, method, rng=np.random.default_rng(seed), config=cfg)
+            theta = res.theta
+            entry = {"seed": seed, "method": method, "immunize_seconds": res.wall_seconds,
+                     "diagnostics": A._jsonable(res.diagnostics), "rir": {}, "attacks": {}}
+            for rows, task in splits.items():
+                entry["rir"][rows] = float(rir(theta, task.X_P, task.X_H))
+                for tname, (X, Y) in (("D_H", (task.X_H, task.Y_H)), ("D_P", (task.X_P, task.Y_P))):
+                    prob = A.make_problem(X @ theta, Y, "lsq")
+                    traj = A.run_attack_suite(prob, attackers, max_steps=args.max_steps, tol=min(args.eps))
+                    entry["attacks"][f"{rows}/{tname}"] = {
+                        "kappa": prob.kappa, "rank": prob.rank, "n_rows": int(X.shape[0]),
+                        "attackers": {k: t.summary(args.eps) for k, t in traj.items()},
+                    }
+                    if seed == args.seeds[0] and rows == "train":
+                        curves[(method, tname)] = {k: t.rel_subopt for k, t in traj.items()}
+                        for k, t in traj.items():
+                            entry["attacks"][f"{rows}/{tname}"]["attackers"][k]["curve"] = _curve_digest(t.rel_subopt)
+            runs.append(entry)
+            print(f"seed {seed} {method:12s} RIR train {entry['rir']['train']:.4g} held-out "
+                  f"{entry['rir']['heldout']:.4g}  ({time.perf_counter() - t_start:.0f}s)", flush=True)
+
+    factors = compute_factors(runs, methods, attackers, args.eps, args.max_steps)
+    import numpy, scipy
+    return {
+        "experiment": "attacks", "dataset": "house_prices", "source": data.source,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "seeds": args.seeds, "methods": methods, "attackers": list(attackers), "eps": args.eps,
+        "step_cap": args.max_steps, "loss": "0.5*||Zw - y||^2 (Hessian Z^T Z = H(theta))",
+        "immunize_config": config_dict(cfg),
+        "n_rows": {rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])} for rows, t in splits.items()},
+        "versions": {"python": platform.python_version(), "numpy": numpy.__version__, "scipy": scipy.__version__},
+        "wall_seconds": time.perf_counter() - t_start,
+        "runs": runs, "slowdown": factors, "_curves": curves,
+    }
+
+
+def compute_factors(runs, methods, attackers, eps_list, cap):
+    """``{method: {rows/task: {attacker: {eps: [(value, kind) per seed]}}}}`` against identity."""
+    by = {(r["seed"], r["method"]): r for r in runs}
+    seeds = sorted({r["seed"] for r in runs})
+    out = {}
+    for m in methods:
+        if m == "identity":
+            continue
+        out[m] = {}
+        for rows in ROWS:
+            for task in TASKS:
+                key = f"{rows}/{task}"
+                out[m][key] = {}
+                for a in attackers:
+                    out[m][key][a] = {}
+                    for e in eps_list:
+                        ek = f"{e:g}"
+                        items = []
+                        for s in seeds:
+                            sm = by[(s, m)]["attacks"][key]["attackers"][a]["steps_to"][ek]
+                            si = by[(s, "identity")]["attacks"][key]["attackers"][a]["steps_to"][ek]
+                            items.append(slowdown(sm, si, cap))
+                        out[m][key][a][ek] = items
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+def write_table(res: dict, path: Path):
+    methods = [m for m in res["methods"] if m != "identity"]
+    attackers, eps_list, F = res["attackers"], res["eps"], res["slowdown"]
+    by = {(r["seed"], r["method"]): r for r in res["runs"]}
+    s0 = res["seeds"][0]
+    L = []
+    L.append("# Attack suite on House Prices: steps to relative suboptimality ε, immunized vs identity\n")
+    L.append(f"Command: `{res['command']}`  \nSeeds: {res['seeds']}; step cap {res['step_cap']} "
+             f"(a run that does not reach ε within the cap is shown as a bound: ≥ when θ_I hit the cap, "
+             f"≤ when identity did); loss ½‖Zw − y‖² on features Z = Xθ; every attacker starts at w = 0. "
+             f"Rows: train = the {res['n_rows']['train']['D_H']}/{res['n_rows']['train']['D_P']} D_H/D_P rows "
+             f"used to immunize; held-out = the other {res['n_rows']['heldout']['D_H']}/"
+             f"{res['n_rows']['heldout']['D_P']} rows. Factor = steps(θ_I)/steps(identity): "
+             f"> 1 on D_H means the attacker is slowed (good), ≤ 1 on D_P means pre-training probing is not "
+             f"slowed (good). With several seeds a cell is the median (min–max).\n")
+
+    # condition numbers and RIR for context
+    L.append("## Condition numbers of the probing Hessians (seed %d)\n" % s0)
+    L.append("| θ | RIR train | RIR held-out | κ(H_H) train | κ(H_P) train | κ(H_H) held-out | κ(H_P) held-out |")
+    L.append("|---|---|---|---|---|---|---|")
+    for m in res["methods"]:
+        r = by[(s0, m)]
+        k = lambda key: f"{r['attacks'][key]['kappa']:.3g}"  # noqa: E731
+        L.append(f"| {m} | {r['rir']['train']:.4g} | {r['rir']['heldout']:.4g} | {k('train/D_H')} | "
+                 f"{k('train/D_P')} | {k('heldout/D_H')} | {k('heldout/D_P')} |")
+    L.append("")
+
+    # the paper's claim
+    L.append("## The paper's Figure 1 claim, GD with exact line search\n")
+    L.append("Claim: with θ_I, probing D_H is slower (factor > 1) and probing D_P is not slower (factor ≤ 1).\n")
+    L.append("| θ_I | rows | ε | D_H factor | D_P factor | claim |")
+    L.append("|---|---|---|---|---|---|")
+    fails = []
+    for m in methods:
+        for rows in ROWS:
+            for e in eps_list:
+                ek = f"{e:g}"
+                fh = F[m][f"{rows}/D_H"]["gd_exact"][ek] if "gd_exact" in attackers else None
+                fp = F[m][f"{rows}/D_P"]["gd_exact"][ek] if "gd_exact" in attackers else None
+                if fh is None:
+                    continue
+                ok_h, ok_p = holds(fh, ">1"), holds(fp, "<=1")
+                verdict = "holds" if ok_h and ok_p else "FAILS (" + ", ".join(
+                    x for x, ok in (("D_H not slowed", ok_h), ("D_P slowed", ok_p)) if not ok) + ")"
+                if not (ok_h and ok_p):
+                    fails.append(f"{m} / {rows} / ε={ek}: {verdict[7:-1]}")
+                L.append(f"| {m} | {rows} | {ek} | {fmt_factors(fh)} | {fmt_factors(fp)} | {verdict} |")
+    L.append("")
+    if fails:
+        L.append("Where the claim fails: " + "; ".join(fails) + ".\n")
+
+    # which attackers are not slowed on D_H
+    L.append("## Attackers NOT slowed on D_H (factor ≤ 1, i.e. immunization does not help against them)\n")
+    L.append("| θ_I | rows | ε | attackers not slowed |")
+    L.append("|---|---|---|---|")
+    for m in methods:
+        for rows in ROWS:
+            for e in eps_list:
+                ek = f"{e:g}"
+                names = [a for a in attackers if not holds(F[m][f"{rows}/D_H"][a][ek], ">1")]
+                L.append(f"| {m} | {rows} | {ek} | {', '.join(names) if names else '—'} |")
+    L.append("")
+
+    # full slow-down tables
+    for rows in ROWS:
+        for e in eps_list:
+            ek = f"{e:g}"
+            L.append(f"## Slow-down factors, {rows} rows, ε = {ek}\n")
+            L.append("| attacker | identity steps D_H | identity steps D_P | " +
+                     " | ".join(f"{m} D_H | {m} D_P" for m in methods) + " |")
+            L.append("|---|---|---|" + "---|---|" * len(methods))
+            for a in attackers:
+                idr = by[(s0, "identity")]["attacks"]
+                sh = idr[f"{rows}/D_H"]["attackers"][a]["steps_to"][ek]
+                sp = idr[f"{rows}/D_P"]["attackers"][a]["steps_to"][ek]
+                cells = [f"{fmt_factors(F[m][f'{rows}/D_H'][a][ek])} | {fmt_factors(F[m][f'{rows}/D_P'][a][ek])}"
+                         for m in methods]
+                L.append(f"| {A.ATTACKER_LABELS[a]} | {sh if sh is not None else '>' + str(res['step_cap'])} | "
+                         f"{sp if sp is not None else '>' + str(res['step_cap'])} | " + " | ".join(cells) + " |")
+            L.append("")
+    path.write_text("\n".join(L))
+
+
+def plot_curves(res: dict, path: Path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves, attackers, methods = res["_curves"], res["attackers"], res["methods"]
+    n = len(attackers)
+    cols = min(4, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    floor = min(res["eps"]) / 100
+    for ax, a in zip(axes.flat, attackers):
+        for i, m in enumerate(methods):
+            for task, ls in (("D_H", "-"), ("D_P", "--")):
+                rel = np.maximum(np.asarray(curves[(m, task)][a]), floor)
+                steps = np.arange(len(rel))
+                ax.plot(np.maximum(steps, 0.8), rel, ls, color=colors[i % len(colors)], lw=1.2,
+                        label=f"{m} {task}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_ylim(floor, 2)
+        ax.set_title(A.ATTACKER_LABELS[a], fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylabel("(L − L*)/(L₀ − L*)")
+        for e in res["eps"]:
+            ax.axhline(e, color="0.8", lw=0.6, zorder=0)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    h, lab = axes.flat[0].get_legend_handles_labels()
+    fig.legend(h, lab, loc="lower center", ncol=min(6, len(lab)), fontsize=8, frameon=False)
+    fig.suptitle(f"House Prices, training rows, seed {res['seeds'][0]}: solid D_H (harmful), dashed D_P "
+                 f"(pre-training); cap {res['step_cap']} steps", fontsize=11)
+    fig.tight_layout(rect=(0, 0.07 + 0.02 * math.ceil(len(lab) / 6), 1, 0.95))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    res = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    curves = res.pop("_curves")
+    (args.out / "results.json").write_text(json.dumps(A._jsonable(res), indent=1))
+    write_table(res, args.out / "table.md")
+    if not args.no_plot:
+        res["_curves"] = curves
+        plot_curves(res, args.out / "curves.png")
+        res.pop("_curves")
+    print(f"wrote {args.out}/results.json, table.md" + ("" if args.no_plot else ", curves.png")
+          + f" in {res['wall_seconds']:.0f}s")
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""Model immunization from a condition-number perspective (Zheng, Bai, Bullins, Yeh; ICML 2025).
+
+The linear core (this package's NumPy/SciPy modules) is float64 ground truth and never imports
+torch; the torch side lives in :mod:`pycore.ops` and :mod:`pycore.deep`.
+"""
+from pycore.spectral import condition_number, SpectrumInfo, spectrum_info
+from pycore.regularizers import (
+    r_ill, r_well, r_ill_grad, r_well_grad, r_ill_grad_theta, r_well_grad_theta,
+    preconditioned_grad_theta,
+)
+from pycore.metrics import rir, rir_ceiling
+
+__all__ = [
+    "condition_number", "SpectrumInfo", "spectrum_info",
+    "r_ill", "r_well", "r_ill_grad", "r_well_grad", "r_ill_grad_theta", "r_well_grad_theta",
+    "preconditioned_grad_theta", "rir", "rir_ceiling",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,355 @@
+"""timm backbones as immunizable feature extractors (SPEC §8-9, paper §5.2 and App. C.3).
+
+A model here is a timm classifier split into three parts:
+
+* ``trunk``  -- the layers kept frozen at θ₀ (ResNet18: stem, layer1, layer2; ViT: patch
+  embedding and every transformer block but the last);
+* ``tail``   -- the immunized layers (ResNet18: ``layer3`` + ``layer4``, "the last two residual
+  stages"; ViT: the last block and the final norm), ending in the pooled pre-logit features;
+* the *immunization layer* -- the paper's identity-initialised dummy linear layer (App. C.3),
+  a :class:`pycore.ops.ImmunizationHead` whose weight gradient is preconditioned as
+  ``grad_W (XᵀX + λI)⁻¹`` (SPEC §4, right side). Its output ``Z`` is the feature matrix whose
+  Hessian ``H = ZᵀZ`` the regularizers shape. Because it starts at the identity, θ₀'s function
+  is unchanged when it is installed.
+
+The layer lives *inside* the timm module (ResNet: ``global_pool`` becomes
+``Sequential(pool, layer)``; ViT: ``fc_norm`` becomes ``Sequential(fc_norm, layer)``), so the
+exported extractor is an ordinary timm model: ``model(x)``, ``forward_features`` and
+``forward_head(..., pre_logits=True)`` (which returns the immunized features) all work.
+Do not call ``reset_classifier`` on an exported ResNet: timm rebuilds ``global_pool`` there.
+
+Checkpoints are read from safetensors or ``torch.load(weights_only=True)`` only; arbitrary
+pickles are refused (DESIGN §4).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pickle
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from pycore.deep._ops import ops
+from pycore.deep.timm_compat import import_timm
+
+__all__ = [
+    "BackboneSpec", "BACKBONES", "ImmunizableModel", "build_model", "read_weights",
+    "load_weights", "export_timm_model", "save_immunized", "load_immunized",
+    "CheckpointError", "CheckpointMismatchError", "PretrainedUnavailableError",
+]
+
+EXPORT_FORMAT = "pycore.deep.immunized/1"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, unreadable, or not a weights-only file."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A checkpoint's tensors do not match the architecture they are loaded into."""
+
+
+class PretrainedUnavailableError(RuntimeError):
+    """``pretrained=True`` could not fetch weights (offline, hub unreachable, no cache)."""
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    """A timm architecture and which of its modules immunization trains."""
+
+    key: str
+    timm_name: str
+    family: str                      # "resnet" | "vit"
+    immunized: tuple[str, ...]       # module paths trained during immunization
+    timm_kwargs: Mapping[str, object] = field(default_factory=dict)
+    note: str = ""
+
+
+BACKBONES: dict[str, BackboneSpec] = {
+    # Paper configurations (SPEC §9): 512-dim / 768-dim features.
+    "resnet18": BackboneSpec("resnet18", "resnet18", "resnet", ("layer3", "layer4"),
+                             note="last two residual stages immunized"),
+    "vit_base_clip": BackboneSpec("vit_base_clip", "vit_base_patch16_clip_224", "vit",
+                                  ("blocks.-1", "norm"),
+                                  note="last transformer block and final norm immunized"),
+    # CPU demo sizes (32 px images). ResNet18 is resolution-agnostic; the ViT is timm's
+    # vit_tiny (192-dim) re-shaped for 32 px inputs and shortened so θ₀ trains in seconds.
+    "resnet18_32px": BackboneSpec("resnet18_32px", "resnet18", "resnet", ("layer3", "layer4"),
+                                  note="ResNet18 on 32 px inputs"),
+    "vit_tiny_32px": BackboneSpec("vit_tiny_32px", "vit_tiny_patch16_224", "vit",
+                                  ("blocks.-1", "norm"),
+                                  {"img_size": 32, "patch_size": 8, "depth": 6},
+                                  note="vit_tiny, 32 px, patch 8 (16 tokens), 6 blocks"),
+}
+
+_LAYER_SITE = {"resnet": "global_pool", "vit": "fc_norm"}
+
+
+def _get_module(root: nn.Module, path: str) -> nn.Module:
+    mod = root
+    for part in path.split("."):
+        mod = mod[int(part)] if part.lstrip("-").isdigit() else getattr(mod, part)
+    return mod
+
+
+def _spec(backbone: "str | BackboneSpec") -> BackboneSpec:
+    if isinstance(backbone, BackboneSpec):
+        return backbone
+    try:
+        return BACKBONES[backbone]
+    except KeyError:
+        raise ValueError(f"unknown backbone {backbone!r}; choose one of {sorted(BACKBONES)}") from None
+
+
+class ImmunizableModel(nn.Module):
+    """timm classifier with an immunization layer installed, split into trunk / tail.
+
+    ``forward(x)`` is exactly the wrapped timm model's forward. The training loop uses the
+    pieces: ``trunk`` (frozen, may be cached), ``pooled`` (tail up to the pre-layer features
+    ``X``), ``layer`` (``Z = X Wᵀ + b``) and ``classifier``.
+    """
+
+    def __init__(self, net: nn.Module, spec: BackboneSpec, layer: nn.Module):
+        super().__init__()
+        if spec.family not in _LAYER_SITE:
+            raise ValueError(f"unsupported backbone family {spec.family!r}")
+        self.spec = spec
+        self.net = net
+        site = _LAYER_SITE[spec.family]
+        setattr(net, site, nn.Sequential(getattr(net, site), layer))
+        self.feature_dim = int(net.num_features)
+
+    # -- pieces ---------------------------------------------------------------------------
+    @property
+    def layer(self) -> nn.Module:
+        return getattr(self.net, _LAYER_SITE[self.spec.family])[1]
+
+    @property
+    def classifier(self) -> nn.Module:
+        return self.net.get_classifier()
+
+    def trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """Frozen part: images -> input of the first immunized module."""
+        n = self.net
+        if self.spec.family == "resnet":
+            x = n.maxpool(n.act1(n.bn1(n.conv1(x))))
+            return n.layer2(n.layer1(x))
+        x = n.norm_pre(n.patch_drop(n._pos_embed(n.patch_embed(x))))
+        for blk in n.blocks[:-1]:
+            x = blk(x)
+        return x
+
+    def pooled(self, h: torch.Tensor) -> torch.Tensor:
+        """Immunized tail up to the pooled pre-layer features ``X`` (N x D)."""
+        n = self.net
+        if self.spec.family == "resnet":
+            x = getattr(n, "global_pool")[0](n.layer4(n.layer3(h)))
+            if n.drop_rate:
+                x = nn.functional.dropout(x, p=float(n.drop_rate), training=n.training)
+            return x
+        x = n.norm(n.blocks[-1](h))
+        return n.head_drop(n.fc_norm[0](n.pool(x)))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Immunized features ``Z`` of images ``x`` (what linear probing sees)."""
+        return self.layer(self.pooled(self.trunk(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    # -- parameter groups -----------------------------------------------------------------
+    def immunized_modules(self) -> list[nn.Module]:
+        return [_get_module(self.net, p) for p in self.spec.immunized] + [self.layer]
+
+    def set_trainable(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        """Freeze everything but the immunized tail, the layer and the classifier.
+
+        Returns ``(extractor_params, classifier_params)`` (disjoint) for the two optimizer
+        groups (weight decay 0 on the extractor, 2e-5 on the classifier; SPEC §9).
+        """
+        for p in self.parameters():
+            p.requires_grad_(False)
+        ext: dict[int, nn.Parameter] = {}
+        for m in self.immunized_modules():
+            for p in m.parameters():
+                ext[id(p)] = p
+        cls = {id(p): p for p in self.classifier.parameters()}
+        for p in list(ext.values()) + list(cls.values()):
+            p.requires_grad_(True)
+        return [p for k, p in ext.items() if k not in cls], list(cls.values())
+
+    def trunk_is_frozen(self) -> bool:
+        trunk_ids = {id(p) for p in self.parameters()} - {
+            id(p) for m in self.immunized_modules() for p in m.parameters()
+        } - {id(p) for p in self.classifier.parameters()}
+        return not any(p.requires_grad for p in self.parameters() if id(p) in trunk_ids)
+
+
+# --- weights --------------------------------------------------------------------------------
+
+def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Read a state dict from safetensors or a weights-only torch file; never unpickle.
+
+    Returns ``(state_dict, metadata)``; metadata is only present for safetensors files.
+    Nested ``{"state_dict": ...}`` / ``{"model": ...}`` dicts and DDP ``module.`` prefixes are
+    unwrapped.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint file not found: {path}")
+    meta: dict[str, str] = {}
+    if path.endswith(".safetensors"):
+        from safetensors import SafetensorError, safe_open  # noqa: PLC0415
+
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                meta = dict(f.metadata() or {})
+                sd = {k: f.get_tensor(k) for k in f.keys()}
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"cannot read safetensors checkpoint {path}: {exc}") from None
+    else:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(
+                f"{path} is not a weights-only torch checkpoint (refusing to unpickle arbitrary "
+                f"objects; save a state_dict or convert to safetensors): {first}"
+            ) from None
+        for key in ("state_dict", "model", "model_state_dict"):
+            if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
+                obj = obj[key]
+                break
+        if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+            raise CheckpointError(f"{path} does not hold a state_dict of tensors")
+        sd = obj
+    if sd and all(k.startswith("module.") for k in sd):
+        sd = {k[len("module."):]: v for k, v in sd.items()}
+    return sd, meta
+
+
+def _check_and_load(module: nn.Module, sd: Mapping[str, torch.Tensor], what: str, source: str) -> None:
+    own = module.state_dict()
+    missing = [k for k in own if k not in sd]
+    unexpected = [k for k in sd if k not in own]
+    shapes = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in own if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing keys (e.g. {missing[0]})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected keys (e.g. {unexpected[0]})")
+        if shapes:
+            parts.append(f"{len(shapes)} shape mismatches (e.g. {shapes[0]})")
+        raise CheckpointMismatchError(f"checkpoint {source} does not match {what}: " + "; ".join(parts))
+    module.load_state_dict(sd, strict=True)
+
+
+def load_weights(net: nn.Module, path: "str | os.PathLike", what: str = "the model") -> None:
+    """Load a plain timm state dict into ``net`` with a one-line error on any mismatch."""
+    sd, _ = read_weights(path)
+    _check_and_load(net, sd, what, os.fspath(path))
+
+
+def _create_timm(spec: BackboneSpec, num_classes: int, pretrained: bool) -> nn.Module:
+    timm = import_timm()
+    if not pretrained:
+        return timm.create_model(spec.timm_name, pretrained=False, num_classes=num_classes,
+                                 **dict(spec.timm_kwargs))
+    try:
+        return timm.create_model(spec.timm_name, pretrained=True, num_classes=num_classes,
+                                 **dict(spec.timm_kwargs))
+    except Exception as exc:  # hub errors come in many types (LocalEntryNotFoundError, OSError, HTTP)
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        raise PretrainedUnavailableError(
+            f"pretrained weights for {spec.timm_name} are not available"
+            f"{' (HF_HUB_OFFLINE is set)' if offline else ''}: {type(exc).__name__}; pass "
+            f"--checkpoint FILE (safetensors or weights-only torch state_dict) or run where the "
+            f"Hugging Face hub is reachable / its cache holds the weights"
+        ) from exc
+
+
+def build_model(backbone: "str | BackboneSpec", num_classes: int, *, pretrained: bool = False,
+                checkpoint: "str | os.PathLike | None" = None, lambda_reg: float = 1e-3,
+                precondition: bool = True, seed: "int | None" = None) -> ImmunizableModel:
+    """Create θ₀: a timm model (random init, ``pretrained`` or ``checkpoint``) + identity layer.
+
+    ``seed`` makes the random initialisation reproducible without touching the global RNG.
+    """
+    spec = _spec(backbone)
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    devices = []
+    with torch.random.fork_rng(devices=devices):
+        if seed is not None:
+            torch.manual_seed(seed)
+        net = _create_timm(spec, num_classes, pretrained)
+    if checkpoint is not None:
+        load_weights(net, checkpoint, what=f"{spec.timm_name} with {num_classes} classes")
+    layer = ops().ImmunizationHead(int(net.num_features), lambda_reg=lambda_reg,
+                                   precondition=precondition)
+    return ImmunizableModel(net, spec, layer)
+
+
+# --- export ---------------------------------------------------------------------------------
+
+def export_timm_model(model: ImmunizableModel) -> nn.Module:
+    """A plain timm model (deep copy) with the immunization layer as an ``nn.Linear``."""
+    net = copy.deepcopy(model.net)
+    site = _LAYER_SITE[model.spec.family]
+    src = getattr(net, site)[1]
+    lin = nn.Linear(model.feature_dim, model.feature_dim, bias=getattr(src, "bias", None) is not None)
+    with torch.no_grad():
+        lin.weight.copy_(src.weight)
+        if lin.bias is not None:
+            lin.bias.copy_(src.bias)
+    getattr(net, site)[1] = lin
+    return net.eval()
+
+
+def save_immunized(model: ImmunizableModel, path: "str | os.PathLike", num_classes: int,
+                   extra: "Mapping[str, object] | None" = None) -> str:
+    """Write the immunized extractor (+ its D_P classifier) as safetensors with metadata."""
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    net = export_timm_model(model)
+    sd = {k: v.detach().contiguous().clone() for k, v in net.state_dict().items()}
+    meta = {
+        "format": EXPORT_FORMAT,
+        "backbone": model.spec.key,
+        "timm_name": model.spec.timm_name,
+        "timm_kwargs": json.dumps(dict(model.spec.timm_kwargs)),
+        "family": model.spec.family,
+        "num_classes": str(int(num_classes)),
+        "feature_dim": str(model.feature_dim),
+        "extra": json.dumps(dict(extra or {}), default=str),
+    }
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_file(sd, path, metadata=meta)
+    return path
+
+
+def load_immunized(path: "str | os.PathLike") -> nn.Module:
+    """Load an extractor written by :func:`save_immunized` as a ready (eval-mode) timm model.
+
+    ``model.forward_head(model.forward_features(x), pre_logits=True)`` gives the immunized
+    features; ``model(x)`` the D_P logits.
+    """
+    sd, meta = read_weights(path)
+    if meta.get("format") != EXPORT_FORMAT:
+        raise CheckpointError(f"{path} is not an immunized extractor written by pycore.deep "
+                              f"(metadata format={meta.get('format')!r})")
+    spec = BackboneSpec(meta["backbone"], meta["timm_name"], meta["family"], (),
+                        json.loads(meta["timm_kwargs"]))
+    net = _create_timm(spec, int(meta["num_classes"]), pretrained=False)
+    site = _LAYER_SITE[spec.family]
+    d = int(meta["feature_dim"])
+    setattr(net, site, nn.Sequential(getattr(net, site), nn.Linear(d, d)))
+    _check_and_load(net, sd, f"{spec.timm_name} (immunized export)", os.fspath(path))
+    return net.eval()

@@ -1,0 +1,385 @@
+"""Immunizers of a linear feature extractor θ ∈ R^{D×D}: Algorithm 1 and the baselines.
+
+All methods share one entry point, :func:`immunize`, one configuration type and one result type.
+Methods (SPEC §6-7, §10):
+
+* ``"ours"`` — Algorithm 1: the D_P loss, ``λ_P R_well(H_P)`` and ``λ_H R_ill(H_H)``, the two
+  regularizer gradients preconditioned by ``K⁻¹`` in the exact form ``2θG`` (SPEC §4).
+* ``"r_ill_only"`` — Algorithm 1 with ``λ_P = 0``.
+* ``"imma"`` — bi-level (Zheng & Yeh 2024): an attacker fine-tunes θ on D_H for a few unrolled
+  GD steps; the upper level maximises the attacker's harmful loss minus the D_P loss at the
+  fine-tuned θ, differentiating through the unrolled steps (:func:`imma_objective`).
+* ``"opt_kappa"`` — (sub)gradient descent on ``κ(H_P(θ)) − κ(H_H(θ))`` plus the D_P loss.
+* ``"closed_form"`` — the optimal immunizer restricted to range(K_P) (SPEC §10).
+* ``"identity"`` — θ = I.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import scipy.linalg
+
+from pycore import losses
+from pycore.metrics import rir_ceiling
+from pycore.optim import make_optimizer
+from pycore.regularizers import (PRECONDITIONERS, hessian_regularizer, precondition, range_basis,
+                                 preconditioned_r_ill_step_bound, preconditioned_r_well_step_bound)
+from pycore.spectral import SpectrumError, gram_spectrum
+from pycore.tasks import LinearTask
+
+METHODS = ("identity", "r_ill_only", "imma", "opt_kappa", "ours", "closed_form")
+
+
+@dataclass(frozen=True)
+class ImmunizeConfig:
+    """Hyper-parameters; defaults are the paper's House Prices values (SPEC §9, Table 4).
+
+    Where we depart from the paper it is documented field by field.
+    """
+
+    epochs: int = 100            # paper Sec. 5.1 text (Table 4 says 1000)
+    lr: float = 0.02             # paper: 0.005 (grid {5e-4,1e-3,5e-3,1e-2}); see README "hyper-parameters"
+    lambda_p: float = 100.0      # λ_P, weight of R_well(H_P): the paper's value
+    lambda_h: float = 1e10       # λ_H, weight of R_ill(H_H); paper: 1e7, which leaves R_ill inert under Adam here
+    optimizer: str = "adam"      # the paper's choice for linear models; "gd" = Algorithm 1 as printed
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    batch_size: int | None = 64  # D_P mini-batch for the loss term (paper: 64); None = full batch
+    precond: str = "pinv"        # K⁺ (SPEC §5: K is singular on real data); "exact" 2θG | "ridge" | "none"
+    ridge: float = 0.0           # λ of the "ridge" preconditioner (K+λI)⁻¹
+    init: str = "identity"       # "identity" | "random" (nn.Linear's U(±1/√D))
+    # opt_kappa: weight of κ(H_P) − κ(H_H) (log κ when opt_kappa_log)
+    lambda_kappa: float = 1.0
+    opt_kappa_log: bool = False
+    # imma: unrolled attacker steps and their size as a fraction of 1/L of the lower problem
+    imma_inner_steps: int = 3
+    imma_inner_lr: float = 0.5
+    # closed_form: s² = λ_C^a trades (i) against (ii) at constant RIR (a = 0: H_P = I)
+    closed_form_exponent: float = 0.0
+    # certified-monotone mode (SPEC §10): clip each regularizer step to the §5 bound and check κ
+    certified: bool = False
+    certified_safety: float = 0.9
+
+    @classmethod
+    def paper(cls, **overrides) -> "ImmunizeConfig":
+        """The paper's House Prices values verbatim (Table 4 / SPEC §9): η = 0.005, λ_H = 1e7."""
+        base = dict(lr=0.005, lambda_h=1e7, precond="ridge", ridge=1e-7)
+        base.update(overrides)
+        return cls(**base)
+
+    def __post_init__(self):
+        if self.epochs < 0:
+            raise ValueError(f"epochs must be ≥ 0, got {self.epochs}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.lambda_p < 0 or self.lambda_h < 0:
+            raise ValueError("lambda_p and lambda_h must be ≥ 0")
+        if self.precond not in PRECONDITIONERS:
+            raise ValueError(f"precond must be one of {PRECONDITIONERS}, got {self.precond!r}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1 or None, got {self.batch_size}")
+        if self.init not in ("identity", "random"):
+            raise ValueError(f"init must be 'identity' or 'random', got {self.init!r}")
+        if self.certified and self.precond not in ("exact", "pinv"):
+            raise ValueError("certified mode needs precond 'exact' or 'pinv' (the bounds of SPEC §5 are for K⁻¹/K⁺)")
+
+
+@dataclass
+class ImmunizationResult:
+    """θ_I and what happened on the way there."""
+
+    method: str
+    theta: np.ndarray
+    omega: np.ndarray | None
+    history: dict[str, list] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+    diagnostics: dict = field(default_factory=dict)
+    config: ImmunizeConfig | None = None
+
+
+def immunize(task: LinearTask, method: str, *, rng: np.random.Generator,
+             config: ImmunizeConfig | None = None, progress=None) -> ImmunizationResult:
+    """Immunize a linear feature extractor for ``task`` with ``method`` (one of :data:`METHODS`).
+
+    ``rng`` drives θ's random initialisation (``init="random"``) and the mini-batch order.
+    ``progress`` is an optional callable ``progress(epoch)`` (e.g. a tqdm update).
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    cfg = config or ImmunizeConfig()
+    t0 = time.perf_counter()
+    if method == "identity":
+        res = ImmunizationResult(method, np.eye(task.D), None)
+    elif method == "closed_form":
+        res = _closed_form(task, cfg)
+    elif method == "imma":
+        res = _imma(task, cfg, rng, progress)
+    else:
+        res = _regularized(task, method, cfg, rng, progress)
+    res.wall_seconds = time.perf_counter() - t0
+    res.config = cfg
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+
+def _init_theta(D, cfg, rng):
+    if cfg.init == "identity":
+        return np.eye(D)
+    b = 1.0 / np.sqrt(D)
+    return rng.uniform(-b, b, size=(D, D))
+
+
+def _init_head(task, rng):
+    m = task.Y_P.shape[1]
+    # Small random head: a zero head makes ∇_θ L vanish at the first step.
+    return rng.normal(0.0, 1.0 / np.sqrt(task.D), size=(task.D, m)), np.zeros(m)
+
+
+def _batches(n, batch_size, rng):
+    if batch_size is None or batch_size >= n:
+        yield np.arange(n)
+        return
+    perm = rng.permutation(n)
+    for s in range(0, n, batch_size):
+        yield perm[s:s + batch_size]
+
+
+def _loss_grads(task, X, Y, theta, omega, bias):
+    if task.loss == "mse":
+        loss, g_w, g_t = losses.mse(X, theta, omega, Y)
+        return loss, g_w, g_t, None
+    return losses.bce(X, theta, omega, Y, bias)
+
+
+class _Preconditioner:
+    """Caches what a preconditioner needs per task (range basis, Cholesky factor)."""
+
+    def __init__(self, K, mode, ridge):
+        self.K, self.mode, self.ridge = K, mode, ridge
+        self.factor = None
+        if mode == "pinv":
+            self.factor = range_basis(K)
+        elif mode == "ridge":
+            if ridge <= 0:
+                raise ValueError(f"precond 'ridge' needs ridge > 0, got {ridge}")
+            self.factor = scipy.linalg.cho_factor(K + ridge * np.eye(K.shape[0]))
+
+    def __call__(self, theta, G):
+        return precondition(theta, G, self.K, self.mode, self.ridge, K_factor=self.factor)
+
+
+def _kappa_grad_H(reg, log: bool):
+    """∂κ/∂H = (v₁v₁ᵀ − κ v_k v_kᵀ)/σ_k (or ∂log κ/∂H = v₁v₁ᵀ/σ₁ − v_kv_kᵀ/σ_k), SPEC §7."""
+    info = reg.info
+    v1, vk = reg.vector(0), reg.vector(info.rank - 1)
+    if log:
+        return np.outer(v1, v1) / info.sigma_max - np.outer(vk, vk) / info.sigma_min
+    return (np.outer(v1, v1) - info.kappa * np.outer(vk, vk)) / info.sigma_min
+
+
+def _regularized(task, method, cfg, rng, progress):
+    """Algorithm 1 (ours), R_ill only, and Opt κ: one loop, different θ-gradients."""
+    D = task.D
+    theta = _init_theta(D, cfg, rng)
+    omega, bias = _init_head(task, rng)
+    opt_t = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
+    opt_w = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
+    opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
+    lam_p = 0.0 if method == "r_ill_only" else cfg.lambda_p
+    pre_P = _Preconditioner(task.K_P, cfg.precond, cfg.ridge) if method != "opt_kappa" else None
+    pre_H = _Preconditioner(task.K_H, cfg.precond, cfg.ridge) if method != "opt_kappa" else None
+    hist = {"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []}
+    diag = {"steps": 0, "ties_P": 0, "ties_H": 0}
+    cert = {"violations_P": 0, "violations_H": 0, "clipped_P": 0, "clipped_H": 0, "checked": 0}
+    XP, YP, XH = task.X_P, task.Y_P, task.X_H
+
+    def record(epoch, loss, kP=None, kH=None):
+        # In-loop κ's come from the step's own spectra (free); the end points are exact (SVD).
+        hist["epoch"].append(epoch)
+        hist["loss_P"].append(loss)
+        hist["kappa_P"].append(kP if kP is not None else gram_spectrum(XP @ theta, vectors=False).kappa)
+        hist["kappa_H"].append(kH if kH is not None else gram_spectrum(XH @ theta, vectors=False).kappa)
+
+    record(0, losses.task_loss(task.loss, XP, theta, omega, YP, bias))
+    for epoch in range(1, cfg.epochs + 1):
+        ep_loss, n_seen = 0.0, 0
+        for idx in _batches(XP.shape[0], cfg.batch_size, rng):
+            loss, g_w, g_t, g_b = _loss_grads(task, XP[idx], YP[idx], theta, omega, bias)
+            ep_loss += loss * len(idx)
+            n_seen += len(idx)
+            try:
+                reg_P = hessian_regularizer(XP @ theta, "well")
+                reg_H = hessian_regularizer(XH @ theta, "ill") if method != "opt_kappa" else \
+                    hessian_regularizer(XH @ theta, "well")  # only its spectrum/vectors are used
+            except SpectrumError as exc:
+                raise SpectrumError(f"{method}: epoch {epoch}, step {diag['steps']}: {exc}") from None
+            diag["ties_P"] += reg_P.tie
+            diag["ties_H"] += reg_H.info.tie_min
+            # Algorithm 1 line 4: ω uses the gradient at (ω_t, θ_t).
+            omega = opt_w.step(omega, g_w)
+            if g_b is not None:
+                bias = opt_b.step(bias, g_b)
+            if method == "opt_kappa":
+                G_P = _kappa_grad_H(reg_P, cfg.opt_kappa_log)
+                G_H = _kappa_grad_H(reg_H, cfg.opt_kappa_log)
+                # ∇_θ f(θᵀKθ) = 2KθG, evaluated through X as 2Xᵀ(XθG) (no D×D product with K).
+                g = g_t + 2.0 * cfg.lambda_kappa * (XP.T @ ((XP @ theta) @ G_P) - XH.T @ ((XH @ theta) @ G_H))
+                theta = opt_t.step(theta, g)
+            elif cfg.certified:
+                theta = opt_t.step(theta, g_t)
+                theta = _certified_steps(theta, task, cfg, lam_p, pre_P, pre_H, cert)
+            else:
+                g = g_t + cfg.lambda_h * pre_H(theta, reg_H.G)
+                if lam_p:
+                    g = g + lam_p * pre_P(theta, reg_P.G)
+                theta = opt_t.step(theta, g)
+            diag["steps"] += 1
+        last = epoch == cfg.epochs
+        record(epoch, ep_loss / max(n_seen, 1), None if last else reg_P.info.kappa, None if last else reg_H.info.kappa)
+        if progress is not None:
+            progress(epoch)
+        if not np.all(np.isfinite(theta)):
+            raise FloatingPointError(f"{method}: θ became non-finite at epoch {epoch}; lower lr or λ")
+    if cfg.certified:
+        diag["certified"] = cert
+    return ImmunizationResult(method, theta, omega, hist, diagnostics=diag)
+
+
+def _certified_steps(theta, task, cfg, lam_p, pre_P, pre_H, cert):
+    """Clip each regularizer step to the corrected bounds of SPEC §5 and verify κ moved.
+
+    The R_well step is ``θ ← θ − η_P·K_P⁻¹∇R_well`` with ``η_P = min(lr·λ_P, c·bound_P)``, then
+    κ(H_P) must have dropped; the R_ill step likewise must raise κ(H_H).  ``c`` =
+    ``certified_safety`` < 1 keeps the step strictly inside the open interval of the theorem.
+    """
+    D = task.D
+    cert["checked"] += 1
+    if lam_p:
+        reg = hessian_regularizer(task.X_P @ theta, "well")
+        bound = preconditioned_r_well_step_bound(reg.info, D=D)
+        eta = min(cfg.lr * lam_p, cfg.certified_safety * bound)
+        cert["clipped_P"] += eta < cfg.lr * lam_p
+        new = theta - eta * pre_P(theta, reg.G)
+        if not gram_spectrum(task.X_P @ new, vectors=False).kappa < reg.info.kappa:
+            cert["violations_P"] += 1
+        theta = new
+    reg = hessian_regularizer(task.X_H @ theta, "ill")
+    bound = preconditioned_r_ill_step_bound(reg.info)
+    eta = min(cfg.lr * cfg.lambda_h, cfg.certified_safety * bound)
+    cert["clipped_H"] += eta < cfg.lr * cfg.lambda_h
+    new = theta - eta * pre_H(theta, reg.G)
+    if not gram_spectrum(task.X_H @ new, vectors=False).kappa > reg.info.kappa:
+        cert["violations_H"] += 1
+    return new
+
+
+# --------------------------------------------------------------------------------------------
+# IMMA (bi-level)
+# --------------------------------------------------------------------------------------------
+
+def imma_inner_step_size(task: LinearTask, w: np.ndarray, cfg: ImmunizeConfig) -> float:
+    """Step of the attacker's unrolled GD on θ: ``imma_inner_lr / L`` with L the Lipschitz
+    constant of θ ↦ ∇_θ L_H(w, θ) = (2/N)(K_Hθww ᵀ − X_Hᵀy wᵀ), i.e. ``L = (2/N)λ_max(K_H)‖w‖²``."""
+    n = task.Y_H.size
+    L = 2.0 / n * np.linalg.norm(task.X_H, 2) ** 2 * float(np.sum(w * w))
+    return cfg.imma_inner_lr / L if L > 0 else 0.0
+
+
+def imma_objective(theta, w, omega, task: LinearTask, cfg: ImmunizeConfig, bias=None):
+    """F(θ) = L_H(w, θ_J) − L_P(ω, θ_J) with θ_J = J unrolled attacker GD steps from θ; and ∇_θF.
+
+    Each attacker step is affine in θ: ``θ_{j+1} = θ_j − α(2/N)(K_Hθ_j M − B)``, ``M = wwᵀ``,
+    ``B = X_HᵀY_H wᵀ``; its adjoint maps an upstream gradient Ḡ to ``Ḡ − α(2/N)K_HḠM``, so the
+    exact gradient through the unrolled steps costs J extra D×D products (reverse mode by hand).
+    """
+    n = task.Y_H.size
+    alpha = imma_inner_step_size(task, w, cfg)
+    c = alpha * 2.0 / n
+    M = w @ w.T
+    B = task.X_H.T @ (task.Y_H @ w.T)
+    KH = task.K_H
+    th = theta
+    for _ in range(cfg.imma_inner_steps):
+        th = th - c * (KH @ th @ M - B)
+    lh, _, g_h = losses.mse(task.X_H, th, w, task.Y_H)
+    if task.loss == "mse":
+        lp, _, g_p = losses.mse(task.X_P, th, omega, task.Y_P)
+    else:
+        lp, _, g_p, _ = losses.bce(task.X_P, th, omega, task.Y_P, 0.0 if bias is None else bias)
+    Gbar = g_h - g_p
+    for _ in range(cfg.imma_inner_steps):
+        Gbar = Gbar - c * (KH @ Gbar @ M)
+    return lh - lp, Gbar
+
+
+def _imma(task, cfg, rng, progress):
+    D = task.D
+    theta = _init_theta(D, cfg, rng)
+    omega, bias = _init_head(task, rng)
+    w = rng.normal(0.0, 1.0 / np.sqrt(D), size=(D, task.Y_H.shape[1]))
+    opt_t = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
+    opt_w = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
+    opt_o = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
+    opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
+    hist = {"epoch": [], "objective": [], "kappa_P": [], "kappa_H": []}
+    for epoch in range(1, cfg.epochs + 1):
+        for _ in _batches(task.X_P.shape[0], cfg.batch_size, rng):
+            F, gF = imma_objective(theta, w, omega, task, cfg, bias)
+            # Heads: the attacker's w and the defender's ω each minimise their own loss at θ.
+            _, g_w, _ = losses.mse(task.X_H, theta, w, task.Y_H)
+            _, g_o, _, g_b = _loss_grads(task, task.X_P, task.Y_P, theta, omega, bias)
+            theta = opt_t.step(theta, -gF)          # ascent on F
+            w = opt_w.step(w, g_w)
+            omega = opt_o.step(omega, g_o)
+            if g_b is not None:
+                bias = opt_b.step(bias, g_b)
+        hist["epoch"].append(epoch)
+        hist["objective"].append(F)
+        hist["kappa_P"].append(gram_spectrum(task.X_P @ theta, vectors=False).kappa)
+        hist["kappa_H"].append(gram_spectrum(task.X_H @ theta, vectors=False).kappa)
+        if progress is not None:
+            progress(epoch)
+        if not np.all(np.isfinite(theta)):
+            raise FloatingPointError(f"imma: θ became non-finite at epoch {epoch}; lower lr")
+    return ImmunizationResult("imma", theta, omega, hist)
+
+
+# --------------------------------------------------------------------------------------------
+# Closed form (SPEC §10)
+# --------------------------------------------------------------------------------------------
+
+def _closed_form(task, cfg):
+    """θ = [U_r Λ_r^{-½} Q_C diag(s), 0] with s² = λ_C^a: RIR = the range-restricted ceiling.
+
+    On range(K_P) this is ``K_P^{+½} Q_C diag(s)``: H_P = diag(s²), H_H = diag(s²λ_C).  The
+    D − r columns for null(K_P) are ZERO: D_P's training rows have no component there, so
+    ``X_Pθ`` spans the same space as ``X_P`` and the best D_P loss is unchanged
+    (Definition 3.1(c)), while every feature direction D_P never varies in is dropped.  Any
+    nonzero choice there could only push the harmful κ towards the infinite exact supremum by
+    rescaling directions D_P ignores, which is exactly the loophole the range restriction excludes.
+    """
+    ceil = rir_ceiling(task.X_P, task.X_H)
+    lam = ceil.lambda_C
+    tol = lam[0] * lam.size * np.finfo(float).eps
+    s = np.ones_like(lam)
+    pos = lam > tol
+    s[pos] = lam[pos] ** (cfg.closed_form_exponent / 2)
+    theta = np.zeros((task.D, task.D))
+    r = ceil.basis.shape[1]
+    theta[:, :r] = ceil.basis * s
+    diag = {"ceiling_range_restricted": ceil.range_restricted, "ceiling_exact": ceil.exact,
+            "rank_K_P": ceil.rank_K_P, "null_columns_zeroed": task.D - r}
+    return ImmunizationResult("closed_form", theta, None, {}, diagnostics=diag)
+
+
+def config_dict(cfg: ImmunizeConfig) -> dict:
+    return asdict(cfg)
+
+
+__all__ = ["METHODS", "ImmunizeConfig", "ImmunizationResult", "immunize", "imma_objective",
+           "imma_inner_step_size", "config_dict", "replace"]

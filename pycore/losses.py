@@ -1,0 +1,65 @@
+"""Pre-training / probing losses of a linear model on features ``Z = Xθ`` with head ω.
+
+Both return the loss and its gradients w.r.t. the head and θ in closed form:
+``∂L/∂θ = Xᵀ R ωᵀ`` with ``R = ∂L/∂(Zω)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import expit
+
+
+def mse(X, theta, omega, Y):
+    """L = ‖Xθω − Y‖²/(N·m) (mean squared error), its ∇_ω and ∇_θ."""
+    Z = X @ theta
+    E = Z @ omega - Y
+    n = E.size
+    R = (2.0 / n) * E
+    return float(np.sum(E * E) / n), Z.T @ R, X.T @ (R @ omega.T)
+
+
+def bce(X, theta, omega, Y, bias):
+    """Mean binary cross-entropy of logits ``Xθω + b`` against Y ∈ {0,1}; grads for ω, θ, b."""
+    Z = X @ theta
+    logits = Z @ omega + bias
+    # log(1+e^x) − y·x, written stably.
+    loss = float(np.mean(np.logaddexp(0.0, logits) - Y * logits))
+    R = (expit(logits) - Y) / Y.size
+    return loss, Z.T @ R, X.T @ (R @ omega.T), R.sum(axis=0)
+
+
+def task_loss(loss: str, X, theta, omega, Y, bias=None) -> float:
+    if loss == "mse":
+        return mse(X, theta, omega, Y)[0]
+    return bce(X, theta, omega, Y, 0.0 if bias is None else bias)[0]
+
+
+def best_probe_loss(loss: str, Z: np.ndarray, Y: np.ndarray) -> float:
+    """min_ω L(Z, ω) for the least-squares loss (Def. 3.1(c)); exact via ``lstsq``.
+
+    For BCE the minimum is found by Newton's method with a tiny ridge (1e-8) that keeps the
+    problem well-posed on separable data; the value is then a tight upper bound of the infimum.
+    """
+    if loss == "mse":
+        w, *_ = np.linalg.lstsq(Z, Y, rcond=None)
+        E = Z @ w - Y
+        return float(np.sum(E * E) / E.size)
+    return _newton_logistic(Z, Y)
+
+
+def _newton_logistic(Z, Y, ridge=1e-8, iters=50):
+    n, D = Z.shape
+    A = np.hstack([Z, np.ones((n, 1))])
+    w = np.zeros((D + 1, 1))
+    for _ in range(iters):
+        t = A @ w
+        p = expit(t)
+        g = A.T @ (p - Y) / n + ridge * w
+        W = (p * (1 - p)).ravel() / n
+        Hm = (A * W[:, None]).T @ A + ridge * np.eye(D + 1)
+        step = np.linalg.lstsq(Hm, g, rcond=None)[0]
+        w -= step
+        if np.linalg.norm(step) < 1e-12 * (1 + np.linalg.norm(w)):
+            break
+    t = A @ w
+    return float(np.mean(np.logaddexp(0.0, t) - Y * t))

@@ -1,0 +1,177 @@
+"""Immunization metrics: RIR (paper Eq. (15)), its ceiling (SPEC §10), RIR_θ₀ by group sampling.
+
+Every condition number of a Hessian ``H = θᵀXᵀXθ`` is computed as ``κ(Xθ)²`` from the SVD of
+the features (see :mod:`pycore.spectral`): RIR multiplies and divides four condition numbers
+that reach 1e10 and more, and forming ``H`` first would leave only a few correct digits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+
+from pycore.spectral import EPS, gram_spectrum
+from pycore.validation import as_float_matrix, check_theta
+
+
+@dataclass(frozen=True)
+class RIR:
+    """Relative immunization ratio and its two factors (SPEC §8).
+
+    ``harmful_ratio`` = κ(H_H(θ))/κ(H_H(θ_ref)) (i, ↑), ``pretrain_ratio`` =
+    κ(H_P(θ))/κ(H_P(θ_ref)) (ii, ↓), ``value`` = (i)/(ii) (↑).  ``float(r)`` is the RIR.
+    """
+
+    value: float
+    harmful_ratio: float
+    pretrain_ratio: float
+    kappa_H: float
+    kappa_P: float
+    kappa_H_ref: float
+    kappa_P_ref: float
+    rank_H: int
+    rank_P: int
+
+    def __float__(self) -> float:
+        return self.value
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _check_pair(X_P, X_H):
+    X_P = as_float_matrix(X_P, "X_P")
+    X_H = as_float_matrix(X_H, "X_H")
+    if X_P.shape[1] != X_H.shape[1]:
+        raise ValueError(f"X_P has {X_P.shape[1]} columns but X_H has {X_H.shape[1]}")
+    return X_P, X_H
+
+
+def rir(theta, X_P, X_H, *, theta_ref=None) -> RIR:
+    """RIR = [κ(H_H(θ))/κ(H_H(θ_ref))] / [κ(H_P(θ))/κ(H_P(θ_ref))], θ_ref = I by default.
+
+    Paper Eq. (15); with ``theta_ref = θ₀`` it is the deep-net RIR_θ₀ on features.
+    """
+    X_P, X_H = _check_pair(X_P, X_H)
+    theta = check_theta(theta, X_P.shape[1])
+    sP, sH = gram_spectrum(X_P @ theta, vectors=False), gram_spectrum(X_H @ theta, vectors=False)
+    if theta_ref is None:
+        rP, rH = gram_spectrum(X_P, vectors=False), gram_spectrum(X_H, vectors=False)
+    else:
+        ref = check_theta(theta_ref, X_P.shape[1], "theta_ref")
+        rP, rH = gram_spectrum(X_P @ ref, vectors=False), gram_spectrum(X_H @ ref, vectors=False)
+    hr = sH.kappa / rH.kappa
+    pr = sP.kappa / rP.kappa
+    return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
+
+
+def feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref) -> RIR:
+    """RIR from extracted features (deep nets, SPEC §8): κ(Z_HᵀZ_H)/κ(ref) over κ(Z_PᵀZ_P)/κ(ref)."""
+    sP, sH = gram_spectrum(Z_P, vectors=False, name="Z_P"), gram_spectrum(Z_H, vectors=False, name="Z_H")
+    rP = gram_spectrum(Z_P_ref, vectors=False, name="Z_P_ref")
+    rH = gram_spectrum(Z_H_ref, vectors=False, name="Z_H_ref")
+    hr, pr = sH.kappa / rH.kappa, sP.kappa / rP.kappa
+    return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """sup_θ RIR for linear extractors (SPEC §10).
+
+    ``exact`` is ``inf`` when null(K_P) ⊄ null(K_H) (θ may rescale directions D_P never varies
+    in, without bound); ``reason`` then says so and ``offending`` lists how much of K_H lives
+    on null(K_P).  ``range_restricted`` = κ(C)·κ(K_P)/κ(K_H) with
+    ``C = K_P^{+½} K_H K_P^{+½}`` on range(K_P), attained by the closed-form immunizer.
+    """
+
+    exact: float
+    range_restricted: float
+    kappa_C: float
+    kappa_K_P: float
+    kappa_K_H: float
+    rank_K_P: int
+    rank_K_H: int
+    rank_C: int
+    null_leak: float       # ‖K_H N‖₂/‖K_H‖₂ for N an orthonormal basis of null(K_P)
+    reason: str
+    basis: np.ndarray | None = None     # D×r: U_r Λ_r^{-½} Q_C, columns ordered by λ_C (desc)
+    lambda_C: np.ndarray | None = None  # eigenvalues of C, descending
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k not in ("basis", "lambda_C")}
+        return d
+
+
+def _psd_eig(K, name):
+    w, Q = np.linalg.eigh(0.5 * (K + K.T))
+    w, Q = w[::-1], Q[:, ::-1]
+    tol = max(w[0], 0.0) * K.shape[0] * EPS
+    r = int(np.count_nonzero(w > tol))
+    if r == 0:
+        raise ValueError(f"{name} is zero: the RIR ceiling is undefined")
+    return w, Q, r
+
+
+def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
+    """The supremum of RIR over linear extractors θ, exact and restricted to range(K_P).
+
+    SPEC §10: ``κ(H_H)/κ(H_P) ≤ κ(C)`` with equality at ``θ = K_P^{-½}``, so
+    ``sup RIR = κ(C)·κ(K_P)/κ(K_H)`` when null(K_P) ⊆ null(K_H).  The inclusion is tested as
+    ``‖K_H N‖₂ ≤ null_rtol·‖K_H‖₂`` for an orthonormal basis N of null(K_P); ``null_rtol`` is
+    far above round-off (~1e-15 here) and far below any real leak (House Prices: ~1e-2).
+    The κ's of K_P, K_H are taken from the SVD of X (κ(X)², see module docstring); C is formed
+    on range(K_P) as ``Λ_r^{-½}(X_H U_r)ᵀ(X_H U_r)Λ_r^{-½}``, i.e. from ``X_H U_r Λ_r^{-½}``.
+    """
+    X_P, X_H = _check_pair(X_P, X_H)
+    # Right singular vectors of X_P give K_P's eigenvectors with eigenvalues s² (accurate).
+    _, s, Vt = np.linalg.svd(X_P, full_matrices=True)
+    sP = gram_spectrum(X_P, vectors=False, name="X_P")
+    sH = gram_spectrum(X_H, vectors=False, name="X_H")
+    r = sP.rank
+    U_r, U_null = Vt[:r].T, Vt[r:].T
+    KH_norm = sH.sigma_max
+    if U_null.shape[1]:
+        null_leak = float(np.linalg.norm(X_H @ U_null, 2) ** 2 / KH_norm)
+    else:
+        null_leak = 0.0
+    W = (X_H @ U_r) / s[:r]               # X_H K_P^{+½} restricted to range(K_P)
+    _, c, Qt = np.linalg.svd(W, full_matrices=False)
+    sC = gram_spectrum(W, vectors=False, name="X_H K_P^{+1/2}")
+    restricted = sC.kappa * sP.kappa / sH.kappa
+    if null_leak > null_rtol:
+        exact = np.inf
+        reason = (f"null(K_P) ⊄ null(K_H): {U_null.shape[1]} direction(s) are constant on D_P's rows but "
+                  f"K_H has weight {null_leak:.3e}·‖K_H‖ there, so θ can rescale them without bound")
+    else:
+        exact = restricted
+        reason = "null(K_P) ⊆ null(K_H): the supremum is attained on range(K_P)"
+    basis = (U_r / s[:r]) @ Qt.T[:, : r]
+    return Ceiling(exact, restricted, sC.kappa, sP.kappa, sH.kappa, r, sH.rank, sC.rank, null_leak,
+                   reason, basis, c * c)
+
+
+def grouped_feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref, *, rng: np.random.Generator, groups: int = 20,
+                        group_size: int = 100) -> dict:
+    """RIR_θ₀ estimated over ``groups`` random groups of ``group_size`` rows (SPEC §8, deep nets).
+
+    The same row indices are used for the model and the reference so that each group compares
+    the two extractors on identical samples.  Returns mean, std and per-group values of the
+    RIR and its two factors.
+    """
+    nP, nH = Z_P.shape[0], Z_H.shape[0]
+    if Z_P_ref.shape[0] != nP or Z_H_ref.shape[0] != nH:
+        raise ValueError("reference features must have the same rows as the model's features")
+    m = min(group_size, nP, nH)
+    vals = []
+    for _ in range(groups):
+        iP = rng.choice(nP, size=m, replace=False)
+        iH = rng.choice(nH, size=m, replace=False)
+        vals.append(feature_rir(Z_P[iP], Z_H[iH], Z_P_ref[iP], Z_H_ref[iH]))
+    out = {}
+    for key in ("value", "harmful_ratio", "pretrain_ratio"):
+        a = np.array([getattr(v, key) for v in vals])
+        out[key] = {"mean": float(a.mean()), "std": float(a.std()), "per_group": a.tolist()}
+    out["group_size"] = m
+    out["groups"] = groups
+    return out

@@ -1,0 +1,348 @@
+"""Condition-number regularizers R_well and R_ill, closed-form gradients, safe step sizes.
+
+SPEC §3 (definitions), §4 (gradients through θ), §5 (corrected step-size bounds).  For a
+matrix ``S`` with singular values ``σ₁ ≥ … ≥ σ_k > 0`` (``k`` = numerical rank, ``p`` = min
+dimension)::
+
+    R_well(S) = ½σ₁² − ‖S‖_F²/(2p)                 ∇_S R_well = σ₁u₁v₁ᵀ − S/p
+    R_ill(S)  = 1/d,  d = ‖S‖_F²/(2k) − ½σ_k²       ∇_S R_ill  = (σ_k u_k v_kᵀ − S/k)/d²
+
+(the R_ill gradient carries the outer ``−1/d²`` and ``∇d = S/k − σ_k u_k v_kᵀ``).  Gradients
+are built from ONE extreme singular pair and ``S`` itself; nothing is differentiated through
+an eigendecomposition, so close eigenvalues elsewhere in the spectrum do no harm.  A (near-)tie
+at the extreme used makes the gradient undefined: it is reported in the diagnostics and, for
+the gradient functions, raised as a :class:`TieWarning`.
+
+Through a linear feature extractor, ``H(θ) = θᵀKθ`` and ``G = ∇_H R``:
+``∇_θ R = 2KθG`` (Theorem 4.2) and the Algorithm-1 preconditioned direction
+``K⁻¹∇_θ R = 2θG`` exactly (no solve); with a ridge it is ``2(K+λI)⁻¹KθG``.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+
+from pycore.spectral import EPS, SpectrumError, SpectrumInfo, gram_spectrum, is_symmetric, _summarise
+from pycore.validation import as_float_matrix, check_square, check_theta
+
+KINDS = ("ill", "well")
+
+
+class TieWarning(RuntimeWarning):
+    """The extreme singular value used by a regularizer gradient is (nearly) repeated."""
+
+
+@dataclass(frozen=True)
+class RegularizerEval:
+    """Value, gradient w.r.t. its matrix argument, and the spectrum it came from."""
+
+    kind: str
+    value: float
+    grad: np.ndarray | None
+    info: SpectrumInfo
+    d: float | None = None  # R_ill's denominator; None for R_well
+
+    @property
+    def tie(self) -> bool:
+        return self.info.tie_min if self.kind == "ill" else self.info.tie_max
+
+
+def _singular_parts(S: np.ndarray, rtol):
+    """σ (descending), U, V of ``S``; via ``eigh`` when symmetric (then ``u_i = sign(λ_i) v_i``)."""
+    if is_symmetric(S):
+        lam, V = np.linalg.eigh(0.5 * (S + S.T))
+        order = np.argsort(-np.abs(lam), kind="stable")
+        lam, V = lam[order], V[:, order]
+        U = V * np.where(lam < 0, -1.0, 1.0)
+        return np.abs(lam), U, V
+    U, s, Vt = np.linalg.svd(S, full_matrices=False)
+    return s, U, Vt.T
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"regularizer kind must be one of {KINDS}, got {kind!r}")
+    return kind
+
+
+def _r_ill_denominator(sigma: np.ndarray, k: int, fro2: float) -> float:
+    """d = ‖S‖_F²/(2k) − σ_k²/2, or a :class:`SpectrumError` where R_ill is undefined.
+
+    ``d ≥ 0`` with equality iff the ``k`` nonzero singular values are equal (κ = 1, including
+    every rank-1 matrix): there R_ill is undefined, not zero (SPEC §5, Thm 4.1(1) corrected).
+    The threshold is the round-off level of ``fro2/k``.
+    """
+    d = fro2 / (2 * k) - 0.5 * sigma[k - 1] ** 2
+    if k < 2 or d <= 4 * k * EPS * sigma[0] ** 2:
+        raise SpectrumError(
+            f"R_ill is undefined: the {k} nonzero singular value(s) are all equal (κ = 1"
+            + (", rank 1" if k == 1 else "") + "); it needs at least two distinct nonzero singular values")
+    return float(d)
+
+
+def evaluate(S, kind: str, *, grad: bool = True, rtol: float | None = None, p: int | None = None,
+             warn_tie: bool = True) -> RegularizerEval:
+    """R_ill or R_well of a general matrix ``S`` and its gradient (SPEC §3).
+
+    ``p`` overrides the R_well normaliser (default ``min(S.shape)``, as in Nenov et al.).
+    """
+    kind = _check_kind(kind)
+    S = as_float_matrix(S, "S")
+    sigma, U, V = _singular_parts(S, rtol)
+    info = _summarise(sigma, S.shape, rtol, V, what="S")
+    fro2 = float(np.sum(sigma * sigma))
+    k = info.rank
+    G = None
+    if kind == "well":
+        p = min(S.shape) if p is None else p
+        value = 0.5 * sigma[0] ** 2 - fro2 / (2 * p)
+        if grad:
+            G = sigma[0] * np.outer(U[:, 0], V[:, 0]) - S / p
+        d = None
+    else:
+        d = _r_ill_denominator(sigma, k, fro2)
+        value = 1.0 / d
+        if grad:
+            G = (sigma[k - 1] * np.outer(U[:, k - 1], V[:, k - 1]) - S / k) / d**2
+    out = RegularizerEval(kind, float(value), G, info, d)
+    if grad and warn_tie and out.tie:
+        _warn_tie(kind, info)
+    return out
+
+
+def _warn_tie(kind, info):
+    where = "σ_min" if kind == "ill" else "σ_max"
+    gap = info.gap_min if kind == "ill" else info.gap_max
+    warnings.warn(f"R_{kind} gradient at a (near-)tie: {where} is repeated (gap {gap:.3e}, "
+                  f"σ_max {info.sigma_max:.3e}); the gradient is not defined there", TieWarning, stacklevel=3)
+
+
+def r_well(S) -> float:
+    """R_well(S) = ½σ_max² − ‖S‖_F²/(2p) (Nenov et al. 2024; paper Eq. (3))."""
+    return evaluate(S, "well", grad=False).value
+
+
+def r_ill(S) -> float:
+    """R_ill(S) = 1/(‖S‖_F²/(2k) − ½σ_min²), k = rank S (paper Sec. 4.1; SPEC §3)."""
+    return evaluate(S, "ill", grad=False).value
+
+
+def r_well_grad(S) -> np.ndarray:
+    """∇_S R_well = σ₁u₁v₁ᵀ − S/p (Theorem A.1(3)); warns :class:`TieWarning` at a σ_max tie."""
+    return evaluate(S, "well").grad
+
+
+def r_ill_grad(S) -> np.ndarray:
+    """∇_S R_ill = (σ_k u_k v_kᵀ − S/k)/d² (Theorem 4.1(3)); warns at a σ_min tie."""
+    return evaluate(S, "ill").grad
+
+
+# --------------------------------------------------------------------------------------------
+# Through a linear feature extractor: H(θ) = θᵀKθ = ZᵀZ with Z = Xθ.
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HessianRegularizer:
+    """R(H) and G = ∇_H R(H) for the linear-probing Hessian ``H = ZᵀZ`` (SPEC §4)."""
+
+    kind: str
+    value: float
+    G: np.ndarray          # symmetric D×D
+    H: np.ndarray
+    info: SpectrumInfo     # eigenvalues of H (descending); vectors not stored
+    d: float | None
+    _vectors: dict = None  # descending index -> unit eigenvector, filled lazily
+
+    @property
+    def tie(self) -> bool:
+        return self.info.tie_min if self.kind == "ill" else self.info.tie_max
+
+    def vector(self, i: int) -> np.ndarray:
+        """Eigenvector of H for the i-th largest eigenvalue (one LAPACK ``evr`` subset call)."""
+        if i not in self._vectors:
+            self._vectors[i] = _eigvec_at(self.H, i)
+        return self._vectors[i]
+
+
+def _eigvec_at(H: np.ndarray, i: int) -> np.ndarray:
+    n = H.shape[0]
+    j = n - 1 - i  # LAPACK orders ascending
+    _, v = scipy.linalg.eigh(H, subset_by_index=[j, j], driver="evr", check_finite=False)
+    return v[:, 0]
+
+
+def hessian_regularizer(Z, kind: str, *, rtol: float | None = None) -> HessianRegularizer:
+    """R_kind(ZᵀZ) and its gradient w.r.t. ``H = ZᵀZ`` (the in-loop path of the immunizers).
+
+    R_well uses ``p = D`` (the Hessian's size, as in Theorem 4.2); R_ill uses ``k = rank H``.
+    ``G`` is ``σ₁v₁v₁ᵀ − H/D`` or ``(σ_k v_k v_kᵀ − H/k)/d²`` with ``σ`` the eigenvalues of H.
+
+    Only ONE eigenvector is computed (LAPACK ``evr`` on a one-index subset) after the
+    eigenvalues: about half the cost of a full ``eigh`` at D = 79 and a third at D = 784.
+    The spectrum comes from H (D×D) rather than the SVD of Z: 3-7× cheaper, and the gradient
+    needs λ_min only to relative accuracy ``eps·κ(H)`` (1e-9 at κ = 1e7); the rank cut-off is
+    then on H's scale (``λ_max·D·eps``), which resolves κ(H) up to ~1e13.  Metrics that must be
+    exact at larger κ use :func:`pycore.spectral.gram_spectrum`.
+    """
+    kind = _check_kind(kind)
+    Z = as_float_matrix(Z, "Z")
+    H = Z.T @ Z
+    lam = scipy.linalg.eigh(H, eigvals_only=True, driver="evr", check_finite=False)
+    lam = np.clip(lam[::-1], 0.0, None)
+    info = _summarise(lam, H.shape, rtol, None, what="ZᵀZ")
+    k = info.rank
+    fro2 = float(np.sum(lam * lam))
+    D = Z.shape[1]
+    if kind == "well":
+        v = _eigvec_at(H, 0)
+        value = 0.5 * lam[0] ** 2 - fro2 / (2 * D)
+        G = lam[0] * np.outer(v, v) - H / D
+        d, idx = None, 0
+    else:
+        d = _r_ill_denominator(lam, k, fro2)
+        value = 1.0 / d
+        v = _eigvec_at(H, k - 1)
+        G = (lam[k - 1] * np.outer(v, v) - H / k) / d**2
+        idx = k - 1
+    return HessianRegularizer(kind, float(value), G, H, info, d, {idx: v})
+
+
+def _grad_theta(theta, K, kind):
+    K = as_float_matrix(K, "K")
+    check_square(K, "K")
+    theta = check_theta(theta, K.shape[0])
+    # Z with ZᵀZ = θᵀKθ: a symmetric square root of the PSD K keeps the SVD route of gram_spectrum.
+    w, Q = np.linalg.eigh(0.5 * (K + K.T))
+    if w[0] < -1e3 * EPS * max(abs(w[-1]), 1.0):
+        raise ValueError(f"K must be positive semi-definite (smallest eigenvalue {w[0]:.3e})")
+    # Eigenvalues of K at round-off level are zeroed BEFORE the square root: √(1e-16·λ_max)
+    # would otherwise turn them into spurious nonzero singular values of Z (a rank change).
+    w = np.where(w > K.shape[0] * EPS * max(w[-1], 0.0), w, 0.0)
+    Zk = (np.sqrt(w)[:, None] * Q.T) @ theta
+    reg = hessian_regularizer(Zk, kind)
+    return 2.0 * K @ theta @ reg.G, reg
+
+
+def r_well_grad_theta(theta, K) -> np.ndarray:
+    """∇_θ R_well(θᵀKθ) = 2Kθ(σ₁v₁v₁ᵀ − H/D) (Theorem 4.2(1))."""
+    return _grad_theta(theta, K, "well")[0]
+
+
+def r_ill_grad_theta(theta, K) -> np.ndarray:
+    """∇_θ R_ill(θᵀKθ) = 2Kθ(σ_k v_k v_kᵀ − H/k)/d² (Theorem 4.2(2))."""
+    return _grad_theta(theta, K, "ill")[0]
+
+
+PRECONDITIONERS = ("exact", "pinv", "ridge", "none")
+
+
+def precondition(theta: np.ndarray, G: np.ndarray, K: np.ndarray, mode: str = "exact",
+                 ridge: float = 0.0, *, K_factor=None) -> np.ndarray:
+    """Direction of the Algorithm-1 regularizer step for ``∇_θR = 2KθG`` (SPEC §4).
+
+    * ``"exact"``: ``K⁻¹∇_θR = 2θG``, exact when K is invertible, no solve at all.
+    * ``"pinv"``:  ``K⁺∇_θR = 2ΠθG`` with Π the orthogonal projector on range(K); this is what
+      SPEC §5 (Thm 4.3 corrected) prescribes for singular K.  It gives the SAME new Hessian
+      θ'ᵀKθ' as ``"exact"`` (KΠ = K) but leaves θ's null(K) component alone, which matters for
+      the other task's Hessian.  ``K_factor`` is the orthonormal basis of range(K) (D×r).
+    * ``"ridge"``: ``(K+λI)⁻¹∇_θR = 2(K+λI)⁻¹KθG`` (the authors' regularized solve);
+      ``K_factor`` is the Cholesky factor of ``K+λI`` from :func:`scipy.linalg.cho_factor`.
+    * ``"none"``:  the plain gradient ``2KθG``.
+    """
+    if mode == "exact":
+        return 2.0 * theta @ G
+    if mode == "pinv":
+        B = K_factor if K_factor is not None else range_basis(K)
+        return 2.0 * B @ (B.T @ (theta @ G))
+    if mode == "ridge":
+        if ridge <= 0:
+            raise ValueError(f"the ridge preconditioner needs ridge > 0, got {ridge}")
+        cf = K_factor if K_factor is not None else scipy.linalg.cho_factor(K + ridge * np.eye(K.shape[0]))
+        return 2.0 * scipy.linalg.cho_solve(cf, K @ (theta @ G))
+    if mode == "none":
+        return 2.0 * K @ (theta @ G)
+    raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {mode!r}")
+
+
+def range_basis(K, rtol: float | None = None) -> np.ndarray:
+    """Orthonormal basis (D×r) of range(K) for symmetric PSD K, rank cut as in SPEC §2."""
+    w, Q = np.linalg.eigh(0.5 * (K + K.T))
+    tol = max(abs(w[-1]), 0.0) * (K.shape[0] * EPS if rtol is None else rtol)
+    return Q[:, w > tol]
+
+
+def preconditioned_grad_theta(theta, K, kind: str, *, mode: str = "exact", ridge: float = 0.0) -> np.ndarray:
+    """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6 (see :func:`precondition`)."""
+    K = as_float_matrix(K, "K")
+    _, reg = _grad_theta(theta, K, _check_kind(kind))
+    return precondition(np.asarray(theta, dtype=np.float64), reg.G, K, mode, ridge)
+
+
+# --------------------------------------------------------------------------------------------
+# Safe step sizes (SPEC §5, corrected).  Library code so users can run certified-monotone mode.
+# --------------------------------------------------------------------------------------------
+
+def _spec(x) -> SpectrumInfo:
+    if isinstance(x, SpectrumInfo):
+        return x
+    S = as_float_matrix(x, "S")
+    sigma, _, _ = _singular_parts(S, None)
+    return _summarise(sigma, S.shape, None, what="S")
+
+
+def r_well_step_bound(S, p: int | None = None) -> float:
+    """Largest η with κ(S − η∇R_well(S)) < κ(S) for all 0 < η < η* (Theorem A.1(4), corrected).
+
+    The step maps σ₁ → (1−η+η/p)σ₁ and σᵢ → (1+η/p)σᵢ; κ drops iff the new σ₁ stays above
+    ρσ₁ scaled, giving ``η* = (1−ρ)/(1−(1−ρ)/p)``, ``ρ = σ₂σ_k/σ₁²``.
+    """
+    info = _spec(S)
+    p = min(_shape_of(S)) if p is None else p
+    s, k = info.sigma, info.rank
+    rho = s[1] * s[k - 1] / s[0] ** 2
+    return float((1 - rho) / (1 - (1 - rho) / p))
+
+
+def r_ill_step_bound(S) -> float:
+    """Sufficient η for κ(S − η∇R_ill(S)) > κ(S): ``η < k d²/(k−1)`` (Theorem 4.1(4))."""
+    info = _spec(S)
+    s, k = info.sigma, info.rank
+    d = _r_ill_denominator(s, k, float(np.sum(s * s)))
+    return float(k * d**2 / (k - 1))
+
+
+def preconditioned_r_well_step_bound(H, D: int | None = None) -> float:
+    """Sufficient η for the preconditioned step ``θ − ηK⁻¹∇_θR_well`` to lower κ(θᵀKθ).
+
+    Theorem 4.3(1) corrected (SPEC §5): with eigenvalues σ of H,
+    ``η ≤ (√σ₁ − √σ₂) / (2(1−1/D)σ₁^{3/2} + (2/D)σ₂^{3/2})``.  (The first term of the printed
+    minimum alone is not enough.)  ``H`` may be the matrix or its :class:`SpectrumInfo`.
+    """
+    info = _spec(H)
+    D = _shape_of(H)[0] if D is None else D
+    s1, s2 = info.sigma[0], info.sigma[1]
+    return float((np.sqrt(s1) - np.sqrt(s2)) / (2 * (1 - 1 / D) * s1**1.5 + (2 / D) * s2**1.5))
+
+
+def preconditioned_r_ill_step_bound(H) -> float:
+    """Strict upper bound on η for ``θ − ηK⁻¹∇_θR_ill`` to raise κ(θᵀKθ) (Thm 4.3(2) corrected).
+
+    ``η < min( d²/((1−2/k)σ_min)  [k > 2 only],  k d²/(2(k−1)σ_min) )``; at the second value the
+    smallest eigenvalue of the new Hessian reaches 0 (rank drop).
+    """
+    info = _spec(H)
+    s, k = info.sigma, info.rank
+    d = _r_ill_denominator(s, k, float(np.sum(s * s)))
+    smin = s[k - 1]
+    b2 = k * d**2 / (2 * (k - 1) * smin)
+    b1 = d**2 / ((1 - 2 / k) * smin) if k > 2 else np.inf
+    return float(min(b1, b2))
+
+
+def _shape_of(x):
+    if isinstance(x, SpectrumInfo):
+        return (x.sigma.size, x.sigma.size)
+    return np.shape(x)

@@ -1,0 +1,90 @@
+"""Shared plumbing for experiment outputs: summaries, provenance, JSON, quiet progress bars."""
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def summarize(values) -> dict:
+    """``{"mean", "std", "per_seed"}`` with the population std (ddof = 0) over seeds."""
+    a = np.asarray(list(values), dtype=float)
+    return {"mean": float(a.mean()), "std": float(a.std()), "per_seed": [float(x) for x in a]}
+
+
+def fmt(x: float, digits: int = 4) -> str:
+    """Compact number for tables: 4 significant digits, scientific outside [1e-3, 1e5)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if math.isinf(x):
+        return "∞"
+    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}g}"
+
+
+def pm(summary: dict, digits: int = 4) -> str:
+    return f"{fmt(summary['mean'], digits)} ± {fmt(summary['std'], 2)}"
+
+
+def environment() -> dict:
+    """Versions and the command line, recorded in every results.json."""
+    import scipy
+
+    versions = {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__}
+    for mod in ("torch", "timm", "pandas", "matplotlib"):
+        if mod in sys.modules:
+            versions[mod] = getattr(sys.modules[mod], "__version__", "?")
+    from pycore import __version__
+
+    versions["pycore"] = __version__
+    return {"versions": versions, "command": [Path(sys.executable).name] + sys.argv,
+            "platform": platform.platform()}
+
+
+def write_json(path: Path, obj) -> None:
+    """JSON with ``Infinity`` allowed (an infinite RIR ceiling is a real answer, not an error)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, allow_nan=True, default=_default))
+    tmp.replace(path)  # never leave a half-written results file behind
+
+
+def _default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def progress(iterable=None, **kw):
+    """tqdm that stays silent when stderr is not a terminal (CI, pipes)."""
+    from tqdm.auto import tqdm
+
+    kw.setdefault("disable", not sys.stderr.isatty())
+    kw.setdefault("leave", False)
+    return tqdm(iterable, **kw)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"5"`` → [0..4]; ``"0,3,7"`` → [0, 3, 7]; ``"2-4"`` → [2, 3, 4]."""
+    text = text.strip()
+    try:
+        if "," in text:
+            return [int(s) for s in text.split(",") if s.strip()]
+        if "-" in text[1:]:
+            a, b = text.split("-", 1)
+            return list(range(int(a), int(b) + 1))
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"--seeds must be a count (5), a list (0,3,7) or a range (2-4), got {text!r}") from None
+    if n < 1:
+        raise ValueError(f"--seeds count must be ≥ 1, got {n}")
+    return list(range(n))

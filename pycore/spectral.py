@@ -1,0 +1,184 @@
+"""Spectra of symmetric PSD matrices and of Gram matrices, in float64 (SPEC §2).
+
+The condition number is taken over the NONZERO spectrum, ``κ(S) = ‖S‖₂‖S†‖₂`` (paper Eq. (1)),
+because the matrices of this project are rank-deficient as a rule (constant columns of a
+tabular split, always-zero MNIST pixels, N < D batches).  The numerical rank uses the tolerance
+of ``numpy.linalg.matrix_rank``: ``σ_max · max(shape) · eps`` unless ``rtol`` is given, and is
+always reported next to κ.
+
+Two entry points:
+
+* :func:`spectrum_info` / :func:`condition_number` for an explicit matrix ``S``; a symmetric
+  matrix goes through ``eigh`` (its singular values are ``|λ|``), anything else through SVD.
+* :func:`gram_spectrum` for ``H = ZᵀZ`` given the features ``Z``.  The SVD of ``Z`` gives the
+  eigenvalues of ``H`` as ``s²`` with relative accuracy ``~eps·κ(Z) = eps·√κ(H)``, whereas
+  ``eigvalsh(H)`` only resolves eigenvalues above ``eps·λ_max``: for the κ(H) ~ 1e10-1e12 that
+  immunization produces, forming ``H`` first would lose most digits of ``λ_min``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+
+from pycore.validation import as_float_matrix
+
+EPS = np.finfo(np.float64).eps
+
+# A tie between the extreme and the next singular value makes R_ill/R_well non-differentiable
+# and the extreme singular vector ill-determined: its perturbation is ~ eps·‖S‖/gap.  Below a
+# relative gap of sqrt(eps) the vector (hence the gradient) keeps less than half the digits.
+TIE_RTOL = float(np.sqrt(EPS))
+
+
+class SpectrumError(ValueError):
+    """A spectrum-dependent quantity is undefined for this input (zero matrix, κ = 1, ...)."""
+
+
+@dataclass(frozen=True)
+class SpectrumInfo:
+    """Nonzero-spectrum summary of a matrix (singular values, descending).
+
+    ``sigma`` holds all singular values; ``rank`` of them are above ``tol``.  ``gap_max`` is
+    ``σ₁ − σ₂`` and ``gap_min`` is ``σ_{k−1} − σ_k`` (``inf`` when there is no neighbour);
+    ``tie_max`` / ``tie_min`` flag a relative gap below :data:`TIE_RTOL`, where the
+    regularizers of SPEC §3 are not differentiable.
+    """
+
+    sigma: np.ndarray
+    rank: int
+    tol: float
+    sigma_max: float
+    sigma_min: float
+    kappa: float
+    gap_max: float
+    gap_min: float
+    tie_max: bool
+    tie_min: bool
+    vectors: np.ndarray | None = None  # right singular vectors / eigenvectors, columns, same order
+
+    def as_dict(self) -> dict:
+        return {
+            "sigma_max": self.sigma_max, "sigma_min": self.sigma_min, "kappa": self.kappa,
+            "rank": self.rank, "size": int(self.sigma.size), "tol": self.tol,
+            "gap_max": self.gap_max, "gap_min": self.gap_min,
+            "tie_max": self.tie_max, "tie_min": self.tie_min,
+        }
+
+
+def rank_tolerance(sigma_max: float, shape: tuple[int, ...], rtol: float | None = None) -> float:
+    """Absolute cut-off below which a singular value counts as zero (numpy ``matrix_rank``)."""
+    if rtol is None:
+        rtol = max(shape) * EPS
+    return float(sigma_max) * float(rtol)
+
+
+def _summarise(sigma: np.ndarray, shape, rtol, vectors=None, *, what: str = "matrix") -> SpectrumInfo:
+    sigma = np.asarray(sigma, dtype=np.float64)
+    smax = float(sigma[0]) if sigma.size else 0.0
+    if not smax > 0.0:
+        raise SpectrumError(f"{what} is zero: its condition number is undefined")
+    tol = rank_tolerance(smax, shape, rtol)
+    k = int(np.count_nonzero(sigma > tol))
+    smin = float(sigma[k - 1])
+    gap_max = float(sigma[0] - sigma[1]) if k >= 2 else np.inf
+    gap_min = float(sigma[k - 2] - sigma[k - 1]) if k >= 2 else np.inf
+    return SpectrumInfo(
+        sigma=sigma, rank=k, tol=tol, sigma_max=smax, sigma_min=smin, kappa=smax / smin,
+        gap_max=gap_max, gap_min=gap_min,
+        tie_max=bool(k >= 2 and gap_max <= TIE_RTOL * smax),
+        tie_min=bool(k >= 2 and gap_min <= TIE_RTOL * smax),
+        vectors=vectors,
+    )
+
+
+def is_symmetric(S: np.ndarray) -> bool:
+    """Exact-enough symmetry: ``‖S − Sᵀ‖_max ≤ 1e3·eps·‖S‖_max`` (round-off of a product θᵀKθ)."""
+    if S.ndim != 2 or S.shape[0] != S.shape[1]:
+        return False
+    scale = float(np.max(np.abs(S))) if S.size else 0.0
+    return bool(np.max(np.abs(S - S.T), initial=0.0) <= 1e3 * EPS * scale)
+
+
+def spectrum_info(S, *, rtol: float | None = None, vectors: bool = False, name: str = "S") -> SpectrumInfo:
+    """Singular values of ``S`` (``eigh`` when symmetric, SVD otherwise) with rank and ties.
+
+    For symmetric ``S`` the singular values are ``|λ|`` and ``vectors`` (if asked) are the
+    matching eigenvectors; for general ``S`` they are the right singular vectors.
+    """
+    S = as_float_matrix(S, name)
+    if is_symmetric(S):
+        S = 0.5 * (S + S.T)
+        if vectors:
+            lam, V = np.linalg.eigh(S)
+        else:
+            lam, V = np.linalg.eigvalsh(S), None
+        order = np.argsort(-np.abs(lam), kind="stable")
+        sigma = np.abs(lam)[order]
+        V = V[:, order] if V is not None else None
+    elif vectors:
+        _, sigma, Vt = np.linalg.svd(S, full_matrices=False)
+        V = Vt.T
+    else:
+        sigma, V = np.linalg.svd(S, compute_uv=False), None
+    return _summarise(sigma, S.shape, rtol, V, what=name)
+
+
+def condition_number(S, *, rtol: float | None = None) -> float:
+    """κ(S) = σ_max / σ_min over the nonzero spectrum (SPEC §2, paper Eq. (1)).
+
+    Raises :class:`SpectrumError` for the zero matrix.  Use :func:`spectrum_info` to also get
+    the numerical rank and the tie flags.
+    """
+    return spectrum_info(S, rtol=rtol).kappa
+
+
+def gram_spectrum(Z, *, rtol: float | None = None, vectors: bool = True, name: str = "Z") -> SpectrumInfo:
+    """Spectrum of ``H = ZᵀZ`` from the SVD of ``Z`` (eigenvalues ``s²``, eigenvectors ``V``).
+
+    The rank cut-off is applied to the singular values of ``Z`` (tolerance as in
+    :func:`rank_tolerance` for ``Z``'s shape), then squared; see the module docstring for why.
+    """
+    Z = as_float_matrix(Z, name)
+    if vectors:
+        _, s, Vt = np.linalg.svd(Z, full_matrices=False)
+        V = Vt.T
+    else:
+        s, V = np.linalg.svd(Z, compute_uv=False), None
+    if not (s.size and s[0] > 0.0):
+        raise SpectrumError(f"{name} is zero: the condition number of {name}ᵀ{name} is undefined")
+    info_z = _summarise(s, Z.shape, rtol, what=name)
+    lam = s * s
+    k = info_z.rank
+    tol = info_z.tol ** 2
+    return SpectrumInfo(
+        sigma=lam, rank=k, tol=tol, sigma_max=float(lam[0]), sigma_min=float(lam[k - 1]),
+        kappa=float(lam[0] / lam[k - 1]),
+        gap_max=float(lam[0] - lam[1]) if k >= 2 else np.inf,
+        gap_min=float(lam[k - 2] - lam[k - 1]) if k >= 2 else np.inf,
+        tie_max=info_z.tie_max, tie_min=info_z.tie_min, vectors=V,
+    )
+
+
+def gram_condition_number(Z, *, rtol: float | None = None) -> float:
+    """κ(ZᵀZ) over the nonzero spectrum, computed as κ(Z)² (see :func:`gram_spectrum`)."""
+    return gram_spectrum(Z, rtol=rtol, vectors=False).kappa
+
+
+def extreme_eigenpair(S, which: str = "max") -> tuple[float, np.ndarray]:
+    """Largest (``"max"``) or smallest (``"min"``) eigenpair of a symmetric matrix.
+
+    Uses LAPACK's ``evr`` on a one-index subset, which skips the other eigenvectors (about 3×
+    cheaper than a full ``eigh`` at n≈800).  Note: ``"min"`` is the smallest eigenvalue, zero
+    included; the smallest NONZERO one needs the rank, which :func:`spectrum_info` provides.
+    """
+    S = as_float_matrix(S, "S")
+    if not is_symmetric(S):
+        raise ValueError(f"extreme_eigenpair needs a symmetric matrix, got shape {S.shape} that is not symmetric")
+    n = S.shape[0]
+    idx = n - 1 if which == "max" else 0
+    if which not in ("max", "min"):
+        raise ValueError(f"which must be 'max' or 'min', got {which!r}")
+    w, v = scipy.linalg.eigh(S, subset_by_index=[idx, idx], driver="evr", check_finite=False)
+    return float(w[0]), v[:, 0]

@@ -1,0 +1,418 @@
+"""Theorem checks (SPEC §5): what holds is asserted on many seeded instances, and every stated
+counterexample is asserted to BE a counterexample.  Matrices are built with a prescribed
+spectrum ``(U*s)@Vᵀ`` so that gaps (and hence differentiability) are under control."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pycore import regularizers as R
+from pycore.spectral import SpectrumError, condition_number, spectrum_info
+from tests.helpers import central_diff, orthogonal, psd_with_spectrum, rel_err, separated_spectrum, with_spectrum
+
+SEEDS = range(40)
+
+
+def _kappa(S):
+    return condition_number(S)
+
+
+# ---------------------------------------------------------------- Theorem A.1 (R_well)
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_r_well_nonnegative_and_closed_form(seed):
+    rng = np.random.default_rng(seed)
+    m, n = rng.integers(2, 9, size=2)
+    p = min(m, n)
+    s = separated_spectrum(p, rng)
+    S = with_spectrum(s, rng, (m, n))
+    val = R.r_well(S)
+    assert val >= 0
+    assert val == pytest.approx(np.sum(s[0] ** 2 - s**2) / (2 * p), rel=1e-12)
+
+
+def test_r_well_zero_exactly_at_kappa_one():
+    rng = np.random.default_rng(0)
+    assert R.r_well(3.0 * orthogonal(5, rng)) == pytest.approx(0.0, abs=1e-12)
+    assert R.r_well(np.diag([3.0, 3.0, 1.0])) > 0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_r_well_bounds_log_kappa_corrected(seed):
+    """A.1(2) as corrected: κ(S) ≤ exp(p·R_well(S)/σ_min²)."""
+    rng = np.random.default_rng(seed)
+    p = int(rng.integers(2, 8))
+    s = separated_spectrum(p, rng, lo=rng.uniform(0.01, 1), hi=rng.uniform(1.5, 20))
+    S = with_spectrum(s, rng)
+    assert np.log(_kappa(S)) <= p * R.r_well(S) / s[-1] ** 2 + 1e-12
+
+
+def test_r_well_is_not_an_upper_bound_on_log_kappa():
+    """The paper's reading "R_well ≥ log κ" is false: S = 0.1·diag(2, 1)."""
+    S = 0.1 * np.diag([2.0, 1.0])
+    assert R.r_well(S) < np.log(_kappa(S))
+
+
+@pytest.mark.parametrize("seed", SEEDS[:15])
+def test_r_well_gradient_matches_central_differences(seed):
+    rng = np.random.default_rng(seed)
+    m, n = rng.integers(2, 6, size=2)
+    S = with_spectrum(separated_spectrum(min(m, n), rng, lo=0.5, hi=3.0, min_gap=0.05), rng, (m, n))
+    assert rel_err(R.r_well_grad(S), central_diff(R.r_well, S)) < 1e-7
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_r_well_gd_step_lowers_kappa_below_corrected_bound(seed):
+    """A.1(4): singular values map to (1−η+η/p)σ₁, (1+η/p)σᵢ; κ drops for 0 < η < η*."""
+    rng = np.random.default_rng(seed)
+    p = int(rng.integers(3, 8))
+    s = separated_spectrum(p, rng)
+    S = with_spectrum(s, rng)
+    eta_star = R.r_well_step_bound(S)
+    for frac in (0.05, 0.5, 0.95):
+        eta = frac * eta_star
+        S2 = S - eta * R.r_well_grad(S)
+        sig = np.linalg.svd(S2, compute_uv=False)
+        expected = np.sort(np.r_[(1 - eta + eta / p) * s[0], (1 + eta / p) * s[1:]])[::-1]
+        np.testing.assert_allclose(sig, expected, rtol=1e-10)
+        assert _kappa(S2) < _kappa(S)
+
+
+def test_r_well_step_bound_is_sharp():
+    """Just above η* the step no longer lowers κ: the bound is the true threshold."""
+    rng = np.random.default_rng(3)
+    S = with_spectrum([5.0, 4.0, 1.0], rng)
+    eta = 1.05 * R.r_well_step_bound(S)
+    assert _kappa(S - eta * R.r_well_grad(S)) > _kappa(S)
+
+
+# ---------------------------------------------------------------- Theorem 4.1 (R_ill)
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_r_ill_two_sided_bounds(seed):
+    """4.1(1) corrected: 2k/((k−1)(σ₁²−σ_k²)) ≤ R_ill ≤ 2k/(σ₁²−σ_k²)."""
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(2, 8))
+    s = separated_spectrum(k, rng)
+    S = with_spectrum(s, rng)
+    v = R.r_ill(S)
+    span = s[0] ** 2 - s[-1] ** 2
+    assert 2 * k / ((k - 1) * span) * (1 - 1e-12) <= v <= 2 * k / span * (1 + 1e-12)
+
+
+def test_r_ill_undefined_at_kappa_one_not_zero():
+    rng = np.random.default_rng(1)
+    for S in (2.0 * orthogonal(4, rng), np.outer([1.0, 2.0, 3.0], [1.0, -1.0, 0.5])):  # κ = 1, rank 1
+        with pytest.raises(SpectrumError, match="R_ill is undefined"):
+            R.r_ill(S)
+
+
+def test_r_ill_tends_to_zero_with_spread_not_with_kappa():
+    """R_ill → 0 iff σ₁²−σ_k² → ∞: a huge κ with a small spread keeps R_ill large."""
+    tiny_spread = np.diag([1e-3, 1e-9])      # κ = 1e6
+    big_spread = np.diag([1e3, 5e2])          # κ = 2
+    assert _kappa(tiny_spread) > _kappa(big_spread)
+    assert R.r_ill(tiny_spread) > 1e6 > 1e-3 > R.r_ill(big_spread)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_r_ill_sharpened_log_kappa_bound(seed):
+    """4.1(2) as it holds: 1/log κ ≤ ((k−1)/k)·σ₁²·R_ill."""
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(2, 8))
+    s = separated_spectrum(k, rng, lo=rng.uniform(0.01, 1), hi=rng.uniform(1.5, 50))
+    S = with_spectrum(s, rng)
+    assert 1 / np.log(_kappa(S)) <= (k - 1) / k * s[0] ** 2 * R.r_ill(S) * (1 + 1e-12)
+
+
+def test_r_ill_is_not_an_upper_bound_on_inverse_log_kappa():
+    """The paper's reading "R_ill ≥ 1/log κ" is false: S = 10·diag(2, 1)."""
+    S = 10 * np.diag([2.0, 1.0])
+    assert R.r_ill(S) < 1 / np.log(_kappa(S))
+
+
+@pytest.mark.parametrize("seed", SEEDS[:15])
+def test_r_ill_gradient_matches_central_differences(seed):
+    rng = np.random.default_rng(seed)
+    m, n = rng.integers(2, 6, size=2)
+    S = with_spectrum(separated_spectrum(min(m, n), rng, lo=0.5, hi=3.0, min_gap=0.05), rng, (m, n))
+    if min(m, n) < 2:
+        pytest.skip("R_ill needs rank ≥ 2")
+    assert rel_err(R.r_ill_grad(S), central_diff(R.r_ill, S)) < 1e-7
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_r_ill_gd_step_raises_kappa(seed):
+    """4.1(4): any 0 < η < k d²/(k−1) raises κ."""
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(2, 8))
+    S = with_spectrum(separated_spectrum(k, rng), rng)
+    bound = R.r_ill_step_bound(S)
+    for frac in (0.01, 0.5, 0.99):
+        assert _kappa(S - frac * bound * R.r_ill_grad(S)) > _kappa(S)
+
+
+def test_r_ill_step_at_rank_drop_value_loses_rank():
+    """The exact bad point η = k d²/(k−1): σ_k is sent to 0 (rank drop)."""
+    S = np.diag([3.0, 2.0, 1.0])
+    k, d = 3, (9 + 4 + 1) / 6 - 0.5
+    S2 = S - (k * d**2 / (k - 1)) * R.r_ill_grad(S)
+    assert spectrum_info(S2).rank == 2
+
+
+def test_gradients_warn_at_ties():
+    with pytest.warns(R.TieWarning, match="σ_min"):
+        R.r_ill_grad(np.diag([3.0, 1.0, 1.0]))
+    with pytest.warns(R.TieWarning, match="σ_max"):
+        R.r_well_grad(np.diag([3.0, 3.0, 1.0]))
+
+
+# ---------------------------------------------------------------- Theorem 4.2 (through θ)
+
+def _rank_deficient_K(rng, D, N):
+    X = rng.standard_normal((N, D)) * rng.uniform(0.5, 2.0, D)
+    return X.T @ X
+
+
+@pytest.mark.parametrize("seed", SEEDS[:12])
+@pytest.mark.parametrize("N_less_than_D", [False, True])
+def test_theta_gradients_match_central_differences(seed, N_less_than_D):
+    rng = np.random.default_rng(seed)
+    D = 5
+    K = _rank_deficient_K(rng, D, 3 if N_less_than_D else 12)
+    theta = np.eye(D) + 0.3 * rng.standard_normal((D, D))
+    for kind, fn in (("well", R.r_well_grad_theta), ("ill", R.r_ill_grad_theta)):
+        f = (lambda t: R.r_well(t.T @ K @ t) * 1.0) if kind == "well" else (lambda t: R.r_ill(t.T @ K @ t))
+        if kind == "well":
+            # R_well's normaliser p for H is D (SPEC §4) = min(H.shape), so r_well(H) is the same function.
+            pass
+        assert rel_err(fn(theta, K), central_diff(f, theta, h=1e-6)) < 1e-6
+
+
+@pytest.mark.parametrize("seed", SEEDS[:10])
+def test_exact_preconditioned_form_equals_explicit_solve(seed):
+    """K⁻¹∇_θR = 2θG exactly for invertible K; the ridge form equals the explicit ridge solve."""
+    rng = np.random.default_rng(seed)
+    D = 6
+    K = _rank_deficient_K(rng, D, 20)
+    theta = np.eye(D) + 0.2 * rng.standard_normal((D, D))
+    for kind in ("well", "ill"):
+        g = R.r_well_grad_theta(theta, K) if kind == "well" else R.r_ill_grad_theta(theta, K)
+        exact = R.preconditioned_grad_theta(theta, K, kind, mode="exact")
+        assert rel_err(exact, np.linalg.solve(K, g)) < 1e-9
+        ridge = R.preconditioned_grad_theta(theta, K, kind, mode="ridge", ridge=0.5)
+        assert rel_err(ridge, np.linalg.solve(K + 0.5 * np.eye(D), g)) < 1e-10
+
+
+@pytest.mark.parametrize("seed", SEEDS[:10])
+def test_pinv_preconditioner_is_pseudo_inverse_and_gives_same_hessian(seed):
+    rng = np.random.default_rng(seed)
+    D = 6
+    K = _rank_deficient_K(rng, D, 4)
+    theta = np.eye(D) + 0.2 * rng.standard_normal((D, D))
+    g = R.r_ill_grad_theta(theta, K)
+    pinv = R.preconditioned_grad_theta(theta, K, "ill", mode="pinv")
+    assert rel_err(pinv, np.linalg.pinv(K, rcond=1e-12) @ g) < 1e-7
+    exact = R.preconditioned_grad_theta(theta, K, "ill", mode="exact")
+    eta = 1e-3
+    H1 = (theta - eta * pinv).T @ K @ (theta - eta * pinv)
+    H2 = (theta - eta * exact).T @ K @ (theta - eta * exact)
+    assert rel_err(H1, H2) < 1e-10
+
+
+# ---------------------------------------------------------------- Theorem 4.3 (preconditioned)
+
+def _precond_step(theta, K, kind, eta):
+    return theta - eta * R.preconditioned_grad_theta(theta, K, kind, mode="exact")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_preconditioned_r_well_monotone_under_corrected_bound(seed):
+    rng = np.random.default_rng(seed)
+    D = int(rng.integers(3, 8))
+    K = psd_with_spectrum(rng.uniform(0.5, 5, D), rng)
+    theta = with_spectrum(separated_spectrum(D, rng, 0.3, 2.0), rng)
+    H = theta.T @ K @ theta
+    bound = R.preconditioned_r_well_step_bound(H)
+    for frac in (0.1, 0.5, 1.0):
+        t2 = _precond_step(theta, K, "well", frac * bound)
+        assert _kappa(t2.T @ K @ t2) < _kappa(H)
+
+
+def test_preconditioned_r_well_printed_first_term_alone_fails():
+    """Thm 4.3(1): η < 1/((1−1/D)σ₁) alone is not enough: H=diag(1,.9,.1), K=I, η=.45."""
+    H = np.diag([1.0, 0.9, 0.1])
+    theta, K, D = np.sqrt(H), np.eye(3), 3
+    eta = 0.45
+    assert eta < 1 / ((1 - 1 / D) * 1.0)
+    t2 = _precond_step(theta, K, "well", eta)
+    assert _kappa(t2.T @ K @ t2) > _kappa(H)
+    # the corrected bound excludes this step
+    assert eta > R.preconditioned_r_well_step_bound(H)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_preconditioned_r_ill_monotone_under_corrected_bound(seed):
+    rng = np.random.default_rng(seed)
+    D = int(rng.integers(3, 8))
+    K = psd_with_spectrum(rng.uniform(0.5, 5, D), rng)
+    theta = with_spectrum(separated_spectrum(D, rng, 0.3, 2.0), rng)
+    H = theta.T @ K @ theta
+    bound = R.preconditioned_r_ill_step_bound(H)
+    for frac in (0.01, 0.5, 0.99):
+        t2 = _precond_step(theta, K, "ill", frac * bound)
+        assert _kappa(t2.T @ K @ t2) > _kappa(H)
+
+
+def test_preconditioned_r_ill_printed_bound_admits_a_rank_drop():
+    """Thm 4.3(2): the printed bound d²/(1−2σ_min/k) admits η = k d²/(2(k−1)σ_min), where the
+    smallest eigenvalue hits 0 and κ over the nonzero spectrum FALLS (H = diag(4, 3.5, 1))."""
+    H = np.diag([4.0, 3.5, 1.0])
+    k, smin = 3, 1.0
+    d = np.sum(np.diag(H) ** 2) / (2 * k) - 0.5 * smin**2
+    printed = d**2 / (1 - 2 * smin / k)
+    eta = k * d**2 / (2 * (k - 1) * smin)
+    assert eta < printed
+    t2 = _precond_step(np.sqrt(H), np.eye(3), "ill", eta)
+    info = spectrum_info(t2.T @ t2)
+    assert info.rank == 2 and info.kappa < _kappa(H)
+    assert eta >= R.preconditioned_r_ill_step_bound(H)
+
+
+# ---------------------------------------------------------------- Proposition 3.2 and Sec. 3.1
+
+def _prop32_formula(theta, K):
+    U, s, _ = np.linalg.svd(theta)
+    return np.array([s[i] ** 2 * U[:, i] @ K @ U[:, i] for i in range(len(s))])
+
+
+def test_prop32_counterexample():
+    K, theta = np.diag([2.0, 1.0]), np.array([[1.0, 1.0], [0.0, 1.0]])
+    true = np.sort(np.linalg.eigvalsh(theta.T @ K @ theta))[::-1]
+    formula = np.sort(_prop32_formula(theta, K))[::-1]
+    np.testing.assert_allclose(true, [4.5616, 0.4384], atol=1e-4)
+    np.testing.assert_allclose(formula, [4.5125, 0.4875], atol=1e-4)
+    assert not np.allclose(true, formula, atol=1e-2)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:20])
+def test_prop32_what_holds(seed):
+    """Formula = diag(V_θᵀHV_θ): same trace, majorized by the spectrum (κ underestimated)."""
+    rng = np.random.default_rng(seed)
+    D = int(rng.integers(2, 7))
+    K = psd_with_spectrum(rng.uniform(0.1, 5, D), rng)
+    theta = rng.standard_normal((D, D))
+    H = theta.T @ K @ theta
+    lam = np.sort(np.linalg.eigvalsh(H))[::-1]
+    f = np.sort(_prop32_formula(theta, K))[::-1]
+    assert f.sum() == pytest.approx(lam.sum(), rel=1e-10)
+    assert np.all(np.cumsum(f) <= np.cumsum(lam) * (1 + 1e-10))
+    assert f[0] / f[-1] <= lam[0] / lam[-1] * (1 + 1e-9)
+    # exact when U_θᵀKU_θ is diagonal: θ with left singular vectors = K's eigenvectors
+    w, Q = np.linalg.eigh(K)
+    theta2 = Q @ np.diag(rng.uniform(0.5, 2, D)) @ orthogonal(D, rng)
+    np.testing.assert_allclose(np.sort(_prop32_formula(theta2, K)), np.linalg.eigvalsh(theta2.T @ K @ theta2), rtol=1e-9)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:20])
+def test_kappa_ratio_bounded_by_kappa_C_with_equality(seed):
+    """Sec. 3.1 corrected: κ(H_H)/κ(H_P) ≤ κ(C), C = K_P^{-½}K_HK_P^{-½}, equality at θ = K_P^{-½}."""
+    rng = np.random.default_rng(seed)
+    D = int(rng.integers(2, 7))
+    KP = psd_with_spectrum(rng.uniform(0.2, 5, D), rng)
+    KH = psd_with_spectrum(rng.uniform(0.2, 5, D), rng)
+    w, Q = np.linalg.eigh(KP)
+    KP_mhalf = (Q / np.sqrt(w)) @ Q.T
+    kC = _kappa(KP_mhalf @ KH @ KP_mhalf)
+    for _ in range(10):
+        theta = rng.standard_normal((D, D))
+        assert _kappa(theta.T @ KH @ theta) / _kappa(theta.T @ KP @ theta) <= kC * (1 + 1e-8)
+    assert _kappa(KP_mhalf @ KH @ KP_mhalf) / _kappa(KP_mhalf @ KP @ KP_mhalf) == pytest.approx(kC, rel=1e-8)
+
+
+def test_aligned_eigenvectors_do_not_rule_out_immunization():
+    """Sec. 3.1's "aligned eigenvectors ⇒ no immunization" is false: shared eigenvectors,
+    opposite eigenvalue order, and θ = K_P^{-½} reaches RIR = κ(C)κ(K_P)/κ(K_H) = 9 > 1."""
+    from pycore.metrics import rir
+    XP, XH = np.diag(np.sqrt([1.0, 2.0, 3.0])), np.diag(np.sqrt([3.0, 2.0, 1.0]))
+    theta = np.diag(1 / np.sqrt([1.0, 2.0, 3.0]))
+    assert rir(theta, XP, XH).value == pytest.approx(9.0, rel=1e-12)
+
+
+# ---------------------------------------------------------------- Eq. (2), line search, Def 3.1(c)
+
+@pytest.mark.parametrize("seed", SEEDS[:20])
+def test_gd_rate_with_step_one_over_L(seed):
+    rng = np.random.default_rng(seed)
+    D = int(rng.integers(2, 8))
+    A = psd_with_spectrum(separated_spectrum(D, rng, 0.1, 10), rng)
+    b = rng.standard_normal(D)
+    x_star = np.linalg.solve(A, b)
+    lam = np.linalg.eigvalsh(A)
+    L, kappa = lam[-1], lam[-1] / lam[0]
+    x = rng.standard_normal(D)
+    e0 = np.sum((x - x_star) ** 2)
+    for t in range(1, 30):
+        x = x - (A @ x - b) / L
+        assert np.sum((x - x_star) ** 2) <= (1 - 1 / kappa) ** t * e0 * (1 + 1e-9)
+
+
+def test_gd_rate_fails_outside_the_step_window():
+    """The rate holds iff ηL ∈ [1/(1+c), 1+c], c = √(1−1/κ); a larger step breaks it."""
+    A = np.diag([1.0, 0.5])
+    kappa = 2.0
+    c = np.sqrt(1 - 1 / kappa)
+    eta = 1.05 * (1 + c)  # L = 1
+    x = np.array([1.0, 0.0])
+    x1 = x - eta * (A @ x)
+    assert np.sum(x1**2) > (1 - 1 / kappa) * np.sum(x**2)
+
+
+def test_exact_line_search_step_minimises_along_gradient():
+    from pycore.probe import gd_exact_line_search
+    rng = np.random.default_rng(0)
+    Z, y = rng.standard_normal((30, 6)), rng.standard_normal(30)
+    tr = gd_exact_line_search(Z, y, 1)
+    g = 2 * Z.T @ (-y)  # w0 = 0
+    alphas = np.linspace(0.5, 1.5, 201) * tr.step_sizes[0]
+    losses = [np.sum((Z @ (-a * g) - y) ** 2) for a in alphas]
+    assert abs(alphas[int(np.argmin(losses))] - tr.step_sizes[0]) <= 0.01 * tr.step_sizes[0]
+
+
+def test_invertible_theta_keeps_best_pretraining_loss():
+    """Def 3.1(c): any invertible θ leaves min_ω L(D_P, ω, θ) unchanged; a singular θ need not."""
+    from pycore.losses import best_probe_loss
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((40, 5)), rng.standard_normal((40, 1))
+    base = best_probe_loss("mse", X, y)
+    for _ in range(5):
+        assert best_probe_loss("mse", X @ rng.standard_normal((5, 5)), y) == pytest.approx(base, rel=1e-9)
+    singular = np.diag([1.0, 1.0, 1.0, 1.0, 0.0])
+    assert best_probe_loss("mse", X @ singular, y) > base * (1 + 1e-6)
+
+
+# ---------------------------------------------------------------- orientation (SPEC §4)
+
+def test_right_side_preconditioner_orientation():
+    """In W = θᵀ form the preconditioned step is grad_W·K⁻¹ (right).  Left-multiplying
+    (K⁻¹·grad_W) breaks Theorem 4.3's monotonicity on a share of random instances."""
+    rng = np.random.default_rng(2024)
+    fails_right = fails_left = 0
+    for _ in range(200):
+        D = 4
+        K = psd_with_spectrum(rng.uniform(0.2, 5, D), rng)
+        theta = with_spectrum(separated_spectrum(D, rng, 0.3, 2.0), rng)
+        W = theta.T
+        H = theta.T @ K @ theta
+        grad_W = R.r_well_grad_theta(theta, K).T
+        eta = 0.99 * R.preconditioned_r_well_step_bound(H)
+        Kinv = np.linalg.inv(K)
+        for W2, which in ((W - eta * grad_W @ Kinv, "right"), (W - eta * Kinv @ grad_W, "left")):
+            ok = _kappa(W2 @ K @ W2.T) < _kappa(H)
+            if not ok:
+                if which == "right":
+                    fails_right += 1
+                else:
+                    fails_left += 1
+    assert fails_right == 0
+    assert fails_left >= 5
