@@ -99,17 +99,21 @@ def fmt_factors(items):
 
 
 def holds(items, want):
-    """Claim check on the per-seed factors: ``want='>1'`` (slower) or ``'<=1'`` (not slower).
-    A bound counts only when it decides the question; 'n/a' never does."""
-    ok = []
+    """Claim check on the per-seed factors, ``want='>1'`` (slower) or ``'<=1'`` (not slower):
+    True / False when every seed decides it (a bound decides only when it points the right way),
+    None when some seed cannot tell (both capped, or a bound on the wrong side), False if any
+    seed contradicts it."""
+    verdicts = []
     for v, k in items:
         if k == "n/a":
-            ok.append(False)
+            verdicts.append(None)
         elif want == ">1":
-            ok.append(v > 1 and k in ("=", ">="))
+            verdicts.append(True if v > 1 and k in ("=", ">=") else False if v <= 1 and k in ("=", "<=") else None)
         else:
-            ok.append(v <= 1 and k in ("=", "<="))
-    return all(ok)
+            verdicts.append(True if v <= 1 and k in ("=", "<=") else False if v > 1 and k in ("=", ">=") else None)
+    if any(x is False for x in verdicts):
+        return False
+    return None if any(x is None for x in verdicts) else True
 
 
 def _curve_digest(rel, n=120):
@@ -240,7 +244,7 @@ def write_table(res: dict, path: Path):
     L.append("Claim: with θ_I, probing D_H is slower (factor > 1) and probing D_P is not slower (factor ≤ 1).\n")
     L.append("| θ_I | rows | ε | D_H factor | D_P factor | claim |")
     L.append("|---|---|---|---|---|---|")
-    fails = []
+    fails, undetermined, n_cells = [], [], 0
     for m in methods:
         for rows in ROWS:
             for e in eps_list:
@@ -250,25 +254,34 @@ def write_table(res: dict, path: Path):
                 if fh is None:
                     continue
                 ok_h, ok_p = holds(fh, ">1"), holds(fp, "<=1")
-                verdict = "holds" if ok_h and ok_p else "FAILS (" + ", ".join(
-                    x for x, ok in (("D_H not slowed", ok_h), ("D_P slowed", ok_p)) if not ok) + ")"
-                if not (ok_h and ok_p):
-                    fails.append(f"{m} / {rows} / ε={ek}: {verdict[7:-1]}")
+                n_cells += 1
+                if ok_h and ok_p:
+                    verdict = "holds"
+                else:
+                    why = [x for x, ok in (("D_H not slowed", ok_h is False), ("D_P slowed", ok_p is False)) if ok]
+                    unk = [x for x, ok in (("D_H", ok_h is None), ("D_P", ok_p is None)) if ok]
+                    verdict = ("FAILS: " + ", ".join(why)) if why else ""
+                    if unk:
+                        verdict += ("; " if verdict else "") + "undetermined on " + " and ".join(unk) + " (cap)"
+                    (fails if why else undetermined).append(f"{m}/{rows}/ε={ek}")
                 L.append(f"| {m} | {rows} | {ek} | {fmt_factors(fh)} | {fmt_factors(fp)} | {verdict} |")
     L.append("")
-    if fails:
-        L.append("Where the claim fails: " + "; ".join(fails) + ".\n")
+    L.append(f"Of {n_cells} cells the claim holds in {n_cells - len(fails) - len(undetermined)}, fails in "
+             f"{len(fails)} ({', '.join(fails) if fails else 'none'}) and cannot be decided within the cap in "
+             f"{len(undetermined)} ({', '.join(undetermined) if undetermined else 'none'}).\n")
 
     # which attackers are not slowed on D_H
     L.append("## Attackers NOT slowed on D_H (factor ≤ 1, i.e. immunization does not help against them)\n")
-    L.append("| θ_I | rows | ε | attackers not slowed |")
-    L.append("|---|---|---|---|")
+    L.append("| θ_I | rows | ε | attackers not slowed | undetermined (cap) |")
+    L.append("|---|---|---|---|---|")
     for m in methods:
         for rows in ROWS:
             for e in eps_list:
                 ek = f"{e:g}"
-                names = [a for a in attackers if not holds(F[m][f"{rows}/D_H"][a][ek], ">1")]
-                L.append(f"| {m} | {rows} | {ek} | {', '.join(names) if names else '—'} |")
+                names = [a for a in attackers if holds(F[m][f"{rows}/D_H"][a][ek], ">1") is False]
+                unk = [a for a in attackers if holds(F[m][f"{rows}/D_H"][a][ek], ">1") is None]
+                L.append(f"| {m} | {rows} | {ek} | {', '.join(names) if names else '—'} | "
+                         f"{', '.join(unk) if unk else '—'} |")
     L.append("")
 
     # full slow-down tables

@@ -94,6 +94,12 @@ class ProbingProblem:
     sigma: np.ndarray
     r_star: np.ndarray | None = None
     info: dict = field(default_factory=dict)
+    # working form (lsq with N > D): Z = QR, so ½‖Zw − y‖² = ½‖Rw − Qᵀy‖² + ½‖(I − QQᵀ)y‖².
+    # Same gradient Zᵀ(Zw − y) = Rᵀ(Rw − Qᵀy), same Hessian RᵀR = ZᵀZ, same iterates; each
+    # product costs D² instead of N·D and no ZᵀZ is ever formed (accuracy of the residual form).
+    Zw: np.ndarray | None = field(default=None, repr=False)
+    yw: np.ndarray | None = field(default=None, repr=False)
+    const: float = 0.0
 
     @property
     def dim(self) -> int:
@@ -115,16 +121,17 @@ class ProbingProblem:
         ``eps·√κ``, not ``eps·κ`` as ``½eᵀZᵀZe`` would. For logistic the plain difference
         ``L(w) − L*`` is used (|L| = O(N), far from cancellation at the tolerances used here).
         """
-        z = self.Z @ w
+        Zw, yw = self.work
+        z = Zw @ w
         block = w.ndim == 2
-        yy = self.y[:, None] if block else self.y
+        yy = yw[:, None] if block else yw
         if self.loss == "lsq":
             r = z - yy
             rs = self.r_star[:, None] if block else self.r_star
             e = r - rs
-            f = 0.5 * np.sum(r * r, axis=0)
+            f = 0.5 * np.sum(r * r, axis=0) + self.const
             gap = 0.5 * np.sum(e * e, axis=0) + np.sum(rs * e, axis=0)
-            return f, self.Z.T @ r, gap
+            return f, Zw.T @ r, gap
         f = np.sum(np.logaddexp(0.0, z) - yy * z, axis=0) + 0.5 * self.ridge * np.sum(w * w, axis=0)
         g = self.Z.T @ (scipy.special.expit(z) - yy) + self.ridge * w
         return f, g, f - self.L_star
@@ -134,13 +141,19 @@ class ProbingProblem:
         f, g, _ = self.evaluate(w)
         return f, g
 
+    @property
+    def work(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(Z, y)`` the attackers iterate with: ``(R, Qᵀy)`` for least squares with N > D."""
+        return (self.Zw, self.yw) if self.Zw is not None else (self.Z, self.y)
+
     def value(self, w: np.ndarray):
         """``L(w)``."""
-        z = self.Z @ w
-        yy = self.y if w.ndim == 1 else self.y[:, None]
+        Zw, yw = self.work
+        z = Zw @ w
+        yy = yw if w.ndim == 1 else yw[:, None]
         if self.loss == "lsq":
             r = z - yy
-            return 0.5 * np.sum(r * r, axis=0)
+            return 0.5 * np.sum(r * r, axis=0) + self.const
         return np.sum(np.logaddexp(0.0, z) - yy * z, axis=0) + 0.5 * self.ridge * np.sum(w * w, axis=0)
 
     def suboptimality(self, w: np.ndarray):
@@ -206,12 +219,20 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
     if loss == "lsq":
         # min-norm least squares through the SVD already computed (same as lstsq, rcond=tol)
         w_star = Q @ ((U[:, :rank].T @ y) / sigma[:rank])
-        r_star = Z @ w_star - y
-        L_star = 0.5 * float(r_star @ r_star)
+        Zw, yw, const = None, None, 0.0
+        if N > D:
+            Qz, R = np.linalg.qr(Z)
+            Zw, yw = R, Qz.T @ y
+            out = y - Qz @ yw
+            const = 0.5 * float(out @ out)
+            r_star = R @ w_star - yw
+        else:
+            r_star = Z @ w_star - y
+        L_star = 0.5 * float(r_star @ r_star) + const
         smooth = float(sigma[0] ** 2)
         mu = float(sigma[rank - 1] ** 2)
         return ProbingProblem(Z, y, loss, 0.0, w_star, L_star, smooth, mu, rank, sigma,
-                              r_star=r_star, info={"rank_tol": float(tol)})
+                              r_star=r_star, info={"rank_tol": float(tol)}, Zw=Zw, yw=yw, const=const)
 
     if not np.all((y == 0.0) | (y == 1.0)):
         raise ValueError("logistic loss needs labels y in {0, 1}")
@@ -445,7 +466,7 @@ def attack_gd_exact(problem: ProbingProblem, *, max_steps: int = 20000, tol: flo
         if gg == 0.0:
             break
         if problem.loss == "lsq":
-            zg = problem.Z @ g
+            zg = problem.work[0] @ g
             denom = float(zg @ zg)
             if denom == 0.0:
                 break
@@ -602,8 +623,8 @@ def attack_cg(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1
     w, f, g, rec = _start(problem, max_steps, tol, w0)
     if problem.loss == "logistic":
         return _scipy_attack(problem, "CG", "cg", w, rec, max_steps, {"gtol": 0.0})
-    Z = problem.Z
-    r = problem.y - Z @ w                       # residual of Zw ≈ y
+    Z, yw = problem.work
+    r = yw - Z @ w                              # residual of Zw ≈ y
     s = -g                                      # = Zᵀr, the steepest-descent direction
     p = s.copy()
     gamma = float(s @ s)

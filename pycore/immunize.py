@@ -56,7 +56,8 @@ class ImmunizeConfig:
     # imma: unrolled attacker steps and their size as a fraction of 1/L of the lower problem
     imma_inner_steps: int = 3
     imma_inner_lr: float = 0.5
-    # closed_form: s² = λ_C^a trades (i) against (ii) at constant RIR (a = 0: H_P = I)
+    # closed_form: s² = λ_C^a scales (i) and (ii) by κ(C)^a together, RIR constant for a ≥ 0
+    # (a = 0: H_P = I, the best pre-training conditioning; a < 0 lowers the RIR)
     closed_form_exponent: float = 0.0
     # certified-monotone mode (SPEC §10): clip each regularizer step to the §5 bound and check κ
     certified: bool = False

@@ -296,3 +296,53 @@ def test_bad_run_input():
         A.attack_closed_form(logistic_problem(0))
     with pytest.raises(TypeError, match="ProbingProblem"):
         A.attack_lbfgs((P.Z, P.y))
+
+
+# ----------------------------------------------------------------------------------------------
+# the experiment script, CI-sized
+# ----------------------------------------------------------------------------------------------
+def _experiment_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "attacks.py"
+    spec = importlib.util.spec_from_file_location("attacks_experiment", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_slowdown_factor_and_bounds():
+    E = _experiment_module()
+    assert E.slowdown(300, 30, 1000) == (10.0, "=")
+    assert E.slowdown(None, 30, 1000) == (1001 / 30, ">=")      # θ_I capped: lower bound
+    assert E.slowdown(30, None, 1000) == (30 / 1001, "<=")      # identity capped: upper bound
+    assert E.slowdown(None, None, 1000) == (None, "n/a")
+    assert E.holds([(2.0, "=")], ">1") is True and E.holds([(0.5, "=")], ">1") is False
+    assert E.holds([(0.5, "<=")], ">1") is False and E.holds([(0.5, ">=")], ">1") is None
+    assert E.holds([(None, "n/a")], "<=1") is None
+    assert E.holds([(2.0, "="), (0.9, "=")], ">1") is False     # one seed contradicts
+
+
+def test_experiment_ci_run(tmp_path):
+    import json
+    pytest.importorskip("pycore.immunize")
+    E = _experiment_module()
+    res = E.main(["--methods", "ours", "--attackers", "gd_exact", "cg", "closed_form",
+                  "--max-steps", "300", "--epochs", "2", "--out", str(tmp_path)])
+    for name in ("results.json", "table.md", "curves.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["step_cap"] == 300 and saved["methods"] == ["identity", "ours"]
+    runs = {r["method"]: r for r in saved["runs"]}
+    for key in ("train/D_H", "train/D_P", "heldout/D_H", "heldout/D_P"):
+        for a in ("gd_exact", "cg", "closed_form"):
+            sm = runs["ours"]["attacks"][key]["attackers"][a]["steps_to"]["0.01"]
+            si = runs["identity"]["attacks"][key]["attackers"][a]["steps_to"]["0.01"]
+            v, kind = saved["slowdown"]["ours"][key][a]["0.01"][0]
+            assert (v, kind) == pytest.approx(E.slowdown(sm, si, 300)) or (v is None and kind == "n/a")
+        # the closed form is one step whatever θ: never slowed
+        assert saved["slowdown"]["ours"][key]["closed_form"]["1e-06"][0] == [1.0, "="]
+    table = (tmp_path / "table.md").read_text()
+    assert "Figure 1 claim" in table and "ours" in table
+    assert res["wall_seconds"] > 0

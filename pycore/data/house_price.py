@@ -83,7 +83,7 @@ def _encode_split(df, feature_cols: list[str], target: str, path) -> tuple[np.nd
             i = int(np.flatnonzero(junk.to_numpy())[0])
             raise ValueError(f"{path}: column {col!r} is numeric but has non-numeric value {s.iloc[i]!r} (data row {i + 1})")
         if junk.any():
-            filled = s.fillna(0).astype(str)
+            filled = s.astype(object).where(s.notna(), "0").astype(str)  # NaN → 0, as text
             cats = np.array(sorted(set(filled)))
             cols.append(np.searchsorted(cats, filled.to_numpy()).astype(np.float64))
         else:

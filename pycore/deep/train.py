@@ -261,8 +261,39 @@ def train_classifier(model: nn.Module, data: Dataset, *, epochs: int, batch_size
             it.update(1) if hasattr(it, "update") else None
     if hasattr(it, "close"):
         it.close()
+    recalibrate_batchnorm(model, data, batch_size=batch_size, device=device)
     model.eval()
     return losses
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(model: nn.Module, data: Dataset, *, batch_size: int = 64,
+                          device: "torch.device | str" = "cpu") -> int:
+    """Re-estimate BatchNorm running statistics for the FINAL weights (cumulative average).
+
+    The exponential running averages kept during training lag behind the weights; eval-mode
+    features (the ones RIR measures and immunization trains) are then off-distribution and the
+    eval-mode loss surface is needlessly sharp. One pass in train mode with ``momentum=None``
+    gives the exact average of per-batch statistics. Returns the number of BN layers reset.
+    """
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return 0
+    saved = [(m, m.momentum) for m in bns]
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None
+    was = model.training
+    model.train()
+    try:
+        for s in range(0, len(data) - batch_size + 1, batch_size):
+            x, _ = fetch(data, torch.arange(s, s + batch_size))
+            model(x.to(device))
+    finally:
+        for m, mom in saved:
+            m.momentum = mom
+        model.train(was)
+    return len(bns)
 
 
 def _progress(iterable, enabled: bool, desc: str):

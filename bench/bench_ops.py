@@ -1,0 +1,105 @@
+"""Fused op vs autograd reference, forward + backward, single-threaded (issue 4 targets).
+
+    pytest bench/bench_ops.py --benchmark-group-by=group --benchmark-columns=min,median,rounds
+    python bench/bench_ops.py            # Markdown table of measured ratios (same process)
+
+Per (N, D, dtype, kind): the fused op ``cond_regularizer`` (value + dR/dZ), the plain-PyTorch
+reference (autograd through ``eigvalsh`` of ZᵀZ), and the GEMM floor: the two products the op
+cannot avoid, ``M = ZZᵀ`` or ``ZᵀZ`` and ``P = M Z`` or ``Z M``, in Z's dtype (the op's policy).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pycore import ops  # noqa: E402
+
+SHAPES = [(64, 512), (256, 512), (100, 768), (256, 768), (2048, 512)]
+DTYPES = [torch.float64, torch.float32]
+KINDS = ["ill", "well"]
+
+
+def make_features(N, D, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(N, D, generator=g, dtype=torch.float64).to(dtype).requires_grad_(True)
+
+
+def fwd_bwd(fn, Z, kind):
+    (g,) = torch.autograd.grad(fn(Z, kind), Z)
+    return g
+
+
+def gemm_floor(Z):
+    Z = Z.detach()
+    if Z.shape[0] < Z.shape[1]:
+        M = Z @ Z.T
+        return M @ Z
+    M = Z.T @ Z
+    return Z @ M
+
+
+CASES = [(N, D, dt, k) for dt in DTYPES for (N, D) in SHAPES for k in KINDS]
+
+
+def _case_id(c):
+    N, D, dt, k = c
+    return f"{N}x{D}-{str(dt).split('.')[-1]}-{k}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("impl", ["fused", "reference", "gemm_floor"])
+def test_bench(benchmark, case, impl):
+    torch.set_num_threads(1)
+    N, D, dtype, kind = case
+    benchmark.group = _case_id(case)
+    Z = make_features(N, D, dtype)
+    if impl == "fused":
+        benchmark(fwd_bwd, ops.cond_regularizer, Z, kind)
+    elif impl == "reference":
+        benchmark.pedantic(fwd_bwd, args=(ops.reference_cond_regularizer, Z, kind), rounds=5, warmup_rounds=1)
+    else:
+        benchmark(gemm_floor, Z)
+
+
+def best_of(f, repeat):
+    f()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=7, help="best-of-N timing (default 7)")
+    ap.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, extension {ops.extension_available()}, "
+          f"best of {args.repeat}\n")
+    print("| N × D | dtype | R | fused (ms) | reference (ms) | speed-up | GEMM floor (ms) | fused / floor |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dtype in DTYPES:
+        for N, D in SHAPES:
+            Z = make_features(N, D, dtype)
+            floor = best_of(lambda: gemm_floor(Z), args.repeat)
+            for kind in args.kinds:
+                fused = best_of(lambda: fwd_bwd(ops.cond_regularizer, Z, kind), args.repeat)
+                ref = best_of(lambda: fwd_bwd(ops.reference_cond_regularizer, Z, kind), max(3, args.repeat // 2))
+                print(f"| {N} × {D} | {str(dtype).split('.')[-1]} | {kind} | {fused*1e3:.2f} | {ref*1e3:.1f} | "
+                      f"{ref/fused:.1f}× | {floor*1e3:.2f} | {fused/floor:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""Linear core: spectra, regularizer paths, metrics, immunizers, certified mode, bad input."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pycore
+from pycore import regularizers as R
+from pycore.immunize import METHODS, ImmunizeConfig, imma_objective, immunize
+from pycore.metrics import rir, rir_ceiling
+from pycore.spectral import SpectrumError, gram_spectrum, spectrum_info
+from pycore.tasks import LinearTask
+from tests.helpers import central_diff, rel_err, with_spectrum
+
+
+def small_task(seed=0, N=40, D=6, loss="mse"):
+    rng = np.random.default_rng(seed)
+    XP = rng.standard_normal((N, D)) * rng.uniform(0.5, 3, D)
+    XH = rng.standard_normal((N, D)) @ rng.standard_normal((D, D))
+    YP = rng.standard_normal((N, 1)) if loss == "mse" else (rng.random((N, 1)) < 0.5).astype(float)
+    return LinearTask(XP, YP, XH, rng.standard_normal((N, 1)), loss)
+
+
+# ---------------------------------------------------------------- public API and spectra
+
+def test_public_api_names():
+    for name in ("condition_number", "r_ill", "r_well", "r_ill_grad", "r_well_grad", "rir", "rir_ceiling"):
+        assert callable(getattr(pycore, name))
+
+
+def test_condition_number_uses_nonzero_spectrum_and_reports_rank():
+    rng = np.random.default_rng(0)
+    S = with_spectrum([4.0, 2.0, 0.5, 0.0, 0.0], rng)
+    info = spectrum_info(S)
+    assert info.rank == 3
+    assert pycore.condition_number(S) == pytest.approx(8.0, rel=1e-10)
+    K = S.T @ S  # symmetric PSD path (eigh)
+    assert spectrum_info(K).rank == 3
+    assert pycore.condition_number(K) == pytest.approx(64.0, rel=1e-9)
+
+
+def test_gram_spectrum_is_accurate_where_forming_H_is_not():
+    """κ(ZᵀZ) = 1e14: from the SVD of Z it is exact to ~1e-8; eigvalsh(ZᵀZ) cannot resolve it."""
+    rng = np.random.default_rng(1)
+    Z = with_spectrum(np.logspace(0, -7, 6), rng, (30, 6))
+    assert gram_spectrum(Z).kappa == pytest.approx(1e14, rel=1e-6)
+    lam = np.linalg.eigvalsh(Z.T @ Z)
+    assert abs(lam[-1] / lam[0] - 1e14) > 1e-3 * 1e14 or lam[0] <= 0
+
+
+def test_hessian_regularizer_matches_matrix_path():
+    rng = np.random.default_rng(2)
+    Z = rng.standard_normal((12, 5))
+    H = Z.T @ Z
+    for kind in ("ill", "well"):
+        reg = R.hessian_regularizer(Z, kind)
+        ev = R.evaluate(H, kind, p=5)
+        assert reg.value == pytest.approx(ev.value, rel=1e-10)
+        assert rel_err(reg.G, ev.grad) < 1e-9
+
+
+def test_rank_deficient_features_n_less_than_d():
+    rng = np.random.default_rng(3)
+    Z = rng.standard_normal((3, 7))
+    reg = R.hessian_regularizer(Z, "ill")
+    assert reg.info.rank == 3
+    H = Z.T @ Z
+    assert reg.value == pytest.approx(R.r_ill(H), rel=1e-9)
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (np.zeros((3, 3)), "zero"),
+    (np.array([[1.0, np.nan], [0.0, 1.0]]), "NaN"),
+    (np.ones(4), "2-D"),
+    (np.array([["a", "b"], ["c", "d"]]), "numeric"),
+    (np.empty((0, 3)), "empty"),
+])
+def test_bad_matrices_raise_one_line_errors(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        pycore.condition_number(bad)
+
+
+def test_r_ill_of_rank_one_is_flagged():
+    with pytest.raises(SpectrumError, match="rank 1"):
+        pycore.r_ill(np.outer([1.0, 2.0], [3.0, 1.0]))
+
+
+def test_tie_is_reported_in_diagnostics():
+    info = spectrum_info(np.diag([2.0, 2.0, 1.0]))
+    assert info.tie_max and not info.tie_min
+    reg = R.hessian_regularizer(np.diag([3.0, 1.0, 1.0]), "ill")
+    assert reg.tie
+
+
+# ---------------------------------------------------------------- metrics and ceiling
+
+def test_rir_of_identity_is_one_and_api_shape():
+    t = small_task()
+    r = rir(np.eye(t.D), t.X_P, t.X_H)
+    assert float(r) == pytest.approx(1.0) and r.harmful_ratio == pytest.approx(1.0)
+
+
+def test_ceiling_is_finite_and_attained_when_null_spaces_nest():
+    t = small_task(4)
+    c = rir_ceiling(t.X_P, t.X_H)
+    assert np.isfinite(c.exact) and c.exact == pytest.approx(c.range_restricted)
+    res = immunize(t, "closed_form", rng=np.random.default_rng(0))
+    assert rir(res.theta, t.X_P, t.X_H).value == pytest.approx(c.range_restricted, rel=1e-8)
+    # No θ beats the ceiling: random extractors stay below it.
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        assert rir(rng.standard_normal((t.D, t.D)), t.X_P, t.X_H).value <= c.exact * (1 + 1e-8)
+
+
+def test_ceiling_is_infinite_when_dp_ignores_a_direction_dh_uses():
+    t = small_task(6)
+    XP = t.X_P.copy()
+    XP[:, 2] = 0.0  # D_P never varies along e_3, D_H does
+    c = rir_ceiling(XP, t.X_H)
+    assert c.exact == np.inf and "⊄" in c.reason
+    # and indeed RIR grows without bound by shrinking that direction
+    vals = [rir(np.diag([1, 1, s, 1, 1, 1.0]), XP, t.X_H).value for s in (1e-1, 1e-3)]
+    assert vals[1] > 10 * vals[0]
+
+
+def test_closed_form_exponent_trades_factors_at_constant_rir():
+    t = small_task(7)
+    r0 = rir(immunize(t, "closed_form", rng=np.random.default_rng(0)).theta, t.X_P, t.X_H)
+    r1 = rir(immunize(t, "closed_form", rng=np.random.default_rng(0),
+                      config=ImmunizeConfig(closed_form_exponent=0.5)).theta, t.X_P, t.X_H)
+    assert r1.value == pytest.approx(r0.value, rel=1e-8)
+    assert r1.pretrain_ratio != pytest.approx(r0.pretrain_ratio, rel=1e-3)
+
+
+# ---------------------------------------------------------------- immunizers
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("loss", ["mse", "bce"])
+def test_every_method_runs_and_is_seeded(method, loss):
+    t = small_task(8, loss=loss)
+    cfg = ImmunizeConfig(epochs=3, batch_size=16)
+    a = immunize(t, method, rng=np.random.default_rng(11), config=cfg)
+    b = immunize(t, method, rng=np.random.default_rng(11), config=cfg)
+    assert a.theta.shape == (t.D, t.D) and np.all(np.isfinite(a.theta))
+    np.testing.assert_array_equal(a.theta, b.theta)
+
+
+def test_imma_gradient_matches_finite_differences():
+    t = small_task(9, N=25, D=4)
+    rng = np.random.default_rng(0)
+    theta = np.eye(4) + 0.1 * rng.standard_normal((4, 4))
+    w, omega = rng.standard_normal((4, 1)), rng.standard_normal((4, 1))
+    cfg = ImmunizeConfig(imma_inner_steps=4)
+    _, g = imma_objective(theta, w, omega, t, cfg)
+    fd = central_diff(lambda th: imma_objective(th, w, omega, t, cfg)[0], theta, h=1e-6)
+    assert rel_err(g, fd) < 1e-7
+    # the unrolled steps matter: with 0 inner steps the gradient differs
+    _, g0 = imma_objective(theta, w, omega, t, ImmunizeConfig(imma_inner_steps=0))
+    assert rel_err(g0, g) > 1e-3
+
+
+def test_ours_improves_rir_on_a_synthetic_task():
+    t = small_task(10, N=60, D=6)
+    res = immunize(t, "ours", rng=np.random.default_rng(0), config=ImmunizeConfig(epochs=60, batch_size=None, lambda_h=1e4))
+    assert rir(res.theta, t.X_P, t.X_H).value > 1.5
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_certified_mode_has_no_violations(seed):
+    t = small_task(20 + seed, N=30, D=5)
+    cfg = ImmunizeConfig(epochs=5, batch_size=None, certified=True, lr=0.05, lambda_p=10, lambda_h=1e4)
+    res = immunize(t, "ours", rng=np.random.default_rng(seed), config=cfg)
+    cert = res.diagnostics["certified"]
+    assert cert["checked"] == 5 and cert["violations_P"] == 0 and cert["violations_H"] == 0
+
+
+def test_uncapped_regularizer_step_can_violate_monotonicity():
+    """The same step without the SPEC §5 cap: a large R_well step raises κ(H_P)."""
+    t = small_task(30, N=30, D=5)
+    theta = np.eye(t.D)
+    reg = R.hessian_regularizer(t.X_P, "well")
+    bound = R.preconditioned_r_well_step_bound(reg.info, D=t.D)
+    step = R.precondition(theta, reg.G, t.K_P, "exact")
+    worse = [eta for eta in bound * np.array([2.0, 5.0, 20.0, 100.0])
+             if gram_spectrum(t.X_P @ (theta - eta * step)).kappa > reg.info.kappa]
+    assert worse, "some uncapped step must raise κ(H_P)"
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_task_validation_messages():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((10, 3))
+    with pytest.raises(ValueError, match="columns"):
+        LinearTask(X, np.ones(10), rng.standard_normal((10, 4)), np.ones(10))
+    with pytest.raises(ValueError, match="rows"):
+        LinearTask(X, np.ones(9), X, np.ones(10))
+    Xn = X.copy()
+    Xn[2, 1] = np.inf
+    with pytest.raises(ValueError, match=r"X_H contains NaN or inf \(first at index \(2, 1\)\)"):
+        LinearTask(X, np.ones(10), Xn, np.ones(10))
+    with pytest.raises(ValueError, match="bce"):
+        LinearTask(X, np.full(10, 0.5), X, np.ones(10), loss="bce")
+
+
+def test_unknown_method_and_bad_config():
+    t = small_task()
+    with pytest.raises(ValueError, match="unknown method"):
+        immunize(t, "magic", rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="precond"):
+        ImmunizeConfig(precond="cholesky")
+    with pytest.raises(TypeError, match="Generator"):
+        immunize(t, "ours", rng=0)
+
+
+def test_degenerate_task_gives_clear_error():
+    """D_H with κ = 1 (orthogonal rows): R_ill is undefined, said with the epoch and step."""
+    rng = np.random.default_rng(0)
+    XP = rng.standard_normal((20, 4))
+    XH = np.eye(4) * 3.0
+    t = LinearTask(XP, rng.standard_normal(20), XH, rng.standard_normal(4))
+    with pytest.raises(SpectrumError, match=r"ours: epoch 1, step 0: R_ill is undefined"):
+        immunize(t, "ours", rng=np.random.default_rng(0), config=ImmunizeConfig(epochs=1))

@@ -1,0 +1,119 @@
+"""House Prices data, the main experiment end to end, and its bad-input behaviour."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pycore.data.house_price import load_house_price
+from pycore.immunize import ImmunizeConfig, immunize
+from pycore.metrics import rir, rir_ceiling
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "house_price.py"
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_house_price()
+
+
+def test_protocol_shapes_and_spectra(data):
+    """SPEC §9/§10 facts: 79 inputs, 200 rows per split, κ(K_P)=7.7e3, κ(K_H)=2.1e5, ranks 74."""
+    t = data.train
+    assert t.X_P.shape == (200, 79) and t.X_H.shape == (200, 79)
+    assert (data.n_rows_P, data.n_rows_H) == (309, 1151)
+    assert data.heldout.X_P.shape == (109, 79) and data.heldout.X_H.shape == (951, 79)
+    c = rir_ceiling(t.X_P, t.X_H)
+    assert c.kappa_K_P == pytest.approx(7.7e3, rel=0.01) and c.kappa_K_H == pytest.approx(2.1e5, rel=0.02)
+    assert c.rank_K_P == 74 and c.rank_K_H == 74
+    assert c.exact == np.inf
+    assert c.range_restricted == pytest.approx(4.09e6, rel=0.01)
+    for name in ("Utilities", "PoolArea", "PoolQC"):
+        j = data.feature_names.index(name)
+        assert np.all(t.X_P[:, j] == 0) and np.any(t.X_H[:, j] != 0)
+
+
+def test_closed_form_reaches_range_restricted_ceiling(data):
+    t = data.train
+    res = immunize(t, "closed_form", rng=np.random.default_rng(0))
+    c = rir_ceiling(t.X_P, t.X_H)
+    assert rir(res.theta, t.X_P, t.X_H).value / c.range_restricted >= 0.99
+
+
+def test_ours_meets_paper_table1_rir(data):
+    """Target of the House Prices issue: mean RIR of Algorithm 1 over 5 seeds ≥ 356.2 (paper)."""
+    t = data.train
+    vals = [rir(immunize(t, "ours", rng=np.random.default_rng(s)).theta, t.X_P, t.X_H).value for s in range(5)]
+    assert np.mean(vals) >= 356.2
+    assert min(vals) > 100
+
+
+def _write_csv(tmp_path, text):
+    p = tmp_path / "train.csv"
+    p.write_text(text)
+    return p
+
+
+def test_bad_csv_inputs(tmp_path, data):
+    import pandas as pd
+
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_house_price(tmp_path / "missing.csv")
+    df = pd.read_csv(data.source)
+    df.drop(columns=["SalePrice"]).to_csv(tmp_path / "nocol.csv", index=False)
+    with pytest.raises(ValueError, match="missing column 'SalePrice'"):
+        load_house_price(tmp_path / "nocol.csv")
+    junk = df.copy()
+    junk["LotArea"] = junk["LotArea"].astype(object)
+    row = int(np.flatnonzero((df.MSZoning != "RL").to_numpy())[3])  # a D_P row: LotArea is its target
+    junk.loc[row, "LotArea"] = "lots"
+    junk.to_csv(tmp_path / "junk.csv", index=False)
+    with pytest.raises(ValueError, match="column 'LotArea' has non-numeric value 'lots'"):
+        load_house_price(tmp_path / "junk.csv")
+    junk = df.copy()
+    junk["GrLivArea"] = junk["GrLivArea"].astype(object)
+    junk.loc[7, "GrLivArea"] = "n/a?"
+    junk.to_csv(tmp_path / "junk2.csv", index=False)
+    with pytest.raises(ValueError, match="column 'GrLivArea' is numeric but has non-numeric value"):
+        load_house_price(tmp_path / "junk2.csv")
+    small = df[df.MSZoning == "RL"].head(50)
+    small.to_csv(tmp_path / "small.csv", index=False)
+    with pytest.raises(ValueError, match="split D_P has 0 rows"):
+        load_house_price(tmp_path / "small.csv")
+    (tmp_path / "binary.csv").write_bytes(b"\x00\x01\x02")
+    with pytest.raises(ValueError):
+        load_house_price(tmp_path / "binary.csv")
+
+
+def test_experiment_smoke(tmp_path):
+    out = tmp_path / "hp"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "2", "--epochs", "3", "--out", str(out),
+                           "--probe-steps", "10", "--jobs", "1"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((out / "results.json").read_text())
+    for m in ("identity", "r_ill_only", "imma", "opt_kappa", "ours", "closed_form"):
+        e = res["methods"][m]
+        for key in ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir"):
+            assert set(e[key]) == {"mean", "std", "per_seed"} and len(e[key]["per_seed"]) == 2
+            assert all(np.isfinite(e[key]["per_seed"]))
+        assert "fraction_of_ceiling" in e
+    assert res["ceiling"] == float("inf") and res["ceiling_range_restricted"] > 1e6
+    assert res["seeds"] == [0, 1] and res["wall_seconds"] > 0 and "versions" in res and "command" in res
+    assert res["methods"]["closed_form"]["fraction_of_ceiling"]["mean"] >= 0.99
+    assert (out / "table.md").read_text().count("|") > 40
+    assert (out / "norm_ratio.png").stat().st_size > 10_000
+    assert "Ours" in proc.stdout
+
+
+def test_experiment_reports_bad_data_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--data", str(tmp_path / "nope.csv"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no such file" in proc.stderr
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "zero"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--seeds" in proc.stderr
