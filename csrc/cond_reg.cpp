@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "cond_reg.h"
 #include "spectral_summary.h"
 
 extern "C" {
@@ -35,8 +36,6 @@ PyObject* PyInit__C(void) {
 
 namespace pycore {
 
-namespace {
-
 int parse_kind(c10::string_view kind) {
   if (kind == "ill") return kIll;
   if (kind == "well") return kWell;
@@ -48,10 +47,6 @@ double dtype_eps(at::ScalarType t) {
                          : std::numeric_limits<double>::epsilon();
 }
 
-}  // namespace
-
-// Input checks shared by the CPU and CUDA kernels of cond_reg (declared in cond_reg.h-less
-// style: the CUDA file re-declares it).
 void check_cond_reg_inputs(const at::Tensor& Z, c10::optional<double> rtol,
                            c10::optional<double> tie_rtol) {
   TORCH_CHECK(Z.dim() == 2, "cond_regularizer: Z must be a 2-D (N x D) feature matrix, got ",
@@ -81,13 +76,36 @@ double default_tie_rtol(const at::Tensor& Z, c10::optional<double> tie_rtol) {
 
 namespace {
 
-// Unit eigenvector of the symmetric M (float64, n×n) for its extreme eigenvalue lam[idx]
-// (idx = 0 or n−1), by inverse iteration with a definite shift: (M − μI) with μ just outside
-// the spectrum is positive (or negative) definite, so one Cholesky factorisation (n³/3) and a
-// few triangular solves replace the full eigh (about 2.5x the cost of eigvalsh).  The shift
-// sits δ = 1e-3·gap beyond the eigenvalue, so each step shrinks the other components by
-// ≤ δ/(gap+δ) ≈ 1e-3.  Returns an undefined tensor when the shortcut does not apply (interior
-// eigenvalue, tiny gap, failed factorisation or slow convergence); the caller then uses eigh.
+// Solves (L Lᵀ) z = x in place (L row-major lower triangular, n×n), both sweeps reading L by rows.
+void cholesky_solve_inplace(const double* L, int64_t n, double* x) {
+  for (int64_t i = 0; i < n; ++i) {  // L y = x
+    const double* Li = L + i * n;
+    double acc = x[i];
+    for (int64_t j = 0; j < i; ++j) acc -= Li[j] * x[j];
+    x[i] = acc / Li[i];
+  }
+  for (int64_t i = n - 1; i >= 0; --i) {  // Lᵀ z = y, column-oriented so that row i of L is read
+    const double* Li = L + i * n;
+    x[i] /= Li[i];
+    const double zi = x[i];
+    for (int64_t j = 0; j < i; ++j) x[j] -= Li[j] * zi;
+  }
+}
+
+double norm2(const double* x, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += x[i] * x[i];
+  return std::sqrt(s);
+}
+
+// Unit eigenvector of the symmetric M (float64, n×n, contiguous) for its extreme eigenvalue
+// lam[idx] (idx = 0 or n−1), by inverse iteration with a definite shift: (M − μI) with μ just
+// outside the spectrum is positive (or negative) definite, so one Cholesky factorisation
+// (n³/3) and a few O(n²) triangular sweeps replace the full eigh (~2.5x the cost of
+// eigvalsh).  The shift sits δ = 1e-3·gap beyond the eigenvalue, so each step shrinks the other
+// components by ≤ δ/(gap+δ) ≈ 1e-3.  Returns an undefined tensor when the shortcut does not
+// apply (interior eigenvalue, tiny gap, failed factorisation, no convergence, large residual);
+// the caller then uses eigh.
 at::Tensor extreme_eigvec_inverse_iteration(const at::Tensor& M, const double* lam, int64_t n,
                                             int64_t idx) {
   if (n == 1) return at::ones({1}, M.options());
@@ -96,44 +114,83 @@ at::Tensor extreme_eigvec_inverse_iteration(const at::Tensor& M, const double* l
   const double lmax = std::max(std::abs(lam[n - 1]), std::abs(lam[0]));
   const double gap = top ? lam[n - 1] - lam[n - 2] : lam[1] - lam[0];
   const double eps = std::numeric_limits<double>::epsilon();
-  const double floor_shift = 64.0 * static_cast<double>(n) * eps * lmax;
   const double delta = 1e-3 * gap;
-  if (!(delta > floor_shift)) return at::Tensor();
+  if (!(delta > 64.0 * static_cast<double>(n) * eps * lmax)) return at::Tensor();
   const double mu = top ? lam[idx] + delta : lam[idx] - delta;
   at::Tensor B = top ? at::neg(M) : M.clone();
   B.diagonal().add_(top ? mu : -mu);  // B = ±(M − μI), positive definite
   auto chol = at::linalg_cholesky_ex(B, /*upper=*/false, /*check_errors=*/false);
   if (std::get<1>(chol).item<int64_t>() != 0) return at::Tensor();
-  const at::Tensor& L = std::get<0>(chol);
+  const at::Tensor L = std::get<0>(chol).contiguous();
+  const double* Lp = L.data_ptr<double>();
   // Deterministic start with no special structure (a fixed LCG, not a global RNG): a start
   // orthogonal to the target would need exact cancellation against these values.
-  at::Tensor x = at::empty({n, 1}, M.options());
-  double* xp = x.data_ptr<double>();
+  at::Tensor xt = at::empty({n}, M.options());
+  double* x = xt.data_ptr<double>();
   uint64_t s = 0x9E3779B97F4A7C15ULL;
   for (int64_t i = 0; i < n; ++i) {
     s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-    xp[i] = 0.5 + static_cast<double>(s >> 11) * (1.0 / 9007199254740992.0);
+    x[i] = 0.5 + static_cast<double>(s >> 11) * (1.0 / 9007199254740992.0);
   }
-  x.div_(x.norm());
+  double nx = norm2(x, n);
+  for (int64_t i = 0; i < n; ++i) x[i] /= nx;
+  std::vector<double> y(n);
   // Stop at the round-off floor: successive iterates agree to ~eps, or stop improving.
   double diff = 1.0, prev = 2.0;
   for (int it = 0; it < 12; ++it) {
-    at::Tensor y = at::cholesky_solve(x, L, /*upper=*/false);
-    y.div_(y.norm());
-    if (at::dot(y.view({n}), x.view({n})).item<double>() < 0) y.neg_();
-    diff = (y - x).norm().item<double>();
-    x = y;
+    std::copy(x, x + n, y.begin());
+    cholesky_solve_inplace(Lp, n, y.data());
+    const double ny = norm2(y.data(), n);
+    double dot = 0.0;
+    for (int64_t i = 0; i < n; ++i) dot += y[i] * x[i];
+    const double scale = (dot < 0 ? -1.0 : 1.0) / ny;
+    double d2 = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double yi = y[i] * scale;
+      d2 += (yi - x[i]) * (yi - x[i]);
+      x[i] = yi;
+    }
+    diff = std::sqrt(d2);
     if (diff <= 16.0 * eps * std::sqrt(static_cast<double>(n))) break;
     if (it >= 3 && diff > 0.5 * prev) break;  // stagnated at the floor (or not converging)
     prev = diff;
   }
   // the last step shrank the error by ~1e-3 more than `diff`
-  const bool converged = diff <= 1e-8;
-  if (!converged) return at::Tensor();
+  if (!(diff <= 1e-8)) return at::Tensor();
   // Backward-stable check: ‖Mx − λx‖ at the level a full eigensolver would reach.
-  const double res = (at::mm(M, x) - lam[idx] * x).norm().item<double>();
-  if (!(res <= 16.0 * static_cast<double>(n) * eps * lmax)) return at::Tensor();
-  return x.view({n});
+  const double* Mp = M.data_ptr<double>();
+  double r2 = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double* Mi = Mp + i * n;
+    double acc = -lam[idx] * x[i];
+    for (int64_t j = 0; j < n; ++j) acc += Mi[j] * x[j];
+    r2 += acc * acc;
+  }
+  if (!(std::sqrt(r2) <= 16.0 * static_cast<double>(n) * eps * lmax)) return at::Tensor();
+  return xt;
+}
+
+// y = Zᵀx (transpose = true, y has D entries) or y = Z x (y has N entries), Z row-major N×D in
+// its own dtype, x and y float64: the rank-1 factors of 2 Z ∇_H R, accumulated in float64.
+template <typename scalar_t>
+void matvec_f64(const scalar_t* Z, const double* x, int64_t N, int64_t D, bool transpose, double* y) {
+  if (transpose) {
+    std::fill(y, y + D, 0.0);
+    for (int64_t i = 0; i < N; ++i) {
+      const scalar_t* Zi = Z + i * D;
+      const double xi = x[i];
+      for (int64_t j = 0; j < D; ++j) y[j] += static_cast<double>(Zi[j]) * xi;
+    }
+  } else {
+    at::parallel_for(0, N, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0; i < r1; ++i) {
+        const scalar_t* Zi = Z + i * D;
+        double acc = 0.0;
+        for (int64_t j = 0; j < D; ++j) acc += static_cast<double>(Zi[j]) * x[j];
+        y[i] = acc;
+      }
+    });
+  }
 }
 
 // out[i, j] = alpha·a[i]·b[j] + beta·P[i, j], the fused "apply ∇_H R" step, one pass over P.
@@ -161,7 +218,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cpu(const at::Tensor& Z,
   const int kind = parse_kind(kind_str);
   check_cond_reg_inputs(Z, rtol_opt, tie_rtol_opt);
   TORCH_CHECK(Z.device().is_cpu(), "cond_regularizer: expected a CPU tensor, got ", Z.device());
-  TORCH_CHECK(at::isfinite(Z).all().item<bool>(), "cond_regularizer: Z contains NaN or Inf");
   const double rtol = default_rtol(Z, rtol_opt);
   const double tie_rtol = default_tie_rtol(Z, tie_rtol_opt);
   const int64_t N = Z.size(0), D = Z.size(1);
@@ -169,7 +225,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cpu(const at::Tensor& Z,
   const int64_t n = gram ? N : D;
 
   const at::Tensor M = gram ? at::mm(Z, Z.t()) : at::mm(Z.t(), Z);  // Z's dtype
-  const at::Tensor M64 = M.to(at::kDouble);
+  // Every entry of Z enters a diagonal entry of M as a square: one O(n) scan finds NaN/Inf
+  // (instead of an O(ND) pass over Z).
+  TORCH_CHECK(at::isfinite(M.diagonal()).all().item<bool>(),
+              "cond_regularizer: Z contains NaN or Inf (or ZᵀZ overflows ", Z.scalar_type(), ")");
+  const at::Tensor M64 = M.to(at::kDouble).contiguous();
   const at::Tensor lam = at::linalg_eigvalsh(M64).contiguous();  // ascending
   at::Tensor summary = at::empty({kSummarySize}, Z.options().dtype(at::kDouble));
   double* sp = summary.data_ptr<double>();
@@ -190,15 +250,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cpu(const at::Tensor& Z,
     // dR/dZ = 2 Z G with G = c_vec v vᵀ − c_mat H:
     //   covariance path (x = v):  2 c_vec (Z v) vᵀ − 2 c_mat (Z H)
     //   Gram path (x = u, A u = λu, v = Zᵀu/√λ so Z v = √λ u):  2 c_vec u (Zᵀu)ᵀ − 2 c_mat (A Z)
-    const at::Tensor Z64 = Z.to(at::kDouble);
-    const at::Tensor a = gram ? x : at::mv(Z64, x);
-    const at::Tensor b = gram ? at::mv(Z64.t(), x).contiguous() : x;
     const at::Tensor P = gram ? at::mm(M, Z) : at::mm(Z, M);  // the second product, Z's dtype
+    const at::Tensor y = at::empty({gram ? D : N}, M64.options());
     grad = at::empty_like(Z);
     AT_DISPATCH_FLOATING_TYPES(Z.scalar_type(), "cond_reg_cpu", [&] {
-      rank1_plus_scaled<scalar_t>(P.data_ptr<scalar_t>(), a.contiguous().data_ptr<double>(),
-                                  b.data_ptr<double>(), 2.0 * sp[kCVec], -2.0 * sp[kCMat], N, D,
-                                  grad.data_ptr<scalar_t>());
+      const double* xp = x.data_ptr<double>();
+      double* yp = y.data_ptr<double>();
+      matvec_f64<scalar_t>(Z.data_ptr<scalar_t>(), xp, N, D, /*transpose=*/gram, yp);
+      rank1_plus_scaled<scalar_t>(P.data_ptr<scalar_t>(), gram ? xp : yp, gram ? yp : xp,
+                                  2.0 * sp[kCVec], -2.0 * sp[kCMat], N, D, grad.data_ptr<scalar_t>());
     });
   }
   at::Tensor value = at::scalar_tensor(sp[kValue64], Z.options());

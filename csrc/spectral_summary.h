@@ -74,7 +74,7 @@ PYCORE_HD inline double summary_term(int kind, double lam_i, double ref) {
 //   G      = (λ_k v_k v_kᵀ − H/k)/d²
 // Eigenvalues below tol = rtol·λ_max count as exact zeros (numerical rank, SPEC §2).
 PYCORE_HD inline void finish_summary(const double* lam, int64_t n, int64_t D, int kind,
-                                     double rtol, double tie_rtol, double eps, int64_t i0,
+                                     double tie_rtol, double eps, int64_t i0,
                                      double sum, bool gram, double* out) {
   for (int i = 0; i < kSummarySize; ++i) out[i] = 0.0;
   const double lmax = n > 0 ? lam[n - 1] : 0.0;
@@ -137,7 +137,7 @@ PYCORE_HD inline void spectral_summary(const double* lam, int64_t n, int64_t D, 
   const double ref = (i0 < n) ? (kind == kWell ? lmax : lam[i0]) : 0.0;
   double sum = 0.0;
   for (int64_t i = i0; i < n; ++i) sum += summary_term(kind, lam[i], ref);
-  finish_summary(lam, n, D, kind, rtol, tie_rtol, eps, i0, sum, gram, out);
+  finish_summary(lam, n, D, kind, tie_rtol, eps, i0, sum, gram, out);
 }
 
 }  // namespace pycore

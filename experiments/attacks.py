@@ -54,6 +54,13 @@ def parse_args(argv=None):
     p.add_argument("--n-train", type=int, default=200, help="training rows per split (authors' protocol: 200)")
     p.add_argument("--out", type=Path, default=Path("results/attacks"), help="output folder")
     p.add_argument("--no-plot", action="store_true", help="skip curves.png")
+    p.add_argument("--mnist-pairs", default=None,
+                   help="also attack MNIST ordered pairs P-H, e.g. '0-1,3-8' (logistic probing; slow on CPU)")
+    p.add_argument("--mnist-n-train", type=int, default=100, help="MNIST training images per digit (default 100)")
+    p.add_argument("--mnist-epochs", type=int, default=30, help="MNIST immunization epochs (paper: 30)")
+    p.add_argument("--mnist-max-steps", type=int, default=3000, help="MNIST attacker step cap (default 3000)")
+    p.add_argument("--logistic-ridge", type=float, default=1e-4,
+                   help="logistic probe ridge λ = r·‖Z‖₂²/4 (pycore.attacks.make_problem's ridge_rel; default 1e-4)")
     args = p.parse_args(argv)
     if args.max_steps < 1:
         p.error(f"--max-steps must be ≥ 1, got {args.max_steps}")
@@ -125,8 +132,7 @@ def _curve_digest(rel, n=120):
 # ----------------------------------------------------------------------------------------------
 def run(args) -> dict:
     from pycore.data.house_price import load_house_price
-    from pycore.immunize import METHODS, ImmunizeConfig, config_dict, immunize
-    from pycore.metrics import rir
+    from pycore.immunize import METHODS, ImmunizeConfig, config_dict
 
     data = load_house_price(args.data, n_train=args.n_train)
     if data.heldout is None:
@@ -145,32 +151,11 @@ def run(args) -> dict:
         cfg = replace(cfg, certified=True)
     splits = {"train": data.train, "heldout": data.heldout}
 
-    runs, curves = [], {}
     t_start = time.perf_counter()
-    for seed in args.seeds:
-        for method in methods:
-            res = immunize(data.train, method, rng=np.random.default_rng(seed), config=cfg)
-            theta = res.theta
-            entry = {"seed": seed, "method": method, "immunize_seconds": res.wall_seconds,
-                     "diagnostics": A._jsonable(res.diagnostics), "rir": {}, "attacks": {}}
-            for rows, task in splits.items():
-                entry["rir"][rows] = float(rir(theta, task.X_P, task.X_H))
-                for tname, (X, Y) in (("D_H", (task.X_H, task.Y_H)), ("D_P", (task.X_P, task.Y_P))):
-                    prob = A.make_problem(X @ theta, Y, "lsq")
-                    traj = A.run_attack_suite(prob, attackers, max_steps=args.max_steps, tol=min(args.eps))
-                    entry["attacks"][f"{rows}/{tname}"] = {
-                        "kappa": prob.kappa, "rank": prob.rank, "n_rows": int(X.shape[0]),
-                        "attackers": {k: t.summary(args.eps) for k, t in traj.items()},
-                    }
-                    if seed == args.seeds[0] and rows == "train":
-                        curves[(method, tname)] = {k: t.rel_subopt for k, t in traj.items()}
-                        for k, t in traj.items():
-                            entry["attacks"][f"{rows}/{tname}"]["attackers"][k]["curve"] = _curve_digest(t.rel_subopt)
-            runs.append(entry)
-            print(f"seed {seed} {method:12s} RIR train {entry['rir']['train']:.4g} held-out "
-                  f"{entry['rir']['heldout']:.4g}  ({time.perf_counter() - t_start:.0f}s)", flush=True)
-
+    runs, curves = evaluate(splits, methods, args.seeds, cfg, attackers, "lsq", args.max_steps, args.eps,
+                            ridge_rel=args.logistic_ridge, label="house prices", t_start=t_start)
     factors = compute_factors(runs, methods, attackers, args.eps, args.max_steps)
+    mnist = run_mnist(args, methods, t_start) if args.mnist_pairs else None
     import numpy, scipy
     return {
         "experiment": "attacks", "dataset": "house_prices", "source": data.source,
@@ -182,7 +167,67 @@ def run(args) -> dict:
         "versions": {"python": platform.python_version(), "numpy": numpy.__version__, "scipy": scipy.__version__},
         "wall_seconds": time.perf_counter() - t_start,
         "runs": runs, "slowdown": factors, "_curves": curves,
+        "mnist": mnist,
     }
+
+
+def evaluate(splits, methods, seeds, cfg, attackers, loss, cap, eps, *, ridge_rel, label, t_start):
+    """Immunize ``splits['train']`` with each method and seed, then attack D_H and D_P of every
+    split with every attacker. Returns the JSON-ready runs and the seed-0 training-row curves."""
+    from pycore.immunize import immunize
+    from pycore.metrics import rir
+
+    runs, curves = [], {}
+    for seed in seeds:
+        for method in methods:
+            res = immunize(splits["train"], method, rng=np.random.default_rng(seed), config=cfg)
+            theta = res.theta
+            entry = {"seed": seed, "method": method, "immunize_seconds": res.wall_seconds,
+                     "diagnostics": A._jsonable(res.diagnostics), "rir": {}, "attacks": {}}
+            for rows, task in splits.items():
+                entry["rir"][rows] = float(rir(theta, task.X_P, task.X_H))
+                for tname, (X, Y) in (("D_H", (task.X_H, task.Y_H)), ("D_P", (task.X_P, task.Y_P))):
+                    prob = A.make_problem(X @ theta, Y, loss, ridge_rel=ridge_rel)
+                    traj = A.run_attack_suite(prob, attackers, max_steps=cap, tol=min(eps))
+                    block = entry["attacks"][f"{rows}/{tname}"] = {
+                        "kappa": prob.kappa, "rank": prob.rank, "n_rows": int(X.shape[0]),
+                        "attackers": {k: t.summary(eps) for k, t in traj.items()},
+                    }
+                    if loss == "logistic":
+                        block["ridge"] = prob.ridge
+                    if seed == seeds[0] and rows == "train":
+                        curves[(method, tname)] = {k: t.rel_subopt for k, t in traj.items()}
+                        for k, t in traj.items():
+                            block["attackers"][k]["curve"] = _curve_digest(t.rel_subopt)
+            runs.append(entry)
+            print(f"{label}: seed {seed} {method:12s} RIR train {entry['rir']['train']:.4g} held-out "
+                  f"{entry['rir']['heldout']:.4g}  ({time.perf_counter() - t_start:.0f}s)", flush=True)
+    return runs, curves
+
+
+def run_mnist(args, methods, t_start) -> dict:
+    """MNIST ordered pairs (P, H) with logistic probing (``pycore.data.mnist`` tasks: D_P = digit
+    P, D_H = digit H, balanced ink-mass BCE targets), paper's MNIST hyper-parameters (SPEC §9)."""
+    from pycore.data.mnist import load_mnist, pair_task, parse_pairs, split_digits
+    from pycore.immunize import ImmunizeConfig, config_dict
+
+    pairs = parse_pairs(args.mnist_pairs)
+    digits = load_mnist()
+    attackers = A.attackers_for("logistic")
+    cfg = ImmunizeConfig(epochs=args.mnist_epochs, lr=0.001, lambda_p=1.0, lambda_h=5e7,
+                         certified=args.certified)
+    out = {"pairs": {}, "attackers": list(attackers), "step_cap": args.mnist_max_steps,
+           "ridge_rel": args.logistic_ridge, "n_train": args.mnist_n_train,
+           "immunize_config": config_dict(cfg),
+           "source": digits.source}
+    for p, h in pairs:
+        split = split_digits(digits, args.mnist_n_train, np.random.default_rng(0))
+        splits = {"train": pair_task(digits, split, p, h), "heldout": pair_task(digits, split, p, h, heldout=True)}
+        runs, _ = evaluate(splits, methods, args.seeds, cfg, attackers, "logistic", args.mnist_max_steps,
+                           args.eps, ridge_rel=args.logistic_ridge, label=f"mnist {p}-{h}", t_start=t_start)
+        out["pairs"][f"{p}-{h}"] = {
+            "runs": runs, "slowdown": compute_factors(runs, methods, attackers, args.eps, args.mnist_max_steps)}
+    return out
 
 
 def compute_factors(runs, methods, attackers, eps_list, cap):
@@ -301,7 +346,30 @@ def write_table(res: dict, path: Path):
                 L.append(f"| {A.ATTACKER_LABELS[a]} | {sh if sh is not None else '>' + str(res['step_cap'])} | "
                          f"{sp if sp is not None else '>' + str(res['step_cap'])} | " + " | ".join(cells) + " |")
             L.append("")
+    if res.get("mnist"):
+        L += mnist_table(res)
     path.write_text("\n".join(L))
+
+
+def mnist_table(res):
+    M = res["mnist"]
+    methods = [m for m in res["methods"] if m != "identity"]
+    L = [f"# MNIST pairs: logistic probing (BCE + ridge λ = {M['ridge_rel']:g}·‖Z‖₂²/4), "
+         f"{M['n_train']} training images per digit, step cap {M['step_cap']}\n",
+         "Second-order attacker: damped Newton. Factor = steps(θ_I)/steps(identity), as above.\n"]
+    for e in res["eps"]:
+        ek = f"{e:g}"
+        for rows in ROWS:
+            L.append(f"## MNIST, {rows} rows, ε = {ek}\n")
+            L.append("| pair | attacker | " + " | ".join(f"{m} D_H | {m} D_P" for m in methods) + " |")
+            L.append("|---|---|" + "---|---|" * len(methods))
+            for pair, blk in M["pairs"].items():
+                for a in M["attackers"]:
+                    cells = [f"{fmt_factors(blk['slowdown'][m][f'{rows}/D_H'][a][ek])} | "
+                             f"{fmt_factors(blk['slowdown'][m][f'{rows}/D_P'][a][ek])}" for m in methods]
+                    L.append(f"| {pair} | {A.ATTACKER_LABELS[a]} | " + " | ".join(cells) + " |")
+            L.append("")
+    return L
 
 
 def plot_curves(res: dict, path: Path):

@@ -66,6 +66,7 @@ __all__ = [
 
 DEFAULT_EPS: tuple[float, ...] = (1e-2, 1e-4, 1e-6)
 LOSSES = ("lsq", "logistic")
+_LOSS_ALIASES = {"mse": "lsq", "bce": "logistic"}   # pycore.tasks.LinearTask's names
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,14 +185,16 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
                  newton_tol: float = 1e-13, max_newton: int = 200) -> ProbingProblem:
     """Validate ``(Z, y)``, compute the reference optimum ``(w*, L*)`` and the constants ``L, μ``.
 
-    ``Z``: N×D features (``X @ theta``). ``y``: N targets (shape (N,) or (N, 1)); ``{0,1}``
+    ``loss``: ``"lsq"`` / ``"logistic"`` (``"mse"`` / ``"bce"`` accepted, as in
+    :class:`pycore.tasks.LinearTask`). ``Z``: N×D features (``X @ theta``). ``y``: N targets (shape (N,) or (N, 1)); ``{0,1}``
     labels for ``loss="logistic"``. ``ridge_rel``: logistic only, ``λ = ridge_rel·‖Z‖₂²/4``
     (module docstring). The numerical rank uses numpy's ``matrix_rank`` tolerance on Z
     (``σ₁·max(N, D)·eps``, SPEC §2); computing it on Z rather than on ZᵀZ keeps singular values
     down to ``1e-16·σ₁`` distinguishable (ZᵀZ would square them into round-off).
     """
+    loss = _LOSS_ALIASES.get(loss, loss)
     if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        raise ValueError(f"loss must be one of {LOSSES} (or 'mse'/'bce'), got {loss!r}")
     Z = _as_float_matrix(Z, "Z")
     y = np.asarray(y)
     if y.ndim == 2 and y.shape[1] == 1:

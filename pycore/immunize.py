@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import scipy.linalg
+from scipy.special import expit
 
 from pycore import losses
 from pycore.metrics import rir_ceiling
@@ -157,13 +158,39 @@ def _loss_grads(task, X, Y, theta, omega, bias):
     return losses.bce(X, theta, omega, Y, bias)
 
 
-class _Preconditioner:
-    """Caches what a preconditioner needs per task (range basis, Cholesky factor)."""
+def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
+    """:func:`_loss_grads` on the full D_P with the features ``Z = Xθ`` already formed (the same
+    formulas as :func:`pycore.losses.mse` / :func:`pycore.losses.bce`, bit for bit): saves one
+    N×D×D product per full-batch step, which the regularizers need anyway."""
+    if task.loss == "mse":
+        E = Z @ omega - Y
+        n = E.size
+        R = (2.0 / n) * E
+        return float(np.sum(E * E) / n), Z.T @ R, X.T @ (R @ omega.T), None
+    logits = Z @ omega + bias
+    loss = float(np.mean(np.logaddexp(0.0, logits) - Y * logits))
+    R = (expit(logits) - Y) / Y.size
+    return loss, Z.T @ R, X.T @ (R @ omega.T), R.sum(axis=0)
 
-    def __init__(self, K, mode, ridge):
+
+class _Preconditioner:
+    """Caches what a preconditioner needs per task (range basis, Cholesky factor).
+
+    With the task's rows ``X`` (K = XᵀX) and N < D, the range basis of K is taken from the SVD
+    of X (right singular vectors with s² above the same cut-off ``s_max²·D·eps`` that
+    :func:`range_basis` applies to K's eigenvalues): the same subspace, N×D work instead of D³.
+    """
+
+    def __init__(self, K, mode, ridge, X=None):
         self.K, self.mode, self.ridge = K, mode, ridge
-        self.factor = None
-        if mode == "pinv":
+        self.factor = self.gram = None
+        if mode == "pinv" and X is not None and X.shape[0] < X.shape[1]:
+            U, sv, Vt = np.linalg.svd(X, full_matrices=False)
+            keep = sv * sv > sv[0] ** 2 * X.shape[1] * np.finfo(float).eps
+            self.factor = Vt[keep].T
+            # X = U S Vᵀ ⇒ V_rᵀθ = S_r⁻¹U_rᵀ(Xθ) exactly (U_rᵀU = [I 0]): Π θ from Z = Xθ.
+            self.gram = U[:, keep] / sv[keep]
+        elif mode == "pinv":
             self.factor = range_basis(K)
         elif mode == "ridge":
             if ridge <= 0:
@@ -172,6 +199,50 @@ class _Preconditioner:
 
     def __call__(self, theta, G):
         return precondition(theta, G, self.K, self.mode, self.ridge, K_factor=self.factor)
+
+    def direction(self, theta, reg, Z):
+        """Preconditioned step direction ``K⁺∇_θR = 2ΠθG`` (or the other modes), ``Z = Xθ``.
+
+        pinv with N < D: ``2V_r(TG)`` with ``T = V_rᵀθ = S_r⁻¹U_rᵀZ`` (r×D) and
+        ``TG = a(Tv)vᵀ − b(TZᵀ)Z`` — one D×r×D product instead of four D×D×N ones.
+        """
+        if self.gram is None:
+            return self.apply_theta_G(_theta_G(theta, reg, Z))
+        T = self.gram.T @ Z
+        a, b, v = _G_parts(reg, Z.shape[1])
+        return 2.0 * self.factor @ (a * np.outer(T @ v, v) - b * ((T @ Z.T) @ Z))
+
+    def apply_theta_G(self, M):
+        """:func:`pycore.regularizers.precondition` given ``M = θG`` already formed."""
+        if self.mode == "exact":
+            return 2.0 * M
+        if self.mode == "pinv":
+            return 2.0 * self.factor @ (self.factor.T @ M)
+        if self.mode == "ridge":
+            return 2.0 * scipy.linalg.cho_solve(self.factor, self.K @ M)
+        return 2.0 * self.K @ M
+
+
+def _theta_G(theta, reg, Z):
+    """θG for ``G = ∇_H R(H)``, ``H = ZᵀZ`` (SPEC §4), through Z when N < D.
+
+    ``G = a·vvᵀ − b·ZᵀZ`` (R_well: a = σ₁, b = 1/D; R_ill: a = σ_k/d², b = 1/(k d²)), so
+    ``θG = a(θv)vᵀ − b(θZᵀ)Z``: two D×D×N products instead of one D³ product.
+    """
+    N, D = Z.shape
+    if N >= D and reg.G is not None:
+        return theta @ reg.G
+    a, b, v = _G_parts(reg, D)
+    return a * np.outer(theta @ v, v) - b * ((theta @ Z.T) @ Z)
+
+
+def _G_parts(reg, D):
+    """(a, b, v) with ``G = a·vvᵀ − b·H``: R_well a = σ₁, b = 1/D; R_ill a = σ_k/d², b = 1/(k d²)."""
+    lam = reg.info.sigma
+    if reg.kind == "well":
+        return lam[0], 1.0 / D, reg.vector(0)
+    k, d2 = reg.info.rank, reg.d ** 2
+    return lam[k - 1] / d2, 1.0 / (k * d2), reg.vector(k - 1)
 
 
 def _kappa_grad_H(reg, log: bool):
@@ -192,8 +263,8 @@ def _regularized(task, method, cfg, rng, progress):
     opt_w = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
     opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
     lam_p = 0.0 if method == "r_ill_only" else cfg.lambda_p
-    pre_P = _Preconditioner(task.K_P, cfg.precond, cfg.ridge) if method != "opt_kappa" else None
-    pre_H = _Preconditioner(task.K_H, cfg.precond, cfg.ridge) if method != "opt_kappa" else None
+    pre_P = _Preconditioner(task.K_P, cfg.precond, cfg.ridge, task.X_P) if method != "opt_kappa" else None
+    pre_H = _Preconditioner(task.K_H, cfg.precond, cfg.ridge, task.X_H) if method != "opt_kappa" else None
     hist = {"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []}
     diag = {"steps": 0, "ties_P": 0, "ties_H": 0}
     cert = {"violations_P": 0, "violations_H": 0, "clipped_P": 0, "clipped_H": 0, "checked": 0}
@@ -210,13 +281,19 @@ def _regularized(task, method, cfg, rng, progress):
     for epoch in range(1, cfg.epochs + 1):
         ep_loss, n_seen = 0.0, 0
         for idx in _batches(XP.shape[0], cfg.batch_size, rng):
-            loss, g_w, g_t, g_b = _loss_grads(task, XP[idx], YP[idx], theta, omega, bias)
+            Z_P, Z_H = XP @ theta, XH @ theta
+            if len(idx) == XP.shape[0]:  # full batch: reuse Z_P (idx is arange(n), see _batches)
+                loss, g_w, g_t, g_b = _loss_grads_from_Z(task, XP, Z_P, YP, omega, bias)
+            else:
+                loss, g_w, g_t, g_b = _loss_grads(task, XP[idx], YP[idx], theta, omega, bias)
             ep_loss += loss * len(idx)
             n_seen += len(idx)
             try:
-                reg_P = hessian_regularizer(XP @ theta, "well")
-                reg_H = hessian_regularizer(XH @ theta, "ill") if method != "opt_kappa" else \
-                    hessian_regularizer(XH @ theta, "well")  # only its spectrum/vectors are used
+                # D×D H and G are only needed by Opt κ and the certified mode.
+                mats = method == "opt_kappa" or cfg.certified
+                reg_P = hessian_regularizer(Z_P, "well", matrices=mats)
+                reg_H = hessian_regularizer(Z_H, "ill", matrices=mats) if method != "opt_kappa" else \
+                    hessian_regularizer(Z_H, "well")  # only its spectrum/vectors are used
             except SpectrumError as exc:
                 raise SpectrumError(f"{method}: epoch {epoch}, step {diag['steps']}: {exc}") from None
             diag["ties_P"] += reg_P.tie
@@ -229,15 +306,15 @@ def _regularized(task, method, cfg, rng, progress):
                 G_P = _kappa_grad_H(reg_P, cfg.opt_kappa_log)
                 G_H = _kappa_grad_H(reg_H, cfg.opt_kappa_log)
                 # ∇_θ f(θᵀKθ) = 2KθG, evaluated through X as 2Xᵀ(XθG) (no D×D product with K).
-                g = g_t + 2.0 * cfg.lambda_kappa * (XP.T @ ((XP @ theta) @ G_P) - XH.T @ ((XH @ theta) @ G_H))
+                g = g_t + 2.0 * cfg.lambda_kappa * (XP.T @ (Z_P @ G_P) - XH.T @ (Z_H @ G_H))
                 theta = opt_t.step(theta, g)
             elif cfg.certified:
                 theta = opt_t.step(theta, g_t)
                 theta = _certified_steps(theta, task, cfg, lam_p, pre_P, pre_H, cert)
             else:
-                g = g_t + cfg.lambda_h * pre_H(theta, reg_H.G)
+                g = g_t + cfg.lambda_h * pre_H.direction(theta, reg_H, Z_H)
                 if lam_p:
-                    g = g + lam_p * pre_P(theta, reg_P.G)
+                    g = g + lam_p * pre_P.direction(theta, reg_P, Z_P)
                 theta = opt_t.step(theta, g)
             diag["steps"] += 1
         last = epoch == cfg.epochs
@@ -301,12 +378,12 @@ def imma_objective(theta, w, omega, task: LinearTask, cfg: ImmunizeConfig, bias=
     n = task.Y_H.size
     alpha = imma_inner_step_size(task, w, cfg)
     c = alpha * 2.0 / n
-    M = w @ w.T
     B = task.X_H.T @ (task.Y_H @ w.T)
     KH = task.K_H
     th = theta
+    # K_Hθ M = (K_H(θw))wᵀ: associating through the head w keeps every step O(D²·m), not O(D³).
     for _ in range(cfg.imma_inner_steps):
-        th = th - c * (KH @ th @ M - B)
+        th = th - c * ((KH @ (th @ w)) @ w.T - B)
     lh, _, g_h = losses.mse(task.X_H, th, w, task.Y_H)
     if task.loss == "mse":
         lp, _, g_p = losses.mse(task.X_P, th, omega, task.Y_P)
@@ -314,7 +391,7 @@ def imma_objective(theta, w, omega, task: LinearTask, cfg: ImmunizeConfig, bias=
         lp, _, g_p, _ = losses.bce(task.X_P, th, omega, task.Y_P, 0.0 if bias is None else bias)
     Gbar = g_h - g_p
     for _ in range(cfg.imma_inner_steps):
-        Gbar = Gbar - c * (KH @ Gbar @ M)
+        Gbar = Gbar - c * ((KH @ (Gbar @ w)) @ w.T)
     return lh - lp, Gbar
 
 

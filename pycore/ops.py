@@ -246,6 +246,11 @@ def _cond_reg_setup_context(ctx, inputs, output):
 
 
 def _cond_reg_backward(ctx, grad_value, _grad_grad, _grad_diag):
+    # The saved dR/dZ carries no graph: with create_graph=True the returned gradient would be a
+    # constant and any second derivative silently zero.  Refuse instead.
+    if torch.is_grad_enabled():
+        raise RuntimeError("cond_regularizer supports first derivatives only (create_graph=True / "
+                           "double backward is not implemented); use reference_cond_regularizer")
     if not ctx.with_grad:
         raise RuntimeError("pycore::cond_reg was called with with_grad=False, so dR/dZ was not "
                            "computed; call pycore.ops.cond_regularizer instead of the raw op")
@@ -331,7 +336,7 @@ def _call(Z, kind, rtol, tie_rtol):
     return torch.ops.pycore.cond_reg(Z.contiguous(), kind, rtol, tie_rtol, with_grad)
 
 
-def cond_regularizer(Z: torch.Tensor, kind: str = "ill", *, rtol: float | None = None,
+def cond_regularizer(Z: torch.Tensor, kind: str, *, rtol: float | None = None,
                      tie_rtol: float | None = None) -> torch.Tensor:
     """R_ill (``kind="ill"``) or R_well (``"well"``) of ``H = ZᵀZ`` as a 0-dim tensor (SPEC §3).
 
@@ -343,7 +348,7 @@ def cond_regularizer(Z: torch.Tensor, kind: str = "ill", *, rtol: float | None =
     return _call(Z, kind, rtol, tie_rtol)[0]
 
 
-def cond_regularizer_with_diagnostics(Z: torch.Tensor, kind: str = "ill", *, rtol: float | None = None,
+def cond_regularizer_with_diagnostics(Z: torch.Tensor, kind: str, *, rtol: float | None = None,
                                       tie_rtol: float | None = None, warn: bool = True):
     """``(R, CondDiagnostics)``; warns (``RuntimeWarning``) on a tie or an undefined R_ill."""
     value, _, diag = _call(Z, kind, rtol, tie_rtol)
@@ -365,7 +370,7 @@ def cond_regularizer_with_diagnostics(Z: torch.Tensor, kind: str = "ill", *, rto
     return value, d
 
 
-def reference_cond_regularizer(Z: torch.Tensor, kind: str = "ill", *, rtol: float | None = None) -> torch.Tensor:
+def reference_cond_regularizer(Z: torch.Tensor, kind: str, *, rtol: float | None = None) -> torch.Tensor:
     """Plain-PyTorch R_kind(ZᵀZ): ``H = ZᵀZ``, autograd through ``torch.linalg.eigvalsh``.
 
     Same definitions and rank rule as :func:`cond_regularizer`; every step in ``Z``'s dtype.

@@ -163,6 +163,8 @@ class HessianRegularizer:
     def vector(self, i: int) -> np.ndarray:
         """Eigenvector of H for the i-th largest eigenvalue (one LAPACK ``evr`` subset call)."""
         if i not in self._vectors:
+            if self.H is None:
+                raise ValueError(f"eigenvector {i} was not kept and H was not formed (matrices=False)")
             self._vectors[i] = _eigvec_at(self.H, i)
         return self._vectors[i]
 
@@ -174,13 +176,18 @@ def _eigvec_at(H: np.ndarray, i: int) -> np.ndarray:
     return v[:, 0]
 
 
-def hessian_regularizer(Z, kind: str, *, rtol: float | None = None) -> HessianRegularizer:
+def hessian_regularizer(Z, kind: str, *, rtol: float | None = None, matrices: bool = True) -> HessianRegularizer:
     """R_kind(ZᵀZ) and its gradient w.r.t. ``H = ZᵀZ`` (the in-loop path of the immunizers).
 
     R_well uses ``p = D`` (the Hessian's size, as in Theorem 4.2); R_ill uses ``k = rank H``.
     ``G`` is ``σ₁v₁v₁ᵀ − H/D`` or ``(σ_k v_k v_kᵀ − H/k)/d²`` with ``σ`` the eigenvalues of H.
 
-    Only ONE eigenvector is computed (LAPACK ``evr`` on a one-index subset) after the
+    When N < D (MNIST: N ≤ 500 rows, D = 784) the spectrum comes from the N×N Gram matrix
+    ZZᵀ instead (same nonzero eigenvalues; v = Zᵀu/√λ), and both extreme eigenvectors are kept.
+    ``matrices=False`` (Gram path only) skips forming the D×D ``H`` and ``G`` (fields set to
+    None) for callers that apply G through Z, as ``G = a·vvᵀ − b·ZᵀZ``.
+
+    Otherwise only ONE eigenvector is computed (LAPACK ``evr`` on a one-index subset) after the
     eigenvalues: about half the cost of a full ``eigh`` at D = 79 and a third at D = 784.
     The spectrum comes from H (D×D) rather than the SVD of Z: 3-7× cheaper, and the gradient
     needs λ_min only to relative accuracy ``eps·κ(H)`` (1e-9 at κ = 1e7); the rank cut-off is
@@ -189,25 +196,51 @@ def hessian_regularizer(Z, kind: str, *, rtol: float | None = None) -> HessianRe
     """
     kind = _check_kind(kind)
     Z = as_float_matrix(Z, "Z")
-    H = Z.T @ Z
-    lam = scipy.linalg.eigh(H, eigvals_only=True, driver="evr", check_finite=False)
-    lam = np.clip(lam[::-1], 0.0, None)
-    info = _summarise(lam, H.shape, rtol, None, what="ZᵀZ")
+    N, D = Z.shape
+    gram_vecs = None
+    if not matrices and N >= D:
+        matrices = True  # the D×D path needs H anyway
+    H = Z.T @ Z if matrices else None
+    if N < D:
+        # Gram-space path (N < D, e.g. MNIST: N ≤ 500 rows, D = 784): ZZᵀ (N×N) has exactly
+        # the nonzero eigenvalues of H = ZᵀZ, and an eigenvector u of ZZᵀ with eigenvalue λ > 0
+        # maps to the unit eigenvector v = Zᵀu/√λ of H.  H's other D − N eigenvalues are zero,
+        # so the zero-padded spectrum is H's spectrum and the rank cut-off below is unchanged.
+        lam_g, U = np.linalg.eigh(Z @ Z.T)
+        order = np.argsort(lam_g)[::-1]
+        lam_g, U = np.clip(lam_g[order], 0.0, None), U[:, order]
+        lam = np.zeros(D)
+        lam[:N] = lam_g
+        gram_vecs = (lam_g, U)
+    else:
+        lam = scipy.linalg.eigh(H, eigvals_only=True, driver="evr", check_finite=False)
+        lam = np.clip(lam[::-1], 0.0, None)
+    info = _summarise(lam, (D, D), rtol, None, what="ZᵀZ")
     k = info.rank
     fro2 = float(np.sum(lam * lam))
-    D = Z.shape[1]
+
+    def vec(i):
+        if gram_vecs is None:
+            return _eigvec_at(H, i)
+        v = Z.T @ gram_vecs[1][:, i]
+        return v / np.linalg.norm(v)  # = Zᵀu/√λ up to round-off; normalised explicitly
+
     if kind == "well":
-        v = _eigvec_at(H, 0)
+        v = vec(0)
         value = 0.5 * lam[0] ** 2 - fro2 / (2 * D)
-        G = lam[0] * np.outer(v, v) - H / D
+        G = lam[0] * np.outer(v, v) - H / D if matrices else None
         d, idx = None, 0
     else:
         d = _r_ill_denominator(lam, k, fro2)
         value = 1.0 / d
-        v = _eigvec_at(H, k - 1)
-        G = (lam[k - 1] * np.outer(v, v) - H / k) / d**2
+        v = vec(k - 1)
+        G = (lam[k - 1] * np.outer(v, v) - H / k) / d**2 if matrices else None
         idx = k - 1
-    return HessianRegularizer(kind, float(value), G, H, info, d, {idx: v})
+    vectors = {idx: v}
+    if gram_vecs is not None:  # both extreme vectors are free here (Opt κ needs them)
+        vectors.setdefault(0, vec(0))
+        vectors.setdefault(k - 1, vec(k - 1))
+    return HessianRegularizer(kind, float(value), G, H, info, d, vectors)
 
 
 def _grad_theta(theta, K, kind):

@@ -13,9 +13,9 @@
 #include <cuda_runtime.h>
 #include <torch/library.h>
 
-#include <cmath>
-#include <limits>
+#include <algorithm>
 
+#include "../cond_reg.h"
 #include "../spectral_summary.h"
 
 extern "C" {
@@ -32,27 +32,17 @@ cudaError_t pycore_cond_reg_grad_f64(const double* Z, const double* P, const dou
 
 namespace pycore {
 
-// defined in cond_reg.cpp
-void check_cond_reg_inputs(const at::Tensor& Z, c10::optional<double> rtol,
-                           c10::optional<double> tie_rtol);
-double default_rtol(const at::Tensor& Z, c10::optional<double> rtol);
-double default_tie_rtol(const at::Tensor& Z, c10::optional<double> tie_rtol);
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cuda(const at::Tensor& Z,
                                                             c10::string_view kind_str,
                                                             c10::optional<double> rtol_opt,
                                                             c10::optional<double> tie_rtol_opt,
                                                             bool with_grad) {
-  TORCH_CHECK(kind_str == "ill" || kind_str == "well",
-              "cond_regularizer: kind must be 'ill' or 'well', got '", std::string(kind_str), "'");
-  const int kind = kind_str == "ill" ? kIll : kWell;
+  const int kind = parse_kind(kind_str);
   check_cond_reg_inputs(Z, rtol_opt, tie_rtol_opt);
   TORCH_CHECK(Z.is_cuda(), "cond_regularizer: expected a CUDA tensor, got ", Z.device());
   const c10::cuda::CUDAGuard guard(Z.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const double eps = Z.scalar_type() == at::kFloat
-                         ? static_cast<double>(std::numeric_limits<float>::epsilon())
-                         : std::numeric_limits<double>::epsilon();
+  const double eps = dtype_eps(Z.scalar_type());
   const int64_t N = Z.size(0), D = Z.size(1);
   const bool gram = N < D;
   const int64_t n = gram ? N : D;

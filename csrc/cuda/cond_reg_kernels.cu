@@ -45,7 +45,7 @@ __global__ void summary_kernel(const double* __restrict__ lam, int64_t n, int64_
     __syncthreads();
   }
   if (threadIdx.x == 0)
-    pycore::finish_summary(lam, n, D, kind, rtol, tie_rtol, eps, i0, partial[0], gram != 0, out);
+    pycore::finish_summary(lam, n, D, kind, tie_rtol, eps, i0, partial[0], gram != 0, out);
 }
 
 // x[r] = V[r, idx] for the eigenvector column chosen by summary_kernel (V row-major n×n).

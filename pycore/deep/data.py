@@ -151,10 +151,18 @@ def mnist_demo_tasks(rng: np.random.Generator, *, p_digits: Sequence[int] = (0, 
 # --- ImageFolder roots ------------------------------------------------------------------------
 
 def timm_transform(model: torch.nn.Module, *, training: bool = False):
-    """timm's transform for ``model`` (its input size, interpolation and normalisation)."""
+    """timm's transform for ``model`` (its input size, interpolation and normalisation).
+
+    timm resolves the input size from the *pretrained* config (224 px for vit_tiny); a backbone
+    spec with ``input_size`` (the 32 px demo models) overrides it.
+    """
     timm = import_timm()
     net = getattr(model, "net", model)
     cfg = timm.data.resolve_data_config({}, model=net)
+    side = getattr(getattr(model, "spec", None), "input_size", None)
+    if side:
+        cfg["input_size"] = (3, int(side), int(side))
+        cfg["crop_pct"] = 1.0
     return timm.data.create_transform(**cfg, is_training=training)
 
 
@@ -220,7 +228,6 @@ class PairedBatches:
 
     def __init__(self, p: ShardedBatches, h: ShardedBatches):
         self.p, self.h = p, h
-        self._cycle = {"p": 0, "h": 0}
 
     def __len__(self) -> int:
         return max(len(self.p), len(self.h))
@@ -244,9 +251,24 @@ class PairedBatches:
             yield next(sp), next(sh)
 
 
+_POOL = None
+
+
+def _pool():
+    # Image decoding and timm's transforms release the GIL for most of their time, so a thread
+    # pool parallelises a batch without worker processes (and works the same under torchrun).
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+        _POOL = ThreadPoolExecutor(max_workers=max(1, min(8, (os.cpu_count() or 2))))
+    return _POOL
+
+
 def fetch(ds: Dataset, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Collate ``ds[idx]`` into ``(inputs, labels)`` (fast path for TensorDataset)."""
+    """Collate ``ds[idx]`` into ``(inputs, labels)`` (fast path for TensorDataset; image
+    datasets are decoded by a small thread pool)."""
     if isinstance(ds, TensorDataset):
         return ds.tensors[0][idx], ds.tensors[1][idx]
-    items = [ds[int(i)] for i in idx]
+    items = list(_pool().map(lambda i: ds[int(i)], idx.tolist()))
     return torch.stack([it[0] for it in items]), torch.as_tensor([int(it[1]) for it in items])

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset
 
 from pycore.metrics import grouped_feature_rir
 
@@ -73,12 +73,14 @@ def extract_features(model: nn.Module, data: Dataset, *, batch_size: int = 256,
     """
     was = model.training
     model.eval()
+    dev = next(model.parameters()).device
     out = []
     try:
         for s in range(0, len(data), batch_size):
             x, _ = fetch(data, torch.arange(s, min(s + batch_size, len(data))))
+            x = x.to(dev)
             h = x if from_trunk else model.trunk(x)
-            out.append(model.layer(model.pooled(h)).double())
+            out.append(model.layer(model.pooled(h)).double().cpu())
     finally:
         model.train(was)
     Z = torch.cat(out).numpy()
@@ -116,10 +118,12 @@ def top1(model: nn.Module, data: Dataset, *, batch_size: int = 256, from_trunk: 
     """Top-1 accuracy (%) of ``model``'s own classifier on ``data``."""
     was = model.training
     model.eval()
+    dev = next(model.parameters()).device
     correct = 0
     try:
         for s in range(0, len(data), batch_size):
             x, y = fetch(data, torch.arange(s, min(s + batch_size, len(data))))
+            x, y = x.to(dev), y.to(dev)
             if from_trunk:
                 logits = model.classifier(model.layer(model.pooled(x)))
             else:
@@ -148,7 +152,8 @@ def linear_probe_curve(Z_train: np.ndarray, y_train: np.ndarray, Z_test: np.ndar
     """Linear probing attack on frozen features (paper Eq. (4), Figure 3), float64.
 
     Softmax cross-entropy, full-batch gradient descent with constant step
-    ``η = step_scale / L``, ``L = λ_max(ZᵀZ/N)`` (plus 1 for the bias column). The softmax-CE
+    ``η = step_scale / L``, ``L = λ_max(AᵀA/N)`` with ``A = [Z, c·1]`` (bias column at the RMS row
+    norm ``c`` of ``Z``). The softmax-CE
     Hessian is bounded by ``½·(ZᵀZ/N) ⊗ I``, so ``η = 1/L`` is a safe step, and because it is
     tied to λ_max a rescaling of the features cannot fake immunization: what slows the attack
     is the spread of the spectrum, as in the paper's Eq. (2). The probe starts at zero.
@@ -164,8 +169,11 @@ def linear_probe_curve(Z_train: np.ndarray, y_train: np.ndarray, Z_test: np.ndar
         raise ValueError("probe features contain NaN/Inf")
     C = int(num_classes or int(max(yt.max(), yv.max())) + 1)
     n, d = Zt.shape
-    A = torch.cat([Zt, torch.ones(n, 1, dtype=Zt.dtype)], 1)
-    Av = torch.cat([Zv, torch.ones(Zv.shape[0], 1, dtype=Zv.dtype)], 1)
+    # Bias column at the RMS row norm of the training features: rescaling Z by s then rescales
+    # A by s exactly, and with η = 1/L the iterates (hence accuracies) are unchanged.
+    c = float(Zt.pow(2).sum(1).mean().sqrt()) or 1.0
+    A = torch.cat([Zt, torch.full((n, 1), c, dtype=Zt.dtype)], 1)
+    Av = torch.cat([Zv, torch.full((Zv.shape[0], 1), c, dtype=Zv.dtype)], 1)
     L = float(torch.linalg.matrix_norm(A, ord=2) ** 2 / n)
     eta = step_scale / L
     W = torch.zeros(d + 1, C, dtype=torch.float64)

@@ -67,6 +67,7 @@ class BackboneSpec:
     immunized: tuple[str, ...]       # module paths trained during immunization
     timm_kwargs: Mapping[str, object] = field(default_factory=dict)
     note: str = ""
+    input_size: "int | None" = None  # square input side when it differs from timm's pretrained cfg
 
 
 BACKBONES: dict[str, BackboneSpec] = {
@@ -79,11 +80,11 @@ BACKBONES: dict[str, BackboneSpec] = {
     # CPU demo sizes (32 px images). ResNet18 is resolution-agnostic; the ViT is timm's
     # vit_tiny (192-dim) re-shaped for 32 px inputs and shortened so θ₀ trains in seconds.
     "resnet18_32px": BackboneSpec("resnet18_32px", "resnet18", "resnet", ("layer3", "layer4"),
-                                  note="ResNet18 on 32 px inputs"),
+                                  note="ResNet18 on 32 px inputs", input_size=32),
     "vit_tiny_32px": BackboneSpec("vit_tiny_32px", "vit_tiny_patch16_224", "vit",
                                   ("blocks.-1", "norm"),
-                                  {"img_size": 32, "patch_size": 8, "depth": 6},
-                                  note="vit_tiny, 32 px, patch 8 (16 tokens), 6 blocks"),
+                                  {"img_size": 32, "patch_size": 8, "depth": 4},
+                                  note="vit_tiny, 32 px, patch 8 (16 tokens), 4 blocks", input_size=32),
 }
 
 _LAYER_SITE = {"resnet": "global_pool", "vit": "fc_norm"}
@@ -350,6 +351,6 @@ def load_immunized(path: "str | os.PathLike") -> nn.Module:
     net = _create_timm(spec, int(meta["num_classes"]), pretrained=False)
     site = _LAYER_SITE[spec.family]
     d = int(meta["feature_dim"])
-    setattr(net, site, nn.Sequential(getattr(net, site), nn.Linear(d, d)))
+    setattr(net, site, nn.Sequential(getattr(net, site), nn.Linear(d, d, bias=f"{site}.1.bias" in sd)))
     _check_and_load(net, sd, f"{spec.timm_name} (immunized export)", os.fspath(path))
     return net.eval()

@@ -34,13 +34,11 @@ process (same shards, mean of per-shard losses), which is how the 2-process test
 """
 from __future__ import annotations
 
-import copy
 import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -59,7 +57,7 @@ METHODS = ("ours", "r_ill_only", "imma", "opt_kappa")
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The immunization loss (or its gradient) became NaN/Inf; the model was rolled back."""
+    """The immunization loss (or its gradient) became NaN/Inf; the model keeps the last good step."""
 
     def __init__(self, message: str, step: int, checkpoint: "str | None"):
         super().__init__(message)
@@ -88,6 +86,7 @@ class ImmunizeConfig:
     balance: "float | None" = None  # if set: λ := balance·‖∇CE‖/‖∇term‖ at step 0 (App. C.2)
     imma_inner_steps: int = 3
     imma_inner_lr: float = 1.0      # in units of 1/λ_max(AᵀA/N)
+    ridge_rel: "float | None" = 1e-6  # preconditioner ridge λ relative to tr(XᵀX)/N; None: keep the layer's
     seed: int = 0
     virtual_ranks: int = 1
     checkpoint_dir: "str | None" = None
@@ -153,19 +152,28 @@ def imma_harmful_loss(Z: torch.Tensor, y: torch.Tensor, num_classes: int, *, ste
     return F.cross_entropy(A @ W, y)
 
 
+def _cond(Z: torch.Tensor, kind: str) -> torch.Tensor:
+    """Fused-op R_ill / R_well of ``ZᵀZ`` in float64; NaN (not an exception) for non-finite ``Z``
+    so that the training loop's NaN handling (stop at the last good step, report it) takes over."""
+    Z = Z.double()
+    if not bool(torch.isfinite(Z).all()):
+        return Z.sum() * float("nan")
+    return ops().cond_regularizer(Z, kind)
+
+
 def loss_terms(model: ImmunizableModel, cfg: ImmunizeConfig, hP, yP, hH, yH,
                num_classes_h: int) -> dict[str, torch.Tensor]:
     """The unweighted terms of the method's objective on one (rank-local) batch pair."""
-    cond = ops().cond_regularizer
+    cond = _cond
     layer = model.layer
     XP = model.pooled(hP)
     ZP = F.linear(XP, layer.weight, layer.bias)          # CE path: no preconditioning
     terms = {"ce": F.cross_entropy(model.classifier(ZP), yP, label_smoothing=cfg.label_smoothing)}
     m = cfg.method
     if m == "ours":
-        terms["r_well"] = cond(layer(XP).double(), "well")
+        terms["r_well"] = cond(layer(XP), "well")
     if m in ("ours", "r_ill_only"):
-        terms["r_ill"] = cond(layer(model.pooled(hH)).double(), "ill")
+        terms["r_ill"] = cond(layer(model.pooled(hH)), "ill")
     elif m == "opt_kappa":
         ZH = F.linear(model.pooled(hH), layer.weight, layer.bias)
         terms["log_kappa_gap"] = log_kappa(ZP) - log_kappa(ZH)
@@ -233,9 +241,16 @@ def cache_trunk(model: ImmunizableModel, data: Dataset, *, batch_size: int = 256
 
 
 def train_classifier(model: nn.Module, data: Dataset, *, epochs: int, batch_size: int = 64,
-                     lr: float = 1e-3, weight_decay: float = 1e-4, seed: int = 0,
-                     device: "torch.device | str" = "cpu", progress: bool = False) -> list[float]:
-    """Plain supervised training of the whole model (makes θ₀ for the demo). AdamW, CE."""
+                     lr: float = 1e-3, weight_decay: float = 1e-4, label_smoothing: float = 0.1,
+                     seed: int = 0, device: "torch.device | str" = "cpu",
+                     progress: bool = False) -> list[float]:
+    """Plain supervised training of the whole model (makes θ₀ for the demo).
+
+    AdamW with a one-cycle schedule and the same label-smoothing CE that immunization uses
+    (a θ₀ trained without it is over-confident, and the smoothed loss then starts with large
+    gradients that wreck D_P accuracy in the first immunization steps). BatchNorm statistics
+    are re-estimated for the final weights (:func:`recalibrate_batchnorm`).
+    """
     model.to(device).train()
     for p in model.parameters():
         p.requires_grad_(True)
@@ -249,7 +264,7 @@ def train_classifier(model: nn.Module, data: Dataset, *, epochs: int, batch_size
     for e in range(epochs):
         for (idx,) in batches.epoch(e):
             x, y = fetch(data, idx)
-            loss = F.cross_entropy(model(x.to(device)), y.to(device))
+            loss = F.cross_entropy(model(x.to(device)), y.to(device), label_smoothing=label_smoothing)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"θ₀ training diverged (loss {float(loss)}) at step {step}")
             opt.zero_grad(set_to_none=True)
@@ -351,8 +366,11 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: I
     (the process group must be initialised); each rank then trains on its own shard of every
     global batch and DDP averages the gradients.
 
-    Raises :class:`NonFiniteLossError` if the loss or gradient becomes NaN/Inf: the model is
-    rolled back to the last finite step (and written to ``checkpoint_dir`` when set).
+    Raises :class:`NonFiniteLossError` if the loss or gradient becomes NaN/Inf (or the op refuses
+    non-finite features): that step's update is not applied, so the model keeps the parameters
+    of the last good step, which are written to ``checkpoint_dir`` when set. Under torchrun all
+    ranks agree on the failure (all-reduce of a flag); an exception raised inside the op on one
+    rank is re-raised as is, since the other ranks cannot be told.
     """
     cfg.validate()
     if world > 1 and cfg.virtual_ranks > 1:
@@ -383,6 +401,14 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: I
 
     lambdas = {k: getattr(cfg, k) for k in ("lambda_p", "lambda_h", "lambda_kappa", "lambda_imma")}
     first = next(iter(pb.epoch(0)))
+    if cfg.ridge_rel is not None and hasattr(model.layer, "lambda_reg"):
+        # Scale-aware ridge of the preconditioner (XᵀX + λI)⁻¹: λ = ridge_rel · tr(XᵀX)/N on
+        # the step-0 D_P batch, i.e. relative to the mean squared feature norm (an absolute λ
+        # means nothing for features whose scale depends on the backbone).
+        with torch.no_grad():
+            X = model.pooled(load(first, [0])[0][0]).double()
+        model.layer.lambda_reg = float(cfg.ridge_rel * (X * X).sum() / X.shape[0])
+    lambdas["ridge"] = float(getattr(model.layer, "lambda_reg", float("nan")))
     if cfg.balance is not None:
         # Every rank computes the same λ from ALL shards of step 0 (no communication needed).
         lambdas.update(_balance_lambdas(obj, ext_params, load(first, range(shards)), cfg))
@@ -392,8 +418,14 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: I
     if ddp and world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: PLC0415
 
+        import inspect  # noqa: PLC0415
+
+        # Buffers (BN statistics) are frozen in eval mode and identical on every rank: no need
+        # to re-broadcast them each forward (the keyword was renamed in recent torch).
+        sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                else {"broadcast_buffers": False})
         runner = DDP(obj, device_ids=[torch.device(device).index] if torch.device(device).type == "cuda" else None,
-                     broadcast_buffers=False)
+                     **sync)
     opt = torch.optim.SGD(
         [{"params": ext_params, "weight_decay": cfg.weight_decay_extractor},
          {"params": cls_params, "weight_decay": cfg.weight_decay_classifier}],
@@ -401,7 +433,6 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: I
     trainable = ext_params + cls_params
     total = len(pb) * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, len(pb) * cfg.epochs)
     history: dict[str, list] = {"loss": [], "step_seconds": []}
-    good = [p.detach().clone() for p in trainable]
     bar = _progress(range(total), cfg.progress and rank == 0, f"immunize[{cfg.method}]")
     t0 = time.perf_counter()
     step = 0
@@ -411,12 +442,21 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: I
                 break
             ts = time.perf_counter()
             batches = load(pair, mine)
-            loss, logs = runner(batches)
             opt.zero_grad(set_to_none=True)
-            bad = not bool(torch.isfinite(loss))
-            if not bad:
-                loss.backward()
-                bad = not all(bool(torch.isfinite(p.grad).all()) for p in trainable if p.grad is not None)
+            failure = ""
+            try:
+                loss, logs = runner(batches)
+                bad = not bool(torch.isfinite(loss))
+                if not bad:
+                    loss.backward()
+                    bad = not all(bool(torch.isfinite(p.grad).all()) for p in trainable if p.grad is not None)
+            except RuntimeError as exc:
+                # The op refuses non-finite or overflowing features and a singular preconditioner
+                # with a RuntimeError; treat it like a NaN loss (stop and report the step).
+                if world > 1:
+                    raise
+                failure = str(exc).strip().splitlines()[0]
+                loss, logs, bad = torch.tensor(float("nan")), {}, True
             if world > 1:
                 import torch.distributed as dist  # noqa: PLC0415
 
@@ -432,22 +472,19 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: I
             else:
                 loss_val = float(loss.detach())
             if bad:
-                with torch.no_grad():
-                    for p, g in zip(trainable, good):
-                        p.copy_(g)
+                # The failing step's update is never applied (the check precedes opt.step), so
+                # the model still holds the last good parameters: save them and stop.
+                opt.zero_grad(set_to_none=True)
                 ckpt = None
                 if cfg.checkpoint_dir and rank == 0:
                     ckpt = save_immunized(model, os.path.join(cfg.checkpoint_dir, f"last_good_{cfg.method}.safetensors"),
                                           num_classes=model.classifier.out_features,
                                           extra={"step": step, "reason": "non-finite loss"})
-                terms = ", ".join(f"{k}={v:.3g}" for k, v in logs.items())
+                terms = failure or ", ".join(f"{k}={v:.3g}" for k, v in logs.items())
                 raise NonFiniteLossError(
-                    f"[{cfg.method}] non-finite loss or gradient at step {step} ({terms}); model rolled back to "
-                    f"the state after step {step - 1}" + (f", saved to {ckpt}" if ckpt else ""), step, ckpt)
+                    f"[{cfg.method}] non-finite loss or gradient at step {step} ({terms}); stopped, the model "
+                    f"keeps its state after step {step - 1}" + (f", saved to {ckpt}" if ckpt else ""), step, ckpt)
             opt.step()
-            with torch.no_grad():
-                for p, g in zip(trainable, good):
-                    g.copy_(p)
             history["loss"].append(loss_val)
             for k, v in logs.items():
                 history.setdefault(k, []).append(v)

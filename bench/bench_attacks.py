@@ -1,0 +1,53 @@
+"""Cost per step of each linear-probing attacker (pycore.attacks), as RATIOS within one run.
+
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python bench/bench_attacks.py [--steps 2000] [--repeats 3]
+
+Problem: House Prices identity features of D_H (200×79, least squares) and a synthetic
+logistic problem of the same shape. Every attacker runs a fixed number of steps (tol = 0, so
+none stops early; closed form / Newton run once); the table gives µs per step and the ratio
+to GD with exact line search. Best of ``--repeats``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pycore import attacks as A  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    from pycore.data.house_price import load_house_price
+
+    d = load_house_price()
+    problems = {"lsq (House Prices D_H, 200×79)": A.make_problem(d.train.X_H, d.train.Y_H)}
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 79))
+    y = (X @ rng.standard_normal(79) + rng.standard_normal(200) > 0).astype(float)
+    problems["logistic (synthetic, 200×79)"] = A.make_problem(X, y, "logistic")
+    for label, prob in problems.items():
+        rows = []
+        for name in A.attackers_for(prob.loss):
+            best = np.inf
+            for _ in range(args.repeats):
+                tr = A.ATTACKERS[name](prob, max_steps=args.steps, tol=0.0)
+                # tol = 0 may still stop at an exact optimum (CG, Newton): time per step taken
+                best = min(best, tr.wall_seconds / max(tr.n_steps, 1))
+            rows.append((name, best))
+        ref = dict(rows)["gd_exact"]
+        print(f"\n{label}: {args.steps} steps, best of {args.repeats}")
+        print(f"{'attacker':14s} {'µs/step':>10s} {'× gd_exact':>11s}")
+        for name, t in rows:
+            print(f"{name:14s} {1e6 * t:10.1f} {t / ref:11.2f}")
+
+
+if __name__ == "__main__":
+    main()

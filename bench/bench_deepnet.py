@@ -1,0 +1,129 @@
+"""Cost of the immunization regularizers per training step, demo size, CPU (issue 5 target).
+
+    python bench/bench_deepnet.py [--rounds 15] [--batch 64] [--backbones resnet18_32px,vit_tiny_32px]
+
+Per backbone, on the same 32 px batches (batch 64 for D_P and for D_H), single-threaded, the
+trunk run under no_grad as in immunization, SGD(Nesterov) step included, timed interleaved
+(each round runs every variant once) and reported as medians and RATIOS within this run:
+
+* ``plain``      -- a plain fine-tuning step: CE on the D_P batch;
+* ``+D_H pass``  -- plain + the D_H batch through the trunk and the tail with a zero-weight
+                    loss on its features (the extra data pass immunization needs, no
+                    regularizer math);
+* ``ours/fused`` -- CE + λ_P R_well(Z_P) + λ_H R_ill(Z_H) through the fused op (float64) and
+                    the preconditioned immunization layer;
+* ``ours/ref``   -- the same with the plain-PyTorch reference regularizer (autograd through
+                    ``eigvalsh`` of the D×D ``ZᵀZ``) instead of the fused op.
+
+"regularizer overhead" = (ours − ``+D_H pass``) / plain: the cost of the regularizers
+themselves; "immunization step / plain" also counts the D_H data pass.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import pycore.deep.train as train  # noqa: E402
+from pycore import ops  # noqa: E402
+from pycore.deep import ImmunizeConfig, build_model  # noqa: E402
+
+
+def _setup(backbone: str, batch: int, seed: int = 0):
+    m = build_model(backbone, 5, seed=seed, lambda_reg=1e-3)
+    ext, cls = m.set_trainable()
+    m.eval()
+    g = torch.Generator().manual_seed(seed)
+    xP, xH = (torch.randn(batch, 3, 32, 32, generator=g) for _ in range(2))
+    yP, yH = (torch.randint(0, 5, (batch,), generator=g) for _ in range(2))
+    opt = torch.optim.SGD([{"params": ext}, {"params": cls}], lr=1e-9, momentum=0.9, nesterov=True)
+    return m, opt, (xP, yP, xH, yH)
+
+
+def _variants(m, opt, data):
+    xP, yP, xH, yH = data
+    cfg = ImmunizeConfig(method="ours")
+    lam = {"lambda_p": 1e-9, "lambda_h": 1.0, "lambda_kappa": 0.0, "lambda_imma": 0.0}
+
+    def step(loss):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    def trunk(x):
+        with torch.no_grad():
+            return m.trunk(x)
+
+    def plain():
+        z = F.linear(m.pooled(trunk(xP)), m.layer.weight, m.layer.bias)
+        step(F.cross_entropy(m.classifier(z), yP, label_smoothing=0.1))
+
+    def with_h_pass():
+        z = F.linear(m.pooled(trunk(xP)), m.layer.weight, m.layer.bias)
+        zh = m.layer(m.pooled(trunk(xH)))
+        step(F.cross_entropy(m.classifier(z), yP, label_smoothing=0.1) + 0.0 * zh.double().sum())
+
+    def ours(cond):
+        def run():
+            saved = train._cond
+            train._cond = cond
+            try:
+                t = train.loss_terms(m, cfg, trunk(xP), yP, trunk(xH), yH, 5)
+            finally:
+                train._cond = saved
+            step(train._combine(t, lam))
+        return run
+
+    fused = train._cond
+    reference = lambda Z, kind: ops.reference_cond_regularizer(Z.double(), kind)  # noqa: E731
+    return {"plain": plain, "+D_H pass": with_h_pass, "ours/fused": ours(fused), "ours/ref": ours(reference)}
+
+
+def measure(backbone: str, batch: int, rounds: int) -> dict:
+    m, opt, data = _setup(backbone, batch)
+    fns = _variants(m, opt, data)
+    times = {k: [] for k in fns}
+    for k, f in fns.items():  # warm-up
+        f()
+        f()
+    for _ in range(rounds):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--backbones", default="resnet18_32px,vit_tiny_32px")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"extension_available={ops.extension_available()} threads={torch.get_num_threads()} "
+          f"batch={args.batch} rounds={args.rounds}")
+    print("| backbone | plain step ms | +D_H pass ms | ours/fused ms | ours/ref ms | "
+          "regularizer overhead, fused | regularizer overhead, ref | immunization step / plain (fused) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for b in args.backbones.split(","):
+        r = measure(b, args.batch, args.rounds)
+        p, h = r["plain"], r["+D_H pass"]
+        print(f"| {b} | {1e3 * p:.1f} | {1e3 * h:.1f} | {1e3 * r['ours/fused']:.1f} | {1e3 * r['ours/ref']:.1f} | "
+              f"{100 * (r['ours/fused'] - h) / p:.1f}% | {100 * (r['ours/ref'] - h) / p:.1f}% | "
+              f"{r['ours/fused'] / p:.2f}x |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

