@@ -212,15 +212,15 @@ def evaluate(splits, methods, seeds, cfg, attackers, loss, cap, eps, *, ridge_re
 
 def run_mnist(args, methods, t_start) -> dict:
     """MNIST ordered pairs (P, H) with logistic probing (``pycore.data.mnist`` tasks: D_P = digit
-    P, D_H = digit H, balanced ink-mass BCE targets), paper's MNIST hyper-parameters (SPEC §9)."""
+    P, D_H = digit H, balanced ink-mass BCE targets), immunized with ``experiments/mnist.py``'s
+    defaults (:meth:`pycore.immunize.ImmunizeConfig.mnist`)."""
     from pycore.data.mnist import load_mnist, pair_task, parse_pairs, split_digits
     from pycore.immunize import ImmunizeConfig, config_dict
 
     pairs = parse_pairs(args.mnist_pairs)
     digits = load_mnist()
     attackers = A.attackers_for("logistic")
-    cfg = ImmunizeConfig(epochs=args.mnist_epochs, lr=0.001, lambda_p=1.0, lambda_h=5e7,
-                         certified=args.certified)
+    cfg = ImmunizeConfig.mnist(epochs=args.mnist_epochs, certified=args.certified)  # as experiments/mnist.py
     out = {"pairs": {}, "attackers": list(attackers), "step_cap": args.mnist_max_steps,
            "ridge_rel": args.logistic_ridge, "n_train": args.mnist_n_train,
            "immunize_config": config_dict(cfg),

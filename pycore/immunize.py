@@ -71,6 +71,21 @@ class ImmunizeConfig:
         base.update(overrides)
         return cls(**base)
 
+    @classmethod
+    def mnist(cls, paper: bool = False, **overrides) -> "ImmunizeConfig":
+        """MNIST settings (paper Sec. 5.1): 30 full-batch epochs, λ_P = 1.
+
+        ``paper=True``: the paper's Table 4 values verbatim, η = 0.001, λ_H = 5e7, ridge
+        (K + 1e-7 I)⁻¹.  Default: η = 0.002, λ_H = 1e12, K⁺ -- λ_H from the paper's own rule of
+        balancing the two preconditioned gradient norms (≈1e4 for R_well, ≈1e-8 for R_ill at
+        θ = I with pixels/255), which 5e7 leaves ~1e-4 apart (README, MNIST section).
+        """
+        base = dict(epochs=30, lambda_p=1.0, batch_size=None, ridge=1e-7)  # ridge: used by precond="ridge"
+        base.update(dict(lr=0.001, lambda_h=5e7, precond="ridge") if paper
+                    else dict(lr=0.002, lambda_h=1e12, precond="pinv"))
+        base.update(overrides)
+        return cls(**base)
+
     def __post_init__(self):
         if self.epochs < 0:
             raise ValueError(f"epochs must be ≥ 0, got {self.epochs}")

@@ -209,3 +209,14 @@ def test_full_batch_loss_from_Z_matches_losses_module(loss):
             assert a is None
         else:
             np.testing.assert_array_equal(a, b)
+
+
+def test_experiment_defaults_are_the_library_mnist_config():
+    # experiments/mnist.py, experiments/attacks.py --mnist-pairs and the README all quote
+    # ImmunizeConfig.mnist(): a drift between the CLI defaults and it would split the numbers.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import mnist as exp
+
+    assert exp.build_config(exp.parse_args([])) == ImmunizeConfig.mnist()
+    assert exp.build_config(exp.parse_args(["--paper-hparams"])) == ImmunizeConfig.mnist(paper=True)
+    assert ImmunizeConfig.mnist().lambda_h != ImmunizeConfig.mnist(paper=True).lambda_h
