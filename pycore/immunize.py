@@ -174,9 +174,9 @@ def _loss_grads(task, X, Y, theta, omega, bias):
 
 
 def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
-    """:func:`_loss_grads` on the full D_P with the features ``Z = Xθ`` already formed (the same
-    formulas as :func:`pycore.losses.mse` / :func:`pycore.losses.bce`, bit for bit): saves one
-    N×D×D product per full-batch step, which the regularizers need anyway."""
+    """:func:`_loss_grads` on the full D_P with the features ``Z = Xθ`` already formed (the
+    regularizers need them anyway): the same quantities as :func:`pycore.losses.mse` /
+    :func:`pycore.losses.bce`, with ``Zᵀ R`` read off the formed ``Z`` (equal to round-off)."""
     if task.loss == "mse":
         E = Z @ omega - Y
         n = E.size
@@ -393,7 +393,7 @@ def imma_objective(theta, w, omega, task: LinearTask, cfg: ImmunizeConfig, bias=
     n = task.Y_H.size
     alpha = imma_inner_step_size(task, w, cfg)
     c = alpha * 2.0 / n
-    B = task.X_H.T @ (task.Y_H @ w.T)
+    B = (task.X_H.T @ task.Y_H) @ w.T      # D×m first: O(N·D·m + D²·m), not O(N·D²)
     KH = task.K_H
     th = theta
     # K_Hθ M = (K_H(θw))wᵀ: associating through the head w keeps every step O(D²·m), not O(D³).
