@@ -1,6 +1,6 @@
 """Time one MNIST pair-seed (pair 0→1, seed 0, the default configuration) for each method.
 
-Run: ``OMP_NUM_THREADS=1 /tmp/venv/bin/python -m pytest bench/bench_mnist.py --benchmark-only``.
+Run: ``python -m pytest bench/bench_mnist.py --benchmark-only`` (single-threaded via bench/conftest.py).
 The full default grid is 90 pairs × 3 seeds of every method, split over ``--jobs`` processes,
 so its immunization time is about ``270 × Σ_methods(time per run) / jobs``.
 """

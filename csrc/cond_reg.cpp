@@ -9,12 +9,12 @@
 //
 // Precision policy of cond_reg: the two products (forming H or the Gram matrix, and the
 // product that forms dR/dZ) run in Z's dtype, like any BLAS product of that dtype; every
-// spectral and scalar step (eigenvalues, rank, eigenvector, R, the coefficients of ∇_H R) runs
-// in float64.  Pass float64 Z for float64 products (the paper's setting).
+// spectral and scalar step (eigenvalues, rank, eigenvector, R, the n×n matrix 2∇R that the
+// second product applies) runs in float64.  Pass float64 Z for float64 products (the paper's
+// setting).
 #include <Python.h>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -170,44 +170,6 @@ at::Tensor extreme_eigvec_inverse_iteration(const at::Tensor& M, const double* l
   return xt;
 }
 
-// y = Zᵀx (transpose = true, y has D entries) or y = Z x (y has N entries), Z row-major N×D in
-// its own dtype, x and y float64: the rank-1 factors of 2 Z ∇_H R, accumulated in float64.
-template <typename scalar_t>
-void matvec_f64(const scalar_t* Z, const double* x, int64_t N, int64_t D, bool transpose, double* y) {
-  if (transpose) {
-    std::fill(y, y + D, 0.0);
-    for (int64_t i = 0; i < N; ++i) {
-      const scalar_t* Zi = Z + i * D;
-      const double xi = x[i];
-      for (int64_t j = 0; j < D; ++j) y[j] += static_cast<double>(Zi[j]) * xi;
-    }
-  } else {
-    at::parallel_for(0, N, 64, [&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0; i < r1; ++i) {
-        const scalar_t* Zi = Z + i * D;
-        double acc = 0.0;
-        for (int64_t j = 0; j < D; ++j) acc += static_cast<double>(Zi[j]) * x[j];
-        y[i] = acc;
-      }
-    });
-  }
-}
-
-// out[i, j] = alpha·a[i]·b[j] + beta·P[i, j], the fused "apply ∇_H R" step, one pass over P.
-template <typename scalar_t>
-void rank1_plus_scaled(const scalar_t* P, const double* a, const double* b, double alpha,
-                       double beta, int64_t rows, int64_t cols, scalar_t* out) {
-  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i) {
-      const double ai = alpha * a[i];
-      const scalar_t* Pi = P + i * cols;
-      scalar_t* oi = out + i * cols;
-      for (int64_t j = 0; j < cols; ++j)
-        oi[j] = static_cast<scalar_t>(ai * b[j] + beta * static_cast<double>(Pi[j]));
-    }
-  });
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cpu(const at::Tensor& Z,
@@ -247,19 +209,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cpu(const at::Tensor& Z,
       x = std::get<1>(at::linalg_eigh(M64)).select(1, idx).contiguous();
       sp[kEigvecMethod] = 1.0;
     }
-    // dR/dZ = 2 Z G with G = c_vec v vᵀ − c_mat H:
-    //   covariance path (x = v):  2 c_vec (Z v) vᵀ − 2 c_mat (Z H)
-    //   Gram path (x = u, A u = λu, v = Zᵀu/√λ so Z v = √λ u):  2 c_vec u (Zᵀu)ᵀ − 2 c_mat (A Z)
-    const at::Tensor P = gram ? at::mm(M, Z) : at::mm(Z, M);  // the second product, Z's dtype
-    const at::Tensor y = at::empty({gram ? D : N}, M64.options());
-    grad = at::empty_like(Z);
-    AT_DISPATCH_FLOATING_TYPES(Z.scalar_type(), "cond_reg_cpu", [&] {
-      const double* xp = x.data_ptr<double>();
-      double* yp = y.data_ptr<double>();
-      matvec_f64<scalar_t>(Z.data_ptr<scalar_t>(), xp, N, D, /*transpose=*/gram, yp);
-      rank1_plus_scaled<scalar_t>(P.data_ptr<scalar_t>(), gram ? xp : yp, gram ? yp : xp,
-                                  2.0 * sp[kCVec], -2.0 * sp[kCMat], N, D, grad.data_ptr<scalar_t>());
-    });
+    // dR/dZ = 2 Z G with G = c_vec v vᵀ − c_mat H is ONE product with an n×n matrix
+    //   B = 2 c_vec x xᵀ − 2 c_mat M   (float64, O(n²), x the unit eigenvector of M):
+    //   covariance path (M = H, x = v):  2 Z G = Z B;
+    //   Gram path (M = A = ZZᵀ, x = u, v = Zᵀu/√λ, so Z v vᵀ = A u uᵀZ/λ = u uᵀ Z):  2 Z G = B Z.
+    // The rank-1 part of ∇_H R is folded into the second GEMM the op has to do anyway, so
+    // nothing beyond the two GEMMs touches an N×D array.
+    const at::Tensor B = at::addr(M64, x, x, /*beta=*/-2.0 * sp[kCMat], /*alpha=*/2.0 * sp[kCVec])
+                             .to(Z.scalar_type());
+    grad = gram ? at::mm(B, Z) : at::mm(Z, B);  // the second product, Z's dtype
   }
   at::Tensor value = at::scalar_tensor(sp[kValue64], Z.options());
   return {value, grad, summary.narrow(0, 0, kDiagSize).clone()};

@@ -56,6 +56,9 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=("adam", "gd"), default=d.optimizer)
     p.add_argument("--precond", choices=("exact", "pinv", "ridge", "none"), default=d.precond)
     p.add_argument("--ridge", type=float, default=d.ridge)
+    p.add_argument("--init", choices=("identity", "random"), default=d.init,
+                   help="θ's initialisation: identity (default) or nn.Linear's U(±1/√D), the paper's 'randomly "
+                        "initialized dummy linear layer' (App. C.2)")
     p.add_argument("--paper-hparams", action="store_true",
                    help="use the paper's values verbatim (η=0.005, λ_H=1e7, ridge solve) instead of ours")
     p.add_argument("--certified", action="store_true",
@@ -79,7 +82,7 @@ def parse_args(argv=None):
 
 def build_config(args) -> ImmunizeConfig:
     fields = dict(epochs=args.epochs, lambda_p=args.lambda_p, batch_size=args.batch_size or None,
-                  optimizer=args.optimizer, certified=args.certified)
+                  optimizer=args.optimizer, certified=args.certified, init=args.init)
     if args.paper_hparams:
         return ImmunizeConfig.paper(**fields)
     return ImmunizeConfig(lr=args.lr, lambda_h=args.lambda_h, precond=args.precond, ridge=args.ridge, **fields)
@@ -178,7 +181,7 @@ def table_markdown(result: dict) -> str:
             f"{LABELS[m]} {fmt(e['dp_loss_before']['mean'])} → {fmt(e['dp_loss_after']['mean'])}" for m, e in dp) + "."]
     cfg = result["config"]
     lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, λ_H {cfg['lambda_h']:g}, "
-              f"{cfg['optimizer']}, batch {cfg['batch_size']}, preconditioner {cfg['precond']}. "
+              f"{cfg['optimizer']}, batch {cfg['batch_size']}, preconditioner {cfg['precond']}, init {cfg['init']}. "
               f"Wall time {result['wall_seconds']:.1f} s."]
     return "\n".join(lines) + "\n"
 

@@ -69,6 +69,9 @@ def parse_args(argv=None):
     p.add_argument("--lambda-h", type=float, default=d["lambda_h"])
     p.add_argument("--batch-size", type=int, default=0, help="D_P mini-batch; 0 = full batch (default)")
     p.add_argument("--optimizer", choices=("adam", "gd"), default="adam")
+    p.add_argument("--init", choices=("identity", "random"), default="identity",
+                   help="θ's initialisation: identity (default) or nn.Linear's U(±1/√D), the paper's 'randomly "
+                        "initialized dummy linear layer' (App. C.2)")
     p.add_argument("--precond", choices=("exact", "pinv", "ridge", "none"), default=d["precond"])
     p.add_argument("--ridge", type=float, default=1e-7, help="λ of the 'ridge' preconditioner (paper: 1e-7)")
     p.add_argument("--paper-hparams", action="store_true",
@@ -90,7 +93,8 @@ def parse_args(argv=None):
 
 
 def build_config(args) -> ImmunizeConfig:
-    common = dict(epochs=args.epochs, batch_size=args.batch_size or None, optimizer=args.optimizer)
+    common = dict(epochs=args.epochs, batch_size=args.batch_size or None, optimizer=args.optimizer,
+                  init=args.init)
     if args.paper_hparams:
         return ImmunizeConfig.mnist(paper=True, **common)
     return ImmunizeConfig(lr=args.lr, lambda_p=args.lambda_p, lambda_h=args.lambda_h, precond=args.precond,
@@ -208,7 +212,7 @@ def table_markdown(result: dict) -> str:
             f"{prir} | {psucc} |")
     cfg = result["config"]
     lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, λ_H {cfg['lambda_h']:g}, "
-              f"{cfg['optimizer']}, batch {cfg['batch_size'] or 'full'}, preconditioner {cfg['precond']}"
+              f"{cfg['optimizer']}, batch {cfg['batch_size'] or 'full'}, preconditioner {cfg['precond']}, init {cfg['init']}"
               + (f" (ridge {cfg['ridge']:g})" if cfg["precond"] == "ridge" else "")
               + f". Wall time {result['wall_seconds']:.1f} s."]
     return "\n".join(lines) + "\n"

@@ -24,11 +24,17 @@ def fmt(x: float, digits: int = 4) -> str:
         return "∞"
     if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
         return f"{x:.{digits - 1}e}"
-    return f"{x:.{digits}g}"
+    # Round to `digits` significant digits, then print positionally (720, not 7.2e+02).
+    return f"{float(f'{x:.{digits}g}'):g}"
 
 
 def pm(summary: dict, digits: int = 4) -> str:
-    return f"{fmt(summary['mean'], digits)} ± {fmt(summary['std'], 2)}"
+    """``mean ± std``; a std at round-off level of the mean (deterministic methods: identity, the
+    closed form) prints as 0 instead of noise like 3.5e-18."""
+    mean, std = summary["mean"], summary["std"]
+    if math.isfinite(mean) and std <= 1e-12 * abs(mean):
+        std = 0.0
+    return f"{fmt(mean, digits)} ± {fmt(std, 2)}"
 
 
 def environment() -> dict:

@@ -117,3 +117,27 @@ def test_experiment_reports_bad_data_in_one_line(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "no such file" in proc.stderr
     proc = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "zero"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--seeds" in proc.stderr
+
+
+def test_init_flag_reaches_the_config_and_random_init_is_seeded():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import house_price
+
+    args = house_price.parse_args(["--init", "random", "--epochs", "0"])
+    cfg = house_price.build_config(args)
+    assert cfg.init == "random"
+    assert house_price.build_config(house_price.parse_args(["--paper-hparams", "--init", "random"])).init == "random"
+    assert house_price.build_config(house_price.parse_args([])).init == "identity"
+    train = load_house_price().train
+    a = immunize(train, "ours", rng=np.random.default_rng(3), config=cfg).theta
+    b = immunize(train, "ours", rng=np.random.default_rng(3), config=cfg).theta
+    c = immunize(train, "ours", rng=np.random.default_rng(4), config=cfg).theta
+    assert np.array_equal(a, b) and not np.allclose(a, c)
+    assert np.abs(a).max() <= 1 / np.sqrt(train.D)  # nn.Linear's U(±1/√D), untouched at 0 epochs
+
+
+def test_table_prints_round_off_spread_as_zero():
+    from pycore.report import pm
+
+    assert pm({"mean": 0.02535, "std": 3.5e-18}) == "0.02535 ± 0"
+    assert pm({"mean": 2261.0, "std": 720.0}) == "2261 ± 720"

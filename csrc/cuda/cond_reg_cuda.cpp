@@ -13,8 +13,6 @@
 #include <cuda_runtime.h>
 #include <torch/library.h>
 
-#include <algorithm>
-
 #include "../cond_reg.h"
 #include "../spectral_summary.h"
 
@@ -22,12 +20,10 @@ extern "C" {
 cudaError_t pycore_cond_reg_summary(const double* lam, int64_t n, int64_t D, int kind, double rtol,
                                     double tie_rtol, double eps, int gram, double* summary,
                                     cudaStream_t stream);
-cudaError_t pycore_cond_reg_grad_f32(const float* Z, const float* P, const double* V,
-                                     const double* summary, int64_t N, int64_t D, int gram,
-                                     double* work, float* out, cudaStream_t stream);
-cudaError_t pycore_cond_reg_grad_f64(const double* Z, const double* P, const double* V,
-                                     const double* summary, int64_t N, int64_t D, int gram,
-                                     double* work, double* out, cudaStream_t stream);
+cudaError_t pycore_cond_reg_grad_matrix_f32(const double* M, const double* V, const double* summary,
+                                            int64_t n, float* B, cudaStream_t stream);
+cudaError_t pycore_cond_reg_grad_matrix_f64(const double* M, const double* V, const double* summary,
+                                            int64_t n, double* B, cudaStream_t stream);
 }
 
 namespace pycore {
@@ -48,7 +44,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cuda(const at::Tensor& Z
   const int64_t n = gram ? N : D;
 
   const at::Tensor M = gram ? at::mm(Z, Z.t()) : at::mm(Z.t(), Z);  // cuBLAS, Z's dtype
-  const at::Tensor M64 = M.to(at::kDouble);
+  const at::Tensor M64 = M.to(at::kDouble).contiguous();
   at::Tensor lam, V;
   if (with_grad) {
     auto eig = at::linalg_eigh(M64);  // cuSOLVER syevd
@@ -65,20 +61,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cuda(const at::Tensor& Z
   at::Tensor grad = at::empty({0}, Z.options());
   if (with_grad) {
     summary.select(0, kEigvecMethod).fill_(1.0);  // full eigh
-    const at::Tensor P = gram ? at::mm(M, Z) : at::mm(Z, M);
-    at::Tensor work = at::empty({n + std::max(N, D)}, Z.options().dtype(at::kDouble));
-    grad = at::empty_like(Z);
+    // 2 Z ∇_H R = Z B or B Z with the n×n matrix B built on the device from the eigenpair the
+    // summary chose (grad_matrix_kernel), then one cuBLAS GEMM: the second product of the op.
+    at::Tensor B = at::empty({n, n}, Z.options());
     if (Z.scalar_type() == at::kFloat) {
-      C10_CUDA_CHECK(pycore_cond_reg_grad_f32(Z.data_ptr<float>(), P.data_ptr<float>(),
-                                              V.data_ptr<double>(), summary.data_ptr<double>(), N, D,
-                                              gram ? 1 : 0, work.data_ptr<double>(),
-                                              grad.data_ptr<float>(), stream));
+      C10_CUDA_CHECK(pycore_cond_reg_grad_matrix_f32(M64.data_ptr<double>(), V.data_ptr<double>(),
+                                                     summary.data_ptr<double>(), n,
+                                                     B.data_ptr<float>(), stream));
     } else {
-      C10_CUDA_CHECK(pycore_cond_reg_grad_f64(Z.data_ptr<double>(), P.data_ptr<double>(),
-                                              V.data_ptr<double>(), summary.data_ptr<double>(), N, D,
-                                              gram ? 1 : 0, work.data_ptr<double>(),
-                                              grad.data_ptr<double>(), stream));
+      C10_CUDA_CHECK(pycore_cond_reg_grad_matrix_f64(M64.data_ptr<double>(), V.data_ptr<double>(),
+                                                     summary.data_ptr<double>(), n,
+                                                     B.data_ptr<double>(), stream));
     }
+    grad = gram ? at::mm(B, Z) : at::mm(Z, B);
   }
   at::Tensor value = summary.select(0, kValue64).to(Z.scalar_type());
   return {value, grad, summary.narrow(0, 0, kDiagSize).clone()};
