@@ -281,6 +281,9 @@ std::tuple<at::Tensor, at::Tensor> precond_linear_backward(const at::Tensor& gra
   TORCH_CHECK(grad_out.dim() == 2 && grad_out.size(0) == X.size(0) && grad_out.size(1) == W.size(0),
               "ImmunizationHead backward: grad_output must have shape (", X.size(0), ", ",
               W.size(0), "), got ", grad_out.sizes());
+  TORCH_CHECK(grad_out.scalar_type() == X.scalar_type() && grad_out.device() == X.device(),
+              "ImmunizationHead backward: grad_output is ", grad_out.scalar_type(), " on ",
+              grad_out.device(), " but the input is ", X.scalar_type(), " on ", X.device());
   at::Tensor grad_X = need_input ? at::mm(grad_out, W) : at::empty({0}, X.options());
   if (!need_weight) return {grad_X, at::empty({0}, W.options())};
   if (!precondition) return {grad_X, at::mm(grad_out.t(), X)};

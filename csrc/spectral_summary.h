@@ -30,7 +30,8 @@ enum SummaryIndex : int {
   kKappa = 2,       // σ_max/σ_min over the nonzero spectrum (NaN for H = 0)
   kRank = 3,        // k = #{λ > tol}, tol = rtol·λ_max
   kGap = 4,         // λ₁−λ₂ (R_well) or λ_{k−1}−λ_k (R_ill): gap at the extreme used
-  kTie = 5,         // 1 if gap ≤ tie_rtol·λ_max: R not differentiable there (subgradient)
+  kTie = 5,         // 1 at a (near-)tie of the extreme used, where R is not differentiable
+                    // (subgradient): R_well gap ≤ tie_rtol·λ₁; R_ill gap ≤ max(tie_rtol·λ_k, tol)
   kDegenerate = 6,  // 1 if R_ill is undefined (rank ≤ 1 or all nonzero eigenvalues equal)
   kGramPath = 7,    // 1 if computed in the N×N Gram space
   kEigvecMethod = 8,// 0: shifted inverse iteration, 1: full eigh, 2: not computed
@@ -74,7 +75,7 @@ PYCORE_HD inline double summary_term(int kind, double lam_i, double ref) {
 //   G      = (λ_k v_k v_kᵀ − H/k)/d²
 // Eigenvalues below tol = rtol·λ_max count as exact zeros (numerical rank, SPEC §2).
 PYCORE_HD inline void finish_summary(const double* lam, int64_t n, int64_t D, int kind,
-                                     double tie_rtol, double eps, int64_t i0,
+                                     double rtol, double tie_rtol, double eps, int64_t i0,
                                      double sum, bool gram, double* out) {
   for (int i = 0; i < kSummarySize; ++i) out[i] = 0.0;
   const double lmax = n > 0 ? lam[n - 1] : 0.0;
@@ -110,7 +111,12 @@ PYCORE_HD inline void finish_summary(const double* lam, int64_t n, int64_t D, in
   const double gap = k >= 2 ? lam[i0 + 1] - lk : pos_inf();
   out[kGap] = gap;
   out[kIndex] = static_cast<double>(i0 < n ? i0 : n - 1);
-  out[kTie] = (k >= 2 && gap <= tie_rtol * lmax) ? 1.0 : 0.0;
+  // A near-tie is relative to λ_k itself (a relative gap of √eps at the bottom of the spectrum is
+  // as non-differentiable as one at the top), or at the rank tolerance, below which two computed
+  // eigenvalues cannot be told apart.  Scaling by λ_max instead would flag every step of an
+  // ill-conditioned H, whose small eigenvalues are all within √eps·λ_max of each other.
+  const double tie_tol = tie_rtol * lk > rtol * lmax ? tie_rtol * lk : rtol * lmax;
+  out[kTie] = (k >= 2 && gap <= tie_tol) ? 1.0 : 0.0;
   const double kk = static_cast<double>(k);
   const double d = k > 0 ? sum / (2.0 * kk) : 0.0;
   // d is round-off when the nonzero spectrum is flat: eigenvalues carry errors ~eps·λ_max,
@@ -137,7 +143,7 @@ PYCORE_HD inline void spectral_summary(const double* lam, int64_t n, int64_t D, 
   const double ref = (i0 < n) ? (kind == kWell ? lmax : lam[i0]) : 0.0;
   double sum = 0.0;
   for (int64_t i = i0; i < n; ++i) sum += summary_term(kind, lam[i], ref);
-  finish_summary(lam, n, D, kind, tie_rtol, eps, i0, sum, gram, out);
+  finish_summary(lam, n, D, kind, rtol, tie_rtol, eps, i0, sum, gram, out);
 }
 
 }  // namespace pycore

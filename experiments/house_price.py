@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")        # small matrices: threads only add overhead
@@ -25,7 +25,8 @@ from pycore.data.house_price import load_house_price  # noqa: E402
 from pycore.evaluate import evaluate_linear, norm_ratio_curves  # noqa: E402
 from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
 from pycore.metrics import rir_ceiling  # noqa: E402
-from pycore.report import environment, fmt, parse_seeds, pm, progress, summarize, write_json  # noqa: E402
+from pycore.report import (environment, finish_experiment, fmt, parse_methods, parse_seeds, pm,  # noqa: E402
+                           progress, save_figure, summarize)
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.
 PAPER_TABLE1 = {
@@ -71,12 +72,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     try:
         args.seed_list = parse_seeds(args.seeds)
+        args.method_list = parse_methods(args.methods, METHODS)
     except ValueError as exc:
         p.error(str(exc))
-    args.method_list = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in args.method_list if m not in METHODS]
-    if bad:
-        p.error(f"unknown method(s) {bad}; choose from {METHODS}")
     return args
 
 
@@ -206,30 +204,12 @@ def plot_norm_ratio(result: dict, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=8, loc="lower left")
     fig.suptitle(f"House Prices, seed {result['norm_ratio_curves']['seed']} (paper Figure 1)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        result = run(args)
-    except (FileNotFoundError, ValueError, FloatingPointError) as exc:
-        print(f"house_price.py: error: {exc}", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    table = table_markdown(result)
-    if not args.no_plot:
-        plot_norm_ratio(result, args.out / "norm_ratio.png")
-    result["wall_seconds_with_plot"] = result["wall_seconds"]
-    write_json(args.out / "results.json", result)
-    (args.out / "table.md").write_text(table)
-    print(table)
-    print(f"wrote {args.out / 'results.json'}, {args.out / 'table.md'}"
-          + ("" if args.no_plot else f", {args.out / 'norm_ratio.png'}"))
-    return 0
+    return finish_experiment("house_price.py", parse_args(argv), run, table_markdown, plot_norm_ratio,
+                             "norm_ratio.png")
 
 
 if __name__ == "__main__":

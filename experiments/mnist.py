@@ -26,7 +26,8 @@ from pycore.data.mnist import (digit_covariances, load_mnist, pair_task, parse_p
                                split_digits)
 from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
 from pycore.metrics import rir, rir_ceiling  # noqa: E402
-from pycore.report import environment, fmt, parse_seeds, pm, progress, summarize, write_json  # noqa: E402
+from pycore.report import (environment, finish_experiment, fmt, parse_methods, parse_seeds, pm,  # noqa: E402
+                           progress, save_figure, summarize)
 
 # Paper Table 2 (3 seeds, mean over the 90 pairs) and Figure 2 success counts (RIR > 1).
 PAPER_TABLE2 = {
@@ -83,12 +84,9 @@ def parse_args(argv=None):
     try:
         args.seed_list = parse_seeds(args.seeds)
         args.pair_list = parse_pairs(args.pairs)
+        args.method_list = parse_methods(args.methods, METHODS)
     except ValueError as exc:
         p.error(str(exc))
-    args.method_list = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in args.method_list if m not in METHODS]
-    if bad:
-        p.error(f"unknown method(s) {bad}; choose from {METHODS}")
     return args
 
 
@@ -259,29 +257,11 @@ def plot_heatmap(result: dict, path: Path) -> None:
         ax.set_ylabel("pre-training digit P")
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.suptitle("MNIST: natural-log RIR per ordered pair, mean over seeds (paper Figure 2)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        result = run(args)
-    except (FileNotFoundError, ValueError, FloatingPointError) as exc:
-        print(f"mnist.py: error: {exc}", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    table = table_markdown(result)
-    if not args.no_plot:
-        plot_heatmap(result, args.out / "heatmap.png")
-    write_json(args.out / "results.json", result)
-    (args.out / "table.md").write_text(table)
-    print(table)
-    print(f"wrote {args.out / 'results.json'}, {args.out / 'table.md'}"
-          + ("" if args.no_plot else f", {args.out / 'heatmap.png'}"))
-    return 0
+    return finish_experiment("mnist.py", parse_args(argv), run, table_markdown, plot_heatmap, "heatmap.png")
 
 
 if __name__ == "__main__":

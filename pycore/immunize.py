@@ -282,7 +282,8 @@ def _regularized(task, method, cfg, rng, progress):
     pre_H = _Preconditioner(task.K_H, cfg.precond, cfg.ridge, task.X_H) if method != "opt_kappa" else None
     hist = {"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []}
     diag = {"steps": 0, "ties_P": 0, "ties_H": 0}
-    cert = {"violations_P": 0, "violations_H": 0, "clipped_P": 0, "clipped_H": 0, "checked": 0}
+    cert = {"violations_P": 0, "violations_H": 0, "clipped_P": 0, "clipped_H": 0, "skipped_P": 0, "skipped_H": 0,
+            "checked": 0}
     XP, YP, XH = task.X_P, task.Y_P, task.X_H
 
     def record(epoch, loss, kP=None, kH=None):
@@ -349,26 +350,39 @@ def _certified_steps(theta, task, cfg, lam_p, pre_P, pre_H, cert):
     The R_well step is ``θ ← θ − η_P·K_P⁻¹∇R_well`` with ``η_P = min(lr·λ_P, c·bound_P)``, then
     κ(H_P) must have dropped; the R_ill step likewise must raise κ(H_H).  ``c`` =
     ``certified_safety`` < 1 keeps the step strictly inside the open interval of the theorem.
+    Both sides of each check are κ(Xθ)² from the SVD of the features (one rank rule, accurate
+    at any κ); a bound of 0 (a tie, where no step is safe) skips the step.
     """
     D = task.D
     cert["checked"] += 1
+
+    def kappa(X, th):
+        return gram_spectrum(X @ th, vectors=False).kappa
+
     if lam_p:
         reg = hessian_regularizer(task.X_P @ theta, "well")
         bound = preconditioned_r_well_step_bound(reg.info, D=D)
         eta = min(cfg.lr * lam_p, cfg.certified_safety * bound)
         cert["clipped_P"] += eta < cfg.lr * lam_p
-        new = theta - eta * pre_P(theta, reg.G)
-        if not gram_spectrum(task.X_P @ new, vectors=False).kappa < reg.info.kappa:
-            cert["violations_P"] += 1
-        theta = new
+        if eta > 0:
+            new = theta - eta * pre_P(theta, reg.G)
+            if not kappa(task.X_P, new) < kappa(task.X_P, theta):
+                cert["violations_P"] += 1
+            theta = new
+        else:
+            cert["skipped_P"] += 1
     reg = hessian_regularizer(task.X_H @ theta, "ill")
     bound = preconditioned_r_ill_step_bound(reg.info)
     eta = min(cfg.lr * cfg.lambda_h, cfg.certified_safety * bound)
     cert["clipped_H"] += eta < cfg.lr * cfg.lambda_h
-    new = theta - eta * pre_H(theta, reg.G)
-    if not gram_spectrum(task.X_H @ new, vectors=False).kappa > reg.info.kappa:
-        cert["violations_H"] += 1
-    return new
+    if eta > 0:
+        new = theta - eta * pre_H(theta, reg.G)
+        if not kappa(task.X_H, new) > kappa(task.X_H, theta):
+            cert["violations_H"] += 1
+        theta = new
+    else:
+        cert["skipped_H"] += 1
+    return theta
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,8 +397,10 @@ def imma_inner_step_size(task: LinearTask, w: np.ndarray, cfg: ImmunizeConfig) -
     return cfg.imma_inner_lr / L if L > 0 else 0.0
 
 
-def imma_objective(theta, w, omega, task: LinearTask, cfg: ImmunizeConfig, bias=None):
+def imma_objective(theta, w, omega, task: LinearTask, cfg: ImmunizeConfig, bias=None, rows_P=None):
     """F(θ) = L_H(w, θ_J) − L_P(ω, θ_J) with θ_J = J unrolled attacker GD steps from θ; and ∇_θF.
+
+    The attacker and L_H use all of D_H; ``rows_P`` (default: all) is the D_P mini-batch of L_P.
 
     Each attacker step is affine in θ: ``θ_{j+1} = θ_j − α(2/N)(K_Hθ_j M − B)``, ``M = wwᵀ``,
     ``B = X_HᵀY_H wᵀ``; its adjoint maps an upstream gradient Ḡ to ``Ḡ − α(2/N)K_HḠM``, so the
@@ -400,10 +416,11 @@ def imma_objective(theta, w, omega, task: LinearTask, cfg: ImmunizeConfig, bias=
     for _ in range(cfg.imma_inner_steps):
         th = th - c * ((KH @ (th @ w)) @ w.T - B)
     lh, _, g_h = losses.mse(task.X_H, th, w, task.Y_H)
+    X_P, Y_P = (task.X_P, task.Y_P) if rows_P is None else (task.X_P[rows_P], task.Y_P[rows_P])
     if task.loss == "mse":
-        lp, _, g_p = losses.mse(task.X_P, th, omega, task.Y_P)
+        lp, _, g_p = losses.mse(X_P, th, omega, Y_P)
     else:
-        lp, _, g_p, _ = losses.bce(task.X_P, th, omega, task.Y_P, 0.0 if bias is None else bias)
+        lp, _, g_p, _ = losses.bce(X_P, th, omega, Y_P, 0.0 if bias is None else bias)
     Gbar = g_h - g_p
     for _ in range(cfg.imma_inner_steps):
         Gbar = Gbar - c * ((KH @ (Gbar @ w)) @ w.T)
@@ -420,12 +437,15 @@ def _imma(task, cfg, rng, progress):
     opt_o = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
     opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
     hist = {"epoch": [], "objective": [], "kappa_P": [], "kappa_H": []}
+    n_P = task.X_P.shape[0]
     for epoch in range(1, cfg.epochs + 1):
-        for _ in _batches(task.X_P.shape[0], cfg.batch_size, rng):
-            F, gF = imma_objective(theta, w, omega, task, cfg, bias)
+        for idx in _batches(n_P, cfg.batch_size, rng):
+            rows = None if len(idx) == n_P else idx  # D_P mini-batch, as Algorithm 1's loss term
+            F, gF = imma_objective(theta, w, omega, task, cfg, bias, rows_P=rows)
             # Heads: the attacker's w and the defender's ω each minimise their own loss at θ.
             _, g_w, _ = losses.mse(task.X_H, theta, w, task.Y_H)
-            _, g_o, _, g_b = _loss_grads(task, task.X_P, task.Y_P, theta, omega, bias)
+            X_b, Y_b = (task.X_P, task.Y_P) if rows is None else (task.X_P[rows], task.Y_P[rows])
+            _, g_o, _, g_b = _loss_grads(task, X_b, Y_b, theta, omega, bias)
             theta = opt_t.step(theta, -gF)          # ascent on F
             w = opt_w.step(w, g_w)
             omega = opt_o.step(omega, g_o)
@@ -458,9 +478,10 @@ def _closed_form(task, cfg):
     """
     ceil = rir_ceiling(task.X_P, task.X_H)
     lam = ceil.lambda_C
-    tol = lam[0] * lam.size * np.finfo(float).eps
+    # Scale only the numerically nonzero λ_C (C's rank, the same rule as its κ); the columns of
+    # C's null space keep s = 1 so that θ stays injective on range(K_P).
     s = np.ones_like(lam)
-    pos = lam > tol
+    pos = np.arange(lam.size) < ceil.rank_C
     s[pos] = lam[pos] ** (cfg.closed_form_exponent / 2)
     theta = np.zeros((task.D, task.D))
     r = ceil.basis.shape[1]

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 
 from pycore.spectral import EPS, gram_spectrum
 from pycore.validation import as_float_matrix, check_theta
@@ -96,7 +95,7 @@ class Ceiling:
     null_leak: float       # ‖K_H N‖₂/‖K_H‖₂ for N an orthonormal basis of null(K_P)
     reason: str
     basis: np.ndarray | None = None     # D×r: U_r Λ_r^{-½} Q_C, columns ordered by λ_C (desc)
-    lambda_C: np.ndarray | None = None  # eigenvalues of C, descending
+    lambda_C: np.ndarray | None = None  # the r eigenvalues of C, descending (exact 0 past rank_C)
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in ("basis", "lambda_C")}
@@ -136,7 +135,11 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     else:
         null_leak = 0.0
     W = (X_H @ U_r) / s[:r]               # X_H K_P^{+½} restricted to range(K_P)
-    _, c, Qt = np.linalg.svd(W, full_matrices=False)
+    # ALL r eigenvectors of C = WᵀW (full_matrices): with fewer harmful rows than r, the ones
+    # of C's null space are needed too, or θ would drop directions of range(K_P) and change
+    # D_P's best loss (Definition 3.1(c)).  Their eigenvalues λ_C are exact zeros.
+    _, c, Qt = np.linalg.svd(W, full_matrices=True)
+    c = np.concatenate([c, np.zeros(r - c.size)])
     sC = gram_spectrum(W, vectors=False, name="X_H K_P^{+1/2}")
     restricted = sC.kappa * sP.kappa / sH.kappa
     if null_leak > null_rtol:
@@ -146,7 +149,7 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     else:
         exact = restricted
         reason = "null(K_P) ⊆ null(K_H): the supremum is attained on range(K_P)"
-    basis = (U_r / s[:r]) @ Qt.T[:, : r]
+    basis = (U_r / s[:r]) @ Qt.T
     return Ceiling(exact, restricted, sC.kappa, sP.kappa, sH.kappa, r, sH.rank, sC.rank, null_leak,
                    reason, basis, c * c)
 

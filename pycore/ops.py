@@ -110,7 +110,7 @@ def _spectral_summary(lam, D, kind, rtol, tie_rtol, eps, gram):
         return out, l1, 1.0 / D, n - 1
     lk = lam[i0] if k else 0.0
     gap = lam[i0 + 1] - lk if k >= 2 else math.inf
-    out.update(eigengap=gap, tie=float(k >= 2 and gap <= tie_rtol * lmax))
+    out.update(eigengap=gap, tie=float(k >= 2 and gap <= max(tie_rtol * lk, tol)))
     d = sum((x - lk) * (x + lk) for x in lam[i0:]) / (2.0 * k) if k else 0.0
     idx = i0 if i0 < n else n - 1
     if k < 2 or not d > 4.0 * k * eps * lmax * lmax:
@@ -152,6 +152,9 @@ def _precond_linear_torch(X, W, bias, lambda_reg, precondition):
 
 def _precond_linear_backward_torch(grad_out, X, W, lambda_reg, precondition, need_input, need_weight):
     _check_head_inputs(X, W, lambda_reg)
+    if grad_out.dtype != X.dtype or grad_out.device != X.device:
+        raise RuntimeError(f"ImmunizationHead backward: grad_output is {grad_out.dtype} on {grad_out.device} "
+                           f"but the input is {X.dtype} on {X.device}")
     gX = grad_out @ W if need_input else X.new_empty((0,))
     if not need_weight:
         return gX, W.new_empty((0,))
@@ -197,12 +200,29 @@ def _define_fallback():
                        "CompositeExplicitAutograd")
 
 
+def _cover_missing_cuda_kernel() -> None:
+    """A CPU-only build of the extension under a CUDA torch (no toolkit at build time) has no CUDA
+    kernel for ``cond_reg``: register the PyTorch implementation for CUDA tensors and say so,
+    instead of failing later with a bare NotImplementedError in the middle of training."""
+    global _fallback_lib
+    if torch.version.cuda is None or torch._C._dispatch_has_kernel_for_dispatch_key("pycore::cond_reg", "CUDA"):
+        return
+    _fallback_lib = torch.library.Library("pycore", "IMPL")
+    _fallback_lib.impl("cond_reg", _cond_reg_torch, "CUDA")
+    if torch.cuda.is_available():
+        warnings.warn("pycore._C was built without its CUDA kernel (no CUDA toolkit at build time); "
+                      "cond_regularizer uses the PyTorch implementation on CUDA tensors (same results, "
+                      "slower). Rebuild with CUDA_HOME set, or PYCORE_FORCE_CUDA=1 to make that an error.",
+                      RuntimeWarning, stacklevel=3)
+
+
 def _load_extension() -> bool:
     if os.environ.get("PYCORE_DISABLE_EXTENSION", "").strip().lower() in ("1", "true", "yes"):
         reason = "PYCORE_DISABLE_EXTENSION is set"
     else:
         try:
             import pycore._C  # noqa: F401  (registers torch.ops.pycore.* from C++)
+            _cover_missing_cuda_kernel()
             return True
         except ImportError as exc:
             reason = f"{type(exc).__name__}: {exc}"
@@ -268,11 +288,16 @@ def _precond_linear_fake(X, W, bias, lambda_reg, precondition):
     torch._check(W.dim() == 2 and X.shape[1] == W.shape[1],
                  lambda: f"ImmunizationHead: input has {X.shape[1]} features but the weight expects "
                          f"{W.shape[-1]}")
+    torch._check(X.dtype in (torch.float32, torch.float64) and X.dtype == W.dtype,
+                 lambda: f"ImmunizationHead: input dtype {X.dtype} / weight dtype {W.dtype}: both must be "
+                         "float32 or float64 and equal")
     return X.new_empty((X.shape[0], W.shape[0]))
 
 
 @torch.library.register_fake("pycore::precond_linear_backward")
 def _precond_linear_backward_fake(grad_out, X, W, lambda_reg, precondition, need_input, need_weight):
+    torch._check(grad_out.dtype == X.dtype, lambda: f"ImmunizationHead backward: grad_output is "
+                                                    f"{grad_out.dtype} but the input is {X.dtype}")
     gX = X.new_empty(X.shape) if need_input else X.new_empty((0,))
     gW = W.new_empty(W.shape) if need_weight else W.new_empty((0,))
     return gX, gW
@@ -307,8 +332,10 @@ class CondDiagnostics:
 
     ``sigma_min`` is the smallest eigenvalue above the rank tolerance and ``kappa`` the
     condition number over the nonzero spectrum (SPEC §2).  ``eigengap`` is ``λ₁ − λ₂``
-    (R_well) or ``λ_{k−1} − λ_k`` (R_ill); ``tie`` flags ``eigengap ≤ tie_rtol·σ_max``, where
-    R is not differentiable and the gradient returned is a subgradient (SPEC §3).
+    (R_well) or ``λ_{k−1} − λ_k`` (R_ill); ``tie`` flags a near-tie of that extreme eigenvalue,
+    ``eigengap ≤ tie_rtol·λ₁`` (R_well) or ``≤ max(tie_rtol·λ_k, rtol·λ₁)`` (R_ill: relative to
+    λ_k itself, or below the rank tolerance), where R is not differentiable and the gradient
+    returned is a subgradient (SPEC §3).
     ``degenerate`` flags an undefined R_ill (rank ≤ 1 or a flat nonzero spectrum, κ = 1):
     the value is then ``inf`` and the gradient NaN.
     """

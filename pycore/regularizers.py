@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from pycore.spectral import EPS, SpectrumError, SpectrumInfo, gram_spectrum, is_symmetric, _summarise
+from pycore.spectral import EPS, SpectrumError, SpectrumInfo, is_symmetric, _summarise
 from pycore.validation import as_float_matrix, check_square, check_theta
 
 KINDS = ("ill", "well")
@@ -335,6 +335,10 @@ def r_well_step_bound(S, p: int | None = None) -> float:
     info = _spec(S)
     p = min(_shape_of(S)) if p is None else p
     s, k = info.sigma, info.rank
+    if k < 2 or info.tie_max:
+        # κ = 1 (rank ≤ 1) cannot drop, and at a σ₁ tie the step lowers σ₁ only, so σ₂ stays
+        # the maximum and κ does not move: no step size is safe, the honest bound is 0.
+        return 0.0
     rho = s[1] * s[k - 1] / s[0] ** 2
     return float((1 - rho) / (1 - (1 - rho) / p))
 
@@ -356,6 +360,8 @@ def preconditioned_r_well_step_bound(H, D: int | None = None) -> float:
     """
     info = _spec(H)
     D = _shape_of(H)[0] if D is None else D
+    if info.rank < 2 or info.tie_max:
+        return 0.0  # as in r_well_step_bound: no step lowers κ at κ = 1 or at a σ₁ tie
     s1, s2 = info.sigma[0], info.sigma[1]
     return float((np.sqrt(s1) - np.sqrt(s2)) / (2 * (1 - 1 / D) * s1**1.5 + (2 / D) * s2**1.5))
 

@@ -5,6 +5,7 @@ import json
 import math
 import platform
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,15 @@ def progress(iterable=None, **kw):
     return tqdm(iterable, **kw)
 
 
+def parse_methods(text: str, choices) -> list[str]:
+    """``"ours,imma"`` → ["ours", "imma"]; a ValueError names any method not in ``choices``."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in methods if m not in choices]
+    if bad or not methods:
+        raise ValueError(f"unknown method(s) {bad or text!r}; choose from {', '.join(choices)}")
+    return methods
+
+
 def parse_seeds(text: str) -> list[int]:
     """``"5"`` → [0..4]; ``"0,3,7"`` → [0, 3, 7]; ``"2-4"`` → [2, 3, 4]."""
     text = text.strip()
@@ -94,3 +104,41 @@ def parse_seeds(text: str) -> list[int]:
     if n < 1:
         raise ValueError(f"--seeds count must be ≥ 1, got {n}")
     return list(range(n))
+
+
+def finish_experiment(prog: str, args, run, table_markdown, plot=None, plot_name: str | None = None) -> int:
+    """The shared ``main()`` of the linear experiments: ``run(args)``, then ``table.md``, the plot
+    (unless ``args.no_plot``) and ``results.json`` in ``args.out``, and the table on stdout.
+
+    The errors a user can cause (a missing or malformed data file, a diverging configuration)
+    come back as ONE line on stderr with exit status 2, and nothing half-written is left.
+    ``results.json`` gets ``wall_seconds_with_plot``: the run plus table and figure.
+    """
+    try:
+        result = run(args)
+    except (FileNotFoundError, ValueError, FloatingPointError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = table_markdown(result)
+    written = [args.out / "results.json", args.out / "table.md"]
+    if plot is not None and not args.no_plot:
+        plot(result, args.out / plot_name)
+        written.append(args.out / plot_name)
+    result["wall_seconds_with_plot"] = result["wall_seconds"] + (time.perf_counter() - t0)
+    write_json(args.out / "results.json", result)
+    (args.out / "table.md").write_text(table)
+    print(table)
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def save_figure(fig, path: Path, dpi: int = 120) -> None:
+    """``tight_layout``, save (creating the folder) and close, so figures never pile up."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

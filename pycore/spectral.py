@@ -26,9 +26,12 @@ from pycore.validation import as_float_matrix
 
 EPS = np.finfo(np.float64).eps
 
-# A tie between the extreme and the next singular value makes R_ill/R_well non-differentiable
-# and the extreme singular vector ill-determined: its perturbation is ~ eps·‖S‖/gap.  Below a
-# relative gap of sqrt(eps) the vector (hence the gradient) keeps less than half the digits.
+# A tie between the extreme and the next singular value makes R_ill/R_well non-differentiable.
+# A NEAR-tie is a gap below sqrt(eps) relative to the extreme value itself (σ_max for R_well,
+# σ_min for R_ill): there the gradient swings between the two singular vectors.  For σ_min the
+# gap is also a tie when it is below the rank tolerance, where the two computed values cannot
+# be told apart.  (Measuring the σ_min gap against σ_max instead would flag every step of an
+# ill-conditioned matrix, whose small singular values all lie within sqrt(eps)·σ_max.)
 TIE_RTOL = float(np.sqrt(EPS))
 
 
@@ -42,8 +45,8 @@ class SpectrumInfo:
 
     ``sigma`` holds all singular values; ``rank`` of them are above ``tol``.  ``gap_max`` is
     ``σ₁ − σ₂`` and ``gap_min`` is ``σ_{k−1} − σ_k`` (``inf`` when there is no neighbour);
-    ``tie_max`` / ``tie_min`` flag a relative gap below :data:`TIE_RTOL`, where the
-    regularizers of SPEC §3 are not differentiable.
+    ``tie_max`` / ``tie_min`` flag a near-tie, where the regularizers of SPEC §3 are not
+    differentiable: ``gap_max ≤ TIE_RTOL·σ_max`` and ``gap_min ≤ max(TIE_RTOL·σ_min, tol)``.
     """
 
     sigma: np.ndarray
@@ -88,7 +91,7 @@ def _summarise(sigma: np.ndarray, shape, rtol, vectors=None, *, what: str = "mat
         sigma=sigma, rank=k, tol=tol, sigma_max=smax, sigma_min=smin, kappa=smax / smin,
         gap_max=gap_max, gap_min=gap_min,
         tie_max=bool(k >= 2 and gap_max <= TIE_RTOL * smax),
-        tie_min=bool(k >= 2 and gap_min <= TIE_RTOL * smax),
+        tie_min=bool(k >= 2 and gap_min <= max(TIE_RTOL * smin, tol)),
         vectors=vectors,
     )
 

@@ -154,6 +154,10 @@ def test_imma_gradient_matches_finite_differences():
     _, g = imma_objective(theta, w, omega, t, cfg)
     fd = central_diff(lambda th: imma_objective(th, w, omega, t, cfg)[0], theta, h=1e-6)
     assert rel_err(g, fd) < 1e-7
+    rows = np.array([0, 3, 7, 11, 20])  # a D_P mini-batch for the upper level's L_P
+    F_b, g_b = imma_objective(theta, w, omega, t, cfg, rows_P=rows)
+    fd_b = central_diff(lambda th: imma_objective(th, w, omega, t, cfg, rows_P=rows)[0], theta, h=1e-6)
+    assert rel_err(g_b, fd_b) < 1e-7 and rel_err(g_b, g) > 1e-3
     # the unrolled steps matter: with 0 inner steps the gradient differs
     _, g0 = imma_objective(theta, w, omega, t, ImmunizeConfig(imma_inner_steps=0))
     assert rel_err(g0, g) > 1e-3
@@ -221,3 +225,20 @@ def test_degenerate_task_gives_clear_error():
     t = LinearTask(XP, rng.standard_normal(20), XH, rng.standard_normal(4))
     with pytest.raises(SpectrumError, match=r"ours: epoch 1, step 0: R_ill is undefined"):
         immunize(t, "ours", rng=np.random.default_rng(0), config=ImmunizeConfig(epochs=1))
+
+
+def test_closed_form_with_fewer_harmful_rows_than_rank_keeps_dp_loss():
+    """N_H < rank K_P: C = K_P^{-½}K_HK_P^{-½} has a null space, and the closed form must keep its
+    eigenvectors (θ injective on range(K_P)), or D_P's best loss would change (Def. 3.1(c))."""
+    from pycore.losses import best_probe_loss
+
+    rng = np.random.default_rng(0)
+    X_P, X_H = rng.standard_normal((30, 8)), rng.standard_normal((5, 8))
+    task = LinearTask(X_P, rng.standard_normal(30), X_H, rng.standard_normal(5))
+    res = immunize(task, "closed_form", rng=rng)
+    assert np.linalg.matrix_rank(res.theta) == 8 and res.diagnostics["null_columns_zeroed"] == 0
+    assert best_probe_loss("mse", X_P @ res.theta, task.Y_P) == pytest.approx(
+        best_probe_loss("mse", X_P, task.Y_P), rel=1e-10)
+    ceil = rir_ceiling(X_P, X_H)
+    assert ceil.lambda_C.size == 8 and np.all(ceil.lambda_C[ceil.rank_C:] == 0) and ceil.rank_C == 5
+    assert rir(res.theta, X_P, X_H).value == pytest.approx(ceil.range_restricted, rel=1e-8)

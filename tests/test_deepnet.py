@@ -389,6 +389,37 @@ def test_ddp_gloo_two_processes_match_virtual_ranks(tmp_path):
     assert moved == 1
 
 
+def _ddp_nan_worker(rank, world, port, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import pycore.deep.train as T
+    from pycore.deep.distributed import init_from_env, shutdown
+    cond = T._cond
+    # Rank 1 alone gets a non-finite R_ill (what _cond returns for a non-finite feature batch).
+    T._cond = lambda Z, kind: cond(Z, kind) * (float("nan") if rank == 1 and kind == "ill" else 1.0)
+    ctx = init_from_env("cpu", timeout_s=60)
+    m = build_model("resnet18_32px", 3, seed=0)
+    try:
+        immunize(m, _tds(16, 10), _tds(16, 11), ImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3,
+                                                                progress=False),
+                 num_classes_h=3, rank=ctx.rank, world=ctx.world, ddp=True)
+        outcome = "returned"
+    except NonFiniteLossError as exc:
+        outcome = f"NonFiniteLossError at step {exc.step}"
+    Path(f"{out}.{rank}").write_text(outcome)
+    shutdown()
+
+
+def test_ddp_nan_on_one_rank_stops_every_rank_cleanly(tmp_path):
+    """A NaN loss on ONE rank must stop all ranks at the same step (no collective mismatch or
+    hang: the ranks agree before DDP's gradient all-reduce)."""
+    out = str(tmp_path / "nan")
+    torch.multiprocessing.spawn(_ddp_nan_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    for rank in (0, 1):
+        assert Path(f"{out}.{rank}").read_text() == "NonFiniteLossError at step 0"
+
+
 @pytest.mark.slow
 def test_torchrun_script_matches_single_process(tmp_path):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")

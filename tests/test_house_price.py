@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pycore.data.house_price import load_house_price
-from pycore.immunize import ImmunizeConfig, immunize
+from pycore.immunize import immunize
 from pycore.metrics import rir, rir_ceiling
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def test_bad_csv_inputs(tmp_path, data):
     row = int(np.flatnonzero((df.MSZoning != "RL").to_numpy())[3])  # a D_P row: LotArea is its target
     junk.loc[row, "LotArea"] = "lots"
     junk.to_csv(tmp_path / "junk.csv", index=False)
-    with pytest.raises(ValueError, match="column 'LotArea' has non-numeric value 'lots'"):
+    with pytest.raises(ValueError, match=f"column 'LotArea' has non-numeric value 'lots' \\(line {row + 2}\\)"):
         load_house_price(tmp_path / "junk.csv")
     junk = df.copy()
     junk["GrLivArea"] = junk["GrLivArea"].astype(object)
@@ -81,6 +81,17 @@ def test_bad_csv_inputs(tmp_path, data):
     junk.to_csv(tmp_path / "junk2.csv", index=False)
     with pytest.raises(ValueError, match="column 'GrLivArea' is numeric but has non-numeric value"):
         load_house_price(tmp_path / "junk2.csv")
+    half_junk = df.copy()  # 30% strings in a numeric column: corrupt, not a category
+    half_junk["GrLivArea"] = half_junk["GrLivArea"].astype(object)
+    half_junk.loc[: int(0.3 * len(df)), "GrLivArea"] = "big"
+    half_junk.to_csv(tmp_path / "junk3.csv", index=False)
+    with pytest.raises(ValueError, match="column 'GrLivArea' is numeric but has non-numeric value 'big'"):
+        load_house_price(tmp_path / "junk3.csv")
+    inf = df.copy()
+    inf.loc[11, "LotFrontage"] = np.inf
+    inf.to_csv(tmp_path / "inf.csv", index=False)
+    with pytest.raises(ValueError, match=r"column 'LotFrontage' has non-finite value inf \(line 13\)"):
+        load_house_price(tmp_path / "inf.csv")
     small = df[df.MSZoning == "RL"].head(50)
     small.to_csv(tmp_path / "small.csv", index=False)
     with pytest.raises(ValueError, match="split D_P has 0 rows"):
@@ -141,3 +152,17 @@ def test_table_prints_round_off_spread_as_zero():
 
     assert pm({"mean": 0.02535, "std": 3.5e-18}) == "0.02535 ± 0"
     assert pm({"mean": 2261.0, "std": 720.0}) == "2261 ± 720"
+
+
+def test_constant_column_normalises_to_exact_zero(tmp_path, data):
+    """A constant non-integer column has std ~1e-17 after round-off; it must become 0, not ±1."""
+    import pandas as pd
+
+    df = pd.read_csv(data.source)
+    df["Const"] = 0.1
+    df.to_csv(tmp_path / "const.csv", index=False)
+    d = load_house_price(tmp_path / "const.csv")
+    i = d.feature_names.index("Const")
+    for X in (d.train.X_P, d.train.X_H, d.heldout.X_P, d.heldout.X_H):
+        assert np.all(X[:, i] == 0.0)
+    assert np.linalg.matrix_rank(d.train.X_P) == np.linalg.matrix_rank(data.train.X_P)

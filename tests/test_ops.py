@@ -305,6 +305,20 @@ def test_head_bias_input_grad_and_errors():
         head(torch.randn(2, 3, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="lambda_reg"):
         ops.ImmunizationHead(4, lambda_reg=-1.0)
+    Xd = X.detach()
+    with pytest.raises(RuntimeError, match="grad_output is (Float|torch.float32) on cpu but the input is (Double|torch.float64)"):
+        torch.ops.pycore.precond_linear_backward(torch.ones(9, 4), Xd, head.weight.detach(), 1e-7, True, True, True)
+
+
+def test_r_ill_tie_is_relative_to_sigma_min_in_op_and_core():
+    """λ = (1, 2e-9, 1e-9): the two smallest differ by a factor 2, not a tie, although their gap
+    is ~1e-9·λ_max; (1, 1e-9 + 1e-20, 1e-9) is one.  Op and NumPy core agree."""
+    for eigs, tie in (([1.0, 2e-9, 1e-9], False), ([1.0, 1e-9 * (1 + 1e-12), 1e-9], True)):
+        Z = _with_spectrum(eigs)
+        _, d = ops.cond_regularizer_with_diagnostics(Z, "ill", warn=False)
+        assert d.tie == tie and d.rank == 3
+        reg = core.hessian_regularizer(Z.numpy(), "ill")
+        assert reg.tie == tie and reg.info.rank == 3
 
 
 def test_head_singular_without_ridge_raises():

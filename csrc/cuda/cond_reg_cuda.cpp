@@ -75,7 +75,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cuda(const at::Tensor& Z
     }
     grad = gram ? at::mm(B, Z) : at::mm(Z, B);
   }
-  at::Tensor value = summary.select(0, kValue64).to(Z.scalar_type());
+  // A copy even when Z is float64: the value must not be a view into the summary buffer (the
+  // fake implementation returns a fresh 0-dim tensor; opcheck compares storage offsets).
+  at::Tensor value = summary.select(0, kValue64).to(Z.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   return {value, grad, summary.narrow(0, 0, kDiagSize).clone()};
 }
 

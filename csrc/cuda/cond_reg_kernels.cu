@@ -46,7 +46,7 @@ __global__ void summary_kernel(const double* __restrict__ lam, int64_t n, int64_
     __syncthreads();
   }
   if (threadIdx.x == 0)
-    pycore::finish_summary(lam, n, D, kind, tie_rtol, eps, i0, partial[0], gram != 0, out);
+    pycore::finish_summary(lam, n, D, kind, rtol, tie_rtol, eps, i0, partial[0], gram != 0, out);
 }
 
 // B[r, c] = 2 c_vec x[r] x[c] − 2 c_mat M[r, c] with x = column idx of V (row-major n×n, columns

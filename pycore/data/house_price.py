@@ -54,6 +54,11 @@ def _read_csv(path: Path):
     return df
 
 
+def _line(df, i: int) -> str:
+    """Where the i-th row of (a split of) the file is: its line in the CSV (line 1 = header)."""
+    return f"line {int(df.index[i]) + 2}"
+
+
 def _numeric_column(df, col: str, path) -> np.ndarray:
     import pandas as pd
 
@@ -61,7 +66,7 @@ def _numeric_column(df, col: str, path) -> np.ndarray:
     bad = vals.isna() & df[col].notna()
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise ValueError(f"{path}: column {col!r} has non-numeric value {df[col].iloc[i]!r} (data row {i + 1})")
+        raise ValueError(f"{path}: column {col!r} has non-numeric value {df[col].iloc[i]!r} ({_line(df, i)})")
     return vals.to_numpy(dtype=np.float64)
 
 
@@ -72,16 +77,22 @@ def _encode_split(df, feature_cols: list[str], target: str, path) -> tuple[np.nd
     y = _numeric_column(df, target, path)
     if np.isnan(y).any():
         i = int(np.flatnonzero(np.isnan(y))[0])
-        raise ValueError(f"{path}: target column {target!r} is empty in data row {i + 1}")
+        raise ValueError(f"{path}: target column {target!r} is empty ({_line(df, i)})")
     cols = []
     for col in feature_cols:
         s = df[col]
         num = pd.to_numeric(s, errors="coerce")
         junk = num.isna() & s.notna()
-        if junk.any() and junk.sum() < 0.1 * s.notna().sum():
-            # A numeric column with a few stray strings is corrupt data, not a category.
+        if junk.any() and junk.sum() < 0.5 * s.notna().sum():
+            # Mostly numbers with some strings: a corrupt numeric column, not a category (a text
+            # column of Kaggle's file has no numeric values at all).
             i = int(np.flatnonzero(junk.to_numpy())[0])
-            raise ValueError(f"{path}: column {col!r} is numeric but has non-numeric value {s.iloc[i]!r} (data row {i + 1})")
+            raise ValueError(f"{path}: column {col!r} is numeric but has non-numeric value {s.iloc[i]!r} "
+                             f"({_line(df, i)})")
+        bad = ~np.isfinite(num.to_numpy(dtype=np.float64)) & num.notna().to_numpy()
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{path}: column {col!r} has non-finite value {s.iloc[i]} ({_line(df, i)})")
         if junk.any():
             filled = s.astype(object).where(s.notna(), "0").astype(str)  # NaN → 0, as text
             cats = np.array(sorted(set(filled)))
@@ -93,9 +104,18 @@ def _encode_split(df, feature_cols: list[str], target: str, path) -> tuple[np.nd
 
 
 def _zscore(A: np.ndarray) -> np.ndarray:
+    """Column z-scores; a constant column becomes exactly 0 (std 0 → 1 as in SPEC §9).
+
+    Constant is decided on the values (``ptp == 0``), not on the computed std: the mean of a
+    constant non-integer column (0.1, 0.1, …) carries round-off, so its std comes out ~1e-17
+    and dividing by it would turn the column into ±1, a spurious direction in K (SPEC §2).
+    """
+    constant = np.ptp(A, axis=0) == 0
     std = A.std(axis=0)
-    std[std == 0] = 1.0
-    return (A - A.mean(axis=0)) / std
+    std[constant] = 1.0
+    Z = (A - A.mean(axis=0)) / std
+    Z[:, constant] = 0.0
+    return Z
 
 
 def load_house_price(path: str | Path | None = None, *, n_train: int = 200) -> HousePriceData:
@@ -111,7 +131,7 @@ def load_house_price(path: str | Path | None = None, *, n_train: int = 200) -> H
     is_h = (df[SPLIT_COLUMN].astype(str) == HARMFUL_VALUE).to_numpy()
     parts = {}
     for name, mask, target in (("P", ~is_h, TARGET_P), ("H", is_h, TARGET_H)):
-        sub = df.loc[mask].reset_index(drop=True)
+        sub = df.loc[mask]  # keeps the file's row index for error messages
         if len(sub) < n_train:
             raise ValueError(f"{path}: split D_{name} has {len(sub)} rows, fewer than n_train={n_train}")
         parts[name] = _encode_split(sub, feature_cols, target, path)

