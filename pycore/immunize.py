@@ -397,10 +397,11 @@ def imma_inner_step_size(task: LinearTask, w: np.ndarray, cfg: ImmunizeConfig) -
     return cfg.imma_inner_lr / L if L > 0 else 0.0
 
 
-def imma_objective(theta, w, omega, task: LinearTask, cfg: ImmunizeConfig, bias=None, rows_P=None):
+def imma_objective(theta, w, omega, task: LinearTask, cfg: ImmunizeConfig, bias=None, batch_P=None):
     """F(θ) = L_H(w, θ_J) − L_P(ω, θ_J) with θ_J = J unrolled attacker GD steps from θ; and ∇_θF.
 
-    The attacker and L_H use all of D_H; ``rows_P`` (default: all) is the D_P mini-batch of L_P.
+    The attacker and L_H use all of D_H; ``batch_P = (X, Y)`` (default: all of D_P) is the D_P
+    mini-batch of L_P.
 
     Each attacker step is affine in θ: ``θ_{j+1} = θ_j − α(2/N)(K_Hθ_j M − B)``, ``M = wwᵀ``,
     ``B = X_HᵀY_H wᵀ``; its adjoint maps an upstream gradient Ḡ to ``Ḡ − α(2/N)K_HḠM``, so the
@@ -416,7 +417,7 @@ def imma_objective(theta, w, omega, task: LinearTask, cfg: ImmunizeConfig, bias=
     for _ in range(cfg.imma_inner_steps):
         th = th - c * ((KH @ (th @ w)) @ w.T - B)
     lh, _, g_h = losses.mse(task.X_H, th, w, task.Y_H)
-    X_P, Y_P = (task.X_P, task.Y_P) if rows_P is None else (task.X_P[rows_P], task.Y_P[rows_P])
+    X_P, Y_P = (task.X_P, task.Y_P) if batch_P is None else batch_P
     if task.loss == "mse":
         lp, _, g_p = losses.mse(X_P, th, omega, Y_P)
     else:
@@ -440,11 +441,11 @@ def _imma(task, cfg, rng, progress):
     n_P = task.X_P.shape[0]
     for epoch in range(1, cfg.epochs + 1):
         for idx in _batches(n_P, cfg.batch_size, rng):
-            rows = None if len(idx) == n_P else idx  # D_P mini-batch, as Algorithm 1's loss term
-            F, gF = imma_objective(theta, w, omega, task, cfg, bias, rows_P=rows)
+            # D_P mini-batch, as Algorithm 1's loss term (no copy for the full batch)
+            X_b, Y_b = (task.X_P, task.Y_P) if len(idx) == n_P else (task.X_P[idx], task.Y_P[idx])
+            F, gF = imma_objective(theta, w, omega, task, cfg, bias, batch_P=(X_b, Y_b))
             # Heads: the attacker's w and the defender's ω each minimise their own loss at θ.
             _, g_w, _ = losses.mse(task.X_H, theta, w, task.Y_H)
-            X_b, Y_b = (task.X_P, task.Y_P) if rows is None else (task.X_P[rows], task.Y_P[rows])
             _, g_o, _, g_b = _loss_grads(task, X_b, Y_b, theta, omega, bias)
             theta = opt_t.step(theta, -gF)          # ascent on F
             w = opt_w.step(w, g_w)

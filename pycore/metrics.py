@@ -135,10 +135,11 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     else:
         null_leak = 0.0
     W = (X_H @ U_r) / s[:r]               # X_H K_P^{+½} restricted to range(K_P)
-    # ALL r eigenvectors of C = WᵀW (full_matrices): with fewer harmful rows than r, the ones
-    # of C's null space are needed too, or θ would drop directions of range(K_P) and change
-    # D_P's best loss (Definition 3.1(c)).  Their eigenvalues λ_C are exact zeros.
-    _, c, Qt = np.linalg.svd(W, full_matrices=True)
+    # ALL r eigenvectors of C = WᵀW: with fewer harmful rows than r, the ones of C's null space
+    # are needed too (full_matrices), or θ would drop directions of range(K_P) and change D_P's
+    # best loss (Definition 3.1(c)); their eigenvalues λ_C are exact zeros.  With N_H ≥ r the
+    # thin SVD already has all r, and full_matrices would only add an unused N_H×N_H U.
+    _, c, Qt = np.linalg.svd(W, full_matrices=W.shape[0] < r)
     c = np.concatenate([c, np.zeros(r - c.size)])
     sC = gram_spectrum(W, vectors=False, name="X_H K_P^{+1/2}")
     restricted = sC.kappa * sP.kappa / sH.kappa

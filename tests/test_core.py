@@ -155,8 +155,9 @@ def test_imma_gradient_matches_finite_differences():
     fd = central_diff(lambda th: imma_objective(th, w, omega, t, cfg)[0], theta, h=1e-6)
     assert rel_err(g, fd) < 1e-7
     rows = np.array([0, 3, 7, 11, 20])  # a D_P mini-batch for the upper level's L_P
-    F_b, g_b = imma_objective(theta, w, omega, t, cfg, rows_P=rows)
-    fd_b = central_diff(lambda th: imma_objective(th, w, omega, t, cfg, rows_P=rows)[0], theta, h=1e-6)
+    batch = (t.X_P[rows], t.Y_P[rows])
+    F_b, g_b = imma_objective(theta, w, omega, t, cfg, batch_P=batch)
+    fd_b = central_diff(lambda th: imma_objective(th, w, omega, t, cfg, batch_P=batch)[0], theta, h=1e-6)
     assert rel_err(g_b, fd_b) < 1e-7 and rel_err(g_b, g) > 1e-3
     # the unrolled steps matter: with 0 inner steps the gradient differs
     _, g0 = imma_objective(theta, w, omega, t, ImmunizeConfig(imma_inner_steps=0))
