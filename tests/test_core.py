@@ -243,3 +243,21 @@ def test_closed_form_with_fewer_harmful_rows_than_rank_keeps_dp_loss():
     ceil = rir_ceiling(X_P, X_H)
     assert ceil.lambda_C.size == 8 and np.all(ceil.lambda_C[ceil.rank_C:] == 0) and ceil.rank_C == 5
     assert rir(res.theta, X_P, X_H).value == pytest.approx(ceil.range_restricted, rel=1e-8)
+
+
+def test_imma_upper_level_uses_the_dp_mini_batches(monkeypatch):
+    """IMMA's L_P term sees the same D_P mini-batches as Algorithm 1's loss term, not all of D_P
+    at every step."""
+    import pycore.immunize as imm
+
+    seen = []
+    real = imm.imma_objective
+
+    def spy(*args, batch_P=None, **kw):
+        seen.append(None if batch_P is None else batch_P[0].shape[0])
+        return real(*args, batch_P=batch_P, **kw)
+
+    monkeypatch.setattr(imm, "imma_objective", spy)
+    t = small_task(3, N=20, D=4)
+    immunize(t, "imma", rng=np.random.default_rng(0), config=ImmunizeConfig(epochs=2, batch_size=8))
+    assert seen == [8, 8, 4, 8, 8, 4]
