@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pycore.spectral import EPS, gram_spectrum
+from pycore.spectral import EPS, gram_spectrum, rank_tolerance
 from pycore.validation import as_float_matrix, check_theta
 
 
@@ -72,6 +72,26 @@ def feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref) -> RIR:
     rH = gram_spectrum(Z_H_ref, vectors=False, name="Z_H_ref")
     hr, pr = sH.kappa / rH.kappa, sP.kappa / rP.kappa
     return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
+
+
+def range_null_split(theta, X_P) -> tuple[np.ndarray, np.ndarray]:
+    """Split θ by what D_P's inputs see (SPEC §8, range/null decomposition).
+
+    With P_R the orthogonal projector onto range(K_P) = row space of ``X_P`` (the training rows)
+    and P_N = I − P_R, returns ``(θ_range, θ_null) = (P_N + P_Rθ, P_R + P_Nθ)``: θ_range changes
+    only the input directions D_P's rows vary in, θ_null only those they never vary in.  Both
+    equal θ's own action on their part of the input space, so RIR(θ_range) and RIR(θ_null) say
+    how much of a method's RIR comes from each.  The rank of X_P uses numpy's ``matrix_rank``
+    tolerance on its singular values (the rule of :mod:`pycore.spectral`).
+    """
+    X_P = as_float_matrix(X_P, "X_P")
+    theta = check_theta(theta, X_P.shape[1])
+    _, s, Vt = np.linalg.svd(X_P, full_matrices=False)
+    r = int(np.count_nonzero(s > rank_tolerance(s[0], X_P.shape)))
+    V = Vt[:r].T
+    P_R = V @ V.T
+    P_N = np.eye(X_P.shape[1]) - P_R
+    return P_N + P_R @ theta, P_R + P_N @ theta
 
 
 @dataclass(frozen=True)

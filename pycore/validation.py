@@ -4,6 +4,25 @@ from __future__ import annotations
 import numpy as np
 
 
+class ParameterError(ValueError):
+    """A parameter value the library cannot use (non-finite, out of range, or one that makes a
+    run diverge).  ``parameter`` is the name of the offending field or argument (for example
+    ``"lambda_h"``), so that a command-line layer can name the flag the user typed."""
+
+    def __init__(self, parameter: str, message: str):
+        super().__init__(message)
+        self.parameter = parameter
+
+
+class DivergenceError(FloatingPointError):
+    """A run became non-finite (θ, a loss, or optimizer state).  ``parameter`` names the
+    setting most likely responsible (for example ``"lambda_h"`` or ``"lr"``), or is None."""
+
+    def __init__(self, message: str, parameter: str | None = None):
+        super().__init__(message)
+        self.parameter = parameter
+
+
 def as_float_matrix(A, name: str = "matrix", *, ndim: int = 2) -> np.ndarray:
     """Return ``A`` as a C-contiguous float64 array of ``ndim`` dims, or raise ``ValueError``.
 

@@ -261,3 +261,27 @@ def test_imma_upper_level_uses_the_dp_mini_batches(monkeypatch):
     t = small_task(3, N=20, D=4)
     immunize(t, "imma", rng=np.random.default_rng(0), config=ImmunizeConfig(epochs=2, batch_size=8))
     assert seen == [8, 8, 4, 8, 8, 4]
+
+
+def test_range_null_split_separates_what_D_P_sees():
+    """θ_range acts as θ on range(K_P) and as I on null(K_P); θ_null the other way round, so a θ
+    that only rescales null(K_P) directions has θ_range = I and θ_null = θ (docs/theory.md §8)."""
+    from pycore.metrics import range_null_split
+
+    rng = np.random.default_rng(3)
+    D, r = 6, 4
+    X_P = rng.normal(size=(20, r)) @ rng.normal(size=(r, D))      # rank 4: null(K_P) has dim 2
+    _, _, Vt = np.linalg.svd(X_P)
+    V_R, V_N = Vt[:r].T, Vt[r:].T
+    theta = np.eye(D) + 0.3 * rng.normal(size=(D, D))
+    t_range, t_null = range_null_split(theta, X_P)
+    np.testing.assert_allclose(t_range @ V_N, V_N, atol=1e-12)
+    np.testing.assert_allclose(V_R.T @ t_range @ V_R, V_R.T @ theta @ V_R, atol=1e-12)
+    np.testing.assert_allclose(t_null @ V_R, V_R, atol=1e-12)
+    np.testing.assert_allclose(V_N.T @ t_null @ V_N, V_N.T @ theta @ V_N, atol=1e-12)
+    # The two parts add up to θ + I.
+    np.testing.assert_allclose(t_range + t_null, theta + np.eye(D), atol=1e-12)
+    only_null = np.eye(D) + V_N @ np.diag([5.0, 0.1]) @ V_N.T
+    a, b = range_null_split(only_null, X_P)
+    np.testing.assert_allclose(a, np.eye(D), atol=1e-12)
+    np.testing.assert_allclose(b, only_null, atol=1e-12)
