@@ -275,13 +275,14 @@ def test_range_null_split_separates_what_D_P_sees():
     V_R, V_N = Vt[:r].T, Vt[r:].T
     theta = np.eye(D) + 0.3 * rng.normal(size=(D, D))
     t_range, t_null = range_null_split(theta, X_P)
-    np.testing.assert_allclose(t_range @ V_N, V_N, atol=1e-12)
-    np.testing.assert_allclose(V_R.T @ t_range @ V_R, V_R.T @ theta @ V_R, atol=1e-12)
-    np.testing.assert_allclose(t_null @ V_R, V_R, atol=1e-12)
-    np.testing.assert_allclose(V_N.T @ t_null @ V_N, V_N.T @ theta @ V_N, atol=1e-12)
+    # Inputs are rows (features xθ): on range(K_P) θ_range acts as θ, on null(K_P) as I.
+    np.testing.assert_allclose(V_R.T @ t_range, V_R.T @ theta, atol=1e-12)
+    np.testing.assert_allclose(V_N.T @ t_range, V_N.T, atol=1e-12)
+    np.testing.assert_allclose(V_R.T @ t_null, V_R.T, atol=1e-12)
+    np.testing.assert_allclose(V_N.T @ t_null, V_N.T @ theta, atol=1e-12)
     # The two parts add up to θ + I.
     np.testing.assert_allclose(t_range + t_null, theta + np.eye(D), atol=1e-12)
-    only_null = np.eye(D) + V_N @ np.diag([5.0, 0.1]) @ V_N.T
+    only_null = np.eye(D) + V_N @ np.diag([5.0, 0.1]) @ V_N.T   # rescales only null(K_P) inputs
     a, b = range_null_split(only_null, X_P)
     np.testing.assert_allclose(a, np.eye(D), atol=1e-12)
     np.testing.assert_allclose(b, only_null, atol=1e-12)
