@@ -24,11 +24,12 @@ from scipy.special import expit
 
 from pycore import losses
 from pycore.metrics import rir_ceiling
-from pycore.optim import make_optimizer
+from pycore.optim import OPTIMIZERS, make_optimizer
 from pycore.regularizers import (PRECONDITIONERS, hessian_regularizer, precondition, range_basis,
                                  preconditioned_r_ill_step_bound, preconditioned_r_well_step_bound)
 from pycore.spectral import SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
+from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
 
 METHODS = ("identity", "r_ill_only", "imma", "opt_kappa", "ours", "closed_form")
 
@@ -87,20 +88,36 @@ class ImmunizeConfig:
         return cls(**base)
 
     def __post_init__(self):
-        if self.epochs < 0:
-            raise ValueError(f"epochs must be ≥ 0, got {self.epochs}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.lambda_p < 0 or self.lambda_h < 0:
-            raise ValueError("lambda_p and lambda_h must be ≥ 0")
-        if self.precond not in PRECONDITIONERS:
-            raise ValueError(f"precond must be one of {PRECONDITIONERS}, got {self.precond!r}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size must be ≥ 1 or None, got {self.batch_size}")
-        if self.init not in ("identity", "random"):
-            raise ValueError(f"init must be 'identity' or 'random', got {self.init!r}")
+        # Every numeric field finite and in range, named (ParameterError.parameter = the field):
+        # NaN passes every `x < 0` test, so each bound is checked positively.
+        num = check_number
+        num(self.epochs, "epochs", low=0, integer=True)
+        num(self.lr, "lr", low=0.0, low_open=True)
+        num(self.lambda_p, "lambda_p", low=0.0)
+        num(self.lambda_h, "lambda_h", low=0.0)
+        check_choice(self.optimizer, "optimizer", OPTIMIZERS)
+        if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2):
+            raise ParameterError("betas", f"betas must be a pair (β₁, β₂), got {self.betas!r}")
+        for b in self.betas:
+            num(b, "betas", low=0.0, high=1.0, high_open=True)
+        num(self.adam_eps, "adam_eps", low=0.0, low_open=True)
+        num(self.batch_size, "batch_size", low=1, integer=True, none_ok=True)
+        check_choice(self.precond, "precond", PRECONDITIONERS)
+        num(self.ridge, "ridge", low=0.0)
+        if self.precond == "ridge" and not self.ridge > 0:
+            raise ParameterError("ridge", f"precond 'ridge' needs ridge > 0, got {self.ridge!r}")
+        check_choice(self.init, "init", ("identity", "random"))
+        num(self.lambda_kappa, "lambda_kappa", low=0.0)
+        check_choice(self.opt_kappa_log, "opt_kappa_log", (False, True))
+        num(self.imma_inner_steps, "imma_inner_steps", low=0, integer=True)
+        # the attacker's GD step is imma_inner_lr/L: stable on its quadratic below 2
+        num(self.imma_inner_lr, "imma_inner_lr", low=0.0, high=2.0, high_open=True)
+        num(self.closed_form_exponent, "closed_form_exponent")
+        check_choice(self.certified, "certified", (False, True))
+        num(self.certified_safety, "certified_safety", low=0.0, high=1.0, low_open=True, high_open=True)
         if self.certified and self.precond not in ("exact", "pinv"):
-            raise ValueError("certified mode needs precond 'exact' or 'pinv' (the bounds of SPEC §5 are for K⁻¹/K⁺)")
+            raise ParameterError("precond", "certified mode needs precond 'exact' or 'pinv' "
+                                            "(the bounds of SPEC §5 are for K⁻¹/K⁺)")
 
 
 @dataclass
@@ -274,9 +291,9 @@ def _regularized(task, method, cfg, rng, progress):
     D = task.D
     theta = _init_theta(D, cfg, rng)
     omega, bias = _init_head(task, rng)
-    opt_t = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
-    opt_w = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
-    opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
+    opt_t = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="θ")
+    opt_w = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="ω")
+    opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="bias")
     lam_p = 0.0 if method == "r_ill_only" else cfg.lambda_p
     pre_P = _Preconditioner(task.K_P, cfg.precond, cfg.ridge, task.X_P) if method != "opt_kappa" else None
     pre_H = _Preconditioner(task.K_H, cfg.precond, cfg.ridge, task.X_H) if method != "opt_kappa" else None
@@ -285,6 +302,7 @@ def _regularized(task, method, cfg, rng, progress):
     cert = {"violations_P": 0, "violations_H": 0, "clipped_P": 0, "clipped_H": 0, "skipped_P": 0, "skipped_H": 0,
             "checked": 0}
     XP, YP, XH = task.X_P, task.Y_P, task.X_H
+    x_norm = max(np.max(np.sum(np.abs(XP), axis=1)), np.max(np.sum(np.abs(XH), axis=1)))
 
     def record(epoch, loss, kP=None, kH=None):
         # In-loop κ's come from the step's own spectra (free); the end points are exact (SVD).
@@ -315,33 +333,69 @@ def _regularized(task, method, cfg, rng, progress):
             diag["ties_P"] += reg_P.tie
             diag["ties_H"] += reg_H.info.tie_min
             # Algorithm 1 line 4: ω uses the gradient at (ω_t, θ_t).
-            omega = opt_w.step(omega, g_w)
+            omega = opt_w.step(omega, g_w, blame="lr")
             if g_b is not None:
-                bias = opt_b.step(bias, g_b)
+                bias = opt_b.step(bias, g_b, blame="lr")
             if method == "opt_kappa":
                 G_P = _kappa_grad_H(reg_P, cfg.opt_kappa_log)
                 G_H = _kappa_grad_H(reg_H, cfg.opt_kappa_log)
                 # ∇_θ f(θᵀKθ) = 2KθG, evaluated through X as 2Xᵀ(XθG) (no D×D product with K).
-                g = g_t + 2.0 * cfg.lambda_kappa * (XP.T @ (Z_P @ G_P) - XH.T @ (Z_H @ G_H))
-                theta = opt_t.step(theta, g)
+                d_k = 2.0 * cfg.lambda_kappa * (XP.T @ (Z_P @ G_P) - XH.T @ (Z_H @ G_H))
+                g = g_t + d_k
+                blame = lambda step=None, g_t=g_t, d_k=d_k: _blame(step, lr=g_t, lambda_kappa=d_k)  # noqa: E731
+                theta = opt_t.step(theta, g, blame=blame)
             elif cfg.certified:
-                theta = opt_t.step(theta, g_t)
+                blame = lambda step=None: "lr"  # noqa: E731
+                theta = opt_t.step(theta, g_t, blame=blame)
+                _check_scale(theta, x_norm, method, epoch, cfg, blame)
                 theta = _certified_steps(theta, task, cfg, lam_p, pre_P, pre_H, cert)
             else:
-                g = g_t + cfg.lambda_h * pre_H.direction(theta, reg_H, Z_H)
+                d_H = cfg.lambda_h * pre_H.direction(theta, reg_H, Z_H)
+                g = g_t + d_H
+                d_P = lam_p * pre_P.direction(theta, reg_P, Z_P) if lam_p else None
                 if lam_p:
-                    g = g + lam_p * pre_P.direction(theta, reg_P, Z_P)
-                theta = opt_t.step(theta, g)
+                    g = g + d_P
+                blame = lambda step=None, g_t=g_t, d_H=d_H, d_P=d_P: _blame(  # noqa: E731
+                    step, lr=g_t, lambda_h=d_H, lambda_p=d_P)
+                theta = opt_t.step(theta, g, blame=blame)
+            _check_scale(theta, x_norm, method, epoch, cfg, blame)
             diag["steps"] += 1
         last = epoch == cfg.epochs
         record(epoch, ep_loss / max(n_seen, 1), None if last else reg_P.info.kappa, None if last else reg_H.info.kappa)
         if progress is not None:
             progress(epoch)
         if not np.all(np.isfinite(theta)):
-            raise FloatingPointError(f"{method}: θ became non-finite at epoch {epoch}; lower lr or λ")
+            raise DivergenceError(f"{method}: θ became non-finite at epoch {epoch}; lower lr or λ", parameter="lr")
     if cfg.certified:
         diag["certified"] = cert
     return ImmunizationResult(method, theta, omega, hist, diagnostics=diag)
+
+
+# Bound on |Xθ| entries (a θ step that exceeds it has diverged): ZᵀZ stays finite in float64.
+_FEATURE_LIMIT = 1e150
+
+
+def _check_scale(theta, x_norm, method, epoch, cfg, blame):
+    """θ is finite (the optimizer checks that) but may be too large for ``Xθ`` and ``ZᵀZ``:
+    |Xθ| ≤ max_i ‖x_i‖₁·max|θ| must stay below :data:`_FEATURE_LIMIT`.  Under Adam every step
+    is ~lr long whatever the gradient, so lr is to blame; under GD (step lr·g) the largest term
+    of g is named."""
+    t_max = float(np.max(np.abs(theta)))
+    if not t_max * x_norm < _FEATURE_LIMIT:
+        p = "lr" if cfg.optimizer == "adam" else blame(cfg.lr)
+        raise DivergenceError(f"{method}: θ diverged at epoch {epoch} (max |θ| {t_max:.3e}: the features Xθ "
+                              f"overflow float64); lower {p}", parameter=p)
+
+
+def _blame(step=None, **terms) -> str:
+    """The setting whose term of a divergent step's gradient is largest (``lr`` for the loss
+    gradient's); with ``step`` (a GD step size) ``lr`` when the step size outweighs every term."""
+    def size(a):
+        with np.errstate(invalid="ignore"):
+            return -1.0 if a is None else float(np.nan_to_num(np.max(np.abs(a)), nan=np.inf))
+    sizes = {k: size(a) for k, a in terms.items()}
+    name = max(sizes, key=sizes.get)
+    return "lr" if step is not None and step > sizes[name] else name
 
 
 def _certified_steps(theta, task, cfg, lam_p, pre_P, pre_H, cert):
@@ -433,10 +487,10 @@ def _imma(task, cfg, rng, progress):
     theta = _init_theta(D, cfg, rng)
     omega, bias = _init_head(task, rng)
     w = rng.normal(0.0, 1.0 / np.sqrt(D), size=(D, task.Y_H.shape[1]))
-    opt_t = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
-    opt_w = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
-    opt_o = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
-    opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
+    opt_t = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="θ")
+    opt_w = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="w")
+    opt_o = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="ω")
+    opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="bias")
     hist = {"epoch": [], "objective": [], "kappa_P": [], "kappa_H": []}
     n_P = task.X_P.shape[0]
     for epoch in range(1, cfg.epochs + 1):
@@ -447,11 +501,11 @@ def _imma(task, cfg, rng, progress):
             # Heads: the attacker's w and the defender's ω each minimise their own loss at θ.
             _, g_w, _ = losses.mse(task.X_H, theta, w, task.Y_H)
             _, g_o, _, g_b = _loss_grads(task, X_b, Y_b, theta, omega, bias)
-            theta = opt_t.step(theta, -gF)          # ascent on F
-            w = opt_w.step(w, g_w)
-            omega = opt_o.step(omega, g_o)
+            theta = opt_t.step(theta, -gF, blame="lr")          # ascent on F
+            w = opt_w.step(w, g_w, blame="lr")
+            omega = opt_o.step(omega, g_o, blame="lr")
             if g_b is not None:
-                bias = opt_b.step(bias, g_b)
+                bias = opt_b.step(bias, g_b, blame="lr")
         hist["epoch"].append(epoch)
         hist["objective"].append(F)
         hist["kappa_P"].append(gram_spectrum(task.X_P @ theta, vectors=False).kappa)
@@ -459,7 +513,7 @@ def _imma(task, cfg, rng, progress):
         if progress is not None:
             progress(epoch)
         if not np.all(np.isfinite(theta)):
-            raise FloatingPointError(f"imma: θ became non-finite at epoch {epoch}; lower lr")
+            raise DivergenceError(f"imma: θ became non-finite at epoch {epoch}; lower lr", parameter="lr")
     return ImmunizationResult("imma", theta, omega, hist)
 
 
@@ -487,6 +541,10 @@ def _closed_form(task, cfg):
     theta = np.zeros((task.D, task.D))
     r = ceil.basis.shape[1]
     theta[:, :r] = ceil.basis * s
+    if not np.all(np.isfinite(theta)):
+        raise DivergenceError(f"closed_form: λ_C^(a/2) overflows float64 at closed_form_exponent "
+                              f"a = {cfg.closed_form_exponent:g} (κ(C) = {ceil.kappa_C:.3e})",
+                              parameter="closed_form_exponent")
     diag = {"ceiling_range_restricted": ceil.range_restricted, "ceiling_exact": ceil.exact,
             "rank_K_P": ceil.rank_K_P, "null_columns_zeroed": task.D - r}
     return ImmunizationResult("closed_form", theta, None, {}, diagnostics=diag)

@@ -1,17 +1,45 @@
-"""First-order update rules on NumPy arrays (plain GD and Adam), float64."""
+"""First-order update rules on NumPy arrays (plain GD and Adam), float64.
+
+Both refuse to take a step that leaves their state or the iterate non-finite: an overflowing
+gradient (e.g. ``λ_H = 1e300``) would otherwise make Adam's second moment ``inf`` and every
+later step exactly 0 -- a run that "finishes" at its initial point.  They raise
+:class:`pycore.validation.DivergenceError` instead, naming the parameter to blame when the
+caller says which (``blame``: a name, or a callable returning one, evaluated only on failure).
+"""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+
+from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
+
+OPTIMIZERS = ("adam", "gd")
+
+
+def _diverged(what: str, name: str, t: int, g: np.ndarray, blame) -> DivergenceError:
+    parameter = blame() if callable(blame) else blame
+    with np.errstate(all="ignore"):
+        gmax = float(np.max(np.abs(g))) if g.size else 0.0
+    hint = f"; lower {parameter}" if parameter else ""
+    return DivergenceError(f"{what} for {name} became non-finite at step {t} (max |gradient| {gmax:.3e}){hint}",
+                           parameter=parameter)
 
 
 class GD:
     """θ ← θ − lr·g (Algorithm 1 as printed)."""
 
-    def __init__(self, lr: float):
-        self.lr = float(lr)
+    def __init__(self, lr: float, *, name: str = "x"):
+        self.lr = check_number(lr, "lr", low=0.0, low_open=True)
+        self.name, self.t = name, 0
 
-    def step(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        return x - self.lr * g
+    def step(self, x: np.ndarray, g: np.ndarray, blame: str | Callable[[], str] | None = None) -> np.ndarray:
+        self.t += 1
+        with np.errstate(over="ignore", invalid="ignore"):
+            new = x - self.lr * g
+        if not np.all(np.isfinite(new)):
+            raise _diverged("the GD step", self.name, self.t, g, blame)
+        return new
 
 
 class Adam:
@@ -20,25 +48,41 @@ class Adam:
     β = (0.9, 0.999), ε = 1e-8 as in paper Appendix C.2.
     """
 
-    def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.lr, self.b1, self.b2, self.eps = float(lr), float(betas[0]), float(betas[1]), float(eps)
+    def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, *,
+                 name: str = "x"):
+        self.lr = check_number(lr, "lr", low=0.0, low_open=True)
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+            raise ParameterError("betas", f"betas must be a pair (β₁, β₂), got {betas!r}")
+        self.b1 = check_number(betas[0], "betas", low=0.0, high=1.0, high_open=True)
+        self.b2 = check_number(betas[1], "betas", low=0.0, high=1.0, high_open=True)
+        self.eps = check_number(eps, "adam_eps", low=0.0, low_open=True)
         self.m = self.v = None
         self.t = 0
+        self.name = name
 
-    def step(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    def step(self, x: np.ndarray, g: np.ndarray, blame: str | Callable[[], str] | None = None) -> np.ndarray:
         if self.m is None:
             self.m, self.v = np.zeros_like(g), np.zeros_like(g)
         self.t += 1
-        self.m = self.b1 * self.m + (1 - self.b1) * g
-        self.v = self.b2 * self.v + (1 - self.b2) * (g * g)
+        with np.errstate(over="ignore", invalid="ignore"):
+            m = self.b1 * self.m + (1 - self.b1) * g
+            v = self.b2 * self.v + (1 - self.b2) * (g * g)
+        if not (np.all(np.isfinite(m)) and np.all(np.isfinite(v))):
+            # g·g overflows from |g| ≈ 1.3e154 on: v = inf and every later step would be 0.
+            raise _diverged("Adam's moment estimates", self.name, self.t, g, blame)
+        self.m, self.v = m, v
         mhat = self.m / (1 - self.b1**self.t)
         vhat = self.v / (1 - self.b2**self.t)
-        return x - self.lr * mhat / (np.sqrt(vhat) + self.eps)
+        with np.errstate(over="ignore", invalid="ignore"):
+            new = x - self.lr * mhat / (np.sqrt(vhat) + self.eps)
+        if not np.all(np.isfinite(new)):
+            raise _diverged("the Adam step", self.name, self.t, g, blame)
+        return new
 
 
-def make_optimizer(name: str, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+def make_optimizer(name: str, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, *, param: str = "x"):
+    """``"adam"`` or ``"gd"`` for the parameter called ``param`` (named in divergence errors)."""
+    check_choice(name, "optimizer", OPTIMIZERS)
     if name == "adam":
-        return Adam(lr, betas, eps)
-    if name == "gd":
-        return GD(lr)
-    raise ValueError(f"optimizer must be 'adam' or 'gd', got {name!r}")
+        return Adam(lr, betas, eps, name=param)
+    return GD(lr, name=param)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from pycore.validation import as_float_matrix
+from pycore.validation import as_float_matrix, check_number
 
 EPS = np.finfo(np.float64).eps
 
@@ -33,6 +33,11 @@ EPS = np.finfo(np.float64).eps
 # be told apart.  (Measuring the σ_min gap against σ_max instead would flag every step of an
 # ill-conditioned matrix, whose small singular values all lie within sqrt(eps)·σ_max.)
 TIE_RTOL = float(np.sqrt(EPS))
+
+
+# Entry magnitudes beyond which spectrum_info rescales S before decomposing it (far from any
+# matrix of this project; ~sqrt of the float64 limits, where squares over/underflow).
+_BIG, _SMALL = 1e150, 1e-150
 
 
 class SpectrumError(ValueError):
@@ -71,9 +76,15 @@ class SpectrumInfo:
 
 
 def rank_tolerance(sigma_max: float, shape: tuple[int, ...], rtol: float | None = None) -> float:
-    """Absolute cut-off below which a singular value counts as zero (numpy ``matrix_rank``)."""
+    """Absolute cut-off below which a singular value counts as zero (numpy ``matrix_rank``).
+
+    ``rtol`` must be a finite number in [0, 1): NaN would count no singular value as nonzero
+    and rtol ≥ 1 would cut σ_max itself.
+    """
     if rtol is None:
         rtol = max(shape) * EPS
+    else:
+        rtol = check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True)
     return float(sigma_max) * float(rtol)
 
 
@@ -111,6 +122,19 @@ def spectrum_info(S, *, rtol: float | None = None, vectors: bool = False, name: 
     matching eigenvectors; for general ``S`` they are the right singular vectors.
     """
     S = as_float_matrix(S, name)
+    if rtol is not None:
+        check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True)
+    scale = float(np.max(np.abs(S)))
+    if scale > _BIG or 0.0 < scale < _SMALL:
+        # Entries near the float64 limits overflow (S + Sᵀ, LAPACK's norms) or underflow on the
+        # way; singular values scale exactly with S and κ does not change, so decompose S/scale.
+        info = spectrum_info(S / scale, rtol=rtol, vectors=vectors, name=name)
+        with np.errstate(over="ignore", under="ignore"):
+            sigma = info.sigma * scale
+        if not np.isfinite(sigma[0]):
+            raise SpectrumError(f"{name}'s largest singular value ({info.sigma[0]:.6g} × {scale:.6g}) overflows "
+                                "float64; rescale it")
+        return _summarise(sigma, S.shape, rtol, info.vectors, what=name)
     if is_symmetric(S):
         S = 0.5 * (S + S.T)
         if vectors:
@@ -137,6 +161,10 @@ def condition_number(S, *, rtol: float | None = None) -> float:
     return spectrum_info(S, rtol=rtol).kappa
 
 
+_SQRT_MAX = float(np.sqrt(np.finfo(np.float64).max))
+_SQRT_TINY = float(np.sqrt(np.finfo(np.float64).tiny))
+
+
 def gram_spectrum(Z, *, rtol: float | None = None, vectors: bool = True, name: str = "Z") -> SpectrumInfo:
     """Spectrum of ``H = ZᵀZ`` from the SVD of ``Z`` (eigenvalues ``s²``, eigenvectors ``V``).
 
@@ -152,8 +180,12 @@ def gram_spectrum(Z, *, rtol: float | None = None, vectors: bool = True, name: s
     if not (s.size and s[0] > 0.0):
         raise SpectrumError(f"{name} is zero: the condition number of {name}ᵀ{name} is undefined")
     info_z = _summarise(s, Z.shape, rtol, what=name)
-    lam = s * s
     k = info_z.rank
+    if not (s[0] < _SQRT_MAX and s[k - 1] > _SQRT_TINY):
+        raise SpectrumError(
+            f"the singular values of {name} ({s[0]:.3e} … {s[k - 1]:.3e}) square outside float64's range: "
+            f"the eigenvalues of {name}ᵀ{name} cannot be represented; rescale {name}")
+    lam = s * s
     tol = info_z.tol ** 2
     return SpectrumInfo(
         sigma=lam, rank=k, tol=tol, sigma_max=float(lam[0]), sigma_min=float(lam[k - 1]),

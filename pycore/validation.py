@@ -1,6 +1,11 @@
 """Input checks shared by the linear core: one clear line per problem, never a deep traceback."""
 from __future__ import annotations
 
+import math
+import numbers
+import os
+import stat
+
 import numpy as np
 
 
@@ -66,3 +71,92 @@ def check_theta(theta, D: int, name: str = "theta") -> np.ndarray:
     if theta.shape != (D, D):
         raise ValueError(f"{name} must be {D}×{D} to match the data's {D} columns, got shape {theta.shape}")
     return theta
+
+
+def _interval(low, high, low_open, high_open) -> str:
+    if low is not None and high is not None:
+        return f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f" {'>' if low_open else '≥'} {low:g}"
+    if high is not None:
+        return f" {'<' if high_open else '≤'} {high:g}"
+    return ""
+
+
+def check_number(value, name: str, *, low=None, high=None, low_open: bool = False,
+                 high_open: bool = False, integer: bool = False, none_ok: bool = False):
+    """``value`` as a finite float (or an int when ``integer``) inside the given interval.
+
+    Raises :class:`ParameterError` naming ``name`` for a non-number, a bool, NaN/inf, a
+    non-integer where an integer is needed, or a value outside ``[low, high]`` (open ends with
+    ``low_open`` / ``high_open``).  ``None`` passes through when ``none_ok``.
+    """
+    if value is None and none_ok:
+        return None
+    shown = value
+    kind = "an integer" if integer else "a finite number"
+    want = kind + _interval(low, high, low_open, high_open) + (" or None" if none_ok else "")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ParameterError(name, f"{name} must be {want}, got {value!r}")
+    if integer:
+        if not isinstance(value, numbers.Integral):
+            raise ParameterError(name, f"{name} must be {want}, got {value!r}")
+        value = int(value)
+    else:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ParameterError(name, f"{name} must be {want}, got {value!r}")
+    if low is not None and (value < low or (low_open and value == low)):
+        raise ParameterError(name, f"{name} must be {want}, got {shown!r}")
+    if high is not None and (value > high or (high_open and value == high)):
+        raise ParameterError(name, f"{name} must be {want}, got {shown!r}")
+    return value
+
+
+def check_choice(value, name: str, choices) -> str:
+    """``value`` must be one of ``choices`` (a :class:`ParameterError` naming them otherwise)."""
+    if value not in tuple(choices):
+        raise ParameterError(name, f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_finite_array(a: np.ndarray, name: str, *, error=None) -> None:
+    """Raise (``error`` or :class:`DivergenceError`) if ``a`` holds NaN/inf, naming ``name``."""
+    a = np.asarray(a)
+    if not np.all(np.isfinite(a)):
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
+        msg = f"{name} contains NaN or inf (first at index {bad})"
+        raise (error(msg) if error is not None else DivergenceError(msg))
+
+
+# Upper limit on an input file read whole into memory (a CSV table, an IDX image file).  The
+# files of this project are ≤ 50 MB; the cap turns /dev/zero, a runaway log or a wrong path
+# into an error instead of an unbounded read.
+MAX_DATA_FILE_BYTES = 1 << 30  # 1 GiB
+
+
+def check_regular_file(path, what: str, *, max_bytes: int | None = MAX_DATA_FILE_BYTES,
+                       error=ValueError) -> int:
+    """Require ``path`` to be an existing regular file of at most ``max_bytes``; its size.
+
+    A FIFO, a device (``/dev/zero``), a socket or a directory is refused BEFORE anything is
+    opened: reading one would block forever or never end.  A missing path raises
+    :class:`FileNotFoundError`; the other problems raise ``error`` (default ``ValueError``).
+    """
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{p}: no such file ({what})") from None
+    except OSError as exc:
+        raise error(f"{p}: cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise error(f"{p}: is a directory, expected a file ({what})")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else
+                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise error(f"{p}: is {kind}, expected a regular file ({what})")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise error(f"{p}: is {st.st_size} bytes, larger than the {max_bytes} byte limit ({what})")
+    return int(st.st_size)
