@@ -342,10 +342,10 @@ def _regularized(task, method, cfg, rng, progress):
                 # ∇_θ f(θᵀKθ) = 2KθG, evaluated through X as 2Xᵀ(XθG) (no D×D product with K).
                 d_k = 2.0 * cfg.lambda_kappa * (XP.T @ (Z_P @ G_P) - XH.T @ (Z_H @ G_H))
                 g = g_t + d_k
-                blame = lambda step=None, g_t=g_t, d_k=d_k: _blame(step, lr=g_t, lambda_kappa=d_k)  # noqa: E731
+                blame = lambda step=None, g_t=g_t, d_k=d_k: _blame(step, lr=g_t, lambda_kappa=d_k)
                 theta = opt_t.step(theta, g, blame=blame)
             elif cfg.certified:
-                blame = lambda step=None: "lr"  # noqa: E731
+                blame = lambda step=None: "lr"
                 theta = opt_t.step(theta, g_t, blame=blame)
                 _check_scale(theta, x_norm, method, epoch, cfg, blame)
                 theta = _certified_steps(theta, task, cfg, lam_p, pre_P, pre_H, cert)
@@ -355,7 +355,7 @@ def _regularized(task, method, cfg, rng, progress):
                 d_P = lam_p * pre_P.direction(theta, reg_P, Z_P) if lam_p else None
                 if lam_p:
                     g = g + d_P
-                blame = lambda step=None, g_t=g_t, d_H=d_H, d_P=d_P: _blame(  # noqa: E731
+                blame = lambda step=None, g_t=g_t, d_H=d_H, d_P=d_P: _blame(
                     step, lr=g_t, lambda_h=d_H, lambda_p=d_P)
                 theta = opt_t.step(theta, g, blame=blame)
             _check_scale(theta, x_norm, method, epoch, cfg, blame)

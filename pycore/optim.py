@@ -12,7 +12,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
+from pycore.validation import (
+    DivergenceError,
+    ParameterError,
+    check_choice,
+    check_number,
+)
 
 OPTIMIZERS = ("adam", "gd")
 
