@@ -10,6 +10,7 @@ each split in file order (the authors' code); the rest of each split is held out
 """
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from pycore.data import packaged_file
 from pycore.tasks import LinearTask
+from pycore.validation import check_number, check_regular_file
 
 SPLIT_COLUMN = "MSZoning"
 HARMFUL_VALUE = "RL"
@@ -40,15 +42,50 @@ def default_path() -> Path:
                          "pass the Kaggle train.csv with --data PATH")
 
 
+# Longest header line read to check the column names (Kaggle's is ~800 characters).
+_MAX_HEADER_CHARS = 1 << 20
+
+
+def _read_header(path: Path) -> list[str]:
+    """The column names as written in the file's first line.
+
+    pandas renames a repeated name (a second ``SalePrice`` becomes ``SalePrice.1``, which would
+    then be an input column: the target leaking into X), so duplicates are found here, on the
+    raw header, and refused.
+    """
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+            first = fh.readline(_MAX_HEADER_CHARS)
+        names = next(csv.reader([first])) if first.strip() else []
+    except (OSError, csv.Error) as exc:
+        raise ValueError(f"{path}: cannot be read as CSV ({type(exc).__name__}: {exc})") from None
+    if not names:
+        raise ValueError(f"{path}: is empty (no header line; expected the Kaggle House Prices train.csv)")
+    if len(names) == 1:
+        for sep in (";", "\t", "|"):
+            if sep in names[0]:
+                raise ValueError(f"{path}: the header has a single column; the file looks {sep!r}-separated, "
+                                 "expected a comma-separated CSV")
+    seen, dups = set(), []
+    for name in names:
+        if name in seen and name not in dups:
+            dups.append(name)
+        seen.add(name)
+    if dups:
+        raise ValueError(f"{path}: duplicated column name(s) {', '.join(map(repr, dups))} in the header (line 1)")
+    return names
+
+
 def _read_csv(path: Path):
     import pandas as pd
 
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file (expected the Kaggle House Prices train.csv)")
+    check_regular_file(path, "expected the Kaggle House Prices train.csv")
+    _read_header(path)
     try:
         df = pd.read_csv(path)
     except Exception as exc:  # pandas raises several types for unreadable files
-        raise ValueError(f"{path}: cannot be read as CSV ({type(exc).__name__}: {exc})") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ValueError(f"{path}: cannot be read as CSV ({type(exc).__name__}: {first})") from None
     if df.shape[0] == 0:
         raise ValueError(f"{path}: no data rows")
     return df
@@ -78,6 +115,9 @@ def _encode_split(df, feature_cols: list[str], target: str, path) -> tuple[np.nd
     if np.isnan(y).any():
         i = int(np.flatnonzero(np.isnan(y))[0])
         raise ValueError(f"{path}: target column {target!r} is empty ({_line(df, i)})")
+    if not np.all(np.isfinite(y)):
+        i = int(np.flatnonzero(~np.isfinite(y))[0])
+        raise ValueError(f"{path}: target column {target!r} has non-finite value {y[i]} ({_line(df, i)})")
     cols = []
     for col in feature_cols:
         s = df[col]
@@ -111,9 +151,20 @@ def _zscore(A: np.ndarray) -> np.ndarray:
     and dividing by it would turn the column into ±1, a spurious direction in K (SPEC §2).
     """
     constant = np.ptp(A, axis=0) == 0
-    std = A.std(axis=0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean, std = A.mean(axis=0), A.std(axis=0)
+    huge = ~(np.isfinite(mean) & np.isfinite(std))
+    if huge.any():
+        # A value near the float64 limit (1e308) overflows the sum or the squares, and dividing
+        # by std = inf would zero the whole column.  The z-score is scale-invariant: compute
+        # those columns on A/max|A| (only those, so every other column keeps its digits).
+        As = A[:, huge] / np.max(np.abs(A[:, huge]), axis=0)
+        A = A.copy()
+        with np.errstate(invalid="ignore", divide="ignore"):  # a constant column is zeroed below
+            A[:, huge] = (As - As.mean(axis=0)) / As.std(axis=0)
+        mean[huge], std[huge] = 0.0, 1.0
     std[constant] = 1.0
-    Z = (A - A.mean(axis=0)) / std
+    Z = (A - mean) / std
     Z[:, constant] = 0.0
     return Z
 
@@ -125,8 +176,7 @@ def load_house_price(path: str | Path | None = None, *, n_train: int = 200) -> H
     for col in (SPLIT_COLUMN, TARGET_P, TARGET_H):
         if col not in df.columns:
             raise ValueError(f"{path}: missing column {col!r} (is this the Kaggle House Prices train.csv?)")
-    if n_train < 2:
-        raise ValueError(f"n_train must be at least 2, got {n_train}")
+    check_number(n_train, "n_train", low=2, integer=True)
     feature_cols = [c for c in df.columns if c not in (TARGET_P, TARGET_H)]
     is_h = (df[SPLIT_COLUMN].astype(str) == HARMFUL_VALUE).to_numpy()
     parts = {}

@@ -27,6 +27,9 @@ target of the harmful task, used by IMMA's attacker) is built the same way on D_
 from __future__ import annotations
 
 import gzip
+import math
+import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +37,7 @@ import numpy as np
 
 from pycore.data import packaged_file
 from pycore.tasks import LinearTask
+from pycore.validation import MAX_DATA_FILE_BYTES, ParameterError, check_number, check_regular_file
 
 D_MNIST = 784
 HINT = "pass --mnist-dir with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz]"
@@ -67,21 +71,32 @@ def load_mnist_5k() -> MnistDigits:
 def _open_maybe_gz(directory: Path, stem: str):
     for name in (stem, stem + ".gz"):
         p = directory / name
-        if p.is_file():
+        if os.path.lexists(p):
+            # A FIFO or a device (/dev/zero linked in) would block or never end: refused here,
+            # before opening; so is a file over MAX_DATA_FILE_BYTES.
+            check_regular_file(p, "an MNIST IDX file")
             return (gzip.open(p, "rb") if name.endswith(".gz") else open(p, "rb")), p
     raise FileNotFoundError(f"{directory}: neither {stem} nor {stem}.gz found")
 
 
 def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
     fh, p = _open_maybe_gz(directory, stem)
-    with fh:
-        data = fh.read()
+    try:
+        with fh:
+            # A gzip member may inflate far beyond its size on disk: cap what is decompressed.
+            data = fh.read(MAX_DATA_FILE_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"{p}: cannot be read ({type(exc).__name__}: {exc})") from None
+    if len(data) > MAX_DATA_FILE_BYTES:
+        raise ValueError(f"{p}: holds more than the {MAX_DATA_FILE_BYTES} byte limit (decompressed)")
     if len(data) < 8 or int.from_bytes(data[:4], "big") != magic:
         raise ValueError(f"{p}: not an IDX file with magic {magic} (is it the right MNIST file?)")
     ndim = data[3]
+    if len(data) < 4 + 4 * ndim:
+        raise ValueError(f"{p}: IDX header declares {ndim} dimensions but the file ends first (truncated file?)")
     dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
-    if body.size != int(np.prod(dims)):
+    if body.size != math.prod(dims):
         raise ValueError(f"{p}: header says {dims} but holds {body.size} bytes (truncated file?)")
     return body.reshape(dims)
 
@@ -156,8 +171,11 @@ def split_digits(digits: MnistDigits, n_train: int, rng: np.random.Generator,
     """Balanced train/held-out rows per digit: ``n_train`` for training, the next ``n_heldout``
     (default: all remaining, capped to the smallest digit's remainder) held out."""
     smallest = min(digits.count(d) for d in range(10))
+    check_number(n_train, "n_train", integer=True)
+    check_number(n_heldout, "n_heldout", low=0, integer=True, none_ok=True)
     if not 2 <= n_train < smallest:
-        raise ValueError(f"n_train must be in [2, {smallest - 1}] (smallest digit has {smallest} images), got {n_train}")
+        raise ParameterError("n_train", f"n_train must be in [2, {smallest - 1}] (smallest digit has {smallest} "
+                                        f"images), got {n_train}")
     n_held = smallest - n_train if n_heldout is None else min(n_heldout, smallest - n_train)
     train, held = {}, {}
     for d in range(10):
