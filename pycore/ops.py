@@ -312,10 +312,24 @@ def _precond_linear_setup_context(ctx, inputs, output):
 def _precond_linear_backward(ctx, grad_out):
     X, W = ctx.saved_tensors
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    gX, gW = torch.ops.pycore.precond_linear_backward(
-        grad_out.contiguous(), X, W, ctx.lambda_reg, ctx.precondition, need_x, need_w)
+    try:
+        gX, gW = torch.ops.pycore.precond_linear_backward(
+            grad_out.contiguous(), X, W, ctx.lambda_reg, ctx.precondition, need_x, need_w)
+    except RuntimeError as exc:
+        # A NaN/inf batch also fails the Cholesky factorisation, whose message blames rank
+        # deficiency; name the real cause (checked only on failure: no sync on the happy path).
+        if "not positive definite" in str(exc):
+            _raise_if_non_finite(X)
+        raise
     gb = grad_out.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
     return (gX if need_x else None), (gW if need_w else None), gb, None, None
+
+
+def _raise_if_non_finite(X):
+    bad = int((~torch.isfinite(X)).sum())
+    if bad:
+        raise RuntimeError(f"ImmunizationHead: the input batch contains NaN or inf ({bad} of {X.numel()} entries): "
+                           "the features entering the layer are non-finite") from None
 
 
 torch.library.register_autograd("pycore::precond_linear", _precond_linear_backward,
@@ -359,6 +373,9 @@ class CondDiagnostics:
 def _call(Z, kind, rtol, tie_rtol):
     if not isinstance(Z, torch.Tensor):
         raise TypeError(f"cond_regularizer: Z must be a torch.Tensor, got {type(Z).__name__}")
+    # The op checks finite and ≥ 0; rtol ≥ 1 would cut λ_max itself (rank 0: R_well = 0 silently).
+    if rtol is not None and not (isinstance(rtol, (int, float)) and 0 <= rtol < 1):
+        raise RuntimeError(f"cond_regularizer: rtol must be a finite number in [0, 1), got {rtol!r}")
     with_grad = torch.is_grad_enabled() and Z.requires_grad
     return torch.ops.pycore.cond_reg(Z.contiguous(), kind, rtol, tie_rtol, with_grad)
 

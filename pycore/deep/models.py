@@ -35,6 +35,7 @@ from torch import nn
 
 from pycore.deep._ops import ops
 from pycore.deep.timm_compat import import_timm
+from pycore.validation import check_regular_file
 
 __all__ = [
     "BackboneSpec", "BACKBONES", "ImmunizableModel", "build_model", "read_weights",
@@ -192,35 +193,47 @@ class ImmunizableModel(nn.Module):
 
 # --- weights --------------------------------------------------------------------------------
 
+# A checkpoint is read whole into memory: refuse anything larger (ViT-g in float32 is ~4 GB).
+MAX_CHECKPOINT_BYTES = 8 << 30  # 8 GiB
+# Bounds on what load_immunized accepts from a file's metadata.
+MAX_NUM_CLASSES = 100_000
+
+
 def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read a state dict from safetensors or a weights-only torch file; never unpickle.
 
     Returns ``(state_dict, metadata)``; metadata is only present for safetensors files.
     Nested ``{"state_dict": ...}`` / ``{"model": ...}`` dicts and DDP ``module.`` prefixes are
-    unwrapped.
+    unwrapped.  Every failure is a one-line :class:`CheckpointError`: a path that is not a
+    regular file (a FIFO or ``/dev/zero`` is refused before it is opened), a file over
+    :data:`MAX_CHECKPOINT_BYTES`, an unreadable or truncated file, a pickle of arbitrary objects,
+    and a floating-point tensor holding NaN/inf (named).
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint file not found: {path}")
+    try:
+        check_regular_file(path, "a checkpoint", max_bytes=MAX_CHECKPOINT_BYTES, error=CheckpointError)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint file not found: {path}") from None
     meta: dict[str, str] = {}
     if path.endswith(".safetensors"):
-        from safetensors import SafetensorError, safe_open  # noqa: PLC0415
+        from safetensors import safe_open  # noqa: PLC0415
 
         try:
             with safe_open(path, framework="pt", device="cpu") as f:
                 meta = dict(f.metadata() or {})
                 sd = {k: f.get_tensor(k) for k in f.keys()}
-        except (SafetensorError, OSError) as exc:
-            raise CheckpointError(f"cannot read safetensors checkpoint {path}: {exc}") from None
+        except Exception as exc:  # SafetensorError, OSError, header errors: all one line
+            raise CheckpointError(f"cannot read safetensors checkpoint {path}: {_first_line(exc)}") from None
     else:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CheckpointError(
                 f"{path} is not a weights-only torch checkpoint (refusing to unpickle arbitrary "
-                f"objects; save a state_dict or convert to safetensors): {first}"
+                f"objects; save a state_dict or convert to safetensors): {_first_line(exc)}"
             ) from None
+        except Exception as exc:  # zipfile / OS / decoding errors of a damaged file
+            raise CheckpointError(f"cannot read torch checkpoint {path}: {_first_line(exc)}") from None
         for key in ("state_dict", "model", "model_state_dict"):
             if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
                 obj = obj[key]
@@ -228,9 +241,17 @@ def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], di
         if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
             raise CheckpointError(f"{path} does not hold a state_dict of tensors")
         sd = obj
+    for k, v in sd.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise CheckpointError(f"checkpoint {path}: tensor {k!r} contains NaN or inf")
     if sd and all(k.startswith("module.") for k in sd):
         sd = {k[len("module."):]: v for k, v in sd.items()}
     return sd, meta
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def _check_and_load(module: nn.Module, sd: Mapping[str, torch.Tensor], what: str, source: str) -> None:
@@ -315,9 +336,19 @@ def export_timm_model(model: ImmunizableModel) -> nn.Module:
 
 def save_immunized(model: ImmunizableModel, path: "str | os.PathLike", num_classes: int,
                    extra: "Mapping[str, object] | None" = None) -> str:
-    """Write the immunized extractor (+ its D_P classifier) as safetensors with metadata."""
+    """Write the immunized extractor (+ its D_P classifier) as safetensors with metadata.
+
+    The backbone must be one of :data:`BACKBONES` (unchanged): :func:`load_immunized` rebuilds
+    the architecture from that table, never from the file.
+    """
     from safetensors.torch import save_file  # noqa: PLC0415
 
+    if BACKBONES.get(model.spec.key) != model.spec:
+        raise ValueError(f"save_immunized: backbone {model.spec.key!r} is not an entry of BACKBONES; "
+                         "load_immunized rebuilds models from that table only")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= MAX_NUM_CLASSES:
+        raise ValueError(f"save_immunized: num_classes must be an integer in [1, {MAX_NUM_CLASSES}], "
+                         f"got {num_classes!r}")
     net = export_timm_model(model)
     sd = {k: v.detach().contiguous().clone() for k, v in net.state_dict().items()}
     meta = {
@@ -341,16 +372,51 @@ def load_immunized(path: "str | os.PathLike") -> nn.Module:
 
     ``model.forward_head(model.forward_features(x), pre_logits=True)`` gives the immunized
     features; ``model(x)`` the D_P logits.
+
+    The file is untrusted input: the architecture is rebuilt from :data:`BACKBONES` by the
+    ``backbone`` key alone, and the metadata's ``timm_name`` / ``family`` / ``timm_kwargs`` must
+    equal that entry's (nothing from the file is passed to timm); ``num_classes`` must be an
+    integer in [1, :data:`MAX_NUM_CLASSES`] and ``feature_dim`` the backbone's own.  Every
+    failure is a one-line :class:`CheckpointError`.
     """
     sd, meta = read_weights(path)
+    path = os.fspath(path)
     if meta.get("format") != EXPORT_FORMAT:
         raise CheckpointError(f"{path} is not an immunized extractor written by pycore.deep "
-                              f"(metadata format={meta.get('format')!r})")
-    spec = BackboneSpec(meta["backbone"], meta["timm_name"], meta["family"], (),
-                        json.loads(meta["timm_kwargs"]))
-    net = _create_timm(spec, int(meta["num_classes"]), pretrained=False)
+                              f"(metadata format={_shown(meta.get('format'))})")
+    key = meta.get("backbone")
+    spec = BACKBONES.get(key) if isinstance(key, str) else None
+    if spec is None:
+        raise CheckpointError(f"{path}: metadata backbone={_shown(key)} is not one of {sorted(BACKBONES)}")
+    expected = {"timm_name": spec.timm_name, "family": spec.family,
+                "timm_kwargs": json.dumps(dict(spec.timm_kwargs))}
+    for field_name, want in expected.items():
+        if field_name in meta and meta[field_name] != want:
+            raise CheckpointError(f"{path}: metadata {field_name}={_shown(meta[field_name])} disagrees with "
+                                  f"backbone {key!r} ({want}); refusing to build a model from file metadata")
+    num_classes = _meta_int(meta, "num_classes", path, 1, MAX_NUM_CLASSES)
+    try:
+        net = _create_timm(spec, num_classes, pretrained=False)
+    except Exception as exc:  # a timm that cannot build the table's entry: still one line
+        raise CheckpointError(f"{path}: cannot build backbone {key!r}: {_first_line(exc)}") from None
+    d = int(net.num_features)
+    if _meta_int(meta, "feature_dim", path, 1, 1 << 20) != d:
+        raise CheckpointError(f"{path}: metadata feature_dim={meta['feature_dim']} but backbone {key!r} has "
+                              f"{d} features")
     site = _LAYER_SITE[spec.family]
-    d = int(meta["feature_dim"])
     setattr(net, site, nn.Sequential(getattr(net, site), nn.Linear(d, d, bias=f"{site}.1.bias" in sd)))
-    _check_and_load(net, sd, f"{spec.timm_name} (immunized export)", os.fspath(path))
+    _check_and_load(net, sd, f"{spec.timm_name} (immunized export)", path)
     return net.eval()
+
+
+def _shown(value, limit: int = 80) -> str:
+    """repr of a metadata value, shortened (the file may hold anything)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _meta_int(meta: Mapping[str, str], name: str, path: str, low: int, high: int) -> int:
+    raw = meta.get(name)
+    if not (isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 9 and low <= int(raw) <= high):
+        raise CheckpointError(f"{path}: metadata {name}={_shown(raw)} must be an integer in [{low}, {high}]")
+    return int(raw)
