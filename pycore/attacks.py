@@ -57,6 +57,8 @@ import scipy.linalg
 import scipy.optimize
 import scipy.special
 
+from pycore.validation import check_number
+
 __all__ = [
     "ProbingProblem", "AttackTrajectory", "make_problem",
     "attack_gd_exact", "attack_gd_constant", "attack_heavy_ball", "attack_nesterov",
@@ -195,6 +197,9 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
     loss = _LOSS_ALIASES.get(loss, loss)
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES} (or 'mse'/'bce'), got {loss!r}")
+    check_number(ridge_rel, "ridge_rel", low=0.0)
+    check_number(newton_tol, "newton_tol", low=0.0, high=1.0, high_open=True)
+    check_number(max_newton, "max_newton", low=1, integer=True)
     Z = _as_float_matrix(Z, "Z")
     y = np.asarray(y)
     if y.ndim == 2 and y.shape[1] == 1:
@@ -566,11 +571,12 @@ def attack_adam(problem: ProbingProblem, *, max_steps: int = 20000, tol: float =
     """
     w0, f0, _, rec0 = _start(problem, max_steps, tol, w0)
     lr_factors = tuple(float(c) for c in lr_factors)
-    if not lr_factors or min(lr_factors) <= 0:
+    if not lr_factors or not all(0 < c < np.inf for c in lr_factors):
         raise ValueError(f"lr_factors must be a non-empty list of positive numbers, got {lr_factors}")
     b1, b2 = (float(b) for b in betas)
     if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
         raise ValueError(f"betas must lie in [0, 1), got {betas}")
+    check_number(eps, "eps", low=0.0, low_open=True)
     scale = float(np.max(np.abs(w0 - problem.w_star)))
     lrs = np.array(lr_factors) * (scale if scale > 0 else 1.0)
     m_cols = lrs.size

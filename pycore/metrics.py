@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pycore.spectral import EPS, gram_spectrum, rank_tolerance
-from pycore.validation import as_float_matrix, check_theta
+from pycore.validation import as_float_matrix, check_number, check_theta
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,7 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     The κ's of K_P, K_H are taken from the SVD of X (κ(X)², see module docstring); C is formed
     on range(K_P) as ``Λ_r^{-½}(X_H U_r)ᵀ(X_H U_r)Λ_r^{-½}``, i.e. from ``X_H U_r Λ_r^{-½}``.
     """
+    check_number(null_rtol, "null_rtol", low=0.0, high=1.0, high_open=True)
     X_P, X_H = _check_pair(X_P, X_H)
     # Right singular vectors of X_P give K_P's eigenvectors with eigenvalues s² (accurate).
     _, s, Vt = np.linalg.svd(X_P, full_matrices=True)
@@ -183,6 +184,10 @@ def grouped_feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref, *, rng: np.random.Generator,
     the two extractors on identical samples.  Returns mean, std and per-group values of the
     RIR and its two factors.
     """
+    check_number(groups, "groups", low=1, integer=True)
+    check_number(group_size, "group_size", low=2, integer=True)
+    Z_P, Z_H = as_float_matrix(Z_P, "Z_P"), as_float_matrix(Z_H, "Z_H")
+    Z_P_ref, Z_H_ref = as_float_matrix(Z_P_ref, "Z_P_ref"), as_float_matrix(Z_H_ref, "Z_H_ref")
     nP, nH = Z_P.shape[0], Z_H.shape[0]
     if Z_P_ref.shape[0] != nP or Z_H_ref.shape[0] != nH:
         raise ValueError("reference features must have the same rows as the model's features")

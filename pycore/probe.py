@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pycore.validation import as_float_matrix, as_target
+from pycore.validation import as_float_matrix, as_target, check_number
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,7 @@ def gd_exact_line_search(Z, Y, steps: int, w0=None) -> ProbeTrace:
     """
     Z = as_float_matrix(Z, "Z")
     Y = as_target(Y, Z.shape[0], "Y")
-    if steps < 0:
-        raise ValueError(f"steps must be ≥ 0, got {steps}")
+    check_number(steps, "steps", low=0, integer=True)
     w = np.zeros((Z.shape[1], Y.shape[1])) if w0 is None else as_target(w0, Z.shape[1], "w0").copy()
     w_star = w + np.linalg.lstsq(Z, Y - Z @ w, rcond=None)[0]
     E0 = Z @ w_star - Y

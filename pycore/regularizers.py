@@ -26,7 +26,7 @@ import numpy as np
 import scipy.linalg
 
 from pycore.spectral import EPS, SpectrumError, SpectrumInfo, is_symmetric, _summarise
-from pycore.validation import as_float_matrix, check_square, check_theta
+from pycore.validation import as_float_matrix, check_number, check_square, check_theta
 
 KINDS = ("ill", "well")
 
@@ -91,6 +91,7 @@ def evaluate(S, kind: str, *, grad: bool = True, rtol: float | None = None, p: i
     """
     kind = _check_kind(kind)
     S = as_float_matrix(S, "S")
+    check_number(p, "p", low=1, integer=True, none_ok=True)
     sigma, U, V = _singular_parts(S, rtol)
     info = _summarise(sigma, S.shape, rtol, V, what="S")
     fro2 = float(np.sum(sigma * sigma))
@@ -291,8 +292,7 @@ def precondition(theta: np.ndarray, G: np.ndarray, K: np.ndarray, mode: str = "e
         B = K_factor if K_factor is not None else range_basis(K)
         return 2.0 * B @ (B.T @ (theta @ G))
     if mode == "ridge":
-        if ridge <= 0:
-            raise ValueError(f"the ridge preconditioner needs ridge > 0, got {ridge}")
+        check_number(ridge, "ridge", low=0.0, low_open=True)
         cf = K_factor if K_factor is not None else scipy.linalg.cho_factor(K + ridge * np.eye(K.shape[0]))
         return 2.0 * scipy.linalg.cho_solve(cf, K @ (theta @ G))
     if mode == "none":
@@ -302,6 +302,7 @@ def precondition(theta: np.ndarray, G: np.ndarray, K: np.ndarray, mode: str = "e
 
 def range_basis(K, rtol: float | None = None) -> np.ndarray:
     """Orthonormal basis (D×r) of range(K) for symmetric PSD K, rank cut as in SPEC §2."""
+    check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True, none_ok=True)
     w, Q = np.linalg.eigh(0.5 * (K + K.T))
     tol = max(abs(w[-1]), 0.0) * (K.shape[0] * EPS if rtol is None else rtol)
     return Q[:, w > tol]
