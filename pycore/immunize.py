@@ -493,6 +493,7 @@ def _imma(task, cfg, rng, progress):
     opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="bias")
     hist = {"epoch": [], "objective": [], "kappa_P": [], "kappa_H": []}
     n_P = task.X_P.shape[0]
+    x_norm = max(np.max(np.sum(np.abs(task.X_P), axis=1)), np.max(np.sum(np.abs(task.X_H), axis=1)))
     for epoch in range(1, cfg.epochs + 1):
         for idx in _batches(n_P, cfg.batch_size, rng):
             # D_P mini-batch, as Algorithm 1's loss term (no copy for the full batch)
@@ -502,6 +503,7 @@ def _imma(task, cfg, rng, progress):
             _, g_w, _ = losses.mse(task.X_H, theta, w, task.Y_H)
             _, g_o, _, g_b = _loss_grads(task, X_b, Y_b, theta, omega, bias)
             theta = opt_t.step(theta, -gF, blame="lr")          # ascent on F
+            _check_scale(theta, x_norm, "imma", epoch, cfg, lambda step=None: "lr")
             w = opt_w.step(w, g_w, blame="lr")
             omega = opt_o.step(omega, g_o, blame="lr")
             if g_b is not None:
@@ -537,7 +539,8 @@ def _closed_form(task, cfg):
     # C's null space keep s = 1 so that θ stays injective on range(K_P).
     s = np.ones_like(lam)
     pos = np.arange(lam.size) < ceil.rank_C
-    s[pos] = lam[pos] ** (cfg.closed_form_exponent / 2)
+    with np.errstate(over="ignore"):  # overflow is checked on θ below
+        s[pos] = lam[pos] ** (cfg.closed_form_exponent / 2)
     theta = np.zeros((task.D, task.D))
     r = ceil.basis.shape[1]
     theta[:, :r] = ceil.basis * s

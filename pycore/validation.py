@@ -135,9 +135,10 @@ def check_finite_array(a: np.ndarray, name: str, *, error=None) -> None:
 MAX_DATA_FILE_BYTES = 1 << 30  # 1 GiB
 
 
-def check_regular_file(path, what: str, *, max_bytes: int | None = MAX_DATA_FILE_BYTES,
-                       error=ValueError) -> int:
+def check_regular_file(path, what: str, *, max_bytes: int | None = -1, error=ValueError) -> int:
     """Require ``path`` to be an existing regular file of at most ``max_bytes``; its size.
+
+    ``max_bytes``: default (-1) :data:`MAX_DATA_FILE_BYTES`, read at call time; None = no cap.
 
     A FIFO, a device (``/dev/zero``), a socket or a directory is refused BEFORE anything is
     opened: reading one would block forever or never end.  A missing path raises
@@ -157,6 +158,8 @@ def check_regular_file(path, what: str, *, max_bytes: int | None = MAX_DATA_FILE
                 "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
                 "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
         raise error(f"{p}: is {kind}, expected a regular file ({what})")
+    if max_bytes == -1:
+        max_bytes = MAX_DATA_FILE_BYTES
     if max_bytes is not None and st.st_size > max_bytes:
         raise error(f"{p}: is {st.st_size} bytes, larger than the {max_bytes} byte limit ({what})")
     return int(st.st_size)

@@ -54,10 +54,13 @@ def _read_header(path: Path) -> list[str]:
     raw header, and refused.
     """
     try:
-        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
-            first = fh.readline(_MAX_HEADER_CHARS)
+        with open(path, "rb") as fh:
+            raw = fh.readline(_MAX_HEADER_CHARS)
+        if b"\x00" in raw:
+            raise ValueError("binary data (NUL bytes) in the first line")
+        first = raw.decode("utf-8")
         names = next(csv.reader([first])) if first.strip() else []
-    except (OSError, csv.Error) as exc:
+    except (OSError, csv.Error, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise ValueError(f"{path}: cannot be read as CSV ({type(exc).__name__}: {exc})") from None
     if not names:
         raise ValueError(f"{path}: is empty (no header line; expected the Kaggle House Prices train.csv)")

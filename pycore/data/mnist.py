@@ -37,7 +37,8 @@ import numpy as np
 
 from pycore.data import packaged_file
 from pycore.tasks import LinearTask
-from pycore.validation import MAX_DATA_FILE_BYTES, ParameterError, check_number, check_regular_file
+from pycore import validation
+from pycore.validation import ParameterError, check_number, check_regular_file
 
 D_MNIST = 784
 HINT = "pass --mnist-dir with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz]"
@@ -81,14 +82,15 @@ def _open_maybe_gz(directory: Path, stem: str):
 
 def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
     fh, p = _open_maybe_gz(directory, stem)
+    cap = validation.MAX_DATA_FILE_BYTES
     try:
         with fh:
             # A gzip member may inflate far beyond its size on disk: cap what is decompressed.
-            data = fh.read(MAX_DATA_FILE_BYTES + 1)
+            data = fh.read(cap + 1)
     except (OSError, EOFError, zlib.error) as exc:
         raise ValueError(f"{p}: cannot be read ({type(exc).__name__}: {exc})") from None
-    if len(data) > MAX_DATA_FILE_BYTES:
-        raise ValueError(f"{p}: holds more than the {MAX_DATA_FILE_BYTES} byte limit (decompressed)")
+    if len(data) > cap:
+        raise ValueError(f"{p}: holds more than the {cap} byte limit (decompressed)")
     if len(data) < 8 or int.from_bytes(data[:4], "big") != magic:
         raise ValueError(f"{p}: not an IDX file with magic {magic} (is it the right MNIST file?)")
     ndim = data[3]
