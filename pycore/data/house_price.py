@@ -55,11 +55,13 @@ def _read_header(path: Path) -> list[str]:
     """
     try:
         with open(path, "rb") as fh:
-            raw = fh.readline(_MAX_HEADER_CHARS)
+            raw, line = fh.readline(_MAX_HEADER_CHARS), 1
+            while raw and not raw.strip():  # pandas skips blank lines before the header too
+                raw, line = fh.readline(_MAX_HEADER_CHARS), line + 1
         if b"\x00" in raw:
-            raise ValueError("binary data (NUL bytes) in the first line")
+            raise ValueError("binary data (NUL bytes) in the header line")
         first = raw.decode("utf-8")
-        names = next(csv.reader([first])) if first.strip() else []
+        names = next(csv.reader([first.rstrip("\r\n")])) if first.strip() else []
     except (OSError, csv.Error, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise ValueError(f"{path}: cannot be read as CSV ({type(exc).__name__}: {exc})") from None
     if not names:
@@ -75,7 +77,7 @@ def _read_header(path: Path) -> list[str]:
             dups.append(name)
         seen.add(name)
     if dups:
-        raise ValueError(f"{path}: duplicated column name(s) {', '.join(map(repr, dups))} in the header (line 1)")
+        raise ValueError(f"{path}: duplicated column name(s) {', '.join(map(repr, dups))} in the header (line {line})")
     return names
 
 
