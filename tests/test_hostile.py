@@ -24,8 +24,19 @@ from pycore.immunize import ImmunizeConfig, immunize
 from pycore.metrics import grouped_feature_rir, rir_ceiling
 from pycore.optim import make_optimizer
 from pycore.probe import gd_exact_line_search
-from pycore.regularizers import evaluate, hessian_regularizer, precondition, r_ill, range_basis
-from pycore.spectral import SpectrumError, condition_number, gram_spectrum, spectrum_info
+from pycore.regularizers import (
+    evaluate,
+    hessian_regularizer,
+    precondition,
+    r_ill,
+    range_basis,
+)
+from pycore.spectral import (
+    SpectrumError,
+    condition_number,
+    gram_spectrum,
+    spectrum_info,
+)
 from pycore.tasks import LinearTask
 from pycore.validation import DivergenceError, ParameterError
 
@@ -525,9 +536,9 @@ def test_head_names_a_non_finite_batch(ops):
 @pytest.fixture(scope="module")
 def extractor(tmp_path_factory):
     """An immunized-extractor file of the 32 px ResNet18 (3 classes) and its tensors/metadata."""
-    import pycore.deep  # noqa: F401
     from safetensors import safe_open
 
+    import pycore.deep  # noqa: F401
     from pycore.deep.models import build_model, save_immunized
 
     path = tmp_path_factory.mktemp("ckpt") / "ext.safetensors"
@@ -690,9 +701,9 @@ _MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}
 ])
 def test_distributed_env_is_checked_before_rendezvous(monkeypatch, env, msg):
     """RANK ≥ WORLD_SIZE used to wait for the 600 s rendezvous timeout (3 s here if it regresses)."""
-    import pycore.deep  # noqa: F401
     import torch.distributed as dist
 
+    import pycore.deep  # noqa: F401
     from pycore.deep import distributed
 
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):

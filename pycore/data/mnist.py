@@ -35,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pycore import validation
 from pycore.data import packaged_file
 from pycore.tasks import LinearTask
-from pycore import validation
 from pycore.validation import ParameterError, check_number, check_regular_file
 
 D_MNIST = 784

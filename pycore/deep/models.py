@@ -222,7 +222,7 @@ def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], di
             with safe_open(path, framework="pt", device="cpu") as f:
                 meta = dict(f.metadata() or {})
                 sd = {k: f.get_tensor(k) for k in f.keys()}
-        except Exception as exc:  # SafetensorError, OSError, header errors: all one line
+        except Exception as exc:  # noqa: BLE001  (SafetensorError, OSError, header errors: all one line)
             raise CheckpointError(f"cannot read safetensors checkpoint {path}: {_first_line(exc)}") from None
     else:
         try:
@@ -232,7 +232,7 @@ def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], di
                 f"{path} is not a weights-only torch checkpoint (refusing to unpickle arbitrary "
                 f"objects; save a state_dict or convert to safetensors): {_first_line(exc)}"
             ) from None
-        except Exception as exc:  # zipfile / OS / decoding errors of a damaged file
+        except Exception as exc:  # noqa: BLE001  (zipfile / OS / decoding errors of a damaged file)
             raise CheckpointError(f"cannot read torch checkpoint {path}: {_first_line(exc)}") from None
         for key in ("state_dict", "model", "model_state_dict"):
             if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
@@ -397,7 +397,7 @@ def load_immunized(path: "str | os.PathLike") -> nn.Module:
     num_classes = _meta_int(meta, "num_classes", path, 1, MAX_NUM_CLASSES)
     try:
         net = _create_timm(spec, num_classes, pretrained=False)
-    except Exception as exc:  # a timm that cannot build the table's entry: still one line
+    except Exception as exc:  # noqa: BLE001  (a timm that cannot build the entry: still one line)
         raise CheckpointError(f"{path}: cannot build backbone {key!r}: {_first_line(exc)}") from None
     d = int(net.num_features)
     if _meta_int(meta, "feature_dim", path, 1, 1 << 20) != d:
