@@ -648,6 +648,24 @@ def test_checkpoint_with_nan_weights_names_the_tensor(tmp_path, extractor):
         load_immunized(_resave(tmp_path, bad, meta))
 
 
+@pytest.mark.parametrize("cast", ["complex", "int"])
+def test_checkpoint_dtype_kind_must_match(tmp_path, cast):
+    """load_state_dict would cast silently (complex → real drops the imaginary part)."""
+    import torch
+    from safetensors.torch import save_file
+
+    import pycore.deep  # noqa: F401
+    from pycore.deep.models import CheckpointMismatchError, build_model
+
+    m = build_model("resnet18_32px", 3, seed=0)
+    sd = {k: v.contiguous() for k, v in m.net.state_dict().items() if not k.startswith("global_pool.1")}
+    w = sd["fc.weight"]
+    sd["fc.weight"] = torch.complex(w, w) if cast == "complex" else w.round().to(torch.int32)
+    save_file(sd, str(tmp_path / "theta0.safetensors"))
+    with pytest.raises(CheckpointMismatchError, match=r"1 dtype mismatches \(e.g. fc.weight: checkpoint torch\."):
+        build_model("resnet18_32px", 3, checkpoint=tmp_path / "theta0.safetensors")
+
+
 def test_checkpoint_not_a_regular_file(tmp_path, monkeypatch, extractor):
     from pycore.deep import models
     from pycore.deep.models import CheckpointError, read_weights

@@ -254,13 +254,25 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
+def _dtype_kind(t: torch.Tensor) -> str:
+    if t.is_complex():
+        return "complex"
+    if t.is_floating_point():
+        return "float"
+    return "bool" if t.dtype == torch.bool else "int"
+
+
 def _check_and_load(module: nn.Module, sd: Mapping[str, torch.Tensor], what: str, source: str) -> None:
     own = module.state_dict()
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]
     shapes = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
               for k in own if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or shapes:
+    # load_state_dict would cast silently (complex → real drops the imaginary part, float → int
+    # truncates): the kind of number must match, the precision may differ.
+    dtypes = [f"{k}: checkpoint {sd[k].dtype} vs model {own[k].dtype}" for k in own
+              if k in sd and _dtype_kind(sd[k]) != _dtype_kind(own[k])]
+    if missing or unexpected or shapes or dtypes:
         parts = []
         if missing:
             parts.append(f"{len(missing)} missing keys (e.g. {missing[0]})")
@@ -268,8 +280,13 @@ def _check_and_load(module: nn.Module, sd: Mapping[str, torch.Tensor], what: str
             parts.append(f"{len(unexpected)} unexpected keys (e.g. {unexpected[0]})")
         if shapes:
             parts.append(f"{len(shapes)} shape mismatches (e.g. {shapes[0]})")
+        if dtypes:
+            parts.append(f"{len(dtypes)} dtype mismatches (e.g. {dtypes[0]})")
         raise CheckpointMismatchError(f"checkpoint {source} does not match {what}: " + "; ".join(parts))
-    module.load_state_dict(sd, strict=True)
+    try:
+        module.load_state_dict(sd, strict=True)
+    except RuntimeError as exc:  # e.g. a complex or otherwise uncopyable tensor
+        raise CheckpointMismatchError(f"checkpoint {source} does not load into {what}: {_first_line(exc)}") from None
 
 
 def load_weights(net: nn.Module, path: "str | os.PathLike", what: str = "the model") -> None:
