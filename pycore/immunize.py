@@ -24,7 +24,7 @@ from scipy.special import expit
 
 from pycore import losses
 from pycore.metrics import rir_ceiling
-from pycore.optim import OPTIMIZERS, make_optimizer
+from pycore.optim import OPTIMIZERS, check_scale, largest_term, make_optimizer
 from pycore.regularizers import (PRECONDITIONERS, hessian_regularizer, precondition, range_basis,
                                  preconditioned_r_ill_step_bound, preconditioned_r_well_step_bound)
 from pycore.spectral import SpectrumError, gram_spectrum
@@ -342,12 +342,12 @@ def _regularized(task, method, cfg, rng, progress):
                 # ∇_θ f(θᵀKθ) = 2KθG, evaluated through X as 2Xᵀ(XθG) (no D×D product with K).
                 d_k = 2.0 * cfg.lambda_kappa * (XP.T @ (Z_P @ G_P) - XH.T @ (Z_H @ G_H))
                 g = g_t + d_k
-                blame = lambda step=None, g_t=g_t, d_k=d_k: _blame(step, lr=g_t, lambda_kappa=d_k)
+                blame = lambda step=None, g_t=g_t, d_k=d_k: largest_term(step, lr=g_t, lambda_kappa=d_k)
                 theta = opt_t.step(theta, g, blame=blame)
             elif cfg.certified:
                 blame = lambda step=None: "lr"
                 theta = opt_t.step(theta, g_t, blame=blame)
-                _check_scale(theta, x_norm, method, epoch, cfg, blame)
+                check_scale(theta, x_norm, f"{method}: epoch {epoch}", cfg.optimizer, cfg.lr, blame)
                 theta = _certified_steps(theta, task, cfg, lam_p, pre_P, pre_H, cert)
             else:
                 d_H = cfg.lambda_h * pre_H.direction(theta, reg_H, Z_H)
@@ -355,10 +355,10 @@ def _regularized(task, method, cfg, rng, progress):
                 d_P = lam_p * pre_P.direction(theta, reg_P, Z_P) if lam_p else None
                 if lam_p:
                     g = g + d_P
-                blame = lambda step=None, g_t=g_t, d_H=d_H, d_P=d_P: _blame(
+                blame = lambda step=None, g_t=g_t, d_H=d_H, d_P=d_P: largest_term(
                     step, lr=g_t, lambda_h=d_H, lambda_p=d_P)
                 theta = opt_t.step(theta, g, blame=blame)
-            _check_scale(theta, x_norm, method, epoch, cfg, blame)
+            check_scale(theta, x_norm, f"{method}: epoch {epoch}", cfg.optimizer, cfg.lr, blame)
             diag["steps"] += 1
         last = epoch == cfg.epochs
         record(epoch, ep_loss / max(n_seen, 1), None if last else reg_P.info.kappa, None if last else reg_H.info.kappa)
@@ -369,33 +369,6 @@ def _regularized(task, method, cfg, rng, progress):
     if cfg.certified:
         diag["certified"] = cert
     return ImmunizationResult(method, theta, omega, hist, diagnostics=diag)
-
-
-# Bound on |Xθ| entries (a θ step that exceeds it has diverged): ZᵀZ stays finite in float64.
-_FEATURE_LIMIT = 1e150
-
-
-def _check_scale(theta, x_norm, method, epoch, cfg, blame):
-    """θ is finite (the optimizer checks that) but may be too large for ``Xθ`` and ``ZᵀZ``:
-    |Xθ| ≤ max_i ‖x_i‖₁·max|θ| must stay below :data:`_FEATURE_LIMIT`.  Under Adam every step
-    is ~lr long whatever the gradient, so lr is to blame; under GD (step lr·g) the largest term
-    of g is named."""
-    t_max = float(np.max(np.abs(theta)))
-    if not t_max * x_norm < _FEATURE_LIMIT:
-        p = "lr" if cfg.optimizer == "adam" else blame(cfg.lr)
-        raise DivergenceError(f"{method}: θ diverged at epoch {epoch} (max |θ| {t_max:.3e}: the features Xθ "
-                              f"overflow float64); lower {p}", parameter=p)
-
-
-def _blame(step=None, **terms) -> str:
-    """The setting whose term of a divergent step's gradient is largest (``lr`` for the loss
-    gradient's); with ``step`` (a GD step size) ``lr`` when the step size outweighs every term."""
-    def size(a):
-        with np.errstate(invalid="ignore"):
-            return -1.0 if a is None else float(np.nan_to_num(np.max(np.abs(a)), nan=np.inf))
-    sizes = {k: size(a) for k, a in terms.items()}
-    name = max(sizes, key=sizes.get)
-    return "lr" if step is not None and step > sizes[name] else name
 
 
 def _certified_steps(theta, task, cfg, lam_p, pre_P, pre_H, cert):
@@ -503,7 +476,7 @@ def _imma(task, cfg, rng, progress):
             _, g_w, _ = losses.mse(task.X_H, theta, w, task.Y_H)
             _, g_o, _, g_b = _loss_grads(task, X_b, Y_b, theta, omega, bias)
             theta = opt_t.step(theta, -gF, blame="lr")          # ascent on F
-            _check_scale(theta, x_norm, "imma", epoch, cfg, lambda step=None: "lr")
+            check_scale(theta, x_norm, f"imma: epoch {epoch}", cfg.optimizer, cfg.lr, lambda step=None: "lr")
             w = opt_w.step(w, g_w, blame="lr")
             omega = opt_o.step(omega, g_o, blame="lr")
             if g_b is not None:

@@ -85,6 +85,37 @@ class Adam:
         return new
 
 
+# Bound on |Xθ| entries: past it ZᵀZ overflows float64 (a step that gets there has diverged).
+FEATURE_LIMIT = 1e150
+
+
+def check_scale(x: np.ndarray, x_norm: float, where: str, optimizer: str, lr: float, blame) -> None:
+    """Raise :class:`DivergenceError` if the finite iterate ``x`` is too large for ``X x``.
+
+    ``|X x|`` entries are at most ``x_norm·max|x|`` with ``x_norm = max_i ‖X_i‖₁``; they must
+    stay below :data:`FEATURE_LIMIT`.  Under Adam every step is ~lr long whatever the gradient,
+    so lr is to blame; under GD (step lr·g) ``blame(lr)`` names the culprit (see
+    :func:`largest_term`).
+    """
+    x_max = float(np.max(np.abs(x)))
+    if not x_max * x_norm < FEATURE_LIMIT:
+        parameter = "lr" if optimizer == "adam" else blame(lr)
+        raise DivergenceError(f"{where}: θ diverged (max |θ| {x_max:.3e}: the features Xθ overflow float64); "
+                              f"lower {parameter}", parameter=parameter)
+
+
+def largest_term(step: float | None = None, **terms) -> str:
+    """Name of the largest term (max |entry|; NaN counts as inf) of a divergent gradient,
+    e.g. ``largest_term(lr=loss_grad, lambda_h=reg_term)``; with ``step`` (a GD step size)
+    ``"lr"`` when the step size outweighs every term."""
+    def size(a):
+        with np.errstate(invalid="ignore"):
+            return -1.0 if a is None else float(np.nan_to_num(np.max(np.abs(a)), nan=np.inf))
+    sizes = {k: size(a) for k, a in terms.items()}
+    name = max(sizes, key=sizes.get)
+    return "lr" if step is not None and step > sizes[name] else name
+
+
 def make_optimizer(name: str, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, *, param: str = "x"):
     """``"adam"`` or ``"gd"`` for the parameter called ``param`` (named in divergence errors)."""
     check_choice(name, "optimizer", OPTIMIZERS)
