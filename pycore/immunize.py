@@ -72,6 +72,16 @@ class ImmunizeConfig:
         return cls(**base)
 
     @classmethod
+    def strict(cls, **overrides) -> "ImmunizeConfig":
+        """House Prices under the strict protocol (docs/theory.md §10; ``--protocol strict``).
+
+        PLACEHOLDER while the rule is being derived.
+        """
+        base = dict(lr=0.005, lambda_h=1e9, epochs=400)
+        base.update(overrides)
+        return cls(**base)
+
+    @classmethod
     def mnist(cls, paper: bool = False, **overrides) -> "ImmunizeConfig":
         """MNIST settings (paper Sec. 5.1): 30 full-batch epochs, λ_P = 1.
 

@@ -175,6 +175,41 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
                    reason, basis, c * c)
 
 
+@dataclass(frozen=True)
+class ExponentWindow:
+    """Exponents a of the closed form (s² = λ_C^a) that satisfy Definition 3.1 (docs/theory.md §10).
+
+    On the ceiling family θ = K_P^{-½}Q_C diag(s), s² = λ_C^a:  H_P = diag(λ_C^a) and
+    H_H = diag(λ_C^{1+a}), so (i) = κ(C)^{1+a}/κ(K_H) and (ii) = κ(C)^a/κ(K_P) while RIR stays at
+    the ceiling.  (i) > 1 ⇔ a > ``low`` = ln κ(K_H)/ln κ(C) − 1 and (ii) < 1 ⇔ a < ``high`` =
+    ln κ(K_P)/ln κ(C).  ``middle`` is the midpoint, where ln (i) = −ln (ii): (i) = 1/(ii) =
+    √ceiling, the geometric middle of the window.  ``empty`` when low ≥ high (no member of the
+    family immunizes: then κ(C) < κ(K_H)/κ(K_P)·1, i.e. the ceiling is ≤ 1).
+    """
+
+    low: float
+    high: float
+    middle: float
+    empty: bool
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
+    """The window of closed-form exponents that immunize by Definition 3.1 (see :class:`ExponentWindow`).
+
+    Uses the nonzero-spectrum κ's of the ceiling (κ(C) over C's rank, as the closed form does);
+    undefined when κ(C) = 1 (every exponent gives the same θ up to scale).
+    """
+    lc = np.log(ceiling.kappa_C)
+    if not lc > 0:
+        raise ValueError("κ(C) = 1: every closed-form exponent gives the same spectra, no window to choose from")
+    low = np.log(ceiling.kappa_K_H) / lc - 1.0
+    high = np.log(ceiling.kappa_K_P) / lc
+    return ExponentWindow(float(low), float(high), float(0.5 * (low + high)), bool(low >= high))
+
+
 def grouped_feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref, *, rng: np.random.Generator, groups: int = 20,
                         group_size: int = 100) -> dict:
     """RIR_θ₀ estimated over ``groups`` random groups of ``group_size`` rows (SPEC §8, deep nets).
