@@ -129,9 +129,10 @@ def run(args) -> dict:
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
     if strict is not None and window is not None:
-        # The closed form's exponent by a stated rule (docs/theory.md §10): the geometric middle of
-        # the Definition-3.1 window, where (i) = 1/(ii) = √ceiling.  The paper protocol keeps a = 0.
-        cfg = replace(cfg, closed_form_exponent=window.middle)
+        # The closed form's exponent by a stated rule (docs/theory.md §10): the balanced exponent,
+        # the middle of the Definition-3.1 window, where (i) = 1/(ii) = √ceiling (clamped at 0, below
+        # which the RIR drops).  The paper protocol keeps its default a = 0.
+        cfg = replace(cfg, closed_form_exponent=max(window.balanced, 0.0))
         print(f"strict protocol: dropped {len(strict.dropped_columns)} column(s) constant on D_P's training rows: "
               f"{', '.join(strict.dropped_columns) or 'none'}; rank K_P = {strict.rank_K_P} of {strict.D_after_drop}"
               + (f", both tasks restricted to range(K_P) ({strict.restriction})" if strict.restricted else "")
@@ -249,9 +250,10 @@ def table_markdown(result: dict) -> str:
     w = result.get("closed_form_exponent_window")
     if w:
         a = result["config"]["closed_form_exponent"]
-        lines.append(f"Closed form s² = λ_C^a: Definition 3.1 holds on the training rows for {fmt(w['low'])} < a < "
+        lines.append(f"Closed form s² = λ_C^a: Definition 3.1 holds on the training rows for {fmt(w['low'])} "
+                     f"{'<' if w['low'] > 0 else '≤'} a < "
                      f"{fmt(w['high'])}" + (" (empty window)" if w["empty"] else "") + f"; used a = {fmt(a)}"
-                     + (" (the window's geometric middle, (i) = 1/(ii))." if protocol == "strict" else "."))
+                     + (" (the balanced exponent: (i) = 1/(ii) = √ceiling)." if protocol == "strict" else "."))
     if result.get("heldout_ceiling_detail"):
         hc = result["heldout_ceiling_detail"]
         lines.append(f"Held-out rows: exact ceiling {fmt(hc['exact'])}, range-restricted {fmt(hc['range_restricted'])}.")
