@@ -44,8 +44,8 @@ SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_
               "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
               "null_part_fraction")
 DEF31 = ("immunized", "heldout_immunized")   # Definition 3.1 per run → {"count", "runs", "per_seed"}
-# Config fields a flag can set; under --protocol strict a flag overrides ImmunizeConfig.strict()
-# when its value differs from the parser default (the paper-protocol default).
+# Config fields a flag can set (flag dest = field name); under --protocol strict a flag given on
+# the command line overrides ImmunizeConfig.strict().
 FLAG_FIELDS = ("epochs", "lr", "lambda_p", "lambda_h", "batch_size", "optimizer", "precond", "ridge", "init",
                "certified")
 
@@ -87,7 +87,19 @@ def parse_args(argv=None):
         args.method_list = parse_methods(args.methods, METHODS)
     except ValueError as exc:
         p.error(str(exc))
+    args.flags_given = flags_given(p, argv, FLAG_FIELDS)
     return args
+
+
+def flags_given(parser, argv, dests) -> set[str]:
+    """Which of ``dests`` the command line set: parse again with every default removed.
+
+    (A flag set to its default value still counts as given, so ``--protocol strict --precond pinv``
+    overrides the strict configuration's ridge solve.)  ``parser`` is modified: call it last.
+    """
+    parser.set_defaults(**{d: None for d in dests})
+    again = vars(parser.parse_args(argv))
+    return {d for d in dests if again.get(d) is not None}
 
 
 def build_config(args) -> ImmunizeConfig:
@@ -96,11 +108,15 @@ def build_config(args) -> ImmunizeConfig:
     if args.paper_hparams:
         return ImmunizeConfig.paper(**fields)
     if getattr(args, "protocol", "paper") == "strict":
-        # The strict protocol's own defaults; a flag whose value differs from the paper-protocol
-        # default (what the parser fills in when the flag is absent) overrides them.
+        # The strict protocol's own defaults (ImmunizeConfig.strict()); a flag on the command line
+        # overrides them.  Without the record of given flags, a value that differs from the
+        # paper-protocol default counts as given.
         default = ImmunizeConfig()
-        given = dict(fields, lr=args.lr, lambda_h=args.lambda_h, precond=args.precond, ridge=args.ridge)
-        return ImmunizeConfig.strict(**{k: v for k, v in given.items() if v != getattr(default, k)})
+        values = dict(fields, lr=args.lr, lambda_h=args.lambda_h, precond=args.precond, ridge=args.ridge)
+        given = getattr(args, "flags_given", None)
+        if given is None:
+            given = {k for k, v in values.items() if v != getattr(default, k)}
+        return ImmunizeConfig.strict(**{k: values[k] for k in given})
     return ImmunizeConfig(lr=args.lr, lambda_h=args.lambda_h, precond=args.precond, ridge=args.ridge, **fields)
 
 

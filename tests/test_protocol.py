@@ -156,6 +156,10 @@ def test_strict_flag_selects_the_strict_config_unless_a_flag_overrides():
     assert house_price.build_config(house_price.parse_args([])) == ImmunizeConfig()
     cfg = house_price.build_config(house_price.parse_args(["--protocol", "strict", "--lr", "0.123", "--epochs", "7"]))
     assert cfg == ImmunizeConfig.strict(lr=0.123, epochs=7)
+    # A flag set to the paper-protocol default still overrides the strict configuration.
+    cfg = house_price.build_config(house_price.parse_args(["--protocol", "strict", "--precond", "pinv"]))
+    assert cfg.precond == "pinv" != ImmunizeConfig.strict().precond
+    assert cfg == ImmunizeConfig.strict(precond="pinv")
 
 
 def test_strict_experiment_smoke(tmp_path):
