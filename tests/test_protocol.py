@@ -84,6 +84,18 @@ def test_strict_makes_null_KP_inside_null_KH_and_the_ceiling_finite(data, strict
         assert r.inclusion_holds and np.isfinite(rir_ceiling(s_tr.X_P, s_tr.X_H).exact)
 
 
+def test_strict_without_dependent_columns_only_drops():
+    """Full rank after dropping: nothing to restrict, the kept columns are passed through as they are."""
+    rng = np.random.default_rng(6)
+    X_P = rng.normal(size=(30, 5))
+    X_P[:, 3] = 1.5
+    t = LinearTask(X_P, rng.normal(size=30), rng.normal(size=(40, 5)), rng.normal(size=40))
+    tr, ho, r = strict_protocol(t, t)
+    assert r.dropped_indices == [3] and not r.restricted and r.D == 4 and r.null_dim_after_drop == 0
+    np.testing.assert_array_equal(tr.X_H, t.X_H[:, [0, 1, 2, 4]])
+    np.testing.assert_array_equal(ho.X_P, t.X_P[:, [0, 1, 2, 4]])
+
+
 def test_strict_bad_input():
     t = _synthetic(np.random.default_rng(2))
     with pytest.raises(ValueError, match="restriction must be one of"):
