@@ -5,6 +5,13 @@ Default: the paper's protocol on the real Kaggle data shipped in ``tid-regressio
 (split by MSZoning, 79 inputs, first 200 rows of each split for training, the rest held out),
 5 seeds, every method.  Writes ``results.json``, ``table.md`` and ``norm_ratio.png`` to
 ``--out`` (default ``results/house_price``) and prints the table.
+
+``--protocol strict`` (docs/theory.md §10) first drops the input columns constant on D_P's
+training rows and restricts both tasks to range(K_P) (:func:`pycore.protocol.strict_protocol`),
+so that the RIR ceiling is finite; its hyper-parameters default to ``ImmunizeConfig.strict()``
+and the closed form uses the balanced exponent of :func:`pycore.metrics.def31_exponent_window`.
+Every method's row carries the range/null decomposition of docs/theory.md §8 and its
+Definition 3.1 count (:func:`pycore.evaluate.evaluate_linear`).
 """
 from __future__ import annotations
 
