@@ -5,6 +5,13 @@ Default: the paper's protocol on the real Kaggle data shipped in ``tid-regressio
 (split by MSZoning, 79 inputs, first 200 rows of each split for training, the rest held out),
 5 seeds, every method.  Writes ``results.json``, ``table.md`` and ``norm_ratio.png`` to
 ``--out`` (default ``results/house_price``) and prints the table.
+
+``--protocol strict`` (docs/theory.md §10) first drops the input columns constant on D_P's
+training rows and restricts both tasks to range(K_P) (:func:`pycore.protocol.strict_protocol`),
+so that the RIR ceiling is finite; its hyper-parameters default to ``ImmunizeConfig.strict()``
+and the closed form uses the balanced exponent of :func:`pycore.metrics.def31_exponent_window`.
+Every method's row carries the range/null decomposition of docs/theory.md §8 and its
+Definition 3.1 count (:func:`pycore.evaluate.evaluate_linear`).
 """
 from __future__ import annotations
 
@@ -22,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from pycore.data.house_price import load_house_price  # noqa: E402
-from pycore.evaluate import evaluate_linear, norm_ratio_curves  # noqa: E402
-from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
-from pycore.metrics import rir_ceiling  # noqa: E402
+from pycore.evaluate import def31_summary, evaluate_linear, norm_ratio_curves  # noqa: E402
+from pycore.immunize import METHODS, ImmunizeConfig, immunize, replace  # noqa: E402
+from pycore.metrics import def31_exponent_window, rir_ceiling  # noqa: E402
+from pycore.protocol import strict_protocol  # noqa: E402
 from pycore.report import (environment, finish_experiment, fmt, parse_methods, parse_seeds, pm,  # noqa: E402
                            progress, save_figure, summarize)
 
@@ -39,7 +47,14 @@ LABELS = {"identity": "Identity", "r_ill_only": "R_ill only", "imma": "IMMA", "o
           "ours": "Ours (Alg. 1)", "closed_form": "Closed form (SPEC §10)"}
 SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_harmful_ratio",
               "heldout_pretrain_ratio", "fraction_of_ceiling", "dp_loss_before", "dp_loss_after",
-              "heldout_dp_loss_before", "heldout_dp_loss_after", "wall_seconds")
+              "heldout_dp_loss_before", "heldout_dp_loss_after", "wall_seconds",
+              "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
+              "null_part_fraction")
+DEF31 = ("immunized", "heldout_immunized")   # Definition 3.1 per run → {"count", "runs", "per_seed"}
+# Config fields a flag can set (flag dest = field name); under --protocol strict a flag given on
+# the command line overrides ImmunizeConfig.strict().
+FLAG_FIELDS = ("epochs", "lr", "lambda_p", "lambda_h", "batch_size", "optimizer", "precond", "ridge", "init",
+               "certified")
 
 
 def parse_args(argv=None):
@@ -64,6 +79,10 @@ def parse_args(argv=None):
                    help="use the paper's values verbatim (η=0.005, λ_H=1e7, ridge solve) instead of ours")
     p.add_argument("--certified", action="store_true",
                    help="certified-monotone mode: clip every regularizer step to the SPEC §5 bounds and count violations")
+    p.add_argument("--protocol", choices=("paper", "strict"), default="paper",
+                   help="paper: the authors' 79 inputs; strict: drop the columns constant on D_P's training rows and "
+                        "restrict both tasks to range(K_P), so null(K_P) ⊆ null(K_H) and the RIR ceiling is finite "
+                        "(hyper-parameters then default to ImmunizeConfig.strict())")
     p.add_argument("--n-train", type=int, default=200, help="training rows per split (paper: 200)")
     p.add_argument("--probe-steps", type=int, default=100, help="steps of exact-line-search probing in Figure 1")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
@@ -75,7 +94,19 @@ def parse_args(argv=None):
         args.method_list = parse_methods(args.methods, METHODS)
     except ValueError as exc:
         p.error(str(exc))
+    args.flags_given = flags_given(p, argv, FLAG_FIELDS)
     return args
+
+
+def flags_given(parser, argv, dests) -> set[str]:
+    """Which of ``dests`` the command line set: parse again with every default removed.
+
+    (A flag set to its default value still counts as given, so ``--protocol strict --precond pinv``
+    overrides the strict configuration's ridge solve.)  ``parser`` is modified: call it last.
+    """
+    parser.set_defaults(**{d: None for d in dests})
+    again = vars(parser.parse_args(argv))
+    return {d for d in dests if again.get(d) is not None}
 
 
 def build_config(args) -> ImmunizeConfig:
@@ -83,6 +114,16 @@ def build_config(args) -> ImmunizeConfig:
                   optimizer=args.optimizer, certified=args.certified, init=args.init)
     if args.paper_hparams:
         return ImmunizeConfig.paper(**fields)
+    if getattr(args, "protocol", "paper") == "strict":
+        # The strict protocol's own defaults (ImmunizeConfig.strict()); a flag on the command line
+        # overrides them.  Without the record of given flags, a value that differs from the
+        # paper-protocol default counts as given.
+        default = ImmunizeConfig()
+        values = dict(fields, lr=args.lr, lambda_h=args.lambda_h, precond=args.precond, ridge=args.ridge)
+        given = getattr(args, "flags_given", None)
+        if given is None:
+            given = {k for k, v in values.items() if v != getattr(default, k)}
+        return ImmunizeConfig.strict(**{k: values[k] for k in given})
     return ImmunizeConfig(lr=args.lr, lambda_h=args.lambda_h, precond=args.precond, ridge=args.ridge, **fields)
 
 
@@ -94,12 +135,31 @@ def _one_run(job):
     return row, res.theta
 
 
+def prepare(args):
+    """Load the data and apply ``args.protocol``: (data, train, heldout, strict report or None)."""
+    data = load_house_price(args.data, n_train=args.n_train)
+    train, heldout, report = data.train, data.heldout, None
+    if getattr(args, "protocol", "paper") == "strict":
+        train, heldout, report = strict_protocol(train, heldout, data.feature_names)
+    return data, train, heldout, report
+
+
 def run(args) -> dict:
     t_start = time.perf_counter()
-    data = load_house_price(args.data, n_train=args.n_train)
-    train, heldout = data.train, data.heldout
+    protocol = getattr(args, "protocol", "paper")
+    data, train, heldout, strict = prepare(args)
     cfg = build_config(args)
     ceiling = rir_ceiling(train.X_P, train.X_H)
+    window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
+    if strict is not None and window is not None:
+        # The closed form's exponent by a stated rule (docs/theory.md §10): the balanced exponent,
+        # the middle of the Definition-3.1 window, where (i) = 1/(ii) = √ceiling (clamped at 0, below
+        # which the RIR drops).  The paper protocol keeps its default a = 0.
+        cfg = replace(cfg, closed_form_exponent=max(window.balanced, 0.0))
+        print(f"strict protocol: dropped {len(strict.dropped_columns)} column(s) constant on D_P's training rows: "
+              f"{', '.join(strict.dropped_columns) or 'none'}; rank K_P = {strict.rank_K_P} of {strict.D_after_drop}"
+              + (f", both tasks restricted to range(K_P) ({strict.restriction})" if strict.restricted else "")
+              + f"; null(K_P) ⊆ null(K_H): {strict.inclusion_holds}", flush=True)
     per_method = {m: [] for m in args.method_list}
     thetas = {}
     jobs = [(m, s) for m in args.method_list for s in args.seed_list]
@@ -118,6 +178,7 @@ def run(args) -> dict:
     methods = {}
     for m, rows in per_method.items():
         entry = {k: summarize(r[k] for r in rows) for k in SUMMARISED if k in rows[0]}
+        entry.update({k: def31_summary(r[k] for r in rows) for k in DEF31 if k in rows[0]})
         entry["runs"] = rows
         if m in PAPER_TABLE1:
             entry["paper"] = {k: {"mean": v[0], "std": v[1]} for k, v in PAPER_TABLE1[m].items()}
@@ -127,8 +188,10 @@ def run(args) -> dict:
     held_ceiling = rir_ceiling(heldout.X_P, heldout.X_H) if heldout is not None else None
     result = {
         "experiment": "house_price",
+        "protocol": protocol,
+        "strict_protocol": None if strict is None else strict.as_dict(),
         "data": {"source": data.source, "n_train_per_split": args.n_train, "rows_P": data.n_rows_P,
-                 "rows_H": data.n_rows_H, "D": train.D,
+                 "rows_H": data.n_rows_H, "D": train.D, "D_input": data.train.D,
                  "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
                  "heldout_rows_H": None if heldout is None else heldout.X_H.shape[0]},
         "seeds": args.seed_list,
@@ -136,6 +199,7 @@ def run(args) -> dict:
         "ceiling": ceiling.exact,
         "ceiling_range_restricted": ceiling.range_restricted,
         "ceiling_detail": ceiling.as_dict(),
+        "closed_form_exponent_window": None if window is None else window.as_dict(),
         "heldout_ceiling_detail": None if held_ceiling is None else held_ceiling.as_dict(),
         "methods": methods,
         "norm_ratio_curves": {"seed": args.seed_list[0], "steps": args.probe_steps, "curves": curves},
@@ -145,17 +209,36 @@ def run(args) -> dict:
     return result
 
 
+def _seeds(e: dict, key: str) -> str:
+    """Definition 3.1 count as k/n, or n/a when the key is missing (no held-out rows)."""
+    return f"{e[key]['count']}/{e[key]['runs']}" if key in e else "n/a"
+
+
 def table_markdown(result: dict) -> str:
     c = result["ceiling_detail"]
+    protocol = result.get("protocol", "paper")
+    D = result["data"]["D"]
     lines = [
-        "# House Prices: immunization results (paper Table 1)",
+        f"# House Prices: immunization results (paper Table 1), {protocol} protocol",
         "",
         f"Seeds {result['seeds']}; mean ± std (population) over seeds. (i) = κ(H_H(θ))/κ(H_H(I)) ↑, "
         "(ii) = κ(H_P(θ))/κ(H_P(I)) ↓, RIR = (i)/(ii) ↑, all on the training rows as in the paper; "
-        "held-out RIR on the rows not used for training; fraction = RIR / range-restricted ceiling.",
+        "held-out RIR on the rows not used for training; Def. 3.1 = seeds with (i) > 1 and (ii) < 1 "
+        "(training / held-out rows); fraction = RIR / range-restricted ceiling.",
+    ]
+    st = result.get("strict_protocol")
+    if st:
+        lines += ["", f"Strict protocol: dropped {len(st['dropped_columns'])} input column(s) constant on D_P's "
+                  f"training rows ({', '.join(st['dropped_columns']) or 'none'}); rank K_P = {st['rank_K_P']} of "
+                  f"{st['D_after_drop']}, D_H's weight on null(K_P) {fmt(st['null_leak_after_drop'])}·‖K_H‖"
+                  + (f"; both tasks' inputs (training and held-out) restricted to range(K_P) ({st['restriction']}, "
+                     f"θ is {st['D']}×{st['D']})" if st["restricted"] else "")
+                  + f"; null(K_P) ⊆ null(K_H): {st['inclusion_holds']}."]
+    lines += [
         "",
-        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | held-out RIR | fraction of ceiling | paper (i) | paper (ii) | paper RIR |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | Def. 3.1 seeds | held-out RIR | held-out Def. 3.1 | fraction of ceiling "
+        "| paper (i) | paper (ii) | paper RIR |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m, e in result["methods"].items():
         paper = PAPER_TABLE1.get(m)
@@ -163,16 +246,40 @@ def table_markdown(result: dict) -> str:
                  if paper else ["—", "—", "—"])
         held = pm(e["heldout_rir"]) if "heldout_rir" in e else "n/a"
         lines.append(f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | {pm(e['rir'])} | "
-                     f"{held} | {fmt(e['fraction_of_ceiling']['mean'])} | " + " | ".join(pcols) + " |")
+                     f"{_seeds(e, 'immunized')} | {held} | {_seeds(e, 'heldout_immunized')} | "
+                     f"{fmt(e['fraction_of_ceiling']['mean'])} | " + " | ".join(pcols) + " |")
     lines += [
         "",
-        f"RIR ceiling (SPEC §10): exact = {fmt(result['ceiling'])} — {c['reason']}.",
+        "Range/null decomposition (docs/theory.md §8): RIR of θ_range = P_N + P_Rθ (what D_P's training rows "
+        "see) and of θ_null = P_R + P_Nθ (directions they never vary in), P_R from the TRAINING rows' K_P; "
+        "null share = ‖P_N(θ − I)‖_F² / ‖θ − I‖_F².",
+        "",
+        "| method | RIR | range part | null part | held-out RIR | held-out range part | held-out null part | null share |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m, e in result["methods"].items():
+        if "rir_range_part" not in e:
+            continue
+        h = [pm(e[k]) if k in e else "n/a" for k in ("heldout_rir", "heldout_rir_range_part", "heldout_rir_null_part")]
+        lines.append(f"| {LABELS[m]} | {pm(e['rir'])} | {pm(e['rir_range_part'])} | {pm(e['rir_null_part'])} | "
+                     + " | ".join(h) + f" | {fmt(e['null_part_fraction']['mean'])} |")
+    lines += [
+        "",
+        f"RIR ceiling (docs/theory.md §10): exact = {fmt(result['ceiling'])} — {c['reason']}.",
         f"Restricted to range(K_P): {fmt(result['ceiling_range_restricted'])} "
         f"(κ(C) = {fmt(c['kappa_C'])}, κ(K_P) = {fmt(c['kappa_K_P'])}, κ(K_H) = {fmt(c['kappa_K_H'])}, "
-        f"rank K_P = {c['rank_K_P']}/{result['data']['D']}, rank K_H = {c['rank_K_H']}/{result['data']['D']}).",
+        f"rank K_P = {c['rank_K_P']}/{D}, rank K_H = {c['rank_K_H']}/{D}).",
     ]
+    w = result.get("closed_form_exponent_window")
+    if w:
+        a = result["config"]["closed_form_exponent"]
+        lines.append(f"Closed form s² = λ_C^a: Definition 3.1 holds on the training rows for {fmt(w['low'])} "
+                     f"{'<' if w['low'] > 0 else '≤'} a < "
+                     f"{fmt(w['high'])}" + (" (empty window)" if w["empty"] else "") + f"; used a = {fmt(a)}"
+                     + (" (the balanced exponent: (i) = 1/(ii) = √ceiling)." if protocol == "strict" else "."))
     if result.get("heldout_ceiling_detail"):
-        lines.append(f"Held-out rows: range-restricted ceiling {fmt(result['heldout_ceiling_detail']['range_restricted'])}.")
+        hc = result["heldout_ceiling_detail"]
+        lines.append(f"Held-out rows: exact ceiling {fmt(hc['exact'])}, range-restricted {fmt(hc['range_restricted'])}.")
     dp = [(m, e) for m, e in result["methods"].items() if "dp_loss_after" in e]
     if dp:
         lines += ["", "Best D_P training loss of a linear head (Definition 3.1(c)), before → after: " + "; ".join(
@@ -210,7 +317,8 @@ def plot_norm_ratio(result: dict, path: Path) -> None:
         ax.set_ylabel("‖w_t − w*‖² / ‖w_0 − w*‖²")
         ax.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=8, loc="lower left")
-    fig.suptitle(f"House Prices, seed {result['norm_ratio_curves']['seed']} (paper Figure 1)")
+    fig.suptitle(f"House Prices, {result.get('protocol', 'paper')} protocol, seed "
+                 f"{result['norm_ratio_curves']['seed']} (paper Figure 1)")
     save_figure(fig, path)
 
 

@@ -176,6 +176,43 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
                    reason, basis, c * c)
 
 
+@dataclass(frozen=True)
+class ExponentWindow:
+    """Exponents a of the closed form (s² = λ_C^a) that satisfy Definition 3.1 (docs/theory.md §10).
+
+    On the ceiling family θ = K_P^{-½}Q_C diag(s), s² = λ_C^a with a ≥ 0:  H_P = diag(λ_C^a) and
+    H_H = diag(λ_C^{1+a}), so (i) = κ(C)^{1+a}/κ(K_H) and (ii) = κ(C)^a/κ(K_P) while the RIR
+    stays at the ceiling (a < 0 reverses H_P's order and lowers the RIR to κ(C)^{1+2a}·κ(K_P)/κ(K_H)).
+    (i) > 1 ⇔ a > ln κ(K_H)/ln κ(C) − 1 and (ii) < 1 ⇔ a < ``high`` = ln κ(K_P)/ln κ(C); ``low``
+    is the first bound clamped at 0.  ``balanced`` = (ln κ(K_H) + ln κ(K_P) − ln κ(C))/(2 ln κ(C))
+    is the middle of the unclamped window, where ln (i) = −ln (ii): (i) = 1/(ii) = √ceiling.
+    ``empty`` when no a ≥ 0 satisfies both (then the ceiling is ≤ 1).
+    """
+
+    low: float
+    high: float
+    balanced: float
+    empty: bool
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
+    """The window of closed-form exponents that immunize by Definition 3.1 (see :class:`ExponentWindow`).
+
+    Uses the nonzero-spectrum κ's of the ceiling (κ(C) over C's rank, as the closed form does);
+    undefined when κ(C) = 1 (every exponent gives the same θ up to scale).
+    """
+    lc = np.log(ceiling.kappa_C)
+    if not lc > 0:
+        raise ValueError("κ(C) = 1: every closed-form exponent gives the same spectra, no window to choose from")
+    raw_low = np.log(ceiling.kappa_K_H) / lc - 1.0
+    high = np.log(ceiling.kappa_K_P) / lc
+    return ExponentWindow(float(max(raw_low, 0.0)), float(high), float(0.5 * (raw_low + high)),
+                          bool(max(raw_low, 0.0) >= high))
+
+
 def grouped_feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref, *, rng: np.random.Generator, groups: int = 20,
                         group_size: int = 100) -> dict:
     """RIR_θ₀ estimated over ``groups`` random groups of ``group_size`` rows (SPEC §8, deep nets).

@@ -45,6 +45,18 @@ def test_closed_form_reaches_range_restricted_ceiling(data):
     assert rir(res.theta, t.X_P, t.X_H).value / c.range_restricted >= 0.99
 
 
+def test_ours_rir_comes_mostly_from_null_KP_under_the_paper_protocol(data):
+    """Issue 11: for Algorithm 1's θ most of ‖θ − I‖² lies in null(K_P), and θ's range(K_P) part
+    alone gives a far lower RIR than the full θ (docs/theory.md §8)."""
+    from pycore.evaluate import evaluate_linear
+
+    t = data.train
+    e = evaluate_linear(immunize(t, "ours", rng=np.random.default_rng(0)).theta, t, data.heldout,
+                        rir_ceiling(t.X_P, t.X_H))
+    assert e["null_part_fraction"] > 0.9
+    assert e["rir_range_part"] < 0.1 * e["rir"]
+
+
 def test_ours_meets_paper_table1_rir(data):
     """Target of the House Prices issue: mean RIR of Algorithm 1 over 5 seeds ≥ 356.2 (paper)."""
     t = data.train
@@ -113,6 +125,11 @@ def test_experiment_smoke(tmp_path):
             assert set(e[key]) == {"mean", "std", "per_seed"} and len(e[key]["per_seed"]) == 2
             assert all(np.isfinite(e[key]["per_seed"]))
         assert "fraction_of_ceiling" in e
+        for key in ("rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
+                    "null_part_fraction"):
+            assert set(e[key]) == {"mean", "std", "per_seed"} and len(e[key]["per_seed"]) == 2
+        assert e["immunized"]["runs"] == e["heldout_immunized"]["runs"] == 2
+    assert res["protocol"] == "paper" and res["strict_protocol"] is None and res["data"]["D"] == 79
     assert res["ceiling"] == float("inf") and res["ceiling_range_restricted"] > 1e6
     assert res["seeds"] == [0, 1] and res["wall_seconds"] > 0 and "versions" in res and "command" in res
     assert res["methods"]["closed_form"]["fraction_of_ceiling"]["mean"] >= 0.99
