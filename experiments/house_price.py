@@ -58,14 +58,16 @@ def parse_args(argv=None):
     p.add_argument("--precond", choices=("exact", "pinv", "ridge", "none"), default=d.precond)
     p.add_argument("--ridge", type=float, default=d.ridge)
     p.add_argument("--init", choices=("identity", "random"), default=d.init,
-                   help="θ's initialisation: identity (default) or nn.Linear's U(±1/√D), the paper's 'randomly "
-                        "initialized dummy linear layer' (App. C.2)")
+                   help="θ's initialisation: identity (default) or nn.Linear's U(±1/√D), the paper's "
+                        "'randomly initialized dummy linear layer' (App. C.2)")
     p.add_argument("--paper-hparams", action="store_true",
                    help="use the paper's values verbatim (η=0.005, λ_H=1e7, ridge solve) instead of ours")
     p.add_argument("--certified", action="store_true",
-                   help="certified-monotone mode: clip every regularizer step to the SPEC §5 bounds and count violations")
+                   help="certified-monotone mode: clip every regularizer step to the SPEC §5 bounds "
+                        "and count violations")
     p.add_argument("--n-train", type=int, default=200, help="training rows per split (paper: 200)")
-    p.add_argument("--probe-steps", type=int, default=100, help="steps of exact-line-search probing in Figure 1")
+    p.add_argument("--probe-steps", type=int, default=100,
+                   help="steps of exact-line-search probing in Figure 1")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="worker processes for the (method, seed) runs (default: 2 or the core count)")
     p.add_argument("--no-plot", action="store_true")
@@ -83,7 +85,8 @@ def build_config(args) -> ImmunizeConfig:
                   optimizer=args.optimizer, certified=args.certified, init=args.init)
     if args.paper_hparams:
         return ImmunizeConfig.paper(**fields)
-    return ImmunizeConfig(lr=args.lr, lambda_h=args.lambda_h, precond=args.precond, ridge=args.ridge, **fields)
+    return ImmunizeConfig(lr=args.lr, lambda_h=args.lambda_h, precond=args.precond, ridge=args.ridge,
+                          **fields)
 
 
 def _one_run(job):
@@ -109,7 +112,8 @@ def run(args) -> dict:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("fork")) as ex:
-            outs = list(progress(ex.map(_one_run, work, chunksize=1), total=len(work), desc="immunizing", unit="run"))
+            outs = list(progress(ex.map(_one_run, work, chunksize=1), total=len(work), desc="immunizing",
+                                 unit="run"))
     else:
         outs = [_one_run(w) for w in progress(work, desc="immunizing", unit="run")]
     for (method, seed), (row, theta) in zip(jobs, outs):
@@ -154,32 +158,39 @@ def table_markdown(result: dict) -> str:
         "(ii) = κ(H_P(θ))/κ(H_P(I)) ↓, RIR = (i)/(ii) ↑, all on the training rows as in the paper; "
         "held-out RIR on the rows not used for training; fraction = RIR / range-restricted ceiling.",
         "",
-        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | held-out RIR | fraction of ceiling | paper (i) | paper (ii) | paper RIR |",
+        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | held-out RIR | fraction of ceiling | "
+        "paper (i) | paper (ii) | paper RIR |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for m, e in result["methods"].items():
         paper = PAPER_TABLE1.get(m)
-        pcols = ([f"{v[0]:g} ± {v[1]:g}" for v in (paper["harmful_ratio"], paper["pretrain_ratio"], paper["rir"])]
+        pcols = ([f"{v[0]:g} ± {v[1]:g}"
+                  for v in (paper["harmful_ratio"], paper["pretrain_ratio"], paper["rir"])]
                  if paper else ["—", "—", "—"])
         held = pm(e["heldout_rir"]) if "heldout_rir" in e else "n/a"
-        lines.append(f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | {pm(e['rir'])} | "
+        lines.append(f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | "
+                     f"{pm(e['rir'])} | "
                      f"{held} | {fmt(e['fraction_of_ceiling']['mean'])} | " + " | ".join(pcols) + " |")
     lines += [
         "",
         f"RIR ceiling (SPEC §10): exact = {fmt(result['ceiling'])} — {c['reason']}.",
         f"Restricted to range(K_P): {fmt(result['ceiling_range_restricted'])} "
         f"(κ(C) = {fmt(c['kappa_C'])}, κ(K_P) = {fmt(c['kappa_K_P'])}, κ(K_H) = {fmt(c['kappa_K_H'])}, "
-        f"rank K_P = {c['rank_K_P']}/{result['data']['D']}, rank K_H = {c['rank_K_H']}/{result['data']['D']}).",
+        f"rank K_P = {c['rank_K_P']}/{result['data']['D']}, "
+        f"rank K_H = {c['rank_K_H']}/{result['data']['D']}).",
     ]
     if result.get("heldout_ceiling_detail"):
-        lines.append(f"Held-out rows: range-restricted ceiling {fmt(result['heldout_ceiling_detail']['range_restricted'])}.")
+        held_ceiling = result["heldout_ceiling_detail"]["range_restricted"]
+        lines.append(f"Held-out rows: range-restricted ceiling {fmt(held_ceiling)}.")
     dp = [(m, e) for m, e in result["methods"].items() if "dp_loss_after" in e]
     if dp:
-        lines += ["", "Best D_P training loss of a linear head (Definition 3.1(c)), before → after: " + "; ".join(
-            f"{LABELS[m]} {fmt(e['dp_loss_before']['mean'])} → {fmt(e['dp_loss_after']['mean'])}" for m, e in dp) + "."]
+        lines += ["", "Best D_P training loss of a linear head (Definition 3.1(c)), before → after: "
+                  + "; ".join(f"{LABELS[m]} {fmt(e['dp_loss_before']['mean'])} → "
+                              f"{fmt(e['dp_loss_after']['mean'])}" for m, e in dp) + "."]
     cfg = result["config"]
-    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, λ_H {cfg['lambda_h']:g}, "
-              f"{cfg['optimizer']}, batch {cfg['batch_size']}, preconditioner {cfg['precond']}, init {cfg['init']}. "
+    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, "
+              f"λ_H {cfg['lambda_h']:g}, {cfg['optimizer']}, batch {cfg['batch_size']}, "
+              f"preconditioner {cfg['precond']}, init {cfg['init']}. "
               f"Wall time {result['wall_seconds']:.1f} s."]
     return "\n".join(lines) + "\n"
 

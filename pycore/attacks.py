@@ -186,11 +186,11 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
     """Validate ``(Z, y)``, compute the reference optimum ``(w*, L*)`` and the constants ``L, μ``.
 
     ``loss``: ``"lsq"`` / ``"logistic"`` (``"mse"`` / ``"bce"`` accepted, as in
-    :class:`pycore.tasks.LinearTask`). ``Z``: N×D features (``X @ theta``). ``y``: N targets (shape (N,) or (N, 1)); ``{0,1}``
-    labels for ``loss="logistic"``. ``ridge_rel``: logistic only, ``λ = ridge_rel·‖Z‖₂²/4``
-    (module docstring). The numerical rank uses numpy's ``matrix_rank`` tolerance on Z
-    (``σ₁·max(N, D)·eps``, SPEC §2); computing it on Z rather than on ZᵀZ keeps singular values
-    down to ``1e-16·σ₁`` distinguishable (ZᵀZ would square them into round-off).
+    :class:`pycore.tasks.LinearTask`). ``Z``: N×D features (``X @ theta``). ``y``: N targets
+    (shape (N,) or (N, 1)); ``{0,1}`` labels for ``loss="logistic"``. ``ridge_rel``: logistic only,
+    ``λ = ridge_rel·‖Z‖₂²/4`` (module docstring). The numerical rank uses numpy's ``matrix_rank``
+    tolerance on Z (``σ₁·max(N, D)·eps``, SPEC §2); computing it on Z rather than on ZᵀZ keeps
+    singular values down to ``1e-16·σ₁`` distinguishable (ZᵀZ would square them into round-off).
     """
     loss = _LOSS_ALIASES.get(loss, loss)
     if loss not in LOSSES:

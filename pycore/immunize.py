@@ -43,7 +43,7 @@ class ImmunizeConfig:
     epochs: int = 100            # paper Sec. 5.1 text (Table 4 says 1000)
     lr: float = 0.02             # paper: 0.005 (grid {5e-4,1e-3,5e-3,1e-2}); see README "hyper-parameters"
     lambda_p: float = 100.0      # λ_P, weight of R_well(H_P): the paper's value
-    lambda_h: float = 1e10       # λ_H, weight of R_ill(H_H); paper: 1e7, which leaves R_ill inert under Adam here
+    lambda_h: float = 1e10       # λ_H, weight of R_ill(H_H); paper: 1e7 (leaves R_ill inert under Adam here)
     optimizer: str = "adam"      # the paper's choice for linear models; "gd" = Algorithm 1 as printed
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
@@ -100,7 +100,8 @@ class ImmunizeConfig:
         if self.init not in ("identity", "random"):
             raise ValueError(f"init must be 'identity' or 'random', got {self.init!r}")
         if self.certified and self.precond not in ("exact", "pinv"):
-            raise ValueError("certified mode needs precond 'exact' or 'pinv' (the bounds of SPEC §5 are for K⁻¹/K⁺)")
+            raise ValueError("certified mode needs precond 'exact' or 'pinv' "
+                             "(the bounds of SPEC §5 are for K⁻¹/K⁺)")
 
 
 @dataclass
@@ -282,8 +283,8 @@ def _regularized(task, method, cfg, rng, progress):
     pre_H = _Preconditioner(task.K_H, cfg.precond, cfg.ridge, task.X_H) if method != "opt_kappa" else None
     hist = {"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []}
     diag = {"steps": 0, "ties_P": 0, "ties_H": 0}
-    cert = {"violations_P": 0, "violations_H": 0, "clipped_P": 0, "clipped_H": 0, "skipped_P": 0, "skipped_H": 0,
-            "checked": 0}
+    cert = {"violations_P": 0, "violations_H": 0, "clipped_P": 0, "clipped_H": 0,
+            "skipped_P": 0, "skipped_H": 0, "checked": 0}
     XP, YP, XH = task.X_P, task.Y_P, task.X_H
 
     def record(epoch, loss, kP=None, kH=None):
@@ -334,7 +335,8 @@ def _regularized(task, method, cfg, rng, progress):
                 theta = opt_t.step(theta, g)
             diag["steps"] += 1
         last = epoch == cfg.epochs
-        record(epoch, ep_loss / max(n_seen, 1), None if last else reg_P.info.kappa, None if last else reg_H.info.kappa)
+        record(epoch, ep_loss / max(n_seen, 1), None if last else reg_P.info.kappa,
+               None if last else reg_H.info.kappa)
         if progress is not None:
             progress(epoch)
         if not np.all(np.isfinite(theta)):

@@ -176,7 +176,8 @@ def _eigvec_at(H: np.ndarray, i: int) -> np.ndarray:
     return v[:, 0]
 
 
-def hessian_regularizer(Z, kind: str, *, rtol: float | None = None, matrices: bool = True) -> HessianRegularizer:
+def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
+                        matrices: bool = True) -> HessianRegularizer:
     """R_kind(ZᵀZ) and its gradient w.r.t. ``H = ZᵀZ`` (the in-loop path of the immunizers).
 
     R_well uses ``p = D`` (the Hessian's size, as in Theorem 4.2); R_ill uses ``k = rank H``.
@@ -308,7 +309,8 @@ def range_basis(K, rtol: float | None = None) -> np.ndarray:
 
 
 def preconditioned_grad_theta(theta, K, kind: str, *, mode: str = "exact", ridge: float = 0.0) -> np.ndarray:
-    """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6 (see :func:`precondition`)."""
+    """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6
+    (see :func:`precondition`)."""
     K = as_float_matrix(K, "K")
     _, reg = _grad_theta(theta, K, _check_kind(kind))
     return precondition(np.asarray(theta, dtype=np.float64), reg.G, K, mode, ridge)

