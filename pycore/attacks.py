@@ -57,6 +57,8 @@ import scipy.linalg
 import scipy.optimize
 import scipy.special
 
+from pycore.threads import bounded_blas
+
 __all__ = [
     "ProbingProblem", "AttackTrajectory", "make_problem",
     "attack_gd_exact", "attack_gd_constant", "attack_heavy_ball", "attack_nesterov",
@@ -181,6 +183,7 @@ def _as_float_matrix(a, name: str) -> np.ndarray:
     return a
 
 
+@bounded_blas
 def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
                  newton_tol: float = 1e-13, max_newton: int = 200) -> ProbingProblem:
     """Validate ``(Z, y)``, compute the reference optimum ``(w*, L*)`` and the constants ``L, μ``.
@@ -453,6 +456,7 @@ def _logistic_exact_step(problem: ProbingProblem, w: np.ndarray, g: np.ndarray) 
     return a, evals
 
 
+@bounded_blas
 def attack_gd_exact(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
                     w0=None) -> AttackTrajectory:
     """GD with exact line search — the paper's prober (Figure 1; SPEC §5 "exact line search").
@@ -485,6 +489,7 @@ def attack_gd_exact(problem: ProbingProblem, *, max_steps: int = 20000, tol: flo
     return rec.result("gd_exact", max_steps, {"step": "exact line search"}, info, w)
 
 
+@bounded_blas
 def attack_gd_constant(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
                        w0=None) -> AttackTrajectory:
     """GD with constant step ``1/L`` (Eq. (2): ``‖w_t − w*‖² ≤ (1 − 1/κ)^t ‖w₀ − w*‖²``).
@@ -501,6 +506,7 @@ def attack_gd_constant(problem: ProbingProblem, *, max_steps: int = 20000, tol: 
     return rec.result("gd_constant", max_steps, {"step": step}, {}, w)
 
 
+@bounded_blas
 def attack_heavy_ball(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
                       w0=None) -> AttackTrajectory:
     """Polyak's heavy ball ``w_{t+1} = w_t − α∇L(w_t) + β(w_t − w_{t−1})`` with the optimal
@@ -524,6 +530,7 @@ def attack_heavy_ball(problem: ProbingProblem, *, max_steps: int = 20000, tol: f
                       {"diverged": rec.diverged}, w)
 
 
+@bounded_blas
 def attack_nesterov(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
                     w0=None) -> AttackTrajectory:
     """Nesterov's accelerated gradient for μ-strongly convex, L-smooth functions (constant
@@ -550,6 +557,7 @@ def attack_nesterov(problem: ProbingProblem, *, max_steps: int = 20000, tol: flo
 ADAM_LR_FACTORS: tuple[float, ...] = (1e-1, 1e-2, 1e-3, 1e-4)
 
 
+@bounded_blas
 def attack_adam(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6, w0=None,
                 lr_factors=ADAM_LR_FACTORS, betas=(0.9, 0.999), eps: float = 1e-8) -> AttackTrajectory:
     """Adam (Kingma & Ba 2015; PyTorch defaults β = (0.9, 0.999), ε = 1e-8, bias-corrected),
@@ -609,6 +617,7 @@ def attack_adam(problem: ProbingProblem, *, max_steps: int = 20000, tol: float =
 # ----------------------------------------------------------------------------------------------
 # Krylov / quasi-Newton / second-order attackers
 # ----------------------------------------------------------------------------------------------
+@bounded_blas
 def attack_cg(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
               w0=None) -> AttackTrajectory:
     """Conjugate gradients.
@@ -674,6 +683,7 @@ def _scipy_attack(problem, method, name, w, rec, max_steps, options):
                       {"fun_grad_evals": calls["fg"], "message": str(res.message)}, last["w"])
 
 
+@bounded_blas
 def attack_lbfgs(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
                  w0=None, memory: int = 10) -> AttackTrajectory:
     """L-BFGS (``scipy.optimize.minimize(method="L-BFGS-B")``, no bounds, memory ``memory``),
@@ -686,6 +696,7 @@ def attack_lbfgs(problem: ProbingProblem, *, max_steps: int = 20000, tol: float 
                          {"maxcor": int(memory), "ftol": 0.0, "gtol": 0.0, "maxfun": 10 * max_steps + 100})
 
 
+@bounded_blas
 def attack_closed_form(problem: ProbingProblem, *, max_steps: int = 1, tol: float = 1e-6,
                        w0=None) -> AttackTrajectory:
     """The closed-form least-squares solve ``w = lstsq(Z, y)`` (LAPACK ``gelsd``: SVD, minimum
@@ -702,6 +713,7 @@ def attack_closed_form(problem: ProbingProblem, *, max_steps: int = 1, tol: floa
     return rec.result("closed_form", 1, {"solver": "numpy.linalg.lstsq"}, {}, w)
 
 
+@bounded_blas
 def attack_newton(problem: ProbingProblem, *, max_steps: int = 100, tol: float = 1e-6,
                   w0=None) -> AttackTrajectory:
     """Damped Newton (exact Hessian ``ZᵀDZ + λI``, Cholesky solve, Armijo backtracking) — the
@@ -754,6 +766,7 @@ def attackers_for(loss: str) -> tuple[str, ...]:
     return ("gd_exact", "gd_constant", "heavy_ball", "nesterov", "adam", "cg", "lbfgs", second)
 
 
+@bounded_blas
 def run_attack_suite(problem: ProbingProblem, attackers=None, *, max_steps: int = 20000,
                      tol: float = 1e-6, second_order_max_steps: int = 100) -> dict[str, AttackTrajectory]:
     """Run every attacker in ``attackers`` (default :func:`attackers_for(problem.loss)`) on

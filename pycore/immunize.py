@@ -29,6 +29,7 @@ from pycore.regularizers import (PRECONDITIONERS, hessian_regularizer, precondit
                                  preconditioned_r_ill_step_bound, preconditioned_r_well_step_bound)
 from pycore.spectral import SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
+from pycore.threads import bounded_blas
 
 METHODS = ("identity", "r_ill_only", "imma", "opt_kappa", "ours", "closed_form")
 
@@ -117,6 +118,7 @@ class ImmunizationResult:
     config: ImmunizeConfig | None = None
 
 
+@bounded_blas
 def immunize(task: LinearTask, method: str, *, rng: np.random.Generator,
              config: ImmunizeConfig | None = None, progress=None) -> ImmunizationResult:
     """Immunize a linear feature extractor for ``task`` with ``method`` (one of :data:`METHODS`).

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pycore.validation import as_float_matrix, as_target
+from pycore.threads import bounded_blas
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class ProbeTrace:
     loss_star: float
 
 
+@bounded_blas
 def gd_exact_line_search(Z, Y, steps: int, w0=None) -> ProbeTrace:
     """Run ``steps`` iterations of GD with exact line search on ``‖Zw − Y‖²``.
 
