@@ -40,12 +40,15 @@ import numpy as np
 __all__ = ["SMALL_MATRIX_DIM", "ENV_VAR", "bounded_blas", "blas_threads", "threads_for"]
 
 # Largest matrix dimension still run single-threaded by default.  Measured on the 2-core machine
-# (python bench/bench_threads.py --sizes, per-call totals of loops, 1 vs 2 threads, interleaved
-# rounds): at n = 79 two threads are never faster (gemm 1.0×, eigh and SVD slower), at n = 256
-# they win ≤ 20% on gemm and lose on SVD, at n = 784 they win 0.66–0.93× when the second core is
-# free but collapse (×2–×20) as soon as another process runs there; from n ≈ 1500 products gain
-# ~1.8× on an idle machine.  The threshold keeps every matrix of the paper's linear experiments
-# (D ≤ 784, N ≤ 1151 rows) single-threaded and leaves genuinely large work alone.
+# shared with other jobs (``python bench/bench_threads.py --sizes 79,256,784,1200,1500``, per-call
+# time of loops, 1 vs 2 threads, median of 3 interleaved rounds, load average ~10):
+#   2 threads / 1 thread   n=79: gemm 0.73, eigh 114, svd 43;  n=256: gemm 6.7, eigh 2.4, svd 3.4;
+#   n=784: gemm 0.92, eigh 3.1, svd 3.0;  n=1200: gemm 0.85, eigh 11, svd 18;  n=1500: 1.0/14/7.1.
+# Under load a second BLAS thread costs up to 100× on the small eigensolves the core lives on;
+# when the second core is idle (docs/design.md §5, and a best-of-3 run at load ~5) two threads
+# gain 1.0-1.4× at n = 784 (gemm 0.66, eigh 0.72, svd 0.93) and ~1.8× on products from n ≈ 1500.
+# The linear experiments also run two worker processes by default, which already fill both cores.
+# So: single-threaded up to the paper's sizes (D ≤ 784, N ≤ 1151 rows), BLAS default above.
 SMALL_MATRIX_DIM = 1200
 
 ENV_VAR = "PYCORE_BLAS_THREADS"
