@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pycore.spectral import EPS, gram_spectrum, rank_tolerance
+from pycore.spectral import gram_spectrum, rank_tolerance
 from pycore.threads import bounded_blas
 from pycore.validation import as_float_matrix, check_theta
 
@@ -129,7 +129,7 @@ class Ceiling:
 def _psd_eig(K, name):
     w, Q = np.linalg.eigh(0.5 * (K + K.T))
     w, Q = w[::-1], Q[:, ::-1]
-    tol = max(w[0], 0.0) * K.shape[0] * EPS
+    tol = rank_tolerance(max(w[0], 0.0), K.shape)
     r = int(np.count_nonzero(w > tol))
     if r == 0:
         raise ValueError(f"{name} is zero: the RIR ceiling is undefined")

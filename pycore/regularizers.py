@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from pycore.spectral import EPS, SpectrumError, SpectrumInfo, is_symmetric, _summarise
+from pycore.spectral import EPS, SpectrumError, SpectrumInfo, _summarise, is_symmetric, rank_tolerance
 from pycore.validation import as_float_matrix, check_square, check_theta
 
 KINDS = ("ill", "well")
@@ -254,7 +254,7 @@ def _grad_theta(theta, K, kind):
         raise ValueError(f"K must be positive semi-definite (smallest eigenvalue {w[0]:.3e})")
     # Eigenvalues of K at round-off level are zeroed BEFORE the square root: √(1e-16·λ_max)
     # would otherwise turn them into spurious nonzero singular values of Z (a rank change).
-    w = np.where(w > K.shape[0] * EPS * max(w[-1], 0.0), w, 0.0)
+    w = np.where(w > rank_tolerance(max(w[-1], 0.0), K.shape), w, 0.0)
     Zk = (np.sqrt(w)[:, None] * Q.T) @ theta
     reg = hessian_regularizer(Zk, kind)
     return 2.0 * K @ theta @ reg.G, reg
@@ -304,7 +304,7 @@ def precondition(theta: np.ndarray, G: np.ndarray, K: np.ndarray, mode: str = "e
 def range_basis(K, rtol: float | None = None) -> np.ndarray:
     """Orthonormal basis (D×r) of range(K) for symmetric PSD K, rank cut as in SPEC §2."""
     w, Q = np.linalg.eigh(0.5 * (K + K.T))
-    tol = max(abs(w[-1]), 0.0) * (K.shape[0] * EPS if rtol is None else rtol)
+    tol = rank_tolerance(max(abs(w[-1]), 0.0), K.shape, rtol)
     return Q[:, w > tol]
 
 
