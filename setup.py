@@ -32,9 +32,9 @@ def _extensions():
         return [], {}
     use_cuda = torch.version.cuda is not None and CUDA_HOME is not None
     if torch.version.cuda is not None and CUDA_HOME is None and not _flag("PYCORE_NO_CUDA"):
-        print(f"pycore: torch {torch.__version__} has CUDA {torch.version.cuda} but no CUDA toolkit was found "
-              "(set CUDA_HOME): building the CPU op only; on CUDA tensors pycore.ops will use its PyTorch "
-              "implementation", file=sys.stderr)
+        print(f"pycore: torch {torch.__version__} has CUDA {torch.version.cuda} but no CUDA toolkit was "
+              "found (set CUDA_HOME): building the CPU op only; on CUDA tensors pycore.ops will use its "
+              "PyTorch implementation", file=sys.stderr)
     if _flag("PYCORE_NO_CUDA"):
         use_cuda = False
     if _flag("PYCORE_FORCE_CUDA"):

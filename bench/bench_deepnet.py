@@ -119,7 +119,8 @@ def main(argv=None) -> int:
     for b in args.backbones.split(","):
         r = measure(b, args.batch, args.rounds)
         p, h = r["plain"], r["+D_H pass"]
-        print(f"| {b} | {1e3 * p:.1f} | {1e3 * h:.1f} | {1e3 * r['ours/fused']:.1f} | {1e3 * r['ours/ref']:.1f} | "
+        print(f"| {b} | {1e3 * p:.1f} | {1e3 * h:.1f} | {1e3 * r['ours/fused']:.1f} | "
+              f"{1e3 * r['ours/ref']:.1f} | "
               f"{100 * (r['ours/fused'] - h) / p:.1f}% | {100 * (r['ours/ref'] - h) / p:.1f}% | "
               f"{r['ours/fused'] / p:.2f}x |", flush=True)
     return 0

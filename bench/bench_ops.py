@@ -92,7 +92,8 @@ def main(argv=None):
     ap.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, extension {ops.extension_available()}, "
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"extension {ops.extension_available()}, "
           f"best of {args.repeat}\n")
     print("| N × D | dtype | R | fused (ms) | reference (ms) | speed-up | GEMM floor (ms) | fused / floor "
           "| eigvalsh(n) f64 (ms) | fused / (floor + eigvalsh) |")
@@ -109,7 +110,8 @@ def main(argv=None):
                      lambda: fwd_bwd(ops.reference_cond_regularizer, Z, kind),
                      lambda: gemm_floor(Z),
                      lambda: torch.linalg.eigvalsh(M64)], args.repeat)
-                print(f"| {N} × {D} | {str(dtype).split('.')[-1]} | {kind} | {fused*1e3:.2f} | {ref*1e3:.1f} | "
+                print(f"| {N} × {D} | {str(dtype).split('.')[-1]} | {kind} | {fused*1e3:.2f} | "
+                      f"{ref*1e3:.1f} | "
                       f"{ref/fused:.1f}× | {floor*1e3:.2f} | {fused/floor:.2f} | {eig*1e3:.2f} | "
                       f"{fused/(floor + eig):.2f} |", flush=True)
 

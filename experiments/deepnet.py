@@ -49,8 +49,10 @@ PAPER_TABLE3 = {
     ("vit", "cars"): {"init": (1.0, 1.0, 1.0, 81.78), "r_ill_only": (13.121, 4.097, 3.342, 82.21),
                       "imma": (1.422, 2.090, 0.702, 81.89), "opt_kappa": (3.598, 0.171, 26.369, 82.51),
                       "ours": (7.945, 0.323, 34.517, 82.79)},
-    ("resnet18", "country211"): {"init": (1.0, 1.0, 1.0, 68.24), "r_ill_only": (20.727, 20.675, 1.038, 62.17),
-                                 "imma": (0.791, 0.814, 0.972, 67.03), "opt_kappa": (1.538, 1.053, 1.472, 66.81),
+    ("resnet18", "country211"): {"init": (1.0, 1.0, 1.0, 68.24),
+                                 "r_ill_only": (20.727, 20.675, 1.038, 62.17),
+                                 "imma": (0.791, 0.814, 0.972, 67.03),
+                                 "opt_kappa": (1.538, 1.053, 1.472, 66.81),
                                  "ours": (3.287, 0.399, 8.714, 65.01)},
     ("vit", "country211"): {"init": (1.0, 1.0, 1.0, 81.78), "r_ill_only": (69.291, 63.519, 1.122, 80.73),
                             "imma": (6.242, 7.599, 0.845, 82.47), "opt_kappa": (4.589, 0.300, 16.498, 82.79),
@@ -292,7 +294,8 @@ def _table(rc: RunConfig, rows: dict, errors: dict, seed: int) -> str:
              f"RIR_θ₀ against a frozen copy of θ₀, mean ± std over {rc.rir_groups} groups of "
              f"{gs} samples; D_P top-1 on the D_P validation split.", "",
              "| method | (i) κ ratio on D_H ↑ | (ii) κ ratio on D_P ↓ | RIR_θ₀ ↑ | D_P top-1 % | "
-             "probe acc. on D_H after 10 / last epoch ↓ |" + (" paper RIR_θ₀ | paper D_P % |" if rc.paper_key else ""),
+             "probe acc. on D_H after 10 / last epoch ↓ |"
+             + (" paper RIR_θ₀ | paper D_P % |" if rc.paper_key else ""),
              "|---|---|---|---|---|---|" + ("---|---|" if rc.paper_key else "")]
     paper = PAPER_TABLE3.get(rc.paper_key, {}) if rc.paper_key else {}
     for m in ("init",) + tuple(rc.methods):
@@ -304,7 +307,8 @@ def _table(rc: RunConfig, rows: dict, errors: dict, seed: int) -> str:
         r = rows[m]
         acc = r["probe"]["test_accuracy"]
         line = (f"| {METHOD_LABEL[m]} | {pm(r['rir']['harmful_ratio'])} | {pm(r['rir']['pretrain_ratio'])} | "
-                f"{pm(r['rir']['value'])} | {r['dp_top1']:.2f} | {acc[min(10, len(acc) - 1)]:.1f} / {acc[-1]:.1f} |")
+                f"{pm(r['rir']['value'])} | {r['dp_top1']:.2f} | "
+                f"{acc[min(10, len(acc) - 1)]:.1f} / {acc[-1]:.1f} |")
         if rc.paper_key:
             p = paper.get(m)
             line += f" {p[2]} | {p[3]} |" if p else " | |"

@@ -73,8 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--precond", choices=("exact", "pinv", "ridge", "none"), default=d.precond)
     p.add_argument("--ridge", type=float, default=d.ridge)
     p.add_argument("--init", choices=("identity", "random"), default=d.init,
-                   help="θ's initialisation: identity (default) or nn.Linear's U(±1/√D), the paper's 'randomly "
-                        "initialized dummy linear layer' (App. C.2)")
+                   help="θ's initialisation: identity (default) or nn.Linear's U(±1/√D), the paper's "
+                        "'randomly initialized dummy linear layer' (App. C.2)")
     p.add_argument("--paper-hparams", action="store_true",
                    help="use the paper's values verbatim (η=0.005, λ_H=1e7, ridge solve) instead of ours")
     p.add_argument("--certified", action="store_true",
@@ -84,7 +84,8 @@ def parse_args(argv=None):
                         "restrict both tasks to range(K_P), so null(K_P) ⊆ null(K_H) and the RIR ceiling is finite "
                         "(hyper-parameters then default to ImmunizeConfig.strict())")
     p.add_argument("--n-train", type=int, default=200, help="training rows per split (paper: 200)")
-    p.add_argument("--probe-steps", type=int, default=100, help="steps of exact-line-search probing in Figure 1")
+    p.add_argument("--probe-steps", type=int, default=100,
+                   help="steps of exact-line-search probing in Figure 1")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                    help="worker processes for the (method, seed) runs (default: 2 or the core count)")
     p.add_argument("--no-plot", action="store_true")
@@ -169,7 +170,8 @@ def run(args) -> dict:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("fork")) as ex:
-            outs = list(progress(ex.map(_one_run, work, chunksize=1), total=len(work), desc="immunizing", unit="run"))
+            outs = list(progress(ex.map(_one_run, work, chunksize=1), total=len(work), desc="immunizing",
+                                 unit="run"))
     else:
         outs = [_one_run(w) for w in progress(work, desc="immunizing", unit="run")]
     for (method, seed), (row, theta) in zip(jobs, outs):
@@ -242,7 +244,8 @@ def table_markdown(result: dict) -> str:
     ]
     for m, e in result["methods"].items():
         paper = PAPER_TABLE1.get(m)
-        pcols = ([f"{v[0]:g} ± {v[1]:g}" for v in (paper["harmful_ratio"], paper["pretrain_ratio"], paper["rir"])]
+        pcols = ([f"{v[0]:g} ± {v[1]:g}"
+                  for v in (paper["harmful_ratio"], paper["pretrain_ratio"], paper["rir"])]
                  if paper else ["—", "—", "—"])
         held = pm(e["heldout_rir"]) if "heldout_rir" in e else "n/a"
         lines.append(f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | {pm(e['rir'])} | "
@@ -282,11 +285,13 @@ def table_markdown(result: dict) -> str:
         lines.append(f"Held-out rows: exact ceiling {fmt(hc['exact'])}, range-restricted {fmt(hc['range_restricted'])}.")
     dp = [(m, e) for m, e in result["methods"].items() if "dp_loss_after" in e]
     if dp:
-        lines += ["", "Best D_P training loss of a linear head (Definition 3.1(c)), before → after: " + "; ".join(
-            f"{LABELS[m]} {fmt(e['dp_loss_before']['mean'])} → {fmt(e['dp_loss_after']['mean'])}" for m, e in dp) + "."]
+        lines += ["", "Best D_P training loss of a linear head (Definition 3.1(c)), before → after: "
+                  + "; ".join(f"{LABELS[m]} {fmt(e['dp_loss_before']['mean'])} → "
+                              f"{fmt(e['dp_loss_after']['mean'])}" for m, e in dp) + "."]
     cfg = result["config"]
-    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, λ_H {cfg['lambda_h']:g}, "
-              f"{cfg['optimizer']}, batch {cfg['batch_size']}, preconditioner {cfg['precond']}, init {cfg['init']}. "
+    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, "
+              f"λ_H {cfg['lambda_h']:g}, {cfg['optimizer']}, batch {cfg['batch_size']}, "
+              f"preconditioner {cfg['precond']}, init {cfg['init']}. "
               f"Wall time {result['wall_seconds']:.1f} s."]
     return "\n".join(lines) + "\n"
 

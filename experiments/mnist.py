@@ -34,7 +34,8 @@ PAPER_TABLE2 = {
     "r_ill_only": {"rir": (1.933, None), "successes": 0},
     "imma": {"rir": (1.774, None), "successes": 1},
     "opt_kappa": {"rir": (69.73, 54.00), "successes": 58},
-    "ours": {"rir": (70.04, 3.28), "harmful_ratio": (6.345, None), "pretrain_ratio": (0.149, None), "successes": 90},
+    "ours": {"rir": (70.04, 3.28), "harmful_ratio": (6.345, None), "pretrain_ratio": (0.149, None),
+             "successes": 90},
 }
 LABELS = {"identity": "Identity", "r_ill_only": "R_ill only", "imma": "IMMA", "opt_kappa": "Opt κ",
           "ours": "Ours (Alg. 1)", "closed_form": "Closed form (SPEC §10)"}
@@ -47,7 +48,8 @@ SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "fraction
 # 4→9, 7→2), so λ_H/λ_P ≈ 1e12; with 5e7 the R_ill term is ~1e-4 of the R_well term (inert under
 # Adam).  η = 0.002 came from a small sweep over η ∈ [0.001, 0.02] on a few pairs (seed 0);
 # README reports the full grid with these values and a subset with --paper-hparams.
-MNIST_DEFAULTS = {k: getattr(ImmunizeConfig.mnist(), k) for k in ("epochs", "lr", "lambda_p", "lambda_h", "batch_size", "precond")}
+MNIST_DEFAULTS = {k: getattr(ImmunizeConfig.mnist(), k)
+                  for k in ("epochs", "lr", "lambda_p", "lambda_h", "batch_size", "precond")}
 
 _STATE: dict = {}  # data shared with forked workers (never pickled per job)
 
@@ -59,10 +61,13 @@ def parse_args(argv=None):
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list from {','.join(METHODS)}")
     p.add_argument("--out", type=Path, default=Path("results/mnist"), help="output folder")
     p.add_argument("--mnist-dir", type=Path, default=None,
-                   help="folder with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] (full MNIST)")
-    p.add_argument("--n-train", type=int, default=100, help="training images per digit (balanced; default 100)")
+                   help="folder with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] "
+                        "(full MNIST)")
+    p.add_argument("--n-train", type=int, default=100,
+                   help="training images per digit (balanced; default 100)")
     p.add_argument("--n-heldout", type=int, default=100, help="held-out images per digit (default 100)")
-    p.add_argument("--split-seed", type=int, default=0, help="seed of the per-digit train/held-out permutation")
+    p.add_argument("--split-seed", type=int, default=0,
+                   help="seed of the per-digit train/held-out permutation")
     d = MNIST_DEFAULTS
     p.add_argument("--epochs", type=int, default=d["epochs"])
     p.add_argument("--lr", type=float, default=d["lr"])
@@ -71,8 +76,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=0, help="D_P mini-batch; 0 = full batch (default)")
     p.add_argument("--optimizer", choices=("adam", "gd"), default="adam")
     p.add_argument("--init", choices=("identity", "random"), default="identity",
-                   help="θ's initialisation: identity (default) or nn.Linear's U(±1/√D), the paper's 'randomly "
-                        "initialized dummy linear layer' (App. C.2)")
+                   help="θ's initialisation: identity (default) or nn.Linear's U(±1/√D), the paper's "
+                        "'randomly initialized dummy linear layer' (App. C.2)")
     p.add_argument("--precond", choices=("exact", "pinv", "ridge", "none"), default=d["precond"])
     p.add_argument("--ridge", type=float, default=1e-7, help="λ of the 'ridge' preconditioner (paper: 1e-7)")
     p.add_argument("--paper-hparams", action="store_true",
@@ -152,7 +157,8 @@ def run(args) -> dict:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("fork")) as ex:
-            outs = list(progress(ex.map(_one_pair, pairs, chunksize=1), total=len(pairs), desc="pairs", unit="pair"))
+            outs = list(progress(ex.map(_one_pair, pairs, chunksize=1), total=len(pairs), desc="pairs",
+                                 unit="pair"))
     else:
         outs = [_one_pair(pr) for pr in progress(pairs, desc="pairs", unit="pair")]
     rows = [r for out in outs for r in out]
@@ -174,7 +180,8 @@ def run(args) -> dict:
         "experiment": "mnist",
         "data": {"source": digits.source, "n_train_per_digit": args.n_train,
                  "n_heldout_per_digit": len(split.heldout[0]), "split_seed": args.split_seed, "D": 784,
-                 "scaling": "pixels / 255", "targets": "BCE on D_P: ink mass above the split median (pycore.data.mnist)"},
+                 "scaling": "pixels / 255",
+                 "targets": "BCE on D_P: ink mass above the split median (pycore.data.mnist)"},
         "pairs": [list(pr) for pr in pairs],
         "seeds": args.seed_list,
         "config": asdict(cfg),
@@ -190,27 +197,34 @@ def table_markdown(result: dict) -> str:
     lines = [
         "# MNIST: immunization results over digit pairs (paper Table 2)",
         "",
-        f"{n_pairs} ordered pairs (P, H), seeds {result['seeds']}; {result['data']['n_train_per_digit']} training and "
+        f"{n_pairs} ordered pairs (P, H), seeds {result['seeds']}; "
+        f"{result['data']['n_train_per_digit']} training and "
         f"{result['data']['n_heldout_per_digit']} held-out images per digit ({result['data']['source']}). "
-        "Mean ± std (population) over pairs and seeds. (i) = κ(H_H(θ))/κ(H_H(I)) ↑, (ii) = κ(H_P(θ))/κ(H_P(I)) ↓, "
-        "RIR = (i)/(ii) ↑ on training rows; held-out RIR on unseen rows; successes = pairs whose seed-mean RIR > 1; "
+        "Mean ± std (population) over pairs and seeds. (i) = κ(H_H(θ))/κ(H_H(I)) ↑, "
+        "(ii) = κ(H_P(θ))/κ(H_P(I)) ↓, "
+        "RIR = (i)/(ii) ↑ on training rows; held-out RIR on unseen rows; "
+        "successes = pairs whose seed-mean RIR > 1; "
         "D_P acc = held-out accuracy of a least-squares probe on the features, θ = I → θ.",
         "",
-        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | median RIR | held-out RIR | successes | fraction of ceiling | D_P acc | paper RIR | paper successes |",
+        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | median RIR | held-out RIR | successes | fraction of ceiling | "
+        "D_P acc | paper RIR | paper successes |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m, e in result["methods"].items():
         paper = PAPER_TABLE2.get(m)
-        prir = "—" if not paper else (f"{paper['rir'][0]:g}" + (f" ± {paper['rir'][1]:g}" if paper["rir"][1] else ""))
+        prir = "—" if not paper else (f"{paper['rir'][0]:g}"
+                                      + (f" ± {paper['rir'][1]:g}" if paper["rir"][1] else ""))
         psucc = "—" if not paper else f"{paper['successes']}/90"
         lines.append(
             f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | {pm(e['rir'])} | "
-            f"{fmt(float(np.median(e['rir']['per_seed'])))} | {pm(e['heldout_rir'])} | {e['successes']}/{e['n_pairs']} | "
-            f"{fmt(e['fraction_of_ceiling']['mean'])} | {e['dp_acc_before']['mean']:.3f} → {e['dp_acc_after']['mean']:.3f} | "
+            f"{fmt(float(np.median(e['rir']['per_seed'])))} | {pm(e['heldout_rir'])} | "
+            f"{e['successes']}/{e['n_pairs']} | {fmt(e['fraction_of_ceiling']['mean'])} | "
+            f"{e['dp_acc_before']['mean']:.3f} → {e['dp_acc_after']['mean']:.3f} | "
             f"{prir} | {psucc} |")
     cfg = result["config"]
-    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, λ_H {cfg['lambda_h']:g}, "
-              f"{cfg['optimizer']}, batch {cfg['batch_size'] or 'full'}, preconditioner {cfg['precond']}, init {cfg['init']}"
+    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, "
+              f"λ_H {cfg['lambda_h']:g}, {cfg['optimizer']}, batch {cfg['batch_size'] or 'full'}, "
+              f"preconditioner {cfg['precond']}, init {cfg['init']}"
               + (f" (ridge {cfg['ridge']:g})" if cfg["precond"] == "ridge" else "")
               + f". Wall time {result['wall_seconds']:.1f} s."]
     return "\n".join(lines) + "\n"
@@ -243,7 +257,8 @@ def plot_heatmap(result: dict, path: Path) -> None:
         finite = np.abs(g[np.isfinite(g)])
         lim = max(float(finite.max()) if finite.size else 1.0, 1e-3)
         cmap = plt.get_cmap("RdBu_r").with_extremes(bad="0.85")  # diagonal / pairs not run: grey
-        im = ax.imshow(np.ma.masked_invalid(g), cmap=cmap, norm=TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim))
+        im = ax.imshow(np.ma.masked_invalid(g), cmap=cmap,
+                       norm=TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim))
         for p in range(10):
             for h in range(10):
                 if np.isfinite(g[p, h]):

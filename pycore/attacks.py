@@ -47,17 +47,21 @@ the method — see each docstring for what an iteration costs:
 """
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-import scipy.linalg
 import scipy.optimize
 import scipy.special
 
-from pycore.validation import check_number
+from pycore.optim import damped_newton
+from pycore.probe import exact_line_search_steps
+from pycore.spectral import rank_tolerance
+from pycore.threads import bounded_blas
+from pycore.validation import as_float_matrix, check_number
 
 __all__ = [
     "ProbingProblem", "AttackTrajectory", "make_problem",
@@ -171,28 +175,17 @@ class ProbingProblem:
         return (self.Z.T * (s * (1.0 - s))) @ self.Z + self.ridge * np.eye(self.dim)
 
 
-def _as_float_matrix(a, name: str) -> np.ndarray:
-    a = np.asarray(a)
-    if a.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D array (N×D), got shape {a.shape}")
-    if not np.issubdtype(a.dtype, np.number) or np.iscomplexobj(a):
-        raise ValueError(f"{name} must be real-valued, got dtype {a.dtype}")
-    a = a.astype(np.float64, copy=False)
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{name} contains NaN or inf")
-    return a
-
-
+@bounded_blas
 def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
                  newton_tol: float = 1e-13, max_newton: int = 200) -> ProbingProblem:
     """Validate ``(Z, y)``, compute the reference optimum ``(w*, L*)`` and the constants ``L, μ``.
 
     ``loss``: ``"lsq"`` / ``"logistic"`` (``"mse"`` / ``"bce"`` accepted, as in
-    :class:`pycore.tasks.LinearTask`). ``Z``: N×D features (``X @ theta``). ``y``: N targets (shape (N,) or (N, 1)); ``{0,1}``
-    labels for ``loss="logistic"``. ``ridge_rel``: logistic only, ``λ = ridge_rel·‖Z‖₂²/4``
-    (module docstring). The numerical rank uses numpy's ``matrix_rank`` tolerance on Z
-    (``σ₁·max(N, D)·eps``, SPEC §2); computing it on Z rather than on ZᵀZ keeps singular values
-    down to ``1e-16·σ₁`` distinguishable (ZᵀZ would square them into round-off).
+    :class:`pycore.tasks.LinearTask`). ``Z``: N×D features (``X @ theta``). ``y``: N targets
+    (shape (N,) or (N, 1)); ``{0,1}`` labels for ``loss="logistic"``. ``ridge_rel``: logistic only,
+    ``λ = ridge_rel·‖Z‖₂²/4`` (module docstring). The numerical rank uses numpy's ``matrix_rank``
+    tolerance on Z (``σ₁·max(N, D)·eps``, SPEC §2); computing it on Z rather than on ZᵀZ keeps
+    singular values down to ``1e-16·σ₁`` distinguishable (ZᵀZ would square them into round-off).
     """
     loss = _LOSS_ALIASES.get(loss, loss)
     if loss not in LOSSES:
@@ -200,7 +193,7 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
     check_number(ridge_rel, "ridge_rel", low=0.0)
     check_number(newton_tol, "newton_tol", low=0.0, high=1.0, high_open=True)
     check_number(max_newton, "max_newton", low=1, integer=True)
-    Z = _as_float_matrix(Z, "Z")
+    Z = as_float_matrix(Z, "Z")
     y = np.asarray(y)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
@@ -208,17 +201,11 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
         raise ValueError(f"y must have shape (N,) or (N, 1) (one target), got {y.shape}")
     if y.shape[0] != Z.shape[0]:
         raise ValueError(f"Z has {Z.shape[0]} rows but y has {y.shape[0]} entries")
-    if not np.issubdtype(y.dtype, np.number) or np.iscomplexobj(y):
-        raise ValueError(f"y must be real-valued, got dtype {y.dtype}")
-    y = y.astype(np.float64)
-    if not np.all(np.isfinite(y)):
-        raise ValueError("y contains NaN or inf")
+    y = as_float_matrix(y, "y", ndim=1)
     N, D = Z.shape
-    if N == 0 or D == 0:
-        raise ValueError(f"Z must be non-empty, got shape {Z.shape}")
 
     U, sigma, Vt = np.linalg.svd(Z, full_matrices=False)
-    tol = sigma[0] * max(N, D) * np.finfo(np.float64).eps if sigma.size else 0.0
+    tol = rank_tolerance(sigma[0], Z.shape) if sigma.size else 0.0
     rank = int(np.sum(sigma > tol))
     if rank == 0:
         raise ValueError("Z is (numerically) zero: there is nothing to probe")
@@ -260,42 +247,10 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
 
 def _newton(problem: ProbingProblem, w0: np.ndarray, *, tol: float, max_iter: int,
             callback: Callable[[np.ndarray], bool] | None = None) -> tuple[np.ndarray, dict]:
-    """Damped Newton (Armijo backtracking on the Newton direction, Cholesky solve).
-
-    Stops when ``‖∇L‖ ≤ tol·max(1, ‖∇L(w₀)‖)``, when a step no longer decreases L (float64
-    floor), after ``max_iter`` iterations, or when ``callback(w)`` returns True. The Hessian is
-    positive definite because λ > 0 (logistic) — for least squares use the closed form.
-    """
-    w = w0.copy()
-    f, g = problem.value_grad(w)
-    g0 = max(1.0, float(np.linalg.norm(g)))
-    it, message = 0, "max_iter reached"
-    while it < max_iter:
-        if np.linalg.norm(g) <= tol * g0:
-            message = "gradient tolerance reached"
-            break
-        H = problem.hessian(w)
-        d = -scipy.linalg.cho_solve(scipy.linalg.cho_factor(H, lower=True), g)
-        slope = float(g @ d)
-        t = 1.0
-        while True:
-            f_new = problem.value(w + t * d)
-            if f_new <= f + 1e-4 * t * slope or t < 1e-12:
-                break
-            t *= 0.5
-        if not f_new < f and t < 1e-12:
-            message = "no further decrease (float64 floor)"
-            break
-        if f_new >= f and np.linalg.norm(g) <= 1e3 * tol * g0:
-            message = "no further decrease (float64 floor)"
-            break
-        w = w + t * d
-        f, g = problem.value_grad(w)
-        it += 1
-        if callback is not None and callback(w):
-            message = "callback stop"
-            break
-    return w, {"iterations": it, "grad_norm": float(np.linalg.norm(g)), "message": message}
+    """Damped Newton on the problem (:func:`pycore.optim.damped_newton`). The Hessian is positive
+    definite because λ > 0 (logistic) — for least squares use the closed form."""
+    return damped_newton(problem.value_grad, problem.value, problem.hessian, w0, tol=tol, max_iter=max_iter,
+                         callback=callback)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -458,6 +413,7 @@ def _logistic_exact_step(problem: ProbingProblem, w: np.ndarray, g: np.ndarray) 
     return a, evals
 
 
+@bounded_blas
 def attack_gd_exact(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
                     w0=None) -> AttackTrajectory:
     """GD with exact line search — the paper's prober (Figure 1; SPEC §5 "exact line search").
@@ -468,28 +424,28 @@ def attack_gd_exact(problem: ProbingProblem, *, max_steps: int = 20000, tol: flo
     :func:`_logistic_exact_step` (O(N) per evaluation). One step = one gradient (+ one ``Zg``).
     """
     w, f, g, rec = _start(problem, max_steps, tol, w0)
+    if problem.loss == "lsq":
+        # The shared loop of pycore.probe (residual by recurrence; the gap is recomputed exactly).
+        for w, _, _ in itertools.islice(exact_line_search_steps(*problem.work, w), max_steps):
+            f, _, gap = problem.evaluate(w)
+            if rec.push(f, gap):
+                break
+        return rec.result("gd_exact", max_steps, {"step": "exact line search"}, {}, w)
     line_evals = 0
     for _ in range(max_steps):
-        gg = float(g @ g)
-        if gg == 0.0:
+        if float(g @ g) == 0.0:
             break
-        if problem.loss == "lsq":
-            zg = problem.work[0] @ g
-            denom = float(zg @ zg)
-            if denom == 0.0:
-                break
-            alpha = gg / denom
-        else:
-            alpha, n = _logistic_exact_step(problem, w, g)
-            line_evals += n
+        alpha, n = _logistic_exact_step(problem, w, g)
+        line_evals += n
         w = w - alpha * g
         f, g, gap = problem.evaluate(w)
         if rec.push(f, gap):
             break
-    info = {"line_search_evals": line_evals} if problem.loss == "logistic" else {}
-    return rec.result("gd_exact", max_steps, {"step": "exact line search"}, info, w)
+    return rec.result("gd_exact", max_steps, {"step": "exact line search"},
+                      {"line_search_evals": line_evals}, w)
 
 
+@bounded_blas
 def attack_gd_constant(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
                        w0=None) -> AttackTrajectory:
     """GD with constant step ``1/L`` (Eq. (2): ``‖w_t − w*‖² ≤ (1 − 1/κ)^t ‖w₀ − w*‖²``).
@@ -506,6 +462,7 @@ def attack_gd_constant(problem: ProbingProblem, *, max_steps: int = 20000, tol: 
     return rec.result("gd_constant", max_steps, {"step": step}, {}, w)
 
 
+@bounded_blas
 def attack_heavy_ball(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
                       w0=None) -> AttackTrajectory:
     """Polyak's heavy ball ``w_{t+1} = w_t − α∇L(w_t) + β(w_t − w_{t−1})`` with the optimal
@@ -529,6 +486,7 @@ def attack_heavy_ball(problem: ProbingProblem, *, max_steps: int = 20000, tol: f
                       {"diverged": rec.diverged}, w)
 
 
+@bounded_blas
 def attack_nesterov(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
                     w0=None) -> AttackTrajectory:
     """Nesterov's accelerated gradient for μ-strongly convex, L-smooth functions (constant
@@ -555,6 +513,7 @@ def attack_nesterov(problem: ProbingProblem, *, max_steps: int = 20000, tol: flo
 ADAM_LR_FACTORS: tuple[float, ...] = (1e-1, 1e-2, 1e-3, 1e-4)
 
 
+@bounded_blas
 def attack_adam(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6, w0=None,
                 lr_factors=ADAM_LR_FACTORS, betas=(0.9, 0.999), eps: float = 1e-8) -> AttackTrajectory:
     """Adam (Kingma & Ba 2015; PyTorch defaults β = (0.9, 0.999), ε = 1e-8, bias-corrected),
@@ -615,6 +574,7 @@ def attack_adam(problem: ProbingProblem, *, max_steps: int = 20000, tol: float =
 # ----------------------------------------------------------------------------------------------
 # Krylov / quasi-Newton / second-order attackers
 # ----------------------------------------------------------------------------------------------
+@bounded_blas
 def attack_cg(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
               w0=None) -> AttackTrajectory:
     """Conjugate gradients.
@@ -680,6 +640,7 @@ def _scipy_attack(problem, method, name, w, rec, max_steps, options):
                       {"fun_grad_evals": calls["fg"], "message": str(res.message)}, last["w"])
 
 
+@bounded_blas
 def attack_lbfgs(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
                  w0=None, memory: int = 10) -> AttackTrajectory:
     """L-BFGS (``scipy.optimize.minimize(method="L-BFGS-B")``, no bounds, memory ``memory``),
@@ -692,6 +653,7 @@ def attack_lbfgs(problem: ProbingProblem, *, max_steps: int = 20000, tol: float 
                          {"maxcor": int(memory), "ftol": 0.0, "gtol": 0.0, "maxfun": 10 * max_steps + 100})
 
 
+@bounded_blas
 def attack_closed_form(problem: ProbingProblem, *, max_steps: int = 1, tol: float = 1e-6,
                        w0=None) -> AttackTrajectory:
     """The closed-form least-squares solve ``w = lstsq(Z, y)`` (LAPACK ``gelsd``: SVD, minimum
@@ -708,6 +670,7 @@ def attack_closed_form(problem: ProbingProblem, *, max_steps: int = 1, tol: floa
     return rec.result("closed_form", 1, {"solver": "numpy.linalg.lstsq"}, {}, w)
 
 
+@bounded_blas
 def attack_newton(problem: ProbingProblem, *, max_steps: int = 100, tol: float = 1e-6,
                   w0=None) -> AttackTrajectory:
     """Damped Newton (exact Hessian ``ZᵀDZ + λI``, Cholesky solve, Armijo backtracking) — the
@@ -760,6 +723,7 @@ def attackers_for(loss: str) -> tuple[str, ...]:
     return ("gd_exact", "gd_constant", "heavy_ball", "nesterov", "adam", "cg", "lbfgs", second)
 
 
+@bounded_blas
 def run_attack_suite(problem: ProbingProblem, attackers=None, *, max_steps: int = 20000,
                      tol: float = 1e-6, second_order_max_steps: int = 100) -> dict[str, AttackTrajectory]:
     """Run every attacker in ``attackers`` (default :func:`attackers_for(problem.loss)`) on

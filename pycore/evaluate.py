@@ -7,6 +7,7 @@ from pycore.losses import best_probe_loss
 from pycore.metrics import Ceiling, range_null_split, rir
 from pycore.probe import gd_exact_line_search
 from pycore.tasks import LinearTask
+from pycore.threads import bounded_blas
 
 
 def immunized_def31(harmful_ratio: float, pretrain_ratio: float) -> bool:
@@ -28,6 +29,7 @@ def null_part_fraction(theta: np.ndarray, theta_null: np.ndarray) -> float:
     return float(np.sum((theta_null - eye) ** 2)) / total if total > 0 else float("nan")
 
 
+@bounded_blas
 def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | None,
                     ceiling: Ceiling) -> dict:
     """RIR and factors on training rows, held-out RIR, fraction of the range-restricted ceiling,
@@ -65,6 +67,7 @@ def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | 
     return out
 
 
+@bounded_blas
 def norm_ratio_curves(theta: np.ndarray, task: LinearTask, steps: int) -> dict:
     """Figure 1: ‖w_t − w*‖²/‖w_0 − w*‖² of exact-line-search GD probing on D_P and D_H."""
     return {"D_P": gd_exact_line_search(task.X_P @ theta, task.Y_P, steps).norm_ratio,

@@ -30,6 +30,7 @@ from pycore.regularizers import (PRECONDITIONERS, hessian_regularizer, precondit
 from pycore.spectral import SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
+from pycore.threads import bounded_blas
 
 METHODS = ("identity", "r_ill_only", "imma", "opt_kappa", "ours", "closed_form")
 
@@ -44,7 +45,7 @@ class ImmunizeConfig:
     epochs: int = 100            # paper Sec. 5.1 text (Table 4 says 1000)
     lr: float = 0.02             # paper: 0.005 (grid {5e-4,1e-3,5e-3,1e-2}); see README "hyper-parameters"
     lambda_p: float = 100.0      # λ_P, weight of R_well(H_P): the paper's value
-    lambda_h: float = 1e10       # λ_H, weight of R_ill(H_H); paper: 1e7, which leaves R_ill inert under Adam here
+    lambda_h: float = 1e10       # λ_H, weight of R_ill(H_H); paper: 1e7 (leaves R_ill inert under Adam here)
     optimizer: str = "adam"      # the paper's choice for linear models; "gd" = Algorithm 1 as printed
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
@@ -146,6 +147,7 @@ class ImmunizationResult:
     config: ImmunizeConfig | None = None
 
 
+@bounded_blas
 def immunize(task: LinearTask, method: str, *, rng: np.random.Generator,
              config: ImmunizeConfig | None = None, progress=None) -> ImmunizationResult:
     """Immunize a linear feature extractor for ``task`` with ``method`` (one of :data:`METHODS`).
@@ -312,8 +314,8 @@ def _regularized(task, method, cfg, rng, progress):
     pre_H = _Preconditioner(task.K_H, cfg.precond, cfg.ridge, task.X_H) if method != "opt_kappa" else None
     hist = {"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []}
     diag = {"steps": 0, "ties_P": 0, "ties_H": 0}
-    cert = {"violations_P": 0, "violations_H": 0, "clipped_P": 0, "clipped_H": 0, "skipped_P": 0, "skipped_H": 0,
-            "checked": 0}
+    cert = {"violations_P": 0, "violations_H": 0, "clipped_P": 0, "clipped_H": 0,
+            "skipped_P": 0, "skipped_H": 0, "checked": 0}
     XP, YP, XH = task.X_P, task.Y_P, task.X_H
     x_norm = max(np.max(np.sum(np.abs(XP), axis=1)), np.max(np.sum(np.abs(XH), axis=1)))
 
@@ -374,7 +376,8 @@ def _regularized(task, method, cfg, rng, progress):
             check_scale(theta, x_norm, f"{method}: epoch {epoch}", cfg.optimizer, cfg.lr, blame)
             diag["steps"] += 1
         last = epoch == cfg.epochs
-        record(epoch, ep_loss / max(n_seen, 1), None if last else reg_P.info.kappa, None if last else reg_H.info.kappa)
+        record(epoch, ep_loss / max(n_seen, 1), None if last else reg_P.info.kappa,
+               None if last else reg_H.info.kappa)
         if progress is not None:
             progress(epoch)
         if not np.all(np.isfinite(theta)):

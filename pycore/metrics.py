@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pycore.spectral import EPS, gram_spectrum, rank_tolerance
+from pycore.spectral import gram_spectrum, rank_tolerance
+from pycore.threads import bounded_blas
 from pycore.validation import as_float_matrix, check_number, check_theta
 
 
@@ -47,6 +48,7 @@ def _check_pair(X_P, X_H):
     return X_P, X_H
 
 
+@bounded_blas
 def rir(theta, X_P, X_H, *, theta_ref=None) -> RIR:
     """RIR = [κ(H_H(θ))/κ(H_H(θ_ref))] / [κ(H_P(θ))/κ(H_P(θ_ref))], θ_ref = I by default.
 
@@ -65,6 +67,7 @@ def rir(theta, X_P, X_H, *, theta_ref=None) -> RIR:
     return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
 
 
+@bounded_blas
 def feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref) -> RIR:
     """RIR from extracted features (deep nets, SPEC §8): κ(Z_HᵀZ_H)/κ(ref) over κ(Z_PᵀZ_P)/κ(ref)."""
     sP, sH = gram_spectrum(Z_P, vectors=False, name="Z_P"), gram_spectrum(Z_H, vectors=False, name="Z_H")
@@ -74,6 +77,7 @@ def feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref) -> RIR:
     return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
 
 
+@bounded_blas
 def range_null_split(theta, X_P) -> tuple[np.ndarray, np.ndarray]:
     """Split θ by what D_P's inputs see (SPEC §8, range/null decomposition).
 
@@ -125,13 +129,14 @@ class Ceiling:
 def _psd_eig(K, name):
     w, Q = np.linalg.eigh(0.5 * (K + K.T))
     w, Q = w[::-1], Q[:, ::-1]
-    tol = max(w[0], 0.0) * K.shape[0] * EPS
+    tol = rank_tolerance(max(w[0], 0.0), K.shape)
     r = int(np.count_nonzero(w > tol))
     if r == 0:
         raise ValueError(f"{name} is zero: the RIR ceiling is undefined")
     return w, Q, r
 
 
+@bounded_blas
 def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     """The supremum of RIR over linear extractors θ, exact and restricted to range(K_P).
 
@@ -213,6 +218,7 @@ def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
                           bool(max(raw_low, 0.0) >= high))
 
 
+@bounded_blas
 def grouped_feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref, *, rng: np.random.Generator, groups: int = 20,
                         group_size: int = 100) -> dict:
     """RIR_θ₀ estimated over ``groups`` random groups of ``group_size`` rows (SPEC §8, deep nets).

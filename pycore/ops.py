@@ -205,7 +205,8 @@ def _cover_missing_cuda_kernel() -> None:
     kernel for ``cond_reg``: register the PyTorch implementation for CUDA tensors and say so,
     instead of failing later with a bare NotImplementedError in the middle of training."""
     global _fallback_lib
-    if torch.version.cuda is None or torch._C._dispatch_has_kernel_for_dispatch_key("pycore::cond_reg", "CUDA"):
+    if (torch.version.cuda is None
+            or torch._C._dispatch_has_kernel_for_dispatch_key("pycore::cond_reg", "CUDA")):
         return
     _fallback_lib = torch.library.Library("pycore", "IMPL")
     _fallback_lib.impl("cond_reg", _cond_reg_torch, "CUDA")

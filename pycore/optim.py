@@ -1,16 +1,19 @@
-"""First-order update rules on NumPy arrays (plain GD and Adam), float64.
+"""Update rules on NumPy arrays, float64: plain GD and Adam (first order), and the damped Newton
+method used wherever a smooth strictly convex problem must be solved to the float64 floor
+(the logistic probes of :mod:`pycore.losses` and :mod:`pycore.attacks`).
 
-Both refuse to take a step that leaves their state or the iterate non-finite: an overflowing
-gradient (e.g. ``λ_H = 1e300``) would otherwise make Adam's second moment ``inf`` and every
-later step exactly 0 -- a run that "finishes" at its initial point.  They raise
+GD and Adam refuse to take a step that leaves their state or the iterate non-finite: an
+overflowing gradient (e.g. ``λ_H = 1e300``) would otherwise make Adam's second moment ``inf`` and
+every later step exactly 0 -- a run that "finishes" at its initial point.  They raise
 :class:`pycore.validation.DivergenceError` instead, naming the parameter to blame when the
 caller says which (``blame``: a name, or a callable returning one, evaluated only on failure).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Callable
 
 import numpy as np
+import scipy.linalg
 
 from pycore.validation import (
     DivergenceError,
@@ -122,3 +125,46 @@ def make_optimizer(name: str, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, 
     if name == "adam":
         return Adam(lr, betas, eps, name=param)
     return GD(lr, name=param)
+
+
+def damped_newton(value_grad: Callable, value: Callable, hessian: Callable, w0: np.ndarray, *,
+                  tol: float, max_iter: int,
+                  callback: Callable[[np.ndarray], bool] | None = None) -> tuple[np.ndarray, dict]:
+    """Damped Newton: Armijo backtracking (c = 1e-4, halving) on the Newton direction, Cholesky solve.
+
+    ``w`` is a vector; ``value_grad(w) -> (f, g)``, ``value(w) -> f`` and ``hessian(w) -> ∇²f``
+    (positive definite: the callers add a ridge).  Stops when ``‖∇f‖ ≤ tol·max(1, ‖∇f(w₀)‖)``,
+    when a step no longer decreases f (the float64 floor), after ``max_iter`` iterations, or when
+    ``callback(w)`` returns True.  Returns ``(w, info)`` with the iteration count, final gradient norm and the
+    stop reason.
+    """
+    w = w0.copy()
+    f, g = value_grad(w)
+    g0 = max(1.0, float(np.linalg.norm(g)))
+    it, message = 0, "max_iter reached"
+    while it < max_iter:
+        if np.linalg.norm(g) <= tol * g0:
+            message = "gradient tolerance reached"
+            break
+        H = hessian(w)
+        d = -scipy.linalg.cho_solve(scipy.linalg.cho_factor(H, lower=True), g)
+        slope = float(g @ d)
+        t = 1.0
+        while True:
+            f_new = value(w + t * d)
+            if f_new <= f + 1e-4 * t * slope or t < 1e-12:
+                break
+            t *= 0.5
+        if not f_new < f and t < 1e-12:
+            message = "no further decrease (float64 floor)"
+            break
+        if f_new >= f and np.linalg.norm(g) <= 1e3 * tol * g0:
+            message = "no further decrease (float64 floor)"
+            break
+        w = w + t * d
+        f, g = value_grad(w)
+        it += 1
+        if callback is not None and callback(w):
+            message = "callback stop"
+            break
+    return w, {"iterations": it, "grad_norm": float(np.linalg.norm(g)), "message": message}

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from pycore.spectral import EPS, SpectrumError, SpectrumInfo, is_symmetric, _summarise
+from pycore.spectral import EPS, SpectrumError, SpectrumInfo, _summarise, is_symmetric, rank_tolerance
 from pycore.validation import as_float_matrix, check_number, check_square, check_theta
 
 KINDS = ("ill", "well")
@@ -177,7 +177,8 @@ def _eigvec_at(H: np.ndarray, i: int) -> np.ndarray:
     return v[:, 0]
 
 
-def hessian_regularizer(Z, kind: str, *, rtol: float | None = None, matrices: bool = True) -> HessianRegularizer:
+def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
+                        matrices: bool = True) -> HessianRegularizer:
     """R_kind(ZᵀZ) and its gradient w.r.t. ``H = ZᵀZ`` (the in-loop path of the immunizers).
 
     R_well uses ``p = D`` (the Hessian's size, as in Theorem 4.2); R_ill uses ``k = rank H``.
@@ -254,7 +255,7 @@ def _grad_theta(theta, K, kind):
         raise ValueError(f"K must be positive semi-definite (smallest eigenvalue {w[0]:.3e})")
     # Eigenvalues of K at round-off level are zeroed BEFORE the square root: √(1e-16·λ_max)
     # would otherwise turn them into spurious nonzero singular values of Z (a rank change).
-    w = np.where(w > K.shape[0] * EPS * max(w[-1], 0.0), w, 0.0)
+    w = np.where(w > rank_tolerance(max(w[-1], 0.0), K.shape), w, 0.0)
     Zk = (np.sqrt(w)[:, None] * Q.T) @ theta
     reg = hessian_regularizer(Zk, kind)
     return 2.0 * K @ theta @ reg.G, reg
@@ -304,12 +305,13 @@ def range_basis(K, rtol: float | None = None) -> np.ndarray:
     """Orthonormal basis (D×r) of range(K) for symmetric PSD K, rank cut as in SPEC §2."""
     check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True, none_ok=True)
     w, Q = np.linalg.eigh(0.5 * (K + K.T))
-    tol = max(abs(w[-1]), 0.0) * (K.shape[0] * EPS if rtol is None else rtol)
+    tol = rank_tolerance(max(abs(w[-1]), 0.0), K.shape, rtol)
     return Q[:, w > tol]
 
 
 def preconditioned_grad_theta(theta, K, kind: str, *, mode: str = "exact", ridge: float = 0.0) -> np.ndarray:
-    """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6 (see :func:`precondition`)."""
+    """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6
+    (see :func:`precondition`)."""
     K = as_float_matrix(K, "K")
     _, reg = _grad_theta(theta, K, _check_kind(kind))
     return precondition(np.asarray(theta, dtype=np.float64), reg.G, K, mode, ridge)

@@ -100,7 +100,8 @@ def parse_seeds(text: str) -> list[int]:
             return list(range(int(a), int(b) + 1))
         n = int(text)
     except ValueError:
-        raise ValueError(f"--seeds must be a count (5), a list (0,3,7) or a range (2-4), got {text!r}") from None
+        raise ValueError(f"--seeds must be a count (5), a list (0,3,7) or a range (2-4), "
+                         f"got {text!r}") from None
     if n < 1:
         raise ValueError(f"--seeds count must be ≥ 1, got {n}")
     return list(range(n))

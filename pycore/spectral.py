@@ -210,7 +210,8 @@ def extreme_eigenpair(S, which: str = "max") -> tuple[float, np.ndarray]:
     """
     S = as_float_matrix(S, "S")
     if not is_symmetric(S):
-        raise ValueError(f"extreme_eigenpair needs a symmetric matrix, got shape {S.shape} that is not symmetric")
+        raise ValueError(f"extreme_eigenpair needs a symmetric matrix, "
+                         f"got shape {S.shape} that is not symmetric")
     n = S.shape[0]
     idx = n - 1 if which == "max" else 0
     if which not in ("max", "min"):

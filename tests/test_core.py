@@ -166,7 +166,8 @@ def test_imma_gradient_matches_finite_differences():
 
 def test_ours_improves_rir_on_a_synthetic_task():
     t = small_task(10, N=60, D=6)
-    res = immunize(t, "ours", rng=np.random.default_rng(0), config=ImmunizeConfig(epochs=60, batch_size=None, lambda_h=1e4))
+    res = immunize(t, "ours", rng=np.random.default_rng(0),
+                   config=ImmunizeConfig(epochs=60, batch_size=None, lambda_h=1e4))
     assert rir(res.theta, t.X_P, t.X_H).value > 1.5
 
 

@@ -219,7 +219,8 @@ def test_loss_terms_use_the_op_and_precondition_only_the_regularizers():
     W = m.layer.weight.detach().double().clone().requires_grad_(True)
     (g_plain,) = torch.autograd.grad(ops.reference_cond_regularizer(XH @ W.T, "ill"), W)
     expected = g_plain @ torch.linalg.inv(XH.T @ XH + 1e-3 * torch.eye(XH.shape[1], dtype=torch.float64))
-    torch.testing.assert_close(m.layer.weight.grad.double(), expected, rtol=2e-3, atol=1e-3 * expected.abs().max().item())
+    torch.testing.assert_close(m.layer.weight.grad.double(), expected, rtol=2e-3,
+                               atol=1e-3 * expected.abs().max().item())
 
 
 def test_log_kappa_matches_the_spectrum_and_is_differentiable():
@@ -365,7 +366,8 @@ def _ddp_worker(rank, world, port, out):
     ctx = init_from_env("cpu")
     m = build_model("resnet18_32px", 3, seed=0)
     res = immunize(m, _tds(32, 10), _tds(32, 11),
-                   ImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3, balance=1.0, progress=False),
+                   ImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3, balance=1.0,
+                                  progress=False),
                    num_classes_h=3, rank=ctx.rank, world=ctx.world, ddp=True)
     if rank == 0:
         torch.save({"state": m.state_dict(), "loss": res.history["loss"], "lambdas": res.lambdas}, out)
@@ -385,7 +387,8 @@ def test_ddp_gloo_two_processes_match_virtual_ranks(tmp_path):
     moved = 0
     for k, v in m.state_dict().items():
         torch.testing.assert_close(ddp["state"][k], v, rtol=1e-4, atol=1e-6, msg=k)
-        moved += int(not torch.equal(v, build_model("resnet18_32px", 3, seed=0).state_dict()[k])) if "layer4.1.conv2" in k else 0
+        if "layer4.1.conv2" in k:
+            moved += int(not torch.equal(v, build_model("resnet18_32px", 3, seed=0).state_dict()[k]))
     assert moved == 1
 
 
@@ -401,8 +404,8 @@ def _ddp_nan_worker(rank, world, port, out):
     ctx = init_from_env("cpu", timeout_s=60)
     m = build_model("resnet18_32px", 3, seed=0)
     try:
-        immunize(m, _tds(16, 10), _tds(16, 11), ImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3,
-                                                                progress=False),
+        immunize(m, _tds(16, 10), _tds(16, 11),
+                 ImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3, progress=False),
                  num_classes_h=3, rank=ctx.rank, world=ctx.world, ddp=True)
         outcome = "returned"
     except NonFiniteLossError as exc:

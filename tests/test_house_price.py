@@ -60,7 +60,8 @@ def test_ours_rir_comes_mostly_from_null_KP_under_the_paper_protocol(data):
 def test_ours_meets_paper_table1_rir(data):
     """Target of the House Prices issue: mean RIR of Algorithm 1 over 5 seeds ≥ 356.2 (paper)."""
     t = data.train
-    vals = [rir(immunize(t, "ours", rng=np.random.default_rng(s)).theta, t.X_P, t.X_H).value for s in range(5)]
+    vals = [rir(immunize(t, "ours", rng=np.random.default_rng(s)).theta, t.X_P, t.X_H).value
+            for s in range(5)]
     assert np.mean(vals) >= 356.2
     assert min(vals) > 100
 
@@ -85,7 +86,8 @@ def test_bad_csv_inputs(tmp_path, data):
     row = int(np.flatnonzero((df.MSZoning != "RL").to_numpy())[3])  # a D_P row: LotArea is its target
     junk.loc[row, "LotArea"] = "lots"
     junk.to_csv(tmp_path / "junk.csv", index=False)
-    with pytest.raises(ValueError, match=f"column 'LotArea' has non-numeric value 'lots' \\(line {row + 2}\\)"):
+    with pytest.raises(ValueError,
+                       match=f"column 'LotArea' has non-numeric value 'lots' \\(line {row + 2}\\)"):
         load_house_price(tmp_path / "junk.csv")
     junk = df.copy()
     junk["GrLivArea"] = junk["GrLivArea"].astype(object)
@@ -139,11 +141,13 @@ def test_experiment_smoke(tmp_path):
 
 
 def test_experiment_reports_bad_data_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--data", str(tmp_path / "nope.csv"), "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--data", str(tmp_path / "nope.csv"),
+                           "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no such file" in proc.stderr
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "zero"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "zero"], capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 2 and "--seeds" in proc.stderr
 
 
@@ -154,7 +158,8 @@ def test_init_flag_reaches_the_config_and_random_init_is_seeded():
     args = house_price.parse_args(["--init", "random", "--epochs", "0"])
     cfg = house_price.build_config(args)
     assert cfg.init == "random"
-    assert house_price.build_config(house_price.parse_args(["--paper-hparams", "--init", "random"])).init == "random"
+    args = house_price.parse_args(["--paper-hparams", "--init", "random"])
+    assert house_price.build_config(args).init == "random"
     assert house_price.build_config(house_price.parse_args([])).init == "identity"
     train = load_house_price().train
     a = immunize(train, "ours", rng=np.random.default_rng(3), config=cfg).theta

@@ -13,7 +13,8 @@ import scipy.linalg
 
 from pycore.data.mnist import (digit_covariances, ink_targets, load_mnist_5k, load_mnist_idx, pair_task,
                                parse_pairs, split_digits)
-from pycore.immunize import ImmunizeConfig, _G_parts, _Preconditioner, _theta_G, imma_objective, imma_inner_step_size
+from pycore.immunize import (ImmunizeConfig, _G_parts, _Preconditioner, _theta_G, imma_inner_step_size,
+                             imma_objective)
 from pycore import losses
 from pycore.regularizers import hessian_regularizer, precondition, range_basis
 from pycore.tasks import LinearTask
@@ -163,8 +164,9 @@ def test_experiment_ci_run(tmp_path):
     import mnist as exp
 
     out = tmp_path / "mn"
-    rc = exp.main(["--pairs", "0-1,7-2", "--seeds", "2", "--epochs", "2", "--n-train", "40", "--n-heldout", "20",
-                   "--methods", "identity,ours,opt_kappa,closed_form", "--jobs", "1", "--out", str(out)])
+    rc = exp.main(["--pairs", "0-1,7-2", "--seeds", "2", "--epochs", "2", "--n-train", "40",
+                   "--n-heldout", "20", "--methods", "identity,ours,opt_kappa,closed_form", "--jobs", "1",
+                   "--out", str(out)])
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     assert set(res["methods"]) == {"identity", "ours", "opt_kappa", "closed_form"}

@@ -66,7 +66,8 @@ def test_extension_is_built():
     assert ops.extension_available(), "pycore._C is not built: run `python setup.py build_ext --inplace`"
 
 
-@pytest.mark.parametrize("args", sample_inputs(), ids=lambda a: f"{tuple(a[0].shape)}-{a[0].dtype}-{a[1]}-grad{a[4]}")
+@pytest.mark.parametrize("args", sample_inputs(),
+                         ids=lambda a: f"{tuple(a[0].shape)}-{a[0].dtype}-{a[1]}-grad{a[4]}")
 def test_opcheck_cond_reg(args):
     opcheck(torch.ops.pycore.cond_reg.default, args)
 
@@ -78,7 +79,8 @@ def test_opcheck_precond_linear(N, D, bias, pre):
     b = torch.randn(5, dtype=torch.float64, requires_grad=True) if bias else None
     opcheck(torch.ops.pycore.precond_linear.default, (X, W, b, 1e-3, pre))
     G = torch.randn(N, 5, dtype=torch.float64)
-    opcheck(torch.ops.pycore.precond_linear_backward.default, (G, X.detach(), W.detach(), 1e-3, pre, True, True))
+    opcheck(torch.ops.pycore.precond_linear_backward.default,
+            (G, X.detach(), W.detach(), 1e-3, pre, True, True))
 
 
 @pytest.mark.parametrize("kind", ops.KINDS)
@@ -221,7 +223,8 @@ def test_diagnostics_values():
     assert d.rank == 4 and d.path == "covariance"
     assert abs(d.sigma_max - 9.0) < 1e-12 and abs(d.sigma_min - 0.5) < 1e-12 and abs(d.kappa - 18.0) < 1e-10
     assert abs(d.eigengap - 1.5) < 1e-12 and not d.tie and not d.degenerate
-    _, d = ops.cond_regularizer_with_diagnostics(Z.T.contiguous(), "well")  # 4×6: Gram path, same H spectrum + 2 zeros
+    # 4×6: Gram path, same H spectrum + 2 zeros
+    _, d = ops.cond_regularizer_with_diagnostics(Z.T.contiguous(), "well")
     assert d.path == "gram" and d.rank == 4 and abs(d.eigengap - 5.0) < 1e-12
 
 
@@ -283,7 +286,8 @@ def test_head_matches_spec_preconditioned_theta_gradient():
     # SPEC §4: with K invertible and λ = 0, K⁻¹∇_θR(H(θ)) = 2θG; in W = θᵀ form, grad_W = 2Gθᵀ.
     N, D = 60, 8
     X = features(N, D, seed=9)
-    theta = torch.eye(D, dtype=torch.float64) + 0.2 * torch.randn(D, D, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    theta = torch.eye(D, dtype=torch.float64) + 0.2 * torch.randn(D, D, dtype=torch.float64, generator=gen)
     head = ops.ImmunizationHead(D, lambda_reg=0.0).double()
     with torch.no_grad():
         head.weight.copy_(theta.T)
@@ -306,8 +310,10 @@ def test_head_bias_input_grad_and_errors():
     with pytest.raises(ValueError, match="lambda_reg"):
         ops.ImmunizationHead(4, lambda_reg=-1.0)
     Xd = X.detach()
-    with pytest.raises(RuntimeError, match="grad_output is (Float|torch.float32) on cpu but the input is (Double|torch.float64)"):
-        torch.ops.pycore.precond_linear_backward(torch.ones(9, 4), Xd, head.weight.detach(), 1e-7, True, True, True)
+    msg = "grad_output is (Float|torch.float32) on cpu but the input is (Double|torch.float64)"
+    with pytest.raises(RuntimeError, match=msg):
+        torch.ops.pycore.precond_linear_backward(torch.ones(9, 4), Xd, head.weight.detach(), 1e-7,
+                                                 True, True, True)
 
 
 def test_r_ill_tie_is_relative_to_sigma_min_in_op_and_core():
@@ -365,7 +371,8 @@ def test_fallback_without_extension_warns_once_and_agrees():
         "    print(repr(v.item()), repr(g.abs().sum().item()))\n"
     )
     env = dict(os.environ, PYCORE_DISABLE_EXTENSION="1", PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                         check=True)
     lines = out.stdout.split("\n")
     assert lines[0] == "1 False", out.stdout + out.stderr
     Z = torch.linspace(-1, 2, 60, dtype=torch.float64).reshape(6, 10).sin()
@@ -382,7 +389,8 @@ def _nvcc():
 @pytest.mark.skipif(not _nvcc(), reason="nvcc not installed")
 def test_cuda_kernels_compile_with_nvcc(tmp_path):
     # DESIGN §5: the .cu is torch-free, so it compile-checks on a machine without a GPU.
-    cmd = [_nvcc(), "-c", "-O3", "-std=c++17", "-Werror", "all-warnings", "-gencode", "arch=compute_80,code=sm_80",
+    cmd = [_nvcc(), "-c", "-O3", "-std=c++17", "-Werror", "all-warnings",
+           "-gencode", "arch=compute_80,code=sm_80",
            str(ROOT / "csrc/cuda/cond_reg_kernels.cu"), "-o", str(tmp_path / "k.o")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -427,7 +435,8 @@ def test_cpu_only_build_under_a_cuda_torch_covers_cuda_tensors():
     cond_reg; pycore.ops registers its PyTorch implementation there instead of leaving a bare
     NotImplementedError for training to hit.  Simulated here by claiming a CUDA torch."""
     code = ("import torch\ntorch.version.cuda = '12.4'\nfrom pycore import ops\n"
-            "print(ops.extension_available(), torch._C._dispatch_has_kernel_for_dispatch_key('pycore::cond_reg', 'CUDA'))")
+            "print(ops.extension_available(), "
+            "torch._C._dispatch_has_kernel_for_dispatch_key('pycore::cond_reg', 'CUDA'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     if out.stdout.split()[0] == "True":  # only meaningful with the compiled extension

@@ -8,7 +8,8 @@ import pytest
 
 from pycore import regularizers as R
 from pycore.spectral import SpectrumError, condition_number, spectrum_info
-from tests.helpers import central_diff, orthogonal, psd_with_spectrum, rel_err, separated_spectrum, with_spectrum
+from tests.helpers import (central_diff, orthogonal, psd_with_spectrum, rel_err, separated_spectrum,
+                           with_spectrum)
 
 SEEDS = range(40)
 
@@ -302,7 +303,8 @@ def test_prop32_what_holds(seed):
     # exact when U_θᵀKU_θ is diagonal: θ with left singular vectors = K's eigenvectors
     w, Q = np.linalg.eigh(K)
     theta2 = Q @ np.diag(rng.uniform(0.5, 2, D)) @ orthogonal(D, rng)
-    np.testing.assert_allclose(np.sort(_prop32_formula(theta2, K)), np.linalg.eigvalsh(theta2.T @ K @ theta2), rtol=1e-9)
+    np.testing.assert_allclose(np.sort(_prop32_formula(theta2, K)), np.linalg.eigvalsh(theta2.T @ K @ theta2),
+                               rtol=1e-9)
 
 
 @pytest.mark.parametrize("seed", SEEDS[:20])

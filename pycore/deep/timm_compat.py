@@ -8,7 +8,14 @@ exist``. Defining the two schemas ourselves -- only when the real library cannot
 is enough: timm never calls them, and torchvision's detection ops stay unavailable (unused here).
 
 Call :func:`import_timm` (or :func:`ensure_torchvision_ops`) before anything imports
-torchvision or timm.
+torchvision or timm -- or let the import hook do it: ``scripts/install.sh`` writes
+``_pycore_torchvision_hook.pth`` (and the tiny module :mod:`pycore.deep._torchvision_hook`,
+copied next to it) into site-packages, so that a bare ``import timm`` works in the installed
+environment (docs/design.md §5).  At interpreter start the hook only appends a
+``sys.meta_path`` finder; it imports neither torch nor torchvision.  When torchvision is first
+imported the finder loads THIS file by path and calls :func:`ensure_torchvision_ops`, so torch
+is imported only then (torchvision needs it anyway).  This module therefore imports torch
+lazily, inside the functions.
 """
 from __future__ import annotations
 
@@ -17,12 +24,13 @@ import importlib.util
 import os
 import sys
 
-import torch
-
 __all__ = ["ensure_torchvision_ops", "import_timm", "shim_installed"]
 
 # The Library object must outlive the call: dropping it would deregister the schemas.
-_LIB: "torch.library.Library | None" = None
+_LIB = None
+# Name under which the import hook loads this file (outside the pycore package, which it must not
+# import at that point); its _LIB is the shim when the hook installed it.
+HOOK_MODULE_NAME = "_pycore_timm_compat"
 
 _SCHEMAS = (
     "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -31,6 +39,8 @@ _SCHEMAS = (
 
 
 def _nms_registered() -> bool:
+    import torch
+
     try:
         torch.ops.torchvision.nms  # noqa: B018  (attribute lookup is the test)
     except (AttributeError, RuntimeError):
@@ -39,8 +49,9 @@ def _nms_registered() -> bool:
 
 
 def shim_installed() -> bool:
-    """True when this module had to define the torchvision schemas itself."""
-    return _LIB is not None
+    """True when the torchvision schemas had to be defined by this shim (here or by the hook)."""
+    hooked = sys.modules.get(HOOK_MODULE_NAME)
+    return _LIB is not None or getattr(hooked, "_LIB", None) is not None
 
 
 def ensure_torchvision_ops() -> bool:
@@ -50,6 +61,8 @@ def ensure_torchvision_ops() -> bool:
     loaded, torchvision is absent, or the schemas already exist).
     """
     global _LIB
+    import torch
+
     if _LIB is not None or _nms_registered():
         return _LIB is not None
     if "torchvision" in sys.modules:

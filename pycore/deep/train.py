@@ -392,7 +392,8 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: I
     """
     cfg.validate()
     if world > 1 and cfg.virtual_ranks > 1:
-        raise ValueError("virtual_ranks emulates a multi-rank run in ONE process; do not combine it with torchrun")
+        raise ValueError("virtual_ranks emulates a multi-rank run in ONE process; "
+                         "do not combine it with torchrun")
     model.to(device)
     ext_params, cls_params = model.set_trainable()
     if not from_trunk and not model.trunk_is_frozen():  # pragma: no cover - set_trainable guarantees it
@@ -442,8 +443,8 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: I
         # to re-broadcast them each forward (the keyword was renamed in recent torch).
         sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
                 else {"broadcast_buffers": False})
-        runner = DDP(obj, device_ids=[torch.device(device).index] if torch.device(device).type == "cuda" else None,
-                     **sync)
+        dev = torch.device(device)
+        runner = DDP(obj, device_ids=[dev.index] if dev.type == "cuda" else None, **sync)
     opt = torch.optim.SGD(
         [{"params": ext_params, "weight_decay": cfg.weight_decay_extractor},
          {"params": cls_params, "weight_decay": cfg.weight_decay_classifier}],
@@ -496,13 +497,16 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: I
                 opt.zero_grad(set_to_none=True)
                 ckpt = None
                 if cfg.checkpoint_dir and rank == 0:
-                    ckpt = save_immunized(model, os.path.join(cfg.checkpoint_dir, f"last_good_{cfg.method}.safetensors"),
+                    path = os.path.join(cfg.checkpoint_dir, f"last_good_{cfg.method}.safetensors")
+                    ckpt = save_immunized(model, path,
                                           num_classes=model.classifier.out_features,
                                           extra={"step": step, "reason": "non-finite loss"})
                 terms = failure or ", ".join(f"{k}={v:.3g}" for k, v in logs.items())
                 raise NonFiniteLossError(
-                    f"[{cfg.method}] non-finite loss or gradient at step {step} ({terms}); stopped, the model "
-                    f"keeps its state after step {step - 1}" + (f", saved to {ckpt}" if ckpt else ""), step, ckpt)
+                    f"[{cfg.method}] non-finite loss or gradient at step {step} ({terms}); stopped, "
+                    f"the model keeps its state after step {step - 1}"
+                    + (f", saved to {ckpt}" if ckpt else ""),
+                    step, ckpt)
             opt.step()
             history["loss"].append(loss_val)
             for k, v in logs.items():
