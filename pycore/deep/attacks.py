@@ -8,9 +8,9 @@ Three attackers, from the paper's to realistic ones (issue 12; docs/theory.md §
 * :func:`adam_probe_curve` / :func:`best_adam_probe` -- a linear probe trained by Adam on
   mini-batches, the learning rate picked from a small sweep by the best D_H test accuracy
   (the defender's worst case). Adam's per-coordinate scaling undoes part of any conditioning.
-* :func:`finetune_attack` -- the attacker fine-tunes the backbone's immunized stage (ResNet18's
-  last two residual stages / ViT's last block and norm), the immunization layer and a NEW
-  linear head with Adam on D_H. Nothing of θ's conditioning is protected from this one.
+* :func:`finetune_attack` -- the attacker fine-tunes the backbone's last stage (ResNet18's
+  ``layer4`` / ViT's last block and norm), the immunization layer and a NEW linear head with
+  Adam on D_H. Nothing of θ's conditioning is protected from this one.
 
 All three return test accuracy (%) on D_H after each epoch (index 0 = before training).
 """
@@ -131,59 +131,67 @@ def best_adam_probe(Z_train, y_train, Z_test, y_test, *, epochs: int, lrs=(1e-3,
 
 def finetune_attack(model: ImmunizableModel, h_train: Dataset, h_test: Dataset, *, num_classes: int,
                     epochs: int, lr: float = 1e-3, batch_size: int = 64, seed: int = 0,
-                    eval_batch: int = 256, from_trunk: bool = True) -> ProbeCurve:
-    """Fine-tune the immunized stage + the immunization layer + a new head with Adam on D_H.
+                    eval_batch: int = 256, eval_epochs: "tuple[int, ...] | None" = None,
+                    from_trunk: bool = True) -> ProbeCurve:
+    """Fine-tune the backbone's last stage + the immunization layer + a new head with Adam on D_H.
 
-    ``h_train`` / ``h_test`` hold the outputs of the backbone's frozen stem (``model`` in scope
-    ``"tail"``, :meth:`ImmunizableModel.trunk`), or images with ``from_trunk=False``: the
-    attacker trains everything after the stem.
-    ``model`` is not modified (a deep copy is attacked). The model stays in eval mode
-    (BatchNorm statistics of θ, no dropout), so the attack is deterministic for a seed.
+    The last stage is ResNet18's ``layer4`` / ViT's last block and norm
+    (:meth:`ImmunizableModel.last_stage_modules`): the part of the immunized tail closest to
+    the features, i.e. what an attacker with a modest budget retrains. ``h_train`` / ``h_test``
+    hold the outputs of the backbone's frozen stem (``model`` in scope ``"tail"``,
+    :meth:`ImmunizableModel.trunk`), or images with ``from_trunk=False``; everything before the
+    last stage is frozen and run once. ``model`` is not modified (a deep copy is attacked). The
+    model stays in eval mode (BatchNorm statistics of θ, no dropout), so the attack is
+    deterministic for a seed. Test accuracy is measured after the epochs in ``eval_epochs``
+    (default: every epoch); other entries of the curve are NaN.
     """
     m = copy.deepcopy(model).set_scope("tail")
-    g = torch.Generator().manual_seed(seed)
-    head = nn.Linear(m.feature_dim, num_classes)
-    with torch.no_grad():
-        bound = 1.0 / m.feature_dim ** 0.5
-        head.weight.uniform_(-bound, bound, generator=g)
-        head.bias.uniform_(-bound, bound, generator=g)
     for p in m.parameters():
         p.requires_grad_(False)
-    params = [p for mod in m.immunized_modules() for p in mod.parameters()]
+    m.eval()
+    dev = next(m.parameters()).device
+
+    @torch.no_grad()
+    def frozen_part(ds) -> torch.Tensor:
+        out = []
+        for s in range(0, len(ds), eval_batch):
+            x, _ = fetch(ds, torch.arange(s, min(s + eval_batch, len(ds))))
+            h = x.to(dev) if from_trunk else m.trunk(x.to(dev))
+            out.append(m.before_last_stage(h))
+        return torch.cat(out)
+
+    Htr, Hte = frozen_part(h_train), frozen_part(h_test)
+    ytr = torch.as_tensor([int(v) for v in fetch(h_train, torch.arange(len(h_train)))[1]])
+    yte = fetch(h_test, torch.arange(len(h_test)))[1]
+    g = torch.Generator().manual_seed(seed)
+    head = nn.Linear(m.feature_dim, num_classes).to(dev)
+    with torch.no_grad():
+        bound = 1.0 / m.feature_dim ** 0.5
+        head.weight.copy_(torch.empty_like(head.weight).uniform_(-bound, bound, generator=g))
+        head.bias.copy_(torch.empty_like(head.bias).uniform_(-bound, bound, generator=g))
+    params = [p for mod in m.last_stage_modules() + [m.layer] for p in mod.parameters()]
     for p in params:
         p.requires_grad_(True)
-    m.eval()
-    head.eval()
-    dev = next(m.parameters()).device
-    head.to(dev)
     opt = torch.optim.Adam(params + list(head.parameters()), lr=lr)
     batches = ShardedBatches(len(h_train), min(batch_size, len(h_train)), seed=seed)
-
-    def stem(x):
-        if from_trunk:
-            return x.to(dev)
-        with torch.no_grad():
-            return m.trunk(x.to(dev))
+    wanted = set(range(epochs + 1)) if eval_epochs is None else {0, *eval_epochs}
 
     def test_acc() -> float:
-        correct = 0
         with torch.no_grad():
-            for s in range(0, len(h_test), eval_batch):
-                x, y = fetch(h_test, torch.arange(s, min(s + eval_batch, len(h_test))))
-                correct += int((head(m.layer(m.pooled(stem(x)))).argmax(1).cpu() == y).sum())
-        return 100.0 * correct / len(h_test)
+            logits = torch.cat([head(m.layer(m.last_stage(Hte[s:s + eval_batch])))
+                                for s in range(0, len(Hte), eval_batch)])
+        return _accuracy(logits.cpu(), yte)
 
     accs, losses = [test_acc()], []
     for e in range(epochs):
         total = 0.0
         for (idx,) in batches.epoch(e):
-            x, y = fetch(h_train, idx)
-            z = F.linear(m.pooled(stem(x)), m.layer.weight, m.layer.bias)  # plain (attacker's) gradient
-            loss = F.cross_entropy(head(z), y.to(dev))
+            z = F.linear(m.last_stage(Htr[idx]), m.layer.weight, m.layer.bias)  # plain (attacker's) gradient
+            loss = F.cross_entropy(head(z), ytr[idx].to(dev))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             total += float(loss.detach())
         losses.append(total / len(batches))
-        accs.append(test_acc())
+        accs.append(test_acc() if e + 1 in wanted else float("nan"))
     return ProbeCurve(accs, losses, lr)

@@ -85,7 +85,8 @@ class RunConfig:
     attack_epochs: tuple[int, ...] = (1, 5, 20)
     adam_lrs: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
     finetune_lr: float = 1e-3
-    finetune_pool: "int | None" = 320        # D_H training samples the fine-tuning attacker gets
+    finetune_pool: "int | None" = 256        # D_H training samples the fine-tuning attacker gets
+    finetune_test: "int | None" = 500        # D_H test samples it is scored on
 
 
 @dataclass
@@ -217,7 +218,7 @@ def _evaluate(model, ref_feats, ev, rc: RunConfig, seed: int, from_trunk: bool) 
     if ev.get("stem") is not None:
         ft = finetune_attack(model, ev["stem"]["h_train"], ev["stem"]["h_test"], num_classes=nch,
                              epochs=max(rc.attack_epochs), lr=rc.finetune_lr, seed=seed, eval_batch=rc.eval_batch,
-                             from_trunk=ev["stem"]["cached"])
+                             eval_epochs=rc.attack_epochs, from_trunk=ev["stem"]["cached"])
         attacks["finetune"] = ft.test_accuracy
     curve = probe.test_accuracy[:rc.probe_epochs + 1]
     row = {"dp_top1": acc, "rir": rir, "probe": {"test_accuracy": curve, "step_size": probe.step_size},
@@ -270,7 +271,8 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say=print) -> "dic
     ev["y"] = {k: _labels(ev["sets"][k]) for k in ("p_val", "h_train", "h_test")}
     attack_src = stem or {"h_train": h_tr, "h_test": h_te}
     ev["stem"] = {"h_train": _subset(attack_src["h_train"], rc.finetune_pool, np.random.default_rng([seed, 5])),
-                  "h_test": attack_src["h_test"], "cached": from_trunk}
+                  "h_test": _subset(attack_src["h_test"], rc.finetune_test, np.random.default_rng([seed, 6])),
+                  "cached": from_trunk}
 
     rows, errors, ref_feats = {}, {}, None
     if ctx.is_main:
@@ -476,11 +478,12 @@ def plot_attacks(result: dict, rc: RunConfig, path: Path) -> None:
         for m, r in result["rows"].items():
             if a not in r["attacks"]:
                 continue
-            c = r["attacks"][a]["curve"]
-            x = range(len(c["mean"]))
-            line, = ax.plot(x, c["mean"], label=METHOD_LABEL.get(m, m), **_style(m))
+            c = {k: np.asarray(v, dtype=float) for k, v in r["attacks"][a]["curve"].items()}
+            x = np.flatnonzero(np.isfinite(c["mean"]))  # the fine-tuning attacker is scored at a few epochs
+            line, = ax.plot(x, c["mean"][x], label=METHOD_LABEL.get(m, m), marker="o" if len(x) < 8 else None,
+                            ms=3, **_style(m))
             if len(r["seeds"]) > 1:
-                ax.fill_between(x, c["min"], c["max"], color=line.get_color(), alpha=0.15, lw=0)
+                ax.fill_between(x, c["min"][x], c["max"][x], color=line.get_color(), alpha=0.15, lw=0)
         ax.set_title(ATTACKERS[a], fontsize=9)
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)

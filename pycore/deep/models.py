@@ -169,9 +169,22 @@ class ImmunizableModel(nn.Module):
         return x
 
     def _tail(self, h: torch.Tensor) -> torch.Tensor:
+        return self.last_stage(self.before_last_stage(h))
+
+    def before_last_stage(self, h: torch.Tensor) -> torch.Tensor:
+        """Stem output -> input of the backbone's last stage (ResNet: ``layer3``; ViT: identity)."""
+        return self.net.layer3(h) if self.spec.family == "resnet" else h
+
+    def last_stage_modules(self) -> list[nn.Module]:
+        """The backbone's last stage: ResNet18's ``layer4``; ViT's last block and final norm."""
+        n = self.net
+        return [n.layer4] if self.spec.family == "resnet" else [n.blocks[-1], n.norm]
+
+    def last_stage(self, h: torch.Tensor) -> torch.Tensor:
+        """Input of the last stage -> pooled pre-layer features ``X``."""
         n = self.net
         if self.spec.family == "resnet":
-            x = getattr(n, "global_pool")[0](n.layer4(n.layer3(h)))
+            x = getattr(n, "global_pool")[0](n.layer4(h))
             if n.drop_rate:
                 x = nn.functional.dropout(x, p=float(n.drop_rate), training=n.training)
             return x

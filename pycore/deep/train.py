@@ -16,8 +16,10 @@ dropout are part of θ₀, and the regularizers then shape exactly the features 
 measures.
 
 λ balancing (paper App. C.2: "we choose λ_P and λ_H by balancing the gradient norm"): with
-``balance = b`` every regularizer term gets ``λ = b · ‖∇CE‖ / ‖∇term‖`` on the extractor
-parameters, so each term moves the extractor as hard as the D_P loss does. The paper balances
+``balance = b`` every regularizer term gets ``λ = b · ‖∇CE‖ / ‖∇term‖``, gradients taken with
+respect to the immunization layer (every method's terms pass through it; it is where
+Algorithm 1's preconditioned step acts; and its gradient stops at the layer, so balancing
+costs no extra pass through the backbone), so each term moves θ as hard as the D_P loss does. The paper balances
 once; R_ill's gradient grows like ``1/d²`` as it works (docs/theory.md §3), so a λ fixed at
 step 0 soon lets it swamp everything else or fade. ``balance_every = s`` re-balances every
 ``s`` steps; the same rule then holds for every method, which is what makes the comparison
@@ -256,7 +258,7 @@ def _wrap_ddp(obj: nn.Module, device) -> nn.Module:
 _OP_ERROR_PREFIXES = ("cond_regularizer:", "ImmunizationHead")
 
 
-def _train_step(runner, batches, opt, trainable, ext_params, cfg, lambdas, rebalance, world, device):
+def _train_step(runner, batches, opt, trainable, balance_params, cfg, lambdas, rebalance, world, device):
     """One step. Returns ``(loss, term values, λ's, failure)``; ``failure`` is "" when the step was
     applied, else the reason (the update is then NOT applied: the model keeps the last good step).
 
@@ -268,7 +270,7 @@ def _train_step(runner, batches, opt, trainable, ext_params, cfg, lambdas, rebal
         logs = {k: float(v.detach()) for k, v in terms.items()}
         bad = _any_rank(not all(math.isfinite(v) for v in logs.values()), world, device)
         if not bad and rebalance:
-            lambdas = {**lambdas, **balanced_lambdas(terms, ext_params, cfg.balance, world=world,
+            lambdas = {**lambdas, **balanced_lambdas(terms, balance_params, cfg.balance, world=world,
                                                      previous=lambdas if cfg.balance_every else None)}
         loss = combine_terms(terms, lambdas) if not bad else torch.tensor(float("nan"))
         if not bad:
@@ -350,6 +352,7 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: D
          {"params": cls_params, "weight_decay": cfg.weight_decay_classifier}],
         lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
     trainable = ext_params + cls_params
+    balance_params = [p for p in model.layer.parameters() if p.requires_grad]
     total = len(data.paired) * cfg.epochs
     total = total if cfg.max_steps is None else min(cfg.max_steps, total)
     history: dict[str, list] = {"loss": [], "step_seconds": []}
@@ -362,7 +365,7 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: D
                 break
             ts = time.perf_counter()
             rebalance = cfg.balance is not None and (step == 0 or (cfg.balance_every > 0 and step % cfg.balance_every == 0))
-            loss, logs, lambdas, failure = _train_step(runner, data.load(pair, mine), opt, trainable, ext_params,
+            loss, logs, lambdas, failure = _train_step(runner, data.load(pair, mine), opt, trainable, balance_params,
                                                        cfg, lambdas, rebalance, world, device)
             if failure:
                 _stop(model, cfg, step, failure, rank)
