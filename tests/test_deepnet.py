@@ -551,3 +551,15 @@ def test_torchrun_script_matches_single_process(tmp_path):
         wb = load_file(str(tmp_path / "one" / "ci" / f"extractor_{m}.safetensors"))
         for k in wa:
             torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-5, msg=k)
+
+
+def test_balance_sweep_reports_the_trade_off(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from experiments import deepnet_sweep
+    assert deepnet_sweep.main(["--config", "ci", "--balances", "0.25,1", "--methods", "ours", "--threads", "1",
+                               "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "ci" / "balance_sweep.json").read_text())
+    a, b = res["runs"]["ours"]["0.25"][0], res["runs"]["ours"]["1.0"][0]
+    assert a["seed"] == b["seed"] == 0 and a["theta0_dp_top1"] == b["theta0_dp_top1"]   # θ₀ made once
+    assert a["rir_theta0"] != b["rir_theta0"]                                            # b changes the run
+    assert (tmp_path / "ci" / "balance_sweep.png").stat().st_size > 1000

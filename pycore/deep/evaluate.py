@@ -33,8 +33,9 @@ from pycore.deep.train import DeepImmunizeConfig, NonFiniteLossError, cache_trun
 from pycore.metrics import grouped_feature_rir
 from pycore.report import environment, fmt, pm, save_figure, summarize, write_json
 
-__all__ = ["RunConfig", "RunOptions", "CONFIGS", "DEMO_CONFIGS", "PAPER_TABLE3", "METHOD_LABEL",
-           "run_config", "run_seed", "aggregate", "table_markdown", "plot_probing", "plot_attacks"]
+__all__ = ["RunConfig", "RunOptions", "SeedRun", "CONFIGS", "DEMO_CONFIGS", "PAPER_TABLE3", "METHOD_LABEL",
+           "run_config", "run_seed", "prepare_seed", "immunize_and_evaluate", "balance_sweep", "aggregate",
+           "table_markdown", "plot_probing", "plot_attacks", "plot_balance_sweep"]
 
 # Paper Table 3 (3 seeds): (i), (ii), RIR_θ₀, D_P top-1 %; θ₀ top-1 68.24 (ResNet18) / 81.78 (ViT).
 PAPER_TABLE3 = {
@@ -226,13 +227,30 @@ def _evaluate(model, ref_feats, ev, rc: RunConfig, seed: int, from_trunk: bool) 
     return row, f
 
 
-def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say=print) -> "dict | None":
-    """θ₀, every method and every measurement for one seed; rank 0 returns the rows."""
+@dataclass
+class SeedRun:
+    """Everything one seed's methods share: θ₀ (frozen), cached data, evaluation sets, θ₀'s features."""
+
+    rc: RunConfig
+    seed: int
+    reference: object
+    data: dict
+    ev: dict
+    ref_feats: "dict | None"
+    from_trunk: bool
+    num_classes_p: int
+    num_classes_h: int
+    seconds: dict
+
+
+def prepare_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx) -> SeedRun:
+    """θ₀ (trained, loaded or pretrained), its frozen copy, the cached trunk and the evaluation sets."""
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)  # nothing should draw from it; belt and braces for third-party code
-    out = Path(opts.out) / rc.name
     probe_model = build_model(rc.backbone, 1, seed=seed)  # only to resolve the model's normalisation
     p_tr, p_va, h_tr, h_te, ncp, nch, cacheable = _load_data(rc, probe_model, opts, rng)
+    if rc.scope == "layer" and not cacheable:
+        raise ValueError(f"config {rc.name}: scope 'layer' needs cached features (--cache-trunk)")
     theta0 = build_model(rc.backbone, ncp, pretrained=opts.pretrained, checkpoint=opts.checkpoint,
                          seed=seed).to(ctx.device)
     t = time.perf_counter()
@@ -241,7 +259,7 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say=print) -> "dic
             train_classifier(theta0, p_tr, epochs=rc.theta0_epochs, lr=rc.theta0_lr, seed=seed,
                              device=ctx.device, progress=not opts.quiet)
         broadcast_module(theta0)
-    theta0_seconds = time.perf_counter() - t
+    seconds = {"theta0": time.perf_counter() - t}
     theta0.eval()
     reference = freeze_reference(theta0)          # the FROZEN copy RIR_θ₀ is measured against
     theta0.set_trainable()
@@ -251,15 +269,11 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say=print) -> "dic
     if from_trunk:
         stem = {k: cache_trunk(theta0, d, batch_size=rc.eval_batch, device=ctx.device)
                 for k, d in (("p_train", p_tr), ("h_train", h_tr), ("p_val", p_va), ("h_test", h_te))}
-        if rc.scope == "layer":
-            data = {k: _through_tail(theta0, d, rc.eval_batch) for k, d in stem.items()}
-        else:
-            data = stem
+        data = ({k: _through_tail(theta0, d, rc.eval_batch) for k, d in stem.items()} if rc.scope == "layer"
+                else stem)
     else:
         data = {"p_train": p_tr, "h_train": h_tr, "p_val": p_va, "h_test": h_te}
-    cache_seconds = time.perf_counter() - t
-    if rc.scope == "layer" and not from_trunk:
-        raise ValueError(f"config {rc.name}: scope 'layer' needs cached features (--cache-trunk)")
+    seconds["cache"] = time.perf_counter() - t
     reference.model.set_scope(rc.scope)
 
     ev_rng = np.random.default_rng([seed, 3])
@@ -273,42 +287,65 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say=print) -> "dic
     ev["stem"] = {"h_train": _subset(attack_src["h_train"], rc.finetune_pool, np.random.default_rng([seed, 5])),
                   "h_test": _subset(attack_src["h_test"], rc.finetune_test, np.random.default_rng([seed, 6])),
                   "cached": from_trunk}
-
-    rows, errors, ref_feats = {}, {}, None
+    ref_feats = None
     if ctx.is_main:
         reference.verify()
         ref_feats = {k: extract_features(reference.model, ds, batch_size=rc.eval_batch, from_trunk=from_trunk)
                      for k, ds in ev["sets"].items()}
-        rows["init"], _ = _evaluate(reference.model, ref_feats, ev, rc, seed, from_trunk)
-        rows["init"]["train"] = {"theta0_seconds": theta0_seconds, "cache_seconds": cache_seconds}
-        say(f"[{rc.name} seed {seed}] θ₀ ({theta0_seconds:.1f}s): D_P top-1 {rows['init']['dp_top1']:.2f}%  "
-            f"probe acc@10 {rows['init']['probe_acc_epoch10']:.1f}", flush=True)
+    return SeedRun(rc, seed, reference, data, ev, ref_feats, from_trunk, ncp, nch, seconds)
 
+
+def immunize_and_evaluate(sr: SeedRun, cfg: DeepImmunizeConfig, opts: RunOptions, ctx, *,
+                          attacks: bool = True, save_as: "Path | None" = None) -> "dict | None":
+    """Immunize a deep copy of θ₀ with ``cfg`` and measure it (rank 0 returns the row).
+
+    Raises :class:`NonFiniteLossError` when the immunization diverges."""
+    rc = sr.rc if attacks else replace(sr.rc, adam_lrs=(), finetune_pool=None)
+    model = copy.deepcopy(sr.reference.model)
+    res = immunize(model, sr.data["p_train"], sr.data["h_train"], cfg, num_classes_h=sr.num_classes_h,
+                   from_trunk=sr.from_trunk, device=ctx.device, rank=ctx.rank, world=ctx.world, ddp=ctx.distributed)
+    if not ctx.is_main:
+        return None
+    ev = sr.ev if attacks else {**sr.ev, "stem": None}
+    row, _ = _evaluate(model, sr.ref_feats, ev, rc, sr.seed, sr.from_trunk)
+    row["train"] = {"steps": res.steps, "wall_seconds": res.wall_seconds, "lambdas": res.lambdas,
+                    "mean_step_seconds": float(np.mean(res.history["step_seconds"])),
+                    "final": {k: v[-1] for k, v in res.history.items() if v}}
+    if save_as is not None:
+        row["extractor"] = save_immunized(model, save_as, sr.num_classes_p,
+                                          extra={"config": rc.name, "method": cfg.method, "seed": sr.seed})
+    return row
+
+
+def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say=print, *,
+             save_extractors: bool = False) -> "dict | None":
+    """θ₀, every method and every measurement for one seed; rank 0 returns the rows."""
+    out = Path(opts.out) / rc.name
+    sr = prepare_seed(rc, seed, opts, ctx)
+    rows, errors = {}, {}
+    if ctx.is_main:
+        rows["init"], _ = _evaluate(sr.reference.model, sr.ref_feats, sr.ev, rc, seed, sr.from_trunk)
+        rows["init"]["train"] = {"theta0_seconds": sr.seconds["theta0"], "cache_seconds": sr.seconds["cache"]}
+        say(f"[{rc.name} seed {seed}] θ₀ ({sr.seconds['theta0']:.1f}s): D_P top-1 {rows['init']['dp_top1']:.2f}%  "
+            f"probe acc@10 {rows['init']['probe_acc_epoch10']:.1f}", flush=True)
     for method in rc.methods:
         cfg = replace(rc.immunize, method=method, seed=seed, virtual_ranks=opts.virtual_ranks,
                       checkpoint_dir=str(out), progress=not opts.quiet)
-        model = copy.deepcopy(reference.model)
+        save_as = out / f"extractor_{method}.safetensors" if save_extractors else None
         try:
-            res = immunize(model, data["p_train"], data["h_train"], cfg, num_classes_h=nch, from_trunk=from_trunk,
-                           device=ctx.device, rank=ctx.rank, world=ctx.world, ddp=ctx.distributed)
+            row = immunize_and_evaluate(sr, cfg, opts, ctx, save_as=save_as)
         except NonFiniteLossError as exc:
             say(f"[{rc.name} seed {seed}] {exc}", flush=True)
             errors[method] = {"message": str(exc), "step": exc.step, "checkpoint": exc.checkpoint}
             continue
-        if not ctx.is_main:
+        if row is None:
             continue
-        row, _ = _evaluate(model, ref_feats, ev, rc, seed, from_trunk)
-        row["train"] = {"steps": res.steps, "wall_seconds": res.wall_seconds, "lambdas": res.lambdas,
-                        "mean_step_seconds": float(np.mean(res.history["step_seconds"])),
-                        "final": {k: v[-1] for k, v in res.history.items() if v}}
-        if opts.save_extractors:
-            row["extractor"] = save_immunized(model, out / f"extractor_{method}.safetensors", ncp,
-                                              extra={"config": rc.name, "method": method, "seed": seed})
         rows[method] = row
         r = row["rir"]
         say(f"[{rc.name} seed {seed}] {method:10s} RIR_θ₀ {pm(r['value'])}  (i) {fmt(r['harmful_ratio']['mean'])}"
             f"  (ii) {fmt(r['pretrain_ratio']['mean'])}  D_P top-1 {row['dp_top1']:.2f}%  probe acc@10 "
-            f"{row['probe_acc_epoch10']:.1f}  [{res.steps} steps, {res.wall_seconds:.1f}s]", flush=True)
+            f"{row['probe_acc_epoch10']:.1f}  [{row['train']['steps']} steps, {row['train']['wall_seconds']:.1f}s]",
+            flush=True)
     barrier()
     return {"seed": seed, "rows": rows, "errors": errors} if ctx.is_main else None
 
@@ -354,10 +391,11 @@ def run_config(rc: RunConfig, seeds: list[int], opts: RunOptions, ctx) -> "dict 
     """Every seed of ``rc``; rank 0 writes results.json, table.md, finetune.png, attacks.png."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     t_start = time.perf_counter()
-    say = (lambda *a, **k: None) if (opts.quiet and False) or not ctx.is_main else print
+    say = print if ctx.is_main else (lambda *a, **k: None)
     say(f"[{rc.name}] backbone={rc.backbone} scope={rc.scope} seeds={seeds} world={ctx.world} "
         f"threads={torch.get_num_threads()} device={ctx.device}", flush=True)
-    per_seed = [run_seed(rc, s, opts, ctx, say) for s in seeds]
+    per_seed = [run_seed(rc, s, opts, ctx, say, save_extractors=opts.save_extractors and i == 0)
+                for i, s in enumerate(seeds)]
     if not ctx.is_main:
         return None
     out = Path(opts.out) / rc.name
@@ -490,4 +528,80 @@ def plot_attacks(result: dict, rc: RunConfig, path: Path) -> None:
     axes[0][0].set_ylabel("D_H test accuracy (%)  ↓ better")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Attackers on D_H: {result['config']}", fontsize=10)
+    save_figure(fig, path)
+
+
+# --- trade-off sweep --------------------------------------------------------------------------
+
+def balance_sweep(rc: RunConfig, balances: list[float], seeds: list[int], opts: RunOptions, ctx,
+                  methods: "tuple[str, ...] | None" = None) -> "dict | None":
+    """RIR_θ₀, (i), (ii), D_P top-1 and the paper's probe against the balance ``b`` that sets every
+    regularizer's λ (λ = b·‖∇CE‖/‖∇term‖): the trade-off behind one configuration's numbers.
+    θ₀ and the caches are made once per seed; the attackers other than the paper's are skipped.
+    Writes ``balance_sweep.json`` and ``balance_sweep.png`` next to the configuration's results."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    methods = tuple(methods or rc.methods)
+    say = print if ctx.is_main else (lambda *a, **k: None)
+    runs: dict = {m: {str(b): [] for b in balances} for m in methods}
+    t0 = time.perf_counter()
+    for seed in seeds:
+        sr = prepare_seed(rc, seed, opts, ctx)
+        init, _ = _evaluate(sr.reference.model, sr.ref_feats, {**sr.ev, "stem": None},
+                            replace(rc, adam_lrs=()), seed, sr.from_trunk) if ctx.is_main else (None, None)
+        for m in methods:
+            for b in balances:
+                cfg = replace(rc.immunize, method=m, seed=seed, balance=b, progress=False,
+                              virtual_ranks=opts.virtual_ranks)
+                try:
+                    row = immunize_and_evaluate(sr, cfg, opts, ctx, attacks=False)
+                except NonFiniteLossError as exc:
+                    row = {"error": str(exc)}
+                if ctx.is_main:
+                    row = row if "error" in row else {
+                        "rir_theta0": row["rir"]["value"]["mean"], "harmful_ratio": row["rir"]["harmful_ratio"]["mean"],
+                        "pretrain_ratio": row["rir"]["pretrain_ratio"]["mean"], "dp_top1": row["dp_top1"],
+                        "probe_acc_epoch10": row["probe_acc_epoch10"], "theta0_dp_top1": init["dp_top1"],
+                        "theta0_probe_acc_epoch10": init["probe_acc_epoch10"]}
+                    runs[m][str(b)].append({"seed": seed, **row})
+                    say(f"[{rc.name} sweep seed {seed}] {m} b={b}: {row}", flush=True)
+    if not ctx.is_main:
+        return None
+    result = {"config": rc.name, "seeds": list(seeds), "balances": list(balances), "methods": list(methods),
+              "threads": torch.get_num_threads(), "runs": runs, "wall_seconds": time.perf_counter() - t0,
+              "rule": _jsonable(asdict(rc.immunize)), "environment": environment()}
+    out = Path(opts.out) / rc.name
+    write_json(out / "balance_sweep.json", result)
+    plot_balance_sweep(result, out / "balance_sweep.png")
+    return result
+
+
+def plot_balance_sweep(result: dict, path: Path) -> None:
+    """Seed-mean RIR_θ₀, D_P top-1 and probe accuracy at epoch 10 against the balance b."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    keys = (("rir_theta0", "RIR_θ₀ ↑", True), ("dp_top1", "D_P top-1 % (θ₀ dashed)", False),
+            ("probe_acc_epoch10", "D_H probe acc. @10 % ↓ (θ₀ dashed)", False))
+    theta0 = {}
+    for m, by_b in result["runs"].items():
+        bs = [float(b) for b in by_b if by_b[b] and all("error" not in r for r in by_b[b])]
+        for ax, (k, label, log) in zip(axes, keys):
+            ys = [np.mean([r[k] for r in by_b[str(b) if str(b) in by_b else b]]) for b in bs]
+            ax.plot(bs, ys, marker="o", label=METHOD_LABEL.get(m, m), **_style(m))
+            ax.set_xscale("log")
+            if log:
+                ax.set_yscale("log")
+            ax.set_xlabel("balance b (λ = b·‖∇CE‖/‖∇term‖, every step)")
+            ax.set_title(label, fontsize=9)
+            ax.grid(alpha=0.3)
+        for r in (r for v in by_b.values() for r in v if "error" not in r):
+            theta0 = {"dp_top1": r["theta0_dp_top1"], "probe_acc_epoch10": r["theta0_probe_acc_epoch10"]}
+    for ax, (k, _, _) in zip(axes, keys):
+        if k in theta0:
+            ax.axhline(theta0[k], color="k", ls="--", lw=1)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Trade-off against the balance: {result['config']} ({len(result['seeds'])} seed(s))", fontsize=10)
     save_figure(fig, path)
