@@ -76,7 +76,7 @@ def _variants(m, opt, data):
         zh = m.layer(m.pooled(trunk(xH)))
         step(F.cross_entropy(m.classifier(z), yP, label_smoothing=0.1) + 0.0 * zh.double().sum())
 
-    ext = list(m.layer.parameters())  # what immunize() balances on
+    ext = [p for p in m.parameters() if p.requires_grad and all(p is not q for q in m.classifier.parameters())]
 
     def ours_balanced():
         t = objectives.loss_terms(m, "ours", trunk(xP), yP, trunk(xH), yH, 5)

@@ -563,3 +563,15 @@ def test_balance_sweep_reports_the_trade_off(tmp_path):
     assert a["seed"] == b["seed"] == 0 and a["theta0_dp_top1"] == b["theta0_dp_top1"]   # θ₀ made once
     assert a["rir_theta0"] != b["rir_theta0"]                                            # b changes the run
     assert (tmp_path / "ci" / "balance_sweep.png").stat().st_size > 1000
+
+
+def test_pipeline_paper_scope_trains_the_tail(tmp_path):
+    """The paper's layer choice (last two residual stages + layer) still runs end to end."""
+    sys.path.insert(0, str(ROOT))
+    from experiments import deepnet
+    assert deepnet.main(["--config", "ci-tail", "--methods", "ours", "--out", str(tmp_path), "--quiet",
+                         "--threads", "1"]) == 0
+    res = json.loads((tmp_path / "ci-tail" / "results.json").read_text())
+    assert res["scope"] == "tail" and set(res["rows"]) == {"init", "ours"}, res["errors"]
+    row = res["per_seed"][0]["rows"]["ours"]
+    assert row["train"]["steps"] == 3 and row["rir"]["value"]["mean"] != pytest.approx(1.0, abs=1e-9)

@@ -16,10 +16,11 @@ dropout are part of θ₀, and the regularizers then shape exactly the features 
 measures.
 
 λ balancing (paper App. C.2: "we choose λ_P and λ_H by balancing the gradient norm"): with
-``balance = b`` every regularizer term gets ``λ = b · ‖∇CE‖ / ‖∇term‖``, gradients taken with
-respect to the immunization layer (every method's terms pass through it; it is where
-Algorithm 1's preconditioned step acts; and its gradient stops at the layer, so balancing
-costs no extra pass through the backbone), so each term moves θ as hard as the D_P loss does. The paper balances
+``balance = b`` every regularizer term gets ``λ = b · ‖∇CE‖ / ‖∇term‖`` on the extractor
+parameters (everything immunization trains but the classifier), so each term moves the
+extractor as hard as the D_P loss does. Each balancing costs one extra gradient per term:
+negligible when only the immunization layer is trained (scope ``"layer"``), several plain
+steps when the backbone tail is (bench/bench_deepnet.py). The paper balances
 once; R_ill's gradient grows like ``1/d²`` as it works (docs/theory.md §3), so a λ fixed at
 step 0 soon lets it swamp everything else or fade. ``balance_every = s`` re-balances every
 ``s`` steps; the same rule then holds for every method, which is what makes the comparison
@@ -352,7 +353,7 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: D
          {"params": cls_params, "weight_decay": cfg.weight_decay_classifier}],
         lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
     trainable = ext_params + cls_params
-    balance_params = [p for p in model.layer.parameters() if p.requires_grad]
+    balance_params = ext_params
     total = len(data.paired) * cfg.epochs
     total = total if cfg.max_steps is None else min(cfg.max_steps, total)
     history: dict[str, list] = {"loss": [], "step_seconds": []}
