@@ -583,7 +583,7 @@ def plot_balance_sweep(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    keys = (("rir_theta0", "RIR_θ₀ ↑", True), ("dp_top1", "D_P top-1 % (θ₀ dashed)", False),
+    keys = (("rir_theta0", "RIR_θ₀ ↑", False), ("dp_top1", "D_P top-1 % (θ₀ dashed)", False),
             ("probe_acc_epoch10", "D_H probe acc. @10 % ↓ (θ₀ dashed)", False))
     theta0 = {}
     for m, by_b in result["runs"].items():
@@ -594,6 +594,8 @@ def plot_balance_sweep(result: dict, path: Path) -> None:
             ax.set_xscale("log")
             if log:
                 ax.set_yscale("log")
+            ax.set_xticks(bs, [f"{b:g}" for b in bs])
+            ax.minorticks_off()
             ax.set_xlabel("balance b (λ = b·‖∇CE‖/‖∇term‖, every step)")
             ax.set_title(label, fontsize=9)
             ax.grid(alpha=0.3)
