@@ -575,3 +575,17 @@ def test_pipeline_paper_scope_trains_the_tail(tmp_path):
     assert res["scope"] == "tail" and set(res["rows"]) == {"init", "ours"}, res["errors"]
     row = res["per_seed"][0]["rows"]["ours"]
     assert row["train"]["steps"] == 3 and row["rir"]["value"]["mean"] != pytest.approx(1.0, abs=1e-9)
+
+
+def test_nothing_to_balance_stops_with_a_clear_error(monkeypatch):
+    import pycore.deep.objectives as objectives
+    cond = objectives._cond
+    monkeypatch.setattr(objectives, "_cond", lambda Z, kind: cond(Z, kind) * (0.0 if kind == "ill" else 1.0))
+    m, cp, ch = _tiny_setup()
+    before = copy.deepcopy(m.state_dict())
+    with pytest.raises(NonFiniteLossError, match="cannot balance λ for r_ill") as info:
+        immunize(m, cp, ch, DeepImmunizeConfig(method="ours", max_steps=3, batch_size=8, lr=1e-3, balance=1.0,
+                                               balance_every=1, progress=False), num_classes_h=3, from_trunk=True)
+    assert info.value.step == 0
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, before[k]), k

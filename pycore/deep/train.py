@@ -262,6 +262,7 @@ _OP_ERROR_PREFIXES = ("cond_regularizer:", "ImmunizationHead")
 def _train_step(runner, batches, opt, trainable, balance_params, cfg, lambdas, rebalance, world, device):
     """One step. Returns ``(loss, term values, λ's, failure)``; ``failure`` is "" when the step was
     applied, else the reason (the update is then NOT applied: the model keeps the last good step).
+    ``rebalance``: None (keep the λ's), ``"first"`` or ``"again"`` (balance them at this step).
 
     Ranks agree on a non-finite loss BEFORE the backward: DDP all-reduces gradients inside
     backward(), so a rank that skipped it would desynchronise the collectives."""
@@ -271,14 +272,20 @@ def _train_step(runner, batches, opt, trainable, balance_params, cfg, lambdas, r
         logs = {k: float(v.detach()) for k, v in terms.items()}
         bad = _any_rank(not all(math.isfinite(v) for v in logs.values()), world, device)
         if not bad and rebalance:
+            # At the first balancing there is no earlier λ to fall back on (the config's λ's are
+            # not balanced ones): a zero or non-finite gradient norm is then an error.
             lambdas = {**lambdas, **balanced_lambdas(terms, balance_params, cfg.balance, world=world,
-                                                     previous=lambdas if cfg.balance_every else None)}
+                                                     previous=lambdas if rebalance == "again" else None)}
         loss = combine_terms(terms, lambdas) if not bad else torch.tensor(float("nan"))
         if not bad:
             bad = _any_rank(not bool(torch.isfinite(loss)), world, device)
         if not bad:
             loss.backward()
             bad = not all(bool(torch.isfinite(p.grad).all()) for p in trainable if p.grad is not None)
+    except FloatingPointError as exc:
+        # Balancing found nothing to balance against (a zero or non-finite term gradient at the
+        # first balancing); every rank sees the same all-reduced norms, so all stop together.
+        return float("nan"), {}, lambdas, str(exc)
     except RuntimeError as exc:
         # The op refuses overflowing features and a singular preconditioner with its own
         # message; treat that like a NaN loss (stop and report the step). Anything else (a
@@ -365,7 +372,8 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: D
             if step >= total:
                 break
             ts = time.perf_counter()
-            rebalance = cfg.balance is not None and (step == 0 or (cfg.balance_every > 0 and step % cfg.balance_every == 0))
+            rebalance = (None if cfg.balance is None else "first" if step == 0 else
+                         "again" if cfg.balance_every > 0 and step % cfg.balance_every == 0 else None)
             loss, logs, lambdas, failure = _train_step(runner, data.load(pair, mine), opt, trainable, balance_params,
                                                        cfg, lambdas, rebalance, world, device)
             if failure:
