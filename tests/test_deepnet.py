@@ -23,15 +23,17 @@ import torch.nn.functional as F  # noqa: E402
 
 import pycore.deep as deep  # noqa: E402  (installs the torchvision shim before timm)
 from pycore.deep import (  # noqa: E402
-    CheckpointError, CheckpointMismatchError, ImmunizeConfig, NonFiniteLossError,
-    PretrainedUnavailableError, build_model, cache_trunk, freeze_reference, immunize,
-    linear_probe_curve, load_immunized, rir_theta0, save_immunized,
+    CheckpointError, CheckpointMismatchError, DeepImmunizeConfig, NonFiniteLossError,
+    PretrainedUnavailableError, adam_probe_curve, best_adam_probe, build_model, cache_trunk,
+    finetune_attack, freeze_reference, immunize, linear_probe_curve, load_immunized, rir_theta0,
+    save_immunized,
 )
 from pycore.deep.data import (  # noqa: E402
     DataError, PairedBatches, ShardedBatches, fetch, image_folder, mnist_demo_tasks,
     model_normalization, timm_transform,
 )
-from pycore.deep.train import imma_harmful_loss, log_kappa, loss_terms  # noqa: E402
+from pycore.deep.objectives import imma_harmful_loss, log_kappa, loss_terms  # noqa: E402
+from pycore.deep.train import balanced_lambdas  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
@@ -199,7 +201,7 @@ def test_loss_terms_use_the_op_and_precondition_only_the_regularizers():
     m.eval()
     (xP, yP), (xH, yH) = _images(8, 0), _images(8, 1)
     hP, hH = m.trunk(xP).detach(), m.trunk(xH).detach()
-    t = loss_terms(m, ImmunizeConfig(method="ours"), hP, yP, hH, yH, 3)
+    t = loss_terms(m, "ours", hP, yP, hH, yH, 3)
     ZP = m.layer(m.pooled(hP)).double()
     ZH = m.layer(m.pooled(hH)).double()
     torch.testing.assert_close(t["r_well"], ops.reference_cond_regularizer(ZP, "well"), rtol=1e-8, atol=0)
@@ -219,8 +221,7 @@ def test_loss_terms_use_the_op_and_precondition_only_the_regularizers():
     W = m.layer.weight.detach().double().clone().requires_grad_(True)
     (g_plain,) = torch.autograd.grad(ops.reference_cond_regularizer(XH @ W.T, "ill"), W)
     expected = g_plain @ torch.linalg.inv(XH.T @ XH + 1e-3 * torch.eye(XH.shape[1], dtype=torch.float64))
-    torch.testing.assert_close(m.layer.weight.grad.double(), expected, rtol=2e-3,
-                               atol=1e-3 * expected.abs().max().item())
+    torch.testing.assert_close(m.layer.weight.grad.double(), expected, rtol=2e-3, atol=1e-3 * expected.abs().max().item())
 
 
 def test_log_kappa_matches_the_spectrum_and_is_differentiable():
@@ -257,7 +258,7 @@ def _tiny_setup(seed=0, n=48):
 def test_immunize_moves_only_the_tail_and_records_history():
     m, cp, ch = _tiny_setup()
     before = copy.deepcopy(m.state_dict())
-    res = immunize(m, cp, ch, ImmunizeConfig(method="ours", max_steps=2, batch_size=8, lr=1e-3,
+    res = immunize(m, cp, ch, DeepImmunizeConfig(method="ours", max_steps=2, batch_size=8, lr=1e-3,
                                              balance=0.5, progress=False), num_classes_h=3, from_trunk=True)
     assert res.steps == 2 and len(res.history["r_ill"]) == 2 and res.lambdas["lambda_h"] > 0
     after = m.state_dict()
@@ -268,7 +269,7 @@ def test_immunize_moves_only_the_tail_and_records_history():
 
 def test_nan_loss_stops_keeps_last_good_step_and_checkpoint(tmp_path):
     m, cp, ch = _tiny_setup()
-    cfg = ImmunizeConfig(method="ours", max_steps=50, batch_size=8, lr=1e4, balance=1.0,
+    cfg = DeepImmunizeConfig(method="ours", max_steps=50, batch_size=8, lr=1e4, balance=1.0,
                          progress=False, checkpoint_dir=str(tmp_path))
     with pytest.raises(NonFiniteLossError, match="at step") as info:
         immunize(m, cp, ch, cfg, num_classes_h=3, from_trunk=True)
@@ -277,11 +278,85 @@ def test_nan_loss_stops_keeps_last_good_step_and_checkpoint(tmp_path):
     assert all(torch.isfinite(p).all() for p in m.parameters())
     # the stopped model is exactly the model after `err.step` good steps
     m2, cp2, ch2 = _tiny_setup()
-    immunize(m2, cp2, ch2, ImmunizeConfig(**{**cfg.__dict__, "max_steps": err.step, "checkpoint_dir": None}),
+    immunize(m2, cp2, ch2, DeepImmunizeConfig(**{**cfg.__dict__, "max_steps": err.step, "checkpoint_dir": None}),
              num_classes_h=3, from_trunk=True)
     for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
         torch.testing.assert_close(a, b, msg=k)
     torch.testing.assert_close(load_immunized(err.checkpoint).fc.weight, m.net.fc.weight)
+
+
+def test_balanced_lambdas_equalise_gradient_norms():
+    m, cp, ch = _tiny_setup()
+    ext, _ = m.set_trainable()
+    hP, yP = cp.tensors[0][:8], cp.tensors[1][:8]
+    hH, yH = ch.tensors[0][:8], ch.tensors[1][:8]
+    t = loss_terms(m, "ours", hP, yP, hH, yH, 3)
+    lam = balanced_lambdas(t, ext, 0.5)
+
+    def norm(v):
+        gs = torch.autograd.grad(v, ext, retain_graph=True, allow_unused=True)
+        return float(torch.sqrt(sum((g.double() ** 2).sum() for g in gs if g is not None)))
+
+    ce = norm(t["ce"])
+    assert lam["lambda_h"] * norm(t["r_ill"]) == pytest.approx(0.5 * ce, rel=1e-9)
+    assert lam["lambda_p"] * norm(t["r_well"]) == pytest.approx(0.5 * ce, rel=1e-9)
+    assert all(p.grad is None for p in ext)                           # .grad untouched
+
+
+def test_lambdas_are_rebalanced_every_step_only_when_asked():
+    runs = {}
+    for every in (0, 1, 2):
+        m, cp, ch = _tiny_setup()
+        res = immunize(m, cp, ch, DeepImmunizeConfig(method="ours", max_steps=4, batch_size=8, lr=1e-3, balance=1.0,
+                                                     balance_every=every, progress=False),
+                       num_classes_h=3, from_trunk=True)
+        runs[every] = res.history["lambda_h"]
+    assert len(set(runs[0])) == 1                                     # fixed after step 0
+    assert len(set(runs[1])) == 4                                     # a new λ each step
+    assert runs[2][0] == runs[2][1] and runs[2][2] == runs[2][3] and runs[2][1] != runs[2][2]
+    assert runs[0][0] == runs[1][0] == runs[2][0]                     # same step-0 balance
+
+
+def test_scope_layer_trains_only_the_immunization_layer_on_cached_features():
+    m = build_model("resnet18_32px", 3, seed=0).eval()
+    x, _ = _images(4, 3)
+    with torch.no_grad():
+        full = m.features(x)
+        X = m.pooled(m.trunk(x))
+        m.set_scope("layer")
+        torch.testing.assert_close(m.trunk(x), X)                     # the trunk now ends at X
+        torch.testing.assert_close(m.features(x), full)
+    ext, cls = m.set_trainable()
+    assert {id(p) for p in ext} == {id(p) for p in m.layer.parameters()}
+    assert m.trunk_is_frozen() and not any(p.requires_grad for p in m.net.layer4.parameters())
+    with pytest.raises(ValueError, match="scope"):
+        m.set_scope("everything")
+
+
+# --- attackers --------------------------------------------------------------------------------
+
+def test_adam_probe_learns_and_best_of_sweep_is_the_per_epoch_max():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 300)
+    Z = rng.standard_normal((300, 6)) + 3.0 * np.eye(6)[y]
+    a = adam_probe_curve(Z[:200], y[:200], Z[200:], y[200:], epochs=5, lr=1e-1)
+    assert a.test_accuracy[0] < 50 and a.test_accuracy[-1] > 90
+    b = best_adam_probe(Z[:200], y[:200], Z[200:], y[200:], epochs=5, lrs=(1e-4, 1e-1))
+    per = np.array(list(b["per_lr"].values()))
+    assert b["test_accuracy"] == per.max(0).tolist()
+    assert b["test_accuracy"][-1] > np.array(b["per_lr"]["0.0001"])[-1]
+
+
+def test_finetune_attack_trains_the_stage_and_leaves_the_model_alone():
+    m = build_model("resnet18_32px", 3, seed=0).eval()
+    m.set_trainable()
+    h = cache_trunk(m, _tds(48, 12))
+    m.set_scope("layer")
+    ref = freeze_reference(m)
+    c = finetune_attack(m, h, h, num_classes=3, epochs=4, lr=1e-3, batch_size=16, seed=0)
+    assert len(c.test_accuracy) == 5 and c.test_accuracy[-1] > c.test_accuracy[0] + 20   # memorises
+    assert c.train_loss[-1] < c.train_loss[0]
+    assert deep.feature_metrics.fingerprint(m) == ref.digest and m.scope == "layer"
 
 
 # --- metrics ----------------------------------------------------------------------------------
@@ -292,7 +367,7 @@ def test_rir_uses_a_frozen_copy_of_theta0_not_the_model_itself():
     rng = np.random.default_rng(0)
     same = rir_theta0(m, ref, cp, ch, rng=rng, groups=3, group_size=20, from_trunk=True)
     assert same["value"]["mean"] == pytest.approx(1.0, abs=1e-9)    # θ_I = θ₀ ⇒ RIR_θ₀ = 1
-    immunize(m, cp, ch, ImmunizeConfig(method="ours", max_steps=3, batch_size=16, lr=1e-3, balance=1.0,
+    immunize(m, cp, ch, DeepImmunizeConfig(method="ours", max_steps=3, batch_size=16, lr=1e-3, balance=1.0,
                                        progress=False), num_classes_h=3, from_trunk=True)
     ref.verify()                                                    # immunizing did not touch θ₀
     r = rir_theta0(m, ref, cp, ch, rng=np.random.default_rng(0), groups=3, group_size=20, from_trunk=True)
@@ -323,22 +398,51 @@ def test_linear_probe_is_scale_free_and_slowed_by_conditioning():
 
 # --- experiment script ------------------------------------------------------------------------
 
-def test_pipeline_ci_end_to_end(tmp_path):
+def _ci(tmp_path, *extra):
     sys.path.insert(0, str(ROOT))
     from experiments import deepnet
-    rc = deepnet.main(["--config", "ci", "--out", str(tmp_path), "--quiet", "--threads", "1"])
+    rc = deepnet.main(["--config", "ci", "--out", str(tmp_path), "--quiet", "--threads", "1", *extra])
     assert rc == 0
-    res = json.loads((tmp_path / "ci" / "results.json").read_text())
+    return json.loads((tmp_path / "ci" / "results.json").read_text())
+
+
+def test_pipeline_ci_end_to_end(tmp_path):
+    res = _ci(tmp_path, "--seeds", "2")
     rows = res["rows"]
     assert set(rows) == {"init", "ours", "r_ill_only", "imma", "opt_kappa"}, res.get("errors")
-    assert rows["init"]["rir"]["value"]["mean"] == pytest.approx(1.0, abs=1e-9)
-    assert abs(rows["ours"]["rir"]["value"]["mean"] - 1.0) > 1e-6
+    assert res["seeds"] == [0, 1] and res["threads"] == 1
+    for key in ("rir_theta0", "dp_top1", "probe_acc_epoch10", "probe_acc_last"):
+        s = rows["ours"][key]
+        per = s["per_seed"]
+        assert len(per) == 2 and s["mean"] == pytest.approx(np.mean(per)) and s["std"] == pytest.approx(np.std(per))
+    # the per-seed summary is the seed's own RIR (mean over its groups), θ₀ against itself is 1
+    for k, seed_run in enumerate(res["per_seed"]):
+        assert rows["ours"]["rir_theta0"]["per_seed"][k] == seed_run["rows"]["ours"]["rir"]["value"]["mean"]
+        assert len(seed_run["rows"]["ours"]["rir"]["value"]["per_group"]) == 4
+    assert rows["init"]["rir_theta0"]["per_seed"] == pytest.approx([1.0, 1.0], abs=1e-9)
+    assert abs(rows["ours"]["rir_theta0"]["mean"] - 1.0) > 1e-6
     for m in ("ours", "r_ill_only", "imma", "opt_kappa"):
-        assert len(rows[m]["rir"]["value"]["per_group"]) == 4
-        assert Path(rows[m]["extractor"]).is_file()
-    assert (tmp_path / "ci" / "finetune.png").stat().st_size > 1000
-    assert "| Ours |" in (tmp_path / "ci" / "table.md").read_text()
+        assert Path(res["per_seed"][0]["rows"][m]["extractor"]).is_file()
+        for a in ("gd", "adam", "finetune"):
+            assert len(rows[m]["attacks"][a]["epoch2"]["per_seed"]) == 2
+    out = tmp_path / "ci"
+    assert (out / "finetune.png").stat().st_size > 1000 and (out / "attacks.png").stat().st_size > 1000
+    table = (out / "table.md").read_text()
+    assert "| Ours |" in table and " ± " in table and "Adam" in table
     assert res["environment"]
+
+
+def test_pipeline_is_deterministic_for_a_seed_and_thread_count(tmp_path):
+    """Same seed and --threads: every number in results.json is identical (issue 12)."""
+    a = _ci(tmp_path / "a", "--methods", "ours,opt_kappa")
+    b = _ci(tmp_path / "b", "--methods", "ours,opt_kappa")
+    strip = lambda r: json.dumps({"rows": r["rows"], "per_seed": [  # noqa: E731
+        {**s, "rows": {m: {k: v for k, v in row.items() if k not in ("train", "extractor")}
+                       for m, row in s["rows"].items()}} for s in r["per_seed"]]}, sort_keys=True)
+    assert strip(a) == strip(b)
+    # and a different seed gives different numbers (the comparison above can fail)
+    c = _ci(tmp_path / "c", "--methods", "ours,opt_kappa", "--seed", "1")
+    assert strip(a) != strip(c)
 
 
 def test_script_reports_bad_roots_in_one_line(tmp_path, capsys):
@@ -366,8 +470,8 @@ def _ddp_worker(rank, world, port, out):
     ctx = init_from_env("cpu")
     m = build_model("resnet18_32px", 3, seed=0)
     res = immunize(m, _tds(32, 10), _tds(32, 11),
-                   ImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3, balance=1.0,
-                                  progress=False),
+                   DeepImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3, balance=1.0, balance_every=1,
+                                      progress=False),
                    num_classes_h=3, rank=ctx.rank, world=ctx.world, ddp=True)
     if rank == 0:
         torch.save({"state": m.state_dict(), "loss": res.history["loss"], "lambdas": res.lambdas}, out)
@@ -380,15 +484,16 @@ def test_ddp_gloo_two_processes_match_virtual_ranks(tmp_path):
     ddp = torch.load(out, weights_only=True)
     m = build_model("resnet18_32px", 3, seed=0)
     res = immunize(m, _tds(32, 10), _tds(32, 11),
-                   ImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3, balance=1.0,
-                                  progress=False, virtual_ranks=2), num_classes_h=3)
-    assert ddp["lambdas"] == pytest.approx(res.lambdas, rel=1e-12)
+                   DeepImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3, balance=1.0, balance_every=1,
+                                      progress=False, virtual_ranks=2), num_classes_h=3)
+    # λ's re-balanced at step 1 from the all-reduced per-rank gradients = the virtual-rank mean
+    assert ddp["lambdas"] == pytest.approx(res.lambdas, rel=1e-6)
+    assert res.history["lambda_h"][0] != res.history["lambda_h"][1]
     assert ddp["loss"] == pytest.approx(res.history["loss"], rel=1e-5)
     moved = 0
     for k, v in m.state_dict().items():
         torch.testing.assert_close(ddp["state"][k], v, rtol=1e-4, atol=1e-6, msg=k)
-        if "layer4.1.conv2" in k:
-            moved += int(not torch.equal(v, build_model("resnet18_32px", 3, seed=0).state_dict()[k]))
+        moved += int(not torch.equal(v, build_model("resnet18_32px", 3, seed=0).state_dict()[k])) if "layer4.1.conv2" in k else 0
     assert moved == 1
 
 
@@ -396,7 +501,7 @@ def _ddp_nan_worker(rank, world, port, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    import pycore.deep.train as T
+    import pycore.deep.objectives as T
     from pycore.deep.distributed import init_from_env, shutdown
     cond = T._cond
     # Rank 1 alone gets a non-finite R_ill (what _cond returns for a non-finite feature batch).
@@ -404,8 +509,8 @@ def _ddp_nan_worker(rank, world, port, out):
     ctx = init_from_env("cpu", timeout_s=60)
     m = build_model("resnet18_32px", 3, seed=0)
     try:
-        immunize(m, _tds(16, 10), _tds(16, 11),
-                 ImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3, progress=False),
+        immunize(m, _tds(16, 10), _tds(16, 11), DeepImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3,
+                                                                progress=False),
                  num_classes_h=3, rank=ctx.rank, world=ctx.world, ddp=True)
         outcome = "returned"
     except NonFiniteLossError as exc:
@@ -440,9 +545,47 @@ def test_torchrun_script_matches_single_process(tmp_path):
     for m in ("ours", "r_ill_only"):
         # Stated tolerance: 1e-3 relative on RIR_θ₀ (a ratio of four κ's of up to ~1e4 each;
         # measured 6e-5), 1e-5 absolute on every exported weight (measured 5e-7), equal D_P top-1.
-        assert a[m]["rir"]["value"]["mean"] == pytest.approx(b[m]["rir"]["value"]["mean"], rel=1e-3)
-        assert a[m]["dp_top1"] == b[m]["dp_top1"]
+        assert a[m]["rir_theta0"]["mean"] == pytest.approx(b[m]["rir_theta0"]["mean"], rel=1e-3)
+        assert a[m]["dp_top1"]["mean"] == b[m]["dp_top1"]["mean"]
         wa = load_file(str(tmp_path / "ddp" / "ci" / f"extractor_{m}.safetensors"))
         wb = load_file(str(tmp_path / "one" / "ci" / f"extractor_{m}.safetensors"))
         for k in wa:
             torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-5, msg=k)
+
+
+def test_balance_sweep_reports_the_trade_off(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from experiments import deepnet_sweep
+    assert deepnet_sweep.main(["--config", "ci", "--balances", "0.25,1", "--methods", "ours", "--threads", "1",
+                               "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "ci" / "balance_sweep.json").read_text())
+    a, b = res["runs"]["ours"]["0.25"][0], res["runs"]["ours"]["1.0"][0]
+    assert a["seed"] == b["seed"] == 0 and a["theta0_dp_top1"] == b["theta0_dp_top1"]   # θ₀ made once
+    assert a["rir_theta0"] != b["rir_theta0"]                                            # b changes the run
+    assert (tmp_path / "ci" / "balance_sweep.png").stat().st_size > 1000
+
+
+def test_pipeline_paper_scope_trains_the_tail(tmp_path):
+    """The paper's layer choice (last two residual stages + layer) still runs end to end."""
+    sys.path.insert(0, str(ROOT))
+    from experiments import deepnet
+    assert deepnet.main(["--config", "ci-tail", "--methods", "ours", "--out", str(tmp_path), "--quiet",
+                         "--threads", "1"]) == 0
+    res = json.loads((tmp_path / "ci-tail" / "results.json").read_text())
+    assert res["scope"] == "tail" and set(res["rows"]) == {"init", "ours"}, res["errors"]
+    row = res["per_seed"][0]["rows"]["ours"]
+    assert row["train"]["steps"] == 3 and row["rir"]["value"]["mean"] != pytest.approx(1.0, abs=1e-9)
+
+
+def test_nothing_to_balance_stops_with_a_clear_error(monkeypatch):
+    import pycore.deep.objectives as objectives
+    cond = objectives._cond
+    monkeypatch.setattr(objectives, "_cond", lambda Z, kind: cond(Z, kind) * (0.0 if kind == "ill" else 1.0))
+    m, cp, ch = _tiny_setup()
+    before = copy.deepcopy(m.state_dict())
+    with pytest.raises(NonFiniteLossError, match="cannot balance λ for r_ill") as info:
+        immunize(m, cp, ch, DeepImmunizeConfig(method="ours", max_steps=3, batch_size=8, lr=1e-3, balance=1.0,
+                                               balance_every=1, progress=False), num_classes_h=3, from_trunk=True)
+    assert info.value.step == 0
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, before[k]), k

@@ -1,11 +1,22 @@
-"""Deep-net immunization with timm backbones (SPEC §8-9; paper §5.2, App. C.2-C.3).
+"""Deep-net immunization with timm backbones (docs/theory.md §8-10; paper §5.2, App. C.2-C.3).
 
 Importing this package first makes ``import timm`` safe on CPU-only torch (see
-:mod:`pycore.deep.timm_compat`). Modules: :mod:`~pycore.deep.models` (extractors, checkpoints,
-export), :mod:`~pycore.deep.data` (ImageFolder roots, MNIST demo, paired sharded batches),
-:mod:`~pycore.deep.train` (the immunization loop and baselines), :mod:`~pycore.deep.metrics`
-(RIR_θ₀ against a frozen θ₀, D_P accuracy, linear probing curves),
-:mod:`~pycore.deep.distributed` (torchrun / DDP helpers).
+:mod:`pycore.deep.timm_compat`). Modules, in the order of the flow:
+
+* :mod:`~pycore.deep.models` -- extractors (trunk / immunized part / immunization layer),
+  checkpoints, export;
+* :mod:`~pycore.deep.data` -- ImageFolder roots, the MNIST demo, paired sharded batches;
+* :mod:`~pycore.deep.objectives` -- each method's loss, term by term (``DEEP_METHODS``);
+* :mod:`~pycore.deep.train` -- the immunization loop (``DeepImmunizeConfig`` → ``immunize`` →
+  ``DeepImmunizationResult``), θ₀ training, trunk caching;
+* :mod:`~pycore.deep.feature_metrics` -- RIR_θ₀ against a frozen θ₀, D_P accuracy (the deep
+  twin of :mod:`pycore.metrics`);
+* :mod:`~pycore.deep.attacks` -- linear probing (GD 1/L, Adam) and fine-tuning attackers;
+* :mod:`~pycore.deep.evaluate` -- the experiment pipeline over seeds (tables, plots, JSON);
+* :mod:`~pycore.deep.distributed` -- torchrun / DDP helpers.
+
+The linear side's twins are :class:`pycore.immunize.ImmunizeConfig`,
+:class:`pycore.immunize.ImmunizationResult` and :data:`pycore.immunize.METHODS`.
 """
 from pycore.deep.timm_compat import ensure_torchvision_ops, import_timm
 
@@ -15,18 +26,23 @@ from pycore.deep.models import (  # noqa: E402
     BACKBONES, BackboneSpec, CheckpointError, CheckpointMismatchError, ImmunizableModel,
     PretrainedUnavailableError, build_model, export_timm_model, load_immunized, save_immunized,
 )
+from pycore.deep.objectives import DEEP_METHODS  # noqa: E402
 from pycore.deep.train import (  # noqa: E402
-    METHODS, ImmunizeConfig, ImmunizeResult, NonFiniteLossError, cache_trunk, immunize,
+    DeepImmunizationResult, DeepImmunizeConfig, NonFiniteLossError, cache_trunk, immunize,
     train_classifier,
 )
-from pycore.deep.metrics import (  # noqa: E402
-    FrozenReference, freeze_reference, linear_probe_curve, rir_theta0, top1,
+from pycore.deep.feature_metrics import (  # noqa: E402
+    FrozenReference, freeze_reference, rir_theta0, top1,
+)
+from pycore.deep.attacks import (  # noqa: E402
+    adam_probe_curve, best_adam_probe, finetune_attack, linear_probe_curve,
 )
 
 __all__ = [
     "ensure_torchvision_ops", "import_timm", "BACKBONES", "BackboneSpec", "CheckpointError",
     "CheckpointMismatchError", "ImmunizableModel", "PretrainedUnavailableError", "build_model",
-    "export_timm_model", "load_immunized", "save_immunized", "METHODS", "ImmunizeConfig",
-    "ImmunizeResult", "NonFiniteLossError", "cache_trunk", "immunize", "train_classifier",
-    "FrozenReference", "freeze_reference", "linear_probe_curve", "rir_theta0", "top1",
+    "export_timm_model", "load_immunized", "save_immunized", "DEEP_METHODS", "DeepImmunizeConfig",
+    "DeepImmunizationResult", "NonFiniteLossError", "cache_trunk", "immunize", "train_classifier",
+    "FrozenReference", "freeze_reference", "rir_theta0", "top1", "linear_probe_curve",
+    "adam_probe_curve", "best_adam_probe", "finetune_attack",
 ]

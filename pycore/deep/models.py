@@ -124,6 +124,22 @@ class ImmunizableModel(nn.Module):
         site = _LAYER_SITE[spec.family]
         setattr(net, site, nn.Sequential(getattr(net, site), layer))
         self.feature_dim = int(net.num_features)
+        self.scope = "tail"
+
+    def set_scope(self, scope: str) -> "ImmunizableModel":
+        """Which part immunization trains (besides the classifier):
+
+        * ``"tail"`` -- the backbone's immunized modules (``spec.immunized``: ResNet18's last two
+          residual stages, ViT's last block) and the immunization layer, as in the paper (§5.2);
+        * ``"layer"`` -- the immunization layer alone: Algorithm 1 on the frozen backbone's
+          pooled features ``X`` (the linear problem of docs/theory.md §6 with ``θ = Wᵀ`` and
+          ``K = XᵀX``). :meth:`trunk` then returns ``X`` itself, so a cached trunk makes every
+          step a handful of D×D products.
+        """
+        if scope not in ("tail", "layer"):
+            raise ValueError(f"scope must be 'tail' or 'layer', got {scope!r}")
+        self.scope = scope
+        return self
 
     # -- pieces ---------------------------------------------------------------------------
     @property
@@ -135,7 +151,15 @@ class ImmunizableModel(nn.Module):
         return self.net.get_classifier()
 
     def trunk(self, x: torch.Tensor) -> torch.Tensor:
-        """Frozen part: images -> input of the first immunized module."""
+        """Frozen part: images -> input of the first immunized module (scope ``"layer"``: ``X``)."""
+        h = self._stem(x)
+        return self._tail(h) if self.scope == "layer" else h
+
+    def pooled(self, h: torch.Tensor) -> torch.Tensor:
+        """Immunized part up to the pooled pre-layer features ``X`` (N x D) from :meth:`trunk`'s output."""
+        return h if self.scope == "layer" else self._tail(h)
+
+    def _stem(self, x: torch.Tensor) -> torch.Tensor:
         n = self.net
         if self.spec.family == "resnet":
             x = n.maxpool(n.act1(n.bn1(n.conv1(x))))
@@ -145,11 +169,23 @@ class ImmunizableModel(nn.Module):
             x = blk(x)
         return x
 
-    def pooled(self, h: torch.Tensor) -> torch.Tensor:
-        """Immunized tail up to the pooled pre-layer features ``X`` (N x D)."""
+    def _tail(self, h: torch.Tensor) -> torch.Tensor:
+        return self.last_stage(self.before_last_stage(h))
+
+    def before_last_stage(self, h: torch.Tensor) -> torch.Tensor:
+        """Stem output -> input of the backbone's last stage (ResNet: ``layer3``; ViT: identity)."""
+        return self.net.layer3(h) if self.spec.family == "resnet" else h
+
+    def last_stage_modules(self) -> list[nn.Module]:
+        """The backbone's last stage: ResNet18's ``layer4``; ViT's last block and final norm."""
+        n = self.net
+        return [n.layer4] if self.spec.family == "resnet" else [n.blocks[-1], n.norm]
+
+    def last_stage(self, h: torch.Tensor) -> torch.Tensor:
+        """Input of the last stage -> pooled pre-layer features ``X``."""
         n = self.net
         if self.spec.family == "resnet":
-            x = getattr(n, "global_pool")[0](n.layer4(n.layer3(h)))
+            x = getattr(n, "global_pool")[0](n.layer4(h))
             if n.drop_rate:
                 x = nn.functional.dropout(x, p=float(n.drop_rate), training=n.training)
             return x
@@ -165,7 +201,8 @@ class ImmunizableModel(nn.Module):
 
     # -- parameter groups -----------------------------------------------------------------
     def immunized_modules(self) -> list[nn.Module]:
-        return [_get_module(self.net, p) for p in self.spec.immunized] + [self.layer]
+        tail = [] if self.scope == "layer" else [_get_module(self.net, p) for p in self.spec.immunized]
+        return tail + [self.layer]
 
     def set_trainable(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """Freeze everything but the immunized tail, the layer and the classifier.

@@ -1,4 +1,8 @@
-"""Evaluation of immunized deep extractors (SPEC §8, paper Eq. (17)-(18), Table 3, Figure 3).
+"""Metrics on the features of deep extractors (docs/theory.md §8, paper Eq. (17)-(18), Table 3).
+
+The deep twin of :mod:`pycore.metrics` (which holds the array-level RIR and the group
+sampling these functions call); the attackers that probe the features are in
+:mod:`pycore.deep.attacks`.
 
 * :func:`freeze_reference` -- the FROZEN COPY of θ₀ that RIR_θ₀ is measured against. The
   authors' public code evaluates the immunized model against itself (ratio ≡ 1); here θ₀ is
@@ -8,8 +12,6 @@
   H̃ = X̃(θ)ᵀX̃(θ) on extracted features, averaged over 20 random groups of 100 samples (paper
   §5.2); κ over the nonzero spectrum, float64, via :func:`pycore.metrics.grouped_feature_rir`.
 * :func:`top1` -- D_P accuracy before / after.
-* :func:`linear_probe_curve` -- Figure 3: an attacker fits a linear classifier on frozen
-  D_H features by full-batch gradient descent; test accuracy per epoch.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from pycore.deep.data import fetch
 
 __all__ = [
     "FrozenReference", "freeze_reference", "fingerprint", "extract_features", "rir_theta0",
-    "top1", "linear_probe_curve", "ProbeCurve",
+    "top1",
 ]
 
 
@@ -132,62 +134,3 @@ def top1(model: nn.Module, data: Dataset, *, batch_size: int = 256, from_trunk: 
     finally:
         model.train(was)
     return 100.0 * correct / max(len(data), 1)
-
-
-@dataclass
-class ProbeCurve:
-    """Test accuracy (%) of the probe after each epoch (index 0 = before training)."""
-
-    test_accuracy: list[float]
-    train_loss: list[float]
-    step_size: float
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-def linear_probe_curve(Z_train: np.ndarray, y_train: np.ndarray, Z_test: np.ndarray,
-                       y_test: np.ndarray, *, epochs: int = 50, step_scale: float = 1.0,
-                       num_classes: "int | None" = None) -> ProbeCurve:
-    """Linear probing attack on frozen features (paper Eq. (4), Figure 3), float64.
-
-    Softmax cross-entropy, full-batch gradient descent with constant step
-    ``η = step_scale / L``, ``L = λ_max(AᵀA/N)`` with ``A = [Z, c·1]`` (bias column at the RMS row
-    norm ``c`` of ``Z``). The softmax-CE
-    Hessian is bounded by ``½·(ZᵀZ/N) ⊗ I``, so ``η = 1/L`` is a safe step, and because it is
-    tied to λ_max a rescaling of the features cannot fake immunization: what slows the attack
-    is the spread of the spectrum, as in the paper's Eq. (2). The probe starts at zero.
-    """
-    Zt = torch.as_tensor(np.asarray(Z_train, dtype=np.float64))
-    Zv = torch.as_tensor(np.asarray(Z_test, dtype=np.float64))
-    yt = torch.as_tensor(np.asarray(y_train), dtype=torch.int64)
-    yv = torch.as_tensor(np.asarray(y_test), dtype=torch.int64)
-    if Zt.ndim != 2 or Zv.ndim != 2 or Zt.shape[1] != Zv.shape[1]:
-        raise ValueError(f"feature matrices must be 2-D with equal widths, got {tuple(Zt.shape)} "
-                         f"and {tuple(Zv.shape)}")
-    if not (torch.isfinite(Zt).all() and torch.isfinite(Zv).all()):
-        raise ValueError("probe features contain NaN/Inf")
-    C = int(num_classes or int(max(yt.max(), yv.max())) + 1)
-    n, d = Zt.shape
-    # Bias column at the RMS row norm of the training features: rescaling Z by s then rescales
-    # A by s exactly, and with η = 1/L the iterates (hence accuracies) are unchanged.
-    c = float(Zt.pow(2).sum(1).mean().sqrt()) or 1.0
-    A = torch.cat([Zt, torch.full((n, 1), c, dtype=Zt.dtype)], 1)
-    Av = torch.cat([Zv, torch.full((Zv.shape[0], 1), c, dtype=Zv.dtype)], 1)
-    L = float(torch.linalg.matrix_norm(A, ord=2) ** 2 / n)
-    eta = step_scale / L
-    W = torch.zeros(d + 1, C, dtype=torch.float64)
-    onehot = torch.nn.functional.one_hot(yt, C).double()
-    accs, losses = [], []
-
-    def acc() -> float:
-        return 100.0 * float(((Av @ W).argmax(1) == yv).double().mean())
-
-    accs.append(acc())
-    for _ in range(epochs):
-        logits = A @ W
-        p = torch.softmax(logits, 1)
-        losses.append(float(torch.nn.functional.cross_entropy(logits, yt)))
-        W = W - eta * (A.T @ (p - onehot)) / n
-        accs.append(acc())
-    return ProbeCurve(accs, losses, eta)

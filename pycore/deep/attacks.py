@@ -1,0 +1,197 @@
+"""Attackers on immunized deep extractors: how fast can D_H be learned from θ's features?
+
+Three attackers, from the paper's to realistic ones (issue 12; docs/theory.md §10):
+
+* :func:`linear_probe_curve` -- the paper's threat model (Eq. (4), Figure 3): a linear
+  classifier on frozen features by full-batch gradient descent with step ``1/L``. Its speed
+  is governed by the condition number of the features, which is what immunization raises.
+* :func:`adam_probe_curve` / :func:`best_adam_probe` -- a linear probe trained by Adam on
+  mini-batches, the learning rate picked from a small sweep by the best D_H test accuracy
+  (the defender's worst case). Adam's per-coordinate scaling undoes part of any conditioning.
+* :func:`finetune_attack` -- the attacker fine-tunes the backbone's last stage (ResNet18's
+  ``layer4`` / ViT's last block and norm), the immunization layer and a NEW linear head with
+  Adam on D_H. Nothing of θ's conditioning is protected from this one.
+
+All three return test accuracy (%) on D_H after each epoch (index 0 = before training).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from pycore.deep.data import ShardedBatches, fetch
+from pycore.deep.models import ImmunizableModel
+
+__all__ = ["ProbeCurve", "linear_probe_curve", "adam_probe_curve", "best_adam_probe", "finetune_attack"]
+
+
+@dataclass
+class ProbeCurve:
+    """Test accuracy (%) of the attacker after each epoch (index 0 = before training)."""
+
+    test_accuracy: list[float]
+    train_loss: list[float]
+    step_size: float
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _probe_tensors(Z_train, y_train, Z_test, y_test, num_classes):
+    Zt = torch.as_tensor(np.asarray(Z_train, dtype=np.float64))
+    Zv = torch.as_tensor(np.asarray(Z_test, dtype=np.float64))
+    yt = torch.as_tensor(np.asarray(y_train), dtype=torch.int64)
+    yv = torch.as_tensor(np.asarray(y_test), dtype=torch.int64)
+    if Zt.ndim != 2 or Zv.ndim != 2 or Zt.shape[1] != Zv.shape[1]:
+        raise ValueError(f"feature matrices must be 2-D with equal widths, got {tuple(Zt.shape)} "
+                         f"and {tuple(Zv.shape)}")
+    if not (torch.isfinite(Zt).all() and torch.isfinite(Zv).all()):
+        raise ValueError("probe features contain NaN/Inf")
+    C = int(num_classes or int(max(yt.max(), yv.max())) + 1)
+    # Bias column at the RMS row norm of the training features: rescaling Z by s then rescales
+    # A by s exactly, so a step tied to λ_max(AᵀA) gives unchanged iterates (and accuracies).
+    c = float(Zt.pow(2).sum(1).mean().sqrt()) or 1.0
+    A = torch.cat([Zt, torch.full((Zt.shape[0], 1), c, dtype=Zt.dtype)], 1)
+    Av = torch.cat([Zv, torch.full((Zv.shape[0], 1), c, dtype=Zv.dtype)], 1)
+    return A, yt, Av, yv, C
+
+
+def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
+    return 100.0 * float((logits.argmax(1) == y).double().mean())
+
+
+def linear_probe_curve(Z_train: np.ndarray, y_train: np.ndarray, Z_test: np.ndarray,
+                       y_test: np.ndarray, *, epochs: int = 50, step_scale: float = 1.0,
+                       num_classes: "int | None" = None) -> ProbeCurve:
+    """Linear probing attack on frozen features (paper Eq. (4), Figure 3), float64.
+
+    Softmax cross-entropy, full-batch gradient descent with constant step
+    ``η = step_scale / L``, ``L = λ_max(AᵀA/N)`` with ``A = [Z, c·1]`` (bias column at the RMS
+    row norm ``c`` of ``Z``). The softmax-CE Hessian is bounded by ``½·(ZᵀZ/N) ⊗ I``, so
+    ``η = 1/L`` is a safe step, and because it is tied to λ_max a rescaling of the features
+    cannot fake immunization: what slows the attack is the spread of the spectrum, as in the
+    paper's Eq. (2). The probe starts at zero; one epoch is one full-batch step.
+    """
+    A, yt, Av, yv, C = _probe_tensors(Z_train, y_train, Z_test, y_test, num_classes)
+    n = A.shape[0]
+    eta = step_scale / float(torch.linalg.matrix_norm(A, ord=2) ** 2 / n)
+    W = torch.zeros(A.shape[1], C, dtype=torch.float64)
+    onehot = F.one_hot(yt, C).double()
+    accs, losses = [_accuracy(Av @ W, yv)], []
+    for _ in range(epochs):
+        logits = A @ W
+        losses.append(float(F.cross_entropy(logits, yt)))
+        W = W - eta * (A.T @ (torch.softmax(logits, 1) - onehot)) / n
+        accs.append(_accuracy(Av @ W, yv))
+    return ProbeCurve(accs, losses, eta)
+
+
+def adam_probe_curve(Z_train, y_train, Z_test, y_test, *, epochs: int, lr: float, batch_size: int = 64,
+                     seed: int = 0, num_classes: "int | None" = None) -> ProbeCurve:
+    """Linear probe (same ``A = [Z, c·1]`` as :func:`linear_probe_curve`) trained by Adam
+    (β = (0.9, 0.999), ε = 1e-8) on seeded mini-batches, float64, zero init."""
+    A, yt, Av, yv, C = _probe_tensors(Z_train, y_train, Z_test, y_test, num_classes)
+    W = torch.zeros(A.shape[1], C, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.Adam([W], lr=lr)
+    batches = ShardedBatches(A.shape[0], min(batch_size, A.shape[0]), seed=seed)
+    accs, losses = [_accuracy(Av @ W.detach(), yv)], []
+    for e in range(epochs):
+        total = 0.0
+        for (idx,) in batches.epoch(e):
+            loss = F.cross_entropy(A[idx] @ W, yt[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach())
+        losses.append(total / len(batches))
+        accs.append(_accuracy(Av @ W.detach(), yv))
+    return ProbeCurve(accs, losses, lr)
+
+
+def best_adam_probe(Z_train, y_train, Z_test, y_test, *, epochs: int, lrs=(1e-3, 1e-2, 1e-1),
+                    batch_size: int = 64, seed: int = 0, num_classes: "int | None" = None) -> dict:
+    """Adam probes over ``lrs``; the defender's worst case per epoch is the best of them.
+
+    Returns ``{"test_accuracy": per-epoch max over lrs, "best_lr": per-epoch argmax lr,
+    "per_lr": {lr: curve}}``."""
+    curves = {float(lr): adam_probe_curve(Z_train, y_train, Z_test, y_test, epochs=epochs, lr=lr,
+                                          batch_size=batch_size, seed=seed, num_classes=num_classes)
+              for lr in lrs}
+    acc = np.array([c.test_accuracy for c in curves.values()])
+    keys = list(curves)
+    return {"test_accuracy": acc.max(0).tolist(), "best_lr": [keys[i] for i in acc.argmax(0)],
+            "per_lr": {str(k): c.test_accuracy for k, c in curves.items()}}
+
+
+def finetune_attack(model: ImmunizableModel, h_train: Dataset, h_test: Dataset, *, num_classes: int,
+                    epochs: int, lr: float = 1e-3, batch_size: int = 64, seed: int = 0,
+                    eval_batch: int = 256, eval_epochs: "tuple[int, ...] | None" = None,
+                    from_trunk: bool = True) -> ProbeCurve:
+    """Fine-tune the backbone's last stage + the immunization layer + a new head with Adam on D_H.
+
+    The last stage is ResNet18's ``layer4`` / ViT's last block and norm
+    (:meth:`ImmunizableModel.last_stage_modules`): the part of the immunized tail closest to
+    the features, i.e. what an attacker with a modest budget retrains. ``h_train`` / ``h_test``
+    hold the outputs of the backbone's frozen stem (``model`` in scope ``"tail"``,
+    :meth:`ImmunizableModel.trunk`), or images with ``from_trunk=False``; everything before the
+    last stage is frozen and run once. ``model`` is not modified (a deep copy is attacked). The
+    model stays in eval mode (BatchNorm statistics of θ, no dropout), so the attack is
+    deterministic for a seed. Test accuracy is measured after the epochs in ``eval_epochs``
+    (default: every epoch); other entries of the curve are NaN.
+    """
+    m = copy.deepcopy(model).set_scope("tail")
+    for p in m.parameters():
+        p.requires_grad_(False)
+    m.eval()
+    dev = next(m.parameters()).device
+
+    @torch.no_grad()
+    def frozen_part(ds) -> torch.Tensor:
+        out = []
+        for s in range(0, len(ds), eval_batch):
+            x, _ = fetch(ds, torch.arange(s, min(s + eval_batch, len(ds))))
+            h = x.to(dev) if from_trunk else m.trunk(x.to(dev))
+            out.append(m.before_last_stage(h))
+        return torch.cat(out)
+
+    Htr, Hte = frozen_part(h_train), frozen_part(h_test)
+    ytr = torch.as_tensor([int(v) for v in fetch(h_train, torch.arange(len(h_train)))[1]])
+    yte = fetch(h_test, torch.arange(len(h_test)))[1]
+    g = torch.Generator().manual_seed(seed)
+    head = nn.Linear(m.feature_dim, num_classes).to(dev)
+    with torch.no_grad():
+        bound = 1.0 / m.feature_dim ** 0.5
+        head.weight.copy_(torch.empty_like(head.weight).uniform_(-bound, bound, generator=g))
+        head.bias.copy_(torch.empty_like(head.bias).uniform_(-bound, bound, generator=g))
+    params = [p for mod in m.last_stage_modules() + [m.layer] for p in mod.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.Adam(params + list(head.parameters()), lr=lr)
+    batches = ShardedBatches(len(h_train), min(batch_size, len(h_train)), seed=seed)
+    wanted = set(range(epochs + 1)) if eval_epochs is None else {0, *eval_epochs}
+
+    def test_acc() -> float:
+        with torch.no_grad():
+            logits = torch.cat([head(m.layer(m.last_stage(Hte[s:s + eval_batch])))
+                                for s in range(0, len(Hte), eval_batch)])
+        return _accuracy(logits.cpu(), yte)
+
+    accs, losses = [test_acc()], []
+    for e in range(epochs):
+        total = 0.0
+        for (idx,) in batches.epoch(e):
+            z = F.linear(m.last_stage(Htr[idx]), m.layer.weight, m.layer.bias)  # plain (attacker's) gradient
+            loss = F.cross_entropy(head(z), ytr[idx].to(dev))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach())
+        losses.append(total / len(batches))
+        accs.append(test_acc() if e + 1 in wanted else float("nan"))
+    return ProbeCurve(accs, losses, lr)

@@ -1,0 +1,131 @@
+"""The objective of each deep immunization method, term by term (paper Eq. (11); docs/theory.md §6-7).
+
+Per step, with a D_P batch ``(x_P, y_P)`` and a D_H batch ``x_H`` (paired loader, App. C.2):
+
+* ``X = pooled(trunk(x))`` are the pre-layer features, ``Z = X Wᵀ + b`` the output of the
+  identity-initialised immunization layer (App. C.3);
+* ``ours``:       ``CE_ls(classifier(Z_P), y_P) + λ_P R_well(Z_PᵀZ_P) + λ_H R_ill(Z_HᵀZ_H)``;
+* ``r_ill_only``: the same without the R_well term (ablation; the D_P loss is kept so that
+  D_P accuracy stays comparable, as in the paper's Table 3);
+* ``opt_kappa``:  ``CE + λ_κ (log κ(Z_PᵀZ_P) − log κ(Z_HᵀZ_H))`` -- the Opt-κ baseline
+  (docs/theory.md §7) in its documented log form, through ``torch.linalg.eigvalsh`` of the
+  smaller Gram matrix in float64 (eigenvalue-only backward ``∂λ/∂G = vvᵀ``, no
+  eigenvector-gap terms);
+* ``imma``:       ``CE − λ_imma · CE_H(w_T)`` -- bi-level IMMA (Zheng & Yeh 2024): the lower
+  level unrolls ``imma_inner_steps`` gradient steps of a zero-initialised linear probe ``w``
+  on the D_H batch features (step ``imma_inner_lr / λ_max(AᵀA/N)``, the attacker of
+  :func:`pycore.deep.attacks.gd_probe_curve`); the upper level maximises the harmful loss
+  after those steps, differentiating through them.  A deliberate adaptation of
+  docs/theory.md §7 (whose lower level fine-tunes θ, as :func:`pycore.immunize.imma_objective`
+  does for linear models): unrolling steps of the whole trainable tail would differentiate
+  through several backbone fine-tuning steps per update, while the probe is exactly the
+  attacker of the threat model; the D_P loss is the plain CE at θ.
+
+R_well / R_ill are evaluated by the fused op :func:`pycore.ops.cond_regularizer` on float64
+features (docs/theory.md §3; docs/design.md §2). The regularizer paths go through the
+immunization layer with the preconditioned weight gradient ``grad_W (XᵀX + λI)⁻¹``
+(Algorithm 1 line 6, with the ridge of App. C.3) where ``X`` is that batch's own pre-layer
+features; the CE path uses the same weights *without* preconditioning (Algorithm 1 does not
+precondition ``∇_θ L``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pycore.deep._ops import ops
+from pycore.deep.models import ImmunizableModel
+
+__all__ = ["DEEP_METHODS", "LAMBDA_OF_TERM", "log_kappa", "imma_harmful_loss", "loss_terms",
+           "combine_terms"]
+
+DEEP_METHODS = ("ours", "r_ill_only", "imma", "opt_kappa")
+
+# Sign of each regularizer term in the minimised objective and the config field weighting it.
+_SIGN = {"r_well": 1.0, "r_ill": 1.0, "log_kappa_gap": 1.0, "imma_harm": -1.0}
+LAMBDA_OF_TERM = {"r_well": "lambda_p", "r_ill": "lambda_h", "log_kappa_gap": "lambda_kappa",
+                  "imma_harm": "lambda_imma"}
+
+
+def log_kappa(Z: torch.Tensor) -> torch.Tensor:
+    """Differentiable ``log κ(ZᵀZ)`` over the nonzero spectrum (Opt-κ baseline, float64).
+
+    Uses the eigenvalues of the smaller Gram matrix (``ZZᵀ`` when N < D: same nonzero
+    spectrum), rank tolerance ``λ_max · n · eps`` as in :mod:`pycore.spectral`. NaN (not an
+    exception) when no eigenvalue is above the tolerance, so that the training loop's NaN
+    handling takes over.
+    """
+    Z = Z.double()
+    G = Z @ Z.T if Z.shape[0] <= Z.shape[1] else Z.T @ Z
+    ev = torch.linalg.eigvalsh(G)
+    tol = ev[-1].detach() * G.shape[0] * torch.finfo(torch.float64).eps
+    nz = ev[ev > tol]
+    if nz.numel() == 0:
+        return Z.sum() * float("nan")
+    return torch.log(nz[-1]) - torch.log(nz[0])
+
+
+def imma_harmful_loss(Z: torch.Tensor, y: torch.Tensor, num_classes: int, *, steps: int,
+                      inner_lr: float) -> torch.Tensor:
+    """IMMA lower level: CE of a linear probe after ``steps`` unrolled GD steps on ``(Z, y)``.
+
+    Zero-initialised probe with a bias column; step ``inner_lr / λ_max(AᵀA/N)`` (λ_max
+    detached: the step size is the attacker's choice, not something the extractor can game
+    by rescaling). The returned loss is differentiable w.r.t. ``Z`` through every step.
+    """
+    Z = Z.double()
+    n = Z.shape[0]
+    A = torch.cat([Z, torch.ones(n, 1, dtype=Z.dtype, device=Z.device)], 1)
+    L = (torch.linalg.matrix_norm(A.detach(), ord=2) ** 2 / n).clamp_min(1e-300)
+    eta = inner_lr / L
+    Y = F.one_hot(y, num_classes).to(A.dtype)
+    W = torch.zeros(A.shape[1], num_classes, dtype=A.dtype, device=A.device)
+    for _ in range(steps):
+        W = W - eta * (A.T @ (torch.softmax(A @ W, 1) - Y)) / n
+    return F.cross_entropy(A @ W, y)
+
+
+def _cond(Z: torch.Tensor, kind: str) -> torch.Tensor:
+    """Fused-op R_ill / R_well of ``ZᵀZ`` in float64; NaN (not an exception) for non-finite ``Z``
+    so that the training loop's NaN handling (stop at the last good step, report it) takes over."""
+    Z = Z.double()
+    if not bool(torch.isfinite(Z).all()):
+        return Z.sum() * float("nan")
+    return ops().cond_regularizer(Z, kind)
+
+
+def loss_terms(model: ImmunizableModel, method: str, hP, yP, hH, yH, num_classes_h: int, *,
+               label_smoothing: float = 0.1, imma_inner_steps: int = 3,
+               imma_inner_lr: float = 1.0) -> dict[str, torch.Tensor]:
+    """The unweighted terms of ``method``'s objective on one (rank-local) batch pair.
+
+    ``hP`` / ``hH`` are trunk outputs (:meth:`ImmunizableModel.trunk`); ``"ce"`` is always
+    present, the other keys are those of :data:`LAMBDA_OF_TERM`.
+    """
+    if method not in DEEP_METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {DEEP_METHODS}")
+    layer = model.layer
+    XP = model.pooled(hP)
+    ZP = F.linear(XP, layer.weight, layer.bias)          # CE path: no preconditioning
+    terms = {"ce": F.cross_entropy(model.classifier(ZP), yP, label_smoothing=label_smoothing)}
+    if method == "ours":
+        terms["r_well"] = _cond(layer(XP), "well")
+    if method in ("ours", "r_ill_only"):
+        terms["r_ill"] = _cond(layer(model.pooled(hH)), "ill")
+    elif method == "opt_kappa":
+        ZH = F.linear(model.pooled(hH), layer.weight, layer.bias)
+        terms["log_kappa_gap"] = log_kappa(ZP) - log_kappa(ZH)
+    elif method == "imma":
+        ZH = F.linear(model.pooled(hH), layer.weight, layer.bias)
+        terms["imma_harm"] = imma_harmful_loss(ZH, yH, num_classes_h, steps=imma_inner_steps,
+                                               inner_lr=imma_inner_lr)
+    return terms
+
+
+def combine_terms(terms: dict[str, torch.Tensor], lambdas: dict[str, float]) -> torch.Tensor:
+    """``CE + Σ sign·λ·term`` in float64 (``lambdas`` keyed by config field, e.g. ``lambda_h``)."""
+    loss = terms["ce"].double()
+    for k, v in terms.items():
+        if k != "ce":
+            loss = loss + _SIGN[k] * lambdas[LAMBDA_OF_TERM[k]] * v
+    return loss
