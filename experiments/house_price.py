@@ -8,7 +8,6 @@ Default: the paper's protocol on the real Kaggle data shipped in ``tid-regressio
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -17,16 +16,15 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")        # small matrices: threads only add overhead
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from experiments import cli  # noqa: E402
 from pycore.data.house_price import load_house_price  # noqa: E402
 from pycore.evaluate import evaluate_linear, norm_ratio_curves  # noqa: E402
 from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
 from pycore.metrics import rir_ceiling  # noqa: E402
-from pycore.report import (environment, finish_experiment, fmt, parse_methods, parse_seeds, pm,  # noqa: E402
-                           progress, save_figure, summarize)
+from pycore.report import environment, fmt, pm, save_figure, summarize  # noqa: E402
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.
 PAPER_TABLE1 = {
@@ -42,48 +40,39 @@ SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_
               "heldout_dp_loss_before", "heldout_dp_loss_after", "wall_seconds")
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", default="5", help="count (5 → 0..4), list (0,3,7) or range (2-4); default 5")
-    p.add_argument("--out", type=Path, default=Path("results/house_price"), help="output folder")
-    p.add_argument("--data", type=Path, default=None, help="your own Kaggle House Prices train.csv")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list from {','.join(METHODS)}")
-    d = ImmunizeConfig()
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--lambda-p", type=float, default=d.lambda_p)
-    p.add_argument("--lambda-h", type=float, default=d.lambda_h)
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="0 = full batch")
-    p.add_argument("--optimizer", choices=("adam", "gd"), default=d.optimizer)
-    p.add_argument("--precond", choices=("exact", "pinv", "ridge", "none"), default=d.precond)
-    p.add_argument("--ridge", type=float, default=d.ridge)
-    p.add_argument("--init", choices=("identity", "random"), default=d.init,
-                   help="θ's initialisation: identity (default) or nn.Linear's U(±1/√D), the paper's 'randomly "
-                        "initialized dummy linear layer' (App. C.2)")
+def build_parser() -> cli.Parser:
+    p = cli.Parser(prog="house_price.py", description=__doc__)
+    cli.add_seeds(p, "5")
+    p.add_argument("--out", type=Path, default=Path("results/house_price"),
+                   help="output folder (replaced as a whole by this run's results.json, table.md, norm_ratio.png)")
+    p.add_argument("--data", type=cli.existing_path("file"), default=None,
+                   help="your own Kaggle House Prices train.csv")
+    p.add_argument("--methods", type=cli.choice_list(METHODS, "method"), default=",".join(METHODS),
+                   help=f"comma list from {','.join(METHODS)}")
+    cli.add_immunize_flags(p, ImmunizeConfig())
     p.add_argument("--paper-hparams", action="store_true",
-                   help="use the paper's values verbatim (η=0.005, λ_H=1e7, ridge solve) instead of ours")
-    p.add_argument("--certified", action="store_true",
-                   help="certified-monotone mode: clip every regularizer step to the SPEC §5 bounds and count violations")
-    p.add_argument("--n-train", type=int, default=200, help="training rows per split (paper: 200)")
-    p.add_argument("--probe-steps", type=int, default=100, help="steps of exact-line-search probing in Figure 1")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                   help="worker processes for the (method, seed) runs (default: 2 or the core count)")
+                   help="start from the paper's values (η=0.005, λ_H=1e7, ridge solve) instead of ours; "
+                        "flags given explicitly still apply")
+    p.add_argument("--n-train", type=cli.integer(2), default=200, help="training rows per split (paper: 200)")
+    p.add_argument("--probe-steps", type=cli.integer(1), default=100,
+                   help="steps of exact-line-search probing in Figure 1")
+    cli.add_jobs(p, "(method, seed) runs")
     p.add_argument("--no-plot", action="store_true")
+    return p
+
+
+def parse_args(argv=None):
+    """Parsed and checked flags (a :class:`experiments.cli.UsageError` names a bad one);
+    ``args.config`` is the :class:`ImmunizeConfig` of the run."""
+    p = build_parser()
     args = p.parse_args(argv)
-    try:
-        args.seed_list = parse_seeds(args.seeds)
-        args.method_list = parse_methods(args.methods, METHODS)
-    except ValueError as exc:
-        p.error(str(exc))
+    args.config = build_config(args, p)
     return args
 
 
-def build_config(args) -> ImmunizeConfig:
-    fields = dict(epochs=args.epochs, lambda_p=args.lambda_p, batch_size=args.batch_size or None,
-                  optimizer=args.optimizer, certified=args.certified, init=args.init)
-    if args.paper_hparams:
-        return ImmunizeConfig.paper(**fields)
-    return ImmunizeConfig(lr=args.lr, lambda_h=args.lambda_h, precond=args.precond, ridge=args.ridge, **fields)
+def build_config(args, parser: cli.Parser | None = None) -> ImmunizeConfig:
+    base = ImmunizeConfig.paper() if args.paper_hparams else ImmunizeConfig()
+    return cli.config_from_args(parser or build_parser(), args, base)
 
 
 def _one_run(job):
@@ -98,20 +87,13 @@ def run(args) -> dict:
     t_start = time.perf_counter()
     data = load_house_price(args.data, n_train=args.n_train)
     train, heldout = data.train, data.heldout
-    cfg = build_config(args)
+    cfg = args.config
     ceiling = rir_ceiling(train.X_P, train.X_H)
-    per_method = {m: [] for m in args.method_list}
+    per_method = {m: [] for m in args.methods}
     thetas = {}
-    jobs = [(m, s) for m in args.method_list for s in args.seed_list]
+    jobs = [(m, s) for m in args.methods for s in args.seeds]
     work = [(train, heldout, cfg, ceiling, m, s) for m, s in jobs]
-    if args.jobs > 1 and len(jobs) > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("fork")) as ex:
-            outs = list(progress(ex.map(_one_run, work, chunksize=1), total=len(work), desc="immunizing", unit="run"))
-    else:
-        outs = [_one_run(w) for w in progress(work, desc="immunizing", unit="run")]
+    outs = cli.parallel_map(_one_run, work, args.jobs, desc="immunizing", unit="run")
     for (method, seed), (row, theta) in zip(jobs, outs):
         per_method[method].append(row)
         thetas.setdefault(method, theta)  # first seed drives Figure 1
@@ -131,14 +113,14 @@ def run(args) -> dict:
                  "rows_H": data.n_rows_H, "D": train.D,
                  "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
                  "heldout_rows_H": None if heldout is None else heldout.X_H.shape[0]},
-        "seeds": args.seed_list,
+        "seeds": args.seeds,
         "config": asdict(cfg),
         "ceiling": ceiling.exact,
         "ceiling_range_restricted": ceiling.range_restricted,
         "ceiling_detail": ceiling.as_dict(),
         "heldout_ceiling_detail": None if held_ceiling is None else held_ceiling.as_dict(),
         "methods": methods,
-        "norm_ratio_curves": {"seed": args.seed_list[0], "steps": args.probe_steps, "curves": curves},
+        "norm_ratio_curves": {"seed": args.seeds[0], "steps": args.probe_steps, "curves": curves},
         **environment(),
     }
     result["wall_seconds"] = time.perf_counter() - t_start  # immunize + evaluate, before plotting
@@ -215,8 +197,11 @@ def plot_norm_ratio(result: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    return finish_experiment("house_price.py", parse_args(argv), run, table_markdown, plot_norm_ratio,
-                             "norm_ratio.png")
+    parser = build_parser()
+
+    def prepare(args):
+        args.config = build_config(args, parser)
+    return cli.experiment_main(parser, argv, run, table_markdown, plot_norm_ratio, "norm_ratio.png", prepare)
 
 
 if __name__ == "__main__":
