@@ -87,6 +87,33 @@ class Parser(argparse.ArgumentParser):
         # a library message that already starts with the flag ("--pairs '3-3': ...") names it once
         raise UsageError(re.sub(r"^(--[\w-]+): \1:? ?", r"\1: ", message))
 
+    def parse_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        self._reject_space_separated_lists(argv)
+        return super().parse_args(argv, namespace)
+
+    def _reject_space_separated_lists(self, argv):
+        """``--seeds 0 1 2`` (the old syntax of one script) would parse as ``--seeds 0`` and an
+        error about ``0``; say what is wrong instead.  No script takes positional arguments."""
+        i = 0
+        while i < len(argv):
+            tok = argv[i]
+            if tok == "--":
+                return
+            action = self._option_string_actions.get(tok)
+            if action is None or action.nargs == 0 or "=" in tok:
+                i += 1
+                continue
+            j = i + 2
+            extra = []
+            while j < len(argv) and (not argv[j].startswith("-") or re.fullmatch(r"-\d[\d.e+-]*", argv[j])):
+                extra.append(argv[j])
+                j += 1
+            if extra and i + 1 < len(argv):
+                raise UsageError(f"takes one value, got {' '.join([argv[i + 1], *extra])!r}; lists are "
+                                 f"comma-separated: {tok} {','.join([argv[i + 1], *extra])}", tok)
+            i = j
+
     def flag_for(self, name: str | None) -> str | None:
         """The flag that sets ``name`` (a config field or an ``args`` attribute), or None."""
         if not name:

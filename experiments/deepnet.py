@@ -15,19 +15,16 @@ immunized with every method, evaluated and probed). Outputs go to
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
+from experiments import cli
 from pycore.deep import (  # noqa: E402  (pycore.deep installs the torchvision shim first)
     METHODS, CheckpointError, ImmunizeConfig, NonFiniteLossError, PretrainedUnavailableError,
     build_model, cache_trunk, freeze_reference, immunize, linear_probe_curve, save_immunized,
@@ -179,11 +176,11 @@ def _evaluate(model, ref_feats, ev, rc: RunConfig, seed: int, from_trunk: bool) 
     return {"dp_top1": acc, "rir": rir, "probe": probe.as_dict()}, f
 
 
-def run(rc: RunConfig, args, ctx) -> "dict | None":
+def run(rc: RunConfig, args, ctx, seed: int = 0, out: "Path | None" = None) -> "dict | None":
+    """One configuration and seed; rank 0 writes results.json, table.md, finetune.png and the
+    extractors into ``out`` (the staging folder of the run's output set)."""
     t_start = time.perf_counter()
-    seed = args.seed
     rng = np.random.default_rng(seed)
-    out = Path(args.out) / rc.name
     say = print if ctx.is_main else (lambda *a, **k: None)
     say(f"[{rc.name}] backbone={rc.backbone} world={ctx.world} device={ctx.device}", flush=True)
 
@@ -231,9 +228,7 @@ def run(rc: RunConfig, args, ctx) -> "dict | None":
 
     for method in rc.methods:
         cfg = replace(rc.immunize, method=method, seed=seed, virtual_ranks=args.virtual_ranks,
-                      checkpoint_dir=str(out), progress=not args.quiet,
-                      max_steps=args.max_steps if args.max_steps is not None else rc.immunize.max_steps,
-                      epochs=args.epochs if args.epochs is not None else rc.immunize.epochs)
+                      checkpoint_dir=None if out is None else str(out), progress=not args.quiet)
         model = copy.deepcopy(reference.model)
         try:
             res = immunize(model, p_tr_c, h_tr_c, cfg, num_classes_h=nch, from_trunk=from_trunk,
@@ -269,12 +264,8 @@ def run(rc: RunConfig, args, ctx) -> "dict | None":
             "probe": "full-batch GD on softmax CE, step 1/λ_max(AᵀA/N), zero init; test accuracy per epoch",
         },
     }
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "results.json", result)
-    (out / "table.md").write_text(_table(rc, rows, errors, seed))
+    (out / "table.md").write_text(_table(rc, rows, errors, seed))  # results.json: by main(), paths relocated
     _plot(rc, rows, out / "finetune.png")
-    say(f"[{rc.name}] wrote {out}/results.json, table.md, finetune.png "
-        f"({result['wall_seconds']:.1f}s)", flush=True)
     return result
 
 
@@ -335,60 +326,90 @@ def _plot(rc: RunConfig, rows: dict, path: Path) -> None:
 
 # --- CLI --------------------------------------------------------------------------------------
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+# The deep ImmunizeConfig fields a flag may override on top of the named configuration.
+FLAG_FIELDS = ("epochs", "max_steps", "batch_size", "lr")
+OUTPUTS = ("results.json", "table.md", "finetune.png", "extractor_*.safetensors", "last_good_*.safetensors")
+
+
+def build_parser() -> cli.Parser:
+    ap = cli.Parser(prog="deepnet.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), help="named configuration")
     ap.add_argument("--demo", action="store_true", help="CPU demo: " + ", ".join(DEMO_CONFIGS))
-    ap.add_argument("--dp-root", help="ImageFolder root of D_P (train/ and --val-split)")
-    ap.add_argument("--dh-root", help="ImageFolder root of D_H (train/ and --val-split)")
+    ap.add_argument("--dp-root", type=cli.existing_path("folder"), help="ImageFolder root of D_P (train/ and --val-split)")
+    ap.add_argument("--dh-root", type=cli.existing_path("folder"), help="ImageFolder root of D_H (train/ and --val-split)")
     ap.add_argument("--val-split", default="val")
-    ap.add_argument("--checkpoint", help="θ₀ weights: safetensors or weights-only torch state_dict")
+    ap.add_argument("--checkpoint", type=cli.existing_path("file"),
+                    help="θ₀ weights: safetensors or weights-only torch state_dict")
     ap.add_argument("--pretrained", action="store_true", help="θ₀ from timm's hub (pretrained=True)")
-    ap.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)}")
-    ap.add_argument("--max-steps", type=int)
-    ap.add_argument("--epochs", type=int)
-    ap.add_argument("--batch-size", type=int, help="per-rank batch size")
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--virtual-ranks", type=int, default=1,
+    ap.add_argument("--methods", type=cli.choice_list(METHODS, "method"), help=f"comma list from {','.join(METHODS)}")
+    cli.add_config_flags(ap, ImmunizeConfig, fields=FLAG_FIELDS,
+                         bounds={"epochs": (1, False), "max_steps": (1, False), "batch_size": (1, False),
+                                 "lr": (0.0, True)},
+                         help={"batch_size": "per-rank batch size"},
+                         title="immunization (pycore.deep ImmunizeConfig; default: the named configuration's)")
+    cli.add_seeds(ap, "1")
+    ap.add_argument("--virtual-ranks", type=cli.integer(1), default=1,
                     help="emulate a W-rank DDP run in one process (same shards, same objective)")
     ap.add_argument("--cache-trunk", action="store_true",
                     help="for folder data: run the frozen trunk once and keep its outputs in memory")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    ap.add_argument("--threads", type=cli.integer(1), default=None, help="torch intra-op threads")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    ap.add_argument("--out", default="results/deepnet")
+    ap.add_argument("--out", type=Path, default=Path("results/deepnet"),
+                    help="output folder; each configuration's set goes to OUT/<config> (OUT/<config>-seed<S> "
+                         "with several seeds), replaced as a whole")
     ap.add_argument("--quiet", action="store_true")
     return ap
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def plan(args, parser: cli.Parser) -> list[tuple[RunConfig, int, Path]]:
+    """(configuration, seed, output folder) of every run, checked before any compute."""
+    if args.demo and args.config:
+        raise cli.UsageError("pass --config NAME or --demo, not both")
     if not args.demo and not args.config:
-        _parser().error("pass --config NAME or --demo")
-    names = DEMO_CONFIGS if args.demo else (args.config,)
-    ctx = init_from_env(args.device)
-    try:
-        for name in names:
-            rc = CONFIGS[name]
-            ic = rc.immunize
-            if args.batch_size:
-                ic = replace(ic, batch_size=args.batch_size)
-            if args.lr:
-                ic = replace(ic, lr=args.lr)
-            methods = tuple(args.methods.split(",")) if args.methods else rc.methods
-            bad = [m for m in methods if m not in METHODS]
-            if bad:
-                raise ValueError(f"unknown method(s) {bad}; choose from {METHODS}")
-            run(replace(rc, immunize=ic, methods=methods), args, ctx)
-    except (DataError, CheckpointError, PretrainedUnavailableError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        shutdown()
-    return 0
+        raise cli.UsageError("pass --config NAME or --demo")
+    if args.checkpoint is not None and args.pretrained:
+        raise cli.UsageError("--checkpoint and --pretrained both give θ₀; pass one")
+    runs = []
+    for name in DEMO_CONFIGS if args.demo else (args.config,):
+        rc = CONFIGS[name]
+        if rc.data == "folders":
+            missing = [f for f, v in (("--dp-root", args.dp_root), ("--dh-root", args.dh_root)) if v is None]
+            if missing:
+                raise cli.UsageError(f"config {name} needs --dp-root and --dh-root (ImageFolder roots with "
+                                     f"train/ and {args.val_split}/ splits)", missing[0])
+        ic = cli.config_from_args(parser, args, rc.immunize, validate=ImmunizeConfig.validate)
+        rc = replace(rc, immunize=ic, methods=tuple(args.methods) if args.methods else rc.methods)
+        for seed in args.seeds:
+            sub = name if len(args.seeds) == 1 else f"{name}-seed{seed}"
+            runs.append((rc, seed, Path(args.out) / sub))
+    return runs
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+
+    def body(args):
+        runs = plan(args, parser)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        ctx = init_from_env(args.device)
+        failed = []
+        try:
+            for rc, seed, final in runs:
+                # Only rank 0 writes; every rank checks the folder before any compute.
+                with cli.OutputSet(final, OUTPUTS, create=ctx.is_main) as outs:
+                    result = run(rc, args, ctx, seed, outs.path)
+                    if ctx.is_main:
+                        write_json(outs.path / "results.json", outs.relocate(result))
+                        outs.commit()
+                        print(f"[{rc.name}] wrote {final}/results.json, table.md, finetune.png "
+                              f"({result['wall_seconds']:.1f}s)", flush=True)
+                        failed += [f"{rc.name} seed {seed} {m}: {e['message']}" for m, e in result["errors"].items()]
+        finally:
+            shutdown()
+        if failed:
+            raise cli.RunError(f"{len(failed)} method run(s) failed (recorded in results.json): " + "; ".join(failed))
+    return cli.run_main(parser, body, argv)
 
 
 if __name__ == "__main__":
