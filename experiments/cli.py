@@ -37,7 +37,7 @@ import typing
 from pathlib import Path
 
 from pycore.report import progress, write_json
-from pycore.validation import DivergenceError, ParameterError
+from pycore.validation import ParameterError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
