@@ -539,6 +539,9 @@ class OutputSet:
             if not os.access(f, os.W_OK | os.X_OK):
                 raise UsageError(f"{f} is not writable", self.flag)
         parent = f.parent
+        ancestor = next((a for a in (parent, *parent.parents) if a.exists()), None)
+        if ancestor is not None and not ancestor.is_dir():
+            raise UsageError(f"{ancestor} is a file, not a folder", self.flag)
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
