@@ -23,7 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments import cli
+try:
+    from experiments import cli
+except ModuleNotFoundError as exc:  # a checkout that was never installed: say how, not a traceback
+    if exc.name not in ("experiments", "pycore"):
+        raise
+    sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
+             "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
+             "the repository root with PYTHONPATH=.")
 from pycore import attacks as A
 from pycore.data.mnist import parse_pairs
 from pycore.immunize import METHODS, ImmunizeConfig

@@ -24,7 +24,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from experiments import cli
+try:
+    from experiments import cli
+except ModuleNotFoundError as exc:  # a checkout that was never installed: say how, not a traceback
+    if exc.name not in ("experiments", "pycore"):
+        raise
+    sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
+             "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
+             "the repository root with PYTHONPATH=.")
 from pycore.deep import (  # noqa: E402  (pycore.deep installs the torchvision shim first)
     METHODS, CheckpointError, ImmunizeConfig, NonFiniteLossError, PretrainedUnavailableError,
     build_model, cache_trunk, freeze_reference, immunize, linear_probe_curve, save_immunized,

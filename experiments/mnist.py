@@ -20,7 +20,14 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from experiments import cli  # noqa: E402
+try:
+    from experiments import cli  # noqa: E402
+except ModuleNotFoundError as exc:  # a checkout that was never installed: say how, not a traceback
+    if exc.name not in ("experiments", "pycore"):
+        raise
+    sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
+             "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
+             "the repository root with PYTHONPATH=.")
 from pycore.data.mnist import (digit_covariances, load_mnist, pair_task, parse_pairs,  # noqa: E402
                                split_digits)
 from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
