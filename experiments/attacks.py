@@ -32,7 +32,6 @@ except ModuleNotFoundError as exc:  # a checkout that was never installed: say h
              "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
              "the repository root with PYTHONPATH=.")
 from pycore import attacks as A
-from pycore.data.mnist import parse_pairs
 from pycore.immunize import METHODS, ImmunizeConfig
 from pycore.report import environment
 
@@ -63,7 +62,7 @@ def build_parser() -> cli.Parser:
     p.add_argument("--out", type=Path, default=Path("results/attacks"),
                    help="output folder (replaced as a whole by this run's results.json, table.md, curves.png)")
     p.add_argument("--no-plot", action="store_true", help="skip curves.png")
-    p.add_argument("--mnist-pairs", type=cli._type("pairs", parse_pairs), default=None,
+    p.add_argument("--mnist-pairs", type=cli.pairs, default=None,
                    help="also attack MNIST ordered pairs P-H, e.g. '0-1,3-8' (logistic probing; slow on CPU)")
     p.add_argument("--mnist-n-train", type=cli.integer(1), default=100,
                    help="MNIST training images per digit (default 100)")

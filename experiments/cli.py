@@ -226,10 +226,19 @@ def parse_seeds(text: str) -> list[int]:
 seeds = _type("seeds", parse_seeds)
 
 
-def add_seeds(parser: argparse.ArgumentParser, default: str, what: str = "seeds") -> None:
-    """The one ``--seeds`` flag of every script (``args.seeds`` is the list)."""
-    parser.add_argument("--seeds", type=seeds, default=default, metavar="N|A,B,C|A-B",
+def add_seeds(parser: argparse.ArgumentParser, default: str, what: str = "seeds", dest: str = "seeds") -> None:
+    """The one ``--seeds`` flag of every script (``args.<dest>`` is the list)."""
+    parser.add_argument("--seeds", dest=dest, type=seeds, default=default, metavar="N|A,B,C|A-B",
                         help=f"{what}: {SEEDS_SYNTAX}; default {default}")
+
+
+def _pairs(text):
+    from pycore.data.mnist import parse_pairs  # noqa: PLC0415 -- NumPy only, but not needed by every script
+
+    return parse_pairs(text)
+
+
+pairs = _type("pairs", _pairs)  # MNIST ordered digit pairs: all | P-H,P-H,…
 
 
 def choice_list(choices, what: str = "value"):
@@ -487,6 +496,8 @@ def _report(prog, line, exc, debug):
 
 
 def _raise_terminated(signum, frame):
+    # Once: a second SIGTERM during the clean-up must not interrupt the clean-up itself.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated()
 
 
@@ -716,12 +727,16 @@ def _rebuild(remote: RemoteError) -> BaseException:
     return exc
 
 
-def _worker_init(parent_pid: int) -> None:
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _worker_init(parent_pid: int, mask) -> None:
     # Ctrl-C reaches the whole process group: the parent handles it and stops the pool, so the
-    # workers ignore it (no traceback per worker); SIGTERM (from the parent) kills them at once.
+    # workers ignore it (no traceback per worker); SIGTERM kills a worker at once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent(parent_pid)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -748,13 +763,22 @@ def parallel_map(fn, items, jobs: int, *, desc: str, unit: str) -> list:
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    ex = ProcessPoolExecutor(n, mp_context=mp.get_context("fork"), initializer=_worker_init,
-                             initargs=(os.getpid(),))
+    # SIGINT/SIGTERM are held back while the workers are forked and the tasks submitted: an
+    # interruption half-way through that bookkeeping could miss a worker.  The forked workers
+    # inherit the blocked mask and unblock it in _worker_init, after dropping the parent's handlers.
+    ex = None
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
-        out = list(progress(ex.map(functools.partial(_guarded, fn), items, chunksize=1),
-                            total=len(items), desc=desc, unit=unit))
+        try:
+            ex = ProcessPoolExecutor(n, mp_context=mp.get_context("fork"), initializer=_worker_init,
+                                     initargs=(os.getpid(), old_mask))
+            results = ex.map(functools.partial(_guarded, fn), items, chunksize=1)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a pending signal is raised here
+        out = list(progress(results, total=len(items), desc=desc, unit=unit))
     except BaseException as exc:
-        _kill_pool(ex)
+        if ex is not None:
+            _kill_pool(ex)
         if isinstance(exc, RemoteError):
             raise _rebuild(exc) from None
         raise
@@ -763,13 +787,17 @@ def parallel_map(fn, items, jobs: int, *, desc: str, unit: str) -> list:
 
 
 def _kill_pool(ex) -> None:
-    procs = list(getattr(ex, "_processes", {}).values())  # no public API before Python 3.14
+    import multiprocessing as mp
+
+    # The executor's own list (no public API before Python 3.14), and every live child
+    # multiprocessing started, in case one was forked but not yet registered.
+    procs = set(getattr(ex, "_processes", {}).values()) | set(mp.active_children())
     ex.shutdown(wait=False, cancel_futures=True)
+    # SIGKILL, not SIGTERM: a worker forked an instant ago may not have run _worker_init yet and
+    # would still carry the parent's SIGTERM handler (a traceback per worker).  Workers hold
+    # nothing that needs cleaning up: their results only ever reach the parent.
     for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(timeout=5)
         if p.is_alive():
             p.kill()
-            p.join()
+    for p in procs:
+        p.join(timeout=10)

@@ -33,8 +33,7 @@ except ModuleNotFoundError as exc:  # a checkout that was never installed: say h
              "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
              "the repository root with PYTHONPATH=.")
 from pycore.deep import (  # noqa: E402  (pycore.deep installs the torchvision shim first)
-    METHODS, CheckpointError, ImmunizeConfig, NonFiniteLossError, PretrainedUnavailableError,
-    build_model, cache_trunk, freeze_reference, immunize, linear_probe_curve, save_immunized,
+    METHODS, ImmunizeConfig, NonFiniteLossError, build_model, cache_trunk, freeze_reference, immunize, linear_probe_curve, save_immunized,
     train_classifier,
 )
 from pycore.deep.data import (  # noqa: E402

@@ -49,12 +49,12 @@ SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_
 
 def build_parser() -> cli.Parser:
     p = cli.Parser(prog="house_price.py", description=__doc__)
-    cli.add_seeds(p, "5")
+    cli.add_seeds(p, "5", dest="seed_list")
     p.add_argument("--out", type=Path, default=Path("results/house_price"),
                    help="output folder (replaced as a whole by this run's results.json, table.md, norm_ratio.png)")
     p.add_argument("--data", type=cli.existing_path("file"), default=None,
                    help="your own Kaggle House Prices train.csv")
-    p.add_argument("--methods", type=cli.choice_list(METHODS, "method"), default=",".join(METHODS),
+    p.add_argument("--methods", dest="method_list", type=cli.choice_list(METHODS, "method"), default=",".join(METHODS),
                    help=f"comma list from {','.join(METHODS)}")
     cli.add_immunize_flags(p, ImmunizeConfig())
     p.add_argument("--paper-hparams", action="store_true",
@@ -94,11 +94,11 @@ def run(args) -> dict:
     t_start = time.perf_counter()
     data = load_house_price(args.data, n_train=args.n_train)
     train, heldout = data.train, data.heldout
-    cfg = args.config
+    cfg = build_config(args)
     ceiling = rir_ceiling(train.X_P, train.X_H)
-    per_method = {m: [] for m in args.methods}
+    per_method = {m: [] for m in args.method_list}
     thetas = {}
-    jobs = [(m, s) for m in args.methods for s in args.seeds]
+    jobs = [(m, s) for m in args.method_list for s in args.seed_list]
     work = [(train, heldout, cfg, ceiling, m, s) for m, s in jobs]
     outs = cli.parallel_map(_one_run, work, args.jobs, desc="immunizing", unit="run")
     for (method, seed), (row, theta) in zip(jobs, outs):
@@ -120,14 +120,14 @@ def run(args) -> dict:
                  "rows_H": data.n_rows_H, "D": train.D,
                  "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
                  "heldout_rows_H": None if heldout is None else heldout.X_H.shape[0]},
-        "seeds": args.seeds,
+        "seeds": args.seed_list,
         "config": asdict(cfg),
         "ceiling": ceiling.exact,
         "ceiling_range_restricted": ceiling.range_restricted,
         "ceiling_detail": ceiling.as_dict(),
         "heldout_ceiling_detail": None if held_ceiling is None else held_ceiling.as_dict(),
         "methods": methods,
-        "norm_ratio_curves": {"seed": args.seeds[0], "steps": args.probe_steps, "curves": curves},
+        "norm_ratio_curves": {"seed": args.seed_list[0], "steps": args.probe_steps, "curves": curves},
         **environment(),
     }
     result["wall_seconds"] = time.perf_counter() - t_start  # immunize + evaluate, before plotting

@@ -28,8 +28,7 @@ except ModuleNotFoundError as exc:  # a checkout that was never installed: say h
     sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
              "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
              "the repository root with PYTHONPATH=.")
-from pycore.data.mnist import (digit_covariances, load_mnist, pair_task, parse_pairs,  # noqa: E402
-                               split_digits)
+from pycore.data.mnist import digit_covariances, load_mnist, pair_task, split_digits  # noqa: E402
 from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
 from pycore.metrics import rir, rir_ceiling  # noqa: E402
 from pycore.report import environment, fmt, pm, save_figure, summarize  # noqa: E402
@@ -58,10 +57,10 @@ _STATE: dict = {}  # data shared with forked workers (never pickled per job)
 
 def build_parser() -> cli.Parser:
     p = cli.Parser(prog="mnist.py", description=__doc__)
-    p.add_argument("--pairs", type=cli._type("pairs", parse_pairs), default="all",
+    p.add_argument("--pairs", dest="pair_list", type=cli.pairs, default="all",
                    help="'all' (90 ordered pairs) or a list like 0-1,3-8 (P-H)")
-    cli.add_seeds(p, "3")
-    p.add_argument("--methods", type=cli.choice_list(METHODS, "method"), default=",".join(METHODS),
+    cli.add_seeds(p, "3", dest="seed_list")
+    p.add_argument("--methods", dest="method_list", type=cli.choice_list(METHODS, "method"), default=",".join(METHODS),
                    help=f"comma list from {','.join(METHODS)}")
     p.add_argument("--out", type=Path, default=Path("results/mnist"),
                    help="output folder (replaced as a whole by this run's results.json, table.md, heatmap.png)")
@@ -136,14 +135,14 @@ def run(args) -> dict:
     t_start = time.perf_counter()
     digits = load_mnist(args.mnist_dir)
     split = split_digits(digits, args.n_train, np.random.default_rng(args.split_seed), args.n_heldout)
-    cfg = args.config
+    cfg = build_config(args)
     _STATE.update(digits=digits, split=split, K=digit_covariances(digits, split), cfg=cfg,
-                  methods=args.methods, seeds=args.seeds)
-    pairs = args.pairs
+                  methods=args.method_list, seeds=args.seed_list)
+    pairs = args.pair_list
     outs = cli.parallel_map(_one_pair, pairs, args.jobs, desc="pairs", unit="pair")
     rows = [r for out in outs for r in out]
     methods = {}
-    for m in args.methods:
+    for m in args.method_list:
         mr = [r for r in rows if r["method"] == m]
         entry = {k: summarize(r[k] for r in mr) for k in SUMMARISED}
         per_pair = {}
@@ -162,7 +161,7 @@ def run(args) -> dict:
                  "n_heldout_per_digit": len(split.heldout[0]), "split_seed": args.split_seed, "D": 784,
                  "scaling": "pixels / 255", "targets": "BCE on D_P: ink mass above the split median (pycore.data.mnist)"},
         "pairs": [list(pr) for pr in pairs],
-        "seeds": args.seeds,
+        "seeds": args.seed_list,
         "config": asdict(cfg),
         "methods": methods,
         **environment(),
