@@ -396,6 +396,8 @@ def main(argv=None) -> int:
 
     def body(args):
         runs = plan(args, parser)
+        for _, _, final in runs:  # every output folder checked before the first run computes
+            cli.OutputSet(final, OUTPUTS, create=False)
         if args.threads:
             torch.set_num_threads(args.threads)
         ctx = init_from_env(args.device)

@@ -308,6 +308,22 @@ def test_deepnet_exits_1_when_a_method_failed(capsys, tmp_path, monkeypatch):
     assert res["errors"]["ours"]["checkpoint"] == str(tmp_path / "ci" / "last_good_ours.safetensors")  # ... paths final
 
 
+def test_deepnet_nan_weights_are_exit_1_one_line(capsys, tmp_path):
+    """A θ₀ checkpoint full of NaN used to end in a FloatingPointError traceback."""
+    import torch
+    from safetensors.torch import save_file
+
+    net = deepnet.build_model("resnet18_32px", 5, seed=0).net   # the "ci" configuration: 5 D_P classes
+    sd = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+          for k, v in net.state_dict().items() if not k.startswith("global_pool.1")}  # the added head
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / "nan.safetensors"))
+    rc, err, _ = call(capsys, deepnet, ["--config", "ci", "--checkpoint", str(tmp_path / "nan.safetensors"),
+                                        "--quiet", "--threads", "1", "--out", str(tmp_path / "o")])
+    line = one_line(err)
+    assert rc == 1 and ("NaN" in line or "non-finite" in line), line
+    assert not (tmp_path / "o" / "ci").exists()
+
+
 def test_jobs_are_capped_by_tasks_and_cores():
     pids = cli.parallel_map(_pid, range(6), jobs=64, desc="t", unit="t")
     if cli.available_cores() > 1:
