@@ -450,7 +450,7 @@ def describe(exc: BaseException, parser: Parser | None = None) -> str:
 
 def _expected(exc: BaseException) -> bool:
     """Errors a user or their data can cause; anything else is reported as an internal error."""
-    if isinstance(exc, (ValueError, OSError, FloatingPointError, UsageError, RunError, LookupError)):
+    if isinstance(exc, (ValueError, OSError, FloatingPointError, UsageError, RunError)):
         return True
     return type(exc).__module__.split(".")[0] == "pycore"
 
@@ -542,10 +542,9 @@ class OutputSet:
         if f.is_dir():
             if f.is_symlink():
                 raise UsageError(f"{f} is a symbolic link; pass the folder itself", self.flag)
-            foreign = sorted(e for e in os.listdir(f) if not any(fnmatch.fnmatch(e, p) for p in self.owned))
+            foreign = self._foreign()
             if foreign:
-                shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-                raise UsageError(f"{f} holds files this experiment does not write ({shown}); "
+                raise UsageError(f"{f} holds files this experiment does not write ({foreign}); "
                                  "pass a new or empty folder", self.flag)
             if not os.access(f, os.W_OK | os.X_OK):
                 raise UsageError(f"{f} is not writable", self.flag)
@@ -559,6 +558,11 @@ class OutputSet:
             raise UsageError(f"cannot create {parent}: {exc.strerror or exc}", self.flag) from None
         if not os.access(parent, os.W_OK | os.X_OK):
             raise UsageError(f"{parent} is not writable", self.flag)
+
+    def _foreign(self) -> str:
+        """The entries of ``final`` that this experiment does not write, for a message ("" if none)."""
+        foreign = sorted(e for e in os.listdir(self.final) if not any(fnmatch.fnmatch(e, p) for p in self.owned))
+        return ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
 
     def _stage(self):
         parent, name = self.final.parent, self.final.name
@@ -582,6 +586,13 @@ class OutputSet:
 
     def commit(self) -> Path:
         staging, final = self.path, self.final
+        # Checked again: the folder may have changed during a long run, and the old set is deleted.
+        changed = (f"{final} is no longer a folder" if final.exists() and not final.is_dir()
+                   else f"{final} gained files this experiment does not write ({self._foreign()})"
+                   if final.is_dir() and self._foreign() else "")
+        if changed:
+            self.path = None  # keep the results where they are
+            raise RunError(f"{self.flag}: {changed} during the run; this run's outputs are in {staging}")
         if final.exists():
             if not _exchange(staging, final):
                 old = staging.with_name(staging.name + ".old")

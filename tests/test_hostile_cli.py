@@ -284,6 +284,22 @@ def test_failed_or_interrupted_run_leaves_the_previous_set_intact(capsys, tmp_pa
     assert rc == 2 and {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_files_added_to_out_during_the_run_are_never_deleted(capsys, tmp_path, monkeypatch):
+    out = tmp_path / "hp"
+    real_run = house_price.run
+
+    def run_while_user_writes(args):
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+        return real_run(args)
+    monkeypatch.setattr(house_price, "run", run_while_user_writes)
+    rc, err, _ = call(capsys, house_price, [*TINY_HP, "--no-plot", "--out", str(out)])
+    assert rc == 1 and one_line(err, "--out", "gained files", "notes.txt", "outputs are in")
+    assert os.listdir(out) == ["notes.txt"]
+    staging = err.split("outputs are in ")[1].strip()
+    assert sorted(os.listdir(staging)) == ["results.json", "table.md"]
+
+
 def test_staging_folder_of_a_killed_run_is_cleaned_up(capsys, tmp_path):
     stale = tmp_path / f".hp.partial-{2**22 + 12345}-1"  # above pid_max's default: never alive
     stale.mkdir()
