@@ -76,7 +76,9 @@ USAGE_CASES = [
     (house_price, ["--methods", ","], ["--methods", "empty"]),
     (house_price, ["--methods", "ours,ours"], ["--methods", "repeated"]),
     (house_price, ["--precond", "magic"], ["--precond", "invalid choice"]),
-    (house_price, ["--certified", "--precond", "ridge"], ["--certified", "exact", "pinv"]),
+    # the configuration's own consistency check, named by one of the two flags involved
+    (house_price, ["--certified", "--precond", "ridge", "--ridge", "1e-7"],
+     ["error: --", "certified mode needs precond 'exact' or 'pinv'"]),
     (house_price, ["--bogus"], ["unrecognized arguments: --bogus"]),
     (house_price, ["--seed", "3"], ["unrecognized arguments: --seed"]),  # no prefix matching to --seeds
     (mnist, ["--seeds", "4-2"], ["--seeds", "empty range"]),
