@@ -186,10 +186,13 @@ def real(lo: float | None = None, *, above: bool = False, hi: float | None = Non
 seeds = _type("seeds", parse_seeds)
 
 
-def add_seeds(parser: argparse.ArgumentParser, default: str, what: str = "seeds", dest: str = "seeds") -> None:
-    """The one ``--seeds`` flag of every script (``args.<dest>`` is the list)."""
+def add_seeds(parser: argparse.ArgumentParser, default: str | None, what: str = "seeds", dest: str = "seeds",
+              default_help: str | None = None) -> None:
+    """The one ``--seeds`` flag of every script (``args.<dest>`` is the list).  ``default=None``
+    leaves ``args.<dest>`` None when the flag is not given, for a default that depends on other
+    flags (describe it in ``default_help``)."""
     parser.add_argument("--seeds", dest=dest, type=seeds, default=default, metavar="N|A,B,C|A-B",
-                        help=f"{what}: {SEEDS_SYNTAX}; default {default}")
+                        help=f"{what}: {SEEDS_SYNTAX}; default {default_help or default}")
 
 
 def _pairs(text):
