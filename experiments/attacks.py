@@ -199,7 +199,7 @@ def evaluate(splits, methods, seeds, cfg, attackers, loss, cap, eps, *, ridge_re
             res = immunize(splits["train"], method, rng=np.random.default_rng(seed), config=cfg)
             theta = res.theta
             entry = {"seed": seed, "method": method, "immunize_seconds": res.wall_seconds,
-                     "diagnostics": A._jsonable(res.diagnostics), "rir": {}, "attacks": {}}
+                     "diagnostics": res.diagnostics, "rir": {}, "attacks": {}}  # write_json encodes it
             for rows, task in splits.items():
                 entry["rir"][rows] = float(rir(theta, task.X_P, task.X_H))
                 for tname, (X, Y) in (("D_H", (task.X_H, task.Y_H)), ("D_P", (task.X_P, task.Y_P))):
