@@ -62,7 +62,10 @@ setup(
     name="pycore",
     version="0.1.0",
     description="Model immunization from a condition-number perspective (ICML 2025), reimplemented",
-    packages=find_packages(include=["pycore", "pycore.*"]),
+    # `experiments` (the scripts of paper Sec. 5 and their shared CLI layer) is installed too, so
+    # `python experiments/house_price.py` and `python -m experiments.house_price` both work
+    # from any folder without sys.path edits.
+    packages=find_packages(include=["pycore", "pycore.*", "experiments"]),
     python_requires=">=3.9",
     ext_modules=ext_modules,
     cmdclass=cmdclass,

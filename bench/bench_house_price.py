@@ -8,6 +8,7 @@ evaluation, Figure 1, outputs) as a subprocess, exactly as a user runs it; the i
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_default_house_price_run(benchmark, tmp_path):
     def run():
         subprocess.run([sys.executable, str(ROOT / "experiments" / "house_price.py"), "--out", str(tmp_path)],
-                       check=True, capture_output=True, timeout=600)
+                       check=True, capture_output=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # as installed by pip install -e .
 
     benchmark.group = "house_price: full default run (6 methods x 5 seeds + Figure 1)"
     benchmark.pedantic(run, rounds=2, iterations=1)

@@ -6,21 +6,16 @@ so its immunization time is about ``270 × Σ_methods(time per run) / jobs``.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-
-from pycore.data.mnist import digit_covariances, load_mnist_5k, pair_task, split_digits  # noqa: E402
-from pycore.immunize import METHODS, immunize  # noqa: E402
+from pycore.data.mnist import digit_covariances, load_mnist_5k, pair_task, split_digits
+from pycore.immunize import METHODS, immunize
 
 
 @pytest.fixture(scope="module")
 def setup():
-    import mnist as exp
+    from experiments import mnist as exp
 
     args = exp.parse_args([])
     digits = load_mnist_5k()

@@ -8,7 +8,7 @@ is ``steps(θ_I)/steps(identity)``: > 1 on D_H is what immunization promises, �
 it must keep (paper Figure 1 / Definition 3.1).
 
     python experiments/attacks.py                       # 1 seed, cap 20000 steps (~1 min)
-    python experiments/attacks.py --seeds 0 1 2 --max-steps 50000
+    python experiments/attacks.py --seeds 3 --max-steps 50000
     python experiments/attacks.py --certified           # immunize in certified-monotone mode
 
 Writes ``results/attacks/results.json`` (every number, the command line, versions),
@@ -16,67 +16,83 @@ Writes ``results/attacks/results.json`` (every number, the command line, version
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import platform
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pycore import attacks as A  # noqa: E402
+try:
+    from experiments import cli
+except ModuleNotFoundError as exc:  # a checkout that was never installed: say how, not a traceback
+    if exc.name not in ("experiments", "pycore"):
+        raise
+    sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
+             "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
+             "the repository root with PYTHONPATH=.")
+from pycore import attacks as A
+from pycore.immunize import METHODS, ImmunizeConfig
+from pycore.report import environment
 
 ROWS = ("train", "heldout")
 TASKS = ("D_H", "D_P")
 
 
 # ----------------------------------------------------------------------------------------------
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="immunization seeds (default: 0)")
-    p.add_argument("--methods", nargs="+", default=None,
-                   help="immunizers to attack (default: all of pycore.immunize.METHODS; "
-                        "identity is always added)")
-    p.add_argument("--attackers", nargs="+", default=None,
-                   help=f"attackers (default: all for least squares: {', '.join(A.attackers_for('lsq'))})")
-    p.add_argument("--eps", type=float, nargs="+", default=list(A.DEFAULT_EPS),
-                   help="relative-suboptimality targets (default: 1e-2 1e-4 1e-6)")
-    p.add_argument("--max-steps", type=int, default=20000,
+def build_parser() -> cli.Parser:
+    p = cli.Parser(prog="attacks.py", description=__doc__.split("\n\n")[0])
+    cli.add_seeds(p, "1", "immunization seeds")
+    p.add_argument("--methods", type=cli.choice_list(METHODS, "method"), default=",".join(METHODS),
+                   help="comma list of immunizers to attack (default: all of pycore.immunize.METHODS; identity "
+                        "is always added)")
+    lsq = A.attackers_for("lsq")
+    p.add_argument("--attackers", type=cli.choice_list(lsq, "least-squares attacker"), default=",".join(lsq),
+                   help=f"comma list of attackers (default: all for least squares: {','.join(lsq)})")
+    p.add_argument("--eps", type=cli.number_list(0.0, 1.0, open_interval=True),
+                   default=",".join(f"{e:g}" for e in A.DEFAULT_EPS),
+                   help="comma list of relative-suboptimality targets in (0, 1) (default: 1e-2,1e-4,1e-6)")
+    p.add_argument("--max-steps", type=cli.integer(1), default=20000,
                    help="step cap of every iterative attacker (default 20000)")
-    p.add_argument("--epochs", type=int, default=None, help="immunization epochs (default: ImmunizeConfig's)")
-    p.add_argument("--certified", action="store_true",
-                   help="immunize in certified-monotone mode (ImmunizeConfig(certified=True))")
-    p.add_argument("--data", type=Path, default=None,
+    cli.add_immunize_flags(p, ImmunizeConfig())
+    p.add_argument("--data", type=cli.existing_path("file"), default=None,
                    help="Kaggle House Prices train.csv (default: packaged copy)")
-    p.add_argument("--n-train", type=int, default=200,
+    p.add_argument("--n-train", type=cli.integer(2), default=200,
                    help="training rows per split (authors' protocol: 200)")
-    p.add_argument("--out", type=Path, default=Path("results/attacks"), help="output folder")
+    p.add_argument("--out", type=Path, default=Path("results/attacks"),
+                   help="output folder (replaced as a whole by this run's results.json, table.md, curves.png)")
     p.add_argument("--no-plot", action="store_true", help="skip curves.png")
-    p.add_argument("--mnist-pairs", default=None,
+    p.add_argument("--mnist-pairs", type=cli.pairs, default=None,
                    help="also attack MNIST ordered pairs P-H, e.g. '0-1,3-8' (logistic probing; slow on CPU)")
-    p.add_argument("--mnist-n-train", type=int, default=100,
+    p.add_argument("--mnist-n-train", type=cli.integer(1), default=100,
                    help="MNIST training images per digit (default 100)")
-    p.add_argument("--mnist-epochs", type=int, default=30, help="MNIST immunization epochs (paper: 30)")
-    p.add_argument("--mnist-max-steps", type=int, default=3000, help="MNIST attacker step cap (default 3000)")
-    p.add_argument("--logistic-ridge", type=float, default=1e-4,
-                   help="logistic probe ridge λ = r·‖Z‖₂²/4 "
-                        "(pycore.attacks.make_problem's ridge_rel; default 1e-4)")
+    p.add_argument("--mnist-epochs", type=cli.integer(0), default=30, help="MNIST immunization epochs (paper: 30)")
+    p.add_argument("--mnist-max-steps", type=cli.integer(1), default=3000,
+                   help="MNIST attacker step cap (default 3000)")
+    p.add_argument("--logistic-ridge", type=cli.real(0.0), default=1e-4,
+                   help="logistic probe ridge λ = r·‖Z‖₂²/4 (pycore.attacks.make_problem's ridge_rel; default 1e-4)")
+    return p
+
+
+def parse_args(argv=None):
+    """Parsed and checked flags; ``args.config`` is the House Prices :class:`ImmunizeConfig`."""
+    p = build_parser()
     args = p.parse_args(argv)
-    if args.max_steps < 1:
-        p.error(f"--max-steps must be ≥ 1, got {args.max_steps}")
-    if any(not (0 < e < 1) for e in args.eps):
-        p.error(f"--eps values must lie in (0, 1), got {args.eps}")
-    if args.attackers:
-        bad = [a for a in args.attackers if a not in A.attackers_for("lsq")]
-        if bad:
-            p.error(f"unknown least-squares attacker(s) {bad}; choose from {list(A.attackers_for('lsq'))}")
+    prepare(args, p)
     return args
+
+
+def prepare(args, parser: cli.Parser) -> None:
+    """The checks that involve more than one flag, before any compute."""
+    args.config = cli.config_from_args(parser, args, ImmunizeConfig())
+    # The MNIST part runs experiments/mnist.py's defaults; of the flags above only --certified
+    # carries over (the others are House Prices settings).
+    try:
+        args.mnist_config = ImmunizeConfig.mnist(epochs=args.mnist_epochs, certified=args.config.certified)
+    except ValueError as exc:
+        raise cli.UsageError(str(exc), "--mnist-epochs" if "epochs" in str(exc) else "--certified") from exc
+    if "identity" not in args.methods:
+        args.methods.insert(0, "identity")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,11 +137,9 @@ def holds(items, want):
         if k == "n/a":
             verdicts.append(None)
         elif want == ">1":
-            verdicts.append(True if v > 1 and k in ("=", ">=")
-                            else False if v <= 1 and k in ("=", "<=") else None)
+            verdicts.append(True if v > 1 and k in ("=", ">=") else False if v <= 1 and k in ("=", "<=") else None)
         else:
-            verdicts.append(True if v <= 1 and k in ("=", "<=")
-                            else False if v > 1 and k in ("=", ">=") else None)
+            verdicts.append(True if v <= 1 and k in ("=", "<=") else False if v > 1 and k in ("=", ">=") else None)
     if any(x is False for x in verdicts):
         return False
     return None if any(x is None for x in verdicts) else True
@@ -145,23 +159,14 @@ def _curve_digest(rel, n=120):
 # ----------------------------------------------------------------------------------------------
 def run(args) -> dict:
     from pycore.data.house_price import load_house_price
-    from pycore.immunize import METHODS, ImmunizeConfig, config_dict
+    from pycore.immunize import config_dict
 
     data = load_house_price(args.data, n_train=args.n_train)
     if data.heldout is None:
-        raise SystemExit("House Prices: no held-out rows left (lower --n-train)")
-    methods = list(args.methods or METHODS)
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise SystemExit(f"unknown method(s) {bad}; choose from {list(METHODS)}")
-    if "identity" not in methods:
-        methods.insert(0, "identity")
-    attackers = tuple(args.attackers or A.attackers_for("lsq"))
-    cfg = ImmunizeConfig()
-    if args.epochs is not None:
-        cfg = replace(cfg, epochs=args.epochs)
-    if args.certified:
-        cfg = replace(cfg, certified=True)
+        raise ValueError(f"House Prices: --n-train {args.n_train} leaves no held-out rows (lower it)")
+    methods = args.methods
+    attackers = tuple(args.attackers)
+    cfg = args.config
     splits = {"train": data.train, "heldout": data.heldout}
 
     t_start = time.perf_counter()
@@ -169,18 +174,13 @@ def run(args) -> dict:
                             ridge_rel=args.logistic_ridge, label="house prices", t_start=t_start)
     factors = compute_factors(runs, methods, attackers, args.eps, args.max_steps)
     mnist = run_mnist(args, methods, t_start) if args.mnist_pairs else None
-    import numpy
-    import scipy
     return {
         "experiment": "attacks", "dataset": "house_prices", "source": data.source,
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "seeds": args.seeds, "methods": methods, "attackers": list(attackers), "eps": args.eps,
         "step_cap": args.max_steps, "loss": "0.5*||Zw - y||^2 (Hessian Z^T Z = H(theta))",
         "immunize_config": config_dict(cfg),
-        "n_rows": {rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])}
-                   for rows, t in splits.items()},
-        "versions": {"python": platform.python_version(), "numpy": numpy.__version__,
-                     "scipy": scipy.__version__},
+        "n_rows": {rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])} for rows, t in splits.items()},
+        **environment(),
         "wall_seconds": time.perf_counter() - t_start,
         "runs": runs, "slowdown": factors, "_curves": curves,
         "mnist": mnist,
@@ -199,7 +199,7 @@ def evaluate(splits, methods, seeds, cfg, attackers, loss, cap, eps, *, ridge_re
             res = immunize(splits["train"], method, rng=np.random.default_rng(seed), config=cfg)
             theta = res.theta
             entry = {"seed": seed, "method": method, "immunize_seconds": res.wall_seconds,
-                     "diagnostics": A._jsonable(res.diagnostics), "rir": {}, "attacks": {}}
+                     "diagnostics": res.diagnostics, "rir": {}, "attacks": {}}  # write_json encodes it
             for rows, task in splits.items():
                 entry["rir"][rows] = float(rir(theta, task.X_P, task.X_H))
                 for tname, (X, Y) in (("D_H", (task.X_H, task.Y_H)), ("D_P", (task.X_P, task.Y_P))):
@@ -225,26 +225,24 @@ def run_mnist(args, methods, t_start) -> dict:
     """MNIST ordered pairs (P, H) with logistic probing (``pycore.data.mnist`` tasks: D_P = digit
     P, D_H = digit H, balanced ink-mass BCE targets), immunized with ``experiments/mnist.py``'s
     defaults (:meth:`pycore.immunize.ImmunizeConfig.mnist`)."""
-    from pycore.data.mnist import load_mnist, pair_task, parse_pairs, split_digits
-    from pycore.immunize import ImmunizeConfig, config_dict
+    from pycore.data.mnist import load_mnist, pair_task, split_digits
+    from pycore.immunize import config_dict
 
-    pairs = parse_pairs(args.mnist_pairs)
+    pairs = args.mnist_pairs
     digits = load_mnist()
     attackers = A.attackers_for("logistic")
-    cfg = ImmunizeConfig.mnist(epochs=args.mnist_epochs, certified=args.certified)  # as experiments/mnist.py
+    cfg = args.mnist_config  # as experiments/mnist.py
     out = {"pairs": {}, "attackers": list(attackers), "step_cap": args.mnist_max_steps,
            "ridge_rel": args.logistic_ridge, "n_train": args.mnist_n_train,
            "immunize_config": config_dict(cfg),
            "source": digits.source}
     for p, h in pairs:
         split = split_digits(digits, args.mnist_n_train, np.random.default_rng(0))
-        splits = {"train": pair_task(digits, split, p, h),
-                  "heldout": pair_task(digits, split, p, h, heldout=True)}
+        splits = {"train": pair_task(digits, split, p, h), "heldout": pair_task(digits, split, p, h, heldout=True)}
         runs, _ = evaluate(splits, methods, args.seeds, cfg, attackers, "logistic", args.mnist_max_steps,
                            args.eps, ridge_rel=args.logistic_ridge, label=f"mnist {p}-{h}", t_start=t_start)
         out["pairs"][f"{p}-{h}"] = {
-            "runs": runs,
-            "slowdown": compute_factors(runs, methods, attackers, args.eps, args.mnist_max_steps)}
+            "runs": runs, "slowdown": compute_factors(runs, methods, attackers, args.eps, args.mnist_max_steps)}
     return out
 
 
@@ -275,18 +273,17 @@ def compute_factors(runs, methods, attackers, eps_list, cap):
 
 
 # ----------------------------------------------------------------------------------------------
-def write_table(res: dict, path: Path):
+def table_markdown(res: dict) -> str:
     methods = [m for m in res["methods"] if m != "identity"]
     attackers, eps_list, F = res["attackers"], res["eps"], res["slowdown"]
     by = {(r["seed"], r["method"]): r for r in res["runs"]}
     s0 = res["seeds"][0]
     L = []
     L.append("# Attack suite on House Prices: steps to relative suboptimality ε, immunized vs identity\n")
-    L.append(f"Command: `{res['command']}`  \nSeeds: {res['seeds']}; step cap {res['step_cap']} "
+    L.append(f"Command: `{' '.join(res['command'][1:])}`  \nSeeds: {res['seeds']}; step cap {res['step_cap']} "
              f"(a run that does not reach ε within the cap is shown as a bound: ≥ when θ_I hit the cap, "
              f"≤ when identity did); loss ½‖Zw − y‖² on features Z = Xθ; every attacker starts at w = 0. "
-             f"Rows: train = the {res['n_rows']['train']['D_H']}/{res['n_rows']['train']['D_P']} "
-             f"D_H/D_P rows "
+             f"Rows: train = the {res['n_rows']['train']['D_H']}/{res['n_rows']['train']['D_P']} D_H/D_P rows "
              f"used to immunize; held-out = the other {res['n_rows']['heldout']['D_H']}/"
              f"{res['n_rows']['heldout']['D_P']} rows. Factor = steps(θ_I)/steps(identity): "
              f"> 1 on D_H means the attacker is slowed (good), ≤ 1 on D_P means pre-training probing is not "
@@ -294,8 +291,7 @@ def write_table(res: dict, path: Path):
 
     # condition numbers and RIR for context
     L.append("## Condition numbers of the probing Hessians (seed %d)\n" % s0)
-    L.append("| θ | RIR train | RIR held-out | κ(H_H) train | κ(H_P) train | κ(H_H) held-out "
-             "| κ(H_P) held-out |")
+    L.append("| θ | RIR train | RIR held-out | κ(H_H) train | κ(H_P) train | κ(H_H) held-out | κ(H_P) held-out |")
     L.append("|---|---|---|---|---|---|---|")
     for m in res["methods"]:
         r = by[(s0, m)]
@@ -306,8 +302,7 @@ def write_table(res: dict, path: Path):
 
     # the paper's claim
     L.append("## The paper's Figure 1 claim, GD with exact line search\n")
-    L.append("Claim: with θ_I, probing D_H is slower (factor > 1) and probing D_P is not slower "
-             "(factor ≤ 1). "
+    L.append("Claim: with θ_I, probing D_H is slower (factor > 1) and probing D_P is not slower (factor ≤ 1). "
              "A cell holds only when every seed confirms it; a failure says on how many seeds.\n")
     L.append("| θ_I | rows | ε | D_H factor | D_P factor | claim |")
     L.append("|---|---|---|---|---|---|")
@@ -332,14 +327,12 @@ def write_table(res: dict, path: Path):
                     unk = [x for x, ok in (("D_H", ok_h is None), ("D_P", ok_p is None)) if ok]
                     verdict = ("FAILS: " + ", ".join(why)) if why else ""
                     if unk:
-                        verdict += (("; " if verdict else "") + "undetermined on " + " and ".join(unk)
-                                    + " (cap)")
+                        verdict += ("; " if verdict else "") + "undetermined on " + " and ".join(unk) + " (cap)"
                     (fails if why else undetermined).append(f"{m}/{rows}/ε={ek}")
                 L.append(f"| {m} | {rows} | {ek} | {fmt_factors(fh)} | {fmt_factors(fp)} | {verdict} |")
     L.append("")
     L.append(f"Of {n_cells} cells the claim holds in {n_cells - len(fails) - len(undetermined)}, fails in "
-             f"{len(fails)} ({', '.join(fails) if fails else 'none'}) "
-             f"and cannot be decided within the cap in "
+             f"{len(fails)} ({', '.join(fails) if fails else 'none'}) and cannot be decided within the cap in "
              f"{len(undetermined)} ({', '.join(undetermined) if undetermined else 'none'}).\n")
 
     # which attackers are not slowed on D_H
@@ -368,15 +361,14 @@ def write_table(res: dict, path: Path):
                 idr = by[(s0, "identity")]["attacks"]
                 sh = idr[f"{rows}/D_H"]["attackers"][a]["steps_to"][ek]
                 sp = idr[f"{rows}/D_P"]["attackers"][a]["steps_to"][ek]
-                cells = [f"{fmt_factors(F[m][f'{rows}/D_H'][a][ek])} | "
-                         f"{fmt_factors(F[m][f'{rows}/D_P'][a][ek])}" for m in methods]
-                cap = ">" + str(res["step_cap"])
-                L.append(f"| {A.ATTACKER_LABELS[a]} | {sh if sh is not None else cap} | "
-                         f"{sp if sp is not None else cap} | " + " | ".join(cells) + " |")
+                cells = [f"{fmt_factors(F[m][f'{rows}/D_H'][a][ek])} | {fmt_factors(F[m][f'{rows}/D_P'][a][ek])}"
+                         for m in methods]
+                L.append(f"| {A.ATTACKER_LABELS[a]} | {sh if sh is not None else '>' + str(res['step_cap'])} | "
+                         f"{sp if sp is not None else '>' + str(res['step_cap'])} | " + " | ".join(cells) + " |")
             L.append("")
     if res.get("mnist"):
         L += mnist_table(res)
-    path.write_text("\n".join(L))
+    return "\n".join(L)
 
 
 def mnist_table(res):
@@ -438,21 +430,22 @@ def plot_curves(res: dict, path: Path):
     plt.close(fig)
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    res = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    curves = res.pop("_curves")
-    (args.out / "results.json").write_text(json.dumps(A._jsonable(res), indent=1))
-    write_table(res, args.out / "table.md")
-    if not args.no_plot:
-        res["_curves"] = curves
-        plot_curves(res, args.out / "curves.png")
-        res.pop("_curves")
-    print(f"wrote {args.out}/results.json, table.md" + ("" if args.no_plot else ", curves.png")
-          + f" in {res['wall_seconds']:.0f}s")
-    return res
+def main(argv=None) -> int:
+    parser = build_parser()
+
+    def body(args):
+        prepare(args, parser)
+        with cli.OutputSet(args.out, ("results.json", "table.md", "curves.png")) as outs:
+            res = run(args)
+            curves = res.pop("_curves")
+            cli.write_set(outs, res, table_markdown(res))
+            if not args.no_plot:
+                plot_curves({**res, "_curves": curves}, outs.path / "curves.png")
+            outs.commit()
+        print(f"wrote {outs.final}/results.json, table.md" + ("" if args.no_plot else ", curves.png")
+              + f" in {res['wall_seconds']:.0f}s")
+    return cli.run_main(parser, body, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

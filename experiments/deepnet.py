@@ -17,97 +17,116 @@ paper's numbers, and the attackers), ``finetune.png`` (Figure 3, seed mean with 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
+try:
+    from experiments import cli
+except ModuleNotFoundError as exc:  # a checkout that was never installed: say how, not a traceback
+    if exc.name not in ("experiments", "pycore"):
+        raise
+    sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
+             "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
+             "the repository root with PYTHONPATH=.")
+from pycore.deep import DEEP_METHODS, DeepImmunizeConfig  # pycore.deep installs the torchvision shim first
+from pycore.deep.distributed import init_from_env, shutdown
+from pycore.deep.evaluate import CONFIGS, DEMO_CONFIGS, RunOptions, run_config
 
-from pycore.deep import (  # noqa: E402  (pycore.deep installs the torchvision shim first)
-    DEEP_METHODS, CheckpointError, PretrainedUnavailableError,
-)
-from pycore.deep.data import DataError  # noqa: E402
-from pycore.deep.distributed import init_from_env, shutdown  # noqa: E402
-from pycore.deep.evaluate import CONFIGS, DEMO_CONFIGS, RunOptions, run_config  # noqa: E402
-from pycore.report import parse_seeds  # noqa: E402
+FLAG_FIELDS = ("epochs", "max_steps", "batch_size", "lr")
+OUTPUTS = ("results.json", "table.md", "finetune.png", "attacks.png", "extractor_*.safetensors",
+           "last_good_*.safetensors")
 
 
-# --- CLI --------------------------------------------------------------------------------------
-
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> cli.Parser:
+    ap = cli.Parser(prog="deepnet.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), help="named configuration")
     ap.add_argument("--demo", action="store_true", help="CPU demo: " + ", ".join(DEMO_CONFIGS))
-    ap.add_argument("--dp-root", help="ImageFolder root of D_P (train/ and --val-split)")
-    ap.add_argument("--dh-root", help="ImageFolder root of D_H (train/ and --val-split)")
+    ap.add_argument("--dp-root", type=cli.existing_path("folder"),
+                    help="ImageFolder root of D_P (train/ and --val-split)")
+    ap.add_argument("--dh-root", type=cli.existing_path("folder"),
+                    help="ImageFolder root of D_H (train/ and --val-split)")
     ap.add_argument("--val-split", default="val")
-    ap.add_argument("--checkpoint", help="θ₀ weights: safetensors or weights-only torch state_dict")
+    ap.add_argument("--checkpoint", type=cli.existing_path("file"),
+                    help="θ₀ weights: safetensors or weights-only torch state_dict")
     ap.add_argument("--pretrained", action="store_true", help="θ₀ from timm's hub (pretrained=True)")
-    ap.add_argument("--methods", help=f"comma-separated subset of {','.join(DEEP_METHODS)}")
-    ap.add_argument("--max-steps", type=int)
-    ap.add_argument("--epochs", type=int)
-    ap.add_argument("--batch-size", type=int, help="per-rank batch size")
-    ap.add_argument("--lr", type=float)
-    ap.add_argument("--seed", type=int, default=None, help="a single seed (same as --seeds SEED,)")
-    ap.add_argument("--seeds", default=None,
-                    help="count (3 = seeds 0,1,2), list (0,3,7) or range (2-4); default 3 with --demo, else 1")
-    ap.add_argument("--virtual-ranks", type=int, default=1,
+    ap.add_argument("--methods", type=cli.choice_list(DEEP_METHODS, "method"),
+                    help=f"comma list from {','.join(DEEP_METHODS)}")
+    cli.add_config_flags(ap, DeepImmunizeConfig, fields=FLAG_FIELDS,
+                         bounds={"epochs": (1, False), "max_steps": (1, False), "batch_size": (1, False),
+                                 "lr": (0.0, True)},
+                         help={"batch_size": "per-rank batch size"},
+                         title="immunization (DeepImmunizeConfig; default: the named configuration's)")
+    cli.add_seeds(ap, None, default_help="3 with --demo, else 1")
+    ap.add_argument("--virtual-ranks", type=cli.integer(1), default=1,
                     help="emulate a W-rank DDP run in one process (same shards, same objective)")
     ap.add_argument("--cache-trunk", action="store_true",
                     help="for folder data: run the frozen trunk once and keep its outputs in memory")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--threads", type=cli.integer(1), default=None,
                     help="torch intra-op threads (recorded in results.json; results are reproducible for a "
                          "given seed AND thread count)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    ap.add_argument("--out", default="results/deepnet")
+    ap.add_argument("--out", type=Path, default=Path("results/deepnet"),
+                    help="output folder; each configuration's set goes to OUT/<config>, replaced as a whole")
     ap.add_argument("--quiet", action="store_true")
     return ap
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def plan(args, parser: cli.Parser) -> list:
+    """The configurations to run, with the flags applied, checked before any compute."""
+    if args.demo and args.config:
+        raise cli.UsageError("pass --config NAME or --demo, not both")
     if not args.demo and not args.config:
-        _parser().error("pass --config NAME or --demo")
-    try:
-        seeds = ([args.seed] if args.seed is not None else
-                 parse_seeds(args.seeds) if args.seeds else list(range(3 if args.demo else 1)))
-    except ValueError as exc:
-        _parser().error(str(exc))
-    opts = RunOptions(out=Path(args.out), dp_root=args.dp_root, dh_root=args.dh_root, val_split=args.val_split,
-                      checkpoint=args.checkpoint, pretrained=args.pretrained, cache_trunk=args.cache_trunk,
-                      virtual_ranks=args.virtual_ranks, quiet=args.quiet)
-    names = DEMO_CONFIGS if args.demo else (args.config,)
-    ctx = init_from_env(args.device)
-    try:
-        for name in names:
-            rc = CONFIGS[name]
-            ic = rc.immunize
-            if args.batch_size:
-                ic = replace(ic, batch_size=args.batch_size)
-            if args.lr:
-                ic = replace(ic, lr=args.lr)
-            if args.max_steps is not None:
-                ic = replace(ic, max_steps=args.max_steps)
-            if args.epochs is not None:
-                ic = replace(ic, epochs=args.epochs)
-            methods = tuple(args.methods.split(",")) if args.methods else rc.methods
-            bad = [m for m in methods if m not in DEEP_METHODS]
-            if bad:
-                raise ValueError(f"unknown method(s) {bad}; choose from {DEEP_METHODS}")
-            run_config(replace(rc, immunize=ic, methods=methods), seeds, opts, ctx)
-    except (DataError, CheckpointError, PretrainedUnavailableError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        shutdown()
-    return 0
+        raise cli.UsageError("pass --config NAME or --demo")
+    if args.checkpoint is not None and args.pretrained:
+        raise cli.UsageError("--checkpoint and --pretrained both give θ₀; pass one")
+    runs = []
+    for name in DEMO_CONFIGS if args.demo else (args.config,):
+        rc = CONFIGS[name]
+        if rc.data == "folders":
+            missing = [f for f, v in (("--dp-root", args.dp_root), ("--dh-root", args.dh_root)) if v is None]
+            if missing:
+                raise cli.UsageError(f"config {name} needs --dp-root and --dh-root (ImageFolder roots with "
+                                     f"train/ and {args.val_split}/ splits)", missing[0])
+        ic = cli.config_from_args(parser, args, rc.immunize, validate=DeepImmunizeConfig.validate)
+        runs.append(replace(rc, immunize=ic, methods=tuple(args.methods) if args.methods else rc.methods))
+    return runs
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+
+    def body(args):
+        runs = plan(args, parser)
+        seeds = args.seeds if args.seeds is not None else list(range(3 if args.demo else 1))
+        for rc in runs:  # every output folder checked before the first run computes
+            cli.OutputSet(Path(args.out) / rc.name, OUTPUTS, create=False)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        ctx = init_from_env(args.device)
+        failed = []
+        try:
+            for rc in runs:
+                # Only rank 0 writes; every rank checked the folder before any compute.
+                with cli.OutputSet(Path(args.out) / rc.name, OUTPUTS, create=ctx.is_main) as outs:
+                    opts = RunOptions(out=Path(args.out), out_dir=outs.path, dp_root=args.dp_root,
+                                      dh_root=args.dh_root, val_split=args.val_split, checkpoint=args.checkpoint,
+                                      pretrained=args.pretrained, cache_trunk=args.cache_trunk,
+                                      virtual_ranks=args.virtual_ranks, quiet=args.quiet)
+                    result = run_config(rc, seeds, opts, ctx, relocate=outs.relocate)
+                    if ctx.is_main:
+                        final = outs.commit()
+                        print(f"[{rc.name}] outputs in {final}", flush=True)
+                        failed += [f"{rc.name} {s} {m}: {e['message']}"
+                                   for s, errs in result["errors"].items() for m, e in errs.items()]
+        finally:
+            shutdown()
+        if failed:
+            raise cli.RunError(f"{len(failed)} method run(s) failed (recorded in results.json): "
+                               + "; ".join(failed))
+    return cli.run_main(parser, body, argv)
 
 
 if __name__ == "__main__":

@@ -4,53 +4,65 @@
 
 For each seed: θ₀ once, then each method immunized at each b (λ = b·‖∇CE‖/‖∇term‖, re-balanced
 as the configuration says) and measured: RIR_θ₀, (i), (ii), D_P top-1, the paper's probe at
-epoch 10. Writes ``<out>/<config>/balance_sweep.json`` and ``balance_sweep.png``. The work is
+epoch 10. Writes ``<out>/<config>-sweep/balance_sweep.json`` and ``balance_sweep.png``. The work is
 :func:`pycore.deep.evaluate.balance_sweep`.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
+try:
+    from experiments import cli
+except ModuleNotFoundError as exc:  # a checkout that was never installed: say how, not a traceback
+    if exc.name not in ("experiments", "pycore"):
+        raise
+    sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
+             "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
+             "the repository root with PYTHONPATH=.")
+from pycore.deep import DEEP_METHODS  # pycore.deep installs the torchvision shim first
+from pycore.deep.distributed import init_from_env, shutdown
+from pycore.deep.evaluate import CONFIGS, RunOptions, balance_sweep
 
-from pycore.deep import DEEP_METHODS  # noqa: E402  (pycore.deep installs the torchvision shim first)
-from pycore.deep.distributed import init_from_env, shutdown  # noqa: E402
-from pycore.deep.evaluate import CONFIGS, RunOptions, balance_sweep  # noqa: E402
-from pycore.report import parse_seeds  # noqa: E402
+OUTPUTS = ("balance_sweep.json", "balance_sweep.png")
+
+
+def build_parser() -> cli.Parser:
+    ap = cli.Parser(prog="deepnet_sweep.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", choices=sorted(CONFIGS), required=True)
+    ap.add_argument("--balances", type=cli.number_list(0.0, open_interval=True), default="0.25,0.5,1,2",
+                    help="comma list of balances b > 0 (default 0.25,0.5,1,2)")
+    ap.add_argument("--methods", type=cli.choice_list(DEEP_METHODS, "method"), default="ours",
+                    help=f"comma list from {','.join(DEEP_METHODS)} (default ours)")
+    cli.add_seeds(ap, "1")
+    ap.add_argument("--threads", type=cli.integer(1), default=None, help="torch intra-op threads (recorded)")
+    ap.add_argument("--out", type=Path, default=Path("results/deepnet"),
+                    help="output folder; the sweep goes to OUT/<config>-sweep, replaced as a whole")
+    return ap
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", choices=sorted(CONFIGS), required=True)
-    ap.add_argument("--balances", default="0.25,0.5,1,2", help="comma-separated values of b")
-    ap.add_argument("--methods", default="ours", help=f"comma-separated subset of {','.join(DEEP_METHODS)}")
-    ap.add_argument("--seeds", default="1", help="count (3 = seeds 0,1,2), list (0,3,7) or range (2-4)")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (recorded)")
-    ap.add_argument("--out", default="results/deepnet")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        balances = [float(b) for b in args.balances.split(",") if b.strip()]
-        seeds = parse_seeds(args.seeds)
-        methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-        bad = [m for m in methods if m not in DEEP_METHODS]
-        if bad or not balances or any(not b > 0 for b in balances):
-            raise ValueError(f"bad --methods {bad} or --balances {args.balances!r} (positive numbers)")
-    except ValueError as exc:
-        ap.error(str(exc))
-    ctx = init_from_env("auto")
-    try:
-        balance_sweep(CONFIGS[args.config], balances, seeds, RunOptions(out=Path(args.out), quiet=True), ctx,
-                      methods=methods)
-    finally:
-        shutdown()
-    return 0
+    parser = build_parser()
+
+    def body(args):
+        rc = CONFIGS[args.config]
+        final = Path(args.out) / f"{rc.name}-sweep"
+        cli.OutputSet(final, OUTPUTS, create=False)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        ctx = init_from_env("auto")
+        try:
+            with cli.OutputSet(final, OUTPUTS, create=ctx.is_main) as outs:
+                balance_sweep(rc, list(args.balances), args.seeds,
+                              RunOptions(out=Path(args.out), out_dir=outs.path, quiet=True), ctx,
+                              methods=tuple(args.methods))
+                if ctx.is_main:
+                    print(f"[{rc.name}] balance sweep in {outs.commit()}", flush=True)
+        finally:
+            shutdown()
+    return cli.run_main(parser, body, argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Definition 3.1 count (:func:`pycore.evaluate.evaluate_linear`).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -24,17 +23,23 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")        # small matrices: threads only add overhead
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+try:
+    from experiments import cli  # noqa: E402
+except ModuleNotFoundError as exc:  # a checkout that was never installed: say how, not a traceback
+    if exc.name not in ("experiments", "pycore"):
+        raise
+    sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
+             "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
+             "the repository root with PYTHONPATH=.")
 from pycore.data.house_price import load_house_price  # noqa: E402
 from pycore.evaluate import def31_summary, evaluate_linear, norm_ratio_curves  # noqa: E402
 from pycore.immunize import METHODS, ImmunizeConfig, immunize, replace  # noqa: E402
 from pycore.metrics import def31_exponent_window, rir_ceiling  # noqa: E402
 from pycore.protocol import strict_protocol  # noqa: E402
-from pycore.report import (environment, finish_experiment, fmt, parse_methods, parse_seeds, pm,  # noqa: E402
-                           progress, save_figure, summarize)
+from pycore.report import environment, fmt, pm, save_figure, summarize  # noqa: E402
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.
 PAPER_TABLE1 = {
@@ -51,81 +56,51 @@ SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_
               "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
               "null_part_fraction")
 DEF31 = ("immunized", "heldout_immunized")   # Definition 3.1 per run → {"count", "runs", "per_seed"}
-# Config fields a flag can set (flag dest = field name); under --protocol strict a flag given on
-# the command line overrides ImmunizeConfig.strict().
-FLAG_FIELDS = ("epochs", "lr", "lambda_p", "lambda_h", "batch_size", "optimizer", "precond", "ridge", "init",
-               "certified")
+
+
+def build_parser() -> cli.Parser:
+    p = cli.Parser(prog="house_price.py", description=__doc__)
+    cli.add_seeds(p, "5", dest="seed_list")
+    p.add_argument("--out", type=Path, default=Path("results/house_price"),
+                   help="output folder (replaced as a whole by this run's results.json, table.md, norm_ratio.png)")
+    p.add_argument("--data", type=cli.existing_path("file"), default=None,
+                   help="your own Kaggle House Prices train.csv")
+    p.add_argument("--methods", dest="method_list", type=cli.choice_list(METHODS, "method"), default=",".join(METHODS),
+                   help=f"comma list from {','.join(METHODS)}")
+    cli.add_immunize_flags(p, ImmunizeConfig())
+    p.add_argument("--paper-hparams", action="store_true",
+                   help="start from the paper's values (η=0.005, λ_H=1e7, ridge solve) instead of ours; "
+                        "flags given explicitly still apply")
+    p.add_argument("--protocol", choices=("paper", "strict"), default="paper",
+                   help="paper: the authors' 79 inputs; strict: drop the columns constant on D_P's training "
+                        "rows and restrict both tasks to range(K_P), so null(K_P) ⊆ null(K_H) and the RIR "
+                        "ceiling is finite (hyper-parameters then start from ImmunizeConfig.strict(); flags "
+                        "given explicitly still apply)")
+    p.add_argument("--n-train", type=cli.integer(2), default=200, help="training rows per split (paper: 200)")
+    p.add_argument("--probe-steps", type=cli.integer(1), default=100,
+                   help="steps of exact-line-search probing in Figure 1")
+    cli.add_jobs(p, "(method, seed) runs")
+    p.add_argument("--no-plot", action="store_true")
+    return p
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", default="5", help="count (5 → 0..4), list (0,3,7) or range (2-4); default 5")
-    p.add_argument("--out", type=Path, default=Path("results/house_price"), help="output folder")
-    p.add_argument("--data", type=Path, default=None, help="your own Kaggle House Prices train.csv")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list from {','.join(METHODS)}")
-    d = ImmunizeConfig()
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--lambda-p", type=float, default=d.lambda_p)
-    p.add_argument("--lambda-h", type=float, default=d.lambda_h)
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="0 = full batch")
-    p.add_argument("--optimizer", choices=("adam", "gd"), default=d.optimizer)
-    p.add_argument("--precond", choices=("exact", "pinv", "ridge", "none"), default=d.precond)
-    p.add_argument("--ridge", type=float, default=d.ridge)
-    p.add_argument("--init", choices=("identity", "random"), default=d.init,
-                   help="θ's initialisation: identity (default) or nn.Linear's U(±1/√D), the paper's "
-                        "'randomly initialized dummy linear layer' (App. C.2)")
-    p.add_argument("--paper-hparams", action="store_true",
-                   help="use the paper's values verbatim (η=0.005, λ_H=1e7, ridge solve) instead of ours")
-    p.add_argument("--certified", action="store_true",
-                   help="certified-monotone mode: clip every regularizer step to the SPEC §5 bounds and count violations")
-    p.add_argument("--protocol", choices=("paper", "strict"), default="paper",
-                   help="paper: the authors' 79 inputs; strict: drop the columns constant on D_P's training rows and "
-                        "restrict both tasks to range(K_P), so null(K_P) ⊆ null(K_H) and the RIR ceiling is finite "
-                        "(hyper-parameters then default to ImmunizeConfig.strict())")
-    p.add_argument("--n-train", type=int, default=200, help="training rows per split (paper: 200)")
-    p.add_argument("--probe-steps", type=int, default=100,
-                   help="steps of exact-line-search probing in Figure 1")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                   help="worker processes for the (method, seed) runs (default: 2 or the core count)")
-    p.add_argument("--no-plot", action="store_true")
+    """Parsed and checked flags (a :class:`experiments.cli.UsageError` names a bad one);
+    ``args.config`` is the :class:`ImmunizeConfig` of the run."""
+    p = build_parser()
     args = p.parse_args(argv)
-    try:
-        args.seed_list = parse_seeds(args.seeds)
-        args.method_list = parse_methods(args.methods, METHODS)
-    except ValueError as exc:
-        p.error(str(exc))
-    args.flags_given = flags_given(p, argv, FLAG_FIELDS)
+    args.config = build_config(args, p)
     return args
 
 
-def flags_given(parser, argv, dests) -> set[str]:
-    """Which of ``dests`` the command line set: parse again with every default removed.
-
-    (A flag set to its default value still counts as given, so ``--protocol strict --precond pinv``
-    overrides the strict configuration's ridge solve.)  ``parser`` is modified: call it last.
-    """
-    parser.set_defaults(**{d: None for d in dests})
-    again = vars(parser.parse_args(argv))
-    return {d for d in dests if again.get(d) is not None}
-
-
-def build_config(args) -> ImmunizeConfig:
-    fields = dict(epochs=args.epochs, lambda_p=args.lambda_p, batch_size=args.batch_size or None,
-                  optimizer=args.optimizer, certified=args.certified, init=args.init)
+def build_config(args, parser: cli.Parser | None = None) -> ImmunizeConfig:
     if args.paper_hparams:
-        return ImmunizeConfig.paper(**fields)
-    if getattr(args, "protocol", "paper") == "strict":
-        # The strict protocol's own defaults (ImmunizeConfig.strict()); a flag on the command line
-        # overrides them.  Without the record of given flags, a value that differs from the
-        # paper-protocol default counts as given.
-        default = ImmunizeConfig()
-        values = dict(fields, lr=args.lr, lambda_h=args.lambda_h, precond=args.precond, ridge=args.ridge)
-        given = getattr(args, "flags_given", None)
-        if given is None:
-            given = {k for k, v in values.items() if v != getattr(default, k)}
-        return ImmunizeConfig.strict(**{k: values[k] for k in given})
-    return ImmunizeConfig(lr=args.lr, lambda_h=args.lambda_h, precond=args.precond, ridge=args.ridge, **fields)
+        base = ImmunizeConfig.paper()
+    elif args.protocol == "strict":
+        base = ImmunizeConfig.strict()
+    else:
+        base = ImmunizeConfig()
+    return cli.config_from_args(parser or build_parser(), args, base)
 
 
 def _one_run(job):
@@ -149,13 +124,14 @@ def run(args) -> dict:
     t_start = time.perf_counter()
     protocol = getattr(args, "protocol", "paper")
     data, train, heldout, strict = prepare(args)
-    cfg = build_config(args)
+    cfg = args.config
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
-    if strict is not None and window is not None:
+    if strict is not None and window is not None and getattr(args, "closed_form_exponent", None) is None:
         # The closed form's exponent by a stated rule (docs/theory.md §10): the balanced exponent,
         # the middle of the Definition-3.1 window, where (i) = 1/(ii) = √ceiling (clamped at 0, below
-        # which the RIR drops).  The paper protocol keeps its default a = 0.
+        # which the RIR drops), unless --closed-form-exponent was given.  The paper protocol keeps
+        # its default a = 0.
         cfg = replace(cfg, closed_form_exponent=max(window.balanced, 0.0))
         print(f"strict protocol: dropped {len(strict.dropped_columns)} column(s) constant on D_P's training rows: "
               f"{', '.join(strict.dropped_columns) or 'none'}; rank K_P = {strict.rank_K_P} of {strict.D_after_drop}"
@@ -165,15 +141,7 @@ def run(args) -> dict:
     thetas = {}
     jobs = [(m, s) for m in args.method_list for s in args.seed_list]
     work = [(train, heldout, cfg, ceiling, m, s) for m, s in jobs]
-    if args.jobs > 1 and len(jobs) > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("fork")) as ex:
-            outs = list(progress(ex.map(_one_run, work, chunksize=1), total=len(work), desc="immunizing",
-                                 unit="run"))
-    else:
-        outs = [_one_run(w) for w in progress(work, desc="immunizing", unit="run")]
+    outs = cli.parallel_map(_one_run, work, args.jobs, desc="immunizing", unit="run")
     for (method, seed), (row, theta) in zip(jobs, outs):
         per_method[method].append(row)
         thetas.setdefault(method, theta)  # first seed drives Figure 1
@@ -328,8 +296,11 @@ def plot_norm_ratio(result: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    return finish_experiment("house_price.py", parse_args(argv), run, table_markdown, plot_norm_ratio,
-                             "norm_ratio.png")
+    parser = build_parser()
+
+    def prepare(args):
+        args.config = build_config(args, parser)
+    return cli.experiment_main(parser, argv, run, table_markdown, plot_norm_ratio, "norm_ratio.png", prepare)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ pairs (P, H), 3 seeds, every method.  D_P = images of digit P, D_H = images of d
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -18,90 +17,78 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")        # one BLAS thread per worker process
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from pycore.data.mnist import (digit_covariances, load_mnist, pair_task, parse_pairs,  # noqa: E402
-                               split_digits)
+try:
+    from experiments import cli  # noqa: E402
+except ModuleNotFoundError as exc:  # a checkout that was never installed: say how, not a traceback
+    if exc.name not in ("experiments", "pycore"):
+        raise
+    sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
+             "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
+             "the repository root with PYTHONPATH=.")
+from pycore.data.mnist import digit_covariances, load_mnist, pair_task, split_digits  # noqa: E402
 from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
 from pycore.metrics import rir, rir_ceiling  # noqa: E402
-from pycore.report import (environment, finish_experiment, fmt, parse_methods, parse_seeds, pm,  # noqa: E402
-                           progress, save_figure, summarize)
+from pycore.report import environment, fmt, pm, save_figure, summarize  # noqa: E402
 
 # Paper Table 2 (3 seeds, mean over the 90 pairs) and Figure 2 success counts (RIR > 1).
 PAPER_TABLE2 = {
     "r_ill_only": {"rir": (1.933, None), "successes": 0},
     "imma": {"rir": (1.774, None), "successes": 1},
     "opt_kappa": {"rir": (69.73, 54.00), "successes": 58},
-    "ours": {"rir": (70.04, 3.28), "harmful_ratio": (6.345, None), "pretrain_ratio": (0.149, None),
-             "successes": 90},
+    "ours": {"rir": (70.04, 3.28), "harmful_ratio": (6.345, None), "pretrain_ratio": (0.149, None), "successes": 90},
 }
 LABELS = {"identity": "Identity", "r_ill_only": "R_ill only", "imma": "IMMA", "opt_kappa": "Opt κ",
           "ours": "Ours (Alg. 1)", "closed_form": "Closed form (SPEC §10)"}
 SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "fraction_of_ceiling",
               "dp_acc_before", "dp_acc_after", "wall_seconds")
 
-# MNIST defaults.  Paper Table 4: η = 0.001, λ_P = 1, λ_H = 5e7 (--paper-hparams).  Here λ_H
+# MNIST defaults: ImmunizeConfig.mnist(), the base of the generated flags.  Paper Table 4: η = 0.001, λ_P = 1, λ_H = 5e7 (--paper-hparams).  Here λ_H
 # follows the paper's own rule "balance the gradient norms of R_well and R_ill": at θ = I with
 # pixels/255 and 100 rows per digit, ‖K_P⁺∇R_well‖ ≈ 1e4 and ‖K_H⁺∇R_ill‖ ≈ 1e-8 (pairs 0→1,
 # 4→9, 7→2), so λ_H/λ_P ≈ 1e12; with 5e7 the R_ill term is ~1e-4 of the R_well term (inert under
 # Adam).  η = 0.002 came from a small sweep over η ∈ [0.001, 0.02] on a few pairs (seed 0);
 # README reports the full grid with these values and a subset with --paper-hparams.
-MNIST_DEFAULTS = {k: getattr(ImmunizeConfig.mnist(), k)
-                  for k in ("epochs", "lr", "lambda_p", "lambda_h", "batch_size", "precond")}
 
 _STATE: dict = {}  # data shared with forked workers (never pickled per job)
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pairs", default="all", help="'all' (90 ordered pairs) or a list like 0-1,3-8 (P-H)")
-    p.add_argument("--seeds", default="3", help="count (3 → 0..2), list (0,3,7) or range (2-4); default 3")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list from {','.join(METHODS)}")
-    p.add_argument("--out", type=Path, default=Path("results/mnist"), help="output folder")
-    p.add_argument("--mnist-dir", type=Path, default=None,
-                   help="folder with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] "
-                        "(full MNIST)")
-    p.add_argument("--n-train", type=int, default=100,
-                   help="training images per digit (balanced; default 100)")
-    p.add_argument("--n-heldout", type=int, default=100, help="held-out images per digit (default 100)")
-    p.add_argument("--split-seed", type=int, default=0,
-                   help="seed of the per-digit train/held-out permutation")
-    d = MNIST_DEFAULTS
-    p.add_argument("--epochs", type=int, default=d["epochs"])
-    p.add_argument("--lr", type=float, default=d["lr"])
-    p.add_argument("--lambda-p", type=float, default=d["lambda_p"])
-    p.add_argument("--lambda-h", type=float, default=d["lambda_h"])
-    p.add_argument("--batch-size", type=int, default=0, help="D_P mini-batch; 0 = full batch (default)")
-    p.add_argument("--optimizer", choices=("adam", "gd"), default="adam")
-    p.add_argument("--init", choices=("identity", "random"), default="identity",
-                   help="θ's initialisation: identity (default) or nn.Linear's U(±1/√D), the paper's "
-                        "'randomly initialized dummy linear layer' (App. C.2)")
-    p.add_argument("--precond", choices=("exact", "pinv", "ridge", "none"), default=d["precond"])
-    p.add_argument("--ridge", type=float, default=1e-7, help="λ of the 'ridge' preconditioner (paper: 1e-7)")
+def build_parser() -> cli.Parser:
+    p = cli.Parser(prog="mnist.py", description=__doc__)
+    p.add_argument("--pairs", dest="pair_list", type=cli.pairs, default="all",
+                   help="'all' (90 ordered pairs) or a list like 0-1,3-8 (P-H)")
+    cli.add_seeds(p, "3", dest="seed_list")
+    p.add_argument("--methods", dest="method_list", type=cli.choice_list(METHODS, "method"), default=",".join(METHODS),
+                   help=f"comma list from {','.join(METHODS)}")
+    p.add_argument("--out", type=Path, default=Path("results/mnist"),
+                   help="output folder (replaced as a whole by this run's results.json, table.md, heatmap.png)")
+    p.add_argument("--mnist-dir", type=cli.existing_path("folder"), default=None,
+                   help="folder with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] (full MNIST)")
+    p.add_argument("--n-train", type=cli.integer(1), default=100, help="training images per digit (balanced; default 100)")
+    p.add_argument("--n-heldout", type=cli.integer(1), default=100, help="held-out images per digit (default 100)")
+    p.add_argument("--split-seed", type=cli.integer(0), default=0, help="seed of the per-digit train/held-out permutation")
+    cli.add_immunize_flags(p, ImmunizeConfig.mnist())
     p.add_argument("--paper-hparams", action="store_true",
-                   help="the paper's Table 4 values verbatim: η=0.001, λ_P=1, λ_H=5e7, ridge solve with 1e-7")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                   help="worker processes, one pair at a time each (default: 2 or the core count)")
+                   help="start from the paper's Table 4 values: η=0.001, λ_P=1, λ_H=5e7, ridge solve with 1e-7; "
+                        "flags given explicitly still apply")
+    cli.add_jobs(p, "pairs (one pair at a time each)")
     p.add_argument("--no-plot", action="store_true")
+    return p
+
+
+def parse_args(argv=None):
+    """Parsed and checked flags (a :class:`experiments.cli.UsageError` names a bad one);
+    ``args.config`` is the :class:`ImmunizeConfig` of the run."""
+    p = build_parser()
     args = p.parse_args(argv)
-    try:
-        args.seed_list = parse_seeds(args.seeds)
-        args.pair_list = parse_pairs(args.pairs)
-        args.method_list = parse_methods(args.methods, METHODS)
-    except ValueError as exc:
-        p.error(str(exc))
+    args.config = build_config(args, p)
     return args
 
 
-def build_config(args) -> ImmunizeConfig:
-    common = dict(epochs=args.epochs, batch_size=args.batch_size or None, optimizer=args.optimizer,
-                  init=args.init)
-    if args.paper_hparams:
-        return ImmunizeConfig.mnist(paper=True, **common)
-    return ImmunizeConfig(lr=args.lr, lambda_p=args.lambda_p, lambda_h=args.lambda_h, precond=args.precond,
-                          ridge=args.ridge, **common)
+def build_config(args, parser: cli.Parser | None = None) -> ImmunizeConfig:
+    return cli.config_from_args(parser or build_parser(), args, ImmunizeConfig.mnist(paper=args.paper_hparams))
 
 
 def probe_accuracy(Z_tr, y_tr, Z_te, y_te) -> float:
@@ -152,15 +139,7 @@ def run(args) -> dict:
     _STATE.update(digits=digits, split=split, K=digit_covariances(digits, split), cfg=cfg,
                   methods=args.method_list, seeds=args.seed_list)
     pairs = args.pair_list
-    if args.jobs > 1 and len(pairs) > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("fork")) as ex:
-            outs = list(progress(ex.map(_one_pair, pairs, chunksize=1), total=len(pairs), desc="pairs",
-                                 unit="pair"))
-    else:
-        outs = [_one_pair(pr) for pr in progress(pairs, desc="pairs", unit="pair")]
+    outs = cli.parallel_map(_one_pair, pairs, args.jobs, desc="pairs", unit="pair")
     rows = [r for out in outs for r in out]
     methods = {}
     for m in args.method_list:
@@ -180,8 +159,7 @@ def run(args) -> dict:
         "experiment": "mnist",
         "data": {"source": digits.source, "n_train_per_digit": args.n_train,
                  "n_heldout_per_digit": len(split.heldout[0]), "split_seed": args.split_seed, "D": 784,
-                 "scaling": "pixels / 255",
-                 "targets": "BCE on D_P: ink mass above the split median (pycore.data.mnist)"},
+                 "scaling": "pixels / 255", "targets": "BCE on D_P: ink mass above the split median (pycore.data.mnist)"},
         "pairs": [list(pr) for pr in pairs],
         "seeds": args.seed_list,
         "config": asdict(cfg),
@@ -197,34 +175,27 @@ def table_markdown(result: dict) -> str:
     lines = [
         "# MNIST: immunization results over digit pairs (paper Table 2)",
         "",
-        f"{n_pairs} ordered pairs (P, H), seeds {result['seeds']}; "
-        f"{result['data']['n_train_per_digit']} training and "
+        f"{n_pairs} ordered pairs (P, H), seeds {result['seeds']}; {result['data']['n_train_per_digit']} training and "
         f"{result['data']['n_heldout_per_digit']} held-out images per digit ({result['data']['source']}). "
-        "Mean ± std (population) over pairs and seeds. (i) = κ(H_H(θ))/κ(H_H(I)) ↑, "
-        "(ii) = κ(H_P(θ))/κ(H_P(I)) ↓, "
-        "RIR = (i)/(ii) ↑ on training rows; held-out RIR on unseen rows; "
-        "successes = pairs whose seed-mean RIR > 1; "
+        "Mean ± std (population) over pairs and seeds. (i) = κ(H_H(θ))/κ(H_H(I)) ↑, (ii) = κ(H_P(θ))/κ(H_P(I)) ↓, "
+        "RIR = (i)/(ii) ↑ on training rows; held-out RIR on unseen rows; successes = pairs whose seed-mean RIR > 1; "
         "D_P acc = held-out accuracy of a least-squares probe on the features, θ = I → θ.",
         "",
-        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | median RIR | held-out RIR | successes | fraction of ceiling | "
-        "D_P acc | paper RIR | paper successes |",
+        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | median RIR | held-out RIR | successes | fraction of ceiling | D_P acc | paper RIR | paper successes |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m, e in result["methods"].items():
         paper = PAPER_TABLE2.get(m)
-        prir = "—" if not paper else (f"{paper['rir'][0]:g}"
-                                      + (f" ± {paper['rir'][1]:g}" if paper["rir"][1] else ""))
+        prir = "—" if not paper else (f"{paper['rir'][0]:g}" + (f" ± {paper['rir'][1]:g}" if paper["rir"][1] else ""))
         psucc = "—" if not paper else f"{paper['successes']}/90"
         lines.append(
             f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | {pm(e['rir'])} | "
-            f"{fmt(float(np.median(e['rir']['per_seed'])))} | {pm(e['heldout_rir'])} | "
-            f"{e['successes']}/{e['n_pairs']} | {fmt(e['fraction_of_ceiling']['mean'])} | "
-            f"{e['dp_acc_before']['mean']:.3f} → {e['dp_acc_after']['mean']:.3f} | "
+            f"{fmt(float(np.median(e['rir']['per_seed'])))} | {pm(e['heldout_rir'])} | {e['successes']}/{e['n_pairs']} | "
+            f"{fmt(e['fraction_of_ceiling']['mean'])} | {e['dp_acc_before']['mean']:.3f} → {e['dp_acc_after']['mean']:.3f} | "
             f"{prir} | {psucc} |")
     cfg = result["config"]
-    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, "
-              f"λ_H {cfg['lambda_h']:g}, {cfg['optimizer']}, batch {cfg['batch_size'] or 'full'}, "
-              f"preconditioner {cfg['precond']}, init {cfg['init']}"
+    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, λ_H {cfg['lambda_h']:g}, "
+              f"{cfg['optimizer']}, batch {cfg['batch_size'] or 'full'}, preconditioner {cfg['precond']}, init {cfg['init']}"
               + (f" (ridge {cfg['ridge']:g})" if cfg["precond"] == "ridge" else "")
               + f". Wall time {result['wall_seconds']:.1f} s."]
     return "\n".join(lines) + "\n"
@@ -257,8 +228,7 @@ def plot_heatmap(result: dict, path: Path) -> None:
         finite = np.abs(g[np.isfinite(g)])
         lim = max(float(finite.max()) if finite.size else 1.0, 1e-3)
         cmap = plt.get_cmap("RdBu_r").with_extremes(bad="0.85")  # diagonal / pairs not run: grey
-        im = ax.imshow(np.ma.masked_invalid(g), cmap=cmap,
-                       norm=TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim))
+        im = ax.imshow(np.ma.masked_invalid(g), cmap=cmap, norm=TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim))
         for p in range(10):
             for h in range(10):
                 if np.isfinite(g[p, h]):
@@ -276,7 +246,11 @@ def plot_heatmap(result: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    return finish_experiment("mnist.py", parse_args(argv), run, table_markdown, plot_heatmap, "heatmap.png")
+    parser = build_parser()
+
+    def prepare(args):
+        args.config = build_config(args, parser)
+    return cli.experiment_main(parser, argv, run, table_markdown, plot_heatmap, "heatmap.png", prepare)
 
 
 if __name__ == "__main__":

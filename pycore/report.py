@@ -1,11 +1,11 @@
-"""Shared plumbing for experiment outputs: summaries, provenance, JSON, quiet progress bars."""
+"""Library-level plumbing for results: summaries, table formatting, provenance, strict JSON,
+the one progress bar and figure saving.  The command-line layer is :mod:`experiments.cli`."""
 from __future__ import annotations
 
 import json
 import math
 import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -53,22 +53,61 @@ def environment() -> dict:
             "platform": platform.platform()}
 
 
+# Strict JSON (RFC 8259) has no NaN or infinity, yet an infinite RIR ceiling is a real answer,
+# not an error.  The ONE encoding used by every results.json: the non-finite floats are the
+# strings below (JavaScript's spelling), and read_json turns them back into floats.
+NONFINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def to_json(obj):
+    """``obj`` with NumPy scalars/arrays as Python values, paths as strings, tuples as lists and
+    every non-finite float as ``"Infinity"``, ``"-Infinity"`` or ``"NaN"`` (strict JSON)."""
+    if isinstance(obj, dict):
+        return {(k if isinstance(k, str) else str(to_json(k))): to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_json(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_json(obj.tolist())
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        x = float(obj)
+        if math.isfinite(x):
+            return x
+        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+    if isinstance(obj, Path):
+        return str(obj)
+    if obj is None or isinstance(obj, str):
+        return obj
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def from_json(obj):
+    """Inverse of :func:`to_json` for the non-finite floats: ``"Infinity"`` → ``inf`` etc."""
+    if isinstance(obj, dict):
+        return {k: from_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [from_json(v) for v in obj]
+    if isinstance(obj, str) and obj in NONFINITE:
+        return NONFINITE[obj]
+    return obj
+
+
 def write_json(path: Path, obj) -> None:
-    """JSON with ``Infinity`` allowed (an infinite RIR ceiling is a real answer, not an error)."""
+    """``obj`` as strict JSON (:func:`to_json`), written to a temporary file and renamed, so a
+    reader never sees half a file."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, allow_nan=True, default=_default))
-    tmp.replace(path)  # never leave a half-written results file behind
+    tmp.write_text(json.dumps(to_json(obj), indent=2, allow_nan=False) + "\n")
+    tmp.replace(path)
 
 
-def _default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+def read_json(path: Path):
+    """A ``results.json`` back, with ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` as floats."""
+    return from_json(json.loads(Path(path).read_text()))
 
 
 def progress(iterable=None, **kw):
@@ -80,59 +119,46 @@ def progress(iterable=None, **kw):
     return tqdm(iterable, **kw)
 
 
-def parse_methods(text: str, choices) -> list[str]:
-    """``"ours,imma"`` → ["ours", "imma"]; a ValueError names any method not in ``choices``."""
-    methods = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in methods if m not in choices]
-    if bad or not methods:
-        raise ValueError(f"unknown method(s) {bad or text!r}; choose from {', '.join(choices)}")
-    return methods
+SEEDS_SYNTAX = "a count N (seeds 0..N-1), a list A,B,C or a range A-B"
+MAX_SEEDS = 100_000  # a typo such as --seeds 10000000 must fail at once, not allocate and run
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``"5"`` → [0..4]; ``"0,3,7"`` → [0, 3, 7]; ``"2-4"`` → [2, 3, 4]."""
-    text = text.strip()
+    """``"5"`` → [0..4]; ``"0,3,7"`` → [0, 3, 7]; ``"2-4"`` → [2, 3, 4].  Never empty, no
+    negative seed (a ``numpy`` seed is ≥ 0), no repeated seed (it would double-count a run)."""
+    t = str(text).strip()
+    syntax = f"give {SEEDS_SYNTAX}, got {text!r}"
     try:
-        if "," in text:
-            return [int(s) for s in text.split(",") if s.strip()]
-        if "-" in text[1:]:
-            a, b = text.split("-", 1)
-            return list(range(int(a), int(b) + 1))
-        n = int(text)
-    except ValueError:
-        raise ValueError(f"--seeds must be a count (5), a list (0,3,7) or a range (2-4), "
-                         f"got {text!r}") from None
-    if n < 1:
-        raise ValueError(f"--seeds count must be ≥ 1, got {n}")
-    return list(range(n))
-
-
-def finish_experiment(prog: str, args, run, table_markdown, plot=None, plot_name: str | None = None) -> int:
-    """The shared ``main()`` of the linear experiments: ``run(args)``, then ``table.md``, the plot
-    (unless ``args.no_plot``) and ``results.json`` in ``args.out``, and the table on stdout.
-
-    The errors a user can cause (a missing or malformed data file, a diverging configuration)
-    come back as ONE line on stderr with exit status 2, and nothing half-written is left.
-    ``results.json`` gets ``wall_seconds_with_plot``: the run plus table and figure.
-    """
-    try:
-        result = run(args)
-    except (FileNotFoundError, ValueError, FloatingPointError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    t0 = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
-    table = table_markdown(result)
-    written = [args.out / "results.json", args.out / "table.md"]
-    if plot is not None and not args.no_plot:
-        plot(result, args.out / plot_name)
-        written.append(args.out / plot_name)
-    result["wall_seconds_with_plot"] = result["wall_seconds"] + (time.perf_counter() - t0)
-    write_json(args.out / "results.json", result)
-    (args.out / "table.md").write_text(table)
-    print(table)
-    print("wrote " + ", ".join(str(p) for p in written))
-    return 0
+        if "," in t:
+            items = [s.strip() for s in t.split(",")]
+            if any(not s for s in items):
+                raise ValueError(f"empty item in the list; {syntax}")
+            seeds = [int(s) for s in items]
+        elif "-" in t[1:]:
+            a, b = (int(s) for s in t.split("-", 1))
+            if b < a:
+                raise ValueError(f"empty range {t} (its end {b} is below its start {a}); {syntax}")
+            if b - a + 1 > MAX_SEEDS:
+                raise ValueError(f"{b - a + 1} seeds, more than {MAX_SEEDS}")
+            seeds = list(range(a, b + 1))
+        else:
+            n = int(t)
+            if n < 1:
+                raise ValueError(f"a count must be ≥ 1, got {n}; {syntax}")
+            if n > MAX_SEEDS:
+                raise ValueError(f"{n} seeds, more than {MAX_SEEDS}")
+            seeds = list(range(n))
+    except ValueError as exc:
+        if "invalid literal" in str(exc):
+            raise ValueError(syntax) from None
+        raise
+    bad = [s for s in seeds if s < 0]
+    if bad:
+        raise ValueError(f"seeds must be ≥ 0, got {bad[0]}")
+    dup = sorted({s for s in seeds if seeds.count(s) > 1})
+    if dup:
+        raise ValueError(f"seed {dup[0]} is repeated")
+    return seeds
 
 
 def save_figure(fig, path: Path, dpi: int = 120) -> None:

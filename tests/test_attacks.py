@@ -328,14 +328,9 @@ def test_bad_run_input():
 # the experiment script, CI-sized
 # ----------------------------------------------------------------------------------------------
 def _experiment_module():
-    import importlib.util
-    from pathlib import Path
+    from experiments import attacks
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "attacks.py"
-    spec = importlib.util.spec_from_file_location("attacks_experiment", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return attacks
 
 
 def test_slowdown_factor_and_bounds():
@@ -351,14 +346,16 @@ def test_slowdown_factor_and_bounds():
 
 
 def test_experiment_ci_run(tmp_path):
-    import json
     pytest.importorskip("pycore.immunize")
     E = _experiment_module()
-    res = E.main(["--methods", "ours", "--attackers", "gd_exact", "cg", "closed_form",
-                  "--max-steps", "300", "--epochs", "2", "--out", str(tmp_path)])
+    from pycore.report import read_json
+
+    rc = E.main(["--methods", "ours", "--attackers", "gd_exact,cg,closed_form",
+                 "--max-steps", "300", "--epochs", "2", "--out", str(tmp_path)])
+    assert rc == 0
     for name in ("results.json", "table.md", "curves.png"):
         assert (tmp_path / name).stat().st_size > 0
-    saved = json.loads((tmp_path / "results.json").read_text())
+    saved = read_json(tmp_path / "results.json")
     assert saved["step_cap"] == 300 and saved["methods"] == ["identity", "ours"]
     runs = {r["method"]: r for r in saved["runs"]}
     for key in ("train/D_H", "train/D_P", "heldout/D_H", "heldout/D_P"):
@@ -371,4 +368,4 @@ def test_experiment_ci_run(tmp_path):
         assert saved["slowdown"]["ours"][key]["closed_form"]["1e-06"][0] == [1.0, "="]
     table = (tmp_path / "table.md").read_text()
     assert "Figure 1 claim" in table and "ours" in table
-    assert res["wall_seconds"] > 0
+    assert saved["wall_seconds"] > 0 and saved["versions"]["pycore"] and saved["command"]

@@ -451,7 +451,8 @@ def test_script_reports_bad_roots_in_one_line(tmp_path, capsys):
     rc = deepnet.main(["--config", "resnet18-cars", "--dp-root", str(tmp_path / "nope"),
                        "--dh-root", str(tmp_path / "nope2"), "--out", str(tmp_path)])
     err = capsys.readouterr().err
-    assert rc == 2 and "data root does not exist" in err and "Traceback" not in err
+    assert rc == 2 and "--dp-root: no such folder" in err and "Traceback" not in err
+    assert err.count("\n") == 1
 
 
 # --- distributed ------------------------------------------------------------------------------

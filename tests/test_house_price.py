@@ -1,7 +1,7 @@
 """House Prices data, the main experiment end to end, and its bad-input behaviour."""
 from __future__ import annotations
 
-import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +12,11 @@ import pytest
 from pycore.data.house_price import load_house_price
 from pycore.immunize import immunize
 from pycore.metrics import rir, rir_ceiling
+from pycore.report import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "house_price.py"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # the scripts import `experiments` (installed by pip install -e .)
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +120,9 @@ def test_bad_csv_inputs(tmp_path, data):
 def test_experiment_smoke(tmp_path):
     out = tmp_path / "hp"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "2", "--epochs", "3", "--out", str(out),
-                           "--probe-steps", "10", "--jobs", "1"], capture_output=True, text=True, timeout=300)
+                           "--probe-steps", "10", "--jobs", "1"], capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    res = json.loads((out / "results.json").read_text())
+    res = read_json(out / "results.json")
     for m in ("identity", "r_ill_only", "imma", "opt_kappa", "ours", "closed_form"):
         e = res["methods"][m]
         for key in ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir"):
@@ -141,19 +143,16 @@ def test_experiment_smoke(tmp_path):
 
 
 def test_experiment_reports_bad_data_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--data", str(tmp_path / "nope.csv"),
-                           "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--data", str(tmp_path / "nope.csv"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=ENV, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no such file" in proc.stderr
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "zero"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "zero"], capture_output=True, text=True, env=ENV, timeout=120)
     assert proc.returncode == 2 and "--seeds" in proc.stderr
 
 
 def test_init_flag_reaches_the_config_and_random_init_is_seeded():
-    sys.path.insert(0, str(SCRIPT.parent))
-    import house_price
+    from experiments import house_price
 
     args = house_price.parse_args(["--init", "random", "--epochs", "0"])
     cfg = house_price.build_config(args)

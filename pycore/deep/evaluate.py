@@ -104,6 +104,13 @@ class RunOptions:
     virtual_ranks: int = 1
     quiet: bool = False
     save_extractors: bool = True             # first seed's extractors as safetensors
+    out_dir: "Path | None" = None            # this configuration's folder (default: out/<config>)
+
+
+def config_dir(rc: "RunConfig", opts: RunOptions) -> Path:
+    """Where the outputs of ``rc`` go: ``opts.out_dir`` when the caller stages them (the CLI's
+    atomic output set), else ``opts.out/<config name>``."""
+    return Path(opts.out_dir) if opts.out_dir is not None else Path(opts.out) / rc.name
 
 
 def _paper(method, lam_p, lam_h, epochs):
@@ -320,7 +327,7 @@ def immunize_and_evaluate(sr: SeedRun, cfg: DeepImmunizeConfig, opts: RunOptions
 def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say=print, *,
              save_extractors: bool = False) -> "dict | None":
     """θ₀, every method and every measurement for one seed; rank 0 returns the rows."""
-    out = Path(opts.out) / rc.name
+    out = config_dir(rc, opts)
     sr = prepare_seed(rc, seed, opts, ctx)
     rows, errors = {}, {}
     if ctx.is_main:
@@ -387,8 +394,11 @@ def aggregate(per_seed: list[dict], rc: RunConfig) -> dict:
     return rows
 
 
-def run_config(rc: RunConfig, seeds: list[int], opts: RunOptions, ctx) -> "dict | None":
-    """Every seed of ``rc``; rank 0 writes results.json, table.md, finetune.png, attacks.png."""
+def run_config(rc: RunConfig, seeds: list[int], opts: RunOptions, ctx, relocate=None) -> "dict | None":
+    """Every seed of ``rc``; rank 0 writes results.json, table.md, finetune.png, attacks.png.
+
+    ``relocate`` (optional) maps the result before it is written, e.g. the CLI's rewriting of
+    paths inside its staging folder to the final one."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     t_start = time.perf_counter()
     say = print if ctx.is_main else (lambda *a, **k: None)
@@ -398,7 +408,7 @@ def run_config(rc: RunConfig, seeds: list[int], opts: RunOptions, ctx) -> "dict 
                 for i, s in enumerate(seeds)]
     if not ctx.is_main:
         return None
-    out = Path(opts.out) / rc.name
+    out = config_dir(rc, opts)
     result = {
         "config": rc.name, "backbone": rc.backbone, "scope": rc.scope, "seeds": list(seeds),
         "threads": torch.get_num_threads(), "world_size": ctx.world, "virtual_ranks": opts.virtual_ranks,
@@ -416,6 +426,8 @@ def run_config(rc: RunConfig, seeds: list[int], opts: RunOptions, ctx) -> "dict 
                         "finetune_pool": rc.finetune_pool},
         },
     }
+    if relocate is not None:
+        result = relocate(result)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", result)
     (out / "table.md").write_text(table_markdown(result, rc))
@@ -569,7 +581,7 @@ def balance_sweep(rc: RunConfig, balances: list[float], seeds: list[int], opts: 
     result = {"config": rc.name, "seeds": list(seeds), "balances": list(balances), "methods": list(methods),
               "threads": torch.get_num_threads(), "runs": runs, "wall_seconds": time.perf_counter() - t0,
               "rule": _jsonable(asdict(rc.immunize)), "environment": environment()}
-    out = Path(opts.out) / rc.name
+    out = config_dir(rc, opts)
     write_json(out / "balance_sweep.json", result)
     plot_balance_sweep(result, out / "balance_sweep.png")
     return result
