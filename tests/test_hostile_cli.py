@@ -32,8 +32,9 @@ def tripwire(monkeypatch):
     past the checks cannot pass as exit 2."""
     def boom(*a, **k):
         raise AssertionError("COMPUTED")
-    for mod in (house_price, mnist, attacks, deepnet):
+    for mod in (house_price, mnist, attacks):
         monkeypatch.setattr(mod, "run", boom)
+    monkeypatch.setattr(deepnet, "run_config", boom)   # the deep pipeline is pycore.deep.evaluate
 
 
 def call(capsys, mod, argv):
@@ -314,16 +315,20 @@ def test_staging_folder_of_a_killed_run_is_cleaned_up(capsys, tmp_path):
 
 
 def test_deepnet_exits_1_when_a_method_failed(capsys, tmp_path, monkeypatch):
-    def fake_run(rc, args, ctx, seed=0, out=None):
+    def fake_run_config(rc, seeds, opts, ctx, relocate=None):
+        out = opts.out_dir
         (out / "table.md").write_text("t")
-        return {"rows": {}, "errors": {"ours": {"message": "non-finite loss at step 2", "step": 2,
-                                                "checkpoint": str(out / "last_good_ours.safetensors")}},
-                "wall_seconds": 0.1}
-    monkeypatch.setattr(deepnet, "run", fake_run)
+        result = {"rows": {}, "errors": {"seed0": {"ours": {
+            "message": "non-finite loss at step 2", "step": 2,
+            "checkpoint": str(out / "last_good_ours.safetensors")}}}, "wall_seconds": 0.1}
+        result = relocate(result)
+        write_json(out / "results.json", result)
+        return result
+    monkeypatch.setattr(deepnet, "run_config", fake_run_config)
     rc, err, _ = call(capsys, deepnet, ["--config", "ci", "--quiet", "--out", str(tmp_path)])
-    assert rc == 1 and one_line(err, "1 method run(s) failed", "ci seed 0 ours: non-finite loss at step 2")
+    assert rc == 1 and one_line(err, "1 method run(s) failed", "ci seed0 ours: non-finite loss at step 2")
     res = read_json(tmp_path / "ci" / "results.json")          # the failure is recorded ...
-    assert res["errors"]["ours"]["checkpoint"] == str(tmp_path / "ci" / "last_good_ours.safetensors")  # ... paths final
+    assert res["errors"]["seed0"]["ours"]["checkpoint"] == str(tmp_path / "ci" / "last_good_ours.safetensors")
 
 
 def test_deepnet_nan_weights_are_exit_1_one_line(capsys, tmp_path):
@@ -331,7 +336,9 @@ def test_deepnet_nan_weights_are_exit_1_one_line(capsys, tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    net = deepnet.build_model("resnet18_32px", 5, seed=0).net   # the "ci" configuration: 5 D_P classes
+    from pycore.deep import build_model
+
+    net = build_model("resnet18_32px", 5, seed=0).net   # the "ci" configuration: 5 D_P classes
     sd = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
           for k, v in net.state_dict().items() if not k.startswith("global_pool.1")}  # the added head
     save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp_path / "nan.safetensors"))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from pycore.tasks import LinearTask
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "house_price.py"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # the scripts import `experiments`
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +181,7 @@ def test_strict_experiment_smoke(tmp_path):
     out = tmp_path / "strict"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--protocol", "strict", "--seeds", "2", "--epochs", "3",
                            "--out", str(out), "--probe-steps", "5", "--jobs", "1", "--no-plot"],
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, env=ENV, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "dropped 4 column(s)" in proc.stdout and "Utilities, 3SsnPorch, PoolArea, PoolQC" in proc.stdout
     res = json.loads((out / "results.json").read_text())
