@@ -441,7 +441,7 @@ def test_pipeline_is_deterministic_for_a_seed_and_thread_count(tmp_path):
                        for m, row in s["rows"].items()}} for s in r["per_seed"]]}, sort_keys=True)
     assert strip(a) == strip(b)
     # and a different seed gives different numbers (the comparison above can fail)
-    c = _ci(tmp_path / "c", "--methods", "ours,opt_kappa", "--seed", "1")
+    c = _ci(tmp_path / "c", "--methods", "ours,opt_kappa", "--seeds", "1-1")
     assert strip(a) != strip(c)
 
 
@@ -559,11 +559,11 @@ def test_balance_sweep_reports_the_trade_off(tmp_path):
     from experiments import deepnet_sweep
     assert deepnet_sweep.main(["--config", "ci", "--balances", "0.25,1", "--methods", "ours", "--threads", "1",
                                "--out", str(tmp_path)]) == 0
-    res = json.loads((tmp_path / "ci" / "balance_sweep.json").read_text())
+    res = json.loads((tmp_path / "ci-sweep" / "balance_sweep.json").read_text())
     a, b = res["runs"]["ours"]["0.25"][0], res["runs"]["ours"]["1.0"][0]
     assert a["seed"] == b["seed"] == 0 and a["theta0_dp_top1"] == b["theta0_dp_top1"]   # θ₀ made once
     assert a["rir_theta0"] != b["rir_theta0"]                                            # b changes the run
-    assert (tmp_path / "ci" / "balance_sweep.png").stat().st_size > 1000
+    assert (tmp_path / "ci-sweep" / "balance_sweep.png").stat().st_size > 1000
 
 
 def test_pipeline_paper_scope_trains_the_tail(tmp_path):
