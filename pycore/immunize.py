@@ -19,18 +19,16 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
-import scipy.linalg
 from scipy.special import expit
 
 from pycore import losses
 from pycore.metrics import rir_ceiling
 from pycore.optim import make_optimizer
-from pycore.regularizers import (PRECONDITIONERS, hessian_regularizer, precondition, range_basis,
-                                 preconditioned_r_ill_step_bound, preconditioned_r_well_step_bound)
+from pycore.precondition import PRECONDITIONERS, Preconditioner
+from pycore.regularizers import (hessian_regularizer, preconditioned_r_ill_step_bound,
+                                 preconditioned_r_well_step_bound)
 from pycore.spectral import SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
-
-METHODS = ("identity", "r_ill_only", "imma", "opt_kappa", "ours", "closed_form")
 
 
 @dataclass(frozen=True)
@@ -129,14 +127,7 @@ def immunize(task: LinearTask, method: str, *, rng: np.random.Generator,
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     cfg = config or ImmunizeConfig()
     t0 = time.perf_counter()
-    if method == "identity":
-        res = ImmunizationResult(method, np.eye(task.D), None)
-    elif method == "closed_form":
-        res = _closed_form(task, cfg)
-    elif method == "imma":
-        res = _imma(task, cfg, rng, progress)
-    else:
-        res = _regularized(task, method, cfg, rng, progress)
+    res = RUNNERS[method](task, cfg, rng, progress)
     res.wall_seconds = time.perf_counter() - t0
     res.config = cfg
     return res
@@ -188,78 +179,6 @@ def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
     return loss, Z.T @ R, X.T @ (R @ omega.T), R.sum(axis=0)
 
 
-class _Preconditioner:
-    """Caches what a preconditioner needs per task (range basis, Cholesky factor).
-
-    With the task's rows ``X`` (K = XᵀX) and N < D, the range basis of K is taken from the SVD
-    of X (right singular vectors with s² above the same cut-off ``s_max²·D·eps`` that
-    :func:`range_basis` applies to K's eigenvalues): the same subspace, N×D work instead of D³.
-    """
-
-    def __init__(self, K, mode, ridge, X=None):
-        self.K, self.mode, self.ridge = K, mode, ridge
-        self.factor = self.gram = None
-        if mode == "pinv" and X is not None and X.shape[0] < X.shape[1]:
-            U, sv, Vt = np.linalg.svd(X, full_matrices=False)
-            keep = sv * sv > sv[0] ** 2 * X.shape[1] * np.finfo(float).eps
-            self.factor = Vt[keep].T
-            # X = U S Vᵀ ⇒ V_rᵀθ = S_r⁻¹U_rᵀ(Xθ) exactly (U_rᵀU = [I 0]): Π θ from Z = Xθ.
-            self.gram = U[:, keep] / sv[keep]
-        elif mode == "pinv":
-            self.factor = range_basis(K)
-        elif mode == "ridge":
-            if ridge <= 0:
-                raise ValueError(f"precond 'ridge' needs ridge > 0, got {ridge}")
-            self.factor = scipy.linalg.cho_factor(K + ridge * np.eye(K.shape[0]))
-
-    def __call__(self, theta, G):
-        return precondition(theta, G, self.K, self.mode, self.ridge, K_factor=self.factor)
-
-    def direction(self, theta, reg, Z):
-        """Preconditioned step direction ``K⁺∇_θR = 2ΠθG`` (or the other modes), ``Z = Xθ``.
-
-        pinv with N < D: ``2V_r(TG)`` with ``T = V_rᵀθ = S_r⁻¹U_rᵀZ`` (r×D) and
-        ``TG = a(Tv)vᵀ − b(TZᵀ)Z`` — one D×r×D product instead of four D×D×N ones.
-        """
-        if self.gram is None:
-            return self.apply_theta_G(_theta_G(theta, reg, Z))
-        T = self.gram.T @ Z
-        a, b, v = _G_parts(reg, Z.shape[1])
-        return 2.0 * self.factor @ (a * np.outer(T @ v, v) - b * ((T @ Z.T) @ Z))
-
-    def apply_theta_G(self, M):
-        """:func:`pycore.regularizers.precondition` given ``M = θG`` already formed."""
-        if self.mode == "exact":
-            return 2.0 * M
-        if self.mode == "pinv":
-            return 2.0 * self.factor @ (self.factor.T @ M)
-        if self.mode == "ridge":
-            return 2.0 * scipy.linalg.cho_solve(self.factor, self.K @ M)
-        return 2.0 * self.K @ M
-
-
-def _theta_G(theta, reg, Z):
-    """θG for ``G = ∇_H R(H)``, ``H = ZᵀZ`` (SPEC §4), through Z when N < D.
-
-    ``G = a·vvᵀ − b·ZᵀZ`` (R_well: a = σ₁, b = 1/D; R_ill: a = σ_k/d², b = 1/(k d²)), so
-    ``θG = a(θv)vᵀ − b(θZᵀ)Z``: two D×D×N products instead of one D³ product.
-    """
-    N, D = Z.shape
-    if N >= D and reg.G is not None:
-        return theta @ reg.G
-    a, b, v = _G_parts(reg, D)
-    return a * np.outer(theta @ v, v) - b * ((theta @ Z.T) @ Z)
-
-
-def _G_parts(reg, D):
-    """(a, b, v) with ``G = a·vvᵀ − b·H``: R_well a = σ₁, b = 1/D; R_ill a = σ_k/d², b = 1/(k d²)."""
-    lam = reg.info.sigma
-    if reg.kind == "well":
-        return lam[0], 1.0 / D, reg.vector(0)
-    k, d2 = reg.info.rank, reg.d ** 2
-    return lam[k - 1] / d2, 1.0 / (k * d2), reg.vector(k - 1)
-
-
 def _kappa_grad_H(reg, log: bool):
     """∂κ/∂H = (v₁v₁ᵀ − κ v_k v_kᵀ)/σ_k (or ∂log κ/∂H = v₁v₁ᵀ/σ₁ − v_kv_kᵀ/σ_k), SPEC §7."""
     info = reg.info
@@ -278,8 +197,8 @@ def _regularized(task, method, cfg, rng, progress):
     opt_w = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
     opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps)
     lam_p = 0.0 if method == "r_ill_only" else cfg.lambda_p
-    pre_P = _Preconditioner(task.K_P, cfg.precond, cfg.ridge, task.X_P) if method != "opt_kappa" else None
-    pre_H = _Preconditioner(task.K_H, cfg.precond, cfg.ridge, task.X_H) if method != "opt_kappa" else None
+    pre_P = Preconditioner(task.K_P, cfg.precond, cfg.ridge, task.X_P) if method != "opt_kappa" else None
+    pre_H = Preconditioner(task.K_H, cfg.precond, cfg.ridge, task.X_H) if method != "opt_kappa" else None
     hist = {"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []}
     diag = {"steps": 0, "ties_P": 0, "ties_H": 0}
     cert = {"violations_P": 0, "violations_H": 0, "clipped_P": 0, "clipped_H": 0, "skipped_P": 0, "skipped_H": 0,
@@ -492,9 +411,35 @@ def _closed_form(task, cfg):
     return ImmunizationResult("closed_form", theta, None, {}, diagnostics=diag)
 
 
+# --------------------------------------------------------------------------------------------
+# Method registry: name -> runner(task, cfg, rng, progress) -> ImmunizationResult
+# --------------------------------------------------------------------------------------------
+
+def _identity(task, cfg, rng, progress):
+    return ImmunizationResult("identity", np.eye(task.D), None)
+
+
+def _regularized_runner(method):
+    def run(task, cfg, rng, progress):
+        return _regularized(task, method, cfg, rng, progress)
+    run.__name__ = f"_run_{method}"
+    return run
+
+
+RUNNERS = {
+    "identity": _identity,
+    "r_ill_only": _regularized_runner("r_ill_only"),
+    "imma": lambda task, cfg, rng, progress: _imma(task, cfg, rng, progress),
+    "opt_kappa": _regularized_runner("opt_kappa"),
+    "ours": _regularized_runner("ours"),
+    "closed_form": lambda task, cfg, rng, progress: _closed_form(task, cfg),
+}
+METHODS = tuple(RUNNERS)
+
+
 def config_dict(cfg: ImmunizeConfig) -> dict:
     return asdict(cfg)
 
 
-__all__ = ["METHODS", "ImmunizeConfig", "ImmunizationResult", "immunize", "imma_objective",
+__all__ = ["METHODS", "RUNNERS", "ImmunizeConfig", "ImmunizationResult", "immunize", "imma_objective",
            "imma_inner_step_size", "config_dict", "replace"]

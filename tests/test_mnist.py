@@ -13,9 +13,10 @@ import scipy.linalg
 
 from pycore.data.mnist import (digit_covariances, ink_targets, load_mnist_5k, load_mnist_idx, pair_task,
                                parse_pairs, split_digits)
-from pycore.immunize import ImmunizeConfig, _G_parts, _Preconditioner, _theta_G, imma_objective, imma_inner_step_size
+from pycore.immunize import ImmunizeConfig, imma_objective, imma_inner_step_size
 from pycore import losses
-from pycore.regularizers import hessian_regularizer, precondition, range_basis
+from pycore.precondition import G_parts, Preconditioner, precondition, range_basis, theta_G
+from pycore.regularizers import hessian_regularizer
 from pycore.tasks import LinearTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,12 +66,12 @@ def test_theta_G_and_pinv_direction_through_Z(kind):
     reg = hessian_regularizer(Z, kind)
     lean = hessian_regularizer(Z, kind, matrices=False)
     ref_TG = theta @ reg.G
-    assert np.abs(_theta_G(theta, lean, Z) - ref_TG).max() <= 1e-10 * np.abs(ref_TG).max()
+    assert np.abs(theta_G(theta, lean, Z) - ref_TG).max() <= 1e-10 * np.abs(ref_TG).max()
     K = X.T @ X
     ref = precondition(theta, reg.G, K, "pinv", K_factor=range_basis(K))
-    got = _Preconditioner(K, "pinv", 0.0, X).direction(theta, lean, Z)
+    got = Preconditioner(K, "pinv", 0.0, X).direction(theta, lean, Z)
     assert np.abs(got - ref).max() <= 1e-10 * np.abs(ref).max()
-    a, b, v = _G_parts(lean, D)
+    a, b, v = G_parts(lean, D)
     assert a > 0 and b > 0 and v.shape == (D,)
 
 
