@@ -37,6 +37,7 @@ PAPER_TABLE2 = {
     "ours": {"rir": (70.04, 3.28), "harmful_ratio": (6.345, None), "pretrain_ratio": (0.149, None), "successes": 90},
 }
 LABELS = {"identity": "Identity", "r_ill_only": "R_ill only", "imma": "IMMA", "opt_kappa": "Opt κ",
+          "opt_kappa_balanced": "Opt κ (balanced)",
           "ours": "Ours (Alg. 1)", "closed_form": "Closed form (SPEC §10)"}
 SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "fraction_of_ceiling",
               "dp_acc_before", "dp_acc_after", "wall_seconds")
