@@ -182,6 +182,15 @@ def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
     return loss, Z.T @ R, X.T @ (R @ omega.T), R.sum(axis=0)
 
 
+def _kappa_grad_parts(reg, log: bool):
+    """(a, v₁, b, v_k) with ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ (or ∂log κ/∂H), see :func:`kappa_grad_H`."""
+    info = reg.info
+    v1, vk = reg.vector(0), reg.vector(info.rank - 1)
+    if log:
+        return 1.0 / info.sigma_max, v1, 1.0 / info.sigma_min, vk
+    return 1.0 / info.sigma_min, v1, info.kappa / info.sigma_min, vk
+
+
 def kappa_grad_H(reg, log: bool = False) -> np.ndarray:
     """∂κ/∂H = (v₁v₁ᵀ − κ v_kv_kᵀ)/σ_k, or ∂log κ/∂H = v₁v₁ᵀ/σ₁ − v_kv_kᵀ/σ_k (docs/theory.md §7).
 
@@ -189,18 +198,17 @@ def kappa_grad_H(reg, log: bool = False) -> np.ndarray:
     eigenvalues of the symmetric H; σ_k the smallest nonzero one).  ``reg`` is a
     :class:`pycore.regularizers.HessianRegularizer` (only its spectrum and eigenvectors are used).
     """
-    info = reg.info
-    v1, vk = reg.vector(0), reg.vector(info.rank - 1)
-    if log:
-        return np.outer(v1, v1) / info.sigma_max - np.outer(vk, vk) / info.sigma_min
-    return (np.outer(v1, v1) - info.kappa * np.outer(vk, vk)) / info.sigma_min
+    a, v1, b, vk = _kappa_grad_parts(reg, log)
+    return a * np.outer(v1, v1) - b * np.outer(vk, vk)
 
 
 def _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log):
-    """θ-gradients of κ(H_P) and of κ(H_H): ∇_θ f(θᵀKθ) = 2KθG, evaluated through the rows as
-    2Xᵀ(XθG) (no D×D product with K)."""
-    return (2.0 * (X_P.T @ (Z_P @ kappa_grad_H(reg_P, log))),
-            2.0 * (X_H.T @ (Z_H @ kappa_grad_H(reg_H, log))))
+    """θ-gradients of κ(H_P) and of κ(H_H): ∇_θ f(θᵀKθ) = 2KθG = 2Xᵀ(XθG), and G is rank 2, so
+    ``2XᵀZG = 2a(XᵀZv₁)v₁ᵀ − 2b(XᵀZv_k)v_kᵀ``: O(N·D) work, no D×D product."""
+    def grad(reg, X, Z):
+        a, v1, b, vk = _kappa_grad_parts(reg, log)
+        return 2.0 * (a * np.outer(X.T @ (Z @ v1), v1) - b * np.outer(X.T @ (Z @ vk), vk))
+    return grad(reg_P, X_P, Z_P), grad(reg_H, X_H, Z_H)
 
 
 def opt_kappa_objective(theta, X_P, X_H, *, weights=(1.0, 1.0), log: bool = False):
@@ -272,11 +280,11 @@ def _regularized(task, method, cfg, rng, progress):
             ep_loss += loss * len(idx)
             n_seen += len(idx)
             try:
-                # D×D H and G are only needed by Opt κ and the certified mode.
-                mats = opt_kappa or cfg.certified
+                # D×D H and G are only needed by the certified mode (and, when N ≥ D, always formed).
+                mats = cfg.certified
                 reg_P = hessian_regularizer(Z_P, "well", matrices=mats)
                 reg_H = hessian_regularizer(Z_H, "ill", matrices=mats) if not opt_kappa else \
-                    hessian_regularizer(Z_H, "well")  # only its spectrum/vectors are used
+                    hessian_regularizer(Z_H, "well", matrices=mats)  # only its spectrum/vectors are used
             except SpectrumError as exc:
                 raise SpectrumError(f"{method}: epoch {epoch}, step {diag['steps']}: {exc}") from None
             diag["ties_P"] += reg_P.tie

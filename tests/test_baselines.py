@@ -121,7 +121,7 @@ def test_opt_kappa_theta_gradient_matches_finite_differences(log):
     rng = np.random.default_rng(0)
     theta = np.eye(4) + 0.2 * rng.standard_normal((4, 4))
     w = (1.0, 0.3)  # unequal weights: each term's sign and weight is checked
-    value, g, (g_P, g_H) = opt_kappa_objective(theta, t.X_P, t.X_H, weights=w, log=log)
+    value, g, (_, g_H) = opt_kappa_objective(theta, t.X_P, t.X_H, weights=w, log=log)
     fd = central_diff(lambda th: opt_kappa_objective(th, t.X_P, t.X_H, weights=w, log=log)[0], theta, h=1e-5)
     assert rel_err(g, fd) < 1e-6
     fd_H = central_diff(lambda th: opt_kappa_objective(th, t.X_P, t.X_H, weights=(0.0, -1.0), log=log)[0],

@@ -174,14 +174,36 @@ def test_experiment_ci_run(tmp_path):
         for r in e["runs"]:
             assert np.isfinite(r["rir"]) and r["rir"] > 0 and 0 <= r["dp_acc_after"] <= 1
     ident = res["methods"]["identity"]
-    assert all(r["rir"] == pytest.approx(1.0) for r in ident["runs"]) and ident["successes"] == 0
+    assert all(r["rir"] == pytest.approx(1.0) for r in ident["runs"])
+    assert ident["successes_rir"] == 0 and ident["successes_def31"] == 0
+    for key in ("rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part"):
+        assert ident[key]["mean"] == pytest.approx(1.0) and len(ident[key]["per_seed"]) == 4
     cf = res["methods"]["closed_form"]
-    assert cf["fraction_of_ceiling"]["mean"] == pytest.approx(1.0, rel=1e-6) and cf["successes"] == 2
+    assert cf["fraction_of_ceiling"]["mean"] == pytest.approx(1.0, rel=1e-6)
+    assert cf["successes_rir"] == 2 and cf["successes_def31"] == 2 and cf["def31_runs"] == 4
     assert (out / "heatmap.png").stat().st_size > 10_000
     table = (out / "table.md").read_text()
     assert "| Ours (Alg. 1) |" in table and "70.04" in table
     grid = exp.rir_grid(res["methods"]["ours"])
     assert np.isfinite(grid[0, 1]) and np.isfinite(grid[7, 2]) and np.isnan(grid[1, 0])
+
+
+def test_success_counts_use_pair_seed_means_and_both_criteria():
+    """Def. 3.1 ((i) > 1 AND (ii) < 1) and RIR > 1 are different counts, both on a pair's seed means."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import mnist as exp
+
+    def run(pair, i, ii):
+        return {"pair": list(pair), "harmful_ratio": i, "pretrain_ratio": ii, "rir": i / ii}
+
+    runs = [run((0, 1), 4.0, 2.0), run((0, 1), 6.0, 2.0),      # RIR 2, 3 but (ii) > 1: not Def. 3.1
+            run((1, 0), 0.5, 0.1), run((1, 0), 0.7, 0.1),      # RIR > 1 but (i) < 1: not Def. 3.1
+            run((2, 3), 3.0, 0.5), run((2, 3), 0.9, 0.5),      # one run fails (i); seed means 1.95, 0.5
+            run((3, 2), 0.5, 2.0), run((3, 2), 0.9, 2.0)]      # fails both
+    c = exp.success_counts(runs)
+    assert c["successes_def31"] == 1 and c["successes_rir"] == 3 and c["def31_runs"] == 1
+    assert c["n_pairs"] == 4 and c["pair_mean_harmful_ratio"]["2-3"] == pytest.approx(1.95)
+    assert c["pair_mean_rir"]["0-1"] == pytest.approx(2.5)
 
 
 def test_experiment_rejects_bad_pairs(capsys):
