@@ -173,15 +173,7 @@ def run(args) -> dict:
     else:
         outs = [_one_pair(pr) for pr in progress(pairs, desc="pairs", unit="pair")]
     rows = [r for out in outs for r in out]
-    methods = {}
-    for m in args.method_list:
-        mr = [r for r in rows if r["method"] == m]
-        entry = {k: summarize(r[k] for r in mr) for k in SUMMARISED}
-        entry.update(success_counts(mr))
-        if m in PAPER_TABLE2:
-            entry["paper"] = PAPER_TABLE2[m]
-        entry["runs"] = mr
-        methods[m] = entry
+    methods = summarise_methods(rows, args.method_list)
     result = {
         "experiment": "mnist",
         "data": {"source": digits.source, "n_train_per_digit": args.n_train,
@@ -195,6 +187,43 @@ def run(args) -> dict:
     }
     result["wall_seconds"] = time.perf_counter() - t_start
     return result
+
+
+def summarise_methods(rows: list[dict], method_list) -> dict:
+    """Per method: {mean, std, per_seed} of :data:`SUMMARISED`, success counts and the runs."""
+    methods = {}
+    for m in method_list:
+        mr = [r for r in rows if r["method"] == m]
+        entry = {k: summarize(r[k] for r in mr) for k in SUMMARISED}
+        entry.update(success_counts(mr))
+        if m in PAPER_TABLE2:
+            entry["paper"] = PAPER_TABLE2[m]
+        entry["runs"] = mr
+        methods[m] = entry
+    return methods
+
+
+def merge_results(parts: list[dict]) -> dict:
+    """One result from runs over disjoint pair sets with the same config, seeds and methods (a grid
+    split across processes or machines): the per-run rows are concatenated in the given order and
+    every summary is recomputed, so the merge of two halves equals the single run over their pairs
+    in that order.  ``wall_seconds`` becomes the list of the parts' times."""
+    first = parts[0]
+    for p in parts[1:]:
+        for key in ("config", "seeds", "data"):
+            if p[key] != first[key]:
+                raise ValueError(f"cannot merge MNIST results with different {key}")
+        if list(p["methods"]) != list(first["methods"]):
+            raise ValueError("cannot merge MNIST results with different methods")
+    pairs = [pr for p in parts for pr in p["pairs"]]
+    if len({tuple(pr) for pr in pairs}) != len(pairs):
+        raise ValueError("cannot merge MNIST results whose pair sets overlap")
+    rows = [r for p in parts for m in p["methods"] for r in p["methods"][m]["runs"]]
+    # rows grouped by part, then method: the per-method order is the parts' pair order
+    merged = dict(first)
+    merged.update(pairs=pairs, methods=summarise_methods(rows, list(first["methods"])),
+                  wall_seconds=[p["wall_seconds"] for p in parts], merged_from=[p.get("command") for p in parts])
+    return merged
 
 
 def success_counts(runs: list[dict]) -> dict:
@@ -258,10 +287,12 @@ def table_markdown(result: dict) -> str:
         lines.append(f"| {LABELS[m]} | {pm(e['rir_range_part'])} | {pm(e['rir_null_part'])} | "
                      f"{pm(e['heldout_rir_range_part'])} | {pm(e['heldout_rir_null_part'])} |")
     cfg = result["config"]
+    wall = result["wall_seconds"]
+    wall = f"{wall:.1f} s" if not isinstance(wall, list) else " + ".join(f"{w:.1f} s" for w in wall) + " (merged parts)"
     lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, λ_H {cfg['lambda_h']:g}, "
               f"{cfg['optimizer']}, batch {cfg['batch_size'] or 'full'}, preconditioner {cfg['precond']}, init {cfg['init']}"
               + (f" (ridge {cfg['ridge']:g})" if cfg["precond"] == "ridge" else "")
-              + f". Wall time {result['wall_seconds']:.1f} s."]
+              + f". Wall time {wall}."]
     return "\n".join(lines) + "\n"
 
 

@@ -245,3 +245,28 @@ def test_experiment_defaults_are_the_library_mnist_config():
     assert exp.build_config(exp.parse_args([])) == ImmunizeConfig.mnist()
     assert exp.build_config(exp.parse_args(["--paper-hparams"])) == ImmunizeConfig.mnist(paper=True)
     assert ImmunizeConfig.mnist().lambda_h != ImmunizeConfig.mnist(paper=True).lambda_h
+
+
+def test_merged_halves_equal_the_single_run(tmp_path):
+    """A grid split over processes (disjoint pair sets) merges to exactly the single run's summaries."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import mnist as exp
+
+    common = ["--seeds", "1", "--epochs", "2", "--n-train", "30", "--n-heldout", "20",
+              "--methods", "identity,r_ill_only,ours", "--jobs", "1", "--no-plot"]
+    res = {}
+    for name, pairs in (("a", "0-1"), ("b", "7-2"), ("ab", "0-1,7-2")):
+        assert exp.main(["--pairs", pairs, "--out", str(tmp_path / name), *common]) == 0
+        res[name] = json.loads((tmp_path / name / "results.json").read_text())
+    merged = json.loads(json.dumps(exp.merge_results([res["a"], res["b"]])))
+    assert merged["pairs"] == res["ab"]["pairs"]
+
+    def strip(methods):
+        return {m: {k: v for k, v in e.items() if k != "wall_seconds" and k != "runs"}
+                | {"runs": [{k: v for k, v in r.items() if k != "wall_seconds"} for r in e["runs"]]}
+                for m, e in methods.items()}
+
+    assert strip(merged["methods"]) == strip(res["ab"]["methods"])
+    assert "merged parts" in exp.table_markdown(merged)
+    with pytest.raises(ValueError, match="overlap"):
+        exp.merge_results([res["a"], res["ab"]])
