@@ -52,7 +52,7 @@ class ImmunizeConfig:
     precond: str = "pinv"        # K⁺ (SPEC §5: K is singular on real data); "exact" 2θG | "ridge" | "none"
     ridge: float = 0.0           # λ of the "ridge" preconditioner (K+λI)⁻¹
     init: str = "identity"       # "identity" | "random" (nn.Linear's U(±1/√D))
-    # opt_kappa: weight of κ(H_P) − κ(H_H) (log κ when opt_kappa_log)
+    # opt_kappa(_balanced): weight λ_κ of w_Pκ(H_P) − w_Hκ(H_H) (log κ when opt_kappa_log)
     lambda_kappa: float = 1.0
     opt_kappa_log: bool = False
     # imma: unrolled attacker steps and their size as a fraction of 1/L of the lower problem
@@ -63,7 +63,7 @@ class ImmunizeConfig:
     closed_form_exponent: float = 0.0
     # certified-monotone mode (SPEC §10): clip each regularizer step to the §5 bound and check κ
     certified: bool = False
-    certified_safety: float = 0.9
+    certified_safety: float = 0.9  # also caps the R_ill-only step at this fraction of its §5 bound
 
     @classmethod
     def paper(cls, **overrides) -> "ImmunizeConfig":
