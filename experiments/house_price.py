@@ -49,6 +49,7 @@ PAPER_TABLE1 = {
     "ours": {"harmful_ratio": (18.92, 2.06), "pretrain_ratio": (0.053, 0.002), "rir": (356.2, 5.49)},
 }
 LABELS = {"identity": "Identity", "r_ill_only": "R_ill only", "imma": "IMMA", "opt_kappa": "Opt κ",
+          "opt_kappa_balanced": "Opt κ (balanced)",
           "ours": "Ours (Alg. 1)", "closed_form": "Closed form (SPEC §10)"}
 SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_harmful_ratio",
               "heldout_pretrain_ratio", "fraction_of_ceiling", "dp_loss_before", "dp_loss_after",

@@ -30,19 +30,29 @@ except ModuleNotFoundError as exc:  # a checkout that was never installed: say h
              "the repository root with PYTHONPATH=.")
 from pycore.data.mnist import digit_covariances, load_mnist, pair_task, split_digits  # noqa: E402
 from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
-from pycore.metrics import rir, rir_ceiling  # noqa: E402
+from pycore.metrics import range_null_split, rir, rir_ceiling  # noqa: E402
 from pycore.report import environment, fmt, pm, save_figure, summarize  # noqa: E402
 
-# Paper Table 2 (3 seeds, mean over the 90 pairs) and Figure 2 success counts (RIR > 1).
+# Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts under two criteria:
+# * successes_def31: Definition 3.1 ((i) > 1 AND (ii) < 1), the count in the paper's Figure 2 text
+#   ("R_ill Only fails for all digit pairs, IMMA only succeeds in one pair, and Opt κ fails for
+#   32 out of 90 pairs", Ours all 90);
+# * successes_rir: ln RIR > 0 in the paper's own Figure 2 cells (read from the extracted paper text;
+#   the mean of exp(cell) over each panel's 90 cells gives Table 2's 1.933 / 1.774 / 69.73 / 70.04,
+#   which fixes the panel order R_ill only, IMMA, Opt κ, Ours and the signs).  IMMA's one cell that
+#   is not > 0 is 5→8, printed 0.00.
 PAPER_TABLE2 = {
-    "r_ill_only": {"rir": (1.933, None), "successes": 0},
-    "imma": {"rir": (1.774, None), "successes": 1},
-    "opt_kappa": {"rir": (69.73, 54.00), "successes": 58},
-    "ours": {"rir": (70.04, 3.28), "harmful_ratio": (6.345, None), "pretrain_ratio": (0.149, None), "successes": 90},
+    "r_ill_only": {"rir": (1.933, None), "successes_def31": 0, "successes_rir": 90},
+    "imma": {"rir": (1.774, None), "successes_def31": 1, "successes_rir": 89},
+    "opt_kappa": {"rir": (69.73, 54.00), "successes_def31": 58, "successes_rir": 90},
+    "ours": {"rir": (70.04, 3.28), "harmful_ratio": (6.345, None), "pretrain_ratio": (0.149, None),
+             "successes_def31": 90, "successes_rir": 90},
 }
 LABELS = {"identity": "Identity", "r_ill_only": "R_ill only", "imma": "IMMA", "opt_kappa": "Opt κ",
+          "opt_kappa_balanced": "Opt κ (balanced)",
           "ours": "Ours (Alg. 1)", "closed_form": "Closed form (SPEC §10)"}
 SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "fraction_of_ceiling",
+              "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
               "dp_acc_before", "dp_acc_after", "wall_seconds")
 
 # MNIST defaults: ImmunizeConfig.mnist(), the base of the generated flags.  Paper Table 4: η = 0.001, λ_P = 1, λ_H = 5e7 (--paper-hparams).  Here λ_H
@@ -115,12 +125,19 @@ def _one_pair(pair):
             res = immunize(train, method, rng=np.random.default_rng([seed, p, h]), config=st["cfg"])
             th = res.theta
             r, rh = rir(th, train.X_P, train.X_H), rir(th, held.X_P, held.X_H)
+            # Range/null decomposition (docs/theory.md §8), P_R from D_P's training rows.
+            th_range, th_null = range_null_split(th, train.X_P)
             rows.append({
                 "pair": [p, h], "method": method, "seed": seed,
                 "rir": r.value, "harmful_ratio": r.harmful_ratio, "pretrain_ratio": r.pretrain_ratio,
                 "rank_P": r.rank_P, "rank_H": r.rank_H,
                 "heldout_rir": rh.value, "heldout_harmful_ratio": rh.harmful_ratio,
                 "heldout_pretrain_ratio": rh.pretrain_ratio,
+                "def31": bool(r.harmful_ratio > 1 and r.pretrain_ratio < 1),
+                "rir_range_part": rir(th_range, train.X_P, train.X_H).value,
+                "rir_null_part": rir(th_null, train.X_P, train.X_H).value,
+                "heldout_rir_range_part": rir(th_range, held.X_P, held.X_H).value,
+                "heldout_rir_null_part": rir(th_null, held.X_P, held.X_H).value,
                 "ceiling": ceiling.exact, "ceiling_range_restricted": ceiling.range_restricted,
                 "fraction_of_ceiling": r.value / ceiling.range_restricted,
                 "dp_acc_before": acc_before,
@@ -141,20 +158,7 @@ def run(args) -> dict:
     pairs = args.pair_list
     outs = cli.parallel_map(_one_pair, pairs, args.jobs, desc="pairs", unit="pair")
     rows = [r for out in outs for r in out]
-    methods = {}
-    for m in args.method_list:
-        mr = [r for r in rows if r["method"] == m]
-        entry = {k: summarize(r[k] for r in mr) for k in SUMMARISED}
-        per_pair = {}
-        for r in mr:
-            per_pair.setdefault(f"{r['pair'][0]}-{r['pair'][1]}", []).append(r["rir"])
-        entry["pair_mean_rir"] = {k: float(np.mean(v)) for k, v in per_pair.items()}
-        entry["successes"] = int(sum(v > 1 for v in entry["pair_mean_rir"].values()))
-        entry["n_pairs"] = len(per_pair)
-        if m in PAPER_TABLE2:
-            entry["paper"] = PAPER_TABLE2[m]
-        entry["runs"] = mr
-        methods[m] = entry
+    methods = summarise_methods(rows, args.method_list)
     result = {
         "experiment": "mnist",
         "data": {"source": digits.source, "n_train_per_digit": args.n_train,
@@ -170,6 +174,68 @@ def run(args) -> dict:
     return result
 
 
+def summarise_methods(rows: list[dict], method_list) -> dict:
+    """Per method: {mean, std, per_seed} of :data:`SUMMARISED`, success counts and the runs."""
+    methods = {}
+    for m in method_list:
+        mr = [r for r in rows if r["method"] == m]
+        entry = {k: summarize(r[k] for r in mr) for k in SUMMARISED}
+        entry.update(success_counts(mr))
+        if m in PAPER_TABLE2:
+            entry["paper"] = PAPER_TABLE2[m]
+        entry["runs"] = mr
+        methods[m] = entry
+    return methods
+
+
+def merge_results(parts: list[dict]) -> dict:
+    """One result from runs over disjoint pair sets with the same config, seeds and methods (a grid
+    split across processes or machines): the per-run rows are concatenated in the given order and
+    every summary is recomputed, so the merge of two halves equals the single run over their pairs
+    in that order.  ``wall_seconds`` becomes the list of the parts' times."""
+    first = parts[0]
+    for p in parts[1:]:
+        for key in ("config", "seeds", "data"):
+            if p[key] != first[key]:
+                raise ValueError(f"cannot merge MNIST results with different {key}")
+        if list(p["methods"]) != list(first["methods"]):
+            raise ValueError("cannot merge MNIST results with different methods")
+    pairs = [pr for p in parts for pr in p["pairs"]]
+    if len({tuple(pr) for pr in pairs}) != len(pairs):
+        raise ValueError("cannot merge MNIST results whose pair sets overlap")
+    rows = [r for p in parts for m in p["methods"] for r in p["methods"][m]["runs"]]
+    # rows grouped by part, then method: the per-method order is the parts' pair order
+    merged = dict(first)
+    merged.update(pairs=pairs, methods=summarise_methods(rows, list(first["methods"])),
+                  wall_seconds=[p["wall_seconds"] for p in parts], merged_from=[p.get("command") for p in parts])
+    return merged
+
+
+def success_counts(runs: list[dict]) -> dict:
+    """Per-pair seed means and the two success counts of docs/theory.md §8.
+
+    For each pair the seed-mean (i), (ii) and RIR are the arithmetic means over its seeds.
+    ``successes_def31``: pairs whose seed-mean (i) > 1 AND seed-mean (ii) < 1 (Definition 3.1,
+    the paper's Figure 2 count); ``successes_rir``: pairs whose seed-mean RIR > 1 (ln RIR > 0 in
+    the heatmap; weaker).  ``def31_runs``: single runs with (i) > 1 and (ii) < 1.
+    """
+    per_pair: dict[str, list] = {}
+    for r in runs:
+        per_pair.setdefault(f"{r['pair'][0]}-{r['pair'][1]}", []).append(r)
+    mean = {k: {q: float(np.mean([r[q] for r in v])) for q in ("rir", "harmful_ratio", "pretrain_ratio")}
+            for k, v in per_pair.items()}
+    return {
+        "pair_mean_rir": {k: m["rir"] for k, m in mean.items()},
+        "pair_mean_harmful_ratio": {k: m["harmful_ratio"] for k, m in mean.items()},
+        "pair_mean_pretrain_ratio": {k: m["pretrain_ratio"] for k, m in mean.items()},
+        "successes_def31": int(sum(m["harmful_ratio"] > 1 and m["pretrain_ratio"] < 1 for m in mean.values())),
+        "successes_rir": int(sum(m["rir"] > 1 for m in mean.values())),
+        "def31_runs": int(sum(r["harmful_ratio"] > 1 and r["pretrain_ratio"] < 1 for r in runs)),
+        "n_runs": len(runs),
+        "n_pairs": len(per_pair),
+    }
+
+
 def table_markdown(result: dict) -> str:
     n_pairs = len(result["pairs"])
     lines = [
@@ -178,26 +244,40 @@ def table_markdown(result: dict) -> str:
         f"{n_pairs} ordered pairs (P, H), seeds {result['seeds']}; {result['data']['n_train_per_digit']} training and "
         f"{result['data']['n_heldout_per_digit']} held-out images per digit ({result['data']['source']}). "
         "Mean ± std (population) over pairs and seeds. (i) = κ(H_H(θ))/κ(H_H(I)) ↑, (ii) = κ(H_P(θ))/κ(H_P(I)) ↓, "
-        "RIR = (i)/(ii) ↑ on training rows; held-out RIR on unseen rows; successes = pairs whose seed-mean RIR > 1; "
-        "D_P acc = held-out accuracy of a least-squares probe on the features, θ = I → θ.",
+        "RIR = (i)/(ii) ↑ on training rows; held-out RIR on unseen rows. Success counts per pair, on the "
+        "pair's seed means: Def. 3.1 = (i) > 1 AND (ii) < 1 (the paper's Figure 2 count), RIR > 1 = ln RIR > 0 "
+        "(the paper's count read from its own Figure 2 cells); each beside the paper's count under the SAME "
+        "criterion. D_P acc = held-out accuracy of a least-squares probe on the features, θ = I → θ.",
         "",
-        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | median RIR | held-out RIR | successes | fraction of ceiling | D_P acc | paper RIR | paper successes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        ("| method | (i) ↑ | (ii) ↓ | RIR ↑ | median RIR | held-out RIR | Def. 3.1 pairs | paper Def. 3.1 | "
+         "RIR > 1 pairs | paper RIR > 1 | fraction of ceiling | D_P acc | paper RIR |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m, e in result["methods"].items():
         paper = PAPER_TABLE2.get(m)
         prir = "—" if not paper else (f"{paper['rir'][0]:g}" + (f" ± {paper['rir'][1]:g}" if paper["rir"][1] else ""))
-        psucc = "—" if not paper else f"{paper['successes']}/90"
+        pdef = "—" if not paper else f"{paper['successes_def31']}/90"
+        prir1 = "—" if not paper else f"{paper['successes_rir']}/90"
         lines.append(
             f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | {pm(e['rir'])} | "
-            f"{fmt(float(np.median(e['rir']['per_seed'])))} | {pm(e['heldout_rir'])} | {e['successes']}/{e['n_pairs']} | "
+            f"{fmt(float(np.median(e['rir']['per_seed'])))} | {pm(e['heldout_rir'])} | "
+            f"{e['successes_def31']}/{e['n_pairs']} | {pdef} | {e['successes_rir']}/{e['n_pairs']} | {prir1} | "
             f"{fmt(e['fraction_of_ceiling']['mean'])} | {e['dp_acc_before']['mean']:.3f} → {e['dp_acc_after']['mean']:.3f} | "
-            f"{prir} | {psucc} |")
+            f"{prir} |")
+    lines += ["", ("Range/null decomposition (docs/theory.md §8; P_R projects onto the row space of D_P's training "
+                   "rows): RIR of θ_range = P_N + P_Rθ and of θ_null = P_R + P_Nθ, training / held-out rows."), "",
+              "| method | RIR(θ_range) | RIR(θ_null) | held-out RIR(θ_range) | held-out RIR(θ_null) |",
+              "|---|---|---|---|---|"]
+    for m, e in result["methods"].items():
+        lines.append(f"| {LABELS[m]} | {pm(e['rir_range_part'])} | {pm(e['rir_null_part'])} | "
+                     f"{pm(e['heldout_rir_range_part'])} | {pm(e['heldout_rir_null_part'])} |")
     cfg = result["config"]
+    wall = result["wall_seconds"]
+    wall = f"{wall:.1f} s" if not isinstance(wall, list) else " + ".join(f"{w:.1f} s" for w in wall) + " (merged parts)"
     lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, λ_H {cfg['lambda_h']:g}, "
               f"{cfg['optimizer']}, batch {cfg['batch_size'] or 'full'}, preconditioner {cfg['precond']}, init {cfg['init']}"
               + (f" (ridge {cfg['ridge']:g})" if cfg["precond"] == "ridge" else "")
-              + f". Wall time {result['wall_seconds']:.1f} s."]
+              + f". Wall time {wall}."]
     return "\n".join(lines) + "\n"
 
 
@@ -235,13 +315,15 @@ def plot_heatmap(result: dict, path: Path) -> None:
                     ax.text(h, p, f"{g[p, h]:.1f}", ha="center", va="center", fontsize=6.5,
                             color="white" if abs(g[p, h]) > 0.6 * lim else "black")
         e = result["methods"][m]
-        ax.set_title(f"{LABELS[m]}: ln RIR ({e['successes']}/{e['n_pairs']} > 0)", fontsize=10)
+        ax.set_title(f"{LABELS[m]}: ln RIR\nDef. 3.1 ((i)>1 & (ii)<1): {e['successes_def31']}/{e['n_pairs']}; "
+                     f"RIR>1: {e['successes_rir']}/{e['n_pairs']}", fontsize=9)
         ax.set_xticks(range(10))
         ax.set_yticks(range(10))
         ax.set_xlabel("harmful digit H")
         ax.set_ylabel("pre-training digit P")
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    fig.suptitle("MNIST: natural-log RIR per ordered pair, mean over seeds (paper Figure 2)")
+    fig.suptitle("MNIST: natural-log RIR per ordered pair, mean over seeds (paper Figure 2); success counts "
+                 "on the pair's seed means")
     save_figure(fig, path, dpi=110)
 
 

@@ -6,8 +6,8 @@ torch; the torch side lives in :mod:`pycore.ops` and :mod:`pycore.deep`.
 from pycore.spectral import condition_number, SpectrumInfo, spectrum_info
 from pycore.regularizers import (
     r_ill, r_well, r_ill_grad, r_well_grad, r_ill_grad_theta, r_well_grad_theta,
-    preconditioned_grad_theta,
 )
+from pycore.precondition import preconditioned_grad_theta
 from pycore.metrics import rir, rir_ceiling
 
 __all__ = [

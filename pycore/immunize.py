@@ -5,11 +5,14 @@ Methods (SPEC §6-7, §10):
 
 * ``"ours"`` — Algorithm 1: the D_P loss, ``λ_P R_well(H_P)`` and ``λ_H R_ill(H_H)``, the two
   regularizer gradients preconditioned by ``K⁻¹`` in the exact form ``2θG`` (SPEC §4).
-* ``"r_ill_only"`` — Algorithm 1 with ``λ_P = 0``.
+* ``"r_ill_only"`` — ``λ_H R_ill(H_H)`` alone (no D_P loss, no R_well) by Algorithm 1's
+  preconditioned step under plain GD; RIR ≥ 1 at every step (docs/theory.md §7).
 * ``"imma"`` — bi-level (Zheng & Yeh 2024): an attacker fine-tunes θ on D_H for a few unrolled
   GD steps; the upper level maximises the attacker's harmful loss minus the D_P loss at the
   fine-tuned θ, differentiating through the unrolled steps (:func:`imma_objective`).
-* ``"opt_kappa"`` — (sub)gradient descent on ``κ(H_P(θ)) − κ(H_H(θ))`` plus the D_P loss.
+* ``"opt_kappa"`` — ``κ(H_P(θ)) − κ(H_H(θ))`` in place of Algorithm 1's regularizers (D_P loss
+  kept, Ours' optimizer); ``"opt_kappa_balanced"`` weights the κ_H term so that both terms'
+  θ-gradients have equal norms at the initial θ.
 * ``"closed_form"`` — the optimal immunizer restricted to range(K_P) (SPEC §10).
 * ``"identity"`` — θ = I.
 """
@@ -19,20 +22,18 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
-import scipy.linalg
 from scipy.special import expit
 
 from pycore import losses
 from pycore.metrics import rir_ceiling
 from pycore.optim import OPTIMIZERS, check_scale, largest_term, make_optimizer
-from pycore.regularizers import (PRECONDITIONERS, hessian_regularizer, precondition, range_basis,
-                                 preconditioned_r_ill_step_bound, preconditioned_r_well_step_bound)
+from pycore.precondition import PRECONDITIONERS, Preconditioner
+from pycore.regularizers import (hessian_regularizer, preconditioned_r_ill_step_bound,
+                                 preconditioned_r_well_step_bound)
 from pycore.spectral import SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
 from pycore.threads import bounded_blas
-
-METHODS = ("identity", "r_ill_only", "imma", "opt_kappa", "ours", "closed_form")
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class ImmunizeConfig:
     precond: str = "pinv"        # K⁺ (SPEC §5: K is singular on real data); "exact" 2θG | "ridge" | "none"
     ridge: float = 0.0           # λ of the "ridge" preconditioner (K+λI)⁻¹
     init: str = "identity"       # "identity" | "random" (nn.Linear's U(±1/√D))
-    # opt_kappa: weight of κ(H_P) − κ(H_H) (log κ when opt_kappa_log)
+    # opt_kappa(_balanced): weight λ_κ of w_Pκ(H_P) − w_Hκ(H_H) (log κ when opt_kappa_log)
     lambda_kappa: float = 1.0
     opt_kappa_log: bool = False
     # imma: unrolled attacker steps and their size as a fraction of 1/L of the lower problem
@@ -64,7 +65,7 @@ class ImmunizeConfig:
     closed_form_exponent: float = 0.0
     # certified-monotone mode (SPEC §10): clip each regularizer step to the §5 bound and check κ
     certified: bool = False
-    certified_safety: float = 0.9
+    certified_safety: float = 0.9  # also caps the R_ill-only step at this fraction of its §5 bound
 
     @classmethod
     def paper(cls, **overrides) -> "ImmunizeConfig":
@@ -161,14 +162,7 @@ def immunize(task: LinearTask, method: str, *, rng: np.random.Generator,
         raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     cfg = config or ImmunizeConfig()
     t0 = time.perf_counter()
-    if method == "identity":
-        res = ImmunizationResult(method, np.eye(task.D), None)
-    elif method == "closed_form":
-        res = _closed_form(task, cfg)
-    elif method == "imma":
-        res = _imma(task, cfg, rng, progress)
-    else:
-        res = _regularized(task, method, cfg, rng, progress)
+    res = RUNNERS[method](task, cfg, rng, progress)
     res.wall_seconds = time.perf_counter() - t0
     res.config = cfg
     return res
@@ -220,104 +214,85 @@ def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
     return loss, Z.T @ R, X.T @ (R @ omega.T), R.sum(axis=0)
 
 
-class _Preconditioner:
-    """Caches what a preconditioner needs per task (range basis, Cholesky factor).
-
-    With the task's rows ``X`` (K = XᵀX) and N < D, the range basis of K is taken from the SVD
-    of X (right singular vectors with s² above the same cut-off ``s_max²·D·eps`` that
-    :func:`range_basis` applies to K's eigenvalues): the same subspace, N×D work instead of D³.
-    """
-
-    def __init__(self, K, mode, ridge, X=None):
-        self.K, self.mode, self.ridge = K, mode, ridge
-        self.factor = self.gram = None
-        if mode == "pinv" and X is not None and X.shape[0] < X.shape[1]:
-            U, sv, Vt = np.linalg.svd(X, full_matrices=False)
-            keep = sv * sv > sv[0] ** 2 * X.shape[1] * np.finfo(float).eps
-            self.factor = Vt[keep].T
-            # X = U S Vᵀ ⇒ V_rᵀθ = S_r⁻¹U_rᵀ(Xθ) exactly (U_rᵀU = [I 0]): Π θ from Z = Xθ.
-            self.gram = U[:, keep] / sv[keep]
-        elif mode == "pinv":
-            self.factor = range_basis(K)
-        elif mode == "ridge":
-            if ridge <= 0:
-                raise ValueError(f"precond 'ridge' needs ridge > 0, got {ridge}")
-            self.factor = scipy.linalg.cho_factor(K + ridge * np.eye(K.shape[0]))
-
-    def __call__(self, theta, G):
-        return precondition(theta, G, self.K, self.mode, self.ridge, K_factor=self.factor)
-
-    def direction(self, theta, reg, Z):
-        """Preconditioned step direction ``K⁺∇_θR = 2ΠθG`` (or the other modes), ``Z = Xθ``.
-
-        pinv with N < D: ``2V_r(TG)`` with ``T = V_rᵀθ = S_r⁻¹U_rᵀZ`` (r×D) and
-        ``TG = a(Tv)vᵀ − b(TZᵀ)Z`` — one D×r×D product instead of four D×D×N ones.
-        """
-        if self.gram is None:
-            return self.apply_theta_G(_theta_G(theta, reg, Z))
-        T = self.gram.T @ Z
-        a, b, v = _G_parts(reg, Z.shape[1])
-        return 2.0 * self.factor @ (a * np.outer(T @ v, v) - b * ((T @ Z.T) @ Z))
-
-    def apply_theta_G(self, M):
-        """:func:`pycore.regularizers.precondition` given ``M = θG`` already formed."""
-        if self.mode == "exact":
-            return 2.0 * M
-        if self.mode == "pinv":
-            return 2.0 * self.factor @ (self.factor.T @ M)
-        if self.mode == "ridge":
-            return 2.0 * scipy.linalg.cho_solve(self.factor, self.K @ M)
-        return 2.0 * self.K @ M
-
-
-def _theta_G(theta, reg, Z):
-    """θG for ``G = ∇_H R(H)``, ``H = ZᵀZ`` (SPEC §4), through Z when N < D.
-
-    ``G = a·vvᵀ − b·ZᵀZ`` (R_well: a = σ₁, b = 1/D; R_ill: a = σ_k/d², b = 1/(k d²)), so
-    ``θG = a(θv)vᵀ − b(θZᵀ)Z``: two D×D×N products instead of one D³ product.
-    """
-    N, D = Z.shape
-    if N >= D and reg.G is not None:
-        return theta @ reg.G
-    a, b, v = _G_parts(reg, D)
-    return a * np.outer(theta @ v, v) - b * ((theta @ Z.T) @ Z)
-
-
-def _G_parts(reg, D):
-    """(a, b, v) with ``G = a·vvᵀ − b·H``: R_well a = σ₁, b = 1/D; R_ill a = σ_k/d², b = 1/(k d²)."""
-    lam = reg.info.sigma
-    if reg.kind == "well":
-        return lam[0], 1.0 / D, reg.vector(0)
-    k, d2 = reg.info.rank, reg.d ** 2
-    return lam[k - 1] / d2, 1.0 / (k * d2), reg.vector(k - 1)
-
-
-def _kappa_grad_H(reg, log: bool):
-    """∂κ/∂H = (v₁v₁ᵀ − κ v_k v_kᵀ)/σ_k (or ∂log κ/∂H = v₁v₁ᵀ/σ₁ − v_kv_kᵀ/σ_k), SPEC §7."""
+def _kappa_grad_parts(reg, log: bool):
+    """(a, v₁, b, v_k) with ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ (or ∂log κ/∂H), see :func:`kappa_grad_H`."""
     info = reg.info
     v1, vk = reg.vector(0), reg.vector(info.rank - 1)
     if log:
-        return np.outer(v1, v1) / info.sigma_max - np.outer(vk, vk) / info.sigma_min
-    return (np.outer(v1, v1) - info.kappa * np.outer(vk, vk)) / info.sigma_min
+        return 1.0 / info.sigma_max, v1, 1.0 / info.sigma_min, vk
+    return 1.0 / info.sigma_min, v1, info.kappa / info.sigma_min, vk
+
+
+def kappa_grad_H(reg, log: bool = False) -> np.ndarray:
+    """∂κ/∂H = (v₁v₁ᵀ − κ v_kv_kᵀ)/σ_k, or ∂log κ/∂H = v₁v₁ᵀ/σ₁ − v_kv_kᵀ/σ_k (docs/theory.md §7).
+
+    From ``κ = σ₁/σ_k`` with ``∂σ₁/∂H = v₁v₁ᵀ`` and ``∂σ_k/∂H = v_kv_kᵀ`` (simple extreme
+    eigenvalues of the symmetric H; σ_k the smallest nonzero one).  ``reg`` is a
+    :class:`pycore.regularizers.HessianRegularizer` (only its spectrum and eigenvectors are used).
+    """
+    a, v1, b, vk = _kappa_grad_parts(reg, log)
+    return a * np.outer(v1, v1) - b * np.outer(vk, vk)
+
+
+def _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log):
+    """θ-gradients of κ(H_P) and of κ(H_H): ∇_θ f(θᵀKθ) = 2KθG = 2Xᵀ(XθG), and G is rank 2, so
+    ``2XᵀZG = 2a(XᵀZv₁)v₁ᵀ − 2b(XᵀZv_k)v_kᵀ``: O(N·D) work, no D×D product."""
+    def grad(reg, X, Z):
+        a, v1, b, vk = _kappa_grad_parts(reg, log)
+        return 2.0 * (a * np.outer(X.T @ (Z @ v1), v1) - b * np.outer(X.T @ (Z @ vk), vk))
+    return grad(reg_P, X_P, Z_P), grad(reg_H, X_H, Z_H)
+
+
+def opt_kappa_objective(theta, X_P, X_H, *, weights=(1.0, 1.0), log: bool = False):
+    """Opt κ's condition-number term ``w_P κ(H_P(θ)) − w_H κ(H_H(θ))`` (log κ when ``log``) and its
+    θ-gradient (docs/theory.md §7), the quantity the "opt_kappa" methods descend.
+
+    Returns ``(value, gradient, (grad_P, grad_H))`` with the unweighted per-term θ-gradients.
+    """
+    theta = np.asarray(theta, dtype=np.float64)
+    Z_P, Z_H = X_P @ theta, X_H @ theta
+    reg_P, reg_H = hessian_regularizer(Z_P, "well"), hessian_regularizer(Z_H, "well")
+    f = np.log if log else (lambda x: x)
+    value = weights[0] * f(reg_P.info.kappa) - weights[1] * f(reg_H.info.kappa)
+    g_P, g_H = _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log)
+    return float(value), weights[0] * g_P - weights[1] * g_H, (g_P, g_H)
 
 
 def _regularized(task, method, cfg, rng, progress):
-    """Algorithm 1 (ours), R_ill only, and Opt κ: one loop, different θ-gradients."""
+    """Algorithm 1 (ours) and Opt κ (literal and balanced): one loop, different θ-gradients.
+
+    Opt κ (docs/theory.md §7) replaces Algorithm 1's two regularizers by
+    ``λ_κ(w_P κ(H_P) − w_H κ(H_H))`` (the paper: "directly minimizes κ(H_P(θ)) − κ(H_H(θ)) ...
+    instead of using our proposed regularizers"), so the D_P loss of Eq. (11) is KEPT and the
+    optimizer is Ours' (Adam by default); no preconditioning.  ``"opt_kappa"``: the literal
+    objective, w_P = w_H = 1.  ``"opt_kappa_balanced"``: w_P = 1 and w_H = ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖
+    at the initial θ, so both terms start with equal gradient norms (with unit weights the κ_H term
+    is ~27× the κ_P term at θ = I on House Prices and drives κ(H_P) up).
+    """
     D = task.D
+    opt_kappa = method in ("opt_kappa", "opt_kappa_balanced")
     theta = _init_theta(D, cfg, rng)
     omega, bias = _init_head(task, rng)
     opt_t = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="θ")
     opt_w = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="ω")
     opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="bias")
-    lam_p = 0.0 if method == "r_ill_only" else cfg.lambda_p
-    pre_P = _Preconditioner(task.K_P, cfg.precond, cfg.ridge, task.X_P) if method != "opt_kappa" else None
-    pre_H = _Preconditioner(task.K_H, cfg.precond, cfg.ridge, task.X_H) if method != "opt_kappa" else None
+    lam_p = cfg.lambda_p
+    pre_P = Preconditioner(task.K_P, cfg.precond, cfg.ridge, task.X_P) if not opt_kappa else None
+    pre_H = Preconditioner(task.K_H, cfg.precond, cfg.ridge, task.X_H) if not opt_kappa else None
     hist = {"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []}
     diag = {"steps": 0, "ties_P": 0, "ties_H": 0}
     cert = {"violations_P": 0, "violations_H": 0, "clipped_P": 0, "clipped_H": 0,
             "skipped_P": 0, "skipped_H": 0, "checked": 0}
     XP, YP, XH = task.X_P, task.Y_P, task.X_H
     x_norm = max(np.max(np.sum(np.abs(XP), axis=1)), np.max(np.sum(np.abs(XH), axis=1)))
+    w_P = w_H = 1.0
+    if opt_kappa:
+        _, _, (g_P0, g_H0) = opt_kappa_objective(theta, XP, XH, log=cfg.opt_kappa_log)
+        ratio = float(np.linalg.norm(g_H0) / np.linalg.norm(g_P0))
+        diag["kappa_grad_ratio_H_over_P_at_init"] = ratio
+        if method == "opt_kappa_balanced":
+            w_H = 1.0 / ratio
+        diag["kappa_weights"] = [w_P, w_H]
 
     def record(epoch, loss, kP=None, kH=None):
         # In-loop κ's come from the step's own spectra (free); the end points are exact (SVD).
@@ -338,11 +313,11 @@ def _regularized(task, method, cfg, rng, progress):
             ep_loss += loss * len(idx)
             n_seen += len(idx)
             try:
-                # D×D H and G are only needed by Opt κ and the certified mode.
-                mats = method == "opt_kappa" or cfg.certified
+                # D×D H and G are only needed by the certified mode (and, when N ≥ D, always formed).
+                mats = cfg.certified
                 reg_P = hessian_regularizer(Z_P, "well", matrices=mats)
-                reg_H = hessian_regularizer(Z_H, "ill", matrices=mats) if method != "opt_kappa" else \
-                    hessian_regularizer(Z_H, "well")  # only its spectrum/vectors are used
+                reg_H = hessian_regularizer(Z_H, "ill", matrices=mats) if not opt_kappa else \
+                    hessian_regularizer(Z_H, "well", matrices=mats)  # only its spectrum/vectors are used
             except SpectrumError as exc:
                 raise SpectrumError(f"{method}: epoch {epoch}, step {diag['steps']}: {exc}") from None
             diag["ties_P"] += reg_P.tie
@@ -351,11 +326,9 @@ def _regularized(task, method, cfg, rng, progress):
             omega = opt_w.step(omega, g_w, blame="lr")
             if g_b is not None:
                 bias = opt_b.step(bias, g_b, blame="lr")
-            if method == "opt_kappa":
-                G_P = _kappa_grad_H(reg_P, cfg.opt_kappa_log)
-                G_H = _kappa_grad_H(reg_H, cfg.opt_kappa_log)
-                # ∇_θ f(θᵀKθ) = 2KθG, evaluated through X as 2Xᵀ(XθG) (no D×D product with K).
-                d_k = 2.0 * cfg.lambda_kappa * (XP.T @ (Z_P @ G_P) - XH.T @ (Z_H @ G_H))
+            if opt_kappa:
+                g_P, g_H = _kappa_theta_grads(reg_P, reg_H, XP, XH, Z_P, Z_H, cfg.opt_kappa_log)
+                d_k = cfg.lambda_kappa * (w_P * g_P - w_H * g_H)
                 g = g_t + d_k
                 blame = lambda step=None, g_t=g_t, d_k=d_k: largest_term(step, lr=g_t, lambda_kappa=d_k)
                 theta = opt_t.step(theta, g, blame=blame)
@@ -385,6 +358,74 @@ def _regularized(task, method, cfg, rng, progress):
     if cfg.certified:
         diag["certified"] = cert
     return ImmunizationResult(method, theta, omega, hist, diagnostics=diag)
+
+
+def r_ill_only_step_size(info, cfg: ImmunizeConfig) -> float:
+    """Step of the R_ill-only baseline: ``η_t = min(lr·λ_H, c·η̄(H_H))`` with η̄ the corrected
+    Theorem 4.3(2) bound (:func:`pycore.regularizers.preconditioned_r_ill_step_bound`) and
+    ``c = certified_safety`` < 1: Ours' ηλ_H, clipped where the theorem would no longer hold."""
+    return min(cfg.lr * cfg.lambda_h, cfg.certified_safety * preconditioned_r_ill_step_bound(info))
+
+
+def _r_ill_only(task, cfg, rng, progress):
+    """R_ill only (docs/theory.md §7): minimise ``λ_H R_ill(H_H(θ))`` alone — no D_P loss, no
+    R_well — with Algorithm 1's preconditioned step under plain GD,
+
+        θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ)) = θ − 2η_t Π_H θG,   η_t = :func:`r_ill_only_step_size`,
+
+    ``cfg.optimizer`` is not used (the baseline is defined by this step), nor the head ω.  The step
+    budget is Ours': ``epochs × ⌈N_P / batch_size⌉`` steps.
+
+    Guarantee (RIR ≥ 1 at every step): with ``"exact"`` preconditioning, or ``"pinv"`` from
+    θ = I (θ then stays a polynomial in K_H, so Π_HθG = θG), each step is θ → θM with
+    ``M = I − 2η_tG`` symmetric and sharing H_H's eigenvectors, eigenvalues
+    ``1 + 2η_tσ_i/(kd²)`` (i < k), ``1 − 2η_tσ_k(1 − 1/k)/d²`` and 1 on null(H_H).  Below the
+    bound all are positive and the smallest and largest sit on v_k and v₁, so κ(H_H) grows by
+    exactly κ(M)² while κ(H_P) = κ(MH_PM) grows by at most κ(M)²: the RIR cannot fall.  The κ's of
+    every step are recorded (exact, from the SVD of the features) and steps where the RIR fell
+    (beyond round-off) are counted in ``diagnostics["rir_decreases"]``.
+    """
+    XP, XH = task.X_P, task.X_H
+    theta = _init_theta(task.D, cfg, rng)
+    pre_H = Preconditioner(task.K_H, cfg.precond, cfg.ridge, XH)
+    n_batches = 1 if cfg.batch_size is None else -(-XP.shape[0] // cfg.batch_size)
+    hist = {"step": [], "kappa_P": [], "kappa_H": [], "rir": [], "eta": []}
+    diag = {"steps": 0, "ties_H": 0, "clipped": 0, "rir_decreases": 0, "optimizer": "gd"}
+
+    def kappas(th):
+        return gram_spectrum(XP @ th, vectors=False).kappa, gram_spectrum(XH @ th, vectors=False).kappa
+
+    kP0, kH0 = kappas(theta)
+    prev = 1.0
+    hist["step"].append(0)
+    hist["kappa_P"].append(kP0)
+    hist["kappa_H"].append(kH0)
+    hist["rir"].append(1.0)
+    for epoch in range(1, cfg.epochs + 1):
+        for _ in range(n_batches):
+            Z_H = XH @ theta
+            try:
+                reg = hessian_regularizer(Z_H, "ill", matrices=False)
+            except SpectrumError as exc:
+                raise SpectrumError(f"r_ill_only: epoch {epoch}, step {diag['steps']}: {exc}") from None
+            diag["ties_H"] += reg.info.tie_min
+            eta = r_ill_only_step_size(reg.info, cfg)
+            diag["clipped"] += eta < cfg.lr * cfg.lambda_h
+            theta = theta - eta * pre_H.direction(theta, reg, Z_H)
+            diag["steps"] += 1
+            kP, kH = kappas(theta)
+            r = (kH / kH0) / (kP / kP0)
+            # κ's from the SVD carry a relative error ~1e-13 at these sizes; 1e-9 is far above it
+            diag["rir_decreases"] += r < prev * (1 - 1e-9)
+            prev = r
+            for key, val in (("step", diag["steps"]), ("kappa_P", kP), ("kappa_H", kH), ("rir", r), ("eta", eta)):
+                hist[key].append(val)
+        if progress is not None:
+            progress(epoch)
+        if not np.all(np.isfinite(theta)):
+            raise DivergenceError(f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h",
+                                  parameter="lambda_h")
+    return ImmunizationResult("r_ill_only", theta, None, hist, diagnostics=diag)
 
 
 def _certified_steps(theta, task, cfg, lam_p, pre_P, pre_H, cert):
@@ -542,9 +583,36 @@ def _closed_form(task, cfg):
     return ImmunizationResult("closed_form", theta, None, {}, diagnostics=diag)
 
 
+# --------------------------------------------------------------------------------------------
+# Method registry: name -> runner(task, cfg, rng, progress) -> ImmunizationResult
+# --------------------------------------------------------------------------------------------
+
+def _identity(task, cfg, rng, progress):
+    return ImmunizationResult("identity", np.eye(task.D), None)
+
+
+def _regularized_runner(method):
+    def run(task, cfg, rng, progress):
+        return _regularized(task, method, cfg, rng, progress)
+    run.__name__ = f"_run_{method}"
+    return run
+
+
+RUNNERS = {
+    "identity": _identity,
+    "r_ill_only": _r_ill_only,
+    "imma": lambda task, cfg, rng, progress: _imma(task, cfg, rng, progress),
+    "opt_kappa": _regularized_runner("opt_kappa"),
+    "opt_kappa_balanced": _regularized_runner("opt_kappa_balanced"),
+    "ours": _regularized_runner("ours"),
+    "closed_form": lambda task, cfg, rng, progress: _closed_form(task, cfg),
+}
+METHODS = tuple(RUNNERS)
+
+
 def config_dict(cfg: ImmunizeConfig) -> dict:
     return asdict(cfg)
 
 
-__all__ = ["METHODS", "ImmunizeConfig", "ImmunizationResult", "immunize", "imma_objective",
+__all__ = ["METHODS", "RUNNERS", "kappa_grad_H", "opt_kappa_objective", "r_ill_only_step_size", "ImmunizeConfig", "ImmunizationResult", "immunize", "imma_objective",
            "imma_inner_step_size", "config_dict", "replace"]

@@ -15,7 +15,8 @@ the gradient functions, raised as a :class:`TieWarning`.
 
 Through a linear feature extractor, ``H(θ) = θᵀKθ`` and ``G = ∇_H R``:
 ``∇_θ R = 2KθG`` (Theorem 4.2) and the Algorithm-1 preconditioned direction
-``K⁻¹∇_θ R = 2θG`` exactly (no solve); with a ridge it is ``2(K+λI)⁻¹KθG``.
+``K⁻¹∇_θ R = 2θG`` exactly (no solve); with a ridge it is ``2(K+λI)⁻¹KθG``.  The
+preconditioners live in :mod:`pycore.precondition`.
 """
 from __future__ import annotations
 
@@ -245,7 +246,9 @@ def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
     return HessianRegularizer(kind, float(value), G, H, info, d, vectors)
 
 
-def _grad_theta(theta, K, kind):
+def grad_theta_and_regularizer(theta, K, kind: str):
+    """(∇_θR(θᵀKθ) = 2KθG, the :class:`HessianRegularizer` of H = θᵀKθ) (Theorem 4.2)."""
+    kind = _check_kind(kind)
     K = as_float_matrix(K, "K")
     check_square(K, "K")
     theta = check_theta(theta, K.shape[0])
@@ -263,58 +266,12 @@ def _grad_theta(theta, K, kind):
 
 def r_well_grad_theta(theta, K) -> np.ndarray:
     """∇_θ R_well(θᵀKθ) = 2Kθ(σ₁v₁v₁ᵀ − H/D) (Theorem 4.2(1))."""
-    return _grad_theta(theta, K, "well")[0]
+    return grad_theta_and_regularizer(theta, K, "well")[0]
 
 
 def r_ill_grad_theta(theta, K) -> np.ndarray:
     """∇_θ R_ill(θᵀKθ) = 2Kθ(σ_k v_k v_kᵀ − H/k)/d² (Theorem 4.2(2))."""
-    return _grad_theta(theta, K, "ill")[0]
-
-
-PRECONDITIONERS = ("exact", "pinv", "ridge", "none")
-
-
-def precondition(theta: np.ndarray, G: np.ndarray, K: np.ndarray, mode: str = "exact",
-                 ridge: float = 0.0, *, K_factor=None) -> np.ndarray:
-    """Direction of the Algorithm-1 regularizer step for ``∇_θR = 2KθG`` (SPEC §4).
-
-    * ``"exact"``: ``K⁻¹∇_θR = 2θG``, exact when K is invertible, no solve at all.
-    * ``"pinv"``:  ``K⁺∇_θR = 2ΠθG`` with Π the orthogonal projector on range(K); this is what
-      SPEC §5 (Thm 4.3 corrected) prescribes for singular K.  It gives the SAME new Hessian
-      θ'ᵀKθ' as ``"exact"`` (KΠ = K) but leaves θ's null(K) component alone, which matters for
-      the other task's Hessian.  ``K_factor`` is the orthonormal basis of range(K) (D×r).
-    * ``"ridge"``: ``(K+λI)⁻¹∇_θR = 2(K+λI)⁻¹KθG`` (the authors' regularized solve);
-      ``K_factor`` is the Cholesky factor of ``K+λI`` from :func:`scipy.linalg.cho_factor`.
-    * ``"none"``:  the plain gradient ``2KθG``.
-    """
-    if mode == "exact":
-        return 2.0 * theta @ G
-    if mode == "pinv":
-        B = K_factor if K_factor is not None else range_basis(K)
-        return 2.0 * B @ (B.T @ (theta @ G))
-    if mode == "ridge":
-        check_number(ridge, "ridge", low=0.0, low_open=True)
-        cf = K_factor if K_factor is not None else scipy.linalg.cho_factor(K + ridge * np.eye(K.shape[0]))
-        return 2.0 * scipy.linalg.cho_solve(cf, K @ (theta @ G))
-    if mode == "none":
-        return 2.0 * K @ (theta @ G)
-    raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {mode!r}")
-
-
-def range_basis(K, rtol: float | None = None) -> np.ndarray:
-    """Orthonormal basis (D×r) of range(K) for symmetric PSD K, rank cut as in SPEC §2."""
-    check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True, none_ok=True)
-    w, Q = np.linalg.eigh(0.5 * (K + K.T))
-    tol = rank_tolerance(max(abs(w[-1]), 0.0), K.shape, rtol)
-    return Q[:, w > tol]
-
-
-def preconditioned_grad_theta(theta, K, kind: str, *, mode: str = "exact", ridge: float = 0.0) -> np.ndarray:
-    """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6
-    (see :func:`precondition`)."""
-    K = as_float_matrix(K, "K")
-    _, reg = _grad_theta(theta, K, _check_kind(kind))
-    return precondition(np.asarray(theta, dtype=np.float64), reg.G, K, mode, ridge)
+    return grad_theta_and_regularizer(theta, K, "ill")[0]
 
 
 # --------------------------------------------------------------------------------------------

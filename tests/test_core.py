@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import pycore
+from pycore import precondition as P
 from pycore import regularizers as R
 from pycore.immunize import METHODS, ImmunizeConfig, imma_objective, immunize
 from pycore.metrics import rir, rir_ceiling
@@ -186,7 +187,7 @@ def test_uncapped_regularizer_step_can_violate_monotonicity():
     theta = np.eye(t.D)
     reg = R.hessian_regularizer(t.X_P, "well")
     bound = R.preconditioned_r_well_step_bound(reg.info, D=t.D)
-    step = R.precondition(theta, reg.G, t.K_P, "exact")
+    step = P.precondition(theta, reg.G, t.K_P, "exact")
     worse = [eta for eta in bound * np.array([2.0, 5.0, 20.0, 100.0])
              if gram_spectrum(t.X_P @ (theta - eta * step)).kappa > reg.info.kappa]
     assert worse, "some uncapped step must raise κ(H_P)"

@@ -12,10 +12,11 @@ import scipy.linalg
 
 from pycore.data.mnist import (digit_covariances, ink_targets, load_mnist_5k, load_mnist_idx, pair_task,
                                parse_pairs, split_digits)
-from pycore.immunize import (ImmunizeConfig, _G_parts, _Preconditioner, _theta_G, imma_inner_step_size,
-                             imma_objective)
+from pycore.immunize import ImmunizeConfig, imma_objective, imma_inner_step_size
 from pycore import losses
-from pycore.regularizers import hessian_regularizer, precondition, range_basis
+from pycore.precondition import G_parts, Preconditioner, precondition, range_basis, theta_G
+from pycore.report import read_json
+from pycore.regularizers import hessian_regularizer
 from pycore.tasks import LinearTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,12 +66,12 @@ def test_theta_G_and_pinv_direction_through_Z(kind):
     reg = hessian_regularizer(Z, kind)
     lean = hessian_regularizer(Z, kind, matrices=False)
     ref_TG = theta @ reg.G
-    assert np.abs(_theta_G(theta, lean, Z) - ref_TG).max() <= 1e-10 * np.abs(ref_TG).max()
+    assert np.abs(theta_G(theta, lean, Z) - ref_TG).max() <= 1e-10 * np.abs(ref_TG).max()
     K = X.T @ X
     ref = precondition(theta, reg.G, K, "pinv", K_factor=range_basis(K))
-    got = _Preconditioner(K, "pinv", 0.0, X).direction(theta, lean, Z)
+    got = Preconditioner(K, "pinv", 0.0, X).direction(theta, lean, Z)
     assert np.abs(got - ref).max() <= 1e-10 * np.abs(ref).max()
-    a, b, v = _G_parts(lean, D)
+    a, b, v = G_parts(lean, D)
     assert a > 0 and b > 0 and v.shape == (D,)
 
 
@@ -173,14 +174,35 @@ def test_experiment_ci_run(tmp_path):
         for r in e["runs"]:
             assert np.isfinite(r["rir"]) and r["rir"] > 0 and 0 <= r["dp_acc_after"] <= 1
     ident = res["methods"]["identity"]
-    assert all(r["rir"] == pytest.approx(1.0) for r in ident["runs"]) and ident["successes"] == 0
+    assert all(r["rir"] == pytest.approx(1.0) for r in ident["runs"])
+    assert ident["successes_rir"] == 0 and ident["successes_def31"] == 0
+    for key in ("rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part"):
+        assert ident[key]["mean"] == pytest.approx(1.0) and len(ident[key]["per_seed"]) == 4
     cf = res["methods"]["closed_form"]
-    assert cf["fraction_of_ceiling"]["mean"] == pytest.approx(1.0, rel=1e-6) and cf["successes"] == 2
+    assert cf["fraction_of_ceiling"]["mean"] == pytest.approx(1.0, rel=1e-6)
+    assert cf["successes_rir"] == 2 and cf["successes_def31"] == 2 and cf["def31_runs"] == 4
     assert (out / "heatmap.png").stat().st_size > 10_000
     table = (out / "table.md").read_text()
     assert "| Ours (Alg. 1) |" in table and "70.04" in table
     grid = exp.rir_grid(res["methods"]["ours"])
     assert np.isfinite(grid[0, 1]) and np.isfinite(grid[7, 2]) and np.isnan(grid[1, 0])
+
+
+def test_success_counts_use_pair_seed_means_and_both_criteria():
+    """Def. 3.1 ((i) > 1 AND (ii) < 1) and RIR > 1 are different counts, both on a pair's seed means."""
+    from experiments import mnist as exp
+
+    def run(pair, i, ii):
+        return {"pair": list(pair), "harmful_ratio": i, "pretrain_ratio": ii, "rir": i / ii}
+
+    runs = [run((0, 1), 4.0, 2.0), run((0, 1), 6.0, 2.0),      # RIR 2, 3 but (ii) > 1: not Def. 3.1
+            run((1, 0), 0.5, 0.1), run((1, 0), 0.7, 0.1),      # RIR > 1 but (i) < 1: not Def. 3.1
+            run((2, 3), 3.0, 0.5), run((2, 3), 0.9, 0.5),      # one run fails (i); seed means 1.95, 0.5
+            run((3, 2), 0.5, 2.0), run((3, 2), 0.9, 2.0)]      # fails both
+    c = exp.success_counts(runs)
+    assert c["successes_def31"] == 1 and c["successes_rir"] == 3 and c["def31_runs"] == 1
+    assert c["n_pairs"] == 4 and c["pair_mean_harmful_ratio"]["2-3"] == pytest.approx(1.95)
+    assert c["pair_mean_rir"]["0-1"] == pytest.approx(2.5)
 
 
 def test_experiment_rejects_bad_pairs(capsys):
@@ -238,3 +260,27 @@ def test_experiment_flags_are_generated_from_the_config():
     cfg = exp.parse_args(["--lambda-h", "3e9", "--imma-inner-steps", "5", "--batch-size", "0", "--certified"]).config
     assert (cfg.lambda_h, cfg.imma_inner_steps, cfg.batch_size, cfg.certified) == (3e9, 5, None, True)
     assert exp.parse_args(["--paper-hparams", "--lr", "0.01"]).config.lr == 0.01  # typed flags win over the base
+
+
+def test_merged_halves_equal_the_single_run(tmp_path):
+    """A grid split over processes (disjoint pair sets) merges to exactly the single run's summaries."""
+    from experiments import mnist as exp
+
+    common = ["--seeds", "1", "--epochs", "2", "--n-train", "30", "--n-heldout", "20",
+              "--methods", "identity,r_ill_only,ours", "--jobs", "1", "--no-plot"]
+    res = {}
+    for name, pairs in (("a", "0-1"), ("b", "7-2"), ("ab", "0-1,7-2")):
+        assert exp.main(["--pairs", pairs, "--out", str(tmp_path / name), *common]) == 0
+        res[name] = read_json(tmp_path / name / "results.json")
+    merged = json.loads(json.dumps(exp.merge_results([res["a"], res["b"]])))
+    assert merged["pairs"] == res["ab"]["pairs"]
+
+    def strip(methods):
+        return {m: {k: v for k, v in e.items() if k != "wall_seconds" and k != "runs"}
+                | {"runs": [{k: v for k, v in r.items() if k != "wall_seconds"} for r in e["runs"]]}
+                for m, e in methods.items()}
+
+    assert strip(merged["methods"]) == strip(res["ab"]["methods"])
+    assert "merged parts" in exp.table_markdown(merged)
+    with pytest.raises(ValueError, match="overlap"):
+        exp.merge_results([res["a"], res["ab"]])

@@ -1,0 +1,136 @@
+"""Preconditioning of the regularizer steps of Algorithm 1 (docs/theory.md §4, §6).
+
+For ``H = θᵀKθ`` and ``G = ∇_H R(H)`` the θ-gradient is ``∇_θR = 2KθG`` (Theorem 4.2) and
+Algorithm 1 line 6 steps along ``K⁻¹∇_θR``, which is ``2θG`` exactly when K is invertible (no
+solve).  Real data makes K singular, so the modes are:
+
+* ``"exact"``: ``2θG``;
+* ``"pinv"``:  ``K⁺∇_θR = 2ΠθG``, Π the orthogonal projector on range(K) (docs/theory.md §5:
+  Theorem 4.3 holds with K⁺); same new Hessian as ``"exact"`` (KΠ = K), θ's null(K) part untouched;
+* ``"ridge"``: ``(K+λI)⁻¹∇_θR = 2(K+λI)⁻¹KθG`` (the authors' regularized solve);
+* ``"none"``:  the plain gradient ``2KθG``.
+
+:class:`Preconditioner` caches the per-task factor (range basis or Cholesky factor) and applies
+``G`` through the features ``Z = Xθ`` when N < D (MNIST), never forming D×D ``H`` or ``G``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+
+from pycore.regularizers import grad_theta_and_regularizer
+from pycore.spectral import rank_tolerance
+from pycore.validation import as_float_matrix, check_number
+
+PRECONDITIONERS = ("exact", "pinv", "ridge", "none")
+
+
+def precondition(theta: np.ndarray, G: np.ndarray, K: np.ndarray, mode: str = "exact",
+                 ridge: float = 0.0, *, K_factor=None) -> np.ndarray:
+    """Direction of the Algorithm-1 regularizer step for ``∇_θR = 2KθG`` (docs/theory.md §4).
+
+    ``K_factor``: for ``"pinv"`` the orthonormal basis of range(K) (D×r, :func:`range_basis`);
+    for ``"ridge"`` the Cholesky factor of ``K+λI`` from :func:`scipy.linalg.cho_factor`.
+    """
+    if mode == "exact":
+        return 2.0 * theta @ G
+    if mode == "pinv":
+        B = K_factor if K_factor is not None else range_basis(K)
+        return 2.0 * B @ (B.T @ (theta @ G))
+    if mode == "ridge":
+        check_number(ridge, "ridge", low=0.0, low_open=True)
+        cf = K_factor if K_factor is not None else scipy.linalg.cho_factor(K + ridge * np.eye(K.shape[0]))
+        return 2.0 * scipy.linalg.cho_solve(cf, K @ (theta @ G))
+    if mode == "none":
+        return 2.0 * K @ (theta @ G)
+    raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {mode!r}")
+
+
+def range_basis(K, rtol: float | None = None) -> np.ndarray:
+    """Orthonormal basis (D×r) of range(K) for symmetric PSD K, rank cut as in docs/theory.md §2."""
+    check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True, none_ok=True)
+    w, Q = np.linalg.eigh(0.5 * (K + K.T))
+    tol = rank_tolerance(max(abs(w[-1]), 0.0), K.shape, rtol)
+    return Q[:, w > tol]
+
+
+def preconditioned_grad_theta(theta, K, kind: str, *, mode: str = "exact", ridge: float = 0.0) -> np.ndarray:
+    """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6 (see :func:`precondition`)."""
+    K = as_float_matrix(K, "K")
+    _, reg = grad_theta_and_regularizer(theta, K, kind)
+    return precondition(np.asarray(theta, dtype=np.float64), reg.G, K, mode, ridge)
+
+
+def G_parts(reg, D):
+    """(a, b, v) with ``G = a·vvᵀ − b·H``: R_well a = σ₁, b = 1/D; R_ill a = σ_k/d², b = 1/(k d²)."""
+    lam = reg.info.sigma
+    if reg.kind == "well":
+        return lam[0], 1.0 / D, reg.vector(0)
+    k, d2 = reg.info.rank, reg.d ** 2
+    return lam[k - 1] / d2, 1.0 / (k * d2), reg.vector(k - 1)
+
+
+def theta_G(theta, reg, Z):
+    """θG for ``G = ∇_H R(H)``, ``H = ZᵀZ`` (docs/theory.md §4), through Z when N < D.
+
+    ``G = a·vvᵀ − b·ZᵀZ`` (:func:`G_parts`), so ``θG = a(θv)vᵀ − b(θZᵀ)Z``: two D×D×N products
+    instead of one D³ product.
+    """
+    N, D = Z.shape
+    if N >= D and reg.G is not None:
+        return theta @ reg.G
+    a, b, v = G_parts(reg, D)
+    return a * np.outer(theta @ v, v) - b * ((theta @ Z.T) @ Z)
+
+
+class Preconditioner:
+    """Caches what a preconditioner needs per task (range basis, Cholesky factor).
+
+    With the task's rows ``X`` (K = XᵀX) and N < D, the range basis of K is taken from the SVD
+    of X (right singular vectors with s² above the same cut-off ``s_max²·D·eps`` that
+    :func:`range_basis` applies to K's eigenvalues): the same subspace, N×D work instead of D³.
+    """
+
+    def __init__(self, K, mode, ridge, X=None):
+        self.K, self.mode, self.ridge = K, mode, ridge
+        self.factor = self.gram = None
+        if mode == "pinv" and X is not None and X.shape[0] < X.shape[1]:
+            U, sv, Vt = np.linalg.svd(X, full_matrices=False)
+            keep = sv * sv > sv[0] ** 2 * X.shape[1] * np.finfo(float).eps
+            self.factor = Vt[keep].T
+            # X = U S Vᵀ ⇒ V_rᵀθ = S_r⁻¹U_rᵀ(Xθ) exactly (U_rᵀU = [I 0]): Π θ from Z = Xθ.
+            self.gram = U[:, keep] / sv[keep]
+        elif mode == "pinv":
+            self.factor = range_basis(K)
+        elif mode == "ridge":
+            check_number(ridge, "ridge", low=0.0, low_open=True)
+            self.factor = scipy.linalg.cho_factor(K + ridge * np.eye(K.shape[0]))
+
+    def __call__(self, theta, G):
+        return precondition(theta, G, self.K, self.mode, self.ridge, K_factor=self.factor)
+
+    def direction(self, theta, reg, Z):
+        """Preconditioned step direction ``K⁺∇_θR = 2ΠθG`` (or the other modes), ``Z = Xθ``.
+
+        pinv with N < D: ``2V_r(TG)`` with ``T = V_rᵀθ = S_r⁻¹U_rᵀZ`` (r×D) and
+        ``TG = a(Tv)vᵀ − b(TZᵀ)Z`` — one D×r×D product instead of four D×D×N ones.
+        """
+        if self.gram is None:
+            return self.apply_theta_G(theta_G(theta, reg, Z))
+        T = self.gram.T @ Z
+        a, b, v = G_parts(reg, Z.shape[1])
+        return 2.0 * self.factor @ (a * np.outer(T @ v, v) - b * ((T @ Z.T) @ Z))
+
+    def apply_theta_G(self, M):
+        """:func:`precondition` given ``M = θG`` already formed."""
+        if self.mode == "exact":
+            return 2.0 * M
+        if self.mode == "pinv":
+            return 2.0 * self.factor @ (self.factor.T @ M)
+        if self.mode == "ridge":
+            return 2.0 * scipy.linalg.cho_solve(self.factor, self.K @ M)
+        return 2.0 * self.K @ M
+
+
+__all__ = ["PRECONDITIONERS", "G_parts", "Preconditioner", "precondition", "preconditioned_grad_theta",
+           "range_basis", "theta_G"]
