@@ -1,4 +1,4 @@
-"""Build of the `pycore` package and its fused C++/CUDA op `pycore._C` (DESIGN §5).
+"""Build of the `pycore` package and its fused C++/CUDA op `pycore._C` (docs/design.md §5).
 
     python -m pip install --no-build-isolation --no-deps -e .     # what scripts/install.sh runs
     python setup.py build_ext --inplace                            # development

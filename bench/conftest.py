@@ -1,4 +1,4 @@
-"""Benchmarks run single-threaded (DESIGN §5: a second busy core makes multi-threaded BLAS
+"""Benchmarks run single-threaded (docs/design.md §5: a second busy core makes multi-threaded BLAS
 timings meaningless on shared machines).  Set before any benchmark body runs."""
 import os
 

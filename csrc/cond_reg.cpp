@@ -1,11 +1,11 @@
-// Fused condition-number regularizer (SPEC §3-4, DESIGN §2): schemas and CPU kernels.
+// Fused condition-number regularizer (docs/theory.md §3-4, docs/design.md §2): schemas and CPU kernels.
 //
 //   pycore::cond_reg(Z, kind, rtol, tie_rtol, with_grad) -> (value, dR/dZ, diag)
-//       value = R_kind(H), H = ZᵀZ; when with_grad, also dR/dZ = 2 Z ∇_H R(H) (SPEC §4),
+//       value = R_kind(H), H = ZᵀZ; when with_grad, also dR/dZ = 2 Z ∇_H R(H) (docs/theory.md §4),
 //       computed in the same call so that autograd's backward is a single scale.
 //   pycore::precond_linear(X, W, bias, lambda_reg, precondition) -> X Wᵀ + b
 //   pycore::precond_linear_backward(...) -> (grad_X, grad_W) with
-//       grad_W = (grad_outᵀ X)(XᵀX + λI)⁻¹  (right side: SPEC §4 "orientation matters").
+//       grad_W = (grad_outᵀ X)(XᵀX + λI)⁻¹  (right side: docs/theory.md §4 "orientation matters").
 //
 // Precision policy of cond_reg: the two products (forming H or the Gram matrix, and the
 // product that forms dR/dZ) run in Z's dtype, like any BLAS product of that dtype; every
@@ -271,7 +271,7 @@ at::Tensor precond_linear(const at::Tensor& X, const at::Tensor& W,
 //             grad_W (K + λI)⁻¹ = [(XXᵀ + λI)⁻¹ grad_out]ᵀ X  with an N×N Cholesky:
 //             O(N²D + N³).  This is Woodbury's identity applied to the product, without the
 //             (1/λ)(I − Xᵀ(XXᵀ+λI)⁻¹X) form, whose 1/λ = 1e7 would cancel catastrophically.
-//             With λ = 0 it gives grad_W K⁺ for X of full row rank (SPEC §5: K⁺ when K is singular).
+//             With λ = 0 it gives grad_W K⁺ for X of full row rank (docs/theory.md §5: K⁺ when K is singular).
 std::tuple<at::Tensor, at::Tensor> precond_linear_backward(const at::Tensor& grad_out,
                                                            const at::Tensor& X,
                                                            const at::Tensor& W, double lambda_reg,

@@ -3,9 +3,9 @@
 //
 // Input: the eigenvalues of M (ascending, float64), where M is H = ZᵀZ (covariance path,
 // n = D) or A = ZZᵀ (Gram path, n = N < D).  A and H share their nonzero eigenvalues, so
-// everything below is the same function of the spectrum on both paths (DESIGN §2).
+// everything below is the same function of the spectrum on both paths (docs/design.md §2).
 //
-// Output: R(H), the coefficients of  G = ∇_H R = c_vec · v vᵀ − c_mat · H  (SPEC §3), the
+// Output: R(H), the coefficients of  G = ∇_H R = c_vec · v vᵀ − c_mat · H  (docs/theory.md §3), the
 // index of the eigenpair v belongs to, and the diagnostics the caller sees.
 #pragma once
 
@@ -59,7 +59,7 @@ PYCORE_HD inline int64_t first_above(const double* lam, int64_t n, double tol) {
 }
 
 // (a − b)(a + b) = a² − b² without the cancellation of forming both squares: every term of
-// the sums below is ≥ 0, so R_well ≥ 0 and d ≥ 0 hold in floating point too (SPEC §5).
+// the sums below is ≥ 0, so R_well ≥ 0 and d ≥ 0 hold in floating point too (docs/theory.md §5).
 PYCORE_HD inline double diff_squares(double a, double b) { return (a - b) * (a + b); }
 
 // The sum that both regularizers need, over the k eigenvalues above tolerance:
@@ -69,11 +69,11 @@ PYCORE_HD inline double summary_term(int kind, double lam_i, double ref) {
   return kind == kWell ? diff_squares(ref, lam_i) : diff_squares(lam_i, ref);
 }
 
-// Everything after the sum.  D is the size of H (p = D for R_well; Theorem 4.2 / SPEC §4).
+// Everything after the sum.  D is the size of H (p = D for R_well; Theorem 4.2 / docs/theory.md §4).
 //   R_well = ½λ₁² − ‖H‖²_F/(2p) = (1/2p)[Σ_{i≤k}(λ₁²−λ_i²) + (p−k)λ₁²],  G = λ₁v₁v₁ᵀ − H/p
 //   d      = ‖H‖²_F/(2k) − ½λ_k² = (1/2k) Σ_{i≤k}(λ_i²−λ_k²),  R_ill = 1/d,
 //   G      = (λ_k v_k v_kᵀ − H/k)/d²
-// Eigenvalues below tol = rtol·λ_max count as exact zeros (numerical rank, SPEC §2).
+// Eigenvalues below tol = rtol·λ_max count as exact zeros (numerical rank, docs/theory.md §2).
 PYCORE_HD inline void finish_summary(const double* lam, int64_t n, int64_t D, int kind,
                                      double rtol, double tie_rtol, double eps, int64_t i0,
                                      double sum, bool gram, double* out) {

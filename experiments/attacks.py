@@ -1,4 +1,4 @@
-"""Attack suite on House Prices (SPEC §10): how many steps does each linear-probing attacker need?
+"""Attack suite on House Prices (docs/theory.md §10): how many steps does each linear-probing attacker need?
 
 For identity and every immunizer of :data:`pycore.immunize.METHODS`, probe the features
 ``Z = Xθ`` of D_H (harmful, ``SalePrice``) and D_P (pre-training, ``LotArea``), on the rows used

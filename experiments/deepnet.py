@@ -1,4 +1,4 @@
-"""Deep-net immunization with timm ResNet18 / ViT (SPEC §8-9, paper §5.2, Table 3, Figure 3).
+"""Deep-net immunization with timm ResNet18 / ViT (docs/theory.md §8-9, paper §5.2, Table 3, Figure 3).
 
 Named configurations mirror the paper's Table 4::
 

@@ -50,7 +50,7 @@ PAPER_TABLE1 = {
 }
 LABELS = {"identity": "Identity", "r_ill_only": "R_ill only", "imma": "IMMA", "opt_kappa": "Opt κ",
           "opt_kappa_balanced": "Opt κ (balanced)",
-          "ours": "Ours (Alg. 1)", "closed_form": "Closed form (SPEC §10)"}
+          "ours": "Ours (Alg. 1)", "closed_form": "Closed form (docs/theory.md §10)"}
 SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_harmful_ratio",
               "heldout_pretrain_ratio", "fraction_of_ceiling", "dp_loss_before", "dp_loss_after",
               "heldout_dp_loss_before", "heldout_dp_loss_after", "wall_seconds",

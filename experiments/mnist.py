@@ -50,7 +50,7 @@ PAPER_TABLE2 = {
 }
 LABELS = {"identity": "Identity", "r_ill_only": "R_ill only", "imma": "IMMA", "opt_kappa": "Opt κ",
           "opt_kappa_balanced": "Opt κ (balanced)",
-          "ours": "Ours (Alg. 1)", "closed_form": "Closed form (SPEC §10)"}
+          "ours": "Ours (Alg. 1)", "closed_form": "Closed form (docs/theory.md §10)"}
 SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "fraction_of_ceiling",
               "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
               "dp_acc_before", "dp_acc_after", "wall_seconds")

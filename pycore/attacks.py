@@ -1,6 +1,6 @@
 """Attack suite: linear probing on fixed features ``Z = Xθ`` by the optimisers a real attacker uses.
 
-SPEC §10 ("Attack suite"). The paper's threat model (Sec. 3, Eq. (8)) is a bad actor who trains a
+docs/theory.md §10 ("Attack suite"). The paper's threat model (Sec. 3, Eq. (8)) is a bad actor who trains a
 linear probe ``w`` on frozen features ``Z = X_H θ`` by gradient descent; its evidence is GD with
 exact line search (Figure 1) and the rate ``(1 − 1/κ)^t`` of Eq. (2). Immunization acts only
 through the Hessian's condition number κ, so how much it buys depends on the optimiser:
@@ -10,11 +10,11 @@ closed-form or Newton solve nothing. This module measures that, in float64 NumPy
 Problems (:class:`ProbingProblem`, built by :func:`make_problem`)
 -----------------------------------------------------------------
 * ``loss="lsq"`` (House Prices): ``L(w) = ½‖Zw − y‖²`` — the HALVED form, so the Hessian is
-  exactly ``∇²L = ZᵀZ = θᵀKθ = H(θ)`` of SPEC §1 (the paper's un-halved ``‖Zw − y‖²`` has Hessian
+  exactly ``∇²L = ZᵀZ = θᵀKθ = H(θ)`` of docs/theory.md §1 (the paper's un-halved ``‖Zw − y‖²`` has Hessian
   ``2H``; every iterate below is identical for both forms, only the printed step sizes differ by 2).
   ``Z`` may be rank deficient (real data always is): the optimum is the minimum-norm
   least-squares solution, every attacker starts at ``w₀ = 0`` so its iterates stay in
-  ``range(Zᵀ)``, and μ is the smallest NONZERO eigenvalue of ``ZᵀZ`` (SPEC §2).
+  ``range(Zᵀ)``, and μ is the smallest NONZERO eigenvalue of ``ZᵀZ`` (docs/theory.md §2).
 * ``loss="logistic"`` (MNIST binary): ``L(w) = Σᵢ [log(1 + e^{zᵢ}) − yᵢ zᵢ] + (λ/2)‖w‖²``,
   ``z = Zw``, ``y ∈ {0, 1}`` (summed BCE with logits). Two digits are linearly separable, so
   without the ridge the infimum is 0 and is never attained; the documented ridge
@@ -114,7 +114,7 @@ class ProbingProblem:
 
     @property
     def kappa(self) -> float:
-        """``L/μ``: for least squares exactly κ(ZᵀZ) over the nonzero spectrum (SPEC §2)."""
+        """``L/μ``: for least squares exactly κ(ZᵀZ) over the nonzero spectrum (docs/theory.md §2)."""
         return self.smoothness / self.strong_convexity
 
     # value, gradient and suboptimality, for a vector w (D,) or a block of columns W (D, m) ---
@@ -184,7 +184,7 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
     :class:`pycore.tasks.LinearTask`). ``Z``: N×D features (``X @ theta``). ``y``: N targets
     (shape (N,) or (N, 1)); ``{0,1}`` labels for ``loss="logistic"``. ``ridge_rel``: logistic only,
     ``λ = ridge_rel·‖Z‖₂²/4`` (module docstring). The numerical rank uses numpy's ``matrix_rank``
-    tolerance on Z (``σ₁·max(N, D)·eps``, SPEC §2); computing it on Z rather than on ZᵀZ keeps
+    tolerance on Z (``σ₁·max(N, D)·eps``, docs/theory.md §2); computing it on Z rather than on ZᵀZ keeps
     singular values down to ``1e-16·σ₁`` distinguishable (ZᵀZ would square them into round-off).
     """
     loss = _LOSS_ALIASES.get(loss, loss)
@@ -416,7 +416,7 @@ def _logistic_exact_step(problem: ProbingProblem, w: np.ndarray, g: np.ndarray) 
 @bounded_blas
 def attack_gd_exact(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
                     w0=None) -> AttackTrajectory:
-    """GD with exact line search — the paper's prober (Figure 1; SPEC §5 "exact line search").
+    """GD with exact line search — the paper's prober (Figure 1; docs/theory.md §5 "exact line search").
 
     ``w ← w − α g`` with ``α = argmin_α L(w − α g)``. For least squares the minimiser is
     ``α = gᵀg / gᵀ(ZᵀZ)g = ‖g‖² / ‖Zg‖²`` (Hessian of the halved loss; the un-halved form gives

@@ -1,4 +1,4 @@
-"""Per-run evaluation of an immunized linear extractor (SPEC §8, §10): everything a table needs."""
+"""Per-run evaluation of an immunized linear extractor (docs/theory.md §8, §10): everything a table needs."""
 from __future__ import annotations
 
 import numpy as np

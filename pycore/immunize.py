@@ -1,10 +1,10 @@
 """Immunizers of a linear feature extractor θ ∈ R^{D×D}: Algorithm 1 and the baselines.
 
 All methods share one entry point, :func:`immunize`, one configuration type and one result type.
-Methods (SPEC §6-7, §10):
+Methods (docs/theory.md §6-7, §10):
 
 * ``"ours"`` — Algorithm 1: the D_P loss, ``λ_P R_well(H_P)`` and ``λ_H R_ill(H_H)``, the two
-  regularizer gradients preconditioned by ``K⁻¹`` in the exact form ``2θG`` (SPEC §4).
+  regularizer gradients preconditioned by ``K⁻¹`` in the exact form ``2θG`` (docs/theory.md §4).
 * ``"r_ill_only"`` — ``λ_H R_ill(H_H)`` alone (no D_P loss, no R_well) by Algorithm 1's
   preconditioned step under plain GD; RIR ≥ 1 at every step (docs/theory.md §7).
 * ``"imma"`` — bi-level (Zheng & Yeh 2024): an attacker fine-tunes θ on D_H for a few unrolled
@@ -13,7 +13,7 @@ Methods (SPEC §6-7, §10):
 * ``"opt_kappa"`` — ``κ(H_P(θ)) − κ(H_H(θ))`` in place of Algorithm 1's regularizers (D_P loss
   kept, Ours' optimizer); ``"opt_kappa_balanced"`` weights the κ_H term so that both terms'
   θ-gradients have equal norms at the initial θ.
-* ``"closed_form"`` — the optimal immunizer restricted to range(K_P) (SPEC §10).
+* ``"closed_form"`` — the optimal immunizer restricted to range(K_P) (docs/theory.md §10).
 * ``"identity"`` — θ = I.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pycore.threads import bounded_blas
 
 @dataclass(frozen=True)
 class ImmunizeConfig:
-    """Hyper-parameters; defaults are the paper's House Prices values (SPEC §9, Table 4).
+    """Hyper-parameters; defaults are the paper's House Prices values (docs/theory.md §9, Table 4).
 
     Where we depart from the paper it is documented field by field.
     """
@@ -51,7 +51,7 @@ class ImmunizeConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
     batch_size: int | None = 64  # D_P mini-batch for the loss term (paper: 64); None = full batch
-    precond: str = "pinv"        # K⁺ (SPEC §5: K is singular on real data); "exact" 2θG | "ridge" | "none"
+    precond: str = "pinv"        # K⁺ (docs/theory.md §5: K is singular on real data); "exact" 2θG | "ridge" | "none"
     ridge: float = 0.0           # λ of the "ridge" preconditioner (K+λI)⁻¹
     init: str = "identity"       # "identity" | "random" (nn.Linear's U(±1/√D))
     # opt_kappa(_balanced): weight λ_κ of w_Pκ(H_P) − w_Hκ(H_H) (log κ when opt_kappa_log)
@@ -63,13 +63,13 @@ class ImmunizeConfig:
     # closed_form: s² = λ_C^a scales (i) and (ii) by κ(C)^a together, RIR constant for a ≥ 0
     # (a = 0: H_P = I, the best pre-training conditioning; a < 0 lowers the RIR)
     closed_form_exponent: float = 0.0
-    # certified-monotone mode (SPEC §10): clip each regularizer step to the §5 bound and check κ
+    # certified-monotone mode (docs/theory.md §10): clip each regularizer step to the §5 bound and check κ
     certified: bool = False
     certified_safety: float = 0.9  # also caps the R_ill-only step at this fraction of its §5 bound
 
     @classmethod
     def paper(cls, **overrides) -> "ImmunizeConfig":
-        """The paper's House Prices values verbatim (Table 4 / SPEC §9): η = 0.005, λ_H = 1e7."""
+        """The paper's House Prices values verbatim (Table 4 / docs/theory.md §9): η = 0.005, λ_H = 1e7."""
         base = dict(lr=0.005, lambda_h=1e7, precond="ridge", ridge=1e-7)
         base.update(overrides)
         return cls(**base)
@@ -132,7 +132,7 @@ class ImmunizeConfig:
         num(self.certified_safety, "certified_safety", low=0.0, high=1.0, low_open=True, high_open=True)
         if self.certified and self.precond not in ("exact", "pinv"):
             raise ParameterError("precond", "certified mode needs precond 'exact' or 'pinv' "
-                                            "(the bounds of SPEC §5 are for K⁻¹/K⁺)")
+                                            "(the bounds of docs/theory.md §5 are for K⁻¹/K⁺)")
 
 
 @dataclass
@@ -429,7 +429,7 @@ def _r_ill_only(task, cfg, rng, progress):
 
 
 def _certified_steps(theta, task, cfg, lam_p, pre_P, pre_H, cert):
-    """Clip each regularizer step to the corrected bounds of SPEC §5 and verify κ moved.
+    """Clip each regularizer step to the corrected bounds of docs/theory.md §5 and verify κ moved.
 
     The R_well step is ``θ ← θ − η_P·K_P⁻¹∇R_well`` with ``η_P = min(lr·λ_P, c·bound_P)``, then
     κ(H_P) must have dropped; the R_ill step likewise must raise κ(H_H).  ``c`` =
@@ -550,7 +550,7 @@ def _imma(task, cfg, rng, progress):
 
 
 # --------------------------------------------------------------------------------------------
-# Closed form (SPEC §10)
+# Closed form (docs/theory.md §10)
 # --------------------------------------------------------------------------------------------
 
 def _closed_form(task, cfg):

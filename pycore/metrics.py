@@ -1,4 +1,4 @@
-"""Immunization metrics: RIR (paper Eq. (15)), its ceiling (SPEC §10), RIR_θ₀ by group sampling.
+"""Immunization metrics: RIR (paper Eq. (15)), its ceiling (docs/theory.md §10), RIR_θ₀ by group sampling.
 
 Every condition number of a Hessian ``H = θᵀXᵀXθ`` is computed as ``κ(Xθ)²`` from the SVD of
 the features (see :mod:`pycore.spectral`): RIR multiplies and divides four condition numbers
@@ -17,7 +17,7 @@ from pycore.validation import as_float_matrix, check_number, check_theta
 
 @dataclass(frozen=True)
 class RIR:
-    """Relative immunization ratio and its two factors (SPEC §8).
+    """Relative immunization ratio and its two factors (docs/theory.md §8).
 
     ``harmful_ratio`` = κ(H_H(θ))/κ(H_H(θ_ref)) (i, ↑), ``pretrain_ratio`` =
     κ(H_P(θ))/κ(H_P(θ_ref)) (ii, ↓), ``value`` = (i)/(ii) (↑).  ``float(r)`` is the RIR.
@@ -69,7 +69,7 @@ def rir(theta, X_P, X_H, *, theta_ref=None) -> RIR:
 
 @bounded_blas
 def feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref) -> RIR:
-    """RIR from extracted features (deep nets, SPEC §8): κ(Z_HᵀZ_H)/κ(ref) over κ(Z_PᵀZ_P)/κ(ref)."""
+    """RIR from extracted features (deep nets, docs/theory.md §8): κ(Z_HᵀZ_H)/κ(ref) over κ(Z_PᵀZ_P)/κ(ref)."""
     sP, sH = gram_spectrum(Z_P, vectors=False, name="Z_P"), gram_spectrum(Z_H, vectors=False, name="Z_H")
     rP = gram_spectrum(Z_P_ref, vectors=False, name="Z_P_ref")
     rH = gram_spectrum(Z_H_ref, vectors=False, name="Z_H_ref")
@@ -79,7 +79,7 @@ def feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref) -> RIR:
 
 @bounded_blas
 def range_null_split(theta, X_P) -> tuple[np.ndarray, np.ndarray]:
-    """Split θ by what D_P's inputs see (SPEC §8, range/null decomposition).
+    """Split θ by what D_P's inputs see (docs/theory.md §8, range/null decomposition).
 
     With P_R the orthogonal projector onto range(K_P) = row space of ``X_P`` (the training rows)
     and P_N = I − P_R, returns ``(θ_range, θ_null) = (P_N + P_Rθ, P_R + P_Nθ)``: θ_range changes
@@ -100,7 +100,7 @@ def range_null_split(theta, X_P) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class Ceiling:
-    """sup_θ RIR for linear extractors (SPEC §10).
+    """sup_θ RIR for linear extractors (docs/theory.md §10).
 
     ``exact`` is ``inf`` when null(K_P) ⊄ null(K_H) (θ may rescale directions D_P never varies
     in, without bound); ``reason`` then says so and ``offending`` lists how much of K_H lives
@@ -140,7 +140,7 @@ def _psd_eig(K, name):
 def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     """The supremum of RIR over linear extractors θ, exact and restricted to range(K_P).
 
-    SPEC §10: ``κ(H_H)/κ(H_P) ≤ κ(C)`` with equality at ``θ = K_P^{-½}``, so
+    docs/theory.md §10: ``κ(H_H)/κ(H_P) ≤ κ(C)`` with equality at ``θ = K_P^{-½}``, so
     ``sup RIR = κ(C)·κ(K_P)/κ(K_H)`` when null(K_P) ⊆ null(K_H).  The inclusion is tested as
     ``‖K_H N‖₂ ≤ null_rtol·‖K_H‖₂`` for an orthonormal basis N of null(K_P); ``null_rtol`` is
     far above round-off (~1e-15 here) and far below any real leak (House Prices: ~1e-2).
@@ -221,7 +221,7 @@ def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
 @bounded_blas
 def grouped_feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref, *, rng: np.random.Generator, groups: int = 20,
                         group_size: int = 100) -> dict:
-    """RIR_θ₀ estimated over ``groups`` random groups of ``group_size`` rows (SPEC §8, deep nets).
+    """RIR_θ₀ estimated over ``groups`` random groups of ``group_size`` rows (docs/theory.md §8, deep nets).
 
     The same row indices are used for the model and the reference so that each group compares
     the two extractors on identical samples.  Returns mean, std and per-group values of the

@@ -1,15 +1,15 @@
-"""Fused condition-number regularizer op and immunization head (DESIGN §2; SPEC §3-4).
+"""Fused condition-number regularizer op and immunization head (docs/design.md §2; docs/theory.md §3-4).
 
 For a batch of features ``Z`` (N×D) and the linear-probing Hessian ``H = ZᵀZ``:
 
 * :func:`cond_regularizer` returns ``R_ill(H)`` (``kind="ill"``, paper Eq. (12)) or
   ``R_well(H)`` (``kind="well"``, Eq. (3)) as a 0-dim tensor, differentiable w.r.t. ``Z`` with
-  ``∂R/∂Z = 2 Z ∇_H R(H)`` (SPEC §4).  ``R_well`` uses ``p = D``; ``R_ill`` uses ``k = rank H``.
+  ``∂R/∂Z = 2 Z ∇_H R(H)`` (docs/theory.md §4).  ``R_well`` uses ``p = D``; ``R_ill`` uses ``k = rank H``.
   The gradient is closed form from one extreme eigenpair (Theorem 4.1(3), A.1(3)); no
   autograd through ``eigh``.  When ``N < D`` everything is computed in the N×N Gram space
   (``ZZᵀ`` has the nonzero eigenvalues of ``ZᵀZ``), at cost ``O(N²D + N³)``.
 * :class:`ImmunizationHead` is the paper's identity-initialised "dummy layer" (Appendix C.3)
-  whose weight gradient is preconditioned on the RIGHT, ``grad_W (XᵀX + λI)⁻¹`` (SPEC §4;
+  whose weight gradient is preconditioned on the RIGHT, ``grad_W (XᵀX + λI)⁻¹`` (docs/theory.md §4;
   the authors' code multiplies on the left, which breaks Theorem 4.3).
 * :func:`reference_cond_regularizer` is the plain-PyTorch definition (autograd through
   ``torch.linalg.eigvalsh`` of ``ZᵀZ``), for tests and benchmarks.
@@ -346,11 +346,11 @@ class CondDiagnostics:
     """Spectrum of ``H = ZᵀZ`` at the call (eigenvalues of H, i.e. its singular values).
 
     ``sigma_min`` is the smallest eigenvalue above the rank tolerance and ``kappa`` the
-    condition number over the nonzero spectrum (SPEC §2).  ``eigengap`` is ``λ₁ − λ₂``
+    condition number over the nonzero spectrum (docs/theory.md §2).  ``eigengap`` is ``λ₁ − λ₂``
     (R_well) or ``λ_{k−1} − λ_k`` (R_ill); ``tie`` flags a near-tie of that extreme eigenvalue,
     ``eigengap ≤ tie_rtol·λ₁`` (R_well) or ``≤ max(tie_rtol·λ_k, rtol·λ₁)`` (R_ill: relative to
     λ_k itself, or below the rank tolerance), where R is not differentiable and the gradient
-    returned is a subgradient (SPEC §3).
+    returned is a subgradient (docs/theory.md §3).
     ``degenerate`` flags an undefined R_ill (rank ≤ 1 or a flat nonzero spectrum, κ = 1):
     the value is then ``inf`` and the gradient NaN.
     """
@@ -383,9 +383,9 @@ def _call(Z, kind, rtol, tie_rtol):
 
 def cond_regularizer(Z: torch.Tensor, kind: str, *, rtol: float | None = None,
                      tie_rtol: float | None = None) -> torch.Tensor:
-    """R_ill (``kind="ill"``) or R_well (``"well"``) of ``H = ZᵀZ`` as a 0-dim tensor (SPEC §3).
+    """R_ill (``kind="ill"``) or R_well (``"well"``) of ``H = ZᵀZ`` as a 0-dim tensor (docs/theory.md §3).
 
-    Differentiable w.r.t. ``Z`` (``∂R/∂Z = 2Z∇_H R``, SPEC §4).  ``rtol`` is the relative rank
+    Differentiable w.r.t. ``Z`` (``∂R/∂Z = 2Z∇_H R``, docs/theory.md §4).  ``rtol`` is the relative rank
     tolerance on the eigenvalues of ``H`` (default ``D·eps``), ``tie_rtol`` the relative gap
     below which the extreme eigenvalue counts as tied (default ``sqrt(eps)``).  No host sync
     on the diagnostics: use :func:`cond_regularizer_with_diagnostics` to see ties and κ.
@@ -438,7 +438,7 @@ def reference_cond_regularizer(Z: torch.Tensor, kind: str, *, rtol: float | None
 
 
 def precond_linear(X, W, bias=None, lambda_reg: float = 1e-7, precondition: bool = True):
-    """``X Wᵀ + b`` whose weight gradient is ``(grad_outᵀX)(XᵀX + λI)⁻¹`` (SPEC §4, right side)."""
+    """``X Wᵀ + b`` whose weight gradient is ``(grad_outᵀX)(XᵀX + λI)⁻¹`` (docs/theory.md §4, right side)."""
     return torch.ops.pycore.precond_linear(X, W, bias, float(lambda_reg), bool(precondition))
 
 
@@ -447,7 +447,7 @@ class ImmunizationHead(nn.Module):
 
     The paper's "dummy layer" (Appendix C.3) between the backbone and the classifier: forward
     ``z = x Wᵀ (+ b)``; backward ``grad_W ← grad_W (XᵀX + λI)⁻¹`` with ``X`` the batch input,
-    i.e. ``K⁻¹∇_θR`` of Algorithm 1 line 6 in ``W = θᵀ`` form (SPEC §4: right-multiplied;
+    i.e. ``K⁻¹∇_θR`` of Algorithm 1 line 6 in ``W = θᵀ`` form (docs/theory.md §4: right-multiplied;
     the authors' code left-multiplies).  Gradients of the input and bias are the usual ones.
     The solve runs in float64 in the backward op; when ``N < D`` it uses the N×N Gram matrix
     (push-through form of Woodbury's identity), ``O(N²D + N³)``.

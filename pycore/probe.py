@@ -1,8 +1,8 @@
-"""Linear probing by gradient descent with exact line search (paper Fig. 1, Eq. (16); SPEC §8).
+"""Linear probing by gradient descent with exact line search (paper Fig. 1, Eq. (16); docs/theory.md §8).
 
 The attacker fits ``w`` on frozen features ``Z`` by minimising ``L(w) = ‖Zw − Y‖²`` (un-halved,
 so ``∇²L = 2ZᵀZ``).  For a quadratic the exact line-search step along ``−g`` is
-``α = gᵀg / gᵀ(∇²L)g`` (SPEC §5), and the error ``w_t − w*`` contracts at a rate set by
+``α = gᵀg / gᵀ(∇²L)g`` (docs/theory.md §5), and the error ``w_t − w*`` contracts at a rate set by
 κ(ZᵀZ): the norm ratio ``‖w_t − w*‖²/‖w_0 − w*‖²`` is the paper's picture of immunization.
 
 The loop itself is :func:`exact_line_search_steps`, shared with the attack suite

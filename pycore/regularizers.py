@@ -1,6 +1,6 @@
 """Condition-number regularizers R_well and R_ill, closed-form gradients, safe step sizes.
 
-SPEC §3 (definitions), §4 (gradients through θ), §5 (corrected step-size bounds).  For a
+docs/theory.md §3 (definitions), §4 (gradients through θ), §5 (corrected step-size bounds).  For a
 matrix ``S`` with singular values ``σ₁ ≥ … ≥ σ_k > 0`` (``k`` = numerical rank, ``p`` = min
 dimension)::
 
@@ -73,7 +73,7 @@ def _r_ill_denominator(sigma: np.ndarray, k: int, fro2: float) -> float:
     """d = ‖S‖_F²/(2k) − σ_k²/2, or a :class:`SpectrumError` where R_ill is undefined.
 
     ``d ≥ 0`` with equality iff the ``k`` nonzero singular values are equal (κ = 1, including
-    every rank-1 matrix): there R_ill is undefined, not zero (SPEC §5, Thm 4.1(1) corrected).
+    every rank-1 matrix): there R_ill is undefined, not zero (docs/theory.md §5, Thm 4.1(1) corrected).
     The threshold is the round-off level of ``fro2/k``.
     """
     d = fro2 / (2 * k) - 0.5 * sigma[k - 1] ** 2
@@ -86,7 +86,7 @@ def _r_ill_denominator(sigma: np.ndarray, k: int, fro2: float) -> float:
 
 def evaluate(S, kind: str, *, grad: bool = True, rtol: float | None = None, p: int | None = None,
              warn_tie: bool = True) -> RegularizerEval:
-    """R_ill or R_well of a general matrix ``S`` and its gradient (SPEC §3).
+    """R_ill or R_well of a general matrix ``S`` and its gradient (docs/theory.md §3).
 
     ``p`` overrides the R_well normaliser (default ``min(S.shape)``, as in Nenov et al.).
     """
@@ -128,7 +128,7 @@ def r_well(S) -> float:
 
 
 def r_ill(S) -> float:
-    """R_ill(S) = 1/(‖S‖_F²/(2k) − ½σ_min²), k = rank S (paper Sec. 4.1; SPEC §3)."""
+    """R_ill(S) = 1/(‖S‖_F²/(2k) − ½σ_min²), k = rank S (paper Sec. 4.1; docs/theory.md §3)."""
     return evaluate(S, "ill", grad=False).value
 
 
@@ -148,7 +148,7 @@ def r_ill_grad(S) -> np.ndarray:
 
 @dataclass(frozen=True)
 class HessianRegularizer:
-    """R(H) and G = ∇_H R(H) for the linear-probing Hessian ``H = ZᵀZ`` (SPEC §4)."""
+    """R(H) and G = ∇_H R(H) for the linear-probing Hessian ``H = ZᵀZ`` (docs/theory.md §4)."""
 
     kind: str
     value: float
@@ -275,7 +275,7 @@ def r_ill_grad_theta(theta, K) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
-# Safe step sizes (SPEC §5, corrected).  Library code so users can run certified-monotone mode.
+# Safe step sizes (docs/theory.md §5, corrected).  Library code so users can run certified-monotone mode.
 # --------------------------------------------------------------------------------------------
 
 def _spec(x) -> SpectrumInfo:
@@ -314,7 +314,7 @@ def r_ill_step_bound(S) -> float:
 def preconditioned_r_well_step_bound(H, D: int | None = None) -> float:
     """Sufficient η for the preconditioned step ``θ − ηK⁻¹∇_θR_well`` to lower κ(θᵀKθ).
 
-    Theorem 4.3(1) corrected (SPEC §5): with eigenvalues σ of H,
+    Theorem 4.3(1) corrected (docs/theory.md §5): with eigenvalues σ of H,
     ``η ≤ (√σ₁ − √σ₂) / (2(1−1/D)σ₁^{3/2} + (2/D)σ₂^{3/2})``.  (The first term of the printed
     minimum alone is not enough.)  ``H`` may be the matrix or its :class:`SpectrumInfo`.
     """

@@ -1,4 +1,4 @@
-"""Spectra of symmetric PSD matrices and of Gram matrices, in float64 (SPEC §2).
+"""Spectra of symmetric PSD matrices and of Gram matrices, in float64 (docs/theory.md §2).
 
 The condition number is taken over the NONZERO spectrum, ``κ(S) = ‖S‖₂‖S†‖₂`` (paper Eq. (1)),
 because the matrices of this project are rank-deficient as a rule (constant columns of a
@@ -50,7 +50,7 @@ class SpectrumInfo:
 
     ``sigma`` holds all singular values; ``rank`` of them are above ``tol``.  ``gap_max`` is
     ``σ₁ − σ₂`` and ``gap_min`` is ``σ_{k−1} − σ_k`` (``inf`` when there is no neighbour);
-    ``tie_max`` / ``tie_min`` flag a near-tie, where the regularizers of SPEC §3 are not
+    ``tie_max`` / ``tie_min`` flag a near-tie, where the regularizers of docs/theory.md §3 are not
     differentiable: ``gap_max ≤ TIE_RTOL·σ_max`` and ``gap_min ≤ max(TIE_RTOL·σ_min, tol)``.
     """
 
@@ -153,7 +153,7 @@ def spectrum_info(S, *, rtol: float | None = None, vectors: bool = False, name: 
 
 
 def condition_number(S, *, rtol: float | None = None) -> float:
-    """κ(S) = σ_max / σ_min over the nonzero spectrum (SPEC §2, paper Eq. (1)).
+    """κ(S) = σ_max / σ_min over the nonzero spectrum (docs/theory.md §2, paper Eq. (1)).
 
     Raises :class:`SpectrumError` for the zero matrix.  Use :func:`spectrum_info` to also get
     the numerical rank and the tie flags.

@@ -1,4 +1,4 @@
-"""The two tasks of an immunization problem: pre-training D_P and harmful D_H (SPEC §1)."""
+"""The two tasks of an immunization problem: pre-training D_P and harmful D_H (docs/theory.md §1)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

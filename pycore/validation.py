@@ -66,7 +66,7 @@ def check_square(A: np.ndarray, name: str) -> None:
 
 
 def check_theta(theta, D: int, name: str = "theta") -> np.ndarray:
-    """A D×D float64 feature extractor (SPEC §1)."""
+    """A D×D float64 feature extractor (docs/theory.md §1)."""
     theta = as_float_matrix(theta, name)
     if theta.shape != (D, D):
         raise ValueError(f"{name} must be {D}×{D} to match the data's {D} columns, got shape {theta.shape}")

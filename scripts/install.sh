@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the project needs into the active Python environment.
 # torch and torchvision are pinned IN THE SAME pip call as timm, so pip never resolves
-# a newer torch with gigabytes of CUDA packages on a CPU machine (DESIGN §5).
+# a newer torch with gigabytes of CUDA packages on a CPU machine (docs/design.md §5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --upgrade pip

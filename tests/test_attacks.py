@@ -1,4 +1,4 @@
-"""Attack suite (pycore.attacks, SPEC §10): every attacker reaches the true optimum, the step and
+"""Attack suite (pycore.attacks, docs/theory.md §10): every attacker reaches the true optimum, the step and
 rate formulas hold, the bookkeeping (ε-steps, caps, sweeps) is right, bad input fails clearly."""
 import math
 

@@ -182,7 +182,7 @@ def test_certified_mode_has_no_violations(seed):
 
 
 def test_uncapped_regularizer_step_can_violate_monotonicity():
-    """The same step without the SPEC §5 cap: a large R_well step raises κ(H_P)."""
+    """The same step without the docs/theory.md §5 cap: a large R_well step raises κ(H_P)."""
     t = small_task(30, N=30, D=5)
     theta = np.eye(t.D)
     reg = R.hessian_regularizer(t.X_P, "well")

@@ -1,4 +1,4 @@
-"""Deep-net immunization (pycore.deep, experiments/deepnet.py): SPEC §8-9, issue 5.
+"""Deep-net immunization (pycore.deep, experiments/deepnet.py): docs/theory.md §8-9, issue 5.
 
 Everything runs offline (HF_HUB_OFFLINE=1) on CPU at 32 px in a few seconds per test, except the
 torchrun end-to-end comparison, which is marked slow.

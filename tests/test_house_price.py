@@ -25,7 +25,7 @@ def data():
 
 
 def test_protocol_shapes_and_spectra(data):
-    """SPEC §9/§10 facts: 79 inputs, 200 rows per split, κ(K_P)=7.7e3, κ(K_H)=2.1e5, ranks 74."""
+    """docs/theory.md §9/§10 facts: 79 inputs, 200 rows per split, κ(K_P)=7.7e3, κ(K_H)=2.1e5, ranks 74."""
     t = data.train
     assert t.X_P.shape == (200, 79) and t.X_H.shape == (200, 79)
     assert (data.n_rows_P, data.n_rows_H) == (309, 1151)

@@ -111,7 +111,7 @@ def test_matches_numpy_core(kind, N, D, seed):
     G_np = core.r_ill_grad(H) if kind == "ill" else core.r_well_grad(H)
     v, g = value_and_grad(ops.cond_regularizer, Z, kind)
     assert abs(v.item() - r_np) <= 1e-10 * abs(r_np)
-    assert rel(g, 2.0 * Z.numpy() @ G_np) <= 1e-10  # dR/dZ = 2 Z ∇_H R (SPEC §4)
+    assert rel(g, 2.0 * Z.numpy() @ G_np) <= 1e-10  # dR/dZ = 2 Z ∇_H R (docs/theory.md §4)
 
 
 @pytest.mark.parametrize("kind", ops.KINDS)
@@ -261,7 +261,7 @@ def test_double_backward_raises_instead_of_returning_zeros():
 
 
 # ------------------------------------------------------------------------------------------
-# Immunization head (Appendix C.3 dummy layer; SPEC §4 right-side preconditioning)
+# Immunization head (Appendix C.3 dummy layer; docs/theory.md §4 right-side preconditioning)
 # ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("N,D", [(10, 25), (40, 12)], ids=["woodbury_gram", "covariance"])
@@ -283,7 +283,7 @@ def test_head_preconditions_on_the_right(N, D):
 
 
 def test_head_matches_spec_preconditioned_theta_gradient():
-    # SPEC §4: with K invertible and λ = 0, K⁻¹∇_θR(H(θ)) = 2θG; in W = θᵀ form, grad_W = 2Gθᵀ.
+    # docs/theory.md §4: with K invertible and λ = 0, K⁻¹∇_θR(H(θ)) = 2θG; in W = θᵀ form, grad_W = 2Gθᵀ.
     N, D = 60, 8
     X = features(N, D, seed=9)
     gen = torch.Generator().manual_seed(0)
@@ -388,7 +388,7 @@ def _nvcc():
 
 @pytest.mark.skipif(not _nvcc(), reason="nvcc not installed")
 def test_cuda_kernels_compile_with_nvcc(tmp_path):
-    # DESIGN §5: the .cu is torch-free, so it compile-checks on a machine without a GPU.
+    # docs/design.md §5: the .cu is torch-free, so it compile-checks on a machine without a GPU.
     cmd = [_nvcc(), "-c", "-O3", "-std=c++17", "-Werror", "all-warnings",
            "-gencode", "arch=compute_80,code=sm_80",
            str(ROOT / "csrc/cuda/cond_reg_kernels.cu"), "-o", str(tmp_path / "k.o")]

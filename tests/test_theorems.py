@@ -1,4 +1,4 @@
-"""Theorem checks (SPEC §5): what holds is asserted on many seeded instances, and every stated
+"""Theorem checks (docs/theory.md §5): what holds is asserted on many seeded instances, and every stated
 counterexample is asserted to BE a counterexample.  Matrices are built with a prescribed
 spectrum ``(U*s)@Vᵀ`` so that gaps (and hence differentiability) are under control."""
 from __future__ import annotations
@@ -184,7 +184,7 @@ def test_theta_gradients_match_central_differences(seed, N_less_than_D):
     K = _rank_deficient_K(rng, D, 3 if N_less_than_D else 12)
     theta = np.eye(D) + 0.3 * rng.standard_normal((D, D))
     for kind, fn in (("well", R.r_well_grad_theta), ("ill", R.r_ill_grad_theta)):
-        # R_well's normaliser p is min(H.shape) = D, the p of SPEC §4, so r_well(H) is the same function.
+        # R_well's normaliser p is min(H.shape) = D, the p of docs/theory.md §4, so r_well(H) is the same function.
         f = (lambda t: R.r_well(t.T @ K @ t)) if kind == "well" else (lambda t: R.r_ill(t.T @ K @ t))
         assert rel_err(fn(theta, K), central_diff(f, theta, h=1e-6)) < 1e-6
 
@@ -230,7 +230,7 @@ def _precond_step(theta, K, kind, eta):
 @pytest.mark.parametrize("kind", ["well", "ill"])
 def test_preconditioned_step_monotone_under_corrected_bound(seed, kind):
     """Thm 4.3 corrected: θ − ηK⁻¹∇_θR lowers κ(θᵀKθ) for R_well (η ≤ bound) and raises it for
-    R_ill (η < bound), with the bounds of SPEC §5 as computed by the library."""
+    R_ill (η < bound), with the bounds of docs/theory.md §5 as computed by the library."""
     rng = np.random.default_rng(seed)
     D = int(rng.integers(3, 8))
     K = psd_with_spectrum(rng.uniform(0.5, 5, D), rng)
@@ -385,7 +385,7 @@ def test_invertible_theta_keeps_best_pretraining_loss():
     assert best_probe_loss("mse", X @ singular, y) > base * (1 + 1e-6)
 
 
-# ---------------------------------------------------------------- orientation (SPEC §4)
+# ---------------------------------------------------------------- orientation (docs/theory.md §4)
 
 def test_right_side_preconditioner_orientation():
     """In W = θᵀ form the preconditioned step is grad_W·K⁻¹ (right).  Left-multiplying

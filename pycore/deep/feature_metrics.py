@@ -94,7 +94,7 @@ def extract_features(model: nn.Module, data: Dataset, *, batch_size: int = 256,
 def rir_theta0(model: nn.Module, reference: FrozenReference, data_p: Dataset, data_h: Dataset, *,
                rng: np.random.Generator, groups: int = 20, group_size: int = 100,
                from_trunk: bool = False, batch_size: int = 256) -> dict:
-    """RIR_θ₀ of ``model`` against the frozen θ₀ ``reference`` (paper Eq. (17), SPEC §8).
+    """RIR_θ₀ of ``model`` against the frozen θ₀ ``reference`` (paper Eq. (17), docs/theory.md §8).
 
     Returns the dict of :func:`pycore.metrics.grouped_feature_rir` (mean/std/per-group of
     ``value`` = RIR, ``harmful_ratio`` = (i), ``pretrain_ratio`` = (ii)). The same sample

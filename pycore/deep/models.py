@@ -1,4 +1,4 @@
-"""timm backbones as immunizable feature extractors (SPEC §8-9, paper §5.2 and App. C.3).
+"""timm backbones as immunizable feature extractors (docs/theory.md §8-9, paper §5.2 and App. C.3).
 
 A model here is a timm classifier split into three parts:
 
@@ -8,7 +8,7 @@ A model here is a timm classifier split into three parts:
   stages"; ViT: the last block and the final norm), ending in the pooled pre-logit features;
 * the *immunization layer* -- the paper's identity-initialised dummy linear layer (App. C.3),
   a :class:`pycore.ops.ImmunizationHead` whose weight gradient is preconditioned as
-  ``grad_W (XᵀX + λI)⁻¹`` (SPEC §4, right side). Its output ``Z`` is the feature matrix whose
+  ``grad_W (XᵀX + λI)⁻¹`` (docs/theory.md §4, right side). Its output ``Z`` is the feature matrix whose
   Hessian ``H = ZᵀZ`` the regularizers shape. Because it starts at the identity, θ₀'s function
   is unchanged when it is installed.
 
@@ -19,7 +19,7 @@ exported extractor is an ordinary timm model: ``model(x)``, ``forward_features``
 Do not call ``reset_classifier`` on an exported ResNet: timm rebuilds ``global_pool`` there.
 
 Checkpoints are read from safetensors or ``torch.load(weights_only=True)`` only; arbitrary
-pickles are refused (DESIGN §4).
+pickles are refused (docs/design.md §4).
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class BackboneSpec:
 
 
 BACKBONES: dict[str, BackboneSpec] = {
-    # Paper configurations (SPEC §9): 512-dim / 768-dim features.
+    # Paper configurations (docs/theory.md §9): 512-dim / 768-dim features.
     "resnet18": BackboneSpec("resnet18", "resnet18", "resnet", ("layer3", "layer4"),
                              note="last two residual stages immunized"),
     "vit_base_clip": BackboneSpec("vit_base_clip", "vit_base_patch16_clip_224", "vit",
@@ -208,7 +208,7 @@ class ImmunizableModel(nn.Module):
         """Freeze everything but the immunized tail, the layer and the classifier.
 
         Returns ``(extractor_params, classifier_params)`` (disjoint) for the two optimizer
-        groups (weight decay 0 on the extractor, 2e-5 on the classifier; SPEC §9).
+        groups (weight decay 0 on the extractor, 2e-5 on the classifier; docs/theory.md §9).
         """
         for p in self.parameters():
             p.requires_grad_(False)

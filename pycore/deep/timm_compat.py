@@ -1,4 +1,4 @@
-"""Make ``import timm`` work with a CPU-only torch and PyPI's torchvision 0.28 (DESIGN §5).
+"""Make ``import timm`` work with a CPU-only torch and PyPI's torchvision 0.28 (docs/design.md §5).
 
 PyPI's torchvision 0.28 wheel ships a CUDA-built ``_C.so``. On a CPU-only torch that library
 cannot be loaded, so the ``torchvision::nms`` / ``torchvision::qnms`` schemas that
