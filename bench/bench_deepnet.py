@@ -76,7 +76,8 @@ def _variants(m, opt, data):
         zh = m.layer(m.pooled(trunk(xH)))
         step(F.cross_entropy(m.classifier(z), yP, label_smoothing=0.1) + 0.0 * zh.double().sum())
 
-    ext = [p for p in m.parameters() if p.requires_grad and all(p is not q for q in m.classifier.parameters())]
+    ext = [p for p in m.parameters()
+           if p.requires_grad and all(p is not q for q in m.classifier.parameters())]
 
     def ours_balanced():
         t = objectives.loss_terms(m, "ours", trunk(xP), yP, trunk(xH), yH, 5)
@@ -131,8 +132,9 @@ def main(argv=None) -> int:
         r = measure(b, args.batch, args.rounds)
         p, h = r["plain"], r["+D_H pass"]
         rb = r["ours/fused, λ re-balanced"]
-        print(f"| {b} | {1e3 * p:.1f} | {1e3 * h:.1f} | {1e3 * r['ours/fused']:.1f} | {1e3 * r['ours/ref']:.1f} | "
-              f"{1e3 * rb:.1f} | {100 * (r['ours/fused'] - h) / p:.1f}% | {100 * (r['ours/ref'] - h) / p:.1f}% | "
+        print(f"| {b} | {1e3 * p:.1f} | {1e3 * h:.1f} | {1e3 * r['ours/fused']:.1f} | "
+              f"{1e3 * r['ours/ref']:.1f} | {1e3 * rb:.1f} | {100 * (r['ours/fused'] - h) / p:.1f}% | "
+              f"{100 * (r['ours/ref'] - h) / p:.1f}% | "
               f"{r['ours/fused'] / p:.2f}x | {rb / p:.2f}x |", flush=True)
     return 0
 

@@ -44,8 +44,8 @@ def build_parser() -> cli.Parser:
     p = cli.Parser(prog="attacks.py", description=__doc__.split("\n\n")[0])
     cli.add_seeds(p, "1", "immunization seeds")
     p.add_argument("--methods", type=cli.choice_list(METHODS, "method"), default=",".join(METHODS),
-                   help="comma list of immunizers to attack (default: all of pycore.immunize.METHODS; identity "
-                        "is always added)")
+                   help="comma list of immunizers to attack (default: all of pycore.immunize.METHODS; "
+                        "identity is always added)")
     lsq = A.attackers_for("lsq")
     p.add_argument("--attackers", type=cli.choice_list(lsq, "least-squares attacker"), default=",".join(lsq),
                    help=f"comma list of attackers (default: all for least squares: {','.join(lsq)})")
@@ -60,17 +60,20 @@ def build_parser() -> cli.Parser:
     p.add_argument("--n-train", type=cli.integer(2), default=200,
                    help="training rows per split (authors' protocol: 200)")
     p.add_argument("--out", type=Path, default=Path("results/attacks"),
-                   help="output folder (replaced as a whole by this run's results.json, table.md, curves.png)")
+                   help="output folder (replaced as a whole by this run's results.json, table.md, "
+                        "curves.png)")
     p.add_argument("--no-plot", action="store_true", help="skip curves.png")
     p.add_argument("--mnist-pairs", type=cli.pairs, default=None,
                    help="also attack MNIST ordered pairs P-H, e.g. '0-1,3-8' (logistic probing; slow on CPU)")
     p.add_argument("--mnist-n-train", type=cli.integer(1), default=100,
                    help="MNIST training images per digit (default 100)")
-    p.add_argument("--mnist-epochs", type=cli.integer(0), default=30, help="MNIST immunization epochs (paper: 30)")
+    p.add_argument("--mnist-epochs", type=cli.integer(0), default=30,
+                   help="MNIST immunization epochs (paper: 30)")
     p.add_argument("--mnist-max-steps", type=cli.integer(1), default=3000,
                    help="MNIST attacker step cap (default 3000)")
     p.add_argument("--logistic-ridge", type=cli.real(0.0), default=1e-4,
-                   help="logistic probe ridge λ = r·‖Z‖₂²/4 (pycore.attacks.make_problem's ridge_rel; default 1e-4)")
+                   help="logistic probe ridge λ = r·‖Z‖₂²/4 (pycore.attacks.make_problem's ridge_rel; "
+                        "default 1e-4)")
     return p
 
 
@@ -137,9 +140,11 @@ def holds(items, want):
         if k == "n/a":
             verdicts.append(None)
         elif want == ">1":
-            verdicts.append(True if v > 1 and k in ("=", ">=") else False if v <= 1 and k in ("=", "<=") else None)
+            verdicts.append(True if v > 1 and k in ("=", ">=")
+                            else False if v <= 1 and k in ("=", "<=") else None)
         else:
-            verdicts.append(True if v <= 1 and k in ("=", "<=") else False if v > 1 and k in ("=", ">=") else None)
+            verdicts.append(True if v <= 1 and k in ("=", "<=")
+                            else False if v > 1 and k in ("=", ">=") else None)
     if any(x is False for x in verdicts):
         return False
     return None if any(x is None for x in verdicts) else True
@@ -179,7 +184,8 @@ def run(args) -> dict:
         "seeds": args.seeds, "methods": methods, "attackers": list(attackers), "eps": args.eps,
         "step_cap": args.max_steps, "loss": "0.5*||Zw - y||^2 (Hessian Z^T Z = H(theta))",
         "immunize_config": config_dict(cfg),
-        "n_rows": {rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])} for rows, t in splits.items()},
+        "n_rows": {rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])}
+                   for rows, t in splits.items()},
         **environment(),
         "wall_seconds": time.perf_counter() - t_start,
         "runs": runs, "slowdown": factors, "_curves": curves,
@@ -238,11 +244,13 @@ def run_mnist(args, methods, t_start) -> dict:
            "source": digits.source}
     for p, h in pairs:
         split = split_digits(digits, args.mnist_n_train, np.random.default_rng(0))
-        splits = {"train": pair_task(digits, split, p, h), "heldout": pair_task(digits, split, p, h, heldout=True)}
+        splits = {"train": pair_task(digits, split, p, h),
+                  "heldout": pair_task(digits, split, p, h, heldout=True)}
         runs, _ = evaluate(splits, methods, args.seeds, cfg, attackers, "logistic", args.mnist_max_steps,
                            args.eps, ridge_rel=args.logistic_ridge, label=f"mnist {p}-{h}", t_start=t_start)
         out["pairs"][f"{p}-{h}"] = {
-            "runs": runs, "slowdown": compute_factors(runs, methods, attackers, args.eps, args.mnist_max_steps)}
+            "runs": runs,
+            "slowdown": compute_factors(runs, methods, attackers, args.eps, args.mnist_max_steps)}
     return out
 
 
@@ -280,10 +288,12 @@ def table_markdown(res: dict) -> str:
     s0 = res["seeds"][0]
     L = []
     L.append("# Attack suite on House Prices: steps to relative suboptimality ε, immunized vs identity\n")
-    L.append(f"Command: `{' '.join(res['command'][1:])}`  \nSeeds: {res['seeds']}; step cap {res['step_cap']} "
+    L.append(f"Command: `{' '.join(res['command'][1:])}`  \n"
+             f"Seeds: {res['seeds']}; step cap {res['step_cap']} "
              f"(a run that does not reach ε within the cap is shown as a bound: ≥ when θ_I hit the cap, "
              f"≤ when identity did); loss ½‖Zw − y‖² on features Z = Xθ; every attacker starts at w = 0. "
-             f"Rows: train = the {res['n_rows']['train']['D_H']}/{res['n_rows']['train']['D_P']} D_H/D_P rows "
+             f"Rows: train = the "
+             f"{res['n_rows']['train']['D_H']}/{res['n_rows']['train']['D_P']} D_H/D_P rows "
              f"used to immunize; held-out = the other {res['n_rows']['heldout']['D_H']}/"
              f"{res['n_rows']['heldout']['D_P']} rows. Factor = steps(θ_I)/steps(identity): "
              f"> 1 on D_H means the attacker is slowed (good), ≤ 1 on D_P means pre-training probing is not "
@@ -291,7 +301,8 @@ def table_markdown(res: dict) -> str:
 
     # condition numbers and RIR for context
     L.append("## Condition numbers of the probing Hessians (seed %d)\n" % s0)
-    L.append("| θ | RIR train | RIR held-out | κ(H_H) train | κ(H_P) train | κ(H_H) held-out | κ(H_P) held-out |")
+    L.append("| θ | RIR train | RIR held-out | κ(H_H) train | κ(H_P) train | "
+             "κ(H_H) held-out | κ(H_P) held-out |")
     L.append("|---|---|---|---|---|---|---|")
     for m in res["methods"]:
         r = by[(s0, m)]
@@ -302,7 +313,8 @@ def table_markdown(res: dict) -> str:
 
     # the paper's claim
     L.append("## The paper's Figure 1 claim, GD with exact line search\n")
-    L.append("Claim: with θ_I, probing D_H is slower (factor > 1) and probing D_P is not slower (factor ≤ 1). "
+    L.append("Claim: with θ_I, probing D_H is slower (factor > 1) and probing D_P is not slower "
+             "(factor ≤ 1). "
              "A cell holds only when every seed confirms it; a failure says on how many seeds.\n")
     L.append("| θ_I | rows | ε | D_H factor | D_P factor | claim |")
     L.append("|---|---|---|---|---|---|")
@@ -327,12 +339,14 @@ def table_markdown(res: dict) -> str:
                     unk = [x for x, ok in (("D_H", ok_h is None), ("D_P", ok_p is None)) if ok]
                     verdict = ("FAILS: " + ", ".join(why)) if why else ""
                     if unk:
-                        verdict += ("; " if verdict else "") + "undetermined on " + " and ".join(unk) + " (cap)"
+                        verdict += (("; " if verdict else "") + "undetermined on " + " and ".join(unk)
+                                    + " (cap)")
                     (fails if why else undetermined).append(f"{m}/{rows}/ε={ek}")
                 L.append(f"| {m} | {rows} | {ek} | {fmt_factors(fh)} | {fmt_factors(fp)} | {verdict} |")
     L.append("")
     L.append(f"Of {n_cells} cells the claim holds in {n_cells - len(fails) - len(undetermined)}, fails in "
-             f"{len(fails)} ({', '.join(fails) if fails else 'none'}) and cannot be decided within the cap in "
+             f"{len(fails)} ({', '.join(fails) if fails else 'none'}) "
+             f"and cannot be decided within the cap in "
              f"{len(undetermined)} ({', '.join(undetermined) if undetermined else 'none'}).\n")
 
     # which attackers are not slowed on D_H
@@ -361,10 +375,13 @@ def table_markdown(res: dict) -> str:
                 idr = by[(s0, "identity")]["attacks"]
                 sh = idr[f"{rows}/D_H"]["attackers"][a]["steps_to"][ek]
                 sp = idr[f"{rows}/D_P"]["attackers"][a]["steps_to"][ek]
-                cells = [f"{fmt_factors(F[m][f'{rows}/D_H'][a][ek])} | {fmt_factors(F[m][f'{rows}/D_P'][a][ek])}"
+                cells = [f"{fmt_factors(F[m][f'{rows}/D_H'][a][ek])} | "
+                         f"{fmt_factors(F[m][f'{rows}/D_P'][a][ek])}"
                          for m in methods]
-                L.append(f"| {A.ATTACKER_LABELS[a]} | {sh if sh is not None else '>' + str(res['step_cap'])} | "
-                         f"{sp if sp is not None else '>' + str(res['step_cap'])} | " + " | ".join(cells) + " |")
+                L.append(f"| {A.ATTACKER_LABELS[a]} | "
+                         f"{sh if sh is not None else '>' + str(res['step_cap'])} | "
+                         f"{sp if sp is not None else '>' + str(res['step_cap'])} | "
+                         + " | ".join(cells) + " |")
             L.append("")
     if res.get("mnist"):
         L += mnist_table(res)

@@ -297,7 +297,8 @@ def add_config_flags(parser: Parser, cls, shown: object | None = None, *, fields
         default = getattr(shown, f.name) if shown is not None else None
         text = help.get(f.name, "")
         if shown is not None:
-            text = (text + "; " if text else "") + f"default {f'{default:g}' if isinstance(default, float) else default}"
+            text = ((text + "; " if text else "")
+                    + f"default {f'{default:g}' if isinstance(default, float) else default}")
             if f.name in zero_is_none:
                 text += " (0 = None)" if default is not None else " (given as 0)"
         kw = dict(default=None, dest=f.name, help=text or None)
@@ -325,8 +326,9 @@ def add_config_flags(parser: Parser, cls, shown: object | None = None, *, fields
 
 # Bounds of the linear ImmunizeConfig's numeric fields (field: (lo, strict)); the dataclass's
 # own checks run on top when the configuration is built.
-IMMUNIZE_BOUNDS = {"epochs": (0, False), "lr": (0.0, True), "lambda_p": (0.0, False), "lambda_h": (0.0, False),
-                   "batch_size": (1, False), "ridge": (0.0, False), "adam_eps": (0.0, True),
+IMMUNIZE_BOUNDS = {"epochs": (0, False), "lr": (0.0, True), "lambda_p": (0.0, False),
+                   "lambda_h": (0.0, False), "batch_size": (1, False), "ridge": (0.0, False),
+                   "adam_eps": (0.0, True),
                    "lambda_kappa": (0.0, False), "imma_inner_steps": (1, False), "imma_inner_lr": (0.0, True),
                    "certified_safety": (0.0, True)}
 IMMUNIZE_HELP = {
@@ -524,7 +526,8 @@ class OutputSet:
 
     def _foreign(self) -> str:
         """The entries of ``final`` that this experiment does not write, for a message ("" if none)."""
-        foreign = sorted(e for e in os.listdir(self.final) if not any(fnmatch.fnmatch(e, p) for p in self.owned))
+        foreign = sorted(e for e in os.listdir(self.final)
+                         if not any(fnmatch.fnmatch(e, p) for p in self.owned))
         return ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
 
     def _stage(self):
@@ -621,7 +624,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def write_set(outs: OutputSet, result: dict, table: str, plot=None, plot_name: str | None = None) -> list[Path]:
+def write_set(outs: OutputSet, result: dict, table: str, plot=None,
+              plot_name: str | None = None) -> list[Path]:
     """``results.json``, ``table.md`` and the figure into the staging folder of ``outs``;
     ``result`` gets ``wall_seconds_with_plot`` (the run plus table and figure)."""
     t0 = time.perf_counter()
@@ -686,7 +690,8 @@ def _guarded(fn, item):
     try:
         return fn(item)
     except Exception as exc:
-        raise RemoteError(type(exc), str(exc), getattr(exc, "parameter", None), traceback.format_exc()) from None
+        raise RemoteError(type(exc), str(exc), getattr(exc, "parameter", None),
+                          traceback.format_exc()) from None
 
 
 def _rebuild(remote: RemoteError) -> BaseException:

@@ -112,7 +112,8 @@ def main(argv=None) -> int:
                 # Only rank 0 writes; every rank checked the folder before any compute.
                 with cli.OutputSet(Path(args.out) / rc.name, OUTPUTS, create=ctx.is_main) as outs:
                     opts = RunOptions(out=Path(args.out), out_dir=outs.path, dp_root=args.dp_root,
-                                      dh_root=args.dh_root, val_split=args.val_split, checkpoint=args.checkpoint,
+                                      dh_root=args.dh_root, val_split=args.val_split,
+                                      checkpoint=args.checkpoint,
                                       pretrained=args.pretrained, cache_trunk=args.cache_trunk,
                                       virtual_ranks=args.virtual_ranks, quiet=args.quiet)
                     result = run_config(rc, seeds, opts, ctx, relocate=outs.relocate)

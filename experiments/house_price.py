@@ -63,10 +63,12 @@ def build_parser() -> cli.Parser:
     p = cli.Parser(prog="house_price.py", description=__doc__)
     cli.add_seeds(p, "5", dest="seed_list")
     p.add_argument("--out", type=Path, default=Path("results/house_price"),
-                   help="output folder (replaced as a whole by this run's results.json, table.md, norm_ratio.png)")
+                   help="output folder (replaced as a whole by this run's results.json, table.md, "
+                        "norm_ratio.png)")
     p.add_argument("--data", type=cli.existing_path("file"), default=None,
                    help="your own Kaggle House Prices train.csv")
-    p.add_argument("--methods", dest="method_list", type=cli.choice_list(METHODS, "method"), default=",".join(METHODS),
+    p.add_argument("--methods", dest="method_list", type=cli.choice_list(METHODS, "method"),
+                   default=",".join(METHODS),
                    help=f"comma list from {','.join(METHODS)}")
     cli.add_immunize_flags(p, ImmunizeConfig())
     p.add_argument("--paper-hparams", action="store_true",
@@ -134,8 +136,9 @@ def run(args) -> dict:
         # which the RIR drops), unless --closed-form-exponent was given.  The paper protocol keeps
         # its default a = 0.
         cfg = replace(cfg, closed_form_exponent=max(window.balanced, 0.0))
-        print(f"strict protocol: dropped {len(strict.dropped_columns)} column(s) constant on D_P's training rows: "
-              f"{', '.join(strict.dropped_columns) or 'none'}; rank K_P = {strict.rank_K_P} of {strict.D_after_drop}"
+        print(f"strict protocol: dropped {len(strict.dropped_columns)} column(s) constant on D_P's "
+              f"training rows: {', '.join(strict.dropped_columns) or 'none'}; "
+              f"rank K_P = {strict.rank_K_P} of {strict.D_after_drop}"
               + (f", both tasks restricted to range(K_P) ({strict.restriction})" if strict.restricted else "")
               + f"; null(K_P) ⊆ null(K_H): {strict.inclusion_holds}", flush=True)
     per_method = {m: [] for m in args.method_list}
@@ -199,16 +202,18 @@ def table_markdown(result: dict) -> str:
     ]
     st = result.get("strict_protocol")
     if st:
-        lines += ["", f"Strict protocol: dropped {len(st['dropped_columns'])} input column(s) constant on D_P's "
-                  f"training rows ({', '.join(st['dropped_columns']) or 'none'}); rank K_P = {st['rank_K_P']} of "
+        lines += ["", f"Strict protocol: dropped {len(st['dropped_columns'])} input column(s) constant "
+                  f"on D_P's training rows ({', '.join(st['dropped_columns']) or 'none'}); "
+                  f"rank K_P = {st['rank_K_P']} of "
                   f"{st['D_after_drop']}, D_H's weight on null(K_P) {fmt(st['null_leak_after_drop'])}·‖K_H‖"
-                  + (f"; both tasks' inputs (training and held-out) restricted to range(K_P) ({st['restriction']}, "
+                  + (f"; both tasks' inputs (training and held-out) restricted to range(K_P) "
+                     f"({st['restriction']}, "
                      f"θ is {st['D']}×{st['D']})" if st["restricted"] else "")
                   + f"; null(K_P) ⊆ null(K_H): {st['inclusion_holds']}."]
     lines += [
         "",
-        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | Def. 3.1 seeds | held-out RIR | held-out Def. 3.1 | fraction of ceiling "
-        "| paper (i) | paper (ii) | paper RIR |",
+        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | Def. 3.1 seeds | held-out RIR | held-out Def. 3.1 "
+        "| fraction of ceiling | paper (i) | paper (ii) | paper RIR |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m, e in result["methods"].items():
@@ -217,7 +222,8 @@ def table_markdown(result: dict) -> str:
                   for v in (paper["harmful_ratio"], paper["pretrain_ratio"], paper["rir"])]
                  if paper else ["—", "—", "—"])
         held = pm(e["heldout_rir"]) if "heldout_rir" in e else "n/a"
-        lines.append(f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | {pm(e['rir'])} | "
+        lines.append(f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | "
+                     f"{pm(e['rir'])} | "
                      f"{_seeds(e, 'immunized')} | {held} | {_seeds(e, 'heldout_immunized')} | "
                      f"{fmt(e['fraction_of_ceiling']['mean'])} | " + " | ".join(pcols) + " |")
     lines += [
@@ -226,14 +232,17 @@ def table_markdown(result: dict) -> str:
         "see) and of θ_null = P_R + P_Nθ (directions they never vary in), P_R from the TRAINING rows' K_P; "
         "null share = ‖P_N(θ − I)‖_F² / ‖θ − I‖_F².",
         "",
-        "| method | RIR | range part | null part | held-out RIR | held-out range part | held-out null part | null share |",
+        "| method | RIR | range part | null part | held-out RIR | held-out range part | "
+        "held-out null part | null share |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for m, e in result["methods"].items():
         if "rir_range_part" not in e:
             continue
-        h = [pm(e[k]) if k in e else "n/a" for k in ("heldout_rir", "heldout_rir_range_part", "heldout_rir_null_part")]
-        lines.append(f"| {LABELS[m]} | {pm(e['rir'])} | {pm(e['rir_range_part'])} | {pm(e['rir_null_part'])} | "
+        h = [pm(e[k]) if k in e else "n/a"
+             for k in ("heldout_rir", "heldout_rir_range_part", "heldout_rir_null_part")]
+        lines.append(f"| {LABELS[m]} | {pm(e['rir'])} | {pm(e['rir_range_part'])} | "
+                     f"{pm(e['rir_null_part'])} | "
                      + " | ".join(h) + f" | {fmt(e['null_part_fraction']['mean'])} |")
     lines += [
         "",
@@ -248,10 +257,12 @@ def table_markdown(result: dict) -> str:
         lines.append(f"Closed form s² = λ_C^a: Definition 3.1 holds on the training rows for {fmt(w['low'])} "
                      f"{'<' if w['low'] > 0 else '≤'} a < "
                      f"{fmt(w['high'])}" + (" (empty window)" if w["empty"] else "") + f"; used a = {fmt(a)}"
-                     + (" (the balanced exponent: (i) = 1/(ii) = √ceiling)." if protocol == "strict" else "."))
+                     + (" (the balanced exponent: (i) = 1/(ii) = √ceiling)." if protocol == "strict"
+                        else "."))
     if result.get("heldout_ceiling_detail"):
         hc = result["heldout_ceiling_detail"]
-        lines.append(f"Held-out rows: exact ceiling {fmt(hc['exact'])}, range-restricted {fmt(hc['range_restricted'])}.")
+        lines.append(f"Held-out rows: exact ceiling {fmt(hc['exact'])}, "
+                     f"range-restricted {fmt(hc['range_restricted'])}.")
     dp = [(m, e) for m, e in result["methods"].items() if "dp_loss_after" in e]
     if dp:
         lines += ["", "Best D_P training loss of a linear head (Definition 3.1(c)), before → after: "

@@ -55,7 +55,8 @@ SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "fraction
               "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
               "dp_acc_before", "dp_acc_after", "wall_seconds")
 
-# MNIST defaults: ImmunizeConfig.mnist(), the base of the generated flags.  Paper Table 4: η = 0.001, λ_P = 1, λ_H = 5e7 (--paper-hparams).  Here λ_H
+# MNIST defaults: ImmunizeConfig.mnist(), the base of the generated flags.  Paper Table 4: η = 0.001,
+# λ_P = 1, λ_H = 5e7 (--paper-hparams).  Here λ_H
 # follows the paper's own rule "balance the gradient norms of R_well and R_ill": at θ = I with
 # pixels/255 and 100 rows per digit, ‖K_P⁺∇R_well‖ ≈ 1e4 and ‖K_H⁺∇R_ill‖ ≈ 1e-8 (pairs 0→1,
 # 4→9, 7→2), so λ_H/λ_P ≈ 1e12; with 5e7 the R_ill term is ~1e-4 of the R_well term (inert under
@@ -70,19 +71,25 @@ def build_parser() -> cli.Parser:
     p.add_argument("--pairs", dest="pair_list", type=cli.pairs, default="all",
                    help="'all' (90 ordered pairs) or a list like 0-1,3-8 (P-H)")
     cli.add_seeds(p, "3", dest="seed_list")
-    p.add_argument("--methods", dest="method_list", type=cli.choice_list(METHODS, "method"), default=",".join(METHODS),
+    p.add_argument("--methods", dest="method_list", type=cli.choice_list(METHODS, "method"),
+                   default=",".join(METHODS),
                    help=f"comma list from {','.join(METHODS)}")
     p.add_argument("--out", type=Path, default=Path("results/mnist"),
-                   help="output folder (replaced as a whole by this run's results.json, table.md, heatmap.png)")
+                   help="output folder (replaced as a whole by this run's results.json, table.md, "
+                        "heatmap.png)")
     p.add_argument("--mnist-dir", type=cli.existing_path("folder"), default=None,
-                   help="folder with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] (full MNIST)")
-    p.add_argument("--n-train", type=cli.integer(1), default=100, help="training images per digit (balanced; default 100)")
-    p.add_argument("--n-heldout", type=cli.integer(1), default=100, help="held-out images per digit (default 100)")
-    p.add_argument("--split-seed", type=cli.integer(0), default=0, help="seed of the per-digit train/held-out permutation")
+                   help="folder with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] "
+                        "(full MNIST)")
+    p.add_argument("--n-train", type=cli.integer(1), default=100,
+                   help="training images per digit (balanced; default 100)")
+    p.add_argument("--n-heldout", type=cli.integer(1), default=100,
+                   help="held-out images per digit (default 100)")
+    p.add_argument("--split-seed", type=cli.integer(0), default=0,
+                   help="seed of the per-digit train/held-out permutation")
     cli.add_immunize_flags(p, ImmunizeConfig.mnist())
     p.add_argument("--paper-hparams", action="store_true",
-                   help="start from the paper's Table 4 values: η=0.001, λ_P=1, λ_H=5e7, ridge solve with 1e-7; "
-                        "flags given explicitly still apply")
+                   help="start from the paper's Table 4 values: η=0.001, λ_P=1, λ_H=5e7, "
+                        "ridge solve with 1e-7; flags given explicitly still apply")
     cli.add_jobs(p, "pairs (one pair at a time each)")
     p.add_argument("--no-plot", action="store_true")
     return p
@@ -98,7 +105,8 @@ def parse_args(argv=None):
 
 
 def build_config(args, parser: cli.Parser | None = None) -> ImmunizeConfig:
-    return cli.config_from_args(parser or build_parser(), args, ImmunizeConfig.mnist(paper=args.paper_hparams))
+    return cli.config_from_args(parser or build_parser(), args,
+                                ImmunizeConfig.mnist(paper=args.paper_hparams))
 
 
 def probe_accuracy(Z_tr, y_tr, Z_te, y_te) -> float:
@@ -163,7 +171,8 @@ def run(args) -> dict:
         "experiment": "mnist",
         "data": {"source": digits.source, "n_train_per_digit": args.n_train,
                  "n_heldout_per_digit": len(split.heldout[0]), "split_seed": args.split_seed, "D": 784,
-                 "scaling": "pixels / 255", "targets": "BCE on D_P: ink mass above the split median (pycore.data.mnist)"},
+                 "scaling": "pixels / 255",
+                 "targets": "BCE on D_P: ink mass above the split median (pycore.data.mnist)"},
         "pairs": [list(pr) for pr in pairs],
         "seeds": args.seed_list,
         "config": asdict(cfg),
@@ -207,7 +216,8 @@ def merge_results(parts: list[dict]) -> dict:
     # rows grouped by part, then method: the per-method order is the parts' pair order
     merged = dict(first)
     merged.update(pairs=pairs, methods=summarise_methods(rows, list(first["methods"])),
-                  wall_seconds=[p["wall_seconds"] for p in parts], merged_from=[p.get("command") for p in parts])
+                  wall_seconds=[p["wall_seconds"] for p in parts],
+                  merged_from=[p.get("command") for p in parts])
     return merged
 
 
@@ -228,7 +238,8 @@ def success_counts(runs: list[dict]) -> dict:
         "pair_mean_rir": {k: m["rir"] for k, m in mean.items()},
         "pair_mean_harmful_ratio": {k: m["harmful_ratio"] for k, m in mean.items()},
         "pair_mean_pretrain_ratio": {k: m["pretrain_ratio"] for k, m in mean.items()},
-        "successes_def31": int(sum(m["harmful_ratio"] > 1 and m["pretrain_ratio"] < 1 for m in mean.values())),
+        "successes_def31": int(sum(m["harmful_ratio"] > 1 and m["pretrain_ratio"] < 1
+                                   for m in mean.values())),
         "successes_rir": int(sum(m["rir"] > 1 for m in mean.values())),
         "def31_runs": int(sum(r["harmful_ratio"] > 1 and r["pretrain_ratio"] < 1 for r in runs)),
         "n_runs": len(runs),
@@ -241,11 +252,14 @@ def table_markdown(result: dict) -> str:
     lines = [
         "# MNIST: immunization results over digit pairs (paper Table 2)",
         "",
-        f"{n_pairs} ordered pairs (P, H), seeds {result['seeds']}; {result['data']['n_train_per_digit']} training and "
+        f"{n_pairs} ordered pairs (P, H), seeds {result['seeds']}; "
+        f"{result['data']['n_train_per_digit']} training and "
         f"{result['data']['n_heldout_per_digit']} held-out images per digit ({result['data']['source']}). "
-        "Mean ± std (population) over pairs and seeds. (i) = κ(H_H(θ))/κ(H_H(I)) ↑, (ii) = κ(H_P(θ))/κ(H_P(I)) ↓, "
+        "Mean ± std (population) over pairs and seeds. (i) = κ(H_H(θ))/κ(H_H(I)) ↑, "
+        "(ii) = κ(H_P(θ))/κ(H_P(I)) ↓, "
         "RIR = (i)/(ii) ↑ on training rows; held-out RIR on unseen rows. Success counts per pair, on the "
-        "pair's seed means: Def. 3.1 = (i) > 1 AND (ii) < 1 (the paper's Figure 2 count), RIR > 1 = ln RIR > 0 "
+        "pair's seed means: Def. 3.1 = (i) > 1 AND (ii) < 1 (the paper's Figure 2 count), "
+        "RIR > 1 = ln RIR > 0 "
         "(the paper's count read from its own Figure 2 cells); each beside the paper's count under the SAME "
         "criterion. D_P acc = held-out accuracy of a least-squares probe on the features, θ = I → θ.",
         "",
@@ -255,17 +269,20 @@ def table_markdown(result: dict) -> str:
     ]
     for m, e in result["methods"].items():
         paper = PAPER_TABLE2.get(m)
-        prir = "—" if not paper else (f"{paper['rir'][0]:g}" + (f" ± {paper['rir'][1]:g}" if paper["rir"][1] else ""))
+        prir = "—" if not paper else (f"{paper['rir'][0]:g}"
+                                      + (f" ± {paper['rir'][1]:g}" if paper["rir"][1] else ""))
         pdef = "—" if not paper else f"{paper['successes_def31']}/90"
         prir1 = "—" if not paper else f"{paper['successes_rir']}/90"
         lines.append(
             f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | {pm(e['rir'])} | "
             f"{fmt(float(np.median(e['rir']['per_seed'])))} | {pm(e['heldout_rir'])} | "
-            f"{e['successes_def31']}/{e['n_pairs']} | {pdef} | {e['successes_rir']}/{e['n_pairs']} | {prir1} | "
-            f"{fmt(e['fraction_of_ceiling']['mean'])} | {e['dp_acc_before']['mean']:.3f} → {e['dp_acc_after']['mean']:.3f} | "
+            f"{e['successes_def31']}/{e['n_pairs']} | {pdef} | {e['successes_rir']}/{e['n_pairs']} | "
+            f"{prir1} | {fmt(e['fraction_of_ceiling']['mean'])} | "
+            f"{e['dp_acc_before']['mean']:.3f} → {e['dp_acc_after']['mean']:.3f} | "
             f"{prir} |")
-    lines += ["", ("Range/null decomposition (docs/theory.md §8; P_R projects onto the row space of D_P's training "
-                   "rows): RIR of θ_range = P_N + P_Rθ and of θ_null = P_R + P_Nθ, training / held-out rows."), "",
+    lines += ["", ("Range/null decomposition (docs/theory.md §8; P_R projects onto the row space of D_P's "
+                   "training rows): RIR of θ_range = P_N + P_Rθ and of θ_null = P_R + P_Nθ, "
+                   "training / held-out rows."), "",
               "| method | RIR(θ_range) | RIR(θ_null) | held-out RIR(θ_range) | held-out RIR(θ_null) |",
               "|---|---|---|---|---|"]
     for m, e in result["methods"].items():
@@ -273,9 +290,11 @@ def table_markdown(result: dict) -> str:
                      f"{pm(e['heldout_rir_range_part'])} | {pm(e['heldout_rir_null_part'])} |")
     cfg = result["config"]
     wall = result["wall_seconds"]
-    wall = f"{wall:.1f} s" if not isinstance(wall, list) else " + ".join(f"{w:.1f} s" for w in wall) + " (merged parts)"
-    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, λ_H {cfg['lambda_h']:g}, "
-              f"{cfg['optimizer']}, batch {cfg['batch_size'] or 'full'}, preconditioner {cfg['precond']}, init {cfg['init']}"
+    wall = (f"{wall:.1f} s" if not isinstance(wall, list)
+            else " + ".join(f"{w:.1f} s" for w in wall) + " (merged parts)")
+    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, "
+              f"λ_H {cfg['lambda_h']:g}, {cfg['optimizer']}, batch {cfg['batch_size'] or 'full'}, "
+              f"preconditioner {cfg['precond']}, init {cfg['init']}"
               + (f" (ridge {cfg['ridge']:g})" if cfg["precond"] == "ridge" else "")
               + f". Wall time {wall}."]
     return "\n".join(lines) + "\n"
@@ -308,14 +327,16 @@ def plot_heatmap(result: dict, path: Path) -> None:
         finite = np.abs(g[np.isfinite(g)])
         lim = max(float(finite.max()) if finite.size else 1.0, 1e-3)
         cmap = plt.get_cmap("RdBu_r").with_extremes(bad="0.85")  # diagonal / pairs not run: grey
-        im = ax.imshow(np.ma.masked_invalid(g), cmap=cmap, norm=TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim))
+        im = ax.imshow(np.ma.masked_invalid(g), cmap=cmap,
+                       norm=TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim))
         for p in range(10):
             for h in range(10):
                 if np.isfinite(g[p, h]):
                     ax.text(h, p, f"{g[p, h]:.1f}", ha="center", va="center", fontsize=6.5,
                             color="white" if abs(g[p, h]) > 0.6 * lim else "black")
         e = result["methods"][m]
-        ax.set_title(f"{LABELS[m]}: ln RIR\nDef. 3.1 ((i)>1 & (ii)<1): {e['successes_def31']}/{e['n_pairs']}; "
+        ax.set_title(f"{LABELS[m]}: ln RIR\n"
+                     f"Def. 3.1 ((i)>1 & (ii)<1): {e['successes_def31']}/{e['n_pairs']}; "
                      f"RIR>1: {e['successes_rir']}/{e['n_pairs']}", fontsize=9)
         ax.set_xticks(range(10))
         ax.set_yticks(range(10))

@@ -51,7 +51,8 @@ class ImmunizeConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
     batch_size: int | None = 64  # D_P mini-batch for the loss term (paper: 64); None = full batch
-    precond: str = "pinv"        # K⁺ (docs/theory.md §5: K is singular on real data); "exact" 2θG | "ridge" | "none"
+    precond: str = "pinv"        # K⁺ (docs/theory.md §5: K is singular on real data);
+                                 # "exact" 2θG | "ridge" | "none"
     ridge: float = 0.0           # λ of the "ridge" preconditioner (K+λI)⁻¹
     init: str = "identity"       # "identity" | "random" (nn.Linear's U(±1/√D))
     # opt_kappa(_balanced): weight λ_κ of w_Pκ(H_P) − w_Hκ(H_H) (log κ when opt_kappa_log)
@@ -354,7 +355,8 @@ def _regularized(task, method, cfg, rng, progress):
         if progress is not None:
             progress(epoch)
         if not np.all(np.isfinite(theta)):
-            raise DivergenceError(f"{method}: θ became non-finite at epoch {epoch}; lower lr or λ", parameter="lr")
+            raise DivergenceError(f"{method}: θ became non-finite at epoch {epoch}; lower lr or λ",
+                                  parameter="lr")
     if cfg.certified:
         diag["certified"] = cert
     return ImmunizationResult(method, theta, omega, hist, diagnostics=diag)
@@ -418,7 +420,8 @@ def _r_ill_only(task, cfg, rng, progress):
             # κ's from the SVD carry a relative error ~1e-13 at these sizes; 1e-9 is far above it
             diag["rir_decreases"] += r < prev * (1 - 1e-9)
             prev = r
-            for key, val in (("step", diag["steps"]), ("kappa_P", kP), ("kappa_H", kH), ("rir", r), ("eta", eta)):
+            for key, val in (("step", diag["steps"]), ("kappa_P", kP), ("kappa_H", kH), ("rir", r),
+                             ("eta", eta)):
                 hist[key].append(val)
         if progress is not None:
             progress(epoch)
@@ -614,5 +617,6 @@ def config_dict(cfg: ImmunizeConfig) -> dict:
     return asdict(cfg)
 
 
-__all__ = ["METHODS", "RUNNERS", "kappa_grad_H", "opt_kappa_objective", "r_ill_only_step_size", "ImmunizeConfig", "ImmunizationResult", "immunize", "imma_objective",
+__all__ = ["METHODS", "RUNNERS", "kappa_grad_H", "opt_kappa_objective", "r_ill_only_step_size",
+           "ImmunizeConfig", "ImmunizationResult", "immunize", "imma_objective",
            "imma_inner_step_size", "config_dict", "replace"]

@@ -69,7 +69,8 @@ def rir(theta, X_P, X_H, *, theta_ref=None) -> RIR:
 
 @bounded_blas
 def feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref) -> RIR:
-    """RIR from extracted features (deep nets, docs/theory.md §8): κ(Z_HᵀZ_H)/κ(ref) over κ(Z_PᵀZ_P)/κ(ref)."""
+    """RIR from extracted features (deep nets, docs/theory.md §8): κ(Z_HᵀZ_H)/κ(ref) over
+    κ(Z_PᵀZ_P)/κ(ref)."""
     sP, sH = gram_spectrum(Z_P, vectors=False, name="Z_P"), gram_spectrum(Z_H, vectors=False, name="Z_H")
     rP = gram_spectrum(Z_P_ref, vectors=False, name="Z_P_ref")
     rH = gram_spectrum(Z_H_ref, vectors=False, name="Z_H_ref")
@@ -211,7 +212,8 @@ def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
     """
     lc = np.log(ceiling.kappa_C)
     if not lc > 0:
-        raise ValueError("κ(C) = 1: every closed-form exponent gives the same spectra, no window to choose from")
+        raise ValueError("κ(C) = 1: every closed-form exponent gives the same spectra, "
+                         "no window to choose from")
     raw_low = np.log(ceiling.kappa_K_H) / lc - 1.0
     high = np.log(ceiling.kappa_K_P) / lc
     return ExponentWindow(float(max(raw_low, 0.0)), float(high), float(0.5 * (raw_low + high)),

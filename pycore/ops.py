@@ -329,7 +329,8 @@ def _precond_linear_backward(ctx, grad_out):
 def _raise_if_non_finite(X):
     bad = int((~torch.isfinite(X)).sum())
     if bad:
-        raise RuntimeError(f"ImmunizationHead: the input batch contains NaN or inf ({bad} of {X.numel()} entries): "
+        raise RuntimeError(f"ImmunizationHead: the input batch contains NaN or inf "
+                           f"({bad} of {X.numel()} entries): "
                            "the features entering the layer are non-finite") from None
 
 

@@ -30,7 +30,8 @@ def _diverged(what: str, name: str, t: int, g: np.ndarray, blame) -> DivergenceE
     with np.errstate(all="ignore"):
         gmax = float(np.max(np.abs(g))) if g.size else 0.0
     hint = f"; lower {parameter}" if parameter else ""
-    return DivergenceError(f"{what} for {name} became non-finite at step {t} (max |gradient| {gmax:.3e}){hint}",
+    return DivergenceError(f"{what} for {name} became non-finite at step {t} "
+                           f"(max |gradient| {gmax:.3e}){hint}",
                            parameter=parameter)
 
 

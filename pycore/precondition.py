@@ -55,7 +55,8 @@ def range_basis(K, rtol: float | None = None) -> np.ndarray:
 
 
 def preconditioned_grad_theta(theta, K, kind: str, *, mode: str = "exact", ridge: float = 0.0) -> np.ndarray:
-    """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6 (see :func:`precondition`)."""
+    """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6
+    (see :func:`precondition`)."""
     K = as_float_matrix(K, "K")
     _, reg = grad_theta_and_regularizer(theta, K, kind)
     return precondition(np.asarray(theta, dtype=np.float64), reg.G, K, mode, ridge)

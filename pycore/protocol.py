@@ -128,8 +128,9 @@ def strict_protocol(train: LinearTask, heldout: LinearTask | None = None,
     leak_after = _leak(tr.X_H, N_after)
     holds = leak_after <= null_rtol
     if not holds:  # cannot happen once restricted; guards a broken basis
-        raise ValueError(f"strict protocol: null(K_P) ⊄ null(K_H) after the restriction (leak {leak_after:.3e})")
+        raise ValueError(f"strict protocol: null(K_P) ⊄ null(K_H) after the restriction "
+                         f"(leak {leak_after:.3e})")
     report = StrictReport([names[j] for j in drop], [int(j) for j in drop], D0, int(keep.size),
-                          int(V_r.shape[1]), int(V_null.shape[1]), leak_drop, restricted, restriction, tr.D, leak_after,
-                          bool(holds), held_leak)
+                          int(V_r.shape[1]), int(V_null.shape[1]), leak_drop, restricted, restriction, tr.D,
+                          leak_after, bool(holds), held_leak)
     return tr, ho, report

@@ -132,8 +132,8 @@ def spectrum_info(S, *, rtol: float | None = None, vectors: bool = False, name: 
         with np.errstate(over="ignore", under="ignore"):
             sigma = info.sigma * scale
         if not np.isfinite(sigma[0]):
-            raise SpectrumError(f"{name}'s largest singular value ({info.sigma[0]:.6g} × {scale:.6g}) overflows "
-                                "float64; rescale it")
+            raise SpectrumError(f"{name}'s largest singular value ({info.sigma[0]:.6g} × {scale:.6g}) "
+                                "overflows float64; rescale it")
         return _summarise(sigma, S.shape, rtol, info.vectors, what=name)
     if is_symmetric(S):
         S = 0.5 * (S + S.T)

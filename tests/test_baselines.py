@@ -36,7 +36,8 @@ def test_r_ill_only_rir_never_falls(seed, setting):
     every step.  lr·λ_H is large so that the step-size clip to the §5 bound is exercised."""
     if setting == "exact_random_init":
         t = random_task(seed)
-        cfg = ImmunizeConfig(epochs=15, batch_size=None, precond="exact", init="random", lr=1.0, lambda_h=1e12)
+        cfg = ImmunizeConfig(epochs=15, batch_size=None, precond="exact", init="random", lr=1.0,
+                             lambda_h=1e12)
     else:
         t = random_task(seed, rank_H=4)
         cfg = ImmunizeConfig(epochs=15, batch_size=None, precond="pinv", lr=1.0, lambda_h=1e12)
@@ -127,7 +128,8 @@ def test_opt_kappa_theta_gradient_matches_finite_differences(log):
     fd_H = central_diff(lambda th: opt_kappa_objective(th, t.X_P, t.X_H, weights=(0.0, -1.0), log=log)[0],
                         theta, h=1e-5)
     assert rel_err(g_H, fd_H) < 1e-6
-    assert value == pytest.approx(w[0] * _kappa_value(t.X_P @ theta, log) - w[1] * _kappa_value(t.X_H @ theta, log))
+    assert value == pytest.approx(w[0] * _kappa_value(t.X_P @ theta, log)
+                                  - w[1] * _kappa_value(t.X_H @ theta, log))
 
 
 def _kappa_value(Z, log):

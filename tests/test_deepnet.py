@@ -221,7 +221,8 @@ def test_loss_terms_use_the_op_and_precondition_only_the_regularizers():
     W = m.layer.weight.detach().double().clone().requires_grad_(True)
     (g_plain,) = torch.autograd.grad(ops.reference_cond_regularizer(XH @ W.T, "ill"), W)
     expected = g_plain @ torch.linalg.inv(XH.T @ XH + 1e-3 * torch.eye(XH.shape[1], dtype=torch.float64))
-    torch.testing.assert_close(m.layer.weight.grad.double(), expected, rtol=2e-3, atol=1e-3 * expected.abs().max().item())
+    torch.testing.assert_close(m.layer.weight.grad.double(), expected, rtol=2e-3,
+                               atol=1e-3 * expected.abs().max().item())
 
 
 def test_log_kappa_matches_the_spectrum_and_is_differentiable():
@@ -278,7 +279,8 @@ def test_nan_loss_stops_keeps_last_good_step_and_checkpoint(tmp_path):
     assert all(torch.isfinite(p).all() for p in m.parameters())
     # the stopped model is exactly the model after `err.step` good steps
     m2, cp2, ch2 = _tiny_setup()
-    immunize(m2, cp2, ch2, DeepImmunizeConfig(**{**cfg.__dict__, "max_steps": err.step, "checkpoint_dir": None}),
+    immunize(m2, cp2, ch2,
+             DeepImmunizeConfig(**{**cfg.__dict__, "max_steps": err.step, "checkpoint_dir": None}),
              num_classes_h=3, from_trunk=True)
     for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
         torch.testing.assert_close(a, b, msg=k)
@@ -307,8 +309,8 @@ def test_lambdas_are_rebalanced_every_step_only_when_asked():
     runs = {}
     for every in (0, 1, 2):
         m, cp, ch = _tiny_setup()
-        res = immunize(m, cp, ch, DeepImmunizeConfig(method="ours", max_steps=4, batch_size=8, lr=1e-3, balance=1.0,
-                                                     balance_every=every, progress=False),
+        res = immunize(m, cp, ch, DeepImmunizeConfig(method="ours", max_steps=4, batch_size=8, lr=1e-3,
+                                                     balance=1.0, balance_every=every, progress=False),
                        num_classes_h=3, from_trunk=True)
         runs[every] = res.history["lambda_h"]
     assert len(set(runs[0])) == 1                                     # fixed after step 0
@@ -414,7 +416,8 @@ def test_pipeline_ci_end_to_end(tmp_path):
     for key in ("rir_theta0", "dp_top1", "probe_acc_epoch10", "probe_acc_last"):
         s = rows["ours"][key]
         per = s["per_seed"]
-        assert len(per) == 2 and s["mean"] == pytest.approx(np.mean(per)) and s["std"] == pytest.approx(np.std(per))
+        assert (len(per) == 2 and s["mean"] == pytest.approx(np.mean(per))
+                and s["std"] == pytest.approx(np.std(per)))
     # the per-seed summary is the seed's own RIR (mean over its groups), θ₀ against itself is 1
     for k, seed_run in enumerate(res["per_seed"]):
         assert rows["ours"]["rir_theta0"]["per_seed"][k] == seed_run["rows"]["ours"]["rir"]["value"]["mean"]
@@ -471,8 +474,8 @@ def _ddp_worker(rank, world, port, out):
     ctx = init_from_env("cpu")
     m = build_model("resnet18_32px", 3, seed=0)
     res = immunize(m, _tds(32, 10), _tds(32, 11),
-                   DeepImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3, balance=1.0, balance_every=1,
-                                      progress=False),
+                   DeepImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3, balance=1.0,
+                                      balance_every=1, progress=False),
                    num_classes_h=3, rank=ctx.rank, world=ctx.world, ddp=True)
     if rank == 0:
         torch.save({"state": m.state_dict(), "loss": res.history["loss"], "lambdas": res.lambdas}, out)
@@ -485,8 +488,8 @@ def test_ddp_gloo_two_processes_match_virtual_ranks(tmp_path):
     ddp = torch.load(out, weights_only=True)
     m = build_model("resnet18_32px", 3, seed=0)
     res = immunize(m, _tds(32, 10), _tds(32, 11),
-                   DeepImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3, balance=1.0, balance_every=1,
-                                      progress=False, virtual_ranks=2), num_classes_h=3)
+                   DeepImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3, balance=1.0,
+                                      balance_every=1, progress=False, virtual_ranks=2), num_classes_h=3)
     # λ's re-balanced at step 1 from the all-reduced per-rank gradients = the virtual-rank mean
     assert ddp["lambdas"] == pytest.approx(res.lambdas, rel=1e-6)
     assert res.history["lambda_h"][0] != res.history["lambda_h"][1]
@@ -494,7 +497,8 @@ def test_ddp_gloo_two_processes_match_virtual_ranks(tmp_path):
     moved = 0
     for k, v in m.state_dict().items():
         torch.testing.assert_close(ddp["state"][k], v, rtol=1e-4, atol=1e-6, msg=k)
-        moved += int(not torch.equal(v, build_model("resnet18_32px", 3, seed=0).state_dict()[k])) if "layer4.1.conv2" in k else 0
+        moved += (int(not torch.equal(v, build_model("resnet18_32px", 3, seed=0).state_dict()[k]))
+                  if "layer4.1.conv2" in k else 0)
     assert moved == 1
 
 
@@ -510,8 +514,8 @@ def _ddp_nan_worker(rank, world, port, out):
     ctx = init_from_env("cpu", timeout_s=60)
     m = build_model("resnet18_32px", 3, seed=0)
     try:
-        immunize(m, _tds(16, 10), _tds(16, 11), DeepImmunizeConfig(method="ours", max_steps=2, batch_size=4, lr=1e-3,
-                                                                progress=False),
+        immunize(m, _tds(16, 10), _tds(16, 11), DeepImmunizeConfig(method="ours", max_steps=2, batch_size=4,
+                                                                lr=1e-3, progress=False),
                  num_classes_h=3, rank=ctx.rank, world=ctx.world, ddp=True)
         outcome = "returned"
     except NonFiniteLossError as exc:
@@ -557,8 +561,8 @@ def test_torchrun_script_matches_single_process(tmp_path):
 def test_balance_sweep_reports_the_trade_off(tmp_path):
     sys.path.insert(0, str(ROOT))
     from experiments import deepnet_sweep
-    assert deepnet_sweep.main(["--config", "ci", "--balances", "0.25,1", "--methods", "ours", "--threads", "1",
-                               "--out", str(tmp_path)]) == 0
+    assert deepnet_sweep.main(["--config", "ci", "--balances", "0.25,1", "--methods", "ours",
+                               "--threads", "1", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "ci-sweep" / "balance_sweep.json").read_text())
     a, b = res["runs"]["ours"]["0.25"][0], res["runs"]["ours"]["1.0"][0]
     assert a["seed"] == b["seed"] == 0 and a["theta0_dp_top1"] == b["theta0_dp_top1"]   # θ₀ made once
@@ -586,7 +590,8 @@ def test_nothing_to_balance_stops_with_a_clear_error(monkeypatch):
     before = copy.deepcopy(m.state_dict())
     with pytest.raises(NonFiniteLossError, match="cannot balance λ for r_ill") as info:
         immunize(m, cp, ch, DeepImmunizeConfig(method="ours", max_steps=3, batch_size=8, lr=1e-3, balance=1.0,
-                                               balance_every=1, progress=False), num_classes_h=3, from_trunk=True)
+                                               balance_every=1, progress=False),
+                 num_classes_h=3, from_trunk=True)
     assert info.value.step == 0
     for k, v in m.state_dict().items():
         assert torch.equal(v, before[k]), k

@@ -322,7 +322,8 @@ _S = np.diag([3.0, 2.0, 1.0])
     lambda r: evaluate(_S, "ill", rtol=r),
     lambda r: hessian_regularizer(_S, "well", rtol=r),
     lambda r: range_basis(_S, rtol=r),
-], ids=["spectrum_info", "condition_number", "gram_spectrum", "evaluate", "hessian_regularizer", "range_basis"])
+], ids=["spectrum_info", "condition_number", "gram_spectrum", "evaluate", "hessian_regularizer",
+        "range_basis"])
 @pytest.mark.parametrize("rtol", [NAN, -1.0, 1.0, INF, "1e-9"])
 def test_rtol_must_be_finite_in_unit_interval(call, rtol):
     """NaN counted no singular value as nonzero (rank 0, κ garbage); rtol ≥ 1 cut σ_max itself."""
@@ -358,7 +359,8 @@ def test_immunize_config_ridge_preconditioner_needs_ridge():
 
 
 @pytest.mark.parametrize("kw,param", [
-    (dict(lr=NAN), "lr"), (dict(lr=0.0), "lr"), (dict(eps=NAN), "adam_eps"), (dict(betas=(1.5, 0.9)), "betas"),
+    (dict(lr=NAN), "lr"), (dict(lr=0.0), "lr"), (dict(eps=NAN), "adam_eps"),
+    (dict(betas=(1.5, 0.9)), "betas"),
 ])
 def test_optimizer_parameters(kw, param):
     with pytest.raises(ParameterError, match=param) as e:
@@ -411,7 +413,8 @@ def test_zero_matrix():
 
 
 def test_tied_spectrum_r_ill_undefined():
-    with pytest.raises(SpectrumError, match=r"R_ill is undefined: the 3 nonzero singular value\(s\) are all equal"):
+    with pytest.raises(SpectrumError,
+                       match=r"R_ill is undefined: the 3 nonzero singular value\(s\) are all equal"):
         r_ill(2.0 * np.eye(3))
 
 
@@ -487,7 +490,8 @@ def test_optimizers_refuse_a_non_finite_step():
     for name in ("adam", "gd"):
         opt = make_optimizer(name, 0.1, param="θ")
         with pytest.raises(DivergenceError, match="for θ became non-finite at step 1.*lower lambda_h") as e:
-            opt.step(np.zeros(3), np.array([0.0, 1e200 if name == "adam" else INF, 0.0]), blame=lambda: "lambda_h")
+            opt.step(np.zeros(3), np.array([0.0, 1e200 if name == "adam" else INF, 0.0]),
+                     blame=lambda: "lambda_h")
         assert e.value.parameter == "lambda_h"
 
 
@@ -511,7 +515,8 @@ def ops():
     (lambda t: t.randn(4, 3, dtype=t.float64), "sick", {}, "kind must be 'ill' or 'well'"),
     (lambda t: t.randn(4, 3, dtype=t.float64), "ill", {"rtol": NAN}, "rtol must be a finite number"),
     (lambda t: t.randn(4, 3, dtype=t.float64), "ill", {"rtol": -1.0}, "rtol must be a finite number"),
-    (lambda t: t.randn(4, 3, dtype=t.float64), "well", {"rtol": 1.0}, r"rtol must be a finite number in \[0, 1\)"),
+    (lambda t: t.randn(4, 3, dtype=t.float64), "well", {"rtol": 1.0},
+     r"rtol must be a finite number in \[0, 1\)"),
     (lambda t: t.randn(4, 3, dtype=t.float64), "well", {"tie_rtol": NAN}, "tie_rtol must be a finite number"),
 ])
 def test_op_bad_inputs(ops, make, kind, kw, msg):
@@ -529,7 +534,8 @@ def test_head_names_a_non_finite_batch(ops):
     head = ops.ImmunizationHead(4).double()
     x = torch.randn(8, 4, dtype=torch.float64)
     x[2, 1] = NAN
-    with pytest.raises(RuntimeError, match=r"ImmunizationHead: the input batch contains NaN or inf \(1 of 32"):
+    with pytest.raises(RuntimeError,
+                       match=r"ImmunizationHead: the input batch contains NaN or inf \(1 of 32"):
         head(x).sum().backward()
 
 
@@ -666,7 +672,8 @@ def test_checkpoint_dtype_kind_must_match(tmp_path, cast):
     w = sd["fc.weight"]
     sd["fc.weight"] = torch.complex(w, w) if cast == "complex" else w.round().to(torch.int32)
     save_file(sd, str(tmp_path / "theta0.safetensors"))
-    with pytest.raises(CheckpointMismatchError, match=r"1 dtype mismatches \(e.g. fc.weight: checkpoint torch\."):
+    with pytest.raises(CheckpointMismatchError,
+                       match=r"1 dtype mismatches \(e.g. fc.weight: checkpoint torch\."):
         build_model("resnet18_32px", 3, checkpoint=tmp_path / "theta0.safetensors")
 
 

@@ -114,7 +114,8 @@ USAGE_CASES = [
 
 
 @pytest.mark.parametrize("mod,argv,words", USAGE_CASES,
-                         ids=[f"{m.__name__.split('.')[-1]}:{' '.join(a) or '(none)'}" for m, a, _ in USAGE_CASES])
+                         ids=[f"{m.__name__.split('.')[-1]}:{' '.join(a) or '(none)'}"
+                              for m, a, _ in USAGE_CASES])
 def test_usage_error_is_exit_2_one_line_before_compute(tripwire, capsys, tmp_path, mod, argv, words):
     rc, err, elapsed = call(capsys, mod, [*argv, "--out", str(tmp_path / "out")])
     assert rc == 2, err
@@ -247,7 +248,8 @@ def test_unexpected_error_is_one_line_and_debug_prints_the_traceback(capsys, tmp
     rc, err, _ = call(capsys, house_price, ["--out", str(tmp_path / "o")])
     assert rc == 1 and one_line(err, "TypeError: unsupported operand", "--debug")
     rc, err, _ = call(capsys, house_price, ["--out", str(tmp_path / "o"), "--debug"])
-    assert rc == 1 and "Traceback" in err and err.strip().splitlines()[-1].startswith("house_price.py: error:")
+    assert (rc == 1 and "Traceback" in err
+            and err.strip().splitlines()[-1].startswith("house_price.py: error:"))
 
 
 def test_rerun_replaces_the_whole_set_no_stale_figure(capsys, tmp_path):
@@ -362,7 +364,8 @@ def _pid(_):
 
 
 def test_json_encoding_of_non_finite_floats(tmp_path):
-    obj = {"a": np.inf, "b": -np.inf, "c": np.nan, "d": [np.float64(1.5), np.int64(2), (np.inf,)], "e": "text"}
+    obj = {"a": np.inf, "b": -np.inf, "c": np.nan, "d": [np.float64(1.5), np.int64(2), (np.inf,)],
+           "e": "text"}
     write_json(tmp_path / "r.json", obj)
     raw = json.loads((tmp_path / "r.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert raw == {"a": "Infinity", "b": "-Infinity", "c": "NaN", "d": [1.5, 2, ["Infinity"]], "e": "text"}
@@ -465,7 +468,7 @@ def test_module_and_path_invocations_and_subprocess_exit_codes(tmp_path):
         proc = subprocess.run([sys.executable, *cmd, "--help"], cwd=tmp_path, env=ENV, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 0 and "--lambda-h" in proc.stdout, proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "experiments.mnist", "--seeds", "4-2"], cwd=tmp_path, env=ENV,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "experiments.mnist", "--seeds", "4-2"], cwd=tmp_path,
+                          env=ENV, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("mnist.py: error: --seeds: empty range")
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "results").exists()

@@ -16,7 +16,8 @@ from pycore.report import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "house_price.py"
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # the scripts import `experiments` (installed by pip install -e .)
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # the scripts import `experiments`
+                                               # (installed by pip install -e .)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,8 @@ def test_bad_csv_inputs(tmp_path, data):
 def test_experiment_smoke(tmp_path):
     out = tmp_path / "hp"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "2", "--epochs", "3", "--out", str(out),
-                           "--probe-steps", "10", "--jobs", "1"], capture_output=True, text=True, env=ENV, timeout=300)
+                           "--probe-steps", "10", "--jobs", "1"], capture_output=True, text=True, env=ENV,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr
     res = read_json(out / "results.json")
     for m in ("identity", "r_ill_only", "imma", "opt_kappa", "ours", "closed_form"):
@@ -143,11 +145,13 @@ def test_experiment_smoke(tmp_path):
 
 
 def test_experiment_reports_bad_data_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--data", str(tmp_path / "nope.csv"), "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--data", str(tmp_path / "nope.csv"),
+                           "--out", str(tmp_path)],
                           capture_output=True, text=True, env=ENV, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no such file" in proc.stderr
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "zero"], capture_output=True, text=True, env=ENV, timeout=120)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "zero"], capture_output=True, text=True,
+                          env=ENV, timeout=120)
     assert proc.returncode == 2 and "--seeds" in proc.stderr
 
 

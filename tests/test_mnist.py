@@ -256,10 +256,13 @@ def test_experiment_flags_are_generated_from_the_config():
     scalar = {f.name for f in fields(ImmunizeConfig) if cli._field_type(hints[f.name])[0] is not None}
     assert {"epochs", "lr", "lambda_p", "lambda_h", "batch_size", "precond", "init", "certified"} <= scalar
     assert scalar <= set(parser.config_fields)
-    assert parser.flag_for("lambda_h") == "--lambda-h" and parser.flag_for("imma_inner_steps") == "--imma-inner-steps"
-    cfg = exp.parse_args(["--lambda-h", "3e9", "--imma-inner-steps", "5", "--batch-size", "0", "--certified"]).config
+    assert (parser.flag_for("lambda_h") == "--lambda-h"
+            and parser.flag_for("imma_inner_steps") == "--imma-inner-steps")
+    cfg = exp.parse_args(["--lambda-h", "3e9", "--imma-inner-steps", "5", "--batch-size", "0",
+                          "--certified"]).config
     assert (cfg.lambda_h, cfg.imma_inner_steps, cfg.batch_size, cfg.certified) == (3e9, 5, None, True)
-    assert exp.parse_args(["--paper-hparams", "--lr", "0.01"]).config.lr == 0.01  # typed flags win over the base
+    # typed flags win over the base
+    assert exp.parse_args(["--paper-hparams", "--lr", "0.01"]).config.lr == 0.01
 
 
 def test_merged_halves_equal_the_single_run(tmp_path):

@@ -166,9 +166,11 @@ def test_strict_flag_selects_the_strict_config_unless_a_flag_overrides():
     sys.path.insert(0, str(SCRIPT.parent))
     import house_price
 
-    assert house_price.build_config(house_price.parse_args(["--protocol", "strict"])) == ImmunizeConfig.strict()
+    assert (house_price.build_config(house_price.parse_args(["--protocol", "strict"]))
+            == ImmunizeConfig.strict())
     assert house_price.build_config(house_price.parse_args([])) == ImmunizeConfig()
-    cfg = house_price.build_config(house_price.parse_args(["--protocol", "strict", "--lr", "0.123", "--epochs", "7"]))
+    cfg = house_price.build_config(house_price.parse_args(["--protocol", "strict", "--lr", "0.123",
+                                                           "--epochs", "7"]))
     assert cfg == ImmunizeConfig.strict(lr=0.123, epochs=7)
     # A flag set to the paper-protocol default still overrides the strict configuration.
     cfg = house_price.build_config(house_price.parse_args(["--protocol", "strict", "--precond", "pinv"]))
@@ -179,8 +181,9 @@ def test_strict_flag_selects_the_strict_config_unless_a_flag_overrides():
 def test_strict_experiment_smoke(tmp_path):
     """A CI-sized run of ``--protocol strict``: the protocol, the new keys, the finite ceiling."""
     out = tmp_path / "strict"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--protocol", "strict", "--seeds", "2", "--epochs", "3",
-                           "--out", str(out), "--probe-steps", "5", "--jobs", "1", "--no-plot"],
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--protocol", "strict", "--seeds", "2",
+                           "--epochs", "3", "--out", str(out), "--probe-steps", "5", "--jobs", "1",
+                           "--no-plot"],
                           capture_output=True, text=True, env=ENV, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "dropped 4 column(s)" in proc.stdout and "Utilities, 3SsnPorch, PoolArea, PoolQC" in proc.stdout

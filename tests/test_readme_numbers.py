@@ -166,7 +166,8 @@ def test_rules_tight_and_spread():
 
 
 def test_parse_table_after_marker():
-    text = "intro\n<!-- readme-check: python experiments/x.py --a 1 -->\n\n| method | v |\n|---|---|\n| **A** | 1 |\n\nafter"
+    text = ("intro\n<!-- readme-check: python experiments/x.py --a 1 -->\n\n"
+            "| method | v |\n|---|---|\n| **A** | 1 |\n\nafter")
     (cmd, line), = checks_in_readme(text)
     assert cmd == "python experiments/x.py --a 1"
     assert parse_table(text.splitlines(), line + 1) == (["method", "v"], {"A": ["A", "1"]})

@@ -184,7 +184,8 @@ def test_theta_gradients_match_central_differences(seed, N_less_than_D):
     K = _rank_deficient_K(rng, D, 3 if N_less_than_D else 12)
     theta = np.eye(D) + 0.3 * rng.standard_normal((D, D))
     for kind, fn in (("well", R.r_well_grad_theta), ("ill", R.r_ill_grad_theta)):
-        # R_well's normaliser p is min(H.shape) = D, the p of docs/theory.md §4, so r_well(H) is the same function.
+        # R_well's normaliser p is min(H.shape) = D, the p of docs/theory.md §4, so r_well(H) is the
+        # same function.
         f = (lambda t: R.r_well(t.T @ K @ t)) if kind == "well" else (lambda t: R.r_ill(t.T @ K @ t))
         assert rel_err(fn(theta, K), central_diff(f, theta, h=1e-6)) < 1e-6
 

@@ -77,7 +77,8 @@ def _read_header(path: Path) -> list[str]:
             dups.append(name)
         seen.add(name)
     if dups:
-        raise ValueError(f"{path}: duplicated column name(s) {', '.join(map(repr, dups))} in the header (line {line})")
+        raise ValueError(f"{path}: duplicated column name(s) {', '.join(map(repr, dups))} "
+                         f"in the header (line {line})")
     return names
 
 

@@ -105,7 +105,8 @@ def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
         raise ValueError(f"{p}: not an IDX file with magic {magic} (is it the right MNIST file?)")
     ndim = data[3]
     if len(data) < 4 + 4 * ndim:
-        raise ValueError(f"{p}: IDX header declares {ndim} dimensions but the file ends first (truncated file?)")
+        raise ValueError(f"{p}: IDX header declares {ndim} dimensions but the file ends first "
+                         "(truncated file?)")
     dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != math.prod(dims):
@@ -186,8 +187,8 @@ def split_digits(digits: MnistDigits, n_train: int, rng: np.random.Generator,
     check_number(n_train, "n_train", integer=True)
     check_number(n_heldout, "n_heldout", low=0, integer=True, none_ok=True)
     if not 2 <= n_train < smallest:
-        raise ParameterError("n_train", f"n_train must be in [2, {smallest - 1}] (smallest digit has {smallest} "
-                                        f"images), got {n_train}")
+        raise ParameterError("n_train", f"n_train must be in [2, {smallest - 1}] "
+                                        f"(smallest digit has {smallest} images), got {n_train}")
     n_held = smallest - n_train if n_heldout is None else min(n_heldout, smallest - n_train)
     train, held = {}, {}
     for d in range(10):

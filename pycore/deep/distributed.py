@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["DistContext", "DistributedEnvError", "check_env", "init_from_env", "broadcast_module", "barrier", "shutdown"]
+__all__ = ["DistContext", "DistributedEnvError", "check_env", "init_from_env", "broadcast_module", "barrier",
+           "shutdown"]
 
 
 @dataclass(frozen=True)
@@ -75,14 +76,15 @@ def check_env() -> tuple[int, int, int]:
     local = _env_int("LOCAL_RANK", 0)
     local_world = _env_int("LOCAL_WORLD_SIZE", None)
     if local < 0 or local >= world or (local_world is not None and not local < local_world):
-        bound = f"[0, LOCAL_WORLD_SIZE={local_world})" if local_world is not None else f"[0, WORLD_SIZE={world})"
+        bound = (f"[0, LOCAL_WORLD_SIZE={local_world})" if local_world is not None
+                 else f"[0, WORLD_SIZE={world})")
         raise DistributedEnvError(f"LOCAL_RANK={local} must be in {bound} (RANK={rank}, WORLD_SIZE={world})")
     if world > 1:
         missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v, "").strip()]
         if missing:
             raise DistributedEnvError(f"WORLD_SIZE={world} but {' and '.join(missing)} "
-                                      f"{'is' if len(missing) == 1 else 'are'} not set (launch with torchrun, "
-                                      "or set MASTER_ADDR and MASTER_PORT)")
+                                      f"{'is' if len(missing) == 1 else 'are'} not set "
+                                      "(launch with torchrun, or set MASTER_ADDR and MASTER_PORT)")
         port = _env_int("MASTER_PORT")
         if not 1 <= port <= 65535:
             raise DistributedEnvError(f"MASTER_PORT={port} must be in [1, 65535]")
@@ -104,7 +106,8 @@ def init_from_env(device: str = "auto", timeout_s: float = 600.0) -> DistContext
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda requested but torch sees no CUDA device")
     if use_cuda and local >= torch.cuda.device_count():
-        raise DistributedEnvError(f"LOCAL_RANK={local} but torch sees {torch.cuda.device_count()} CUDA device(s)")
+        raise DistributedEnvError(f"LOCAL_RANK={local} but torch sees {torch.cuda.device_count()} "
+                                  "CUDA device(s)")
     dev = torch.device(f"cuda:{local}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(dev)

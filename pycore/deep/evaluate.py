@@ -46,7 +46,8 @@ PAPER_TABLE3 = {
                       "imma": (1.422, 2.090, 0.702, 81.89), "opt_kappa": (3.598, 0.171, 26.369, 82.51),
                       "ours": (7.945, 0.323, 34.517, 82.79)},
     ("resnet18", "country211"): {"init": (1.0, 1.0, 1.0, 68.24), "r_ill_only": (20.727, 20.675, 1.038, 62.17),
-                                 "imma": (0.791, 0.814, 0.972, 67.03), "opt_kappa": (1.538, 1.053, 1.472, 66.81),
+                                 "imma": (0.791, 0.814, 0.972, 67.03),
+                                 "opt_kappa": (1.538, 1.053, 1.472, 66.81),
                                  "ours": (3.287, 0.399, 8.714, 65.01)},
     ("vit", "country211"): {"init": (1.0, 1.0, 1.0, 81.78), "r_ill_only": (69.291, 63.519, 1.122, 80.73),
                             "imma": (6.242, 7.599, 0.845, 82.47), "opt_kappa": (4.589, 0.300, 16.498, 82.79),
@@ -85,7 +86,8 @@ class RunConfig:
     # attackers (beyond the paper): accuracy after these epochs
     attack_epochs: tuple[int, ...] = (1, 5, 20)
     adam_lrs: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
-    finetune_lr: float = 1e-4                # best of {1e-4, 3e-4, 1e-3} for the attacker on θ₀ (ResNet18, seed 0)
+    finetune_lr: float = 1e-4                # best of {1e-4, 3e-4, 1e-3} for the attacker on θ₀
+                                             # (ResNet18, seed 0)
     finetune_pool: "int | None" = 256        # D_H training samples the fine-tuning attacker gets
     finetune_test: "int | None" = 500        # D_H test samples it is scored on
 
@@ -124,7 +126,8 @@ _PAPER_EVAL = {"rir_pool": 2000}
 # trained (Algorithm 1 on the frozen backbone's features, preconditioned as in the paper's
 # App. C.3), SGD Nesterov lr 0.1, 400 steps of 64 + 64 samples, and every regularizer term
 # re-balanced at EVERY step to the gradient norm of the D_P loss (balance 1).
-_DEMO_RULE = DeepImmunizeConfig(lr=0.1, balance=1.0, balance_every=1, epochs=100, max_steps=400, batch_size=64)
+_DEMO_RULE = DeepImmunizeConfig(lr=0.1, balance=1.0, balance_every=1, epochs=100, max_steps=400,
+                                batch_size=64)
 
 CONFIGS: dict[str, RunConfig] = {
     # Paper Table 4 (λ_P on R_well, λ_H on R_ill; epochs of the shorter D_H loader).
@@ -150,7 +153,8 @@ CONFIGS: dict[str, RunConfig] = {
     "ci-tail": RunConfig("ci-tail", "resnet18_32px", "mnist", None,
                          DeepImmunizeConfig(lr=3e-5, balance=1.0, epochs=1, max_steps=3, batch_size=16),
                          theta0_epochs=1, theta0_lr=2e-3, per_digit=40, rir_groups=4, rir_group_size=40,
-                         probe_epochs=5, eval_batch=128, attack_epochs=(1,), adam_lrs=(1e-2,), finetune_pool=32),
+                         probe_epochs=5, eval_batch=128, attack_epochs=(1,), adam_lrs=(1e-2,),
+                         finetune_pool=32),
 }
 
 DEMO_CONFIGS = ("demo-resnet18", "demo-vit")
@@ -215,22 +219,24 @@ def _evaluate(model, ref_feats, ev, rc: RunConfig, seed: int, from_trunk: bool) 
                               rng=np.random.default_rng([seed, 17]), groups=rc.rir_groups,
                               group_size=rc.rir_group_size)
     yt, yv, nch = ev["y"]["h_train"], ev["y"]["h_test"], ev["n_classes_h"]
-    probe = linear_probe_curve(f["h_train"], yt, f["h_test"], yv, epochs=max(rc.probe_epochs, *rc.attack_epochs),
-                               num_classes=nch)
+    probe = linear_probe_curve(f["h_train"], yt, f["h_test"], yv,
+                               epochs=max(rc.probe_epochs, *rc.attack_epochs), num_classes=nch)
     attacks = {"gd": probe.test_accuracy[:max(rc.attack_epochs) + 1]}
     if rc.adam_lrs:
-        adam = best_adam_probe(f["h_train"], yt, f["h_test"], yv, epochs=max(rc.attack_epochs), lrs=rc.adam_lrs,
-                               seed=seed, num_classes=nch)
+        adam = best_adam_probe(f["h_train"], yt, f["h_test"], yv, epochs=max(rc.attack_epochs),
+                               lrs=rc.adam_lrs, seed=seed, num_classes=nch)
         attacks["adam"] = adam["test_accuracy"]
         attacks["adam_best_lr"] = adam["best_lr"]
     if ev.get("stem") is not None:
         ft = finetune_attack(model, ev["stem"]["h_train"], ev["stem"]["h_test"], num_classes=nch,
-                             epochs=max(rc.attack_epochs), lr=rc.finetune_lr, seed=seed, eval_batch=rc.eval_batch,
-                             eval_epochs=rc.attack_epochs, from_trunk=ev["stem"]["cached"])
+                             epochs=max(rc.attack_epochs), lr=rc.finetune_lr, seed=seed,
+                             eval_batch=rc.eval_batch, eval_epochs=rc.attack_epochs,
+                             from_trunk=ev["stem"]["cached"])
         attacks["finetune"] = ft.test_accuracy
     curve = probe.test_accuracy[:rc.probe_epochs + 1]
     row = {"dp_top1": acc, "rir": rir, "probe": {"test_accuracy": curve, "step_size": probe.step_size},
-           "probe_acc_epoch10": curve[min(10, len(curve) - 1)], "probe_acc_last": curve[-1], "attacks": attacks}
+           "probe_acc_epoch10": curve[min(10, len(curve) - 1)], "probe_acc_last": curve[-1],
+           "attacks": attacks}
     return row, f
 
 
@@ -291,7 +297,8 @@ def prepare_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx) -> SeedRun:
           "n_classes_h": nch}
     ev["y"] = {k: _labels(ev["sets"][k]) for k in ("p_val", "h_train", "h_test")}
     attack_src = stem or {"h_train": h_tr, "h_test": h_te}
-    ev["stem"] = {"h_train": _subset(attack_src["h_train"], rc.finetune_pool, np.random.default_rng([seed, 5])),
+    ev["stem"] = {"h_train": _subset(attack_src["h_train"], rc.finetune_pool,
+                                     np.random.default_rng([seed, 5])),
                   "h_test": _subset(attack_src["h_test"], rc.finetune_test, np.random.default_rng([seed, 6])),
                   "cached": from_trunk}
     ref_feats = None
@@ -310,7 +317,8 @@ def immunize_and_evaluate(sr: SeedRun, cfg: DeepImmunizeConfig, opts: RunOptions
     rc = sr.rc if attacks else replace(sr.rc, adam_lrs=(), finetune_pool=None)
     model = copy.deepcopy(sr.reference.model)
     res = immunize(model, sr.data["p_train"], sr.data["h_train"], cfg, num_classes_h=sr.num_classes_h,
-                   from_trunk=sr.from_trunk, device=ctx.device, rank=ctx.rank, world=ctx.world, ddp=ctx.distributed)
+                   from_trunk=sr.from_trunk, device=ctx.device, rank=ctx.rank, world=ctx.world,
+                   ddp=ctx.distributed)
     if not ctx.is_main:
         return None
     ev = sr.ev if attacks else {**sr.ev, "stem": None}
@@ -333,7 +341,8 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say=print, *,
     if ctx.is_main:
         rows["init"], _ = _evaluate(sr.reference.model, sr.ref_feats, sr.ev, rc, seed, sr.from_trunk)
         rows["init"]["train"] = {"theta0_seconds": sr.seconds["theta0"], "cache_seconds": sr.seconds["cache"]}
-        say(f"[{rc.name} seed {seed}] θ₀ ({sr.seconds['theta0']:.1f}s): D_P top-1 {rows['init']['dp_top1']:.2f}%  "
+        say(f"[{rc.name} seed {seed}] θ₀ ({sr.seconds['theta0']:.1f}s): "
+            f"D_P top-1 {rows['init']['dp_top1']:.2f}%  "
             f"probe acc@10 {rows['init']['probe_acc_epoch10']:.1f}", flush=True)
     for method in rc.methods:
         cfg = replace(rc.immunize, method=method, seed=seed, virtual_ranks=opts.virtual_ranks,
@@ -349,9 +358,11 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say=print, *,
             continue
         rows[method] = row
         r = row["rir"]
-        say(f"[{rc.name} seed {seed}] {method:10s} RIR_θ₀ {pm(r['value'])}  (i) {fmt(r['harmful_ratio']['mean'])}"
+        say(f"[{rc.name} seed {seed}] {method:10s} RIR_θ₀ {pm(r['value'])}  "
+            f"(i) {fmt(r['harmful_ratio']['mean'])}"
             f"  (ii) {fmt(r['pretrain_ratio']['mean'])}  D_P top-1 {row['dp_top1']:.2f}%  probe acc@10 "
-            f"{row['probe_acc_epoch10']:.1f}  [{row['train']['steps']} steps, {row['train']['wall_seconds']:.1f}s]",
+            f"{row['probe_acc_epoch10']:.1f}  [{row['train']['steps']} steps, "
+            f"{row['train']['wall_seconds']:.1f}s]",
             flush=True)
     barrier()
     return {"seed": seed, "rows": rows, "errors": errors} if ctx.is_main else None
@@ -361,7 +372,8 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say=print, *,
 
 def _curve_summary(curves: list[list[float]]) -> dict:
     a = np.asarray(curves, dtype=float)
-    return {"mean": a.mean(0).tolist(), "std": a.std(0).tolist(), "min": a.min(0).tolist(), "max": a.max(0).tolist()}
+    return {"mean": a.mean(0).tolist(), "std": a.std(0).tolist(), "min": a.min(0).tolist(),
+            "max": a.max(0).tolist()}
 
 
 def aggregate(per_seed: list[dict], rc: RunConfig) -> dict:
@@ -389,7 +401,8 @@ def aggregate(per_seed: list[dict], rc: RunConfig) -> dict:
             if all(a in r["attacks"] for r in runs):
                 curves = [r["attacks"][a] for r in runs]
                 row["attacks"][a] = {"curve": _curve_summary(curves),
-                                     **{f"epoch{e}": summarize(c[e] for c in curves) for e in rc.attack_epochs}}
+                                     **{f"epoch{e}": summarize(c[e] for c in curves)
+                                        for e in rc.attack_epochs}}
         rows[m] = row
     return rows
 
@@ -420,7 +433,8 @@ def run_config(rc: RunConfig, seeds: list[int], opts: RunOptions, ctx, relocate=
         "notes": {
             "rir": "RIR_θ₀ = [κ(H̃_H(θ_I))/κ(H̃_H(θ₀))]/[κ(H̃_P(θ_I))/κ(H̃_P(θ₀))] on extracted features "
                    f"against a frozen copy of θ₀, per seed the mean over {rc.rir_groups} groups of "
-                   f"{rc.rir_group_size} samples (κ over the nonzero spectrum, float64); rows: mean ± std over seeds",
+                   f"{rc.rir_group_size} samples (κ over the nonzero spectrum, float64); "
+                   "rows: mean ± std over seeds",
             "probe": "full-batch GD on softmax CE, step 1/λ_max(AᵀA/N), zero init; test accuracy per epoch",
             "attacks": {**ATTACKERS, "adam_lrs": list(rc.adam_lrs), "finetune_lr": rc.finetune_lr,
                         "finetune_pool": rc.finetune_pool},
@@ -434,7 +448,8 @@ def run_config(rc: RunConfig, seeds: list[int], opts: RunOptions, ctx, relocate=
     plot_probing(result, out / "finetune.png")
     if any(r["attacks"] for r in result["rows"].values()):
         plot_attacks(result, rc, out / "attacks.png")
-    say(f"[{rc.name}] wrote {out}/results.json, table.md, finetune.png ({result['wall_seconds']:.1f}s)", flush=True)
+    say(f"[{rc.name}] wrote {out}/results.json, table.md, finetune.png ({result['wall_seconds']:.1f}s)",
+        flush=True)
     return result
 
 
@@ -450,11 +465,13 @@ def _jsonable(o):
 
 def table_markdown(result: dict, rc: RunConfig) -> str:
     rows, seeds = result["rows"], result["seeds"]
-    gs = next((s["rows"][m]["rir"]["group_size"] for s in result["per_seed"] for m in s["rows"]), rc.rir_group_size)
+    gs = next((s["rows"][m]["rir"]["group_size"] for s in result["per_seed"] for m in s["rows"]),
+              rc.rir_group_size)
     lines = [f"# Deep-net immunization: {rc.name} (backbone {rc.backbone}, immunized: {rc.scope}, "
              f"seeds {seeds}, {result['threads']} threads)", "",
-             f"Mean ± std over {len(seeds)} seed(s); per seed, RIR_θ₀ against a frozen copy of θ₀ is the mean "
-             f"over {rc.rir_groups} groups of {gs} samples. D_P top-1 on the D_P validation split. Success: "
+             f"Mean ± std over {len(seeds)} seed(s); per seed, RIR_θ₀ against a frozen copy of θ₀ is "
+             f"the mean over {rc.rir_groups} groups of {gs} samples. D_P top-1 on the D_P validation split. "
+             "Success: "
              "seeds with (i) > 1 and (ii) < 1 (Definition 3.1).", "",
              "| method | (i) κ ratio on D_H ↑ | (ii) κ ratio on D_P ↓ | RIR_θ₀ ↑ | success | D_P top-1 % | "
              f"probe acc. on D_H, epoch 10 ↓ | epoch {rc.probe_epochs} ↓ |"
@@ -468,7 +485,8 @@ def table_markdown(result: dict, rc: RunConfig) -> str:
                 lines.append(f"| {METHOD_LABEL[m]} | failed: {'; '.join(fails)} |")
             continue
         r = rows[m]
-        line = (f"| {METHOD_LABEL[m]} | {pm(r['harmful_ratio'])} | {pm(r['pretrain_ratio'])} | {pm(r['rir_theta0'])} | "
+        line = (f"| {METHOD_LABEL[m]} | {pm(r['harmful_ratio'])} | {pm(r['pretrain_ratio'])} | "
+                f"{pm(r['rir_theta0'])} | "
                 f"{r['success']}/{len(r['seeds'])} | {pm(r['dp_top1'])} | {pm(r['probe_acc_epoch10'])} | "
                 f"{pm(r['probe_acc_last'])} |")
         if rc.paper_key:
@@ -477,14 +495,16 @@ def table_markdown(result: dict, rc: RunConfig) -> str:
         lines.append(line)
     attackers = [a for a in ATTACKERS if any(a in r["attacks"] for r in rows.values())]
     if attackers:
-        lines += ["", "D_H test accuracy (%) reached by each attacker after 1 / 5 / 20 epochs (↓ = immunized; "
-                  "mean ± std over seeds):" if tuple(rc.attack_epochs) == (1, 5, 20) else
+        lines += ["", "D_H test accuracy (%) reached by each attacker after 1 / 5 / 20 epochs "
+                  "(↓ = immunized; mean ± std over seeds):" if tuple(rc.attack_epochs) == (1, 5, 20) else
                   f"D_H test accuracy (%) after {' / '.join(map(str, rc.attack_epochs))} epochs:", "",
-                  "| method | " + " | ".join(f"{ATTACKERS[a]}, epoch {e}" for a in attackers for e in rc.attack_epochs) + " |",
+                  "| method | " + " | ".join(f"{ATTACKERS[a]}, epoch {e}"
+                                            for a in attackers for e in rc.attack_epochs) + " |",
                   "|---|" + "---|" * (len(attackers) * len(rc.attack_epochs))]
         for m in ("init",) + tuple(rc.methods):
             if m in rows:
-                cells = [pm(rows[m]["attacks"][a][f"epoch{e}"], 3) for a in attackers for e in rc.attack_epochs]
+                cells = [pm(rows[m]["attacks"][a][f"epoch{e}"], 3)
+                         for a in attackers for e in rc.attack_epochs]
                 lines.append(f"| {METHOD_LABEL[m]} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -570,7 +590,8 @@ def balance_sweep(rc: RunConfig, balances: list[float], seeds: list[int], opts: 
                     row = {"error": str(exc)}
                 if ctx.is_main:
                     row = row if "error" in row else {
-                        "rir_theta0": row["rir"]["value"]["mean"], "harmful_ratio": row["rir"]["harmful_ratio"]["mean"],
+                        "rir_theta0": row["rir"]["value"]["mean"],
+                        "harmful_ratio": row["rir"]["harmful_ratio"]["mean"],
                         "pretrain_ratio": row["rir"]["pretrain_ratio"]["mean"], "dp_top1": row["dp_top1"],
                         "probe_acc_epoch10": row["probe_acc_epoch10"], "theta0_dp_top1": init["dp_top1"],
                         "theta0_probe_acc_epoch10": init["probe_acc_epoch10"]}
@@ -617,5 +638,6 @@ def plot_balance_sweep(result: dict, path: Path) -> None:
         if k in theta0:
             ax.axhline(theta0[k], color="k", ls="--", lw=1)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"Trade-off against the balance: {result['config']} ({len(result['seeds'])} seed(s))", fontsize=10)
+    fig.suptitle(f"Trade-off against the balance: {result['config']} ({len(result['seeds'])} seed(s))",
+                 fontsize=10)
     save_figure(fig, path)

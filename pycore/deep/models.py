@@ -323,7 +323,8 @@ def _check_and_load(module: nn.Module, sd: Mapping[str, torch.Tensor], what: str
     try:
         module.load_state_dict(sd, strict=True)
     except RuntimeError as exc:  # e.g. a complex or otherwise uncopyable tensor
-        raise CheckpointMismatchError(f"checkpoint {source} does not load into {what}: {_first_line(exc)}") from None
+        raise CheckpointMismatchError(f"checkpoint {source} does not load into {what}: "
+                                      f"{_first_line(exc)}") from None
 
 
 def load_weights(net: nn.Module, path: "str | os.PathLike", what: str = "the model") -> None:
@@ -400,7 +401,8 @@ def save_immunized(model: ImmunizableModel, path: "str | os.PathLike", num_class
     if BACKBONES.get(model.spec.key) != model.spec:
         raise ValueError(f"save_immunized: backbone {model.spec.key!r} is not an entry of BACKBONES; "
                          "load_immunized rebuilds models from that table only")
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= MAX_NUM_CLASSES:
+    if (isinstance(num_classes, bool) or not isinstance(num_classes, int)
+            or not 1 <= num_classes <= MAX_NUM_CLASSES):
         raise ValueError(f"save_immunized: num_classes must be an integer in [1, {MAX_NUM_CLASSES}], "
                          f"got {num_classes!r}")
     net = export_timm_model(model)
@@ -471,6 +473,7 @@ def _shown(value, limit: int = 80) -> str:
 
 def _meta_int(meta: Mapping[str, str], name: str, path: str, low: int, high: int) -> int:
     raw = meta.get(name)
-    if not (isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 9 and low <= int(raw) <= high):
+    if not (isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 9
+            and low <= int(raw) <= high):
         raise CheckpointError(f"{path}: metadata {name}={_shown(raw)} must be an integer in [{low}, {high}]")
     return int(raw)

@@ -159,7 +159,8 @@ class _Batches:
     def __init__(self, model, p_train, h_train, cfg, shards, from_trunk, device):
         self.model, self.p, self.h, self.from_trunk, self.device = model, p_train, h_train, from_trunk, device
         self.paired = PairedBatches(ShardedBatches(len(p_train), cfg.batch_size, seed=cfg.seed, world=shards),
-                                    ShardedBatches(len(h_train), cfg.batch_size, seed=cfg.seed + 1, world=shards))
+                                    ShardedBatches(len(h_train), cfg.batch_size, seed=cfg.seed + 1,
+                                                   world=shards))
 
     def steps(self, epochs: int):
         for epoch in range(epochs):
@@ -339,7 +340,8 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: D
     """
     cfg.validate()
     if world > 1 and cfg.virtual_ranks > 1:
-        raise ValueError("virtual_ranks emulates a multi-rank run in ONE process; do not combine it with torchrun")
+        raise ValueError("virtual_ranks emulates a multi-rank run in ONE process; "
+                         "do not combine it with torchrun")
     model.to(device)
     ext_params, cls_params = model.set_trainable()
     model.eval()  # see module docstring: normalisation statistics belong to θ₀
@@ -374,8 +376,8 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: D
             ts = time.perf_counter()
             rebalance = (None if cfg.balance is None else "first" if step == 0 else
                          "again" if cfg.balance_every > 0 and step % cfg.balance_every == 0 else None)
-            loss, logs, lambdas, failure = _train_step(runner, data.load(pair, mine), opt, trainable, balance_params,
-                                                       cfg, lambdas, rebalance, world, device)
+            loss, logs, lambdas, failure = _train_step(runner, data.load(pair, mine), opt, trainable,
+                                                       balance_params, cfg, lambdas, rebalance, world, device)
             if failure:
                 _stop(model, cfg, step, failure, rank)
             history["loss"].append(loss)
