@@ -97,7 +97,7 @@ class Preconditioner:
         self.factor = self.gram = None
         if mode == "pinv" and X is not None and X.shape[0] < X.shape[1]:
             U, sv, Vt = np.linalg.svd(X, full_matrices=False)
-            keep = sv * sv > sv[0] ** 2 * X.shape[1] * np.finfo(float).eps
+            keep = sv * sv > rank_tolerance(sv[0] ** 2, (X.shape[1],))
             self.factor = Vt[keep].T
             # X = U S Vᵀ ⇒ V_rᵀθ = S_r⁻¹U_rᵀ(Xθ) exactly (U_rᵀU = [I 0]): Π θ from Z = Xθ.
             self.gram = U[:, keep] / sv[keep]
