@@ -52,3 +52,16 @@ def test_hook_then_pycore_deep_agree_on_the_shim(tmp_path):
     out = _run(code, tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "True"
+
+
+def test_pycore_deep_first_with_the_hook_installed(tmp_path):
+    # The order every script and test uses: pycore.deep before torchvision, the hook in place.
+    # ensure_torchvision_ops() asks importlib where torchvision is, which fires the hook, which
+    # defines the schemas; the shim must then see them instead of defining them a second time
+    # ("Only a single TORCH_LIBRARY can be used to register the namespace torchvision").
+    site = _site_with_hook(tmp_path)
+    code = (f"import site\nsite.addsitedir({str(site)!r})\n"
+            "import pycore.deep\nimport timm\nimport torch\ntorch.ops.torchvision.nms\nprint('ok')\n")
+    out = _run(code, tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"

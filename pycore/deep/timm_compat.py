@@ -72,6 +72,10 @@ def ensure_torchvision_ops() -> bool:
             "torchvision::nms schema; import pycore.deep (or call ensure_torchvision_ops()) first"
         )
     spec = importlib.util.find_spec("torchvision")
+    # Asking importlib where torchvision is fires the installed import hook (it defines the
+    # schemas through its own copy of this module): look again before defining them twice.
+    if _nms_registered():
+        return False
     if spec is None or not spec.submodule_search_locations:
         return False
     libs = [p for loc in spec.submodule_search_locations for p in glob.glob(os.path.join(loc, "_C*.so"))]
