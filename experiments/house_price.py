@@ -114,7 +114,7 @@ def _one_run(job):
     return row, res.theta
 
 
-def prepare(args):
+def load_tasks(args):
     """Load the data and apply ``args.protocol``: (data, train, heldout, strict report or None)."""
     data = load_house_price(args.data, n_train=args.n_train)
     train, heldout, report = data.train, data.heldout, None
@@ -126,7 +126,7 @@ def prepare(args):
 def run(args) -> dict:
     t_start = time.perf_counter()
     protocol = getattr(args, "protocol", "paper")
-    data, train, heldout, strict = prepare(args)
+    data, train, heldout, strict = load_tasks(args)
     cfg = args.config
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
