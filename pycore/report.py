@@ -119,48 +119,6 @@ def progress(iterable=None, **kw):
     return tqdm(iterable, **kw)
 
 
-SEEDS_SYNTAX = "a count N (seeds 0..N-1), a list A,B,C or a range A-B"
-MAX_SEEDS = 100_000  # a typo such as --seeds 10000000 must fail at once, not allocate and run
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``"5"`` → [0..4]; ``"0,3,7"`` → [0, 3, 7]; ``"2-4"`` → [2, 3, 4].  Never empty, no
-    negative seed (a ``numpy`` seed is ≥ 0), no repeated seed (it would double-count a run)."""
-    t = str(text).strip()
-    syntax = f"give {SEEDS_SYNTAX}, got {text!r}"
-    try:
-        if "," in t:
-            items = [s.strip() for s in t.split(",")]
-            if any(not s for s in items):
-                raise ValueError(f"empty item in the list; {syntax}")
-            seeds = [int(s) for s in items]
-        elif "-" in t[1:]:
-            a, b = (int(s) for s in t.split("-", 1))
-            if b < a:
-                raise ValueError(f"empty range {t} (its end {b} is below its start {a}); {syntax}")
-            if b - a + 1 > MAX_SEEDS:
-                raise ValueError(f"{b - a + 1} seeds, more than {MAX_SEEDS}")
-            seeds = list(range(a, b + 1))
-        else:
-            n = int(t)
-            if n < 1:
-                raise ValueError(f"a count must be ≥ 1, got {n}; {syntax}")
-            if n > MAX_SEEDS:
-                raise ValueError(f"{n} seeds, more than {MAX_SEEDS}")
-            seeds = list(range(n))
-    except ValueError as exc:
-        if "invalid literal" in str(exc):
-            raise ValueError(syntax) from None
-        raise
-    bad = [s for s in seeds if s < 0]
-    if bad:
-        raise ValueError(f"seeds must be ≥ 0, got {bad[0]}")
-    dup = sorted({s for s in seeds if seeds.count(s) > 1})
-    if dup:
-        raise ValueError(f"seed {dup[0]} is repeated")
-    return seeds
-
-
 def save_figure(fig, path: Path, dpi: int = 120) -> None:
     """``tight_layout``, save (creating the folder) and close, so figures never pile up."""
     import matplotlib.pyplot as plt
