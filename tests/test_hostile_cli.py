@@ -164,7 +164,7 @@ def test_read_only_out_is_refused_before_compute(tripwire, capsys, tmp_path, mon
     out = tmp_path / "ro"
     out.mkdir()
     real_access = os.access
-    monkeypatch.setattr(cli.os, "access", lambda p, m: False if Path(p) == out else real_access(p, m))
+    monkeypatch.setattr(os, "access", lambda p, m: False if Path(p) == out else real_access(p, m))
     rc, err, _ = call(capsys, mnist, ["--out", str(out)])
     assert rc == 2 and one_line(err, "--out", "not writable")
 
@@ -301,8 +301,9 @@ def test_files_added_to_out_during_the_run_are_never_deleted(capsys, tmp_path, m
     rc, err, _ = call(capsys, house_price, [*TINY_HP, "--no-plot", "--out", str(out)])
     assert rc == 1 and one_line(err, "--out", "gained files", "notes.txt", "outputs are in")
     assert os.listdir(out) == ["notes.txt"]
-    staging = err.split("outputs are in ")[1].strip()
-    assert sorted(os.listdir(staging)) == ["results.json", "table.md"]
+    kept = Path(err.split("outputs are in ")[1].strip())
+    assert kept.name.startswith("hp.rescued-")            # visible, and not a staging folder
+    assert sorted(os.listdir(kept)) == [".rescued", "results.json", "table.md"]
 
 
 def test_staging_folder_of_a_killed_run_is_cleaned_up(capsys, tmp_path):
