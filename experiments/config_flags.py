@@ -150,8 +150,9 @@ def config_from_args(parser: Parser, args, base, *, validate=None, methods=None)
             check_fields_apply(given, methods)
     except ParameterError as exc:
         flag, msg = parser.flag_for(exc.parameter), parser.name_flags(str(exc))
-        if flag and msg.startswith(flag + " "):
-            msg = msg[len(flag) + 1:]    # "--x: is not read by ...", not "--x: --x is not read by ..."
+        for said in (flag, exc.parameter):   # "--x: is not read by ...", not "--x: x is not read by ..."
+            if flag and said and msg.startswith(said + " "):
+                msg = msg[len(said) + 1:]
         raise UsageError(msg, flag) from exc
     except (ValueError, TypeError) as exc:
         raise UsageError(_name_config_flag(parser, str(exc))) from exc

@@ -115,9 +115,24 @@ def _numeric_column(df, col: str, path) -> np.ndarray:
     return vals.to_numpy(dtype=np.float64)
 
 
+def _as_numbers(s):
+    """``pd.to_numeric(s, errors="coerce")``, converting each distinct text once: a text column
+    of a large file repeats a few categories over 100k+ cells, and converting every cell is what
+    costs time there.  A column pandas parsed as numbers is returned as it is."""
+    import pandas as pd
+
+    if pd.api.types.is_numeric_dtype(s):
+        return s
+    present = s.notna().to_numpy()
+    out = np.full(len(s), np.nan)
+    if present.any():
+        distinct, where = np.unique(s.to_numpy(dtype=object)[present].astype(str), return_inverse=True)
+        out[present] = pd.to_numeric(pd.Series(distinct), errors="coerce").to_numpy(dtype=np.float64)[where]
+    return pd.Series(out, index=s.index)
+
+
 def _encode_split(df, feature_cols: list[str], target: str, path) -> tuple[np.ndarray, np.ndarray]:
     """NaN → 0, label-encode text, z-score (docs/theory.md §9). Returns float64 (X, y)."""
-    import pandas as pd
 
     y = _numeric_column(df, target, path)
     if np.isnan(y).any():
@@ -129,7 +144,7 @@ def _encode_split(df, feature_cols: list[str], target: str, path) -> tuple[np.nd
     cols = []
     for col in feature_cols:
         s = df[col]
-        num = pd.to_numeric(s, errors="coerce")
+        num = _as_numbers(s)
         junk = num.isna() & s.notna()
         if junk.any() and junk.sum() < 0.5 * s.notna().sum():
             # Mostly numbers with some strings: a corrupt numeric column, not a category (a text
@@ -142,9 +157,10 @@ def _encode_split(df, feature_cols: list[str], target: str, path) -> tuple[np.nd
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"{path}: column {col!r} has non-finite value {s.iloc[i]} ({_line(df, i)})")
         if junk.any():
-            filled = s.astype(object).where(s.notna(), "0").astype(str)  # NaN → 0, as text
-            cats = np.array(sorted(set(filled)))
-            cols.append(np.searchsorted(cats, filled.to_numpy()).astype(np.float64))
+            filled = s.astype(object).where(s.notna(), "0").to_numpy(dtype=str)  # NaN → 0, as text
+            # the index of each cell in the sorted categories (code-point order, as sorted() and
+            # scikit-learn's LabelEncoder)
+            cols.append(np.unique(filled, return_inverse=True)[1].astype(np.float64))
         else:
             cols.append(num.fillna(0.0).to_numpy(dtype=np.float64))
     X = np.column_stack(cols)
@@ -190,8 +206,8 @@ def _check_outliers(df, path, on_outlier: str) -> None:
     if on_outlier == "ignore":
         return
     for col in df.columns:
-        vals = pd.to_numeric(df[col], errors="coerce")
-        if vals.isna().all() or (vals.isna() & df[col].notna()).any():
+        vals = df[col]
+        if not pd.api.types.is_numeric_dtype(vals) or pd.api.types.is_bool_dtype(vals):
             continue    # a text column (label-encoded), or a malformed one (refused with its line later)
         idx = outliers(vals.to_numpy(dtype=np.float64))
         if idx.size == 0:
