@@ -12,6 +12,7 @@ checkout that was never installed), and by ``experiments/__init__.py`` when it r
   saying how to install or run it, exit 1, instead of a ModuleNotFoundError traceback.
 """
 import importlib.util
+import os
 import signal
 import sys
 from pathlib import Path
@@ -22,8 +23,10 @@ def _prog() -> str:
 
 
 def _interrupted(signum, frame):
+    # os._exit, not SystemExit: an import done from C (torch imports NumPy so) swallows exceptions,
+    # and nothing has been written yet that would need cleaning up.
     print(f"{_prog()}: interrupted (SIGINT)", file=sys.stderr, flush=True)
-    raise SystemExit(128 + signal.SIGINT)
+    os._exit(128 + signal.SIGINT)
 
 
 _interrupted.startup_handler = True   # recognised (and replaced) by experiments.errors.run_main
