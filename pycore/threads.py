@@ -24,6 +24,10 @@ Who decides, in order:
 4. Otherwise the size rule: one thread when the largest dimension of the arrays passed in is
    below :data:`SMALL_MATRIX_DIM`.
 
+Work split into tasks that run side by side (the experiments' worker processes) runs inside
+:func:`task_threads`: one thread per task whatever the size (rules 1–3 still apply), since the
+processes already fill the cores; the scripts set no thread variable of their own.
+
 Only the thread COUNT changes; results are bit-identical up to what the BLAS itself does with
 a different count (OpenBLAS's products and LAPACK's eigensolvers can differ in the last bits
 between thread counts -- the same command with the same environment gives the same digits).
@@ -90,7 +94,7 @@ def _task_thread_count() -> int | None:
     setting = os.environ.get(ENV_VAR, "").strip().lower()
     if setting and setting != "auto":
         return threads_for(0)
-    if any(os.environ.get(v, "").strip() for v in _USER_THREAD_VARS):
+    if not setting and any(os.environ.get(v, "").strip() for v in _USER_THREAD_VARS):
         return None
     return 1
 
