@@ -15,7 +15,7 @@ re-exports their names, so scripts write ``from experiments import cli`` and ``c
 from __future__ import annotations
 
 from experiments.config_flags import (  # noqa: F401
-    _field_type, _name_config_flag, add_config_flags, add_immunize_flags, config_from_args,
+    IMMUNIZE_HELP, _field_type, _name_config_flag, add_config_flags, add_immunize_flags, config_from_args,
     given_config_flags,
 )
 from experiments.errors import (  # noqa: F401

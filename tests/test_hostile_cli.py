@@ -1,4 +1,4 @@
-"""Hostile use of the experiment command lines (issue 13, CLI side; experiments/cli.py).
+"""Hostile use of the experiment command lines (experiments/cli.py and its modules, docs/cli.md).
 
 Every case asserts the exit code (2 usage, 1 data/runtime, 130/143 interrupted) and the key
 words of the ONE line on stderr; the usage cases also assert that nothing was computed (the
@@ -270,7 +270,7 @@ def test_rerun_replaces_the_whole_set_no_stale_figure(capsys, tmp_path):
 
 def test_failed_or_interrupted_run_leaves_the_previous_set_intact(capsys, tmp_path, monkeypatch):
     out = tmp_path / "mn"
-    argv = ["--pairs", "0-1", "--seeds", "1", "--methods", "identity", "--epochs", "1", "--n-train", "20",
+    argv = ["--pairs", "0-1", "--seeds", "1", "--methods", "identity", "--n-train", "20",
             "--n-heldout", "10", "--jobs", "1", "--out", str(out)]
     assert mnist.main(argv) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
