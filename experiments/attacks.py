@@ -16,6 +16,9 @@ Writes ``results/attacks/results.json`` (every number, the command line, version
 """
 from __future__ import annotations
 
+if not __package__:  # run as a path: one-line errors before any other import (experiments/_startup.py)
+    import _startup  # noqa: F401
+
 import math
 import sys
 import time
@@ -23,19 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-try:
-    from experiments import cli
-except ModuleNotFoundError as exc:  # a checkout that was never installed: say how, not a traceback
-    if exc.name not in ("experiments", "pycore"):
-        raise
-    sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
-             "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
-             "the repository root with PYTHONPATH=.")
+from experiments import cli
 from pycore import attacks as A
 from pycore.immunize import METHODS, ImmunizeConfig
-from pycore.report import environment
+from pycore.report import METHOD_LABELS, environment
 
 ROWS = ("train", "heldout")
+# Step cap of an attacker: its trajectory stores a loss per step, and 8 attackers run on 4 problems
+# per (method, seed); 50× the default cap, ample for ε = 1e-6 on House Prices (docs/cli.md).
+MAX_STEPS = 1_000_000
 TASKS = ("D_H", "D_P")
 
 
@@ -52,11 +51,13 @@ def build_parser() -> cli.Parser:
     p.add_argument("--eps", type=cli.number_list(0.0, 1.0, open_interval=True),
                    default=",".join(f"{e:g}" for e in A.DEFAULT_EPS),
                    help="comma list of relative-suboptimality targets in (0, 1) (default: 1e-2,1e-4,1e-6)")
-    p.add_argument("--max-steps", type=cli.integer(1), default=20000,
+    p.add_argument("--max-steps", type=cli.integer(1, MAX_STEPS), default=20000,
                    help="step cap of every iterative attacker (default 20000)")
     cli.add_immunize_flags(p, ImmunizeConfig())
     p.add_argument("--data", type=cli.existing_path("file"), default=None,
                    help="Kaggle House Prices train.csv (default: packaged copy)")
+    p.add_argument("--on-outlier", choices=("warn", "error"), default="warn",
+                   help="a cell > 1e6 × its column's median magnitude: warn (default) or refuse the file")
     p.add_argument("--n-train", type=cli.integer(2), default=200,
                    help="training rows per split (authors' protocol: 200)")
     p.add_argument("--out", type=Path, default=Path("results/attacks"),
@@ -69,7 +70,7 @@ def build_parser() -> cli.Parser:
                    help="MNIST training images per digit (default 100)")
     p.add_argument("--mnist-epochs", type=cli.integer(0), default=30,
                    help="MNIST immunization epochs (paper: 30)")
-    p.add_argument("--mnist-max-steps", type=cli.integer(1), default=3000,
+    p.add_argument("--mnist-max-steps", type=cli.integer(1, MAX_STEPS), default=3000,
                    help="MNIST attacker step cap (default 3000)")
     p.add_argument("--logistic-ridge", type=cli.real(0.0), default=1e-4,
                    help="logistic probe ridge λ = r·‖Z‖₂²/4 (pycore.attacks.make_problem's ridge_rel; "
@@ -87,7 +88,7 @@ def parse_args(argv=None):
 
 def prepare(args, parser: cli.Parser) -> None:
     """The checks that involve more than one flag, before any compute."""
-    args.config = cli.config_from_args(parser, args, ImmunizeConfig())
+    args.config = cli.config_from_args(parser, args, ImmunizeConfig(), methods=args.methods)
     # The MNIST part runs experiments/mnist.py's defaults; of the flags above only --certified
     # carries over (the others are House Prices settings).
     try:
@@ -166,7 +167,7 @@ def run(args) -> dict:
     from pycore.data.house_price import load_house_price
     from pycore.immunize import config_dict
 
-    data = load_house_price(args.data, n_train=args.n_train)
+    data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
     if data.heldout is None:
         raise ValueError(f"House Prices: --n-train {args.n_train} leaves no held-out rows (lower it)")
     methods = args.methods
@@ -307,8 +308,8 @@ def table_markdown(res: dict) -> str:
     for m in res["methods"]:
         r = by[(s0, m)]
         k = lambda key: f"{r['attacks'][key]['kappa']:.3g}"  # noqa: E731
-        L.append(f"| {m} | {r['rir']['train']:.4g} | {r['rir']['heldout']:.4g} | {k('train/D_H')} | "
-                 f"{k('train/D_P')} | {k('heldout/D_H')} | {k('heldout/D_P')} |")
+        L.append(f"| {METHOD_LABELS[m]} | {r['rir']['train']:.4g} | {r['rir']['heldout']:.4g} | "
+                 f"{k('train/D_H')} | {k('train/D_P')} | {k('heldout/D_H')} | {k('heldout/D_P')} |")
     L.append("")
 
     # the paper's claim
@@ -342,7 +343,8 @@ def table_markdown(res: dict) -> str:
                         verdict += (("; " if verdict else "") + "undetermined on " + " and ".join(unk)
                                     + " (cap)")
                     (fails if why else undetermined).append(f"{m}/{rows}/ε={ek}")
-                L.append(f"| {m} | {rows} | {ek} | {fmt_factors(fh)} | {fmt_factors(fp)} | {verdict} |")
+                L.append(f"| {METHOD_LABELS[m]} | {rows} | {ek} | {fmt_factors(fh)} | {fmt_factors(fp)} | "
+                         f"{verdict} |")
     L.append("")
     L.append(f"Of {n_cells} cells the claim holds in {n_cells - len(fails) - len(undetermined)}, fails in "
              f"{len(fails)} ({', '.join(fails) if fails else 'none'}) "
@@ -359,7 +361,7 @@ def table_markdown(res: dict) -> str:
                 ek = f"{e:g}"
                 names = [a for a in attackers if holds(F[m][f"{rows}/D_H"][a][ek], ">1") is False]
                 unk = [a for a in attackers if holds(F[m][f"{rows}/D_H"][a][ek], ">1") is None]
-                L.append(f"| {m} | {rows} | {ek} | {', '.join(names) if names else '—'} | "
+                L.append(f"| {METHOD_LABELS[m]} | {rows} | {ek} | {', '.join(names) if names else '—'} | "
                          f"{', '.join(unk) if unk else '—'} |")
     L.append("")
 
@@ -369,7 +371,7 @@ def table_markdown(res: dict) -> str:
             ek = f"{e:g}"
             L.append(f"## Slow-down factors, {rows} rows, ε = {ek}\n")
             L.append("| attacker | identity steps D_H | identity steps D_P | " +
-                     " | ".join(f"{m} D_H | {m} D_P" for m in methods) + " |")
+                     " | ".join(f"{METHOD_LABELS[m]} D_H | {METHOD_LABELS[m]} D_P" for m in methods) + " |")
             L.append("|---|---|---|" + "---|---|" * len(methods))
             for a in attackers:
                 idr = by[(s0, "identity")]["attacks"]
@@ -398,7 +400,8 @@ def mnist_table(res):
         ek = f"{e:g}"
         for rows in ROWS:
             L.append(f"## MNIST, {rows} rows, ε = {ek}\n")
-            L.append("| pair | attacker | " + " | ".join(f"{m} D_H | {m} D_P" for m in methods) + " |")
+            L.append("| pair | attacker | "
+                     + " | ".join(f"{METHOD_LABELS[m]} D_H | {METHOD_LABELS[m]} D_P" for m in methods) + " |")
             L.append("|---|---|" + "---|---|" * len(methods))
             for pair, blk in M["pairs"].items():
                 for a in M["attackers"]:
@@ -427,7 +430,7 @@ def plot_curves(res: dict, path: Path):
                 rel = np.maximum(np.asarray(curves[(m, task)][a]), floor)
                 steps = np.arange(len(rel))
                 ax.plot(np.maximum(steps, 0.8), rel, ls, color=colors[i % len(colors)], lw=1.2,
-                        label=f"{m} {task}")
+                        label=f"{METHOD_LABELS[m]} {task}")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_ylim(floor, 2)

@@ -9,19 +9,15 @@ epoch 10. Writes ``<out>/<config>-sweep/balance_sweep.json`` and ``balance_sweep
 """
 from __future__ import annotations
 
+if not __package__:  # run as a path: one-line errors before any other import (experiments/_startup.py)
+    import _startup  # noqa: F401
+
 import sys
 from pathlib import Path
 
 import torch
 
-try:
-    from experiments import cli
-except ModuleNotFoundError as exc:  # a checkout that was never installed: say how, not a traceback
-    if exc.name not in ("experiments", "pycore"):
-        raise
-    sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
-             "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
-             "the repository root with PYTHONPATH=.")
+from experiments import cli
 from pycore.deep import DEEP_METHODS  # pycore.deep installs the torchvision shim first
 from pycore.deep.distributed import init_from_env, shutdown
 from pycore.deep.evaluate import CONFIGS, RunOptions, balance_sweep

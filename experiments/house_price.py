@@ -15,30 +15,24 @@ Definition 3.1 count (:func:`pycore.evaluate.evaluate_linear`).
 """
 from __future__ import annotations
 
-import os
+if not __package__:  # run as a path: one-line errors before any other import (experiments/_startup.py)
+    import _startup  # noqa: F401
+
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")        # small matrices: threads only add overhead
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
 import numpy as np  # noqa: E402
 
-try:
-    from experiments import cli  # noqa: E402
-except ModuleNotFoundError as exc:  # a checkout that was never installed: say how, not a traceback
-    if exc.name not in ("experiments", "pycore"):
-        raise
-    sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
-             "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
-             "the repository root with PYTHONPATH=.")
+from experiments import cli
 from pycore.data.house_price import load_house_price  # noqa: E402
 from pycore.evaluate import def31_summary, evaluate_linear, norm_ratio_curves  # noqa: E402
 from pycore.immunize import METHODS, ImmunizeConfig, immunize, replace  # noqa: E402
 from pycore.metrics import def31_exponent_window, rir_ceiling  # noqa: E402
 from pycore.protocol import strict_protocol  # noqa: E402
+from pycore.probe import MAX_PROBE_STEPS  # noqa: E402
+from pycore.report import METHOD_LABELS as LABELS  # noqa: E402
 from pycore.report import environment, fmt, pm, save_figure, summarize  # noqa: E402
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.
@@ -48,9 +42,6 @@ PAPER_TABLE1 = {
     "opt_kappa": {"harmful_ratio": (1.518, 0.027), "pretrain_ratio": (0.016, 0.001), "rir": (92.58, 4.49)},
     "ours": {"harmful_ratio": (18.92, 2.06), "pretrain_ratio": (0.053, 0.002), "rir": (356.2, 5.49)},
 }
-LABELS = {"identity": "Identity", "r_ill_only": "R_ill only", "imma": "IMMA", "opt_kappa": "Opt κ",
-          "opt_kappa_balanced": "Opt κ (balanced)",
-          "ours": "Ours (Alg. 1)", "closed_form": "Closed form (docs/theory.md §10)"}
 SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_harmful_ratio",
               "heldout_pretrain_ratio", "fraction_of_ceiling", "dp_loss_before", "dp_loss_after",
               "heldout_dp_loss_before", "heldout_dp_loss_after", "wall_seconds",
@@ -67,6 +58,9 @@ def build_parser() -> cli.Parser:
                         "norm_ratio.png)")
     p.add_argument("--data", type=cli.existing_path("file"), default=None,
                    help="your own Kaggle House Prices train.csv")
+    p.add_argument("--on-outlier", choices=("warn", "error"), default="warn",
+                   help="a cell > 1e6 × its column's median magnitude (pycore.validation.outliers): warn "
+                        "(default) or refuse the file")
     p.add_argument("--methods", dest="method_list", type=cli.choice_list(METHODS, "method"),
                    default=",".join(METHODS),
                    help=f"comma list from {','.join(METHODS)}")
@@ -80,7 +74,7 @@ def build_parser() -> cli.Parser:
                         "ceiling is finite (hyper-parameters then start from ImmunizeConfig.strict(); flags "
                         "given explicitly still apply)")
     p.add_argument("--n-train", type=cli.integer(2), default=200, help="training rows per split (paper: 200)")
-    p.add_argument("--probe-steps", type=cli.integer(1), default=100,
+    p.add_argument("--probe-steps", type=cli.integer(1, MAX_PROBE_STEPS), default=100,
                    help="steps of exact-line-search probing in Figure 1")
     cli.add_jobs(p, "(method, seed) runs")
     p.add_argument("--no-plot", action="store_true")
@@ -103,7 +97,7 @@ def build_config(args, parser: cli.Parser | None = None) -> ImmunizeConfig:
         base = ImmunizeConfig.strict()
     else:
         base = ImmunizeConfig()
-    return cli.config_from_args(parser or build_parser(), args, base)
+    return cli.config_from_args(parser or build_parser(), args, base, methods=args.method_list)
 
 
 def _one_run(job):
@@ -116,7 +110,7 @@ def _one_run(job):
 
 def load_tasks(args):
     """Load the data and apply ``args.protocol``: (data, train, heldout, strict report or None)."""
-    data = load_house_price(args.data, n_train=args.n_train)
+    data = load_house_price(args.data, n_train=args.n_train, on_outlier=getattr(args, "on_outlier", "warn"))
     train, heldout, report = data.train, data.heldout, None
     if getattr(args, "protocol", "paper") == "strict":
         train, heldout, report = strict_protocol(train, heldout, data.feature_names)

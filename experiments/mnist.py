@@ -9,28 +9,22 @@ pairs (P, H), 3 seeds, every method.  D_P = images of digit P, D_H = images of d
 """
 from __future__ import annotations
 
-import os
+if not __package__:  # run as a path: one-line errors before any other import (experiments/_startup.py)
+    import _startup  # noqa: F401
+
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")        # one BLAS thread per worker process
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
 import numpy as np  # noqa: E402
 
-try:
-    from experiments import cli  # noqa: E402
-except ModuleNotFoundError as exc:  # a checkout that was never installed: say how, not a traceback
-    if exc.name not in ("experiments", "pycore"):
-        raise
-    sys.exit(f"{Path(sys.argv[0]).name}: error: cannot import {exc.name!r}; install the project "
-             "(bash scripts/install.sh, or pip install --no-build-isolation --no-deps -e .) or run from "
-             "the repository root with PYTHONPATH=.")
+from experiments import cli
 from pycore.data.mnist import digit_covariances, load_mnist, pair_task, split_digits  # noqa: E402
 from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
 from pycore.metrics import range_null_split, rir, rir_ceiling  # noqa: E402
+from pycore.evaluate import immunized_def31  # noqa: E402
+from pycore.report import METHOD_LABELS as LABELS  # noqa: E402
 from pycore.report import environment, fmt, pm, save_figure, summarize  # noqa: E402
 
 # Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts under two criteria:
@@ -48,9 +42,6 @@ PAPER_TABLE2 = {
     "ours": {"rir": (70.04, 3.28), "harmful_ratio": (6.345, None), "pretrain_ratio": (0.149, None),
              "successes_def31": 90, "successes_rir": 90},
 }
-LABELS = {"identity": "Identity", "r_ill_only": "R_ill only", "imma": "IMMA", "opt_kappa": "Opt κ",
-          "opt_kappa_balanced": "Opt κ (balanced)",
-          "ours": "Ours (Alg. 1)", "closed_form": "Closed form (docs/theory.md §10)"}
 SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "fraction_of_ceiling",
               "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
               "dp_acc_before", "dp_acc_after", "wall_seconds")
@@ -106,7 +97,7 @@ def parse_args(argv=None):
 
 def build_config(args, parser: cli.Parser | None = None) -> ImmunizeConfig:
     return cli.config_from_args(parser or build_parser(), args,
-                                ImmunizeConfig.mnist(paper=args.paper_hparams))
+                                ImmunizeConfig.mnist(paper=args.paper_hparams), methods=args.method_list)
 
 
 def probe_accuracy(Z_tr, y_tr, Z_te, y_te) -> float:
@@ -141,7 +132,7 @@ def _one_pair(pair):
                 "rank_P": r.rank_P, "rank_H": r.rank_H,
                 "heldout_rir": rh.value, "heldout_harmful_ratio": rh.harmful_ratio,
                 "heldout_pretrain_ratio": rh.pretrain_ratio,
-                "def31": bool(r.harmful_ratio > 1 and r.pretrain_ratio < 1),
+                "def31": immunized_def31(r.harmful_ratio, r.pretrain_ratio),
                 "rir_range_part": rir(th_range, train.X_P, train.X_H).value,
                 "rir_null_part": rir(th_null, train.X_P, train.X_H).value,
                 "heldout_rir_range_part": rir(th_range, held.X_P, held.X_H).value,
@@ -238,10 +229,10 @@ def success_counts(runs: list[dict]) -> dict:
         "pair_mean_rir": {k: m["rir"] for k, m in mean.items()},
         "pair_mean_harmful_ratio": {k: m["harmful_ratio"] for k, m in mean.items()},
         "pair_mean_pretrain_ratio": {k: m["pretrain_ratio"] for k, m in mean.items()},
-        "successes_def31": int(sum(m["harmful_ratio"] > 1 and m["pretrain_ratio"] < 1
+        "successes_def31": int(sum(immunized_def31(m["harmful_ratio"], m["pretrain_ratio"])
                                    for m in mean.values())),
         "successes_rir": int(sum(m["rir"] > 1 for m in mean.values())),
-        "def31_runs": int(sum(r["harmful_ratio"] > 1 and r["pretrain_ratio"] < 1 for r in runs)),
+        "def31_runs": int(sum(immunized_def31(r["harmful_ratio"], r["pretrain_ratio"]) for r in runs)),
         "n_runs": len(runs),
         "n_pairs": len(per_pair),
     }

@@ -36,6 +36,13 @@ from pycore.validation import DivergenceError, ParameterError, check_choice, che
 from pycore.threads import bounded_blas
 
 
+# Upper bounds of the counts (a typo such as epochs=10**23 must fail at once, not run until
+# killed): 100× the largest value of the paper (Table 4: 1000 epochs) and ~300× IMMA's default of
+# 3 unrolled steps (each costs 2 D×D×m products per outer step).
+MAX_EPOCHS = 100_000
+MAX_IMMA_INNER_STEPS = 1_000
+
+
 @dataclass(frozen=True)
 class ImmunizeConfig:
     """Hyper-parameters; defaults are the paper's House Prices values (docs/theory.md §9, Table 4).
@@ -107,7 +114,7 @@ class ImmunizeConfig:
         # Every numeric field finite and in range, named (ParameterError.parameter = the field):
         # NaN passes every `x < 0` test, so each bound is checked positively.
         num = check_number
-        num(self.epochs, "epochs", low=0, integer=True)
+        num(self.epochs, "epochs", low=0, high=MAX_EPOCHS, integer=True)
         num(self.lr, "lr", low=0.0, low_open=True)
         num(self.lambda_p, "lambda_p", low=0.0)
         num(self.lambda_h, "lambda_h", low=0.0)
@@ -125,7 +132,7 @@ class ImmunizeConfig:
         check_choice(self.init, "init", ("identity", "random"))
         num(self.lambda_kappa, "lambda_kappa", low=0.0)
         check_choice(self.opt_kappa_log, "opt_kappa_log", (False, True))
-        num(self.imma_inner_steps, "imma_inner_steps", low=0, integer=True)
+        num(self.imma_inner_steps, "imma_inner_steps", low=0, high=MAX_IMMA_INNER_STEPS, integer=True)
         # the attacker's GD step is imma_inner_lr/L: stable on its quadratic below 2
         num(self.imma_inner_lr, "imma_inner_lr", low=0.0, high=2.0, high_open=True)
         num(self.closed_form_exponent, "closed_form_exponent")
@@ -613,10 +620,49 @@ RUNNERS = {
 METHODS = tuple(RUNNERS)
 
 
+# The ImmunizeConfig fields each method reads (docs/cli.md: a flag that no chosen method reads
+# is refused).  FIELDS_OF_EVERY_METHOD: fields that apply whatever the method; METHOD_FIELDS: the
+# method's own.  Derived from the runners above and checked by tests/test_one_source.py (changing
+# a field a method does not read leaves its θ bit-identical; changing one it reads moves θ).
+FIELDS_OF_EVERY_METHOD: tuple[str, ...] = ()
+_OPTIMIZER = ("lr", "optimizer", "betas", "adam_eps")
+_LOOP = ("epochs", "batch_size", "init")
+METHOD_FIELDS: dict[str, tuple[str, ...]] = {
+    "identity": (),
+    "ours": (*_LOOP, *_OPTIMIZER, "lambda_p", "lambda_h", "precond", "ridge", "certified",
+             "certified_safety"),
+    # plain GD by its own step rule: cfg.optimizer, betas and adam_eps are not used
+    "r_ill_only": (*_LOOP, "lr", "lambda_h", "precond", "ridge", "certified_safety"),
+    "imma": (*_LOOP, *_OPTIMIZER, "imma_inner_steps", "imma_inner_lr"),
+    "opt_kappa": (*_LOOP, *_OPTIMIZER, "lambda_kappa", "opt_kappa_log"),
+    "opt_kappa_balanced": (*_LOOP, *_OPTIMIZER, "lambda_kappa", "opt_kappa_log"),
+    "closed_form": ("closed_form_exponent",),
+}
+
+
+def fields_read_by(method: str) -> frozenset[str]:
+    """The :class:`ImmunizeConfig` fields ``method`` reads (:data:`METHOD_FIELDS`)."""
+    return frozenset(FIELDS_OF_EVERY_METHOD) | frozenset(METHOD_FIELDS[method])
+
+
+def check_fields_apply(fields, methods) -> None:
+    """Raise :class:`ParameterError` naming the first of ``fields`` (settings a user gave) that
+    none of ``methods`` reads: a setting that silently changes nothing is a mistake to report
+    (``imma_inner_steps`` with only ``ours``)."""
+    methods = list(methods)
+    used = frozenset().union(*(fields_read_by(m) for m in methods))
+    for name in fields:
+        if name not in used:
+            readers = [m for m in METHODS if name in fields_read_by(m)]
+            raise ParameterError(name, f"{name} is not read by the chosen method(s) {', '.join(methods)}; "
+                                       f"it applies to {', '.join(readers) or 'no method'}")
+
+
 def config_dict(cfg: ImmunizeConfig) -> dict:
     return asdict(cfg)
 
 
-__all__ = ["METHODS", "RUNNERS", "kappa_grad_H", "opt_kappa_objective", "r_ill_only_step_size",
+__all__ = ["METHODS", "RUNNERS", "METHOD_FIELDS", "FIELDS_OF_EVERY_METHOD", "fields_read_by",
+           "check_fields_apply", "kappa_grad_H", "opt_kappa_objective", "r_ill_only_step_size",
            "ImmunizeConfig", "ImmunizationResult", "immunize", "imma_objective",
            "imma_inner_step_size", "config_dict", "replace"]

@@ -12,7 +12,7 @@ import numpy as np
 
 from pycore.spectral import gram_spectrum, rank_tolerance
 from pycore.threads import bounded_blas
-from pycore.validation import as_float_matrix, check_number, check_theta
+from pycore.validation import as_float_matrix, check_dense_size, check_number, check_theta
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,23 @@ def _check_pair(X_P, X_H):
     return X_P, X_H
 
 
+def right_singular_vectors(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, np.ndarray]:
+    """``(s, Vt)``: the singular values of ``X`` (N×D) and ALL D of its right singular vectors
+    (the rows of the D×D ``Vt``: a basis of the row space, range(XᵀX), then of its complement).
+
+    The thin SVD already has all D of them when N ≥ D; only N < D needs the full SVD, whose U is
+    then N×N, smaller than Vt.  Memory is O(N·D + D²) either way: a full SVD of a tall X would
+    form an N×N U (35k held-out rows: 10 GB) that nothing uses.  The digits are those of the
+    full SVD (LAPACK computes Vt the same way).  Refused up front, naming the sizes, when the
+    arrays would not fit (:func:`pycore.validation.check_dense_size`).
+    """
+    N, D = X.shape
+    check_dense_size((D, D), f"the {D}×{D} basis of {name}'s row space ({name} is {N}×{D})")
+    check_dense_size((N, min(N, D)), f"the left singular vectors of {name} ({N}×{D})")
+    _, s, Vt = np.linalg.svd(X, full_matrices=N < D)
+    return s, Vt
+
+
 @bounded_blas
 def rir(theta, X_P, X_H, *, theta_ref=None) -> RIR:
     """RIR = [κ(H_H(θ))/κ(H_H(θ_ref))] / [κ(H_P(θ))/κ(H_P(θ_ref))], θ_ref = I by default.
@@ -56,12 +73,14 @@ def rir(theta, X_P, X_H, *, theta_ref=None) -> RIR:
     """
     X_P, X_H = _check_pair(X_P, X_H)
     theta = check_theta(theta, X_P.shape[1])
-    sP, sH = gram_spectrum(X_P @ theta, vectors=False), gram_spectrum(X_H @ theta, vectors=False)
+    sP = gram_spectrum(X_P @ theta, vectors=False, name="X_P·theta")
+    sH = gram_spectrum(X_H @ theta, vectors=False, name="X_H·theta")
     if theta_ref is None:
-        rP, rH = gram_spectrum(X_P, vectors=False), gram_spectrum(X_H, vectors=False)
+        rP, rH = gram_spectrum(X_P, vectors=False, name="X_P"), gram_spectrum(X_H, vectors=False, name="X_H")
     else:
         ref = check_theta(theta_ref, X_P.shape[1], "theta_ref")
-        rP, rH = gram_spectrum(X_P @ ref, vectors=False), gram_spectrum(X_H @ ref, vectors=False)
+        rP = gram_spectrum(X_P @ ref, vectors=False, name="X_P·theta_ref")
+        rH = gram_spectrum(X_H @ ref, vectors=False, name="X_H·theta_ref")
     hr = sH.kappa / rH.kappa
     pr = sP.kappa / rP.kappa
     return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
@@ -91,6 +110,7 @@ def range_null_split(theta, X_P) -> tuple[np.ndarray, np.ndarray]:
     """
     X_P = as_float_matrix(X_P, "X_P")
     theta = check_theta(theta, X_P.shape[1])
+    check_dense_size((X_P.shape[0], min(X_P.shape)), f"the left singular vectors of X_P {X_P.shape}")
     _, s, Vt = np.linalg.svd(X_P, full_matrices=False)
     r = int(np.count_nonzero(s > rank_tolerance(s[0], X_P.shape)))
     V = Vt[:r].T
@@ -127,16 +147,6 @@ class Ceiling:
         return d
 
 
-def _psd_eig(K, name):
-    w, Q = np.linalg.eigh(0.5 * (K + K.T))
-    w, Q = w[::-1], Q[:, ::-1]
-    tol = rank_tolerance(max(w[0], 0.0), K.shape)
-    r = int(np.count_nonzero(w > tol))
-    if r == 0:
-        raise ValueError(f"{name} is zero: the RIR ceiling is undefined")
-    return w, Q, r
-
-
 @bounded_blas
 def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     """The supremum of RIR over linear extractors θ, exact and restricted to range(K_P).
@@ -150,9 +160,10 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     """
     check_number(null_rtol, "null_rtol", low=0.0, high=1.0, high_open=True)
     X_P, X_H = _check_pair(X_P, X_H)
-    # Right singular vectors of X_P give K_P's eigenvectors with eigenvalues s² (accurate).
-    _, s, Vt = np.linalg.svd(X_P, full_matrices=True)
+    # Right singular vectors of X_P give K_P's eigenvectors with eigenvalues s² (accurate); all D
+    # of them: the last D − r are the basis of null(K_P).
     sP = gram_spectrum(X_P, vectors=False, name="X_P")
+    s, Vt = right_singular_vectors(X_P, "X_P")
     sH = gram_spectrum(X_H, vectors=False, name="X_H")
     r = sP.rank
     U_r, U_null = Vt[:r].T, Vt[r:].T

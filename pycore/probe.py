@@ -24,6 +24,11 @@ from pycore.threads import bounded_blas
 from pycore.validation import as_float_matrix, as_target, check_number
 
 
+# Upper bound on the steps of one probe: its trace holds 3 floats per step, and Figure 1 stores two
+# traces per method in results.json (~30 MB of JSON at this bound; the figure uses 100 steps).
+MAX_PROBE_STEPS = 100_000
+
+
 @dataclass(frozen=True)
 class ProbeTrace:
     norm_ratio: np.ndarray   # (steps+1,) ‖w_t − w*‖²/‖w_0 − w*‖²
@@ -67,7 +72,7 @@ def gd_exact_line_search(Z, Y, steps: int, w0=None) -> ProbeTrace:
     """
     Z = as_float_matrix(Z, "Z")
     Y = as_target(Y, Z.shape[0], "Y")
-    check_number(steps, "steps", low=0, integer=True)
+    check_number(steps, "steps", low=0, high=MAX_PROBE_STEPS, integer=True)
     w = np.zeros((Z.shape[1], Y.shape[1])) if w0 is None else as_target(w0, Z.shape[1], "w0").copy()
     w_star = w + np.linalg.lstsq(Z, Y - Z @ w, rcond=None)[0]
     E0 = Z @ w_star - Y

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from pycore.metrics import right_singular_vectors
 from pycore.spectral import rank_tolerance
 from pycore.tasks import LinearTask
 
@@ -74,7 +75,7 @@ def _range_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     The rank uses numpy's ``matrix_rank`` cut-off on the singular values of X, the rule every κ
     and ceiling of this project uses (:mod:`pycore.spectral`).
     """
-    _, s, Vt = np.linalg.svd(X, full_matrices=True)
+    s, Vt = right_singular_vectors(X)   # all D right singular vectors, never an N×N U
     r = int(np.count_nonzero(s > rank_tolerance(s[0], X.shape))) if s.size and s[0] > 0 else 0
     return Vt[:r].T, Vt[r:].T
 

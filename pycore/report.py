@@ -11,6 +11,21 @@ from pathlib import Path
 import numpy as np
 
 
+# The one label table of the methods, for every table and figure of the project: the linear
+# methods (pycore.immunize.METHODS), the deep ones (pycore.deep.DEEP_METHODS) and the deep
+# tables' reference row "init" (the extractor θ₀ before immunization).
+METHOD_LABELS = {
+    "init": "Init. θ₀",
+    "identity": "Identity",
+    "r_ill_only": "R_ill only",
+    "imma": "IMMA",
+    "opt_kappa": "Opt κ",
+    "opt_kappa_balanced": "Opt κ (balanced)",
+    "ours": "Ours (Alg. 1)",
+    "closed_form": "Closed form (docs/theory.md §10)",
+}
+
+
 def summarize(values) -> dict:
     """``{"mean", "std", "per_seed"}`` with the population std (ddof = 0) over seeds."""
     a = np.asarray(list(values), dtype=float)

@@ -24,6 +24,10 @@ Who decides, in order:
 4. Otherwise the size rule: one thread when the largest dimension of the arrays passed in is
    below :data:`SMALL_MATRIX_DIM`.
 
+Work split into tasks that run side by side (the experiments' worker processes) runs inside
+:func:`task_threads`: one thread per task whatever the size (rules 1–3 still apply), since the
+processes already fill the cores; the scripts set no thread variable of their own.
+
 Only the thread COUNT changes; results are bit-identical up to what the BLAS itself does with
 a different count (OpenBLAS's products and LAPACK's eigensolvers can differ in the last bits
 between thread counts -- the same command with the same environment gives the same digits).
@@ -37,7 +41,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["SMALL_MATRIX_DIM", "ENV_VAR", "bounded_blas", "blas_threads", "threads_for"]
+__all__ = ["SMALL_MATRIX_DIM", "ENV_VAR", "bounded_blas", "blas_threads", "threads_for", "task_threads"]
 
 # Largest matrix dimension still run single-threaded by default.  Measured on the 2-core machine
 # shared with other jobs (``python bench/bench_threads.py --sizes 79,256,784,1200,1500``, per-call
@@ -83,6 +87,31 @@ def threads_for(dim: int) -> int | None:
     if not setting and any(os.environ.get(v, "").strip() for v in _USER_THREAD_VARS):
         return None
     return 1 if dim < SMALL_MATRIX_DIM else None
+
+
+def _task_thread_count() -> int | None:
+    """The count :func:`task_threads` uses: the rules 1–3 of the module docstring, then 1."""
+    setting = os.environ.get(ENV_VAR, "").strip().lower()
+    if setting and setting != "auto":
+        return threads_for(0)
+    if not setting and any(os.environ.get(v, "").strip() for v in _USER_THREAD_VARS):
+        return None
+    return 1
+
+
+@contextmanager
+def task_threads():
+    """Run the enclosed work with ONE BLAS thread: the policy for tasks that run side by side
+    (the experiments' worker processes, one task per core; docs/design.md §5).  Entry points
+    inside keep this decision, whatever their size, and the same tasks run serially (one
+    worker) get the same count, so a result never depends on how many workers ran it.  The
+    user's choice still wins: ``PYCORE_BLAS_THREADS=n`` gives n threads, ``off`` or an explicit
+    ``OMP_NUM_THREADS`` (etc.) leaves the count alone."""
+    if getattr(_local, "active", False):
+        yield
+        return
+    with _scope(_task_thread_count()):
+        yield
 
 
 def _largest_dim(values) -> int:

@@ -9,7 +9,25 @@ import stat
 import numpy as np
 
 
-class ParameterError(ValueError):
+def _rebuild_error(cls, args, state):
+    exc = cls.__new__(cls, *args)   # BaseException.__new__: sets .args, runs no __init__
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+class PicklableError:
+    """Mixin for an exception whose ``__init__`` takes more than its message (``ParameterError(
+    parameter, message)``): pickle rebuilds it from its ``args`` and attributes without calling
+    ``__init__``, so it crosses a process boundary (a worker of a process pool) as itself, with
+    ``.parameter`` and the rest.  The default pickling calls ``cls(*args)`` with the message alone,
+    which fails for such a signature.  Put it first among the bases."""
+
+    def __reduce__(self):
+        return _rebuild_error, (type(self), self.args, dict(self.__dict__))
+
+
+class ParameterError(PicklableError, ValueError):
     """A parameter value the library cannot use (non-finite, out of range, or one that makes a
     run diverge).  ``parameter`` is the name of the offending field or argument (for example
     ``"lambda_h"``), so that a command-line layer can name the flag the user typed."""
@@ -19,7 +37,7 @@ class ParameterError(ValueError):
         self.parameter = parameter
 
 
-class DivergenceError(FloatingPointError):
+class DivergenceError(PicklableError, FloatingPointError):
     """A run became non-finite (θ, a loss, or optimizer state).  ``parameter`` names the
     setting most likely responsible (for example ``"lambda_h"`` or ``"lr"``), or is None."""
 
@@ -127,6 +145,49 @@ def check_finite_array(a: np.ndarray, name: str, *, error=None) -> None:
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
         msg = f"{name} contains NaN or inf (first at index {bad})"
         raise (error(msg) if error is not None else DivergenceError(msg))
+
+
+class OutlierWarning(UserWarning):
+    """A data value many orders of magnitude beyond the rest of its column (:func:`outliers`)."""
+
+
+# A cell this many times the median magnitude of its column's nonzero cells is refused or
+# warned about.  On the Kaggle House Prices file the largest ratio is 31 (MiscVal; LotArea 23),
+# so 1e6 leaves 4.5 orders of magnitude of margin; and one such cell among N rows has a std of
+# ≥ 1e6·m/√N, so every other row's z-score differs from the next by ~√N·1e-6: the column
+# becomes an indicator of that one row (a 1e308 cell makes it exactly constant).
+OUTLIER_FACTOR = 1e6
+
+
+def outliers(values, factor: float = OUTLIER_FACTOR) -> np.ndarray:
+    """Indices of the finite entries of ``values`` (1-D) whose magnitude exceeds ``factor`` ×
+    the median magnitude of the nonzero entries (a robust scale: zeros, common in count columns
+    such as PoolArea, are left out, and one huge value cannot move a median).  Empty when
+    fewer than two entries are nonzero."""
+    a = np.abs(np.asarray(values, dtype=np.float64))
+    nz = a[np.isfinite(a) & (a > 0)]
+    if nz.size < 2:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.isfinite(a) & (a > factor * np.median(nz)))
+
+
+# Largest dense float64 array a call of the linear core sets out to allocate (a decomposition's
+# factors, a data matrix).  The work those arrays imply (an SVD is O(N·D·min(N,D))) is then
+# bounded as well; a 35k × 35k U (10 GB, the full SVD of 35k held-out rows) is refused before
+# LAPACK starts, where it could not even be interrupted.
+MAX_DENSE_BYTES = 4 << 30   # 4 GiB
+
+
+def check_dense_size(shape, what: str, *, max_bytes: int | None = None) -> None:
+    """Raise ``ValueError`` naming ``what`` and its size if a float64 array of ``shape`` would
+    exceed ``max_bytes`` (default :data:`MAX_DENSE_BYTES`, read at call time)."""
+    limit = MAX_DENSE_BYTES if max_bytes is None else max_bytes
+    nbytes = 8 * math.prod(int(n) for n in shape)
+    if nbytes > limit:
+        dims = " × ".join(str(int(n)) for n in shape)
+        raise ValueError(f"{what}: a {dims} float64 array needs {nbytes / 2**30:.1f} GiB, more than the "
+                         f"{limit / 2**30:g} GiB this library allocates at once (pycore.validation."
+                         "MAX_DENSE_BYTES); use fewer rows or columns")
 
 
 # Upper limit on an input file read whole into memory (a CSV table, an IDX image file).  The

@@ -1,4 +1,4 @@
-"""Hostile use of the experiment command lines (issue 13, CLI side; experiments/cli.py).
+"""Hostile use of the experiment command lines (experiments/cli.py and its modules, docs/cli.md).
 
 Every case asserts the exit code (2 usage, 1 data/runtime, 130/143 interrupted) and the key
 words of the ONE line on stderr; the usage cases also assert that nothing was computed (the
@@ -164,7 +164,7 @@ def test_read_only_out_is_refused_before_compute(tripwire, capsys, tmp_path, mon
     out = tmp_path / "ro"
     out.mkdir()
     real_access = os.access
-    monkeypatch.setattr(cli.os, "access", lambda p, m: False if Path(p) == out else real_access(p, m))
+    monkeypatch.setattr(os, "access", lambda p, m: False if Path(p) == out else real_access(p, m))
     rc, err, _ = call(capsys, mnist, ["--out", str(out)])
     assert rc == 2 and one_line(err, "--out", "not writable")
 
@@ -270,7 +270,7 @@ def test_rerun_replaces_the_whole_set_no_stale_figure(capsys, tmp_path):
 
 def test_failed_or_interrupted_run_leaves_the_previous_set_intact(capsys, tmp_path, monkeypatch):
     out = tmp_path / "mn"
-    argv = ["--pairs", "0-1", "--seeds", "1", "--methods", "identity", "--epochs", "1", "--n-train", "20",
+    argv = ["--pairs", "0-1", "--seeds", "1", "--methods", "identity", "--n-train", "20",
             "--n-heldout", "10", "--jobs", "1", "--out", str(out)]
     assert mnist.main(argv) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -301,8 +301,9 @@ def test_files_added_to_out_during_the_run_are_never_deleted(capsys, tmp_path, m
     rc, err, _ = call(capsys, house_price, [*TINY_HP, "--no-plot", "--out", str(out)])
     assert rc == 1 and one_line(err, "--out", "gained files", "notes.txt", "outputs are in")
     assert os.listdir(out) == ["notes.txt"]
-    staging = err.split("outputs are in ")[1].strip()
-    assert sorted(os.listdir(staging)) == ["results.json", "table.md"]
+    kept = Path(err.split("outputs are in ")[1].strip())
+    assert kept.name.startswith("hp.rescued-")            # visible, and not a staging folder
+    assert sorted(os.listdir(kept)) == [".rescued", "results.json", "table.md"]
 
 
 def test_staging_folder_of_a_killed_run_is_cleaned_up(capsys, tmp_path):

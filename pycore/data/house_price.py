@@ -11,6 +11,7 @@ each split in file order (the authors' code); the rest of each split is held out
 from __future__ import annotations
 
 import csv
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import numpy as np
 
 from pycore.data import packaged_file
 from pycore.tasks import LinearTask
-from pycore.validation import check_number, check_regular_file
+from pycore.validation import (OUTLIER_FACTOR, OutlierWarning, check_choice, check_dense_size, check_number,
+                               check_regular_file, outliers)
 
 SPLIT_COLUMN = "MSZoning"
 HARMFUL_VALUE = "RL"
@@ -113,9 +115,24 @@ def _numeric_column(df, col: str, path) -> np.ndarray:
     return vals.to_numpy(dtype=np.float64)
 
 
+def _as_numbers(s):
+    """``pd.to_numeric(s, errors="coerce")``, converting each distinct text once: a text column
+    of a large file repeats a few categories over 100k+ cells, and converting every cell is what
+    costs time there.  A column pandas parsed as numbers is returned as it is."""
+    import pandas as pd
+
+    if pd.api.types.is_numeric_dtype(s):
+        return s
+    present = s.notna().to_numpy()
+    out = np.full(len(s), np.nan)
+    if present.any():
+        distinct, where = np.unique(s.to_numpy(dtype=object)[present].astype(str), return_inverse=True)
+        out[present] = pd.to_numeric(pd.Series(distinct), errors="coerce").to_numpy(dtype=np.float64)[where]
+    return pd.Series(out, index=s.index)
+
+
 def _encode_split(df, feature_cols: list[str], target: str, path) -> tuple[np.ndarray, np.ndarray]:
     """NaN → 0, label-encode text, z-score (docs/theory.md §9). Returns float64 (X, y)."""
-    import pandas as pd
 
     y = _numeric_column(df, target, path)
     if np.isnan(y).any():
@@ -127,7 +144,7 @@ def _encode_split(df, feature_cols: list[str], target: str, path) -> tuple[np.nd
     cols = []
     for col in feature_cols:
         s = df[col]
-        num = pd.to_numeric(s, errors="coerce")
+        num = _as_numbers(s)
         junk = num.isna() & s.notna()
         if junk.any() and junk.sum() < 0.5 * s.notna().sum():
             # Mostly numbers with some strings: a corrupt numeric column, not a category (a text
@@ -140,9 +157,10 @@ def _encode_split(df, feature_cols: list[str], target: str, path) -> tuple[np.nd
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"{path}: column {col!r} has non-finite value {s.iloc[i]} ({_line(df, i)})")
         if junk.any():
-            filled = s.astype(object).where(s.notna(), "0").astype(str)  # NaN → 0, as text
-            cats = np.array(sorted(set(filled)))
-            cols.append(np.searchsorted(cats, filled.to_numpy()).astype(np.float64))
+            filled = s.astype(object).where(s.notna(), "0").to_numpy(dtype=str)  # NaN → 0, as text
+            # the index of each cell in the sorted categories (code-point order, as sorted() and
+            # scikit-learn's LabelEncoder)
+            cols.append(np.unique(filled, return_inverse=True)[1].astype(np.float64))
         else:
             cols.append(num.fillna(0.0).to_numpy(dtype=np.float64))
     X = np.column_stack(cols)
@@ -175,8 +193,46 @@ def _zscore(A: np.ndarray) -> np.ndarray:
     return Z
 
 
-def load_house_price(path: str | Path | None = None, *, n_train: int = 200) -> HousePriceData:
-    """Load and split House Prices per docs/theory.md §9; ``path`` is a user's Kaggle train.csv."""
+ON_OUTLIER = ("warn", "error", "ignore")
+
+
+def _check_outliers(df, path, on_outlier: str) -> None:
+    """Warn about (or refuse) the cells of numeric columns beyond :data:`pycore.validation.
+    OUTLIER_FACTOR` × the median magnitude of the column's nonzero cells (:func:`pycore.validation.
+    outliers`): one such cell turns the column into an indicator of its row after z-scoring (a
+    1e308 cell makes it constant), silently.  One message per column, naming the first cell."""
+    import pandas as pd
+
+    if on_outlier == "ignore":
+        return
+    for col in df.columns:
+        vals = df[col]
+        if not pd.api.types.is_numeric_dtype(vals) or pd.api.types.is_bool_dtype(vals):
+            continue    # a text column (label-encoded), or a malformed one (refused with its line later)
+        idx = outliers(vals.to_numpy(dtype=np.float64))
+        if idx.size == 0:
+            continue
+        a = np.abs(vals.to_numpy(dtype=np.float64))
+        i = int(idx[0])
+        median = float(np.median(a[np.isfinite(a) & (a > 0)]))
+        msg = (f"{path}: column {col!r} has {df[col].iloc[i]} ({_line(df, i)}), {a[i] / median:.1e} × the "
+               f"median magnitude of its nonzero cells ({median:g}; rule: > {OUTLIER_FACTOR:g}×): after "
+               "z-scoring every other row of the column would be nearly constant"
+               + (f"; {idx.size - 1} more such cell(s) in the column" if idx.size > 1 else ""))
+        if on_outlier == "error":
+            raise ValueError(msg)
+        warnings.warn(msg, OutlierWarning, stacklevel=3)
+
+
+def load_house_price(path: str | Path | None = None, *, n_train: int = 200,
+                     on_outlier: str = "warn") -> HousePriceData:
+    """Load and split House Prices per docs/theory.md §9; ``path`` is a user's Kaggle train.csv.
+
+    ``on_outlier``: what to do with a cell many orders of magnitude beyond the rest of its
+    column (:func:`pycore.validation.outliers`): ``"warn"`` (an :class:`OutlierWarning` naming
+    column, line and value), ``"error"`` (a ``ValueError``) or ``"ignore"``.
+    """
+    check_choice(on_outlier, "on_outlier", ON_OUTLIER)
     path = default_path() if path is None else Path(path)
     df = _read_csv(path)
     for col in (SPLIT_COLUMN, TARGET_P, TARGET_H):
@@ -184,6 +240,8 @@ def load_house_price(path: str | Path | None = None, *, n_train: int = 200) -> H
             raise ValueError(f"{path}: missing column {col!r} (is this the Kaggle House Prices train.csv?)")
     check_number(n_train, "n_train", low=2, integer=True)
     feature_cols = [c for c in df.columns if c not in (TARGET_P, TARGET_H)]
+    check_dense_size((len(df), len(feature_cols)), f"{path}: the inputs of its {len(df)} rows")
+    _check_outliers(df, path, on_outlier)
     is_h = (df[SPLIT_COLUMN].astype(str) == HARMFUL_VALUE).to_numpy()
     parts = {}
     for name, mask, target in (("P", ~is_h, TARGET_P), ("H", is_h, TARGET_H)):
@@ -192,6 +250,13 @@ def load_house_price(path: str | Path | None = None, *, n_train: int = 200) -> H
             raise ValueError(f"{path}: split D_{name} has {len(sub)} rows, fewer than n_train={n_train}")
         parts[name] = _encode_split(sub, feature_cols, target, path)
     (XP, yP), (XH, yH) = parts["P"], parts["H"]
+    for name, X, rows in (("X_P", XP, f"D_P (rows with {SPLIT_COLUMN} ≠ {HARMFUL_VALUE!r})"),
+                          ("X_H", XH, f"D_H (rows with {SPLIT_COLUMN} = {HARMFUL_VALUE!r})")):
+        for part, block in (("training", X[:n_train]), ("held-out", X[n_train:])):
+            if block.shape[0] > 1 and not np.any(block):
+                raise ValueError(f"{path}: every input column is constant on the {block.shape[0]} {part} "
+                                 f"rows of {rows}: {name} is zero after z-scoring, so its κ and the RIR "
+                                 "are undefined")
     train = LinearTask(XP[:n_train], yP[:n_train], XH[:n_train], yH[:n_train], "mse", "house_price")
     heldout = None
     if len(XP) > n_train + 1 and len(XH) > n_train + 1:

@@ -38,6 +38,7 @@ import numpy as np
 from pycore import validation
 from pycore.data import packaged_file
 from pycore.tasks import LinearTask
+from pycore.threads import bounded_blas
 from pycore.validation import ParameterError, check_number, check_regular_file
 
 D_MNIST = 784
@@ -158,11 +159,16 @@ def parse_pairs(text: str | None) -> list[tuple[int, int]]:
         if not item:
             continue
         try:
+            if not item.isascii():   # int() also reads other scripts' digits ("١" is 1)
+                raise ValueError
             p, h = (int(x) for x in item.split("-"))
         except ValueError:
-            raise ValueError(f"--pairs items must look like P-H (e.g. 0-1), got {item!r}") from None
+            raise ValueError(f"--pairs items must look like P-H with ASCII digits (e.g. 0-1), got {item!r}") \
+                from None
         if not (0 <= p <= 9 and 0 <= h <= 9) or p == h:
             raise ValueError(f"--pairs {item!r}: digits must be in 0..9 and differ")
+        if (p, h) in out:   # it would count the pair twice in every mean and success count
+            raise ValueError(f"--pairs: pair {p}-{h} is repeated")
         out.append((p, h))
     if not out:
         raise ValueError("--pairs is empty")
@@ -198,6 +204,7 @@ def split_digits(digits: MnistDigits, n_train: int, rng: np.random.Generator,
     return PairSplit(train, held, n_train)
 
 
+@bounded_blas
 def digit_covariances(digits: MnistDigits, split: PairSplit) -> dict:
     """K_d = X_dᵀX_d of every digit's training rows, computed once and shared by its 18 pairs."""
     out = {}
@@ -216,6 +223,11 @@ def pair_task(digits: MnistDigits, split: PairSplit, p: int, h: int, *, heldout:
     """
     rows = split.heldout if heldout else split.train
     X_P, X_H = digits.by_digit[p][rows[p]], digits.by_digit[h][rows[h]]
+    for name, d, X in (("X_P", p, X_P), ("X_H", h, X_H)):
+        if X.size and not np.any(X):
+            raise ValueError(f"{digits.source}: the {X.shape[0]} {'held-out' if heldout else 'training'} "
+                             f"images of digit {d} are blank (every pixel 0): {name} of pair {p}-{h} is "
+                             "zero, so its κ and the RIR are undefined")
     task = LinearTask(X_P, ink_targets(X_P), X_H, ink_targets(X_H), loss="bce",
                       name=f"mnist {p}->{h}{' heldout' if heldout else ''}")
     if covariances is not None and not heldout:

@@ -51,6 +51,7 @@ from pycore.deep.data import PairedBatches, ShardedBatches, fetch
 from pycore.deep.models import ImmunizableModel, save_immunized
 from pycore.deep.objectives import DEEP_METHODS, LAMBDA_OF_TERM, combine_terms, loss_terms
 from pycore.report import progress
+from pycore.validation import PicklableError
 
 __all__ = [
     "DEEP_METHODS", "DeepImmunizeConfig", "DeepImmunizationResult", "NonFiniteLossError",
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(PicklableError, FloatingPointError):
     """The immunization loss (or its gradient) became NaN/Inf; the model keeps the last good step."""
 
     def __init__(self, message: str, step: int, checkpoint: "str | None"):

@@ -1,0 +1,173 @@
+"""Flags generated from a configuration dataclass (docs/cli.md), and the field ↔ flag map.
+
+One flag per scalar field (``ImmunizeConfig.lambda_h`` → ``--lambda-h``), so a field and its
+flag cannot drift apart; the flags override a base configuration only when given.
+:meth:`Parser.flag_for <experiments.flags.Parser.flag_for>` maps a field back to the flag, which
+is how a library error such as ``DivergenceError(..., parameter="lambda_h")`` becomes
+``--lambda-h: ...``.  A flag that none of the chosen methods reads is refused
+(:func:`pycore.immunize.check_fields_apply`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import types
+import typing
+
+from experiments.errors import UsageError
+from experiments.flags import Parser, integer, real
+from pycore.validation import ParameterError
+
+def _field_type(hint):
+    """(scalar type, optional) of a dataclass field's resolved type hint; None if not scalar."""
+    optional = False
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        if len(args) != 1:
+            return None, optional
+        hint = args[0]
+    return (hint if hint in (int, float, str, bool) else None), optional
+
+
+def add_config_flags(parser: Parser, cls, shown: object | None = None, *, fields=None, bounds=None,
+                     choices=None, zero_is_none=(), help=None, title: str | None = None) -> list[str]:
+    """One flag per scalar field of the dataclass ``cls`` (``lambda_h`` → ``--lambda-h``).
+
+    The flags default to None, "not given": :func:`config_from_args` applies only what the user
+    typed on top of a base configuration, so the base (the class defaults, ``paper()``, a named
+    configuration) stays the one source of defaults; ``shown`` supplies the defaults printed by
+    ``--help``.  ``bounds`` maps a field to ``(lo, strict)`` or ``(lo, strict, hi)``: the flag
+    rejects smaller values (and larger than ``hi``; every float flag rejects NaN and ±inf).
+    ``choices`` maps a field to its allowed strings; a bool field gets ``--x/--no-x``; an
+    ``int | None`` field listed in ``zero_is_none`` reads 0 as None (``--batch-size 0`` = full
+    batch).  Returns the field names that got a flag.
+    """
+    hints = typing.get_type_hints(cls)
+    bounds, choices, help = bounds or {}, choices or {}, help or {}
+    group = parser.add_argument_group(title) if title else parser
+    made = []
+    for f in dataclasses.fields(cls):
+        if fields is not None and f.name not in fields:
+            continue
+        typ, optional = _field_type(hints[f.name])
+        if typ is None:
+            continue  # tuples and the like: not a command-line setting
+        flag = "--" + f.name.replace("_", "-")
+        default = getattr(shown, f.name) if shown is not None else None
+        text = help.get(f.name, "")
+        if shown is not None:
+            text = ((text + "; " if text else "")
+                    + f"default {f'{default:g}' if isinstance(default, float) else default}")
+            if f.name in zero_is_none:
+                text += " (0 = None)" if default is not None else " (given as 0)"
+        kw = dict(default=None, dest=f.name, help=text or None)
+        if typ is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif f.name in choices:
+            group.add_argument(flag, choices=tuple(choices[f.name]), **kw)
+        elif typ is int:
+            lo, strict, hi = (*bounds.get(f.name, (0, False)), None)[:3]
+            lo = lo + 1 if strict else lo
+            if f.name in zero_is_none:
+                lo = min(lo, 0)
+            group.add_argument(flag, type=integer(lo, hi), metavar="INT", **kw)
+        elif typ is float:
+            lo, strict, hi = (*bounds.get(f.name, (None, False)), None)[:3]
+            group.add_argument(flag, type=real(lo, above=strict, hi=hi), metavar="X", **kw)
+        else:
+            group.add_argument(flag, **kw)
+        parser.config_fields[f.name] = flag
+        if f.name in zero_is_none and optional:
+            parser.zero_is_none.add(f.name)
+        made.append(f.name)
+    return made
+
+
+def _immunize_bounds() -> dict:
+    """Bounds of the linear ImmunizeConfig's numeric fields (field: (lo, strict[, hi])); the
+    dataclass's own checks run on top when the configuration is built."""
+    from pycore.immunize import MAX_EPOCHS, MAX_IMMA_INNER_STEPS
+
+    return {"epochs": (0, False, MAX_EPOCHS), "lr": (0.0, True), "lambda_p": (0.0, False),
+            "lambda_h": (0.0, False), "batch_size": (1, False), "ridge": (0.0, False),
+            "adam_eps": (0.0, True), "lambda_kappa": (0.0, False),
+            "imma_inner_steps": (1, False, MAX_IMMA_INNER_STEPS), "imma_inner_lr": (0.0, True),
+            "certified_safety": (0.0, True)}
+
+
+IMMUNIZE_HELP = {
+    "epochs": "immunization epochs", "lr": "learning rate η", "lambda_p": "λ_P, weight of R_well(H_P)",
+    "lambda_h": "λ_H, weight of R_ill(H_H)", "batch_size": "D_P mini-batch of the loss term",
+    "optimizer": "adam, or gd (Algorithm 1 as printed)", "precond": "preconditioner of the θ gradient",
+    "ridge": "λ of the 'ridge' preconditioner (K+λI)⁻¹",
+    "init": "θ's initialisation: identity, or nn.Linear's U(±1/√D), the paper's 'randomly initialized dummy "
+            "linear layer' (App. C.2)",
+    "certified": "certified-monotone mode: clip every regularizer step to the docs/theory.md §5 bounds and "
+                 "count violations",
+}
+
+
+def add_immunize_flags(parser: Parser, shown) -> list[str]:
+    """The flags of :class:`pycore.immunize.ImmunizeConfig`, generated (see :func:`add_config_flags`)."""
+    import pycore.immunize as imm
+
+    choices = {"optimizer": ("adam", "gd"), "init": ("identity", "random")}
+    if hasattr(imm, "PRECONDITIONERS"):
+        choices["precond"] = tuple(imm.PRECONDITIONERS)
+    return add_config_flags(parser, imm.ImmunizeConfig, shown, bounds=_immunize_bounds(), choices=choices,
+                            zero_is_none=("batch_size",), help=IMMUNIZE_HELP,
+                            title="immunization (pycore.immunize.ImmunizeConfig; flags override the base "
+                                  "configuration only when given)")
+
+
+def given_config_flags(parser: Parser, args) -> dict:
+    """The generated flags the user typed, as ``{field: value}`` (0 → None where declared)."""
+    out = {}
+    for name in parser.config_fields:
+        v = getattr(args, name, None)
+        if v is not None:
+            out[name] = None if (name in parser.zero_is_none and v == 0) else v
+    return out
+
+
+def config_from_args(parser: Parser, args, base, *, validate=None, methods=None):
+    """``dataclasses.replace(base, **typed flags)``; the configuration's own checks (its
+    ``__post_init__`` or ``validate``) run here, before any compute, and a failure becomes a
+    :class:`UsageError` naming the flag.  With ``methods`` (linear :class:`ImmunizeConfig` only),
+    a typed flag that none of them reads is refused the same way
+    (:func:`pycore.immunize.check_fields_apply`)."""
+    given = given_config_flags(parser, args)
+    try:
+        cfg = dataclasses.replace(base, **given)
+        if validate is not None:
+            cfg = validate(cfg) or cfg
+        if methods is not None:
+            from pycore.immunize import check_fields_apply
+
+            check_fields_apply(given, methods)
+    except ParameterError as exc:
+        flag, msg = parser.flag_for(exc.parameter), parser.name_flags(str(exc))
+        for said in (flag, exc.parameter):   # "--x: is not read by ...", not "--x: x is not read by ..."
+            if flag and said and msg.startswith(said + " "):
+                msg = msg[len(said) + 1:]
+        raise UsageError(msg, flag) from exc
+    except (ValueError, TypeError) as exc:
+        raise UsageError(_name_config_flag(parser, str(exc))) from exc
+    return cfg
+
+
+def _name_config_flag(parser: Parser, message: str) -> str:
+    """Prefix a configuration's error message with the flag of the first field it names."""
+    hits = []
+    for name, flag in parser.config_fields.items():
+        m = re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", message)
+        if m:
+            hits.append((m.start(), flag, name))
+    if not hits:
+        return message
+    _, flag, _ = min(hits)
+    return f"{flag}: {parser.name_flags(message)}"
+
