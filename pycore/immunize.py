@@ -30,7 +30,7 @@ from pycore.optim import OPTIMIZERS, check_scale, largest_term, make_optimizer
 from pycore.precondition import PRECONDITIONERS, Preconditioner
 from pycore.regularizers import (hessian_regularizer, preconditioned_r_ill_step_bound,
                                  preconditioned_r_well_step_bound)
-from pycore.spectral import SpectrumError, gram_spectrum
+from pycore.spectral import ProductGramSpectrum, SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
 from pycore.threads import bounded_blas
@@ -394,8 +394,10 @@ def _r_ill_only(task, cfg, rng, progress):
     hist = {"step": [], "kappa_P": [], "kappa_H": [], "rir": [], "eta": []}
     diag = {"steps": 0, "ties_H": 0, "clipped": 0, "rir_decreases": 0, "optimizer": "gd"}
 
+    spec_P, spec_H = ProductGramSpectrum(XP), ProductGramSpectrum(XH)  # exact κ's, X factored once
+
     def kappas(th):
-        return gram_spectrum(XP @ th, vectors=False).kappa, gram_spectrum(XH @ th, vectors=False).kappa
+        return spec_P(th).kappa, spec_H(th).kappa
 
     kP0, kH0 = kappas(theta)
     prev = 1.0
@@ -480,7 +482,10 @@ def imma_inner_step_size(task: LinearTask, w: np.ndarray, cfg: ImmunizeConfig) -
     """Step of the attacker's unrolled GD on θ: ``imma_inner_lr / L`` with L the Lipschitz
     constant of θ ↦ ∇_θ L_H(w, θ) = (2/N)(K_Hθww ᵀ − X_Hᵀy wᵀ), i.e. ``L = (2/N)λ_max(K_H)‖w‖²``."""
     n = task.Y_H.size
-    L = 2.0 / n * np.linalg.norm(task.X_H, 2) ** 2 * float(np.sum(w * w))
+    norm = task._cache.get("norm2_X_H")
+    if norm is None:  # ‖X_H‖₂ (an SVD) is a constant of the task: once, not once per step
+        norm = task._cache["norm2_X_H"] = np.linalg.norm(task.X_H, 2)
+    L = 2.0 / n * norm ** 2 * float(np.sum(w * w))
     return cfg.imma_inner_lr / L if L > 0 else 0.0
 
 
@@ -525,6 +530,7 @@ def _imma(task, cfg, rng, progress):
     opt_o = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="ω")
     opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="bias")
     hist = {"epoch": [], "objective": [], "kappa_P": [], "kappa_H": []}
+    spec_P, spec_H = ProductGramSpectrum(task.X_P), ProductGramSpectrum(task.X_H)
     n_P = task.X_P.shape[0]
     x_norm = max(np.max(np.sum(np.abs(task.X_P), axis=1)), np.max(np.sum(np.abs(task.X_H), axis=1)))
     for epoch in range(1, cfg.epochs + 1):
@@ -543,8 +549,8 @@ def _imma(task, cfg, rng, progress):
                 bias = opt_b.step(bias, g_b, blame="lr")
         hist["epoch"].append(epoch)
         hist["objective"].append(F)
-        hist["kappa_P"].append(gram_spectrum(task.X_P @ theta, vectors=False).kappa)
-        hist["kappa_H"].append(gram_spectrum(task.X_H @ theta, vectors=False).kappa)
+        hist["kappa_P"].append(spec_P(theta).kappa)
+        hist["kappa_H"].append(spec_H(theta).kappa)
         if progress is not None:
             progress(epoch)
         if not np.all(np.isfinite(theta)):
