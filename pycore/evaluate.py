@@ -69,11 +69,18 @@ class EvaluationReference:
         r = int(np.count_nonzero(s > rank_tolerance(s[0], X_P.shape)))
         self.V = Vt[:r].T
         self.rows = {("train", "P"): _Rows(train.X_P, self.V), ("train", "H"): _Rows(train.X_H, self.V)}
-        self.dp_loss_before = {"train": best_probe_loss(train.loss, train.X_P, train.Y_P)}
+        self._dp_loss_before: dict = {}
         if heldout is not None:
             self.rows[("heldout", "P")] = _Rows(heldout.X_P, self.V)
             self.rows[("heldout", "H")] = _Rows(heldout.X_H, self.V)
-            self.dp_loss_before["heldout"] = best_probe_loss(heldout.loss, heldout.X_P, heldout.Y_P)
+
+    def dp_loss_before(self, rows: str = "train") -> float:
+        """Best D_P loss of a linear head on the inputs (θ = I), computed on first use (a damped
+        Newton solve for BCE, which a caller that never asks for it should not pay for)."""
+        if rows not in self._dp_loss_before:
+            t = self.train if rows == "train" else self.heldout
+            self._dp_loss_before[rows] = best_probe_loss(t.loss, t.X_P, t.Y_P)
+        return self._dp_loss_before[rows]
 
     def features(self, theta: np.ndarray, rows: str = "train") -> dict:
         """Features of θ, θ_range and θ_null on the ``rows`` ("train" or "heldout") of both
@@ -135,7 +142,7 @@ def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | 
         "rir_null_part": ref.rir(f[("null", "P")], f[("null", "H")]).value,
         "null_part_fraction": ref.null_part_fraction(theta),
         # Def. 3.1(c): best D_P loss of a linear head on the features, before (θ = I) and after.
-        "dp_loss_before": ref.dp_loss_before["train"],
+        "dp_loss_before": ref.dp_loss_before("train"),
         "dp_loss_after": best_probe_loss(train.loss, f[("theta", "P")], train.Y_P),
     }
     if heldout is not None:
@@ -146,7 +153,7 @@ def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | 
                     "heldout_immunized": immunized_def31(h.harmful_ratio, h.pretrain_ratio),
                     "heldout_rir_range_part": ref.rir(g[("range", "P")], g[("range", "H")], "heldout").value,
                     "heldout_rir_null_part": ref.rir(g[("null", "P")], g[("null", "H")], "heldout").value,
-                    "heldout_dp_loss_before": ref.dp_loss_before["heldout"],
+                    "heldout_dp_loss_before": ref.dp_loss_before("heldout"),
                     "heldout_dp_loss_after": best_probe_loss(heldout.loss, g[("theta", "P")], heldout.Y_P)})
     return out
 
