@@ -86,12 +86,37 @@ def interleaved_best(fns, repeat):
     return best
 
 
+def layers(repeat, shapes=((64, 512), (100, 768))):
+    """Where the time over the floor goes (docs/performance.md): the whole call through
+    ``torch.autograd.grad``, the raw C++ op (value and dR/dZ, no autograd), and the floor
+    (the two GEMMs + ``eigvalsh`` of the float64 n×n matrix), R_ill, interleaved."""
+    print("| N × D | dtype | autograd.grad (ms) | raw op (ms) | floor (ms) | full / floor | raw op / floor |")
+    print("|---|---|---|---|---|---|---|")
+    for N, D in shapes:
+        for dtype in DTYPES:
+            Z = make_features(N, D, dtype)
+            Zd = Z.detach()
+            M64 = Zd.double() @ Zd.double().T if N < D else Zd.double().T @ Zd.double()
+            full, raw, gemm, eig = interleaved_best(
+                [lambda: fwd_bwd(ops.cond_regularizer, Z, "ill"),
+                 lambda: torch.ops.pycore.cond_reg(Zd, "ill", None, None, True),
+                 lambda: gemm_floor(Z), lambda: torch.linalg.eigvalsh(M64)], repeat)
+            floor = gemm + eig
+            print(f"| {N} × {D} | {str(dtype).split('.')[-1]} | {full*1e3:.3f} | {raw*1e3:.3f} | "
+                  f"{floor*1e3:.3f} | {full/floor:.2f} | {raw/floor:.2f} |", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=7, help="best-of-N timing (default 7)")
     ap.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
+    ap.add_argument("--layers", action="store_true",
+                    help="split the call at 64×512 and 100×768: autograd layer, raw op, floor")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.layers:
+        layers(args.repeat)
+        return
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"extension {ops.extension_available()}, "
           f"best of {args.repeat}\n")

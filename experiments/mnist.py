@@ -22,8 +22,8 @@ import numpy as np  # noqa: E402
 from experiments import cli
 from pycore.data.mnist import digit_covariances, load_mnist, pair_task, split_digits  # noqa: E402
 from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
-from pycore.metrics import range_null_split, rir, rir_ceiling  # noqa: E402
-from pycore.evaluate import immunized_def31  # noqa: E402
+from pycore.evaluate import EvaluationReference, immunized_def31  # noqa: E402
+from pycore.metrics import rir_ceiling  # noqa: E402
 from pycore.report import METHOD_LABELS as LABELS  # noqa: E402
 from pycore.report import environment, fmt, pm, save_figure, summarize  # noqa: E402
 
@@ -118,14 +118,18 @@ def _one_pair(pair):
     held = pair_task(st["digits"], st["split"], p, h, heldout=True)
     ceiling = rir_ceiling(train.X_P, train.X_H)
     acc_before = probe_accuracy(train.X_P, train.Y_P, held.X_P, held.Y_P)
+    # What every run of the pair shares (reference spectra, range basis of K_P), computed once.
+    ref = EvaluationReference(train, held)
     rows = []
     for method in st["methods"]:
         for seed in st["seeds"]:
             res = immunize(train, method, rng=np.random.default_rng([seed, p, h]), config=st["cfg"])
             th = res.theta
-            r, rh = rir(th, train.X_P, train.X_H), rir(th, held.X_P, held.X_H)
-            # Range/null decomposition (docs/theory.md §8), P_R from D_P's training rows.
-            th_range, th_null = range_null_split(th, train.X_P)
+            # features of θ, θ_range and θ_null (range/null decomposition, docs/theory.md §8,
+            # P_R from D_P's training rows) on the training and the held-out rows
+            f, g = ref.features(th, "train"), ref.features(th, "heldout")
+            r = ref.rir(f[("theta", "P")], f[("theta", "H")])
+            rh = ref.rir(g[("theta", "P")], g[("theta", "H")], "heldout")
             rows.append({
                 "pair": [p, h], "method": method, "seed": seed,
                 "rir": r.value, "harmful_ratio": r.harmful_ratio, "pretrain_ratio": r.pretrain_ratio,
@@ -133,14 +137,14 @@ def _one_pair(pair):
                 "heldout_rir": rh.value, "heldout_harmful_ratio": rh.harmful_ratio,
                 "heldout_pretrain_ratio": rh.pretrain_ratio,
                 "def31": immunized_def31(r.harmful_ratio, r.pretrain_ratio),
-                "rir_range_part": rir(th_range, train.X_P, train.X_H).value,
-                "rir_null_part": rir(th_null, train.X_P, train.X_H).value,
-                "heldout_rir_range_part": rir(th_range, held.X_P, held.X_H).value,
-                "heldout_rir_null_part": rir(th_null, held.X_P, held.X_H).value,
+                "rir_range_part": ref.rir(f[("range", "P")], f[("range", "H")]).value,
+                "rir_null_part": ref.rir(f[("null", "P")], f[("null", "H")]).value,
+                "heldout_rir_range_part": ref.rir(g[("range", "P")], g[("range", "H")], "heldout").value,
+                "heldout_rir_null_part": ref.rir(g[("null", "P")], g[("null", "H")], "heldout").value,
                 "ceiling": ceiling.exact, "ceiling_range_restricted": ceiling.range_restricted,
                 "fraction_of_ceiling": r.value / ceiling.range_restricted,
                 "dp_acc_before": acc_before,
-                "dp_acc_after": probe_accuracy(train.X_P @ th, train.Y_P, held.X_P @ th, held.Y_P),
+                "dp_acc_after": probe_accuracy(f[("theta", "P")], train.Y_P, g[("theta", "P")], held.Y_P),
                 "wall_seconds": res.wall_seconds,
                 "diagnostics": {k: v for k, v in res.diagnostics.items() if np.isscalar(v)},
             })

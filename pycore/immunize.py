@@ -30,7 +30,7 @@ from pycore.optim import OPTIMIZERS, check_scale, largest_term, make_optimizer
 from pycore.precondition import PRECONDITIONERS, Preconditioner
 from pycore.regularizers import (hessian_regularizer, preconditioned_r_ill_step_bound,
                                  preconditioned_r_well_step_bound)
-from pycore.spectral import SpectrumError, gram_spectrum
+from pycore.spectral import ProductGramSpectrum, SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
 from pycore.threads import bounded_blas
@@ -200,26 +200,28 @@ def _batches(n, batch_size, rng):
         yield perm[s:s + batch_size]
 
 
-def _loss_grads(task, X, Y, theta, omega, bias):
+def _loss_grads(task, X, Y, theta, omega, bias, grad_theta=True):
     if task.loss == "mse":
-        loss, g_w, g_t = losses.mse(X, theta, omega, Y)
+        loss, g_w, g_t = losses.mse(X, theta, omega, Y, grad_theta=grad_theta)
         return loss, g_w, g_t, None
-    return losses.bce(X, theta, omega, Y, bias)
+    return losses.bce(X, theta, omega, Y, bias, grad_theta=grad_theta)
 
 
 def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
     """:func:`_loss_grads` on the full D_P with the features ``Z = Xθ`` already formed (the
     regularizers need them anyway): the same quantities as :func:`pycore.losses.mse` /
-    :func:`pycore.losses.bce`, with ``Zᵀ R`` read off the formed ``Z`` (equal to round-off)."""
+    :func:`pycore.losses.bce`, with ``Zᵀ R`` read off the formed ``Z`` (equal to round-off).
+    ∇_θL = ``(XᵀR)ωᵀ`` is associated through the head, as in :mod:`pycore.losses`: an outer
+    product, not the D×N×D product ``Xᵀ(Rωᵀ)`` (the same matrix up to round-off)."""
     if task.loss == "mse":
         E = Z @ omega - Y
         n = E.size
         R = (2.0 / n) * E
-        return float(np.sum(E * E) / n), Z.T @ R, X.T @ (R @ omega.T), None
+        return float(np.sum(E * E) / n), Z.T @ R, (X.T @ R) @ omega.T, None
     logits = Z @ omega + bias
     loss = float(np.mean(np.logaddexp(0.0, logits) - Y * logits))
     R = (expit(logits) - Y) / Y.size
-    return loss, Z.T @ R, X.T @ (R @ omega.T), R.sum(axis=0)
+    return loss, Z.T @ R, (X.T @ R) @ omega.T, R.sum(axis=0)
 
 
 def _kappa_grad_parts(reg, log: bool):
@@ -401,8 +403,10 @@ def _r_ill_only(task, cfg, rng, progress):
     hist = {"step": [], "kappa_P": [], "kappa_H": [], "rir": [], "eta": []}
     diag = {"steps": 0, "ties_H": 0, "clipped": 0, "rir_decreases": 0, "optimizer": "gd"}
 
+    spec_P, spec_H = ProductGramSpectrum(XP), ProductGramSpectrum(XH)  # exact κ's, X factored once
+
     def kappas(th):
-        return gram_spectrum(XP @ th, vectors=False).kappa, gram_spectrum(XH @ th, vectors=False).kappa
+        return spec_P(th).kappa, spec_H(th).kappa
 
     kP0, kH0 = kappas(theta)
     prev = 1.0
@@ -487,7 +491,10 @@ def imma_inner_step_size(task: LinearTask, w: np.ndarray, cfg: ImmunizeConfig) -
     """Step of the attacker's unrolled GD on θ: ``imma_inner_lr / L`` with L the Lipschitz
     constant of θ ↦ ∇_θ L_H(w, θ) = (2/N)(K_Hθww ᵀ − X_Hᵀy wᵀ), i.e. ``L = (2/N)λ_max(K_H)‖w‖²``."""
     n = task.Y_H.size
-    L = 2.0 / n * np.linalg.norm(task.X_H, 2) ** 2 * float(np.sum(w * w))
+    norm = task._cache.get("norm2_X_H")
+    if norm is None:  # ‖X_H‖₂ (an SVD) is a constant of the task: once, not once per step
+        norm = task._cache["norm2_X_H"] = np.linalg.norm(task.X_H, 2)
+    L = 2.0 / n * norm ** 2 * float(np.sum(w * w))
     return cfg.imma_inner_lr / L if L > 0 else 0.0
 
 
@@ -500,26 +507,44 @@ def imma_objective(theta, w, omega, task: LinearTask, cfg: ImmunizeConfig, bias=
     Each attacker step is affine in θ: ``θ_{j+1} = θ_j − α(2/N)(K_Hθ_j M − B)``, ``M = wwᵀ``,
     ``B = X_HᵀY_H wᵀ``; its adjoint maps an upstream gradient Ḡ to ``Ḡ − α(2/N)K_HḠM``, so the
     exact gradient through the unrolled steps costs J extra D×D products (reverse mode by hand).
+
+    Both recursions stay low-rank, which is how they are computed: every step subtracts a matrix
+    ``(·)wᵀ``, so ``θ_J = θ − S wᵀ`` with ``S`` (D×m) accumulated from
+    ``S ← S + c(K_H(θw − S wᵀw) − X_HᵀY_H)``; the loss gradients at θ_J are ``g_h = a wᵀ`` and
+    ``g_p = p ωᵀ``, and the adjoint steps only change the factor of wᵀ, ``a ← a − cK_H(a wᵀw + p ωᵀw)``.
+    ∇_θF = ``a wᵀ − p ωᵀ`` is formed once, at the end: O(J·D²·m) work and one D×D product
+    instead of J + 2 D×D matrices per direction (the same expressions associated through the
+    head, so equal to the unrolled matrices up to round-off).
     """
     n = task.Y_H.size
     alpha = imma_inner_step_size(task, w, cfg)
     c = alpha * 2.0 / n
-    B = (task.X_H.T @ task.Y_H) @ w.T      # D×m first: O(N·D·m + D²·m), not O(N·D²)
+    b = task.X_H.T @ task.Y_H                # D×m: B = b wᵀ
     KH = task.K_H
-    th = theta
-    # K_Hθ M = (K_H(θw))wᵀ: associating through the head w keeps every step O(D²·m), not O(D³).
+    ww = w.T @ w                             # m×m
+    tw = theta @ w                           # θw (D×m)
+    S = np.zeros_like(tw)                    # θ_j = θ − S wᵀ
     for _ in range(cfg.imma_inner_steps):
-        th = th - c * ((KH @ (th @ w)) @ w.T - B)
-    lh, _, g_h = losses.mse(task.X_H, th, w, task.Y_H)
+        S = S + c * (KH @ (tw - S @ ww) - b)
+    # L_H at θ_J (losses.mse with θ_J w = θw − S wᵀw)
+    E = task.X_H @ (tw - S @ ww) - task.Y_H
+    lh = float(np.sum(E * E) / E.size)
+    a = task.X_H.T @ ((2.0 / E.size) * E)    # g_h = a wᵀ
     X_P, Y_P = (task.X_P, task.Y_P) if batch_P is None else batch_P
+    to = theta @ omega - S @ (w.T @ omega)   # θ_J ω
     if task.loss == "mse":
-        lp, _, g_p = losses.mse(X_P, th, omega, Y_P)
+        E_P = X_P @ to - Y_P
+        lp = float(np.sum(E_P * E_P) / E_P.size)
+        p = X_P.T @ ((2.0 / E_P.size) * E_P)  # g_p = p ωᵀ
     else:
-        lp, _, g_p, _ = losses.bce(X_P, th, omega, Y_P, 0.0 if bias is None else bias)
-    Gbar = g_h - g_p
+        logits = X_P @ to + (0.0 if bias is None else bias)
+        lp = float(np.mean(np.logaddexp(0.0, logits) - Y_P * logits))
+        p = X_P.T @ ((expit(logits) - Y_P) / Y_P.size)
+    # adjoint: Ḡ = a wᵀ − p ωᵀ, Ḡw = a wᵀw − p ωᵀw
+    pw = p @ (omega.T @ w)
     for _ in range(cfg.imma_inner_steps):
-        Gbar = Gbar - c * ((KH @ (Gbar @ w)) @ w.T)
-    return lh - lp, Gbar
+        a = a - c * (KH @ (a @ ww - pw))
+    return lh - lp, a @ w.T - p @ omega.T
 
 
 def _imma(task, cfg, rng, progress):
@@ -532,6 +557,7 @@ def _imma(task, cfg, rng, progress):
     opt_o = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="ω")
     opt_b = make_optimizer(cfg.optimizer, cfg.lr, cfg.betas, cfg.adam_eps, param="bias")
     hist = {"epoch": [], "objective": [], "kappa_P": [], "kappa_H": []}
+    spec_P, spec_H = ProductGramSpectrum(task.X_P), ProductGramSpectrum(task.X_H)
     n_P = task.X_P.shape[0]
     x_norm = max(np.max(np.sum(np.abs(task.X_P), axis=1)), np.max(np.sum(np.abs(task.X_H), axis=1)))
     for epoch in range(1, cfg.epochs + 1):
@@ -540,8 +566,8 @@ def _imma(task, cfg, rng, progress):
             X_b, Y_b = (task.X_P, task.Y_P) if len(idx) == n_P else (task.X_P[idx], task.Y_P[idx])
             F, gF = imma_objective(theta, w, omega, task, cfg, bias, batch_P=(X_b, Y_b))
             # Heads: the attacker's w and the defender's ω each minimise their own loss at θ.
-            _, g_w, _ = losses.mse(task.X_H, theta, w, task.Y_H)
-            _, g_o, _, g_b = _loss_grads(task, X_b, Y_b, theta, omega, bias)
+            _, g_w, _ = losses.mse(task.X_H, theta, w, task.Y_H, grad_theta=False)
+            _, g_o, _, g_b = _loss_grads(task, X_b, Y_b, theta, omega, bias, grad_theta=False)
             theta = opt_t.step(theta, -gF, blame="lr")          # ascent on F
             check_scale(theta, x_norm, f"imma: epoch {epoch}", cfg.optimizer, cfg.lr, lambda step=None: "lr")
             w = opt_w.step(w, g_w, blame="lr")
@@ -550,8 +576,8 @@ def _imma(task, cfg, rng, progress):
                 bias = opt_b.step(bias, g_b, blame="lr")
         hist["epoch"].append(epoch)
         hist["objective"].append(F)
-        hist["kappa_P"].append(gram_spectrum(task.X_P @ theta, vectors=False).kappa)
-        hist["kappa_H"].append(gram_spectrum(task.X_H @ theta, vectors=False).kappa)
+        hist["kappa_P"].append(spec_P(theta).kappa)
+        hist["kappa_H"].append(spec_H(theta).kappa)
         if progress is not None:
             progress(epoch)
         if not np.all(np.isfinite(theta)):

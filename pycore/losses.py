@@ -15,22 +15,24 @@ from scipy.special import expit
 from pycore.optim import damped_newton
 
 
-def mse(X, theta, omega, Y):
-    """L = ‖Xθω − Y‖²/(N·m) (mean squared error), its ∇_ω and ∇_θ."""
+def mse(X, theta, omega, Y, *, grad_theta: bool = True):
+    """L = ‖Xθω − Y‖²/(N·m) (mean squared error), its ∇_ω and ∇_θ (None unless ``grad_theta``:
+    a D×D outer product that a caller updating only the head does not need)."""
     E = X @ (theta @ omega) - Y
     n = E.size
     XtR = X.T @ ((2.0 / n) * E)
-    return float(np.sum(E * E) / n), theta.T @ XtR, XtR @ omega.T
+    return float(np.sum(E * E) / n), theta.T @ XtR, XtR @ omega.T if grad_theta else None
 
 
-def bce(X, theta, omega, Y, bias):
-    """Mean binary cross-entropy of logits ``Xθω + b`` against Y ∈ {0,1}; grads for ω, θ, b."""
+def bce(X, theta, omega, Y, bias, *, grad_theta: bool = True):
+    """Mean binary cross-entropy of logits ``Xθω + b`` against Y ∈ {0,1}; grads for ω, θ
+    (None unless ``grad_theta``), b."""
     logits = X @ (theta @ omega) + bias
     # log(1+e^x) − y·x, written stably.
     loss = float(np.mean(np.logaddexp(0.0, logits) - Y * logits))
     R = (expit(logits) - Y) / Y.size
     XtR = X.T @ R
-    return loss, theta.T @ XtR, XtR @ omega.T, R.sum(axis=0)
+    return loss, theta.T @ XtR, XtR @ omega.T if grad_theta else None, R.sum(axis=0)
 
 
 def task_loss(loss: str, X, theta, omega, Y, bias=None) -> float:

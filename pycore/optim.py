@@ -46,7 +46,7 @@ class GD:
         self.t += 1
         with np.errstate(over="ignore", invalid="ignore"):
             new = x - self.lr * g
-        if not np.all(np.isfinite(new)):
+        if not all_finite(new):
             raise _diverged("the GD step", self.name, self.t, g, blame)
         return new
 
@@ -70,23 +70,51 @@ class Adam:
         self.name = name
 
     def step(self, x: np.ndarray, g: np.ndarray, blame: str | Callable[[], str] | None = None) -> np.ndarray:
-        if self.m is None:
+        if self.m is None or self.m.shape != g.shape:
             self.m, self.v = np.zeros_like(g), np.zeros_like(g)
+            # work buffers, reused every step: the moments are written into the spare pair and
+            # swapped in only once they are finite (the state of a failed step is unchanged)
+            self._buf = [np.empty_like(g) for _ in range(4)]
         self.t += 1
+        b1, b2 = self.b1, self.b2
+        m, v, t1, t2 = self._buf
+        # The same operations, operands and order as the plain expressions
+        #   m = b1·m + (1 − b1)·g,  v = b2·v + (1 − b2)·(g·g),
+        #   x − lr·(m/(1 − b1ᵗ)) / (√(v/(1 − b2ᵗ)) + ε)
+        # (each step correctly rounded, so bit-for-bit the same), written into preallocated
+        # arrays: at D = 784 the temporaries of the plain form cost more than the arithmetic.
         with np.errstate(over="ignore", invalid="ignore"):
-            m = self.b1 * self.m + (1 - self.b1) * g
-            v = self.b2 * self.v + (1 - self.b2) * (g * g)
-        if not (np.all(np.isfinite(m)) and np.all(np.isfinite(v))):
-            # g·g overflows from |g| ≈ 1.3e154 on: v = inf and every later step would be 0.
-            raise _diverged("Adam's moment estimates", self.name, self.t, g, blame)
-        self.m, self.v = m, v
-        mhat = self.m / (1 - self.b1**self.t)
-        vhat = self.v / (1 - self.b2**self.t)
-        with np.errstate(over="ignore", invalid="ignore"):
-            new = x - self.lr * mhat / (np.sqrt(vhat) + self.eps)
-        if not np.all(np.isfinite(new)):
-            raise _diverged("the Adam step", self.name, self.t, g, blame)
+            np.multiply(self.m, b1, out=m)
+            np.multiply(g, 1 - b1, out=t1)
+            np.add(m, t1, out=m)
+            np.multiply(g, g, out=t2)
+            np.multiply(t2, 1 - b2, out=t2)
+            np.multiply(self.v, b2, out=v)
+            np.add(v, t2, out=v)
+            if not (all_finite(m) and all_finite(v)):
+                # g·g overflows from |g| ≈ 1.3e154 on: v = inf and every later step would be 0.
+                raise _diverged("Adam's moment estimates", self.name, self.t, g, blame)
+            self._buf[0], self.m = self.m, m
+            self._buf[1], self.v = self.v, v
+            np.divide(m, 1 - b1**self.t, out=t1)
+            np.multiply(t1, self.lr, out=t1)
+            np.divide(v, 1 - b2**self.t, out=t2)
+            np.sqrt(t2, out=t2)
+            np.add(t2, self.eps, out=t2)
+            np.divide(t1, t2, out=t1)
+            new = np.subtract(x, t1)
+            if not all_finite(new):
+                raise _diverged("the Adam step", self.name, self.t, g, blame)
         return new
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """``np.all(np.isfinite(a))`` without the boolean temporary: a finite sum means every entry
+    is finite (one inf or NaN entry makes the sum inf or NaN); only a sum that is not finite
+    (which an overflow of finite entries can also cause) needs the entrywise test."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = a.sum()
+    return bool(np.isfinite(s)) or bool(np.isfinite(a).all())
 
 
 # Bound on |Xθ| entries: past it ZᵀZ overflows float64 (a step that gets there has diverged).
@@ -101,7 +129,7 @@ def check_scale(x: np.ndarray, x_norm: float, where: str, optimizer: str, lr: fl
     so lr is to blame; under GD (step lr·g) ``blame(lr)`` names the culprit (see
     :func:`largest_term`).
     """
-    x_max = float(np.max(np.abs(x)))
+    x_max = max(float(x.max()), -float(x.min()))  # max |x| without the |x| temporary
     if not x_max * x_norm < FEATURE_LIMIT:
         parameter = "lr" if optimizer == "adam" else blame(lr)
         raise DivergenceError(f"{where}: θ diverged (max |θ| {x_max:.3e}: the features Xθ overflow float64); "

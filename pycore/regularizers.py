@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg
 
-from pycore.spectral import EPS, SpectrumError, SpectrumInfo, _summarise, is_symmetric, rank_tolerance
+from pycore.spectral import (EPS, SpectrumError, SpectrumInfo, SymmetricEigen, _summarise, is_symmetric,
+                             rank_tolerance)
 from pycore.validation import as_float_matrix, check_number, check_square, check_theta
 
 KINDS = ("ill", "well")
@@ -157,17 +158,22 @@ class HessianRegularizer:
     info: SpectrumInfo     # eigenvalues of H (descending); vectors not stored
     d: float | None
     _vectors: dict = None  # descending index -> unit eigenvector, filled lazily
+    _eig: SymmetricEigen | None = None  # H's tridiagonal reduction, for further vectors
 
     @property
     def tie(self) -> bool:
         return self.info.tie_min if self.kind == "ill" else self.info.tie_max
 
     def vector(self, i: int) -> np.ndarray:
-        """Eigenvector of H for the i-th largest eigenvalue (one LAPACK ``evr`` subset call)."""
+        """Eigenvector of H for the i-th largest eigenvalue (from the kept tridiagonal
+        reduction; bit-for-bit one LAPACK ``evr`` subset call on H)."""
         if i not in self._vectors:
-            if self.H is None:
+            if self._eig is not None:
+                self._vectors[i] = self._eig.vector(self.info.sigma.size - 1 - i)
+            elif self.H is None:
                 raise ValueError(f"eigenvector {i} was not kept and H was not formed (matrices=False)")
-            self._vectors[i] = _eigvec_at(self.H, i)
+            else:
+                self._vectors[i] = _eigvec_at(self.H, i)
         return self._vectors[i]
 
 
@@ -190,8 +196,10 @@ def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
     ``matrices=False`` (Gram path only) skips forming the D×D ``H`` and ``G`` (fields set to
     None) for callers that apply G through Z, as ``G = a·vvᵀ − b·ZᵀZ``.
 
-    Otherwise only ONE eigenvector is computed (LAPACK ``evr`` on a one-index subset) after the
-    eigenvalues: about half the cost of a full ``eigh`` at D = 79 and a third at D = 784.
+    Otherwise H is reduced to tridiagonal form once (:class:`pycore.spectral.SymmetricEigen`):
+    all eigenvalues from it, and each eigenvector asked for (one here, more later through
+    :meth:`HessianRegularizer.vector`) by bisection and inverse iteration on it, bit-for-bit
+    what separate ``evr`` calls give, without a full ``eigh`` or a reduction per vector.
     The spectrum comes from H (D×D) rather than the SVD of Z: 3-7× cheaper, and the gradient
     needs λ_min only to relative accuracy ``eps·κ(H)`` (1e-9 at κ = 1e7); the rank cut-off is
     then on H's scale (``λ_max·D·eps``), which resolves κ(H) up to ~1e13.  Metrics that must be
@@ -216,15 +224,17 @@ def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
         lam[:N] = lam_g
         gram_vecs = (lam_g, U)
     else:
-        lam = scipy.linalg.eigh(H, eigvals_only=True, driver="evr", check_finite=False)
-        lam = np.clip(lam[::-1], 0.0, None)
+        # One tridiagonal reduction for the eigenvalues and every eigenvector asked for below
+        # (bit-for-bit the separate scipy ``evr`` calls, :class:`pycore.spectral.SymmetricEigen`).
+        eig = SymmetricEigen(H)
+        lam = np.clip(eig.values[::-1], 0.0, None)
     info = _summarise(lam, (D, D), rtol, None, what="ZᵀZ")
     k = info.rank
     fro2 = float(np.sum(lam * lam))
 
     def vec(i):
         if gram_vecs is None:
-            return _eigvec_at(H, i)
+            return eig.vector(D - 1 - i)  # LAPACK orders ascending
         v = Z.T @ gram_vecs[1][:, i]
         return v / np.linalg.norm(v)  # = Zᵀu/√λ up to round-off; normalised explicitly
 
@@ -243,7 +253,7 @@ def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
     if gram_vecs is not None:  # both extreme vectors are free here (Opt κ needs them)
         vectors.setdefault(0, vec(0))
         vectors.setdefault(k - 1, vec(k - 1))
-    return HessianRegularizer(kind, float(value), G, H, info, d, vectors)
+    return HessianRegularizer(kind, float(value), G, H, info, d, vectors, None if gram_vecs else eig)
 
 
 def grad_theta_and_regularizer(theta, K, kind: str):

@@ -17,10 +17,12 @@ Two entry points:
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg
+import scipy.linalg.lapack
 
 from pycore.validation import as_float_matrix, check_number
 
@@ -177,9 +179,14 @@ def gram_spectrum(Z, *, rtol: float | None = None, vectors: bool = True, name: s
         V = Vt.T
     else:
         s, V = np.linalg.svd(Z, compute_uv=False), None
+    return _gram_info(s, V, Z.shape, rtol, name)
+
+
+def _gram_info(s, V, shape, rtol, name) -> SpectrumInfo:
+    """:class:`SpectrumInfo` of ``ZᵀZ`` from the singular values ``s`` of a ``shape`` matrix Z."""
     if not (s.size and s[0] > 0.0):
         raise SpectrumError(f"{name} is zero: the condition number of {name}ᵀ{name} is undefined")
-    info_z = _summarise(s, Z.shape, rtol, what=name)
+    info_z = _summarise(s, shape, rtol, what=name)
     k = info_z.rank
     if not (s[0] < _SQRT_MAX and s[k - 1] > _SQRT_TINY):
         raise SpectrumError(
@@ -196,9 +203,102 @@ def gram_spectrum(Z, *, rtol: float | None = None, vectors: bool = True, name: s
     )
 
 
+class ProductGramSpectrum:
+    """Spectra of ``H(θ) = (Xθ)ᵀ(Xθ)`` for ONE data matrix X and many θ (the per-step κ's of a
+    run), as accurate as :func:`gram_spectrum` of the features ``Xθ``.
+
+    For tall X (N > D rows) the thin QR ``X = QR`` is taken once; Q has orthonormal columns, so
+    ``Xθ = Q(Rθ)`` has the singular values of the D×D matrix ``Rθ``, whose SVD skips the QR step
+    that LAPACK's SVD of the N×D ``Xθ`` repeats every time (``gesdd`` factors a tall matrix
+    first).  Accuracy: the computed R is the exact factor of ``X + δX`` with ‖δX‖ ~ eps‖X‖, so
+    the singular values are those of ``Xθ`` up to ~eps‖X‖‖θ‖, the same bound as the rounding
+    of forming ``Xθ`` itself; κ is as accurate as from the SVD of ``Xθ`` (a test checks it at
+    κ(H) = 1e14).  The rank cut-off uses X's shape (N×D), the rule of :func:`gram_spectrum`.
+    Wide or square X: the SVD of ``Xθ`` itself.
+    """
+
+    def __init__(self, X, name: str = "Z"):
+        X = as_float_matrix(X, "X")
+        self.X, self.shape, self.name = X, X.shape, name
+        self.R = np.linalg.qr(X, mode="r") if X.shape[0] > X.shape[1] else None
+
+    def __call__(self, theta: np.ndarray) -> SpectrumInfo:
+        """Eigenvalues of ``(Xθ)ᵀ(Xθ)`` (no vectors) for a finite D×D θ (not re-validated)."""
+        F = self.X @ theta if self.R is None else self.R @ theta
+        return _gram_info(np.linalg.svd(F, compute_uv=False), None, self.shape, None, self.name)
+
+
 def gram_condition_number(Z, *, rtol: float | None = None) -> float:
     """κ(ZᵀZ) over the nonzero spectrum, computed as κ(Z)² (see :func:`gram_spectrum`)."""
     return gram_spectrum(Z, rtol=rtol, vectors=False).kappa
+
+
+@functools.lru_cache(maxsize=None)
+def _evr_workspace(n: int) -> tuple[int, int]:
+    """(lwork, liwork) that ``scipy.linalg.eigh(driver="evr")`` passes to LAPACK ``dsyevr``."""
+    lwork, liwork, _ = scipy.linalg.lapack.dsyevr_lwork(n, lower=1)
+    return int(lwork), int(liwork)
+
+
+# dsyevr rescales a matrix whose largest entry lies outside [RMIN, RMAX] before reducing it
+# (RMIN = sqrt(safe_min/eps), RMAX = min(sqrt(big), safe_min^(-1/4)) ≈ 1e-146 and 8e76); the
+# shared reduction below does not, so it hands such matrices to scipy (generous margins).
+_EVR_SAFE_LOW, _EVR_SAFE_HIGH = 1e-140, 1e70
+
+
+class SymmetricEigen:
+    """All eigenvalues of a symmetric matrix and any of its eigenvectors, from ONE reduction.
+
+    ``scipy.linalg.eigh(H, eigvals_only=True, driver="evr")`` and each
+    ``eigh(H, subset_by_index=[j, j], driver="evr")`` run LAPACK ``dsyevr``, which reduces H
+    to tridiagonal form (``dsytrd``, the O(n³) part) on every call, then takes the eigenvalues
+    from the tridiagonal matrix (``dsterf``) or one eigenpair (``dstebz`` bisection, ``dstein``
+    inverse iteration, ``dormtr`` back-transformation).  This class makes the same LAPACK calls
+    with the same workspace sizes (so the same blocking), but the reduction once: ``values``
+    and every :meth:`vector` are bit-for-bit those of the separate ``eigh`` calls (a test
+    checks it), at the cost of one reduction instead of one per call.  Matrices dsyevr would
+    rescale first (entries beyond ~1e70 or below ~1e-140), size 1, or any LAPACK failure go
+    through ``scipy.linalg.eigh`` itself.  ``values`` are ascending (LAPACK order);
+    :meth:`vector` takes an ascending index.
+    """
+
+    __slots__ = ("_H", "_c", "_d", "_e", "_tau", "_lwork", "values")
+
+    def __init__(self, H: np.ndarray):
+        self._H = H
+        self._c = None
+        n = H.shape[0]
+        anrm = float(np.max(np.abs(H))) if n else 0.0
+        if n >= 2 and _EVR_SAFE_LOW < anrm < _EVR_SAFE_HIGH:
+            lwork, _ = _evr_workspace(n)
+            # dsyevr hands dsytrd the workspace after its 5n of bookkeeping
+            c, d, e, tau, info = scipy.linalg.lapack.dsytrd(H, lower=1, lwork=lwork - 5 * n)
+            if info == 0:
+                w, info = scipy.linalg.lapack.dsterf(d, e)
+                if info == 0:
+                    self._c, self._d, self._e, self._tau, self._lwork = c, d, e, tau, lwork
+                    self.values = w
+                    return
+        self.values = scipy.linalg.eigh(H, eigvals_only=True, driver="evr", check_finite=False)
+
+    def vector(self, j: int) -> np.ndarray:
+        """Unit eigenvector for the j-th smallest eigenvalue (0-based, ascending)."""
+        if self._c is not None:
+            n = self._d.size
+            lapack = scipy.linalg.lapack
+            # range "I" (3) for one index, order "B" (by block), abstol 0: dsyevr's call for a vector
+            m, w, iblock, isplit, info = lapack.dstebz(self._d, self._e, 3, 0.0, 1.0, j + 1, j + 1, 0.0, b"B")
+            if info == 0 and m == 1:
+                z, info = lapack.dstein(self._d, self._e, w[:1], iblock, isplit)
+                if info == 0:
+                    # dormtr (lower) = dormqr on rows 2..n with the reflectors below the subdiagonal,
+                    # with the workspace dsyevr passes it (lwork − 2n)
+                    cq, _, info = lapack.dormqr(b"L", b"N", self._c[1:, :n - 1], self._tau, z[1:, :],
+                                                self._lwork - 2 * n)
+                    if info == 0:
+                        return np.concatenate([z[:1, 0], cq[:, 0]])
+        _, v = scipy.linalg.eigh(self._H, subset_by_index=[j, j], driver="evr", check_finite=False)
+        return v[:, 0]
 
 
 def extreme_eigenpair(S, which: str = "max") -> tuple[float, np.ndarray]:
