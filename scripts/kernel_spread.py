@@ -168,6 +168,10 @@ def git_state() -> dict:
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None}
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def measure(commands: list[str], kernels, log=print) -> dict:
     records = {}
     for cmd in commands:
@@ -184,7 +188,8 @@ def measure(commands: list[str], kernels, log=print) -> dict:
             log(f"  {cmd}  [{kernel}: {arch}]  {wall:.1f} s")
             runs.append({"kernel": kernel, "architecture": arch, "wall_seconds": round(wall, 1),
                          "header": header, "rows": rows})
-        records[cmd] = {"runs": runs}
+        # provenance per command: with --commands, records of other commands keep their own
+        records[cmd] = {"git": git_state(), "measured": _now(), "runs": runs}
     return records
 
 
@@ -194,7 +199,7 @@ def write_spread(path: Path, commands: dict, kernels, merge: bool) -> dict:
         "about": "Each readme-check command's first printed table under each BLAS kernel type "
                  "(written by scripts/kernel_spread.py; read by tests/test_readme_numbers.py).",
         "tool": "python scripts/kernel_spread.py",
-        "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "generated": _now(),
         "git": git_state(),
         "machine": {"cpu": cpu_model(), "platform": platform.platform()},
         "versions": versions(),
@@ -291,8 +296,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernels", help="comma list of kernel types to measure (native, "
                    f"{', '.join(KERNELS)}); default: native and every type this CPU runs")
-    p.add_argument("--commands", help="only the marked commands containing this text (the others "
-                   "keep their recorded runs)")
+    p.add_argument("--commands", help="only the marked command equal to this text, else those containing "
+                   "it (the others keep their recorded runs)")
     p.add_argument("--file", type=Path, default=rc.SPREAD_FILE, help="the spread file (default: %(default)s)")
     p.add_argument("--tables", action="store_true", help="print each marked table in the stable format")
     p.add_argument("--apply", action="store_true", help="with --tables: write them into the documents")
@@ -321,7 +326,7 @@ def main(argv=None) -> int:
         return tables(spread, args.apply)
     commands = rc.marked_commands()
     if args.commands:
-        commands = [c for c in commands if args.commands in c]
+        commands = [c for c in commands if c == args.commands] or [c for c in commands if args.commands in c]
     if not commands:
         p.error("no marked command to run")
     requested = args.kernels.split(",") if args.kernels else None

@@ -5,14 +5,16 @@ Runs one (method, seed) twice: the reference, and a copy whose θ is changed by 
 place (each entry times 1 ± eps, random signs) right after step ``--perturb-step``.  Prints, at
 steps along the run, how far the two θ's have moved apart: relative to ‖θ‖, split into θ's rows in
 range(K_P) and in null(K_P), and as seen by the features (‖X_PΔθ‖/‖X_Pθ‖); then the e-folding
-length of the growth and the RIR of both runs.  A run that is stable in rounding stays near eps;
-a chaotic one grows exponentially until the difference is O(1).
+length of the growth and the RIR of both runs.  ``--against-kernel TYPE`` compares instead with
+the same run under another OpenBLAS kernel type (``OPENBLAS_CORETYPE``).  A run that is stable in
+rounding stays near eps; a chaotic one grows exponentially until the difference is O(1).
 
     python scripts/round_off_growth.py --protocol strict --method ours           # Algorithm 1, strict
     python scripts/round_off_growth.py --protocol strict --method ours --set lambda_p=0
     python scripts/round_off_growth.py --protocol strict --method ours --ridge-solve cholesky
     python scripts/round_off_growth.py --method opt_kappa                         # paper protocol
     python scripts/round_off_growth.py --method opt_kappa --eigvecs svd
+    python scripts/round_off_growth.py --protocol strict --method imma --against-kernel Haswell
 
 ``--set FIELD=VALUE`` overrides an ``ImmunizeConfig`` field (ablations); ``--ridge-solve cholesky``
 applies the ridge preconditioner ``(K+λI)⁻¹K`` as a Cholesky solve instead of the library's
@@ -23,7 +25,9 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -36,9 +40,9 @@ import scipy.linalg  # noqa: E402
 
 from pycore import optim  # noqa: E402
 from pycore import precondition as pre  # noqa: E402
-from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
+from pycore.immunize import ImmunizeConfig, immunize  # noqa: E402
 from pycore.metrics import rir  # noqa: E402
-from pycore.spectral import rank_tolerance  # noqa: E402
+from pycore.spectral import gram_spectrum, rank_tolerance  # noqa: E402
 
 EPS = np.finfo(np.float64).eps
 
@@ -114,19 +118,47 @@ class Recorder:
             cls.step = orig
 
 
+def _trajectory(train, cfg, args, perturb):
+    with Recorder(args.every, perturb) as rec:
+        res = immunize(train, args.method, rng=np.random.default_rng(args.seed), config=cfg)
+    return np.array(rec.thetas), res.theta
+
+
+def _other_kernel(argv, kernel):
+    """The unperturbed trajectory under ``OPENBLAS_CORETYPE=kernel`` (a child process: the kernel
+    is chosen when the BLAS library loads)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = Path(tmp) / "run.npz"
+        env = {**os.environ, "OPENBLAS_CORETYPE": kernel}
+        subprocess.run([sys.executable, __file__, *argv, "--dump", str(dump)], env=env, check=True)
+        with np.load(dump) as f:
+            return f["thetas"], f["theta"], str(f["blas"])
+
+
+def _blas() -> str:
+    import threadpoolctl
+    return "+".join(dict.fromkeys(str(i.get("architecture")) for i in threadpoolctl.threadpool_info()
+                                  if i.get("user_api") == "blas"))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="round_off_growth.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--protocol", choices=("paper", "strict"), default="paper")
-    p.add_argument("--method", default="ours",
-                   choices=[m for m in METHODS if m not in ("identity", "closed_form")])
+    # the methods that step θ with pycore.optim (R_ill only takes its own GD step; identity and the
+    # closed form take none)
+    p.add_argument("--method", default="ours", choices=("ours", "opt_kappa", "opt_kappa_balanced", "imma"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--perturb-step", type=int, default=1)
+    p.add_argument("--against-kernel", metavar="TYPE",
+                   help="compare with the same run under OPENBLAS_CORETYPE=TYPE instead of a 1-ulp change")
     p.add_argument("--every", type=int, default=4, help="compare θ every this many steps")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="ImmunizeConfig overrides")
     p.add_argument("--ridge-solve", choices=("eigen", "cholesky"), default="eigen")
     p.add_argument("--eigvecs", choices=("gram", "svd"), default="gram",
                    help="extreme eigenvectors of H = ZᵀZ from H (the library) or from the SVD of Z")
+    p.add_argument("--dump", type=Path, help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
     from experiments.house_price import load_tasks  # noqa: E402  (imports the CLI layer)
 
@@ -139,23 +171,28 @@ def main(argv=None) -> int:
         _cholesky_ridge()
     if args.eigvecs == "svd":
         _svd_eigvecs()
-    runs = []
-    for perturb in (None, args.perturb_step):
-        with Recorder(args.every, perturb) as rec:
-            res = immunize(train, args.method, rng=np.random.default_rng(args.seed), config=cfg)
-        runs.append((rec.thetas, res.theta))
-    (ta, theta_a), (tb, theta_b) = runs
+    if args.dump:
+        ta, theta_a = _trajectory(train, cfg, args, None)
+        np.savez(args.dump, thetas=ta, theta=theta_a, blas=_blas())
+        return 0
+    ta, theta_a = _trajectory(train, cfg, args, None)
+    if args.against_kernel:
+        tb, theta_b, other = _other_kernel(argv, args.against_kernel)
+        what = f"{_blas()} kernels against {other} kernels"
+    else:
+        tb, theta_b = _trajectory(train, cfg, args, args.perturb_step)
+        what = f"θ ×(1 ± eps) after step {args.perturb_step}"
     _, s, Vt = np.linalg.svd(train.X_P, full_matrices=True)
     r = int(np.count_nonzero(s > rank_tolerance(s[0], train.X_P.shape)))
     V_r, V_n = Vt[:r].T, Vt[r:].T
     XP = train.X_P
-    print(f"{args.protocol} protocol, {args.method}, seed {args.seed}, "
-          f"θ ×(1 ± eps) after step {args.perturb_step}"
+    print(f"{args.protocol} protocol, {args.method}, seed {args.seed}, {what}"
           f"{', ' + ', '.join(args.set) if args.set else ''}, ridge {args.ridge_solve}, "
           f"eigenvectors from {'the SVD of Z' if args.eigvecs == 'svd' else 'H'}; "
           f"rank K_P = {r} of {train.D}")
-    print("| step | ‖Δθ‖/‖θ‖ | rows in range(K_P) | rows in null(K_P) | ‖X_PΔθ‖/‖X_Pθ‖ |")
-    print("|---|---|---|---|---|")
+    print("| step | ‖Δθ‖/‖θ‖ | rows in range(K_P) | rows in null(K_P) | ‖X_PΔθ‖/‖X_Pθ‖ | κ(H_P) | "
+          "(λ₁−λ₂)/λ₁ of H_P |")
+    print("|---|---|---|---|---|---|---|")
     n = min(len(ta), len(tb))
     marks = sorted(set(np.unique(np.geomspace(1, n, 14).astype(int)) - 1) | {n - 1})
     div = []
@@ -165,19 +202,22 @@ def main(argv=None) -> int:
         div.append(np.linalg.norm(d) / nt)
         if i in marks:
             seen = np.linalg.norm(XP @ d) / np.linalg.norm(XP @ t)
+            spec = gram_spectrum(XP @ t, vectors=False)
+            lam = spec.sigma
             print(f"| {(i + 1) * args.every} | {div[-1]:.2e} | {np.linalg.norm(V_r.T @ d) / nt:.2e} | "
-                  f"{np.linalg.norm(V_n.T @ d) / nt:.2e} | {seen:.2e} |")
+                  f"{np.linalg.norm(V_n.T @ d) / nt:.2e} | {seen:.2e} | {spec.kappa:.3g} | "
+                  f"{(lam[0] - lam[1]) / lam[0]:.1e} |")
     div = np.array(div)
     steps = (np.arange(n) + 1) * args.every
     grow = (div > 1e-13) & (div < 1e-3)
-    if grow.sum() >= 3:
-        slope = np.polyfit(steps[grow], np.log(div[grow]), 1)[0]
+    slope = np.polyfit(steps[grow], np.log(div[grow]), 1)[0] if grow.sum() >= 3 else 0.0
+    if slope > 0:
         print(f"exponential growth between 1e-13 and 1e-3: e-folding every {1 / slope:.0f} steps "
-              f"(steps {steps[grow][0]}–{steps[grow][-1]} of {steps[-1]})" if slope > 0 else "no growth")
+              f"(steps {steps[grow][0]}–{steps[grow][-1]} of {steps[-1]})")
     else:
         print(f"no exponential growth: largest difference {div.max():.2e} over {steps[-1]} steps")
     ra, rb = (rir(th, train.X_P, train.X_H).value for th in (theta_a, theta_b))
-    print(f"RIR: reference {ra:.6g}, perturbed {rb:.6g}")
+    print(f"RIR: reference {ra:.6g}, other {rb:.6g}")
     return 0
 
 

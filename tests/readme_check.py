@@ -349,8 +349,17 @@ def stable_token(tokens: list[str], min_digits: int = 2) -> str:
         for digits in range(most, min_digits - 1, -1):
             for x in (0.5 * (lo + hi), lo, hi):
                 tok = _sig_token(x, digits, tokens[0])
+                if "e" in tok and "e" not in tokens[0].lower():
+                    continue  # 2.9e+02 for 288.1…294.1 says less than the range
                 if covers(claims(tok)[0], lo, hi):
                     return tok
+    if math.isfinite(lo) and math.isfinite(hi):
+        # both ends at the finest precision printed (the command's %g drops trailing zeros:
+        # 0.2 is 0.2000 next to 0.2079)
+        most = max(_sig_digits(t) for t in tokens)
+        ends = [_sig_token(x, most, t) for x, t in ((lo, t_lo), (hi, t_hi))]
+        if all(value(e) == value(t) and ("e" in e) == ("e" in t.lower()) for e, t in zip(ends, (t_lo, t_hi))):
+            t_lo, t_hi = ends
     return f"{t_lo}{RANGE}{t_hi}"
 
 

@@ -132,7 +132,9 @@ def test_stable_format_passes_rule_a():
     assert stable_token(["292.7", "299.1"]) == "292.7…299.1"
     assert stable_token(["6.794e-07", "6.790e-07", "6.796e-07"]) == "6.8e-07"
     assert stable_token(["157.9", "157.8"]) == "158"
+    assert stable_token(["288.1", "294.1"]) == "288.1…294.1"             # not 2.9e+02
     assert stable_token(["0", "0.001"]) == "0…0.001"
+    assert stable_token(["0.2", "0.2079", "0.206"]) == "0.2000…0.2079"       # %g dropped the zeros
     cells = ["2.218 ± 1.1", "16.05 ± 28", "5.17 ± 7.0"]
     assert stable_cell(cells) == "2.218…16.05"                  # the mean moves: its range alone
     assert stable_cell(["1.302 ± 0.028", "1.301 ± 0.019"]) == "1.30 ± 0.019…0.028"

@@ -134,3 +134,25 @@ def test_spread_file_records_how_it_was_made():
     assert len(native) == 1 and native[0]["OPENBLAS_CORETYPE"] is None
     for rec in spread["commands"].values():
         assert all(r["header"][0] == "method" and r["rows"] for r in rec["runs"])
+
+
+def test_eigenvectors_are_zero_on_identically_zero_features():
+    """A feature that is identically zero (an input column constant on the split, at θ = I) puts e_j
+    in null(H): every eigenvector of a nonzero eigenvalue has v_j = 0 exactly.  With LAPACK's
+    round-off there instead, Opt κ's gradient had entries of pure round-off (House Prices, paper
+    protocol: θ[Utilities, ·] ~1e-6 with either sign) and Adam's first step moved them by ±lr,
+    a difference of 2·lr between BLAS kernels (docs/reproducibility.md §3)."""
+    from pycore.immunize import opt_kappa_objective
+
+    rng = np.random.default_rng(3)
+    N, D, dead = 60, 12, [2, 7]
+    X_P, X_H = rng.standard_normal((N, D)), rng.standard_normal((N, D)) * np.geomspace(1, 1e-3, D)
+    X_P[:, [4]] = 0.0                 # dead in D_P only: the κ_P gradient's rows there are exact zeros
+    X_H[:, dead] = 0.0
+    reg = hessian_regularizer(X_H, "well", matrices=False)
+    k = reg.info.rank
+    for v in (reg.vector(0), reg.vector(k - 1), reg.vector(3)):
+        assert np.all(v[dead] == 0.0) and abs(np.linalg.norm(v) - 1) < 1e-14
+    # the κ gradient: entries whose exact value is 0 (rows dead in D_P, columns dead in D_H) are 0
+    _, g, _ = opt_kappa_objective(np.eye(D), X_P, X_H)
+    assert np.all(g[4, dead] == 0.0)
