@@ -7,16 +7,16 @@ solve).  Real data makes K singular, so the modes are:
 * ``"exact"``: ``2θG``;
 * ``"pinv"``:  ``K⁺∇_θR = 2ΠθG``, Π the orthogonal projector on range(K) (docs/theory.md §5:
   Theorem 4.3 holds with K⁺); same new Hessian as ``"exact"`` (KΠ = K), θ's null(K) part untouched;
-* ``"ridge"``: ``(K+λI)⁻¹∇_θR = 2(K+λI)⁻¹KθG`` (the authors' regularized solve);
+* ``"ridge"``: ``(K+λI)⁻¹∇_θR = 2(K+λI)⁻¹KθG`` (the authors' regularized solve), applied as
+  ``2Q_r diag(μ/(μ+λ)) Q_rᵀθG`` over K's nonzero eigenpairs (μ, Q_r) (:func:`ridge_factor`);
 * ``"none"``:  the plain gradient ``2KθG``.
 
-:class:`Preconditioner` caches the per-task factor (range basis or Cholesky factor) and applies
+:class:`Preconditioner` caches the per-task factor (range basis or ridge eigenpairs) and applies
 ``G`` through the features ``Z = Xθ`` when N < D (MNIST), never forming D×D ``H`` or ``G``.
 """
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 
 from pycore.regularizers import grad_theta_and_regularizer
 from pycore.spectral import rank_tolerance
@@ -30,7 +30,7 @@ def precondition(theta: np.ndarray, G: np.ndarray, K: np.ndarray, mode: str = "e
     """Direction of the Algorithm-1 regularizer step for ``∇_θR = 2KθG`` (docs/theory.md §4).
 
     ``K_factor``: for ``"pinv"`` the orthonormal basis of range(K) (D×r, :func:`range_basis`);
-    for ``"ridge"`` the Cholesky factor of ``K+λI`` from :func:`scipy.linalg.cho_factor`.
+    for ``"ridge"`` the pair of :func:`ridge_factor`.
     """
     if mode == "exact":
         return 2.0 * theta @ G
@@ -39,8 +39,8 @@ def precondition(theta: np.ndarray, G: np.ndarray, K: np.ndarray, mode: str = "e
         return 2.0 * B @ (B.T @ (theta @ G))
     if mode == "ridge":
         check_number(ridge, "ridge", low=0.0, low_open=True)
-        cf = K_factor if K_factor is not None else scipy.linalg.cho_factor(K + ridge * np.eye(K.shape[0]))
-        return 2.0 * scipy.linalg.cho_solve(cf, K @ (theta @ G))
+        Q, f = K_factor if K_factor is not None else ridge_factor(K, ridge)
+        return 2.0 * Q @ (f[:, None] * (Q.T @ (theta @ G)))
     if mode == "none":
         return 2.0 * K @ (theta @ G)
     raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {mode!r}")
@@ -52,6 +52,30 @@ def range_basis(K, rtol: float | None = None) -> np.ndarray:
     w, Q = np.linalg.eigh(0.5 * (K + K.T))
     tol = rank_tolerance(max(abs(w[-1]), 0.0), K.shape, rtol)
     return Q[:, w > tol]
+
+
+def ridge_factor(K, ridge: float, X=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(Q_r, f)`` with ``(K+λI)⁻¹K = Q_r diag(f) Q_rᵀ``: K's eigenvectors for its nonzero
+    eigenvalues μ (rank cut-off of :func:`range_basis`) and ``f = μ/(μ+λ)``.
+
+    The same operator as a Cholesky solve ``(K+λI)⁻¹(K·)``, but exactly zero on null(K), where the
+    math says zero.  The solve is not: K's null eigenvalues are round-off (~eps‖K‖), and the solve
+    divides that round-off by λ, so at λ = 1e-7 its output has a null(K) part of ~1e-7 relative
+    (House Prices, strict protocol) that a 1-ulp change of θ moves by as much; Adam, which
+    rescales each coordinate, then carries that noise into the range (docs/reproducibility.md).
+    ``X`` (rows with K = XᵀX, N < D): the eigenpairs come from the SVD of X instead (N×D work).
+    """
+    check_number(ridge, "ridge", low=0.0, low_open=True)
+    if X is not None and X.shape[0] < X.shape[1]:
+        _, sv, Vt = np.linalg.svd(X, full_matrices=False)
+        mu = sv * sv
+        keep = mu > rank_tolerance(mu[0], (X.shape[1],))
+        Q, mu = Vt[keep].T, mu[keep]
+    else:
+        mu, Q = np.linalg.eigh(0.5 * (K + K.T))
+        keep = mu > rank_tolerance(max(mu[-1], 0.0), K.shape)
+        Q, mu = Q[:, keep], mu[keep]
+    return Q, mu / (mu + ridge)
 
 
 def preconditioned_grad_theta(theta, K, kind: str, *, mode: str = "exact", ridge: float = 0.0) -> np.ndarray:
@@ -85,7 +109,7 @@ def theta_G(theta, reg, Z):
 
 
 class Preconditioner:
-    """Caches what a preconditioner needs per task (range basis, Cholesky factor).
+    """Caches what a preconditioner needs per task (range basis, ridge eigenpairs).
 
     With the task's rows ``X`` (K = XᵀX) and N < D, the range basis of K is taken from the SVD
     of X (right singular vectors with s² above the same cut-off ``s_max²·D·eps`` that
@@ -104,8 +128,7 @@ class Preconditioner:
         elif mode == "pinv":
             self.factor = range_basis(K)
         elif mode == "ridge":
-            check_number(ridge, "ridge", low=0.0, low_open=True)
-            self.factor = scipy.linalg.cho_factor(K + ridge * np.eye(K.shape[0]))
+            self.factor = ridge_factor(K, ridge, X)
 
     def __call__(self, theta, G):
         return precondition(theta, G, self.K, self.mode, self.ridge, K_factor=self.factor)
@@ -129,9 +152,10 @@ class Preconditioner:
         if self.mode == "pinv":
             return 2.0 * self.factor @ (self.factor.T @ M)
         if self.mode == "ridge":
-            return 2.0 * scipy.linalg.cho_solve(self.factor, self.K @ M)
+            Q, f = self.factor
+            return 2.0 * Q @ (f[:, None] * (Q.T @ M))
         return 2.0 * self.K @ M
 
 
 __all__ = ["PRECONDITIONERS", "G_parts", "Preconditioner", "precondition", "preconditioned_grad_theta",
-           "range_basis", "theta_G"]
+           "range_basis", "ridge_factor", "theta_G"]

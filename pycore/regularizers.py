@@ -178,10 +178,21 @@ class HessianRegularizer:
 
 
 def _eigvec_at(H: np.ndarray, i: int) -> np.ndarray:
+    """Unit eigenvector of the PSD ``H`` for its i-th largest eigenvalue, exactly zero where the
+    math says zero: ``H_jj = 0`` means row j of H is zero (a feature that is identically zero),
+    so ``e_j ∈ null(H)`` and every eigenvector of a nonzero eigenvalue has ``v_j = 0``.  LAPACK
+    leaves round-off there (~1e-17), which a gradient built from ``v`` turns into entries of pure
+    round-off, and Adam, which rescales each entry, into full-size steps of kernel-dependent sign
+    (docs/reproducibility.md §3)."""
     n = H.shape[0]
     j = n - 1 - i  # LAPACK orders ascending
     _, v = scipy.linalg.eigh(H, subset_by_index=[j, j], driver="evr", check_finite=False)
-    return v[:, 0]
+    v = v[:, 0]
+    dead = np.diagonal(H) == 0
+    if dead.any() and not dead.all():
+        v[dead] = 0.0
+        v /= np.linalg.norm(v)
+    return v
 
 
 def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
