@@ -1,6 +1,6 @@
-"""README tables agree with what their commands print.
+"""README and docs/ tables agree with what their commands print.
 
-Every README table preceded by ``<!-- readme-check: COMMAND -->`` is checked: COMMAND (an
+Every table of README.md or docs/*.md preceded by ``<!-- readme-check: COMMAND -->`` is checked: COMMAND (an
 ``experiments/*.py`` invocation, CI-cheap) is run with ``--out TMP --no-plot`` appended, the first
 table of the ``table.md`` it writes is parsed, and every README cell is compared with the cell of
 the same row (method label) and column (header) there.  A README row or column the command does
@@ -32,6 +32,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# The files whose tables are checked: the README and every document under docs/.
+SCANNED = [README, *sorted((ROOT / "docs").glob("*.md"))]
 MARKER = re.compile(r"<!--\s*readme-check:\s*(.+?)\s*-->")
 SPREAD_ROWS = {"Opt κ", "Opt κ (balanced)"}
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|∞")
@@ -127,15 +129,20 @@ def compare_tables(readme_table, printed_table) -> list[str]:
 
 # ---------------------------------------------------------------- the check itself
 
-CHECKS = checks_in_readme(README.read_text(encoding="utf-8"))
+CHECKS = [(path, command, line) for path in SCANNED
+          for command, line in checks_in_readme(path.read_text(encoding="utf-8"))]
 
 
 def test_readme_has_checked_tables():
-    assert len(CHECKS) >= 2, "README lost its <!-- readme-check: ... --> markers"
+    # The README's headline table and docs/results.md's House Prices (paper protocol) and MNIST tables.
+    files = [path.relative_to(ROOT).as_posix() for path, _, _ in CHECKS]
+    assert len(CHECKS) >= 3, f"<!-- readme-check: ... --> markers lost: {files}"
+    assert "README.md" in files and files.count("docs/results.md") >= 2, files
 
 
-@pytest.mark.parametrize("command, line", CHECKS, ids=[c for c, _ in CHECKS])
-def test_readme_table_matches_command(command, line, tmp_path):
+@pytest.mark.parametrize("path, command, line", CHECKS,
+                         ids=[f"{p.relative_to(ROOT).as_posix()}: {c}" for p, c, _ in CHECKS])
+def test_readme_table_matches_command(path, command, line, tmp_path):
     argv = shlex.split(command)
     assert argv[0] == "python" and argv[1].startswith("experiments/"), f"unexpected command {command!r}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -144,9 +151,9 @@ def test_readme_table_matches_command(command, line, tmp_path):
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-2000:]
     printed = parse_table((tmp_path / "table.md").read_text(encoding="utf-8").splitlines())
-    readme = parse_table(README.read_text(encoding="utf-8").splitlines(), line + 1)
+    readme = parse_table(path.read_text(encoding="utf-8").splitlines(), line + 1)
     problems = compare_tables(readme, printed)
-    assert not problems, f"README line {line + 1} ({command}):\n" + "\n".join(problems)
+    assert not problems, f"{path.relative_to(ROOT)} line {line + 1} ({command}):\n" + "\n".join(problems)
 
 
 # ---------------------------------------------------------------- the comparison rules
