@@ -1,7 +1,7 @@
-"""Build of the `pycore` package and its fused C++/CUDA op `pycore._C` (docs/design.md §5).
+"""The fused C++/CUDA op `pycore._C` (docs/design.md §5); the package metadata is in pyproject.toml.
 
-    python -m pip install --no-build-isolation --no-deps -e .     # what scripts/install.sh runs
-    python setup.py build_ext --inplace                            # development
+    python -m pip install --no-build-isolation -e ".[deep,dev]"   # what scripts/install.sh runs
+    python setup.py build_ext --inplace                            # development: rebuild the op only
 
 Without build isolation the op compiles against the torch already installed, so a CPU-only
 machine never downloads CUDA packages.  CUDA sources are compiled only when torch itself was
@@ -12,7 +12,7 @@ PYCORE_NO_EXTENSION=1 installs the pure-Python package (pycore.ops then falls ba
 import os
 import sys
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 
 def _flag(name: str) -> bool:
@@ -58,15 +58,4 @@ def _extensions():
 
 ext_modules, cmdclass = _extensions()
 
-setup(
-    name="pycore",
-    version="0.1.0",
-    description="Model immunization from a condition-number perspective (ICML 2025), reimplemented",
-    # `experiments` (the scripts of paper Sec. 5 and their shared CLI layer) is installed too, so
-    # `python experiments/house_price.py` and `python -m experiments.house_price` both work
-    # from any folder without sys.path edits.
-    packages=find_packages(include=["pycore", "pycore.*", "experiments"]),
-    python_requires=">=3.9",
-    ext_modules=ext_modules,
-    cmdclass=cmdclass,
-)
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

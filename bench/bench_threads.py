@@ -1,4 +1,4 @@
-"""Fast by default: the README's "Using the library" snippet with the DEFAULT BLAS threads against
+"""Fast by default: the README's library snippet ("The library") with the DEFAULT BLAS threads against
 the same snippet single-threaded (pycore/threads.py, docs/design.md §5).
 
     python -m pytest bench/bench_threads.py --benchmark-only -s     # the ratio, target ≤ 1.3

@@ -52,7 +52,7 @@ SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "fraction
 # pixels/255 and 100 rows per digit, ‖K_P⁺∇R_well‖ ≈ 1e4 and ‖K_H⁺∇R_ill‖ ≈ 1e-8 (pairs 0→1,
 # 4→9, 7→2), so λ_H/λ_P ≈ 1e12; with 5e7 the R_ill term is ~1e-4 of the R_well term (inert under
 # Adam).  η = 0.002 came from a small sweep over η ∈ [0.001, 0.02] on a few pairs (seed 0);
-# README reports the full grid with these values and a subset with --paper-hparams.
+# docs/results.md §2 reports the full grid with these values and a subset with --paper-hparams.
 
 _STATE: dict = {}  # data shared with forked workers (never pickled per job)
 

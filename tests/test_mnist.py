@@ -241,7 +241,7 @@ def test_full_batch_loss_from_Z_matches_losses_module(loss):
 def test_experiment_flags_are_generated_from_the_config():
     # The flags are generated from ImmunizeConfig's fields and applied on top of
     # ImmunizeConfig.mnist(), the one source of the MNIST settings (also used by attacks.py
-    # --mnist-pairs and quoted by the README): no flag, no drift.
+    # --mnist-pairs and quoted by docs/results.md): no flag, no drift.
     import typing
     from dataclasses import fields
 

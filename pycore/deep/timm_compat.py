@@ -8,13 +8,9 @@ exist``. Defining the two schemas ourselves -- only when the real library cannot
 is enough: timm never calls them, and torchvision's detection ops stay unavailable (unused here).
 
 Call :func:`import_timm` (or :func:`ensure_torchvision_ops`) before anything imports
-torchvision or timm -- or let the import hook do it: ``scripts/install.sh`` writes
-``_pycore_torchvision_hook.pth`` (and the tiny module :mod:`pycore.deep._torchvision_hook`,
-copied next to it) into site-packages, so that a bare ``import timm`` works in the installed
-environment (docs/design.md §5).  At interpreter start the hook only appends a
-``sys.meta_path`` finder; it imports neither torch nor torchvision.  When torchvision is first
-imported the finder loads THIS file by path and calls :func:`ensure_torchvision_ops`, so torch
-is imported only then (torchvision needs it anyway).  This module therefore imports torch
+torchvision or timm. ``import pycore.deep`` does it, and every module of this project that needs
+timm or torchvision gets them through :func:`import_timm`; nothing is installed into
+site-packages to do it at interpreter start (docs/design.md §5). This module imports torch
 lazily, inside the functions.
 """
 from __future__ import annotations
@@ -28,9 +24,6 @@ __all__ = ["ensure_torchvision_ops", "import_timm", "shim_installed"]
 
 # The Library object must outlive the call: dropping it would deregister the schemas.
 _LIB = None
-# Name under which the import hook loads this file (outside the pycore package, which it must not
-# import at that point); its _LIB is the shim when the hook installed it.
-HOOK_MODULE_NAME = "_pycore_timm_compat"
 
 _SCHEMAS = (
     "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -49,9 +42,8 @@ def _nms_registered() -> bool:
 
 
 def shim_installed() -> bool:
-    """True when the torchvision schemas had to be defined by this shim (here or by the hook)."""
-    hooked = sys.modules.get(HOOK_MODULE_NAME)
-    return _LIB is not None or getattr(hooked, "_LIB", None) is not None
+    """True when the torchvision schemas had to be defined by this shim."""
+    return _LIB is not None
 
 
 def ensure_torchvision_ops() -> bool:
@@ -72,8 +64,9 @@ def ensure_torchvision_ops() -> bool:
             "torchvision::nms schema; import pycore.deep (or call ensure_torchvision_ops()) first"
         )
     spec = importlib.util.find_spec("torchvision")
-    # Asking importlib where torchvision is fires the installed import hook (it defines the
-    # schemas through its own copy of this module): look again before defining them twice.
+    # Asking importlib where torchvision is runs every meta-path finder, and one may define the
+    # schemas (the import hook of an environment set up by an older scripts/install.sh did): look
+    # again before defining them twice ("Only a single TORCH_LIBRARY ...").
     if _nms_registered():
         return False
     if spec is None or not spec.submodule_search_locations:
