@@ -456,29 +456,35 @@ def holds(items, want):
 
 
 def at_least(items, threshold) -> bool | None:
-    """Every seed's slow-down ≥ threshold (a '≥' bound counts, a '≤' bound below does not)?"""
+    """Every seed's slow-down ≥ threshold? A '≥ v' bound decides only when v ≥ threshold, a
+    '≤ v' bound only when v < threshold; None when some seed cannot tell."""
     ok = []
     for v, k in items:
-        if k == "n/a":
-            ok.append(None)
-        elif k in ("=", ">="):
+        if k == "=":
             ok.append(v >= threshold)
-        else:
+        elif k == ">=":
+            ok.append(True if v >= threshold else None)
+        elif k == "<=":
             ok.append(False if v < threshold else None)
+        else:
+            ok.append(None)
     if any(x is False for x in ok):
         return False
     return None if any(x is None for x in ok) else True
 
 
 def at_most(items, threshold) -> bool | None:
+    """Every seed's slow-down ≤ threshold? (the mirror of :func:`at_least`)"""
     ok = []
     for v, k in items:
-        if k == "n/a":
-            ok.append(None)
-        elif k in ("=", "<="):
+        if k == "=":
             ok.append(v <= threshold)
-        else:
+        elif k == "<=":
+            ok.append(True if v <= threshold else None)
+        elif k == ">=":
             ok.append(False if v > threshold else None)
+        else:
+            ok.append(None)
     if any(x is False for x in ok):
         return False
     return None if any(x is None for x in ok) else True

@@ -708,16 +708,23 @@ def jacobi_scaling(Z) -> np.ndarray:
 
 
 def whitening_preconditioner(Z_est, ridge_rel: float = 1e-8) -> np.ndarray:
-    """``P = (Σ̂ + δI)⁻¹`` with ``Σ̂ = Z_estᵀZ_est/n`` the feature covariance the attacker estimates
-    on their own rows ``Z_est`` and ``δ = ridge_rel·λ_max(Σ̂)`` (Σ̂ is singular whenever n < D or
-    the features are rank deficient). Formed from ``eigh`` of Σ̂, symmetric positive definite."""
+    """``P = (Σ̂₊ + δI)⁻¹``: ``Σ̂ = Z_estᵀZ_est/n`` is the feature covariance the attacker estimates
+    on their own rows ``Z_est``, ``δ = ridge_rel·λ_max(Σ̂)``, and ``Σ̂₊`` is Σ̂ with its numerically
+    zero eigenvalues (rank rule of docs/theory.md §2 on Z_est) raised to its smallest nonzero one.
+    Σ̂ is singular whenever n < D or the features are rank deficient; a bare ``(Σ̂ + δI)⁻¹`` would
+    then amplify round-off in the directions the rows never vary in by 1/δ (the logistic ridge
+    term reads them). Formed from ``eigh`` of Σ̂: symmetric positive definite."""
     Z_est = as_float_matrix(Z_est, "Z_est")
     check_number(ridge_rel, "ridge_rel", low=0.0, low_open=True)
     S = Z_est.T @ Z_est / Z_est.shape[0]
     lam, U = np.linalg.eigh(0.5 * (S + S.T))
-    lam = np.maximum(lam, 0.0)
-    delta = ridge_rel * max(float(lam[-1]), np.finfo(float).tiny)
-    return (U / (lam + delta)) @ U.T
+    top = max(float(lam[-1]), np.finfo(float).tiny)
+    sv = np.linalg.svd(Z_est, compute_uv=False)
+    rank = int(np.sum(sv > rank_tolerance(sv[0], Z_est.shape))) if sv[0] > 0 else 0
+    zero = np.arange(lam.size) < lam.size - rank          # eigh sorts ascending: the first D − rank
+    floor = float(lam[lam.size - rank]) if rank else top
+    lam = np.where(zero, floor, lam)
+    return (U / (lam + ridge_rel * top)) @ U.T
 
 
 @bounded_blas
