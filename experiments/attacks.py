@@ -113,7 +113,7 @@ def parse_args(argv=None):
 
 def prepare(args, parser: cli.Parser) -> None:
     """The checks that involve more than one flag, before any compute."""
-    base = ImmunizeConfig.strict(harden="haar") if args.protocol == "strict" else ImmunizeConfig(harden="haar")
+    base = (ImmunizeConfig.strict if args.protocol == "strict" else ImmunizeConfig)(harden="haar")
     args.config = cli.config_from_args(parser, args, base)
     args.exponent_given = getattr(args, "closed_form_exponent", None) is not None
     try:
@@ -227,7 +227,8 @@ def run(args) -> dict:
         "quick_grid": args.quick, "grid": [c.as_dict() for c in grid],
         "loss": "0.5*||Zw - y||^2 (Hessian Z^T Z = H(theta)); every attacker starts at w = 0",
         "immunize_config": config_dict(cfg),
-        "n_rows": {rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])} for rows, t in splits.items()},
+        "n_rows": {rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])}
+                   for rows, t in splits.items()},
         **hp,
     }
     thetas = result.pop("_thetas")
@@ -284,7 +285,8 @@ def evaluate(splits, methods, hardened, seeds, cfg, grid, loss, cap, eps, *, rid
     variants = list(dict.fromkeys(r["variant"] for r in runs))
     analysis = analyse(runs, variants, seeds, grid, sorted(eps, reverse=True), cap, list(splits), harden)
     sofar = best_so_far_curves(runs, variants, seeds, grid, min(eps), cap, list(splits), orders)
-    return {"runs": runs, "variants": variants, "analysis": analysis, "best_so_far": sofar, "_thetas": archive}
+    return {"runs": runs, "variants": variants, "analysis": analysis, "best_so_far": sofar,
+            "_thetas": archive}
 
 
 def _compact(run: W.GridRun) -> dict:
@@ -342,7 +344,8 @@ def analyse(runs, variants, seeds, grid, eps_list, cap, rows_list, harden) -> di
                             c["best"].append([fb[f][1], fb[f][0]])
                             c["reference_best"].append([fr[f][1], fr[f][0]])
                             if fo is not None:
-                                c.setdefault("slowdown_vs_rotated", []).append(W.slowdown(fb[f][0], fo[f][0], cap))
+                                c.setdefault("slowdown_vs_rotated", []).append(
+                                    W.slowdown(fb[f][0], fo[f][0], cap))
                                 c.setdefault("bound_vs_rotated", []).append(bo[f])
                         cell["worst_all"].append(W.worst_case(run, ref, e, families))
                         cell["worst_first_order"].append(
@@ -402,9 +405,11 @@ def run_mnist(args, t_start):
     archive = {}
     for p, h in args.mnist_pairs:
         split = split_digits(digits, args.mnist_n_train, np.random.default_rng(0))
-        splits = {"train": pair_task(digits, split, p, h), "heldout": pair_task(digits, split, p, h, heldout=True)}
-        res = evaluate(splits, methods, methods, args.mnist_seeds, cfg, grid, "logistic", args.mnist_max_steps,
-                       args.eps, ridge_rel=args.logistic_ridge, jobs=args.jobs, orders=args.orders,
+        splits = {"train": pair_task(digits, split, p, h),
+                  "heldout": pair_task(digits, split, p, h, heldout=True)}
+        res = evaluate(splits, methods, methods, args.mnist_seeds, cfg, grid, "logistic",
+                       args.mnist_max_steps, args.eps, ridge_rel=args.logistic_ridge, jobs=args.jobs,
+                       orders=args.orders,
                        label=f"mnist {p}-{h}", t_start=t_start)
         archive.update({f"mnist/{p}-{h}/{k}": v for k, v in res.pop("_thetas").items()})
         out["pairs"][f"{p}-{h}"] = res
@@ -447,9 +452,11 @@ def holds(items, want):
         if k == "n/a":
             verdicts.append(None)
         elif want == ">1":
-            verdicts.append(True if v > 1 and k in ("=", ">=") else False if v <= 1 and k in ("=", "<=") else None)
+            verdicts.append(True if v > 1 and k in ("=", ">=")
+                            else False if v <= 1 and k in ("=", "<=") else None)
         else:
-            verdicts.append(True if v <= 1 and k in ("=", "<=") else False if v > 1 and k in ("=", ">=") else None)
+            verdicts.append(True if v <= 1 and k in ("=", "<=")
+                            else False if v > 1 and k in ("=", ">=") else None)
     if any(x is False for x in verdicts):
         return False
     return None if any(x is None for x in verdicts) else True
@@ -531,7 +538,8 @@ def table_markdown(res: dict) -> str:
              + (" (quick grid)" if res["quick_grid"] else "") + ". Loss ½‖Zw − y‖², w₀ = 0; one step = one "
              "iteration (one gradient for every first-order family; L-BFGS may evaluate more per iteration; "
              "whitening also forms Σ̂ once; the closed form is one solve). Rows: train = the "
-             f"{res['n_rows']['train']['D_H']}/{res['n_rows']['train']['D_P']} D_H/D_P rows used to immunize; "
+             f"{res['n_rows']['train']['D_H']}/{res['n_rows']['train']['D_P']} D_H/D_P rows used to "
+             "immunize; "
              f"held-out = the other {res['n_rows']['heldout']['D_H']}/{res['n_rows']['heldout']['D_P']}. "
              "Slow-down = steps of the family's best configuration on θ / on identity (median over "
              "seeds, min–max in brackets; ≥ when θ's run hit the cap, ≤ when identity's did); [b] = what "
@@ -567,7 +575,8 @@ def _target_lines(res):
     if not T:
         return []
     L = ["## Hardening targets (training rows, ε = 1e-4)\n",
-         "Best Adam of the grid on D_H slowed ≥ 10× against identity on every seed; D_P's best Adam not slowed "
+         "Best Adam of the grid on D_H slowed ≥ 10× against identity on every seed; D_P's best Adam not "
+         "slowed "
          "by more than 1.2×; RIR, (i), (ii), best D_P loss equal to the unhardened θ's to 1e-10 relative.\n",
          "| variant | Adam D_H slow-down (per seed) | ≥ 10× every seed | Adam D_P slow-down | ≤ 1.2× | "
          "invariants (max rel. diff) | ≤ 1e-10 |", "|---|---|---|---|---|---|---|"]
@@ -588,10 +597,12 @@ def _worst_table(res, rows, ek, fams):
     for v, per in an.items():
         cell = per[f"{rows}/D_H"][ek]
         wa, wf = cell["worst_all"], cell["worst_first_order"]
-        wa_txt = fmt_factors([(w["slowdown"], w["kind"]) for w in wa]) + f" ({_mode([w['attacker'] for w in wa])})"
-        names = _mode([f"{w['attacker']}: {w['steps'] if w['steps'] is not None else '>cap'} steps" for w in wf])
+        wa_txt = (f"{fmt_factors([(w['slowdown'], w['kind']) for w in wa])} "
+                  f"({_mode([w['attacker'] for w in wa])})")
+        names = _mode([f"{w['attacker']}: {'>cap' if w['steps'] is None else w['steps']} steps" for w in wf])
         fo = fmt_factors([(w["slowdown"], w["kind"]) for w in wf])
-        cells = [f"{fmt_factors(cell['families'][f]['slowdown'])} [{_fmt_bound(cell['families'][f]['bound'])}]"
+        cells = [f"{fmt_factors(cell['families'][f]['slowdown'])} "
+                 f"[{_fmt_bound(cell['families'][f]['bound'])}]"
                  for f in fams]
         L.append(f"| {v} | {wa_txt} | {names} | {fo} | " + " | ".join(cells) + " |")
     L.append("")
@@ -618,8 +629,10 @@ def _adam_decomposition(res):
     hv = [v for v in res["variants"] if "+" in v]
     if not hv:
         return []
-    L = ["## What hardening buys against diagonal preconditioners, and what an attacker who whitens recovers\n",
-         "D_H, training rows. 'vs I' = against identity; 'vs IQ' = against the rotated identity (identity hardened "
+    L = ["## What hardening buys against diagonal preconditioners, and what an attacker who whitens "
+         "recovers\n",
+         "D_H, training rows. 'vs I' = against identity; 'vs IQ' = against the rotated identity (identity "
+         "hardened "
          "the same way), which isolates the conditioning from the loss of the input basis. [b] as above.\n",
          "| θ | ε | Adam vs I [b] | Adam vs IQ [b] | Adagrad vs I | Jacobi-PCG vs I [b] | Jacobi-PCG vs IQ | "
          "whitening vs I | whitening vs IQ |", "|---|---|---|---|---|---|---|---|---|"]
@@ -646,7 +659,8 @@ def _adam_decomposition(res):
         for e in res["eps"]:
             ek = W._ekey(e)
             c = an[rot]["train/D_H"][ek]["families"]
-            L.append(f"| {rot} (reference) | {ek} | {fmt_factors(c['adam']['slowdown']) if 'adam' in c else '—'} "
+            L.append(f"| {rot} (reference) | {ek} | "
+                     f"{fmt_factors(c['adam']['slowdown']) if 'adam' in c else '—'} "
                      f"[{_fmt_bound(c['adam']['bound']) if 'adam' in c else '—'}] | — | "
                      f"{fmt_factors(c['adagrad']['slowdown']) if 'adagrad' in c else '—'} | "
                      f"{fmt_factors(c['pcg_jacobi']['slowdown']) if 'pcg_jacobi' in c else '—'} | — | "
@@ -680,7 +694,8 @@ def _transfer_lines(res):
         def fam(key, f):
             c = per[key][e]["families"]
             return fmt_factors(c[f]["slowdown"]) if f in c else "—"
-        L.append(f"| {v} | {rt:.4g} → {rh:.4g} | {it:.4g} → {ih:.4g} | {wf('train/D_H')} | {wf('heldout/D_H')} | "
+        L.append(f"| {v} | {rt:.4g} → {rh:.4g} | {it:.4g} → {ih:.4g} | {wf('train/D_H')} | "
+                 f"{wf('heldout/D_H')} | "
                  f"{fam('train/D_H', 'adam')} | {fam('heldout/D_H', 'adam')} | {wf('train/D_P')} | "
                  f"{wf('heldout/D_P')} |")
     return L + [""]
@@ -737,7 +752,8 @@ def plot_best_so_far(res: dict, path: Path):
     h, lab = axes[0][0].get_legend_handles_labels()
     fig.legend(h, lab, loc="lower center", ncol=min(5, len(lab)), fontsize=8, frameon=False)
     fig.suptitle(f"Best-so-far slow-down, House Prices {res['protocol']} protocol, ε = "
-                 f"{res['best_so_far']['eps']:g}: median over {res['best_so_far']['orders_per_seed']} orders × "
+                 f"{res['best_so_far']['eps']:g}: median over {res['best_so_far']['orders_per_seed']} "
+                 "orders × "
                  f"{len(res['seeds'])} seeds, 10–90% band", fontsize=11)
     fig.tight_layout(rect=(0, 0.06 + 0.02 * math.ceil(len(lab) / 5), 1, 0.96))
     save_figure(fig, path)
@@ -757,13 +773,15 @@ def main(argv=None) -> int:
             cli.write_set(outs, res, table, None if args.no_plot else plot_best_so_far, "best_so_far.png")
             save_thetas(outs.path / "thetas.npz", archive,
                         {"protocol": res["protocol"], "seeds": res["seeds"], "harden": res["harden"],
-                         "keys": "<variant>/seed<k> = θ (D×D, features X @ θ); <variant>/seed<k>/Q = the "
-                                 "hardening rotation (θ = θ_unhardened @ Q); data/<rows>/<X_P|Y_P|X_H|Y_H> = "
-                                 "the protocol's inputs θ acts on; mnist/<P-H>/... the same per MNIST pair",
+                         "keys": "<variant>/seed<k> = θ (D×D, features X @ θ); <variant>/seed<k>/Q = "
+                                 "the hardening rotation (θ = θ_unhardened @ Q); "
+                                 "data/<rows>/<X_P|Y_P|X_H|Y_H> = the protocol's inputs θ acts on; "
+                                 "mnist/<P-H>/... the same per MNIST pair",
                          "command": res["command"]})
             outs.commit()
         print(table)
-        print(f"wrote {outs.final}/" + ", ".join(n for n in OUTPUTS if not (args.no_plot and n.endswith(".png")))
+        names = [n for n in OUTPUTS if not (args.no_plot and n.endswith(".png"))]
+        print(f"wrote {outs.final}/" + ", ".join(names)
               + f" in {res['wall_seconds']:.0f}s")
     return cli.run_main(parser, body, argv)
 

@@ -148,7 +148,8 @@ class GridRun:
         return self.steps[i][_ekey(eps)]
 
     def as_dict(self) -> dict:
-        return {"eps": list(self.eps), "cap": self.cap, "kappa": self.kappa, "wall_seconds": self.wall_seconds,
+        return {"eps": list(self.eps), "cap": self.cap, "kappa": self.kappa,
+                "wall_seconds": self.wall_seconds,
                 "configs": [{**c.as_dict(), "steps_to": s, "final_rel_subopt": f, "diverged": d}
                             for c, s, f, d in zip(self.configs, self.steps, self.final_rel, self.diverged)]}
 
