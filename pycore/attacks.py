@@ -697,14 +697,23 @@ def attack_newton(problem: ProbingProblem, *, max_steps: int = 100, tol: float =
 # ----------------------------------------------------------------------------------------------
 # adaptive attackers that know the defense: preconditioning by what they can estimate
 # ----------------------------------------------------------------------------------------------
-def jacobi_scaling(Z) -> np.ndarray:
-    """``diag(ZᵀZ)^{-½}`` as a vector (1 where a column is zero): the Jacobi preconditioner of the
-    probing Hessian ``ZᵀZ``, which an attacker reads off their own features."""
-    d = np.sum(np.asarray(Z, dtype=np.float64) ** 2, axis=0)
+def jacobi_scaling(Z, *, curvature: float = 1.0, ridge: float = 0.0) -> np.ndarray:
+    """``diag(c·ZᵀZ + λI)^{-½}`` as a vector (1 where an entry is zero): the Jacobi preconditioner
+    of the probing Hessian, which an attacker reads off their own features. Least squares:
+    ``c = 1, λ = 0`` (``ZᵀZ``); logistic: the Hessian at w = 0, ``c = σ'(0) = ¼`` plus the ridge λ
+    (without λ a pixel that is almost never inked would get a huge scale and the ridge term
+    ``λ‖w‖²`` would become ill-conditioned in the scaled variables)."""
+    d = curvature * np.sum(np.asarray(Z, dtype=np.float64) ** 2, axis=0) + ridge
     out = np.ones_like(d)
     pos = d > 0
     out[pos] = 1.0 / np.sqrt(d[pos])
     return out
+
+
+def _jacobi_of(problem: ProbingProblem) -> np.ndarray:
+    if problem.loss == "lsq":
+        return jacobi_scaling(problem.Z)
+    return jacobi_scaling(problem.Z, curvature=0.25, ridge=problem.ridge)
 
 
 def whitening_preconditioner(Z_est, ridge_rel: float = 1e-8) -> np.ndarray:
@@ -768,14 +777,15 @@ def attack_whiten(problem: ProbingProblem, Z_est=None, *, ridge_rel: float = 1e-
 def attack_pcg_jacobi(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
                       w0=None) -> AttackTrajectory:
     """Jacobi-preconditioned conjugate gradients: CG in the variables ``u = S⁻¹w``,
-    ``S = diag(ZᵀZ)^{-½}`` (:func:`jacobi_scaling`), i.e. on the features ``ZS`` whose columns
-    have unit norm. Least squares: CGLS on ``(ZS, y)`` (the same objective: ``ZSu = Zw``);
-    logistic: SciPy's nonlinear CG on ``u ↦ L(Su)`` (the same function of w, ridge included).
+    ``S = diag(∇²L)^{-½}`` (:func:`jacobi_scaling`; least squares: the features ``ZS`` have unit
+    columns; logistic: the Hessian at w = 0, ridge included). Least squares: CGLS on ``(ZS, y)``
+    (the same objective: ``ZSu = Zw``); logistic: SciPy's nonlinear CG on ``u ↦ L(Su)`` (the same
+    function of w, ridge included).
     A diagonal preconditioner, so the axis alignment of the features is what it exploits;
     with an equal diagonal (``pycore.harden`` "equalize") S is a multiple of I and this is CG.
     """
     w, f, g, rec = _start(problem, max_steps, tol, w0)
-    s = jacobi_scaling(problem.Z)
+    s = _jacobi_of(problem)
     if problem.loss == "lsq":
         # the same objective (ZS·u = Z·w) and the same minimum L*, hence the same gaps
         scaled = make_problem(problem.Z * s, problem.y, "lsq")

@@ -310,7 +310,7 @@ def kappa_reference(problem: A.ProbingProblem) -> dict:
                 "where": "Z^T Z"}
     Hm = problem.hessian(problem.w_star)
     basis = np.linalg.svd(problem.Z, full_matrices=False)[2][: problem.rank].T
-    j = np.sqrt(np.diag(Hm))
+    j = np.sqrt(np.diag(Hm))            # > 0: the ridge λ > 0 is on the diagonal
     scaled = Hm / np.outer(j, j)
     # the Jacobi-scaled iterates u = J^{½}w live in J^{½}·range(Zᵀ)
     qb, _ = np.linalg.qr(basis * j[:, None])
