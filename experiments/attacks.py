@@ -89,6 +89,8 @@ def build_parser() -> cli.Parser:
     cli.add_jobs(p, "attacked problems")
     p.add_argument("--mnist-pairs", type=cli.pairs, default=None,
                    help="also attack MNIST ordered pairs P-H, e.g. '0-1,7-2' (logistic probing)")
+    p.add_argument("--mnist-only", action="store_true",
+                   help="attack only the MNIST pairs of --mnist-pairs (skip House Prices)")
     p.add_argument("--mnist-methods", type=cli.choice_list(METHODS, "method"), default="closed_form,ours",
                    help="MNIST immunizers (default closed_form,ours; identity added; each also hardened)")
     p.add_argument("--mnist-seeds", type=cli.seeds, default="1", metavar="N|A,B,C|A-B",
@@ -128,6 +130,8 @@ def prepare(args, parser: cli.Parser) -> None:
     missing = [m for m in args.hardened_methods if m not in args.methods]
     if missing:
         raise cli.UsageError(f"{missing[0]!r} is not among --methods", "--hardened-methods")
+    if args.mnist_only and not args.mnist_pairs:
+        raise cli.UsageError("needs --mnist-pairs", "--mnist-only")
     if args.logistic_ridge <= 0 and args.mnist_pairs:
         raise cli.UsageError("must be > 0 for logistic probing (separable digits have no minimiser)",
                              "--logistic-ridge")
@@ -205,6 +209,14 @@ def run(args) -> dict:
     from pycore.protocol import strict_protocol
 
     t_start = time.perf_counter()
+    if args.mnist_only:
+        mnist, thetas = run_mnist(args, t_start)
+        first = next(iter(mnist["pairs"].values()))
+        return {"experiment": "attacks", "dataset": "mnist", "protocol": "mnist", "mnist": mnist,
+                "harden": args.mnist_config.harden,
+                "seeds": mnist["seeds"], "eps": sorted(args.eps, reverse=True), "_thetas": thetas,
+                "variants": first["variants"], "best_so_far": first["best_so_far"],
+                **environment(), "wall_seconds": time.perf_counter() - t_start}
     data = load_house_price(args.data, n_train=args.n_train)
     if data.heldout is None:
         raise ValueError(f"House Prices: --n-train {args.n_train} leaves no held-out rows (lower it)")
@@ -530,6 +542,8 @@ def _yes(x):
 
 
 def table_markdown(res: dict) -> str:
+    if res.get("dataset") == "mnist":
+        return "\n".join([f"Command: `{' '.join(res['command'][1:])}`\n"] + mnist_table(res)) + "\n"
     L = []
     ds = "House Prices" if res.get("dataset") == "house_prices" else res.get("dataset", "")
     L.append(f"# Worst-case attack evaluation: {ds}, {res['protocol']} protocol\n")
@@ -708,15 +722,19 @@ def mnist_table(res):
     L = [f"# MNIST pairs: logistic probing (BCE + ridge λ = {M['ridge_rel']:g}·‖Z‖₂²/4), "
          f"{M['n_train']} training images per digit, seeds {M['seeds']}, step cap {M['step_cap']}, "
          f"{len(M['grid'])} configurations (second-order attacker: damped Newton)\n"]
+    harden = M["immunize_config"]["harden"]
     for pair, blk in M["pairs"].items():
         fams = list(dict.fromkeys(c["family"] for c in M["grid"]))
         sub = {**res, "analysis": blk["analysis"], "runs": blk["runs"], "variants": blk["variants"],
-               "grid": M["grid"]}
-        for e in res["eps"]:
-            ek = W._ekey(e)
-            L.append(f"### pair {pair}")
-            L += _worst_table(sub, "train", ek, fams)
-        L += _target_lines(sub)
+               "grid": M["grid"], "harden": harden}
+        L.append(f"## pair {pair} (P = {pair.split('-')[0]}, H = {pair.split('-')[1]})\n")
+        L += _invariance_lines(sub)
+        L += [x.replace("## ", "### ", 1) if x.startswith("## ") else x for x in _target_lines(sub)]
+        for rows in ("train", "heldout"):
+            for e in res["eps"]:
+                L += [x.replace("## ", "### ", 1) if x.startswith("## ") else x
+                      for x in _worst_table(sub, rows, W._ekey(e), fams)]
+        L += [x.replace("## ", "### ", 1) if x.startswith("## ") else x for x in _adam_decomposition(sub)]
     return L
 
 
@@ -753,7 +771,9 @@ def plot_best_so_far(res: dict, path: Path):
                          fontsize=10)
     h, lab = axes[0][0].get_legend_handles_labels()
     fig.legend(h, lab, loc="lower center", ncol=min(5, len(lab)), fontsize=8, frameon=False)
-    fig.suptitle(f"Best-so-far slow-down, House Prices {res['protocol']} protocol, ε = "
+    where = ("MNIST (first pair)" if res.get("dataset") == "mnist"
+             else f"House Prices {res['protocol']} protocol")
+    fig.suptitle(f"Best-so-far slow-down, {where}, ε = "
                  f"{res['best_so_far']['eps']:g}: median over {res['best_so_far']['orders_per_seed']} "
                  "orders × "
                  f"{len(res['seeds'])} seeds, 10–90% band", fontsize=11)
