@@ -105,6 +105,8 @@ IMMUNIZE_HELP = {
     "ridge": "λ of the 'ridge' preconditioner (K+λI)⁻¹",
     "init": "θ's initialisation: identity, or nn.Linear's U(±1/√D), the paper's 'randomly initialized dummy "
             "linear layer' (App. C.2)",
+    "harden": "spectrum-preserving hardening θ → θQ after the method (pycore.harden, docs/attacks.md): none, "
+              "haar (Q from the run's seed) or equalize (deterministic: equal diagonal of H_H)",
     "certified": "certified-monotone mode: clip every regularizer step to the docs/theory.md §5 bounds and "
                  "count violations",
 }
@@ -114,7 +116,7 @@ def add_immunize_flags(parser: Parser, shown) -> list[str]:
     """The flags of :class:`pycore.immunize.ImmunizeConfig`, generated (see :func:`add_config_flags`)."""
     import pycore.immunize as imm
 
-    choices = {"optimizer": ("adam", "gd"), "init": ("identity", "random")}
+    choices = {"optimizer": ("adam", "gd"), "init": ("identity", "random"), "harden": tuple(imm.HARDENINGS)}
     if hasattr(imm, "PRECONDITIONERS"):
         choices["precond"] = tuple(imm.PRECONDITIONERS)
     return add_config_flags(parser, imm.ImmunizeConfig, shown, bounds=_immunize_bounds(), choices=choices,

@@ -34,6 +34,7 @@ from pycore.protocol import strict_protocol  # noqa: E402
 from pycore.probe import MAX_PROBE_STEPS  # noqa: E402
 from pycore.report import METHOD_LABELS as LABELS  # noqa: E402
 from pycore.report import environment, fmt, pm, save_figure, summarize  # noqa: E402
+from pycore.thetas import theta_key  # noqa: E402
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.
 PAPER_TABLE1 = {
@@ -48,6 +49,9 @@ SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_
               "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
               "null_part_fraction")
 DEF31 = ("immunized", "heldout_immunized")   # Definition 3.1 per run → {"count", "runs", "per_seed"}
+# [attacks] the numbers hardening must leave unchanged (compared with the unhardened θ's)
+HARDENING_INVARIANTS = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_harmful_ratio",
+                        "heldout_pretrain_ratio", "dp_loss_after", "heldout_dp_loss_after")
 
 
 def build_parser() -> cli.Parser:
@@ -114,7 +118,17 @@ def _one_run(job):
     res = immunize(st["train"], method, rng=np.random.default_rng(seed), config=st["cfg"])
     row = evaluate_linear(res.theta, st["train"], st["heldout"], st["ceiling"], st["reference"])
     row.update(seed=seed, wall_seconds=res.wall_seconds, diagnostics=res.diagnostics)
-    return row, res.theta
+    cfg = st["cfg"]
+    saved = {theta_key(method, seed, cfg.harden): res.theta}   # [attacks] every run's θ (thetas.npz)
+    if res.theta_unhardened is not None:
+        # [attacks] hardening must leave every number of the row unchanged (docs/attacks.md §2)
+        plain = evaluate_linear(res.theta_unhardened, st["train"], st["heldout"], st["ceiling"],
+                                st["reference"])
+        row["hardening"] = {"kind": cfg.harden, "max_rel_diff_vs_unhardened": max(
+            abs(row[k] - plain[k]) / abs(plain[k]) for k in HARDENING_INVARIANTS if k in plain)}
+        saved[theta_key(method, seed)] = res.theta_unhardened
+        saved[theta_key(method, seed, cfg.harden, "Q")] = res.rotation
+    return row, res.theta, saved
 
 
 def load_tasks(args):
@@ -154,9 +168,14 @@ def run(args) -> dict:
     outs = [None] * len(jobs)
     for i, out in zip(order, done):
         outs[i] = out
-    for (method, seed), (row, theta) in zip(jobs, outs):
+    archive = {}
+    for (method, seed), (row, theta, saved) in zip(jobs, outs):
         per_method[method].append(row)
         thetas.setdefault(method, theta)  # first seed drives Figure 1
+        archive.update(saved)
+    for rows, t in (("train", train), ("heldout", heldout)):   # [attacks] the inputs every θ acts on
+        if t is not None:
+            archive.update({f"data/{rows}/{k}": getattr(t, k) for k in ("X_P", "Y_P", "X_H", "Y_H")})
     methods = {}
     for m, rows in per_method.items():
         entry = {k: summarize(r[k] for r in rows) for k in SUMMARISED if k in rows[0]}
@@ -188,6 +207,7 @@ def run(args) -> dict:
         **environment(),
     }
     result["wall_seconds"] = time.perf_counter() - t_start  # immunize + evaluate, before plotting
+    result["_thetas"] = archive   # [attacks] written to thetas.npz by main(), not into results.json
     return result
 
 
@@ -277,6 +297,12 @@ def table_markdown(result: dict) -> str:
                   + "; ".join(f"{LABELS[m]} {fmt(e['dp_loss_before']['mean'])} → "
                               f"{fmt(e['dp_loss_after']['mean'])}" for m, e in dp) + "."]
     cfg = result["config"]
+    hard = [r["hardening"] for e in result["methods"].values() for r in e["runs"] if "hardening" in r]
+    if hard:  # [attacks]
+        worst = max(h["max_rel_diff_vs_unhardened"] for h in hard)
+        lines += ["", f"Hardening `{cfg['harden']}` (θ → θQ, Q orthogonal; docs/attacks.md): every number "
+                  "above is that of the unhardened θ; largest relative difference over all runs and the "
+                  f"columns RIR, (i), (ii) (training and held-out) and best D_P loss: {worst:.1e}."]
     lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, "
               f"λ_H {cfg['lambda_h']:g}, {cfg['optimizer']}, batch {cfg['batch_size']}, "
               f"preconditioner {cfg['precond']}, init {cfg['init']}. "
@@ -315,12 +341,40 @@ def plot_norm_ratio(result: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+OUTPUTS = ("results.json", "table.md", "norm_ratio.png", "thetas.npz")
+
+
+def thetas_meta(result: dict) -> dict:
+    """What thetas.npz holds (its ``meta`` entry; pycore.thetas.load_thetas reads it back)."""
+    return {"experiment": result["experiment"], "protocol": result["protocol"], "seeds": result["seeds"],
+            "harden": result["config"]["harden"], "command": result["command"],
+            "keys": "<method>/seed<k> = θ (D×D; features X @ θ); with --harden: <method>+<kind>/seed<k> = "
+                    "the hardened θ and <method>+<kind>/seed<k>/Q its rotation (hardened = unhardened @ Q); "
+                    "data/<train|heldout>/<X_P|Y_P|X_H|Y_H> = the protocol's inputs and targets"}
+
+
 def main(argv=None) -> int:
+    # [attacks] experiment_main's body (pycore's public output-set API) with one more declared
+    # output, thetas.npz: every run's θ, so anyone can re-attack it (docs/attacks.md)
+    from pycore.thetas import save_thetas
+
     parser = build_parser()
 
-    def prepare(args):
+    def body(args):
         args.config = build_config(args, parser)
-    return cli.experiment_main(parser, argv, run, table_markdown, plot_norm_ratio, "norm_ratio.png", prepare)
+        with cli.OutputSet(args.out, OUTPUTS) as outs:
+            result = run(args)
+            archive = result.pop("_thetas")
+            table = table_markdown(result)
+            written = cli.write_set(outs, result, table, None if args.no_plot else plot_norm_ratio,
+                                    "norm_ratio.png")
+            save_thetas(outs.path / "thetas.npz", archive, thetas_meta(result))
+            written.append(outs.final / "thetas.npz")
+            outs.commit()
+        print(table)
+        print("wrote " + ", ".join(str(p) for p in written))
+        return cli.EXIT_OK
+    return cli.run_main(parser, body, argv)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from pycore.evaluate import EvaluationReference, immunized_def31  # noqa: E402
 from pycore.metrics import rir_ceiling  # noqa: E402
 from pycore.report import METHOD_LABELS as LABELS  # noqa: E402
 from pycore.report import environment, fmt, pm, save_figure, summarize  # noqa: E402
+from pycore.thetas import theta_key  # noqa: E402
 
 # Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts under two criteria:
 # * successes_def31: Definition 3.1 ((i) > 1 AND (ii) < 1), the count in the paper's Figure 2 text
@@ -83,6 +84,11 @@ def build_parser() -> cli.Parser:
                         "ridge solve with 1e-7; flags given explicitly still apply")
     cli.add_jobs(p, "pairs (one pair at a time each)")
     p.add_argument("--no-plot", action="store_true")
+    # [attacks] θ archive: 784×784 float64 is 4.9 MB a run and the full grid has 90 × 7 × 3 runs
+    p.add_argument("--save-thetas", action="store_true",
+                   help="also write every run's θ (and, with --harden, the unhardened θ and Q) to "
+                        "thetas.npz, with each pair's inputs (4.9 MB a run before compression: use it on a "
+                        "subset of pairs)")
     return p
 
 
@@ -120,7 +126,10 @@ def _one_pair(pair):
     acc_before = probe_accuracy(train.X_P, train.Y_P, held.X_P, held.Y_P)
     # What every run of the pair shares (reference spectra, range basis of K_P), computed once.
     ref = EvaluationReference(train, held)
-    rows = []
+    rows, saved = [], {}
+    if st.get("save"):  # [attacks] the inputs every θ of this pair acts on
+        for name, t in (("train", train), ("heldout", held)):
+            saved.update({f"{p}-{h}/data/{name}/{k}": getattr(t, k) for k in ("X_P", "Y_P", "X_H", "Y_H")})
     for method in st["methods"]:
         for seed in st["seeds"]:
             res = immunize(train, method, rng=np.random.default_rng([seed, p, h]), config=st["cfg"])
@@ -130,6 +139,20 @@ def _one_pair(pair):
             f, g = ref.features(th, "train"), ref.features(th, "heldout")
             r = ref.rir(f[("theta", "P")], f[("theta", "H")])
             rh = ref.rir(g[("theta", "P")], g[("theta", "H")], "heldout")
+            hardening = None
+            if res.theta_unhardened is not None:  # [attacks] hardening keeps RIR, (i), (ii) (docs/attacks.md)
+                plain = res.theta_unhardened
+                f0, g0 = ref.features(plain, "train"), ref.features(plain, "heldout")
+                r0 = ref.rir(f0[("theta", "P")], f0[("theta", "H")])
+                rh0 = ref.rir(g0[("theta", "P")], g0[("theta", "H")], "heldout")
+                hardening = {"kind": st["cfg"].harden, "max_rel_diff_vs_unhardened": max(
+                    abs(getattr(a, k) - getattr(b, k)) / abs(getattr(b, k))
+                    for a, b in ((r, r0), (rh, rh0)) for k in ("value", "harmful_ratio", "pretrain_ratio"))}
+            if st.get("save"):
+                saved[f"{p}-{h}/{theta_key(method, seed, st['cfg'].harden)}"] = th
+                if res.theta_unhardened is not None:
+                    saved[f"{p}-{h}/{theta_key(method, seed)}"] = res.theta_unhardened
+                    saved[f"{p}-{h}/{theta_key(method, seed, st['cfg'].harden, 'Q')}"] = res.rotation
             rows.append({
                 "pair": [p, h], "method": method, "seed": seed,
                 "rir": r.value, "harmful_ratio": r.harmful_ratio, "pretrain_ratio": r.pretrain_ratio,
@@ -148,7 +171,9 @@ def _one_pair(pair):
                 "wall_seconds": res.wall_seconds,
                 "diagnostics": {k: v for k, v in res.diagnostics.items() if np.isscalar(v)},
             })
-    return rows
+            if hardening is not None:
+                rows[-1]["hardening"] = hardening
+    return rows, saved
 
 
 def run(args) -> dict:
@@ -157,10 +182,11 @@ def run(args) -> dict:
     split = split_digits(digits, args.n_train, np.random.default_rng(args.split_seed), args.n_heldout)
     cfg = build_config(args)
     _STATE.update(digits=digits, split=split, K=digit_covariances(digits, split), cfg=cfg,
-                  methods=args.method_list, seeds=args.seed_list)
+                  methods=args.method_list, seeds=args.seed_list, save=getattr(args, "save_thetas", False))
     pairs = args.pair_list
     outs = cli.parallel_map(_one_pair, pairs, args.jobs, desc="pairs", unit="pair")
-    rows = [r for out in outs for r in out]
+    rows = [r for out, _ in outs for r in out]
+    archive = {k: v for _, saved in outs for k, v in saved.items()}
     methods = summarise_methods(rows, args.method_list)
     result = {
         "experiment": "mnist",
@@ -175,6 +201,8 @@ def run(args) -> dict:
         **environment(),
     }
     result["wall_seconds"] = time.perf_counter() - t_start
+    if archive:
+        result["_thetas"] = archive   # [attacks] written to thetas.npz by main(), not into results.json
     return result
 
 
@@ -284,6 +312,12 @@ def table_markdown(result: dict) -> str:
         lines.append(f"| {LABELS[m]} | {pm(e['rir_range_part'])} | {pm(e['rir_null_part'])} | "
                      f"{pm(e['heldout_rir_range_part'])} | {pm(e['heldout_rir_null_part'])} |")
     cfg = result["config"]
+    hard = [r["hardening"] for e in result["methods"].values() for r in e["runs"] if "hardening" in r]
+    if hard:  # [attacks]
+        worst = max(x["max_rel_diff_vs_unhardened"] for x in hard)
+        lines += ["", f"Hardening `{cfg['harden']}` (θ → θQ, Q orthogonal; docs/attacks.md): every number "
+                  f"above is that of the unhardened θ; largest relative difference of RIR, (i), (ii) "
+                  f"(training and held-out) over all runs: {worst:.1e}."]
     wall = result["wall_seconds"]
     wall = (f"{wall:.1f} s" if not isinstance(wall, list)
             else " + ".join(f"{w:.1f} s" for w in wall) + " (merged parts)")
@@ -343,12 +377,37 @@ def plot_heatmap(result: dict, path: Path) -> None:
     save_figure(fig, path, dpi=110)
 
 
+OUTPUTS = ("results.json", "table.md", "heatmap.png", "thetas.npz")
+
+
 def main(argv=None) -> int:
+    # [attacks] experiment_main's body (the public output-set API) with one more declared output,
+    # thetas.npz, written only with --save-thetas
+    from pycore.thetas import save_thetas
+
     parser = build_parser()
 
-    def prepare(args):
+    def body(args):
         args.config = build_config(args, parser)
-    return cli.experiment_main(parser, argv, run, table_markdown, plot_heatmap, "heatmap.png", prepare)
+        with cli.OutputSet(args.out, OUTPUTS) as outs:
+            result = run(args)
+            archive = result.pop("_thetas", None)
+            table = table_markdown(result)
+            written = cli.write_set(outs, result, table, None if args.no_plot else plot_heatmap,
+                                    "heatmap.png")
+            if archive:
+                save_thetas(outs.path / "thetas.npz", archive, {
+                    "experiment": "mnist", "seeds": result["seeds"], "pairs": result["pairs"],
+                    "harden": result["config"]["harden"], "command": result["command"],
+                    "keys": "<P>-<H>/<method>/seed<k> = θ (784×784; features X @ θ); with --harden: "
+                            "<P>-<H>/<method>+<kind>/seed<k> = the hardened θ and .../Q its rotation; "
+                            "<P>-<H>/data/<train|heldout>/<X_P|Y_P|X_H|Y_H> = the pair's inputs and targets"})
+                written.append(outs.final / "thetas.npz")
+            outs.commit()
+        print(table)
+        print("wrote " + ", ".join(str(p) for p in written))
+        return cli.EXIT_OK
+    return cli.run_main(parser, body, argv)
 
 
 if __name__ == "__main__":

@@ -61,12 +61,14 @@ from pycore.optim import damped_newton
 from pycore.probe import exact_line_search_steps
 from pycore.spectral import rank_tolerance
 from pycore.threads import bounded_blas
-from pycore.validation import as_float_matrix, check_number
+from pycore.validation import ParameterError, as_float_matrix, check_number
 
 __all__ = [
     "ProbingProblem", "AttackTrajectory", "make_problem",
     "attack_gd_exact", "attack_gd_constant", "attack_heavy_ball", "attack_nesterov",
     "attack_adam", "attack_cg", "attack_lbfgs", "attack_closed_form", "attack_newton",
+    "attack_whiten", "attack_pcg_jacobi", "jacobi_scaling", "whitening_preconditioner",
+    "sweep_momentum", "sweep_adaptive", "MOMENTUM_KINDS", "ADAPTIVE_KINDS",
     "ATTACKERS", "attackers_for", "run_attack_suite", "DEFAULT_EPS",
 ]
 
@@ -131,6 +133,10 @@ class ProbingProblem:
         Zw, yw = self.work
         z = Zw @ w
         block = w.ndim == 2
+        if self.loss == "lsq" and not block:   # one vector: dot products (the hot path of every attacker)
+            r = z - yw
+            e = r - self.r_star
+            return 0.5 * float(r @ r) + self.const, Zw.T @ r, 0.5 * float(e @ e) + float(self.r_star @ e)
         yy = yw[:, None] if block else yw
         if self.loss == "lsq":
             r = z - yy
@@ -189,7 +195,7 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
     """
     loss = _LOSS_ALIASES.get(loss, loss)
     if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES} (or 'mse'/'bce'), got {loss!r}")
+        raise ParameterError("loss", f"loss must be one of {LOSSES} (or 'mse'/'bce'), got {loss!r}")
     check_number(ridge_rel, "ridge_rel", low=0.0)
     check_number(newton_tol, "newton_tol", low=0.0, high=1.0, high_open=True)
     check_number(max_newton, "max_newton", low=1, integer=True)
@@ -198,9 +204,9 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim != 1:
-        raise ValueError(f"y must have shape (N,) or (N, 1) (one target), got {y.shape}")
+        raise ParameterError("y", f"y must have shape (N,) or (N, 1) (one target), got {y.shape}")
     if y.shape[0] != Z.shape[0]:
-        raise ValueError(f"Z has {Z.shape[0]} rows but y has {y.shape[0]} entries")
+        raise ParameterError("y", f"Z has {Z.shape[0]} rows but y has {y.shape[0]} entries")
     y = as_float_matrix(y, "y", ndim=1)
     N, D = Z.shape
 
@@ -208,7 +214,7 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
     tol = rank_tolerance(sigma[0], Z.shape) if sigma.size else 0.0
     rank = int(np.sum(sigma > tol))
     if rank == 0:
-        raise ValueError("Z is (numerically) zero: there is nothing to probe")
+        raise ParameterError("Z", "Z is (numerically) zero: there is nothing to probe")
     Q = Vt[:rank].T                                   # orthonormal basis of range(Zᵀ)
 
     if loss == "lsq":
@@ -230,10 +236,10 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
                               r_star=r_star, info={"rank_tol": float(tol)}, Zw=Zw, yw=yw, const=const)
 
     if not np.all((y == 0.0) | (y == 1.0)):
-        raise ValueError("logistic loss needs labels y in {0, 1}")
+        raise ParameterError("y", "logistic loss needs labels y in {0, 1}")
     if not ridge_rel > 0.0:
-        raise ValueError(f"ridge_rel must be > 0 for the logistic loss (separable data has no "
-                         f"minimiser without it), got {ridge_rel}")
+        raise ParameterError("ridge_rel", f"ridge_rel must be > 0 for the logistic loss (separable data "
+                                          f"has no minimiser without it), got {ridge_rel}")
     lam = float(ridge_rel * sigma[0] ** 2 / 4.0)
     proto = ProbingProblem(Z, y, loss, lam, np.zeros(D), 0.0, 0.0, 1.0, rank, sigma)
     w_star, newton_info = _newton(proto, np.zeros(D), tol=newton_tol, max_iter=max_newton)
@@ -297,7 +303,9 @@ class AttackTrajectory:
         return min(found) if found else None
 
     def summary(self, eps_list=DEFAULT_EPS) -> dict:
-        """JSON-ready digest (no arrays)."""
+        """Digest without the per-step arrays, for a results.json written by
+        :func:`pycore.report.write_json` (its strict encoder writes a non-finite value as the string
+        ``"Infinity"``/``"NaN"``; this module has no encoder of its own)."""
         return {
             "attacker": self.attacker,
             "steps_to": {f"{e:g}": self.steps_to(e) for e in eps_list},
@@ -305,26 +313,12 @@ class AttackTrajectory:
             "n_steps": self.n_steps,
             "final_rel_subopt": self.final_rel_subopt,
             "wall_seconds": self.wall_seconds,
-            "params": _jsonable(self.params),
-            "info": _jsonable(self.info),
-            "sweep": [{"params": _jsonable(t.params),
+            "params": dict(self.params),
+            "info": dict(self.info),
+            "sweep": [{"params": dict(t.params),
                        "steps_to": {f"{e:g}": t.own_steps_to(e) for e in eps_list},
                        "final_rel_subopt": t.final_rel_subopt} for t in self.sweep],
         }
-
-
-def _jsonable(d):
-    if isinstance(d, dict):
-        return {str(k): _jsonable(v) for k, v in d.items()}
-    if isinstance(d, (list, tuple)):
-        return [_jsonable(v) for v in d]
-    if isinstance(d, (float, np.floating)):
-        return float(d) if math.isfinite(d) else None      # strict JSON has no NaN/inf
-    if isinstance(d, np.integer):
-        return int(d)
-    if isinstance(d, np.ndarray):
-        return d.tolist()
-    return d
 
 
 class _Recorder:
@@ -332,7 +326,7 @@ class _Recorder:
 
     def __init__(self, f0: float, gap0: float, tol: float):
         if not gap0 > 0.0:
-            raise ValueError(f"w0 is already optimal (L(w0) − L* = {gap0:.3g}); "
+            raise ParameterError("w0", f"w0 is already optimal (L(w0) − L* = {gap0:.3g}); "
                              "relative suboptimality is undefined")
         self.gap0, self.tol = float(gap0), tol
         self.losses = [float(f0)]
@@ -358,17 +352,17 @@ def _start(problem: ProbingProblem, max_steps: int, tol: float, w0):
     if not isinstance(problem, ProbingProblem):
         raise TypeError(f"problem must be a ProbingProblem (see make_problem), got {type(problem).__name__}")
     if not (isinstance(max_steps, (int, np.integer)) and max_steps >= 1):
-        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+        raise ParameterError("max_steps", f"max_steps must be a positive integer, got {max_steps!r}")
     if not (tol >= 0.0 and math.isfinite(tol)):
-        raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
+        raise ParameterError("tol", f"tol must be a finite number >= 0, got {tol!r}")
     if w0 is None:
         w0 = np.zeros(problem.dim)
     else:
         w0 = np.array(w0, dtype=np.float64)
         if w0.shape != (problem.dim,):
-            raise ValueError(f"w0 must have shape ({problem.dim},), got {w0.shape}")
+            raise ParameterError("w0", f"w0 must have shape ({problem.dim},), got {w0.shape}")
         if not np.all(np.isfinite(w0)):
-            raise ValueError("w0 contains NaN or inf")
+            raise ParameterError("w0", "w0 contains NaN or inf")
     f, g, gap = problem.evaluate(w0)
     return w0, f, g, _Recorder(f, gap, tol)
 
@@ -447,32 +441,36 @@ def attack_gd_exact(problem: ProbingProblem, *, max_steps: int = 20000, tol: flo
 
 @bounded_blas
 def attack_gd_constant(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
-                       w0=None) -> AttackTrajectory:
-    """GD with constant step ``1/L`` (Eq. (2): ``‖w_t − w*‖² ≤ (1 − 1/κ)^t ‖w₀ − w*‖²``).
+                       w0=None, step_factor: float = 1.0) -> AttackTrajectory:
+    """GD with constant step ``c/L``, ``c = step_factor`` ∈ (0, 2) (Eq. (2) for c = 1:
+    ``‖w_t − w*‖² ≤ (1 − 1/κ)^t ‖w₀ − w*‖²``; every c < 2 converges on a quadratic).
 
     ``L = ‖Z‖₂²`` (lsq) or ``‖Z‖₂²/4 + λ`` (logistic). One step = one gradient.
     """
+    check_number(step_factor, "step_factor", low=0.0, high=2.0, low_open=True, high_open=True)
     w, f, g, rec = _start(problem, max_steps, tol, w0)
-    step = 1.0 / problem.smoothness
+    step = step_factor / problem.smoothness
     for _ in range(max_steps):
         w = w - step * g
         f, g, gap = problem.evaluate(w)
         if rec.push(f, gap):
             break
-    return rec.result("gd_constant", max_steps, {"step": step}, {}, w)
+    return rec.result("gd_constant", max_steps, {"step": step, "step_factor": step_factor}, {}, w)
 
 
 @bounded_blas
 def attack_heavy_ball(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
-                      w0=None) -> AttackTrajectory:
+                      w0=None, mu_factor: float = 1.0) -> AttackTrajectory:
     """Polyak's heavy ball ``w_{t+1} = w_t − α∇L(w_t) + β(w_t − w_{t−1})`` with the optimal
     quadratic tuning ``α = 4/(√L + √μ)²``, ``β = ((√κ − 1)/(√κ + 1))²`` (rate ``(√κ−1)/(√κ+1)``
-    on quadratics, Polyak 1964). μ is over ``range(Zᵀ)`` (rank-deficient Z is normal). Heavy ball
+    on quadratics, Polyak 1964). μ is over ``range(Zᵀ)`` (rank-deficient Z is normal); a
+    MIS-tuned attacker uses ``μ̂ = mu_factor·μ`` (capped at L) in place of μ. Heavy ball
     has no global guarantee on non-quadratic losses: on logistic it is run as is, and a
     divergence is reported in ``info``. One step = one gradient.
     """
+    check_number(mu_factor, "mu_factor", low=0.0, low_open=True)
     w, f, g, rec = _start(problem, max_steps, tol, w0)
-    L, mu = problem.smoothness, problem.strong_convexity
+    L, mu = problem.smoothness, min(problem.strong_convexity * mu_factor, problem.smoothness)
     sq = math.sqrt(L / mu)
     alpha = 4.0 / (math.sqrt(L) + math.sqrt(mu)) ** 2
     beta = ((sq - 1.0) / (sq + 1.0)) ** 2
@@ -482,20 +480,23 @@ def attack_heavy_ball(problem: ProbingProblem, *, max_steps: int = 20000, tol: f
         f, g, gap = problem.evaluate(w)
         if rec.push(f, gap):
             break
-    return rec.result("heavy_ball", max_steps, {"alpha": alpha, "beta": beta, "L": L, "mu": mu},
+    return rec.result("heavy_ball", max_steps, {"alpha": alpha, "beta": beta, "L": L, "mu": mu,
+                                                "mu_factor": mu_factor},
                       {"diverged": rec.diverged}, w)
 
 
 @bounded_blas
 def attack_nesterov(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
-                    w0=None) -> AttackTrajectory:
+                    w0=None, mu_factor: float = 1.0) -> AttackTrajectory:
     """Nesterov's accelerated gradient for μ-strongly convex, L-smooth functions (constant
     momentum): ``v = w_t + β(w_t − w_{t−1})``, ``w_{t+1} = v − ∇L(v)/L``,
-    ``β = (√κ − 1)/(√κ + 1)``; rate ``1 − 1/√κ`` (Nesterov 2004, Thm 2.2.3). One step = one
-    gradient (at v; recording ``L(w_t)`` costs an extra evaluation that is not counted).
+    ``β = (√κ − 1)/(√κ + 1)``; rate ``1 − 1/√κ`` (Nesterov 2004, Thm 2.2.3); mis-tuned with
+    ``μ̂ = mu_factor·μ`` (capped at L). One step = one gradient (at v; recording ``L(w_t)`` costs
+    an extra evaluation that is not counted).
     """
+    check_number(mu_factor, "mu_factor", low=0.0, low_open=True)
     w, f, g, rec = _start(problem, max_steps, tol, w0)
-    L, mu = problem.smoothness, problem.strong_convexity
+    L, mu = problem.smoothness, min(problem.strong_convexity * mu_factor, problem.smoothness)
     sq = math.sqrt(L / mu)
     beta = (sq - 1.0) / (sq + 1.0)
     w_prev = w
@@ -506,7 +507,8 @@ def attack_nesterov(problem: ProbingProblem, *, max_steps: int = 20000, tol: flo
         f, _, gap = problem.evaluate(w)
         if rec.push(f, gap):
             break
-    return rec.result("nesterov", max_steps, {"step": 1.0 / L, "beta": beta, "L": L, "mu": mu},
+    return rec.result("nesterov", max_steps, {"step": 1.0 / L, "beta": beta, "L": L, "mu": mu,
+                                              "mu_factor": mu_factor},
                       {"diverged": rec.diverged}, w)
 
 
@@ -531,10 +533,11 @@ def attack_adam(problem: ProbingProblem, *, max_steps: int = 20000, tol: float =
     w0, f0, _, rec0 = _start(problem, max_steps, tol, w0)
     lr_factors = tuple(float(c) for c in lr_factors)
     if not lr_factors or not all(0 < c < np.inf for c in lr_factors):
-        raise ValueError(f"lr_factors must be a non-empty list of positive numbers, got {lr_factors}")
+        raise ParameterError("lr_factors",
+                             f"lr_factors must be a non-empty list of positive numbers, got {lr_factors}")
     b1, b2 = (float(b) for b in betas)
     if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-        raise ValueError(f"betas must lie in [0, 1), got {betas}")
+        raise ParameterError("betas", f"betas must lie in [0, 1), got {betas}")
     check_number(eps, "eps", low=0.0, low_open=True)
     scale = float(np.max(np.abs(w0 - problem.w_star)))
     lrs = np.array(lr_factors) * (scale if scale > 0 else 1.0)
@@ -662,7 +665,8 @@ def attack_closed_form(problem: ProbingProblem, *, max_steps: int = 1, tol: floa
     squares only; the logistic counterpart is :func:`attack_newton`.
     """
     if isinstance(problem, ProbingProblem) and problem.loss != "lsq":
-        raise ValueError("closed_form is the least-squares attacker; use attack_newton for logistic")
+        raise ParameterError("loss", "closed_form is the least-squares attacker; "
+                                     "use attack_newton for logistic")
     _, _, _, rec = _start(problem, 1, tol, w0)
     w = np.linalg.lstsq(problem.Z, problem.y, rcond=None)[0]
     f, _, gap = problem.evaluate(w)
@@ -690,6 +694,348 @@ def attack_newton(problem: ProbingProblem, *, max_steps: int = 100, tol: float =
     return rec.result("newton", max_steps, {"solver": "damped Newton, Cholesky"}, info, w)
 
 
+# ----------------------------------------------------------------------------------------------
+# adaptive attackers that know the defense: preconditioning by what they can estimate
+# ----------------------------------------------------------------------------------------------
+def jacobi_scaling(Z, *, curvature: float = 1.0, ridge: float = 0.0) -> np.ndarray:
+    """``diag(c·ZᵀZ + λI)^{-½}`` as a vector (1 where an entry is zero): the Jacobi preconditioner
+    of the probing Hessian, which an attacker reads off their own features. Least squares:
+    ``c = 1, λ = 0`` (``ZᵀZ``); logistic: the Hessian at w = 0, ``c = σ'(0) = ¼`` plus the ridge λ
+    (without λ a pixel that is almost never inked would get a huge scale and the ridge term
+    ``λ‖w‖²`` would become ill-conditioned in the scaled variables)."""
+    d = curvature * np.sum(np.asarray(Z, dtype=np.float64) ** 2, axis=0) + ridge
+    out = np.ones_like(d)
+    pos = d > 0
+    out[pos] = 1.0 / np.sqrt(d[pos])
+    return out
+
+
+def _jacobi_of(problem: ProbingProblem) -> np.ndarray:
+    if problem.loss == "lsq":
+        return jacobi_scaling(problem.Z)
+    return jacobi_scaling(problem.Z, curvature=0.25, ridge=problem.ridge)
+
+
+def whitening_preconditioner(Z_est, ridge_rel: float = 1e-8) -> np.ndarray:
+    """``P = (Σ̂₊ + δI)⁻¹``: ``Σ̂ = Z_estᵀZ_est/n`` is the feature covariance the attacker estimates
+    on their own rows ``Z_est``, ``δ = ridge_rel·λ_max(Σ̂)``, and ``Σ̂₊`` is Σ̂ with its numerically
+    zero eigenvalues (rank rule of docs/theory.md §2 on Z_est) raised to its smallest nonzero one.
+    Σ̂ is singular whenever n < D or the features are rank deficient; a bare ``(Σ̂ + δI)⁻¹`` would
+    then amplify round-off in the directions the rows never vary in by 1/δ (the logistic ridge
+    term reads them). Formed from ``eigh`` of Σ̂: symmetric positive definite."""
+    Z_est = as_float_matrix(Z_est, "Z_est")
+    check_number(ridge_rel, "ridge_rel", low=0.0, low_open=True)
+    S = Z_est.T @ Z_est / Z_est.shape[0]
+    lam, U = np.linalg.eigh(0.5 * (S + S.T))
+    top = max(float(lam[-1]), np.finfo(float).tiny)
+    sv = np.linalg.svd(Z_est, compute_uv=False)
+    rank = int(np.sum(sv > rank_tolerance(sv[0], Z_est.shape))) if sv[0] > 0 else 0
+    zero = np.arange(lam.size) < lam.size - rank          # eigh sorts ascending: the first D − rank
+    floor = float(lam[lam.size - rank]) if rank else top
+    lam = np.where(zero, floor, lam)
+    return (U / (lam + ridge_rel * top)) @ U.T
+
+
+@bounded_blas
+def attack_whiten(problem: ProbingProblem, Z_est=None, *, ridge_rel: float = 1e-8, max_steps: int = 20000,
+                  tol: float = 1e-6, w0=None, estimated_on: str = "own rows") -> AttackTrajectory:
+    """The whitening attacker: preconditioned GD with exact line search,
+    ``w ← w − α P∇L(w)``, ``P = (Σ̂ + δI)⁻¹`` from :func:`whitening_preconditioner` on ``Z_est``
+    (default: the probed rows themselves, ``problem.Z``), ``α = argmin_α L(w − αP∇L)``.
+
+    Why it defeats conditioning: for an invertible θ the features are ``Z = Xθ`` and
+    ``Σ̂(θ) = θᵀΣ̂(I)θ``, so ``P(θ)∇²L(θ) = θ⁻¹ P(I)∇²L(I) θ`` (δ → 0): the preconditioned Hessian
+    is similar to the one on θ = I, whatever θ — every κ the defender changed cancels, and an
+    orthogonal hardening is a special case. With ``Z_est = problem.Z`` this is Newton's method
+    for least squares up to δ (one step); with fewer rows (``estimated_on`` says which) it is a
+    GD whose rate depends only on how well Σ̂ estimates the probed covariance. One step = one
+    gradient (+ one product with P, a D×D matrix formed once, O(n·D² + D³)).
+    """
+    w, f, g, rec = _start(problem, max_steps, tol, w0)
+    P = whitening_preconditioner(problem.Z if Z_est is None else Z_est, ridge_rel)
+    Zw, _ = problem.work
+    for _ in range(max_steps):
+        d = P @ g
+        gd = float(g @ d)
+        if not gd > 0.0:
+            break
+        if problem.loss == "lsq":
+            zd = Zw @ d
+            alpha = gd / float(zd @ zd)
+        else:
+            alpha, _ = _logistic_exact_step(problem, w, d)
+        w = w - alpha * d
+        f, g, gap = problem.evaluate(w)
+        if rec.push(f, gap):
+            break
+    n_est = problem.Z.shape[0] if Z_est is None else np.asarray(Z_est).shape[0]
+    return rec.result("whiten", max_steps, {"ridge_rel": ridge_rel, "estimated_on": estimated_on,
+                                            "n_est": int(n_est), "inner": "GD, exact line search"}, {}, w)
+
+
+@bounded_blas
+def attack_pcg_jacobi(problem: ProbingProblem, *, max_steps: int = 20000, tol: float = 1e-6,
+                      w0=None) -> AttackTrajectory:
+    """Jacobi-preconditioned conjugate gradients: CG in the variables ``u = S⁻¹w``,
+    ``S = diag(∇²L)^{-½}`` (:func:`jacobi_scaling`; least squares: the features ``ZS`` have unit
+    columns; logistic: the Hessian at w = 0, ridge included). Least squares: CGLS on ``(ZS, y)``
+    (the same objective: ``ZSu = Zw``); logistic: SciPy's nonlinear CG on ``u ↦ L(Su)`` (the same
+    function of w, ridge included).
+    A diagonal preconditioner, so the axis alignment of the features is what it exploits;
+    with an equal diagonal (``pycore.harden`` "equalize") S is a multiple of I and this is CG.
+    """
+    w, f, g, rec = _start(problem, max_steps, tol, w0)
+    s = _jacobi_of(problem)
+    if problem.loss == "lsq":
+        # the same objective (ZS·u = Z·w) and the same minimum L*, hence the same gaps
+        scaled = make_problem(problem.Z * s, problem.y, "lsq")
+        inner = attack_cg(scaled, max_steps=max_steps, tol=tol, w0=w / s)
+        return AttackTrajectory("pcg_jacobi", inner.losses, inner.rel_subopt, max_steps, inner.wall_seconds,
+                                {"preconditioner": "Jacobi diag(ZᵀZ)^-1", "variant": "CGLS on ZS"},
+                                inner.info, w_final=None if inner.w_final is None else inner.w_final * s)
+    calls = {"fg": 0}
+
+    def fun(u):
+        calls["fg"] += 1
+        fw, gw = problem.value_grad(s * u)
+        return float(fw), s * gw
+
+    last = {"w": w}
+
+    def callback(intermediate_result):
+        last["w"] = s * intermediate_result.x
+        _, _, gap = problem.evaluate(last["w"])
+        if rec.push(intermediate_result.fun, gap):
+            raise StopIteration
+
+    res = scipy.optimize.minimize(fun, w / s, jac=True, method="CG", callback=callback,
+                                  options={"maxiter": max_steps, "gtol": 0.0})
+    return rec.result("pcg_jacobi", max_steps, {"preconditioner": "Jacobi diag(ZᵀZ)^-1",
+                                                "variant": "Polak–Ribière CG on u ↦ L(Su)"},
+                      {"fun_grad_evals": calls["fg"], "message": str(res.message)}, last["w"])
+
+
+# ----------------------------------------------------------------------------------------------
+# sweeps: many configurations of one family as the columns of one block (one product per step)
+# ----------------------------------------------------------------------------------------------
+MOMENTUM_KINDS = ("gd_constant", "heavy_ball", "nesterov", "nesterov_convex")
+ADAPTIVE_KINDS = ("adam", "adagrad")
+# a column whose suboptimality grew by this factor has diverged (stopped, reported in info)
+_DIVERGED = 1e12
+
+
+def _momentum_coefficients(problem: ProbingProblem, cfg: dict) -> tuple[float, float, bool]:
+    """``(α, β, convex_schedule)`` of ``w_{t+1} = w_t − α∇L(v_t) + β(w_t − w_{t−1})``,
+    ``v_t = w_t + γ(w_t − w_{t−1})`` (γ = β for Nesterov, 0 otherwise)."""
+    kind = cfg["attacker"]
+    L = problem.smoothness
+    mu = min(problem.strong_convexity * float(cfg.get("mu_factor", 1.0)), L)
+    if kind == "gd_constant":
+        if "step" in cfg and cfg["step"] == "2/(L+mu)":
+            return 2.0 / (L + problem.strong_convexity), 0.0, False
+        c = check_number(cfg.get("step_factor", 1.0), "step_factor", low=0.0, high=2.0, low_open=True,
+                         high_open=True)
+        return c / L, 0.0, False
+    sq = math.sqrt(L / mu)
+    if kind == "heavy_ball":
+        return 4.0 / (math.sqrt(L) + math.sqrt(mu)) ** 2, ((sq - 1.0) / (sq + 1.0)) ** 2, False
+    if kind == "nesterov":
+        return 1.0 / L, (sq - 1.0) / (sq + 1.0), False
+    if kind == "nesterov_convex":          # β_t = (t − 1)/(t + 2): needs no μ (Nesterov 1983)
+        return 1.0 / L, 0.0, True
+    raise ParameterError("attacker", f"unknown momentum attacker {kind!r}; choose from {MOMENTUM_KINDS}")
+
+
+class _Block:
+    """Per-column bookkeeping of a sweep: the loss and relative suboptimality of every step until
+    each column reaches ``tol``, diverges or hits the cap; finished columns leave the active set.
+    Rows are stored in chunks (vectorised: no Python loop over columns per step)."""
+
+    _CHUNK = 4096
+
+    def __init__(self, m, f0, gap0, tol):
+        self.m, self.gap0, self.tol = m, gap0, tol
+        self.active = np.arange(m)
+        self.diverged = np.zeros(m, dtype=bool)
+        self.stop = np.full(m, -1)               # index of each column's last recorded step
+        self.rel_chunks, self.loss_chunks = [], []
+        self.t = 0
+        self._new_chunk()
+        self.rel_chunks[0][0] = 1.0
+        self.loss_chunks[0][0] = f0
+
+    def _new_chunk(self):
+        self.rel_chunks.append(np.full((self._CHUNK, self.m), np.nan))
+        self.loss_chunks.append(np.full((self._CHUNK, self.m), np.nan))
+
+    def push(self, F, gap) -> np.ndarray:
+        """Record one step of the active columns; returns the mask of those that continue."""
+        self.t += 1
+        c, row = divmod(self.t, self._CHUNK)
+        if c == len(self.rel_chunks):
+            self._new_chunk()
+        r = np.asarray(gap, dtype=float) / self.gap0
+        a = self.active
+        self.rel_chunks[c][row, a] = r
+        self.loss_chunks[c][row, a] = F
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(r) | (r > _DIVERGED)
+            done = bad | (r <= self.tol)
+        self.diverged[a[bad]] = True
+        self.stop[a[done]] = self.t
+        keep = ~done
+        self.active = a[keep]
+        return keep
+
+    def column(self, j):
+        """``(losses, rel)`` of column j, steps 0..its last."""
+        end = self.stop[j] if self.stop[j] >= 0 else self.t
+        rel = np.concatenate([ch[:, j] for ch in self.rel_chunks])[: end + 1]
+        loss = np.concatenate([ch[:, j] for ch in self.loss_chunks])[: end + 1]
+        return loss, rel
+
+
+def _block_start(problem, configs, max_steps, tol, w0):
+    if not configs:
+        raise ParameterError("configs", "a sweep needs at least one configuration")
+    w0, f0, _, rec = _start(problem, max_steps, tol, w0)
+    return w0, f0, rec
+
+
+def _block_ops(problem: ProbingProblem):
+    """``(grad(W), value_gap(W))`` on a block of columns. Least squares: from the working form
+    ``(R, Qᵀy)`` with the cancellation-free gap of :meth:`ProbingProblem.evaluate` (the same
+    numbers, fewer temporaries); logistic: :meth:`ProbingProblem.evaluate`."""
+    if problem.loss != "lsq":
+        def grad(W):
+            return problem.evaluate(W)[1]
+
+        def value_gap(W):
+            F, _, gap = problem.evaluate(W)
+            return F, gap
+        return grad, value_gap
+    Zw, yw = problem.work
+    rs = problem.r_star
+
+    def grad(W):
+        return Zw.T @ (Zw @ W - yw[:, None])
+
+    def value_gap(W):
+        e = Zw @ W - yw[:, None] - rs[:, None]
+        gap = 0.5 * np.einsum("ij,ij->j", e, e) + rs @ e
+        return gap + problem.L_star, gap
+    return grad, value_gap
+
+
+@bounded_blas
+def sweep_momentum(problem: ProbingProblem, configs, *, max_steps: int = 20000, tol: float = 1e-6,
+                   w0=None) -> list[AttackTrajectory]:
+    """GD with a constant step, heavy ball and Nesterov, tuned or mis-tuned, as the columns of
+    one block: the same iterations as :func:`attack_gd_constant`, :func:`attack_heavy_ball` and
+    :func:`attack_nesterov` (tested), one trajectory per configuration.
+
+    ``configs``: dicts with ``attacker`` ∈ :data:`MOMENTUM_KINDS` and ``step_factor`` (GD, step
+    ``c/L``; or ``step="2/(L+mu)"``, the optimal constant step on a quadratic) or ``mu_factor``
+    (heavy ball / Nesterov tuned to ``μ̂ = mu_factor·μ``; ``nesterov_convex`` uses
+    ``β_t = (t−1)/(t+2)`` and needs no μ). Each column runs until it reaches ``tol``, diverges
+    (suboptimality ×1e12) or hits ``max_steps``.
+    """
+    w0, f0, rec = _block_start(problem, configs, max_steps, tol, w0)
+    coef = [_momentum_coefficients(problem, c) for c in configs]
+    alpha = np.array([c[0] for c in coef])
+    beta = np.array([c[1] for c in coef])
+    convex = np.array([c[2] for c in coef])
+    gamma = np.where(np.array([c["attacker"] == "nesterov" for c in configs]), beta, 0.0)
+    m = len(configs)
+    W = np.repeat(w0[:, None], m, axis=1)
+    Wp = W.copy()
+    blk = _Block(m, f0, rec.gap0, tol)
+    grad, value_gap = _block_ops(problem)
+    t0 = time.perf_counter()
+    for t in range(1, max_steps + 1):
+        a = blk.active
+        if a.size == 0:
+            break
+        b_t = np.where(convex[a], (t - 1.0) / (t + 2.0), beta[a])
+        g_t = np.where(convex[a], b_t, gamma[a])
+        D = W - Wp
+        G = grad(W + g_t * D)
+        W, Wp = W - alpha[a] * G + b_t * D, W
+        F, gap = value_gap(W)
+        keep = blk.push(np.atleast_1d(F), np.atleast_1d(gap))
+        if not keep.all():
+            W, Wp = W[:, keep], Wp[:, keep]
+    wall = time.perf_counter() - t0
+    out = []
+    for j, c in enumerate(configs):
+        params = dict(c)
+        params.update(alpha=float(alpha[j]), beta=float(beta[j]) if not convex[j] else "(t-1)/(t+2)")
+        loss, rel = blk.column(j)
+        out.append(AttackTrajectory(c["attacker"], loss, rel, max_steps, wall, params,
+                                    {"diverged": bool(blk.diverged[j])}))
+    return out
+
+
+@bounded_blas
+def sweep_adaptive(problem: ProbingProblem, configs, *, max_steps: int = 20000, tol: float = 1e-6,
+                   w0=None, eps: float = 1e-8) -> list[AttackTrajectory]:
+    """Adam and Adagrad over a grid, as the columns of one block (per-coordinate step sizes: the
+    diagonal-preconditioner family that axis-aligned features favour).
+
+    ``configs``: dicts with ``attacker`` ∈ :data:`ADAPTIVE_KINDS`, ``lr_factor`` (the learning
+    rate is ``lr_factor·max|w₀ − w*|``, as in :func:`attack_adam`: oracle scale, the defender's
+    worst case, invariant to θ → cθ) and for Adam ``betas`` = (β₁, β₂) (bias-corrected; β₁ = 0 is
+    RMSprop with bias correction). Adagrad: ``w ← w − lr·g/(√(Σg²) + ε)``. Each column runs until
+    ``tol``, divergence or ``max_steps``; the same Adam iteration as :func:`attack_adam` (tested).
+    """
+    w0, f0, rec = _block_start(problem, configs, max_steps, tol, w0)
+    check_number(eps, "eps", low=0.0, low_open=True)
+    kinds = [c["attacker"] for c in configs]
+    bad = [k for k in kinds if k not in ADAPTIVE_KINDS]
+    if bad:
+        raise ParameterError("attacker",
+                             f"unknown adaptive attacker {bad[0]!r}; choose from {ADAPTIVE_KINDS}")
+    scale = float(np.max(np.abs(w0 - problem.w_star)))
+    scale = scale if scale > 0 else 1.0
+    lr = scale * np.array([check_number(c["lr_factor"], "lr_factor", low=0.0, low_open=True)
+                           for c in configs])
+    ada = np.array([k == "adagrad" for k in kinds])
+    b1 = np.array([0.0 if k == "adagrad" else float(c["betas"][0]) for k, c in zip(kinds, configs)])
+    b2 = np.array([0.0 if k == "adagrad" else float(c["betas"][1]) for k, c in zip(kinds, configs)])
+    for b in (*b1, *b2):
+        check_number(b, "betas", low=0.0, high=1.0, high_open=True)
+    m = len(configs)
+    W = np.repeat(w0[:, None], m, axis=1)
+    M, Vs = np.zeros_like(W), np.zeros_like(W)
+    blk = _Block(m, f0, rec.gap0, tol)
+    grad, value_gap = _block_ops(problem)
+    G = grad(W)
+    t0 = time.perf_counter()
+    for t in range(1, max_steps + 1):
+        a = blk.active
+        if a.size == 0:
+            break
+        M = b1[a] * M + (1.0 - b1[a]) * G
+        G2 = G * G
+        Vs = np.where(ada[a], Vs + G2, b2[a] * Vs + (1.0 - b2[a]) * G2)
+        c2 = np.where(ada[a], 1.0, 1.0 - b2[a] ** t)
+        W = W - (lr[a] / (1.0 - b1[a] ** t)) * M / (np.sqrt(Vs / c2) + eps)
+        F, gap = value_gap(W)
+        keep = blk.push(np.atleast_1d(F), np.atleast_1d(gap))
+        if not keep.all():
+            W, M, Vs = W[:, keep], M[:, keep], Vs[:, keep]
+        G = grad(W)
+    wall = time.perf_counter() - t0
+    out = []
+    for j, c in enumerate(configs):
+        params = dict(c)
+        params.update(lr=float(lr[j]), eps=eps)
+        loss, rel = blk.column(j)
+        out.append(AttackTrajectory(c["attacker"], loss, rel, max_steps, wall, params,
+                                    {"diverged": bool(blk.diverged[j]), "lr_scale": scale}))
+    return out
+
+
 ATTACKERS: dict[str, Callable[..., AttackTrajectory]] = {
     "gd_exact": attack_gd_exact,
     "gd_constant": attack_gd_constant,
@@ -700,6 +1046,8 @@ ATTACKERS: dict[str, Callable[..., AttackTrajectory]] = {
     "lbfgs": attack_lbfgs,
     "closed_form": attack_closed_form,
     "newton": attack_newton,
+    "whiten": attack_whiten,
+    "pcg_jacobi": attack_pcg_jacobi,
 }
 
 ATTACKER_LABELS = {
@@ -712,13 +1060,15 @@ ATTACKER_LABELS = {
     "lbfgs": "L-BFGS (m=10)",
     "closed_form": "closed form (lstsq)",
     "newton": "Newton (2nd order)",
+    "whiten": "whitening + GD (adaptive)",
+    "pcg_jacobi": "Jacobi-preconditioned CG (adaptive)",
 }
 
 
 def attackers_for(loss: str) -> tuple[str, ...]:
     """The attacker names that apply to ``loss`` (closed form for lsq, Newton for logistic)."""
     if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        raise ParameterError("loss", f"loss must be one of {LOSSES}, got {loss!r}")
     second = "closed_form" if loss == "lsq" else "newton"
     return ("gd_exact", "gd_constant", "heavy_ball", "nesterov", "adam", "cg", "lbfgs", second)
 
@@ -731,7 +1081,7 @@ def run_attack_suite(problem: ProbingProblem, attackers=None, *, max_steps: int 
     names = attackers_for(problem.loss) if attackers is None else tuple(attackers)
     unknown = [a for a in names if a not in ATTACKERS]
     if unknown:
-        raise ValueError(f"unknown attacker(s) {unknown}; choose from {sorted(ATTACKERS)}")
+        raise ParameterError("attackers", f"unknown attacker(s) {unknown}; choose from {sorted(ATTACKERS)}")
     out = {}
     for name in names:
         cap = second_order_max_steps if name == "newton" else max_steps

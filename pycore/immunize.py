@@ -25,6 +25,7 @@ import numpy as np
 from scipy.special import expit
 
 from pycore import losses
+from pycore.harden import HARDENINGS, harden, hardening_rotation, orthogonality_defect
 from pycore.metrics import rir_ceiling
 from pycore.optim import OPTIMIZERS, check_scale, largest_term, make_optimizer
 from pycore.precondition import PRECONDITIONERS, Preconditioner
@@ -74,6 +75,10 @@ class ImmunizeConfig:
     # certified-monotone mode (docs/theory.md §10): clip each regularizer step to the §5 bound and check κ
     certified: bool = False
     certified_safety: float = 0.9  # also caps the R_ill-only step at this fraction of its §5 bound
+    # [attacks] spectrum-preserving hardening θ → θQ, Q orthogonal, applied after any method
+    # (pycore.harden, docs/attacks.md): "none" | "haar" (Q from the run's rng, drawn after the
+    # method) | "equalize" (deterministic: equal diagonal of H_H(θ) on the training rows)
+    harden: str = "none"
 
     @classmethod
     def paper(cls, **overrides) -> "ImmunizeConfig":
@@ -138,6 +143,7 @@ class ImmunizeConfig:
         num(self.closed_form_exponent, "closed_form_exponent")
         check_choice(self.certified, "certified", (False, True))
         num(self.certified_safety, "certified_safety", low=0.0, high=1.0, low_open=True, high_open=True)
+        check_choice(self.harden, "harden", HARDENINGS)  # [attacks]
         if self.certified and self.precond not in ("exact", "pinv"):
             raise ParameterError("precond", "certified mode needs precond 'exact' or 'pinv' "
                                             "(the bounds of docs/theory.md §5 are for K⁻¹/K⁺)")
@@ -154,6 +160,10 @@ class ImmunizationResult:
     wall_seconds: float = 0.0
     diagnostics: dict = field(default_factory=dict)
     config: ImmunizeConfig | None = None
+    # [attacks] with config.harden != "none": theta = theta_unhardened @ rotation (exactly as
+    # computed), omega rotated with it; both None without hardening
+    theta_unhardened: np.ndarray | None = None
+    rotation: np.ndarray | None = None
 
 
 @bounded_blas
@@ -171,9 +181,22 @@ def immunize(task: LinearTask, method: str, *, rng: np.random.Generator,
     cfg = config or ImmunizeConfig()
     t0 = time.perf_counter()
     res = RUNNERS[method](task, cfg, rng, progress)
+    if cfg.harden != "none":  # [attacks] after the method, so its own draws from rng are unchanged
+        _harden_result(res, task, cfg, rng)
     res.wall_seconds = time.perf_counter() - t0
     res.config = cfg
     return res
+
+
+def _harden_result(res: ImmunizationResult, task: LinearTask, cfg: ImmunizeConfig, rng) -> None:
+    """θ → θQ and ω → Qᵀω with the rotation of ``cfg.harden`` (pycore.harden; docs/attacks.md §2):
+    every κ, the RIR and the best D_P loss are unchanged, the feature basis is not."""
+    Z_H = task.X_H @ res.theta if cfg.harden == "equalize" else None
+    Q = hardening_rotation(cfg.harden, task.D, rng=rng, Z=Z_H)
+    res.theta_unhardened = res.theta
+    res.theta, res.omega = harden(res.theta, Q, res.omega)
+    res.rotation = Q
+    res.diagnostics["harden"] = {"kind": cfg.harden, "orthogonality_defect": orthogonality_defect(Q)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -650,7 +673,7 @@ METHODS = tuple(RUNNERS)
 # is refused).  FIELDS_OF_EVERY_METHOD: fields that apply whatever the method; METHOD_FIELDS: the
 # method's own.  Derived from the runners above and checked by tests/test_one_source.py (changing
 # a field a method does not read leaves its θ bit-identical; changing one it reads moves θ).
-FIELDS_OF_EVERY_METHOD: tuple[str, ...] = ()
+FIELDS_OF_EVERY_METHOD: tuple[str, ...] = ("harden",)   # θ → θQ after any method (pycore.harden)
 _OPTIMIZER = ("lr", "optimizer", "betas", "adam_eps")
 _LOOP = ("epochs", "batch_size", "init")
 METHOD_FIELDS: dict[str, tuple[str, ...]] = {

@@ -169,7 +169,8 @@ class HessianRegularizer:
         reduction; bit-for-bit one LAPACK ``evr`` subset call on H)."""
         if i not in self._vectors:
             if self._eig is not None:
-                self._vectors[i] = self._eig.vector(self.info.sigma.size - 1 - i)
+                self._vectors[i] = _zero_on_dead_features(self._eig.vector(self.info.sigma.size - 1 - i),
+                                                          self.H)
             elif self.H is None:
                 raise ValueError(f"eigenvector {i} was not kept and H was not formed (matrices=False)")
             else:
@@ -187,9 +188,14 @@ def _eigvec_at(H: np.ndarray, i: int) -> np.ndarray:
     n = H.shape[0]
     j = n - 1 - i  # LAPACK orders ascending
     _, v = scipy.linalg.eigh(H, subset_by_index=[j, j], driver="evr", check_finite=False)
-    v = v[:, 0]
+    return _zero_on_dead_features(v[:, 0], H)
+
+
+def _zero_on_dead_features(v: np.ndarray, H: np.ndarray) -> np.ndarray:
+    """``v`` with the exact zeros of :func:`_eigvec_at` (``v_j = 0`` where ``H_jj = 0``), renormalised."""
     dead = np.diagonal(H) == 0
     if dead.any() and not dead.all():
+        v = v.copy()
         v[dead] = 0.0
         v /= np.linalg.norm(v)
     return v
@@ -245,7 +251,7 @@ def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
 
     def vec(i):
         if gram_vecs is None:
-            return eig.vector(D - 1 - i)  # LAPACK orders ascending
+            return _zero_on_dead_features(eig.vector(D - 1 - i), H)  # LAPACK orders ascending
         v = Z.T @ gram_vecs[1][:, i]
         return v / np.linalg.norm(v)  # = Zᵀu/√λ up to round-off; normalised explicitly
 

@@ -110,19 +110,29 @@ def from_json(obj):
     return obj
 
 
+def dumps_json(obj, **kw) -> str:
+    """``obj`` as a strict-JSON string (:func:`to_json`; NaN/inf refused after conversion)."""
+    return json.dumps(to_json(obj), allow_nan=False, **kw)
+
+
+def loads_json(text: str):
+    """Inverse of :func:`dumps_json` (non-finite floats restored, :func:`from_json`)."""
+    return from_json(json.loads(text))
+
+
 def write_json(path: Path, obj) -> None:
     """``obj`` as strict JSON (:func:`to_json`), written to a temporary file and renamed, so a
     reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(to_json(obj), indent=2, allow_nan=False) + "\n")
+    tmp.write_text(dumps_json(obj, indent=2) + "\n")
     tmp.replace(path)
 
 
 def read_json(path: Path):
     """A ``results.json`` back, with ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` as floats."""
-    return from_json(json.loads(Path(path).read_text()))
+    return loads_json(Path(path).read_text())
 
 
 def progress(iterable=None, **kw):

@@ -310,18 +310,122 @@ def test_bad_problem_input(Z, y, loss, match):
 
 def test_bad_run_input():
     P = lsq_problem(0)
-    with pytest.raises(ValueError, match="max_steps"):
-        A.attack_gd_exact(P, max_steps=0)
-    with pytest.raises(ValueError, match="w0 must have shape"):
-        A.attack_nesterov(P, w0=np.zeros(3))
-    with pytest.raises(ValueError, match="already optimal"):
-        A.attack_gd_constant(P, w0=P.w_star)
-    with pytest.raises(ValueError, match="unknown attacker"):
-        A.run_attack_suite(P, ["sgd"])
-    with pytest.raises(ValueError, match="logistic"):
-        A.attack_closed_form(logistic_problem(0))
+    cases = [
+        (lambda: A.attack_gd_exact(P, max_steps=0), "max_steps", "max_steps"),
+        (lambda: A.attack_nesterov(P, w0=np.zeros(3)), "w0", "w0 must have shape"),
+        (lambda: A.attack_gd_constant(P, w0=P.w_star), "w0", "already optimal"),
+        (lambda: A.run_attack_suite(P, ["sgd"]), "attackers", "unknown attacker"),
+        (lambda: A.attack_closed_form(logistic_problem(0)), "loss", "logistic"),
+        (lambda: A.attack_gd_constant(P, step_factor=2.0), "step_factor", "step_factor"),
+        (lambda: A.attack_heavy_ball(P, mu_factor=0.0), "mu_factor", "mu_factor"),
+        (lambda: A.attack_adam(P, betas=(1.0, 0.9)), "betas", "betas"),
+        (lambda: A.attack_adam(P, lr_factors=()), "lr_factors", "lr_factors"),
+        (lambda: A.sweep_momentum(P, []), "configs", "at least one"),
+        (lambda: A.sweep_momentum(P, [{"attacker": "adam"}]), "attacker", "unknown momentum"),
+        (lambda: A.sweep_adaptive(P, [{"attacker": "sgd", "lr_factor": 0.1}]), "attacker",
+         "unknown adaptive"),
+        (lambda: A.sweep_adaptive(P, [{"attacker": "adam", "lr_factor": -1, "betas": (0.9, 0.9)}]),
+         "lr_factor", "lr_factor"),
+        (lambda: A.attack_whiten(P, ridge_rel=0.0), "ridge_rel", "ridge_rel"),
+        (lambda: A.make_problem(P.Z, P.y, "hinge"), "loss", "loss must be"),
+    ]
+    from pycore.validation import ParameterError
+
+    for call, parameter, match in cases:
+        with pytest.raises(ParameterError, match=match) as info:
+            call()
+        assert info.value.parameter == parameter, (parameter, info.value.parameter)
     with pytest.raises(TypeError, match="ProbingProblem"):
         A.attack_lbfgs((P.Z, P.y))
+
+
+def test_summary_has_no_encoder_of_its_own(tmp_path):
+    """A trajectory's summary keeps non-finite numbers as floats; pycore.report's strict encoder
+    writes them as the string "Infinity" (the one encoding of every results.json)."""
+    from pycore.report import read_json, write_json
+
+    assert not hasattr(A, "_jsonable")
+    P = lsq_problem(0)
+    tr = A.attack_gd_constant(P, max_steps=3, tol=0.0)
+    tr.params["probe"] = math.inf
+    s = tr.summary()
+    assert s["params"]["probe"] == math.inf
+    write_json(tmp_path / "r.json", s)
+    assert '"Infinity"' in (tmp_path / "r.json").read_text()
+    assert read_json(tmp_path / "r.json")["params"]["probe"] == math.inf
+
+
+# ----------------------------------------------------------------------------------------------
+# sweeps (blocks of configurations) and the adaptive attackers
+# ----------------------------------------------------------------------------------------------
+def test_sweeps_run_the_same_iterations_as_the_single_attackers():
+    P = lsq_problem(3, kappa=1e3)
+    cfgs = [{"attacker": "gd_constant", "step_factor": 1.5}, {"attacker": "heavy_ball", "mu_factor": 0.1},
+            {"attacker": "nesterov", "mu_factor": 10.0}]
+    refs = [A.attack_gd_constant(P, max_steps=3000, tol=1e-8, step_factor=1.5),
+            A.attack_heavy_ball(P, max_steps=3000, tol=1e-8, mu_factor=0.1),
+            A.attack_nesterov(P, max_steps=3000, tol=1e-8, mu_factor=10.0)]
+    for got, ref in zip(A.sweep_momentum(P, cfgs, max_steps=3000, tol=1e-8), refs):
+        assert got.steps_to(1e-8) == ref.steps_to(1e-8) and len(got.rel_subopt) == len(ref.rel_subopt)
+        np.testing.assert_allclose(got.rel_subopt, ref.rel_subopt, rtol=1e-8, atol=1e-15)
+    lrs = (1e-1, 1e-2)
+    ref = A.attack_adam(P, max_steps=3000, tol=1e-6, lr_factors=lrs, betas=(0.9, 0.99))
+    got = A.sweep_adaptive(P, [{"attacker": "adam", "lr_factor": c, "betas": (0.9, 0.99)} for c in lrs],
+                           max_steps=3000, tol=1e-6)
+    best = min(got, key=lambda t: t.own_steps_to(1e-6) or 10 ** 9)
+    assert best.own_steps_to(1e-6) == ref.steps_to(1e-6)
+    k = min(len(best.rel_subopt), len(ref.rel_subopt))
+    np.testing.assert_allclose(best.rel_subopt[:k], ref.rel_subopt[:k], rtol=1e-8, atol=1e-15)
+
+
+def test_every_sweep_column_stops_on_its_own():
+    P = lsq_problem(2, kappa=1e3)
+    out = A.sweep_momentum(P, [{"attacker": "gd_constant", "step_factor": 1.0},
+                               {"attacker": "nesterov", "mu_factor": 1.0}], max_steps=50000, tol=1e-6)
+    gd, nes = out
+    assert nes.steps_to(1e-6) < gd.steps_to(1e-6)          # the fast column did not stop the slow one
+    assert gd.final_rel_subopt <= 1e-6 and len(gd.rel_subopt) == gd.steps_to(1e-6) + 1
+    # a diverging column (Adam with a huge lr never settles; GD beyond 2/L is refused) is flagged
+    conv = A.sweep_momentum(P, [{"attacker": "nesterov_convex"}], max_steps=50000, tol=1e-6)[0]
+    assert conv.steps_to(1e-6) is not None and not conv.info["diverged"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_adaptive_attackers_reach_the_optimum(seed):
+    for P in (lsq_problem(seed, kappa=300.0), logistic_problem(seed)):
+        for tr in (A.attack_whiten(P, max_steps=20000, tol=1e-10),
+                   A.attack_whiten(P, P.Z[: P.Z.shape[0] // 2], max_steps=20000, tol=1e-10),
+                   A.attack_pcg_jacobi(P, max_steps=20000, tol=1e-10)):
+            assert tr.final_rel_subopt <= 1e-10, (P.loss, tr.attacker, tr.params)
+
+
+def test_whitening_is_invariant_to_any_invertible_theta():
+    """Σ̂(θ) = θᵀΣ̂θ: the whitened iteration on Xθ is the one on X mapped by θ, so the steps to
+    every ε are the same for any invertible θ (up to round-off in the ridge)."""
+    rng = np.random.default_rng(0)
+    X = prescribed(rng, 60, 10, np.sqrt(np.logspace(0, -3, 10)))
+    y = rng.standard_normal(60)
+    theta = prescribed(rng, 10, 10, np.logspace(0, -2, 10))       # κ(θ) = 100
+    half = rng.permutation(60)[:30]
+    a = A.attack_whiten(A.make_problem(X, y), X[half], ridge_rel=1e-14, tol=1e-10)
+    b = A.attack_whiten(A.make_problem(X @ theta, y), (X @ theta)[half], ridge_rel=1e-14, tol=1e-10)
+    assert a.steps_to(1e-10) == b.steps_to(1e-10)
+    np.testing.assert_allclose(a.rel_subopt[:8], b.rel_subopt[:8], rtol=1e-6)
+    # while plain GD on the same θ is slowed: the invariance is the whitening's, not the problem's
+    g1 = A.attack_gd_exact(A.make_problem(X, y), tol=1e-6).steps_to(1e-6)
+    g2 = A.attack_gd_exact(A.make_problem(X @ theta, y), tol=1e-6, max_steps=10 * g1).steps_to(1e-6)
+    assert g1 is not None and g2 is None                 # > 10× the steps
+
+
+def test_jacobi_pcg_undoes_a_diagonal_scaling_and_nothing_more():
+    rng = np.random.default_rng(1)
+    X = prescribed(rng, 50, 12, np.sqrt(np.logspace(0, -1, 12)))
+    y = rng.standard_normal(50)
+    S = np.diag(np.logspace(0, 3, 12))                            # a diagonal "immunizer"
+    base = A.attack_cg(A.make_problem(X, y), tol=1e-10).steps_to(1e-10)
+    scaled = A.make_problem(X @ S, y)
+    assert A.attack_cg(scaled, tol=1e-10).steps_to(1e-10) > base      # CG feels the diagonal scaling
+    assert A.attack_pcg_jacobi(scaled, tol=1e-10).steps_to(1e-10) <= base + 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -333,39 +437,62 @@ def _experiment_module():
     return attacks
 
 
-def test_slowdown_factor_and_bounds():
+def test_claim_helpers():
     E = _experiment_module()
-    assert E.slowdown(300, 30, 1000) == (10.0, "=")
-    assert E.slowdown(None, 30, 1000) == (1001 / 30, ">=")      # θ_I capped: lower bound
-    assert E.slowdown(30, None, 1000) == (30 / 1001, "<=")      # identity capped: upper bound
-    assert E.slowdown(None, None, 1000) == (None, "n/a")
     assert E.holds([(2.0, "=")], ">1") is True and E.holds([(0.5, "=")], ">1") is False
     assert E.holds([(0.5, "<=")], ">1") is False and E.holds([(0.5, ">=")], ">1") is None
     assert E.holds([(None, "n/a")], "<=1") is None
     assert E.holds([(2.0, "="), (0.9, "=")], ">1") is False     # one seed contradicts
+    assert E.at_least([(12.0, "="), (11.0, ">=")], 10) is True
+    assert E.at_least([(12.0, "="), (9.0, "=")], 10) is False
+    assert E.at_least([(9.0, ">=")], 10) is None                 # a lower bound below 10 cannot tell
+    assert E.at_most([(1.1, "="), (0.5, "<=")], 1.2) is True and E.at_most([(1.3, "=")], 1.2) is False
+    assert E.fmt_factors([(2.0, "="), (3.0, ">="), (1.0, "=")]) == "2 (1–≥3)"
 
 
 def test_experiment_ci_run(tmp_path):
-    pytest.importorskip("pycore.immunize")
     E = _experiment_module()
     from pycore.report import read_json
+    from pycore.thetas import load_thetas
 
-    rc = E.main(["--methods", "ours", "--attackers", "gd_exact,cg,closed_form",
-                 "--max-steps", "300", "--epochs", "2", "--out", str(tmp_path)])
+    out = tmp_path / "o"
+    rc = E.main(["--quick", "--seeds", "1", "--methods", "closed_form,ours", "--max-steps", "400",
+                 "--epochs", "2", "--jobs", "1", "--orders", "5", "--out", str(out)])
     assert rc == 0
-    for name in ("results.json", "table.md", "curves.png"):
-        assert (tmp_path / name).stat().st_size > 0
-    saved = read_json(tmp_path / "results.json")
-    assert saved["step_cap"] == 300 and saved["methods"] == ["identity", "ours"]
-    runs = {r["method"]: r for r in saved["runs"]}
-    for key in ("train/D_H", "train/D_P", "heldout/D_H", "heldout/D_P"):
-        for a in ("gd_exact", "cg", "closed_form"):
-            sm = runs["ours"]["attacks"][key]["attackers"][a]["steps_to"]["0.01"]
-            si = runs["identity"]["attacks"][key]["attackers"][a]["steps_to"]["0.01"]
-            v, kind = saved["slowdown"]["ours"][key][a]["0.01"][0]
-            assert (v, kind) == pytest.approx(E.slowdown(sm, si, 300)) or (v is None and kind == "n/a")
-        # the closed form is one step whatever θ: never slowed
-        assert saved["slowdown"]["ours"][key]["closed_form"]["1e-06"][0] == [1.0, "="]
-    table = (tmp_path / "table.md").read_text()
-    assert "Figure 1 claim" in table and "ours" in table
+    for name in E.OUTPUTS:
+        assert (out / name).stat().st_size > 0
+    saved = read_json(out / "results.json")
+    assert saved["step_cap"] == 400 and saved["methods"] == ["identity", "closed_form", "ours"]
+    assert set(saved["variants"]) == {"identity", "identity+haar", "closed_form", "closed_form+haar",
+                                      "ours", "ours+haar"}
+    # every attacked θ is in the archive, bit for bit, with the inputs it acts on
+    arrays, meta = load_thetas(out / "thetas.npz")
+    assert meta["harden"] == "haar" and "data/train/X_H" in arrays
+    for r in saved["runs"]:
+        theta = arrays[f"{r['variant']}/seed{r['seed']}"]
+        assert E._digest(theta) == r["theta_digest"]
+        if "+" in r["variant"]:
+            Q = arrays[f"{r['variant']}/seed{r['seed']}/Q"]
+            plain = arrays[f"{r['variant'].split('+')[0]}/seed{r['seed']}"]
+            np.testing.assert_array_equal(plain @ Q, theta)
+            assert max(r["invariance"].values()) <= 1e-10
+    # the analysis agrees with the raw steps it was computed from
+    grid = saved["grid"]
+    by = {(r["seed"], r["variant"]): r for r in saved["runs"]}
+    e_idx = saved["eps"].index(1e-4)
+    cell = saved["analysis"]["closed_form+haar"]["train/D_H"]["0.0001"]
+    for fam in ("adam", "cg", "closed_form"):
+        idx = [i for i, c in enumerate(grid) if c["family"] == fam]
+
+        def best(v):
+            s = [by[(0, v)]["problems"]["train/D_H"]["steps"][i][e_idx] for i in idx]
+            s = [x for x in s if x is not None]
+            return min(s) if s else None
+        from pycore.worst_case import slowdown
+        assert tuple(cell["families"][fam]["slowdown"][0]) == pytest.approx(
+            slowdown(best("closed_form+haar"), best("identity"), 400))
+    assert cell["families"]["closed_form"]["slowdown"][0] == [1.0, "="]     # one solve, whatever θ
+    assert cell["worst_all"][0]["steps"] == 1
+    table = (out / "table.md").read_text()
+    assert "Worst case, train rows" in table and "Hardening targets" in table and "rotated identity" in table
     assert saved["wall_seconds"] > 0 and saved["versions"]["pycore"] and saved["command"]

@@ -258,7 +258,8 @@ def test_rerun_replaces_the_whole_set_no_stale_figure(capsys, tmp_path):
     assert (out / "norm_ratio.png").is_file()
     first = (out / "results.json").read_text()
     assert house_price.main([*TINY_HP, "--seeds", "2", "--no-plot", "--out", str(out)]) == 0
-    assert sorted(os.listdir(out)) == ["results.json", "table.md"]       # the old figure is gone
+    # the old figure is gone; thetas.npz: every run's θ (docs/attacks.md §4)
+    assert sorted(os.listdir(out)) == ["results.json", "table.md", "thetas.npz"]
     assert (out / "results.json").read_text() != first
     assert [p.name for p in tmp_path.iterdir()] == ["hp"]                 # no staging folder left
     # strict JSON: ∞ (the exact RIR ceiling here) is the string "Infinity"; read_json restores it
@@ -303,7 +304,7 @@ def test_files_added_to_out_during_the_run_are_never_deleted(capsys, tmp_path, m
     assert os.listdir(out) == ["notes.txt"]
     kept = Path(err.split("outputs are in ")[1].strip())
     assert kept.name.startswith("hp.rescued-")            # visible, and not a staging folder
-    assert sorted(os.listdir(kept)) == [".rescued", "results.json", "table.md"]
+    assert sorted(os.listdir(kept)) == [".rescued", "results.json", "table.md", "thetas.npz"]
 
 
 def test_staging_folder_of_a_killed_run_is_cleaned_up(capsys, tmp_path):
