@@ -39,7 +39,7 @@ from pycore.validation import check_regular_file
 
 __all__ = [
     "BackboneSpec", "BACKBONES", "ImmunizableModel", "build_model", "read_weights",
-    "load_weights", "export_timm_model", "save_immunized", "load_immunized",
+    "load_weights", "export_timm_model", "save_immunized", "load_immunized", "load_extractor",
     "CheckpointError", "CheckpointMismatchError", "PretrainedUnavailableError",
 ]
 
@@ -477,3 +477,63 @@ def _meta_int(meta: Mapping[str, str], name: str, path: str, low: int, high: int
             and low <= int(raw) <= high):
         raise CheckpointError(f"{path}: metadata {name}={_shown(raw)} must be an integer in [{low}, {high}]")
     return int(raw)
+
+
+def load_extractor(path: "str | os.PathLike", backbone: "str | BackboneSpec | None" = None
+                   ) -> tuple[ImmunizableModel, dict[str, str]]:
+    """Any checkpoint of a supported backbone as an :class:`ImmunizableModel` in eval mode (what
+    an audit measures): an extractor written by :func:`save_immunized` (the architecture from its
+    validated metadata, as :func:`load_immunized` does), the same layout without metadata, or a
+    plain timm state dict of ``backbone`` (then an identity immunization layer is inserted, which
+    leaves the function unchanged). The class count is read from the classifier's weight.
+
+    Returns ``(model, metadata)``. Every failure is a one-line :class:`CheckpointError`: no
+    metadata and no ``backbone``, a backbone that disagrees with the metadata, a state dict that
+    does not match the architecture (:class:`CheckpointMismatchError`).
+    """
+    path = os.fspath(path)
+    sd, meta = read_weights(path)
+    if meta.get("format") == EXPORT_FORMAT:
+        net = load_immunized(path)
+        spec = BACKBONES[meta["backbone"]]
+        if backbone is not None and _spec(backbone) != spec:
+            raise CheckpointMismatchError(f"{path} is an extractor of backbone {spec.key!r}, "
+                                          f"not {_spec(backbone).key!r}")
+    else:
+        if backbone is None:
+            raise CheckpointError(f"{path} carries no pycore metadata: name its architecture (backbone, "
+                                  f"one of {sorted(BACKBONES)})")
+        spec = _spec(backbone)
+        probe = _create_timm(spec, 1, pretrained=False)
+        key = next((f"{name}.weight" for name, mod in probe.named_modules() if mod is probe.get_classifier()),
+                   None)
+        if key is None or key not in sd or sd[key].ndim != 2:
+            raise CheckpointMismatchError(f"checkpoint {path} does not match {spec.timm_name}: no classifier "
+                                          f"weight {key!r}")
+        num_classes = int(sd[key].shape[0])
+        if not 1 <= num_classes <= MAX_NUM_CLASSES:
+            raise CheckpointError(f"checkpoint {path}: {num_classes} classes is out of range")
+        net = _create_timm(spec, num_classes, pretrained=False)
+        site = _LAYER_SITE[spec.family]
+        if f"{site}.1.weight" in sd:  # the exported layout (pool, linear) without metadata
+            d = int(net.num_features)
+            lin = nn.Linear(d, d, bias=f"{site}.1.bias" in sd)
+            setattr(net, site, nn.Sequential(getattr(net, site), lin))
+        _check_and_load(net, sd, f"{spec.timm_name} with {num_classes} classes", path)
+    site = _LAYER_SITE[spec.family]
+    wrapped = getattr(net, site)
+    d = int(net.num_features)
+    if isinstance(wrapped, nn.Sequential) and len(wrapped) == 2 and isinstance(wrapped[1], nn.Linear):
+        lin = wrapped[1]
+        layer = ops().ImmunizationHead(d, bias=lin.bias is not None)
+        with torch.no_grad():
+            layer.weight.copy_(lin.weight)
+            if lin.bias is not None:
+                layer.bias.copy_(lin.bias)
+        setattr(net, site, wrapped[0])
+    else:
+        layer = ops().ImmunizationHead(d)
+    model = ImmunizableModel(net, spec, layer)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval(), meta
