@@ -56,10 +56,13 @@ CONFIGS: dict[str, RunConfig] = {
     "vit-country211": RunConfig("vit-country211", "vit_base_clip", "folders", _paper("ours", 1e-6, 1e8, 2),
                                 **_PAPER_EVAL),
     # CPU demo: MNIST 0-4 (D_P) vs 5-9 (D_H), 32 px.
+    # Attackers scored after 1, 5 and 10 epochs (the fine-tuning attacker is most of the demo's time).
     "demo-resnet18": RunConfig("demo-resnet18", "resnet18_32px", "mnist", _DEMO_RULE, scope="layer",
-                               theta0_epochs=3, theta0_lr=2e-3, per_digit=250, rir_pool=500, probe_epochs=60),
-    "demo-vit": RunConfig("demo-vit", "vit_tiny_32px", "mnist", _DEMO_RULE, scope="layer",
-                          theta0_epochs=8, theta0_lr=3e-3, per_digit=250, rir_pool=500, probe_epochs=60),
+                               theta0_epochs=3, theta0_lr=2e-3, per_digit=250, rir_pool=500, probe_epochs=60,
+                               attack_epochs=(1, 5, 10)),
+    "demo-vit": RunConfig("demo-vit", "vit_mini_32px", "mnist", _DEMO_RULE, scope="layer",
+                          theta0_epochs=16, theta0_lr=3e-3, per_digit=250, rir_pool=500, probe_epochs=60,
+                          attack_epochs=(1, 5, 10)),
     # CI size (tests): the demo's rule on a few hundred digits, a handful of steps.
     "ci": RunConfig("ci", "resnet18_32px", "mnist",
                     replace(_DEMO_RULE, epochs=1, max_steps=6, batch_size=16), scope="layer",

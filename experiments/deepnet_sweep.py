@@ -52,6 +52,9 @@ def build_parser() -> cli.Parser:
                     help=f"comma list from {','.join(DEEP_METHODS)} (default ours)")
     ap.add_argument("--harden", choices=HARDENINGS, default=None,
                     help="hardening measured beside each point (default: the configuration's)")
+    ap.add_argument("--harden-scale", type=cli.real(0.0, above=True, hi=1.0), default=None,
+                    help="label_subspace: factor on D_H's class-mean directions "
+                         "(default: the configuration's)")
     cli.add_seeds(ap, "1")
     ap.add_argument("--threads", type=cli.integer(1), default=None, help="torch intra-op threads (recorded)")
     ap.add_argument("--out", type=Path, default=Path("results/deepnet"),
@@ -66,6 +69,8 @@ def main(argv=None) -> int:
         rc = CONFIGS[args.config]
         if args.harden is not None:
             rc = replace(rc, immunize=replace(rc.immunize, harden=args.harden))
+        if args.harden_scale is not None:
+            rc = replace(rc, immunize=replace(rc.immunize, harden_scale=args.harden_scale))
         if rc.immunize.balance is None:
             raise cli.UsageError(f"config {rc.name} does not balance its λ's; the sweep varies the balance",
                                  "--config")
