@@ -93,6 +93,16 @@ def table_markdown(result: dict, paper: "dict | None" = None) -> str:
             p = paper.get(m)
             line += f" {p[2]} | {p[3]} |" if p else " | |"
         lines.append(line)
+    if all("harmful_top_ratio" in rows[m] for m in order):
+        lines += ["", "(i) decomposed (D_H groups of the same size; scale-free): the largest and the "
+                  "smallest nonzero eigenvalue of H_H relative to its median eigenvalue, each divided by θ₀'s "
+                  "(geometric means; their quotient is the groups' κ ratio). top > 1: the largest "
+                  "eigenvalue rose above the rest; bottom < 1: the smallest fell below them.", "",
+                  "| method | (i) ↑ | top ratio | bottom ratio |", "|---|---|---|---|"]
+        for m in order:
+            r = rows[m]
+            lines.append(f"| {_bold(m)} | {pm(r['harmful_ratio'])} | {pm(r['harmful_top_ratio'])} | "
+                         f"{pm(r['harmful_bottom_ratio'])} |")
     epochs = rc["attack_epochs"]
     attackers = [a for a in ATTACKER_LABELS if any(a in r["attacks"] for r in rows.values())]
     if attackers:

@@ -711,3 +711,23 @@ def test_nothing_to_balance_stops_with_a_clear_error(monkeypatch):
     assert info.value.step == 0
     for k, v in m.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_spectrum_spread_tells_the_top_from_the_bottom_of_a_kappa_ratio():
+    from pycore.deep.evaluate import spectrum_spread
+    from pycore.spectral import gram_condition_number
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((200, 30))
+    up = ref.copy()
+    up[:, 0] *= 10.0                                                  # one direction inflated: top rises
+    a = spectrum_spread(7.0 * up, ref, rng=np.random.default_rng(1), groups=5, group_size=50)
+    assert a["top"] > 5 and 0.5 < a["bottom"] < 1.5                   # and the overall scale 7 cancels
+    kappas = []
+    g = np.random.default_rng(1)
+    for _ in range(5):
+        idx = g.choice(200, size=50, replace=False)
+        kappas.append(np.log(gram_condition_number(up[idx]) / gram_condition_number(ref[idx])))
+    assert a["top"] / a["bottom"] == pytest.approx(np.exp(np.mean(kappas)), rel=1e-9)
+    down = ref @ np.diag([1.0] * 29 + [0.01])                         # one direction squashed: bottom falls
+    b = spectrum_spread(down, ref, rng=np.random.default_rng(1), groups=5, group_size=50)
+    assert b["bottom"] < 0.01 and 0.5 < b["top"] < 2

@@ -43,10 +43,11 @@ from pycore.deep.train import DeepImmunizeConfig, NonFiniteLossError, cache_trun
 from pycore.evaluate import immunized_def31
 from pycore.metrics import grouped_feature_rir
 from pycore.report import environment, summarize
+from pycore.spectral import gram_spectrum
 
 __all__ = ["RunConfig", "RunOptions", "SeedRun", "ATTACKERS", "ExtractorHook", "run_config", "run_seed",
            "prepare_seed", "evaluate_extractor", "immunize_and_evaluate", "aggregate", "tradeoff_sweep",
-           "hardened_key", "audit"]
+           "hardened_key", "audit", "spectrum_spread"]
 
 # The attackers measured per extractor (pycore.deep.attacks); their labels are the report's.
 ATTACKERS = ("gd", "adam", "adam_whitened", "finetune")
@@ -149,6 +150,27 @@ def _through_tail(model, ds: TensorDataset, batch: int) -> TensorDataset:
 
 # --- measuring one extractor ------------------------------------------------------------------
 
+def spectrum_spread(Z: np.ndarray, Z_ref: np.ndarray, *, rng: np.random.Generator, groups: int,
+                    group_size: int) -> dict:
+    """Where a κ ratio comes from: per random group of rows (the same rows of both), the top and
+    the bottom of the nonzero spectrum of ``ZᵀZ`` relative to its MEDIAN eigenvalue, divided by
+    the same for ``Z_ref``; geometric means over groups. ``top / bottom`` is then the κ ratio of
+    the groups (its geometric mean), scale cannot enter, and a few extreme eigenvalues do not move
+    the median: ``top > 1`` means the largest eigenvalue rose above the bulk of the spectrum,
+    ``bottom < 1`` that the smallest fell below it."""
+    n = Z.shape[0]
+    m = min(group_size, n)
+    logs = np.zeros((groups, 2))
+    for g in range(groups):
+        idx = rng.choice(n, size=m, replace=False)
+        a, b = gram_spectrum(Z[idx], vectors=False), gram_spectrum(Z_ref[idx], vectors=False)
+        ma, mb = np.median(a.sigma[:a.rank]), np.median(b.sigma[:b.rank])
+        logs[g] = (np.log(a.sigma_max / ma) - np.log(b.sigma_max / mb),
+                   np.log(a.sigma_min / ma) - np.log(b.sigma_min / mb))
+    top, bottom = np.exp(logs.mean(0))
+    return {"top": float(top), "bottom": float(bottom), "groups": groups, "group_size": m}
+
+
 class _Clock:
     """Wall and CPU seconds per phase (the CPU time of every thread of this process)."""
 
@@ -186,6 +208,10 @@ def evaluate_extractor(model, ref_feats: dict, ev: dict, rc: RunConfig, seed: in
         rir = grouped_feature_rir(f["p_pool"], f["h_train"][hp], ref_feats["p_pool"],
                                   ref_feats["h_train"][hp], rng=np.random.default_rng([seed, 17]),
                                   groups=rc.rir_groups, group_size=rc.rir_group_size)
+        # (i) decomposed on D_H groups of the same size (its own groups: a diagnostic)
+        spread = spectrum_spread(f["h_train"][hp], ref_feats["h_train"][hp],
+                                 rng=np.random.default_rng([seed, 18]), groups=rc.rir_groups,
+                                 group_size=rc.rir_group_size)
     yt, yv, nch = ev["y"]["h_train"], ev["y"]["h_test"], ev["n_classes_h"]
     last = max(rc.attack_epochs)
     with clock("gd_probe"):
@@ -211,7 +237,7 @@ def evaluate_extractor(model, ref_feats: dict, ev: dict, rc: RunConfig, seed: in
             attacks["finetune"] = ft.test_accuracy
     curve = probe.test_accuracy[:rc.probe_epochs + 1]
     i, ii = rir["harmful_ratio"]["mean"], rir["pretrain_ratio"]["mean"]
-    return {"dp_top1": acc, "rir": rir, "immunized": immunized_def31(i, ii),
+    return {"dp_top1": acc, "rir": rir, "immunized": immunized_def31(i, ii), "harmful_spread": spread,
             "probe": {"test_accuracy": curve, "step_size": probe.step_size},
             "probe_acc_epoch10": curve[min(10, len(curve) - 1)], "probe_acc_last": curve[-1],
             "attacks": attacks}
@@ -465,6 +491,8 @@ def aggregate(per_seed: list[dict], rc: RunConfig) -> dict:
             "probe_acc_epoch10": summarize(r["probe_acc_epoch10"] for r in runs),
             "probe_acc_last": summarize(r["probe_acc_last"] for r in runs),
             "immunized": summarize(float(f) for f in flags),
+            "harmful_top_ratio": summarize(r["harmful_spread"]["top"] for r in runs),
+            "harmful_bottom_ratio": summarize(r["harmful_spread"]["bottom"] for r in runs),
             "immunized_count": int(sum(flags)),
             "success": int(sum(flags)),
             "probe_curve": _curve_summary([r["probe"]["test_accuracy"] for r in runs]),
