@@ -95,8 +95,8 @@ def table_markdown(result: dict, paper: "dict | None" = None) -> str:
         lines.append(line)
     if all("harmful_top_ratio" in rows[m] for m in order):
         lines += ["", "(i) decomposed (D_H groups of the same size; scale-free): the largest and the "
-                  "smallest nonzero eigenvalue of H_H relative to its median eigenvalue, each divided by θ₀'s "
-                  "(geometric means; their quotient is the groups' κ ratio). top > 1: the largest "
+                  "smallest nonzero eigenvalue of H_H relative to its median eigenvalue, each divided by "
+                  "θ₀'s (geometric means; their quotient is the groups' κ ratio). top > 1: the largest "
                   "eigenvalue rose above the rest; bottom < 1: the smallest fell below them.", "",
                   "| method | (i) ↑ | top ratio | bottom ratio |", "|---|---|---|---|"]
         for m in order:
