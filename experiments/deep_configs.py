@@ -63,6 +63,10 @@ CONFIGS: dict[str, RunConfig] = {
     "demo-vit": RunConfig("demo-vit", "vit_mini_32px", "mnist", _DEMO_RULE, scope="layer",
                           theta0_epochs=16, theta0_lr=3e-3, per_digit=250, rir_pool=500, probe_epochs=60,
                           attack_epochs=(1, 5, 10)),
+    # The demo's previous ViT θ₀ (192 wide, 8 epochs), kept to compare θ₀'s (docs/deep.md §5).
+    "demo-vit-tiny": RunConfig("demo-vit-tiny", "vit_tiny_32px", "mnist", _DEMO_RULE, scope="layer",
+                               theta0_epochs=8, theta0_lr=3e-3, per_digit=250, rir_pool=500, probe_epochs=60,
+                               attack_epochs=(1, 5, 10)),
     # CI size (tests): the demo's rule on a few hundred digits, a handful of steps.
     "ci": RunConfig("ci", "resnet18_32px", "mnist",
                     replace(_DEMO_RULE, epochs=1, max_steps=6, batch_size=16), scope="layer",
