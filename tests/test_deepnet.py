@@ -14,6 +14,7 @@ import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -22,6 +23,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import pycore.deep as deep  # noqa: E402  (installs the torchvision shim before timm)
+from pycore.report import to_json  # noqa: E402
 from pycore.deep import (  # noqa: E402
     CheckpointError, CheckpointMismatchError, DeepImmunizeConfig, NonFiniteLossError,
     PretrainedUnavailableError, adam_probe_curve, best_adam_probe, build_model, cache_trunk,
@@ -170,7 +172,22 @@ def test_mnist_demo_tasks_are_real_disjoint_digits():
     corner = t.p_train.tensors[0][:, 0, 0, 0]
     torch.testing.assert_close(corner, torch.full_like(corner, (0 - mean[0]) / std[0]))
     with pytest.raises(DataError, match="overlap"):
-        mnist_demo_tasks(np.random.default_rng(0), p_digits=(1, 2), h_digits=(2, 3))
+        mnist_demo_tasks(np.random.default_rng(0), p_digits=(1, 2), h_digits=(2, 3), model=m)
+
+
+def test_mnist_demo_tasks_use_the_models_own_normalisation():
+    """No silent default: a ResNet18 scored on images normalised with (0.5, 0.5, 0.5) lost most of
+    its D_P accuracy without any error."""
+    m = build_model("resnet18_32px", 5, seed=0)
+    mean, std = model_normalization(m)
+    assert mean != (0.5, 0.5, 0.5)                                   # ImageNet statistics for ResNet18
+    a = mnist_demo_tasks(np.random.default_rng(0), per_digit=10, model=m)
+    b = mnist_demo_tasks(np.random.default_rng(0), per_digit=10, mean=mean, std=std)
+    assert torch.equal(a.p_train.tensors[0], b.p_train.tensors[0])
+    with pytest.raises(DataError, match="normalisation"):
+        mnist_demo_tasks(np.random.default_rng(0), per_digit=10)
+    with pytest.raises(DataError, match="disagree"):
+        mnist_demo_tasks(np.random.default_rng(0), per_digit=10, model=m, mean=(0.5,) * 3, std=(0.5,) * 3)
 
 
 def test_paired_batches_cycle_the_shorter_task_and_shard():
@@ -344,9 +361,32 @@ def test_adam_probe_learns_and_best_of_sweep_is_the_per_epoch_max():
     a = adam_probe_curve(Z[:200], y[:200], Z[200:], y[200:], epochs=5, lr=1e-1)
     assert a.test_accuracy[0] < 50 and a.test_accuracy[-1] > 90
     b = best_adam_probe(Z[:200], y[:200], Z[200:], y[200:], epochs=5, lrs=(1e-4, 1e-1))
-    per = np.array(list(b["per_lr"].values()))
+    assert set(b["per_config"]) == {"scale@0.0001", "scale@0.1", "standardize@0.0001", "standardize@0.1"}
+    per = np.array(list(b["per_config"].values()))
     assert b["test_accuracy"] == per.max(0).tolist()
-    assert b["test_accuracy"][-1] > np.array(b["per_lr"]["0.0001"])[-1]
+    assert b["test_accuracy"][-1] > np.array(b["per_config"]["scale@0.0001"])[-1]
+
+
+def test_adam_probe_is_scale_free_and_whitening_undoes_a_linear_map():
+    """Shrinking the features cannot fake a slow-down of the Adam attacker (it could against a
+    fixed learning-rate grid on raw features), and the whitening attacker sees through an
+    invertible linear map of the features (up to a rotation of the whitened frame)."""
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 3, 300)
+    Z = rng.standard_normal((300, 6)) + 2.0 * np.eye(6)[y]
+    kw = dict(epochs=4, lrs=(1e-2, 1e-1), num_classes=3)
+    a = best_adam_probe(Z[:200], y[:200], Z[200:], y[200:], **kw)
+    b = best_adam_probe(1e-3 * Z[:200], y[:200], 1e-3 * Z[200:], y[200:], **kw)
+    assert a["test_accuracy"] == pytest.approx(b["test_accuracy"])
+    raw = [max(adam_probe_curve(s * Z[:200], y[:200], s * Z[200:], y[200:], epochs=4, lr=lr).test_accuracy[1]
+               for lr in (1e-2, 1e-1)) for s in (1.0, 1e-3)]
+    assert raw[1] < raw[0] - 10                                       # the raw probe is fooled by scale
+    M = rng.standard_normal((6, 6)) @ np.diag([1e-3, 1, 1, 1, 1, 1e2])
+    w1 = best_adam_probe(Z[:200], y[:200], Z[200:], y[200:], preprocessing=("whiten",), **kw)
+    w2 = best_adam_probe(Z[:200] @ M, y[:200], Z[200:] @ M, y[200:], preprocessing=("whiten",), **kw)
+    # whitened features are unique up to a rotation, to which Adam is not invariant: equal to 3 points
+    assert w1["test_accuracy"] == pytest.approx(w2["test_accuracy"], abs=3.0)
+    assert w2["test_accuracy"][-1] > 80
 
 
 def test_finetune_attack_trains_the_stage_and_leaves_the_model_alone():
@@ -411,37 +451,71 @@ def _ci(tmp_path, *extra):
 def test_pipeline_ci_end_to_end(tmp_path):
     res = _ci(tmp_path, "--seeds", "2")
     rows = res["rows"]
-    assert set(rows) == {"init", "ours", "r_ill_only", "imma", "opt_kappa"}, res.get("errors")
+    plain = {"init", "ours", "r_ill_only", "imma", "opt_kappa"}
+    assert set(rows) == plain | {f"{m}+label_subspace" for m in plain}, res.get("errors")
     assert res["seeds"] == [0, 1] and res["threads"] == 1
-    for key in ("rir_theta0", "dp_top1", "probe_acc_epoch10", "probe_acc_last"):
+    keys = ("rir_theta0", "dp_top1", "probe_acc_epoch10", "probe_acc_last", "immunized",
+            "adam_probe_acc_epoch1", "adam_probe_acc_epoch5", "finetune_acc_epoch1", "finetune_acc_epoch5")
+    for key in keys:
         s = rows["ours"][key]
         per = s["per_seed"]
         assert (len(per) == 2 and s["mean"] == pytest.approx(np.mean(per))
                 and s["std"] == pytest.approx(np.std(per)))
-    # the per-seed summary is the seed's own RIR (mean over its groups), θ₀ against itself is 1
     for k, seed_run in enumerate(res["per_seed"]):
-        assert rows["ours"]["rir_theta0"]["per_seed"][k] == seed_run["rows"]["ours"]["rir"]["value"]["mean"]
-        assert len(seed_run["rows"]["ours"]["rir"]["value"]["per_group"]) == 4
+        row = seed_run["rows"]["ours"]
+        # the per-seed summary is the seed's own RIR (mean over its groups)
+        assert rows["ours"]["rir_theta0"]["per_seed"][k] == row["rir"]["value"]["mean"]
+        assert len(row["rir"]["value"]["per_group"]) == 4
+        assert rows["ours"]["adam_probe_acc_epoch5"]["per_seed"][k] == row["attacks"]["adam"][5]
+        assert rows["ours"]["finetune_acc_epoch1"]["per_seed"][k] == row["attacks"]["finetune"][1]
+        # Definition 3.1 from pycore.evaluate, per seed and counted
+        i, ii = row["rir"]["harmful_ratio"]["mean"], row["rir"]["pretrain_ratio"]["mean"]
+        assert row["immunized"] == (i > 1 and ii < 1)
+    for m in rows:
+        flags = [s["rows"][m]["immunized"] for s in res["per_seed"]]
+        assert rows[m]["immunized_count"] == sum(flags) == rows[m]["success"]
     assert rows["init"]["rir_theta0"]["per_seed"] == pytest.approx([1.0, 1.0], abs=1e-9)
     assert abs(rows["ours"]["rir_theta0"]["mean"] - 1.0) > 1e-6
-    for m in ("ours", "r_ill_only", "imma", "opt_kappa"):
-        assert Path(res["per_seed"][0]["rows"][m]["extractor"]).is_file()
-        for a in ("gd", "adam", "finetune"):
-            assert len(rows[m]["attacks"][a]["epoch2"]["per_seed"]) == 2
+    # hardening keeps D_P predictions: the hardened θ₀ has θ₀'s D_P top-1 on every seed
+    assert rows["init+label_subspace"]["dp_top1"]["per_seed"] == rows["init"]["dp_top1"]["per_seed"]
+    for m in rows:
+        assert Path(res["per_seed"][0]["rows"][m]["extractor"]).is_file(), m
+        assert "extractor" not in res["per_seed"][1]["rows"][m]                  # first seed only
+        for a in ("gd", "adam", "adam_whitened", "finetune"):
+            assert len(rows[m]["attacks"][a]["epoch5"]["per_seed"]) == 2
+    assert set(res["phase_seconds"]) >= {"theta0", "cache", "immunize", "gd_probe", "adam_probe", "finetune"}
     out = tmp_path / "ci"
     assert (out / "finetune.png").stat().st_size > 1000 and (out / "attacks.png").stat().st_size > 1000
     table = (out / "table.md").read_text()
-    assert "| Ours |" in table and " ± " in table and "Adam" in table
+    assert "| **Ours (Alg. 1)** |" in table and " ± " in table and "Adam" in table and "minus θ₀" in table
     assert res["environment"]
+
+
+def test_library_pipeline_writes_no_file(tmp_path, monkeypatch):
+    """pycore.deep computes and returns; files are the experiment layer's (or the caller's hook)."""
+    sys.path.insert(0, str(ROOT))
+    from experiments.deep_configs import CONFIGS
+    from pycore.deep.distributed import init_from_env
+    from pycore.deep.evaluate import RunOptions, run_config
+    monkeypatch.chdir(tmp_path)
+    rc = replace(CONFIGS["ci"], methods=("ours",), attack_epochs=(1,), finetune=False)
+    seen = []
+    res = run_config(rc, [0], RunOptions(quiet=True), init_from_env("cpu"),
+                     on_extractor=lambda m, variant, seed, status: seen.append((variant, status)) or None)
+    assert list(tmp_path.iterdir()) == []
+    assert ("ours", "immunized") in seen and ("init", "immunized") in seen
+    assert set(res["rows"]) == {"init", "ours", "init+label_subspace", "ours+label_subspace"}
+    json.dumps(to_json(res), allow_nan=False)                                   # strict JSON as it is
 
 
 def test_pipeline_is_deterministic_for_a_seed_and_thread_count(tmp_path):
     """Same seed and --threads: every number in results.json is identical (issue 12)."""
     a = _ci(tmp_path / "a", "--methods", "ours,opt_kappa")
     b = _ci(tmp_path / "b", "--methods", "ours,opt_kappa")
-    strip = lambda r: json.dumps({"rows": r["rows"], "per_seed": [  # noqa: E731
-        {**s, "rows": {m: {k: v for k, v in row.items() if k not in ("train", "extractor")}
-                       for m, row in s["rows"].items()}} for s in r["per_seed"]]}, sort_keys=True)
+    strip = lambda r: json.dumps({"rows": r["rows"], "per_seed": [  # noqa: E731  (timings and paths aside)
+        {**{k: v for k, v in s.items() if k != "phase_seconds"},
+         "rows": {m: {k: v for k, v in row.items() if k not in ("train", "extractor")}
+                  for m, row in s["rows"].items()}} for s in r["per_seed"]]}, sort_keys=True)
     assert strip(a) == strip(b)
     # and a different seed gives different numbers (the comparison above can fail)
     c = _ci(tmp_path / "c", "--methods", "ours,opt_kappa", "--seeds", "1-1")
@@ -456,6 +530,33 @@ def test_script_reports_bad_roots_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "--dp-root: no such folder" in err and "Traceback" not in err
     assert err.count("\n") == 1
+
+
+def test_script_refuses_folder_flags_on_a_digits_configuration(tmp_path, capsys):
+    """--dp-root/--dh-root (even roots full of corrupt images) used to be ignored by --config ci and
+    --demo, which then ran on the bundled digits and exited 0."""
+    sys.path.insert(0, str(ROOT))
+    from experiments import deepnet
+    bad = tmp_path / "corrupt" / "train" / "a"
+    bad.mkdir(parents=True)
+    (bad / "x.png").write_bytes(b"not an image")
+    for argv, flag in ((["--config", "ci", "--dp-root", str(tmp_path / "corrupt")], "--dp-root"),
+                       (["--demo", "--dh-root", str(tmp_path / "corrupt")], "--dh-root"),
+                       (["--config", "ci", "--val-split", "test"], "--val-split"),
+                       (["--config", "ci", "--cache-trunk"], "--cache-trunk")):
+        rc = deepnet.main([*argv, "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"{flag}:" in err and "MNIST" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA device")
+def test_device_cuda_without_a_gpu_is_a_usage_error(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT))
+    from experiments import deepnet
+    rc = deepnet.main(["--config", "ci", "--device", "cuda", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("deepnet.py: error: --device:") and "Traceback" not in err
 
 
 # --- distributed ------------------------------------------------------------------------------
@@ -558,16 +659,31 @@ def test_torchrun_script_matches_single_process(tmp_path):
             torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-5, msg=k)
 
 
-def test_balance_sweep_reports_the_trade_off(tmp_path):
+def test_tradeoff_sweep_reports_the_frontier(tmp_path):
     sys.path.insert(0, str(ROOT))
     from experiments import deepnet_sweep
-    assert deepnet_sweep.main(["--config", "ci", "--balances", "0.25,1", "--methods", "ours",
-                               "--threads", "1", "--out", str(tmp_path)]) == 0
-    res = json.loads((tmp_path / "ci-sweep" / "balance_sweep.json").read_text())
-    a, b = res["runs"]["ours"]["0.25"][0], res["runs"]["ours"]["1.0"][0]
-    assert a["seed"] == b["seed"] == 0 and a["theta0_dp_top1"] == b["theta0_dp_top1"]   # θ₀ made once
-    assert a["rir_theta0"] != b["rir_theta0"]                                            # b changes the run
-    assert (tmp_path / "ci-sweep" / "balance_sweep.png").stat().st_size > 1000
+    assert deepnet_sweep.main(["--config", "ci", "--balances", "0.25,1", "--ill-balances", "2",
+                               "--methods", "ours", "--threads", "1", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "ci-sweep" / "tradeoff.json").read_text())
+    a, b = res["runs"]["ours"]["0.25,2"][0], res["runs"]["ours"]["1,2"][0]
+    assert a["seed"] == b["seed"] == 0 and list(res["theta0"]) == ["0"]               # θ₀ made once
+    assert a["ours"]["rir_theta0"] != b["ours"]["rir_theta0"]                         # b changes the run
+    assert {"adam_acc_epoch1", "adam_acc_epoch5", "immunized"} <= set(a["ours"])
+    assert "ours+label_subspace" in a                                                  # hardened beside it
+    assert (tmp_path / "ci-sweep" / "tradeoff.png").stat().st_size > 1000
+    assert "| Ours (Alg. 1) | 0.25 | 2 |" in (tmp_path / "ci-sweep" / "tradeoff.md").read_text()
+
+
+def test_balance_ill_reweights_only_the_r_ill_term():
+    m, cp, ch = _tiny_setup()
+    ext, _ = m.set_trainable()
+    t = loss_terms(m, "ours", cp.tensors[0][:8], cp.tensors[1][:8], ch.tensors[0][:8], ch.tensors[1][:8], 3)
+    one = balanced_lambdas(t, ext, 0.5)
+    two = balanced_lambdas(t, ext, 0.5, weights={"lambda_h": 2.0})
+    assert two["lambda_h"] == pytest.approx(4 * one["lambda_h"], rel=1e-12)
+    assert two["lambda_p"] == one["lambda_p"]
+    with pytest.raises(ValueError, match="balance_ill needs balance"):
+        DeepImmunizeConfig(balance_ill=2.0).validate()
 
 
 def test_pipeline_paper_scope_trains_the_tail(tmp_path):
@@ -595,3 +711,23 @@ def test_nothing_to_balance_stops_with_a_clear_error(monkeypatch):
     assert info.value.step == 0
     for k, v in m.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_spectrum_spread_tells_the_top_from_the_bottom_of_a_kappa_ratio():
+    from pycore.deep.evaluate import spectrum_spread
+    from pycore.spectral import gram_condition_number
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((200, 30))
+    up = ref.copy()
+    up[:, 0] *= 10.0                                                  # one direction inflated: top rises
+    a = spectrum_spread(7.0 * up, ref, rng=np.random.default_rng(1), groups=5, group_size=50)
+    assert a["top"] > 5 and 0.5 < a["bottom"] < 1.5                   # and the overall scale 7 cancels
+    kappas = []
+    g = np.random.default_rng(1)
+    for _ in range(5):
+        idx = g.choice(200, size=50, replace=False)
+        kappas.append(np.log(gram_condition_number(up[idx]) / gram_condition_number(ref[idx])))
+    assert a["top"] / a["bottom"] == pytest.approx(np.exp(np.mean(kappas)), rel=1e-9)
+    down = ref @ np.diag([1.0] * 29 + [0.01])                         # one direction squashed: bottom falls
+    b = spectrum_spread(down, ref, rng=np.random.default_rng(1), groups=5, group_size=50)
+    assert b["bottom"] < 0.01 and 0.5 < b["top"] < 2

@@ -319,20 +319,21 @@ def test_staging_folder_of_a_killed_run_is_cleaned_up(capsys, tmp_path):
 
 
 def test_deepnet_exits_1_when_a_method_failed(capsys, tmp_path, monkeypatch):
-    def fake_run_config(rc, seeds, opts, ctx, relocate=None):
-        out = opts.out_dir
-        (out / "table.md").write_text("t")
-        result = {"rows": {}, "errors": {"seed0": {"ours": {
+    def fake_run_config(rc, seeds, opts, ctx, on_extractor=None):
+        return {"rows": {}, "errors": {"seed0": {"ours": {
             "message": "non-finite loss at step 2", "step": 2,
-            "checkpoint": str(out / "last_good_ours.safetensors")}}}, "wall_seconds": 0.1}
-        result = relocate(result)
-        write_json(out / "results.json", result)
-        return result
+            "checkpoint": None}}}, "wall_seconds": 0.1}
+
+    def fake_write_outputs(folder, result, paper):
+        (folder / "table.md").write_text("t")
+        return ["table.md"]
     monkeypatch.setattr(deepnet, "run_config", fake_run_config)
+    monkeypatch.setattr(deepnet, "write_outputs", fake_write_outputs)
+    monkeypatch.setattr(deepnet.deep_report, "table_markdown", lambda *a, **k: "t")
     rc, err, _ = call(capsys, deepnet, ["--config", "ci", "--quiet", "--out", str(tmp_path)])
     assert rc == 1 and one_line(err, "1 method run(s) failed", "ci seed0 ours: non-finite loss at step 2")
     res = read_json(tmp_path / "ci" / "results.json")          # the failure is recorded ...
-    assert res["errors"]["seed0"]["ours"]["checkpoint"] == str(tmp_path / "ci" / "last_good_ours.safetensors")
+    assert res["errors"]["seed0"]["ours"]["message"] == "non-finite loss at step 2"
 
 
 def test_deepnet_nan_weights_are_exit_1_one_line(capsys, tmp_path):

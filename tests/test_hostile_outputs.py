@@ -64,7 +64,7 @@ def test_out_that_cannot_be_swapped_is_replaced_in_place(capsys, tmp_path, monke
     rc, err = call(capsys, [*TINY_HP, "--out", str(out)])
     assert rc == 0, err
     one_line(err, "warning", "cannot be swapped as a whole", "EBUSY", "one by one")
-    assert sorted(os.listdir(out)) == ["results.json", "table.md"]
+    assert sorted(os.listdir(out)) == ["results.json", "table.md", "thetas.npz"]
     assert (out / "table.md").read_text().startswith("# House Prices")
     assert [p.name for p in tmp_path.iterdir()] == ["out"]       # no staging folder left
 
@@ -80,7 +80,7 @@ def test_in_place_replacement_that_fails_keeps_the_result(capsys, tmp_path, monk
     line = err.strip().splitlines()[-1]
     assert rc == 1 and "cannot write into" in line and "outputs are in" in line, err
     kept = Path(line.split("outputs are in ")[1])
-    assert sorted(os.listdir(kept)) == [".rescued", "results.json", "table.md"]
+    assert sorted(os.listdir(kept)) == [".rescued", "results.json", "table.md", "thetas.npz"]
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None or not sys.platform.startswith("linux"),
@@ -98,7 +98,7 @@ def test_real_mount_point(tmp_path):
     proc = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert "rc=0" in proc.stdout, proc.stdout + proc.stderr
-    assert proc.stdout.split("rc=0")[1].split() == ["results.json", "table.md"], proc.stdout
+    assert proc.stdout.split("rc=0")[1].split() == ["results.json", "table.md", "thetas.npz"], proc.stdout
     assert "Errno" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 

@@ -1,13 +1,15 @@
 """Attackers on immunized deep extractors: how fast can D_H be learned from θ's features?
 
-Three attackers, from the paper's to realistic ones (issue 12; docs/theory.md §10):
+Three attackers, from the paper's to realistic ones (docs/theory.md §10, docs/deep.md):
 
 * :func:`linear_probe_curve` -- the paper's threat model (Eq. (4), Figure 3): a linear
   classifier on frozen features by full-batch gradient descent with step ``1/L``. Its speed
   is governed by the condition number of the features, which is what immunization raises.
 * :func:`adam_probe_curve` / :func:`best_adam_probe` -- a linear probe trained by Adam on
-  mini-batches, the learning rate picked from a small sweep by the best D_H test accuracy
-  (the defender's worst case). Adam's per-coordinate scaling undoes part of any conditioning.
+  mini-batches, on scale-normalised or standardised features (:func:`preprocess_features`),
+  the preprocessing and learning rate picked per epoch by the best D_H test accuracy (the
+  defender's worst case). Adam's per-coordinate scaling undoes part of any conditioning. With
+  ``preprocessing=("whiten",)`` it is the adaptive attacker who whitens its own features.
 * :func:`finetune_attack` -- the attacker fine-tunes the backbone's last stage (ResNet18's
   ``layer4`` / ViT's last block and norm), the immunization layer and a NEW linear head with
   Adam on D_H. Nothing of θ's conditioning is protected from this one.
@@ -27,8 +29,10 @@ from torch.utils.data import Dataset
 
 from pycore.deep.data import ShardedBatches, fetch
 from pycore.deep.models import ImmunizableModel
+from pycore.threads import bounded_blas
 
-__all__ = ["ProbeCurve", "linear_probe_curve", "adam_probe_curve", "best_adam_probe", "finetune_attack"]
+__all__ = ["ProbeCurve", "linear_probe_curve", "adam_probe_curve", "preprocess_features", "best_adam_probe",
+           "finetune_attack", "ADAM_PREPROCESSING", "ADAM_LRS"]
 
 
 @dataclass
@@ -114,19 +118,62 @@ def adam_probe_curve(Z_train, y_train, Z_test, y_test, *, epochs: int, lr: float
     return ProbeCurve(accs, losses, lr)
 
 
-def best_adam_probe(Z_train, y_train, Z_test, y_test, *, epochs: int, lrs=(1e-3, 1e-2, 1e-1),
-                    batch_size: int = 64, seed: int = 0, num_classes: "int | None" = None) -> dict:
-    """Adam probes over ``lrs``; the defender's worst case per epoch is the best of them.
+ADAM_PREPROCESSING = ("scale", "standardize", "whiten")
+ADAM_LRS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
-    Returns ``{"test_accuracy": per-epoch max over lrs, "best_lr": per-epoch argmax lr,
-    "per_lr": {lr: curve}}``."""
-    curves = {float(lr): adam_probe_curve(Z_train, y_train, Z_test, y_test, epochs=epochs, lr=lr,
-                                          batch_size=batch_size, seed=seed, num_classes=num_classes)
-              for lr in lrs}
-    acc = np.array([c.test_accuracy for c in curves.values()])
+
+def preprocess_features(Z_train, Z_test, kind: str, *, ridge: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+    """The attacker's preprocessing of probe features, its statistics taken from ``Z_train`` only:
+
+    * ``"scale"`` -- divide by the RMS row norm of ``Z_train``: the probe becomes independent of
+      the features' overall scale, so an extractor cannot fake a slow-down (or a speed-up) by
+      shrinking (or inflating) its features against a fixed learning-rate grid;
+    * ``"standardize"`` -- per-coordinate z-score (a coordinate with std 0 is only centred), what
+      a practitioner's pipeline does by default;
+    * ``"whiten"`` -- centre and whiten with the eigendecomposition of ``Z_train``'s covariance
+      (eigenvalues floored at ``ridge·λ_max``): the ADAPTIVE attacker, who undoes any invertible
+      linear map of the features, conditioning included.
+    """
+    Zt = np.asarray(Z_train, dtype=np.float64)
+    Zv = np.asarray(Z_test, dtype=np.float64)
+    if kind == "scale":
+        c = float(np.sqrt((Zt * Zt).sum(1).mean())) or 1.0
+        return Zt / c, Zv / c
+    mu = Zt.mean(0)
+    if kind == "standardize":
+        sd = Zt.std(0)
+        sd = np.where(sd > 0, sd, 1.0)
+        return (Zt - mu) / sd, (Zv - mu) / sd
+    if kind == "whiten":
+        lam, V = np.linalg.eigh(np.cov((Zt - mu).T, bias=True))
+        lam = np.maximum(lam, 0.0) + ridge * max(float(lam.max()), 1e-300)
+        T = V / np.sqrt(lam)
+        return (Zt - mu) @ T, (Zv - mu) @ T
+    raise ValueError(f"unknown preprocessing {kind!r}; choose one of {ADAM_PREPROCESSING}")
+
+
+@bounded_blas
+def best_adam_probe(Z_train, y_train, Z_test, y_test, *, epochs: int, lrs=ADAM_LRS,
+                    preprocessing=("scale", "standardize"), batch_size: int = 64, seed: int = 0,
+                    num_classes: "int | None" = None) -> dict:
+    """Adam probes over ``preprocessing`` × ``lrs`` (:func:`preprocess_features`,
+    :func:`adam_probe_curve`); the defender's worst case per epoch is the best of them.
+
+    Returns ``{"test_accuracy": per-epoch max, "best": per-epoch "preprocessing@lr" of the max,
+    "per_config": {"preprocessing@lr": curve}}``."""
+    curves = {}
+    for kind in preprocessing:
+        a, b = preprocess_features(Z_train, Z_test, kind)
+        for lr in lrs:
+            curves[f"{kind}@{float(lr):g}"] = adam_probe_curve(
+                a, y_train, b, y_test, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
+                num_classes=num_classes).test_accuracy
+    if not curves:
+        raise ValueError("best_adam_probe needs at least one preprocessing and one learning rate")
     keys = list(curves)
-    return {"test_accuracy": acc.max(0).tolist(), "best_lr": [keys[i] for i in acc.argmax(0)],
-            "per_lr": {str(k): c.test_accuracy for k, c in curves.items()}}
+    acc = np.array([curves[k] for k in keys])
+    return {"test_accuracy": acc.max(0).tolist(), "best": [keys[i] for i in acc.argmax(0)],
+            "per_config": curves}
 
 
 def finetune_attack(model: ImmunizableModel, h_train: Dataset, h_test: Dataset, *, num_classes: int,

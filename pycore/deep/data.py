@@ -26,7 +26,7 @@ from pycore.deep.timm_compat import import_timm
 __all__ = [
     "DataError", "load_mnist_5k", "mnist_digit_images", "DemoTasks", "mnist_demo_tasks",
     "timm_transform", "image_folder", "ShardedBatches", "PairedBatches", "fetch",
-    "model_normalization",
+    "model_normalization", "dataset_labels",
 ]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -62,9 +62,33 @@ def model_normalization(model: torch.nn.Module) -> tuple[tuple[float, ...], tupl
     return tuple(cfg["mean"]), tuple(cfg["std"])
 
 
+def _normalization(model, mean, std) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) from ``model`` and/or explicit values; a disagreement is an error."""
+    if (mean is None) != (std is None):
+        raise DataError("pass both mean and std (or neither, with model=)")
+    if model is None:
+        if mean is None:
+            raise DataError("the images need the model's normalisation: pass model= (its timm data config) "
+                            "or mean= and std=")
+        return _triple(mean, "mean"), _triple(std, "std")
+    own = model_normalization(model)
+    if mean is not None:
+        given = (_triple(mean, "mean"), _triple(std, "std"))
+        if not np.allclose(np.array(given), np.array(own), rtol=0, atol=1e-6):
+            raise DataError(f"mean/std {given} disagree with the model's own normalisation {own} "
+                            "(timm data config); features computed on such inputs are meaningless")
+    return own
+
+
+def _triple(v, name) -> tuple[float, ...]:
+    t = tuple(float(x) for x in v)
+    if len(t) != 3 or not all(np.isfinite(t)) or (name == "std" and min(t) <= 0):
+        raise DataError(f"{name} must be 3 finite numbers{' > 0' if name == 'std' else ''}, got {v!r}")
+    return t
+
+
 def mnist_digit_images(X: np.ndarray, y: np.ndarray, digits: Sequence[int], *, img_size: int = 32,
-                       mean: Sequence[float] = (0.5, 0.5, 0.5),
-                       std: Sequence[float] = (0.5, 0.5, 0.5)) -> TensorDataset:
+                       mean: Sequence[float], std: Sequence[float]) -> TensorDataset:
     """Digits ``digits`` as normalised 3-channel ``img_size`` px images, labels ``0..len-1``.
 
     28 px digits are zero-padded (centred) to ``img_size`` when larger, or bilinearly resized
@@ -125,10 +149,18 @@ def _split(ds: TensorDataset, n_first: int, rng: np.random.Generator) -> tuple[T
 def mnist_demo_tasks(rng: np.random.Generator, *, p_digits: Sequence[int] = (0, 1, 2, 3, 4),
                      h_digits: Sequence[int] = (5, 6, 7, 8, 9), img_size: int = 32,
                      train_fraction: float = 0.8, per_digit: "int | None" = None,
-                     mean: Sequence[float] = (0.5, 0.5, 0.5),
-                     std: Sequence[float] = (0.5, 0.5, 0.5)) -> DemoTasks:
+                     model: "torch.nn.Module | None" = None,
+                     mean: "Sequence[float] | None" = None,
+                     std: "Sequence[float] | None" = None) -> DemoTasks:
     """The demo's two tasks: D_P = ``p_digits`` (classify), D_H = ``h_digits`` (the harmful
-    task a linear probe is fitted to). ``per_digit`` subsamples each digit (≤ 500)."""
+    task a linear probe is fitted to). ``per_digit`` subsamples each digit (≤ 500).
+
+    Images are normalised with the model's own mean/std: pass ``model`` (its timm data config,
+    :func:`model_normalization`) or ``mean`` and ``std``. There is no default: a ResNet18 scored
+    on images normalised for another model loses most of its accuracy without any error. Passing
+    both ``model`` and a ``mean``/``std`` that disagree with it is a :class:`DataError`.
+    """
+    mean, std = _normalization(model, mean, std)
     if set(p_digits) & set(h_digits):
         raise DataError(f"D_P digits {tuple(p_digits)} and D_H digits {tuple(h_digits)} overlap")
     X, y = load_mnist_5k()
@@ -258,6 +290,18 @@ def _pool():
 
         _POOL = ThreadPoolExecutor(max_workers=max(1, min(8, (os.cpu_count() or 2))))
     return _POOL
+
+
+def dataset_labels(ds: Dataset) -> np.ndarray:
+    """The labels of ``ds`` as an int array, without decoding images where the dataset knows them
+    (TensorDataset, ImageFolder, a Subset of either)."""
+    if isinstance(ds, TensorDataset):
+        return ds.tensors[1].cpu().numpy()
+    if hasattr(ds, "targets"):
+        return np.asarray(ds.targets)
+    if hasattr(ds, "indices") and hasattr(ds.dataset, "targets"):
+        return np.asarray(ds.dataset.targets)[np.asarray(ds.indices)]
+    return np.asarray([int(ds[i][1]) for i in range(len(ds))])
 
 
 def fetch(ds: Dataset, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""torchrun / DistributedDataParallel helpers for deep immunization (issue: multi-GPU/-node).
+"""torchrun / DistributedDataParallel helpers for deep immunization (multi-GPU, multi-node).
 
 ``torchrun --nproc_per_node=N experiments/deepnet.py ...`` sets ``RANK``, ``WORLD_SIZE`` and
 ``LOCAL_RANK``; :func:`init_from_env` then starts the process group with ``nccl`` when the

@@ -42,12 +42,14 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 from pycore.deep.data import PairedBatches, ShardedBatches, fetch
+from pycore.deep.harden import HARDENINGS, harden
 from pycore.deep.models import ImmunizableModel, save_immunized
 from pycore.deep.objectives import DEEP_METHODS, LAMBDA_OF_TERM, combine_terms, loss_terms
 from pycore.report import progress
@@ -56,7 +58,7 @@ from pycore.validation import PicklableError
 __all__ = [
     "DEEP_METHODS", "DeepImmunizeConfig", "DeepImmunizationResult", "NonFiniteLossError",
     "immunize", "balanced_lambdas", "calibrate_ridge", "cache_trunk", "train_classifier",
-    "recalibrate_batchnorm",
+    "recalibrate_batchnorm", "random_shift",
 ]
 
 
@@ -92,6 +94,7 @@ class DeepImmunizeConfig:
     lambda_imma: float = 1.0        # IMMA harmful-loss weight
     balance: "float | None" = None  # if set: λ := balance·‖∇CE‖/‖∇term‖ (App. C.2), overrides lambda_*
     balance_every: int = 0          # 0: balance at step 0 only; s > 0: every s steps
+    balance_ill: "float | None" = None  # balance of the R_ill term alone (ours, r_ill_only); None: balance
     imma_inner_steps: int = 3
     imma_inner_lr: float = 1.0      # in units of 1/λ_max(AᵀA/N)
     ridge_rel: "float | None" = 1e-6  # preconditioner ridge λ relative to tr(XᵀX)/N; None: keep the layer's
@@ -99,6 +102,9 @@ class DeepImmunizeConfig:
     virtual_ranks: int = 1
     checkpoint_dir: "str | None" = None
     progress: bool = True
+    # Hardening of the immunization layer after training (pycore.deep.harden): every method alike.
+    harden: str = "none"            # "none" | "rotate" | "label_subspace"
+    harden_scale: float = 0.01      # label_subspace: factor on D_H's class-mean directions
 
     def validate(self) -> "DeepImmunizeConfig":
         if self.method not in DEEP_METHODS:
@@ -112,6 +118,15 @@ class DeepImmunizeConfig:
             raise ValueError(f"balance must be a finite number > 0, got {self.balance}")
         if self.balance_every < 0:
             raise ValueError(f"balance_every must be >= 0, got {self.balance_every}")
+        if self.balance_ill is not None:
+            if self.balance is None:
+                raise ValueError("balance_ill needs balance (it re-weights the balanced R_ill term)")
+            if not (math.isfinite(self.balance_ill) and self.balance_ill > 0):
+                raise ValueError(f"balance_ill must be a finite number > 0, got {self.balance_ill}")
+        if self.harden not in HARDENINGS:
+            raise ValueError(f"unknown hardening {self.harden!r}; choose one of {HARDENINGS}")
+        if not (math.isfinite(self.harden_scale) and 0 < self.harden_scale <= 1):
+            raise ValueError(f"harden_scale must be in (0, 1], got {self.harden_scale}")
         return self
 
 
@@ -127,6 +142,7 @@ class DeepImmunizationResult:
     lambdas: dict
     history: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    hardening: "dict | None" = None   # what pycore.deep.harden.harden applied (cfg.harden)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -192,8 +208,12 @@ def calibrate_ridge(model: ImmunizableModel, hP: torch.Tensor, ridge_rel: float)
 
 
 def balanced_lambdas(terms: dict[str, torch.Tensor], params, balance: float, *, world: int = 1,
-                     previous: "dict[str, float] | None" = None) -> dict[str, float]:
+                     previous: "dict[str, float] | None" = None,
+                     weights: "dict[str, float] | None" = None) -> dict[str, float]:
     """``λ_term = balance · ‖∇CE‖ / ‖∇term‖`` on ``params`` (paper App. C.2, automated).
+
+    ``weights`` (keyed by config field, e.g. ``{"lambda_h": 3.0}``) replaces ``balance`` for
+    those terms: the R_ill weight of the (i)/(ii) trade-off sweep.
 
     Gradients by :func:`torch.autograd.grad` (no ``.grad`` is touched, no DDP hook fires); with
     ``world > 1`` the per-rank gradients are averaged first, so every rank gets the same λ. A
@@ -217,7 +237,7 @@ def balanced_lambdas(terms: dict[str, torch.Tensor], params, balance: float, *, 
             continue
         n, key = float(g.norm()), LAMBDA_OF_TERM[k]
         if math.isfinite(n) and n > 0 and math.isfinite(ce):
-            out[key] = balance * ce / n
+            out[key] = (weights or {}).get(key, balance) * ce / n
         elif previous and key in previous:
             out[key] = previous[key]
         else:
@@ -276,8 +296,10 @@ def _train_step(runner, batches, opt, trainable, balance_params, cfg, lambdas, r
         if not bad and rebalance:
             # At the first balancing there is no earlier λ to fall back on (the config's λ's are
             # not balanced ones): a zero or non-finite gradient norm is then an error.
+            weights = {"lambda_h": cfg.balance_ill} if cfg.balance_ill is not None else None
             lambdas = {**lambdas, **balanced_lambdas(terms, balance_params, cfg.balance, world=world,
-                                                     previous=lambdas if rebalance == "again" else None)}
+                                                     previous=lambdas if rebalance == "again" else None,
+                                                     weights=weights)}
         loss = combine_terms(terms, lambdas) if not bad else torch.tensor(float("nan"))
         if not bad:
             bad = _any_rank(not bool(torch.isfinite(loss)), world, device)
@@ -394,8 +416,14 @@ def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: D
         bar.close()
         for p in model.parameters():
             p.requires_grad_(False)
+    hardening = None
+    if cfg.harden != "none":
+        # Every rank computes the same map from the same full D_H set (seeded), so the ranks stay equal.
+        hardening = harden(model, h_train, cfg.harden, num_classes=num_classes_h,
+                           rng=np.random.default_rng([cfg.seed, 99]), scale=cfg.harden_scale,
+                           from_trunk=from_trunk).as_dict()
     return DeepImmunizationResult(cfg.method, step, time.perf_counter() - t0, {**lambdas, "ridge": ridge},
-                                  history, asdict(cfg))
+                                  history, asdict(cfg), hardening)
 
 
 # --- θ₀ for the demo and trunk caching -----------------------------------------------------------
@@ -423,22 +451,36 @@ def cache_trunk(model: ImmunizableModel, data: Dataset, *, batch_size: int = 256
     return TensorDataset(torch.cat(hs), torch.cat(ys))
 
 
+def random_shift(x: torch.Tensor, max_shift: int, rng: np.random.Generator) -> torch.Tensor:
+    """Translate each image of ``x`` (N x C x H x W) by its own random offset in
+    ``[-max_shift, max_shift]²`` pixels, filling with the edge pixels (the background of a digit)."""
+    if max_shift <= 0:
+        return x
+    n, _, h, w = x.shape
+    padded = F.pad(x, (max_shift,) * 4, mode="replicate")
+    off = rng.integers(0, 2 * max_shift + 1, size=(n, 2))
+    return torch.stack([padded[i, :, a:a + h, b:b + w] for i, (a, b) in enumerate(off)])
+
+
 def train_classifier(model: nn.Module, data: Dataset, *, epochs: int, batch_size: int = 64,
                      lr: float = 1e-3, weight_decay: float = 1e-4, label_smoothing: float = 0.1,
                      seed: int = 0, device: "torch.device | str" = "cpu",
-                     progress: bool = False) -> list[float]:
+                     progress: bool = False, max_shift: int = 0) -> list[float]:
     """Plain supervised training of the whole model (makes θ₀ for the demo).
 
     AdamW with a one-cycle schedule and the same label-smoothing CE that immunization uses
     (a θ₀ trained without it is over-confident, and the smoothed loss then starts with large
-    gradients that wreck D_P accuracy in the first immunization steps). BatchNorm statistics
-    are re-estimated for the final weights (:func:`recalibrate_batchnorm`).
+    gradients that wreck D_P accuracy in the first immunization steps). ``max_shift > 0``
+    augments every batch with random translations (:func:`random_shift`, seeded from ``seed``).
+    BatchNorm statistics are re-estimated for the final weights on the un-augmented data
+    (:func:`recalibrate_batchnorm`).
     """
     model.to(device).train()
     for p in model.parameters():
         p.requires_grad_(True)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     batches = ShardedBatches(len(data), batch_size, seed=seed)
+    shift_rng = np.random.default_rng([seed, 7])
     total = epochs * len(batches)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=0.2)
     losses = []
@@ -447,6 +489,7 @@ def train_classifier(model: nn.Module, data: Dataset, *, epochs: int, batch_size
     for e in range(epochs):
         for (idx,) in batches.epoch(e):
             x, y = fetch(data, idx)
+            x = random_shift(x, max_shift, shift_rng)
             loss = F.cross_entropy(model(x.to(device)), y.to(device), label_smoothing=label_smoothing)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"θ₀ training diverged (loss {float(loss)}) at step {step}")

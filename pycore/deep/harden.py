@@ -1,0 +1,135 @@
+"""Hardening of the immunization layer: a feature map ``Z → ZM`` applied after immunization
+(docs/deep.md "Hardening"; docs/theory.md §10).
+
+The immunization layer outputs ``Z = XWᵀ`` and the D_P classifier reads ``logits = ZVᵀ + c``.
+For any invertible ``M`` the layer ``W' = MᵀW`` (bias ``b' = bM``) gives ``Z' = ZM``, and the
+classifier ``V' = VM⁻ᵀ`` gives ``Z'V'ᵀ = ZVᵀ``: D_P predictions are unchanged (up to float32
+rounding of the stored weights) whatever ``M`` is. Two constructions:
+
+* ``"rotate"`` -- ``M = Q``, a Haar-random orthogonal matrix. Every Gram matrix keeps its
+  spectrum (``QᵀZᵀZQ``), so κ, RIR_θ₀, (i), (ii), Definition 3.1 and the paper's GD probe
+  (full batch, zero init, step 1/L) are exactly unchanged; what it removes is the alignment of
+  the features with the coordinate axes that a per-coordinate optimiser (Adam) can exploit.
+* ``"label_subspace"`` -- ``M = (I − (1 − s)·P_U)·Q``: the span ``U`` of D_H's centred class
+  means (at most C_H − 1 directions, from the defender's own labelled D_H features) is scaled by
+  ``s`` (``harden_scale``, default 0.01), then the result is rotated as above. A linear probe needs
+  those directions most (on ``U``'s complement the classes have the same mean), so it must grow
+  its weights by ``1/s`` along directions that the rotation hides from per-coordinate scaling.
+  This is NOT conditioning: it lowers the largest eigenvalues of ``H_H`` and so usually LOWERS
+  κ(H_H), i.e. (i). An attacker who whitens its own features undoes it (it is an invertible
+  linear map), and so does one that fine-tunes the layer.
+
+Library functions take arrays and a ``numpy.random.Generator`` and return arrays, except
+:func:`apply_feature_map` and :func:`harden`, which change a model in place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from pycore.deep.data import dataset_labels
+from pycore.deep.feature_metrics import extract_features
+
+__all__ = ["HARDENINGS", "Hardening", "haar_rotation", "label_subspace", "hardening_map", "apply_feature_map",
+           "harden"]
+
+HARDENINGS = ("none", "rotate", "label_subspace")
+
+
+@dataclass(frozen=True)
+class Hardening:
+    """What :func:`harden` applied: the kind, the scale, the squashed subspace's dimension and the
+    largest relative change of the D_P logits on the D_H features it was computed from (a check
+    that the classifier compensation held in float32)."""
+
+    kind: str
+    scale: float
+    subspace_dim: int
+    logit_change: float
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def haar_rotation(dim: int, rng: np.random.Generator) -> np.ndarray:
+    """A Haar-distributed orthogonal ``dim × dim`` matrix (QR of a Gaussian matrix with the signs of
+    R's diagonal moved into Q, which makes the distribution exactly uniform), float64."""
+    if not (isinstance(dim, (int, np.integer)) and dim >= 1):
+        raise ValueError(f"dim must be a positive integer, got {dim!r}")
+    q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
+    return q * np.sign(np.diag(r))
+
+
+def label_subspace(Z: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray:
+    """Orthonormal basis (D × r, r ≤ num_classes − 1) of the span of the centred class means of
+    ``(Z, y)``. Directions whose singular value is below ``1e-10`` of the largest are dropped
+    (classes with equal means add nothing)."""
+    Z = np.asarray(Z, dtype=np.float64)
+    y = np.asarray(y)
+    if Z.ndim != 2 or y.shape != (Z.shape[0],):
+        raise ValueError(f"Z must be N x D and y of length N, got {Z.shape} and {y.shape}")
+    present = [c for c in range(num_classes) if np.any(y == c)]
+    if len(present) < 2:
+        raise ValueError(f"label_subspace needs at least two classes present, got {len(present)}")
+    mu = Z.mean(0)
+    means = np.stack([Z[y == c].mean(0) - mu for c in present], axis=1)  # D × C
+    U, s, _ = np.linalg.svd(means, full_matrices=False)
+    keep = s > 1e-10 * s[0] if s[0] > 0 else np.zeros_like(s, dtype=bool)
+    return U[:, keep][:, :len(present) - 1]
+
+
+def hardening_map(kind: str, Z_H: np.ndarray, y_H: np.ndarray, *, num_classes: int,
+                  rng: np.random.Generator, scale: float = 0.01) -> tuple[np.ndarray, int]:
+    """The ``D × D`` map ``M`` of ``kind`` (module docstring) and the dimension of the squashed
+    subspace (0 for ``"rotate"``); ``Z_H``, ``y_H`` are the defender's D_H features and labels."""
+    if kind not in HARDENINGS or kind == "none":
+        raise ValueError(f"kind must be one of {HARDENINGS[1:]}, got {kind!r}")
+    if not (np.isfinite(scale) and 0 < scale <= 1):
+        raise ValueError(f"scale must be in (0, 1], got {scale}")
+    d = np.asarray(Z_H).shape[1]
+    Q = haar_rotation(d, rng)
+    if kind == "rotate":
+        return Q, 0
+    U = label_subspace(Z_H, y_H, num_classes)
+    return (np.eye(d) - (1.0 - scale) * (U @ U.T)) @ Q, U.shape[1]
+
+
+@torch.no_grad()
+def apply_feature_map(model, M: np.ndarray) -> None:
+    """Make ``model``'s features ``Z M`` and compensate its classifier (``V ← V M⁻ᵀ``, a solve in
+    float64): D_P predictions are unchanged. ``model`` is an
+    :class:`~pycore.deep.models.ImmunizableModel` (uses ``.layer`` and ``.classifier``)."""
+    layer, head = model.layer, model.classifier
+    W = layer.weight
+    Mt = torch.as_tensor(np.asarray(M, dtype=np.float64), device=W.device)
+    if Mt.shape != (W.shape[0], W.shape[0]):
+        raise ValueError(f"feature map must be {W.shape[0]} x {W.shape[0]}, got {tuple(Mt.shape)}")
+    layer.weight.copy_((Mt.T @ W.double()).to(W.dtype))
+    if getattr(layer, "bias", None) is not None:
+        layer.bias.copy_((layer.bias.double() @ Mt).to(layer.bias.dtype))
+    V = head.weight
+    head.weight.copy_(torch.linalg.solve(Mt, V.double().T).T.to(V.dtype))
+
+
+@torch.no_grad()
+def harden(model, data_h: Dataset, kind: str, *, num_classes: int, rng: np.random.Generator,
+           scale: float = 0.01, from_trunk: bool = False, batch_size: int = 256) -> Hardening:
+    """Harden ``model`` in place with ``kind`` (``"none"`` does nothing) computed from its own
+    features of the labelled D_H set ``data_h``. Returns what was applied."""
+    if kind == "none":
+        return Hardening("none", 1.0, 0, 0.0)
+    Z = extract_features(model, data_h, batch_size=batch_size, from_trunk=from_trunk)
+    y = dataset_labels(data_h)
+    M, r = hardening_map(kind, Z, y, num_classes=num_classes, rng=rng, scale=scale)
+    dev = next(model.parameters()).device
+    head = model.classifier
+    before = head(torch.from_numpy(Z).to(dev, head.weight.dtype)).double()
+    apply_feature_map(model, M)
+    Z2 = extract_features(model, data_h, batch_size=batch_size, from_trunk=from_trunk)
+    after = head(torch.from_numpy(Z2).to(dev, head.weight.dtype)).double()
+    change = float((after - before).abs().max() / before.abs().max().clamp_min(1e-300))
+    return Hardening(kind, float(scale) if kind == "label_subspace" else 1.0, r, change)
+
