@@ -15,6 +15,11 @@ rounding stays near eps; a chaotic one grows exponentially until the difference 
     python scripts/round_off_growth.py --method opt_kappa                         # paper protocol
     python scripts/round_off_growth.py --method opt_kappa --eigvecs svd
     python scripts/round_off_growth.py --protocol strict --method imma --against-kernel Haswell
+    python scripts/round_off_growth.py --ridge-solve cholesky --job --protocol strict --methods ours
+
+``--job ARGS`` runs the whole ``experiments/house_price.py ARGS`` instead (its table, every seed)
+with the ``--ridge-solve`` / ``--eigvecs`` formulation in place, e.g. to compare a documented row
+before and after a change of formulation on each kernel type.
 
 ``--set FIELD=VALUE`` overrides an ``ImmunizeConfig`` field (ablations); ``--ridge-solve cholesky``
 applies the ridge preconditioner ``(K+λI)⁻¹K`` as a Cholesky solve instead of the library's
@@ -158,8 +163,18 @@ def main(argv=None) -> int:
     p.add_argument("--eigvecs", choices=("gram", "svd"), default="gram",
                    help="extreme eigenvectors of H = ZᵀZ from H (the library) or from the SVD of Z")
     p.add_argument("--dump", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--job", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="run experiments/house_price.py ARGS (every seed, its table) with the "
+                        "--ridge-solve / --eigvecs formulation instead")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
+    if args.job is not None:
+        if args.ridge_solve == "cholesky":
+            _cholesky_ridge()
+        if args.eigvecs == "svd":
+            _svd_eigvecs()
+        from experiments import house_price  # noqa: E402  (the workers fork: they see the patches)
+        return house_price.main(args.job)
     from experiments.house_price import load_tasks  # noqa: E402  (imports the CLI layer)
 
     _, train, _, _ = load_tasks(types.SimpleNamespace(data=None, n_train=200, protocol=args.protocol))
