@@ -45,7 +45,12 @@ def test_r_ill_only_rir_never_falls(seed, setting):
     r, step_ratio = _rir_path(res)
     assert res.diagnostics["steps"] == 15 and res.diagnostics["rir_decreases"] == 0
     assert res.diagnostics["clipped"] > 0          # the bound was binding somewhere
-    assert np.all(r >= 1 - 1e-9) and np.all(step_ratio >= 1 - 1e-9)
+    # within what two measured RIRs can resolve (κ(H_H) reaches ~6e13 on some seeds)
+    kap = list(zip(res.history["kappa_P"], res.history["kappa_H"]))
+    tol_step = np.array([imm.rir_change_tolerance(a, b) for a, b in zip(kap[:-1], kap[1:])])
+    tol_start = np.array([imm.rir_change_tolerance(kap[0], b) for b in kap])
+    assert np.all(r >= 1 - tol_start) and np.all(step_ratio >= 1 - tol_step)
+    assert np.all(tol_step <= 1e-7)                 # a real fall (≫ 1e-6) is still caught
     assert r[-1] > 1 + 1e-6                         # and it did move
     # the recorded path ends at the independently measured RIR of the returned θ
     if setting == "exact_random_init":
