@@ -20,38 +20,11 @@ import pytest
 from experiments import attacks, cli, deepnet, house_price, mnist
 from pycore.report import read_json, write_json
 from pycore.validation import DivergenceError, ParameterError
+from tests.cli_helpers import call, one_line
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 TINY_HP = ["--seeds", "1", "--methods", "identity,ours", "--epochs", "1", "--probe-steps", "2", "--jobs", "1"]
-
-
-@pytest.fixture
-def tripwire(monkeypatch):
-    """Any compute fails the test loudly (exit 1 with 'COMPUTED'), so a usage case that slips
-    past the checks cannot pass as exit 2."""
-    def boom(*a, **k):
-        raise AssertionError("COMPUTED")
-    for mod in (house_price, mnist, attacks):
-        monkeypatch.setattr(mod, "run", boom)
-    monkeypatch.setattr(deepnet, "run_config", boom)   # the deep pipeline is pycore.deep.evaluate
-
-
-def call(capsys, mod, argv):
-    t0 = time.perf_counter()
-    rc = mod.main(argv)
-    elapsed = time.perf_counter() - t0
-    err = capsys.readouterr().err
-    return rc, err, elapsed
-
-
-def one_line(err: str, *words):
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert "Traceback" not in err and "COMPUTED" not in err, err
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
 
 
 USAGE_CASES = [
@@ -288,23 +261,6 @@ def test_failed_or_interrupted_run_leaves_the_previous_set_intact(capsys, tmp_pa
     # the brief's case: an empty seed list used to replace results.json by NaN tables
     rc, err, _ = call(capsys, mnist, [*argv, "--seeds", "4-2"])
     assert rc == 2 and {p.name: p.read_bytes() for p in out.iterdir()} == before
-
-
-def test_files_added_to_out_during_the_run_are_never_deleted(capsys, tmp_path, monkeypatch):
-    out = tmp_path / "hp"
-    real_run = house_price.run
-
-    def run_while_user_writes(args):
-        out.mkdir()
-        (out / "notes.txt").write_text("mine")
-        return real_run(args)
-    monkeypatch.setattr(house_price, "run", run_while_user_writes)
-    rc, err, _ = call(capsys, house_price, [*TINY_HP, "--no-plot", "--out", str(out)])
-    assert rc == 1 and one_line(err, "--out", "gained files", "notes.txt", "outputs are in")
-    assert os.listdir(out) == ["notes.txt"]
-    kept = Path(err.split("outputs are in ")[1].strip())
-    assert kept.name.startswith("hp.rescued-")            # visible, and not a staging folder
-    assert sorted(os.listdir(kept)) == [".rescued", "results.json", "table.md", "thetas.npz"]
 
 
 def test_staging_folder_of_a_killed_run_is_cleaned_up(capsys, tmp_path):

@@ -25,34 +25,11 @@ from pycore.metrics import rir_ceiling
 from pycore.probe import gd_exact_line_search
 from pycore.spectral import SpectrumError
 from pycore.validation import DivergenceError, OutlierWarning, ParameterError
+from tests.cli_helpers import call, one_line
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 SCRIPTS = (house_price, mnist, attacks, deepnet, deepnet_sweep)
-
-
-def call(capsys, mod, argv):
-    t0 = time.perf_counter()
-    rc = mod.main(argv)
-    return rc, capsys.readouterr().err, time.perf_counter() - t0
-
-
-def one_line(err: str, *words):
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert "Traceback" not in err and "COMPUTED" not in err, err
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
-
-
-@pytest.fixture
-def tripwire(monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("COMPUTED")
-    for mod in (house_price, mnist, attacks):
-        monkeypatch.setattr(mod, "run", boom)
-    monkeypatch.setattr(deepnet, "run_config", boom)
 
 
 @pytest.fixture(scope="module")

@@ -15,30 +15,16 @@ from pathlib import Path
 import pytest
 
 from experiments import house_price, outputs
+from tests import cli_helpers
+from tests.cli_helpers import one_line
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_HP = ["--seeds", "1", "--methods", "identity", "--probe-steps", "2", "--jobs", "1", "--no-plot"]
 
 
 def call(capsys, argv):
-    rc = house_price.main(argv)
-    return rc, capsys.readouterr().err
-
-
-def one_line(err: str, *words):
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert "Traceback" not in err and "[Errno" not in err, err
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
-
-
-@pytest.fixture
-def tripwire(monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("COMPUTED")
-    monkeypatch.setattr(house_price, "run", boom)
+    """House Prices' main: (exit code, stderr)."""
+    return cli_helpers.call(capsys, house_price, argv)[:2]
 
 
 # --- a mount point: no swap possible ----------------------------------------------------------
@@ -182,10 +168,12 @@ def test_rescued_outputs_survive_the_next_run(capsys, tmp_path, monkeypatch):
         return real_run(args)
     monkeypatch.setattr(house_price, "run", run_while_user_writes)
     rc, err = call(capsys, [*TINY_HP, "--out", str(out)])
-    assert rc == 1 and one_line(err, "gained files", "notes.txt", "outputs are in")
+    assert rc == 1 and one_line(err, "--out", "gained files", "notes.txt", "outputs are in")
+    assert os.listdir(out) == ["notes.txt"]                # the user's file, and nothing of ours
     kept = Path(err.split("outputs are in ")[1].strip())
+    assert kept.name.startswith("hp.rescued-")            # visible, and not a staging folder
     before = {p.name: p.read_bytes() for p in kept.iterdir()}
-    assert {"results.json", "table.md"} <= set(before)
+    assert sorted(before) == [".rescued", "results.json", "table.md", "thetas.npz"]
 
     # The reporting process is gone when the user runs again (its PID is dead: simulate that).
     monkeypatch.setattr(outputs, "_alive", lambda pid: False)
