@@ -168,11 +168,11 @@ def main(argv=None) -> int:
                         "--ridge-solve / --eigvecs formulation instead")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
+    if args.ridge_solve == "cholesky":
+        _cholesky_ridge()
+    if args.eigvecs == "svd":
+        _svd_eigvecs()
     if args.job is not None:
-        if args.ridge_solve == "cholesky":
-            _cholesky_ridge()
-        if args.eigvecs == "svd":
-            _svd_eigvecs()
         from experiments import house_price  # noqa: E402  (the workers fork: they see the patches)
         return house_price.main(args.job)
     from experiments.house_price import load_tasks  # noqa: E402  (imports the CLI layer)
@@ -182,10 +182,6 @@ def main(argv=None) -> int:
     overrides = {k: _value(v) for k, v in overrides.items()}
     base = ImmunizeConfig.strict if args.protocol == "strict" else ImmunizeConfig
     cfg = base(**overrides)
-    if args.ridge_solve == "cholesky":
-        _cholesky_ridge()
-    if args.eigvecs == "svd":
-        _svd_eigvecs()
     if args.dump:
         ta, theta_a = _trajectory(train, cfg, args, None)
         np.savez(args.dump, thetas=ta, theta=theta_a, blas=_blas())
