@@ -75,7 +75,7 @@ def build_parser() -> cli.Parser:
                    help="step cap of every iterative attacker (default 20000)")
     p.add_argument("--quick", action="store_true",
                    help="small attacker grid (a few configurations per family) for smoke tests")
-    p.add_argument("--orders", type=cli.integer(1), default=200,
+    p.add_argument("--orders", type=cli.integer(1, W.MAX_ORDERS), default=200,
                    help="random orders of the configurations for the best-so-far curves (default 200)")
     cli.add_immunize_flags(p, ImmunizeConfig.strict(harden="haar"))
     p.add_argument("--data", type=cli.existing_path("file"), default=None,
@@ -301,110 +301,14 @@ def evaluate(splits, methods, hardened, seeds, cfg, grid, loss, cap, eps, *, rid
     grids = cli.parallel_map(_grid_job, units, jobs, desc=f"{label}: attacking", unit="problem")
     by_unit = dict(zip(units, grids))
     for r in runs:
-        r["problems"] = {f"{rows}/{task}": _compact(by_unit[(r["theta_digest"], rows, task)])
+        r["problems"] = {f"{rows}/{task}": by_unit[(r["theta_digest"], rows, task)].compact()
                          for rows in splits for task in TASKS}
     print(f"{label}: {len(units)} problems attacked ({time.perf_counter() - t_start:.0f}s)", flush=True)
     variants = list(dict.fromkeys(r["variant"] for r in runs))
-    analysis = analyse(runs, variants, seeds, grid, sorted(eps, reverse=True), cap, list(splits), harden)
-    sofar = best_so_far_curves(runs, variants, seeds, grid, min(eps), cap, list(splits), orders)
+    analysis = W.analyse(runs, grid, sorted(eps, reverse=True), cap, rotated=variant_name("identity", harden))
+    sofar = W.best_so_far_curves(runs, grid, min(eps), cap, orders)
     return {"runs": runs, "variants": variants, "analysis": analysis, "best_so_far": sofar,
             "_thetas": archive}
-
-
-def _compact(run: W.GridRun) -> dict:
-    """A grid run for results.json: κ references and, per configuration (in grid order), its steps
-    to each ε (null = not within the cap), final relative suboptimality and divergence flag."""
-    return {"kappa": run.kappa, "wall_seconds": run.wall_seconds,
-            "steps": [[s[W._ekey(e)] for e in run.eps] for s in run.steps],
-            "final_rel_subopt": run.final_rel, "diverged": run.diverged, "eps": list(run.eps)}
-
-
-def _as_gridrun(p: dict, grid, cap) -> W.GridRun:
-    eps = tuple(p["eps"])
-    steps = [{W._ekey(e): s for e, s in zip(eps, row)} for row in p["steps"]]
-    return W.GridRun(tuple(grid), eps, cap, steps, p["final_rel_subopt"], p["diverged"], p["kappa"],
-                     p["wall_seconds"])
-
-
-# ----------------------------------------------------------------------------------------------
-# analysis
-# ----------------------------------------------------------------------------------------------
-def analyse(runs, variants, seeds, grid, eps_list, cap, rows_list, harden) -> dict:
-    """Per variant (≠ identity), rows/task and ε, per seed: each family's best slow-down against
-    identity (and, for hardened variants, against the rotated identity) beside its κ bound, the
-    worst case over all families and over the first-order ones, named."""
-    by = {(r["seed"], r["variant"]): r for r in runs}
-    families = list(dict.fromkeys(c.family for c in grid))
-    rot_id = variant_name("identity", harden)
-    out = {}
-    for v in variants:
-        if v == "identity":
-            continue
-        out[v] = {}
-        for rows in rows_list:
-            for task in TASKS:
-                key = f"{rows}/{task}"
-                out[v][key] = {}
-                for e in eps_list:
-                    cell = {"families": {f: {"slowdown": [], "bound": [], "best": [], "reference_best": []}
-                                         for f in families},
-                            "worst_all": [], "worst_first_order": []}
-                    hardened = "+" in v
-                    for s in seeds:
-                        run = _as_gridrun(by[(s, v)]["problems"][key], grid, cap)
-                        ref = _as_gridrun(by[(s, "identity")]["problems"][key], grid, cap)
-                        rot = by.get((s, rot_id))
-                        rot = _as_gridrun(rot["problems"][key], grid, cap) if (hardened and rot) else None
-                        fb, fr = W.family_best(run, e), W.family_best(ref, e)
-                        bounds = W.kappa_bounds(run.kappa, ref.kappa)
-                        fo = W.family_best(rot, e) if rot is not None else None
-                        bo = W.kappa_bounds(run.kappa, rot.kappa) if rot is not None else None
-                        for f in families:
-                            c = cell["families"][f]
-                            c["slowdown"].append(W.slowdown(fb[f][0], fr[f][0], cap))
-                            c["bound"].append(bounds[f])
-                            c["best"].append([fb[f][1], fb[f][0]])
-                            c["reference_best"].append([fr[f][1], fr[f][0]])
-                            if fo is not None:
-                                c.setdefault("slowdown_vs_rotated", []).append(
-                                    W.slowdown(fb[f][0], fo[f][0], cap))
-                                c.setdefault("bound_vs_rotated", []).append(bo[f])
-                        cell["worst_all"].append(W.worst_case(run, ref, e, families))
-                        cell["worst_first_order"].append(
-                            W.worst_case(run, ref, e, [f for f in families if f in W.FIRST_ORDER]))
-                    out[v][key][W._ekey(e)] = cell
-    return out
-
-
-def best_so_far_curves(runs, variants, seeds, grid, eps, cap, rows_list, orders) -> dict:
-    """TamperBench-style best-so-far: after trying k configurations in a random order, the best
-    (fewest) steps found on θ's D_H, divided by the best over the WHOLE grid on identity's D_H
-    (so the curve ends at the worst-case slow-down). Orders: ``orders`` permutations per seed,
-    drawn from ``default_rng([seed of the order, immunization seed])``; median and 10/90%
-    quantiles over all orders and seeds. Two pools: every family, and the first-order families."""
-    by = {(r["seed"], r["variant"]): r for r in runs}
-    fo_idx = [i for i, c in enumerate(grid) if c.family in W.FIRST_ORDER]
-    ek = W._ekey(eps)
-    out = {"eps": eps, "orders_per_seed": orders, "curves": {}}
-    for v in variants:
-        for rows in rows_list:
-            for pool, idx in (("all", list(range(len(grid)))), ("first_order", fo_idx)):
-                if not idx:
-                    continue
-                ratios = []
-                for s in seeds:
-                    run = _as_gridrun(by[(s, v)]["problems"][f"{rows}/D_H"], grid, cap)
-                    ref = _as_gridrun(by[(s, "identity")]["problems"][f"{rows}/D_H"], grid, cap)
-                    st = [run.steps[i][ek] for i in idx]
-                    rs = [ref.steps[i][ek] for i in idx if ref.steps[i][ek] is not None]
-                    best_ref = min(rs) if rs else cap + 1
-                    curves = W.best_so_far(st, n_orders=orders, rng=np.random.default_rng([0, s]), cap=cap)
-                    ratios.append(curves / best_ref)
-                R = np.concatenate(ratios)
-                out["curves"][f"{v}|{rows}|{pool}"] = {
-                    "median": np.median(R, axis=0), "q10": np.quantile(R, 0.1, axis=0),
-                    "q90": np.quantile(R, 0.9, axis=0), "n_configs": len(idx)}
-    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -466,85 +370,6 @@ def _fmt_bound(values):
     return f"{v:.3g}" if v < 1000 else f"{v:.2e}"
 
 
-def holds(items, want):
-    """Per-seed claim check, ``want`` '>1' (slower) / '<=1' (not slower): True / False when every
-    seed decides it, None when a seed cannot tell (both capped, or a bound on the wrong side)."""
-    verdicts = []
-    for v, k in items:
-        if k == "n/a":
-            verdicts.append(None)
-        elif want == ">1":
-            verdicts.append(True if v > 1 and k in ("=", ">=")
-                            else False if v <= 1 and k in ("=", "<=") else None)
-        else:
-            verdicts.append(True if v <= 1 and k in ("=", "<=")
-                            else False if v > 1 and k in ("=", ">=") else None)
-    if any(x is False for x in verdicts):
-        return False
-    return None if any(x is None for x in verdicts) else True
-
-
-def at_least(items, threshold) -> bool | None:
-    """Every seed's slow-down ≥ threshold? A '≥ v' bound decides only when v ≥ threshold, a
-    '≤ v' bound only when v < threshold; None when some seed cannot tell."""
-    ok = []
-    for v, k in items:
-        if k == "=":
-            ok.append(v >= threshold)
-        elif k == ">=":
-            ok.append(True if v >= threshold else None)
-        elif k == "<=":
-            ok.append(False if v < threshold else None)
-        else:
-            ok.append(None)
-    if any(x is False for x in ok):
-        return False
-    return None if any(x is None for x in ok) else True
-
-
-def at_most(items, threshold) -> bool | None:
-    """Every seed's slow-down ≤ threshold? (the mirror of :func:`at_least`)"""
-    ok = []
-    for v, k in items:
-        if k == "=":
-            ok.append(v <= threshold)
-        elif k == "<=":
-            ok.append(True if v <= threshold else None)
-        elif k == ">=":
-            ok.append(False if v > threshold else None)
-        else:
-            ok.append(None)
-    if any(x is False for x in ok):
-        return False
-    return None if any(x is None for x in ok) else True
-
-
-TARGET_EPS = 1e-4
-TARGET_SLOWDOWN, TARGET_DP, TARGET_RTOL = 10.0, 1.2, 1e-10
-
-
-def targets(res) -> list[dict]:
-    """The hardening targets of docs/attacks.md §2, per hardened variant other than identity:
-    the best Adam of the grid slowed ≥ 10× on D_H (training rows, ε = 1e-4) against identity on
-    every seed, D_P's best Adam not slowed by more than 1.2×, and RIR, (i), (ii) and the best
-    D_P loss equal to the unhardened θ's to 1e-10 relative."""
-    out = []
-    ek = W._ekey(TARGET_EPS)
-    hv = [v for v in res["variants"] if "+" in v and not v.startswith("identity+")]
-    for v in hv:
-        an = res["analysis"][v]
-        if ek not in an["train/D_H"] or "adam" not in an["train/D_H"][ek]["families"]:
-            continue
-        dh = an["train/D_H"][ek]["families"]["adam"]["slowdown"]
-        dp = an["train/D_P"][ek]["families"]["adam"]["slowdown"]
-        inv = [r["invariance"] for r in res["runs"] if r["variant"] == v]
-        worst_inv = max(max(i.values()) for i in inv)
-        out.append({"variant": v, "adam_dh": dh, "adam_dp": dp, "invariance": worst_inv,
-                    "dh_ok": at_least(dh, TARGET_SLOWDOWN), "dp_ok": at_most(dp, TARGET_DP),
-                    "inv_ok": worst_inv <= TARGET_RTOL})
-    return out
-
-
 def _yes(x):
     return {True: "yes", False: "NO", None: "undecided (cap)"}[x]
 
@@ -595,7 +420,7 @@ def _invariance_lines(res):
 
 
 def _target_lines(res):
-    T = targets(res)
+    T = W.targets(res)
     if not T:
         return []
     L = ["## Hardening targets (training rows, ε = 1e-4)\n",

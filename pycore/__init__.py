@@ -9,6 +9,7 @@ from pycore.regularizers import (
 )
 from pycore.precondition import preconditioned_grad_theta
 from pycore.metrics import rir, rir_ceiling
+from pycore.worst_case import attack_evaluation as attack_evaluation  # one θ against every attacker family
 
 __all__ = [
     "condition_number", "SpectrumInfo", "spectrum_info",

@@ -59,11 +59,11 @@ def test_attack_gd_exact_uses_the_shared_loop_on_least_squares():
     Z = rng.standard_normal((50, 8)) @ np.diag(np.logspace(0, -2, 8))
     y = rng.standard_normal(50)
     P = attacks.make_problem(Z, y)
-    tr = attacks.attack_gd_exact(P, max_steps=40, tol=0.0)
+    tr = attacks.attack(P, "gd_exact", max_steps=40, tol=0.0)
     Zw, yw = P.work
     ws = [w for w, _, _ in itertools.islice(probe.exact_line_search_steps(Zw, yw, np.zeros(8)), 40)]
     assert len(ws) == 40 and np.array_equal(tr.w_final, ws[-1])
-    assert tr.losses.size == 41
+    assert tr.rel_subopt.size == 41
 
 
 def test_damped_newton_solves_a_strictly_convex_problem_to_the_floor():
