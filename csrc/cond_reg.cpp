@@ -12,6 +12,8 @@
 // spectral and scalar step (eigenvalues, rank, eigenvector, R, the n×n matrix 2∇R that the
 // second product applies) runs in float64.  Pass float64 Z for float64 products (the paper's
 // setting).
+// Input checks live here, once: TORCH_CHECK_VALUE (Python ValueError) whose message starts with
+// the name of the argument at fault; pycore/ops.py re-raises them as CondRegError(parameter=that name).
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -39,7 +41,7 @@ namespace pycore {
 int parse_kind(c10::string_view kind) {
   if (kind == "ill") return kIll;
   if (kind == "well") return kWell;
-  TORCH_CHECK(false, "cond_regularizer: kind must be 'ill' or 'well', got '", std::string(kind), "'");
+  TORCH_CHECK_VALUE(false, "kind must be 'ill' or 'well', got '", std::string(kind), "'");
 }
 
 double dtype_eps(at::ScalarType t) {
@@ -49,17 +51,43 @@ double dtype_eps(at::ScalarType t) {
 
 void check_cond_reg_inputs(const at::Tensor& Z, c10::optional<double> rtol,
                            c10::optional<double> tie_rtol) {
-  TORCH_CHECK(Z.dim() == 2, "cond_regularizer: Z must be a 2-D (N x D) feature matrix, got ",
-              Z.dim(), "-D with shape ", Z.sizes());
-  TORCH_CHECK(Z.scalar_type() == at::kFloat || Z.scalar_type() == at::kDouble,
-              "cond_regularizer: Z must be float32 or float64, got ", Z.scalar_type());
-  TORCH_CHECK(Z.size(0) >= 1 && Z.size(1) >= 1, "cond_regularizer: Z must be non-empty, got shape ",
-              Z.sizes());
-  TORCH_CHECK(Z.is_contiguous(), "cond_regularizer: Z must be contiguous (call .contiguous())");
-  TORCH_CHECK(!rtol.has_value() || (*rtol >= 0.0 && std::isfinite(*rtol)),
-              "cond_regularizer: rtol must be a finite number >= 0, got ", rtol.value_or(0.0));
-  TORCH_CHECK(!tie_rtol.has_value() || (*tie_rtol >= 0.0 && std::isfinite(*tie_rtol)),
-              "cond_regularizer: tie_rtol must be a finite number >= 0, got ", tie_rtol.value_or(0.0));
+  TORCH_CHECK_VALUE(Z.dim() == 2, "Z must be a 2-D (N x D) feature matrix, got ", Z.dim(),
+                    "-D with shape ", Z.sizes());
+  TORCH_CHECK_VALUE(Z.scalar_type() == at::kFloat || Z.scalar_type() == at::kDouble,
+                    "Z must be float32 or float64, got ", Z.scalar_type());
+  TORCH_CHECK_VALUE(Z.size(0) >= 1 && Z.size(1) >= 1, "Z must be non-empty, got shape ", Z.sizes());
+  // rtol >= 1 would cut λ_max itself (rank 0).
+  TORCH_CHECK_VALUE(!rtol.has_value() || (*rtol >= 0.0 && *rtol < 1.0),
+                    "rtol must be a number in [0, 1), got ", rtol.value_or(0.0));
+  TORCH_CHECK_VALUE(!tie_rtol.has_value() || (*tie_rtol >= 0.0 && std::isfinite(*tie_rtol)),
+                    "tie_rtol must be a finite number >= 0, got ", tie_rtol.value_or(0.0));
+}
+
+// Every entry of Z enters a diagonal entry of M = ZᵀZ or ZZᵀ as a square: one O(n) scan finds
+// NaN/Inf in Z (instead of an O(ND) pass) before the eigensolver sees them.
+void check_finite_gram(const at::Tensor& M) {
+  TORCH_CHECK_VALUE(at::isfinite(M.diagonal()).all().item<bool>(),
+                    "Z contains NaN or Inf (or ZᵀZ overflows ", M.scalar_type(), ")");
+}
+
+// Refuses a spectrum on which R has no value in Z's dtype (docs/theory.md §2-3): H = 0 (zero or
+// underflowing features), squares of eigenvalues or an R (or a gradient coefficient) that
+// overflow, an undefined R_ill (rank <= 1, or κ = 1 up to round-off).
+void check_summary(const double* sp, int kind, at::ScalarType t) {
+  const double lmax = sp[kSigmaMax], value = sp[kValue64];
+  TORCH_CHECK_VALUE(lmax == lmax, "Z gives NaN eigenvalues of ZᵀZ");
+  TORCH_CHECK_VALUE(sp[kRank] > 0.0, "Z gives ZᵀZ = 0 in ", t,
+                    " (zero or underflowing features): R is undefined without a nonzero eigenvalue");
+  const double vmax = t == at::kFloat ? static_cast<double>(std::numeric_limits<float>::max())
+                                      : std::numeric_limits<double>::max();
+  const bool overflow = !std::isfinite(lmax * lmax) ||
+                        (sp[kDegenerate] == 0.0 && !(std::abs(value) <= vmax && std::isfinite(sp[kCVec]) &&
+                                                     std::isfinite(sp[kCMat])));
+  TORCH_CHECK_VALUE(!overflow, "Z gives R_", kind == kIll ? "ill" : "well", " = ", value,
+                    " or a gradient that overflows ", t, " (λ_max of ZᵀZ = ", lmax, "): rescale the features");
+  TORCH_CHECK_VALUE(sp[kDegenerate] == 0.0, "Z gives an undefined R_ill: ZᵀZ has rank ",
+                    static_cast<int64_t>(sp[kRank]), " and κ = ", sp[kKappa],
+                    ", R_ill needs two distinct nonzero eigenvalues");
 }
 
 // Defaults: rank tolerance of numpy.linalg.matrix_rank for the D×D matrix H in Z's precision
@@ -179,7 +207,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cpu(const at::Tensor& Z,
                                                            bool with_grad) {
   const int kind = parse_kind(kind_str);
   check_cond_reg_inputs(Z, rtol_opt, tie_rtol_opt);
-  TORCH_CHECK(Z.device().is_cpu(), "cond_regularizer: expected a CPU tensor, got ", Z.device());
   const double rtol = default_rtol(Z, rtol_opt);
   const double tie_rtol = default_tie_rtol(Z, tie_rtol_opt);
   const int64_t N = Z.size(0), D = Z.size(1);
@@ -187,16 +214,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cpu(const at::Tensor& Z,
   const int64_t n = gram ? N : D;
 
   const at::Tensor M = gram ? at::mm(Z, Z.t()) : at::mm(Z.t(), Z);  // Z's dtype
-  // Every entry of Z enters a diagonal entry of M as a square: one O(n) scan finds NaN/Inf
-  // (instead of an O(ND) pass over Z).
-  TORCH_CHECK(at::isfinite(M.diagonal()).all().item<bool>(),
-              "cond_regularizer: Z contains NaN or Inf (or ZᵀZ overflows ", Z.scalar_type(), ")");
+  check_finite_gram(M);
   const at::Tensor M64 = M.to(at::kDouble).contiguous();
   const at::Tensor lam = at::linalg_eigvalsh(M64).contiguous();  // ascending
   at::Tensor summary = at::empty({kSummarySize}, Z.options().dtype(at::kDouble));
   double* sp = summary.data_ptr<double>();
   spectral_summary(lam.data_ptr<double>(), n, D, kind, rtol, tie_rtol, dtype_eps(Z.scalar_type()),
                    gram, sp);
+  check_summary(sp, kind, Z.scalar_type());
 
   at::Tensor grad = at::empty({0}, Z.options());
   if (with_grad) {
@@ -232,20 +257,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cpu(const at::Tensor& Z,
 namespace {
 
 void check_head_inputs(const at::Tensor& X, const at::Tensor& W, double lambda_reg) {
-  TORCH_CHECK(X.dim() == 2, "ImmunizationHead: input must be 2-D (N x D_in), got ", X.dim(),
-              "-D with shape ", X.sizes());
-  TORCH_CHECK(W.dim() == 2, "ImmunizationHead: weight must be 2-D (D_out x D_in), got shape ",
-              W.sizes());
-  TORCH_CHECK(X.size(1) == W.size(1), "ImmunizationHead: input has ", X.size(1),
-              " features but the weight expects ", W.size(1));
-  TORCH_CHECK(X.scalar_type() == at::kFloat || X.scalar_type() == at::kDouble,
-              "ImmunizationHead: input must be float32 or float64, got ", X.scalar_type());
-  TORCH_CHECK(X.scalar_type() == W.scalar_type(), "ImmunizationHead: input dtype ",
-              X.scalar_type(), " differs from weight dtype ", W.scalar_type());
-  TORCH_CHECK(X.device() == W.device(), "ImmunizationHead: input on ", X.device(),
-              " but weight on ", W.device());
-  TORCH_CHECK(lambda_reg >= 0.0 && std::isfinite(lambda_reg),
-              "ImmunizationHead: lambda_reg must be a finite number >= 0, got ", lambda_reg);
+  TORCH_CHECK_VALUE(X.dim() == 2 && X.layout() == at::kStrided,
+                    "X must be a dense 2-D (N x D_in) matrix, got a ", X.dim(), "-D ", X.layout(),
+                    " tensor");
+  TORCH_CHECK_VALUE(W.dim() == 2 && X.size(1) == W.size(1), "W must have shape (D_out, ", X.size(1),
+                    ") to match X, got ", W.sizes());
+  TORCH_CHECK_VALUE(X.scalar_type() == at::kFloat || X.scalar_type() == at::kDouble,
+                    "X must be float32 or float64, got ", X.scalar_type());
+  TORCH_CHECK_VALUE(W.scalar_type() == X.scalar_type() && W.device() == X.device(), "W is ",
+                    W.scalar_type(), " on ", W.device(), " but X is ", X.scalar_type(), " on ",
+                    X.device());
+  TORCH_CHECK_VALUE(lambda_reg >= 0.0 && std::isfinite(lambda_reg),
+                    "lambda_reg must be a finite number >= 0, got ", lambda_reg);
 }
 
 }  // namespace
@@ -254,14 +277,13 @@ at::Tensor precond_linear(const at::Tensor& X, const at::Tensor& W,
                           const c10::optional<at::Tensor>& bias, double lambda_reg,
                           bool precondition) {
   check_head_inputs(X, W, lambda_reg);
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == W.size(0), "ImmunizationHead: bias must have shape (",
-                W.size(0), ",), got ", bias->sizes());
-    TORCH_CHECK(bias->scalar_type() == W.scalar_type() && bias->device() == W.device(),
-                "ImmunizationHead: bias dtype/device must match the weight");
-    return at::addmm(*bias, X, W.t());
-  }
-  return at::mm(X, W.t());
+  if (!bias.has_value() || !bias->defined()) return at::mm(X, W.t());
+  TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == W.size(0) &&
+                        bias->scalar_type() == W.scalar_type() && bias->device() == W.device(),
+                    "bias must be a ", W.scalar_type(), " vector of length ", W.size(0), " on ",
+                    W.device(), ", got ", bias->scalar_type(), " ", bias->sizes(), " on ",
+                    bias->device());
+  return at::addmm(*bias, X, W.t());
 }
 
 // grad_W (XᵀX + λI)⁻¹ with grad_W = grad_outᵀ X, in float64 (λ = 1e-7 next to eigenvalues of
@@ -278,12 +300,12 @@ std::tuple<at::Tensor, at::Tensor> precond_linear_backward(const at::Tensor& gra
                                                            bool precondition, bool need_input,
                                                            bool need_weight) {
   check_head_inputs(X, W, lambda_reg);
-  TORCH_CHECK(grad_out.dim() == 2 && grad_out.size(0) == X.size(0) && grad_out.size(1) == W.size(0),
-              "ImmunizationHead backward: grad_output must have shape (", X.size(0), ", ",
-              W.size(0), "), got ", grad_out.sizes());
-  TORCH_CHECK(grad_out.scalar_type() == X.scalar_type() && grad_out.device() == X.device(),
-              "ImmunizationHead backward: grad_output is ", grad_out.scalar_type(), " on ",
-              grad_out.device(), " but the input is ", X.scalar_type(), " on ", X.device());
+  TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.size(0) == X.size(0) &&
+                        grad_out.size(1) == W.size(0) && grad_out.scalar_type() == X.scalar_type() &&
+                        grad_out.device() == X.device(),
+                    "grad_out must be ", X.scalar_type(), " of shape (", X.size(0), ", ", W.size(0),
+                    ") on ", X.device(), ", got ", grad_out.scalar_type(), " ", grad_out.sizes(), " on ",
+                    grad_out.device());
   at::Tensor grad_X = need_input ? at::mm(grad_out, W) : at::empty({0}, X.options());
   if (!need_weight) return {grad_X, at::empty({0}, W.options())};
   if (!precondition) return {grad_X, at::mm(grad_out.t(), X)};
@@ -294,10 +316,14 @@ std::tuple<at::Tensor, at::Tensor> precond_linear_backward(const at::Tensor& gra
   at::Tensor S = gram ? at::mm(X64, X64.t()) : at::mm(X64.t(), X64);
   S.diagonal().add_(lambda_reg);
   auto chol = at::linalg_cholesky_ex(S, /*upper=*/false, /*check_errors=*/false);
-  TORCH_CHECK(std::get<1>(chol).item<int64_t>() == 0,
-              "ImmunizationHead: ", gram ? "XXᵀ + λI" : "XᵀX + λI",
-              " is not positive definite in float64 (lambda_reg=", lambda_reg,
-              "); the batch features are rank-deficient: use lambda_reg > 0 or a larger one");
+  if (!X.is_meta() && std::get<1>(chol).item<int64_t>() != 0) {
+    // A NaN/Inf batch fails the factorisation too: name it (checked only on failure, no sync otherwise).
+    const int64_t bad = (~at::isfinite(X)).sum().item<int64_t>();
+    TORCH_CHECK_VALUE(bad == 0, "X contains NaN or Inf (", bad, " of ", X.numel(), " entries)");
+    TORCH_CHECK_VALUE(false, "lambda_reg = ", lambda_reg, " leaves ", gram ? "XXᵀ + λI" : "XᵀX + λI",
+                      " not positive definite in float64 (rank-deficient batch features): use a larger "
+                      "lambda_reg");
+  }
   const at::Tensor& L = std::get<0>(chol);
   at::Tensor gW;
   if (gram) {

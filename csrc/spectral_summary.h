@@ -83,7 +83,7 @@ PYCORE_HD inline void finish_summary(const double* lam, int64_t n, int64_t D, in
   out[kGramPath] = gram ? 1.0 : 0.0;
   out[kEigvecMethod] = 2.0;
   out[kRank] = static_cast<double>(k);
-  if (!(lmax == lmax)) {  // NaN eigenvalues (only reachable on CUDA, where Z is not pre-checked)
+  if (!(lmax == lmax)) {  // NaN eigenvalues (Z is checked for NaN first; kept as a safeguard)
     for (int i = 0; i < kSummarySize; ++i) out[i] = quiet_nan();
     out[kDegenerate] = 1.0;
     return;

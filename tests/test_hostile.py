@@ -497,50 +497,6 @@ def test_optimizers_refuse_a_non_finite_step():
 
 
 # ---------------------------------------------------------------------------------------------
-# The fused op and the immunization head
-# ---------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def ops():
-    import pycore.deep  # noqa: F401  (torchvision shim before timm)
-    from pycore import ops as _ops
-
-    return _ops
-
-
-@pytest.mark.parametrize("make,kind,kw,msg", [
-    (lambda t: t.tensor([[1.0, NAN], [0.0, 1.0]], dtype=t.float64), "ill", {}, "NaN or Inf"),
-    (lambda t: t.ones(5, dtype=t.float64), "well", {}, "must be a 2-D"),
-    (lambda t: t.ones(2, 3, 4, dtype=t.float64), "well", {}, "must be a 2-D"),
-    (lambda t: t.ones(3, 4, dtype=t.int64), "well", {}, "float32 or float64"),
-    (lambda t: t.randn(4, 3, dtype=t.float64), "sick", {}, "kind must be 'ill' or 'well'"),
-    (lambda t: t.randn(4, 3, dtype=t.float64), "ill", {"rtol": NAN}, "rtol must be a finite number"),
-    (lambda t: t.randn(4, 3, dtype=t.float64), "ill", {"rtol": -1.0}, "rtol must be a finite number"),
-    (lambda t: t.randn(4, 3, dtype=t.float64), "well", {"rtol": 1.0},
-     r"rtol must be a finite number in \[0, 1\)"),
-    (lambda t: t.randn(4, 3, dtype=t.float64), "well", {"tie_rtol": NAN}, "tie_rtol must be a finite number"),
-])
-def test_op_bad_inputs(ops, make, kind, kw, msg):
-    import torch
-
-    with pytest.raises(RuntimeError, match=msg) as e:
-        ops.cond_regularizer(make(torch), kind, **kw)
-    assert str(e.value).startswith("cond_regularizer:")
-
-
-def test_head_names_a_non_finite_batch(ops):
-    """A NaN batch used to be blamed on rank deficiency ("use a larger lambda_reg")."""
-    import torch
-
-    head = ops.ImmunizationHead(4).double()
-    x = torch.randn(8, 4, dtype=torch.float64)
-    x[2, 1] = NAN
-    with pytest.raises(RuntimeError,
-                       match=r"ImmunizationHead: the input batch contains NaN or inf \(1 of 32"):
-        head(x).sum().backward()
-
-
-# ---------------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------------
 

@@ -1,10 +1,9 @@
 // CUDA registration of pycore::cond_reg (compiled only when setup.py builds a CUDAExtension,
 // which defines WITH_CUDA).  GEMMs go through cuBLAS and eigh through cuSOLVER via ATen; the
-// fused steps are the hand-written kernels of cond_reg_kernels.cu.  Unlike the CPU kernel
-// there is no host synchronisation: the rank, the eigenpair index and the coefficients stay on
-// the device, so the eigenvector comes from the full eigh (inverse iteration would need the
-// eigenvalues on the host), and Z is not pre-checked for NaN/Inf (a non-finite Z gives NaN
-// outputs and diag.degenerate = 1).
+// fused steps are the hand-written kernels of cond_reg_kernels.cu.  The host reads two small
+// things, as the CPU kernel does: whether M's diagonal is finite, and the 13-double spectral
+// summary that the input checks of cond_reg.cpp need.  The eigenvector comes from the full eigh
+// (rank, eigenpair index and coefficients stay on the device for the gradient kernel).
 #ifdef WITH_CUDA
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -35,7 +34,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cuda(const at::Tensor& Z
                                                             bool with_grad) {
   const int kind = parse_kind(kind_str);
   check_cond_reg_inputs(Z, rtol_opt, tie_rtol_opt);
-  TORCH_CHECK(Z.is_cuda(), "cond_regularizer: expected a CUDA tensor, got ", Z.device());
   const c10::cuda::CUDAGuard guard(Z.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const double eps = dtype_eps(Z.scalar_type());
@@ -44,6 +42,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cuda(const at::Tensor& Z
   const int64_t n = gram ? N : D;
 
   const at::Tensor M = gram ? at::mm(Z, Z.t()) : at::mm(Z.t(), Z);  // cuBLAS, Z's dtype
+  check_finite_gram(M);
   const at::Tensor M64 = M.to(at::kDouble).contiguous();
   at::Tensor lam, V;
   if (with_grad) {
@@ -58,6 +57,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cuda(const at::Tensor& Z
   C10_CUDA_CHECK(pycore_cond_reg_summary(lam.data_ptr<double>(), n, D, kind,
                                          default_rtol(Z, rtol_opt), default_tie_rtol(Z, tie_rtol_opt),
                                          eps, gram ? 1 : 0, summary.data_ptr<double>(), stream));
+  check_summary(summary.to(at::kCPU).data_ptr<double>(), kind, Z.scalar_type());
   at::Tensor grad = at::empty({0}, Z.options());
   if (with_grad) {
     summary.select(0, kEigvecMethod).fill_(1.0);  // full eigh

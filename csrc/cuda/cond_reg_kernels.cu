@@ -3,7 +3,7 @@
 // CUDA build of torch.  The ATen side (GEMMs through cuBLAS, eigh through cuSOLVER, dispatch
 // registration) is cond_reg_cuda.cpp.
 //
-// Pipeline, no host synchronisation anywhere:
+// Pipeline (the kernels never synchronise with the host):
 //   1. summary_kernel: eigenvalues of M (ascending) -> rank, R, coefficients of ∇_H R, diag,
 //      and the index of the eigenpair used, all into a device float64 buffer;
 //   2. grad_matrix_kernel: builds the n×n matrix B = 2 c_vec x xᵀ − 2 c_mat M (x = the chosen
