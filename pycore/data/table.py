@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import warnings
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,14 +80,17 @@ def read_header(path) -> list[str]:
     return names
 
 
-def _read(path, names):
+def _read(path, names, text_column=None):
+    """Every column as a pandas categorical (numeric categories where every cell is a number,
+    parsed by pandas' C parser); ``text_column`` keeps its cells' text (``"01"`` is not ``"1"``)."""
     import pandas as pd
 
     try:
         with warnings.catch_warnings():
             # rows longer than the header: pandas drops the extra cells with a ParserWarning
             warnings.simplefilter("error", pd.errors.ParserWarning)
-            df = pd.read_csv(path, dtype="category", index_col=False)
+            dtype = defaultdict(lambda: "category", {} if text_column is None else {text_column: str})
+            df = pd.read_csv(path, dtype=dtype, index_col=False)
     except Exception as exc:  # pandas raises several types for unreadable files
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ValueError(f"{path}: cannot be read as CSV ({type(exc).__name__}: {first})") from None
@@ -95,6 +99,8 @@ def _read(path, names):
     if len(df.columns) != len(names):
         raise ValueError(f"{path}: pandas read {len(df.columns)} columns, the header line has {len(names)}")
     df.columns = names
+    if text_column is not None:
+        df[text_column] = df[text_column].astype("category")
     return df
 
 
@@ -240,7 +246,7 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
     _columns_named(files, headers, [("target_p", [target_p], 0), ("target_h", [target_h], -1),
                                     ("split", [split_col], 0), ("inputs", inputs or [], 0),
                                     ("inputs", inputs or [], -1)])
-    frames = [_read(p, h) for p, h in zip(files, headers)]
+    frames = [_read(p, h, split_col) for p, h in zip(files, headers)]
     cache, checked = {}, set()
 
     def column(f, c, *, numbers=False) -> _Column:
