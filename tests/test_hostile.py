@@ -21,7 +21,14 @@ from pycore.data.house_price import default_path, load_house_price
 from pycore.data.mnist import MnistDigits, load_mnist_idx, split_digits
 from pycore.metrics import feature_rir, grouped_feature_rir, rir, rir_ceiling
 from pycore.spectral import SpectrumError, condition_number, gram_spectrum, spectrum_info
+from pycore.threads import blas_threads
 from pycore.validation import DivergenceError, ParameterError
+
+
+@pytest.fixture(autouse=True)
+def one_blas_thread():
+    with blas_threads(1):   # the library's own rule at these sizes (pycore/threads.py)
+        yield
 
 NAN, INF = float("nan"), float("inf")
 
