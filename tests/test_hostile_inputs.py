@@ -30,19 +30,13 @@ def small(tmp_path_factory):
     return _csv(tmp_path_factory.mktemp("t") / "small.csv", ["x", "y", "c", "g", "t"], rows), rows
 
 
-def test_default_inputs_are_the_other_numeric_columns(small):
+def test_inputs_default_to_the_numeric_columns_and_text_is_label_encoded_when_named(small):
     path, rows = small
     d = load_table(path, target_p="t", split="g=b", n_train=10)
     assert d.feature_names == ["x", "y"] and (d.n_rows_P, d.n_rows_H) == (20, 20)
     assert d.filled == {"P": 1, "H": 2}                     # empty y cells of rows 3, 30 (g=b: odd rows)
-    P = [r for r in rows if r[3] == "a"]
-    x = np.array([float(r[0]) for r in P])
-    z = (x - x.mean()) / x.std()
-    assert np.allclose(d.train.X_P[:, 0], z[:10], rtol=1e-12) and np.allclose(d.heldout.X_P[:, 0], z[10:])
-
-
-def test_a_text_column_is_an_input_only_when_named_and_is_label_encoded(small):
-    path, rows = small
+    x = np.array([float(r[0]) for r in rows if r[3] == "a"])
+    assert np.allclose(np.r_[d.train.X_P[:, 0], d.heldout.X_P[:, 0]], (x - x.mean()) / x.std(), rtol=1e-12)
     d = load_table(path, target_p="t", split="g=b", n_train=10, inputs=["c", "x"])
     codes = np.array(["uvw".index(r[2]) for r in rows if r[3] == "a"], dtype=float)  # sorted: u < v < w
     assert d.feature_names == ["c", "x"]
@@ -65,11 +59,9 @@ def test_two_files_give_the_same_tasks_as_a_split_column(small, tmp_path):
 def test_rng_draws_the_training_rows(small):
     path, _ = small
     kw = dict(target_p="t", split="g=b", n_train=10)
-    first = load_table(path, **kw)
-    a, b = (load_table(path, **kw, rng=np.random.default_rng(s)) for s in (3, 3))
+    first, a, b = (load_table(path, **kw, rng=s and np.random.default_rng(s)) for s in (None, 3, 3))
     assert np.array_equal(a.train.X_P, b.train.X_P) and not np.array_equal(a.train.X_P, first.train.X_P)
-    assert np.allclose(np.sort(np.r_[a.train.Y_P, a.heldout.Y_P], 0), np.sort(np.r_[first.train.Y_P,
-                                                                                   first.heldout.Y_P], 0))
+    assert np.allclose(*(np.sort(np.r_[d.train.Y_P, d.heldout.Y_P], 0) for d in (a, first)))
 
 
 @pytest.mark.parametrize("kw,param", [

@@ -9,6 +9,7 @@ import pytest
 
 from pycore import threads
 from pycore.threads import SMALL_MATRIX_DIM, threads_for
+from pycore.validation import ParameterError
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
@@ -22,30 +23,26 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
-def test_size_rule_without_user_settings(clean_env):
-    assert threads_for(79) == 1
-    assert threads_for(SMALL_MATRIX_DIM - 1) == 1
-    assert threads_for(SMALL_MATRIX_DIM) is None     # large work keeps the BLAS default
+@pytest.mark.parametrize("env,small,large", [
+    ({}, 1, None),                                               # the size rule: large work keeps the default
+    ({"OMP_NUM_THREADS": "2"}, None, None), ({"OPENBLAS_NUM_THREADS": "2"}, None, None),   # the user's count
+    ({"MKL_NUM_THREADS": "2"}, None, None), ({"OMP_NUM_THREADS": "4", "PYCORE_BLAS_THREADS": "3"}, 3, 3),
+    ({"PYCORE_BLAS_THREADS": "auto"}, 1, None), ({"PYCORE_BLAS_THREADS": "off"}, None, None),
+    ({"PYCORE_BLAS_THREADS": "0"}, None, None)])
+def test_who_decides_the_thread_count(clean_env, env, small, large):
+    for k, v in env.items():
+        clean_env.setenv(k, v)
+    assert [threads_for(n) for n in (79, SMALL_MATRIX_DIM - 1, SMALL_MATRIX_DIM)] == [small, small, large]
 
 
-@pytest.mark.parametrize("var", ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"])
-def test_explicit_user_thread_count_is_respected(clean_env, var):
-    clean_env.setenv(var, "2")
-    assert threads_for(79) is None
-
-
-def test_pycore_env_var_overrides(clean_env):
-    clean_env.setenv("OMP_NUM_THREADS", "4")
-    clean_env.setenv("PYCORE_BLAS_THREADS", "3")
-    assert threads_for(79) == 3 and threads_for(10 ** 5) == 3
-    clean_env.setenv("PYCORE_BLAS_THREADS", "auto")
-    assert threads_for(79) == 1 and threads_for(10 ** 5) is None
-    for off in ("off", "0"):
-        clean_env.setenv("PYCORE_BLAS_THREADS", off)
-        assert threads_for(79) is None
+def test_a_bad_thread_setting_is_refused(clean_env):
     clean_env.setenv("PYCORE_BLAS_THREADS", "many")
-    with pytest.raises(ValueError, match="PYCORE_BLAS_THREADS must be a positive integer"):
+    with pytest.raises(ValueError, match="PYCORE_BLAS_THREADS"):
         threads_for(79)
+    with pytest.raises(ParameterError) as e:
+        with threads.blas_threads(0):
+            pass
+    assert e.value.parameter == "n"
 
 
 def test_largest_dim_sees_arrays_tasks_and_problems():
@@ -106,6 +103,3 @@ def test_library_entry_points_are_bounded(monkeypatch, clean_env):
     metrics.range_null_split(np.eye(4), X)
     metrics.feature_rir(X, X, X, X)
     assert seen and all(seen) and not threads._local.active
-    with pytest.raises(ValueError):
-        with threads.blas_threads(0):
-            pass
