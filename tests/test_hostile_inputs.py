@@ -84,18 +84,12 @@ def test_bad_arguments_are_named(small, kw, param):
 
 def test_bad_data_names_file_column_and_line(tmp_path):
     rows = [[i, i * 2.5, i % 2, 1.5 * i] for i in range(12)]
-    for cell, col, line in (((3, 1), "b", 5), ((0, 3), "t", 2)):
-        bad = [list(r) for r in rows]
-        bad[cell[0]][cell[1]] = "lots"
-        with pytest.raises(ValueError, match=f"bad.csv.*'{col}'.*line {line}"):
-            load_table(_csv(tmp_path / "bad.csv", ["a", "b", "g", "t"], bad), target_p="t", split="g=1",
-                       n_train=3)
-    rows[4][3] = ""
-    with pytest.raises(ValueError, match="'t'.*line 6"):
-        load_table(_csv(tmp_path / "e.csv", ["a", "b", "g", "t"], rows), target_p="t", split="g=1", n_train=3)
+    rows[3][1] = "lots"                                  # a corrupt numeric input column
+    with pytest.raises(ValueError, match="bad.csv.*'b'.*line 5"):
+        load_table(_csv(tmp_path / "bad.csv", list("abgt"), rows), target_p="t", split="g=1", n_train=3)
     flat_h = [[7 if i % 2 else i, i % 2, i] for i in range(12)]     # every input constant on D_H's rows
     with pytest.raises(ValueError, match="c.csv.*D_H"):
-        load_table(_csv(tmp_path / "c.csv", ["a", "g", "t"], flat_h), target_p="t", split="g=1", n_train=3)
+        load_table(_csv(tmp_path / "c.csv", list("agt"), flat_h), target_p="t", split="g=1", n_train=3)
 
 
 def test_absurd_cell_warns_or_refuses_naming_column_and_line(tmp_path):

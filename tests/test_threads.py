@@ -67,17 +67,12 @@ def test_entry_points_run_single_threaded_on_small_work_only():
 import numpy as np
 from threadpoolctl import ThreadpoolController
 from pycore.threads import bounded_blas, blas_threads, SMALL_MATRIX_DIM
-def count():
-    return max(i['num_threads'] for i in ThreadpoolController().select(user_api='blas').info())
-@bounded_blas
-def seen(*arrays):
-    return count()
-before = count()
-small = seen(np.ones((79, 79)))
-large = seen(np.ones((SMALL_MATRIX_DIM, 2)))
+raw = lambda: max(i['num_threads'] for i in ThreadpoolController().select(user_api='blas').info())
+count = bounded_blas(lambda *arrays: raw())
+before, small, large = raw(), count(np.ones((79, 79))), count(np.ones((SMALL_MATRIX_DIM, 2)))
 with blas_threads(1):
-    forced = seen(np.ones((SMALL_MATRIX_DIM, 2)))
-print(before, small, large, forced, count())
+    forced = count(np.ones((SMALL_MATRIX_DIM, 2)))
+print(before, small, large, forced, raw())
 """
     env = {k: v for k, v in os.environ.items() if k not in USER_VARS}
     env["PYTHONPATH"] = str(ROOT)
