@@ -14,11 +14,8 @@ from pycore.validation import ParameterError, as_float_matrix, check_dense_size,
 
 @dataclass(frozen=True)
 class RIR:
-    """Relative immunization ratio and its two factors (docs/theory.md §8).
-
-    ``harmful_ratio`` = κ(H_H(θ))/κ(H_H(θ_ref)) (i, ↑), ``pretrain_ratio`` =
-    κ(H_P(θ))/κ(H_P(θ_ref)) (ii, ↓), ``value`` = (i)/(ii) (↑).  ``float(r)`` is the RIR.
-    """
+    """Relative immunization ratio (docs/theory.md §8): ``value`` = (i)/(ii) with ``harmful_ratio``
+    (i) = κ(H_H(θ))/κ(H_H(θ_ref)) and ``pretrain_ratio`` (ii) = κ(H_P(θ))/κ(H_P(θ_ref))."""
 
     value: float
     harmful_ratio: float
@@ -56,48 +53,40 @@ def right_singular_vectors(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, 
     return s, Vt
 
 
-@bounded_blas
-def rir(theta, X_P, X_H, *, theta_ref=None) -> RIR:
-    """RIR = [κ(H_H(θ))/κ(H_H(θ_ref))] / [κ(H_P(θ))/κ(H_P(θ_ref))], θ_ref = I by default.
-
-    Paper Eq. (15); with ``theta_ref = θ₀`` it is the deep-net RIR_θ₀ on features.
-    """
-    X_P, X_H = _check_pair(X_P, X_H)
-    theta = check_theta(theta, X_P.shape[1])
-    sP = gram_spectrum(X_P @ theta, vectors=False, name="X_P·theta")
-    sH = gram_spectrum(X_H @ theta, vectors=False, name="X_H·theta")
-    if theta_ref is None:
-        rP, rH = gram_spectrum(X_P, vectors=False, name="X_P"), gram_spectrum(X_H, vectors=False, name="X_H")
-    else:
-        ref = check_theta(theta_ref, X_P.shape[1], "theta_ref")
-        rP = gram_spectrum(X_P @ ref, vectors=False, name="X_P·theta_ref")
-        rH = gram_spectrum(X_H @ ref, vectors=False, name="X_H·theta_ref")
-    hr = sH.kappa / rH.kappa
-    pr = sP.kappa / rP.kappa
+def _ratio(**features) -> RIR:
+    """The RIR of four named feature matrices (P, H, P_ref, H_ref), κ's from :func:`gram_spectrum`."""
+    sP, sH, rP, rH = (gram_spectrum(Z, vectors=False, name=n) for n, Z in features.items())
+    hr, pr = sH.kappa / rH.kappa, sP.kappa / rP.kappa
     return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
 
 
-def _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref):
-    """The four feature matrices of a RIR_θ₀: each task's features and their reference of the same
-    rows, both tasks of the same width."""
+@bounded_blas
+def rir(theta, X_P, X_H, *, theta_ref=None) -> RIR:
+    """RIR = [κ(H_H(θ))/κ(H_H(θ_ref))] / [κ(H_P(θ))/κ(H_P(θ_ref))], θ_ref = I by default (paper
+    Eq. (15)); with ``theta_ref = θ₀`` the deep-net RIR_θ₀."""
+    X_P, X_H = _check_pair(X_P, X_H)
+    theta = check_theta(theta, X_P.shape[1])
+    if theta_ref is None:
+        return _ratio(**{"X_P·theta": X_P @ theta, "X_H·theta": X_H @ theta, "X_P": X_P, "X_H": X_H})
+    ref = check_theta(theta_ref, X_P.shape[1], "theta_ref")
+    return _ratio(**{"X_P·theta": X_P @ theta, "X_H·theta": X_H @ theta, "X_P·theta_ref": X_P @ ref,
+                     "X_H·theta_ref": X_H @ ref})
+
+
+@bounded_blas
+def feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref) -> RIR:
+    """RIR from extracted features (deep nets, docs/theory.md §8)."""
+    return _ratio(**_check_features(Z_P, Z_H, Z_P_ref, Z_H_ref))
+
+
+def _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref) -> dict:
+    """Each task's features and their reference of the same rows, both tasks of the same width."""
     Z_P, Z_H = _check_pair(Z_P, Z_H, ("Z_P", "Z_H"))
     Z_P_ref, Z_H_ref = _check_pair(Z_P_ref, Z_H_ref, ("Z_P_ref", "Z_H_ref"))
     for name, Z, ref in (("Z_P_ref", Z_P, Z_P_ref), ("Z_H_ref", Z_H, Z_H_ref)):
         if ref.shape[0] != Z.shape[0]:
             raise ParameterError(name, f"{name} has {ref.shape[0]} rows but {name[:3]} has {Z.shape[0]}")
-    return Z_P, Z_H, Z_P_ref, Z_H_ref
-
-
-@bounded_blas
-def feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref) -> RIR:
-    """RIR from extracted features (deep nets, docs/theory.md §8): κ(Z_HᵀZ_H)/κ(ref) over
-    κ(Z_PᵀZ_P)/κ(ref)."""
-    Z_P, Z_H, Z_P_ref, Z_H_ref = _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref)
-    sP, sH = gram_spectrum(Z_P, vectors=False, name="Z_P"), gram_spectrum(Z_H, vectors=False, name="Z_H")
-    rP = gram_spectrum(Z_P_ref, vectors=False, name="Z_P_ref")
-    rH = gram_spectrum(Z_H_ref, vectors=False, name="Z_H_ref")
-    hr, pr = sH.kappa / rH.kappa, sP.kappa / rP.kappa
-    return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
+    return {"Z_P": Z_P, "Z_H": Z_H, "Z_P_ref": Z_P_ref, "Z_H_ref": Z_H_ref}
 
 
 @bounded_blas
@@ -205,7 +194,7 @@ def grouped_feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref, *, rng: np.random.Generator,
     the reference (docs/theory.md §8): mean, std and per-group values of the RIR and its factors."""
     check_number(groups, "groups", low=1, integer=True)
     check_number(group_size, "group_size", low=2, integer=True)
-    Z_P, Z_H, Z_P_ref, Z_H_ref = _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref)
+    Z_P, Z_H, Z_P_ref, Z_H_ref = _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref).values()
     nP, nH = Z_P.shape[0], Z_H.shape[0]
     m = min(group_size, nP, nH)
     vals = []

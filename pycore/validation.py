@@ -11,7 +11,6 @@ import numpy as np
 
 def _rebuild_error(cls, args, state):
     exc = cls.__new__(cls, *args)   # BaseException.__new__: sets .args, runs no __init__
-    exc.args = args
     exc.__dict__.update(state)
     return exc
 
@@ -97,9 +96,8 @@ def check_theta(theta, D: int, name: str = "theta") -> np.ndarray:
 def _interval(low, high, low_open, high_open) -> str:
     if low is not None and high is not None:
         return f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    if low is not None:
-        return f" {'>' if low_open else '≥'} {low:g}"
-    return f" {'<' if high_open else '≤'} {high:g}" if high is not None else ""
+    return (f" {'>' if low_open else '≥'} {low:g}" if low is not None else
+            f" {'<' if high_open else '≤'} {high:g}" if high is not None else "")
 
 
 def check_number(value, name: str, *, low=None, high=None, low_open: bool = False,
@@ -134,9 +132,8 @@ class OutlierWarning(UserWarning):
     """A data value many orders of magnitude beyond the rest of its column (:func:`outliers`)."""
 
 
-# A cell this many times the median magnitude of its column's nonzero cells is refused or warned
-# about.  On the Kaggle House Prices file the largest ratio is 31 (MiscVal), 4.5 orders of margin;
-# one such cell among N rows has a std ≥ 1e6·m/√N, so the column becomes an indicator of its row.
+# A cell this many times the median magnitude of its column's nonzero cells makes the column an
+# indicator of its row after z-scoring; the Kaggle House Prices file's largest ratio is 31 (MiscVal).
 OUTLIER_FACTOR = 1e6
 
 

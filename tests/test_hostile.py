@@ -241,6 +241,17 @@ def test_a_broadcast_view_over_the_cap_is_refused_before_it_is_copied(monkeypatc
     assert _peak_bytes(lambda: condition_number(view), match="MAX_DENSE_BYTES") < 1 << 20
 
 
+def test_a_tall_task_never_forms_an_n_by_n_factor():
+    """A full SVD of 30,700 held-out rows formed a 30,700² U (7 GiB) that nothing used; here 5000
+    rows, whose U would be 200 MB."""
+    X = np.random.default_rng(0).standard_normal((5000, 20))
+    tracemalloc.start()
+    c = rir_ceiling(X, X[:300])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert c.rank_K_P == 20 and peak < 50 << 20
+
+
 @pytest.mark.parametrize("call", [lambda r: spectrum_info(np.diag([3.0, 2.0, 1.0]), rtol=r),
                                   lambda r: gram_spectrum(np.diag([3.0, 2.0, 1.0]), rtol=r),
                                   lambda r: R.evaluate(np.diag([3.0, 2.0, 1.0]), "ill", rtol=r),

@@ -45,7 +45,7 @@ def load_house_price(path: str | Path | None = None, *, n_train: int = 200,
     """The paper's tasks from the Kaggle train.csv (default: the packaged copy); see the module docstring."""
     path = default_path() if path is None else Path(path)
     header = read_header(path)
-    missing = [c for c in KAGGLE_COLUMNS if c not in header]
+    missing = [c for c in (TARGET_P, TARGET_H, *INPUTS) if c not in header]   # the targets first
     extra = [c for c in header if c not in KAGGLE_COLUMNS]
     if missing or extra:
         found = ([f"missing column{'s' * (len(missing) > 1)} {_names(missing)}"] if missing else []) + \

@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import math
 import os
-import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,17 +128,26 @@ def ink_targets(X: np.ndarray) -> np.ndarray:
 
 
 def parse_pairs(text: str | None) -> list[tuple[int, int]]:
-    """``None``/``"all"`` → the 90 ordered pairs; ``"0-1,3-8"`` → [(0, 1), (3, 8)] (ASCII digits:
-    ``int`` reads "١" as 1; a repeated pair would count twice in every mean)."""
+    """``None``/``"all"`` → the 90 ordered pairs; ``"0-1,3-8"`` → [(0, 1), (3, 8)]."""
     if text is None or text.strip().lower() == "all":
         return [(p, h) for p in range(10) for h in range(10) if p != h]
     out = []
-    for item in filter(None, (i.strip() for i in text.split(","))):
-        m = re.fullmatch(r"([0-9])-([0-9])", item)
-        if not m or m[1] == m[2] or (int(m[1]), int(m[2])) in out:
-            raise ValueError(f"--pairs items must be distinct P-H pairs of two different ASCII digits "
-                             f"(e.g. 0-1), got {item!r}" + (" twice" if m and m[1] != m[2] else ""))
-        out.append((int(m[1]), int(m[2])))
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            if not item.isascii():   # int() also reads other scripts' digits ("١" is 1)
+                raise ValueError
+            p, h = (int(x) for x in item.split("-"))
+        except ValueError:
+            raise ValueError(f"--pairs items must look like P-H with ASCII digits (e.g. 0-1), got {item!r}") \
+                from None
+        if not (0 <= p <= 9 and 0 <= h <= 9) or p == h:
+            raise ValueError(f"--pairs {item!r}: digits must be in 0..9 and differ")
+        if (p, h) in out:   # it would count the pair twice in every mean and success count
+            raise ValueError(f"--pairs: pair {p}-{h} is repeated")
+        out.append((p, h))
     if not out:
         raise ValueError("--pairs is empty")
     return out
