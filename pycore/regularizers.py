@@ -14,7 +14,7 @@ import scipy.linalg
 
 from pycore.spectral import (EPS, SpectrumError, SpectrumInfo, SymmetricEigen, _scale_of, _summarise,
                              check_symmetric, is_symmetric, rank_tolerance)
-from pycore.validation import as_float_matrix, check_choice, check_number, check_theta
+from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number, check_theta
 
 KINDS = ("ill", "well")
 
@@ -78,28 +78,23 @@ def evaluate(S, kind: str, *, grad: bool = True, rtol: float | None = None, p: i
     check_choice(kind, "kind", KINDS)
     S = as_float_matrix(S, "S")
     check_number(p, "p", low=1, integer=True, none_ok=True)
-    c = _scale_of(S, 1e75)   # R_ill's gradient divides by d² ~ σ⁴
-    Ss = S if c is None else S / c
+    c = _scale_of(S, 1e75) or 1.0   # R_ill's gradient divides by d² ~ σ⁴; ×1.0 changes no bit
+    Ss = S / c if c != 1.0 else S
     sigma, U, V = _singular_parts(Ss)
-    info = _summarise(sigma if c is None else _unscaled(sigma, c, 1, "a singular value"), S.shape, rtol, V,
-                      what="S")
-    fro2 = float(np.sum(sigma * sigma))
-    k, G, d = info.rank, None, None
+    info = _summarise(_unscaled(sigma, c, 1, "a singular value"), S.shape, rtol, V, what="S")
+    fro2, k, G, d = float(np.sum(sigma * sigma)), info.rank, None, None
     if kind == "well":
         p = min(S.shape) if p is None else p
-        value = 0.5 * sigma[0] ** 2 - fro2 / (2 * p)
+        value = _unscaled(0.5 * sigma[0] ** 2 - fro2 / (2 * p), c, 2, "R_well")
         if grad:
-            G = sigma[0] * np.outer(U[:, 0], V[:, 0]) - Ss / p
-        if c is not None:
-            value, G = _unscaled(value, c, 2, "R_well"), None if G is None else _unscaled(G, c, 1, "∇R_well")
+            G = _unscaled(sigma[0] * np.outer(U[:, 0], V[:, 0]) - Ss / p, c, 1, "∇R_well")
     else:
         d = _r_ill_denominator(sigma, k, fro2)
-        value = 1.0 / d
+        value = _unscaled(1.0 / d, c, -2, "R_ill")
         if grad:
             G = (sigma[k - 1] * np.outer(U[:, k - 1], V[:, k - 1]) - Ss / k) / d**2
-        if c is not None:
-            value = _unscaled(value, c, -2, "R_ill")
-            d, G = 1.0 / value, None if G is None else _unscaled(G, c, -3, "∇R_ill")
+            G = _unscaled(G, c, -3, "∇R_ill")
+        d = d if c == 1.0 else 1.0 / value
     out = RegularizerEval(kind, float(value), G, info, d)
     if grad and warn_tie and out.tie:
         gap, where = (info.gap_min, "σ_min") if kind == "ill" else (info.gap_max, "σ_max")
@@ -186,16 +181,14 @@ def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
     check_choice(kind, "kind", KINDS)
     Z = as_float_matrix(Z, "Z")
     N, D = Z.shape
-    gram_vecs = None
+    U = None                       # eigenvectors of ZZᵀ (N < D), descending
     matrices = matrices or N >= D  # the D×D path needs H anyway
     H = Z.T @ Z if matrices else None
     if N < D:
         lam_g, U = np.linalg.eigh(Z @ Z.T)
         order = np.argsort(lam_g)[::-1]
-        lam_g, U = np.clip(lam_g[order], 0.0, None), U[:, order]
-        lam = np.zeros(D)
-        lam[:N] = lam_g
-        gram_vecs = (lam_g, U)
+        lam, U = np.zeros(D), U[:, order]
+        lam[:N] = np.clip(lam_g[order], 0.0, None)
     else:
         eig = SymmetricEigen(H)
         lam = np.clip(eig.values[::-1], 0.0, None)
@@ -204,9 +197,9 @@ def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
     fro2 = float(np.sum(lam * lam))
 
     def vec(i):
-        if gram_vecs is None:
+        if U is None:
             return _zero_on_dead_features(eig.vector(D - 1 - i), H)  # LAPACK orders ascending
-        v = Z.T @ gram_vecs[1][:, i]
+        v = Z.T @ U[:, i]
         return v / np.linalg.norm(v)  # = Zᵀu/√λ up to round-off; normalised explicitly
 
     if kind == "well":
@@ -218,10 +211,10 @@ def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
         value, v, idx = 1.0 / d, vec(k - 1), k - 1
         G = (lam[k - 1] * np.outer(v, v) - H / k) / d**2 if matrices else None
     vectors = {idx: v}
-    if gram_vecs is not None:  # both extreme vectors are free here (Opt κ needs them)
+    if U is not None:  # both extreme vectors are free here (Opt κ needs them)
         vectors.setdefault(0, vec(0))
         vectors.setdefault(k - 1, vec(k - 1))
-    return HessianRegularizer(kind, float(value), G, H, info, d, vectors, None if gram_vecs else eig)
+    return HessianRegularizer(kind, float(value), G, H, info, d, vectors, None if U is not None else eig)
 
 
 def grad_theta_and_regularizer(theta, K, kind: str):
@@ -232,7 +225,7 @@ def grad_theta_and_regularizer(theta, K, kind: str):
     theta = check_theta(theta, K.shape[0])
     w, Q = np.linalg.eigh(Ks)
     if w[0] < -1e3 * EPS * max(abs(w[-1]), 1.0):
-        raise ValueError(f"K must be positive semi-definite (smallest eigenvalue {w[0]:.3e})")
+        raise ParameterError("K", f"K must be positive semi-definite (smallest eigenvalue {w[0]:.3e})")
     # Z with ZᵀZ = θᵀKθ from a symmetric square root of K (the SVD route of gram_spectrum); K's
     # round-off eigenvalues are zeroed first, or √(1e-16·λ_max) would be spurious singular values.
     w = np.where(w > rank_tolerance(max(w[-1], 0.0), K.shape), w, 0.0)
