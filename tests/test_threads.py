@@ -45,20 +45,6 @@ def test_a_bad_thread_setting_is_refused(clean_env):
     assert e.value.parameter == "n"
 
 
-def test_largest_dim_sees_arrays_tasks_and_problems():
-    from types import SimpleNamespace
-
-    from pycore.tasks import LinearTask
-
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((30, 7))
-    task = LinearTask(X, X[:, :1], rng.standard_normal((41, 7)), X[:5, :1].repeat(9, 0)[:41], "mse", "t")
-    assert threads._largest_dim([X]) == 30
-    assert threads._largest_dim([task, 3]) == 41
-    assert threads._largest_dim([SimpleNamespace(Z=X)]) == 30      # a probing problem
-    assert threads._largest_dim(["x", None]) == 0
-
-
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs ≥ 2 cores for a default above one thread")
 def test_entry_points_run_single_threaded_on_small_work_only():
     # A clean interpreter (no thread variables): the BLAS default is > 1 thread; inside a decorated
@@ -85,14 +71,20 @@ print(before, small, large, forced, raw())
 
 
 def test_library_entry_points_are_bounded(monkeypatch, clean_env):
-    """Each entry point decides the thread count for its whole call: inside, the bounded region is
-    active (what the size rule then keeps for nested calls)."""
+    """Each entry point decides the thread count once for its whole call, from its largest argument
+    (arrays, a task's X_P/X_H, a probing problem's Z); inside, the bounded region is active."""
+    from types import SimpleNamespace
+
     from pycore import metrics
+    from pycore.tasks import LinearTask
 
     seen = []
     svd = np.linalg.svd
     monkeypatch.setattr(np.linalg, "svd", lambda *a, **k: seen.append(threads._local.active) or svd(*a, **k))
     X = np.random.default_rng(0).standard_normal((12, 4))
+    task = LinearTask(X, X[:, :1], np.ones((41, 4)), np.ones(41))
+    dims = [threads._largest_dim(v) for v in ([X], [task, 3], [SimpleNamespace(Z=X)], ["x"])]
+    assert dims == [12, 41, 12, 0]
     metrics.rir(np.eye(4), X, X)
     metrics.rir_ceiling(X, X)
     metrics.range_null_split(np.eye(4), X)
