@@ -1,16 +1,12 @@
 """A CSV table of the user's own as the two tasks of docs/theory.md §1, preprocessed per split as §9.
 
-D_H = the rows where a column has a given value (``split="COLUMN=VALUE"``, compared with the cell's
-text), D_P = the other rows; or two files (``path`` is D_P, ``harmful_path`` D_H).  Per split:
-empty input cells → 0 (counted in :attr:`TableData.filled`), text inputs label-encoded (categories in
-code-point order, as scikit-learn's LabelEncoder), inputs and target z-scored with the population
-std (a constant column → 0).  Training rows: the first ``n_train`` rows of each split in file order
-(the authors' code), or a random ``n_train`` drawn with ``rng``; the rest is held out.
-
-Memory stays within a few times the file: every column is read as a pandas categorical (codes plus
-the distinct texts, each distinct text parsed once), and only the float64 inputs are built.  The
-header is read and its width capped before pandas allocates anything (pandas pads every row to
-every declared column).
+D_H = the rows whose column has a given text (``split="COLUMN=VALUE"``), D_P = the others; or two
+files (``path`` D_P, ``harmful_path`` D_H).  Per split: empty input cells → 0 (counted), text inputs
+label-encoded (code-point order, as scikit-learn's LabelEncoder), inputs and target z-scored with
+the population std (a constant column → 0); training rows the first ``n_train`` in file order (the
+authors' code) or drawn with ``rng``, the rest held out.  Memory: the header's width is capped before
+pandas reads a row (pandas pads every row to every declared column), every column is read as a
+categorical (each distinct text parsed once) and only the float64 inputs are built.
 """
 from __future__ import annotations
 
@@ -34,9 +30,8 @@ ON_OUTLIER = ("warn", "error", "ignore")
 
 @dataclass(frozen=True)
 class TableData:
-    """The tasks of a table: ``train`` (``n_train`` rows per split), ``heldout`` (the rest, or None
-    when a split has fewer than two rows left), the input columns in θ's order, the file(s), the
-    rows per split and ``filled``: the number of empty input cells set to 0 per split (``"P"``, ``"H"``)."""
+    """``train`` (``n_train`` rows per split), ``heldout`` (the rest; None below two rows), the inputs
+    in θ's column order, the file(s), rows per split, ``filled``: empty input cells set to 0 per split."""
 
     train: LinearTask
     heldout: LinearTask | None
@@ -198,13 +193,6 @@ def _check_outliers(col: _Column, v: np.ndarray, on_outlier: str) -> None:
     warnings.warn(msg, OutlierWarning, stacklevel=3)
 
 
-def _parse_split(split) -> tuple[str, str]:
-    if not isinstance(split, str) or "=" not in split or split.startswith("="):
-        raise ParameterError("split", f"split must look like COLUMN=VALUE, got {split!r}")
-    col, value = split.split("=", 1)
-    return col, value
-
-
 def _columns_named(files, headers, checks) -> None:
     for param, cols, f in checks:
         missing = [c for c in cols if c is not None and c not in headers[f]]
@@ -233,7 +221,9 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
         raise ParameterError("rng", f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}")
     if (split is None) == (harmful_path is None):
         raise ParameterError("split", "give exactly one of split='COLUMN=VALUE' and harmful_path")
-    split_col, split_value = _parse_split(split) if split is not None else (None, None)
+    if split is not None and (not isinstance(split, str) or "=" not in split or split.startswith("=")):
+        raise ParameterError("split", f"split must look like COLUMN=VALUE, got {split!r}")
+    split_col, split_value = split.split("=", 1) if split is not None else (None, None)
     defaulted = inputs is None
     if not defaulted:
         inputs = [inputs] if isinstance(inputs, str) else list(inputs)
