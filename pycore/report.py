@@ -1,5 +1,4 @@
-"""Library-level plumbing for results: summaries, table formatting, provenance, strict JSON,
-the one progress bar and figure saving.  The command-line layer is :mod:`experiments.cli`."""
+"""Results plumbing: summaries, table numbers, provenance, strict JSON, progress bar, figures."""
 from __future__ import annotations
 
 import json
@@ -11,9 +10,7 @@ from pathlib import Path
 import numpy as np
 
 
-# The one label table of the methods, for every table and figure of the project: the linear
-# methods (pycore.immunize.METHODS), the deep ones (pycore.deep.DEEP_METHODS) and the deep
-# tables' reference row "init" (the extractor θ₀ before immunization).
+# The one label table of the methods (linear, deep, and the deep tables' reference row "init").
 METHOD_LABELS = {
     "init": "Init. θ₀",
     "identity": "Identity",
@@ -33,20 +30,18 @@ def summarize(values) -> dict:
 
 
 def fmt(x: float, digits: int = 4) -> str:
-    """Compact number for tables: 4 significant digits, scientific outside [1e-3, 1e5)."""
+    """4 significant digits, scientific outside [1e-3, 1e5); ∞ and n/a spelled out."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
     if math.isinf(x):
         return "∞"
     if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
         return f"{x:.{digits - 1}e}"
-    # Round to `digits` significant digits, then print positionally (720, not 7.2e+02).
     return f"{float(f'{x:.{digits}g}'):g}"
 
 
 def pm(summary: dict, digits: int = 4) -> str:
-    """``mean ± std``; a std at round-off level of the mean (deterministic methods: identity, the
-    closed form) prints as 0 instead of noise like 3.5e-18."""
+    """``mean ± std``; a std at round-off level of the mean prints as 0 (not 3.5e-18)."""
     mean, std = summary["mean"], summary["std"]
     if math.isfinite(mean) and std <= 1e-12 * abs(mean):
         std = 0.0
@@ -68,15 +63,13 @@ def environment() -> dict:
             "platform": platform.platform()}
 
 
-# Strict JSON (RFC 8259) has no NaN or infinity, yet an infinite RIR ceiling is a real answer,
-# not an error.  The ONE encoding used by every results.json: the non-finite floats are the
-# strings below (JavaScript's spelling), and read_json turns them back into floats.
+# Strict JSON has no NaN or infinity, yet an infinite RIR ceiling is an answer: every results.json
+# spells non-finite floats as these strings, and read_json turns them back into floats.
 NONFINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
 
 
 def to_json(obj):
-    """``obj`` with NumPy scalars/arrays as Python values, paths as strings, tuples as lists and
-    every non-finite float as ``"Infinity"``, ``"-Infinity"`` or ``"NaN"`` (strict JSON)."""
+    """``obj`` as strict JSON values: NumPy → Python, paths → str, tuples → lists, non-finite → strings."""
     if isinstance(obj, dict):
         return {(k if isinstance(k, str) else str(to_json(k))): to_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -121,8 +114,7 @@ def loads_json(text: str):
 
 
 def write_json(path: Path, obj) -> None:
-    """``obj`` as strict JSON (:func:`to_json`), written to a temporary file and renamed, so a
-    reader never sees half a file."""
+    """``obj`` as strict JSON, via a temporary file renamed into place (never half a file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")

@@ -1,19 +1,9 @@
-"""Spectra of symmetric PSD matrices and of Gram matrices, in float64 (docs/theory.md §2).
+"""Spectra of matrices and of Gram matrices in float64 (docs/theory.md §2).
 
-The condition number is taken over the NONZERO spectrum, ``κ(S) = ‖S‖₂‖S†‖₂`` (paper Eq. (1)),
-because the matrices of this project are rank-deficient as a rule (constant columns of a
-tabular split, always-zero MNIST pixels, N < D batches).  The numerical rank uses the tolerance
-of ``numpy.linalg.matrix_rank``: ``σ_max · max(shape) · eps`` unless ``rtol`` is given, and is
-always reported next to κ.
-
-Two entry points:
-
-* :func:`spectrum_info` / :func:`condition_number` for an explicit matrix ``S``; a symmetric
-  matrix goes through ``eigh`` (its singular values are ``|λ|``), anything else through SVD.
-* :func:`gram_spectrum` for ``H = ZᵀZ`` given the features ``Z``.  The SVD of ``Z`` gives the
-  eigenvalues of ``H`` as ``s²`` with relative accuracy ``~eps·κ(Z) = eps·√κ(H)``, whereas
-  ``eigvalsh(H)`` only resolves eigenvalues above ``eps·λ_max``: for the κ(H) ~ 1e10-1e12 that
-  immunization produces, forming ``H`` first would lose most digits of ``λ_min``.
+κ is taken over the NONZERO spectrum (paper Eq. (1)) with numpy's ``matrix_rank`` cut-off, and the
+rank is reported next to it.  A symmetric matrix goes through ``eigh``, anything else through SVD;
+a Gram matrix ``H = ZᵀZ`` through the SVD of ``Z`` (eigenvalues ``s²``, accurate to ``eps·√κ(H)``
+where ``eigvalsh(H)`` resolves only ``eps·λ_max``).
 """
 from __future__ import annotations
 
@@ -24,22 +14,23 @@ import numpy as np
 import scipy.linalg
 import scipy.linalg.lapack
 
-from pycore.validation import as_float_matrix, check_number
+from pycore.validation import ParameterError, as_float_matrix, check_number
 
 EPS = np.finfo(np.float64).eps
 
-# A tie between the extreme and the next singular value makes R_ill/R_well non-differentiable.
-# A NEAR-tie is a gap below sqrt(eps) relative to the extreme value itself (σ_max for R_well,
-# σ_min for R_ill): there the gradient swings between the two singular vectors.  For σ_min the
-# gap is also a tie when it is below the rank tolerance, where the two computed values cannot
-# be told apart.  (Measuring the σ_min gap against σ_max instead would flag every step of an
-# ill-conditioned matrix, whose small singular values all lie within sqrt(eps)·σ_max.)
+# Tie rule of docs/theory.md §3: a gap below √eps relative to the extreme value itself (σ_max for
+# R_well, σ_min for R_ill; for σ_min also below the rank tolerance) makes the gradient undefined.
 TIE_RTOL = float(np.sqrt(EPS))
 
+# Entry magnitudes beyond which a matrix is decomposed as S/max|S| (~sqrt of the float64 limits,
+# where S + Sᵀ, squares and LAPACK's norms over/underflow); singular values scale exactly with S.
+_BIG = 1e150
 
-# Entry magnitudes beyond which spectrum_info rescales S before decomposing it (far from any
-# matrix of this project; ~sqrt of the float64 limits, where squares over/underflow).
-_BIG, _SMALL = 1e150, 1e-150
+# A matrix the caller says is symmetric may differ from its transpose by the round-off of the
+# product that formed it (θᵀKθ, XᵀX as two products: ≲ D·eps ≈ 1e-12 relative for D ≤ 1e4).  √eps
+# leaves 4 orders of margin above that and still refuses any matrix not meant to be symmetric
+# (off by O(1)); within it, ½(S + Sᵀ) moves no eigenvalue more than the entries are uncertain.
+SYMMETRY_RTOL = TIE_RTOL
 
 
 class SpectrumError(ValueError):
@@ -48,13 +39,9 @@ class SpectrumError(ValueError):
 
 @dataclass(frozen=True)
 class SpectrumInfo:
-    """Nonzero-spectrum summary of a matrix (singular values, descending).
-
-    ``sigma`` holds all singular values; ``rank`` of them are above ``tol``.  ``gap_max`` is
-    ``σ₁ − σ₂`` and ``gap_min`` is ``σ_{k−1} − σ_k`` (``inf`` when there is no neighbour);
-    ``tie_max`` / ``tie_min`` flag a near-tie, where the regularizers of docs/theory.md §3 are not
-    differentiable: ``gap_max ≤ TIE_RTOL·σ_max`` and ``gap_min ≤ max(TIE_RTOL·σ_min, tol)``.
-    """
+    """Nonzero-spectrum summary: ``sigma`` all singular values (descending), ``rank`` of them above
+    ``tol``; ``gap_max = σ₁ − σ₂``, ``gap_min = σ_{k−1} − σ_k`` (inf without a neighbour) and the
+    tie flags of docs/theory.md §3; ``vectors`` the matching right singular vectors / eigenvectors."""
 
     sigma: np.ndarray
     rank: int
@@ -66,23 +53,16 @@ class SpectrumInfo:
     gap_min: float
     tie_max: bool
     tie_min: bool
-    vectors: np.ndarray | None = None  # right singular vectors / eigenvectors, columns, same order
+    vectors: np.ndarray | None = None
 
     def as_dict(self) -> dict:
-        return {
-            "sigma_max": self.sigma_max, "sigma_min": self.sigma_min, "kappa": self.kappa,
-            "rank": self.rank, "size": int(self.sigma.size), "tol": self.tol,
-            "gap_max": self.gap_max, "gap_min": self.gap_min,
-            "tie_max": self.tie_max, "tie_min": self.tie_min,
-        }
+        keys = "sigma_max sigma_min kappa rank size tol gap_max gap_min tie_max tie_min".split()
+        return {k: int(self.sigma.size) if k == "size" else getattr(self, k) for k in keys}
 
 
 def rank_tolerance(sigma_max: float, shape: tuple[int, ...], rtol: float | None = None) -> float:
-    """Absolute cut-off below which a singular value counts as zero (numpy ``matrix_rank``).
-
-    ``rtol`` must be a finite number in [0, 1): NaN would count no singular value as nonzero
-    and rtol ≥ 1 would cut σ_max itself.
-    """
+    """Cut-off below which a singular value counts as zero: ``σ_max·max(shape)·eps``, or
+    ``σ_max·rtol`` with ``rtol`` in [0, 1) (NaN would keep no value, rtol ≥ 1 would cut σ_max)."""
     if rtol is None:
         rtol = max(shape) * EPS
     else:
@@ -100,36 +80,44 @@ def _summarise(sigma: np.ndarray, shape, rtol, vectors=None, *, what: str = "mat
     smin = float(sigma[k - 1])
     gap_max = float(sigma[0] - sigma[1]) if k >= 2 else np.inf
     gap_min = float(sigma[k - 2] - sigma[k - 1]) if k >= 2 else np.inf
-    return SpectrumInfo(
-        sigma=sigma, rank=k, tol=tol, sigma_max=smax, sigma_min=smin, kappa=smax / smin,
-        gap_max=gap_max, gap_min=gap_min,
-        tie_max=bool(k >= 2 and gap_max <= TIE_RTOL * smax),
-        tie_min=bool(k >= 2 and gap_min <= max(TIE_RTOL * smin, tol)),
-        vectors=vectors,
-    )
+    return SpectrumInfo(sigma=sigma, rank=k, tol=tol, sigma_max=smax, sigma_min=smin, kappa=smax / smin,
+                        gap_max=gap_max, gap_min=gap_min, tie_max=bool(k >= 2 and gap_max <= TIE_RTOL * smax),
+                        tie_min=bool(k >= 2 and gap_min <= max(TIE_RTOL * smin, tol)), vectors=vectors)
 
 
-def is_symmetric(S: np.ndarray) -> bool:
-    """Exact-enough symmetry: ``‖S − Sᵀ‖_max ≤ 1e3·eps·‖S‖_max`` (round-off of a product θᵀKθ)."""
+def is_symmetric(S: np.ndarray, rtol: float = 1e3 * EPS) -> bool:
+    """``‖S − Sᵀ‖_max ≤ rtol·‖S‖_max`` (default: the round-off of a product θᵀKθ, where ``eigh``'s
+    answer is the matrix's own)."""
     if S.ndim != 2 or S.shape[0] != S.shape[1]:
         return False
     scale = float(np.max(np.abs(S))) if S.size else 0.0
-    return bool(np.max(np.abs(S - S.T), initial=0.0) <= 1e3 * EPS * scale)
+    return bool(np.max(np.abs(S - S.T), initial=0.0) <= rtol * scale)
+
+
+def check_symmetric(S, name: str) -> np.ndarray:
+    """``½(S + Sᵀ)`` of a float64 ``S`` that must be symmetric within :data:`SYMMETRY_RTOL`, else a
+    :class:`ParameterError` naming ``name``."""
+    S = as_float_matrix(S, name)
+    if not is_symmetric(S, SYMMETRY_RTOL):
+        gap = f", max|{name} − {name}ᵀ| = {np.max(np.abs(S - S.T)):.3e}" if S.shape[0] == S.shape[1] else ""
+        raise ParameterError(name, f"{name} must be a symmetric matrix, got shape {S.shape}{gap}")
+    return 0.5 * (S + S.T)
+
+
+def _scale_of(S: np.ndarray, big: float = _BIG) -> float | None:
+    """max|S| when S must be decomposed as S/max|S| (entries beyond ``big`` or below ``1/big``), else None."""
+    scale = float(np.max(np.abs(S)))
+    return scale if scale > big or 0.0 < scale < 1 / big else None
 
 
 def spectrum_info(S, *, rtol: float | None = None, vectors: bool = False, name: str = "S") -> SpectrumInfo:
-    """Singular values of ``S`` (``eigh`` when symmetric, SVD otherwise) with rank and ties.
-
-    For symmetric ``S`` the singular values are ``|λ|`` and ``vectors`` (if asked) are the
-    matching eigenvectors; for general ``S`` they are the right singular vectors.
-    """
+    """Singular values of ``S`` (``|λ|`` from ``eigh`` when symmetric, else SVD), rank and ties;
+    ``vectors``: the eigenvectors (symmetric) or right singular vectors, same order."""
     S = as_float_matrix(S, name)
     if rtol is not None:
         check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True)
-    scale = float(np.max(np.abs(S)))
-    if scale > _BIG or 0.0 < scale < _SMALL:
-        # Entries near the float64 limits overflow (S + Sᵀ, LAPACK's norms) or underflow on the
-        # way; singular values scale exactly with S and κ does not change, so decompose S/scale.
+    scale = _scale_of(S)
+    if scale is not None:
         info = spectrum_info(S / scale, rtol=rtol, vectors=vectors, name=name)
         with np.errstate(over="ignore", under="ignore"):
             sigma = info.sigma * scale
@@ -139,13 +127,9 @@ def spectrum_info(S, *, rtol: float | None = None, vectors: bool = False, name: 
         return _summarise(sigma, S.shape, rtol, info.vectors, what=name)
     if is_symmetric(S):
         S = 0.5 * (S + S.T)
-        if vectors:
-            lam, V = np.linalg.eigh(S)
-        else:
-            lam, V = np.linalg.eigvalsh(S), None
+        lam, V = np.linalg.eigh(S) if vectors else (np.linalg.eigvalsh(S), None)
         order = np.argsort(-np.abs(lam), kind="stable")
-        sigma = np.abs(lam)[order]
-        V = V[:, order] if V is not None else None
+        sigma, V = np.abs(lam)[order], (V[:, order] if V is not None else None)
     elif vectors:
         _, sigma, Vt = np.linalg.svd(S, full_matrices=False)
         V = Vt.T
@@ -155,11 +139,7 @@ def spectrum_info(S, *, rtol: float | None = None, vectors: bool = False, name: 
 
 
 def condition_number(S, *, rtol: float | None = None) -> float:
-    """κ(S) = σ_max / σ_min over the nonzero spectrum (docs/theory.md §2, paper Eq. (1)).
-
-    Raises :class:`SpectrumError` for the zero matrix.  Use :func:`spectrum_info` to also get
-    the numerical rank and the tie flags.
-    """
+    """κ(S) = σ_max/σ_min over the nonzero spectrum (paper Eq. (1)); :class:`SpectrumError` at S = 0."""
     return spectrum_info(S, rtol=rtol).kappa
 
 
@@ -168,18 +148,13 @@ _SQRT_TINY = float(np.sqrt(np.finfo(np.float64).tiny))
 
 
 def gram_spectrum(Z, *, rtol: float | None = None, vectors: bool = True, name: str = "Z") -> SpectrumInfo:
-    """Spectrum of ``H = ZᵀZ`` from the SVD of ``Z`` (eigenvalues ``s²``, eigenvectors ``V``).
-
-    The rank cut-off is applied to the singular values of ``Z`` (tolerance as in
-    :func:`rank_tolerance` for ``Z``'s shape), then squared; see the module docstring for why.
-    """
+    """Spectrum of ``H = ZᵀZ`` from the SVD of ``Z`` (eigenvalues ``s²``, eigenvectors ``V``); the
+    rank cut-off is applied to ``s`` with Z's shape, then squared (docs/theory.md §2)."""
     Z = as_float_matrix(Z, name)
     if vectors:
         _, s, Vt = np.linalg.svd(Z, full_matrices=False)
-        V = Vt.T
-    else:
-        s, V = np.linalg.svd(Z, compute_uv=False), None
-    return _gram_info(s, V, Z.shape, rtol, name)
+        return _gram_info(s, Vt.T, Z.shape, rtol, name)
+    return _gram_info(np.linalg.svd(Z, compute_uv=False), None, Z.shape, rtol, name)
 
 
 def _gram_info(s, V, shape, rtol, name) -> SpectrumInfo:
@@ -189,32 +164,21 @@ def _gram_info(s, V, shape, rtol, name) -> SpectrumInfo:
     info_z = _summarise(s, shape, rtol, what=name)
     k = info_z.rank
     if not (s[0] < _SQRT_MAX and s[k - 1] > _SQRT_TINY):
-        raise SpectrumError(
-            f"the singular values of {name} ({s[0]:.3e} … {s[k - 1]:.3e}) square outside float64's range: "
-            f"the eigenvalues of {name}ᵀ{name} cannot be represented; rescale {name}")
+        raise SpectrumError(f"the singular values of {name} ({s[0]:.3e} … {s[k - 1]:.3e}) square outside "
+                            f"float64's range: the eigenvalues of {name}ᵀ{name} cannot be represented; "
+                            f"rescale {name}")
     lam = s * s
-    tol = info_z.tol ** 2
-    return SpectrumInfo(
-        sigma=lam, rank=k, tol=tol, sigma_max=float(lam[0]), sigma_min=float(lam[k - 1]),
-        kappa=float(lam[0] / lam[k - 1]),
-        gap_max=float(lam[0] - lam[1]) if k >= 2 else np.inf,
-        gap_min=float(lam[k - 2] - lam[k - 1]) if k >= 2 else np.inf,
-        tie_max=info_z.tie_max, tie_min=info_z.tie_min, vectors=V,
-    )
+    gaps = (float(lam[0] - lam[1]), float(lam[k - 2] - lam[k - 1])) if k >= 2 else (np.inf, np.inf)
+    return SpectrumInfo(lam, k, info_z.tol ** 2, float(lam[0]), float(lam[k - 1]), float(lam[0] / lam[k - 1]),
+                        *gaps, info_z.tie_max, info_z.tie_min, V)
 
 
 class ProductGramSpectrum:
-    """Spectra of ``H(θ) = (Xθ)ᵀ(Xθ)`` for ONE data matrix X and many θ (the per-step κ's of a
-    run), as accurate as :func:`gram_spectrum` of the features ``Xθ``.
+    """Spectra of ``(Xθ)ᵀ(Xθ)`` for ONE X and many θ, as accurate as :func:`gram_spectrum` of ``Xθ``.
 
-    For tall X (N > D rows) the thin QR ``X = QR`` is taken once; Q has orthonormal columns, so
-    ``Xθ = Q(Rθ)`` has the singular values of the D×D matrix ``Rθ``, whose SVD skips the QR step
-    that LAPACK's SVD of the N×D ``Xθ`` repeats every time (``gesdd`` factors a tall matrix
-    first).  Accuracy: the computed R is the exact factor of ``X + δX`` with ‖δX‖ ~ eps‖X‖, so
-    the singular values are those of ``Xθ`` up to ~eps‖X‖‖θ‖, the same bound as the rounding
-    of forming ``Xθ`` itself; κ is as accurate as from the SVD of ``Xθ`` (a test checks it at
-    κ(H) = 1e14).  The rank cut-off uses X's shape (N×D), the rule of :func:`gram_spectrum`.
-    Wide or square X: the SVD of ``Xθ`` itself.
+    Tall X: ``X = QR`` once, and ``Xθ = Q(Rθ)`` has the singular values of the D×D ``Rθ`` (up to
+    ~eps‖X‖‖θ‖, the rounding of forming ``Xθ`` itself), skipping the QR that LAPACK's SVD of the
+    N×D ``Xθ`` repeats.  The rank cut-off uses X's shape.  Wide or square X: the SVD of ``Xθ``.
     """
 
     def __init__(self, X, name: str = "Z"):
@@ -240,8 +204,7 @@ def _evr_workspace(n: int) -> tuple[int, int]:
     return int(lwork), int(liwork)
 
 
-# dsyevr rescales a matrix whose largest entry lies outside [RMIN, RMAX] before reducing it
-# (RMIN = sqrt(safe_min/eps), RMAX = min(sqrt(big), safe_min^(-1/4)) ≈ 1e-146 and 8e76); the
+# dsyevr rescales a matrix whose largest entry is outside ~[1e-146, 8e76] before reducing it; the
 # shared reduction below does not, so it hands such matrices to scipy (generous margins).
 _EVR_SAFE_LOW, _EVR_SAFE_HIGH = 1e-140, 1e70
 
@@ -249,24 +212,17 @@ _EVR_SAFE_LOW, _EVR_SAFE_HIGH = 1e-140, 1e70
 class SymmetricEigen:
     """All eigenvalues of a symmetric matrix and any of its eigenvectors, from ONE reduction.
 
-    ``scipy.linalg.eigh(H, eigvals_only=True, driver="evr")`` and each
-    ``eigh(H, subset_by_index=[j, j], driver="evr")`` run LAPACK ``dsyevr``, which reduces H
-    to tridiagonal form (``dsytrd``, the O(n³) part) on every call, then takes the eigenvalues
-    from the tridiagonal matrix (``dsterf``) or one eigenpair (``dstebz`` bisection, ``dstein``
-    inverse iteration, ``dormtr`` back-transformation).  This class makes the same LAPACK calls
-    with the same workspace sizes (so the same blocking), but the reduction once: ``values``
-    and every :meth:`vector` are bit-for-bit those of the separate ``eigh`` calls (a test
-    checks it), at the cost of one reduction instead of one per call.  Matrices dsyevr would
-    rescale first (entries beyond ~1e70 or below ~1e-140), size 1, or any LAPACK failure go
-    through ``scipy.linalg.eigh`` itself.  ``values`` are ascending (LAPACK order);
-    :meth:`vector` takes an ascending index.
+    ``eigh(H, driver="evr")`` reduces H to tridiagonal form (``dsytrd``, the O(n³) part) on every
+    call.  This class makes dsyevr's LAPACK calls with its workspace sizes, the reduction once:
+    ``values`` (``dsterf``, ascending) and each :meth:`vector` (``dstebz``, ``dstein``, ``dormtr``)
+    are bit-for-bit those of separate ``eigh`` calls (a test checks it).  Matrices dsyevr would
+    rescale, size 1 or a LAPACK failure go through ``scipy.linalg.eigh`` itself.
     """
 
     __slots__ = ("_H", "_c", "_d", "_e", "_tau", "_lwork", "values")
 
     def __init__(self, H: np.ndarray):
-        self._H = H
-        self._c = None
+        self._H, self._c = H, None
         n = H.shape[0]
         anrm = float(np.max(np.abs(H))) if n else 0.0
         if n >= 2 and _EVR_SAFE_LOW < anrm < _EVR_SAFE_HIGH:
@@ -284,8 +240,7 @@ class SymmetricEigen:
     def vector(self, j: int) -> np.ndarray:
         """Unit eigenvector for the j-th smallest eigenvalue (0-based, ascending)."""
         if self._c is not None:
-            n = self._d.size
-            lapack = scipy.linalg.lapack
+            n, lapack = self._d.size, scipy.linalg.lapack
             # range "I" (3) for one index, order "B" (by block), abstol 0: dsyevr's call for a vector
             m, w, iblock, isplit, info = lapack.dstebz(self._d, self._e, 3, 0.0, 1.0, j + 1, j + 1, 0.0, b"B")
             if info == 0 and m == 1:
@@ -299,22 +254,3 @@ class SymmetricEigen:
                         return np.concatenate([z[:1, 0], cq[:, 0]])
         _, v = scipy.linalg.eigh(self._H, subset_by_index=[j, j], driver="evr", check_finite=False)
         return v[:, 0]
-
-
-def extreme_eigenpair(S, which: str = "max") -> tuple[float, np.ndarray]:
-    """Largest (``"max"``) or smallest (``"min"``) eigenpair of a symmetric matrix.
-
-    Uses LAPACK's ``evr`` on a one-index subset, which skips the other eigenvectors (about 3×
-    cheaper than a full ``eigh`` at n≈800).  Note: ``"min"`` is the smallest eigenvalue, zero
-    included; the smallest NONZERO one needs the rank, which :func:`spectrum_info` provides.
-    """
-    S = as_float_matrix(S, "S")
-    if not is_symmetric(S):
-        raise ValueError(f"extreme_eigenpair needs a symmetric matrix, "
-                         f"got shape {S.shape} that is not symmetric")
-    n = S.shape[0]
-    idx = n - 1 if which == "max" else 0
-    if which not in ("max", "min"):
-        raise ValueError(f"which must be 'max' or 'min', got {which!r}")
-    w, v = scipy.linalg.eigh(S, subset_by_index=[idx, idx], driver="evr", check_finite=False)
-    return float(w[0]), v[:, 0]

