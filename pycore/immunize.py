@@ -1,16 +1,10 @@
 """Immunize a linear feature extractor θ ∈ R^{D×D}: one entry point, per-method options (scipy style).
 
-    res = immunize(task, "ours", rng=np.random.default_rng(0))               # defaults
-    res = immunize(task, "ours", rng=rng, preset="strict")                    # the paper's settings
-    res = immunize(task, "imma", rng=rng, epochs=200, inner_steps=5)         # options as keywords
+    res = immunize(task, "imma", rng=np.random.default_rng(0), preset="strict", inner_steps=5)
 
-Methods (docs/theory.md §6, §7, §10) and their options dataclass (:func:`options_of`):
-``"ours"`` Algorithm 1 (:class:`OursOptions`); ``"r_ill_only"`` λ_H R_ill alone by preconditioned GD
-(:class:`RIllOnlyOptions`); ``"imma"`` the bi-level baseline (:class:`IMMAOptions`); ``"opt_kappa"``
-and ``"opt_kappa_balanced"`` κ(H_P) − κ(H_H) directly (:class:`OptKappaOptions`); ``"closed_form"``
-the optimal immunizer on range(K_P) (:class:`ClosedFormOptions`); ``"identity"`` θ = I.
-:func:`immunize_certified` is Algorithm 1 in certified-monotone mode; hardening θ → θQ is
-:func:`pycore.harden.harden_result`, applied to a result by the caller.
+Methods: :data:`METHODS` (docs/theory.md §6, §7, §10), options: :func:`options_of`, named settings:
+:data:`PRESETS`.  :func:`immunize_certified` is Algorithm 1 in certified-monotone mode; hardening
+is :func:`pycore.harden.harden_result`, applied to a result by the caller.
 """
 from __future__ import annotations
 
@@ -69,13 +63,12 @@ class Options:
 
 @dataclass(frozen=True)
 class IdentityOptions(Options):
-    """θ = I has no options."""
+    """θ = I: no options."""
 
 
 @dataclass(frozen=True)
 class ClosedFormOptions(Options):
-    """``exponent`` a of s² = λ_C^a (docs/theory.md §10): ``"auto"`` = the balanced exponent of the
-    Definition 3.1 window, clamped into it (:func:`auto_exponent`), or a number."""
+    """Exponent a of s² = λ_C^a (docs/theory.md §10): a number, or "auto" (:func:`auto_exponent`)."""
 
     exponent: float | str = "auto"
 
@@ -97,7 +90,7 @@ class _AdamOptions(_LoopOptions):
 
 @dataclass(frozen=True)
 class OursOptions(_AdamOptions):
-    """Algorithm 1 (docs/theory.md §6); defaults = ``PRESETS["house_price"]``."""
+    """Algorithm 1 (docs/theory.md §6); defaults: ``PRESETS["house_price"]``."""
 
     lambda_p: float = 100.0            # λ_P, weight of R_well(H_P): the paper's
     lambda_h: float = 1e10             # λ_H, weight of R_ill(H_H); paper 1e7 leaves R_ill inert under Adam
@@ -107,7 +100,7 @@ class OursOptions(_AdamOptions):
 
 @dataclass(frozen=True)
 class CertifiedOptions(OursOptions):
-    """:func:`immunize_certified`: ``safety`` < 1 is the fraction of each §5 step bound taken."""
+    """:func:`immunize_certified`: ``safety`` is the fraction of each §5 step bound taken."""
 
     safety: float = 0.9
 
@@ -149,13 +142,10 @@ _OPTIONS = {"identity": IdentityOptions, "r_ill_only": RIllOnlyOptions, "imma": 
             "closed_form": ClosedFormOptions}
 METHODS = tuple(_OPTIONS)
 
-# Named settings: each option applies to every method that has it.  "house_price" is the
-# paper-protocol table (docs/results.md §1); "paper" the paper's Table 4 verbatim (η = 0.005,
-# λ_H = 1e7, ridge solve); "strict" Table 4 with its 1000 epochs for --protocol strict, where the
-# RIR must be earned by conditioning D_P, and the closed form at its balanced exponent; "mnist"
-# 30 full-batch epochs, λ_P = 1, λ_H = 1e12 from the paper's rule of balancing the two
-# preconditioned gradient norms (5e7 leaves them ~1e-4 apart, docs/results.md §2); "mnist_paper"
-# Table 4's MNIST values.  Explicit keywords override a preset.
+# Named settings, each option applied to every method that has it (keywords override them):
+# the paper-protocol table (docs/results.md §1); Table 4 verbatim; Table 4 with its 1000 epochs for
+# --protocol strict (the closed form at its balanced exponent); MNIST with λ_H from the paper's
+# rule of balancing the two preconditioned gradient norms (docs/results.md §2); Table 4's MNIST.
 _HOUSE_PRICE = dict(epochs=100, lr=0.02, batch_size=64, init="identity", optimizer="adam", betas=(0.9, 0.999),
                     adam_eps=1e-8, lambda_p=100.0, lambda_h=1e10, precond="pinv", ridge=0.0, safety=0.9,
                     inner_steps=3, inner_lr=0.5, lambda_kappa=1.0, log=False, exponent=0.0)
@@ -184,11 +174,8 @@ def _resolve(cls, method, preset, options):
         if key not in names:
             raise ParameterError(key, f"{method} has no option {key!r}; its options are: "
                                       f"{', '.join(names) or 'none'}")
-    base = {}
-    if preset is not None:
-        check_choice(preset, "preset", tuple(PRESETS))
-        base = {k: v for k, v in PRESETS[preset].items() if k in names}
-    return cls(**{**base, **options})
+    base = {} if preset is None else PRESETS[check_choice(preset, "preset", tuple(PRESETS))]
+    return cls(**{**{k: v for k, v in base.items() if k in names}, **options})
 
 
 @dataclass
@@ -207,8 +194,7 @@ class ImmunizationResult:
     history: dict = field(default_factory=dict)
     diagnostics: dict = field(default_factory=dict)
     wall_seconds: float = 0.0
-    # pycore.harden.harden_result: theta = theta_unhardened @ rotation, omega rotated with it
-    theta_unhardened: np.ndarray | None = None
+    theta_unhardened: np.ndarray | None = None    # pycore.harden.harden_result: θ = θ_unhardened Q
     rotation: np.ndarray | None = None
 
 
@@ -261,10 +247,9 @@ def _run(task, method, opts, rng):
 
 
 def auto_exponent(task: LinearTask, ceiling=None) -> tuple[float, str]:
-    """The closed form's default exponent and why: the balanced exponent of the Definition 3.1
-    window (:func:`pycore.metrics.def31_exponent_window`, where (i) = 1/(ii) = √ceiling) clamped
-    into the window when it is non-empty; otherwise 0 (H_P = I), and why Definition 3.1 is out of
-    the closed form's reach."""
+    """The closed form's default exponent and why: the balanced one of the Definition 3.1 window
+    (:func:`pycore.metrics.def31_exponent_window`, (i) = 1/(ii) = √ceiling) clamped into it, or 0
+    (H_P = I) when the window is empty, saying why Definition 3.1 is out of the closed form's reach."""
     ceiling = ceiling if ceiling is not None else rir_ceiling(task.X_P, task.X_H)
     if not ceiling.kappa_C > 1 + 1e-8:   # 1e-8: far above κ(C)'s round-off at 1 (~p·eps)
         return 0.0, (f"exponent 0: Definition 3.1 is not attainable by the closed form, κ(C) = "
@@ -283,8 +268,3 @@ def auto_exponent(task: LinearTask, ceiling=None) -> tuple[float, str]:
     return a, (f"exponent {a:.4g}: the balanced exponent of the Definition 3.1 window "
                f"[{w.low:.4g}, {w.high:.4g})" + (", clamped at 0" if a != w.balanced else ""))
 
-
-__all__ = ["METHODS", "PRESETS", "MAX_EPOCHS", "MAX_INNER_STEPS", "Options", "IdentityOptions",
-           "ClosedFormOptions", "OursOptions", "CertifiedOptions", "RIllOnlyOptions", "IMMAOptions",
-           "OptKappaOptions", "ImmunizationResult", "immunize", "immunize_certified", "options_of",
-           "resolve_options", "auto_exponent"]

@@ -1,8 +1,6 @@
-"""The immunizers' loops (docs/theory.md §6, §7, §10); :mod:`pycore.immunize` is the entry point.
-
-Each runner takes a task, the method's resolved options (numbers only) and the generator, and
-returns ``(θ, ω, history, diagnostics)``.  Algorithm 1's loop is :func:`algorithm1`.
-"""
+"""The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize.immunize`: each
+takes a task, the method's resolved options (numbers only) and the generator and returns
+``(θ, ω, history, diagnostics)``."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +23,7 @@ def _init_theta(D, o, rng):
 
 
 def _init_head(task, rng):
-    m = task.Y_P.shape[1]
-    # Small random head: a zero head makes ∇_θ L vanish at the first step.
+    m = task.Y_P.shape[1]   # a small random head: a zero one makes ∇_θL vanish at the first step
     return rng.normal(0.0, 1.0 / np.sqrt(task.D), size=(task.D, m)), np.zeros(m)
 
 
@@ -47,8 +44,8 @@ def _loss_grads(task, X, Y, theta, omega, bias, grad_theta=True):
 
 
 def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
-    """:func:`_loss_grads` on all of D_P with ``Z = Xθ`` already formed (the regularizers need it):
-    ``Zᵀ R`` read off Z, ∇_θL = ``(XᵀR)ωᵀ`` associated through the head (equal to round-off)."""
+    """:func:`_loss_grads` on all of D_P with ``Z = Xθ`` formed (the regularizers need it): ``ZᵀR``
+    from Z, ∇_θL = ``(XᵀR)ωᵀ`` through the head (equal to round-off)."""
     if task.loss == "mse":
         E = Z @ omega - Y
         n = E.size
@@ -60,27 +57,18 @@ def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
     return loss, Z.T @ R, (X.T @ R) @ omega.T, R.sum(axis=0)
 
 
-def _x_norm(task):
-    """max_i ‖x_i‖₁ over both tasks' rows: bounds |Xθ| by it × max|θ| (:func:`check_scale`)."""
+def _x_norm(task):   # max_i ‖x_i‖₁ over both tasks: |Xθ| ≤ it × max|θ| (optim.check_scale)
     return max(np.max(np.sum(np.abs(task.X_P), axis=1)), np.max(np.sum(np.abs(task.X_H), axis=1)))
 
 
-# ------------------------------------------------------------------------------ Opt κ gradients
-
 def _kappa_grad_parts(reg, log: bool):
-    """(a, v₁, b, v_k) with ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ (or ∂log κ/∂H)."""
+    """(a, v₁, b, v_k) with ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ: (1/σ_k, κ/σ_k), or (1/σ₁, 1/σ_k) for ∂log κ/∂H
+    (docs/theory.md §7)."""
     info = reg.info
     v1, vk = reg.vector(0), reg.vector(info.rank - 1)
     if log:
         return 1.0 / info.sigma_max, v1, 1.0 / info.sigma_min, vk
     return 1.0 / info.sigma_min, v1, info.kappa / info.sigma_min, vk
-
-
-def kappa_grad_H(reg, log: bool = False) -> np.ndarray:
-    """∂κ/∂H = (v₁v₁ᵀ − κ v_kv_kᵀ)/σ_k, or ∂log κ/∂H = v₁v₁ᵀ/σ₁ − v_kv_kᵀ/σ_k (docs/theory.md §7),
-    for the spectrum of a :class:`pycore.regularizers.HessianRegularizer`."""
-    a, v1, b, vk = _kappa_grad_parts(reg, log)
-    return a * np.outer(v1, v1) - b * np.outer(vk, vk)
 
 
 def _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log):
@@ -103,15 +91,11 @@ def opt_kappa_objective(theta, X_P, X_H, *, weights=(1.0, 1.0), log: bool = Fals
     return float(value), weights[0] * g_P - weights[1] * g_H, (g_P, g_H)
 
 
-# ------------------------------------------------------------------------------ Algorithm 1, Opt κ
-
 def algorithm1(task, method, o, rng):
-    """Algorithm 1 (``"ours"``, certified when ``o`` has ``safety``) and Opt κ: one loop.
-
-    Opt κ replaces the two regularizers by ``λ_κ(w_P κ(H_P) − w_H κ(H_H))`` (D_P loss kept, same
-    optimizer, no preconditioning; docs/theory.md §7); ``"opt_kappa_balanced"`` sets
-    w_H = ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial θ.  ω and θ step from gradients at the same point.
-    """
+    """Algorithm 1 (``"ours"``; certified when ``o`` has ``safety``) and Opt κ, one loop; ω and θ step
+    from gradients at the same point.  Opt κ puts ``λ_κ(w_Pκ(H_P) − w_Hκ(H_H))`` in place of the
+    regularizers (D_P loss kept, no preconditioning; docs/theory.md §7), the balanced variant with
+    w_H = ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial θ."""
     D = task.D
     opt_kappa = method.startswith("opt_kappa")
     certified = getattr(o, "safety", None) is not None
@@ -145,7 +129,7 @@ def algorithm1(task, method, o, rng):
         hist["kappa_P"].append(kP if kP is not None else gram_spectrum(XP @ theta, vectors=False).kappa)
         hist["kappa_H"].append(kH if kH is not None else gram_spectrum(XH @ theta, vectors=False).kappa)
 
-    record(0, losses.task_loss(task.loss, XP, theta, omega, YP, bias))
+    record(0, _loss_grads(task, XP, YP, theta, omega, bias)[0])
     for epoch in range(1, o.epochs + 1):
         ep_loss, n_seen = 0.0, 0
         for idx in _batches(XP.shape[0], o.batch_size, rng):
@@ -189,49 +173,32 @@ def algorithm1(task, method, o, rng):
         last = epoch == o.epochs
         record(epoch, ep_loss / max(n_seen, 1), None if last else reg_P.info.kappa,
                None if last else reg_H.info.kappa)
-        if not np.all(np.isfinite(theta)):
-            raise DivergenceError(f"{method}: θ became non-finite at epoch {epoch}; lower lr or λ",
-                                  parameter="lr")
     if certified:
         diag["certified"] = cert
     return theta, omega, hist, diag
 
 
 def _certified_steps(theta, task, o, lam_p, pre_P, pre_H, cert):
-    """Each regularizer step clipped to ``safety`` × its corrected bound (docs/theory.md §5) and κ
-    checked after it (SVD of the features); a bound of 0 (a tie: no step is safe) skips the step."""
+    """Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5), κ checked after it
+    (R_well must lower κ(H_P), R_ill raise κ(H_H)); a bound of 0 (a tie) skips the step."""
     cert["checked"] += 1
-
-    def kappa(X, th):
-        return gram_spectrum(X @ th, vectors=False).kappa
-
-    if lam_p:
-        reg = hessian_regularizer(task.X_P @ theta, "well")
-        bound = preconditioned_r_well_step_bound(reg.info, D=task.D)
-        eta = min(o.lr * lam_p, o.safety * bound)
-        cert["clipped_P"] += eta < o.lr * lam_p
-        if eta > 0:
-            new = theta - eta * pre_P(theta, reg.G)
-            if not kappa(task.X_P, new) < kappa(task.X_P, theta):
-                cert["violations_P"] += 1
-            theta = new
-        else:
-            cert["skipped_P"] += 1
-    reg = hessian_regularizer(task.X_H @ theta, "ill")
-    bound = preconditioned_r_ill_step_bound(reg.info)
-    eta = min(o.lr * o.lambda_h, o.safety * bound)
-    cert["clipped_H"] += eta < o.lr * o.lambda_h
-    if eta > 0:
-        new = theta - eta * pre_H(theta, reg.G)
-        if not kappa(task.X_H, new) > kappa(task.X_H, theta):
-            cert["violations_H"] += 1
+    for tag, X, lam, pre in (("P", task.X_P, lam_p, pre_P), ("H", task.X_H, o.lambda_h, pre_H)):
+        if tag == "P" and not lam:
+            continue
+        reg = hessian_regularizer(X @ theta, "well" if tag == "P" else "ill")
+        bound = (preconditioned_r_well_step_bound(reg.info, D=task.D) if tag == "P"
+                 else preconditioned_r_ill_step_bound(reg.info))
+        eta = min(o.lr * lam, o.safety * bound)
+        cert["clipped_" + tag] += eta < o.lr * lam
+        if not eta > 0:
+            cert["skipped_" + tag] += 1
+            continue
+        new = theta - eta * pre(theta, reg.G)
+        k_new, k_old = (gram_spectrum(X @ th, vectors=False).kappa for th in (new, theta))
+        cert["violations_" + tag] += not (k_new < k_old if tag == "P" else k_new > k_old)
         theta = new
-    else:
-        cert["skipped_H"] += 1
     return theta
 
-
-# ------------------------------------------------------------------------------ R_ill only
 
 def r_ill_only_step_size(info, o) -> float:
     """``min(lr·λ_H, safety·η̄(H_H))``, η̄ the corrected Theorem 4.3(2) bound (docs/theory.md §5)."""
@@ -239,18 +206,16 @@ def r_ill_only_step_size(info, o) -> float:
 
 
 def rir_change_tolerance(kappas_before: tuple[float, float], kappas_after: tuple[float, float]) -> float:
-    """Relative RIR change two measured RIRs cannot resolve: ``8·eps·Σ√κ`` over the four κ's, at
-    least 1e-9.  Each κ(H) = κ(Z)² from an SVD has relative error ≲ 2p·eps·√κ(H) (σ_min's absolute
-    error ≲ p·eps·σ_max, p = 4 covering LAPACK's growth factor and the QR of X)."""
+    """Relative RIR change two measured RIRs cannot resolve, ``max(1e-9, 8·eps·Σ√κ)`` over the four κ's:
+    κ(H) = κ(Z)² from an SVD errs by ≲ 2p·eps·√κ(H), p = 4 (LAPACK's growth factor, the QR of X)."""
     total = sum(np.sqrt(k) for k in (*kappas_before, *kappas_after))
     return max(1e-9, 8.0 * np.finfo(np.float64).eps * float(total))
 
 
 def r_ill_only(task, method, o, rng):
-    """R_ill only (docs/theory.md §7): ``θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ))`` by plain GD, no D_P loss,
-    no head, ``epochs × ⌈N_P/batch_size⌉`` steps.  With "exact" (or "pinv" from θ = I) each step is
-    θ → θM with M sharing H_H's eigenvectors, so the RIR cannot fall below the step bound; every
-    step's κ's are recorded and falls beyond :func:`rir_change_tolerance` counted."""
+    """R_ill only (docs/theory.md §7): ``θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ))`` by plain GD, no D_P loss or
+    head, ``epochs × ⌈N_P/batch_size⌉`` steps; the RIR cannot fall below the step bound (θ → θM),
+    and every step's falls beyond :func:`rir_change_tolerance` are counted."""
     XP, XH = task.X_P, task.X_H
     theta = _init_theta(task.D, o, rng)
     pre_H = Preconditioner(task.K_H, o.precond, o.ridge, XH)
@@ -258,11 +223,7 @@ def r_ill_only(task, method, o, rng):
     hist = {"step": [], "kappa_P": [], "kappa_H": [], "rir": [], "eta": []}
     diag = {"steps": 0, "ties_H": 0, "clipped": 0, "rir_decreases": 0, "optimizer": "gd"}
     spec_P, spec_H = ProductGramSpectrum(XP), ProductGramSpectrum(XH)  # exact κ's, X factored once
-
-    def kappas(th):
-        return spec_P(th).kappa, spec_H(th).kappa
-
-    kP0, kH0 = kappas(theta)
+    kP0, kH0 = spec_P(theta).kappa, spec_H(theta).kappa
     prev, prev_kappas = 1.0, (kP0, kH0)
     for key, val in (("step", 0), ("kappa_P", kP0), ("kappa_H", kH0), ("rir", 1.0)):
         hist[key].append(val)
@@ -278,7 +239,7 @@ def r_ill_only(task, method, o, rng):
             diag["clipped"] += eta < o.lr * o.lambda_h
             theta = theta - eta * pre_H.direction(theta, reg, Z_H)
             diag["steps"] += 1
-            kP, kH = kappas(theta)
+            kP, kH = spec_P(theta).kappa, spec_H(theta).kappa
             r = (kH / kH0) / (kP / kP0)
             diag["rir_decreases"] += r < prev * (1 - rir_change_tolerance(prev_kappas, (kP, kH)))
             prev, prev_kappas = r, (kP, kH)
@@ -291,8 +252,6 @@ def r_ill_only(task, method, o, rng):
     return theta, None, hist, diag
 
 
-# ------------------------------------------------------------------------------ IMMA (bi-level)
-
 def imma_inner_step_size(task, w: np.ndarray, o) -> float:
     """``inner_lr / L``, L = (2/N)λ_max(K_H)‖w‖² the Lipschitz constant of θ ↦ ∇_θL_H(w, θ)."""
     n = task.Y_H.size
@@ -304,13 +263,10 @@ def imma_inner_step_size(task, w: np.ndarray, o) -> float:
 
 
 def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
-    """F(θ) = L_H(w, θ_J) − L_P(ω, θ_J), θ_J = ``o.inner_steps`` attacker GD steps from θ, and ∇_θF.
-
-    The attacker and L_H use all of D_H; ``batch_P = (X, Y)`` (default all of D_P) feeds L_P.  Each
-    attacker step is affine in θ and subtracts a matrix (·)wᵀ, so θ_J = θ − S wᵀ with S (D×m)
-    accumulated, and the adjoint (reverse mode by hand) only changes the factor of wᵀ:
-    O(J·D²·m) work and one D×D product, equal to the unrolled matrices up to round-off.
-    """
+    """F(θ) = L_H(w, θ_J) − L_P(ω, θ_J), θ_J = ``o.inner_steps`` attacker GD steps on all of D_H from
+    θ, and ∇_θF; L_P on ``batch_P = (X, Y)`` (default all of D_P).  Each attacker step is affine in
+    θ and subtracts a matrix (·)wᵀ, so θ_J = θ − S wᵀ (S D×m) and the adjoint (reverse mode by hand)
+    only changes the factor of wᵀ: O(J·D²·m) work, equal to the unrolled matrices to round-off."""
     n = task.Y_H.size
     c = imma_inner_step_size(task, w, o) * 2.0 / n
     b = task.X_H.T @ task.Y_H                # D×m: B = b wᵀ
@@ -340,8 +296,8 @@ def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
 
 
 def imma(task, method, o, rng):
-    """IMMA (docs/theory.md §7): ascent on :func:`imma_objective`; the attacker's head w and the
-    defender's ω each descend their own loss at θ; L_P on Algorithm 1's D_P mini-batches."""
+    """IMMA (docs/theory.md §7): ascent on :func:`imma_objective` (L_P on Algorithm 1's mini-batches);
+    the attacker's head w and the defender's ω each descend their own loss at θ."""
     D = task.D
     theta = _init_theta(D, o, rng)
     omega, bias = _init_head(task, rng)
@@ -368,8 +324,6 @@ def imma(task, method, o, rng):
         hist["objective"].append(F)
         hist["kappa_P"].append(spec_P(theta).kappa)
         hist["kappa_H"].append(spec_H(theta).kappa)
-        if not np.all(np.isfinite(theta)):
-            raise DivergenceError(f"imma: θ became non-finite at epoch {epoch}; lower lr", parameter="lr")
     return theta, omega, hist, {}
 
 
@@ -377,16 +331,10 @@ RUNNERS = {"r_ill_only": r_ill_only, "imma": imma, "opt_kappa": algorithm1, "opt
            "ours": algorithm1}
 
 
-# ------------------------------------------------------------------------------ closed form
-
 def closed_form(task, exponent: float, ceiling):
     """θ = [U_r Λ_r^{-½} Q_C diag(s), 0], s² = λ_C^a (docs/theory.md §10): RIR = the range-restricted
-    ``ceiling`` (of ``task``'s rows, :func:`pycore.metrics.rir_ceiling`) for every a ≥ 0.
-
-    The null(K_P) columns are zero: D_P's rows have no component there, so its best loss is
-    unchanged (Definition 3.1(c)) while every direction D_P never varies in is dropped.  Only C's
-    numerically nonzero λ_C are scaled; its null space keeps s = 1 (θ injective on range(K_P)).
-    """
+    ``ceiling`` of ``task``'s rows for a ≥ 0.  Zero null(K_P) columns drop what D_P never varies in
+    and keep its best loss (Definition 3.1(c)); C's null space keeps s = 1 (θ injective on range(K_P))."""
     lam = ceiling.lambda_C
     s = np.ones_like(lam)
     pos = np.arange(lam.size) < ceiling.rank_C

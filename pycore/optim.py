@@ -25,8 +25,7 @@ def _diverged(what: str, name: str, t: int, g: np.ndarray, blame) -> DivergenceE
         gmax = float(np.max(np.abs(g))) if g.size else 0.0
     hint = f"; lower {parameter}" if parameter else ""
     return DivergenceError(f"{what} for {name} became non-finite at step {t} "
-                           f"(max |gradient| {gmax:.3e}){hint}",
-                           parameter=parameter)
+                           f"(max |gradient| {gmax:.3e}){hint}", parameter=parameter)
 
 
 class GD:
@@ -46,10 +45,8 @@ class GD:
 
 
 class Adam:
-    """Adam (Kingma & Ba 2015) with bias correction; the paper's optimizer for linear models.
-
-    β = (0.9, 0.999), ε = 1e-8 as in paper Appendix C.2.
-    """
+    """Adam (Kingma & Ba 2015) with bias correction, the paper's optimizer for linear models
+    (β = (0.9, 0.999), ε = 1e-8: paper Appendix C.2)."""
 
     def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, *,
                  name: str = "x"):
@@ -60,23 +57,19 @@ class Adam:
         self.b2 = check_number(betas[1], "betas", low=0.0, high=1.0, high_open=True)
         self.eps = check_number(eps, "adam_eps", low=0.0, low_open=True)
         self.m = self.v = None
-        self.t = 0
-        self.name = name
+        self.t, self.name = 0, name
 
     def step(self, x: np.ndarray, g: np.ndarray, blame: str | dict | None = None) -> np.ndarray:
         if self.m is None or self.m.shape != g.shape:
             self.m, self.v = np.zeros_like(g), np.zeros_like(g)
-            # work buffers, reused every step: the moments are written into the spare pair and
-            # swapped in only once they are finite (the state of a failed step is unchanged)
+            # work buffers: the moments go to the spare pair, swapped in once finite
             self._buf = [np.empty_like(g) for _ in range(4)]
         self.t += 1
         b1, b2 = self.b1, self.b2
         m, v, t1, t2 = self._buf
-        # The same operations, operands and order as the plain expressions
-        #   m = b1·m + (1 − b1)·g,  v = b2·v + (1 − b2)·(g·g),
-        #   x − lr·(m/(1 − b1ᵗ)) / (√(v/(1 − b2ᵗ)) + ε)
-        # (each step correctly rounded, so bit-for-bit the same), written into preallocated
-        # arrays: at D = 784 the temporaries of the plain form cost more than the arithmetic.
+        # m = b1·m + (1 − b1)·g, v = b2·v + (1 − b2)·g², x − lr·(m/(1 − b1ᵗ))/(√(v/(1 − b2ᵗ)) + ε):
+        # the same operations in the same order (bit for bit), into preallocated arrays (at
+        # D = 784 the temporaries of the plain form cost more than the arithmetic).
         with np.errstate(over="ignore", invalid="ignore"):
             np.multiply(self.m, b1, out=m)
             np.multiply(g, 1 - b1, out=t1)
@@ -103,9 +96,8 @@ class Adam:
 
 
 def all_finite(a: np.ndarray) -> bool:
-    """``np.all(np.isfinite(a))`` without the boolean temporary: a finite sum means every entry
-    is finite (one inf or NaN entry makes the sum inf or NaN); only a sum that is not finite
-    (which an overflow of finite entries can also cause) needs the entrywise test."""
+    """``np.all(np.isfinite(a))`` without the boolean temporary: a finite sum means finite entries;
+    only a non-finite sum (also an overflow of finite entries) needs the entrywise test."""
     with np.errstate(over="ignore", invalid="ignore"):
         s = a.sum()
     return bool(np.isfinite(s)) or bool(np.isfinite(a).all())
@@ -150,14 +142,10 @@ def make_optimizer(name: str, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, 
 def damped_newton(value_grad: Callable, value: Callable, hessian: Callable, w0: np.ndarray, *,
                   tol: float, max_iter: int,
                   callback: Callable[[np.ndarray], bool] | None = None) -> tuple[np.ndarray, dict]:
-    """Damped Newton: Armijo backtracking (c = 1e-4, halving) on the Newton direction, Cholesky solve.
-
-    ``w`` is a vector; ``value_grad(w) -> (f, g)``, ``value(w) -> f`` and ``hessian(w) -> ∇²f``
-    (positive definite: the callers add a ridge).  Stops when ``‖∇f‖ ≤ tol·max(1, ‖∇f(w₀)‖)``,
-    when a step no longer decreases f (the float64 floor), after ``max_iter`` iterations, or when
-    ``callback(w)`` returns True.  Returns ``(w, info)`` with the iteration count, final gradient norm and the
-    stop reason.
-    """
+    """Damped Newton on a vector ``w``: Cholesky solve of ``hessian(w)`` (positive definite: the callers
+    add a ridge), Armijo backtracking (c = 1e-4, halving).  Stops at ``‖∇f‖ ≤ tol·max(1, ‖∇f(w₀)‖)``,
+    at the float64 floor (no decrease), after ``max_iter`` or when ``callback(w)`` is True.
+    Returns ``(w, {"iterations", "grad_norm", "message"})``."""
     w = w0.copy()
     f, g = value_grad(w)
     g0 = max(1.0, float(np.linalg.norm(g)))
@@ -175,10 +163,7 @@ def damped_newton(value_grad: Callable, value: Callable, hessian: Callable, w0: 
             if f_new <= f + 1e-4 * t * slope or t < 1e-12:
                 break
             t *= 0.5
-        if not f_new < f and t < 1e-12:
-            message = "no further decrease (float64 floor)"
-            break
-        if f_new >= f and np.linalg.norm(g) <= 1e3 * tol * g0:
+        if (not f_new < f and t < 1e-12) or (f_new >= f and np.linalg.norm(g) <= 1e3 * tol * g0):
             message = "no further decrease (float64 floor)"
             break
         w = w + t * d

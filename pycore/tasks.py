@@ -12,12 +12,8 @@ LOSSES = ("mse", "bce")
 
 @dataclass(frozen=True)
 class LinearTask:
-    """Inputs and targets of D_P and D_H, float64, rows are samples.
-
-    ``loss`` is the pre-training loss on D_P: ``"mse"`` (regression, House Prices) or ``"bce"``
-    (binary classification with targets in {0, 1}, MNIST).  The harmful task is probed with the
-    ℓ2 loss in either case, whose Hessian is ``θᵀK_Hθ`` (paper Eq. (9)).
-    """
+    """Inputs and targets of D_P and D_H, float64, one row per sample.  ``loss`` is D_P's: ``"mse"``
+    or ``"bce"`` (one label column in {0, 1}); D_H is probed with ℓ2, Hessian ``θᵀK_Hθ`` (Eq. (9))."""
 
     X_P: np.ndarray
     Y_P: np.ndarray

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pycore.evaluate import immunized_def31
-from pycore.harden import (HARDENINGS, check_orthogonal, diagonal_spread, equalizing_rotation, harden,
+from pycore.harden import (HARDENINGS, check_orthogonal, equalizing_rotation, harden,
                            harden_result, haar_rotation, hardening_rotation, orthogonality_defect)
 from pycore.immunize import immunize
 from pycore.losses import best_probe_loss
@@ -33,6 +33,13 @@ def invariants(theta, task):
     r = rir(theta, task.X_P, task.X_H)
     return np.array([r.value, r.harmful_ratio, r.pretrain_ratio, r.kappa_H, r.kappa_P,
                      best_probe_loss(task.loss, task.X_P @ theta, task.Y_P)])
+
+
+def diagonal_spread(H) -> float:
+    """max/min of H's positive diagonal: 1 when a diagonal preconditioner has nothing to scale."""
+    d = np.diag(H)
+    d = d[d > 0]
+    return float(d.max() / d.min())
 
 
 def max_rel_change(theta, theta2, task):
