@@ -24,14 +24,13 @@ if not __package__:  # run as a path: one-line errors before any other import (e
 
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from experiments import cli
 from pycore.frontier import closed_form_frontier, ratios, regularizer_product, target_progress
-from pycore.immunize import METHODS, ImmunizeConfig
+from pycore.immunize import METHODS
 from pycore.report import METHOD_LABELS, environment, fmt
 
 OUTPUTS = ("results.json", "table.md", "frontier.png")
@@ -90,24 +89,22 @@ def prepare(args) -> None:
             x <= 0 for x in args.lambda_h_grid) else "--lr-grid")
 
 
-def base_config(protocol: str) -> ImmunizeConfig:
-    return ImmunizeConfig.strict() if protocol == "strict" else ImmunizeConfig()
+def base_config(protocol: str) -> cli.Settings:
+    return cli.Settings("strict" if protocol == "strict" else "house_price")
 
 
-def grid_config(protocol, optimizer, lambda_h, lr, epochs, gd_lambda_p) -> ImmunizeConfig:
+def grid_config(protocol, optimizer, lambda_h, lr, epochs, gd_lambda_p) -> cli.Settings:
     """One Algorithm-1 grid point: the protocol's configuration with (optimizer, λ_H, η, epochs)
     replaced, and λ_P = ``gd_lambda_p`` under plain GD."""
     kw = dict(optimizer=optimizer, lambda_h=float(lambda_h), lr=float(lr), epochs=int(epochs))
     if optimizer == "gd":
         kw["lambda_p"] = float(gd_lambda_p)
-    return replace(base_config(protocol), **kw)
+    return cli.Settings(base_config(protocol).preset, kw)
 
 
 def _run_job(job):
     """Immunize one (protocol, method, config, seed); ratios on both row sets, the training-row
     path from the history, the regularizer product, or the error that stopped it."""
-    from pycore.immunize import immunize
-
     protocol, method, cfg, seed, tag = job
     train, held = _STATE["tasks"][protocol]
     out = {"protocol": protocol, "method": method, "seed": seed, "tag": tag,
@@ -115,7 +112,7 @@ def _run_job(job):
                                                    "batch_size", "precond")}}
     t0 = time.perf_counter()
     try:
-        res = immunize(train, method, rng=np.random.default_rng(seed), config=cfg)
+        res = cfg.run(train, method, np.random.default_rng(seed))
     except (ValueError, FloatingPointError) as exc:     # a diverging grid point is a result, not a crash
         out.update(error=f"{type(exc).__name__}: {exc}", wall_seconds=time.perf_counter() - t0)
         return out
@@ -152,7 +149,7 @@ def run(args) -> dict:
         w = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
         windows[prot] = None if w is None else {**w.as_dict(),
                                                 "ceiling_range_restricted": ceiling.range_restricted}
-        closed[prot] = closed_form_frontier(train, held, args.exponents, base_config(prot))
+        closed[prot] = closed_form_frontier(train, held, args.exponents)
     _STATE["tasks"] = tasks
     seed0 = args.seeds[0]
     jobs = []
@@ -184,7 +181,7 @@ def run(args) -> dict:
         "target": {"harmful_ratio_at_least": TARGET[0], "pretrain_ratio_at_most": TARGET[1]},
         "grid": {"optimizers": args.optimizers, "lambda_h": args.lambda_h_grid, "lr": args.lr_grid,
                  "epochs": args.grid_epochs, "gd_lambda_p": args.gd_lambda_p,
-                 "other settings": "each protocol's ImmunizeConfig (ImmunizeConfig() / .strict()): "
+                 "other settings": "each protocol's preset ('house_price' / 'strict'): "
                                    "batch, preconditioner, init = identity (no warm start)"},
         "closed_form": closed, "exponent_window": windows, "runs": runs,
         "selected": None if selected is None else {"protocol": sel_prot, "config": selected["config"],

@@ -8,8 +8,8 @@ Default: the paper's protocol on the real Kaggle data shipped in ``tid-regressio
 
 ``--protocol strict`` (docs/theory.md §10) first drops the input columns constant on D_P's
 training rows and restricts both tasks to range(K_P) (:func:`pycore.protocol.strict_protocol`),
-so that the RIR ceiling is finite; its hyper-parameters default to ``ImmunizeConfig.strict()``
-and the closed form uses the balanced exponent of :func:`pycore.metrics.def31_exponent_window`.
+so that the RIR ceiling is finite; its hyper-parameters default to the preset ``"strict"``
+(the closed form at the balanced exponent of :func:`pycore.metrics.def31_exponent_window`).
 Every method's row carries the range/null decomposition of docs/theory.md §8 and its
 Definition 3.1 count (:func:`pycore.evaluate.evaluate_linear`).
 """
@@ -20,7 +20,6 @@ if not __package__:  # run as a path: one-line errors before any other import (e
 
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np  # noqa: E402
@@ -28,7 +27,7 @@ import numpy as np  # noqa: E402
 from experiments import cli
 from pycore.data.house_price import load_house_price  # noqa: E402
 from pycore.evaluate import EvaluationReference, def31_summary, evaluate_linear, norm_ratio_curves  # noqa: E402
-from pycore.immunize import METHODS, ImmunizeConfig, immunize, replace  # noqa: E402
+from pycore.immunize import METHODS, auto_exponent  # noqa: E402
 from pycore.metrics import def31_exponent_window, rir_ceiling  # noqa: E402
 from pycore.protocol import strict_protocol  # noqa: E402
 from pycore.probe import MAX_PROBE_STEPS  # noqa: E402
@@ -68,14 +67,14 @@ def build_parser() -> cli.Parser:
     p.add_argument("--methods", dest="method_list", type=cli.choice_list(METHODS, "method"),
                    default=",".join(METHODS),
                    help=f"comma list from {','.join(METHODS)}")
-    cli.add_immunize_flags(p, ImmunizeConfig())
+    cli.add_immunize_flags(p, "house_price")
     p.add_argument("--paper-hparams", action="store_true",
                    help="start from the paper's values (η=0.005, λ_H=1e7, ridge solve) instead of ours; "
                         "flags given explicitly still apply")
     p.add_argument("--protocol", choices=("paper", "strict"), default="paper",
                    help="paper: the authors' 79 inputs; strict: drop the columns constant on D_P's training "
                         "rows and restrict both tasks to range(K_P), so null(K_P) ⊆ null(K_H) and the RIR "
-                        "ceiling is finite (hyper-parameters then start from ImmunizeConfig.strict(); flags "
+                        "ceiling is finite (hyper-parameters then start from the preset 'strict'; flags "
                         "given explicitly still apply)")
     p.add_argument("--n-train", type=cli.integer(2), default=200, help="training rows per split (paper: 200)")
     p.add_argument("--probe-steps", type=cli.integer(1, MAX_PROBE_STEPS), default=100,
@@ -87,21 +86,16 @@ def build_parser() -> cli.Parser:
 
 def parse_args(argv=None):
     """Parsed and checked flags (a :class:`experiments.cli.UsageError` names a bad one);
-    ``args.config`` is the :class:`ImmunizeConfig` of the run."""
+    ``args.config`` is the :class:`experiments.config_flags.Settings` of the run."""
     p = build_parser()
     args = p.parse_args(argv)
     args.config = build_config(args, p)
     return args
 
 
-def build_config(args, parser: cli.Parser | None = None) -> ImmunizeConfig:
-    if args.paper_hparams:
-        base = ImmunizeConfig.paper()
-    elif args.protocol == "strict":
-        base = ImmunizeConfig.strict()
-    else:
-        base = ImmunizeConfig()
-    return cli.config_from_args(parser or build_parser(), args, base, methods=args.method_list)
+def build_config(args, parser: cli.Parser | None = None) -> cli.Settings:
+    preset = "paper" if args.paper_hparams else "strict" if args.protocol == "strict" else "house_price"
+    return cli.settings_from_args(parser or build_parser(), args, preset, args.method_list)
 
 
 _STATE: dict = {}  # the tasks and what every run shares, inherited by forked workers (never pickled)
@@ -115,15 +109,16 @@ _COST = {"r_ill_only": 5.0, "opt_kappa": 4.0, "opt_kappa_balanced": 4.0, "ours":
 def _one_run(job):
     method, seed = job
     st = _STATE
-    res = immunize(st["train"], method, rng=np.random.default_rng(seed), config=st["cfg"])
-    row = evaluate_linear(res.theta, st["train"], st["heldout"], st["ceiling"], st["reference"])
+    res = st["cfg"].run(st["train"], method, np.random.default_rng(seed))
+    row = evaluate_linear(res.theta, st["train"], st["heldout"], ceiling=st["ceiling"],
+                          reference=st["reference"])
     row.update(seed=seed, wall_seconds=res.wall_seconds, diagnostics=res.diagnostics)
     cfg = st["cfg"]
     saved = {theta_key(method, seed, cfg.harden): res.theta}   # [attacks] every run's θ (thetas.npz)
     if res.theta_unhardened is not None:
         # [attacks] hardening must leave every number of the row unchanged (docs/attacks.md §2)
-        plain = evaluate_linear(res.theta_unhardened, st["train"], st["heldout"], st["ceiling"],
-                                st["reference"])
+        plain = evaluate_linear(res.theta_unhardened, st["train"], st["heldout"], ceiling=st["ceiling"],
+                                reference=st["reference"])
         row["hardening"] = {"kind": cfg.harden, "max_rel_diff_vs_unhardened": max(
             abs(row[k] - plain[k]) / abs(plain[k]) for k in HARDENING_INVARIANTS if k in plain)}
         saved[theta_key(method, seed)] = res.theta_unhardened
@@ -147,12 +142,7 @@ def run(args) -> dict:
     cfg = args.config
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
-    if strict is not None and window is not None and getattr(args, "closed_form_exponent", None) is None:
-        # The closed form's exponent by a stated rule (docs/theory.md §10): the balanced exponent,
-        # the middle of the Definition-3.1 window, where (i) = 1/(ii) = √ceiling (clamped at 0, below
-        # which the RIR drops), unless --closed-form-exponent was given.  The paper protocol keeps
-        # its default a = 0.
-        cfg = replace(cfg, closed_form_exponent=max(window.balanced, 0.0))
+    if strict is not None:
         print(f"strict protocol: dropped {len(strict.dropped_columns)} column(s) constant on D_P's "
               f"training rows: {', '.join(strict.dropped_columns) or 'none'}; "
               f"rank K_P = {strict.rank_K_P} of {strict.D_after_drop}"
@@ -196,7 +186,9 @@ def run(args) -> dict:
                  "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
                  "heldout_rows_H": None if heldout is None else heldout.X_H.shape[0]},
         "seeds": args.seed_list,
-        "config": asdict(cfg),
+        # the closed form's exponent as used ("auto": the balanced exponent, docs/theory.md §10)
+        "config": {**cfg.as_dict(), "exponent": auto_exponent(train, ceiling)[0] if cfg.exponent == "auto"
+                   else cfg.exponent},
         "ceiling": ceiling.exact,
         "ceiling_range_restricted": ceiling.range_restricted,
         "ceiling_detail": ceiling.as_dict(),
@@ -281,7 +273,7 @@ def table_markdown(result: dict) -> str:
     ]
     w = result.get("closed_form_exponent_window")
     if w:
-        a = result["config"]["closed_form_exponent"]
+        a = result["config"]["exponent"]
         lines.append(f"Closed form s² = λ_C^a: Definition 3.1 holds on the training rows for {fmt(w['low'])} "
                      f"{'<' if w['low'] > 0 else '≤'} a < "
                      f"{fmt(w['high'])}" + (" (empty window)" if w["empty"] else "") + f"; used a = {fmt(a)}"

@@ -14,14 +14,13 @@ if not __package__:  # run as a path: one-line errors before any other import (e
 
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np  # noqa: E402
 
 from experiments import cli
 from pycore.data.mnist import digit_covariances, load_mnist, pair_task, split_digits  # noqa: E402
-from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
+from pycore.immunize import METHODS  # noqa: E402
 from pycore.evaluate import EvaluationReference, immunized_def31  # noqa: E402
 from pycore.metrics import rir_ceiling  # noqa: E402
 from pycore.report import METHOD_LABELS as LABELS  # noqa: E402
@@ -47,8 +46,8 @@ SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "fraction
               "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
               "dp_acc_before", "dp_acc_after", "wall_seconds")
 
-# MNIST defaults: ImmunizeConfig.mnist(), the base of the generated flags.  Paper Table 4: η = 0.001,
-# λ_P = 1, λ_H = 5e7 (--paper-hparams).  Here λ_H
+# MNIST defaults: the preset "mnist" (pycore.immunize.PRESETS), the base of the flags.  Paper
+# Table 4: η = 0.001, λ_P = 1, λ_H = 5e7 (--paper-hparams).  Here λ_H
 # follows the paper's own rule "balance the gradient norms of R_well and R_ill": at θ = I with
 # pixels/255 and 100 rows per digit, ‖K_P⁺∇R_well‖ ≈ 1e4 and ‖K_H⁺∇R_ill‖ ≈ 1e-8 (pairs 0→1,
 # 4→9, 7→2), so λ_H/λ_P ≈ 1e12; with 5e7 the R_ill term is ~1e-4 of the R_well term (inert under
@@ -78,7 +77,7 @@ def build_parser() -> cli.Parser:
                    help="held-out images per digit (default 100)")
     p.add_argument("--split-seed", type=cli.integer(0), default=0,
                    help="seed of the per-digit train/held-out permutation")
-    cli.add_immunize_flags(p, ImmunizeConfig.mnist())
+    cli.add_immunize_flags(p, "mnist")
     p.add_argument("--paper-hparams", action="store_true",
                    help="start from the paper's Table 4 values: η=0.001, λ_P=1, λ_H=5e7, "
                         "ridge solve with 1e-7; flags given explicitly still apply")
@@ -94,16 +93,16 @@ def build_parser() -> cli.Parser:
 
 def parse_args(argv=None):
     """Parsed and checked flags (a :class:`experiments.cli.UsageError` names a bad one);
-    ``args.config`` is the :class:`ImmunizeConfig` of the run."""
+    ``args.config`` is the :class:`experiments.config_flags.Settings` of the run."""
     p = build_parser()
     args = p.parse_args(argv)
     args.config = build_config(args, p)
     return args
 
 
-def build_config(args, parser: cli.Parser | None = None) -> ImmunizeConfig:
-    return cli.config_from_args(parser or build_parser(), args,
-                                ImmunizeConfig.mnist(paper=args.paper_hparams), methods=args.method_list)
+def build_config(args, parser: cli.Parser | None = None) -> cli.Settings:
+    return cli.settings_from_args(parser or build_parser(), args,
+                                  "mnist_paper" if args.paper_hparams else "mnist", args.method_list)
 
 
 def probe_accuracy(Z_tr, y_tr, Z_te, y_te) -> float:
@@ -132,7 +131,7 @@ def _one_pair(pair):
             saved.update({f"{p}-{h}/data/{name}/{k}": getattr(t, k) for k in ("X_P", "Y_P", "X_H", "Y_H")})
     for method in st["methods"]:
         for seed in st["seeds"]:
-            res = immunize(train, method, rng=np.random.default_rng([seed, p, h]), config=st["cfg"])
+            res = st["cfg"].run(train, method, np.random.default_rng([seed, p, h]))
             th = res.theta
             # features of θ, θ_range and θ_null (range/null decomposition, docs/theory.md §8,
             # P_R from D_P's training rows) on the training and the held-out rows
@@ -196,7 +195,7 @@ def run(args) -> dict:
                  "targets": "BCE on D_P: ink mass above the split median (pycore.data.mnist)"},
         "pairs": [list(pr) for pr in pairs],
         "seeds": args.seed_list,
-        "config": asdict(cfg),
+        "config": cfg.as_dict(),
         "methods": methods,
         **environment(),
     }

@@ -1,41 +1,25 @@
 """Per-run evaluation of an immunized linear extractor (docs/theory.md §8, §10): everything a table needs.
 
-A table evaluates many θ (methods × seeds) on the same tasks.  What does not depend on θ -- the
-spectra at the reference θ = I, the basis of range(K_P) of the training rows and the products of
-every input matrix with it, the best D_P loss before immunization -- is computed once per task
-pair by :class:`EvaluationReference` and reused for every θ; each θ then costs one product per
-input matrix, the SVDs of its features and two small products per part of the range/null split.
+What does not depend on θ (spectra at θ = I, the range(K_P) basis and the products with it, the
+best D_P loss before) is computed once per task pair by :class:`EvaluationReference`.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from pycore.losses import best_probe_loss
-from pycore.metrics import RIR, Ceiling
+from pycore.metrics import RIR, Ceiling, rir_ceiling
 from pycore.probe import gd_exact_line_search
-from pycore.spectral import gram_spectrum, rank_tolerance
+from pycore.spectral import EPS, gram_spectrum, rank_tolerance
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
-from pycore.validation import check_theta
+from pycore.validation import ParameterError, check_theta
 
 
 def immunized_def31(harmful_ratio: float, pretrain_ratio: float) -> bool:
-    """Definition 3.1 for one run (docs/theory.md §8): (i) > 1 AND (ii) < 1.
-
-    RIR alone cannot decide it: whitening D_P reaches the RIR ceiling whatever it does to (i).
-    """
+    """Definition 3.1 for one run (docs/theory.md §8): (i) > 1 AND (ii) < 1 (RIR alone cannot decide
+    it: whitening D_P reaches the RIR ceiling whatever it does to (i))."""
     return bool(harmful_ratio > 1.0 and pretrain_ratio < 1.0)
-
-
-def null_part_fraction(theta: np.ndarray, theta_null: np.ndarray) -> float:
-    """Fraction of ‖θ − I‖_F² in the null(K_P) part: ‖θ_null − I‖_F²/‖θ − I‖_F².
-
-    θ − I = P_R(θ − I) + P_N(θ − I), two Frobenius-orthogonal pieces, and θ_null − I is the
-    second one, so the fraction is in [0, 1]; NaN for θ = I (nothing moved, no fraction).
-    """
-    eye = np.eye(theta.shape[0])
-    total = float(np.sum((theta - eye) ** 2))
-    return float(np.sum((theta_null - eye) ** 2)) / total if total > 0 else float("nan")
 
 
 class _Rows:
@@ -53,16 +37,19 @@ class _Rows:
 class EvaluationReference:
     """What the evaluation of any θ on ``train`` (and ``heldout``) shares, computed once.
 
-    P_R = VVᵀ projects onto range(K_P) of the TRAINING rows of D_P (docs/theory.md §8), V from
-    the SVD of X_P with the rank rule of :mod:`pycore.spectral` (as
-    :func:`pycore.metrics.range_null_split`).  With T = Vᵀθ (r×D) the features of the two parts,
-    ``X θ_range = X P_N + (XV)T`` and ``X θ_null = X P_R + Xθ − (XV)T``, are those of
-    ``θ_range = P_N + P_Rθ`` and ``θ_null = P_R + P_Nθ`` associated differently: r×D×D and
-    N×r×D products instead of D×D×D ones (on MNIST, D = 784 and r ≤ 100, an 8× smaller count);
-    the two associations agree to round-off, ~eps‖X‖‖θ‖, the rounding of forming Xθ itself.
+    P_R = VVᵀ projects onto range(K_P) of D_P's TRAINING rows (docs/theory.md §8; V from the SVD of
+    X_P, rank rule of :mod:`pycore.spectral`).  With T = Vᵀθ the parts' features are
+    ``X θ_range = X P_N + (XV)T`` and ``X θ_null = X P_R + Xθ − (XV)T``: r×D×D and N×r×D products
+    instead of D³ ones, equal to round-off (~eps‖X‖‖θ‖, the rounding of Xθ itself).
     """
 
     def __init__(self, train: LinearTask, heldout: LinearTask | None = None):
+        for name, t in (("train", train), ("heldout", heldout)):
+            if t is not None and not isinstance(t, LinearTask):
+                raise ParameterError(name, f"{name} must be a pycore.LinearTask, got {type(t).__name__}")
+        if heldout is not None and heldout.D != train.D:
+            raise ParameterError("heldout", f"the held-out task has {heldout.D} input columns but the "
+                                            f"training task {train.D}: θ acts on one input space")
         self.train, self.heldout = train, heldout
         X_P = train.X_P
         _, s, Vt = np.linalg.svd(X_P, full_matrices=False)
@@ -75,8 +62,7 @@ class EvaluationReference:
             self.rows[("heldout", "H")] = _Rows(heldout.X_H, self.V)
 
     def dp_loss_before(self, rows: str = "train") -> float:
-        """Best D_P loss of a linear head on the inputs (θ = I), computed on first use (a damped
-        Newton solve for BCE, which a caller that never asks for it should not pay for)."""
+        """Best D_P loss of a linear head at θ = I, on first use (a Newton solve for BCE)."""
         if rows not in self._dp_loss_before:
             t = self.train if rows == "train" else self.heldout
             self._dp_loss_before[rows] = best_probe_loss(t.loss, t.X_P, t.Y_P)
@@ -97,8 +83,7 @@ class EvaluationReference:
         return out
 
     def rir(self, Z_P: np.ndarray, Z_H: np.ndarray, rows: str = "train") -> RIR:
-        """RIR (docs/theory.md §8) of the features ``Z_P = X_Pθ``, ``Z_H = X_Hθ`` against θ = I;
-        the arithmetic of :func:`pycore.metrics.rir` with the reference spectra kept."""
+        """:func:`pycore.metrics.rir` of the features ``Z_P = X_Pθ``, ``Z_H = X_Hθ``, spectra at I kept."""
         sP, sH = gram_spectrum(Z_P, vectors=False), gram_spectrum(Z_H, vectors=False)
         rP, rH = self.rows[(rows, "P")].ref, self.rows[(rows, "H")].ref
         hr = sH.kappa / rH.kappa
@@ -106,7 +91,7 @@ class EvaluationReference:
         return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
 
     def null_part_fraction(self, theta: np.ndarray) -> float:
-        """:func:`null_part_fraction` of θ: ‖P_N(θ − I)‖_F²/‖θ − I‖_F²."""
+        """‖P_N(θ − I)‖_F²/‖θ − I‖_F² ∈ [0, 1], the share of θ's change D_P never sees; NaN at θ = I."""
         M = theta - np.eye(theta.shape[0])
         total = float(np.sum(M ** 2))
         if not total > 0:
@@ -116,46 +101,50 @@ class EvaluationReference:
 
 
 @bounded_blas
-def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | None,
-                    ceiling: Ceiling, reference: EvaluationReference | None = None) -> dict:
-    """RIR and factors on training rows, held-out RIR, fraction of the range-restricted ceiling,
-    and the best D_P / D_H probing loss with θ vs with I (Definition 3.1(c)).
-
-    Range/null decomposition (docs/theory.md §8): with P_R the projector onto range(K_P) of the
-    TRAINING rows of D_P (what the defender sees; also for the held-out rows), ``rir_range_part``
-    is the RIR of θ_range = P_N + P_Rθ and ``rir_null_part`` that of θ_null = P_R + P_Nθ, on the
-    training rows and (``heldout_`` prefix) on the held-out rows; ``null_part_fraction`` is the
-    share of ‖θ − I‖_F² that lies in the null part.  ``immunized`` is Definition 3.1.
-    ``reference`` (an :class:`EvaluationReference` of the same tasks) saves recomputing what
-    every θ shares; it is built here when not given.
-    """
+def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | None = None, *,
+                    ceiling: Ceiling | None = None, reference: EvaluationReference | None = None) -> dict:
+    """RIR, (i), (ii), Definition 3.1 and the best D_P loss of a linear head with θ vs with I
+    (Definition 3.1(c)) on the training rows and (``heldout_`` prefix) the held-out rows, the
+    fraction of the range-restricted ceiling and the range/null parts (docs/theory.md §8: P_R from
+    D_P's TRAINING rows; ``rir_range_part`` is the RIR of P_N + P_Rθ, ``rir_null_part`` of
+    P_R + P_Nθ).  ``ceiling`` and ``reference`` are computed when not given; a ceiling of other
+    rows or a reference of other tasks is refused."""
+    if reference is not None and (reference.train is not train or reference.heldout is not heldout):
+        raise ParameterError("reference", "reference was built for other tasks: pass "
+                                          "EvaluationReference(train, heldout) of these tasks")
     ref = reference if reference is not None else EvaluationReference(train, heldout)
+    if ceiling is None:
+        ceiling = rir_ceiling(train.X_P, train.X_H)
+    for mine, task in ((ceiling.kappa_K_P, "P"), (ceiling.kappa_K_H, "H")):
+        rows = ref.rows[("train", task)]
+        if not _same_kappa(mine, rows.ref.kappa, min(rows.X.shape)):
+            raise ParameterError("ceiling", f"ceiling was computed on other data: its κ(K_{task}) = "
+                                            f"{mine:.6g}, the training rows' {rows.ref.kappa:.6g}")
     theta = check_theta(theta, train.D)
-    f = ref.features(theta, "train")
-    r = ref.rir(f[("theta", "P")], f[("theta", "H")])
-    out = {
-        "rir": r.value, "harmful_ratio": r.harmful_ratio, "pretrain_ratio": r.pretrain_ratio,
-        "kappa_H": r.kappa_H, "kappa_P": r.kappa_P, "rank_H": r.rank_H, "rank_P": r.rank_P,
-        "fraction_of_ceiling": r.value / ceiling.range_restricted,
-        "immunized": immunized_def31(r.harmful_ratio, r.pretrain_ratio),
-        "rir_range_part": ref.rir(f[("range", "P")], f[("range", "H")]).value,
-        "rir_null_part": ref.rir(f[("null", "P")], f[("null", "H")]).value,
-        "null_part_fraction": ref.null_part_fraction(theta),
-        # Def. 3.1(c): best D_P loss of a linear head on the features, before (θ = I) and after.
-        "dp_loss_before": ref.dp_loss_before("train"),
-        "dp_loss_after": best_probe_loss(train.loss, f[("theta", "P")], train.Y_P),
-    }
-    if heldout is not None:
-        g = ref.features(theta, "heldout")
-        h = ref.rir(g[("theta", "P")], g[("theta", "H")], "heldout")
-        out.update({"heldout_rir": h.value, "heldout_harmful_ratio": h.harmful_ratio,
-                    "heldout_pretrain_ratio": h.pretrain_ratio,
-                    "heldout_immunized": immunized_def31(h.harmful_ratio, h.pretrain_ratio),
-                    "heldout_rir_range_part": ref.rir(g[("range", "P")], g[("range", "H")], "heldout").value,
-                    "heldout_rir_null_part": ref.rir(g[("null", "P")], g[("null", "H")], "heldout").value,
-                    "heldout_dp_loss_before": ref.dp_loss_before("heldout"),
-                    "heldout_dp_loss_after": best_probe_loss(heldout.loss, g[("theta", "P")], heldout.Y_P)})
+    out = {}
+    for rows, t, pre in (("train", train, ""), ("heldout", heldout, "heldout_")):
+        if t is None:
+            continue
+        f = ref.features(theta, rows)
+        r = ref.rir(f[("theta", "P")], f[("theta", "H")], rows)
+        out.update({pre + "rir": r.value, pre + "harmful_ratio": r.harmful_ratio,
+                    pre + "pretrain_ratio": r.pretrain_ratio,
+                    pre + "immunized": immunized_def31(r.harmful_ratio, r.pretrain_ratio),
+                    pre + "rir_range_part": ref.rir(f[("range", "P")], f[("range", "H")], rows).value,
+                    pre + "rir_null_part": ref.rir(f[("null", "P")], f[("null", "H")], rows).value,
+                    pre + "dp_loss_before": ref.dp_loss_before(rows),
+                    pre + "dp_loss_after": best_probe_loss(t.loss, f[("theta", "P")], t.Y_P)})
+        if rows == "train":
+            out.update(kappa_H=r.kappa_H, kappa_P=r.kappa_P, rank_H=r.rank_H, rank_P=r.rank_P,
+                       fraction_of_ceiling=r.value / ceiling.range_restricted,
+                       null_part_fraction=ref.null_part_fraction(theta))
     return out
+
+
+def _same_kappa(a: float, b: float, p: int) -> bool:
+    """κ(K) = κ(X)² from two SVDs of the same rows: σ_min agrees to ~p·eps·σ_max, so κ(K) to
+    2p·eps·√κ(K) relative (a factor 2 margin, at least 1e-9); other rows miss by orders of magnitude."""
+    return abs(a - b) <= max(1e-9, 4 * p * EPS * np.sqrt(max(a, b))) * b
 
 
 @bounded_blas

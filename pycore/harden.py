@@ -1,53 +1,23 @@
 """Spectrum-preserving hardening of an immunized extractor: θ → θQ with Q orthogonal (docs/attacks.md §2).
 
-Why. Immunization acts on the probing Hessians ``H(θ) = θᵀKθ`` through their condition numbers.
-An orthogonal change of feature basis ``θ → θQ`` maps every Hessian to ``QᵀH(θ)Q``: the same
-eigenvalues, hence the same κ(H_H), κ(H_P), RIR, Definition 3.1 and best D_P loss (a linear
-head ``ω`` becomes ``Qᵀω`` and predicts exactly as before). What it changes is the
-*coordinates* the features are written in, and coordinate-wise optimizers (Adam, Adagrad,
-RMSprop, Jacobi-preconditioned CG) depend on them: a diagonal Hessian is perfectly
-preconditioned by a diagonal scaling, so a θ whose Hessians are diagonal (the optimal closed
-form of docs/theory.md §10 is exactly that) gives such an attacker nothing to fight. Rotating
-away the axis alignment removes that advantage without touching the spectrum. An attacker who
-estimates the feature covariance and whitens is invariant to any invertible change of basis,
-rotations included, so hardening cannot stop them (pycore.worst_case, ``whiten``).
-
-Rotations (:data:`HARDENINGS`):
-
-* ``"haar"`` — one draw from the Haar (uniform) measure on O(D), from the run's generator:
-  the QR factorisation of a standard Gaussian matrix with the signs of R's diagonal moved into
-  Q (Mezzadri 2007, "How to generate random matrices from the classical compact groups").
-* ``"equalize"`` — deterministic: an orthogonal Q with ``diag(QᵀHQ) = (tr H / D)·1`` for a
-  given symmetric H (the harmful Hessian H_H(θ) on the training rows). Schur–Horn: a diagonal
-  ``d`` is the diagonal of a symmetric matrix with spectrum λ iff λ majorizes d; the constant
-  vector ``tr/D`` is majorized by every λ with that trace, so such a Q exists. Constructed
-  (:func:`equalizing_rotation`) by (1) the eigenvectors V of H, (2) the orthonormal DCT-II
-  matrix, which spreads every eigenvector over all coordinates, and (3) at most D − 1 Givens
-  rotations that set one diagonal entry at a time to the mean exactly (Bendel & Mickey 1978;
-  Davies & Higham 2000, "Numerically stable generation of correlation matrices and their
-  factors"). With an equal diagonal the Jacobi preconditioner of H is a multiple of I, so
-  Jacobi-preconditioned CG takes exactly CG's iterates.
-
-:func:`hardening_rotation` is the one entry point (given the kind, a generator and the Hessian
-or the features it returns Q); :func:`harden` applies it to θ and the D_P head. Both are plain
-NumPy and make no assumption about where the matrices come from, so the deep pipeline can call
-them on extracted features.
+Every Hessian becomes ``QᵀH(θ)Q``: the same κ's, RIR, Definition 3.1 and best D_P loss (ω → Qᵀω);
+only the basis changes, which coordinate-wise attackers (Adam, Jacobi-preconditioned CG) see.
+:data:`HARDENINGS`: ``"haar"`` a Haar draw on O(D); ``"equalize"`` an equal diagonal of the harmful
+Hessian (Schur–Horn; Bendel & Mickey 1978, Davies & Higham 2000), where Jacobi-CG is CG.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import scipy.fft
 
 from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number
 
-__all__ = ["HARDENINGS", "haar_rotation", "equalizing_rotation", "hardening_rotation", "harden",
-           "orthogonality_defect", "check_orthogonal", "diagonal_spread", "ORTHOGONALITY_RTOL"]
-
 HARDENINGS = ("none", "haar", "equalize")
 
-# A rotation built here is orthogonal to ~D·eps (QR, eigh and Givens are backward stable);
-# 1e-10 is far above that at every D of this project (D ≤ 784: D·eps ≈ 2e-13) and far below any
-# matrix that is not a rotation (a test perturbs Q by 1e-6).
+# Rotations built here are orthogonal to ~D·eps (≈ 2e-13 at D = 784, QR/eigh/Givens are backward
+# stable); 1e-10 is far above that and far below any matrix that is not a rotation.
 ORTHOGONALITY_RTOL = 1e-10
 
 
@@ -70,12 +40,8 @@ def check_orthogonal(Q, name: str = "Q", *, tol: float = ORTHOGONALITY_RTOL) -> 
 
 
 def haar_rotation(D: int, rng: np.random.Generator) -> np.ndarray:
-    """A Haar-distributed orthogonal D×D matrix drawn from ``rng`` (Mezzadri 2007).
-
-    ``Q R = G`` with G standard Gaussian; multiplying Q's columns by ``sign(diag R)`` makes the
-    factorisation unique and the law of Q exactly uniform on O(D) (without it LAPACK's sign
-    convention biases the distribution).
-    """
+    """A Haar-distributed orthogonal D×D matrix from ``rng``: ``QR = G`` Gaussian, Q's columns times
+    ``sign(diag R)`` (without it LAPACK's sign convention biases the law; Mezzadri 2007)."""
     check_number(D, "D", low=1, integer=True)
     if not isinstance(rng, np.random.Generator):
         raise ParameterError("rng", f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
@@ -85,21 +51,10 @@ def haar_rotation(D: int, rng: np.random.Generator) -> np.ndarray:
     return Q * s
 
 
-def _dct_matrix(D: int) -> np.ndarray:
-    """The orthonormal DCT-II matrix ``C`` (``C @ x = dct(x, norm="ortho")``), columns = samples."""
-    return scipy.fft.dct(np.eye(D), type=2, norm="ortho", axis=0)
-
-
 def _givens_equalize(M: np.ndarray, Q: np.ndarray, target: float) -> tuple[np.ndarray, np.ndarray]:
-    """Givens rotations of M (symmetric, updated in place as ``GᵀMG``) and Q (``QG``) until every
-    diagonal entry equals ``target`` = mean(diag M) (Bendel–Mickey / Davies–Higham).
-
-    Each rotation acts in a plane (i, j) with ``M_ii < target < M_jj`` and sets the new
-    ``M_ii`` to ``target`` exactly; the trace keeps the sum, so after at most D − 1 rotations
-    every entry is at the target. The tangent is the root of
-    ``(M_jj − t)τ² − 2M_ij τ + (M_ii − t) = 0`` of smaller magnitude, computed without
-    cancellation as ``(M_ii − t)/(M_ij + sign(M_ij)·√disc)``.
-    """
+    """Givens rotations of symmetric M (in place, ``GᵀMG``) and Q (``QG``), each in a plane (i, j) with
+    ``M_ii < t < M_jj`` setting ``M_ii = t`` = mean(diag M): at most D − 1 of them (the trace keeps
+    the sum).  tan = the smaller root of ``(M_jj − t)τ² − 2M_ijτ + (M_ii − t)``, without cancellation."""
     D = M.shape[0]
     scale = max(float(np.max(np.abs(np.diag(M)))), np.finfo(float).tiny)
     done = np.abs(np.diag(M) - target) <= 4 * D * np.finfo(float).eps * scale
@@ -131,14 +86,9 @@ def _givens_equalize(M: np.ndarray, Q: np.ndarray, target: float) -> tuple[np.nd
 
 
 def equalizing_rotation(H) -> np.ndarray:
-    """A deterministic orthogonal Q with ``diag(QᵀHQ) = (tr H/D)·1`` (module docstring).
-
-    ``Q = V·Cᵀ·G``: V the eigenvectors of H (signs fixed so each column's largest entry is
-    positive, which makes Q independent of LAPACK's sign choice), Cᵀ the transposed orthonormal
-    DCT-II matrix (each eigen-direction spread over every coordinate; the diagonal of
-    ``C Λ Cᵀ`` is already close to the mean), then Givens rotations G that make it exact.
-    Exactness: every diagonal entry within ``~D·eps·max|diag|`` of the mean (tested).
-    """
+    """A deterministic orthogonal Q with ``diag(QᵀHQ) = (tr H/D)·1`` to ~D·eps·max|diag|: ``Q = VCᵀG``,
+    V H's eigenvectors (each column's largest entry positive: independent of LAPACK's signs), C the
+    orthonormal DCT-II (spreads every eigenvector over all coordinates), G Givens rotations."""
     H = as_float_matrix(H, "H")
     if H.shape[0] != H.shape[1]:
         raise ParameterError("H", f"H must be square, got shape {H.shape}")
@@ -148,7 +98,7 @@ def equalizing_rotation(H) -> np.ndarray:
     lam, V = lam[::-1], V[:, ::-1]
     idx = np.argmax(np.abs(V), axis=0)
     V = V * np.sign(V[idx, np.arange(D)])
-    C = _dct_matrix(D)
+    C = scipy.fft.dct(np.eye(D), type=2, norm="ortho", axis=0)   # C @ x = dct(x, norm="ortho")
     Q = V @ C.T
     M = (C * lam) @ C.T                                # = QᵀHQ, formed from the exact spectrum
     M = 0.5 * (M + M.T)
@@ -157,34 +107,20 @@ def equalizing_rotation(H) -> np.ndarray:
     return Q
 
 
-def hardening_rotation(kind: str, D: int | None = None, *, rng: np.random.Generator | None = None,
-                       H=None, Z=None) -> np.ndarray | None:
-    """The rotation Q of hardening ``kind`` (:data:`HARDENINGS`); None for ``"none"``.
-
-    ``"haar"`` needs ``D`` (or H / Z to read it from) and ``rng``; ``"equalize"`` needs the
-    harmful Hessian ``H`` (D×D) or the harmful features ``Z`` (N×D, then ``H = ZᵀZ``).
-    """
+def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = None, Z=None):
+    """The rotation Q of hardening ``kind`` (:data:`HARDENINGS`), None for ``"none"``: ``"haar"`` draws
+    from ``rng``, ``"equalize"`` equalizes the harmful Hessian ``ZᵀZ`` of the harmful features ``Z``."""
     check_choice(kind, "harden", HARDENINGS)
     if kind == "none":
         return None
-    if H is not None:
-        H = as_float_matrix(H, "H")
-    elif Z is not None:
-        Z = as_float_matrix(Z, "Z")
-        H = Z.T @ Z
-    if D is None:
-        if H is None:
-            raise ParameterError("D", "hardening needs the dimension D, or H / Z to read it from")
-        D = H.shape[0]
-    if H is not None and H.shape != (D, D):
-        raise ParameterError("H", f"H must be {D}×{D}, got shape {H.shape}")
     if kind == "haar":
         if rng is None:
             raise ParameterError("rng", "harden 'haar' draws Q from the run's generator: pass rng")
         return haar_rotation(D, rng)
-    if H is None:
-        raise ParameterError("H", "harden 'equalize' needs the harmful Hessian H (or features Z)")
-    return equalizing_rotation(H)
+    if Z is None:
+        raise ParameterError("Z", "harden 'equalize' needs the harmful Hessian, from the harmful features Z")
+    Z = as_float_matrix(Z, "Z")
+    return equalizing_rotation(Z.T @ Z)
 
 
 def harden(theta, Q, omega=None):
@@ -198,9 +134,14 @@ def harden(theta, Q, omega=None):
     return theta @ Q, head
 
 
-def diagonal_spread(H) -> float:
-    """``max diag(H) / min diag(H)`` over the positive entries: 1 when the diagonal is equal (what
-    a diagonal preconditioner sees; the Jacobi-scaled condition number is κ(H) at spread 1)."""
-    d = np.diag(np.asarray(H, dtype=np.float64))
-    d = d[d > 0]
-    return float(d.max() / d.min()) if d.size else float("nan")
+def harden_result(res, task, kind: str, *, rng: np.random.Generator | None = None):
+    """``res`` (an :class:`pycore.immunize.ImmunizationResult` of ``task``) hardened by ``kind``:
+    θ → θQ, ω → Qᵀω, keeping ``theta_unhardened`` and ``rotation``; ``"none"`` returns ``res``.
+    ``"haar"`` draws Q from ``rng``: pass the generator the run used, after the run, and θ is the
+    same for the same seed; ``"equalize"`` equalizes H_H(θ) on ``task``'s harmful rows."""
+    Q = hardening_rotation(kind, task.D, rng=rng, Z=task.X_H @ res.theta if kind == "equalize" else None)
+    if Q is None:
+        return res
+    theta, omega = harden(res.theta, Q, res.omega)
+    return replace(res, theta=theta, omega=omega, theta_unhardened=res.theta, rotation=Q, diagnostics={
+        **res.diagnostics, "harden": {"kind": kind, "orthogonality_defect": orthogonality_defect(Q)}})

@@ -1,12 +1,6 @@
-"""Pre-training / probing losses of a linear model on features ``Z = Xθ`` with head ω.
-
-Both return the loss and its gradients w.r.t. the head and θ in closed form:
-``∂L/∂θ = Xᵀ R ωᵀ`` and ``∂L/∂ω = Zᵀ R = θᵀ(Xᵀ R)`` with ``R = ∂L/∂(Zω)``.
-
-The products are associated through the head (m = its width, 1 here): ``X(θω)`` and
-``θᵀ(XᵀR)`` cost O(N·D·m + D²·m), where forming ``Z = Xθ`` would cost O(N·D²) -- on MNIST
-(N = 100, D = 784) that one product dominated IMMA, which calls these four times a step.
-"""
+"""Losses of a linear model on features ``Z = Xθ`` with head ω, and their closed-form gradients
+``∂L/∂θ = XᵀRωᵀ``, ``∂L/∂ω = θᵀ(XᵀR)``, ``R = ∂L/∂(Zω)``: associated through the head, O(N·D·m + D²·m)
+instead of the O(N·D²) of forming Z (on MNIST that product dominated IMMA)."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,20 +29,11 @@ def bce(X, theta, omega, Y, bias, *, grad_theta: bool = True):
     return loss, theta.T @ XtR, XtR @ omega.T if grad_theta else None, R.sum(axis=0)
 
 
-def task_loss(loss: str, X, theta, omega, Y, bias=None) -> float:
-    if loss == "mse":
-        return mse(X, theta, omega, Y)[0]
-    return bce(X, theta, omega, Y, 0.0 if bias is None else bias)[0]
-
-
 def best_probe_loss(loss: str, Z: np.ndarray, Y: np.ndarray) -> float:
-    """min_ω L(Z, ω) for the least-squares loss (Def. 3.1(c)); exact via ``lstsq``.
-
-    For BCE (one target column, head with a bias) the minimum is found by damped Newton
-    (:func:`pycore.optim.damped_newton`) on the mean BCE plus a tiny ridge ``(1e-8/2)‖w‖²`` that
-    keeps the problem well-posed on separable data; the returned value is the BCE alone at that
-    point, a tight upper bound of the infimum.
-    """
+    """min_ω L(Z, ω), the best D_P loss of a linear head on features Z (Definition 3.1(c),
+    docs/theory.md §5): least squares by ``lstsq``; BCE (head with a bias) by damped Newton on the
+    mean BCE + ``(1e-8/2)‖w‖²`` on Z scaled to unit RMS row norm (separable data well-posed, Z → cZ
+    the same problem), returning the BCE alone there, an upper bound of the infimum."""
     if loss == "mse":
         w, *_ = np.linalg.lstsq(Z, Y, rcond=None)
         E = Z @ w - Y
@@ -62,7 +47,8 @@ def _best_logistic_loss(Z, Y, ridge=1e-8, tol=1e-12, max_iter=100) -> float:
     if Y.size != n:
         raise ValueError(f"the BCE probe takes one target column, got targets of shape {Y.shape}")
     y = Y.reshape(n)
-    A = np.hstack([Z, np.ones((n, 1))])
+    scale = float(np.sqrt(np.sum(Z * Z) / n))
+    A = np.hstack([Z / (scale if scale > 0 else 1.0), np.ones((n, 1))])
 
     def bce_mean(w):
         t = A @ w

@@ -1,12 +1,11 @@
-"""Update rules on NumPy arrays, float64: plain GD and Adam (first order), and the damped Newton
-method used wherever a smooth strictly convex problem must be solved to the float64 floor
-(the logistic probes of :mod:`pycore.losses` and :mod:`pycore.attacks`).
+"""Update rules on float64 NumPy arrays: GD and Adam (first order), and the damped Newton method
+that solves the smooth strictly convex problems of :mod:`pycore.losses` and :mod:`pycore.attacks`
+to the float64 floor.
 
-GD and Adam refuse to take a step that leaves their state or the iterate non-finite: an
-overflowing gradient (e.g. ``λ_H = 1e300``) would otherwise make Adam's second moment ``inf`` and
-every later step exactly 0 -- a run that "finishes" at its initial point.  They raise
-:class:`pycore.validation.DivergenceError` instead, naming the parameter to blame when the
-caller says which (``blame``: a name, or a callable returning one, evaluated only on failure).
+GD and Adam refuse a step that leaves their state or the iterate non-finite (an overflowing
+gradient would make Adam's second moment inf and every later step 0: a run that "finishes" at
+its start) and raise :class:`pycore.validation.DivergenceError` naming ``blame``: a parameter
+name, or ``{name: gradient term}`` whose largest term is named (:func:`largest_term`).
 """
 from __future__ import annotations
 
@@ -15,24 +14,18 @@ from typing import Callable
 import numpy as np
 import scipy.linalg
 
-from pycore.validation import (
-    DivergenceError,
-    ParameterError,
-    check_choice,
-    check_number,
-)
+from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
 
 OPTIMIZERS = ("adam", "gd")
 
 
 def _diverged(what: str, name: str, t: int, g: np.ndarray, blame) -> DivergenceError:
-    parameter = blame() if callable(blame) else blame
+    parameter = largest_term(**blame) if isinstance(blame, dict) else blame
     with np.errstate(all="ignore"):
         gmax = float(np.max(np.abs(g))) if g.size else 0.0
     hint = f"; lower {parameter}" if parameter else ""
     return DivergenceError(f"{what} for {name} became non-finite at step {t} "
-                           f"(max |gradient| {gmax:.3e}){hint}",
-                           parameter=parameter)
+                           f"(max |gradient| {gmax:.3e}){hint}", parameter=parameter)
 
 
 class GD:
@@ -42,7 +35,7 @@ class GD:
         self.lr = check_number(lr, "lr", low=0.0, low_open=True)
         self.name, self.t = name, 0
 
-    def step(self, x: np.ndarray, g: np.ndarray, blame: str | Callable[[], str] | None = None) -> np.ndarray:
+    def step(self, x: np.ndarray, g: np.ndarray, blame: str | dict | None = None) -> np.ndarray:
         self.t += 1
         with np.errstate(over="ignore", invalid="ignore"):
             new = x - self.lr * g
@@ -52,10 +45,8 @@ class GD:
 
 
 class Adam:
-    """Adam (Kingma & Ba 2015) with bias correction; the paper's optimizer for linear models.
-
-    β = (0.9, 0.999), ε = 1e-8 as in paper Appendix C.2.
-    """
+    """Adam (Kingma & Ba 2015) with bias correction, the paper's optimizer for linear models
+    (β = (0.9, 0.999), ε = 1e-8: paper Appendix C.2)."""
 
     def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, *,
                  name: str = "x"):
@@ -66,23 +57,19 @@ class Adam:
         self.b2 = check_number(betas[1], "betas", low=0.0, high=1.0, high_open=True)
         self.eps = check_number(eps, "adam_eps", low=0.0, low_open=True)
         self.m = self.v = None
-        self.t = 0
-        self.name = name
+        self.t, self.name = 0, name
 
-    def step(self, x: np.ndarray, g: np.ndarray, blame: str | Callable[[], str] | None = None) -> np.ndarray:
+    def step(self, x: np.ndarray, g: np.ndarray, blame: str | dict | None = None) -> np.ndarray:
         if self.m is None or self.m.shape != g.shape:
             self.m, self.v = np.zeros_like(g), np.zeros_like(g)
-            # work buffers, reused every step: the moments are written into the spare pair and
-            # swapped in only once they are finite (the state of a failed step is unchanged)
+            # work buffers: the moments go to the spare pair, swapped in once finite
             self._buf = [np.empty_like(g) for _ in range(4)]
         self.t += 1
         b1, b2 = self.b1, self.b2
         m, v, t1, t2 = self._buf
-        # The same operations, operands and order as the plain expressions
-        #   m = b1·m + (1 − b1)·g,  v = b2·v + (1 − b2)·(g·g),
-        #   x − lr·(m/(1 − b1ᵗ)) / (√(v/(1 − b2ᵗ)) + ε)
-        # (each step correctly rounded, so bit-for-bit the same), written into preallocated
-        # arrays: at D = 784 the temporaries of the plain form cost more than the arithmetic.
+        # m = b1·m + (1 − b1)·g, v = b2·v + (1 − b2)·g², x − lr·(m/(1 − b1ᵗ))/(√(v/(1 − b2ᵗ)) + ε):
+        # the same operations in the same order (bit for bit), into preallocated arrays (at
+        # D = 784 the temporaries of the plain form cost more than the arithmetic).
         with np.errstate(over="ignore", invalid="ignore"):
             np.multiply(self.m, b1, out=m)
             np.multiply(g, 1 - b1, out=t1)
@@ -109,9 +96,8 @@ class Adam:
 
 
 def all_finite(a: np.ndarray) -> bool:
-    """``np.all(np.isfinite(a))`` without the boolean temporary: a finite sum means every entry
-    is finite (one inf or NaN entry makes the sum inf or NaN); only a sum that is not finite
-    (which an overflow of finite entries can also cause) needs the entrywise test."""
+    """``np.all(np.isfinite(a))`` without the boolean temporary: a finite sum means finite entries;
+    only a non-finite sum (also an overflow of finite entries) needs the entrywise test."""
     with np.errstate(over="ignore", invalid="ignore"):
         s = a.sum()
     return bool(np.isfinite(s)) or bool(np.isfinite(a).all())
@@ -122,16 +108,13 @@ FEATURE_LIMIT = 1e150
 
 
 def check_scale(x: np.ndarray, x_norm: float, where: str, optimizer: str, lr: float, blame) -> None:
-    """Raise :class:`DivergenceError` if the finite iterate ``x`` is too large for ``X x``.
-
-    ``|X x|`` entries are at most ``x_norm·max|x|`` with ``x_norm = max_i ‖X_i‖₁``; they must
-    stay below :data:`FEATURE_LIMIT`.  Under Adam every step is ~lr long whatever the gradient,
-    so lr is to blame; under GD (step lr·g) ``blame(lr)`` names the culprit (see
-    :func:`largest_term`).
-    """
+    """Raise :class:`DivergenceError` if ``|X x| ≤ x_norm·max|x|`` (``x_norm = max_i ‖X_i‖₁``) can
+    exceed :data:`FEATURE_LIMIT`.  Under Adam every step is ~lr long whatever the gradient, so lr
+    is to blame; under GD (step lr·g) ``blame`` as in :func:`largest_term` with ``step=lr``."""
     x_max = max(float(x.max()), -float(x.min()))  # max |x| without the |x| temporary
     if not x_max * x_norm < FEATURE_LIMIT:
-        parameter = "lr" if optimizer == "adam" else blame(lr)
+        parameter = "lr" if optimizer == "adam" else (
+            largest_term(lr, **blame) if isinstance(blame, dict) else blame)
         raise DivergenceError(f"{where}: θ diverged (max |θ| {x_max:.3e}: the features Xθ overflow float64); "
                               f"lower {parameter}", parameter=parameter)
 
@@ -159,14 +142,10 @@ def make_optimizer(name: str, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, 
 def damped_newton(value_grad: Callable, value: Callable, hessian: Callable, w0: np.ndarray, *,
                   tol: float, max_iter: int,
                   callback: Callable[[np.ndarray], bool] | None = None) -> tuple[np.ndarray, dict]:
-    """Damped Newton: Armijo backtracking (c = 1e-4, halving) on the Newton direction, Cholesky solve.
-
-    ``w`` is a vector; ``value_grad(w) -> (f, g)``, ``value(w) -> f`` and ``hessian(w) -> ∇²f``
-    (positive definite: the callers add a ridge).  Stops when ``‖∇f‖ ≤ tol·max(1, ‖∇f(w₀)‖)``,
-    when a step no longer decreases f (the float64 floor), after ``max_iter`` iterations, or when
-    ``callback(w)`` returns True.  Returns ``(w, info)`` with the iteration count, final gradient norm and the
-    stop reason.
-    """
+    """Damped Newton on a vector ``w``: Cholesky solve of ``hessian(w)`` (positive definite: the callers
+    add a ridge), Armijo backtracking (c = 1e-4, halving).  Stops at ``‖∇f‖ ≤ tol·max(1, ‖∇f(w₀)‖)``,
+    at the float64 floor (no decrease), after ``max_iter`` or when ``callback(w)`` is True.
+    Returns ``(w, {"iterations", "grad_norm", "message"})``."""
     w = w0.copy()
     f, g = value_grad(w)
     g0 = max(1.0, float(np.linalg.norm(g)))
@@ -184,10 +163,7 @@ def damped_newton(value_grad: Callable, value: Callable, hessian: Callable, w0: 
             if f_new <= f + 1e-4 * t * slope or t < 1e-12:
                 break
             t *= 0.5
-        if not f_new < f and t < 1e-12:
-            message = "no further decrease (float64 floor)"
-            break
-        if f_new >= f and np.linalg.norm(g) <= 1e3 * tol * g0:
+        if (not f_new < f and t < 1e-12) or (f_new >= f and np.linalg.norm(g) <= 1e3 * tol * g0):
             message = "no further decrease (float64 floor)"
             break
         w = w + t * d

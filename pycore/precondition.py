@@ -1,18 +1,7 @@
-"""Preconditioning of the regularizer steps of Algorithm 1 (docs/theory.md §4, §6).
-
-For ``H = θᵀKθ`` and ``G = ∇_H R(H)`` the θ-gradient is ``∇_θR = 2KθG`` (Theorem 4.2) and
-Algorithm 1 line 6 steps along ``K⁻¹∇_θR``, which is ``2θG`` exactly when K is invertible (no
-solve).  Real data makes K singular, so the modes are:
-
-* ``"exact"``: ``2θG``;
-* ``"pinv"``:  ``K⁺∇_θR = 2ΠθG``, Π the orthogonal projector on range(K) (docs/theory.md §5:
-  Theorem 4.3 holds with K⁺); same new Hessian as ``"exact"`` (KΠ = K), θ's null(K) part untouched;
-* ``"ridge"``: ``(K+λI)⁻¹∇_θR = 2(K+λI)⁻¹KθG`` (the authors' regularized solve), applied as
-  ``2Q_r diag(μ/(μ+λ)) Q_rᵀθG`` over K's nonzero eigenpairs (μ, Q_r) (:func:`ridge_factor`);
-* ``"none"``:  the plain gradient ``2KθG``.
-
-:class:`Preconditioner` caches the per-task factor (range basis or ridge eigenpairs) and applies
-``G`` through the features ``Z = Xθ`` when N < D (MNIST), never forming D×D ``H`` or ``G``.
+"""Preconditioning of Algorithm 1's regularizer steps ``∇_θR = 2KθG`` (docs/theory.md §4-§6):
+``"exact"`` K⁻¹ → ``2θG``; ``"pinv"`` K⁺ → ``2ΠθG``, Π the projector on range(K) (K is singular on
+real data); ``"ridge"`` the authors' ``(K+λI)⁻¹`` (:func:`ridge_factor`); ``"none"`` ``2KθG``.
+:class:`Preconditioner` caches the per-task factor and, when N < D, works through ``Z = Xθ``.
 """
 from __future__ import annotations
 
@@ -20,30 +9,15 @@ import numpy as np
 
 from pycore.regularizers import grad_theta_and_regularizer
 from pycore.spectral import rank_tolerance
-from pycore.validation import as_float_matrix, check_number
+from pycore.validation import as_float_matrix, check_choice, check_number
 
 PRECONDITIONERS = ("exact", "pinv", "ridge", "none")
 
 
 def precondition(theta: np.ndarray, G: np.ndarray, K: np.ndarray, mode: str = "exact",
-                 ridge: float = 0.0, *, K_factor=None) -> np.ndarray:
-    """Direction of the Algorithm-1 regularizer step for ``∇_θR = 2KθG`` (docs/theory.md §4).
-
-    ``K_factor``: for ``"pinv"`` the orthonormal basis of range(K) (D×r, :func:`range_basis`);
-    for ``"ridge"`` the pair of :func:`ridge_factor`.
-    """
-    if mode == "exact":
-        return 2.0 * theta @ G
-    if mode == "pinv":
-        B = K_factor if K_factor is not None else range_basis(K)
-        return 2.0 * B @ (B.T @ (theta @ G))
-    if mode == "ridge":
-        check_number(ridge, "ridge", low=0.0, low_open=True)
-        Q, f = K_factor if K_factor is not None else ridge_factor(K, ridge)
-        return 2.0 * Q @ (f[:, None] * (Q.T @ (theta @ G)))
-    if mode == "none":
-        return 2.0 * K @ (theta @ G)
-    raise ValueError(f"preconditioner must be one of {PRECONDITIONERS}, got {mode!r}")
+                 ridge: float = 0.0) -> np.ndarray:
+    """Direction of the Algorithm-1 regularizer step for ``∇_θR = 2KθG`` (docs/theory.md §4)."""
+    return Preconditioner(K, mode, ridge)(theta, G)
 
 
 def range_basis(K, rtol: float | None = None) -> np.ndarray:
@@ -55,15 +29,12 @@ def range_basis(K, rtol: float | None = None) -> np.ndarray:
 
 
 def ridge_factor(K, ridge: float, X=None) -> tuple[np.ndarray, np.ndarray]:
-    """``(Q_r, f)`` with ``(K+λI)⁻¹K = Q_r diag(f) Q_rᵀ``: K's eigenvectors for its nonzero
-    eigenvalues μ (rank cut-off of :func:`range_basis`) and ``f = μ/(μ+λ)``.
+    """``(Q_r, f)`` with ``(K+λI)⁻¹K = Q_r diag(f) Q_rᵀ`` over K's nonzero eigenvalues μ (rank cut of
+    :func:`range_basis`), ``f = μ/(μ+λ)``; from the SVD of ``X`` (K = XᵀX) when N < D.
 
-    The same operator as a Cholesky solve ``(K+λI)⁻¹(K·)``, but exactly zero on null(K), where the
-    math says zero.  The solve is not: K's null eigenvalues are round-off (~eps‖K‖), and the solve
-    divides that round-off by λ, so at λ = 1e-7 its output has a null(K) part of ~1e-7 relative
-    (House Prices, strict protocol) that a 1-ulp change of θ moves by as much; Adam, which
-    rescales each coordinate, then carries that noise into the range (docs/reproducibility.md).
-    ``X`` (rows with K = XᵀX, N < D): the eigenpairs come from the SVD of X instead (N×D work).
+    A Cholesky solve of K + λI divides K's round-off null eigenvalues by λ: at λ = 1e-7 its output
+    has a null(K) part of ~1e-7 relative that a 1-ulp change of θ moves by as much and Adam carries
+    into the range (docs/reproducibility.md); this form is exactly zero on null(K).
     """
     check_number(ridge, "ridge", low=0.0, low_open=True)
     if X is not None and X.shape[0] < X.shape[1]:
@@ -96,11 +67,8 @@ def G_parts(reg, D):
 
 
 def theta_G(theta, reg, Z):
-    """θG for ``G = ∇_H R(H)``, ``H = ZᵀZ`` (docs/theory.md §4), through Z when N < D.
-
-    ``G = a·vvᵀ − b·ZᵀZ`` (:func:`G_parts`), so ``θG = a(θv)vᵀ − b(θZᵀ)Z``: two D×D×N products
-    instead of one D³ product.
-    """
+    """θG for ``G = ∇_H R(H)``, ``H = ZᵀZ``; when N < D through Z: ``G = a·vvᵀ − b·ZᵀZ``
+    (:func:`G_parts`), so ``θG = a(θv)vᵀ − b(θZᵀ)Z``, two D×D×N products instead of a D³ one."""
     N, D = Z.shape
     if N >= D and reg.G is not None:
         return theta @ reg.G
@@ -109,15 +77,14 @@ def theta_G(theta, reg, Z):
 
 
 class Preconditioner:
-    """Caches what a preconditioner needs per task (range basis, ridge eigenpairs).
+    """What preconditioner ``mode`` needs per task (range basis, ridge eigenpairs), computed once.
 
-    With the task's rows ``X`` (K = XᵀX) and N < D, the range basis of K is taken from the SVD
-    of X (right singular vectors with s² above the same cut-off ``s_max²·D·eps`` that
-    :func:`range_basis` applies to K's eigenvalues): the same subspace, N×D work instead of D³.
+    With the task's rows ``X`` (K = XᵀX) and N < D the range basis comes from the SVD of X (the
+    same cut-off ``s_max²·D·eps`` on s² as :func:`range_basis` on K's eigenvalues): N×D work, not D³.
     """
 
     def __init__(self, K, mode, ridge, X=None):
-        self.K, self.mode, self.ridge = K, mode, ridge
+        self.K, self.mode, self.ridge = K, check_choice(mode, "precond", PRECONDITIONERS), ridge
         self.factor = self.gram = None
         if mode == "pinv" and X is not None and X.shape[0] < X.shape[1]:
             U, sv, Vt = np.linalg.svd(X, full_matrices=False)
@@ -131,7 +98,7 @@ class Preconditioner:
             self.factor = ridge_factor(K, ridge, X)
 
     def __call__(self, theta, G):
-        return precondition(theta, G, self.K, self.mode, self.ridge, K_factor=self.factor)
+        return self.apply_theta_G(theta @ G)   # 2(θG) and (2θ)G are the same bits: ×2 is exact
 
     def direction(self, theta, reg, Z):
         """Preconditioned step direction ``K⁺∇_θR = 2ΠθG`` (or the other modes), ``Z = Xθ``.
@@ -156,6 +123,3 @@ class Preconditioner:
             return 2.0 * Q @ (f[:, None] * (Q.T @ M))
         return 2.0 * self.K @ M
 
-
-__all__ = ["PRECONDITIONERS", "G_parts", "Preconditioner", "precondition", "preconditioned_grad_theta",
-           "range_basis", "ridge_factor", "theta_G"]

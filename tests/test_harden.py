@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from pycore.attacks import attack, jacobi_scaling, make_problem, run_attackers
-from pycore.harden import (HARDENINGS, check_orthogonal, diagonal_spread, equalizing_rotation, harden,
-                           haar_rotation, hardening_rotation, orthogonality_defect)
-from pycore.immunize import ImmunizeConfig, immunize
+from pycore.harden import (HARDENINGS, check_orthogonal, equalizing_rotation, harden,
+                           harden_result, haar_rotation, hardening_rotation, orthogonality_defect)
+from pycore.immunize import immunize
 from pycore.losses import best_probe_loss
 from pycore.metrics import rir
 from pycore.tasks import LinearTask
@@ -25,6 +25,13 @@ def invariants(t, task):
     r = rir(t, task.X_P, task.X_H)
     return np.array([r.value, r.harmful_ratio, r.pretrain_ratio, r.kappa_H, r.kappa_P,
                      best_probe_loss(task.loss, task.X_P @ t, task.Y_P)])
+
+
+def diagonal_spread(H) -> float:
+    """max/min of H's positive diagonal: 1 when a diagonal preconditioner has nothing to scale."""
+    d = np.diag(H)
+    d = d[d > 0]
+    return float(d.max() / d.min())
 
 
 def max_rel_change(theta, theta2, task):
@@ -103,8 +110,10 @@ def test_jacobi_pcg_is_cg_after_equalizing():
 @pytest.mark.parametrize("kind", ["haar", "equalize"])
 def test_immunize_hardens_every_method_and_keeps_its_numbers(method, kind):
     task = prescribed_task(7)
-    plain, hard = (immunize(task, method, rng=np.random.default_rng(0), config=ImmunizeConfig(
-        epochs=3, batch_size=None, harden=h)) for h in ("none", kind))
+    opts = {} if method in ("identity", "closed_form") else dict(epochs=3, batch_size=None)
+    plain = immunize(task, method, rng=np.random.default_rng(0), **opts)
+    rng = np.random.default_rng(0)
+    hard = harden_result(immunize(task, method, rng=rng, **opts), task, kind, rng=rng)
     # the method's own draws from rng come first: the unhardened θ is bit-identical
     np.testing.assert_array_equal(hard.theta_unhardened, plain.theta)
     np.testing.assert_array_equal(hard.theta, hard.theta_unhardened @ hard.rotation)
@@ -119,8 +128,11 @@ def test_immunize_hardens_every_method_and_keeps_its_numbers(method, kind):
 
 
 def test_haar_hardening_draws_from_the_run_generator():
-    task, cfg = prescribed_task(8), ImmunizeConfig(harden="haar")
-    a, b, c = (immunize(task, "closed_form", rng=np.random.default_rng(s), config=cfg) for s in (1, 1, 2))
+    task = prescribed_task(8)
+    def run(seed):
+        rng = np.random.default_rng(seed)
+        return harden_result(immunize(task, "closed_form", rng=rng), task, "haar", rng=rng)
+    a, b, c = run(1), run(1), run(2)
     np.testing.assert_array_equal(a.theta, b.theta)
     np.testing.assert_array_equal(a.theta_unhardened, c.theta_unhardened)     # closed form: deterministic
     assert not np.allclose(a.rotation, c.rotation)
@@ -128,7 +140,9 @@ def test_haar_hardening_draws_from_the_run_generator():
 
 def test_bad_hardening_input_names_the_argument():
     assert HARDENINGS[0] == "none" and hardening_rotation("none", 3) is None
-    for call, parameter in [(lambda: ImmunizeConfig(harden="rotate"), "harden"),
+    task = prescribed_task(8)
+    plain = immunize(task, "identity", rng=np.random.default_rng(0))
+    for call, parameter in [(lambda: harden_result(plain, task, "rotate"), "harden"),
                             (lambda: hardening_rotation("haar", 3), "rng"),
                             (lambda: hardening_rotation("equalize", 3, rng=np.random.default_rng(0)), "H"),
                             (lambda: equalizing_rotation(np.ones((2, 3))), "H"),

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import importlib
+
 from experiments import attacks, cli, deepnet, house_price, mnist
 from pycore.report import read_json, write_json
 from pycore.validation import DivergenceError, ParameterError
@@ -148,7 +150,7 @@ def test_divergence_names_the_flag_the_user_typed(capsys, tmp_path, monkeypatch)
     def diverge(task, method, **kw):
         raise DivergenceError("θ became non-finite at epoch 0 (Adam's second moment overflowed)",
                               parameter="lambda_h")
-    monkeypatch.setattr(house_price, "immunize", diverge)
+    monkeypatch.setattr(importlib.import_module("pycore.immunize"), "immunize", diverge)
     for jobs in ("1", "2"):
         rc, err, _ = call(capsys, house_price, ["--seeds", "2", "--methods", "ours", "--lambda-h", "1e300",
                                                 "--jobs", jobs, "--out", str(tmp_path / "o")])
@@ -157,16 +159,16 @@ def test_divergence_names_the_flag_the_user_typed(capsys, tmp_path, monkeypatch)
     assert not (tmp_path / "o").exists()
 
     def bad_param(task, method, **kw):
-        raise ParameterError("imma_inner_lr", "imma_inner_lr too large for this data")
-    monkeypatch.setattr(house_price, "immunize", bad_param)
+        raise ParameterError("inner_lr", "inner_lr too large for this data")
+    monkeypatch.setattr(importlib.import_module("pycore.immunize"), "immunize", bad_param)
     for jobs in ("1", "2"):  # ParameterError(parameter, message) does not even unpickle as is
         rc, err, _ = call(capsys, house_price, ["--seeds", "2", "--methods", "imma", "--jobs", jobs,
                                                 "--out", str(tmp_path / "o")])
-        assert rc == 2 and one_line(err, "error: --imma-inner-lr too large for this data")
+        assert rc == 2 and one_line(err, "error: --inner-lr too large for this data")
 
     def no_flag(task, method, **kw):
         raise DivergenceError("θ became non-finite", parameter="betas")
-    monkeypatch.setattr(house_price, "immunize", no_flag)
+    monkeypatch.setattr(importlib.import_module("pycore.immunize"), "immunize", no_flag)
     rc, err, _ = call(capsys, house_price, ["--seeds", "1", "--methods", "ours", "--jobs", "1",
                                             "--out", str(tmp_path / "o")])
     assert rc == 1 and one_line(err, "θ became non-finite (setting 'betas')")
@@ -174,12 +176,11 @@ def test_divergence_names_the_flag_the_user_typed(capsys, tmp_path, monkeypatch)
 
 def _library_detects_divergence() -> bool:
     from pycore.data.house_price import load_house_price
-    from pycore.immunize import ImmunizeConfig, immunize
+    from pycore.immunize import immunize
 
     try:
         with np.errstate(all="ignore"):
-            immunize(load_house_price().train, "ours", rng=np.random.default_rng(0),
-                     config=ImmunizeConfig(lambda_h=1e300, epochs=2))
+            immunize(load_house_price().train, "ours", rng=np.random.default_rng(0), lambda_h=1e300, epochs=2)
     except DivergenceError:
         return True
     return False
@@ -206,7 +207,7 @@ def test_floating_point_error_and_data_errors_are_exit_1_one_line(capsys, tmp_pa
 
     def nan_weights(task, method, **kw):
         raise FloatingPointError("ours: θ became non-finite at epoch 3; lower lr or λ")
-    monkeypatch.setattr(mnist, "immunize", nan_weights)
+    monkeypatch.setattr(importlib.import_module("pycore.immunize"), "immunize", nan_weights)
     rc, err, _ = call(capsys, mnist, ["--pairs", "0-1", "--seeds", "1", "--methods", "ours", "--epochs", "1",
                                       "--n-train", "20", "--n-heldout", "10", "--jobs", "1",
                                       "--out", str(tmp_path / "o")])

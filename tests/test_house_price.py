@@ -55,7 +55,7 @@ def test_ours_rir_comes_mostly_from_null_KP_under_the_paper_protocol(data):
 
     t = data.train
     e = evaluate_linear(immunize(t, "ours", rng=np.random.default_rng(0)).theta, t, data.heldout,
-                        rir_ceiling(t.X_P, t.X_H))
+                        ceiling=rir_ceiling(t.X_P, t.X_H))
     assert e["null_part_fraction"] > 0.9
     assert e["rir_range_part"] < 0.1 * e["rir"]
 
@@ -165,9 +165,9 @@ def test_init_flag_reaches_the_config_and_random_init_is_seeded():
     assert house_price.build_config(args).init == "random"
     assert house_price.build_config(house_price.parse_args([])).init == "identity"
     train = load_house_price().train
-    a = immunize(train, "ours", rng=np.random.default_rng(3), config=cfg).theta
-    b = immunize(train, "ours", rng=np.random.default_rng(3), config=cfg).theta
-    c = immunize(train, "ours", rng=np.random.default_rng(4), config=cfg).theta
+    a = cfg.run(train, "ours", np.random.default_rng(3)).theta
+    b = cfg.run(train, "ours", np.random.default_rng(3)).theta
+    c = cfg.run(train, "ours", np.random.default_rng(4)).theta
     assert np.array_equal(a, b) and not np.allclose(a, c)
     assert np.abs(a).max() <= 1 / np.sqrt(train.D)  # nn.Linear's U(±1/√D), untouched at 0 epochs
 

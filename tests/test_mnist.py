@@ -12,9 +12,10 @@ import scipy.linalg
 
 from pycore.data.mnist import (digit_covariances, ink_targets, load_mnist_5k, load_mnist_idx, pair_task,
                                parse_pairs, split_digits)
-from pycore.immunize import ImmunizeConfig, imma_objective, imma_inner_step_size
+from pycore.immunize import IMMAOptions
+from pycore.methods import imma_objective, imma_inner_step_size
 from pycore import losses
-from pycore.precondition import G_parts, Preconditioner, precondition, range_basis, theta_G
+from pycore.precondition import G_parts, Preconditioner, precondition, theta_G
 from pycore.report import read_json
 from pycore.regularizers import hessian_regularizer
 from pycore.tasks import LinearTask
@@ -68,7 +69,7 @@ def test_theta_G_and_pinv_direction_through_Z(kind):
     ref_TG = theta @ reg.G
     assert np.abs(theta_G(theta, lean, Z) - ref_TG).max() <= 1e-10 * np.abs(ref_TG).max()
     K = X.T @ X
-    ref = precondition(theta, reg.G, K, "pinv", K_factor=range_basis(K))
+    ref = precondition(theta, reg.G, K, "pinv")
     got = Preconditioner(K, "pinv", 0.0, X).direction(theta, lean, Z)
     assert np.abs(got - ref).max() <= 1e-10 * np.abs(ref).max()
     a, b, v = G_parts(lean, D)
@@ -79,7 +80,7 @@ def test_imma_objective_matches_explicit_unroll():
     rng = np.random.default_rng(5)
     X_P, X_H = _low_rank_rows(rng, n=30, D=40, rank=20), _low_rank_rows(rng, n=30, D=40, rank=25)
     task = LinearTask(X_P, ink_targets(X_P), X_H, rng.standard_normal((30, 1)), loss="bce")
-    cfg = ImmunizeConfig(imma_inner_steps=3)
+    cfg = IMMAOptions(inner_steps=3)
     theta = np.eye(40) + 0.05 * rng.standard_normal((40, 40))
     w, omega = rng.standard_normal((40, 1)) / 7, rng.standard_normal((40, 1)) / 7
     F, gF = imma_objective(theta, w, omega, task, cfg, 0.1)
@@ -219,7 +220,7 @@ def test_experiment_rejects_bad_pairs(capsys):
 
 @pytest.mark.parametrize("loss", ["bce", "mse"])
 def test_full_batch_loss_from_Z_matches_losses_module(loss):
-    from pycore.immunize import _loss_grads, _loss_grads_from_Z
+    from pycore.methods import _loss_grads, _loss_grads_from_Z
 
     rng = np.random.default_rng(6)
     X = _low_rank_rows(rng, n=30, D=40)
@@ -239,28 +240,26 @@ def test_full_batch_loss_from_Z_matches_losses_module(loss):
 
 
 def test_experiment_flags_are_generated_from_the_config():
-    # The flags are generated from ImmunizeConfig's fields and applied on top of
-    # ImmunizeConfig.mnist(), the one source of the MNIST settings (also used by attacks.py
-    # --mnist-pairs and quoted by docs/results.md): no flag, no drift.
-    import typing
+    # The flags are generated from the options dataclasses and applied on top of the preset
+    # "mnist", the one source of the MNIST settings (also used by attacks.py --mnist-pairs and
+    # quoted by docs/results.md): no flag, no drift.
     from dataclasses import fields
 
     from experiments import cli
     from experiments import mnist as exp
+    from pycore.immunize import METHODS, PRESETS, options_of
 
-    assert exp.build_config(exp.parse_args([])) == ImmunizeConfig.mnist()
-    assert exp.build_config(exp.parse_args(["--paper-hparams"])) == ImmunizeConfig.mnist(paper=True)
-    assert ImmunizeConfig.mnist().lambda_h != ImmunizeConfig.mnist(paper=True).lambda_h
+    assert exp.build_config(exp.parse_args([])) == cli.Settings("mnist")
+    assert exp.build_config(exp.parse_args(["--paper-hparams"])) == cli.Settings("mnist_paper")
+    assert PRESETS["mnist"]["lambda_h"] != PRESETS["mnist_paper"]["lambda_h"]
     parser = exp.build_parser()
-    hints = typing.get_type_hints(ImmunizeConfig)
-    scalar = {f.name for f in fields(ImmunizeConfig) if cli._field_type(hints[f.name])[0] is not None}
-    assert {"epochs", "lr", "lambda_p", "lambda_h", "batch_size", "precond", "init", "certified"} <= scalar
-    assert scalar <= set(parser.config_fields)
+    options = {f.name for m in METHODS for f in fields(options_of(m))} - {"betas"}   # a pair: no flag
+    assert options | {"certified", "harden"} <= set(parser.config_fields)
     assert (parser.flag_for("lambda_h") == "--lambda-h"
-            and parser.flag_for("imma_inner_steps") == "--imma-inner-steps")
-    cfg = exp.parse_args(["--lambda-h", "3e9", "--imma-inner-steps", "5", "--batch-size", "0",
+            and parser.flag_for("inner_steps") == "--inner-steps")
+    cfg = exp.parse_args(["--lambda-h", "3e9", "--inner-steps", "5", "--batch-size", "0",
                           "--certified"]).config
-    assert (cfg.lambda_h, cfg.imma_inner_steps, cfg.batch_size, cfg.certified) == (3e9, 5, None, True)
+    assert (cfg.lambda_h, cfg.inner_steps, cfg.batch_size, cfg.certified) == (3e9, 5, None, True)
     # typed flags win over the base
     assert exp.parse_args(["--paper-hparams", "--lr", "0.01"]).config.lr == 0.01
 
