@@ -30,6 +30,7 @@ MAX_EPOCHS = 100_000
 MAX_INNER_STEPS = 1_000
 _RULES = {  # option → check_number bounds; NaN fails every bound (each is checked positively)
     "epochs": dict(low=0, high=MAX_EPOCHS, integer=True), "lr": dict(low=0.0, low_open=True),
+    "patience": dict(low=1, high=MAX_EPOCHS, integer=True),
     "lambda_p": dict(low=0.0), "lambda_h": dict(low=0.0), "lambda_kappa": dict(low=0.0),
     "adam_eps": dict(low=0.0, low_open=True), "batch_size": dict(low=1, integer=True, none_ok=True),
     "ridge": dict(low=0.0), "inner_steps": dict(low=0, high=MAX_INNER_STEPS, integer=True),
@@ -46,6 +47,8 @@ class Options:
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
+            if value == "auto" and f.name in ("lambda_p", "lambda_h"):
+                continue
             if f.name in _RULES:
                 check_number(value, f.name, **_RULES[f.name])
             elif f.name in _CHOICES:
@@ -90,12 +93,34 @@ class _AdamOptions(_LoopOptions):
 
 @dataclass(frozen=True)
 class OursOptions(_AdamOptions):
-    """Algorithm 1 (docs/theory.md §6); defaults: ``PRESETS["house_price"]``."""
+    """Algorithm 1 (docs/theory.md §6).  Default: ``lambda_p = lambda_h = "auto"``, the λ's measured
+    on the task at every step and a stopping rule, ``epochs`` full-batch steps at most
+    (:func:`pycore.methods.algorithm1_auto`); numbers give the paper's fixed-λ loop (``PRESETS``)."""
 
-    lambda_p: float = 100.0            # λ_P, weight of R_well(H_P): the paper's
-    lambda_h: float = 1e10             # λ_H, weight of R_ill(H_H); paper 1e7 leaves R_ill inert under Adam
+    lambda_p: float | str = "auto"     # λ_P, weight of R_well(H_P); the paper's: 100
+    lambda_h: float | str = "auto"     # λ_H, weight of R_ill(H_H); paper 1e7 leaves R_ill inert under Adam
     precond: str = "pinv"              # K⁺ (K is singular on real data, docs/theory.md §5)
     ridge: float = 0.0                 # λ of precond "ridge", (K + λI)⁻¹
+    patience: int = 300                # "auto": steps without progress before lr/3 (twice), then stop
+    lr: float = 0.03
+    epochs: int | None = None          # None: 5000 (a budget) with "auto" λ's, 100 with numbers
+
+    def __post_init__(self):
+        if self.epochs is None:
+            object.__setattr__(self, "epochs", 5000 if self.lambda_p == "auto" else 100)
+        super().__post_init__()
+        auto = [name for name in ("lambda_p", "lambda_h") if getattr(self, name) == "auto"]
+        if len(auto) == 1:
+            raise ParameterError(auto[0], f"{auto[0]} = 'auto' needs the other λ 'auto' too: the adaptive "
+                                          "default sets both (give both numbers for the fixed-λ loop)")
+        if auto and (self.optimizer != "adam" or self.init != "identity"):
+            bad = "optimizer" if self.optimizer != "adam" else "init"
+            raise ParameterError(bad, f"the adaptive default (lambda_p = lambda_h = 'auto') runs Adam from "
+                                      f"θ = I; {bad} = {getattr(self, bad)!r} needs numbers for lambda_p and lambda_h")
+
+    @property
+    def auto(self) -> bool:
+        return self.lambda_p == "auto"
 
 
 @dataclass(frozen=True)
@@ -106,6 +131,9 @@ class CertifiedOptions(OursOptions):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.auto:
+            raise ParameterError("lambda_p", "certified mode needs numbers for lambda_p and lambda_h "
+                                             "(preset='house_price' gives the table's)")
         if self.precond not in ("exact", "pinv"):
             raise ParameterError("precond", "certified mode needs precond 'exact' or 'pinv' "
                                             "(the bounds of docs/theory.md §5 are for K⁻¹/K⁺)")
@@ -232,7 +260,7 @@ def _run(task, method, opts, rng):
         theta, omega, hist, diag, why = np.eye(task.D), None, {}, {}, "θ = I, the reference"
     else:
         theta, omega, hist, diag = methods.RUNNERS[method](task, method, opts, rng)
-        why = f"ran the {opts.epochs} epochs asked for"
+        why = diag.get("stop", f"ran the {opts.epochs} epochs asked for")
     try:
         r = rir(theta, task.X_P, task.X_H)
         hr, pr, value = r.harmful_ratio, r.pretrain_ratio, r.value
@@ -241,7 +269,8 @@ def _run(task, method, opts, rng):
         why += f" but the features have no condition number ({exc})"
     ok = immunized_def31(hr, pr)
     why += (f"; Definition 3.1 {'holds' if ok else 'does not hold'} on the given rows: "
-            f"(i) = {hr:.4g}, (ii) = {pr:.4g}.")
+            f"(i) = {hr:.4g}, (ii) = {pr:.4g}")
+    why += "."
     return ImmunizationResult(method, theta, omega, opts, hr, pr, value, ok, why, hist, diag,
                               time.perf_counter() - t0)
 

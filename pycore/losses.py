@@ -38,10 +38,19 @@ def best_probe_loss(loss: str, Z: np.ndarray, Y: np.ndarray) -> float:
         w, *_ = np.linalg.lstsq(Z, Y, rcond=None)
         E = Z @ w - Y
         return float(np.sum(E * E) / E.size)
-    return _best_logistic_loss(Z, Y)
+    return best_logistic_head(Z, Y)[2]
 
 
-def _best_logistic_loss(Z, Y, ridge=1e-8, tol=1e-12, max_iter=100) -> float:
+def best_head(loss: str, Z: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """The head ``(ω, bias)`` of :func:`best_probe_loss` (bias None for least squares)."""
+    if loss == "mse":
+        return np.linalg.lstsq(Z, Y, rcond=None)[0], None
+    w, b, _ = best_logistic_head(Z, Y)
+    return w[:, None], np.array([b])
+
+
+def best_logistic_head(Z, Y, ridge=1e-8, tol=1e-12, max_iter=100) -> tuple[np.ndarray, float, float]:
+    """``(w, b, BCE)`` of the ridge-regularised logistic fit of :func:`best_probe_loss`, in Z's units."""
     n = Z.shape[0]
     Y = np.asarray(Y, dtype=np.float64)
     if Y.size != n:
@@ -66,4 +75,4 @@ def _best_logistic_loss(Z, Y, ridge=1e-8, tol=1e-12, max_iter=100) -> float:
         return (A * (p * (1.0 - p) / n)[:, None]).T @ A + ridge * np.eye(A.shape[1])
 
     w, _ = damped_newton(value_grad, value, hessian, np.zeros(A.shape[1]), tol=tol, max_iter=max_iter)
-    return bce_mean(w)[0]
+    return w[:-1] / (scale if scale > 0 else 1.0), float(w[-1]), bce_mean(w)[0]

@@ -7,6 +7,7 @@ import numpy as np
 from scipy.special import expit
 
 from pycore import losses
+from pycore.metrics import rir_ceiling
 from pycore.optim import check_scale, make_optimizer
 from pycore.precondition import Preconditioner
 from pycore.regularizers import (hessian_regularizer, preconditioned_r_ill_step_bound,
@@ -327,8 +328,91 @@ def imma(task, method, o, rng):
     return theta, omega, hist, {}
 
 
+def _unit(a):
+    n = np.linalg.norm(a)
+    return a / n if n > 0 else a
+
+
+# The adaptive default's constants: the gain of the balance (w moves from 0.5 to 0.98 when ln(i) and
+# −ln(ii) differ by 0.5), the margin gain that counts as progress, the lr divisions before stopping.
+BALANCE_GAIN, PROGRESS_TOL, RESTARTS = 8.0, 1e-3, 2
+
+
+def algorithm1_auto(task, method, o, rng):
+    """Algorithm 1 (docs/theory.md §6) with its λ's measured on the task: Adam on
+    ``g = λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)`` with, at every step,
+    ``λ_P = (1 − w)/‖K_P⁺∇_θR_well‖_F``, ``λ_H = w/‖K_H⁺∇_θR_ill‖_F``, ``w = σ(−γ(ln(i) + ln(ii)))``.
+
+    Scale-free: both terms enter with unit norm (R_ill's gradient scales as c⁻⁶ and R_well's as c² when
+    the inputs scale by c, so no fixed λ fits every unit of measurement), so X → cX leaves the run
+    unchanged.  Balanced: w weighs whichever of (i), 1/(ii) lags in log scale, aiming at
+    ln(i) = −ln(ii), where the closed form's balanced exponent sits (§10).  The D_P loss term is left
+    out: at the optimal head its θ-gradient vanishes for every invertible θ (Definition 3.1(c)), and
+    the head is solved exactly at the end.  Stopping rule: the iterate of largest margin
+    ``min(ln(i), −ln(ii))`` (exact κ's) is kept; once it is positive (Definition 3.1), ``patience``
+    steps without a gain of ``PROGRESS_TOL`` restart Adam from it at lr/3, ``RESTARTS`` times, then
+    the run stops; ``epochs`` bounds the steps."""
+    XP, XH = task.X_P, task.X_H
+    theta = np.eye(task.D)
+    ceiling = rir_ceiling(XP, XH)
+    if not ceiling.exact > 1 + 1e-6:   # sup RIR ≤ 1 (to round-off): (i) > 1 > (ii) is out of reach (§10)
+        return theta, losses.best_head(task.loss, XP, task.Y_P)[0], {}, {
+            "steps": 0, "stop": f"no step taken: Definition 3.1 is out of reach of every θ, the RIR "
+                                f"ceiling is {ceiling.exact:.4g} ≤ 1 (docs/theory.md §10)"}
+    pre_P = Preconditioner(task.K_P, o.precond, o.ridge, XP)
+    pre_H = Preconditioner(task.K_H, o.precond, o.ridge, XH)
+    spec_P, spec_H = ProductGramSpectrum(XP), ProductGramSpectrum(XH)
+    kP0, kH0 = spec_P(theta).kappa, spec_H(theta).kappa
+    make = lambda lr: make_optimizer("adam", lr, o.betas, o.adam_eps, param="θ")   # noqa: E731
+    opt, lr = make(o.lr), o.lr
+    best, best_m, best_step, since, left = theta, 0.0, 0, 0, RESTARTS
+    hist = {"step": [], "harmful_ratio": [], "pretrain_ratio": [], "weight_h": []}
+    stop = f"used the budget of {o.epochs} steps"
+    for step in range(o.epochs + 1):
+        a, b = np.log(spec_H(theta).kappa / kH0), -np.log(spec_P(theta).kappa / kP0)
+        if min(a, b) > best_m + PROGRESS_TOL:
+            best, best_m, best_step, since = theta, min(a, b), step, 0
+        else:
+            since += 1
+            if best_m <= 0 and since > 4 * o.patience:
+                stop = f"stopped at step {step}: no θ with (i) > 1 and (ii) < 1 in {since} steps"
+                break
+            if best_m > 0 and since > o.patience:
+                if not left:
+                    stop = f"stopped at step {step}: no margin gain in {o.patience} steps at lr {lr:.3g}"
+                    break
+                left, since, theta, lr = left - 1, 0, best, lr / 3
+                opt = make(lr)
+                continue
+        if step == o.epochs:
+            break
+        Z_P, Z_H = XP @ theta, XH @ theta
+        try:
+            reg_P = hessian_regularizer(Z_P, "well", matrices=False)
+            reg_H = hessian_regularizer(Z_H, "ill", matrices=False)
+        except SpectrumError as exc:
+            stop = f"stopped at step {step}: {exc}"
+            break
+        w = 1.0 / (1.0 + np.exp(np.clip(BALANCE_GAIN * (a - b), -50.0, 50.0)))
+        for key, val in zip(hist, (step, np.exp(a), np.exp(-b), w)):
+            hist[key].append(float(val))
+        g = (1 - w) * _unit(pre_P.direction(theta, reg_P, Z_P)) + w * _unit(pre_H.direction(theta, reg_H, Z_H))
+        theta = opt.step(theta, g, blame="lr")
+    if best_m <= 0:
+        stop += (f"; Definition 3.1 was not reached though the RIR ceiling is {ceiling.exact:.4g} > 1: "
+                 "more epochs or a larger patience may reach it")
+    omega, bias = losses.best_head(task.loss, XP @ best, task.Y_P)
+    diag = {"steps": step, "best_step": best_step, "restarts": RESTARTS - left, "stop": stop,
+            "bias": None if bias is None else bias.tolist()}
+    return best, omega, hist, diag
+
+
+def ours(task, method, o, rng):
+    return (algorithm1_auto if o.auto else algorithm1)(task, method, o, rng)
+
+
 RUNNERS = {"r_ill_only": r_ill_only, "imma": imma, "opt_kappa": algorithm1, "opt_kappa_balanced": algorithm1,
-           "ours": algorithm1}
+           "ours": ours}
 
 
 def closed_form(task, exponent: float, ceiling):

@@ -174,7 +174,8 @@ def test_imma_upper_level_uses_the_dp_mini_batches(monkeypatch):
 
 def test_ours_immunizes_a_synthetic_task():
     t = small_task(10, N=60, D=6)
-    res = immunize(t, "ours", rng=np.random.default_rng(0), epochs=60, batch_size=None, lambda_h=1e4)
+    res = immunize(t, "ours", rng=np.random.default_rng(0), epochs=60, batch_size=None,
+                   lambda_p=100.0, lambda_h=1e4)
     assert res.rir > 1.5
 
 
@@ -203,7 +204,8 @@ def test_degenerate_task_raises_a_spectrum_error():
     rng = np.random.default_rng(0)
     t = LinearTask(rng.standard_normal((20, 4)), rng.standard_normal(20), 3.0 * np.eye(4), np.ones(4))
     with pytest.raises(SpectrumError):
-        immunize(t, "ours", rng=np.random.default_rng(0), epochs=1)
+        immunize(t, "ours", rng=np.random.default_rng(0), epochs=1, lambda_p=1.0, lambda_h=1.0)
+    assert not immunize(t, "ours", rng=np.random.default_rng(0)).immunized   # the default says why instead
 
 
 def test_closed_form_with_fewer_harmful_rows_than_rank_keeps_dp_loss():
