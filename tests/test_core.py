@@ -294,9 +294,9 @@ def test_attack_gd_exact_uses_the_shared_loop_on_least_squares():
     rng = np.random.default_rng(0)
     Z = rng.standard_normal((50, 8)) @ np.diag(np.logspace(0, -2, 8))
     P_ = attacks.make_problem(Z, rng.standard_normal(50))
-    tr = attacks.attack_gd_exact(P_, max_steps=40, tol=0.0)
+    tr = attacks.attack(P_, "gd_exact", max_steps=40, tol=0.0)
     ws = [w for w, _, _ in itertools.islice(probe.exact_line_search_steps(*P_.work, np.zeros(8)), 40)]
-    assert len(ws) == 40 and np.array_equal(tr.w_final, ws[-1]) and tr.losses.size == 41
+    assert len(ws) == 40 and np.array_equal(tr.w_final, ws[-1]) and tr.rel_subopt.size == 41
 
 
 def test_task_threads_is_the_policy_of_worker_tasks(monkeypatch):

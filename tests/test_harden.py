@@ -144,7 +144,7 @@ def test_bad_hardening_input_names_the_argument():
     plain = immunize(task, "identity", rng=np.random.default_rng(0))
     for call, parameter in [(lambda: harden_result(plain, task, "rotate"), "harden"),
                             (lambda: hardening_rotation("haar", 3), "rng"),
-                            (lambda: hardening_rotation("equalize", 3, rng=np.random.default_rng(0)), "H"),
+                            (lambda: hardening_rotation("equalize", 3, rng=np.random.default_rng(0)), "Z"),
                             (lambda: equalizing_rotation(np.ones((2, 3))), "H"),
                             (lambda: check_orthogonal(np.ones((2, 3))), "Q"),
                             (lambda: harden(np.eye(3), np.eye(4)), "Q")]:
