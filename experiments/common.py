@@ -66,7 +66,7 @@ def _interval(lo, hi, lo_open=False, hi_open=False) -> str:
     return f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
 
 
-def _flag_type(name: str, bound: str | None, convert):
+def flag_type(name: str, bound: str | None, convert):
     """An argparse ``type``: ``convert``'s ValueError becomes the flag's message; ``bound`` is
     printed by ``--help`` (:class:`_Help`)."""
     def parse(text):
@@ -90,7 +90,7 @@ def count(lo: int = 0, hi: int | None = None):
         if n < lo or (hi is not None and n > hi):
             raise ValueError(f"expected an integer {bound}, got {n}")
         return n
-    return _flag_type("count", bound, convert)
+    return flag_type("count", bound, convert)
 
 
 def real(lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_open=False):
@@ -103,7 +103,7 @@ def real(lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_
                 and (hi is None or x < hi or (x == hi and not hi_open))):
             raise ValueError(f"expected a finite number{' ' + bound if bound else ''}, got {t!r}")
         return x
-    return _flag_type("real", bound, convert)
+    return flag_type("real", bound, convert)
 
 
 def comma_list(item=str, *, choices=None, max_items: int = MAX_ITEMS):
@@ -126,7 +126,7 @@ def comma_list(item=str, *, choices=None, max_items: int = MAX_ITEMS):
         if len(set(values)) != len(values):
             raise ValueError(f"repeated item in {t!r}")
         return values
-    return _flag_type("list", bound, convert)
+    return flag_type("list", bound, convert)
 
 
 def _parse_seeds(t: str) -> list[int]:
@@ -143,7 +143,7 @@ def _parse_seeds(t: str) -> list[int]:
         raise ValueError(f"{exc} (seeds: a count N, a list A,B,C or a range A-B)") from None
 
 
-seeds = _flag_type("seeds", f"at most {MAX_SEEDS} seeds ≥ 0", _parse_seeds)
+seeds = flag_type("seeds", f"at most {MAX_SEEDS} seeds ≥ 0", _parse_seeds)
 
 
 def existing(kind: str = "file"):
@@ -153,7 +153,7 @@ def existing(kind: str = "file"):
         if not (p.is_file() if kind == "file" else p.is_dir()):
             raise ValueError(f"no such {kind}: {t}" if not p.exists() else f"not a {kind}: {t}")
         return p
-    return _flag_type("path", None, convert)
+    return flag_type("path", None, convert)
 
 
 # --- the parser ----------------------------------------------------------------------------------
@@ -228,14 +228,14 @@ def _converter(hint, rule):
         base = real(lo, hi, lo_open=rule.get("low_open", False), hi_open=rule.get("high_open", False))
         metavar = "X"
         if str in args:    # a number or a word such as "auto" (the library checks the word)
-            base = _flag_type("real_or_word", base.bound, lambda t, num=base: t if t.isalpha() else num(t))
+            base = flag_type("real_or_word", base.bound, lambda t, num=base: t if t.isalpha() else num(t))
             metavar = "X|WORD"
     elif args == (str,):
         base, metavar = str, "TEXT"
     else:
         return None
     if optional:
-        base = _flag_type("optional", getattr(base, "bound", None),
+        base = flag_type("optional", getattr(base, "bound", None),
                           lambda t, inner=base: None if t == "none" else inner(t))
         metavar += "|none"
     return base, metavar
