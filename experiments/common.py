@@ -398,7 +398,10 @@ def _expected(exc: BaseException) -> bool:
 
 def describe(exc: BaseException, parser: Parser) -> str:
     """One line for ``exc``: prefixed by the flag that sets its ``.parameter`` where there is one."""
-    msg = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.strerror:   # "No space left on device: PATH", not "[Errno 28] ..."
+        msg = exc.strerror + (f": {exc.filename}" if exc.filename else "")
+    else:
+        msg = " ".join(str(exc).split()) or type(exc).__name__
     parameter = getattr(exc, "parameter", None)
     if parameter:
         flag = parser.flag_for(parameter)
