@@ -186,7 +186,13 @@ def test_constant_column_normalises_to_exact_zero(tmp_path, data):
     df = pd.read_csv(data.source)
     df["Const"] = 0.1
     df.to_csv(tmp_path / "const.csv", index=False)
-    d = load_house_price(tmp_path / "const.csv")
+    from pycore.data.house_price import INPUTS
+    from pycore.data.table import load_table
+
+    with pytest.raises(ValueError, match="Const"):   # not the Kaggle column set
+        load_house_price(tmp_path / "const.csv")
+    d = load_table(tmp_path / "const.csv", target_p="LotArea", target_h="SalePrice",
+                   inputs=[*INPUTS, "Const"], split="MSZoning=RL")
     i = d.feature_names.index("Const")
     for X in (d.train.X_P, d.train.X_H, d.heldout.X_P, d.heldout.X_H):
         assert np.all(X[:, i] == 0.0)

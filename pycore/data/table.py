@@ -1,0 +1,309 @@
+"""A CSV table of the user's own as the two tasks of docs/theory.md §1, preprocessed per split as §9.
+
+D_H = the rows where a column has a given value (``split="COLUMN=VALUE"``, compared with the cell's
+text), D_P = the other rows; or two files (``path`` is D_P, ``harmful_path`` D_H).  Per split:
+empty input cells → 0 (counted in :attr:`TableData.filled`), text inputs label-encoded (categories in
+code-point order, as scikit-learn's LabelEncoder), inputs and target z-scored with the population
+std (a constant column → 0).  Training rows: the first ``n_train`` rows of each split in file order
+(the authors' code), or a random ``n_train`` drawn with ``rng``; the rest is held out.
+
+Memory stays within a few times the file: every column is read as a pandas categorical (codes plus
+the distinct texts, each distinct text parsed once), and only the float64 inputs are built.  The
+header is read and its width capped before pandas allocates anything (pandas pads every row to
+every declared column).
+"""
+from __future__ import annotations
+
+import csv
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pycore.tasks import LinearTask
+from pycore.validation import (OUTLIER_FACTOR, OutlierWarning, ParameterError, check_choice, check_dense_size,
+                               check_number, check_regular_file, outliers)
+
+# θ is D×D: at 10,000 inputs it is 800 MB and one eigensolve takes minutes; the paper's table has 79.
+MAX_COLUMNS = 10_000
+MAX_HEADER_BYTES = 1 << 20
+ON_OUTLIER = ("warn", "error", "ignore")
+
+
+@dataclass(frozen=True)
+class TableData:
+    """The tasks of a table: ``train`` (``n_train`` rows per split), ``heldout`` (the rest, or None
+    when a split has fewer than two rows left), the input columns in θ's order, the file(s), the
+    rows per split and ``filled``: the number of empty input cells set to 0 per split (``"P"``, ``"H"``)."""
+
+    train: LinearTask
+    heldout: LinearTask | None
+    feature_names: list[str]
+    source: str
+    n_rows_P: int
+    n_rows_H: int
+    filled: dict
+
+
+def read_header(path) -> list[str]:
+    """The column names of a CSV file's first non-blank line, refused (``ValueError`` naming the
+    file) when it is not a regular file, is binary, wider than :data:`MAX_COLUMNS` columns, or
+    repeats a name (pandas would rename a second ``SalePrice`` to ``SalePrice.1``: a target as input)."""
+    check_regular_file(path, "expected a CSV table")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.readline(MAX_HEADER_BYTES + 1)
+            while raw.endswith(b"\n") and not raw.strip():  # pandas skips blank lines too
+                raw = fh.readline(MAX_HEADER_BYTES + 1)
+        if b"\x00" in raw:
+            raise ValueError("binary data (NUL bytes) in the header line")
+        names = next(csv.reader([raw.decode("utf-8-sig").rstrip("\r\n")]), [])
+    except (OSError, csv.Error, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{path}: cannot be read as CSV ({type(exc).__name__}: {exc})") from None
+    if len(names) > MAX_COLUMNS:
+        raise ValueError(f"{path}: the header has more than {MAX_COLUMNS} columns "
+                         "(pycore.data.table.MAX_COLUMNS), refused before reading the rows")
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ValueError(f"{path}: the header line is longer than {MAX_HEADER_BYTES} bytes")
+    if not any(n.strip() for n in names):
+        raise ValueError(f"{path}: is empty (no header line)")
+    if len(names) == 1:
+        for sep in (";", "\t", "|"):
+            if sep in names[0]:
+                raise ValueError(f"{path}: the header has a single column; the file looks {sep!r}-separated, "
+                                 "expected a comma-separated CSV")
+    dups = sorted({n for n in names if names.count(n) > 1}, key=names.index)
+    if dups:
+        raise ValueError(f"{path}: duplicated column name(s) {', '.join(map(repr, dups))} in the header")
+    return names
+
+
+def _read(path, names):
+    import pandas as pd
+
+    try:
+        with warnings.catch_warnings():
+            # rows longer than the header: pandas drops the extra cells with a ParserWarning
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            df = pd.read_csv(path, dtype="category", index_col=False)
+    except Exception as exc:  # pandas raises several types for unreadable files
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(f"{path}: cannot be read as CSV ({type(exc).__name__}: {first})") from None
+    if len(df) == 0:
+        raise ValueError(f"{path}: no data rows")
+    if len(df.columns) != len(names):
+        raise ValueError(f"{path}: pandas read {len(df.columns)} columns, the header line has {len(names)}")
+    df.columns = names
+    return df
+
+
+class _Column:
+    """One column of a file: category codes (−1 = empty), the distinct texts and their numbers
+    (each distinct text parsed once: a tall file repeats few texts over many rows)."""
+
+    def __init__(self, df, name, path):
+        import pandas as pd
+
+        cat = df[name].cat
+        self.name, self.path, self.codes, self._values = name, path, cat.codes.to_numpy(), None
+        self.texts = np.asarray(cat.categories, dtype=object)
+        self.numbers = pd.to_numeric(self.texts, errors="coerce").astype(np.float64)
+        self.junk = np.isnan(self.numbers)
+        counts = np.bincount(self.codes[self.codes >= 0], minlength=self.texts.size)
+        self.numeric = not self.junk.any()
+        # mostly numbers with some text: a corrupt numeric column, not a category
+        self.corrupt = 0 < counts[self.junk].sum() < 0.5 * counts.sum()
+
+    def _first(self, bad_texts) -> str:
+        i = int(np.flatnonzero(bad_texts[self.codes] & (self.codes >= 0))[0])
+        return f"{self.texts[self.codes[i]]!r} (line {i + 2})"
+
+    def check_input(self) -> bool:
+        """Whether the column is numeric; refuses a corrupt numeric one naming its first text."""
+        if self.corrupt:
+            raise ValueError(f"{self.path}: column {self.name!r} is numeric but has non-numeric value "
+                             f"{self._first(self.junk)}")
+        return self.numeric
+
+    def values(self) -> np.ndarray:
+        """float64 per row, NaN where empty; refuses a non-finite cell naming its line."""
+        if self._values is not None:
+            return self._values
+        if not self.numeric:
+            raise ValueError(f"{self.path}: column {self.name!r} has non-numeric value "
+                             f"{self._first(self.junk)}")
+        bad = np.isin(self.codes, np.flatnonzero(~np.isfinite(self.numbers)))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{self.path}: column {self.name!r} has non-finite value "
+                             f"{self.numbers[self.codes[i]]} (line {i + 2})")
+        self._values = np.append(self.numbers, np.nan)[self.codes]   # code −1 (empty) → NaN
+        return self._values
+
+    def labels(self, rows) -> np.ndarray:
+        """Label codes of ``rows``: ranks of their texts in code-point order (``sorted``, as
+        scikit-learn's LabelEncoder), an empty cell counting as the text "0"."""
+        c = self.codes[rows].astype(np.int64) + 1           # 0 = empty
+        present = np.flatnonzero(np.bincount(c, minlength=self.texts.size + 1))
+        texts = ["0" if k == 0 else self.texts[k - 1] for k in present]
+        rank = {t: i for i, t in enumerate(sorted(set(texts)))}
+        lut = np.zeros(self.texts.size + 1)
+        lut[present] = [rank[t] for t in texts]
+        return lut[c]
+
+
+def _zscore(A: np.ndarray) -> np.ndarray:
+    """Column z-scores in place (docs/theory.md §9); a constant column (``ptp == 0``, decided on the
+    values: a rounded mean would leave ±1 from std ~1e-17) becomes exactly 0.  Columns whose sums
+    overflow (values near 1e308) are z-scored on ``A/max|A|``, which gives the same z-scores."""
+    constant = np.ptp(A, axis=0) == 0
+    mean, std = np.empty(A.shape[1]), np.empty(A.shape[1])
+    with np.errstate(over="ignore", invalid="ignore"):
+        for a in range(0, A.shape[1], 16):   # std's temporary: 16 columns at a time, the same sums
+            mean[a:a + 16], std[a:a + 16] = A[:, a:a + 16].mean(axis=0), A[:, a:a + 16].std(axis=0)
+    huge = ~(np.isfinite(mean) & np.isfinite(std))
+    if huge.any():
+        As = A[:, huge] / np.max(np.abs(A[:, huge]), axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a constant column is zeroed below
+            A[:, huge] = (As - As.mean(axis=0)) / As.std(axis=0)
+        mean[huge], std[huge] = 0.0, 1.0
+    std[constant] = 1.0
+    A -= mean
+    A /= std
+    A[:, constant] = 0.0
+    return A
+
+
+def _check_outliers(col: _Column, v: np.ndarray, on_outlier: str) -> None:
+    """Warn about (or refuse) cells beyond OUTLIER_FACTOR × the column's median nonzero magnitude
+    (:func:`pycore.validation.outliers`): after z-scoring the column would mark that one row."""
+    idx = outliers(v) if on_outlier != "ignore" else ()
+    if len(idx) == 0:
+        return
+    a, i = np.abs(v), int(idx[0])
+    median = float(np.median(a[np.isfinite(a) & (a > 0)]))
+    msg = (f"{col.path}: column {col.name!r} has {v[i]} (line {i + 2}), {a[i] / median:.1e} × the median "
+           f"magnitude of its nonzero cells ({median:g}; rule: > {OUTLIER_FACTOR:g}×): after z-scoring every "
+           "other row of the column would be nearly constant"
+           + (f"; {len(idx) - 1} more such cell(s) in the column" if len(idx) > 1 else ""))
+    if on_outlier == "error":
+        raise ValueError(msg)
+    warnings.warn(msg, OutlierWarning, stacklevel=3)
+
+
+def _parse_split(split) -> tuple[str, str]:
+    if not isinstance(split, str) or "=" not in split or split.startswith("="):
+        raise ParameterError("split", f"split must look like COLUMN=VALUE, got {split!r}")
+    col, value = split.split("=", 1)
+    return col, value
+
+
+def _columns_named(files, headers, checks) -> None:
+    for param, cols, f in checks:
+        missing = [c for c in cols if c is not None and c not in headers[f]]
+        if missing:
+            shown = ", ".join(headers[f][:20]) + (" ..." if len(headers[f]) > 20 else "")
+            raise ParameterError(param, f"{files[f]}: no column {', '.join(map(repr, missing))} ({param}); "
+                                        f"its columns: {shown}")
+
+
+def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None, split: str | None = None,
+               harmful_path=None, n_train: int = 200, rng: np.random.Generator | None = None,
+               on_outlier: str = "warn", name: str | None = None) -> TableData:
+    """Read ``path`` (and ``harmful_path``) into :class:`TableData` (see the module docstring).
+
+    ``target_h`` defaults to ``target_p``; ``inputs`` (names, θ's column order) default to every
+    other column whose cells are all numbers, in file order, except the targets and the split
+    column; a text column is an input only when named (the split column too).  ``on_outlier``:
+    ``"warn"`` (:class:`OutlierWarning`), ``"error"`` or ``"ignore"`` a cell far beyond the rest of
+    its column.  Bad arguments raise :class:`ParameterError` naming them (``target_p``, ``inputs``,
+    ``split`` ...); bad files a ``ValueError`` naming the file, column and line.
+    """
+    target_h = target_p if target_h is None else target_h
+    check_number(n_train, "n_train", low=2, integer=True)
+    check_choice(on_outlier, "on_outlier", ON_OUTLIER)
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise ParameterError("rng", f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}")
+    if (split is None) == (harmful_path is None):
+        raise ParameterError("split", "give exactly one of split='COLUMN=VALUE' and harmful_path")
+    split_col, split_value = _parse_split(split) if split is not None else (None, None)
+    defaulted = inputs is None
+    if not defaulted:
+        inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+        bad = [c for c in inputs if c in (target_p, target_h) or inputs.count(c) > 1]
+        if not inputs or bad:
+            raise ParameterError("inputs", "inputs must be distinct columns other than the targets, got "
+                                           f"{', '.join(map(repr, bad)) or 'none'}")
+    files = [Path(path)] + ([] if harmful_path is None else [Path(harmful_path)])
+    headers = [read_header(p) for p in files]
+    _columns_named(files, headers, [("target_p", [target_p], 0), ("target_h", [target_h], -1),
+                                    ("split", [split_col], 0), ("inputs", inputs or [], 0),
+                                    ("inputs", inputs or [], -1)])
+    frames = [_read(p, h) for p, h in zip(files, headers)]
+    cache, checked = {}, set()
+
+    def column(f, c, *, numbers=False) -> _Column:
+        if (f, c) not in cache:
+            cache[f, c] = _Column(frames[f], c, files[f])
+        if numbers and (f, c) not in checked:   # outliers: once per column of a file
+            checked.add((f, c))
+            _check_outliers(cache[f, c], cache[f, c].values(), on_outlier)
+        return cache[f, c]
+
+    if defaulted:
+        inputs = [c for c in headers[0]
+                  if c not in (target_p, target_h, split_col) and column(0, c).check_input()]
+        if not inputs:
+            raise ParameterError("inputs", f"{files[0]}: no numeric column besides the targets and the split "
+                                           "column; name the inputs")
+    if split_col is not None:
+        col = column(0, split_col)
+        is_h = np.isin(col.codes, np.flatnonzero(col.texts == split_value))
+        parts = [("P", 0, np.flatnonzero(~is_h)), ("H", 0, np.flatnonzero(is_h))]
+        where = {"P": f"{split_col} ≠ {split_value!r}", "H": f"{split_col} = {split_value!r}"}
+    else:
+        parts = [("P", 0, np.arange(len(frames[0]))), ("H", 1, np.arange(len(frames[1])))]
+        where = {"P": f"file {files[0]}", "H": f"file {files[1]}"}
+    for f, df in enumerate(frames):
+        check_dense_size((len(df), len(inputs)), f"{files[f]}: the inputs of its {len(df)} rows")
+    for s, f, rows in parts:
+        if rows.size < n_train:
+            raise ValueError(f"{files[f]}: split D_{s} has {rows.size} rows, fewer than n_train={n_train}")
+    if rng is not None:
+        parts = [(s, f, rows[rng.permutation(rows.size)]) for s, f, rows in parts]
+    X, y, filled = {}, {}, {}
+    for s, f, rows in parts:
+        y[s] = column(f, target_p if s == "P" else target_h, numbers=True).values()[rows]
+        if np.isnan(y[s]).any():
+            raise ValueError(f"{files[f]}: target column {target_p if s == 'P' else target_h!r} is empty "
+                             f"(line {rows[np.flatnonzero(np.isnan(y[s]))[0]] + 2})")
+        X[s], filled[s] = np.empty((rows.size, len(inputs))), 0
+    for j, c in enumerate(inputs):
+        for f in range(len(files)):   # each column of a file is parsed once for both splits
+            text = not column(f, c).check_input() and not defaulted   # a defaulted input must be numeric
+            v = None if text else column(f, c, numbers=True).values()
+            for s, _, rows in (part for part in parts if part[1] == f):
+                if text:
+                    X[s][:, j] = cache[f, c].labels(rows)
+                    continue
+                vs = v[rows]
+                empty = np.isnan(vs)
+                filled[s] += int(empty.sum())
+                vs[empty] = 0.0
+                X[s][:, j] = vs
+            del cache[f, c]   # one column's numbers at a time
+    for s, f, rows in parts:
+        X[s], y[s] = _zscore(X[s]), _zscore(y[s][:, None])
+        for part, block in (("training", X[s][:n_train]), ("held-out", X[s][n_train:])):
+            if block.shape[0] > 1 and not np.any(block):
+                raise ValueError(f"{files[f]}: every input column is constant on the {block.shape[0]} {part} "
+                                 f"rows of D_{s} ({where[s]}): X_{s} is zero after z-scoring, so its κ and "
+                                 "the RIR are undefined")
+    (XP, XH), (yP, yH) = (X["P"], X["H"]), (y["P"], y["H"])
+    name = name or files[0].stem
+    train = LinearTask(XP[:n_train], yP[:n_train], XH[:n_train], yH[:n_train], "mse", name)
+    heldout = None
+    if len(XP) > n_train + 1 and len(XH) > n_train + 1:
+        heldout = LinearTask(XP[n_train:], yP[n_train:], XH[n_train:], yH[n_train:], "mse", f"{name}_heldout")
+    return TableData(train, heldout, list(inputs), ", ".join(map(str, files)), len(XP), len(XH), filled)
