@@ -213,7 +213,7 @@ def run(args) -> dict:
         "strict_protocol": None if strict is None else strict.as_dict(),
         "data": {"source": data.source, "paper": args.target_p is None, "features": data.feature_names,
                  "targets": [args.target_p, args.target_h or args.target_p], "split": args.split,
-                 "harmful_source": None if args.harmful_path is None else str(args.harmful_path),
+                 "files": [str(f) for f in (args.data, args.harmful_path) if f is not None],
                  "n_train_per_split": args.n_train, "rows_P": data.n_rows_P,
                  "rows_H": data.n_rows_H, "D": train.D, "D_input": data.train.D,
                  "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
@@ -232,8 +232,7 @@ def data_name(data: dict) -> str:
     """How tables and figures name the data: the paper's, or the user's file(s)."""
     if data["paper"]:
         return "House Prices"
-    name = Path(data["source"]).name
-    return name + (f" + {Path(data['harmful_source']).name}" if data["harmful_source"] else "")
+    return " + ".join(Path(f).name for f in data["files"])
 
 
 def _count(e: dict, key: str) -> str:
@@ -248,7 +247,7 @@ def table_markdown(result: dict) -> str:
     where = "the paper's House Prices data" if paper_data else (
         f"D_P's target {data['targets'][0]!r}, D_H's {data['targets'][1]!r}, "
         + (f"D_H = rows with {data['split']}" if data["split"]
-           else f"D_H = the rows of {data['harmful_source']}")
+           else f"D_H = the rows of {data['files'][-1]}")
         + f", {data['D_input']} input columns")
     lines = [
         f"# {title}, {protocol} protocol", "",
