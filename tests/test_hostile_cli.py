@@ -96,7 +96,7 @@ def test_a_library_error_names_the_flag_that_sets_it(capsys, tmp_path, monkeypat
             raise exc
         return immunize
     for exc, code, flag in ((DivergenceError("θ non-finite", parameter="lambda_h"), 1, "--lambda-h"),
-                            (ParameterError("imma_inner_lr", "too large for this data"), 2, "--imma-inner-lr"),
+                            (ParameterError("imma_inner_lr", "too large"), 2, "--imma-inner-lr"),
                             (DivergenceError("θ became non-finite", parameter="betas"), 1, "betas")):
         monkeypatch.setattr(house_price, "immunize", raiser(exc))
         for jobs in ("1", "2") if code == 1 and flag != "betas" else ("1",):
