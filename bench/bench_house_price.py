@@ -40,4 +40,4 @@ def train():
 @pytest.mark.parametrize("method", METHODS)
 def test_one_immunization(benchmark, train, method):
     benchmark.group = "house_price: one immunization (one seed)"
-    benchmark(lambda: immunize(train, method, rng=np.random.default_rng(0)))
+    benchmark(lambda: immunize(train, method, rng=np.random.default_rng(0), preset="house_price"))

@@ -34,7 +34,7 @@ import scipy.linalg.lapack as lapack  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pycore.immunize import ImmunizeConfig, immunize  # noqa: E402
+from pycore.immunize import PRESETS, immunize  # noqa: E402
 
 METHODS = ("ours", "opt_kappa", "r_ill_only", "imma")
 
@@ -46,8 +46,8 @@ def _house_price(protocol):
     d = load_house_price()
     if protocol == "strict":
         train, _, _ = strict_protocol(d.train, d.heldout, d.feature_names)
-        return train, ImmunizeConfig.strict(epochs=20)
-    return d.train, ImmunizeConfig(epochs=20)
+        return train, dict(preset="strict", epochs=20)
+    return d.train, dict(preset="house_price", epochs=20)
 
 
 def _mnist():
@@ -58,7 +58,7 @@ def _mnist():
     digits = load_mnist_5k()
     split = split_digits(digits, args.n_train, np.random.default_rng(args.split_seed), args.n_heldout)
     task = pair_task(digits, split, 0, 1, covariances=digit_covariances(digits, split))
-    return task, exp.build_config(args).__class__.mnist(epochs=4)
+    return task, dict(preset="mnist", epochs=4)
 
 
 JOBS = {"house_price": lambda: _house_price("paper"), "house_price_strict": lambda: _house_price("strict"),
@@ -87,8 +87,9 @@ def floor_step(task):
 
 
 def steps_of(task, cfg, method):
-    n_batches = 1 if cfg.batch_size is None else -(-task.X_P.shape[0] // cfg.batch_size)
-    return cfg.epochs * n_batches
+    batch_size = PRESETS[cfg["preset"]]["batch_size"]
+    n_batches = 1 if batch_size is None else -(-task.X_P.shape[0] // batch_size)
+    return cfg["epochs"] * n_batches
 
 
 def best_time(fn, repeat):
@@ -107,7 +108,7 @@ def measure(job: str, repeat: int = 3) -> dict:
     out = {}
     for m in METHODS:
         n = steps_of(task, cfg, m)
-        run = best_time(lambda: immunize(task, m, rng=np.random.default_rng(0), config=cfg), repeat)
+        run = best_time(lambda: immunize(task, m, rng=np.random.default_rng(0), **cfg), repeat)
         floor = n * best_time(lambda: [step() for _ in range(min(n, 50))], repeat) / min(n, 50)
         out[m] = (run, floor, run / floor)
     return out
@@ -122,7 +123,7 @@ def test_job_floor_ratio(benchmark, job):
 
     def run_all():
         for m in METHODS:
-            runs[m] = immunize(task, m, rng=np.random.default_rng(0), config=cfg)
+            runs[m] = immunize(task, m, rng=np.random.default_rng(0), **cfg)
 
     benchmark.pedantic(run_all, rounds=3, iterations=1, warmup_rounds=1)
     n = sum(steps_of(task, cfg, m) for m in METHODS)

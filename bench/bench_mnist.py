@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pycore.data.mnist import digit_covariances, load_mnist_5k, pair_task, split_digits
-from pycore.immunize import METHODS, immunize
+from pycore.immunize import METHODS
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +27,6 @@ def setup():
 @pytest.mark.parametrize("method", METHODS)
 def test_bench_mnist_pair_seed(benchmark, setup, method):
     task, cfg = setup
-    res = benchmark.pedantic(lambda: immunize(task, method, rng=np.random.default_rng(0), config=cfg),
+    res = benchmark.pedantic(lambda: cfg.run(task, method, np.random.default_rng(0)),
                              rounds=2, iterations=1, warmup_rounds=0)
     assert np.all(np.isfinite(res.theta))

@@ -30,11 +30,11 @@ import time
 import numpy as np
 from pycore import rir, rir_ceiling
 from pycore.data.house_price import load_house_price
-from pycore.immunize import immunize, ImmunizeConfig
+from pycore.immunize import immunize
 t0 = time.perf_counter()
 data = load_house_price()
 t = data.train
-res = immunize(t, "ours", rng=np.random.default_rng(0), config=ImmunizeConfig())
+res = immunize(t, "ours", rng=np.random.default_rng(0), preset="house_price")
 r = rir(res.theta, t.X_P, t.X_H)
 c = rir_ceiling(t.X_P, t.X_H)
 print(time.perf_counter() - t0, r.value)

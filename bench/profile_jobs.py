@@ -25,7 +25,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH: p
 
 import numpy as np  # noqa: E402
 
-from pycore.immunize import METHODS, ImmunizeConfig, immunize  # noqa: E402
+from pycore.immunize import METHODS, immunize  # noqa: E402
 from pycore.metrics import rir_ceiling  # noqa: E402
 
 T_IMPORT = time.process_time()   # interpreter start + numpy/scipy/pycore
@@ -52,10 +52,10 @@ def house_price(args):
     lap = _clock()
     rows = [("interpreter start + imports", T_IMPORT)]
     d = load_house_price()
-    train, held, cfg = d.train, d.heldout, ImmunizeConfig()
+    train, held, preset = d.train, d.heldout, "house_price"
     if args.protocol == "strict":
         train, held, _ = strict_protocol(train, held, d.feature_names)
-        cfg = ImmunizeConfig.strict()
+        preset = "strict"
     rows.append(("data (CSV, encoding, protocol)", lap()))
     ceiling = rir_ceiling(train.X_P, train.X_H)
     ref = EvaluationReference(train, held) if EvaluationReference else None
@@ -63,12 +63,12 @@ def house_price(args):
     ev, thetas = 0.0, {}
     for m in METHODS:
         for s in range(args.seeds):
-            res = immunize(train, m, rng=np.random.default_rng(s), config=cfg)
+            res = immunize(train, m, rng=np.random.default_rng(s), preset=preset)
             rows_m = lap()
             if ref is not None:
-                evaluate_linear(res.theta, train, held, ceiling, ref)
+                evaluate_linear(res.theta, train, held, ceiling=ceiling, reference=ref)
             else:
-                evaluate_linear(res.theta, train, held, ceiling)
+                evaluate_linear(res.theta, train, held, ceiling=ceiling)
             ev += lap()
             thetas.setdefault(m, res.theta)
             rows.append((f"immunize {m}", rows_m))

@@ -33,6 +33,7 @@ import hashlib
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,7 @@ import numpy as np
 from experiments import cli
 from pycore import attacks as A
 from pycore import worst_case as W
-from pycore.immunize import METHODS, ImmunizeConfig, replace
+from pycore.immunize import METHODS
 from pycore.report import METHOD_LABELS, environment
 
 ROWS = ("train", "heldout")
@@ -59,7 +60,7 @@ def build_parser() -> cli.Parser:
     cli.add_seeds(p, "5", "immunization seeds")
     p.add_argument("--protocol", choices=("paper", "strict"), default="strict",
                    help="House Prices protocol (docs/theory.md §10); the base configuration is "
-                        "ImmunizeConfig.strict() or ImmunizeConfig() (default strict)")
+                        "preset 'strict' or 'house_price' of pycore.immunize.PRESETS (default strict)")
     p.add_argument("--methods", type=cli.choice_list(METHODS, "method"), default="closed_form,ours",
                    help="comma list of immunizers to attack (default closed_form,ours, a few minutes; "
                         f"every method: {','.join(METHODS)}; identity is always added)")
@@ -77,7 +78,7 @@ def build_parser() -> cli.Parser:
                    help="small attacker grid (a few configurations per family) for smoke tests")
     p.add_argument("--orders", type=cli.integer(1), default=200,
                    help="random orders of the configurations for the best-so-far curves (default 200)")
-    cli.add_immunize_flags(p, ImmunizeConfig.strict(harden="haar"))
+    cli.add_immunize_flags(p, "strict")
     p.add_argument("--data", type=cli.existing_path("file"), default=None,
                    help="Kaggle House Prices train.csv (default: packaged copy)")
     p.add_argument("--on-outlier", choices=("warn", "error"), default="warn",
@@ -109,7 +110,7 @@ def build_parser() -> cli.Parser:
 
 
 def parse_args(argv=None):
-    """Parsed and checked flags; ``args.config`` is the House Prices :class:`ImmunizeConfig`."""
+    """Parsed and checked flags; ``args.config``: the House Prices :class:`experiments.cli.Settings`."""
     p = build_parser()
     args = p.parse_args(argv)
     prepare(args, p)
@@ -118,12 +119,12 @@ def parse_args(argv=None):
 
 def prepare(args, parser: cli.Parser) -> None:
     """The checks that involve more than one flag, before any compute."""
-    base = (ImmunizeConfig.strict if args.protocol == "strict" else ImmunizeConfig)(harden="haar")
-    args.config = cli.config_from_args(parser, args, base, methods=args.methods)
-    args.exponent_given = getattr(args, "closed_form_exponent", None) is not None
+    preset = "strict" if args.protocol == "strict" else "house_price"
+    args.config = cli.settings_from_args(parser, args, preset,
+                                         args.methods, harden="haar")
     try:
-        args.mnist_config = ImmunizeConfig.mnist(epochs=args.mnist_epochs, certified=args.config.certified,
-                                                 harden=args.config.harden)
+        args.mnist_config = cli.Settings("mnist", {"epochs": args.mnist_epochs}, args.config.certified,
+                                         args.config.harden).check(["ours"])   # ours reads every loop option
     except ValueError as exc:
         raise cli.UsageError(str(exc), "--mnist-epochs" if "epochs" in str(exc) else "--certified") from exc
     if "identity" not in args.methods:
@@ -159,14 +160,13 @@ def _digest(theta: np.ndarray) -> str:
 def _immunize_job(job):
     """One (method, seed): θ as immunized and (if asked) hardened, with the invariants that
     hardening must keep (RIR, (i), (ii) on both row sets, the best D_P loss)."""
-    from pycore.immunize import immunize
     from pycore.losses import best_probe_loss
     from pycore.metrics import rir
 
     method, seed, hardened = job
     st = _STATE
     cfg = st["cfg"] if hardened else replace(st["cfg"], harden="none")
-    res = immunize(st["splits"]["train"], method, rng=np.random.default_rng(seed), config=cfg)
+    res = cfg.run(st["splits"]["train"], method, np.random.default_rng(seed))
 
     def numbers(theta):
         out = {}
@@ -212,8 +212,6 @@ def _grid_job(unit):
 # ----------------------------------------------------------------------------------------------
 def run(args) -> dict:
     from pycore.data.house_price import load_house_price
-    from pycore.immunize import config_dict
-    from pycore.metrics import def31_exponent_window, rir_ceiling
     from pycore.protocol import strict_protocol
 
     t_start = time.perf_counter()
@@ -231,11 +229,7 @@ def run(args) -> dict:
     train, held, strict = data.train, data.heldout, None
     if args.protocol == "strict":
         train, held, strict = strict_protocol(train, held, data.feature_names)
-    cfg = args.config
-    ceiling = rir_ceiling(train.X_P, train.X_H)
-    if args.protocol == "strict" and not args.exponent_given and ceiling.kappa_C > 1:
-        # the rule of experiments/house_price.py: the balanced exponent under strict
-        cfg = replace(cfg, closed_form_exponent=max(def31_exponent_window(ceiling).balanced, 0.0))
+    cfg = args.config   # strict: the closed form at its balanced exponent (exponent "auto")
     splits = {"train": train, "heldout": held}
     grid = tuple(c for c in W.attacker_grid("lsq", quick=args.quick) if c.family in args.attackers)
     hp = evaluate(splits, args.methods, args.hardened_methods, args.seeds, cfg, grid, "lsq", args.max_steps,
@@ -248,7 +242,7 @@ def run(args) -> dict:
         "harden": cfg.harden, "eps": sorted(args.eps, reverse=True), "step_cap": args.max_steps,
         "quick_grid": args.quick, "grid": [c.as_dict() for c in grid],
         "loss": "0.5*||Zw - y||^2 (Hessian Z^T Z = H(theta)); every attacker starts at w = 0",
-        "immunize_config": config_dict(cfg),
+        "immunize_config": cfg.as_dict(),
         "n_rows": {rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])}
                    for rows, t in splits.items()},
         **hp,
@@ -411,10 +405,9 @@ def best_so_far_curves(runs, variants, seeds, grid, eps, cap, rows_list, orders)
 # MNIST (logistic probing)
 # ----------------------------------------------------------------------------------------------
 def run_mnist(args, t_start):
-    """MNIST ordered pairs (P, H) with logistic probing, immunized with ``ImmunizeConfig.mnist()``
+    """MNIST ordered pairs (P, H) with logistic probing, immunized with the preset "mnist"
     (experiments/mnist.py's defaults) and hardened like House Prices."""
     from pycore.data.mnist import load_mnist, pair_task, split_digits
-    from pycore.immunize import config_dict
 
     digits = load_mnist()
     cfg = args.mnist_config
@@ -423,7 +416,7 @@ def run_mnist(args, t_start):
     methods = ["identity"] + [m for m in args.mnist_methods if m != "identity"]
     out = {"pairs": {}, "grid": [c.as_dict() for c in grid], "step_cap": args.mnist_max_steps,
            "ridge_rel": args.logistic_ridge, "n_train": args.mnist_n_train, "seeds": args.mnist_seeds,
-           "methods": methods, "immunize_config": config_dict(cfg), "source": digits.source}
+           "methods": methods, "immunize_config": cfg.as_dict(), "source": digits.source}
     archive = {}
     for p, h in args.mnist_pairs:
         split = split_digits(digits, args.mnist_n_train, np.random.default_rng(0))

@@ -15,8 +15,8 @@ re-exports their names, so scripts write ``from experiments import cli`` and ``c
 from __future__ import annotations
 
 from experiments.config_flags import (  # noqa: F401
-    IMMUNIZE_HELP, _field_type, _name_config_flag, add_config_flags, add_immunize_flags, config_from_args,
-    given_config_flags,
+    IMMUNIZE_HELP, Settings, _field_type, _name_config_flag, add_config_flags, add_immunize_flags,
+    config_from_args, given_config_flags, settings_from_args,
 )
 from experiments.errors import (  # noqa: F401
     EXIT_OK, EXIT_RUNTIME, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, RunError, Terminated, UsageError,

@@ -276,18 +276,98 @@ def given_options(args, classes) -> dict:
     return {k: v for k, v in vars(args).items() if k in names and v is not None}
 
 
-def method_options(parser, args, methods, options_of) -> dict[str, dict]:
-    """Per method of ``methods``, the typed flags its options class (``options_of(method)``) has.
-    A typed flag that none of them has is a :class:`UsageError` naming it: a flag must change
-    something."""
-    classes = {m: options_of(m) for m in methods}
-    given = given_options(args, set(classes.values()))
-    out = {m: {k: v for k, v in given.items() if k in {f.name for f in dataclasses.fields(c)}}
-           for m, c in classes.items()}
+# --- the linear methods (pycore.immunize) -------------------------------------------------------------
+
+def _linear_classes(method: str, certified: bool):
+    from pycore.immunize import CertifiedOptions, options_of
+
+    return CertifiedOptions if certified and method == "ours" else options_of(method)
+
+
+def _options(cls, preset, given):
+    """``cls`` built from ``preset``'s values it has and the ``given`` ones (the library checks them)."""
+    from pycore.immunize import PRESETS
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{**{k: v for k, v in (PRESETS[preset] if preset else {}).items() if k in names}, **given})
+
+
+def add_immunize_options(parser, preset: str | None) -> None:
+    """One flag per option of every linear method (``pycore.immunize.options_of``; ``--help`` shows
+    ``preset``'s value), ``--certified`` and ``--harden``; :func:`immunizer` reads them."""
+    from pycore.harden import HARDENINGS
+    from pycore.immunize import MAX_EPOCHS, MAX_INNER_STEPS, METHODS, PRESETS
+    from pycore.optim import OPTIMIZERS
+    from pycore.precondition import PRECONDITIONERS
+
+    classes = dict.fromkeys([_linear_classes(m, True) for m in METHODS])
+    rules = {"epochs": dict(low=0, high=MAX_EPOCHS), "inner_steps": dict(low=0, high=MAX_INNER_STEPS),
+             "batch_size": dict(low=1)}
+    add_options(parser, classes, title="immunization options (pycore.immunize; given ones beat the preset)",
+                rules=rules,
+                choices={"optimizer": OPTIMIZERS, "precond": PRECONDITIONERS, "init": ("identity", "random")},
+                shown=PRESETS[preset] if preset else {})
+    parser.add_argument("--certified", action="store_true",
+                        help="ours in certified-monotone mode (pycore.immunize.immunize_certified)")
+    parser.add_argument("--harden", choices=HARDENINGS, default="none",
+                        help="θ → θQ after the method (pycore.harden.harden_result, docs/attacks.md)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Immunizer:
+    """What a linear experiment runs per (task, method, rng): ``pycore.immunize.immunize`` with a
+    preset and each method's typed options (``immunize_certified`` for "ours" when certified), then
+    ``harden_result`` with the same generator."""
+
+    preset: str | None
+    options: dict            # method → {option: value typed on the command line}
+    certified: bool = False
+    harden: str = "none"
+
+    def __call__(self, task, method: str, rng):
+        from pycore.harden import harden_result
+        from pycore.immunize import immunize, immunize_certified
+
+        kw = dict(preset=self.preset, **self.options.get(method, {}))
+        res = (immunize_certified(task, rng=rng, **kw) if self.certified and method == "ours"
+               else immunize(task, method, rng=rng, **kw))
+        return harden_result(res, task, self.harden, rng=rng)
+
+    def as_dict(self) -> dict:
+        """For results.json: the preset, the typed options, and every method's options as run."""
+        built = {m: _options(_linear_classes(m, self.certified), self.preset, o)
+                 for m, o in self.options.items()}
+        return {"preset": self.preset, "certified": self.certified, "harden": self.harden,
+                "given": self.options, "options": {m: dataclasses.asdict(o) for m, o in built.items()}}
+
+
+def immunize_summary(settings: dict) -> str:
+    """One sentence for a table from :meth:`Immunizer.as_dict`."""
+    given = {k: v for o in settings["given"].values() for k, v in o.items()}
+    return (f"Immunization: preset {settings['preset'] or 'none (the library defaults)'}"
+            + "".join(f", {k} {v:g}" if isinstance(v, float) else f", {k} {v}" for k, v in given.items())
+            + (", Algorithm 1 certified" if settings["certified"] else "")
+            + (f", hardening {settings['harden']}" if settings["harden"] != "none" else "") + ".")
+
+
+def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
+    """The :class:`Immunizer` of the typed flags, every method's options built (and so checked by
+    the library) before any compute: a bad value is a ParameterError naming its option, and a typed
+    option that none of ``methods`` has a :class:`UsageError` naming its flag."""
+    if args.certified and "ours" not in methods:
+        raise UsageError("certified mode is a mode of ours, which is not among --methods", "--certified")
+    from pycore.immunize import METHODS
+
+    classes = {m: _linear_classes(m, args.certified) for m in methods}
+    given = given_options(args, {_linear_classes(m, True) for m in METHODS})
+    options = {m: {k: v for k, v in given.items() if k in {f.name for f in dataclasses.fields(c)}}
+               for m, c in classes.items()}
     for name in given:
-        if not any(name in o for o in out.values()):
+        if not any(name in o for o in options.values()):
             raise UsageError(f"no chosen method ({','.join(methods)}) has this option", parser.flag_for(name))
-    return out
+    for m, o in options.items():
+        _options(classes[m], preset, o)
+    return Immunizer(preset, options, args.certified, args.harden)
 
 
 # --- workers ----------------------------------------------------------------------------------------

@@ -5,12 +5,13 @@ flag cannot drift apart; the flags override a base configuration only when given
 :meth:`Parser.flag_for <experiments.flags.Parser.flag_for>` maps a field back to the flag, which
 is how a library error such as ``DivergenceError(..., parameter="lambda_h")`` becomes
 ``--lambda-h: ...``.  A flag that none of the chosen methods reads is refused
-(:func:`pycore.immunize.check_fields_apply`).
+(:meth:`Settings.check`).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import re
 import types
 import typing
@@ -87,15 +88,14 @@ def add_config_flags(parser: Parser, cls, shown: object | None = None, *, fields
 
 
 def _immunize_bounds() -> dict:
-    """Bounds of the linear ImmunizeConfig's numeric fields (field: (lo, strict[, hi])); the
-    dataclass's own checks run on top when the configuration is built."""
-    from pycore.immunize import MAX_EPOCHS, MAX_IMMA_INNER_STEPS
+    """Bounds of the linear options' numeric flags (option: (lo, strict[, hi])); the options
+    dataclasses' own checks run on top when the settings are built."""
+    from pycore.immunize import MAX_EPOCHS, MAX_INNER_STEPS
 
     return {"epochs": (0, False, MAX_EPOCHS), "lr": (0.0, True), "lambda_p": (0.0, False),
             "lambda_h": (0.0, False), "batch_size": (1, False), "ridge": (0.0, False),
             "adam_eps": (0.0, True), "lambda_kappa": (0.0, False),
-            "imma_inner_steps": (1, False, MAX_IMMA_INNER_STEPS), "imma_inner_lr": (0.0, True),
-            "certified_safety": (0.0, True)}
+            "inner_steps": (1, False, MAX_INNER_STEPS), "inner_lr": (0.0, True), "safety": (0.0, True)}
 
 
 IMMUNIZE_HELP = {
@@ -107,22 +107,137 @@ IMMUNIZE_HELP = {
             "linear layer' (App. C.2)",
     "harden": "spectrum-preserving hardening θ → θQ after the method (pycore.harden, docs/attacks.md): none, "
               "haar (Q from the run's seed) or equalize (deterministic: equal diagonal of H_H)",
-    "certified": "certified-monotone mode: clip every regularizer step to the docs/theory.md §5 bounds and "
-                 "count violations",
+    "certified": "certified-monotone mode of ours (pycore.immunize.immunize_certified): clip every "
+                 "regularizer step to the docs/theory.md §5 bounds and count violations",
+    "exponent": "closed form: exponent a of s² = λ_C^a, or auto (the balanced exponent of the "
+                "Definition 3.1 window)",
+    "inner_steps": "IMMA: unrolled attacker steps", "inner_lr": "IMMA: attacker step × 1/L",
+    "log": "Opt κ: log κ instead of κ", "safety": "fraction of the §5 step bound (r_ill_only, --certified)",
 }
 
 
-def add_immunize_flags(parser: Parser, shown) -> list[str]:
-    """The flags of :class:`pycore.immunize.ImmunizeConfig`, generated (see :func:`add_config_flags`)."""
-    import pycore.immunize as imm
+def _method_options(method: str, certified: bool) -> list[str]:
+    imm = importlib.import_module("pycore.immunize")   # pycore.immunize is also the function
 
-    choices = {"optimizer": ("adam", "gd"), "init": ("identity", "random"), "harden": tuple(imm.HARDENINGS)}
-    if hasattr(imm, "PRECONDITIONERS"):
-        choices["precond"] = tuple(imm.PRECONDITIONERS)
-    return add_config_flags(parser, imm.ImmunizeConfig, shown, bounds=_immunize_bounds(), choices=choices,
-                            zero_is_none=("batch_size",), help=IMMUNIZE_HELP,
-                            title="immunization (pycore.immunize.ImmunizeConfig; flags override the base "
-                                  "configuration only when given)")
+    cls = imm.CertifiedOptions if certified and method == "ours" else imm.options_of(method)
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The immunization flags of a linear experiment: a preset of :data:`pycore.immunize.PRESETS`,
+    the options typed on top of it, certified mode of "ours" and the hardening the caller applies.
+    Attribute access falls back to :meth:`as_dict` (``settings.lr``: the value every method
+    that has ``lr`` uses)."""
+
+    preset: str
+    options: dict = dataclasses.field(default_factory=dict)
+    certified: bool = False
+    harden: str = "none"
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name in ("preset", "options", "certified", "harden"):
+            raise AttributeError(name)   # not a setting (copy and pickle look these up)
+        flat = self.as_dict()
+        if name in flat:
+            return flat[name]
+        raise AttributeError(name)
+
+    def as_dict(self) -> dict:
+        from pycore.immunize import PRESETS
+
+        return {"preset": self.preset, **PRESETS[self.preset], **self.options,
+                "certified": self.certified, "harden": self.harden}
+
+    def kwargs(self, method: str) -> dict:
+        """Keywords of ``immunize(task, method, rng=..., **kwargs)``: the preset and the typed
+        options ``method`` has."""
+        names = _method_options(method, self.certified)
+        return {"preset": self.preset, **{k: v for k, v in self.options.items() if k in names}}
+
+    def run(self, task, method: str, rng):
+        """Immunize (certified for "ours" when asked), then harden with the same generator."""
+        imm = importlib.import_module("pycore.immunize")
+        from pycore.harden import harden_result
+
+        run = imm.immunize_certified if self.certified and method == "ours" else imm.immunize
+        kw = self.kwargs(method)
+        res = run(task, rng=rng, **kw) if run is imm.immunize_certified else run(task, method, rng=rng, **kw)
+        return harden_result(res, task, self.harden, rng=rng)
+
+    def check(self, methods) -> "Settings":
+        """Every typed option is one of a chosen method's, and every method's options are valid
+        (:class:`ParameterError` naming the option otherwise), before any compute."""
+        imm = importlib.import_module("pycore.immunize")
+        from pycore.harden import HARDENINGS
+        from pycore.validation import check_choice
+
+        check_choice(self.harden, "harden", HARDENINGS)
+        methods = list(methods)
+        given = list(self.options) + (["certified"] if self.certified else [])
+        for name in given:
+            readers = [m for m in imm.METHODS
+                       if name in _method_options(m, True) + ["certified"] * (m == "ours")]
+            if not any(m in readers for m in methods):
+                raise ParameterError(name, f"{name} is not read by the chosen method(s) "
+                                           f"{', '.join(methods)}; it applies to {', '.join(readers)}")
+        for m in methods:
+            kw = self.kwargs(m)
+            if self.certified and m == "ours":
+                imm._resolve(imm.CertifiedOptions, m, kw.pop("preset"), kw)
+            else:
+                imm.resolve_options(m, **kw)
+        return self
+
+
+def add_immunize_flags(parser: Parser, preset: str) -> list[str]:
+    """One flag per option of every linear method (:func:`pycore.immunize.options_of`), plus
+    ``--certified`` and ``--harden``; each defaults to "not given" and ``--help`` shows ``preset``'s value."""
+    import types as _types
+
+    imm = importlib.import_module("pycore.immunize")
+    from pycore.harden import HARDENINGS
+
+    shown = _types.SimpleNamespace(**imm.PRESETS[preset])
+    group = parser.add_argument_group(f"immunization (pycore.immunize options on top of the preset "
+                                      f"{preset!r}; applied only when given)")
+    group.config_fields = parser.config_fields
+    group.zero_is_none = parser.zero_is_none
+    made = []
+    for cls in (*dict.fromkeys(imm.options_of(m) for m in imm.METHODS), imm.CertifiedOptions):
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in made and f.name != "exponent"]
+        made += add_config_flags(group, cls, shown, fields=names, bounds=_immunize_bounds(),
+                                 choices={"optimizer": imm.OPTIMIZERS, "init": ("identity", "random"),
+                                          "precond": imm.PRECONDITIONERS},
+                                 zero_is_none=("batch_size",), help=IMMUNIZE_HELP)
+    real_number = real()
+    group.add_argument("--exponent", type=lambda v: v if v == "auto" else real_number(v), default=None,
+                       metavar="X|auto", help=f"{IMMUNIZE_HELP['exponent']}; default {shown.exponent}")
+    group.add_argument("--certified", action=argparse.BooleanOptionalAction, default=None,
+                       help=IMMUNIZE_HELP["certified"])
+    group.add_argument("--harden", choices=HARDENINGS, default=None, help=IMMUNIZE_HELP["harden"])
+    for name in ("exponent", "certified", "harden"):
+        parser.config_fields[name] = "--" + name
+    return made + ["exponent", "certified", "harden"]
+
+
+def settings_from_args(parser: Parser, args, preset: str, methods, *, harden: str = "none") -> Settings:
+    """:class:`Settings` from the typed immunization flags on top of ``preset``, checked against
+    ``methods`` before any compute; a failure becomes a :class:`UsageError` naming the flag."""
+    given = given_config_flags(parser, args)
+    try:
+        return Settings(preset, {k: v for k, v in given.items() if k not in ("certified", "harden")},
+                        bool(given.get("certified", False)), given.get("harden", harden)).check(methods)
+    except ParameterError as exc:
+        raise _usage_error(parser, exc) from exc
+
+
+def _usage_error(parser: Parser, exc: ParameterError) -> UsageError:
+    flag, msg = parser.flag_for(exc.parameter), parser.name_flags(str(exc))
+    for said in (flag, exc.parameter):   # "--x: is not read by ...", not "--x: x is not read by ..."
+        if flag and said and msg.startswith(said + " "):
+            msg = msg[len(said) + 1:]
+    return UsageError(msg, flag)
 
 
 def given_config_flags(parser: Parser, args) -> dict:
@@ -135,27 +250,17 @@ def given_config_flags(parser: Parser, args) -> dict:
     return out
 
 
-def config_from_args(parser: Parser, args, base, *, validate=None, methods=None):
+def config_from_args(parser: Parser, args, base, *, validate=None):
     """``dataclasses.replace(base, **typed flags)``; the configuration's own checks (its
     ``__post_init__`` or ``validate``) run here, before any compute, and a failure becomes a
-    :class:`UsageError` naming the flag.  With ``methods`` (linear :class:`ImmunizeConfig` only),
-    a typed flag that none of them reads is refused the same way
-    (:func:`pycore.immunize.check_fields_apply`)."""
+    :class:`UsageError` naming the flag."""
     given = given_config_flags(parser, args)
     try:
         cfg = dataclasses.replace(base, **given)
         if validate is not None:
             cfg = validate(cfg) or cfg
-        if methods is not None:
-            from pycore.immunize import check_fields_apply
-
-            check_fields_apply(given, methods)
     except ParameterError as exc:
-        flag, msg = parser.flag_for(exc.parameter), parser.name_flags(str(exc))
-        for said in (flag, exc.parameter):   # "--x: is not read by ...", not "--x: x is not read by ..."
-            if flag and said and msg.startswith(said + " "):
-                msg = msg[len(said) + 1:]
-        raise UsageError(msg, flag) from exc
+        raise _usage_error(parser, exc) from exc
     except (ValueError, TypeError) as exc:
         raise UsageError(_name_config_flag(parser, str(exc))) from exc
     return cfg

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 
 from experiments import common
 from pycore.frontier import closed_form_frontier, ratios, regularizer_product, target_progress
-from pycore.immunize import MAX_EPOCHS, METHODS, ImmunizeConfig
+from pycore.immunize import MAX_EPOCHS, METHODS
 from pycore.report import METHOD_LABELS, dumps_json, environment, fmt
 
 OUTPUTS = ("table.md", "frontier.png", "results.json")
@@ -89,32 +88,29 @@ def prepare(args) -> None:
     common.check_out(args.out, OUTPUTS)
 
 
-def base_config(protocol: str) -> ImmunizeConfig:
-    return ImmunizeConfig.strict() if protocol == "strict" else ImmunizeConfig()
+def preset(protocol: str) -> str:
+    return "strict" if protocol == "strict" else "house_price"
 
 
-def grid_config(protocol, optimizer, lambda_h, lr, epochs, gd_lambda_p) -> ImmunizeConfig:
-    """One Algorithm-1 grid point: the protocol's configuration with (optimizer, λ_H, η, epochs)
-    replaced, and λ_P = ``gd_lambda_p`` under plain GD."""
+def grid_options(optimizer, lambda_h, lr, epochs, gd_lambda_p) -> dict:
+    """One Algorithm-1 grid point on top of its protocol's preset; λ_P = ``gd_lambda_p`` under plain GD."""
     kw = dict(optimizer=optimizer, lambda_h=float(lambda_h), lr=float(lr), epochs=int(epochs))
-    if optimizer == "gd":
-        kw["lambda_p"] = float(gd_lambda_p)
-    return replace(base_config(protocol), **kw)
+    return {**kw, "lambda_p": float(gd_lambda_p)} if optimizer == "gd" else kw
 
 
 def _run_job(job):
     """Immunize one (protocol, method, config, seed); ratios on both row sets, the training-row
     path from the history, the regularizer product, or the error that stopped it."""
-    from pycore.immunize import immunize
+    from pycore.immunize import PRESETS, immunize
 
-    protocol, method, cfg, seed, tag = job
+    protocol, method, kw, seed, tag = job
     train, held = _STATE["tasks"][protocol]
     out = {"protocol": protocol, "method": method, "seed": seed, "tag": tag,
-           "config": {k: getattr(cfg, k) for k in ("optimizer", "lambda_h", "lambda_p", "lr", "epochs",
-                                                   "batch_size", "precond")}}
+           "config": {k: {**PRESETS[preset(protocol)], **kw}[k] for k in (
+               "optimizer", "lambda_h", "lambda_p", "lr", "epochs", "batch_size", "precond")}}
     t0 = time.perf_counter()
     try:
-        res = immunize(train, method, rng=np.random.default_rng(seed), config=cfg)
+        res = immunize(train, method, rng=np.random.default_rng(seed), preset=preset(protocol), **kw)
     except (ValueError, FloatingPointError) as exc:     # a diverging grid point is a result, not a crash
         out.update(error=f"{type(exc).__name__}: {exc}", wall_seconds=time.perf_counter() - t0)
         return out
@@ -151,7 +147,7 @@ def run(args) -> dict:
         w = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
         windows[prot] = None if w is None else {**w.as_dict(),
                                                 "ceiling_range_restricted": ceiling.range_restricted}
-        closed[prot] = closed_form_frontier(train, held, args.exponents, base_config(prot))
+        closed[prot] = closed_form_frontier(train, held, args.exponents)
     _STATE["tasks"] = tasks
     seed0 = args.seeds[0]
     jobs = []
@@ -159,11 +155,11 @@ def run(args) -> dict:
         for opt in args.optimizers:
             for lh in args.lambda_h_grid:
                 for lr in args.lr_grid:
-                    cfg = grid_config(prot, opt, lh, lr, args.grid_epochs, args.gd_lambda_p)
-                    jobs += [(prot, "ours", cfg, s, "grid") for s in args.seeds]
+                    kw = grid_options(opt, lh, lr, args.grid_epochs, args.gd_lambda_p)
+                    jobs += [(prot, "ours", kw, s, "grid") for s in args.seeds]
         if not args.no_baselines:
             for m in BASELINES:
-                jobs += [(prot, m, base_config(prot), s, "baseline") for s in args.seeds]
+                jobs += [(prot, m, {}, s, "baseline") for s in args.seeds]
     runs = common.pool_map(_run_job, jobs, args.jobs, desc="immunizing")
     print(f"frontier: {len(runs)} runs ({time.perf_counter() - t_start:.0f}s)", flush=True)
     # the Algorithm-1 point: best progress on strict (else the first protocol), seed0, training rows
@@ -174,8 +170,8 @@ def run(args) -> dict:
     confirm = []
     if selected is not None:
         c = selected["config"]
-        cfg = grid_config(sel_prot, c["optimizer"], c["lambda_h"], c["lr"], c["epochs"], args.gd_lambda_p)
-        jobs = [(sel_prot, "ours", cfg, s, "confirm") for s in args.confirm_seeds]
+        kw = grid_options(c["optimizer"], c["lambda_h"], c["lr"], c["epochs"], args.gd_lambda_p)
+        jobs = [(sel_prot, "ours", kw, s, "confirm") for s in args.confirm_seeds]
         confirm = common.pool_map(_run_job, jobs, args.jobs, desc="confirming")
     return {
         "experiment": "frontier", "dataset": "house_prices", "source": data.source,
@@ -183,7 +179,7 @@ def run(args) -> dict:
         "target": {"harmful_ratio_at_least": TARGET[0], "pretrain_ratio_at_most": TARGET[1]},
         "grid": {"optimizers": args.optimizers, "lambda_h": args.lambda_h_grid, "lr": args.lr_grid,
                  "epochs": args.grid_epochs, "gd_lambda_p": args.gd_lambda_p,
-                 "other settings": "each protocol's ImmunizeConfig (ImmunizeConfig() / .strict()): "
+                 "other settings": "each protocol's preset ('house_price' / 'strict'): "
                                    "batch, preconditioner, init = identity (no warm start)"},
         "closed_form": closed, "exponent_window": windows, "runs": runs,
         "selected": None if selected is None else {"protocol": sel_prot, "config": selected["config"],

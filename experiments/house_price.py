@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from experiments import common
 from pycore.data.house_price import load_house_price
 from pycore.data.table import load_table
 from pycore.evaluate import EvaluationReference, def31_summary, evaluate_linear, norm_ratio_curves
-from pycore.immunize import MAX_EPOCHS, MAX_IMMA_INNER_STEPS, METHODS, ImmunizeConfig, immunize, replace
+from pycore.immunize import METHODS, auto_exponent
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.probe import MAX_PROBE_STEPS
 from pycore.protocol import strict_protocol
@@ -50,24 +49,6 @@ DEF31 = ("immunized", "heldout_immunized")   # Definition 3.1 per run → {"coun
 HARDENING_INVARIANTS = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_harmful_ratio",
                         "heldout_pretrain_ratio", "dp_loss_after", "heldout_dp_loss_after")
 OUTPUTS = ("table.md", "norm_ratio.png", "thetas.npz", "results.json")
-OPTION_HELP = {"epochs": "immunization epochs", "lr": "learning rate η",
-               "lambda_p": "λ_P, weight of R_well(H_P)", "lambda_h": "λ_H, weight of R_ill(H_H)",
-               "batch_size": "D_P mini-batch (none = full batch)",
-               "harden": "θ → θQ after the method (pycore.harden, docs/attacks.md)"}
-
-
-def add_immunize_options(p, shown) -> None:
-    """The flags of the immunization options (one per field, given ones override the preset)."""
-    from pycore.harden import HARDENINGS
-    from pycore.optim import OPTIMIZERS
-    from pycore.precondition import PRECONDITIONERS
-
-    common.add_options(p, [ImmunizeConfig], title="immunization options (override the preset when given)",
-                       rules={"epochs": dict(low=0, high=MAX_EPOCHS),
-                              "imma_inner_steps": dict(low=0, high=MAX_IMMA_INNER_STEPS)},
-                       choices={"optimizer": OPTIMIZERS, "precond": PRECONDITIONERS,
-                                "init": ("identity", "random"), "harden": HARDENINGS},
-                       help=OPTION_HELP, shown=asdict(shown))
 
 
 def build_parser() -> common.Parser:
@@ -98,25 +79,24 @@ def build_parser() -> common.Parser:
                    help="exact-line-search probing steps of Figure 1")
     common.add_jobs(p)
     p.add_argument("--no-plot", action="store_true", help="skip norm_ratio.png")
-    add_immunize_options(p, ImmunizeConfig())
+    common.add_immunize_options(p, "house_price")
     return p
 
 
-def build_config(args) -> ImmunizeConfig:
-    """The preset of the flags, with the typed options on top; checked before any compute (a bad
-    value or an option none of ``--methods`` reads is a ParameterError naming it)."""
-    from pycore.immunize import check_fields_apply
-
-    base = (ImmunizeConfig.paper() if args.paper_hparams
-            else ImmunizeConfig.strict() if args.protocol == "strict" else ImmunizeConfig())
-    given = common.given_options(args, [ImmunizeConfig])
-    check_fields_apply(given, args.methods)
-    return replace(base, **given)
+def build_immunizer(parser, args) -> common.Immunizer:
+    """The paper's data runs the paper's presets (its tables must not move: "house_price", "strict",
+    or "paper" with --paper-hparams); a table of one's own the library's defaults, made for new data."""
+    paper_data = args.target_p is None
+    preset = "paper" if args.paper_hparams else None if not paper_data else (
+        "strict" if args.protocol == "strict" else "house_price")
+    return common.immunizer(parser, args, args.methods, preset)
 
 
 def parse_args(argv=None):
-    args = build_parser().parse_args(argv)
-    args.config = build_config(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_data_flags(args)
+    args.immunizer = build_immunizer(parser, args)
     return args
 
 
@@ -128,18 +108,19 @@ _COST = {"r_ill_only": 5.0, "opt_kappa": 4.0, "opt_kappa_balanced": 4.0, "ours":
 
 def _one_run(job):
     method, seed = job
-    st, cfg = _STATE, _STATE["cfg"]
-    res = immunize(st["train"], method, rng=np.random.default_rng(seed), config=cfg)
-    row = evaluate_linear(res.theta, st["train"], st["heldout"], st["ceiling"], st["reference"])
+    st, harden = _STATE, _STATE["immunize"].harden
+    res = st["immunize"](st["train"], method, np.random.default_rng(seed))
+    row = evaluate_linear(res.theta, st["train"], st["heldout"], ceiling=st["ceiling"],
+                          reference=st["reference"])
     row.update(seed=seed, wall_seconds=res.wall_seconds, diagnostics=res.diagnostics)
-    saved = {theta_key(method, seed, cfg.harden): res.theta}
+    saved = {theta_key(method, seed, harden): res.theta}
     if res.theta_unhardened is not None:   # hardening must leave every number of the row unchanged
-        plain = evaluate_linear(res.theta_unhardened, st["train"], st["heldout"], st["ceiling"],
-                                st["reference"])
-        row["hardening"] = {"kind": cfg.harden, "max_rel_diff_vs_unhardened": max(
+        plain = evaluate_linear(res.theta_unhardened, st["train"], st["heldout"], ceiling=st["ceiling"],
+                                reference=st["reference"])
+        row["hardening"] = {"kind": harden, "max_rel_diff_vs_unhardened": max(
             abs(row[k] - plain[k]) / abs(plain[k]) for k in HARDENING_INVARIANTS if k in plain)}
         saved[theta_key(method, seed)] = res.theta_unhardened
-        saved[theta_key(method, seed, cfg.harden, "Q")] = res.rotation
+        saved[theta_key(method, seed, harden, "Q")] = res.rotation
     return row, res.theta, saved
 
 
@@ -174,16 +155,17 @@ def load_tasks(args):
 def run(args) -> dict:
     t_start = time.perf_counter()
     data, train, heldout, strict = load_tasks(args)
-    cfg = args.config
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
-    if strict is not None and window is not None and args.closed_form_exponent is None:
-        # the closed form at the balanced exponent of the Definition 3.1 window (docs/theory.md §10)
-        cfg = replace(cfg, closed_form_exponent=max(window.balanced, 0.0))
+    settings = args.immunizer.as_dict()
+    if "closed_form" in settings["options"]:   # the exponent as used ("auto": docs/theory.md §10)
+        a = settings["options"]["closed_form"]["exponent"]
+        settings["closed_form_exponent"] = auto_exponent(train, ceiling)[0] if a == "auto" else a
+    if strict is not None:
         print(f"strict protocol: dropped {len(strict.dropped_columns)} column(s) constant on D_P's training "
               f"rows; rank K_P = {strict.rank_K_P} of {strict.D_after_drop}", flush=True)
     jobs = [(m, s) for m in args.methods for s in args.seeds]
-    _STATE.update(train=train, heldout=heldout, cfg=cfg, ceiling=ceiling,
+    _STATE.update(train=train, heldout=heldout, immunize=args.immunizer, ceiling=ceiling,
                   reference=EvaluationReference(train, heldout))
     order = sorted(range(len(jobs)), key=lambda i: -_COST.get(jobs[i][0], 1.0))   # stable: seeds in order
     done = common.pool_map(_one_run, [jobs[i] for i in order], args.jobs, desc="immunizing")
@@ -218,7 +200,7 @@ def run(args) -> dict:
                  "rows_H": data.n_rows_H, "D": train.D, "D_input": data.train.D,
                  "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
                  "heldout_rows_H": None if heldout is None else heldout.X_H.shape[0]},
-        "seeds": args.seeds, "config": asdict(cfg), "ceiling": ceiling.exact,
+        "seeds": args.seeds, "immunize": settings, "ceiling": ceiling.exact,
         "ceiling_range_restricted": ceiling.range_restricted, "ceiling_detail": ceiling.as_dict(),
         "closed_form_exponent_window": None if window is None else window.as_dict(),
         "heldout_ceiling_detail": None if held_ceiling is None else held_ceiling.as_dict(),
@@ -298,7 +280,8 @@ def table_markdown(result: dict) -> str:
         lines.append(f"Closed form s² = λ_C^a: Definition 3.1 holds on the training rows for {fmt(w['low'])} "
                      f"{'<' if w['low'] > 0 else '≤'} a < {fmt(w['high'])}"
                      + (" (empty window)" if w["empty"] else "")
-                     + f"; used a = {fmt(result['config']['closed_form_exponent'])}.")
+                     + (f"; the closed form used a = {fmt(result['immunize']['closed_form_exponent'])}."
+                        if "closed_form_exponent" in result["immunize"] else "."))
     if result.get("heldout_ceiling_detail"):
         hc = result["heldout_ceiling_detail"]
         lines.append(f"Held-out rows: exact ceiling {fmt(hc['exact'])}, range-restricted "
@@ -308,16 +291,14 @@ def table_markdown(result: dict) -> str:
     if dp:
         lines += ["", "Best D_P training loss of a linear head (Definition 3.1(c)), before → after: "
                   + "; ".join(dp) + "."]
-    cfg = result["config"]
+    settings = result["immunize"]
     hard = [r["hardening"]["max_rel_diff_vs_unhardened"]
             for e in result["methods"].values() for r in e["runs"] if "hardening" in r]
     if hard:
-        lines += ["", f"Hardening `{cfg['harden']}` (θ → θQ, Q orthogonal; docs/attacks.md): every number "
-                  "above is that of the unhardened θ; largest relative difference over all runs of RIR, (i), "
-                  f"(ii) (training and held-out) and best D_P loss: {max(hard):.1e}."]
-    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, "
-              f"λ_H {cfg['lambda_h']:g}, {cfg['optimizer']}, batch {cfg['batch_size']}, preconditioner "
-              f"{cfg['precond']}, init {cfg['init']}. Wall time {result['wall_seconds']:.1f} s."]
+        lines += ["", f"Hardening `{settings['harden']}` (θ → θQ, Q orthogonal; docs/attacks.md): every "
+                  "number above is that of the unhardened θ; largest relative difference over all runs of "
+                  f"RIR, (i), (ii) (training and held-out) and best D_P loss: {max(hard):.1e}."]
+    lines += ["", common.immunize_summary(settings) + f" Wall time {result['wall_seconds']:.1f} s."]
     return "\n".join(lines) + "\n"
 
 
@@ -353,7 +334,7 @@ def plot_norm_ratio(result: dict, path) -> None:
 def thetas_meta(result: dict) -> dict:
     """What thetas.npz holds (its ``meta`` entry; pycore.thetas.load_thetas reads it back)."""
     return {"experiment": result["experiment"], "protocol": result["protocol"], "seeds": result["seeds"],
-            "harden": result["config"]["harden"], "command": result["command"],
+            "harden": result["immunize"]["harden"], "command": result["command"],
             "keys": "<method>/seed<k> = θ (D×D; features X @ θ); with --harden: <method>+<kind>/seed<k> = "
                     "the hardened θ and <method>+<kind>/seed<k>/Q its rotation (hardened = unhardened @ Q); "
                     "data/<train|heldout>/<X_P|Y_P|X_H|Y_H> = the protocol's inputs and targets"}
@@ -364,7 +345,7 @@ def main(argv=None) -> int:
 
     def body(args):
         check_data_flags(args)
-        args.config = build_config(args)
+        args.immunizer = build_immunizer(parser, args)
         common.check_out(args.out, OUTPUTS)
         result = run(args)
         archive = result.pop("_thetas")

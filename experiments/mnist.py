@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict
 
 import numpy as np
 
 from experiments import common
-from experiments.house_price import add_immunize_options
 from pycore.data.mnist import digit_covariances, load_mnist, pair_task, parse_pairs, split_digits
 from pycore.evaluate import EvaluationReference, immunized_def31
-from pycore.immunize import METHODS, ImmunizeConfig, immunize, replace
+from pycore.immunize import METHODS
 from pycore.metrics import rir_ceiling
 from pycore.report import METHOD_LABELS as LABELS
 from pycore.report import dumps_json, environment, fmt, pm, save_figure, summarize
@@ -43,8 +41,8 @@ SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "fraction
               "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
               "dp_acc_before", "dp_acc_after", "wall_seconds")
 
-# MNIST defaults: ImmunizeConfig.mnist() (λ_H = 1e12 from the paper's own rule of balancing the
-# preconditioned gradient norms; docs/results.md §2); --paper-hparams: the paper's Table 4 values.
+# The preset "mnist" (λ_H = 1e12 from the paper's own rule of balancing the preconditioned
+# gradient norms; docs/results.md §2); --paper-hparams: "mnist_paper", the paper's Table 4 values.
 OUTPUTS = ("table.md", "heatmap.png", "thetas.npz", "results.json")
 _STATE: dict = {}  # data shared with forked workers (never pickled per job)
 
@@ -73,21 +71,15 @@ def build_parser() -> common.Parser:
     p.add_argument("--no-plot", action="store_true", help="skip heatmap.png")
     p.add_argument("--save-thetas", action="store_true",
                    help="also write every run's θ to thetas.npz (4.9 MB a run: use it on a few pairs)")
-    add_immunize_options(p, ImmunizeConfig.mnist())
+    common.add_immunize_options(p, "mnist")
     return p
 
 
-def build_config(args) -> ImmunizeConfig:
-    from pycore.immunize import check_fields_apply
-
-    given = common.given_options(args, [ImmunizeConfig])
-    check_fields_apply(given, args.methods)
-    return replace(ImmunizeConfig.mnist(paper=args.paper_hparams), **given)
-
-
 def parse_args(argv=None):
-    args = build_parser().parse_args(argv)
-    args.config = build_config(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.immunizer = common.immunizer(parser, args, args.methods,
+                                      "mnist_paper" if args.paper_hparams else "mnist")
     return args
 
 
@@ -117,7 +109,7 @@ def _one_pair(pair):
             saved.update({f"{p}-{h}/data/{name}/{k}": getattr(t, k) for k in ("X_P", "Y_P", "X_H", "Y_H")})
     for method in st["methods"]:
         for seed in st["seeds"]:
-            res = immunize(train, method, rng=np.random.default_rng([seed, p, h]), config=st["cfg"])
+            res = st["immunize"](train, method, np.random.default_rng([seed, p, h]))
             th = res.theta
             # features of θ, θ_range and θ_null (range/null decomposition, docs/theory.md §8,
             # P_R from D_P's training rows) on the training and the held-out rows
@@ -130,14 +122,14 @@ def _one_pair(pair):
                 f0, g0 = ref.features(plain, "train"), ref.features(plain, "heldout")
                 r0 = ref.rir(f0[("theta", "P")], f0[("theta", "H")])
                 rh0 = ref.rir(g0[("theta", "P")], g0[("theta", "H")], "heldout")
-                hardening = {"kind": st["cfg"].harden, "max_rel_diff_vs_unhardened": max(
+                hardening = {"kind": st["immunize"].harden, "max_rel_diff_vs_unhardened": max(
                     abs(getattr(a, k) - getattr(b, k)) / abs(getattr(b, k))
                     for a, b in ((r, r0), (rh, rh0)) for k in ("value", "harmful_ratio", "pretrain_ratio"))}
             if st["save"]:
-                saved[f"{p}-{h}/{theta_key(method, seed, st['cfg'].harden)}"] = th
+                saved[f"{p}-{h}/{theta_key(method, seed, st['immunize'].harden)}"] = th
                 if res.theta_unhardened is not None:
                     saved[f"{p}-{h}/{theta_key(method, seed)}"] = res.theta_unhardened
-                    saved[f"{p}-{h}/{theta_key(method, seed, st['cfg'].harden, 'Q')}"] = res.rotation
+                    saved[f"{p}-{h}/{theta_key(method, seed, st['immunize'].harden, 'Q')}"] = res.rotation
             rows.append({
                 "pair": [p, h], "method": method, "seed": seed,
                 "rir": r.value, "harmful_ratio": r.harmful_ratio, "pretrain_ratio": r.pretrain_ratio,
@@ -165,7 +157,7 @@ def run(args) -> dict:
     t_start = time.perf_counter()
     digits = load_mnist(args.mnist_dir)
     split = split_digits(digits, args.n_train, np.random.default_rng(args.split_seed), args.n_heldout)
-    _STATE.update(digits=digits, split=split, K=digit_covariances(digits, split), cfg=args.config,
+    _STATE.update(digits=digits, split=split, K=digit_covariances(digits, split), immunize=args.immunizer,
                   methods=args.methods, seeds=args.seeds, save=args.save_thetas)
     outs = common.pool_map(_one_pair, args.pairs, args.jobs, desc="pairs")
     rows = [r for out, _ in outs for r in out]
@@ -175,7 +167,7 @@ def run(args) -> dict:
                  "n_heldout_per_digit": len(split.heldout[0]), "split_seed": args.split_seed, "D": 784,
                  "scaling": "pixels / 255",
                  "targets": "BCE on D_P: ink mass above the split median (pycore.data.mnist)"},
-        "pairs": [list(pr) for pr in args.pairs], "seeds": args.seeds, "config": asdict(args.config),
+        "pairs": [list(pr) for pr in args.pairs], "seeds": args.seeds, "immunize": args.immunizer.as_dict(),
         "methods": summarise_methods(rows, args.methods), **environment(),
         "wall_seconds": time.perf_counter() - t_start,
         "_thetas": {k: v for _, saved in outs for k, v in saved.items()},
@@ -261,18 +253,14 @@ def table_markdown(result: dict) -> str:
     for m, e in result["methods"].items():
         lines.append(f"| {LABELS[m]} | {pm(e['rir_range_part'])} | {pm(e['rir_null_part'])} | "
                      f"{pm(e['heldout_rir_range_part'])} | {pm(e['heldout_rir_null_part'])} |")
-    cfg = result["config"]
+    settings = result["immunize"]
     hard = [r["hardening"]["max_rel_diff_vs_unhardened"]
             for e in result["methods"].values() for r in e["runs"] if "hardening" in r]
     if hard:
-        lines += ["", f"Hardening `{cfg['harden']}` (θ → θQ, Q orthogonal; docs/attacks.md): every number "
-                  "above is that of the unhardened θ; largest relative difference of RIR, (i), (ii) "
+        lines += ["", f"Hardening `{settings['harden']}` (θ → θQ, Q orthogonal; docs/attacks.md): every "
+                  "number above is that of the unhardened θ; largest relative difference of RIR, (i), (ii) "
                   f"(training and held-out) over all runs: {max(hard):.1e}."]
-    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, "
-              f"λ_H {cfg['lambda_h']:g}, {cfg['optimizer']}, batch {cfg['batch_size'] or 'full'}, "
-              f"preconditioner {cfg['precond']}, init {cfg['init']}"
-              + (f" (ridge {cfg['ridge']:g})" if cfg["precond"] == "ridge" else "")
-              + f". Wall time {result['wall_seconds']:.1f} s."]
+    lines += ["", common.immunize_summary(settings) + f" Wall time {result['wall_seconds']:.1f} s."]
     return "\n".join(lines) + "\n"
 
 
@@ -328,7 +316,8 @@ def main(argv=None) -> int:
     parser = build_parser()
 
     def body(args):
-        args.config = build_config(args)
+        args.immunizer = common.immunizer(parser, args, args.methods,
+                                          "mnist_paper" if args.paper_hparams else "mnist")
         common.check_out(args.out, OUTPUTS)
         result = run(args)
         archive = result.pop("_thetas")
@@ -339,7 +328,7 @@ def main(argv=None) -> int:
         if archive:
             files["thetas.npz"] = lambda p: save_thetas(p, archive, {
                 "experiment": "mnist", "seeds": result["seeds"], "pairs": result["pairs"],
-                "harden": result["config"]["harden"], "command": result["command"],
+                "harden": result["immunize"]["harden"], "command": result["command"],
                 "keys": "<P>-<H>/<method>/seed<k> = θ (784×784; features X @ θ); with --harden: "
                         "<P>-<H>/<method>+<kind>/seed<k> = the hardened θ and .../Q its rotation; "
                         "<P>-<H>/data/<train|heldout>/<X_P|Y_P|X_H|Y_H> = the pair's inputs and targets"})

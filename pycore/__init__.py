@@ -9,10 +9,13 @@ from pycore.regularizers import (
 )
 from pycore.precondition import preconditioned_grad_theta
 from pycore.metrics import rir, rir_ceiling
+from pycore.tasks import LinearTask
+from pycore.immunize import immunize
+from pycore.evaluate import evaluate_linear
 
 __all__ = [
     "condition_number", "SpectrumInfo", "spectrum_info",
     "r_ill", "r_well", "r_ill_grad", "r_well_grad", "r_ill_grad_theta", "r_well_grad_theta",
-    "preconditioned_grad_theta", "rir", "rir_ceiling",
+    "preconditioned_grad_theta", "rir", "rir_ceiling", "LinearTask", "immunize", "evaluate_linear",
 ]
 __version__ = "0.1.0"

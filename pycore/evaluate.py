@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from pycore.losses import best_probe_loss
-from pycore.metrics import RIR, Ceiling
+from pycore.metrics import RIR, Ceiling, rir_ceiling
 from pycore.probe import gd_exact_line_search
-from pycore.spectral import gram_spectrum, rank_tolerance
+from pycore.spectral import EPS, gram_spectrum, rank_tolerance
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
-from pycore.validation import check_theta
+from pycore.validation import ParameterError, check_theta
 
 
 def immunized_def31(harmful_ratio: float, pretrain_ratio: float) -> bool:
@@ -63,6 +63,12 @@ class EvaluationReference:
     """
 
     def __init__(self, train: LinearTask, heldout: LinearTask | None = None):
+        for name, t in (("train", train), ("heldout", heldout)):
+            if t is not None and not isinstance(t, LinearTask):
+                raise ParameterError(name, f"{name} must be a pycore.LinearTask, got {type(t).__name__}")
+        if heldout is not None and heldout.D != train.D:
+            raise ParameterError("heldout", f"the held-out task has {heldout.D} input columns but the "
+                                            f"training task {train.D}: θ acts on one input space")
         self.train, self.heldout = train, heldout
         X_P = train.X_P
         _, s, Vt = np.linalg.svd(X_P, full_matrices=False)
@@ -116,20 +122,30 @@ class EvaluationReference:
 
 
 @bounded_blas
-def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | None,
-                    ceiling: Ceiling, reference: EvaluationReference | None = None) -> dict:
+def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | None = None, *,
+                    ceiling: Ceiling | None = None, reference: EvaluationReference | None = None) -> dict:
     """RIR and factors on training rows, held-out RIR, fraction of the range-restricted ceiling,
     and the best D_P / D_H probing loss with θ vs with I (Definition 3.1(c)).
 
-    Range/null decomposition (docs/theory.md §8): with P_R the projector onto range(K_P) of the
-    TRAINING rows of D_P (what the defender sees; also for the held-out rows), ``rir_range_part``
-    is the RIR of θ_range = P_N + P_Rθ and ``rir_null_part`` that of θ_null = P_R + P_Nθ, on the
-    training rows and (``heldout_`` prefix) on the held-out rows; ``null_part_fraction`` is the
-    share of ‖θ − I‖_F² that lies in the null part.  ``immunized`` is Definition 3.1.
-    ``reference`` (an :class:`EvaluationReference` of the same tasks) saves recomputing what
-    every θ shares; it is built here when not given.
+    Range/null decomposition (docs/theory.md §8): P_R projects onto range(K_P) of the TRAINING
+    rows of D_P (also for the held-out rows); ``rir_range_part`` is the RIR of θ_range = P_N + P_Rθ,
+    ``rir_null_part`` that of θ_null = P_R + P_Nθ (``heldout_`` prefix: held-out rows);
+    ``null_part_fraction`` is the share of ‖θ − I‖_F² in the null part.  ``ceiling``
+    (:func:`pycore.metrics.rir_ceiling` of the training rows) and ``reference`` (an
+    :class:`EvaluationReference` of these tasks) are computed when not given; a ceiling whose
+    κ(K_P), κ(K_H) are not the training rows' is refused.
     """
+    if reference is not None and (reference.train is not train or reference.heldout is not heldout):
+        raise ParameterError("reference", "reference was built for other tasks: pass "
+                                          "EvaluationReference(train, heldout) of these tasks")
     ref = reference if reference is not None else EvaluationReference(train, heldout)
+    if ceiling is None:
+        ceiling = rir_ceiling(train.X_P, train.X_H)
+    for mine, task in ((ceiling.kappa_K_P, "P"), (ceiling.kappa_K_H, "H")):
+        rows = ref.rows[("train", task)]
+        if not _same_kappa(mine, rows.ref.kappa, min(rows.X.shape)):
+            raise ParameterError("ceiling", f"ceiling was computed on other data: its κ(K_{task}) = "
+                                            f"{mine:.6g}, the training rows' {rows.ref.kappa:.6g}")
     theta = check_theta(theta, train.D)
     f = ref.features(theta, "train")
     r = ref.rir(f[("theta", "P")], f[("theta", "H")])
@@ -156,6 +172,12 @@ def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | 
                     "heldout_dp_loss_before": ref.dp_loss_before("heldout"),
                     "heldout_dp_loss_after": best_probe_loss(heldout.loss, g[("theta", "P")], heldout.Y_P)})
     return out
+
+
+def _same_kappa(a: float, b: float, p: int) -> bool:
+    """κ(K) = κ(X)² from two SVDs of the same rows: σ_min agrees to ~p·eps·σ_max, so κ(K) to
+    2p·eps·√κ(K) relative (a factor 2 margin, at least 1e-9); other rows miss by orders of magnitude."""
+    return abs(a - b) <= max(1e-9, 4 * p * EPS * np.sqrt(max(a, b))) * b
 
 
 @bounded_blas

@@ -20,7 +20,6 @@ RIR = (i)/(ii) hides the trade-off between making the harmful task worse-conditi
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 
@@ -44,17 +43,15 @@ def ratios(theta, train: LinearTask, heldout: LinearTask | None = None) -> dict:
     return out
 
 
-def closed_form_frontier(train: LinearTask, heldout: LinearTask | None, exponents, config=None) -> list[dict]:
+def closed_form_frontier(train: LinearTask, heldout: LinearTask | None, exponents) -> list[dict]:
     """The closed-form immunizer (docs/theory.md §10) at each exponent a of ``exponents``: its
     ratios on both row sets and :func:`regularizer_product` on the training rows."""
-    from pycore.immunize import ImmunizeConfig, immunize
+    from pycore.immunize import immunize
 
-    base = config if config is not None else ImmunizeConfig()
     out = []
     for a in exponents:
-        check_number(a, "closed_form_exponent")
-        cfg = replace(base, closed_form_exponent=float(a), harden="none")
-        theta = immunize(train, "closed_form", rng=np.random.default_rng(0), config=cfg).theta
+        check_number(a, "exponent")
+        theta = immunize(train, "closed_form", rng=np.random.default_rng(0), exponent=float(a)).theta
         out.append({"exponent": float(a), **ratios(theta, train, heldout),
                     "regularizer_product": regularizer_product(theta, train)})
     return out

@@ -1,39 +1,24 @@
 """Spectrum-preserving hardening of an immunized extractor: θ → θQ with Q orthogonal (docs/attacks.md §2).
 
-Why. Immunization acts on the probing Hessians ``H(θ) = θᵀKθ`` through their condition numbers.
-An orthogonal change of feature basis ``θ → θQ`` maps every Hessian to ``QᵀH(θ)Q``: the same
-eigenvalues, hence the same κ(H_H), κ(H_P), RIR, Definition 3.1 and best D_P loss (a linear
-head ``ω`` becomes ``Qᵀω`` and predicts exactly as before). What it changes is the
-*coordinates* the features are written in, and coordinate-wise optimizers (Adam, Adagrad,
-RMSprop, Jacobi-preconditioned CG) depend on them: a diagonal Hessian is perfectly
-preconditioned by a diagonal scaling, so a θ whose Hessians are diagonal (the optimal closed
-form of docs/theory.md §10 is exactly that) gives such an attacker nothing to fight. Rotating
-away the axis alignment removes that advantage without touching the spectrum. An attacker who
-estimates the feature covariance and whitens is invariant to any invertible change of basis,
-rotations included, so hardening cannot stop them (pycore.worst_case, ``whiten``).
+Every Hessian maps to ``QᵀH(θ)Q``: the same eigenvalues, hence the same κ's, RIR, Definition 3.1
+and best D_P loss (the head ω becomes Qᵀω).  What changes is the feature basis, which
+coordinate-wise attackers (Adam, Jacobi-preconditioned CG) depend on: the closed form's Hessians
+are diagonal, a perfect fit for a diagonal preconditioner.  An attacker who whitens is invariant
+to any change of basis, so hardening cannot stop them.  Rotations (:data:`HARDENINGS`):
 
-Rotations (:data:`HARDENINGS`):
+* ``"haar"``: one Haar draw on O(D) from the run's generator (QR of a Gaussian matrix with the
+  signs of R's diagonal moved into Q; Mezzadri 2007).
+* ``"equalize"``: deterministic, ``diag(QᵀHQ) = (tr H/D)·1`` for the harmful Hessian H (Schur–Horn:
+  the constant diagonal is majorized by every spectrum of that trace), built from H's
+  eigenvectors, the orthonormal DCT-II and at most D − 1 Givens rotations (Bendel & Mickey 1978;
+  Davies & Higham 2000).  With an equal diagonal, Jacobi-preconditioned CG is CG.
 
-* ``"haar"`` — one draw from the Haar (uniform) measure on O(D), from the run's generator:
-  the QR factorisation of a standard Gaussian matrix with the signs of R's diagonal moved into
-  Q (Mezzadri 2007, "How to generate random matrices from the classical compact groups").
-* ``"equalize"`` — deterministic: an orthogonal Q with ``diag(QᵀHQ) = (tr H / D)·1`` for a
-  given symmetric H (the harmful Hessian H_H(θ) on the training rows). Schur–Horn: a diagonal
-  ``d`` is the diagonal of a symmetric matrix with spectrum λ iff λ majorizes d; the constant
-  vector ``tr/D`` is majorized by every λ with that trace, so such a Q exists. Constructed
-  (:func:`equalizing_rotation`) by (1) the eigenvectors V of H, (2) the orthonormal DCT-II
-  matrix, which spreads every eigenvector over all coordinates, and (3) at most D − 1 Givens
-  rotations that set one diagonal entry at a time to the mean exactly (Bendel & Mickey 1978;
-  Davies & Higham 2000, "Numerically stable generation of correlation matrices and their
-  factors"). With an equal diagonal the Jacobi preconditioner of H is a multiple of I, so
-  Jacobi-preconditioned CG takes exactly CG's iterates.
-
-:func:`hardening_rotation` is the one entry point (given the kind, a generator and the Hessian
-or the features it returns Q); :func:`harden` applies it to θ and the D_P head. Both are plain
-NumPy and make no assumption about where the matrices come from, so the deep pipeline can call
-them on extracted features.
+:func:`hardening_rotation` gives Q, :func:`harden` applies it to θ and ω, :func:`harden_result`
+to an :class:`pycore.immunize.ImmunizationResult`.  Plain NumPy: the deep side uses them too.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import scipy.fft
@@ -41,7 +26,8 @@ import scipy.fft
 from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number
 
 __all__ = ["HARDENINGS", "haar_rotation", "equalizing_rotation", "hardening_rotation", "harden",
-           "orthogonality_defect", "check_orthogonal", "diagonal_spread", "ORTHOGONALITY_RTOL"]
+           "harden_result", "orthogonality_defect", "check_orthogonal", "diagonal_spread",
+           "ORTHOGONALITY_RTOL"]
 
 HARDENINGS = ("none", "haar", "equalize")
 
@@ -196,6 +182,19 @@ def harden(theta, Q, omega=None):
         raise ParameterError("Q", f"Q is {Q.shape[0]}×{Q.shape[0]} but θ has {theta.shape[1]} columns")
     head = None if omega is None else Q.T @ np.asarray(omega, dtype=np.float64)
     return theta @ Q, head
+
+
+def harden_result(res, task, kind: str, *, rng: np.random.Generator | None = None):
+    """``res`` (an :class:`pycore.immunize.ImmunizationResult` of ``task``) hardened by ``kind``:
+    θ → θQ, ω → Qᵀω, keeping ``theta_unhardened`` and ``rotation``; ``"none"`` returns ``res``.
+    ``"haar"`` draws Q from ``rng``: pass the generator the run used, after the run, and θ is the
+    same for the same seed; ``"equalize"`` equalizes H_H(θ) on ``task``'s harmful rows."""
+    Q = hardening_rotation(kind, task.D, rng=rng, Z=task.X_H @ res.theta if kind == "equalize" else None)
+    if Q is None:
+        return res
+    theta, omega = harden(res.theta, Q, res.omega)
+    return replace(res, theta=theta, omega=omega, theta_unhardened=res.theta, rotation=Q, diagnostics={
+        **res.diagnostics, "harden": {"kind": kind, "orthogonality_defect": orthogonality_defect(Q)}})
 
 
 def diagonal_spread(H) -> float:

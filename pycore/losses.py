@@ -42,12 +42,14 @@ def task_loss(loss: str, X, theta, omega, Y, bias=None) -> float:
 
 
 def best_probe_loss(loss: str, Z: np.ndarray, Y: np.ndarray) -> float:
-    """min_ω L(Z, ω) for the least-squares loss (Def. 3.1(c)); exact via ``lstsq``.
+    """min_ω L(Z, ω), the best D_P loss of a linear head on features Z (Definition 3.1(c),
+    docs/theory.md §5); least squares exactly via ``lstsq``.
 
-    For BCE (one target column, head with a bias) the minimum is found by damped Newton
-    (:func:`pycore.optim.damped_newton`) on the mean BCE plus a tiny ridge ``(1e-8/2)‖w‖²`` that
-    keeps the problem well-posed on separable data; the returned value is the BCE alone at that
-    point, a tight upper bound of the infimum.
+    BCE (one target column, head with a bias): damped Newton (:func:`pycore.optim.damped_newton`)
+    on the mean BCE plus a ridge ``(1e-8/2)‖w‖²`` on the features scaled to unit RMS row norm,
+    which keeps separable data well-posed and makes the value independent of Z's scale
+    (Z → cZ gives the same problem); the BCE alone at that point is returned, an upper bound
+    of the infimum.
     """
     if loss == "mse":
         w, *_ = np.linalg.lstsq(Z, Y, rcond=None)
@@ -62,7 +64,8 @@ def _best_logistic_loss(Z, Y, ridge=1e-8, tol=1e-12, max_iter=100) -> float:
     if Y.size != n:
         raise ValueError(f"the BCE probe takes one target column, got targets of shape {Y.shape}")
     y = Y.reshape(n)
-    A = np.hstack([Z, np.ones((n, 1))])
+    scale = float(np.sqrt(np.sum(Z * Z) / n))
+    A = np.hstack([Z / (scale if scale > 0 else 1.0), np.ones((n, 1))])
 
     def bce_mean(w):
         t = A @ w

@@ -1,12 +1,11 @@
-"""Update rules on NumPy arrays, float64: plain GD and Adam (first order), and the damped Newton
-method used wherever a smooth strictly convex problem must be solved to the float64 floor
-(the logistic probes of :mod:`pycore.losses` and :mod:`pycore.attacks`).
+"""Update rules on float64 NumPy arrays: GD and Adam (first order), and the damped Newton method
+that solves the smooth strictly convex problems of :mod:`pycore.losses` and :mod:`pycore.attacks`
+to the float64 floor.
 
-GD and Adam refuse to take a step that leaves their state or the iterate non-finite: an
-overflowing gradient (e.g. ``λ_H = 1e300``) would otherwise make Adam's second moment ``inf`` and
-every later step exactly 0 -- a run that "finishes" at its initial point.  They raise
-:class:`pycore.validation.DivergenceError` instead, naming the parameter to blame when the
-caller says which (``blame``: a name, or a callable returning one, evaluated only on failure).
+GD and Adam refuse a step that leaves their state or the iterate non-finite (an overflowing
+gradient would make Adam's second moment inf and every later step 0: a run that "finishes" at
+its start) and raise :class:`pycore.validation.DivergenceError` naming ``blame``: a parameter
+name, or ``{name: gradient term}`` whose largest term is named (:func:`largest_term`).
 """
 from __future__ import annotations
 
@@ -15,18 +14,13 @@ from typing import Callable
 import numpy as np
 import scipy.linalg
 
-from pycore.validation import (
-    DivergenceError,
-    ParameterError,
-    check_choice,
-    check_number,
-)
+from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
 
 OPTIMIZERS = ("adam", "gd")
 
 
 def _diverged(what: str, name: str, t: int, g: np.ndarray, blame) -> DivergenceError:
-    parameter = blame() if callable(blame) else blame
+    parameter = largest_term(**blame) if isinstance(blame, dict) else blame
     with np.errstate(all="ignore"):
         gmax = float(np.max(np.abs(g))) if g.size else 0.0
     hint = f"; lower {parameter}" if parameter else ""
@@ -42,7 +36,7 @@ class GD:
         self.lr = check_number(lr, "lr", low=0.0, low_open=True)
         self.name, self.t = name, 0
 
-    def step(self, x: np.ndarray, g: np.ndarray, blame: str | Callable[[], str] | None = None) -> np.ndarray:
+    def step(self, x: np.ndarray, g: np.ndarray, blame: str | dict | None = None) -> np.ndarray:
         self.t += 1
         with np.errstate(over="ignore", invalid="ignore"):
             new = x - self.lr * g
@@ -69,7 +63,7 @@ class Adam:
         self.t = 0
         self.name = name
 
-    def step(self, x: np.ndarray, g: np.ndarray, blame: str | Callable[[], str] | None = None) -> np.ndarray:
+    def step(self, x: np.ndarray, g: np.ndarray, blame: str | dict | None = None) -> np.ndarray:
         if self.m is None or self.m.shape != g.shape:
             self.m, self.v = np.zeros_like(g), np.zeros_like(g)
             # work buffers, reused every step: the moments are written into the spare pair and
@@ -122,16 +116,13 @@ FEATURE_LIMIT = 1e150
 
 
 def check_scale(x: np.ndarray, x_norm: float, where: str, optimizer: str, lr: float, blame) -> None:
-    """Raise :class:`DivergenceError` if the finite iterate ``x`` is too large for ``X x``.
-
-    ``|X x|`` entries are at most ``x_norm·max|x|`` with ``x_norm = max_i ‖X_i‖₁``; they must
-    stay below :data:`FEATURE_LIMIT`.  Under Adam every step is ~lr long whatever the gradient,
-    so lr is to blame; under GD (step lr·g) ``blame(lr)`` names the culprit (see
-    :func:`largest_term`).
-    """
+    """Raise :class:`DivergenceError` if ``|X x| ≤ x_norm·max|x|`` (``x_norm = max_i ‖X_i‖₁``) can
+    exceed :data:`FEATURE_LIMIT`.  Under Adam every step is ~lr long whatever the gradient, so lr
+    is to blame; under GD (step lr·g) ``blame`` as in :func:`largest_term` with ``step=lr``."""
     x_max = max(float(x.max()), -float(x.min()))  # max |x| without the |x| temporary
     if not x_max * x_norm < FEATURE_LIMIT:
-        parameter = "lr" if optimizer == "adam" else blame(lr)
+        parameter = "lr" if optimizer == "adam" else (
+            largest_term(lr, **blame) if isinstance(blame, dict) else blame)
         raise DivergenceError(f"{where}: θ diverged (max |θ| {x_max:.3e}: the features Xθ overflow float64); "
                               f"lower {parameter}", parameter=parameter)
 

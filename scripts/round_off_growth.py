@@ -21,7 +21,7 @@ rounding stays near eps; a chaotic one grows exponentially until the difference 
 with the ``--ridge-solve`` / ``--eigvecs`` formulation in place, e.g. to compare a documented row
 before and after a change of formulation on each kernel type.
 
-``--set FIELD=VALUE`` overrides an ``ImmunizeConfig`` field (ablations); ``--ridge-solve cholesky``
+``--set OPTION=VALUE`` overrides an option of the method (ablations); ``--ridge-solve cholesky``
 applies the ridge preconditioner ``(K+λI)⁻¹K`` as a Cholesky solve instead of the library's
 eigen-form (:func:`pycore.precondition.ridge_factor`), to measure what the solve does.
 """
@@ -45,7 +45,7 @@ import scipy.linalg  # noqa: E402
 
 from pycore import optim  # noqa: E402
 from pycore import precondition as pre  # noqa: E402
-from pycore.immunize import ImmunizeConfig, immunize  # noqa: E402
+from pycore.immunize import immunize  # noqa: E402
 from pycore.metrics import rir  # noqa: E402
 from pycore.spectral import gram_spectrum, rank_tolerance  # noqa: E402
 
@@ -77,7 +77,7 @@ def _cholesky_ridge():
 def _svd_eigvecs():
     """Give the in-loop regularizers the extreme eigenvectors of H = ZᵀZ from the SVD of Z (error
     ~eps·√κ(H)/gap instead of ~eps·κ(H)/gap for the smallest one)."""
-    import pycore.immunize as imm
+    import pycore.methods as imm
     import pycore.regularizers as reg
 
     orig = reg.hessian_regularizer
@@ -125,7 +125,7 @@ class Recorder:
 
 def _trajectory(train, cfg, args, perturb):
     with Recorder(args.every, perturb) as rec:
-        res = immunize(train, args.method, rng=np.random.default_rng(args.seed), config=cfg)
+        res = immunize(train, args.method, rng=np.random.default_rng(args.seed), **cfg)
     return np.array(rec.thetas), res.theta
 
 
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     p.add_argument("--against-kernel", metavar="TYPE",
                    help="compare with the same run under OPENBLAS_CORETYPE=TYPE instead of a 1-ulp change")
     p.add_argument("--every", type=int, default=4, help="compare θ every this many steps")
-    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="ImmunizeConfig overrides")
+    p.add_argument("--set", nargs="*", default=[], metavar="OPTION=VALUE", help="option overrides")
     p.add_argument("--ridge-solve", choices=("eigen", "cholesky"), default="eigen")
     p.add_argument("--eigvecs", choices=("gram", "svd"), default="gram",
                    help="extreme eigenvectors of H = ZᵀZ from H (the library) or from the SVD of Z")
@@ -180,8 +180,7 @@ def main(argv=None) -> int:
     _, train, _, _ = load_tasks(types.SimpleNamespace(data=None, n_train=200, protocol=args.protocol))
     overrides = dict(kv.split("=", 1) for kv in args.set)
     overrides = {k: _value(v) for k, v in overrides.items()}
-    base = ImmunizeConfig.strict if args.protocol == "strict" else ImmunizeConfig
-    cfg = base(**overrides)
+    cfg = {"preset": "strict" if args.protocol == "strict" else "house_price", **overrides}
     if args.dump:
         ta, theta_a = _trajectory(train, cfg, args, None)
         np.savez(args.dump, thetas=ta, theta=theta_a, blas=_blas())

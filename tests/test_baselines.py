@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import pycore.immunize as imm
-from pycore.immunize import ImmunizeConfig, immunize, kappa_grad_H, opt_kappa_objective
+import pycore.methods as M
+from pycore.immunize import RIllOnlyOptions, immunize
+from pycore.methods import kappa_grad_H, opt_kappa_objective
 from pycore.metrics import rir
 from pycore.regularizers import hessian_regularizer
 from pycore.tasks import LinearTask
@@ -36,25 +37,24 @@ def test_r_ill_only_rir_never_falls(seed, setting):
     every step.  lr·λ_H is large so that the step-size clip to the §5 bound is exercised."""
     if setting == "exact_random_init":
         t = random_task(seed)
-        cfg = ImmunizeConfig(epochs=15, batch_size=None, precond="exact", init="random", lr=1.0,
-                             lambda_h=1e12)
+        cfg = dict(epochs=15, batch_size=None, precond="exact", init="random", lr=1.0, lambda_h=1e12)
     else:
         t = random_task(seed, rank_H=4)
-        cfg = ImmunizeConfig(epochs=15, batch_size=None, precond="pinv", lr=1.0, lambda_h=1e12)
-    res = immunize(t, "r_ill_only", rng=np.random.default_rng(seed), config=cfg)
+        cfg = dict(epochs=15, batch_size=None, precond="pinv", lr=1.0, lambda_h=1e12)
+    res = immunize(t, "r_ill_only", rng=np.random.default_rng(seed), **cfg)
     r, step_ratio = _rir_path(res)
     assert res.diagnostics["steps"] == 15 and res.diagnostics["rir_decreases"] == 0
     assert res.diagnostics["clipped"] > 0          # the bound was binding somewhere
     # within what two measured RIRs can resolve (κ(H_H) reaches ~6e13 on some seeds)
     kap = list(zip(res.history["kappa_P"], res.history["kappa_H"]))
-    tol_step = np.array([imm.rir_change_tolerance(a, b) for a, b in zip(kap[:-1], kap[1:])])
-    tol_start = np.array([imm.rir_change_tolerance(kap[0], b) for b in kap])
+    tol_step = np.array([M.rir_change_tolerance(a, b) for a, b in zip(kap[:-1], kap[1:])])
+    tol_start = np.array([M.rir_change_tolerance(kap[0], b) for b in kap])
     assert np.all(r >= 1 - tol_start) and np.all(step_ratio >= 1 - tol_step)
     assert np.all(tol_step <= 1e-7)                 # a real fall (≫ 1e-6) is still caught
     assert r[-1] > 1 + 1e-6                         # and it did move
     # the recorded path ends at the independently measured RIR of the returned θ
     if setting == "exact_random_init":
-        theta0 = imm._init_theta(t.D, cfg, np.random.default_rng(seed))
+        theta0 = M._init_theta(t.D, RIllOnlyOptions(**cfg), np.random.default_rng(seed))
         k0 = rir(theta0, t.X_P, t.X_H)
         want = rir(res.theta, t.X_P, t.X_H).value / k0.value
     else:
@@ -69,19 +69,18 @@ def test_algorithm1_without_r_well_under_adam_is_not_the_baseline():
     from pycore.data.house_price import load_house_price
 
     t = load_house_price().train
-    old = immunize(t, "ours", rng=np.random.default_rng(0), config=ImmunizeConfig(lambda_p=0.0))
-    assert rir(old.theta, t.X_P, t.X_H).value < 1.0
-    new = immunize(t, "r_ill_only", rng=np.random.default_rng(0), config=ImmunizeConfig())
-    assert rir(new.theta, t.X_P, t.X_H).value > 1.0
+    old = immunize(t, "ours", rng=np.random.default_rng(0), preset="house_price", lambda_p=0.0)
+    assert old.rir < 1.0
+    new = immunize(t, "r_ill_only", rng=np.random.default_rng(0), preset="house_price")
+    assert new.rir > 1.0
 
 
 def test_r_ill_only_ignores_the_dp_loss_and_head():
     """R_ill only minimises R_ill alone: D_P's targets, the optimizer and the head play no part."""
     t = random_task(3)
-    cfg = ImmunizeConfig(epochs=5, batch_size=None)
-    a = immunize(t, "r_ill_only", rng=np.random.default_rng(0), config=cfg)
+    a = immunize(t, "r_ill_only", rng=np.random.default_rng(0), epochs=5, batch_size=None)
     t2 = LinearTask(t.X_P, -7.0 * t.Y_P + 3.0, t.X_H, t.Y_H)
-    b = immunize(t2, "r_ill_only", rng=np.random.default_rng(1), config=imm.replace(cfg, optimizer="gd"))
+    b = immunize(t2, "r_ill_only", rng=np.random.default_rng(1), epochs=5, batch_size=None)
     np.testing.assert_array_equal(a.theta, b.theta)
     assert a.omega is None and a.diagnostics["optimizer"] == "gd"
 
@@ -90,8 +89,8 @@ def test_r_ill_only_house_prices_rir_at_least_one_every_step():
     from pycore.data.house_price import load_house_price
 
     t = load_house_price().train
-    cfg = ImmunizeConfig(epochs=25)   # 25 epochs × 4 batches = 100 steps of the default rule
-    res = immunize(t, "r_ill_only", rng=np.random.default_rng(0), config=cfg)
+    # 25 epochs × 4 batches = 100 steps of the paper-protocol rule
+    res = immunize(t, "r_ill_only", rng=np.random.default_rng(0), preset="house_price", epochs=25)
     r, step_ratio = _rir_path(res)
     assert len(r) == 101 and res.diagnostics["rir_decreases"] == 0
     assert np.all(r >= 1 - 1e-9) and np.all(step_ratio >= 1 - 1e-9) and r[-1] > 1.5
@@ -147,9 +146,8 @@ def test_opt_kappa_descends_its_objective_and_balanced_weights_match_norms():
     """Both Opt κ variants run the loop on λ_κ(w_Pκ_P − w_Hκ_H) (plus the D_P loss); the balanced
     weights equalise the two θ-gradient norms at the initial θ."""
     t = random_task(7, N=40, D=5)
-    cfg = ImmunizeConfig(epochs=20, batch_size=None, lr=0.01)
-    lit = immunize(t, "opt_kappa", rng=np.random.default_rng(0), config=cfg)
-    bal = immunize(t, "opt_kappa_balanced", rng=np.random.default_rng(0), config=cfg)
+    lit = immunize(t, "opt_kappa", rng=np.random.default_rng(0), epochs=20, batch_size=None, lr=0.01)
+    bal = immunize(t, "opt_kappa_balanced", rng=np.random.default_rng(0), epochs=20, batch_size=None, lr=0.01)
     assert lit.diagnostics["kappa_weights"] == [1.0, 1.0]
     w_P, w_H = bal.diagnostics["kappa_weights"]
     _, _, (g_P, g_H) = opt_kappa_objective(np.eye(t.D), t.X_P, t.X_H)

@@ -1,14 +1,22 @@
-"""Linear core: spectra, regularizer paths, metrics, immunizers, certified mode, bad input."""
+"""Linear core: spectra, metrics and ceiling, the immunizers, certified mode, the probes' solvers."""
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
+import scipy.optimize
+from scipy.special import expit
 
 import pycore
+from pycore import attacks, probe
 from pycore import precondition as P
 from pycore import regularizers as R
-from pycore.immunize import METHODS, ImmunizeConfig, imma_objective, immunize
-from pycore.metrics import rir, rir_ceiling
+from pycore.immunize import METHODS, IMMAOptions, immunize, immunize_certified
+from pycore.losses import best_probe_loss
+from pycore.methods import imma_objective
+from pycore.metrics import range_null_split, rir, rir_ceiling
+from pycore.optim import damped_newton
 from pycore.spectral import SpectrumError, gram_spectrum, spectrum_info
 from pycore.tasks import LinearTask
 from tests.helpers import central_diff, rel_err, with_spectrum
@@ -22,18 +30,17 @@ def small_task(seed=0, N=40, D=6, loss="mse"):
     return LinearTask(XP, YP, XH, rng.standard_normal((N, 1)), loss)
 
 
-# ---------------------------------------------------------------- public API and spectra
+def short(method, **kw):
+    """Options of a short run of ``method`` (the closed form and θ = I have no loop)."""
+    return {} if method in ("identity", "closed_form") else {"epochs": 3, "batch_size": 16, **kw}
 
-def test_public_api_names():
-    for name in ("condition_number", "r_ill", "r_well", "r_ill_grad", "r_well_grad", "rir", "rir_ceiling"):
-        assert callable(getattr(pycore, name))
 
+# ---------------------------------------------------------------- spectra
 
 def test_condition_number_uses_nonzero_spectrum_and_reports_rank():
     rng = np.random.default_rng(0)
     S = with_spectrum([4.0, 2.0, 0.5, 0.0, 0.0], rng)
-    info = spectrum_info(S)
-    assert info.rank == 3
+    assert spectrum_info(S).rank == 3
     assert pycore.condition_number(S) == pytest.approx(8.0, rel=1e-10)
     K = S.T @ S  # symmetric PSD path (eigh)
     assert spectrum_info(K).rank == 3
@@ -49,88 +56,77 @@ def test_gram_spectrum_is_accurate_where_forming_H_is_not():
     assert abs(lam[-1] / lam[0] - 1e14) > 1e-3 * 1e14 or lam[0] <= 0
 
 
-def test_hessian_regularizer_matches_matrix_path():
+def test_hessian_regularizer_matches_matrix_path_also_with_fewer_rows_than_columns():
     rng = np.random.default_rng(2)
-    Z = rng.standard_normal((12, 5))
-    H = Z.T @ Z
-    for kind in ("ill", "well"):
-        reg = R.hessian_regularizer(Z, kind)
-        ev = R.evaluate(H, kind, p=5)
-        assert reg.value == pytest.approx(ev.value, rel=1e-10)
-        assert rel_err(reg.G, ev.grad) < 1e-9
+    for N, D in ((12, 5), (3, 7)):
+        Z = rng.standard_normal((N, D))
+        for kind in ("ill", "well"):
+            reg, ev = R.hessian_regularizer(Z, kind), R.evaluate(Z.T @ Z, kind, p=D)
+            assert reg.value == pytest.approx(ev.value, rel=1e-9)
+            assert reg.info.rank == min(N, D) and rel_err(reg.G, ev.grad) < 1e-9
 
 
-def test_rank_deficient_features_n_less_than_d():
-    rng = np.random.default_rng(3)
-    Z = rng.standard_normal((3, 7))
-    reg = R.hessian_regularizer(Z, "ill")
-    assert reg.info.rank == 3
-    H = Z.T @ Z
-    assert reg.value == pytest.approx(R.r_ill(H), rel=1e-9)
-
-
-@pytest.mark.parametrize("bad, msg", [
-    (np.zeros((3, 3)), "zero"),
-    (np.array([[1.0, np.nan], [0.0, 1.0]]), "NaN"),
-    (np.ones(4), "2-D"),
-    (np.array([["a", "b"], ["c", "d"]]), "numeric"),
-    (np.empty((0, 3)), "empty"),
-])
-def test_bad_matrices_raise_one_line_errors(bad, msg):
-    with pytest.raises(ValueError, match=msg):
+@pytest.mark.parametrize("bad", [np.zeros((3, 3)), np.array([[1.0, np.nan], [0.0, 1.0]]), np.ones(4),
+                                 np.array([["a", "b"], ["c", "d"]]), np.empty((0, 3))])
+def test_bad_matrices_raise_value_errors(bad):
+    with pytest.raises(ValueError):
         pycore.condition_number(bad)
 
 
-def test_r_ill_of_rank_one_is_flagged():
-    with pytest.raises(SpectrumError, match="rank 1"):
+def test_r_ill_of_rank_one_and_ties():
+    with pytest.raises(SpectrumError):
         pycore.r_ill(np.outer([1.0, 2.0], [3.0, 1.0]))
-
-
-def test_tie_is_reported_in_diagnostics():
     info = spectrum_info(np.diag([2.0, 2.0, 1.0]))
     assert info.tie_max and not info.tie_min
-    reg = R.hessian_regularizer(np.diag([3.0, 1.0, 1.0]), "ill")
-    assert reg.tie
+    assert R.hessian_regularizer(np.diag([3.0, 1.0, 1.0]), "ill").tie
 
 
 # ---------------------------------------------------------------- metrics and ceiling
 
-def test_rir_of_identity_is_one_and_api_shape():
-    t = small_task()
-    r = rir(np.eye(t.D), t.X_P, t.X_H)
-    assert float(r) == pytest.approx(1.0) and r.harmful_ratio == pytest.approx(1.0)
-
-
 def test_ceiling_is_finite_and_attained_when_null_spaces_nest():
     t = small_task(4)
     c = rir_ceiling(t.X_P, t.X_H)
+    assert rir(np.eye(t.D), t.X_P, t.X_H).value == pytest.approx(1.0)
     assert np.isfinite(c.exact) and c.exact == pytest.approx(c.range_restricted)
-    res = immunize(t, "closed_form", rng=np.random.default_rng(0))
-    assert rir(res.theta, t.X_P, t.X_H).value == pytest.approx(c.range_restricted, rel=1e-8)
-    # No θ beats the ceiling: random extractors stay below it.
+    for a in (0.0, 0.5, "auto"):      # every exponent a ≥ 0 attains it (docs/theory.md §10)
+        res = immunize(t, "closed_form", rng=np.random.default_rng(0), exponent=a)
+        assert res.rir == pytest.approx(c.range_restricted, rel=1e-8)
     rng = np.random.default_rng(5)
-    for _ in range(50):
+    for _ in range(50):                # no θ beats it
         assert rir(rng.standard_normal((t.D, t.D)), t.X_P, t.X_H).value <= c.exact * (1 + 1e-8)
+
+
+def test_closed_form_exponent_trades_the_two_factors():
+    t = small_task(7)
+    r0, r1 = (immunize(t, "closed_form", rng=np.random.default_rng(0), exponent=a) for a in (0.0, 0.5))
+    assert r1.pretrain_ratio != pytest.approx(r0.pretrain_ratio, rel=1e-3)
+    assert r1.harmful_ratio / r0.harmful_ratio == pytest.approx(r1.pretrain_ratio / r0.pretrain_ratio,
+                                                                rel=1e-8)   # at constant RIR
 
 
 def test_ceiling_is_infinite_when_dp_ignores_a_direction_dh_uses():
     t = small_task(6)
     XP = t.X_P.copy()
     XP[:, 2] = 0.0  # D_P never varies along e_3, D_H does
-    c = rir_ceiling(XP, t.X_H)
-    assert c.exact == np.inf and "⊄" in c.reason
-    # and indeed RIR grows without bound by shrinking that direction
+    assert rir_ceiling(XP, t.X_H).exact == np.inf
     vals = [rir(np.diag([1, 1, s, 1, 1, 1.0]), XP, t.X_H).value for s in (1e-1, 1e-3)]
-    assert vals[1] > 10 * vals[0]
+    assert vals[1] > 10 * vals[0]      # RIR grows without bound by shrinking that direction
 
 
-def test_closed_form_exponent_trades_factors_at_constant_rir():
-    t = small_task(7)
-    r0 = rir(immunize(t, "closed_form", rng=np.random.default_rng(0)).theta, t.X_P, t.X_H)
-    r1 = rir(immunize(t, "closed_form", rng=np.random.default_rng(0),
-                      config=ImmunizeConfig(closed_form_exponent=0.5)).theta, t.X_P, t.X_H)
-    assert r1.value == pytest.approx(r0.value, rel=1e-8)
-    assert r1.pretrain_ratio != pytest.approx(r0.pretrain_ratio, rel=1e-3)
+def test_range_null_split_separates_what_D_P_sees():
+    """θ_range acts as θ on range(K_P) and as I on null(K_P), θ_null the other way round
+    (docs/theory.md §8); the two add up to θ + I."""
+    rng = np.random.default_rng(3)
+    D, r = 6, 4
+    X_P = rng.normal(size=(20, r)) @ rng.normal(size=(r, D))      # rank 4: null(K_P) has dim 2
+    Vt = np.linalg.svd(X_P)[2]
+    V_R, V_N = Vt[:r].T, Vt[r:].T
+    theta = np.eye(D) + 0.3 * rng.normal(size=(D, D))
+    t_range, t_null = range_null_split(theta, X_P)
+    for V, a, b in ((V_R, t_range, theta), (V_N, t_range, np.eye(D)), (V_R, t_null, np.eye(D)),
+                    (V_N, t_null, theta)):
+        np.testing.assert_allclose(V.T @ a, V.T @ b, atol=1e-12)
+    np.testing.assert_allclose(t_range + t_null, theta + np.eye(D), atol=1e-12)
 
 
 # ---------------------------------------------------------------- immunizers
@@ -139,9 +135,8 @@ def test_closed_form_exponent_trades_factors_at_constant_rir():
 @pytest.mark.parametrize("loss", ["mse", "bce"])
 def test_every_method_runs_and_is_seeded(method, loss):
     t = small_task(8, loss=loss)
-    cfg = ImmunizeConfig(epochs=3, batch_size=16)
-    a = immunize(t, method, rng=np.random.default_rng(11), config=cfg)
-    b = immunize(t, method, rng=np.random.default_rng(11), config=cfg)
+    a = immunize(t, method, rng=np.random.default_rng(11), **short(method))
+    b = immunize(t, method, rng=np.random.default_rng(11), **short(method))
     assert a.theta.shape == (t.D, t.D) and np.all(np.isfinite(a.theta))
     np.testing.assert_array_equal(a.theta, b.theta)
 
@@ -151,32 +146,43 @@ def test_imma_gradient_matches_finite_differences():
     rng = np.random.default_rng(0)
     theta = np.eye(4) + 0.1 * rng.standard_normal((4, 4))
     w, omega = rng.standard_normal((4, 1)), rng.standard_normal((4, 1))
-    cfg = ImmunizeConfig(imma_inner_steps=4)
-    _, g = imma_objective(theta, w, omega, t, cfg)
-    fd = central_diff(lambda th: imma_objective(th, w, omega, t, cfg)[0], theta, h=1e-6)
+    o = IMMAOptions(inner_steps=4)
+    _, g = imma_objective(theta, w, omega, t, o)
+    fd = central_diff(lambda th: imma_objective(th, w, omega, t, o)[0], theta, h=1e-6)
     assert rel_err(g, fd) < 1e-7
-    rows = np.array([0, 3, 7, 11, 20])  # a D_P mini-batch for the upper level's L_P
-    batch = (t.X_P[rows], t.Y_P[rows])
-    F_b, g_b = imma_objective(theta, w, omega, t, cfg, batch_P=batch)
-    fd_b = central_diff(lambda th: imma_objective(th, w, omega, t, cfg, batch_P=batch)[0], theta, h=1e-6)
+    batch = (t.X_P[[0, 3, 7, 11, 20]], t.Y_P[[0, 3, 7, 11, 20]])   # a D_P mini-batch for L_P
+    _, g_b = imma_objective(theta, w, omega, t, o, batch_P=batch)
+    fd_b = central_diff(lambda th: imma_objective(th, w, omega, t, o, batch_P=batch)[0], theta, h=1e-6)
     assert rel_err(g_b, fd_b) < 1e-7 and rel_err(g_b, g) > 1e-3
-    # the unrolled steps matter: with 0 inner steps the gradient differs
-    _, g0 = imma_objective(theta, w, omega, t, ImmunizeConfig(imma_inner_steps=0))
+    _, g0 = imma_objective(theta, w, omega, t, IMMAOptions(inner_steps=0))   # the unrolled steps matter
     assert rel_err(g0, g) > 1e-3
 
 
-def test_ours_improves_rir_on_a_synthetic_task():
+def test_imma_upper_level_uses_the_dp_mini_batches(monkeypatch):
+    import pycore.methods as M
+
+    seen, real = [], M.imma_objective
+
+    def spy(*args, batch_P=None, **kw):
+        seen.append(batch_P[0].shape[0])
+        return real(*args, batch_P=batch_P, **kw)
+
+    monkeypatch.setattr(M, "imma_objective", spy)
+    immunize(small_task(3, N=20, D=4), "imma", rng=np.random.default_rng(0), epochs=2, batch_size=8)
+    assert seen == [8, 8, 4, 8, 8, 4]
+
+
+def test_ours_immunizes_a_synthetic_task():
     t = small_task(10, N=60, D=6)
-    res = immunize(t, "ours", rng=np.random.default_rng(0),
-                   config=ImmunizeConfig(epochs=60, batch_size=None, lambda_h=1e4))
-    assert rir(res.theta, t.X_P, t.X_H).value > 1.5
+    res = immunize(t, "ours", rng=np.random.default_rng(0), epochs=60, batch_size=None, lambda_h=1e4)
+    assert res.rir > 1.5
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_certified_mode_has_no_violations(seed):
     t = small_task(20 + seed, N=30, D=5)
-    cfg = ImmunizeConfig(epochs=5, batch_size=None, certified=True, lr=0.05, lambda_p=10, lambda_h=1e4)
-    res = immunize(t, "ours", rng=np.random.default_rng(seed), config=cfg)
+    res = immunize_certified(t, rng=np.random.default_rng(seed), epochs=5, batch_size=None, lr=0.05,
+                             lambda_p=10, lambda_h=1e4)
     cert = res.diagnostics["certified"]
     assert cert["checked"] == 5 and cert["violations_P"] == 0 and cert["violations_H"] == 0
 
@@ -188,53 +194,21 @@ def test_uncapped_regularizer_step_can_violate_monotonicity():
     reg = R.hessian_regularizer(t.X_P, "well")
     bound = R.preconditioned_r_well_step_bound(reg.info, D=t.D)
     step = P.precondition(theta, reg.G, t.K_P, "exact")
-    worse = [eta for eta in bound * np.array([2.0, 5.0, 20.0, 100.0])
-             if gram_spectrum(t.X_P @ (theta - eta * step)).kappa > reg.info.kappa]
-    assert worse, "some uncapped step must raise κ(H_P)"
+    assert any(gram_spectrum(t.X_P @ (theta - eta * step)).kappa > reg.info.kappa
+               for eta in bound * np.array([2.0, 5.0, 20.0, 100.0]))
 
 
-# ---------------------------------------------------------------- bad input
-
-def test_task_validation_messages():
+def test_degenerate_task_raises_a_spectrum_error():
+    """D_H with κ = 1 (orthogonal rows): R_ill is undefined."""
     rng = np.random.default_rng(0)
-    X = rng.standard_normal((10, 3))
-    with pytest.raises(ValueError, match="columns"):
-        LinearTask(X, np.ones(10), rng.standard_normal((10, 4)), np.ones(10))
-    with pytest.raises(ValueError, match="rows"):
-        LinearTask(X, np.ones(9), X, np.ones(10))
-    Xn = X.copy()
-    Xn[2, 1] = np.inf
-    with pytest.raises(ValueError, match=r"X_H contains NaN or inf \(first at index \(2, 1\)\)"):
-        LinearTask(X, np.ones(10), Xn, np.ones(10))
-    with pytest.raises(ValueError, match="bce"):
-        LinearTask(X, np.full(10, 0.5), X, np.ones(10), loss="bce")
-
-
-def test_unknown_method_and_bad_config():
-    t = small_task()
-    with pytest.raises(ValueError, match="unknown method"):
-        immunize(t, "magic", rng=np.random.default_rng(0))
-    with pytest.raises(ValueError, match="precond"):
-        ImmunizeConfig(precond="cholesky")
-    with pytest.raises(TypeError, match="Generator"):
-        immunize(t, "ours", rng=0)
-
-
-def test_degenerate_task_gives_clear_error():
-    """D_H with κ = 1 (orthogonal rows): R_ill is undefined, said with the epoch and step."""
-    rng = np.random.default_rng(0)
-    XP = rng.standard_normal((20, 4))
-    XH = np.eye(4) * 3.0
-    t = LinearTask(XP, rng.standard_normal(20), XH, rng.standard_normal(4))
-    with pytest.raises(SpectrumError, match=r"ours: epoch 1, step 0: R_ill is undefined"):
-        immunize(t, "ours", rng=np.random.default_rng(0), config=ImmunizeConfig(epochs=1))
+    t = LinearTask(rng.standard_normal((20, 4)), rng.standard_normal(20), 3.0 * np.eye(4), np.ones(4))
+    with pytest.raises(SpectrumError):
+        immunize(t, "ours", rng=np.random.default_rng(0), epochs=1)
 
 
 def test_closed_form_with_fewer_harmful_rows_than_rank_keeps_dp_loss():
-    """N_H < rank K_P: C = K_P^{-½}K_HK_P^{-½} has a null space, and the closed form must keep its
-    eigenvectors (θ injective on range(K_P)), or D_P's best loss would change (Def. 3.1(c))."""
-    from pycore.losses import best_probe_loss
-
+    """N_H < rank K_P: C has a null space whose eigenvectors θ must keep (injective on range(K_P)),
+    or D_P's best loss would change (Definition 3.1(c))."""
     rng = np.random.default_rng(0)
     X_P, X_H = rng.standard_normal((30, 8)), rng.standard_normal((5, 8))
     task = LinearTask(X_P, rng.standard_normal(30), X_H, rng.standard_normal(5))
@@ -243,48 +217,107 @@ def test_closed_form_with_fewer_harmful_rows_than_rank_keeps_dp_loss():
     assert best_probe_loss("mse", X_P @ res.theta, task.Y_P) == pytest.approx(
         best_probe_loss("mse", X_P, task.Y_P), rel=1e-10)
     ceil = rir_ceiling(X_P, X_H)
-    assert ceil.lambda_C.size == 8 and np.all(ceil.lambda_C[ceil.rank_C:] == 0) and ceil.rank_C == 5
-    assert rir(res.theta, X_P, X_H).value == pytest.approx(ceil.range_restricted, rel=1e-8)
+    assert ceil.rank_C == 5 and np.all(ceil.lambda_C[5:] == 0)
+    assert res.rir == pytest.approx(ceil.range_restricted, rel=1e-8)
 
 
-def test_imma_upper_level_uses_the_dp_mini_batches(monkeypatch):
-    """IMMA's L_P term sees the same D_P mini-batches as Algorithm 1's loss term, not all of D_P
-    at every step."""
-    import pycore.immunize as imm
+# ---------------------------------------------------------------- the probes' solvers
 
-    seen = []
-    real = imm.imma_objective
+def test_damped_newton_solves_a_strictly_convex_problem_to_the_floor():
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((60, 5))
+    y = (rng.random(60) < 0.5).astype(float)       # not separable: a unique interior minimiser
+    lam = 1e-3
 
-    def spy(*args, batch_P=None, **kw):
-        seen.append(None if batch_P is None else batch_P[0].shape[0])
-        return real(*args, batch_P=batch_P, **kw)
+    def value(w):
+        t = A @ w
+        return float(np.sum(np.logaddexp(0.0, t) - y * t) + 0.5 * lam * w @ w)
 
-    monkeypatch.setattr(imm, "imma_objective", spy)
-    t = small_task(3, N=20, D=4)
-    immunize(t, "imma", rng=np.random.default_rng(0), config=ImmunizeConfig(epochs=2, batch_size=8))
-    assert seen == [8, 8, 4, 8, 8, 4]
+    def value_grad(w):
+        return value(w), A.T @ (expit(A @ w) - y) + lam * w
+
+    def hessian(w):
+        s = expit(A @ w)
+        return (A.T * (s * (1 - s))) @ A + lam * np.eye(5)
+
+    w, info = damped_newton(value_grad, value, hessian, np.zeros(5), tol=1e-13, max_iter=100)
+    ref = scipy.optimize.minimize(value, np.zeros(5), jac=lambda w: value_grad(w)[1], method="BFGS",
+                                  options={"gtol": 1e-12})
+    assert info["grad_norm"] <= 1e-10 and value(w) <= ref.fun + 1e-12
+    np.testing.assert_allclose(w, ref.x, rtol=1e-6, atol=1e-8)
 
 
-def test_range_null_split_separates_what_D_P_sees():
-    """θ_range acts as θ on range(K_P) and as I on null(K_P); θ_null the other way round, so a θ
-    that only rescales null(K_P) directions has θ_range = I and θ_null = θ (docs/theory.md §8)."""
-    from pycore.metrics import range_null_split
+def test_best_bce_probe_loss_matches_a_generic_solver():
+    """Not separable: the scaled ridge (1e-8 on unit-RMS rows) moves the minimum by ~1e-9."""
+    rng = np.random.default_rng(2)
+    Z = rng.standard_normal((80, 4))
+    Y = (rng.random((80, 1)) < expit(Z[:, :1] - 0.5 * Z[:, 1:2])).astype(float)
+    A = np.hstack([Z, np.ones((80, 1))])
 
+    def bce(w):
+        return np.mean(np.logaddexp(0, A @ w) - Y[:, 0] * (A @ w))
+
+    ref = scipy.optimize.minimize(bce, np.zeros(5), method="BFGS", options={"gtol": 1e-12})
+    assert best_probe_loss("bce", Z, Y) == pytest.approx(bce(ref.x), rel=1e-8)
+    with pytest.raises(ValueError):
+        best_probe_loss("bce", Z, np.hstack([Y, Y]))
+
+
+@pytest.mark.parametrize("case", ["rank_deficient", "orthogonal_stalls"])
+def test_probe_equals_the_unhalved_exact_line_search(case):
+    """GD with exact line search on ‖Zw − Y‖² (halved in the library: the same iterates exactly,
+    factors of 2 are exact), including the padding once the gradient reaches round-off."""
     rng = np.random.default_rng(3)
-    D, r = 6, 4
-    X_P = rng.normal(size=(20, r)) @ rng.normal(size=(r, D))      # rank 4: null(K_P) has dim 2
-    _, _, Vt = np.linalg.svd(X_P)
-    V_R, V_N = Vt[:r].T, Vt[r:].T
-    theta = np.eye(D) + 0.3 * rng.normal(size=(D, D))
-    t_range, t_null = range_null_split(theta, X_P)
-    # Inputs are rows (features xθ): on range(K_P) θ_range acts as θ, on null(K_P) as I.
-    np.testing.assert_allclose(V_R.T @ t_range, V_R.T @ theta, atol=1e-12)
-    np.testing.assert_allclose(V_N.T @ t_range, V_N.T, atol=1e-12)
-    np.testing.assert_allclose(V_R.T @ t_null, V_R.T, atol=1e-12)
-    np.testing.assert_allclose(V_N.T @ t_null, V_N.T @ theta, atol=1e-12)
-    # The two parts add up to θ + I.
-    np.testing.assert_allclose(t_range + t_null, theta + np.eye(D), atol=1e-12)
-    only_null = np.eye(D) + V_N @ np.diag([5.0, 0.1]) @ V_N.T   # rescales only null(K_P) inputs
-    a, b = range_null_split(only_null, X_P)
-    np.testing.assert_allclose(a, np.eye(D), atol=1e-12)
-    np.testing.assert_allclose(b, only_null, atol=1e-12)
+    if case == "rank_deficient":
+        Z = rng.standard_normal((40, 6)) @ np.diag([5, 2, 1, 0.3, 0.0, 0.0]) @ rng.standard_normal((6, 9))
+    else:
+        Z = np.linalg.qr(rng.standard_normal((30, 5)))[0] * 3.0
+    Y = rng.standard_normal((Z.shape[0], 2))
+    w = np.zeros((Z.shape[1], 2))
+    w_star = np.linalg.lstsq(Z, Y, rcond=None)[0]
+    g_floor = 1e-14 * max(float(np.linalg.norm(2 * Z.T @ Y)), 1e-300)
+    E, ratios = Z @ w - Y, [1.0]
+    for _ in range(25):
+        g = 2.0 * Z.T @ E
+        Zg = Z @ g
+        curv = 2.0 * float(np.sum(Zg * Zg))
+        if not (np.linalg.norm(g) <= g_floor or curv <= 0.0):
+            alpha = float(np.sum(g * g)) / curv
+            w, E = w - alpha * g, E - alpha * Zg
+        ratios.append(float(np.sum((w - w_star) ** 2)) / float(np.sum(w_star ** 2)))
+    assert np.array_equal(probe.gd_exact_line_search(Z, Y, 25).norm_ratio, np.array(ratios))
+
+
+def test_attack_gd_exact_uses_the_shared_loop_on_least_squares():
+    rng = np.random.default_rng(0)
+    Z = rng.standard_normal((50, 8)) @ np.diag(np.logspace(0, -2, 8))
+    P_ = attacks.make_problem(Z, rng.standard_normal(50))
+    tr = attacks.attack_gd_exact(P_, max_steps=40, tol=0.0)
+    ws = [w for w, _, _ in itertools.islice(probe.exact_line_search_steps(*P_.work, np.zeros(8)), 40)]
+    assert len(ws) == 40 and np.array_equal(tr.w_final, ws[-1]) and tr.losses.size == 41
+
+
+def test_task_threads_is_the_policy_of_worker_tasks(monkeypatch):
+    """One BLAS thread inside a worker task whatever the matrix size, unless the user set a count."""
+    from threadpoolctl import threadpool_info
+
+    from pycore import threads
+
+    def blas_threads():
+        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+    for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+              "VECLIB_MAXIMUM_THREADS", "PYCORE_BLAS_THREADS"):
+        monkeypatch.delenv(v, raising=False)
+    before = blas_threads()
+    with threads.task_threads():
+        assert blas_threads() == 1
+        big = np.ones((2 * threads.SMALL_MATRIX_DIM, 2))
+        assert threads.bounded_blas(lambda a: blas_threads())(big) == 1   # the task's decision holds
+    assert blas_threads() == before
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")                             # the user's choice wins
+    with threads.task_threads():
+        assert blas_threads() == before
+    monkeypatch.setenv("PYCORE_BLAS_THREADS", "2")
+    with threads.task_threads():
+        assert blas_threads() == 2

@@ -6,8 +6,8 @@ import pytest
 
 from pycore.evaluate import immunized_def31
 from pycore.harden import (HARDENINGS, check_orthogonal, diagonal_spread, equalizing_rotation, harden,
-                           haar_rotation, hardening_rotation, orthogonality_defect)
-from pycore.immunize import ImmunizeConfig, immunize
+                           harden_result, haar_rotation, hardening_rotation, orthogonality_defect)
+from pycore.immunize import immunize
 from pycore.losses import best_probe_loss
 from pycore.metrics import rir
 from pycore.tasks import LinearTask
@@ -145,10 +145,10 @@ def test_harden_rotates_the_head_so_predictions_are_unchanged():
 @pytest.mark.parametrize("kind", ["haar", "equalize"])
 def test_immunize_hardens_every_method_and_keeps_its_numbers(method, kind):
     task = prescribed_task(7)
-    cfg = ImmunizeConfig(epochs=3, batch_size=None, harden="none")
-    plain = immunize(task, method, rng=np.random.default_rng(0), config=cfg)
-    hard = immunize(task, method, rng=np.random.default_rng(0), config=ImmunizeConfig(
-        epochs=3, batch_size=None, harden=kind))
+    opts = {} if method in ("identity", "closed_form") else dict(epochs=3, batch_size=None)
+    plain = immunize(task, method, rng=np.random.default_rng(0), **opts)
+    rng = np.random.default_rng(0)
+    hard = harden_result(immunize(task, method, rng=rng, **opts), task, kind, rng=rng)
     # the method's own draws from rng come first: the unhardened θ is bit-identical
     np.testing.assert_array_equal(hard.theta_unhardened, plain.theta)
     np.testing.assert_array_equal(hard.theta, hard.theta_unhardened @ hard.rotation)
@@ -167,10 +167,10 @@ def test_immunize_hardens_every_method_and_keeps_its_numbers(method, kind):
 
 def test_haar_hardening_draws_from_the_run_generator():
     task = prescribed_task(8)
-    cfg = ImmunizeConfig(harden="haar")
-    a = immunize(task, "closed_form", rng=np.random.default_rng(1), config=cfg)
-    b = immunize(task, "closed_form", rng=np.random.default_rng(1), config=cfg)
-    c = immunize(task, "closed_form", rng=np.random.default_rng(2), config=cfg)
+    def run(seed):
+        rng = np.random.default_rng(seed)
+        return harden_result(immunize(task, "closed_form", rng=rng), task, "haar", rng=rng)
+    a, b, c = run(1), run(1), run(2)
     np.testing.assert_array_equal(a.theta, b.theta)
     assert not np.allclose(a.rotation, c.rotation)
     np.testing.assert_array_equal(a.theta_unhardened, c.theta_unhardened)   # closed form: deterministic
@@ -178,7 +178,8 @@ def test_haar_hardening_draws_from_the_run_generator():
 
 def test_bad_hardening_input():
     with pytest.raises(ParameterError, match="harden must be one of") as info:
-        ImmunizeConfig(harden="rotate")
+        harden_result(immunize(prescribed_task(8), "identity", rng=np.random.default_rng(0)),
+                      prescribed_task(8), "rotate")
     assert info.value.parameter == "harden"
     assert HARDENINGS[0] == "none" and hardening_rotation("none", 3) is None
     with pytest.raises(ParameterError, match="rng"):

@@ -20,7 +20,7 @@ import pytest
 from experiments import attacks, cli, deepnet, deepnet_sweep, house_price, mnist
 from pycore import validation
 from pycore.data.house_price import default_path, load_house_price
-from pycore.immunize import ImmunizeConfig, check_fields_apply
+from pycore.immunize import resolve_options
 from pycore.metrics import rir_ceiling
 from pycore.probe import gd_exact_line_search
 from pycore.spectral import SpectrumError
@@ -144,7 +144,7 @@ def test_a_size_that_cannot_fit_is_refused_up_front_naming_it(monkeypatch):
 
 COUNT_CASES = [
     (house_price, ["--epochs", "100000000000000000000000"], ["--epochs", "≤ 100000"]),
-    (house_price, ["--imma-inner-steps", "1000000000"], ["--imma-inner-steps", "≤ 1000"]),
+    (house_price, ["--inner-steps", "1000000000"], ["--inner-steps", "≤ 1000"]),
     (house_price, ["--probe-steps", "1000000000"], ["--probe-steps", "≤ 100000"]),
     (mnist, ["--epochs", "1000000000"], ["--epochs", "≤ 100000"]),
     (attacks, ["--max-steps", "1000000000"], ["--max-steps", "≤ 1000000"]),
@@ -158,15 +158,15 @@ COUNT_CASES = [
                          ids=[f"{m.__name__.split('.')[-1]}:{' '.join(a)}" for m, a, _ in COUNT_CASES])
 def test_huge_counts_are_refused_before_compute(tripwire, capsys, tmp_path, mod, argv, words):
     """--probe-steps 1e9 used to fill memory (the probe pads its lists to that length), --epochs
-    1e23 and --imma-inner-steps 1e9 to run until killed."""
+    1e23 and --inner-steps 1e9 to run until killed."""
     rc, err, elapsed = call(capsys, mod, [*argv, "--out", str(tmp_path / "o")])
     assert rc == 2 and one_line(err, *words) and elapsed < 1.0
 
 
 def test_huge_counts_in_the_library():
-    for field, value in (("epochs", 10**23), ("imma_inner_steps", 10**9)):
+    for field, value in (("epochs", 10**23), ("inner_steps", 10**9)):
         with pytest.raises(ParameterError) as e:
-            ImmunizeConfig(**{field: value})
+            resolve_options("imma", **{field: value})
         assert e.value.parameter == field
     t0 = time.perf_counter()
     with pytest.raises(ParameterError) as e:
@@ -177,7 +177,7 @@ def test_huge_counts_in_the_library():
 # --- a flag no chosen method reads -------------------------------------------------------------------
 
 def test_flag_that_no_chosen_method_reads_is_refused(tripwire, capsys, tmp_path):
-    cases = ((["--methods", "ours", "--imma-inner-steps", "5"], "--imma-inner-steps", "imma"),
+    cases = ((["--methods", "ours", "--inner-steps", "5"], "--inner-steps", "imma"),
              (["--methods", "identity,closed_form", "--lr", "0.1"], "--lr", "ours"),
              (["--methods", "imma", "--certified"], "--certified", "ours"))
     for argv, flag, readers in cases:
@@ -187,15 +187,15 @@ def test_flag_that_no_chosen_method_reads_is_refused(tripwire, capsys, tmp_path)
                                       "--out", str(tmp_path / "o")])
     assert rc == 2 and one_line(err, "--lambda-kappa", "opt_kappa")
     # read by one of the chosen methods: accepted
-    args = house_price.parse_args(["--methods", "imma,ours", "--imma-inner-steps", "5"])
-    assert args.config.imma_inner_steps == 5
+    args = house_price.parse_args(["--methods", "imma,ours", "--inner-steps", "5"])
+    assert args.config.inner_steps == 5
 
 
-def test_fields_apply_in_the_library():
-    check_fields_apply(["lr", "imma_inner_steps"], ["ours", "imma"])
+def test_an_option_the_method_lacks_is_refused_in_the_library():
+    resolve_options("imma", lr=0.1, inner_steps=5)
     with pytest.raises(ParameterError) as e:
-        check_fields_apply(["lr", "closed_form_exponent"], ["ours", "imma"])
-    assert e.value.parameter == "closed_form_exponent" and "closed_form" in str(e.value)
+        resolve_options("ours", lr=0.1, exponent=0.5)
+    assert e.value.parameter == "exponent"
 
 
 # --- non-ASCII digits in every numeric flag ----------------------------------------------------------

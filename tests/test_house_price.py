@@ -38,9 +38,10 @@ def test_closed_form_reaches_the_ceiling_and_ours_acts_on_null_KP(data):
     lies in null(K_P) and θ's range part alone gives a far lower RIR (docs/theory.md §8, §10)."""
     t = data.train
     c = rir_ceiling(t.X_P, t.X_H)
-    cf = immunize(t, "closed_form", rng=np.random.default_rng(0))
+    cf = immunize(t, "closed_form", rng=np.random.default_rng(0), preset="house_price")
     assert rir(cf.theta, t.X_P, t.X_H).value / c.range_restricted >= 0.99
-    e = evaluate_linear(immunize(t, "ours", rng=np.random.default_rng(0)).theta, t, data.heldout, c)
+    e = evaluate_linear(immunize(t, "ours", rng=np.random.default_rng(0), preset="house_price").theta, t,
+                        data.heldout, ceiling=c)
     assert e["null_part_fraction"] > 0.9 and e["rir_range_part"] < 0.1 * e["rir"]
 
 
@@ -83,10 +84,9 @@ def test_the_experiment_end_to_end(capsys, tmp_path):
 
 
 def test_init_flag_reaches_the_options_and_random_init_is_seeded(data):
-    args = house_price.parse_args(["--init", "random", "--epochs", "0"])
-    assert args.config.init == "random" and house_price.parse_args([]).config.init == "identity"
-    a, b, c = (immunize(data.train, "ours", rng=np.random.default_rng(s), config=args.config).theta
-               for s in (3, 3, 4))
+    run = house_price.parse_args(["--methods", "ours", "--init", "random", "--epochs", "0"]).immunizer
+    assert run.preset == "house_price" and run.options == {"ours": {"init": "random", "epochs": 0}}
+    a, b, c = (run(data.train, "ours", np.random.default_rng(s)).theta for s in (3, 3, 4))
     assert np.array_equal(a, b) and not np.allclose(a, c)
     assert np.abs(a).max() <= 1 / np.sqrt(data.train.D)   # nn.Linear's U(±1/√D), untouched at 0 epochs
 

@@ -11,7 +11,8 @@ import scipy.linalg
 
 from pycore.data.mnist import (digit_covariances, ink_targets, load_mnist_5k, load_mnist_idx, pair_task,
                                parse_pairs, split_digits)
-from pycore.immunize import ImmunizeConfig, imma_objective, imma_inner_step_size
+from pycore.immunize import IMMAOptions
+from pycore.methods import imma_inner_step_size, imma_objective
 from pycore import losses
 from pycore.precondition import G_parts, Preconditioner, precondition, range_basis, theta_G
 from pycore.report import read_json
@@ -78,7 +79,7 @@ def test_imma_objective_matches_explicit_unroll():
     rng = np.random.default_rng(5)
     X_P, X_H = _low_rank_rows(rng, n=30, D=40, rank=20), _low_rank_rows(rng, n=30, D=40, rank=25)
     task = LinearTask(X_P, ink_targets(X_P), X_H, rng.standard_normal((30, 1)), loss="bce")
-    cfg = ImmunizeConfig(imma_inner_steps=3)
+    cfg = IMMAOptions(inner_steps=3)
     theta = np.eye(40) + 0.05 * rng.standard_normal((40, 40))
     w, omega = rng.standard_normal((40, 1)) / 7, rng.standard_normal((40, 1)) / 7
     F, gF = imma_objective(theta, w, omega, task, cfg, 0.1)
@@ -209,7 +210,7 @@ def test_success_counts_use_pair_seed_means_and_both_criteria():
 
 @pytest.mark.parametrize("loss", ["bce", "mse"])
 def test_full_batch_loss_from_Z_matches_losses_module(loss):
-    from pycore.immunize import _loss_grads, _loss_grads_from_Z
+    from pycore.methods import _loss_grads, _loss_grads_from_Z
 
     rng = np.random.default_rng(6)
     X = _low_rank_rows(rng, n=30, D=40)

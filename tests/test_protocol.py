@@ -12,7 +12,7 @@ import pytest
 
 from pycore.data.house_price import load_house_price
 from pycore.evaluate import def31_summary, evaluate_linear, immunized_def31
-from pycore.immunize import ImmunizeConfig, immunize
+from pycore.immunize import immunize
 from pycore.metrics import def31_exponent_window, rir, rir_ceiling
 from pycore.protocol import constant_columns, strict_protocol
 from pycore.tasks import LinearTask
@@ -115,19 +115,16 @@ def test_closed_form_reaches_the_exact_ceiling_under_strict_and_immunizes_at_the
     w = def31_exponent_window(c)
     assert 0 <= w.low < w.balanced < w.high and not w.empty
     for a, immunizes in ((0.0, True), (w.balanced, True), (w.high + 0.02, False)):
-        th = immunize(tr, "closed_form", rng=np.random.default_rng(0),
-                      config=ImmunizeConfig(closed_form_exponent=a)).theta
+        th = immunize(tr, "closed_form", rng=np.random.default_rng(0), exponent=a).theta
         r = rir(th, tr.X_P, tr.X_H)
         assert r.value / c.exact >= 0.99
         assert immunized_def31(r.harmful_ratio, r.pretrain_ratio) is immunizes
     # At the balanced exponent (i) = 1/(ii) = √ceiling; just inside the upper end (ii) is still < 1.
-    th = immunize(tr, "closed_form", rng=np.random.default_rng(0),
-                  config=ImmunizeConfig(closed_form_exponent=w.balanced)).theta
+    th = immunize(tr, "closed_form", rng=np.random.default_rng(0), exponent=w.balanced).theta
     r = rir(th, tr.X_P, tr.X_H)
     assert r.harmful_ratio == pytest.approx(1 / r.pretrain_ratio, rel=1e-6)
     assert r.harmful_ratio == pytest.approx(np.sqrt(c.exact), rel=1e-6)
-    th = immunize(tr, "closed_form", rng=np.random.default_rng(0),
-                  config=ImmunizeConfig(closed_form_exponent=w.high - 0.02)).theta
+    th = immunize(tr, "closed_form", rng=np.random.default_rng(0), exponent=w.high - 0.02).theta
     assert rir(th, tr.X_P, tr.X_H).pretrain_ratio < 1
 
 
@@ -142,19 +139,19 @@ def test_evaluate_linear_range_null_parts():
     r = np.linalg.matrix_rank(t.X_P)
     V_R, V_N = Vt[:r].T, Vt[r:].T
     only_null = np.eye(t.D) + V_N @ np.diag([4.0, 0.2, 9.0])[: V_N.shape[1], : V_N.shape[1]] @ V_N.T
-    e = evaluate_linear(only_null, t, held, c)
+    e = evaluate_linear(only_null, t, held, ceiling=c)
     assert e["rir_range_part"] == pytest.approx(1.0, rel=1e-9)
     assert e["rir_null_part"] == pytest.approx(e["rir"], rel=1e-9) and e["rir"] != pytest.approx(1.0)
     assert e["heldout_rir_null_part"] == pytest.approx(e["heldout_rir"], rel=1e-9)
     assert e["heldout_rir_range_part"] == pytest.approx(1.0, rel=1e-9)
     assert e["null_part_fraction"] == pytest.approx(1.0)
     only_range = np.eye(t.D) + V_R @ np.diag(rng.uniform(-0.5, 2.0, size=r)) @ V_R.T
-    e = evaluate_linear(only_range, t, held, c)
+    e = evaluate_linear(only_range, t, held, ceiling=c)
     assert e["rir_null_part"] == pytest.approx(1.0, rel=1e-9)
     assert e["rir_range_part"] == pytest.approx(e["rir"], rel=1e-9)
     assert e["null_part_fraction"] == pytest.approx(0.0, abs=1e-20)
     assert e["immunized"] is immunized_def31(e["harmful_ratio"], e["pretrain_ratio"])
-    assert np.isnan(evaluate_linear(np.eye(t.D), t, held, c)["null_part_fraction"])
+    assert np.isnan(evaluate_linear(np.eye(t.D), t, held, ceiling=c)["null_part_fraction"])
 
 
 def test_def31_bookkeeping():
@@ -166,16 +163,17 @@ def test_strict_flag_selects_the_strict_config_unless_a_flag_overrides():
     sys.path.insert(0, str(SCRIPT.parent))
     import house_price
 
-    assert (house_price.build_config(house_price.parse_args(["--protocol", "strict"]))
-            == ImmunizeConfig.strict())
-    assert house_price.build_config(house_price.parse_args([])) == ImmunizeConfig()
+    from experiments.cli import Settings
+
+    assert house_price.build_config(house_price.parse_args(["--protocol", "strict"])) == Settings("strict")
+    assert house_price.build_config(house_price.parse_args([])) == Settings("house_price")
     cfg = house_price.build_config(house_price.parse_args(["--protocol", "strict", "--lr", "0.123",
                                                            "--epochs", "7"]))
-    assert cfg == ImmunizeConfig.strict(lr=0.123, epochs=7)
+    assert cfg == Settings("strict", {"lr": 0.123, "epochs": 7})
     # A flag set to the paper-protocol default still overrides the strict configuration.
     cfg = house_price.build_config(house_price.parse_args(["--protocol", "strict", "--precond", "pinv"]))
-    assert cfg.precond == "pinv" != ImmunizeConfig.strict().precond
-    assert cfg == ImmunizeConfig.strict(precond="pinv")
+    assert cfg.precond == "pinv" != Settings("strict").precond
+    assert cfg == Settings("strict", {"precond": "pinv"})
 
 
 def test_strict_experiment_smoke(tmp_path):
@@ -194,7 +192,7 @@ def test_strict_experiment_smoke(tmp_path):
     assert res["data"]["D"] == st["D"] == 75 and res["data"]["D_input"] == 79
     assert np.isfinite(res["ceiling"]) and res["ceiling"] == pytest.approx(409.2, rel=0.01)
     w = res["closed_form_exponent_window"]
-    assert res["config"]["closed_form_exponent"] == pytest.approx(w["balanced"])
+    assert res["config"]["exponent"] == pytest.approx(w["balanced"])
     for m in ("identity", "r_ill_only", "imma", "opt_kappa", "ours", "closed_form"):
         e = res["methods"][m]
         for key in ("rir", "rir_range_part", "rir_null_part", "heldout_rir", "heldout_rir_range_part",

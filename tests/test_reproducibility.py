@@ -142,7 +142,7 @@ def test_eigenvectors_are_zero_on_identically_zero_features():
     round-off there instead, Opt κ's gradient had entries of pure round-off (House Prices, paper
     protocol: θ[Utilities, ·] ~1e-6 with either sign) and Adam's first step moved them by ±lr,
     a difference of 2·lr between BLAS kernels (docs/reproducibility.md §3)."""
-    from pycore.immunize import opt_kappa_objective
+    from pycore.methods import opt_kappa_objective
 
     rng = np.random.default_rng(3)
     N, D, dead = 60, 12, [2, 7]

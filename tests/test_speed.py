@@ -13,7 +13,8 @@ import scipy.linalg
 
 from pycore import losses
 from pycore.evaluate import EvaluationReference, evaluate_linear
-from pycore.immunize import ImmunizeConfig, imma_inner_step_size, imma_objective, immunize
+from pycore.immunize import IMMAOptions, immunize
+from pycore.methods import imma_inner_step_size, imma_objective
 from pycore.metrics import range_null_split, rir, rir_ceiling
 from pycore.optim import Adam, all_finite
 from pycore.regularizers import hessian_regularizer
@@ -146,8 +147,8 @@ def test_evaluation_reference_matches_metrics():
             np.testing.assert_allclose(f[(part, "H")], task.X_H @ th, atol=1e-12)
             got = ref.rir(f[(part, "P")], f[(part, "H")], rows).value
             assert got == pytest.approx(rir(th, task.X_P, task.X_H).value, rel=1e-9)
-    e = evaluate_linear(theta, train, held, rir_ceiling(train.X_P, train.X_H), ref)
-    assert e == evaluate_linear(theta, train, held, rir_ceiling(train.X_P, train.X_H))
+    e = evaluate_linear(theta, train, held, ceiling=rir_ceiling(train.X_P, train.X_H), reference=ref)
+    assert e == evaluate_linear(theta, train, held, ceiling=rir_ceiling(train.X_P, train.X_H))
     _, t_null = range_null_split(theta, train.X_P)
     eye = np.eye(30)
     assert e["null_part_fraction"] == pytest.approx(np.sum((t_null - eye) ** 2) / np.sum((theta - eye) ** 2),
@@ -185,7 +186,7 @@ def _imma_unrolled(theta, w, omega, task, cfg, bias=None, batch_P=None):
     c = imma_inner_step_size(task, w, cfg) * 2.0 / n
     B = (task.X_H.T @ task.Y_H) @ w.T
     th = theta
-    for _ in range(cfg.imma_inner_steps):
+    for _ in range(cfg.inner_steps):
         th = th - c * ((task.K_H @ (th @ w)) @ w.T - B)
     lh, _, g_h = losses.mse(task.X_H, th, w, task.Y_H)
     X_P, Y_P = (task.X_P, task.Y_P) if batch_P is None else batch_P
@@ -194,7 +195,7 @@ def _imma_unrolled(theta, w, omega, task, cfg, bias=None, batch_P=None):
     else:
         lp, _, g_p, _ = losses.bce(X_P, th, omega, Y_P, 0.0 if bias is None else bias)
     G = g_h - g_p
-    for _ in range(cfg.imma_inner_steps):
+    for _ in range(cfg.inner_steps):
         G = G - c * ((task.K_H @ (G @ w)) @ w.T)
     return lh - lp, G
 
@@ -209,7 +210,7 @@ def test_imma_low_rank_objective_equals_unrolled(loss):
     theta = np.eye(D) + 0.1 * rng.standard_normal((D, D))
     w, omega = rng.standard_normal((D, 1)), rng.standard_normal((D, 1))
     for steps in (0, 1, 3):
-        cfg = ImmunizeConfig(imma_inner_steps=steps)
+        cfg = IMMAOptions(inner_steps=steps)
         F, G = imma_objective(theta, w, omega, task, cfg, bias=np.array([0.3]))
         F0, G0 = _imma_unrolled(theta, w, omega, task, cfg, bias=np.array([0.3]))
         assert F == pytest.approx(F0, rel=1e-12, abs=1e-12)
@@ -230,12 +231,11 @@ def test_head_losses_skip_only_the_theta_gradient():
 
 def test_imma_run_matches_unrolled_objective_to_round_off(monkeypatch):
     """A whole IMMA run with the low-rank objective stays within round-off of the dense one."""
-    import pycore.immunize as imm
+    import pycore.methods as imm
 
     rng = np.random.default_rng(8)
     task, _ = _tasks(rng)
-    cfg = ImmunizeConfig(epochs=5)
-    fast = immunize(task, "imma", rng=np.random.default_rng(0), config=cfg).theta
+    fast = immunize(task, "imma", rng=np.random.default_rng(0), epochs=5).theta
     monkeypatch.setattr(imm, "imma_objective", _imma_unrolled)
-    slow = immunize(task, "imma", rng=np.random.default_rng(0), config=cfg).theta
+    slow = immunize(task, "imma", rng=np.random.default_rng(0), epochs=5).theta
     np.testing.assert_allclose(fast, slow, rtol=0, atol=1e-12 * np.max(np.abs(slow)))

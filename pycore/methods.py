@@ -1,0 +1,403 @@
+"""The immunizers' loops (docs/theory.md §6, §7, §10); :mod:`pycore.immunize` is the entry point.
+
+Each runner takes a task, the method's resolved options (numbers only) and the generator, and
+returns ``(θ, ω, history, diagnostics)``.  Algorithm 1's loop is :func:`algorithm1`.
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import expit
+
+from pycore import losses
+from pycore.optim import check_scale, make_optimizer
+from pycore.precondition import Preconditioner
+from pycore.regularizers import (hessian_regularizer, preconditioned_r_ill_step_bound,
+                                 preconditioned_r_well_step_bound)
+from pycore.spectral import ProductGramSpectrum, SpectrumError, gram_spectrum
+from pycore.validation import DivergenceError
+
+
+def _init_theta(D, o, rng):
+    if o.init == "identity":
+        return np.eye(D)
+    b = 1.0 / np.sqrt(D)
+    return rng.uniform(-b, b, size=(D, D))
+
+
+def _init_head(task, rng):
+    m = task.Y_P.shape[1]
+    # Small random head: a zero head makes ∇_θ L vanish at the first step.
+    return rng.normal(0.0, 1.0 / np.sqrt(task.D), size=(task.D, m)), np.zeros(m)
+
+
+def _batches(n, batch_size, rng):
+    if batch_size is None or batch_size >= n:
+        yield np.arange(n)
+        return
+    perm = rng.permutation(n)
+    for s in range(0, n, batch_size):
+        yield perm[s:s + batch_size]
+
+
+def _loss_grads(task, X, Y, theta, omega, bias, grad_theta=True):
+    if task.loss == "mse":
+        loss, g_w, g_t = losses.mse(X, theta, omega, Y, grad_theta=grad_theta)
+        return loss, g_w, g_t, None
+    return losses.bce(X, theta, omega, Y, bias, grad_theta=grad_theta)
+
+
+def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
+    """:func:`_loss_grads` on all of D_P with ``Z = Xθ`` already formed (the regularizers need it):
+    ``Zᵀ R`` read off Z, ∇_θL = ``(XᵀR)ωᵀ`` associated through the head (equal to round-off)."""
+    if task.loss == "mse":
+        E = Z @ omega - Y
+        n = E.size
+        R = (2.0 / n) * E
+        return float(np.sum(E * E) / n), Z.T @ R, (X.T @ R) @ omega.T, None
+    logits = Z @ omega + bias
+    loss = float(np.mean(np.logaddexp(0.0, logits) - Y * logits))
+    R = (expit(logits) - Y) / Y.size
+    return loss, Z.T @ R, (X.T @ R) @ omega.T, R.sum(axis=0)
+
+
+def _x_norm(task):
+    """max_i ‖x_i‖₁ over both tasks' rows: bounds |Xθ| by it × max|θ| (:func:`check_scale`)."""
+    return max(np.max(np.sum(np.abs(task.X_P), axis=1)), np.max(np.sum(np.abs(task.X_H), axis=1)))
+
+
+# ------------------------------------------------------------------------------ Opt κ gradients
+
+def _kappa_grad_parts(reg, log: bool):
+    """(a, v₁, b, v_k) with ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ (or ∂log κ/∂H)."""
+    info = reg.info
+    v1, vk = reg.vector(0), reg.vector(info.rank - 1)
+    if log:
+        return 1.0 / info.sigma_max, v1, 1.0 / info.sigma_min, vk
+    return 1.0 / info.sigma_min, v1, info.kappa / info.sigma_min, vk
+
+
+def kappa_grad_H(reg, log: bool = False) -> np.ndarray:
+    """∂κ/∂H = (v₁v₁ᵀ − κ v_kv_kᵀ)/σ_k, or ∂log κ/∂H = v₁v₁ᵀ/σ₁ − v_kv_kᵀ/σ_k (docs/theory.md §7),
+    for the spectrum of a :class:`pycore.regularizers.HessianRegularizer`."""
+    a, v1, b, vk = _kappa_grad_parts(reg, log)
+    return a * np.outer(v1, v1) - b * np.outer(vk, vk)
+
+
+def _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log):
+    """θ-gradients of κ(H_P), κ(H_H): 2XᵀZG with G of rank 2, so O(N·D) work, no D×D product."""
+    def grad(reg, X, Z):
+        a, v1, b, vk = _kappa_grad_parts(reg, log)
+        return 2.0 * (a * np.outer(X.T @ (Z @ v1), v1) - b * np.outer(X.T @ (Z @ vk), vk))
+    return grad(reg_P, X_P, Z_P), grad(reg_H, X_H, Z_H)
+
+
+def opt_kappa_objective(theta, X_P, X_H, *, weights=(1.0, 1.0), log: bool = False):
+    """``w_P κ(H_P(θ)) − w_H κ(H_H(θ))`` (log κ when ``log``), its θ-gradient and the unweighted
+    per-term gradients ``(grad_P, grad_H)`` (docs/theory.md §7)."""
+    theta = np.asarray(theta, dtype=np.float64)
+    Z_P, Z_H = X_P @ theta, X_H @ theta
+    reg_P, reg_H = hessian_regularizer(Z_P, "well"), hessian_regularizer(Z_H, "well")
+    f = np.log if log else (lambda x: x)
+    value = weights[0] * f(reg_P.info.kappa) - weights[1] * f(reg_H.info.kappa)
+    g_P, g_H = _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log)
+    return float(value), weights[0] * g_P - weights[1] * g_H, (g_P, g_H)
+
+
+# ------------------------------------------------------------------------------ Algorithm 1, Opt κ
+
+def algorithm1(task, method, o, rng):
+    """Algorithm 1 (``"ours"``, certified when ``o`` has ``safety``) and Opt κ: one loop.
+
+    Opt κ replaces the two regularizers by ``λ_κ(w_P κ(H_P) − w_H κ(H_H))`` (D_P loss kept, same
+    optimizer, no preconditioning; docs/theory.md §7); ``"opt_kappa_balanced"`` sets
+    w_H = ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial θ.  ω and θ step from gradients at the same point.
+    """
+    D = task.D
+    opt_kappa = method.startswith("opt_kappa")
+    certified = getattr(o, "safety", None) is not None
+    theta = _init_theta(D, o, rng)
+    omega, bias = _init_head(task, rng)
+    opt_t, opt_w, opt_b = (make_optimizer(o.optimizer, o.lr, o.betas, o.adam_eps, param=p)
+                           for p in ("θ", "ω", "bias"))
+    if not opt_kappa:
+        lam_p = o.lambda_p
+        pre_P = Preconditioner(task.K_P, o.precond, o.ridge, task.X_P)
+        pre_H = Preconditioner(task.K_H, o.precond, o.ridge, task.X_H)
+    hist = {"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []}
+    diag = {"steps": 0, "ties_P": 0, "ties_H": 0}
+    cert = dict.fromkeys(("violations_P", "violations_H", "clipped_P", "clipped_H", "skipped_P",
+                          "skipped_H", "checked"), 0)
+    XP, YP, XH = task.X_P, task.Y_P, task.X_H
+    x_norm = _x_norm(task)
+    w_P = w_H = 1.0
+    if opt_kappa:
+        _, _, (g_P0, g_H0) = opt_kappa_objective(theta, XP, XH, log=o.log)
+        ratio = float(np.linalg.norm(g_H0) / np.linalg.norm(g_P0))
+        diag["kappa_grad_ratio_H_over_P_at_init"] = ratio
+        if method == "opt_kappa_balanced":
+            w_H = 1.0 / ratio
+        diag["kappa_weights"] = [w_P, w_H]
+
+    def record(epoch, loss, kP=None, kH=None):
+        # In-loop κ's come from the step's own spectra (free); the end points are exact (SVD).
+        hist["epoch"].append(epoch)
+        hist["loss_P"].append(loss)
+        hist["kappa_P"].append(kP if kP is not None else gram_spectrum(XP @ theta, vectors=False).kappa)
+        hist["kappa_H"].append(kH if kH is not None else gram_spectrum(XH @ theta, vectors=False).kappa)
+
+    record(0, losses.task_loss(task.loss, XP, theta, omega, YP, bias))
+    for epoch in range(1, o.epochs + 1):
+        ep_loss, n_seen = 0.0, 0
+        for idx in _batches(XP.shape[0], o.batch_size, rng):
+            Z_P, Z_H = XP @ theta, XH @ theta
+            if len(idx) == XP.shape[0]:  # full batch: reuse Z_P (idx is arange(n), see _batches)
+                loss, g_w, g_t, g_b = _loss_grads_from_Z(task, XP, Z_P, YP, omega, bias)
+            else:
+                loss, g_w, g_t, g_b = _loss_grads(task, XP[idx], YP[idx], theta, omega, bias)
+            ep_loss += loss * len(idx)
+            n_seen += len(idx)
+            try:  # D×D H and G only for the certified mode (and always formed when N ≥ D)
+                reg_P = hessian_regularizer(Z_P, "well", matrices=certified)
+                reg_H = hessian_regularizer(Z_H, "well" if opt_kappa else "ill", matrices=certified)
+            except SpectrumError as exc:
+                raise SpectrumError(f"{method}: epoch {epoch}, step {diag['steps']}: {exc}") from None
+            diag["ties_P"] += reg_P.tie
+            diag["ties_H"] += reg_H.info.tie_min
+            omega = opt_w.step(omega, g_w, blame="lr")
+            if g_b is not None:
+                bias = opt_b.step(bias, g_b, blame="lr")
+            if opt_kappa:
+                g_P, g_H = _kappa_theta_grads(reg_P, reg_H, XP, XH, Z_P, Z_H, o.log)
+                d_k = o.lambda_kappa * (w_P * g_P - w_H * g_H)
+                blame = {"lr": g_t, "lambda_kappa": d_k}
+                theta = opt_t.step(theta, g_t + d_k, blame=blame)
+            elif certified:
+                blame = "lr"
+                theta = opt_t.step(theta, g_t, blame=blame)
+                check_scale(theta, x_norm, f"{method}: epoch {epoch}", o.optimizer, o.lr, blame)
+                theta = _certified_steps(theta, task, o, lam_p, pre_P, pre_H, cert)
+            else:
+                d_H = o.lambda_h * pre_H.direction(theta, reg_H, Z_H)
+                g = g_t + d_H
+                d_P = lam_p * pre_P.direction(theta, reg_P, Z_P) if lam_p else None
+                if lam_p:
+                    g = g + d_P
+                blame = {"lr": g_t, "lambda_h": d_H, "lambda_p": d_P}
+                theta = opt_t.step(theta, g, blame=blame)
+            check_scale(theta, x_norm, f"{method}: epoch {epoch}", o.optimizer, o.lr, blame)
+            diag["steps"] += 1
+        last = epoch == o.epochs
+        record(epoch, ep_loss / max(n_seen, 1), None if last else reg_P.info.kappa,
+               None if last else reg_H.info.kappa)
+        if not np.all(np.isfinite(theta)):
+            raise DivergenceError(f"{method}: θ became non-finite at epoch {epoch}; lower lr or λ",
+                                  parameter="lr")
+    if certified:
+        diag["certified"] = cert
+    return theta, omega, hist, diag
+
+
+def _certified_steps(theta, task, o, lam_p, pre_P, pre_H, cert):
+    """Each regularizer step clipped to ``safety`` × its corrected bound (docs/theory.md §5) and κ
+    checked after it (SVD of the features); a bound of 0 (a tie: no step is safe) skips the step."""
+    cert["checked"] += 1
+
+    def kappa(X, th):
+        return gram_spectrum(X @ th, vectors=False).kappa
+
+    if lam_p:
+        reg = hessian_regularizer(task.X_P @ theta, "well")
+        bound = preconditioned_r_well_step_bound(reg.info, D=task.D)
+        eta = min(o.lr * lam_p, o.safety * bound)
+        cert["clipped_P"] += eta < o.lr * lam_p
+        if eta > 0:
+            new = theta - eta * pre_P(theta, reg.G)
+            if not kappa(task.X_P, new) < kappa(task.X_P, theta):
+                cert["violations_P"] += 1
+            theta = new
+        else:
+            cert["skipped_P"] += 1
+    reg = hessian_regularizer(task.X_H @ theta, "ill")
+    bound = preconditioned_r_ill_step_bound(reg.info)
+    eta = min(o.lr * o.lambda_h, o.safety * bound)
+    cert["clipped_H"] += eta < o.lr * o.lambda_h
+    if eta > 0:
+        new = theta - eta * pre_H(theta, reg.G)
+        if not kappa(task.X_H, new) > kappa(task.X_H, theta):
+            cert["violations_H"] += 1
+        theta = new
+    else:
+        cert["skipped_H"] += 1
+    return theta
+
+
+# ------------------------------------------------------------------------------ R_ill only
+
+def r_ill_only_step_size(info, o) -> float:
+    """``min(lr·λ_H, safety·η̄(H_H))``, η̄ the corrected Theorem 4.3(2) bound (docs/theory.md §5)."""
+    return min(o.lr * o.lambda_h, o.safety * preconditioned_r_ill_step_bound(info))
+
+
+def rir_change_tolerance(kappas_before: tuple[float, float], kappas_after: tuple[float, float]) -> float:
+    """Relative RIR change two measured RIRs cannot resolve: ``8·eps·Σ√κ`` over the four κ's, at
+    least 1e-9.  Each κ(H) = κ(Z)² from an SVD has relative error ≲ 2p·eps·√κ(H) (σ_min's absolute
+    error ≲ p·eps·σ_max, p = 4 covering LAPACK's growth factor and the QR of X)."""
+    total = sum(np.sqrt(k) for k in (*kappas_before, *kappas_after))
+    return max(1e-9, 8.0 * np.finfo(np.float64).eps * float(total))
+
+
+def r_ill_only(task, method, o, rng):
+    """R_ill only (docs/theory.md §7): ``θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ))`` by plain GD, no D_P loss,
+    no head, ``epochs × ⌈N_P/batch_size⌉`` steps.  With "exact" (or "pinv" from θ = I) each step is
+    θ → θM with M sharing H_H's eigenvectors, so the RIR cannot fall below the step bound; every
+    step's κ's are recorded and falls beyond :func:`rir_change_tolerance` counted."""
+    XP, XH = task.X_P, task.X_H
+    theta = _init_theta(task.D, o, rng)
+    pre_H = Preconditioner(task.K_H, o.precond, o.ridge, XH)
+    n_batches = 1 if o.batch_size is None else -(-XP.shape[0] // o.batch_size)
+    hist = {"step": [], "kappa_P": [], "kappa_H": [], "rir": [], "eta": []}
+    diag = {"steps": 0, "ties_H": 0, "clipped": 0, "rir_decreases": 0, "optimizer": "gd"}
+    spec_P, spec_H = ProductGramSpectrum(XP), ProductGramSpectrum(XH)  # exact κ's, X factored once
+
+    def kappas(th):
+        return spec_P(th).kappa, spec_H(th).kappa
+
+    kP0, kH0 = kappas(theta)
+    prev, prev_kappas = 1.0, (kP0, kH0)
+    for key, val in (("step", 0), ("kappa_P", kP0), ("kappa_H", kH0), ("rir", 1.0)):
+        hist[key].append(val)
+    for epoch in range(1, o.epochs + 1):
+        for _ in range(n_batches):
+            Z_H = XH @ theta
+            try:
+                reg = hessian_regularizer(Z_H, "ill", matrices=False)
+            except SpectrumError as exc:
+                raise SpectrumError(f"r_ill_only: epoch {epoch}, step {diag['steps']}: {exc}") from None
+            diag["ties_H"] += reg.info.tie_min
+            eta = r_ill_only_step_size(reg.info, o)
+            diag["clipped"] += eta < o.lr * o.lambda_h
+            theta = theta - eta * pre_H.direction(theta, reg, Z_H)
+            diag["steps"] += 1
+            kP, kH = kappas(theta)
+            r = (kH / kH0) / (kP / kP0)
+            diag["rir_decreases"] += r < prev * (1 - rir_change_tolerance(prev_kappas, (kP, kH)))
+            prev, prev_kappas = r, (kP, kH)
+            for key, val in (("step", diag["steps"]), ("kappa_P", kP), ("kappa_H", kH), ("rir", r),
+                             ("eta", eta)):
+                hist[key].append(val)
+        if not np.all(np.isfinite(theta)):
+            raise DivergenceError(f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h",
+                                  parameter="lambda_h")
+    return theta, None, hist, diag
+
+
+# ------------------------------------------------------------------------------ IMMA (bi-level)
+
+def imma_inner_step_size(task, w: np.ndarray, o) -> float:
+    """``inner_lr / L``, L = (2/N)λ_max(K_H)‖w‖² the Lipschitz constant of θ ↦ ∇_θL_H(w, θ)."""
+    n = task.Y_H.size
+    norm = task._cache.get("norm2_X_H")
+    if norm is None:  # ‖X_H‖₂ (an SVD) is a constant of the task: once, not once per step
+        norm = task._cache["norm2_X_H"] = np.linalg.norm(task.X_H, 2)
+    L = 2.0 / n * norm ** 2 * float(np.sum(w * w))
+    return o.inner_lr / L if L > 0 else 0.0
+
+
+def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
+    """F(θ) = L_H(w, θ_J) − L_P(ω, θ_J), θ_J = ``o.inner_steps`` attacker GD steps from θ, and ∇_θF.
+
+    The attacker and L_H use all of D_H; ``batch_P = (X, Y)`` (default all of D_P) feeds L_P.  Each
+    attacker step is affine in θ and subtracts a matrix (·)wᵀ, so θ_J = θ − S wᵀ with S (D×m)
+    accumulated, and the adjoint (reverse mode by hand) only changes the factor of wᵀ:
+    O(J·D²·m) work and one D×D product, equal to the unrolled matrices up to round-off.
+    """
+    n = task.Y_H.size
+    c = imma_inner_step_size(task, w, o) * 2.0 / n
+    b = task.X_H.T @ task.Y_H                # D×m: B = b wᵀ
+    KH = task.K_H
+    ww = w.T @ w                             # m×m
+    tw = theta @ w                           # θw (D×m)
+    S = np.zeros_like(tw)                    # θ_j = θ − S wᵀ
+    for _ in range(o.inner_steps):
+        S = S + c * (KH @ (tw - S @ ww) - b)
+    E = task.X_H @ (tw - S @ ww) - task.Y_H  # L_H at θ_J, θ_J w = θw − S wᵀw
+    lh = float(np.sum(E * E) / E.size)
+    a = task.X_H.T @ ((2.0 / E.size) * E)    # g_h = a wᵀ
+    X_P, Y_P = (task.X_P, task.Y_P) if batch_P is None else batch_P
+    to = theta @ omega - S @ (w.T @ omega)   # θ_J ω
+    if task.loss == "mse":
+        E_P = X_P @ to - Y_P
+        lp = float(np.sum(E_P * E_P) / E_P.size)
+        p = X_P.T @ ((2.0 / E_P.size) * E_P)  # g_p = p ωᵀ
+    else:
+        logits = X_P @ to + (0.0 if bias is None else bias)
+        lp = float(np.mean(np.logaddexp(0.0, logits) - Y_P * logits))
+        p = X_P.T @ ((expit(logits) - Y_P) / Y_P.size)
+    pw = p @ (omega.T @ w)                   # adjoint of Ḡ = a wᵀ − p ωᵀ, through Ḡw
+    for _ in range(o.inner_steps):
+        a = a - c * (KH @ (a @ ww - pw))
+    return lh - lp, a @ w.T - p @ omega.T
+
+
+def imma(task, method, o, rng):
+    """IMMA (docs/theory.md §7): ascent on :func:`imma_objective`; the attacker's head w and the
+    defender's ω each descend their own loss at θ; L_P on Algorithm 1's D_P mini-batches."""
+    D = task.D
+    theta = _init_theta(D, o, rng)
+    omega, bias = _init_head(task, rng)
+    w = rng.normal(0.0, 1.0 / np.sqrt(D), size=(D, task.Y_H.shape[1]))
+    opt_t, opt_w, opt_o, opt_b = (make_optimizer(o.optimizer, o.lr, o.betas, o.adam_eps, param=p)
+                                  for p in ("θ", "w", "ω", "bias"))
+    hist = {"epoch": [], "objective": [], "kappa_P": [], "kappa_H": []}
+    spec_P, spec_H = ProductGramSpectrum(task.X_P), ProductGramSpectrum(task.X_H)
+    n_P = task.X_P.shape[0]
+    x_norm = _x_norm(task)
+    for epoch in range(1, o.epochs + 1):
+        for idx in _batches(n_P, o.batch_size, rng):
+            X_b, Y_b = (task.X_P, task.Y_P) if len(idx) == n_P else (task.X_P[idx], task.Y_P[idx])
+            F, gF = imma_objective(theta, w, omega, task, o, bias, batch_P=(X_b, Y_b))
+            _, g_w, _ = losses.mse(task.X_H, theta, w, task.Y_H, grad_theta=False)
+            _, g_o, _, g_b = _loss_grads(task, X_b, Y_b, theta, omega, bias, grad_theta=False)
+            theta = opt_t.step(theta, -gF, blame="lr")          # ascent on F
+            check_scale(theta, x_norm, f"imma: epoch {epoch}", o.optimizer, o.lr, "lr")
+            w = opt_w.step(w, g_w, blame="lr")
+            omega = opt_o.step(omega, g_o, blame="lr")
+            if g_b is not None:
+                bias = opt_b.step(bias, g_b, blame="lr")
+        hist["epoch"].append(epoch)
+        hist["objective"].append(F)
+        hist["kappa_P"].append(spec_P(theta).kappa)
+        hist["kappa_H"].append(spec_H(theta).kappa)
+        if not np.all(np.isfinite(theta)):
+            raise DivergenceError(f"imma: θ became non-finite at epoch {epoch}; lower lr", parameter="lr")
+    return theta, omega, hist, {}
+
+
+RUNNERS = {"r_ill_only": r_ill_only, "imma": imma, "opt_kappa": algorithm1, "opt_kappa_balanced": algorithm1,
+           "ours": algorithm1}
+
+
+# ------------------------------------------------------------------------------ closed form
+
+def closed_form(task, exponent: float, ceiling):
+    """θ = [U_r Λ_r^{-½} Q_C diag(s), 0], s² = λ_C^a (docs/theory.md §10): RIR = the range-restricted
+    ``ceiling`` (of ``task``'s rows, :func:`pycore.metrics.rir_ceiling`) for every a ≥ 0.
+
+    The null(K_P) columns are zero: D_P's rows have no component there, so its best loss is
+    unchanged (Definition 3.1(c)) while every direction D_P never varies in is dropped.  Only C's
+    numerically nonzero λ_C are scaled; its null space keeps s = 1 (θ injective on range(K_P)).
+    """
+    lam = ceiling.lambda_C
+    s = np.ones_like(lam)
+    pos = np.arange(lam.size) < ceiling.rank_C
+    with np.errstate(over="ignore"):  # overflow is checked on θ below
+        s[pos] = lam[pos] ** (exponent / 2)
+    theta = np.zeros((task.D, task.D))
+    r = ceiling.basis.shape[1]
+    theta[:, :r] = ceiling.basis * s
+    if not np.all(np.isfinite(theta)):
+        raise DivergenceError(f"closed_form: λ_C^(a/2) overflows float64 at exponent a = {exponent:g} "
+                              f"(κ(C) = {ceiling.kappa_C:.3e})", parameter="exponent")
+    return theta, {"exponent": exponent, "ceiling_range_restricted": ceiling.range_restricted,
+                   "ceiling_exact": ceiling.exact, "rank_K_P": ceiling.rank_K_P,
+                   "null_columns_zeroed": task.D - r}
