@@ -1,15 +1,14 @@
-"""What every experiment command line shares (docs/cli.md), and nothing more.
+"""What every experiment command line shares (docs/cli.md), in plain argparse and concurrent.futures.
 
-* Flag types that check before any compute and print their bound in ``--help``: :func:`count`,
-  :func:`real`, :func:`comma_list`, :func:`seeds` (``N | A,B,C | A-B``), :func:`existing`.
-* :class:`Parser`: plain argparse, one-line usage errors, no abbreviations, ``--debug``;
-  :func:`add_seeds`, :func:`add_out`, :func:`add_jobs`; :func:`add_options` makes one flag per
-  field of options dataclasses and :func:`method_options` gives each chosen method its typed ones.
-* :func:`pool_map`: ``concurrent.futures.ProcessPoolExecutor``, one BLAS thread per task.
-* :func:`check_out` / :func:`write_outputs`: every file written under a temporary name inside
-  ``--out`` and ``os.replace``d into place; nothing is ever deleted.
-* :func:`main`: exit 0 / 2 usage / 1 data or runtime / 130 SIGINT / 143 SIGTERM, one line on stderr
-  naming the flag (a library error's ``.parameter``), the traceback only with ``--debug``.
+* Flag types checked before any compute, their bound printed by ``--help``: :func:`count`,
+  :func:`real`, :func:`comma_list`, :data:`seeds` (``N | A,B,C | A-B``), :func:`existing`.
+* :class:`Parser` (one-line usage errors, no abbreviations, ``--debug``), ``--seeds``/``--out``/
+  ``--jobs``, one flag per field of options dataclasses (:func:`add_options`), and the linear
+  methods' options (:func:`add_immunize_options`, :func:`immunizer`).
+* :func:`pool_map`: worker processes, one BLAS thread per task, none outliving the run.
+* :func:`write_outputs`: each file under a temporary name in ``--out``, then ``os.replace``d; it
+  deletes nothing.
+* :func:`main`: exit 0, 2 usage, 1 data or runtime, 130 SIGINT, 143 SIGTERM; one stderr line naming the flag.
 """
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
 MAX_SEEDS = 10_000    # a typo such as --seeds 10000000 must fail at once, not run for weeks
 MAX_JOBS = 1024       # then capped at the usable cores
-MAX_ITEMS = 1000      # items of any comma list
+MAX_ITEMS = 1000      # items of a comma list
 
 
 class UsageError(Exception):
@@ -53,22 +52,13 @@ class RunError(Exception):
 
 
 class Terminated(BaseException):
-    """SIGTERM (what ``timeout`` and job schedulers send), raised in the main thread by :func:`main`."""
+    """SIGTERM, raised in the main thread while :func:`main` runs."""
 
 
-# --- flag types -----------------------------------------------------------------------------------
-
-def _interval(lo, hi, lo_open=False, hi_open=False) -> str:
-    if hi is None:
-        return f"{'>' if lo_open else '≥'} {lo:g}"
-    if lo is None:
-        return f"{'<' if hi_open else '≤'} {hi:g}"
-    return f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-
+# --- flag types ------------------------------------------------------------------------------------
 
 def flag_type(name: str, bound: str | None, convert):
-    """An argparse ``type``: ``convert``'s ValueError becomes the flag's message; ``bound`` is
-    printed by ``--help`` (:class:`_Help`)."""
+    """An argparse ``type`` whose ValueError message is the flag's error; ``bound`` is shown by ``--help``."""
     def parse(text):
         try:
             return convert(str(text).strip())
@@ -83,19 +73,18 @@ def count(lo: int = 0, hi: int | None = None):
     bound = f"from {lo} to {hi}" if hi is not None else f"≥ {lo}"
 
     def convert(t):
-        try:
-            n = int(t)
-        except ValueError:
-            raise ValueError(f"expected an integer {bound}, got {t!r}") from None
-        if n < lo or (hi is not None and n > hi):
-            raise ValueError(f"expected an integer {bound}, got {n}")
+        n = int(t) if t.lstrip("+-").isdecimal() else None
+        if n is None or n < lo or (hi is not None and n > hi):
+            raise ValueError(f"expected an integer {bound}, got {t!r}")
         return n
     return flag_type("count", bound, convert)
 
 
 def real(lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_open=False):
-    """A finite float in the interval (open ends where asked)."""
-    bound = _interval(lo, hi, lo_open, hi_open) if (lo, hi) != (None, None) else None
+    """A finite float in the interval from ``lo`` to ``hi`` (open ends where asked)."""
+    parts = [f"{'>' if lo_open else '≥'} {lo:g}" if lo is not None else "",
+             f"{'<' if hi_open else '≤'} {hi:g}" if hi is not None else ""]
+    bound = " and ".join(p for p in parts if p) or None
 
     def convert(t):
         x = float(t)
@@ -107,29 +96,26 @@ def real(lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_
 
 
 def comma_list(item=str, *, choices=None, max_items: int = MAX_ITEMS):
-    """A comma list of distinct items (at most ``max_items``), each parsed by ``item`` (a flag type)
-    and, with ``choices``, one of them."""
+    """Distinct comma-separated items (at most ``max_items``), each parsed by ``item`` and, with
+    ``choices``, one of them."""
     inner = getattr(item, "bound", None)
     bound = ("from " + ",".join(choices) if choices is not None
              else f"at most {max_items} items" + (f", each {inner}" if inner else ""))
 
     def convert(t):
         parts = [p.strip() for p in t.split(",")]
-        if len(parts) > max_items:
-            raise ValueError(f"{len(parts)} items, more than {max_items}")
-        if not all(parts):
-            raise ValueError(f"empty item in {t!r}")
+        if len(parts) > max_items or not all(parts):
+            raise ValueError(f"expected at most {max_items} non-empty items, got {t[:80]!r}")
         values = [item(p) for p in parts]
         bad = [v for v in values if choices is not None and v not in choices]
-        if bad:
-            raise ValueError(f"unknown item {bad[0]!r}; choose from {','.join(choices)}")
-        if len(set(values)) != len(values):
-            raise ValueError(f"repeated item in {t!r}")
+        if bad or len(set(values)) != len(values):
+            raise ValueError(f"unknown item {bad[0]!r}; choose from {','.join(choices)}" if bad
+                             else f"repeated item in {t!r}")
         return values
     return flag_type("list", bound, convert)
 
 
-def _parse_seeds(t: str) -> list[int]:
+def _seeds(t: str) -> list[int]:
     try:
         if "," in t:
             return comma_list(count(0), max_items=MAX_SEEDS)(t)
@@ -143,7 +129,7 @@ def _parse_seeds(t: str) -> list[int]:
         raise ValueError(f"{exc} (seeds: a count N, a list A,B,C or a range A-B)") from None
 
 
-seeds = flag_type("seeds", f"at most {MAX_SEEDS} seeds ≥ 0", _parse_seeds)
+seeds = flag_type("seeds", f"at most {MAX_SEEDS} seeds ≥ 0", _seeds)
 
 
 def existing(kind: str = "file"):
@@ -156,10 +142,10 @@ def existing(kind: str = "file"):
     return flag_type("path", None, convert)
 
 
-# --- the parser ----------------------------------------------------------------------------------
+# --- the parser ------------------------------------------------------------------------------------
 
 class _Help(argparse.RawDescriptionHelpFormatter):
-    """Prints each flag's bound (its type's ``bound``) and default after its help."""
+    """Each flag's help ends with its bound (its type's ``bound``) and default."""
 
     def _get_help_string(self, action):
         default = getattr(action, "shown", action.default)
@@ -171,8 +157,8 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (raised as :class:`UsageError`), no prefix
-    abbreviations (``--seed`` is not ``--seeds``) and ``--debug``."""
+    """argparse with one-line usage errors (a :class:`UsageError`), no prefix abbreviations
+    (``--seed`` is not ``--seeds``) and ``--debug``."""
 
     def __init__(self, prog: str, description: str | None = None):
         super().__init__(prog=prog, description=description, formatter_class=_Help, allow_abbrev=False)
@@ -183,10 +169,8 @@ class Parser(argparse.ArgumentParser):
 
     def flag_for(self, name: str | None) -> str | None:
         """The flag whose value lands in ``args.<name>``, or None."""
-        for action in self._actions:
-            if name and action.dest == name and action.option_strings:
-                return max(action.option_strings, key=len)
-        return None
+        return next((max(a.option_strings, key=len) for a in self._actions
+                     if name and a.dest == name and a.option_strings), None)
 
 
 def add_seeds(parser, default: str, what: str = "seeds") -> None:
@@ -196,15 +180,12 @@ def add_seeds(parser, default: str, what: str = "seeds") -> None:
 
 def add_out(parser, default: str) -> None:
     parser.add_argument("--out", type=Path, default=Path(default),
-                        help="output folder; this run's files replace those of the same name, nothing else "
-                             "in it is touched")
+                        help="output folder: this run's files replace those of the same name, nothing "
+                             "else is touched")
 
 
 def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def add_jobs(parser) -> None:
@@ -212,61 +193,55 @@ def add_jobs(parser) -> None:
                         help="worker processes (never more than the tasks or the usable cores)")
 
 
-# --- flags from options dataclasses -------------------------------------------------------------------
+# --- flags from options dataclasses ------------------------------------------------------------------
 
-def _converter(hint, rule):
-    """(argparse type, metavar) of a dataclass field's type hint, bounded by ``rule`` (keywords of
-    :func:`pycore.validation.check_number`: low, high, low_open, high_open); None if not scalar."""
-    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    optional = type(None) in args
-    args = tuple(a for a in args if a is not type(None))
-    lo, hi = rule.get("low"), rule.get("high")
-    if args == (int,):
-        base, metavar = count(0 if lo is None else lo + rule.get("low_open", 0),
-                              None if hi is None else hi - rule.get("high_open", 0)), "INT"
-    elif args == (float,) or set(args) == {float, str}:
-        base = real(lo, hi, lo_open=rule.get("low_open", False), hi_open=rule.get("high_open", False))
-        metavar = "X"
-        if str in args:    # a number or a word such as "auto" (the library checks the word)
-            base = flag_type("real_or_word", base.bound, lambda t, num=base: t if t.isalpha() else num(t))
+def _converter(hint, rule: dict):
+    """(type, metavar) of a field's type hint within ``rule`` (check_number's low, high, low_open,
+    high_open); None for a field that is not a number or a word."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    args = set(typing.get_args(hint) if union else (hint,))
+    lo, hi, lo_open, hi_open = (rule.get(k) for k in ("low", "high", "low_open", "high_open"))
+    if args - {type(None)} == {int}:
+        base = count(0 if lo is None else lo + bool(lo_open), None if hi is None else hi - bool(hi_open))
+        metavar = "N"
+    elif args - {type(None)} in ({float}, {float, str}):
+        base, metavar = real(lo, hi, lo_open=bool(lo_open), hi_open=bool(hi_open)), "X"
+        if str in args:   # a number or a word such as "auto", which the library checks
+            base = flag_type("real", base.bound, lambda t, num=base: t if t.isalpha() else num(t))
             metavar = "X|WORD"
-    elif args == (str,):
-        base, metavar = str, "TEXT"
+    elif args == {str}:
+        base, metavar = str, "WORD"
     else:
         return None
-    if optional:
-        base = flag_type("optional", getattr(base, "bound", None),
-                          lambda t, inner=base: None if t == "none" else inner(t))
+    if type(None) in args:
+        base = flag_type(base.__name__, getattr(base, "bound", None),
+                         lambda t, b=base: None if t == "none" else b(t))
         metavar += "|none"
     return base, metavar
 
 
 def add_options(parser, classes, *, title: str, rules=None, choices=None, help=None, shown=None) -> None:
-    """One flag per scalar field of the dataclasses ``classes`` (``lambda_h`` → ``--lambda-h``;
-    a field in several classes gets one flag).  Every flag defaults to None, "not given", so the
-    library's defaults or preset stay the one source of values; ``shown`` (field → value) is
-    printed as the default.  ``rules`` maps a field to its bounds (check_number's keywords) and
-    ``choices`` to its allowed words, both printed by ``--help``; the library checks every value
-    again when it builds the options, before any compute."""
+    """One flag per scalar field of the dataclasses ``classes`` (``lambda_h`` → ``--lambda-h``; a
+    field in several classes gets one flag), defaulting to None ("not given") so the library's
+    defaults or preset stay the one source of values.  ``rules`` (field → check_number's bounds)
+    and ``choices`` (field → words) are shown by ``--help`` with ``shown``'s value as the default;
+    the library checks every value again when it builds the options, before any compute."""
     rules, choices, help, shown = rules or {}, choices or {}, help or {}, shown or {}
-    group = parser.add_argument_group(title)
-    done = set()
+    group, done = parser.add_argument_group(title), set()
     for cls in classes:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if f.name in done or not f.init:
+            conv = _converter(hints[f.name], rules.get(f.name, {}))
+            if f.name in done or not (hints[f.name] is bool or f.name in choices or conv):
                 continue
             kw = dict(dest=f.name, default=None, help=help.get(f.name) or f"{cls.__name__}.{f.name}")
-            flag = "--" + f.name.replace("_", "-")
             if hints[f.name] is bool:
-                action = group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+                kw["action"] = argparse.BooleanOptionalAction
             elif f.name in choices:
-                action = group.add_argument(flag, choices=tuple(choices[f.name]), **kw)
-            elif (conv := _converter(hints[f.name], rules.get(f.name, {}))) is not None:
-                action = group.add_argument(flag, type=conv[0], metavar=conv[1], **kw)
+                kw["choices"] = tuple(choices[f.name])
             else:
-                continue
-            action.shown = shown.get(f.name)   # printed as the default by --help
+                kw["type"], kw["metavar"] = conv
+            group.add_argument("--" + f.name.replace("_", "-"), **kw).shown = shown.get(f.name)
             done.add(f.name)
 
 
@@ -278,14 +253,14 @@ def given_options(args, classes) -> dict:
 
 # --- the linear methods (pycore.immunize) -------------------------------------------------------------
 
-def _linear_classes(method: str, certified: bool):
+def _options_class(method: str, certified: bool):
     from pycore.immunize import CertifiedOptions, options_of
 
     return CertifiedOptions if certified and method == "ours" else options_of(method)
 
 
 def _options(cls, preset, given):
-    """``cls`` built from ``preset``'s values it has and the ``given`` ones (the library checks them)."""
+    """``cls`` from ``preset``'s values it has and the ``given`` ones (its own checks run here)."""
     from pycore.immunize import PRESETS
 
     names = {f.name for f in dataclasses.fields(cls)}
@@ -293,31 +268,28 @@ def _options(cls, preset, given):
 
 
 def add_immunize_options(parser, preset: str | None) -> None:
-    """One flag per option of every linear method (``pycore.immunize.options_of``; ``--help`` shows
-    ``preset``'s value), ``--certified`` and ``--harden``; :func:`immunizer` reads them."""
+    """One flag per option of every linear method (:func:`pycore.immunize.options_of`; ``--help``
+    shows ``preset``'s values), ``--certified`` and ``--harden``: :func:`immunizer` reads them."""
     from pycore.harden import HARDENINGS
     from pycore.immunize import MAX_EPOCHS, MAX_INNER_STEPS, METHODS, PRESETS
     from pycore.optim import OPTIMIZERS
     from pycore.precondition import PRECONDITIONERS
 
-    classes = dict.fromkeys([_linear_classes(m, True) for m in METHODS])
-    rules = {"epochs": dict(low=0, high=MAX_EPOCHS), "inner_steps": dict(low=0, high=MAX_INNER_STEPS),
-             "batch_size": dict(low=1)}
-    add_options(parser, classes, title="immunization options (pycore.immunize; given ones beat the preset)",
-                rules=rules,
+    add_options(parser, dict.fromkeys(_options_class(m, True) for m in METHODS),
+                title="immunization options (pycore.immunize; given ones beat the preset)",
+                rules={"epochs": dict(low=0, high=MAX_EPOCHS), "batch_size": dict(low=1, high=10**6),
+                       "inner_steps": dict(low=0, high=MAX_INNER_STEPS)},
                 choices={"optimizer": OPTIMIZERS, "precond": PRECONDITIONERS, "init": ("identity", "random")},
                 shown=PRESETS[preset] if preset else {})
-    parser.add_argument("--certified", action="store_true",
-                        help="ours in certified-monotone mode (pycore.immunize.immunize_certified)")
+    parser.add_argument("--certified", action="store_true", help="ours in certified-monotone mode")
     parser.add_argument("--harden", choices=HARDENINGS, default="none",
                         help="θ → θQ after the method (pycore.harden.harden_result, docs/attacks.md)")
 
 
 @dataclasses.dataclass(frozen=True)
 class Immunizer:
-    """What a linear experiment runs per (task, method, rng): ``pycore.immunize.immunize`` with a
-    preset and each method's typed options (``immunize_certified`` for "ours" when certified), then
-    ``harden_result`` with the same generator."""
+    """``immunize`` with a preset and each method's typed options (``immunize_certified`` for
+    "ours" when certified), then ``harden_result`` with the same generator."""
 
     preset: str | None
     options: dict            # method → {option: value typed on the command line}
@@ -334,15 +306,15 @@ class Immunizer:
         return harden_result(res, task, self.harden, rng=rng)
 
     def as_dict(self) -> dict:
-        """For results.json: the preset, the typed options, and every method's options as run."""
-        built = {m: _options(_linear_classes(m, self.certified), self.preset, o)
-                 for m, o in self.options.items()}
+        """For results.json: the settings and every method's options as run."""
+        run = {m: _options(_options_class(m, self.certified), self.preset, o)
+               for m, o in self.options.items()}
         return {"preset": self.preset, "certified": self.certified, "harden": self.harden,
-                "given": self.options, "options": {m: dataclasses.asdict(o) for m, o in built.items()}}
+                "given": self.options, "options": {m: dataclasses.asdict(o) for m, o in run.items()}}
 
 
 def immunize_summary(settings: dict) -> str:
-    """One sentence for a table from :meth:`Immunizer.as_dict`."""
+    """One sentence for a table, from :meth:`Immunizer.as_dict`."""
     given = {k: v for o in settings["given"].values() for k, v in o.items()}
     return (f"Immunization: preset {settings['preset'] or 'none (the library defaults)'}"
             + "".join(f", {k} {v:g}" if isinstance(v, float) else f", {k} {v}" for k, v in given.items())
@@ -351,29 +323,30 @@ def immunize_summary(settings: dict) -> str:
 
 
 def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
-    """The :class:`Immunizer` of the typed flags, every method's options built (and so checked by
-    the library) before any compute: a bad value is a ParameterError naming its option, and a typed
-    option that none of ``methods`` has a :class:`UsageError` naming its flag."""
-    if args.certified and "ours" not in methods:
-        raise UsageError("certified mode is a mode of ours, which is not among --methods", "--certified")
+    """The :class:`Immunizer` of the typed flags, every method's options built (so checked by the
+    library) before any compute: a bad value is a ParameterError naming its option, a typed option
+    that none of ``methods`` has a :class:`UsageError` naming its flag."""
     from pycore.immunize import METHODS
 
-    classes = {m: _linear_classes(m, args.certified) for m in methods}
-    given = given_options(args, {_linear_classes(m, True) for m in METHODS})
+    if args.certified and "ours" not in methods:
+        raise UsageError("certified mode is a mode of ours, which is not among --methods", "--certified")
+    classes = {m: _options_class(m, args.certified) for m in methods}
+    given = given_options(args, {_options_class(m, True) for m in METHODS})
     options = {m: {k: v for k, v in given.items() if k in {f.name for f in dataclasses.fields(c)}}
                for m, c in classes.items()}
-    for name in given:
-        if not any(name in o for o in options.values()):
-            raise UsageError(f"no chosen method ({','.join(methods)}) has this option", parser.flag_for(name))
+    unused = [k for k in given if not any(k in o for o in options.values())]
+    if unused:
+        raise UsageError(f"none of the chosen methods ({','.join(methods)}) has this option",
+                         parser.flag_for(unused[0]))
     for m, o in options.items():
         _options(classes[m], preset, o)
     return Immunizer(preset, options, args.certified, args.harden)
 
 
-# --- workers ----------------------------------------------------------------------------------------
+# --- workers ---------------------------------------------------------------------------------------
 
 def _watch_parent(parent: int) -> None:
-    while os.getppid() == parent:   # the parent died (even by SIGKILL): this worker must not outlive it
+    while os.getppid() == parent:   # the parent died, even by SIGKILL: its workers must not outlive it
         time.sleep(0.2)
     os._exit(1)
 
@@ -387,20 +360,19 @@ def _worker_init(parent: int) -> None:
 def _task(fn, item):
     from pycore.threads import task_threads
 
-    with task_threads():   # one BLAS thread per task, in a worker or serially: results never depend on --jobs
+    with task_threads():   # one BLAS thread per task, in a worker or not: results never depend on --jobs
         return fn(item)
 
 
 def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
-    """``[fn(x) for x in items]`` in order, over at most ``jobs`` forked workers (never more than
-    the items or the usable cores; serial for one).  ``fn`` must be a module-level function.  On
-    any exception, Ctrl-C or SIGTERM every worker is killed before it propagates; a worker's
-    exception arrives as itself (the library's keep ``.parameter`` across the pickle)."""
+    """``[fn(x) for x in items]``, in order, over at most ``jobs`` forked workers (never more than
+    the items or the usable cores; none for one).  ``fn`` is a module-level function.  On any
+    exception, Ctrl-C or SIGTERM every worker is killed first; a worker's exception arrives as
+    itself (the library's keep ``.parameter`` across the pickle)."""
     from pycore.report import progress
 
-    items = list(items)
+    items, task = list(items), functools.partial(_task, fn)
     n = max(1, min(jobs, len(items), usable_cores()))
-    task = functools.partial(_task, fn)
     if n == 1:
         return [task(x) for x in progress(items, desc=desc)]
     ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_worker_init,
@@ -409,7 +381,7 @@ def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
         out = list(progress(ex.map(task, items), total=len(items), desc=desc))
     except BaseException:
         ex.shutdown(wait=False, cancel_futures=True)
-        for p in multiprocessing.active_children():   # the pool's workers: none of them may outlive the run
+        for p in multiprocessing.active_children():
             p.kill()
             p.join()
         raise
@@ -417,19 +389,15 @@ def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
     return out
 
 
-# --- outputs ----------------------------------------------------------------------------------------
+# --- outputs ---------------------------------------------------------------------------------------
 
 def check_out(out, names=()) -> Path:
-    """Before any compute: ``out`` is a folder or can be made one, and none of ``names`` in it is
-    held by a folder.  Raises :class:`UsageError` naming ``--out``."""
+    """Before any compute: ``out`` is a writable folder or can be made one, and none of the output
+    ``names`` in it is a folder.  Raises :class:`UsageError` naming ``--out``."""
     out = Path(out).expanduser()
-    if os.path.lexists(out) and not out.is_dir():
-        raise UsageError(f"{out} exists and is not a folder", "--out")
-    first = next(p for p in (out, *out.parents) if os.path.lexists(p))
-    if not first.is_dir():
-        raise UsageError(f"{first} is not a folder", "--out")
-    if not os.access(first, os.W_OK | os.X_OK):
-        raise UsageError(f"{first} is not writable", "--out")
+    first = next(p for p in (out, *out.parents) if os.path.lexists(p))   # out, or where it will be made
+    if not first.is_dir() or not os.access(first, os.W_OK | os.X_OK):
+        raise UsageError(f"{first} is {'not a folder' if not first.is_dir() else 'not writable'}", "--out")
     held = [n for n in names if (out / n).is_dir()]
     if held:
         raise UsageError(f"{out / held[0]} is a folder, where this run writes a file", "--out")
@@ -437,12 +405,11 @@ def check_out(out, names=()) -> Path:
 
 
 def write_outputs(out, files) -> list[Path]:
-    """Write ``files`` (name → str, bytes, or a function that writes the file at the path it is
-    given) into the folder ``out``, in order: each under a temporary name inside ``out``, then
-    ``os.replace``d over ``out/name``.  A reader never sees half a file, and nothing is ever deleted:
-    no file or folder of the user's or of another run, whatever its name, and no earlier output
-    other than the files of the same name (the one file ever removed is this call's own temporary
-    file, when writing it failed).  Returns the paths written."""
+    """Write ``files`` (name → str, bytes, or a function writing the file at the path it is given)
+    into the folder ``out`` in order, each under a temporary name in ``out`` then ``os.replace``d
+    over ``out/name``: a reader never sees half a file, and nothing is deleted, neither the user's
+    files nor another run's, whatever their names (the one file ever removed is this call's own
+    temporary file when writing it failed).  Returns the paths written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -450,7 +417,7 @@ def write_outputs(out, files) -> list[Path]:
         final = out / name
         tmp = final.with_name(f".{final.stem}.{os.getpid()}-{secrets.token_hex(4)}{final.suffix}")
         with open(tmp, "xb") as fh:   # exclusive: never another run's file
-            if isinstance(content, (str, bytes)):
+            if not callable(content):
                 fh.write(content.encode() if isinstance(content, str) else content)
         try:
             if callable(content):
@@ -463,21 +430,15 @@ def write_outputs(out, files) -> list[Path]:
     return written
 
 
-# --- main ----------------------------------------------------------------------------------------
+# --- main ------------------------------------------------------------------------------------------
 
 def _raise_terminated(signum, frame):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM ends the process at once
     raise Terminated()
 
 
-def _expected(exc: BaseException) -> bool:
-    """Errors a user or their data can cause; anything else is reported as an internal error."""
-    return (isinstance(exc, (ValueError, OSError, FloatingPointError, RunError))
-            or type(exc).__module__.split(".")[0] == "pycore")
-
-
 def describe(exc: BaseException, parser: Parser) -> str:
-    """One line for ``exc``: prefixed by the flag that sets its ``.parameter`` where there is one."""
+    """One line for ``exc``, led by the flag that sets its ``.parameter`` where there is one."""
     if isinstance(exc, OSError) and exc.strerror:   # "No space left on device: PATH", not "[Errno 28] ..."
         msg = exc.strerror + (f": {exc.filename}" if exc.filename else "")
     else:
@@ -486,23 +447,20 @@ def describe(exc: BaseException, parser: Parser) -> str:
     if parameter:
         flag = parser.flag_for(parameter)
         msg = f"{flag}: {msg}" if flag else f"{msg} (setting {parameter!r})"
-    if not _expected(exc):
-        msg = f"{type(exc).__name__}: {msg} (rerun with --debug for the traceback)"
-    return msg
+    expected = (isinstance(exc, (ValueError, OSError, FloatingPointError, RunError))
+                or type(exc).__module__.split(".")[0] == "pycore")   # what a user or their data can cause
+    return msg if expected else f"{type(exc).__name__}: {msg} (rerun with --debug for the traceback)"
 
 
 def main(parser: Parser, body, argv=None) -> int:
-    """Parse ``argv`` and return ``body(args)`` (None = 0) under the error policy of docs/cli.md.
-    SIGINT is never touched (an inherited SIG_IGN, as in ``cmd &``, stays); SIGTERM raises
+    """Parse ``argv`` and return ``body(args)`` (None: 0) under the error policy of docs/cli.md.
+    SIGINT is never touched (an inherited SIG_IGN, as under ``cmd &``, stays); SIGTERM raises
     :class:`Terminated` while ``body`` runs, unless it was inherited ignored."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    debug = "--debug" in argv
-    prog = parser.prog
-    main_thread = threading.current_thread() is threading.main_thread()
-    term = signal.getsignal(signal.SIGTERM) if main_thread else None
+    term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     if term is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _raise_terminated)
-    show = warnings.showwarning
+    show, prog = warnings.showwarning, parser.prog
     warnings.showwarning = lambda m, *a, **k: print(f"{prog}: warning: {' '.join(str(m).split())}",
                                                     file=sys.stderr, flush=True)
     code, line, err = EXIT_OK, None, None
@@ -510,10 +468,10 @@ def main(parser: Parser, body, argv=None) -> int:
         code = int(body(parser.parse_args(argv)) or 0)
     except SystemExit as exc:   # --help
         code = exc.code if isinstance(exc.code, int) else 0
-    except KeyboardInterrupt as exc:
-        code, line, err = EXIT_SIGINT, "interrupted (SIGINT); earlier outputs left as they were", exc
-    except Terminated as exc:
-        code, line, err = EXIT_SIGTERM, "interrupted (SIGTERM); earlier outputs left as they were", exc
+    except (KeyboardInterrupt, Terminated) as exc:
+        sig = "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+        code, err = 128 + getattr(signal, sig), exc
+        line = f"interrupted ({sig}); earlier outputs left as they were"
     except UsageError as exc:
         code, line, err = EXIT_USAGE, f"error: {' '.join(str(exc).split())}", exc
     except Exception as exc:  # noqa: BLE001 -- the policy: one line, the traceback only with --debug
@@ -524,7 +482,7 @@ def main(parser: Parser, body, argv=None) -> int:
         if term is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, term)
     if line:
-        if debug:
+        if "--debug" in argv:
             traceback.print_exception(err)
         print(f"{prog}: {line}", file=sys.stderr, flush=True)
     return code
