@@ -18,6 +18,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pycore import attacks as A  # noqa: E402
+from pycore import worst_case as W  # noqa: E402
 
 
 def main(argv=None):
@@ -35,12 +36,15 @@ def main(argv=None):
     problems["logistic (synthetic, 200×79)"] = A.make_problem(X, y, "logistic")
     for label, prob in problems.items():
         rows = []
-        for name in A.attackers_for(prob.loss):
+        first = {}          # one configuration per attacker, from the quick grid
+        for c in W.attacker_grid(prob.loss, quick=True):
+            first.setdefault(c.attacker, dict(c.params))
+        for name, params in first.items():
             best = np.inf
             for _ in range(args.repeats):
-                tr = A.ATTACKERS[name](prob, max_steps=args.steps, tol=0.0)
+                tr = A.attack(prob, name, max_steps=args.steps, tol=0.0, **params)
                 # tol = 0 may still stop at an exact optimum (CG, Newton): time per step taken
-                best = min(best, tr.wall_seconds / max(tr.n_steps, 1))
+                best = min(best, tr.wall_seconds / max(len(tr.rel_subopt) - 1, 1))
             rows.append((name, best))
         ref = dict(rows)["gd_exact"]
         print(f"\n{label}: {args.steps} steps, best of {args.repeats}")

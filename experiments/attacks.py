@@ -1,142 +1,128 @@
-"""Worst-case attack evaluation of linear immunization (docs/attacks.md): who is slowed, by how much, and what
-the condition number alone could have forced.
+#!/usr/bin/env python
+"""Worst-case attack evaluation of linear immunization (docs/attacks.md): who is slowed, by how much,
+and what the condition number alone could have forced.
 
-For identity and every immunizer of :data:`pycore.immunize.METHODS` (and, for ``--hardened-methods``,
-the same θ hardened by an orthogonal rotation, ``pycore.harden``), every attacker family of
-:func:`pycore.worst_case.attacker_grid` — GD (exact line search, a step grid), heavy ball and
-Nesterov (tuned and mis-tuned), Adam (lr × β grid), Adagrad, CG, L-BFGS (memory grid), the
-adaptive attackers that know the defense (Jacobi-preconditioned CG; whitening by the covariance of
-their own rows, then GD) and the closed-form solve — probes the features ``Z = Xθ`` of D_H and
-D_P on the training rows and on held-out rows, and counts its steps to each relative
-suboptimality ε. Per family the best configuration counts; per (method, rows, ε) the defender's
-worst case is the attacker with the fewest steps on θ, named with its configuration. Beside
-each slow-down: what κ alone can force on that family (:func:`pycore.worst_case.kappa_bounds`).
-Every hardened slow-down is also given against the rotated identity (identity hardened the same
-way), which separates what conditioning buys from what losing the input basis costs an attacker.
+For identity and each immunizer of ``--methods`` (and, for ``--hardened-methods``, the same θ
+hardened by an orthogonal rotation, :mod:`pycore.harden`), every attacker family of
+:func:`pycore.worst_case.attacker_grid` probes the features ``Z = Xθ`` of D_H and D_P on the
+training and the held-out rows and counts its steps to each relative suboptimality ε; the
+analysis (:func:`pycore.worst_case.analyse`) names each family's best configuration, the
+defender's worst case and what κ alone can force (:func:`pycore.worst_case.kappa_bounds`), also
+against the rotated identity for hardened θ's.
 
     python experiments/attacks.py                         # strict, 5 seeds, closed form and Algorithm 1
-    python experiments/attacks.py --methods r_ill_only,imma,opt_kappa,opt_kappa_balanced,ours,closed_form
     python experiments/attacks.py --protocol paper
-    python experiments/attacks.py --quick --seeds 1      # CI smoke test (small grid, small cap)
+    python experiments/attacks.py --quick --seeds 1      # CI smoke test (small grid)
     python experiments/attacks.py --mnist-pairs 0-1,7-2  # also MNIST (logistic probing)
 
-Writes ``results.json`` (every configuration's steps, the analysis, the command line, versions),
-``table.md``, ``best_so_far.png`` and ``thetas.npz`` (every attacked θ, hardened and not, with
-the inputs they act on: ``pycore.thetas.load_thetas``).
+Writes ``table.md``, ``best_so_far.png``, ``thetas.npz`` (every attacked θ, hardened and not, with
+the inputs they act on) and ``results.json`` (every configuration's steps and the analysis).
 """
 from __future__ import annotations
 
-if not __package__:  # run as a path: one-line errors before any other import (experiments/_startup.py)
-    import _startup  # noqa: F401
-
+import dataclasses
 import hashlib
-import math
 import sys
 import time
-from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
-from experiments import cli
+from experiments import common
 from pycore import attacks as A
 from pycore import worst_case as W
-from pycore.immunize import METHODS
-from pycore.report import METHOD_LABELS, environment
+from pycore.immunize import MAX_EPOCHS, METHODS
+from pycore.report import METHOD_LABELS, dumps_json, environment
 
-ROWS = ("train", "heldout")
-# Step cap of an attacker: its trajectory stores a loss per step, and many attackers run on 4 problems
-# per (method, seed); 50× the default cap, ample for ε = 1e-6 on House Prices (docs/cli.md).
+# Step cap of an attacker: its trajectory keeps a loss per step, and many attackers run on 4 problems
+# per (method, seed); 50× the default cap, ample for ε = 1e-6 on House Prices.
 MAX_STEPS = 1_000_000
 TASKS = ("D_H", "D_P")
-OUTPUTS = ("results.json", "table.md", "best_so_far.png", "thetas.npz")
+OUTPUTS = ("table.md", "best_so_far.png", "thetas.npz", "results.json")
 LSQ_FAMILIES = tuple(f for f in W.FAMILIES if f != "newton")
 _STATE: dict = {}   # data shared with forked workers (never pickled per job)
 
 
-# ----------------------------------------------------------------------------------------------
-def build_parser() -> cli.Parser:
-    p = cli.Parser(prog="attacks.py", description=__doc__.split("\n\n")[0])
-    cli.add_seeds(p, "5", "immunization seeds")
+def build_parser() -> common.Parser:
+    p = common.Parser("attacks.py", __doc__.split("\n\n")[0])
+    common.add_seeds(p, "5", "immunization seeds")
     p.add_argument("--protocol", choices=("paper", "strict"), default="strict",
-                   help="House Prices protocol (docs/theory.md §10); the base configuration is "
-                        "preset 'strict' or 'house_price' of pycore.immunize.PRESETS (default strict)")
-    p.add_argument("--methods", type=cli.choice_list(METHODS, "method"), default="closed_form,ours",
-                   help="comma list of immunizers to attack (default closed_form,ours, a few minutes; "
-                        f"every method: {','.join(METHODS)}; identity is always added)")
-    p.add_argument("--hardened-methods", type=cli.choice_list(METHODS, "method"), default="closed_form,ours",
-                   help="methods also attacked hardened by --harden (default closed_form,ours; identity's "
-                        "rotated twin, the reference, is always added when --harden is not none)")
-    p.add_argument("--attackers", type=cli.choice_list(LSQ_FAMILIES, "attacker family"),
-                   default=",".join(LSQ_FAMILIES),
-                   help=f"comma list of attacker families (default all: {','.join(LSQ_FAMILIES)})")
-    p.add_argument("--eps", type=cli.number_list(0.0, 1.0, open_interval=True), default="1e-2,1e-4",
-                   help="comma list of relative-suboptimality targets in (0, 1) (default 1e-2,1e-4)")
-    p.add_argument("--max-steps", type=cli.integer(1, MAX_STEPS), default=20000,
-                   help="step cap of every iterative attacker (default 20000)")
-    p.add_argument("--quick", action="store_true",
-                   help="small attacker grid (a few configurations per family) for smoke tests")
-    p.add_argument("--orders", type=cli.integer(1), default=200,
-                   help="random orders of the configurations for the best-so-far curves (default 200)")
-    cli.add_immunize_flags(p, "strict")
-    p.add_argument("--data", type=cli.existing_path("file"), default=None,
-                   help="Kaggle House Prices train.csv (default: packaged copy)")
+                   help="House Prices protocol (docs/theory.md §10): the preset 'strict' or 'house_price'")
+    methods = common.comma_list(choices=METHODS)
+    p.add_argument("--methods", type=methods, default="closed_form,ours",
+                   help="immunizers to attack (identity is always added)")
+    p.add_argument("--hardened-methods", type=methods, default="closed_form,ours",
+                   help="methods also attacked hardened by --harden (identity's rotated twin, the reference, "
+                        "is added)")
+    p.add_argument("--attackers", type=common.comma_list(choices=LSQ_FAMILIES),
+                   default=",".join(LSQ_FAMILIES), help="attacker families")
+    p.add_argument("--eps", type=common.comma_list(common.real(0.0, 1.0, lo_open=True, hi_open=True),
+                                                   max_items=10),
+                   default="1e-2,1e-4", help="relative-suboptimality targets")
+    p.add_argument("--max-steps", type=common.count(1, MAX_STEPS), default=20000,
+                   help="step cap of every iterative attacker")
+    p.add_argument("--quick", action="store_true", help="a few configurations per family (smoke tests)")
+    p.add_argument("--orders", type=common.count(1, W.MAX_ORDERS), default=200,
+                   help="random orders of the configurations for the best-so-far curves")
+    p.add_argument("--data", type=common.existing("file"),
+                   help="Kaggle House Prices train.csv (default: the packaged copy)")
     p.add_argument("--on-outlier", choices=("warn", "error"), default="warn",
-                   help="a cell > 1e6 × its column's median magnitude: warn (default) or refuse the file")
-    p.add_argument("--n-train", type=cli.integer(2), default=200,
-                   help="training rows per split (authors' protocol: 200)")
-    p.add_argument("--out", type=Path, default=Path("results/attacks"),
-                   help="output folder (replaced as a whole by this run's " + ", ".join(OUTPUTS) + ")")
+                   help="a cell > 1e6 × its column's median magnitude: warn or refuse the file")
+    p.add_argument("--n-train", type=common.count(2, 1_000_000), default=200, help="training rows per split")
+    common.add_out(p, "results/attacks")
     p.add_argument("--no-plot", action="store_true", help="skip best_so_far.png")
-    cli.add_jobs(p, "attacked problems")
-    p.add_argument("--mnist-pairs", type=cli.pairs, default=None,
-                   help="also attack MNIST ordered pairs P-H, e.g. '0-1,7-2' (logistic probing)")
-    p.add_argument("--mnist-only", action="store_true",
-                   help="attack only the MNIST pairs of --mnist-pairs (skip House Prices)")
-    p.add_argument("--mnist-methods", type=cli.choice_list(METHODS, "method"), default="closed_form,ours",
-                   help="MNIST immunizers (default closed_form,ours; identity added; each also hardened)")
-    p.add_argument("--mnist-seeds", type=cli.seeds, default="1", metavar="N|A,B,C|A-B",
-                   help="MNIST immunization seeds (default 1: seed 0)")
-    p.add_argument("--mnist-n-train", type=cli.integer(1), default=100,
-                   help="MNIST training images per digit (default 100)")
-    p.add_argument("--mnist-epochs", type=cli.integer(0), default=30,
-                   help="MNIST immunization epochs (paper: 30)")
-    p.add_argument("--mnist-max-steps", type=cli.integer(1, MAX_STEPS), default=3000,
-                   help="MNIST attacker step cap (default 3000)")
-    p.add_argument("--logistic-ridge", type=cli.real(0.0), default=1e-4,
-                   help="logistic probe ridge λ = r·‖Z‖₂²/4 (pycore.attacks.make_problem's ridge_rel; "
-                        "default 1e-4)")
+    common.add_jobs(p)
+    mn = p.add_argument_group("MNIST (logistic probing)")
+    mn.add_argument("--mnist-pairs", type=common.flag_type("pairs", "P-H,P-H,...", _pairs),
+                    help="also attack these ordered pairs P-H, e.g. 0-1,7-2")
+    mn.add_argument("--mnist-only", action="store_true",
+                    help="attack only the MNIST pairs (no House Prices)")
+    mn.add_argument("--mnist-methods", type=methods, default="closed_form,ours",
+                    help="MNIST immunizers (identity added; each also hardened)")
+    mn.add_argument("--mnist-seeds", type=common.seeds, default="1", metavar="N|A,B,C|A-B",
+                    help="MNIST immunization seeds")
+    mn.add_argument("--mnist-n-train", type=common.count(1, 500), default=100,
+                    help="training images per digit")
+    mn.add_argument("--mnist-epochs", type=common.count(0, MAX_EPOCHS), default=30,
+                    help="immunization epochs (preset 'mnist', as experiments/mnist.py)")
+    mn.add_argument("--mnist-max-steps", type=common.count(1, MAX_STEPS), default=3000,
+                    help="attacker step cap")
+    mn.add_argument("--logistic-ridge", type=common.real(0.0, lo_open=True), default=1e-4,
+                    help="logistic probe ridge λ = r·‖Z‖₂²/4 (pycore.attacks.make_problem's ridge_rel)")
+    common.add_immunize_options(p, "strict")
+    p.set_defaults(harden="haar")
     return p
 
 
-def parse_args(argv=None):
-    """Parsed and checked flags; ``args.config``: the House Prices :class:`experiments.cli.Settings`."""
-    p = build_parser()
-    args = p.parse_args(argv)
-    prepare(args, p)
-    return args
+def _pairs(text):
+    from pycore.data.mnist import parse_pairs
+
+    return parse_pairs(text)
 
 
-def prepare(args, parser: cli.Parser) -> None:
-    """The checks that involve more than one flag, before any compute."""
-    preset = "strict" if args.protocol == "strict" else "house_price"
-    args.config = cli.settings_from_args(parser, args, preset,
-                                         args.methods, harden="haar")
-    try:
-        args.mnist_config = cli.Settings("mnist", {"epochs": args.mnist_epochs}, args.config.certified,
-                                         args.config.harden).check(["ours"])   # ours reads every loop option
-    except ValueError as exc:
-        raise cli.UsageError(str(exc), "--mnist-epochs" if "epochs" in str(exc) else "--certified") from exc
-    if "identity" not in args.methods:
-        args.methods.insert(0, "identity")
+def prepare(args, parser) -> None:
+    """The checks that involve several flags, before any compute."""
+    if args.mnist_only and not args.mnist_pairs:
+        raise common.UsageError("needs --mnist-pairs", "--mnist-only")
     missing = [m for m in args.hardened_methods if m not in args.methods]
     if missing:
-        raise cli.UsageError(f"{missing[0]!r} is not among --methods", "--hardened-methods")
-    if args.mnist_only and not args.mnist_pairs:
-        raise cli.UsageError("needs --mnist-pairs", "--mnist-only")
-    if args.logistic_ridge <= 0 and args.mnist_pairs:
-        raise cli.UsageError("must be > 0 for logistic probing (separable digits have no minimiser)",
-                             "--logistic-ridge")
+        raise common.UsageError(f"{missing[0]!r} is not among --methods", "--hardened-methods")
+    args.methods = ["identity"] + [m for m in args.methods if m != "identity"]
+    args.immunizer = common.immunizer(parser, args, args.methods,
+                                      "strict" if args.protocol == "strict" else "house_price")
+    from pycore.immunize import options_of
+
+    args.mnist_methods = ["identity"] + [m for m in args.mnist_methods if m != "identity"]
+    has = {m: {f.name for f in dataclasses.fields(options_of(m))} for m in args.mnist_methods}
+    epochs = {m: {"epochs": args.mnist_epochs} if "epochs" in has[m] else {} for m in has}   # preset "mnist"
+    args.mnist_immunizer = common.Immunizer("mnist", epochs, args.certified, args.harden)
+    common.check_out(args.out, OUTPUTS)
+
+
+def parse_args(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prepare(args, parser)
+    return args
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,8 +151,8 @@ def _immunize_job(job):
 
     method, seed, hardened = job
     st = _STATE
-    cfg = st["cfg"] if hardened else replace(st["cfg"], harden="none")
-    res = cfg.run(st["splits"]["train"], method, np.random.default_rng(seed))
+    run = st["immunize"] if hardened else dataclasses.replace(st["immunize"], harden="none")
+    res = run(st["splits"]["train"], method, np.random.default_rng(seed))
 
     def numbers(theta):
         out = {}
@@ -181,7 +167,7 @@ def _immunize_job(job):
              "diagnostics": {k: v for k, v in res.diagnostics.items() if np.isscalar(v)},
              "variants": {variant_name(method): {"theta": plain, "numbers": numbers(plain)}}}
     if res.theta_unhardened is not None:
-        hv = variant_name(method, cfg.harden)
+        hv = variant_name(method, run.harden)
         entry["variants"][hv] = {"theta": res.theta, "Q": res.rotation, "numbers": numbers(res.theta),
                                  "orthogonality_defect": res.diagnostics["harden"]["orthogonality_defect"]}
     return entry
@@ -219,7 +205,7 @@ def run(args) -> dict:
         mnist, thetas = run_mnist(args, t_start)
         first = next(iter(mnist["pairs"].values()))
         return {"experiment": "attacks", "dataset": "mnist", "protocol": "mnist", "mnist": mnist,
-                "harden": args.mnist_config.harden,
+                "harden": args.harden,
                 "seeds": mnist["seeds"], "eps": sorted(args.eps, reverse=True), "_thetas": thetas,
                 "variants": first["variants"], "best_so_far": first["best_so_far"],
                 **environment(), "wall_seconds": time.perf_counter() - t_start}
@@ -229,20 +215,20 @@ def run(args) -> dict:
     train, held, strict = data.train, data.heldout, None
     if args.protocol == "strict":
         train, held, strict = strict_protocol(train, held, data.feature_names)
-    cfg = args.config   # strict: the closed form at its balanced exponent (exponent "auto")
     splits = {"train": train, "heldout": held}
     grid = tuple(c for c in W.attacker_grid("lsq", quick=args.quick) if c.family in args.attackers)
-    hp = evaluate(splits, args.methods, args.hardened_methods, args.seeds, cfg, grid, "lsq", args.max_steps,
+    hp = evaluate(splits, args.methods, args.hardened_methods, args.seeds, args.immunizer, grid, "lsq",
+                  args.max_steps,
                   args.eps, ridge_rel=args.logistic_ridge, jobs=args.jobs, orders=args.orders,
                   label="house prices", t_start=t_start)
     result = {
         "experiment": "attacks", "dataset": "house_prices", "source": data.source,
         "protocol": args.protocol, "strict_protocol": None if strict is None else strict.as_dict(),
         "seeds": args.seeds, "methods": args.methods, "hardened_methods": args.hardened_methods,
-        "harden": cfg.harden, "eps": sorted(args.eps, reverse=True), "step_cap": args.max_steps,
+        "harden": args.harden, "eps": sorted(args.eps, reverse=True), "step_cap": args.max_steps,
         "quick_grid": args.quick, "grid": [c.as_dict() for c in grid],
         "loss": "0.5*||Zw - y||^2 (Hessian Z^T Z = H(theta)); every attacker starts at w = 0",
-        "immunize_config": cfg.as_dict(),
+        "immunize": args.immunizer.as_dict(),
         "n_rows": {rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])}
                    for rows, t in splits.items()},
         **hp,
@@ -260,18 +246,18 @@ def run(args) -> dict:
     return result
 
 
-def evaluate(splits, methods, hardened, seeds, cfg, grid, loss, cap, eps, *, ridge_rel, jobs, orders, label,
-             t_start):
+def evaluate(splits, methods, hardened, seeds, immunizer, grid, loss, cap, eps, *, ridge_rel, jobs, orders,
+             label, t_start):
     """Immunize ``splits['train']`` with every (method, seed) — hardened too for ``hardened`` and
     identity — then run the whole grid on D_H and D_P of every split for every distinct θ (a
     deterministic method's θ is attacked once). Returns the JSON-ready runs, the analysis, the
     best-so-far curves and the θ archive entries (``_thetas``)."""
-    harden = cfg.harden
+    harden = immunizer.harden
     do_hard = harden != "none"
     jobs_a = [(m, s, do_hard and (m in hardened or m == "identity")) for s in seeds for m in methods]
-    _STATE.update(splits=splits, cfg=cfg, loss=loss, ridge_rel=ridge_rel, grid=grid, eps=tuple(eps), cap=cap)
-    entries = cli.parallel_map(_immunize_job, jobs_a, jobs,
-                               desc=f"{label}: immunizing", unit="run")
+    _STATE.update(splits=splits, immunize=immunizer, loss=loss, ridge_rel=ridge_rel, grid=grid,
+                  eps=tuple(eps), cap=cap)
+    entries = common.pool_map(_immunize_job, jobs_a, jobs, desc=f"{label}: immunizing")
     thetas_by_digest, runs, archive = {}, [], {}
     for e in entries:
         for v, blob in e["variants"].items():
@@ -292,113 +278,17 @@ def evaluate(splits, methods, hardened, seeds, cfg, grid, loss, cap, eps, *, rid
           f"({time.perf_counter() - t_start:.0f}s)", flush=True)
     _STATE["thetas"] = thetas_by_digest
     units = [(d, rows, task) for d in thetas_by_digest for rows in splits for task in TASKS]
-    grids = cli.parallel_map(_grid_job, units, jobs, desc=f"{label}: attacking", unit="problem")
+    grids = common.pool_map(_grid_job, units, jobs, desc=f"{label}: attacking")
     by_unit = dict(zip(units, grids))
     for r in runs:
-        r["problems"] = {f"{rows}/{task}": _compact(by_unit[(r["theta_digest"], rows, task)])
+        r["problems"] = {f"{rows}/{task}": by_unit[(r["theta_digest"], rows, task)].compact()
                          for rows in splits for task in TASKS}
     print(f"{label}: {len(units)} problems attacked ({time.perf_counter() - t_start:.0f}s)", flush=True)
     variants = list(dict.fromkeys(r["variant"] for r in runs))
-    analysis = analyse(runs, variants, seeds, grid, sorted(eps, reverse=True), cap, list(splits), harden)
-    sofar = best_so_far_curves(runs, variants, seeds, grid, min(eps), cap, list(splits), orders)
+    analysis = W.analyse(runs, grid, sorted(eps, reverse=True), cap, rotated=variant_name("identity", harden))
+    sofar = W.best_so_far_curves(runs, grid, min(eps), cap, orders)
     return {"runs": runs, "variants": variants, "analysis": analysis, "best_so_far": sofar,
             "_thetas": archive}
-
-
-def _compact(run: W.GridRun) -> dict:
-    """A grid run for results.json: κ references and, per configuration (in grid order), its steps
-    to each ε (null = not within the cap), final relative suboptimality and divergence flag."""
-    return {"kappa": run.kappa, "wall_seconds": run.wall_seconds,
-            "steps": [[s[W._ekey(e)] for e in run.eps] for s in run.steps],
-            "final_rel_subopt": run.final_rel, "diverged": run.diverged, "eps": list(run.eps)}
-
-
-def _as_gridrun(p: dict, grid, cap) -> W.GridRun:
-    eps = tuple(p["eps"])
-    steps = [{W._ekey(e): s for e, s in zip(eps, row)} for row in p["steps"]]
-    return W.GridRun(tuple(grid), eps, cap, steps, p["final_rel_subopt"], p["diverged"], p["kappa"],
-                     p["wall_seconds"])
-
-
-# ----------------------------------------------------------------------------------------------
-# analysis
-# ----------------------------------------------------------------------------------------------
-def analyse(runs, variants, seeds, grid, eps_list, cap, rows_list, harden) -> dict:
-    """Per variant (≠ identity), rows/task and ε, per seed: each family's best slow-down against
-    identity (and, for hardened variants, against the rotated identity) beside its κ bound, the
-    worst case over all families and over the first-order ones, named."""
-    by = {(r["seed"], r["variant"]): r for r in runs}
-    families = list(dict.fromkeys(c.family for c in grid))
-    rot_id = variant_name("identity", harden)
-    out = {}
-    for v in variants:
-        if v == "identity":
-            continue
-        out[v] = {}
-        for rows in rows_list:
-            for task in TASKS:
-                key = f"{rows}/{task}"
-                out[v][key] = {}
-                for e in eps_list:
-                    cell = {"families": {f: {"slowdown": [], "bound": [], "best": [], "reference_best": []}
-                                         for f in families},
-                            "worst_all": [], "worst_first_order": []}
-                    hardened = "+" in v
-                    for s in seeds:
-                        run = _as_gridrun(by[(s, v)]["problems"][key], grid, cap)
-                        ref = _as_gridrun(by[(s, "identity")]["problems"][key], grid, cap)
-                        rot = by.get((s, rot_id))
-                        rot = _as_gridrun(rot["problems"][key], grid, cap) if (hardened and rot) else None
-                        fb, fr = W.family_best(run, e), W.family_best(ref, e)
-                        bounds = W.kappa_bounds(run.kappa, ref.kappa)
-                        fo = W.family_best(rot, e) if rot is not None else None
-                        bo = W.kappa_bounds(run.kappa, rot.kappa) if rot is not None else None
-                        for f in families:
-                            c = cell["families"][f]
-                            c["slowdown"].append(W.slowdown(fb[f][0], fr[f][0], cap))
-                            c["bound"].append(bounds[f])
-                            c["best"].append([fb[f][1], fb[f][0]])
-                            c["reference_best"].append([fr[f][1], fr[f][0]])
-                            if fo is not None:
-                                c.setdefault("slowdown_vs_rotated", []).append(
-                                    W.slowdown(fb[f][0], fo[f][0], cap))
-                                c.setdefault("bound_vs_rotated", []).append(bo[f])
-                        cell["worst_all"].append(W.worst_case(run, ref, e, families))
-                        cell["worst_first_order"].append(
-                            W.worst_case(run, ref, e, [f for f in families if f in W.FIRST_ORDER]))
-                    out[v][key][W._ekey(e)] = cell
-    return out
-
-
-def best_so_far_curves(runs, variants, seeds, grid, eps, cap, rows_list, orders) -> dict:
-    """TamperBench-style best-so-far: after trying k configurations in a random order, the best
-    (fewest) steps found on θ's D_H, divided by the best over the WHOLE grid on identity's D_H
-    (so the curve ends at the worst-case slow-down). Orders: ``orders`` permutations per seed,
-    drawn from ``default_rng([seed of the order, immunization seed])``; median and 10/90%
-    quantiles over all orders and seeds. Two pools: every family, and the first-order families."""
-    by = {(r["seed"], r["variant"]): r for r in runs}
-    fo_idx = [i for i, c in enumerate(grid) if c.family in W.FIRST_ORDER]
-    ek = W._ekey(eps)
-    out = {"eps": eps, "orders_per_seed": orders, "curves": {}}
-    for v in variants:
-        for rows in rows_list:
-            for pool, idx in (("all", list(range(len(grid)))), ("first_order", fo_idx)):
-                if not idx:
-                    continue
-                ratios = []
-                for s in seeds:
-                    run = _as_gridrun(by[(s, v)]["problems"][f"{rows}/D_H"], grid, cap)
-                    ref = _as_gridrun(by[(s, "identity")]["problems"][f"{rows}/D_H"], grid, cap)
-                    st = [run.steps[i][ek] for i in idx]
-                    rs = [ref.steps[i][ek] for i in idx if ref.steps[i][ek] is not None]
-                    best_ref = min(rs) if rs else cap + 1
-                    curves = W.best_so_far(st, n_orders=orders, rng=np.random.default_rng([0, s]), cap=cap)
-                    ratios.append(curves / best_ref)
-                R = np.concatenate(ratios)
-                out["curves"][f"{v}|{rows}|{pool}"] = {
-                    "median": np.median(R, axis=0), "q10": np.quantile(R, 0.1, axis=0),
-                    "q90": np.quantile(R, 0.9, axis=0), "n_configs": len(idx)}
-    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -410,19 +300,19 @@ def run_mnist(args, t_start):
     from pycore.data.mnist import load_mnist, pair_task, split_digits
 
     digits = load_mnist()
-    cfg = args.mnist_config
+    immunizer = args.mnist_immunizer
     grid = tuple(c for c in W.attacker_grid("logistic", quick=args.quick)
                  if c.family in args.attackers or c.family == "newton")
-    methods = ["identity"] + [m for m in args.mnist_methods if m != "identity"]
+    methods = args.mnist_methods
     out = {"pairs": {}, "grid": [c.as_dict() for c in grid], "step_cap": args.mnist_max_steps,
            "ridge_rel": args.logistic_ridge, "n_train": args.mnist_n_train, "seeds": args.mnist_seeds,
-           "methods": methods, "immunize_config": cfg.as_dict(), "source": digits.source}
+           "methods": methods, "immunize": immunizer.as_dict(), "source": digits.source}
     archive = {}
     for p, h in args.mnist_pairs:
         split = split_digits(digits, args.mnist_n_train, np.random.default_rng(0))
         splits = {"train": pair_task(digits, split, p, h),
                   "heldout": pair_task(digits, split, p, h, heldout=True)}
-        res = evaluate(splits, methods, methods, args.mnist_seeds, cfg, grid, "logistic",
+        res = evaluate(splits, methods, methods, args.mnist_seeds, immunizer, grid, "logistic",
                        args.mnist_max_steps, args.eps, ridge_rel=args.logistic_ridge, jobs=args.jobs,
                        orders=args.orders,
                        label=f"mnist {p}-{h}", t_start=t_start)
@@ -457,85 +347,6 @@ def fmt_factors(items):
 def _fmt_bound(values):
     v = float(np.median(values))
     return f"{v:.3g}" if v < 1000 else f"{v:.2e}"
-
-
-def holds(items, want):
-    """Per-seed claim check, ``want`` '>1' (slower) / '<=1' (not slower): True / False when every
-    seed decides it, None when a seed cannot tell (both capped, or a bound on the wrong side)."""
-    verdicts = []
-    for v, k in items:
-        if k == "n/a":
-            verdicts.append(None)
-        elif want == ">1":
-            verdicts.append(True if v > 1 and k in ("=", ">=")
-                            else False if v <= 1 and k in ("=", "<=") else None)
-        else:
-            verdicts.append(True if v <= 1 and k in ("=", "<=")
-                            else False if v > 1 and k in ("=", ">=") else None)
-    if any(x is False for x in verdicts):
-        return False
-    return None if any(x is None for x in verdicts) else True
-
-
-def at_least(items, threshold) -> bool | None:
-    """Every seed's slow-down ≥ threshold? A '≥ v' bound decides only when v ≥ threshold, a
-    '≤ v' bound only when v < threshold; None when some seed cannot tell."""
-    ok = []
-    for v, k in items:
-        if k == "=":
-            ok.append(v >= threshold)
-        elif k == ">=":
-            ok.append(True if v >= threshold else None)
-        elif k == "<=":
-            ok.append(False if v < threshold else None)
-        else:
-            ok.append(None)
-    if any(x is False for x in ok):
-        return False
-    return None if any(x is None for x in ok) else True
-
-
-def at_most(items, threshold) -> bool | None:
-    """Every seed's slow-down ≤ threshold? (the mirror of :func:`at_least`)"""
-    ok = []
-    for v, k in items:
-        if k == "=":
-            ok.append(v <= threshold)
-        elif k == "<=":
-            ok.append(True if v <= threshold else None)
-        elif k == ">=":
-            ok.append(False if v > threshold else None)
-        else:
-            ok.append(None)
-    if any(x is False for x in ok):
-        return False
-    return None if any(x is None for x in ok) else True
-
-
-TARGET_EPS = 1e-4
-TARGET_SLOWDOWN, TARGET_DP, TARGET_RTOL = 10.0, 1.2, 1e-10
-
-
-def targets(res) -> list[dict]:
-    """The hardening targets of docs/attacks.md §2, per hardened variant other than identity:
-    the best Adam of the grid slowed ≥ 10× on D_H (training rows, ε = 1e-4) against identity on
-    every seed, D_P's best Adam not slowed by more than 1.2×, and RIR, (i), (ii) and the best
-    D_P loss equal to the unhardened θ's to 1e-10 relative."""
-    out = []
-    ek = W._ekey(TARGET_EPS)
-    hv = [v for v in res["variants"] if "+" in v and not v.startswith("identity+")]
-    for v in hv:
-        an = res["analysis"][v]
-        if ek not in an["train/D_H"] or "adam" not in an["train/D_H"][ek]["families"]:
-            continue
-        dh = an["train/D_H"][ek]["families"]["adam"]["slowdown"]
-        dp = an["train/D_P"][ek]["families"]["adam"]["slowdown"]
-        inv = [r["invariance"] for r in res["runs"] if r["variant"] == v]
-        worst_inv = max(max(i.values()) for i in inv)
-        out.append({"variant": v, "adam_dh": dh, "adam_dp": dp, "invariance": worst_inv,
-                    "dh_ok": at_least(dh, TARGET_SLOWDOWN), "dp_ok": at_most(dp, TARGET_DP),
-                    "inv_ok": worst_inv <= TARGET_RTOL})
-    return out
 
 
 def _yes(x):
@@ -588,7 +399,7 @@ def _invariance_lines(res):
 
 
 def _target_lines(res):
-    T = targets(res)
+    T = W.targets(res)
     if not T:
         return []
     L = ["## Hardening targets (training rows, ε = 1e-4)\n",
@@ -743,44 +554,45 @@ def mnist_table(res):
 
 
 # ----------------------------------------------------------------------------------------------
-def plot_best_so_far(res: dict, path: Path):
+def plot_best_so_far(res: dict, path) -> None:
+    """One panel per attacked θ (columns) and row set (rows): the median best-so-far slow-down over
+    orders and seeds with its 10–90 % band for every family, and the median for the first-order
+    families alone; the legend above the panels."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    C = res["best_so_far"]["curves"]
-    variants = [v for v in res["variants"] if v != "identity"]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for col, rows in enumerate(("train", "heldout")):
-        for r, pool in enumerate(("all", "first_order")):
-            ax = axes[r][col]
-            for i, v in enumerate(variants):
-                key = f"{v}|{rows}|{pool}"
-                if key not in C:
-                    continue
-                c = C[key]
-                x = np.arange(1, len(c["median"]) + 1)
-                ls = "--" if "+" in v else "-"
-                ax.plot(x, c["median"], ls, color=colors[i % len(colors)], lw=1.5, label=variant_label(v))
-                ax.fill_between(x, c["q10"], c["q90"], color=colors[i % len(colors)], alpha=0.12)
+    C, sofar = res["best_so_far"]["curves"], res["best_so_far"]
+    variants = [v for v in res["variants"] if v != "identity" and any(k.startswith(v + "|") for k in C)]
+    fig, axes = plt.subplots(2, len(variants), figsize=(3.4 * len(variants) + 1, 6.4), squeeze=False,
+                             sharey=True)
+    for col, v in enumerate(variants):
+        for row, rows in enumerate(("train", "heldout")):
+            ax = axes[row][col]
+            for pool, color, label in (("all", "tab:blue", "every family: median, 10–90 % band"),
+                                       ("first_order", "tab:orange", "first-order families: median")):
+                c = C.get(f"{v}|{rows}|{pool}")
+                if c is not None:
+                    x = np.arange(1, len(c["median"]) + 1)
+                    ax.plot(x, c["median"], color=color, lw=1.6, label=label)
+                    if pool == "all":
+                        ax.fill_between(x, c["q10"], c["q90"], color=color, alpha=0.2, lw=0)
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.axhline(1.0, color="0.5", lw=0.8)
-            ax.set_xlabel("attacker configurations tried (random order)")
-            ax.set_ylabel("best steps found on θ / best on identity")
-            ax.set_title(f"D_H, {rows} rows, {'every family' if pool == 'all' else 'first-order families'}",
-                         fontsize=10)
-    h, lab = axes[0][0].get_legend_handles_labels()
-    fig.legend(h, lab, loc="lower center", ncol=min(5, len(lab)), fontsize=8, frameon=False)
-    where = ("MNIST (first pair)" if res.get("dataset") == "mnist"
-             else f"House Prices {res['protocol']} protocol")
-    fig.suptitle(f"Best-so-far slow-down, {where}, ε = "
-                 f"{res['best_so_far']['eps']:g}: median over {res['best_so_far']['orders_per_seed']} "
-                 "orders × "
-                 f"{len(res['seeds'])} seeds, 10–90% band", fontsize=11)
-    # not pycore.report.save_figure: its tight_layout() would drop the margin kept for the legend
-    fig.tight_layout(rect=(0, 0.05 + 0.025 * math.ceil(len(lab) / 5), 1, 0.96))
+            ax.set_title(f"{variant_label(v)}, {'training' if rows == 'train' else 'held-out'} rows",
+                         fontsize=9)
+            ax.set_xlabel("configurations tried (random order)", fontsize=8)
+        axes[0][0].set_ylabel("best steps on θ / best on identity", fontsize=8)
+        axes[1][0].set_ylabel("best steps on θ / best on identity", fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", ncol=2, fontsize=8, frameon=False)
+    where = ("MNIST, first pair" if res.get("dataset") == "mnist"
+             else f"House Prices, {res['protocol']} protocol")
+    fig.suptitle(f"{where}, linear θ: best-so-far slow-down of the attackers on D_H, ε = {sofar['eps']:g} "
+                 f"({sofar['orders_per_seed']} orders × {len(res['seeds'])} seeds)", fontsize=10, x=0.02,
+                 ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -792,24 +604,21 @@ def main(argv=None) -> int:
 
     def body(args):
         prepare(args, parser)
-        with cli.OutputSet(args.out, OUTPUTS) as outs:
-            res = run(args)
-            archive = res.pop("_thetas")
-            table = table_markdown(res)
-            cli.write_set(outs, res, table, None if args.no_plot else plot_best_so_far, "best_so_far.png")
-            save_thetas(outs.path / "thetas.npz", archive,
-                        {"protocol": res["protocol"], "seeds": res["seeds"], "harden": res["harden"],
-                         "keys": "<variant>/seed<k> = θ (D×D, features X @ θ); <variant>/seed<k>/Q = "
-                                 "the hardening rotation (θ = θ_unhardened @ Q); "
-                                 "data/<rows>/<X_P|Y_P|X_H|Y_H> = the protocol's inputs θ acts on; "
-                                 "mnist/<P-H>/... the same per MNIST pair",
-                         "command": res["command"]})
-            outs.commit()
-        print(table)
-        names = [n for n in OUTPUTS if not (args.no_plot and n.endswith(".png"))]
-        print(f"wrote {outs.final}/" + ", ".join(names)
-              + f" in {res['wall_seconds']:.0f}s")
-    return cli.run_main(parser, body, argv)
+        res = run(args)
+        archive = res.pop("_thetas")
+        table = table_markdown(res)
+        meta = {"protocol": res["protocol"], "seeds": res["seeds"], "harden": res["harden"],
+                "command": res["command"],
+                "keys": "<variant>/seed<k> = θ (D×D, features X @ θ); <variant>/seed<k>/Q = the hardening "
+                        "rotation (θ = θ_unhardened @ Q); data/<rows>/<X_P|Y_P|X_H|Y_H> = the protocol's "
+                        "inputs θ acts on; mnist/<P-H>/... the same per MNIST pair"}
+        files = {"table.md": table, "thetas.npz": lambda p: save_thetas(p, archive, meta)}
+        if not args.no_plot:
+            files["best_so_far.png"] = lambda p: plot_best_so_far(res, p)
+        files["results.json"] = dumps_json(res, indent=2) + "\n"
+        written = common.write_outputs(args.out, files)
+        print(table + "\nwrote " + ", ".join(map(str, written)) + f" in {res['wall_seconds']:.0f}s")
+    return common.main(parser, body, argv)
 
 
 if __name__ == "__main__":

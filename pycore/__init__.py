@@ -12,6 +12,7 @@ from pycore.metrics import rir, rir_ceiling
 from pycore.tasks import LinearTask
 from pycore.immunize import immunize
 from pycore.evaluate import evaluate_linear
+from pycore.worst_case import attack_evaluation as attack_evaluation  # one θ against every attacker family
 
 __all__ = [
     "condition_number", "SpectrumInfo", "spectrum_info",

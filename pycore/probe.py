@@ -1,29 +1,29 @@
-"""Linear probing by gradient descent with exact line search (paper Fig. 1, Eq. (16); docs/theory.md §8).
+"""Linear probing of frozen features ``Z = Xθ``: the paper's prober and the problem every attacker solves.
 
-The attacker fits ``w`` on frozen features ``Z`` by minimising ``L(w) = ‖Zw − Y‖²`` (un-halved,
-so ``∇²L = 2ZᵀZ``).  For a quadratic the exact line-search step along ``−g`` is
-``α = gᵀg / gᵀ(∇²L)g`` (docs/theory.md §5), and the error ``w_t − w*`` contracts at a rate set by
-κ(ZᵀZ): the norm ratio ``‖w_t − w*‖²/‖w_0 − w*‖²`` is the paper's picture of immunization.
-
-The loop itself is :func:`exact_line_search_steps`, shared with the attack suite
-(:func:`pycore.attacks.attack_gd_exact`, which works with the halved loss).
-
-When ``Z`` is rank-deficient the minimiser is not unique; GD never moves ``w``'s component in
-null(Z), so the relevant optimum is the one closest to ``w_0``:
-``w* = w_0 + Z⁺(Y − Zw_0)``.
+:func:`gd_exact_line_search` is Figure 1 (Eq. (16); docs/theory.md §8): GD with exact line search on
+``‖Zw − Y‖²`` from w₀ = 0, whose norm ratio ``‖w_t − w*‖²/‖w*‖²`` (w* = Z⁺Y, the optimum GD reaches)
+contracts at a rate set by κ(ZᵀZ). :func:`make_problem` builds the :class:`ProbingProblem` of
+:mod:`pycore.attacks`: the HALVED ``½‖Zw − y‖²`` (Hessian ``ZᵀZ = H(θ)``), or the summed BCE with
+logits plus ``(λ/2)‖w‖²``, ``λ = ridge_rel·‖Z‖₂²/4`` (separable digits have no minimiser without it;
+tied to ‖Z‖₂² so that θ → cθ changes nothing).
 """
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.special
 
+from pycore.optim import damped_newton
+from pycore.spectral import rank_tolerance
 from pycore.threads import bounded_blas
-from pycore.validation import as_float_matrix, as_target, check_number
+from pycore.validation import ParameterError, as_float_matrix, as_target, check_choice, check_number
 
 
+LOSSES = ("lsq", "logistic")
+_LOSS_ALIASES = {"mse": "lsq", "bce": "logistic"}   # pycore.tasks.LinearTask's names
 # Upper bound on the steps of one probe: its trace holds 3 floats per step, and Figure 1 stores two
 # traces per method in results.json (~30 MB of JSON at this bound; the figure uses 100 steps).
 MAX_PROBE_STEPS = 100_000
@@ -39,17 +39,11 @@ class ProbeTrace:
 
 def exact_line_search_steps(Z: np.ndarray, Y: np.ndarray, w: np.ndarray, *,
                             g_floor: float = 0.0) -> Iterator[tuple[np.ndarray, np.ndarray, float]]:
-    """GD with exact line search on ``½‖Zw − Y‖²`` from ``w``: the ONE implementation of the loop
-    (used by :func:`gd_exact_line_search` and :func:`pycore.attacks.attack_gd_exact`).
-
-    Yields ``(w_{t+1}, E_{t+1}, α_t)`` after every step, with ``g = Zᵀ E``, ``α = gᵀg / ‖Zg‖²``
-    (the Hessian of the halved loss is ``ZᵀZ``; for the un-halved loss ``‖Zw − Y‖²`` the step is
-    ``α/2`` along ``2g``: the same iterates, bit for bit, since the factors of 2 are exact) and the
-    residual ``E = Zw − Y`` updated by the recurrence ``E ← E − αZg``, so a step costs one
-    product with ``Z`` and one with ``Zᵀ``.  Returns (stops yielding) once ``‖g‖ ≤ g_floor`` or
-    ``‖Zg‖ = 0``: the gradient is at round-off level, where ``α`` would be noise.  The caller
-    decides how many steps to take.  ``Y`` and ``w`` may be vectors or ``(·, m)`` blocks.
-    """
+    """GD with exact line search on ``½‖Zw − Y‖²`` from ``w``, the ONE loop (Figure 1 and the
+    ``gd_exact`` attacker): yields ``(w_{t+1}, E_{t+1}, α_t)``, ``g = ZᵀE``, ``α = gᵀg/‖Zg‖²`` (the
+    un-halved loss steps α/2 along 2g: the same iterates, bit for bit), the residual ``E = Zw − Y``
+    by recurrence (one product with Z and one with Zᵀ a step). Stops once ``‖g‖ ≤ g_floor`` or
+    ``Zg = 0``, where α would be noise. ``Y`` and ``w`` may be vectors or ``(·, m)`` blocks."""
     E = Z @ w - Y
     while True:
         g = Z.T @ E
@@ -64,25 +58,20 @@ def exact_line_search_steps(Z: np.ndarray, Y: np.ndarray, w: np.ndarray, *,
 
 
 @bounded_blas
-def gd_exact_line_search(Z, Y, steps: int, w0=None) -> ProbeTrace:
-    """Run ``steps`` iterations of GD with exact line search on ``‖Zw − Y‖²``.
-
-    Stops early (padding with the last value) once the gradient is at round-off level
-    (``‖g‖ ≤ 1e-14·‖2ZᵀY‖``), where ``gᵀAg`` would be zero or noise.
-    """
+def gd_exact_line_search(Z, Y, steps: int) -> ProbeTrace:
+    """``steps`` iterations of GD with exact line search on ``‖Zw − Y‖²`` from w₀ = 0, padded with
+    the last value once the gradient is at round-off level (``‖g‖ ≤ 1e-14·‖2ZᵀY‖``)."""
     Z = as_float_matrix(Z, "Z")
     Y = as_target(Y, Z.shape[0], "Y")
     check_number(steps, "steps", low=0, high=MAX_PROBE_STEPS, integer=True)
-    w = np.zeros((Z.shape[1], Y.shape[1])) if w0 is None else as_target(w0, Z.shape[1], "w0").copy()
-    w_star = w + np.linalg.lstsq(Z, Y - Z @ w, rcond=None)[0]
+    w = np.zeros((Z.shape[1], Y.shape[1]))
+    w_star = np.linalg.lstsq(Z, Y, rcond=None)[0]
     E0 = Z @ w_star - Y
-    loss_star = float(np.sum(E0 * E0))
-    e0 = float(np.sum((w - w_star) ** 2))
+    e0 = float(np.sum(w_star ** 2))
     scale = e0 if e0 > 0 else 1.0
     # ‖∇L‖ ≤ 1e-14·‖∇L(0)‖ of the un-halved loss (∇L = 2ZᵀE), i.e. ‖ZᵀE‖ ≤ 1e-14·‖ZᵀY‖.
     g_floor = 0.5 * (1e-14 * max(float(np.linalg.norm(2 * Z.T @ Y)), 1e-300))
-    E = Z @ w - Y
-    ratios, loss_hist, alphas = [float(np.sum((w - w_star) ** 2)) / scale], [float(np.sum(E * E))], []
+    ratios, loss_hist, alphas = [e0 / scale], [float(np.sum(Y * Y))], []
     for w, E, alpha in itertools.islice(exact_line_search_steps(Z, Y, w, g_floor=g_floor), steps):
         alphas.append(0.5 * alpha)   # the step along the un-halved gradient 2ZᵀE
         ratios.append(float(np.sum((w - w_star) ** 2)) / scale)
@@ -92,4 +81,122 @@ def gd_exact_line_search(Z, Y, steps: int, w0=None) -> ProbeTrace:
     alphas += [0.0] * pad
     ratios += ratios[-1:] * pad
     loss_hist += loss_hist[-1:] * pad
-    return ProbeTrace(np.array(ratios), np.array(loss_hist), np.array(alphas), loss_star)
+    return ProbeTrace(np.array(ratios), np.array(loss_hist), np.array(alphas), float(np.sum(E0 * E0)))
+
+
+@dataclass(frozen=True, eq=False)
+class ProbingProblem:
+    """``min_w L(w)`` with its optimum ``w*``, ``L*``, smoothness L, ``strong_convexity`` μ on
+    ``range(Zᵀ)``, numerical ``rank``, singular values ``sigma``, ``r_star = Zw* − y`` (lsq)."""
+
+    Z: np.ndarray
+    y: np.ndarray
+    loss: str
+    ridge: float
+    w_star: np.ndarray
+    L_star: float
+    smoothness: float
+    strong_convexity: float
+    rank: int
+    sigma: np.ndarray
+    r_star: np.ndarray | None = None
+    info: dict = field(default_factory=dict)
+    # lsq with N > D iterates on Z = QR: ½‖Zw − y‖² = ½‖Rw − Qᵀy‖² + const, the same gradient,
+    # Hessian and iterates for D² instead of N·D a product, and no ZᵀZ formed
+    Zw: np.ndarray | None = field(default=None, repr=False)
+    yw: np.ndarray | None = field(default=None, repr=False)
+    const: float = 0.0
+
+    @property
+    def dim(self) -> int:
+        return self.Z.shape[1]
+
+    @property
+    def kappa(self) -> float:
+        """``L/μ``; for least squares κ(ZᵀZ) over the nonzero spectrum."""
+        return self.smoothness / self.strong_convexity
+
+    @property
+    def work(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(Z, y)`` the attackers iterate with (``(R, Qᵀy)`` for lsq with N > D)."""
+        return (self.Zw, self.yw) if self.Zw is not None else (self.Z, self.y)
+
+    def evaluate(self, w: np.ndarray):
+        """``(L(w), ∇L(w), L(w) − L*)``; logistic also for a block ``w`` (D, m). The lsq gap is
+        ``½‖e‖² + eᵀr*``, ``e = Z(w − w*)``: no cancellation against L*, round-off ~eps·√κ."""
+        Zw, yw = self.work
+        z = Zw @ w
+        if self.loss == "lsq":
+            r = z - yw
+            e = r - self.r_star
+            return 0.5 * float(r @ r) + self.const, Zw.T @ r, 0.5 * float(e @ e) + float(self.r_star @ e)
+        yy = yw[:, None] if w.ndim == 2 else yw
+        f = np.sum(np.logaddexp(0.0, z) - yy * z, axis=0) + 0.5 * self.ridge * np.sum(w * w, axis=0)
+        return f, self.Z.T @ (scipy.special.expit(z) - yy) + self.ridge * w, f - self.L_star
+
+    def value_grad(self, w: np.ndarray):
+        f, g, _ = self.evaluate(w)
+        return f, g
+
+    def value(self, w: np.ndarray):
+        return self.evaluate(w)[0]
+
+    def hessian(self, w: np.ndarray) -> np.ndarray:
+        """``ZᵀZ`` (lsq) or ``Zᵀ diag(σ(z)(1−σ(z))) Z + λI`` (logistic)."""
+        if self.loss == "lsq":
+            return self.Z.T @ self.Z
+        s = scipy.special.expit(self.Z @ w)
+        return (self.Z.T * (s * (1.0 - s))) @ self.Z + self.ridge * np.eye(self.dim)
+
+
+@bounded_blas
+def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
+                 newton_tol: float = 1e-13, max_newton: int = 200) -> ProbingProblem:
+    """Validate ``(Z, y)`` (``y`` (N,) or (N, 1); labels {0, 1} for ``loss="logistic"``/``"bce"``,
+    else ``"lsq"``/``"mse"``) and compute ``w*`` (lsq: minimum norm; logistic: damped Newton to
+    ``newton_tol``), ``L*``, L and μ, the smallest NONZERO eigenvalue (at w* for logistic: the
+    defender's worst case) by the ``matrix_rank`` rule on Z itself (docs/theory.md §2)."""
+    loss = _LOSS_ALIASES.get(loss, loss)
+    check_choice(loss, "loss", LOSSES)
+    check_number(ridge_rel, "ridge_rel", low=0.0)
+    check_number(newton_tol, "newton_tol", low=0.0, high=1.0, high_open=True)
+    check_number(max_newton, "max_newton", low=1, integer=True)
+    Z = as_float_matrix(Z, "Z")
+    y = np.asarray(y)[:, 0] if np.ndim(y) == 2 and np.shape(y)[1] == 1 else np.asarray(y)
+    if y.ndim != 1 or y.shape[0] != Z.shape[0]:
+        raise ParameterError("y", f"y must have shape ({Z.shape[0]},) or ({Z.shape[0]}, 1), got {y.shape}")
+    y = as_float_matrix(y, "y", ndim=1)
+    N, D = Z.shape
+    U, sigma, Vt = np.linalg.svd(Z, full_matrices=False)
+    tol = rank_tolerance(sigma[0], Z.shape)
+    rank = int(np.sum(sigma > tol))
+    if rank == 0:
+        raise ParameterError("Z", "Z is (numerically) zero: there is nothing to probe")
+    Q = Vt[:rank].T                                   # orthonormal basis of range(Zᵀ)
+    if loss == "lsq":
+        w_star = Q @ ((U[:, :rank].T @ y) / sigma[:rank])     # min-norm lstsq through the SVD
+        Zw, yw, const = None, None, 0.0
+        if N > D:
+            Qz, R = np.linalg.qr(Z)
+            Zw, yw = R, Qz.T @ y
+            out = y - Qz @ yw
+            const = 0.5 * float(out @ out)
+            r_star = R @ w_star - yw
+        else:
+            r_star = Z @ w_star - y
+        return ProbingProblem(Z, y, loss, 0.0, w_star, 0.5 * float(r_star @ r_star) + const,
+                              float(sigma[0] ** 2), float(sigma[rank - 1] ** 2), rank, sigma,
+                              r_star=r_star, info={"rank_tol": float(tol)}, Zw=Zw, yw=yw, const=const)
+    if not np.all((y == 0.0) | (y == 1.0)):
+        raise ParameterError("y", "logistic loss needs labels y in {0, 1}")
+    if not ridge_rel > 0.0:
+        raise ParameterError("ridge_rel", f"ridge_rel must be > 0 for the logistic loss (separable data "
+                                          f"has no minimiser without it), got {ridge_rel}")
+    lam = float(ridge_rel * sigma[0] ** 2 / 4.0)
+    proto = ProbingProblem(Z, y, loss, lam, np.zeros(D), 0.0, 0.0, 1.0, rank, sigma)
+    w_star, newton_info = damped_newton(proto.value_grad, proto.value, proto.hessian, np.zeros(D),
+                                        tol=newton_tol, max_iter=max_newton)
+    mu = float(np.linalg.eigvalsh(Q.T @ proto.hessian(w_star) @ Q)[0])
+    return ProbingProblem(Z, y, loss, lam, w_star, float(proto.value(w_star)), float(sigma[0] ** 2 / 4 + lam),
+                          mu, rank, sigma, info={"rank_tol": float(tol), "ridge_rel": ridge_rel,
+                                                 "reference_newton": newton_info})

@@ -394,15 +394,13 @@ def test_metric_and_probe_parameters():
 
 
 def test_attack_parameters():
-    from pycore.attacks import attack_adam, make_problem
+    from pycore.attacks import attack, make_problem
 
     prob = make_problem(np.random.default_rng(0).normal(size=(8, 3)), np.arange(8.0))
-    with pytest.raises(ParameterError, match="eps must be a finite number > 0"):
-        attack_adam(prob, max_steps=3, eps=NAN)
-    with pytest.raises(ValueError, match="lr_factors must be a non-empty list of positive numbers"):
-        attack_adam(prob, max_steps=3, lr_factors=(0.1, INF))
+    with pytest.raises(ParameterError, match="lr_factor must be a finite number > 0"):
+        attack(prob, "adam", max_steps=3, lr_factor=INF)
     with pytest.raises(ValueError, match="tol must be a finite number"):
-        attack_adam(prob, max_steps=3, tol=NAN)
+        attack(prob, "adam", max_steps=3, lr_factor=0.1, tol=NAN)
     with pytest.raises(ParameterError, match="newton_tol"):
         make_problem(np.ones((4, 2)), np.array([0, 1, 0, 1]), "logistic", newton_tol=NAN)
 

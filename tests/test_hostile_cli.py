@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from experiments import common, frontier, house_price, mnist
+from experiments import attacks, common, frontier, house_price, mnist
 from pycore.validation import DivergenceError, ParameterError
 from tests.cli_helpers import call, one_line
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-SCRIPTS = (house_price, mnist, frontier)
+SCRIPTS = (house_price, mnist, frontier, attacks)
 TINY_HP = ["--seeds", "2", "--methods", "ours", "--epochs", "1", "--probe-steps", "2", "--no-plot"]
 
 USAGE_CASES = [   # (module, argv, the flag the one line must name)
@@ -56,6 +56,14 @@ USAGE_CASES = [   # (module, argv, the flag the one line must name)
     (frontier, ["--exponents", ",".join(map(str, range(10_000)))], "--exponents"),
     (frontier, ["--lr-grid", "0.1,-1"], "--lr-grid"),
     (frontier, ["--seeds", "5000"], "--seeds"),       # 5000 × 20 runs: over the bound on runs
+    (attacks, ["--orders", "1000000000"], "--orders"),  # ran 19 s, then MemoryError (issue 27)
+    (attacks, ["--max-steps", "1000000000"], "--max-steps"),
+    (attacks, ["--mnist-epochs", "1e9"], "--mnist-epochs"),
+    (attacks, ["--eps", "0"], "--eps"),
+    (attacks, ["--attackers", "gd_exact,psychic"], "--attackers"),
+    (attacks, ["--methods", "ours", "--hardened-methods", "closed_form"], "--hardened-methods"),
+    (attacks, ["--mnist-only"], "--mnist-only"),
+    (attacks, ["--logistic-ridge", "0"], "--logistic-ridge"),
 ]
 
 

@@ -97,5 +97,5 @@ def test_library_entry_points_are_bounded():
 
     for f in (immunize, immunize_certified, metrics.rir, metrics.rir_ceiling, evaluate.evaluate_linear,
               evaluate.norm_ratio_curves, probe.gd_exact_line_search, attacks.make_problem,
-              attacks.run_attack_suite, *attacks.ATTACKERS.values()):
+              attacks.run_attackers):
         assert f.__wrapped__ is not None and f.__code__ is threads.bounded_blas(len).__code__, f.__name__

@@ -1,213 +1,195 @@
-"""Worst-case evaluation (pycore.worst_case), θ archives (pycore.thetas), the (i)/(ii) frontier
-(pycore.frontier) and the θ files of the experiment scripts: docs/attacks.md."""
+"""Worst-case evaluation (pycore.worst_case, docs/attacks.md), θ archives and the (i)/(ii) frontier."""
 import math
 
 import numpy as np
 import pytest
 
-from pycore import attacks as A
-from pycore import worst_case as W
+from pycore import attack_evaluation, attacks as A, worst_case as W
 from pycore.frontier import closed_form_frontier, pareto_front, regularizer_product, target_progress
 from pycore.tasks import LinearTask
 from pycore.thetas import load_thetas, save_thetas, theta_key
 from pycore.validation import ParameterError
 
 
-def prescribed(rng, N, D, sigma):
-    U, _ = np.linalg.qr(rng.standard_normal((N, D)))
-    V, _ = np.linalg.qr(rng.standard_normal((D, D)))
-    return (U * np.asarray(sigma, float)) @ V.T
-
-
-def small_problem(seed=0, kappa=1e3, D=10):
+def known_kappa(seed=0, N=50, D=20):
+    """X with κ(XᵀX) = 10 and θ with κ(θᵀXᵀXθ) = 1000 exactly (the singular values multiply)."""
     rng = np.random.default_rng(seed)
-    Z = prescribed(rng, 40, D, np.sqrt(np.logspace(0, -np.log10(kappa), D)))
-    return A.make_problem(Z, rng.standard_normal(40))
+    U, V, Q = (np.linalg.qr(rng.standard_normal((n, D)))[0] for n in (N, D, D))
+    X = (U * np.sqrt(np.logspace(0, -1, D))) @ V.T
+    return X, V @ np.diag(np.logspace(0, -1, D)) @ Q.T, rng.standard_normal(N)
 
 
-# ----------------------------------------------------------------------------------------------
-def test_grid_covers_every_family_and_is_stated():
+def test_grid_covers_every_family_as_stated():
     g = W.attacker_grid("lsq")
-    fams = {c.family for c in g}
-    assert fams == set(W.FAMILIES) - {"newton"}
-    assert sum(c.family == "adam" for c in g) == len(W.ADAM_LR_FACTORS) * len(W.ADAM_BETAS)
-    assert sum(c.family == "lbfgs" for c in g) == len(W.LBFGS_MEMORY)
+    assert {c.family for c in g} == set(W.FAMILIES) - {"newton"} and len(g) == 65
+    assert sum(c.family == "adam" for c in g) == len(W.ADAM_LR_FACTORS) * len(W.ADAM_BETAS) == 28
     assert {c.family for c in W.attacker_grid("logistic")} == set(W.FAMILIES) - {"closed_form"}
-    assert len({c.label for c in g}) == len(g)                     # every configuration is named uniquely
-    assert len(W.attacker_grid("lsq", quick=True)) < len(g) / 3
-    with pytest.raises(ParameterError, match="loss"):
+    assert len({c.label for c in g}) == len(g) and len(W.attacker_grid("lsq", quick=True)) == 15
+    assert all(set(dict(c.params)) <= set(A.ATTACKERS[c.attacker]) for c in g)
+    with pytest.raises(ParameterError) as info:
         W.attacker_grid("hinge")
+    assert info.value.parameter == "loss"
 
 
-def test_run_grid_steps_are_each_configurations_own():
-    P = small_problem(1)
+def test_run_grid_is_the_engine_and_the_worst_case_on_known_kappa():
+    X, theta, y = known_kappa()
+    P, Q = A.make_problem(X, y), A.make_problem(X @ theta, y)
     grid = W.attacker_grid("lsq", quick=True)
-    run = W.run_grid(P, grid, eps=(1e-2, 1e-6), max_steps=3000)
-    for i, c in enumerate(grid):
-        if c.attacker == "gd_exact":
-            ref = A.attack_gd_exact(P, max_steps=3000, tol=1e-6)
-        elif c.attacker == "cg":
-            ref = A.attack_cg(P, max_steps=3000, tol=1e-6)
-        elif c.attacker == "closed_form":
-            ref = A.attack_closed_form(P, tol=1e-6)
-        else:
-            continue
-        assert run.steps_of(i, 1e-6) == ref.steps_to(1e-6) and run.steps_of(i, 1e-2) == ref.steps_to(1e-2)
-    fb = W.family_best(run, 1e-6)
-    assert fb["closed_form"] == (1, "closed_form") and fb["whiten"][0] <= 2
-    # per family the minimum over its configurations
-    for fam, (s, label) in fb.items():
-        own = [run.steps_of(i, 1e-6) for i, c in enumerate(grid) if c.family == fam]
-        own = [x for x in own if x is not None]
-        assert s == (min(own) if own else None)
+    ref, run = (W.run_grid(p, grid, eps=(1e-2, 1e-4), max_steps=5000) for p in (P, Q))
+    traj = A.run_attackers(Q, [dict(c.params, attacker=c.attacker) for c in grid], max_steps=5000, tol=1e-4)
+    assert run.steps == [[t.steps_to(1e-2), t.steps_to(1e-4)] for t in traj]
+    assert (ref.kappa["kappa"], run.kappa["kappa"]) == pytest.approx((10, 1e3), rel=1e-9)
+    b = W.kappa_bounds(run.kappa, ref.kappa)
+    assert (b["gd"], b["cg"], b["nesterov"], b["whiten"]) == pytest.approx((100, 10, 10, 1))
+    fb, fr = W.family_best(run, 1e-4), W.family_best(ref, 1e-4)
+    for fam, (s, label) in fb.items():               # per family the minimum over its configurations
+        own = [x for i, c in enumerate(grid) if c.family == fam and (x := run.steps_of(i, 1e-4)) is not None]
+        assert s == min(own) and label in [c.label for c in grid if c.family == fam]
+    gd = W.slowdown(fb["gd"][0], fr["gd"][0], 5000)
+    assert gd[1] == "=" and math.sqrt(100) < gd[0] <= 1.5 * 100                  # GD pays ~κ: measured 60
+    wc = W.worst_case(run, ref, 1e-4)                # whitening is affine invariant: nothing slows it
+    assert (wc["family"], wc["steps"], wc["slowdown"], wc["kind"]) == ("whiten", 1, 1.0, "=")
+    fo = W.worst_case(run, ref, 1e-4, W.FIRST_ORDER)
+    steps = [s for i, c in enumerate(grid) if c.family in W.FIRST_ORDER and (s := run.steps_of(i, 1e-4))]
+    assert fo["steps"] == min(steps) and 1 < fo["slowdown"] <= b[fo["family"]]      # CG: 19/7 ≤ √r
 
 
-def test_worst_case_names_the_fastest_attacker_and_compares_with_the_reference():
-    P = small_problem(2)
-    grid = [c for c in W.attacker_grid("lsq", quick=True) if c.family in ("gd", "cg", "adam")]
-    ref = W.run_grid(P, grid, eps=(1e-4,), max_steps=5000)
-    Q = A.make_problem(P.Z @ np.diag(np.logspace(0, 1.5, P.dim)), P.y)     # a worse-conditioned θ
-    run = W.run_grid(Q, grid, eps=(1e-4,), max_steps=5000)
-    wc = W.worst_case(run, ref, 1e-4)
-    steps = [run.steps_of(i, 1e-4) for i in range(len(grid))]
-    best = min(s for s in steps if s is not None)
-    assert wc["steps"] == best and wc["attacker"] == grid[steps.index(best)].label
-    rsteps = [s for s in (ref.steps_of(i, 1e-4) for i in range(len(grid))) if s is not None]
-    assert wc["reference_steps"] == min(rsteps) and wc["slowdown"] == pytest.approx(best / min(rsteps))
-    assert W.worst_case(run, ref, 1e-4, families=["gd"])["family"] in ("gd", None)
+def test_slowdown_kinds_and_the_interval_helper():
+    assert W.slowdown(300, 30, 1000) == (10.0, "=") and W.slowdown(None, 30, 1000) == (1001 / 30, ">=")
+    assert W.slowdown(30, None, 1000) == (30 / 1001, "<=") and W.slowdown(None, None, 1000) == (None, "n/a")
+    assert W.within([(12.0, "="), (11.0, ">=")], low=10) is True
+    assert W.within([(12.0, "="), (9.0, "=")], low=10) is False
+    assert W.within([(9.0, ">=")], low=10) is None                    # a lower bound below 10 cannot tell
+    assert W.within([(9.0, "<=")], low=10) is False and W.within([(20.0, "<=")], low=10) is None
+    assert W.within([(1.1, "="), (0.5, "<=")], high=1.2) is True and W.within([(1.3, "=")], high=1.2) is False
+    assert W.within([(1.3, ">=")], high=1.2) is False and W.within([(None, "n/a")], high=1.2) is None
+    assert W.within([(2.0, "=")], low=1.5, high=3) is True and W.within([(2.0, "=")], low=2.5) is False
 
 
-def test_slowdown_kinds():
-    assert W.slowdown(300, 30, 1000) == (10.0, "=")
-    assert W.slowdown(None, 30, 1000) == (1001 / 30, ">=")
-    assert W.slowdown(30, None, 1000) == (30 / 1001, "<=")
-    assert W.slowdown(None, None, 1000) == (None, "n/a")
-
-
-def test_kappa_reference_and_bounds():
-    P = small_problem(3, kappa=1e4)
-    k = W.kappa_reference(P)
-    assert k["kappa"] == pytest.approx(P.kappa, rel=1e-8)
-    # a diagonal Hessian: Jacobi scaling makes it perfectly conditioned, κ alone forces nothing on Adam
+def test_kappa_reference_diagonal_and_logistic():
     Zd = np.vstack([np.diag(np.sqrt(np.logspace(0, 4, 6))), np.zeros((4, 6))])
-    kd = W.kappa_reference(A.make_problem(Zd, np.arange(10.0)))
+    kd = W.kappa_reference(A.make_problem(Zd, np.arange(10.0)))   # diagonal Hessian: κ_J = 1 whatever κ
     assert kd["kappa"] == pytest.approx(1e4, rel=1e-8) and kd["kappa_jacobi"] == pytest.approx(1.0, abs=1e-8)
-    b = W.kappa_bounds({"kappa": 400.0, "kappa_jacobi": 9.0}, {"kappa": 4.0, "kappa_jacobi": 1.0})
-    assert b["gd"] == 100 and b["cg"] == b["nesterov"] == b["lbfgs"] == 10
-    assert b["adam"] == 9 and b["pcg_jacobi"] == 3 and b["whiten"] == b["closed_form"] == 1
-    # logistic: the local Hessian at w*, ridge included
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((60, 5))
+    X = np.random.default_rng(0).standard_normal((60, 5))
     L = A.make_problem(X, (X[:, 0] > 0).astype(float), "logistic", ridge_rel=1e-2)
-    kl = W.kappa_reference(L)
-    ev = np.linalg.eigvalsh(L.hessian(L.w_star))
+    ev, kl = np.linalg.eigvalsh(L.hessian(L.w_star)), W.kappa_reference(L)
     assert kl["kappa"] == pytest.approx(ev[-1] / ev[0], rel=1e-8) and kl["kappa_jacobi"] >= 1
 
 
-def test_best_so_far_is_a_running_minimum_over_random_orders():
+def test_best_so_far_is_a_bounded_running_minimum():
     steps = [50, None, 7, 300, 12]
     curves = W.best_so_far(steps, n_orders=40, rng=np.random.default_rng(0), cap=1000)
-    assert curves.shape == (40, 5)
-    assert np.all(np.diff(curves, axis=1) <= 0) and np.all(curves[:, -1] == 7)
+    assert curves.shape == (40, 5) and np.all(np.diff(curves, axis=1) <= 0) and np.all(curves[:, -1] == 7)
     assert set(curves[:, 0]) <= {50, 1001, 7, 300, 12}
-    np.testing.assert_array_equal(curves, W.best_so_far(steps, n_orders=40, rng=np.random.default_rng(0),
-                                                        cap=1000))
+    again = W.best_so_far(steps, n_orders=40, rng=np.random.default_rng(0), cap=1000)
+    np.testing.assert_array_equal(curves, again)
+    for n in (0, W.MAX_ORDERS + 1, 10 ** 9, 2.5):          # issue 27: 1e9 orders ran out of memory
+        with pytest.raises(ParameterError) as info:
+            W.best_so_far(steps, n_orders=n, rng=np.random.default_rng(0), cap=1000)
+        assert info.value.parameter == "n_orders"
 
 
-# ----------------------------------------------------------------------------------------------
-def test_theta_archive_round_trip_is_bit_exact(tmp_path):
-    rng = np.random.default_rng(0)
-    arrays = {theta_key("ours", 3): rng.standard_normal((5, 5)),
-              theta_key("ours", 3, "haar"): rng.standard_normal((5, 5)),
-              theta_key("ours", 3, "haar", "Q"): np.linalg.qr(rng.standard_normal((5, 5)))[0],
-              "data/train/X_P": rng.standard_normal((7, 5))}
-    assert theta_key("ours", 3, "haar", "Q") == "ours+haar/seed3/Q"
-    save_thetas(tmp_path / "t.npz", arrays, {"protocol": "strict", "ceiling": math.inf})
-    back, meta = load_thetas(tmp_path / "t.npz")
-    assert set(back) == set(arrays) and meta == {"protocol": "strict", "ceiling": float("inf")}
-    for k, v in arrays.items():
-        np.testing.assert_array_equal(back[k], v)
-        assert back[k].dtype == np.float64
-    with pytest.raises(ParameterError, match="archive key"):
-        save_thetas(tmp_path / "u.npz", {"meta": np.eye(2)})
-    with pytest.raises(ParameterError, match="not numeric"):
-        save_thetas(tmp_path / "u.npz", {"a": np.array(["x"])})
+def test_analysis_over_seeds_agrees_with_the_grid_runs():
+    X, theta, y = known_kappa(1)
+    grid = W.attacker_grid("lsq", quick=True)
+    Qr = np.linalg.qr(np.random.default_rng(2).standard_normal((X.shape[1],) * 2))[0]
+    thetas = {"identity": np.eye(X.shape[1]), "identity+haar": Qr, "m": theta, "m+haar": theta @ Qr}
+    problems = {v: {f"train/{t}": W.run_grid(A.make_problem(X[r] @ th, y[r]), grid, eps=(1e-4,),
+                                             max_steps=1000).compact()
+                    for t, r in (("D_H", slice(0, 30)), ("D_P", slice(20, 50)))} for v, th in thetas.items()}
+    runs = [{"seed": s, "variant": v, "problems": p, "invariance": {"train": 1e-13}}
+            for s in (0, 1) for v, p in problems.items()]
+    an = W.analyse(runs, grid, [1e-4], 1000, rotated="identity+haar")
+    assert set(an) == {"identity+haar", "m", "m+haar"}
+    cell = an["m+haar"]["train/D_H"]["0.0001"]
+    run, ref, rot = (W.GridRun.from_compact(problems[v]["train/D_H"], grid, 1000)
+                     for v in ("m+haar", "identity", "identity+haar"))
+    fb, fr, fo = (W.family_best(r, 1e-4) for r in (run, ref, rot))
+    for fam in ("adam", "cg", "closed_form"):
+        c = cell["families"][fam]
+        assert c["slowdown"] == [W.slowdown(fb[fam][0], fr[fam][0], 1000)] * 2
+        assert c["slowdown_vs_rotated"][0] == W.slowdown(fb[fam][0], fo[fam][0], 1000)
+    assert "slowdown_vs_rotated" not in an["m"]["train/D_H"]["0.0001"]["families"]["adam"]
+    assert cell["worst_all"][0] == W.worst_case(run, ref, 1e-4)
+    curves = W.best_so_far_curves(runs, grid, 1e-4, 1000, 20)["curves"]["m+haar|train|all"]
+    assert curves["median"][-1] == pytest.approx(cell["worst_all"][0]["slowdown"])    # ends at the worst case
+    [t] = W.targets({"variants": list(thetas), "analysis": an, "runs": runs})
+    assert t["variant"] == "m+haar" and t["inv_ok"] is True
+    assert t["dh_ok"] == W.within(cell["families"]["adam"]["slowdown"], low=10)
 
 
-def test_house_price_writes_every_theta_and_it_reloads(tmp_path):
+def test_the_facade_gives_the_grids_numbers():
+    X, theta, y = known_kappa(3)
+    rng = np.random.default_rng(4)
+    task = LinearTask(X[:20], rng.standard_normal((20, 1)), X, y[:, None])
+    rows = np.arange(10, 50)
+    ev = attack_evaluation(theta, task, rng=np.random.default_rng(5), rows=rows, max_steps=500)
+    grid = W.attacker_grid("lsq")
+    run, ref = (W.run_grid(A.make_problem(X[rows] @ t, y[rows]), grid, eps=(1e-4,), max_steps=500,
+                           rng=np.random.default_rng(5)) for t in (theta, np.eye(20)))
+    fb, fr, b = W.family_best(run, 1e-4), W.family_best(ref, 1e-4), W.kappa_bounds(run.kappa, ref.kappa)
+    assert list(ev.families) == list(fb) and (ev.eps, ev.cap, ev.n_rows) == (1e-4, 500, 40)
+    for f, r in ev.families.items():
+        assert (r.family, r.steps, r.attacker, r.reference_steps, r.reference_attacker) == (f, *fb[f], *fr[f])
+        assert (r.slowdown, r.kind, r.bound) == (*W.slowdown(fb[f][0], fr[f][0], 500), b[f])
+    wc = W.worst_case(run, ref, 1e-4)
+    assert ev.worst == W.FamilyResult(**wc, bound=b[wc["family"]])
+    cases = [({"theta": np.eye(7)}, "theta"), ({"rows": [0, 99]}, "rows"), ({"rows": []}, "rows"),
+             ({"rng": None}, "rng"), ({"eps": 1.0}, "eps")]
+    for kw, parameter in cases:
+        with pytest.raises(ParameterError) as info:
+            attack_evaluation(**{"theta": theta, "task": task, "rng": rng, "quick": True, **kw})
+        assert info.value.parameter == parameter
+
+
+def test_theta_archives_round_trip_bit_exact_and_house_price_writes_every_theta(tmp_path):
     from experiments import house_price
     from pycore.metrics import rir
     from pycore.report import read_json
 
+    arrays = {theta_key("ours", 3): np.random.default_rng(0).standard_normal((5, 5)),
+              theta_key("ours", 3, "haar", "Q"): np.eye(5)}
+    assert theta_key("ours", 3, "haar", "Q") == "ours+haar/seed3/Q"
+    save_thetas(tmp_path / "t.npz", arrays, {"protocol": "strict", "ceiling": math.inf})
+    back, meta = load_thetas(tmp_path / "t.npz")
+    assert meta == {"protocol": "strict", "ceiling": float("inf")} and all(
+        np.array_equal(back[k], v) and back[k].dtype == np.float64 for k, v in arrays.items())
+    for bad in ({"meta": np.eye(2)}, {"a": np.array(["x"])}):
+        with pytest.raises(ParameterError):
+            save_thetas(tmp_path / "u.npz", bad)
     out = tmp_path / "hp"
-    rc = house_price.main(["--seeds", "1", "--methods", "identity,closed_form,ours", "--epochs", "2",
-                           "--probe-steps", "2", "--jobs", "1", "--no-plot", "--harden", "haar",
-                           "--out", str(out)])
-    assert rc == 0
-    res = read_json(out / "results.json")
+    assert house_price.main(["--seeds", "1", "--methods", "identity,closed_form", "--probe-steps", "2",
+                             "--jobs", "1", "--no-plot", "--harden", "haar", "--out", str(out)]) == 0
     arrays, meta = load_thetas(out / "thetas.npz")
-    assert meta["harden"] == "haar"
-    X_P, X_H = arrays["data/train/X_P"], arrays["data/train/X_H"]
-    for m in ("identity", "closed_form", "ours"):
-        for run in res["methods"][m]["runs"]:
-            s = run["seed"]
-            hard, plain = arrays[f"{m}+haar/seed{s}"], arrays[f"{m}/seed{s}"]
-            np.testing.assert_array_equal(plain @ arrays[f"{m}+haar/seed{s}/Q"], hard)
-            # the saved θ gives the reported numbers, and so does the unhardened one (to 1e-10)
-            assert rir(hard, X_P, X_H).value == pytest.approx(run["rir"], rel=1e-12)
-            assert rir(plain, X_P, X_H).value == pytest.approx(run["rir"], rel=1e-10)
-            assert run["hardening"]["max_rel_diff_vs_unhardened"] <= 1e-10
-    assert "Hardening `haar`" in (out / "table.md").read_text()
-    # a second run into the same folder replaces the whole set (thetas.npz is a declared output)
-    rc = house_price.main(["--seeds", "1", "--methods", "identity", "--jobs", "1", "--no-plot",
-                           "--out", str(out)])
-    data_keys = {f"data/{r}/{k}" for r in ("train", "heldout") for k in ("X_P", "Y_P", "X_H", "Y_H")}
-    assert rc == 0 and set(load_thetas(out / "thetas.npz")[0]) == {"identity/seed0", *data_keys}
+    for m in ("identity", "closed_form"):
+        for run in read_json(out / "results.json")["methods"][m]["runs"]:
+            hard, plain = arrays[f"{m}+haar/seed{run['seed']}"], arrays[f"{m}/seed{run['seed']}"]
+            np.testing.assert_array_equal(plain @ arrays[f"{m}+haar/seed{run['seed']}/Q"], hard)
+            assert rir(hard, arrays["data/train/X_P"], arrays["data/train/X_H"]).value == pytest.approx(
+                run["rir"], rel=1e-12)
 
 
-# ----------------------------------------------------------------------------------------------
-def _task(seed=0, D=8):
-    rng = np.random.default_rng(seed)
-    X_P = prescribed(rng, 30, D, np.sqrt(np.logspace(0, -2, D)))
-    X_H = prescribed(rng, 35, D, np.sqrt(np.logspace(0, -3, D)))
-    return LinearTask(X_P, rng.standard_normal((30, 1)), X_H, rng.standard_normal((35, 1)))
-
-
-def test_regularizer_product_is_scale_free_and_is_the_objective_at_its_best_scale():
+def test_regularizer_product_and_the_closed_form_frontier():
     from pycore.regularizers import r_ill, r_well
 
-    t = _task(1)
-    theta = np.eye(t.D) + 0.2 * np.random.default_rng(2).standard_normal((t.D, t.D))
-    p = regularizer_product(theta, t)
+    rng = np.random.default_rng(1)
+    X_P, X_H = (known_kappa(s, N=n, D=8)[0] for s, n in ((1, 30), (2, 35)))
+    t = LinearTask(X_P, rng.standard_normal((30, 1)), X_H, rng.standard_normal((35, 1)))
+    theta = np.eye(t.D) + 0.2 * rng.standard_normal((t.D, t.D))
+    p = regularizer_product(theta, t)                 # scale-free, and the objective at its best scale
     assert regularizer_product(7.0 * theta, t) == pytest.approx(p, rel=1e-10)
-    lp, lh = 3.0, 5e4
-
-    def objective(c):
-        Z_P, Z_H = t.X_P @ (c * theta), t.X_H @ (c * theta)
-        return lp * r_well(Z_P.T @ Z_P) + lh * r_ill(Z_H.T @ Z_H)
-    cs = np.geomspace(0.01, 100, 4001)
-    assert min(objective(c) for c in cs) == pytest.approx(2 * math.sqrt(lp * lh * p), rel=1e-4)
-
-
-def test_closed_form_frontier_keeps_the_ceiling_and_trades_i_against_ii():
-    t = _task(3)
-    fr = closed_form_frontier(t, None, [0.0, 0.2, 0.5])
-    rirs = [p["train"]["rir"] for p in fr]
-    assert rirs[1] == pytest.approx(rirs[0], rel=1e-8) and rirs[2] == pytest.approx(rirs[0], rel=1e-8)
-    assert fr[0]["train"]["harmful_ratio"] < fr[1]["train"]["harmful_ratio"] < fr[2]["train"]["harmful_ratio"]
-    assert fr[0]["train"]["pretrain_ratio"] < fr[1]["train"]["pretrain_ratio"]
-
-
-def test_target_progress_and_pareto():
-    assert target_progress(10.0, 0.1) == pytest.approx(1.0)
-    assert target_progress(100.0, 0.1) == pytest.approx(1.0)
-    assert target_progress(100.0, 0.01) == pytest.approx(2.0)
-    assert target_progress(math.sqrt(10), 0.01) == pytest.approx(0.5)
-    assert target_progress(0.5, 0.01) < 0
+    objective = [3.0 * r_well((t.X_P @ (c * theta)).T @ (t.X_P @ (c * theta))) + 5e4 * r_ill(
+        (t.X_H @ (c * theta)).T @ (t.X_H @ (c * theta))) for c in np.geomspace(0.01, 100, 2001)]
+    assert min(objective) == pytest.approx(2 * math.sqrt(3.0 * 5e4 * p), rel=1e-4)
+    fr = [f["train"] for f in closed_form_frontier(t, None, [0.0, 0.2, 0.5])]     # keeps RIR, trades (i)/(ii)
+    assert [f["rir"] for f in fr] == pytest.approx([fr[0]["rir"]] * 3, rel=1e-8)
+    assert fr[0]["harmful_ratio"] < fr[1]["harmful_ratio"] < fr[2]["harmful_ratio"]
+    assert fr[0]["pretrain_ratio"] < fr[1]["pretrain_ratio"]
+    assert target_progress(10.0, 0.1) == pytest.approx(1.0) == target_progress(100.0, 0.1)
+    assert target_progress(100.0, 0.01) == pytest.approx(2.0) and target_progress(0.5, 0.01) < 0
     with pytest.raises(ParameterError):
         target_progress(2.0, 0.5, target=(0.5, 0.1))
-    pts = [(1.0, 0.5), (2.0, 0.4), (2.0, 0.6), (3.0, 1.0), (0.5, 0.1)]
-    assert pareto_front(pts) == [4, 1, 3]
+    assert pareto_front([(1.0, 0.5), (2.0, 0.4), (2.0, 0.6), (3.0, 1.0), (0.5, 0.1)]) == [4, 1, 3]
 
 
 def test_frontier_experiment_quick(tmp_path):
@@ -217,18 +199,10 @@ def test_frontier_experiment_quick(tmp_path):
     out = tmp_path / "f"
     assert frontier.main(["--quick", "--protocols", "strict", "--optimizers", "adam", "--jobs", "1",
                           "--out", str(out)]) == 0
-    for name in frontier.OUTPUTS:
-        assert (out / name).stat().st_size > 0
     res = read_json(out / "results.json")
     cf = res["closed_form"]["strict"]
     assert [p["exponent"] for p in cf] == [0.0, 0.1, 0.2, 0.3, 0.5]
-    assert all(p["train"]["rir"] == pytest.approx(cf[0]["train"]["rir"], rel=1e-8) for p in cf)
-    sel = res["selected"]
-    assert sel["protocol"] == "strict" and len(sel["confirm"]) == 1
-    table = (out / "table.md").read_text()
-    assert "Target (i) ≥ 10 and (ii) ≤ 0.1 on every seed: " in table
-    assert "Closest any recorded strict" in table
-    # the closest path point is the maximum of target_progress over the recorded path
-    best = frontier.path_best(sel["confirm"][0])
-    p = sel["confirm"][0]["path"]
-    assert best[0] == max(target_progress(a, b) for a, b in zip(p["harmful_ratio"], p["pretrain_ratio"]))
+    assert [p["train"]["rir"] for p in cf] == pytest.approx([cf[0]["train"]["rir"]] * 5, rel=1e-8)
+    p = res["selected"]["confirm"][0]["path"]
+    assert frontier.path_best(res["selected"]["confirm"][0])[0] == max(
+        target_progress(a, b) for a, b in zip(p["harmful_ratio"], p["pretrain_ratio"]))
