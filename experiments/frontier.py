@@ -205,88 +205,73 @@ def path_best(r) -> tuple[float, int, float, float] | None:
     return max(pts, key=lambda x: x[0])
 
 
+def _ratios(r, rows="train") -> list[str]:
+    return [fmt(r[rows]["harmful_ratio"]), fmt(r[rows]["pretrain_ratio"])]
+
+
 def table_markdown(res: dict) -> str:
+    g = res["grid"]
     L = ["# The (i)/(ii) frontier, House Prices\n",
-         f"Command: `{' '.join(res['command'][1:])}`  \n"
-         "(i) = κ(H_H(θ))/κ(H_H(I)) ↑, (ii) = κ(H_P(θ))/κ(H_P(I)) ↓ (RIR = (i)/(ii)); target region (i) ≥ "
-         "10, "
-         "(ii) ≤ 0.1; progress = min(log (i)/log 10, log (ii)/log 0.1) (≥ 1 inside the region). Grid: "
-         f"optimizers {res['grid']['optimizers']}, λ_H ∈ {res['grid']['lambda_h']}, η ∈ {res['grid']['lr']}, "
-         f"{res['grid']['epochs']} epochs, λ_P of GD {res['grid']['gd_lambda_p']:g}; "
-         f"{res['grid']['other settings']}. "
-         "R·R = R_well(H_P)·R_ill(H_H), the paper's regularizer term at its best scale up to 2√(λ_Pλ_H) "
+         f"Command: `{' '.join(res['command'][1:])}`  \n(i) = κ(H_H(θ))/κ(H_H(I)) ↑, (ii) = "
+         "κ(H_P(θ))/κ(H_P(I)) ↓ (RIR = (i)/(ii)); target region (i) ≥ 10, (ii) ≤ 0.1; progress = "
+         "min(log (i)/log 10, log (ii)/log 0.1) (≥ 1 inside the region). Grid: optimizers "
+         f"{g['optimizers']}, λ_H ∈ {g['lambda_h']}, η ∈ {g['lr']}, "
+         f"{g['epochs']} epochs, λ_P of GD {g['gd_lambda_p']:g}; {g['other settings']}. R·R = "
+         "R_well(H_P)·R_ill(H_H), the paper's regularizer term at its best scale up to 2√(λ_Pλ_H) "
          "(pycore.frontier.regularizer_product: lower = preferred by Algorithm 1's objective).\n"]
     for prot in res["protocols"]:
-        cf = res["closed_form"][prot]
-        w = res["exponent_window"][prot]
+        cf, w = res["closed_form"][prot], res["exponent_window"][prot]
         L.append(f"## {prot} protocol\n")
         if w:
             L.append(f"Closed form: Definition 3.1 window {fmt(w['low'])} ≤ a < {fmt(w['high'])}, balanced "
-                     "a = "
-                     f"{fmt(w['balanced'])}; range-restricted ceiling "
+                     f"a = {fmt(w['balanced'])}; range-restricted ceiling "
                      f"{fmt(w['ceiling_range_restricted'])}.\n")
-        L.append("| closed form a | (i) | (ii) | RIR | held-out (i) | held-out (ii) | held-out RIR | R·R |")
-        L.append("|---|---|---|---|---|---|---|---|")
-        for p in cf:
-            L.append(f"| {p['exponent']:g} | {fmt(p['train']['harmful_ratio'])} | "
-                     f"{fmt(p['train']['pretrain_ratio'])} | "
-                     f"{fmt(p['train']['rir'])} | {fmt(p['heldout']['harmful_ratio'])} | "
-                     f"{fmt(p['heldout']['pretrain_ratio'])} | {fmt(p['heldout']['rir'])} | "
-                     f"{fmt(p['regularizer_product'])} |")
+        L += ["| closed form a | (i) | (ii) | RIR | held-out (i) | held-out (ii) | held-out RIR | R·R |",
+              "|---|---|---|---|---|---|---|---|"]
+        L += [" | ".join([f"| {p['exponent']:g}", *_ratios(p), fmt(p["train"]["rir"]), *_ratios(p, "heldout"),
+                          fmt(p["heldout"]["rir"]), fmt(p["regularizer_product"])]) + " |" for p in cf]
         best = min(cf, key=lambda p: p["regularizer_product"])
-        L.append(f"\nAlong the frontier the paper's objective is lowest at a = {best['exponent']:g} "
-                 f"((i) {fmt(best['train']['harmful_ratio'])}, (ii) "
-                 f"{fmt(best['train']['pretrain_ratio'])}).\n")
-        L.append("| run | seed | optimizer | λ_H | λ_P | η | epochs | (i) | (ii) | RIR | progress | "
-                 "best on path (epoch) | held-out (i) | held-out (ii) | R·R |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for r in res["runs"]:
-            if r["protocol"] != prot:
-                continue
+        L += [f"\nAlong the frontier the paper's objective is lowest at a = {best['exponent']:g} ((i) "
+              f"{fmt(best['train']['harmful_ratio'])}, (ii) {fmt(best['train']['pretrain_ratio'])}).\n",
+              "| run | seed | optimizer | λ_H | λ_P | η | epochs | (i) | (ii) | RIR | progress | best on "
+              "path (epoch) | held-out (i) | held-out (ii) | R·R |", "|---" * 15 + "|"]
+        for r in (r for r in res["runs"] if r["protocol"] == prot):
             c = r["config"]
-            name = METHOD_LABELS[r['method']] if r['tag'] == 'baseline' else 'Alg. 1 grid'
-            head = (f"| {name} | {r['seed']} | "
-                    f"{c['optimizer']} | "
-                    f"{c['lambda_h']:g} | {c['lambda_p']:g} | {c['lr']:g} | {c['epochs']} | ")
+            name = METHOD_LABELS[r["method"]] if r["tag"] == "baseline" else "Alg. 1 grid"
+            head = (f"| {name} | {r['seed']} | {c['optimizer']} | {c['lambda_h']:g} | {c['lambda_p']:g} | "
+                    f"{c['lr']:g} | {c['epochs']} | ")
             if "error" in r:
                 L.append(head + f"failed: {r['error'][:80]} | | | | | | | |")
                 continue
             pb = path_best(r)
             pbt = "—" if pb is None else f"{pb[0]:.3f} ({pb[1]})"
-            L.append(head + f"{fmt(r['train']['harmful_ratio'])} | {fmt(r['train']['pretrain_ratio'])} | "
-                     f"{fmt(r['train']['rir'])} | {r['progress']:.3f} | {pbt} | "
-                     f"{fmt(r['heldout']['harmful_ratio'])} | "
-                     f"{fmt(r['heldout']['pretrain_ratio'])} | {fmt(r['regularizer_product'])} |")
+            L.append(head + " | ".join([*_ratios(r), fmt(r["train"]["rir"]), f"{r['progress']:.3f}", pbt,
+                                        *_ratios(r, "heldout"), fmt(r["regularizer_product"])]) + " |")
         L.append("")
-    sel = res.get("selected")
-    if sel:
-        c = sel["config"]
-        L.append(f"## Selected Algorithm-1 configuration ({sel['protocol']}; rule: {sel['rule']})\n")
-        L.append(f"{c['optimizer']}, λ_H {c['lambda_h']:g}, λ_P {c['lambda_p']:g}, η {c['lr']:g}, "
-                 f"{c['epochs']} "
-                 f"epochs, batch {c['batch_size']}, preconditioner {c['precond']}, init identity.\n")
-        L.append("| seed | (i) | (ii) | RIR | in target region | held-out (i) | held-out (ii) |")
-        L.append("|---|---|---|---|---|---|---|")
+    if sel := res.get("selected"):
+        c, ok = sel["config"], {}
+        L += [f"## Selected Algorithm-1 configuration ({sel['protocol']}; rule: {sel['rule']})\n",
+              f"{c['optimizer']}, λ_H {c['lambda_h']:g}, λ_P {c['lambda_p']:g}, η {c['lr']:g}, {c['epochs']} "
+              f"epochs, batch {c['batch_size']}, preconditioner {c['precond']}, init identity.\n",
+              "| seed | (i) | (ii) | RIR | in target region | held-out (i) | held-out (ii) |",
+              "|---" * 7 + "|"]
         for r in sel["confirm"]:
             if "error" in r:
                 L.append(f"| {r['seed']} | failed: {r['error'][:80]} | | | | | |")
                 continue
-            ok = r["train"]["harmful_ratio"] >= TARGET[0] and r["train"]["pretrain_ratio"] <= TARGET[1]
-            L.append(f"| {r['seed']} | {fmt(r['train']['harmful_ratio'])} | "
-                     f"{fmt(r['train']['pretrain_ratio'])} | {fmt(r['train']['rir'])} | "
-                     f"{'yes' if ok else 'no'} | {fmt(r['heldout']['harmful_ratio'])} | "
-                     f"{fmt(r['heldout']['pretrain_ratio'])} |")
-        ok_all = all("error" not in r and r["train"]["harmful_ratio"] >= TARGET[0]
-                     and r["train"]["pretrain_ratio"] <= TARGET[1] for r in sel["confirm"])
-        L.append(f"\nTarget (i) ≥ 10 and (ii) ≤ 0.1 on every seed: {'met' if ok_all else 'NOT met'}.")
+            ok[r["seed"]] = (r["train"]["harmful_ratio"] >= TARGET[0]
+                             and r["train"]["pretrain_ratio"] <= TARGET[1])
+            L.append(" | ".join([f"| {r['seed']}", *_ratios(r), fmt(r["train"]["rir"]),
+                                 "yes" if ok[r["seed"]] else "no", *_ratios(r, "heldout")]) + " |")
+        met = len(ok) == len(sel["confirm"]) and all(ok.values())
+        L.append(f"\nTarget (i) ≥ 10 and (ii) ≤ 0.1 on every seed: {'met' if met else 'NOT met'}.")
         paths = [(path_best(r), r) for r in res["runs"] + sel["confirm"]
                  if r["protocol"] == sel["protocol"] and r["method"] == "ours" and path_best(r)]
         if paths:
             (pg, ep, a, b), r = max(paths, key=lambda x: x[0][0])
-            c = r["config"]
-            L.append(f"Closest any recorded {sel['protocol']} Algorithm-1 path comes to the region: "
-                     f"progress {pg:.3f} at epoch {ep} ((i) {fmt(a)}, (ii) {fmt(b)}; {c['optimizer']}, "
-                     f"λ_H {c['lambda_h']:g}, η {c['lr']:g}, seed {r['seed']}).\n")
+            L.append(f"Closest any recorded {sel['protocol']} Algorithm-1 path comes to the region: progress "
+                     f"{pg:.3f} at epoch {ep} ((i) {fmt(a)}, (ii) {fmt(b)}; {r['config']['optimizer']}, λ_H "
+                     f"{r['config']['lambda_h']:g}, η {r['config']['lr']:g}, seed {r['seed']}).\n")
     return "\n".join(L) + "\n"
 
 

@@ -83,8 +83,16 @@ def test_the_experiment_end_to_end(capsys, tmp_path):
     assert "Ours" in capsys.readouterr().out
 
 
-def test_init_flag_reaches_the_options_and_random_init_is_seeded(data):
-    run = house_price.parse_args(["--methods", "ours", "--init", "random", "--epochs", "0"]).immunizer
+def test_presets_and_typed_options_reach_the_library(data, own_csv):
+    """The paper's data runs the paper's presets (its tables must not move), a table of one's own the
+    library defaults; typed options beat either, method by method."""
+    parse = house_price.parse_args
+    assert parse(["--protocol", "strict"]).immunizer.preset == "strict"
+    assert parse(["--paper-hparams"]).immunizer.preset == "paper"
+    assert parse(["--data", str(own_csv), "--target-p", "y", "--split", "group=b"]).immunizer.preset is None
+    run = parse(["--protocol", "strict", "--methods", "imma,closed_form", "--lr", "0.1", "--exponent", "0.3"])
+    assert run.immunizer.options == {"imma": {"lr": 0.1}, "closed_form": {"exponent": 0.3}}
+    run = parse(["--methods", "ours", "--init", "random", "--epochs", "0"]).immunizer
     assert run.preset == "house_price" and run.options == {"ours": {"init": "random", "epochs": 0}}
     a, b, c = (run(data.train, "ours", np.random.default_rng(s)).theta for s in (3, 3, 4))
     assert np.array_equal(a, b) and not np.allclose(a, c)
@@ -142,3 +150,15 @@ def test_own_table_flags_are_checked_naming_the_flag(capsys, tmp_path, own_csv, 
     argv = [str(own_csv) if a == "FILE" else a for a in argv]
     rc, err, _ = call(capsys, house_price, ["--data", str(own_csv), *argv, "--out", str(tmp_path / "o")])
     assert rc == 2 and one_line(err, flag)
+
+
+def test_an_absurd_cell_is_one_warning_line_or_refused(capsys, tmp_path, own_csv):
+    lines = own_csv.read_text().splitlines()
+    lines[5] = "1e308," + lines[5].split(",", 1)[1]   # column a, line 6 of the file
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    argv = ["--data", str(tmp_path / "t.csv"), "--target-p", "y", "--split", "group=b", "--n-train", "60",
+            "--seeds", "1", "--methods", "identity", "--probe-steps", "1", "--jobs", "1", "--no-plot"]
+    rc, err, _ = call(capsys, house_price, [*argv, "--out", str(tmp_path / "o")])
+    assert rc == 0 and one_line(err, "warning", "'a'")
+    rc, err, _ = call(capsys, house_price, [*argv, "--on-outlier", "error", "--out", str(tmp_path / "o2")])
+    assert rc == 1 and one_line(err, "'a'") and not (tmp_path / "o2").exists()
