@@ -1,17 +1,11 @@
 #!/usr/bin/env python
 """The (i)/(ii) frontier of House Prices immunization (docs/attacks.md §3): log (i) against log (ii).
 
-Points, per protocol (paper, strict) and row set (training, held-out): the closed form over its
-exponent a (s² = λ_C^a; its RIR is the ceiling for every a ≥ 0, so it is the frontier),
-Algorithm 1 over a λ_H × η grid per optimizer of ``--optimizers`` (with each run's training-row
-path), and every baseline at its protocol's settings.  The grid configuration with the largest
-progress towards (i) ≥ 10, (ii) ≤ 0.1 on the strict protocol (seed ``--seeds``' first, training
-rows; :func:`pycore.frontier.target_progress`) is re-run on every seed of ``--confirm-seeds``.
-
-    python experiments/frontier.py                 # both protocols (a few minutes)
-    python experiments/frontier.py --quick         # CI smoke test
-
-Writes ``table.md``, ``frontier.png`` and ``results.json``.
+Per protocol and row set: the closed form over its exponent a (the frontier: its RIR is the ceiling
+for every a ≥ 0), Algorithm 1 over a λ_H × η grid per optimizer (with its training-row path) and
+the baselines at their preset.  The grid point closest to (i) ≥ 10, (ii) ≤ 0.1 on the strict
+protocol (:func:`pycore.frontier.target_progress`) is re-run on ``--confirm-seeds``.  Writes
+``table.md``, ``frontier.png`` and ``results.json``; ``--quick`` is the CI smoke test.
 """
 from __future__ import annotations
 
@@ -152,14 +146,11 @@ def run(args) -> dict:
     seed0 = args.seeds[0]
     jobs = []
     for prot in args.protocols:
-        for opt in args.optimizers:
-            for lh in args.lambda_h_grid:
-                for lr in args.lr_grid:
-                    kw = grid_options(opt, lh, lr, args.grid_epochs, args.gd_lambda_p)
-                    jobs += [(prot, "ours", kw, s, "grid") for s in args.seeds]
-        if not args.no_baselines:
-            for m in BASELINES:
-                jobs += [(prot, m, {}, s, "baseline") for s in args.seeds]
+        jobs += [(prot, "ours", grid_options(opt, lh, lr, args.grid_epochs, args.gd_lambda_p), s, "grid")
+                 for opt in args.optimizers for lh in args.lambda_h_grid for lr in args.lr_grid
+                 for s in args.seeds]
+        jobs += [(prot, m, {}, s, "baseline") for m in (() if args.no_baselines else BASELINES)
+                 for s in args.seeds]
     runs = common.pool_map(_run_job, jobs, args.jobs, desc="immunizing")
     print(f"frontier: {len(runs)} runs ({time.perf_counter() - t_start:.0f}s)", flush=True)
     # the Algorithm-1 point: best progress on strict (else the first protocol), seed0, training rows
@@ -314,8 +305,7 @@ def plot_frontier(res: dict, path) -> None:
                             label="target (i) ≥ 10, (ii) ≤ 0.1")
             ax.axvline(1, color="0.6", lw=0.7)
             ax.axhline(1, color="0.6", lw=0.7)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
+            ax.set(xscale="log", yscale="log")
             allx, ally = x + [_pt(r, rows)[0] for r in runs], y + [_pt(r, rows)[1] for r in runs]
             ax.set_xlim(min(allx) / 2, max(allx) * 2)
             ax.set_ylim(min(ally) / 2, max(ally) * 2)

@@ -47,13 +47,10 @@ OUTPUTS = ("table.md", "heatmap.png", "thetas.npz", "results.json")
 _STATE: dict = {}  # data shared with forked workers (never pickled per job)
 
 
-def _pairs(text):
-    return parse_pairs(text)
-
-
 def build_parser() -> common.Parser:
     p = common.Parser("mnist.py", __doc__)
-    p.add_argument("--pairs", type=common.flag_type("pairs", "all, or P-H,P-H,...", _pairs), default="all",
+    p.add_argument("--pairs", type=common.flag_type("pairs", "all, or P-H,P-H,...", parse_pairs),
+                   default="all",
                    help="ordered digit pairs: 'all' (90) or a list like 0-1,3-8 (P-H)")
     common.add_seeds(p, "3")
     common.add_out(p, "results/mnist")
@@ -78,8 +75,8 @@ def build_parser() -> common.Parser:
 def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.immunizer = common.immunizer(parser, args, args.methods,
-                                      "mnist_paper" if args.paper_hparams else "mnist")
+    args.immunizer = common.immunizer(parser, args, args.methods, "mnist_paper" if args.paper_hparams
+                                      else "mnist")
     return args
 
 
@@ -302,13 +299,10 @@ def plot_heatmap(result: dict, path) -> None:
         ax.set_title(f"{LABELS[m]}: ln RIR\n"
                      f"Def. 3.1 ((i)>1 & (ii)<1): {e['successes_def31']}/{e['n_pairs']}; "
                      f"RIR>1: {e['successes_rir']}/{e['n_pairs']}", fontsize=9)
-        ax.set_xticks(range(10))
-        ax.set_yticks(range(10))
-        ax.set_xlabel("harmful digit H")
-        ax.set_ylabel("pre-training digit P")
+        ax.set(xticks=range(10), yticks=range(10), xlabel="harmful digit H", ylabel="pre-training digit P")
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    fig.suptitle("MNIST: natural-log RIR per ordered pair, mean over seeds (paper Figure 2); success counts "
-                 "on the pair's seed means")
+    fig.suptitle("MNIST digits, linear θ (784×784): natural-log RIR per ordered pair (P, H), mean over seeds "
+                 "(paper Figure 2); success counts on the pairs' seed means")
     save_figure(fig, path, dpi=110)
 
 
@@ -316,8 +310,8 @@ def main(argv=None) -> int:
     parser = build_parser()
 
     def body(args):
-        args.immunizer = common.immunizer(parser, args, args.methods,
-                                          "mnist_paper" if args.paper_hparams else "mnist")
+        args.immunizer = common.immunizer(parser, args, args.methods, "mnist_paper" if args.paper_hparams
+                                          else "mnist")
         common.check_out(args.out, OUTPUTS)
         result = run(args)
         archive = result.pop("_thetas")
