@@ -27,6 +27,7 @@ import numpy as np
 
 from experiments import common
 from pycore import worst_case as W
+from pycore.data.mnist import parse_pairs
 from pycore.immunize import MAX_EPOCHS, METHODS
 from pycore.report import METHOD_LABELS, dumps_json, environment
 
@@ -35,12 +36,6 @@ TASKS = ("D_H", "D_P")
 OUTPUTS = ("table.md", "best_so_far.png", "thetas.npz", "results.json")
 LSQ_FAMILIES = tuple(f for f in W.FAMILIES if f != "newton")
 _STATE: dict = {}   # data shared with forked workers (never pickled per job)
-
-
-def _pairs(text):
-    from pycore.data.mnist import parse_pairs
-
-    return parse_pairs(text)
 
 
 def build_parser() -> common.Parser:
@@ -72,7 +67,7 @@ def build_parser() -> common.Parser:
     p.add_argument("--no-plot", action="store_true", help="skip best_so_far.png")
     common.add_jobs(p)
     mn = p.add_argument_group("MNIST (logistic probing)")
-    mn.add_argument("--mnist-pairs", type=common.flag_type("pairs", "P-H,P-H,...", _pairs),
+    mn.add_argument("--mnist-pairs", type=common.flag_type("pairs", "P-H,P-H,...", parse_pairs),
                     help="also attack these ordered digit pairs")
     mn.add_argument("--mnist-only", action="store_true", help="only the MNIST pairs (no House Prices)")
     mn.add_argument("--mnist-methods", type=methods, default="closed_form,ours",

@@ -1,15 +1,8 @@
-"""What every experiment command line shares (docs/cli.md), in plain argparse and concurrent.futures.
-
-* Flag types checked before any compute, their bound printed by ``--help``: :func:`count`,
-  :func:`real`, :func:`comma_list`, :data:`seeds` (``N | A,B,C | A-B``), :func:`existing`.
-* :class:`Parser` (one-line usage errors, no abbreviations, ``--debug``), ``--seeds``/``--out``/
-  ``--jobs``, one flag per field of options dataclasses (:func:`add_options`), and the linear
-  methods' options (:func:`add_immunize_options`, :func:`immunizer`).
-* :func:`pool_map`: worker processes, one BLAS thread per task, none outliving the run.
-* :func:`write_outputs`: each file under a temporary name in ``--out``, then ``os.replace``d; it
-  deletes nothing.
-* :func:`main`: exit 0, 2 usage, 1 data or runtime, 130 SIGINT, 143 SIGTERM; one stderr line naming the flag.
-"""
+"""What every experiment command line shares (docs/cli.md), in plain argparse and concurrent.futures:
+bounded flag types, ``--seeds``/``--out``/``--jobs``, flags from options dataclasses (and the linear
+methods' :func:`immunizer`), :func:`pool_map`, :func:`write_outputs` (a temporary name in ``--out``,
+then ``os.replace``; it deletes nothing) and :func:`main` (exit 0, 2 usage, 1 data or runtime, 130
+SIGINT, 143 SIGTERM; one stderr line naming the flag)."""
 from __future__ import annotations
 
 import argparse
@@ -365,10 +358,9 @@ def _task(fn, item):
 
 
 def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
-    """``[fn(x) for x in items]``, in order, over at most ``jobs`` forked workers (never more than
-    the items or the usable cores; none for one).  ``fn`` is a module-level function.  On any
-    exception, Ctrl-C or SIGTERM every worker is killed first; a worker's exception arrives as
-    itself (the library's keep ``.parameter`` across the pickle)."""
+    """``[fn(x) for x in items]`` over at most ``jobs`` forked workers (no more than the items or the
+    usable cores; none for one), ``fn`` module-level.  On any exception, Ctrl-C or SIGTERM every
+    worker is killed first; a worker's exception arrives as itself (with ``.parameter``)."""
     from pycore.report import progress
 
     items, task = list(items), functools.partial(_task, fn)

