@@ -29,7 +29,7 @@ from experiments import common
 from pycore import worst_case as W
 from pycore.data.mnist import parse_pairs
 from pycore.immunize import MAX_EPOCHS, METHODS
-from pycore.report import METHOD_LABELS, dumps_json, environment
+from pycore.report import METHOD_LABELS, environment
 
 MAX_STEPS = 1_000_000   # a trajectory keeps a loss per step: 50× the default cap, ample for ε = 1e-6
 TASKS = ("D_H", "D_P")
@@ -477,18 +477,14 @@ def main(argv=None) -> int:
         prepare(args, parser)
         res = run(args)
         archive = res.pop("_thetas")
-        table = table_markdown(res)
         meta = {"protocol": res["protocol"], "seeds": res["seeds"], "harden": res["harden"],
                 "command": res["command"],
                 "keys": "<variant>/seed<k> = θ (D×D, features X @ θ); <variant>/seed<k>/Q = the hardening "
                         "rotation (θ = θ_unhardened @ Q); data/<rows>/<X_P|Y_P|X_H|Y_H> = the protocol's "
                         "inputs θ acts on; mnist/<P-H>/... the same per MNIST pair"}
-        files = {"table.md": table, "thetas.npz": lambda p: save_thetas(p, archive, meta)}
-        if not args.no_plot:
-            files["best_so_far.png"] = lambda p: plot_best_so_far(res, p)
-        files["results.json"] = dumps_json(res, indent=2) + "\n"
-        written = common.write_outputs(args.out, files)
-        print(table + "\nwrote " + ", ".join(map(str, written)) + f" in {res['wall_seconds']:.0f}s")
+        common.write_run(args.out, table_markdown(res), res, {
+            "thetas.npz": lambda p: save_thetas(p, archive, meta),
+            "best_so_far.png": None if args.no_plot else lambda p: plot_best_so_far(res, p)})
     return common.main(parser, body, argv)
 
 

@@ -306,13 +306,21 @@ class Immunizer:
                 "given": self.options, "options": {m: dataclasses.asdict(o) for m, o in run.items()}}
 
 
-def immunize_summary(settings: dict) -> str:
-    """One sentence for a table, from :meth:`Immunizer.as_dict`."""
+def immunize_lines(result: dict, invariants: str) -> list[str]:
+    """A table's last lines: the hardening check over its runs (``invariants``: what it compared)
+    and the immunization settings (``result["immunize"]``, :meth:`Immunizer.as_dict`)."""
+    settings = result["immunize"]
+    hard = [r["hardening"]["max_rel_diff_vs_unhardened"]
+            for e in result["methods"].values() for r in e["runs"] if "hardening" in r]
     given = {k: v for o in settings["given"].values() for k, v in o.items()}
-    return (f"Immunization: preset {settings['preset'] or 'none (the library defaults)'}"
-            + "".join(f", {k} {v:g}" if isinstance(v, float) else f", {k} {v}" for k, v in given.items())
-            + (", Algorithm 1 certified" if settings["certified"] else "")
-            + (f", hardening {settings['harden']}" if settings["harden"] != "none" else "") + ".")
+    return (["", f"Hardening `{settings['harden']}` (θ → θQ, Q orthogonal; docs/attacks.md): every number "
+             f"above is that of the unhardened θ; largest relative difference over all runs of {invariants}: "
+             f"{max(hard):.1e}."] if hard else []) + [
+        "", f"Immunization: preset {settings['preset'] or 'none (the library defaults)'}"
+        + "".join(f", {k} {v:g}" if isinstance(v, float) else f", {k} {v}" for k, v in given.items())
+        + (", Algorithm 1 certified" if settings["certified"] else "")
+        + (f", hardening {settings['harden']}" if settings["harden"] != "none" else "")
+        + f". Wall time {result['wall_seconds']:.1f} s."]
 
 
 def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
@@ -394,6 +402,16 @@ def check_out(out, names=()) -> Path:
     if held:
         raise UsageError(f"{out / held[0]} is a folder, where this run writes a file", "--out")
     return out
+
+
+def write_run(out, table: str, result: dict, files: dict) -> None:
+    """``table.md``, ``files`` (a None value: not written) and ``results.json`` (last) into ``out``
+    (:func:`write_outputs`); then the table on stdout."""
+    from pycore.report import dumps_json
+
+    files = {"table.md": table, **{k: v for k, v in files.items() if v is not None},
+             "results.json": dumps_json(result, indent=2) + "\n"}
+    print(table + "\nwrote " + ", ".join(map(str, write_outputs(out, files))))
 
 
 def write_outputs(out, files) -> list[Path]:

@@ -17,7 +17,7 @@ import numpy as np
 from experiments import common
 from pycore.frontier import closed_form_frontier, ratios, regularizer_product, target_progress
 from pycore.immunize import MAX_EPOCHS, METHODS
-from pycore.report import METHOD_LABELS, dumps_json, environment, fmt
+from pycore.report import METHOD_LABELS, environment, fmt
 
 OUTPUTS = ("table.md", "frontier.png", "results.json")
 BASELINES = tuple(m for m in METHODS if m not in ("identity", "closed_form"))
@@ -328,13 +328,8 @@ def main(argv=None) -> int:
     def body(args):
         prepare(args)
         res = run(args)
-        table = table_markdown(res)
-        files = {"table.md": table}
-        if not args.no_plot:
-            files["frontier.png"] = lambda p: plot_frontier(res, p)
-        files["results.json"] = dumps_json(res, indent=2) + "\n"
-        written = common.write_outputs(args.out, files)
-        print(table + "\nwrote " + ", ".join(map(str, written)) + f" in {res['wall_seconds']:.0f}s")
+        common.write_run(args.out, table_markdown(res), res,
+                         {"frontier.png": None if args.no_plot else lambda p: plot_frontier(res, p)})
     return common.main(parser, body, argv)
 
 

@@ -28,7 +28,7 @@ from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.probe import MAX_PROBE_STEPS
 from pycore.protocol import strict_protocol
 from pycore.report import METHOD_LABELS as LABELS
-from pycore.report import dumps_json, environment, fmt, pm, save_figure, summarize
+from pycore.report import environment, fmt, pm, save_figure, summarize
 from pycore.thetas import save_thetas, theta_key
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.
@@ -289,14 +289,7 @@ def table_markdown(result: dict) -> str:
     if dp:
         lines += ["", "Best D_P training loss of a linear head (Definition 3.1(c)), before → after: "
                   + "; ".join(dp) + "."]
-    settings = result["immunize"]
-    hard = [r["hardening"]["max_rel_diff_vs_unhardened"]
-            for e in result["methods"].values() for r in e["runs"] if "hardening" in r]
-    if hard:
-        lines += ["", f"Hardening `{settings['harden']}` (θ → θQ, Q orthogonal; docs/attacks.md): every "
-                  "number above is that of the unhardened θ; largest relative difference over all runs of "
-                  f"RIR, (i), (ii) (training and held-out) and best D_P loss: {max(hard):.1e}."]
-    lines += ["", common.immunize_summary(settings) + f" Wall time {result['wall_seconds']:.1f} s."]
+    lines += common.immunize_lines(result, "RIR, (i), (ii) (training and held-out) and best D_P loss")
     return "\n".join(lines) + "\n"
 
 
@@ -347,13 +340,9 @@ def main(argv=None) -> int:
         common.check_out(args.out, OUTPUTS)
         result = run(args)
         archive = result.pop("_thetas")
-        table = table_markdown(result)
-        files = {"table.md": table, "thetas.npz": lambda p: save_thetas(p, archive, thetas_meta(result))}
-        if not args.no_plot:
-            files["norm_ratio.png"] = lambda p: plot_norm_ratio(result, p)
-        files["results.json"] = dumps_json(result, indent=2) + "\n"
-        written = common.write_outputs(args.out, files)
-        print(table + "\nwrote " + ", ".join(map(str, written)))
+        common.write_run(args.out, table_markdown(result), result, {
+            "thetas.npz": lambda p: save_thetas(p, archive, thetas_meta(result)),
+            "norm_ratio.png": None if args.no_plot else lambda p: plot_norm_ratio(result, p)})
     return common.main(parser, body, argv)
 
 

@@ -19,7 +19,7 @@ from pycore.evaluate import EvaluationReference, immunized_def31
 from pycore.immunize import METHODS
 from pycore.metrics import rir_ceiling
 from pycore.report import METHOD_LABELS as LABELS
-from pycore.report import dumps_json, environment, fmt, pm, save_figure, summarize
+from pycore.report import environment, fmt, pm, save_figure, summarize
 from pycore.thetas import save_thetas, theta_key
 
 # Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts under two criteria:
@@ -250,14 +250,7 @@ def table_markdown(result: dict) -> str:
     for m, e in result["methods"].items():
         lines.append(f"| {LABELS[m]} | {pm(e['rir_range_part'])} | {pm(e['rir_null_part'])} | "
                      f"{pm(e['heldout_rir_range_part'])} | {pm(e['heldout_rir_null_part'])} |")
-    settings = result["immunize"]
-    hard = [r["hardening"]["max_rel_diff_vs_unhardened"]
-            for e in result["methods"].values() for r in e["runs"] if "hardening" in r]
-    if hard:
-        lines += ["", f"Hardening `{settings['harden']}` (θ → θQ, Q orthogonal; docs/attacks.md): every "
-                  "number above is that of the unhardened θ; largest relative difference of RIR, (i), (ii) "
-                  f"(training and held-out) over all runs: {max(hard):.1e}."]
-    lines += ["", common.immunize_summary(settings) + f" Wall time {result['wall_seconds']:.1f} s."]
+    lines += common.immunize_lines(result, "RIR, (i), (ii) (training and held-out)")
     return "\n".join(lines) + "\n"
 
 
@@ -315,20 +308,15 @@ def main(argv=None) -> int:
         common.check_out(args.out, OUTPUTS)
         result = run(args)
         archive = result.pop("_thetas")
-        table = table_markdown(result)
-        files = {"table.md": table}
-        if not args.no_plot:
-            files["heatmap.png"] = lambda p: plot_heatmap(result, p)
-        if archive:
-            files["thetas.npz"] = lambda p: save_thetas(p, archive, {
-                "experiment": "mnist", "seeds": result["seeds"], "pairs": result["pairs"],
-                "harden": result["immunize"]["harden"], "command": result["command"],
-                "keys": "<P>-<H>/<method>/seed<k> = θ (784×784; features X @ θ); with --harden: "
-                        "<P>-<H>/<method>+<kind>/seed<k> = the hardened θ and .../Q its rotation; "
-                        "<P>-<H>/data/<train|heldout>/<X_P|Y_P|X_H|Y_H> = the pair's inputs and targets"})
-        files["results.json"] = dumps_json(result, indent=2) + "\n"
-        written = common.write_outputs(args.out, files)
-        print(table + "\nwrote " + ", ".join(map(str, written)))
+        meta = {
+            "experiment": "mnist", "seeds": result["seeds"], "pairs": result["pairs"],
+            "harden": result["immunize"]["harden"], "command": result["command"],
+            "keys": "<P>-<H>/<method>/seed<k> = θ (784×784; features X @ θ); with --harden: "
+                    "<P>-<H>/<method>+<kind>/seed<k> = the hardened θ and .../Q its rotation; "
+                    "<P>-<H>/data/<train|heldout>/<X_P|Y_P|X_H|Y_H> = the pair's inputs and targets"}
+        common.write_run(args.out, table_markdown(result), result, {
+            "heatmap.png": None if args.no_plot else lambda p: plot_heatmap(result, p),
+            "thetas.npz": (lambda p: save_thetas(p, archive, meta)) if archive else None})
     return common.main(parser, body, argv)
 
 
