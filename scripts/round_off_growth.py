@@ -177,7 +177,8 @@ def main(argv=None) -> int:
         return house_price.main(args.job)
     from experiments.house_price import load_tasks  # noqa: E402  (imports the CLI layer)
 
-    _, train, _, _ = load_tasks(types.SimpleNamespace(data=None, n_train=200, protocol=args.protocol))
+    _, train, _, _ = load_tasks(types.SimpleNamespace(data=None, n_train=200, protocol=args.protocol,
+                                                      target_p=None, on_outlier="warn"))
     overrides = dict(kv.split("=", 1) for kv in args.set)
     overrides = {k: _value(v) for k, v in overrides.items()}
     cfg = {"preset": "strict" if args.protocol == "strict" else "house_price", **overrides}

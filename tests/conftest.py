@@ -6,12 +6,11 @@ import pytest
 
 @pytest.fixture
 def tripwire(monkeypatch):
-    """Any computation fails the test loudly (exit 1 with 'COMPUTED'), so a usage error that slips
-    past the checks before the work cannot pass as exit 2."""
-    from experiments import attacks, deepnet, house_price, mnist
+    """Any computation of a linear experiment fails the test loudly (exit 1, 'COMPUTED'), so a
+    usage error that slips past the checks before the work cannot pass as exit 2."""
+    from experiments import attacks, frontier, house_price, mnist
 
     def boom(*a, **k):
         raise AssertionError("COMPUTED")
-    for mod in (house_price, mnist, attacks):
+    for mod in (house_price, mnist, attacks, frontier):
         monkeypatch.setattr(mod, "run", boom)
-    monkeypatch.setattr(deepnet, "run_config", boom)   # the deep pipeline is pycore.deep.evaluate

@@ -1,184 +1,121 @@
-"""Hostile ``--out`` folders (experiments/outputs.py, docs/cli.md "Outputs"): a mount point, dangling
-and looping symbolic links, user data named like an output file, a kept set after a failed move.
-
-Each case asserts the exit code, the key words of the one stderr line, and what is on disk after.
-"""
+"""Outputs of the command lines (experiments/common.py, docs/cli.md "Outputs"): nothing of the
+user's or of another run is ever deleted, an interrupted or failed run leaves the previous
+outputs as they were, ``--out`` is checked before any compute, results.json is strict JSON."""
 from __future__ import annotations
 
-import errno
+import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from experiments import house_price, outputs
-from tests import cli_helpers
-from tests.cli_helpers import one_line
+from experiments import common, house_price
+from pycore.report import read_json
+from tests.cli_helpers import call, one_line
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY_HP = ["--seeds", "1", "--methods", "identity", "--probe-steps", "2", "--jobs", "1", "--no-plot"]
-
-
-def call(capsys, argv):
-    """House Prices' main: (exit code, stderr)."""
-    return cli_helpers.call(capsys, house_price, argv)[:2]
+TINY = ["--seeds", "1", "--methods", "identity,closed_form", "--probe-steps", "2", "--jobs", "1", "--no-plot"]
 
 
-# --- a mount point: no swap possible ----------------------------------------------------------
+def _snapshot(folder: Path) -> dict:
+    """Every entry under ``folder`` (hidden ones and links included) with its content."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for n in dirs + files:
+            p = Path(root) / n
+            rel = str(p.relative_to(folder))
+            out[rel] = (os.readlink(p) if p.is_symlink() else None if p.is_dir() else p.read_bytes())
+    return out
 
-def _ebusy(*a, **k):
-    raise OSError(errno.EBUSY, os.strerror(errno.EBUSY))
 
-
-def test_out_that_cannot_be_swapped_is_replaced_in_place(capsys, tmp_path, monkeypatch):
-    """The docker -v host:/out case, simulated: renaming --out fails with EBUSY.  The run used to
-    delete its staging folder after the whole computation and exit 1 with a raw [Errno 16]."""
+def test_nothing_but_this_runs_own_files_is_touched(capsys, tmp_path):
+    """Issue 27 defect 7: a user's OUT/ci/extractor_ours_backup.safetensors, which matched an output
+    glob, was deleted by the next run.  Now a run replaces only the files it writes, by name."""
     out = tmp_path / "out"
-    out.mkdir()                                   # the (empty) mount point
-    (out / "table.md").write_text("an earlier run's table")
-    real_rename = os.rename
-
-    def rename(src, dst, *a, **k):
-        if Path(dst) == out or Path(src) == out:  # a mount point cannot be renamed, nor replaced
-            _ebusy()
-        return real_rename(src, dst, *a, **k)
-    monkeypatch.setattr(outputs, "_exchange", _ebusy)
-    monkeypatch.setattr(os, "rename", rename)
-    rc, err = call(capsys, [*TINY_HP, "--out", str(out)])
+    (out / "ci").mkdir(parents=True)
+    (out / "ci" / "extractor_ours_backup.safetensors").write_bytes(b"45 MB of weights")
+    (out / "thetas_backup.npz").write_bytes(b"mine")
+    (out / "results.json.bak").write_text("an earlier result, kept by hand")
+    (out / ".results.json.4242-abcd.json").write_text("another run's temporary file")
+    (out / "norm_ratio.png").write_bytes(b"an earlier figure")
+    (out / "link").symlink_to(tmp_path / "elsewhere")
+    before = _snapshot(out)
+    rc, err, _ = call(capsys, house_price, [*TINY, "--out", str(out)])
     assert rc == 0, err
-    one_line(err, "warning", "cannot be swapped as a whole", "EBUSY", "one by one")
-    assert sorted(os.listdir(out)) == ["results.json", "table.md", "thetas.npz"]
-    assert (out / "table.md").read_text().startswith("# House Prices")
-    assert [p.name for p in tmp_path.iterdir()] == ["out"]       # no staging folder left
+    after = _snapshot(out)
+    assert {k: v for k, v in after.items() if k in before} == before     # --no-plot: the figure stays
+    assert set(after) - set(before) == {"results.json", "table.md", "thetas.npz"}
 
 
-def test_in_place_replacement_that_fails_keeps_the_result(capsys, tmp_path, monkeypatch):
-    """If even the file-by-file replacement fails, the finished set is kept and named."""
-    out = tmp_path / "out"
-    out.mkdir()
-    monkeypatch.setattr(outputs, "_exchange", _ebusy)
-    monkeypatch.setattr(os, "rename", lambda *a, **k: _ebusy())
-    monkeypatch.setattr(outputs, "_move_file", lambda src, dst: _ebusy())
-    rc, err = call(capsys, [*TINY_HP, "--out", str(out)])
-    line = err.strip().splitlines()[-1]
-    assert rc == 1 and "cannot write into" in line and "outputs are in" in line, err
-    kept = Path(line.split("outputs are in ")[1])
-    assert sorted(os.listdir(kept)) == [".rescued", "results.json", "table.md", "thetas.npz"]
+def test_a_concurrent_run_cannot_remove_a_live_runs_files(tmp_path):
+    """Issue 27 defect 6: run B (another PID namespace: it cannot see A's PID) deleted run A's
+    staging folder.  Now no run deletes anything: B, writing into the same folder while A is
+    half-way through its files, leaves A's temporary file and A's finished files alone."""
+    seen = {}
+
+    def a_writes_its_figure(path):
+        common.write_outputs(tmp_path, {"results.json": "B", "table.md": "B"})   # B, start to end
+        seen["a_tmp_alive"] = Path(path).exists()
+        Path(path).write_text("A's figure")
+
+    common.write_outputs(tmp_path, {"table.md": "A", "fig.png": a_writes_its_figure, "results.json": "A"})
+    assert seen["a_tmp_alive"]
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {
+        "table.md": "B", "fig.png": "A's figure", "results.json": "A"}
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None or not sys.platform.startswith("linux"),
-                    reason="needs unshare(1) on Linux")
-def test_real_mount_point(tmp_path):
-    """A real tmpfs mounted at --out, in a private mount namespace (root only: skipped otherwise)."""
-    out = tmp_path / "mnt"
-    out.mkdir()
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs none {out}"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (not root, or no CAP_SYS_ADMIN)")
-    script = (f"mount -t tmpfs none {out} && {sys.executable} experiments/house_price.py "
-              f"{' '.join(TINY_HP)} --out {out}; echo rc=$?; ls -A {out}")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert "rc=0" in proc.stdout, proc.stdout + proc.stderr
-    assert proc.stdout.split("rc=0")[1].split() == ["results.json", "table.md", "thetas.npz"], proc.stdout
-    assert "Errno" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-
-
-# --- symbolic links -----------------------------------------------------------------------------
-
-def test_dangling_out_symlink_is_refused_before_compute(tripwire, capsys, tmp_path):
-    link = tmp_path / "out"
-    link.symlink_to(tmp_path / "nowhere")
-    rc, err = call(capsys, ["--out", str(link)])
-    assert rc == 2 and one_line(err, "--out", "dangling symbolic link", "nowhere")
-    assert os.path.islink(link) and not (tmp_path / "nowhere").exists()
-
-
-def test_looping_out_symlink_is_refused_before_compute(tripwire, capsys, tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.symlink_to(b)
-    b.symlink_to(a)
-    rc, err = call(capsys, ["--out", str(a)])
-    assert rc == 2 and one_line(err, "--out", "symbolic link loop")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
-
-
-def test_out_symlink_to_a_folder_is_refused_before_compute(tripwire, capsys, tmp_path):
-    (tmp_path / "real").mkdir()
-    (tmp_path / "out").symlink_to(tmp_path / "real")
-    rc, err = call(capsys, ["--out", str(tmp_path / "out")])
-    assert rc == 2 and one_line(err, "--out", "symbolic link", "pass the folder itself")
-
-
-# --- user data named like an output file ---------------------------------------------------------
-
-@pytest.mark.parametrize("layout", ["results.json/precious.txt", "table.md/sub/thesis.txt"])
-def test_folder_named_like_an_output_is_never_deleted(capsys, tmp_path, layout):
-    """Such a folder passed the 'earlier outputs only' check by its name and was deleted, exit 0."""
-    out = tmp_path / "X"
-    user_file = out / layout
-    user_file.parent.mkdir(parents=True)
-    user_file.write_text("precious")
-    rc, err = call(capsys, [*TINY_HP, "--out", str(out)])
-    top = layout.split("/")[0]
-    assert rc == 2 and one_line(err, "--out", repr(top), "a folder", "not an output file")
-    assert user_file.read_text() == "precious"
-
-
-def test_symlink_named_like_an_output_is_never_followed_or_replaced(capsys, tmp_path):
-    out = tmp_path / "X"
-    out.mkdir()
-    target = tmp_path / "elsewhere.json"
-    target.write_text("precious")
-    (out / "results.json").symlink_to(target)
-    rc, err = call(capsys, [*TINY_HP, "--out", str(out)])
-    assert rc == 2 and one_line(err, "--out", "'results.json'", "symbolic link")
-    assert target.read_text() == "precious" and os.path.islink(out / "results.json")
-
-
-def test_folder_named_like_an_output_appearing_during_the_run(capsys, tmp_path, monkeypatch):
-    out = tmp_path / "X"
-    real_run = house_price.run
-
-    def run_while_user_writes(args):
-        (out / "table.md").mkdir(parents=True)
-        (out / "table.md" / "thesis.txt").write_text("mine")
-        return real_run(args)
-    monkeypatch.setattr(house_price, "run", run_while_user_writes)
-    rc, err = call(capsys, [*TINY_HP, "--out", str(out)])
-    assert rc == 1 and one_line(err, "--out", "'table.md'", "outputs are in")
-    assert (out / "table.md" / "thesis.txt").read_text() == "mine"
-
-
-# --- a result reported to the user is never deleted -----------------------------------------------
-
-def test_rescued_outputs_survive_the_next_run(capsys, tmp_path, monkeypatch):
-    """Files appearing in --out during a run: the run exits 1 and names where its outputs are.
-    The next run into the same --out used to delete that folder as a dead process's leftover."""
+@pytest.mark.parametrize("exc,code", [(KeyboardInterrupt(), 130), (common.Terminated(), 143),
+                                      (ValueError("bad data"), 1)])
+def test_an_interrupted_or_failed_run_leaves_the_previous_outputs(capsys, tmp_path, monkeypatch, exc, code):
     out = tmp_path / "hp"
-    real_run = house_price.run
+    assert house_price.main([*TINY, "--out", str(out)]) == 0
+    before = _snapshot(out)
 
-    def run_while_user_writes(args):
+    def fail(args):
+        raise exc
+    monkeypatch.setattr(house_price, "run", fail)
+    rc, err, _ = call(capsys, house_price, [*TINY, "--out", str(out)])
+    assert rc == code and one_line(err)
+    assert _snapshot(out) == before
+
+
+def test_a_failure_while_writing_leaves_no_partial_file(capsys, tmp_path, monkeypatch):
+    """The figure fails half-way: the files already replaced are complete, results.json (written
+    last) is still the previous run's, and no temporary file is left behind."""
+    out = tmp_path / "hp"
+    argv = [*TINY, "--out", str(out)]
+    assert house_price.main(argv) == 0
+    old = (out / "results.json").read_bytes()
+
+    def broken_plot(result, path):
+        Path(path).write_bytes(b"half a png")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(house_price, "plot_norm_ratio", broken_plot)
+    rc, err, _ = call(capsys, house_price, [a for a in argv if a != "--no-plot"])
+    assert rc == 1 and one_line(err)
+    assert (out / "results.json").read_bytes() == old
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "table.md", "thetas.npz"]
+
+
+@pytest.mark.parametrize("make", ["file", "under_a_file", "output_name_is_a_folder", "read_only"])
+def test_out_is_checked_before_any_compute(tripwire, capsys, tmp_path, monkeypatch, make):
+    f = tmp_path / "file"
+    f.write_text("keep me")
+    out = {"file": f, "under_a_file": f / "sub"}.get(make, tmp_path / "out")
+    if make == "output_name_is_a_folder":
+        (out / "table.md").mkdir(parents=True)
+    if make == "read_only":   # tests may run as root, for whom chmod does not bind
         out.mkdir()
-        (out / "notes.txt").write_text("mine")
-        return real_run(args)
-    monkeypatch.setattr(house_price, "run", run_while_user_writes)
-    rc, err = call(capsys, [*TINY_HP, "--out", str(out)])
-    assert rc == 1 and one_line(err, "--out", "gained files", "notes.txt", "outputs are in")
-    assert os.listdir(out) == ["notes.txt"]                # the user's file, and nothing of ours
-    kept = Path(err.split("outputs are in ")[1].strip())
-    assert kept.name.startswith("hp.rescued-")            # visible, and not a staging folder
-    before = {p.name: p.read_bytes() for p in kept.iterdir()}
-    assert sorted(before) == [".rescued", "results.json", "table.md", "thetas.npz"]
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, m: False if Path(p) == out else real(p, m))
+    rc, err, elapsed = call(capsys, house_price, ["--out", str(out)])
+    assert rc == 2 and one_line(err, "--out") and elapsed < 1.0
+    assert f.read_text() == "keep me"
 
-    # The reporting process is gone when the user runs again (its PID is dead: simulate that).
-    monkeypatch.setattr(outputs, "_alive", lambda pid: False)
-    monkeypatch.setattr(house_price, "run", real_run)
-    (out / "notes.txt").unlink()
-    rc, err = call(capsys, [*TINY_HP, "--out", str(out)])
-    assert rc == 0, err
-    assert {p.name: p.read_bytes() for p in kept.iterdir()} == before
+
+def test_results_json_is_strict_json(capsys, tmp_path):
+    assert house_price.main([*TINY, "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "results.json").read_text()
+    raw = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert raw["ceiling"] == "Infinity" and read_json(tmp_path / "results.json")["ceiling"] == np.inf
+    capsys.readouterr()
