@@ -396,7 +396,8 @@ def algorithm1_auto(task, method, o, rng):
         w = 1.0 / (1.0 + np.exp(np.clip(BALANCE_GAIN * (a - b), -50.0, 50.0)))
         for key, val in zip(hist, (step, np.exp(a), np.exp(-b), w)):
             hist[key].append(float(val))
-        g = (1 - w) * _unit(pre_P.direction(theta, reg_P, Z_P)) + w * _unit(pre_H.direction(theta, reg_H, Z_H))
+        g = ((1 - w) * _unit(pre_P.direction(theta, reg_P, Z_P))
+             + w * _unit(pre_H.direction(theta, reg_H, Z_H)))
         theta = opt.step(theta, g, blame="lr")
     if best_m <= 0:
         stop += (f"; Definition 3.1 was not reached though the RIR ceiling is {ceiling.exact:.4g} > 1: "

@@ -43,8 +43,8 @@ def _ink_labels(X, groups):
 
 
 def new_tasks():
-    w, b, g, i = datasets.load_wine(), datasets.load_breast_cancer(), datasets.load_digits(), datasets.load_iris()
-    d = datasets.load_diabetes(scaled=False)
+    w, b, g = datasets.load_wine(), datasets.load_breast_cancer(), datasets.load_digits()
+    i, d = datasets.load_iris(), datasets.load_diabetes(scaled=False)
     out = {}
     for std in (False, True):
         tag = "std" if std else "raw"
