@@ -115,8 +115,8 @@ class OursOptions(_AdamOptions):
                                           "default sets both (give both numbers for the fixed-λ loop)")
         if auto and (self.optimizer != "adam" or self.init != "identity"):
             bad = "optimizer" if self.optimizer != "adam" else "init"
-            raise ParameterError(bad, f"the adaptive default (lambda_p = lambda_h = 'auto') runs Adam from θ = I; "
-                                      f"{bad} = {getattr(self, bad)!r} needs numbers for lambda_p and lambda_h")
+            raise ParameterError(bad, f"the adaptive default (both λ's 'auto') runs Adam from θ = I; "
+                                      f"{bad} = {getattr(self, bad)!r} needs numbers for both λ's")
 
     @property
     def auto(self) -> bool:

@@ -49,7 +49,8 @@ def new_tasks():
     for std in (False, True):
         tag = "std" if std else "raw"
         s = w.target < 2   # wine: class 0 vs class 1; targets alcohol (D_P) and colour intensity (D_H)
-        out[f"wine {tag}"] = _pair(w.data[s], w.target[s] == 1, w.data[s, 0], w.data[s, 9], drop=(0, 9), std=std)
+        out[f"wine {tag}"] = _pair(w.data[s], w.target[s] == 1, w.data[s, 0], w.data[s, 9], drop=(0, 9),
+                                   std=std)
         # diabetes: split by sex; targets BMI (D_P) and disease progression (D_H)
         out[f"diabetes {tag}"] = _pair(d.data, d.data[:, 1] > 1.5, d.data[:, 2], d.target, drop=(2,), std=std)
         # breast cancer: split at the median texture; D_P classifies the diagnosis (BCE), D_H fits the area
@@ -57,7 +58,8 @@ def new_tasks():
                                      drop=(3,), loss="bce", std=std)
         s = np.isin(g.target, (3, 8))   # digits: 3 (D_P) vs 8 (D_H), 64 pixels, ink labels
         lab = _ink_labels(g.data[s], g.target[s])
-        out[f"digits {tag}"] = _pair(g.data[s], g.target[s] == 8, lab, lab, loss="bce", std=std)
+        out[f"digits {tag}"] = _pair(g.data[s], g.target[s] == 8, lab, lab, loss="bce",
+                                     std=std)
         s = i.target < 2   # iris: setosa vs versicolor; petal width of each
         out[f"iris {tag}"] = _pair(i.data[s], i.target[s] == 1, i.data[s, 3], i.data[s, 3], drop=(3,), std=std)
     return out
