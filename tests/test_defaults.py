@@ -61,7 +61,8 @@ def new_tasks():
         out[f"digits {tag}"] = _pair(g.data[s], g.target[s] == 8, lab, lab, loss="bce",
                                      std=std)
         s = i.target < 2   # iris: setosa vs versicolor; petal width of each
-        out[f"iris {tag}"] = _pair(i.data[s], i.target[s] == 1, i.data[s, 3], i.data[s, 3], drop=(3,), std=std)
+        out[f"iris {tag}"] = _pair(i.data[s], i.target[s] == 1, i.data[s, 3], i.data[s, 3], drop=(3,),
+                                   std=std)
     return out
 
 
