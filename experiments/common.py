@@ -264,15 +264,11 @@ def add_immunize_options(parser, preset: str | None) -> None:
     """One flag per option of every linear method (:func:`pycore.immunize.options_of`; ``--help``
     shows ``preset``'s values), ``--certified`` and ``--harden``: :func:`immunizer` reads them."""
     from pycore.harden import HARDENINGS
-    from pycore.immunize import MAX_EPOCHS, MAX_INNER_STEPS, METHODS, PRESETS
-    from pycore.optim import OPTIMIZERS
-    from pycore.precondition import PRECONDITIONERS
+    from pycore.immunize import METHODS, OPTION_CHOICES, OPTION_RULES, PRESETS
 
     add_options(parser, dict.fromkeys(_options_class(m, True) for m in METHODS),
                 title="immunization options (pycore.immunize; given ones beat the preset)",
-                rules={"epochs": dict(low=0, high=MAX_EPOCHS), "batch_size": dict(low=1, high=10**6),
-                       "inner_steps": dict(low=0, high=MAX_INNER_STEPS)},
-                choices={"optimizer": OPTIMIZERS, "precond": PRECONDITIONERS, "init": ("identity", "random")},
+                rules=OPTION_RULES, choices=OPTION_CHOICES,
                 shown=PRESETS[preset] if preset else {})
     parser.add_argument("--certified", action="store_true", help="ours in certified-monotone mode")
     parser.add_argument("--harden", choices=HARDENINGS, default="none",

@@ -28,16 +28,18 @@ from pycore.validation import ParameterError, check_choice, check_number
 # killed): 100× the paper's largest epoch count (Table 4: 1000), ~300× IMMA's 3 unrolled steps.
 MAX_EPOCHS = 100_000
 MAX_INNER_STEPS = 1_000
-_RULES = {  # option → check_number bounds; NaN fails every bound (each is checked positively)
+MAX_BATCH = 10**6
+OPTION_RULES = {  # option → check_number bounds; NaN fails every bound (each is checked positively)
     "epochs": dict(low=0, high=MAX_EPOCHS, integer=True), "lr": dict(low=0.0, low_open=True),
     "patience": dict(low=1, high=MAX_EPOCHS, integer=True),
     "lambda_p": dict(low=0.0), "lambda_h": dict(low=0.0), "lambda_kappa": dict(low=0.0),
-    "adam_eps": dict(low=0.0, low_open=True), "batch_size": dict(low=1, integer=True, none_ok=True),
+    "adam_eps": dict(low=0.0, low_open=True),
+    "batch_size": dict(low=1, high=MAX_BATCH, integer=True, none_ok=True),
     "ridge": dict(low=0.0), "inner_steps": dict(low=0, high=MAX_INNER_STEPS, integer=True),
     "inner_lr": dict(low=0.0, high=2.0, high_open=True),   # the attacker's step inner_lr/L is stable below 2
     "safety": dict(low=0.0, high=1.0, low_open=True, high_open=True)}
-_CHOICES = {"optimizer": OPTIMIZERS, "precond": PRECONDITIONERS, "init": ("identity", "random"),
-            "log": (False, True)}
+OPTION_CHOICES = {"optimizer": OPTIMIZERS, "precond": PRECONDITIONERS, "init": ("identity", "random"),
+                  "log": (False, True)}
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,10 @@ class Options:
             value = getattr(self, f.name)
             if value == "auto" and f.name in ("lambda_p", "lambda_h"):
                 continue
-            if f.name in _RULES:
-                check_number(value, f.name, **_RULES[f.name])
-            elif f.name in _CHOICES:
-                check_choice(value, f.name, _CHOICES[f.name])
+            if f.name in OPTION_RULES:
+                check_number(value, f.name, **OPTION_RULES[f.name])
+            elif f.name in OPTION_CHOICES:
+                check_choice(value, f.name, OPTION_CHOICES[f.name])
             elif f.name == "exponent" and value != "auto":
                 check_number(value, "exponent")
             elif f.name == "betas":
