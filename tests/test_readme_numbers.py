@@ -134,3 +134,31 @@ def test_measured_cells_per_table_row_and_column(tmp_path):
     assert m == [{"A": {"v": ["1.0", "1.1"]}}, {"B": {"w": ["0", "0"]}}]
     assert rc.measured_cells({"commands": {}}, "python experiments/z.py") is None
     assert parse_tables(["| a |", "| b |"]) == []           # rows without a separator are no table
+
+
+def test_results_md_is_the_tables_of_the_outputs_and_check_sees_a_change(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_md", rc.ROOT / "scripts" / "results_md.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "results" / "house_price").mkdir(parents=True)
+    (tmp_path / "results" / "house_price" / "table.md").write_text(
+        "# Title\n\nLegend naming /a/local/path.\n\n| method | v |\n|---|---|\n| A | 1 ± 0 |\n\n"
+        "Caption of the second table.\n\n| method | w |\n|---|---|\n| A | 2 |\n\nWall time 3 s.\n")
+    assert gen.main([], root=tmp_path) == 0
+    text = (tmp_path / "docs" / "results.md").read_text()
+    lines = text.splitlines()
+    i = lines.index("<!-- readme-check: python experiments/house_price.py -->")
+    assert lines[i + 1:i + 9] == ["| method | v |", "|---|---|", "| A | 1 ± 0 |", "", "Caption of the second "
+                                  "table.", "", "| method | w |", "|---|---|"]
+    assert "/a/local/path" not in text and "Wall time" not in text and "Title" not in text
+    assert text.count("Not run yet") == len(gen.EXPERIMENTS) - 1
+    assert gen.main(["--check"], root=tmp_path) == 0
+    table = tmp_path / "results" / "house_price" / "table.md"
+    table.rename(tmp_path / "moved.md")      # no output: the section is kept as it was
+    assert gen.main([], root=tmp_path) == 0 and (tmp_path / "docs" / "results.md").read_text() == text
+    table.write_text("| method | v |\n|--|--|\n| A | 2 ± 0 |\n")
+    assert gen.main(["--check"], root=tmp_path) == 1 and "| A | 2 ± 0 |" in capsys.readouterr().err
+    assert (tmp_path / "docs" / "results.md").read_text() == text        # --check writes nothing
