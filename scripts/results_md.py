@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 class Experiment(NamedTuple):
     title: str
     what: str                         # one line: what it is
