@@ -1,21 +1,15 @@
-"""The three linear jobs at reduced size, each as a RATIO to its arithmetic floor measured in the
-same run (docs/performance.md).
+"""The linear jobs at reduced size, each method's time as a RATIO to the job's arithmetic floor
+measured in the same run: a regression shows as a larger ratio on any machine, whatever its speed.
 
-    python -m pytest bench/bench_jobs.py --benchmark-only -s     # pytest-benchmark + ratio lines
-    python bench/bench_jobs.py [--repeat 5]                      # the ratio table alone
+    python bench/bench_jobs.py [--repeat 5]                      # the ratio table
+    python -m pytest bench/bench_jobs.py --benchmark-only -s     # the same through pytest-benchmark
 
-A job step's floor is the bare arithmetic every step of that job must do, replayed with the same
-LAPACK/BLAS calls and nothing else:
-
-* House Prices (both protocols; D = 79 or 75, 200 rows per task): the two feature products
-  ``X_Pθ``, ``X_Hθ``, the two Hessians ``ZᵀZ`` and their eigenvalues (one tridiagonal reduction
-  and ``dsterf`` each) -- what any method that reads κ(H_P), κ(H_H) per step needs;
-* MNIST (D = 784, 100 rows per task): the two feature products (100×784×784), the two 100×100
-  Gram matrices and their ``eigh``, and one 784×100×784 product (a dense D×D update).
-
-Per job the benchmark runs Algorithm 1 ("ours"), Opt κ, R_ill only and IMMA for a few epochs
-(one seed) and reports ``time / (steps × floor step)``: a regression in the library shows as a
-larger ratio on any machine, whatever its absolute speed.  Single-threaded (bench/conftest.py).
+A step's floor is the bare arithmetic every step of the job must do, with the same LAPACK/BLAS
+calls and nothing else: House Prices (both protocols; D = 79 or 75, 200 rows per task) the two
+feature products ``Xθ``, the two Hessians ``ZᵀZ`` and their eigenvalues (``dsytrd`` + ``dsterf``);
+MNIST (pair 0→1, D = 784, 100 rows per task) the two feature products, the two 100×100 Gram
+eigensolves and one 784×100×784 product.  Ours, Opt κ, R_ill only and IMMA run a few epochs (seed 0,
+the job's preset); one BLAS thread (bench/conftest.py).
 """
 from __future__ import annotations
 
@@ -39,46 +33,41 @@ from pycore.immunize import PRESETS, immunize  # noqa: E402
 METHODS = ("ours", "opt_kappa", "r_ill_only", "imma")
 
 
-def _house_price(protocol):
+def house_price(protocol):
     from pycore.data.house_price import load_house_price
     from pycore.protocol import strict_protocol
 
     d = load_house_price()
     if protocol == "strict":
-        train, _, _ = strict_protocol(d.train, d.heldout, d.feature_names)
-        return train, dict(preset="strict", epochs=20)
-    return d.train, dict(preset="house_price", epochs=20)
+        return strict_protocol(d.train, d.heldout, d.feature_names)[0], "strict", 20
+    return d.train, "house_price", 20
 
 
-def _mnist():
-    from experiments import mnist as exp
+def mnist():
     from pycore.data.mnist import digit_covariances, load_mnist_5k, pair_task, split_digits
 
-    args = exp.parse_args([])
     digits = load_mnist_5k()
-    split = split_digits(digits, args.n_train, np.random.default_rng(args.split_seed), args.n_heldout)
-    task = pair_task(digits, split, 0, 1, covariances=digit_covariances(digits, split))
-    return task, dict(preset="mnist", epochs=4)
+    split = split_digits(digits, 100, np.random.default_rng(0), 100)   # mnist.py's defaults
+    return pair_task(digits, split, 0, 1, covariances=digit_covariances(digits, split)), "mnist", 4
 
 
-JOBS = {"house_price": lambda: _house_price("paper"), "house_price_strict": lambda: _house_price("strict"),
-        "mnist": _mnist}
+JOBS = {"house_price": lambda: house_price("paper"), "house_price_strict": lambda: house_price("strict"),
+        "mnist": mnist}
 
 
 def floor_step(task):
     """One step of the job's bare arithmetic (see the module docstring)."""
-    X_P, X_H, D = task.X_P, task.X_H, task.D
-    theta = np.eye(D)
-    if X_P.shape[0] >= D:           # covariance path: D×D Hessians, eigenvalues by dsytrd + dsterf
+    X_P, X_H, theta = task.X_P, task.X_H, np.eye(task.D)
+    if X_P.shape[0] >= task.D:      # D×D Hessians, eigenvalues by dsytrd + dsterf
         def step():
             for X in (X_P, X_H):
                 Z = X @ theta
-                c, d, e, tau, _ = lapack.dsytrd(Z.T @ Z, lower=1)
+                _, d, e, _, _ = lapack.dsytrd(Z.T @ Z, lower=1)
                 lapack.dsterf(d, e)
         return step
-    V = np.linalg.svd(X_H, full_matrices=False)[2].T   # D×N, a range basis
+    V = np.linalg.svd(X_H, full_matrices=False)[2].T   # D×N
 
-    def step():                     # Gram path: N×N spectra, and one dense D×D update
+    def step():                     # N×N Gram spectra and one dense D×D update
         for X in (X_P, X_H):
             Z = X @ theta
             np.linalg.eigh(Z @ Z.T)
@@ -86,62 +75,52 @@ def floor_step(task):
     return step
 
 
-def steps_of(task, cfg, method):
-    batch_size = PRESETS[cfg["preset"]]["batch_size"]
-    n_batches = 1 if batch_size is None else -(-task.X_P.shape[0] // batch_size)
-    return cfg["epochs"] * n_batches
+def steps(task, preset, epochs):
+    batch = PRESETS[preset]["batch_size"]
+    return epochs * (1 if batch is None else -(-task.X_P.shape[0] // batch))
 
 
-def best_time(fn, repeat):
-    best = np.inf
+def best(fn, repeat):
+    times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def run(task, preset, epochs, method):
+    return immunize(task, method, rng=np.random.default_rng(0), preset=preset, epochs=epochs)
 
 
 def measure(job: str, repeat: int = 3) -> dict:
-    """{method: (seconds of the run, seconds of its floor, ratio)} for one reduced job."""
-    task, cfg = JOBS[job]()
-    step = floor_step(task)
-    out = {}
-    for m in METHODS:
-        n = steps_of(task, cfg, m)
-        run = best_time(lambda: immunize(task, m, rng=np.random.default_rng(0), **cfg), repeat)
-        floor = n * best_time(lambda: [step() for _ in range(min(n, 50))], repeat) / min(n, 50)
-        out[m] = (run, floor, run / floor)
-    return out
+    """{method: (seconds of the run, seconds of its floor, ratio)}."""
+    task, preset, epochs = JOBS[job]()
+    step, n = floor_step(task), steps(task, preset, epochs)
+    floor = n * best(lambda: [step() for _ in range(min(n, 50))], repeat) / min(n, 50)
+    seconds = {m: best(lambda: run(task, preset, epochs, m), repeat) for m in METHODS}
+    return {m: (t, floor, t / floor) for m, t in seconds.items()}
 
 
 @pytest.mark.parametrize("job", list(JOBS))
 def test_job_floor_ratio(benchmark, job):
-    task, cfg = JOBS[job]()
+    task, preset, epochs = JOBS[job]()
+    step, n = floor_step(task), steps(task, preset, epochs) * len(METHODS)
     benchmark.group = f"linear job at reduced size: {job}"
-    step = floor_step(task)
-    runs = {}
-
-    def run_all():
-        for m in METHODS:
-            runs[m] = immunize(task, m, rng=np.random.default_rng(0), **cfg)
-
-    benchmark.pedantic(run_all, rounds=3, iterations=1, warmup_rounds=1)
-    n = sum(steps_of(task, cfg, m) for m in METHODS)
-    floor = n * best_time(lambda: [step() for _ in range(50)], 3) / 50
-    ratio = benchmark.stats.stats.min / floor
-    benchmark.extra_info.update(floor_seconds=floor, ratio_to_floor=ratio)
-    print(f"\n{job}: {len(METHODS)} methods × {cfg.epochs} epochs, best {benchmark.stats.stats.min:.3f} s, "
-          f"floor {floor:.3f} s, ratio {ratio:.2f}")
-    assert all(np.all(np.isfinite(r.theta)) for r in runs.values())
+    thetas = benchmark.pedantic(lambda: [run(task, preset, epochs, m).theta for m in METHODS],
+                                rounds=3, iterations=1, warmup_rounds=1)
+    ratio = benchmark.stats.stats.min / (n * best(lambda: [step() for _ in range(50)], 3) / 50)
+    benchmark.extra_info.update(ratio_to_floor=ratio)
+    print(f"\n{job}: {len(METHODS)} methods × {epochs} epochs, ratio to the floor {ratio:.2f}")
+    assert all(np.all(np.isfinite(t)) for t in thetas)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--jobs", default=",".join(JOBS))
+    ap.add_argument("--repeat", type=int, default=3, help="best of this many runs (default 3)")
+    ap.add_argument("--jobs", default=",".join(JOBS), help="comma list of " + ", ".join(JOBS))
     args = ap.parse_args(argv)
-    print("| job | method | run (s) | floor (s) | run / floor |")
-    print("|---|---|---|---|---|")
+    print("| job | method | run (s) | floor (s) | run / floor |\n|---|---|---|---|---|")
     for job in args.jobs.split(","):
         for m, (run, floor, ratio) in measure(job, args.repeat).items():
             print(f"| {job} | {m} | {run:.3f} | {floor:.3f} | {ratio:.2f} |", flush=True)
