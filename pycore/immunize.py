@@ -16,10 +16,10 @@ import numpy as np
 
 from pycore import methods
 from pycore.evaluate import immunized_def31
-from pycore.metrics import def31_exponent_window, rir, rir_ceiling
+from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.optim import OPTIMIZERS
 from pycore.precondition import PRECONDITIONERS
-from pycore.spectral import SpectrumError
+from pycore.spectral import SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
 from pycore.validation import ParameterError, check_choice, check_number
@@ -264,8 +264,8 @@ def _run(task, method, opts, rng):
         theta, omega, hist, diag = methods.RUNNERS[method](task, method, opts, rng)
         why = diag.get("stop", f"ran the {opts.epochs} epochs asked for")
     try:
-        r = rir(theta, task.X_P, task.X_H)
-        hr, pr, value = r.harmful_ratio, r.pretrain_ratio, r.value
+        hr, pr = _ratios(task, theta, diag)
+        value = hr / pr
     except SpectrumError as exc:   # θ collapsed a task's features: no κ, no Definition 3.1
         hr = pr = value = float("nan")
         why += f" but the features have no condition number ({exc})"
@@ -275,6 +275,17 @@ def _run(task, method, opts, rng):
     why += "."
     return ImmunizationResult(method, theta, omega, opts, hr, pr, value, ok, why, hist, diag,
                               time.perf_counter() - t0)
+
+
+def _ratios(task, theta, diag) -> tuple[float, float]:
+    """(i), (ii) of θ on the task's rows (docs/theory.md §8): the κ's at θ = I cached on the task, those at
+    θ from the run when it measured them at its end (``diag["kappa_end"]``, an SVD of the features)."""
+    def kappas(th):
+        Xs = (task.X_P, task.X_H) if th is None else (task.X_P @ th, task.X_H @ th)
+        return tuple(gram_spectrum(X, vectors=False).kappa for X in Xs)
+    ref = task._cache.get("kappa_ref") or task._cache.setdefault("kappa_ref", kappas(None))
+    kP, kH = diag.get("kappa_end") or kappas(theta)
+    return kH / ref[1], kP / ref[0]
 
 
 def auto_exponent(task: LinearTask, ceiling=None) -> tuple[float, str]:

@@ -176,6 +176,7 @@ def algorithm1(task, method, o, rng):
                None if last else reg_H.info.kappa)
     if certified:
         diag["certified"] = cert
+    diag["kappa_end"] = (hist["kappa_P"][-1], hist["kappa_H"][-1])   # exact (SVD) at the last record
     return theta, omega, hist, diag
 
 
@@ -250,6 +251,7 @@ def r_ill_only(task, method, o, rng):
         if not np.all(np.isfinite(theta)):
             raise DivergenceError(f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h",
                                   parameter="lambda_h")
+    diag["kappa_end"] = (kP0, kH0) if not diag["steps"] else (kP, kH)
     return theta, None, hist, diag
 
 
@@ -325,7 +327,8 @@ def imma(task, method, o, rng):
         hist["objective"].append(F)
         hist["kappa_P"].append(spec_P(theta).kappa)
         hist["kappa_H"].append(spec_H(theta).kappa)
-    return theta, omega, hist, {}
+    end = {"kappa_end": (hist["kappa_P"][-1], hist["kappa_H"][-1])} if hist["epoch"] else {}
+    return theta, omega, hist, end
 
 
 def _unit(a):
