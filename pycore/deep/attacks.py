@@ -11,14 +11,14 @@ Three attackers, from the paper's to realistic ones (docs/theory.md §10, docs/d
   defender's worst case). Adam's per-coordinate scaling undoes part of any conditioning. With
   ``preprocessing=("whiten",)`` it is the adaptive attacker who whitens its own features.
 * :func:`finetune_attack` -- the attacker fine-tunes the backbone's last stage (ResNet18's
-  ``layer4`` / ViT's last block and norm), the immunization layer and a NEW linear head with
-  Adam on D_H. Nothing of θ's conditioning is protected from this one.
+  ``layer4`` / ViT's last block and norm, any timm model's by its ``feature_info``), the
+  immunization layer and a NEW linear head with Adam on D_H. Nothing of θ's conditioning is
+  protected from this one.
 
 All three return test accuracy (%) on D_H after each epoch (index 0 = before training).
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,12 +27,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from pycore.deep.data import ShardedBatches, fetch
-from pycore.deep.models import ImmunizableModel
+from pycore.deep.data import ShardedBatches, dataset_labels, fetch
+from pycore.deep.models import as_immunized, tail_modules
 from pycore.threads import bounded_blas
 
 __all__ = ["ProbeCurve", "linear_probe_curve", "adam_probe_curve", "preprocess_features", "best_adam_probe",
-           "finetune_attack", "ADAM_PREPROCESSING", "ADAM_LRS"]
+           "feature_attacks", "finetune_attack", "ADAM_PREPROCESSING", "ADAM_LRS"]
 
 
 @dataclass
@@ -176,64 +176,59 @@ def best_adam_probe(Z_train, y_train, Z_test, y_test, *, epochs: int, lrs=ADAM_L
             "per_config": curves}
 
 
-def finetune_attack(model: ImmunizableModel, h_train: Dataset, h_test: Dataset, *, num_classes: int,
-                    epochs: int, lr: float = 1e-3, batch_size: int = 64, seed: int = 0,
-                    eval_batch: int = 256, eval_epochs: "tuple[int, ...] | None" = None,
-                    from_trunk: bool = True) -> ProbeCurve:
-    """Fine-tune the backbone's last stage + the immunization layer + a new head with Adam on D_H.
+def feature_attacks(Z_train, y_train, Z_test, y_test, *, epochs: int, adam_lrs=ADAM_LRS, seed: int = 0,
+                    num_classes: "int | None" = None) -> dict:
+    """The linear-probe attackers on fixed features: ``gd`` (:func:`linear_probe_curve`), and with
+    ``adam_lrs`` ``adam`` (scaled or standardised) and ``adam_whitened`` (:func:`best_adam_probe`),
+    each D_H test accuracy (%) after every epoch; ``adam_best`` / ``adam_whitened_best`` name the
+    winning configuration per epoch."""
+    out = {"gd": linear_probe_curve(Z_train, y_train, Z_test, y_test, epochs=epochs,
+                                    num_classes=num_classes).test_accuracy}
+    for key, prep in (("adam", ("scale", "standardize")), ("adam_whitened", ("whiten",))):
+        if adam_lrs:
+            r = best_adam_probe(Z_train, y_train, Z_test, y_test, epochs=epochs, lrs=adam_lrs, seed=seed,
+                                preprocessing=prep, num_classes=num_classes)
+            out[key], out[f"{key}_best"] = r["test_accuracy"], r["best"]
+    return out
 
-    The last stage is ResNet18's ``layer4`` / ViT's last block and norm
-    (:meth:`ImmunizableModel.last_stage_modules`): the part of the immunized tail closest to
-    the features, i.e. what an attacker with a modest budget retrains. ``h_train`` / ``h_test``
-    hold the outputs of the backbone's frozen stem (``model`` in scope ``"tail"``,
-    :meth:`ImmunizableModel.trunk`), or images with ``from_trunk=False``; everything before the
-    last stage is frozen and run once. ``model`` is not modified (a deep copy is attacked). The
-    model stays in eval mode (BatchNorm statistics of θ, no dropout), so the attack is
-    deterministic for a seed. Test accuracy is measured after the epochs in ``eval_epochs``
-    (default: every epoch); other entries of the curve are NaN.
-    """
-    m = copy.deepcopy(model).set_scope("tail")
-    for p in m.parameters():
-        p.requires_grad_(False)
-    m.eval()
+
+def finetune_attack(model, h_train: Dataset, h_test: Dataset, *, num_classes: int, epochs: int, lr: float = 1e-4,
+                    batch_size: int = 64, seed: int = 0, eval_batch: int = 256,
+                    eval_epochs: "tuple[int, ...] | None" = None) -> ProbeCurve:
+    """Fine-tune the backbone's last stage (:func:`~pycore.deep.models.tail_modules`, one stage: ResNet's
+    ``layer4``, a ViT's last block and norm), the immunization layer and a NEW linear head with Adam on
+    the D_H images ``h_train``: what an attacker with a modest budget retrains. ``model`` (a timm
+    classifier or an ImmunizedNet) is not modified: a deep copy is attacked, in eval mode (θ's
+    normalisation statistics, no dropout), so a seed gives one result. Test accuracy on ``h_test`` after
+    the epochs in ``eval_epochs`` (default: every epoch); other entries of the curve are NaN."""
+    m = as_immunized(model).eval().requires_grad_(False)
     dev = next(m.parameters()).device
-
-    @torch.no_grad()
-    def frozen_part(ds) -> torch.Tensor:
-        out = []
-        for s in range(0, len(ds), eval_batch):
-            x, _ = fetch(ds, torch.arange(s, min(s + eval_batch, len(ds))))
-            h = x.to(dev) if from_trunk else m.trunk(x.to(dev))
-            out.append(m.before_last_stage(h))
-        return torch.cat(out)
-
-    Htr, Hte = frozen_part(h_train), frozen_part(h_test)
-    ytr = torch.as_tensor([int(v) for v in fetch(h_train, torch.arange(len(h_train)))[1]])
-    yte = fetch(h_test, torch.arange(len(h_test)))[1]
+    ytr = torch.as_tensor(dataset_labels(h_train), dtype=torch.int64)
+    yte = torch.as_tensor(dataset_labels(h_test), dtype=torch.int64)
     g = torch.Generator().manual_seed(seed)
-    head = nn.Linear(m.feature_dim, num_classes).to(dev)
+    head = nn.Linear(m.num_features, num_classes).to(dev)
     with torch.no_grad():
-        bound = 1.0 / m.feature_dim ** 0.5
+        bound = 1.0 / m.num_features ** 0.5
         head.weight.copy_(torch.empty_like(head.weight).uniform_(-bound, bound, generator=g))
         head.bias.copy_(torch.empty_like(head.bias).uniform_(-bound, bound, generator=g))
-    params = [p for mod in m.last_stage_modules() + [m.layer] for p in mod.parameters()]
+    params = [p for mod in tail_modules(m.net, 1) + [m.layer] for p in mod.parameters()]
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.Adam(params + list(head.parameters()), lr=lr)
     batches = ShardedBatches(len(h_train), min(batch_size, len(h_train)), seed=seed)
     wanted = set(range(epochs + 1)) if eval_epochs is None else {0, *eval_epochs}
 
+    @torch.no_grad()
     def test_acc() -> float:
-        with torch.no_grad():
-            logits = torch.cat([head(m.layer(m.last_stage(Hte[s:s + eval_batch])))
-                                for s in range(0, len(Hte), eval_batch)])
-        return _accuracy(logits.cpu(), yte)
+        logits = [head(m.features(fetch(h_test, torch.arange(s, min(s + eval_batch, len(h_test))))[0].to(dev)))
+                  for s in range(0, len(h_test), eval_batch)]
+        return _accuracy(torch.cat(logits).cpu(), yte)
 
     accs, losses = [test_acc()], []
     for e in range(epochs):
         total = 0.0
         for (idx,) in batches.epoch(e):
-            z = F.linear(m.last_stage(Htr[idx]), m.layer.weight, m.layer.bias)  # plain (attacker's) gradient
+            z = F.linear(m.prelogits(fetch(h_train, idx)[0].to(dev)), m.layer.weight, m.layer.bias)  # plain gradient
             loss = F.cross_entropy(head(z), ytr[idx].to(dev))
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import Dataset
 
 from pycore.deep.data import dataset_labels
-from pycore.deep.feature_metrics import extract_features
+from pycore.deep.features import extract
 
 __all__ = ["HARDENINGS", "Hardening", "haar_rotation", "label_subspace", "hardening_map", "apply_feature_map",
            "harden"]
@@ -101,7 +101,7 @@ def hardening_map(kind: str, Z_H: np.ndarray, y_H: np.ndarray, *, num_classes: i
 def apply_feature_map(model, M: np.ndarray) -> None:
     """Make ``model``'s features ``Z M`` and compensate its classifier (``V ← V M⁻ᵀ``, a solve in
     float64): D_P predictions are unchanged. ``model`` is an
-    :class:`~pycore.deep.models.ImmunizableModel` (uses ``.layer`` and ``.classifier``)."""
+    :class:`~pycore.deep.models.ImmunizedNet` (uses ``.layer`` and ``.classifier``)."""
     layer, head = model.layer, model.classifier
     W = layer.weight
     Mt = torch.as_tensor(np.asarray(M, dtype=np.float64), device=W.device)
@@ -116,19 +116,19 @@ def apply_feature_map(model, M: np.ndarray) -> None:
 
 @torch.no_grad()
 def harden(model, data_h: Dataset, kind: str, *, num_classes: int, rng: np.random.Generator,
-           scale: float = 0.01, from_trunk: bool = False, batch_size: int = 256) -> Hardening:
+           scale: float = 0.01, cached: bool = False, batch_size: int = 256) -> Hardening:
     """Harden ``model`` in place with ``kind`` (``"none"`` does nothing) computed from its own
     features of the labelled D_H set ``data_h``. Returns what was applied."""
     if kind == "none":
         return Hardening("none", 1.0, 0, 0.0)
-    Z = extract_features(model, data_h, batch_size=batch_size, from_trunk=from_trunk)
+    Z = extract(model, data_h, batch_size=batch_size, cached=cached)
     y = dataset_labels(data_h)
     M, r = hardening_map(kind, Z, y, num_classes=num_classes, rng=rng, scale=scale)
     dev = next(model.parameters()).device
     head = model.classifier
     before = head(torch.from_numpy(Z).to(dev, head.weight.dtype)).double()
     apply_feature_map(model, M)
-    Z2 = extract_features(model, data_h, batch_size=batch_size, from_trunk=from_trunk)
+    Z2 = extract(model, data_h, batch_size=batch_size, cached=cached)
     after = head(torch.from_numpy(Z2).to(dev, head.weight.dtype)).double()
     change = float((after - before).abs().max() / before.abs().max().clamp_min(1e-300))
     return Hardening(kind, float(scale) if kind == "label_subspace" else 1.0, r, change)

@@ -2,8 +2,8 @@
 
 Per step, with a D_P batch ``(x_P, y_P)`` and a D_H batch ``x_H`` (paired loader, App. C.2):
 
-* ``X = pooled(trunk(x))`` are the pre-layer features, ``Z = X Wᵀ + b`` the output of the
-  identity-initialised immunization layer (App. C.3);
+* ``X`` are the pre-logits features, ``Z = X Wᵀ + b`` the output of the identity-initialised
+  immunization layer (App. C.3);
 * ``ours``:       ``CE_ls(classifier(Z_P), y_P) + λ_P R_well(Z_PᵀZ_P) + λ_H R_ill(Z_HᵀZ_H)``;
 * ``r_ill_only``: the same without the R_well term (ablation; the D_P loss is kept so that
   D_P accuracy stays comparable, as in the paper's Table 3);
@@ -33,8 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pycore.deep._ops import ops
-from pycore.deep.models import ImmunizableModel
+from pycore import ops
 
 __all__ = ["DEEP_METHODS", "LAMBDA_OF_TERM", "log_kappa", "imma_harmful_loss", "loss_terms",
            "combine_terms"]
@@ -91,34 +90,29 @@ def _cond(Z: torch.Tensor, kind: str) -> torch.Tensor:
     Z = Z.double()
     if not bool(torch.isfinite(Z).all()):
         return Z.sum() * float("nan")
-    return ops().cond_regularizer(Z, kind)
+    return ops.cond_regularizer(Z, kind)
 
 
-def loss_terms(model: ImmunizableModel, method: str, hP, yP, hH, yH, num_classes_h: int, *,
-               label_smoothing: float = 0.1, imma_inner_steps: int = 3,
-               imma_inner_lr: float = 1.0) -> dict[str, torch.Tensor]:
+def loss_terms(model, method: str, XP, yP, XH, yH, num_classes_h: int, *, label_smoothing: float = 0.1,
+               imma_inner_steps: int = 3, imma_inner_lr: float = 1.0) -> dict[str, torch.Tensor]:
     """The unweighted terms of ``method``'s objective on one (rank-local) batch pair.
 
-    ``hP`` / ``hH`` are trunk outputs (:meth:`ImmunizableModel.trunk`); ``"ce"`` is always
-    present, the other keys are those of :data:`LAMBDA_OF_TERM`.
+    ``XP`` / ``XH`` are the layer's inputs (the pre-logits features of an
+    :class:`~pycore.deep.models.ImmunizedNet`, carrying the gradient of whatever of the backbone
+    is trained); ``"ce"`` is always present, the other keys are those of :data:`LAMBDA_OF_TERM`.
     """
-    if method not in DEEP_METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {DEEP_METHODS}")
     layer = model.layer
-    XP = model.pooled(hP)
     ZP = F.linear(XP, layer.weight, layer.bias)          # CE path: no preconditioning
     terms = {"ce": F.cross_entropy(model.classifier(ZP), yP, label_smoothing=label_smoothing)}
     if method == "ours":
         terms["r_well"] = _cond(layer(XP), "well")
     if method in ("ours", "r_ill_only"):
-        terms["r_ill"] = _cond(layer(model.pooled(hH)), "ill")
+        terms["r_ill"] = _cond(layer(XH), "ill")
     elif method == "opt_kappa":
-        ZH = F.linear(model.pooled(hH), layer.weight, layer.bias)
-        terms["log_kappa_gap"] = log_kappa(ZP) - log_kappa(ZH)
+        terms["log_kappa_gap"] = log_kappa(ZP) - log_kappa(F.linear(XH, layer.weight, layer.bias))
     elif method == "imma":
-        ZH = F.linear(model.pooled(hH), layer.weight, layer.bias)
-        terms["imma_harm"] = imma_harmful_loss(ZH, yH, num_classes_h, steps=imma_inner_steps,
-                                               inner_lr=imma_inner_lr)
+        terms["imma_harm"] = imma_harmful_loss(F.linear(XH, layer.weight, layer.bias), yH, num_classes_h,
+                                               steps=imma_inner_steps, inner_lr=imma_inner_lr)
     return terms
 
 
