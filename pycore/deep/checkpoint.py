@@ -95,10 +95,10 @@ def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], di
     naming it (such weights make every feature zero or non-finite)."""
     path = os.fspath(path)
     data = _read_bytes(path)
-    if data[:4] == b"PK\x03\x04" or data[:1] == b"\x80":
-        sd, meta = _torch(data, path), {}
-    elif len(data) > 9 and data[8:9] == b"{" and struct.unpack("<Q", data[:8])[0] <= len(data) - 8:
+    if len(data) > 9 and data[8:9] == b"{" and struct.unpack("<Q", data[:8])[0] <= len(data) - 8:
         sd, meta = _safetensors(data, path)
+    elif data[:4] == b"PK\x03\x04" or (data[:1] == b"\x80" and data[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")):
+        sd, meta = _torch(data, path), {}
     else:
         raise CheckpointError(f"{path} is neither a safetensors file nor a torch checkpoint (by its content)")
     floats = {k: v for k, v in sd.items() if v.is_floating_point()}

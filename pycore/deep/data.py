@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -150,6 +151,11 @@ def _digits(X, y, digits, side: int, mean, std) -> TensorDataset:
     return TensorDataset(((imgs.expand(-1, 3, -1, -1) - m) / s).contiguous(), labels)
 
 
+@functools.lru_cache(maxsize=1)
+def _mnist_5k():
+    return read_mnist_5k()      # parsing the CSV takes seconds: once per process (the arrays are only read)
+
+
 def mnist_demo_tasks(rng: np.random.Generator, model, *, p_digits: Sequence[int] = (0, 1, 2, 3, 4),
                      h_digits: Sequence[int] = (5, 6, 7, 8, 9), per_digit: "int | None" = None,
                      train_fraction: float = 0.8) -> DemoTasks:
@@ -159,7 +165,7 @@ def mnist_demo_tasks(rng: np.random.Generator, model, *, p_digits: Sequence[int]
     if set(p_digits) & set(h_digits) or not p_digits or not h_digits:
         raise DataError(f"D_P digits {tuple(p_digits)} and D_H digits {tuple(h_digits)} must be disjoint")
     try:
-        pixels, labels, _ = read_mnist_5k()
+        pixels, labels, _ = _mnist_5k()
     except (FileNotFoundError, ValueError) as exc:
         raise DataError(f"the MNIST demo data: {exc}") from None
     if per_digit is not None:

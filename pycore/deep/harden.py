@@ -32,6 +32,7 @@ from torch.utils.data import Dataset
 
 from pycore.deep.data import dataset_labels
 from pycore.deep.features import extract
+from pycore.threads import bounded_blas
 
 __all__ = ["HARDENINGS", "Hardening", "haar_rotation", "label_subspace", "hardening_map", "apply_feature_map",
            "harden"]
@@ -114,6 +115,7 @@ def apply_feature_map(model, M: np.ndarray) -> None:
     head.weight.copy_(torch.linalg.solve(Mt, V.double().T).T.to(V.dtype))
 
 
+@bounded_blas
 @torch.no_grad()
 def harden(model, data_h: Dataset, kind: str, *, num_classes: int, rng: np.random.Generator,
            scale: float = 0.01, cached: bool = False, batch_size: int = 256) -> Hardening:

@@ -77,6 +77,12 @@ class DeepOptions:
     harden: str = "none"            # pycore.deep.harden, applied after training
     harden_scale: float = 0.01
 
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            _check(f.name, getattr(self, f.name))
+        if self.balance_ill is not None and self.balance is None:
+            raise ParameterError("balance_ill", "balance_ill re-weights the balanced R_ill term: it needs balance")
+
 
 # Integer options: (low, high). Every count is bounded so no setting runs unbounded.
 OPTION_BOUNDS = {"epochs": (1, 100_000), "max_steps": (1, 10_000_000), "batch_size": (1, 65_536),
@@ -84,34 +90,37 @@ OPTION_BOUNDS = {"epochs": (1, 100_000), "max_steps": (1, 10_000_000), "batch_si
                  "virtual_ranks": (1, 1_024)}
 _POSITIVE = ("lr", "lambda_p", "lambda_h", "lambda_kappa", "lambda_imma", "balance", "balance_ill",
              "imma_inner_lr", "ridge_rel", "harden_scale")
+_FRACTIONS = ("momentum", "label_smoothing", "weight_decay_extractor", "weight_decay_classifier")
 _CHOICES = {"scope": ("layer", "tail"), "harden": HARDENINGS}
 
 
+def _check(k: str, v) -> None:
+    if v is None and k in ("max_steps", "balance", "balance_ill"):
+        return
+    number = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+    if k in OPTION_BOUNDS:
+        lo, hi = OPTION_BOUNDS[k]
+        if not (number and isinstance(v, (int, np.integer)) and lo <= v <= hi):
+            raise ParameterError(k, f"{k} must be an integer in [{lo}, {hi}], got {v!r}")
+    elif k in _POSITIVE and not (number and math.isfinite(v) and v > 0 and (k != "harden_scale" or v <= 1)):
+        raise ParameterError(k, f"{k} must be a finite number > 0{' and ≤ 1' if k == 'harden_scale' else ''}, "
+                                f"got {v!r}")
+    elif k in _FRACTIONS and not (number and 0 <= v < 1):
+        raise ParameterError(k, f"{k} must be a number in [0, 1), got {v!r}")
+    elif k in _CHOICES and v not in _CHOICES[k]:
+        raise ParameterError(k, f"{k} must be one of {_CHOICES[k]}, got {v!r}")
+    elif k == "nesterov" and not isinstance(v, bool):
+        raise ParameterError(k, f"nesterov must be True or False, got {v!r}")
+
+
 def options(base: "DeepOptions | None" = None, **given) -> DeepOptions:
-    """``base`` (default :class:`DeepOptions`) with ``given`` replaced, each checked; an unknown or bad
-    option is a :class:`~pycore.validation.ParameterError` whose ``.parameter`` names it."""
+    """``base`` (default :class:`DeepOptions`) with ``given`` replaced; an unknown or bad option is a
+    :class:`~pycore.validation.ParameterError` whose ``.parameter`` names it."""
     names = [f.name for f in dataclasses.fields(DeepOptions)]
-    for k, v in given.items():
+    for k in given:
         if k not in names:
             raise ParameterError(k, f"unknown option {k!r} of deep immunization; options: {', '.join(names)}")
-        if k in OPTION_BOUNDS and not (v is None and k == "max_steps"):
-            lo, hi = OPTION_BOUNDS[k]
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
-                raise ParameterError(k, f"{k} must be an integer in [{lo}, {hi}], got {v!r}")
-        elif k in _POSITIVE and not (v is None and k in ("balance", "balance_ill")):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-                raise ParameterError(k, f"{k} must be a finite number > 0, got {v!r}")
-        elif k in _CHOICES and v not in _CHOICES[k]:
-            raise ParameterError(k, f"{k} must be one of {_CHOICES[k]}, got {v!r}")
-        elif k in ("momentum", "label_smoothing", "weight_decay_extractor", "weight_decay_classifier") and (
-                isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1):
-            raise ParameterError(k, f"{k} must be a number in [0, 1), got {v!r}")
-    out = dataclasses.replace(base or DeepOptions(), **given)
-    if out.balance_ill is not None and out.balance is None:
-        raise ParameterError("balance_ill", "balance_ill re-weights the balanced R_ill term: it needs balance")
-    if out.harden_scale > 1:
-        raise ParameterError("harden_scale", f"harden_scale must be in (0, 1], got {out.harden_scale}")
-    return out
+    return dataclasses.replace(base or DeepOptions(), **given)
 
 
 class NonFiniteLossError(DivergenceError):
