@@ -39,7 +39,7 @@ def ensure_torchvision_ops() -> None:
 
     if _nms_defined(torch):
         return
-    for path in (p for loc in spec.submodule_search_locations for p in glob.glob(os.path.join(loc, "_C*.so"))):
+    for path in (p for d in spec.submodule_search_locations for p in glob.glob(os.path.join(d, "_C*.so"))):
         try:
             torch.ops.load_library(path)
         except OSError:

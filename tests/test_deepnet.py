@@ -399,7 +399,13 @@ def test_ddp_gloo_two_processes_match_virtual_ranks_and_stop_together(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(_ddp_worker, args=(2, port, str(tmp_path / "ddp")), nprocs=2, join=True)
+    ctx = torch.multiprocessing.get_context("fork")          # no re-import of torch in the workers
+    workers = [ctx.Process(target=_ddp_worker, args=(r, 2, port, str(tmp_path / "ddp"))) for r in (0, 1)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(300)
+    assert [w.exitcode for w in workers] == [0, 0]
     got = [torch.load(f"{tmp_path / 'ddp'}.{r}", weights_only=True) for r in (0, 1)]
     assert got[0]["stop"] == got[1]["stop"] == 0                     # NaN on one rank: both stop at step 0
     m = ImmunizedNet(create_model("resnet10t", 3, seed=0))

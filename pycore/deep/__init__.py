@@ -10,7 +10,9 @@ by term), :mod:`~pycore.deep.train` (the loop and its options), :mod:`~pycore.de
 experiments (``experiments/deepnet.py``, ``experiments/audit.py``) write files.
 """
 from pycore.deep.api import DeepImmunization, audit_model, immunize_model
-from pycore.deep.checkpoint import CheckpointError, CheckpointMismatchError, load_model, read_weights, save_model
+from pycore.deep.checkpoint import (
+    CheckpointError, CheckpointMismatchError, load_model, read_weights, save_model,
+)
 from pycore.deep.data import DataError, image_folder
 from pycore.deep.harden import HARDENINGS, harden
 from pycore.deep.models import ImmunizedNet, PretrainedUnavailableError, create_model
@@ -18,5 +20,5 @@ from pycore.deep.train import DEEP_METHODS, DeepOptions, NonFiniteLossError, imm
 
 __all__ = ["immunize_model", "audit_model", "DeepImmunization", "DEEP_METHODS", "DeepOptions", "options",
            "immunize", "NonFiniteLossError", "ImmunizedNet", "create_model", "PretrainedUnavailableError",
-           "load_model", "save_model", "read_weights", "CheckpointError", "CheckpointMismatchError", "DataError",
-           "image_folder", "HARDENINGS", "harden"]
+           "load_model", "save_model", "read_weights", "CheckpointError", "CheckpointMismatchError",
+           "DataError", "image_folder", "HARDENINGS", "harden"]

@@ -82,10 +82,11 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     Returns ``{"model": {attacker: {epoch: D_H test accuracy %}}, "reference": {...}}``."""
     bad = [k for k in opts if k not in AUDIT_OPTIONS]
     if bad:
-        raise ParameterError(bad[0], f"unknown option {bad[0]!r} of audit_model; options: {', '.join(AUDIT_OPTIONS)}")
+        raise ParameterError(bad[0], f"unknown option {bad[0]!r} of audit_model; options: "
+                                     f"{', '.join(AUDIT_OPTIONS)}")
     o = {**AUDIT_OPTIONS, **opts}
     epochs = sorted({o["epochs"]} if isinstance(o["epochs"], int) else set(o["epochs"]))
-    if not epochs or not all(isinstance(e, int) and 1 <= e <= 1000 for e in epochs):
+    if not (epochs and all(isinstance(e, int) and 1 <= e <= 1000 for e in epochs)):
         raise ParameterError("epochs", f"epochs must be integers in [1, 1000], got {o['epochs']!r}")
     if not 0 < o["test_fraction"] < 1:
         raise ParameterError("test_fraction", f"test_fraction must be in (0, 1), got {o['test_fraction']!r}")
@@ -105,6 +106,8 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
                                  adam_lrs=o["adam_lrs"], seed=seed, num_classes=classes)
         if o["finetune"]:
             curves["finetune"] = finetune_attack(net, train, test, num_classes=classes, epochs=epochs[-1],
-                                                 lr=o["finetune_lr"], seed=seed, eval_epochs=tuple(epochs)).test_accuracy
-        out[name] = {a: {e: float(c[e]) for e in epochs} for a, c in curves.items() if not a.endswith("_best")}
+                                                 lr=o["finetune_lr"], seed=seed,
+                                                 eval_epochs=tuple(epochs)).test_accuracy
+        out[name] = {a: {e: float(c[e]) for e in epochs} for a, c in curves.items()
+                     if not a.endswith("_best")}
     return out

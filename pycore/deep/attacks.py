@@ -1,21 +1,13 @@
-"""Attackers on immunized deep extractors: how fast can D_H be learned from θ's features?
+"""Attackers on deep extractors: how fast can D_H be learned from θ's features? (docs/deep.md)
 
-Three attackers, from the paper's to realistic ones (docs/theory.md §10, docs/deep.md):
+* :func:`linear_probe_curve` -- the paper's threat model (Eq. (4), Figure 3): full-batch GD with step
+  ``1/L`` on frozen features, slowed by their condition number.
+* :func:`best_adam_probe` -- Adam on mini-batches of scaled or standardised features, the best learning
+  rate and preprocessing per epoch (the defender's worst case); with ``("whiten",)`` the adaptive
+  attacker who whitens its own features.
+* :func:`finetune_attack` -- the last stage, the layer and a new head retrained with Adam on D_H.
 
-* :func:`linear_probe_curve` -- the paper's threat model (Eq. (4), Figure 3): a linear
-  classifier on frozen features by full-batch gradient descent with step ``1/L``. Its speed
-  is governed by the condition number of the features, which is what immunization raises.
-* :func:`adam_probe_curve` / :func:`best_adam_probe` -- a linear probe trained by Adam on
-  mini-batches, on scale-normalised or standardised features (:func:`preprocess_features`),
-  the preprocessing and learning rate picked per epoch by the best D_H test accuracy (the
-  defender's worst case). Adam's per-coordinate scaling undoes part of any conditioning. With
-  ``preprocessing=("whiten",)`` it is the adaptive attacker who whitens its own features.
-* :func:`finetune_attack` -- the attacker fine-tunes the backbone's last stage (ResNet18's
-  ``layer4`` / ViT's last block and norm, any timm model's by its ``feature_info``), the
-  immunization layer and a NEW linear head with Adam on D_H. Nothing of θ's conditioning is
-  protected from this one.
-
-All three return test accuracy (%) on D_H after each epoch (index 0 = before training).
+Each returns D_H test accuracy (%) after every epoch (index 0 = before training).
 """
 from __future__ import annotations
 
@@ -42,9 +34,6 @@ class ProbeCurve:
     test_accuracy: list[float]
     train_loss: list[float]
     step_size: float
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 def _probe_tensors(Z_train, y_train, Z_test, y_test, num_classes):
@@ -123,17 +112,11 @@ ADAM_LRS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 
 def preprocess_features(Z_train, Z_test, kind: str, *, ridge: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
-    """The attacker's preprocessing of probe features, its statistics taken from ``Z_train`` only:
-
-    * ``"scale"`` -- divide by the RMS row norm of ``Z_train``: the probe becomes independent of
-      the features' overall scale, so an extractor cannot fake a slow-down (or a speed-up) by
-      shrinking (or inflating) its features against a fixed learning-rate grid;
-    * ``"standardize"`` -- per-coordinate z-score (a coordinate with std 0 is only centred), what
-      a practitioner's pipeline does by default;
-    * ``"whiten"`` -- centre and whiten with the eigendecomposition of ``Z_train``'s covariance
-      (eigenvalues floored at ``ridge·λ_max``): the ADAPTIVE attacker, who undoes any invertible
-      linear map of the features, conditioning included.
-    """
+    """The attacker's preprocessing, its statistics from ``Z_train`` only: ``"scale"`` divides by the RMS
+    row norm (so no extractor fakes a slow-down by shrinking its features against a fixed learning-rate
+    grid), ``"standardize"`` z-scores each coordinate (std 0: only centred), ``"whiten"`` whitens with the
+    covariance's eigendecomposition (eigenvalues floored at ``ridge·λ_max``): the adaptive attacker, who
+    undoes any invertible linear map of the features, conditioning included."""
     Zt = np.asarray(Z_train, dtype=np.float64)
     Zv = np.asarray(Z_test, dtype=np.float64)
     if kind == "scale":
@@ -176,13 +159,12 @@ def best_adam_probe(Z_train, y_train, Z_test, y_test, *, epochs: int, lrs=ADAM_L
             "per_config": curves}
 
 
-def feature_attacks(Z_train, y_train, Z_test, y_test, *, epochs: int, adam_lrs=ADAM_LRS, seed: int = 0,
-                    num_classes: "int | None" = None) -> dict:
-    """The linear-probe attackers on fixed features: ``gd`` (:func:`linear_probe_curve`), and with
-    ``adam_lrs`` ``adam`` (scaled or standardised) and ``adam_whitened`` (:func:`best_adam_probe`),
-    each D_H test accuracy (%) after every epoch; ``adam_best`` / ``adam_whitened_best`` name the
-    winning configuration per epoch."""
-    out = {"gd": linear_probe_curve(Z_train, y_train, Z_test, y_test, epochs=epochs,
+def feature_attacks(Z_train, y_train, Z_test, y_test, *, epochs: int, gd_epochs: "int | None" = None,
+                    adam_lrs=ADAM_LRS, seed: int = 0, num_classes: "int | None" = None) -> dict:
+    """The probes on fixed features: ``gd`` (``gd_epochs``, default ``epochs``), and with ``adam_lrs``
+    ``adam`` (scaled or standardised) and ``adam_whitened``, with ``*_best`` naming the winning
+    configuration per epoch."""
+    out = {"gd": linear_probe_curve(Z_train, y_train, Z_test, y_test, epochs=gd_epochs or epochs,
                                     num_classes=num_classes).test_accuracy}
     for key, prep in (("adam", ("scale", "standardize")), ("adam_whitened", ("whiten",))):
         if adam_lrs:
@@ -192,8 +174,8 @@ def feature_attacks(Z_train, y_train, Z_test, y_test, *, epochs: int, adam_lrs=A
     return out
 
 
-def finetune_attack(model, h_train: Dataset, h_test: Dataset, *, num_classes: int, epochs: int, lr: float = 1e-4,
-                    batch_size: int = 64, seed: int = 0, eval_batch: int = 256,
+def finetune_attack(model, h_train: Dataset, h_test: Dataset, *, num_classes: int, epochs: int,
+                    lr: float = 1e-4, batch_size: int = 64, seed: int = 0, eval_batch: int = 256,
                     eval_epochs: "tuple[int, ...] | None" = None) -> ProbeCurve:
     """Fine-tune the backbone's last stage (:func:`~pycore.deep.models.tail_modules`, one stage: ResNet's
     ``layer4``, a ViT's last block and norm), the immunization layer and a NEW linear head with Adam on
@@ -220,15 +202,17 @@ def finetune_attack(model, h_train: Dataset, h_test: Dataset, *, num_classes: in
 
     @torch.no_grad()
     def test_acc() -> float:
-        logits = [head(m.features(fetch(h_test, torch.arange(s, min(s + eval_batch, len(h_test))))[0].to(dev)))
-                  for s in range(0, len(h_test), eval_batch)]
+        n = len(h_test)
+        batches = (torch.arange(s, min(s + eval_batch, n)) for s in range(0, n, eval_batch))
+        logits = [head(m.features(fetch(h_test, idx)[0].to(dev))) for idx in batches]
         return _accuracy(torch.cat(logits).cpu(), yte)
 
     accs, losses = [test_acc()], []
     for e in range(epochs):
         total = 0.0
         for (idx,) in batches.epoch(e):
-            z = F.linear(m.prelogits(fetch(h_train, idx)[0].to(dev)), m.layer.weight, m.layer.bias)  # plain gradient
+            X = m.prelogits(fetch(h_train, idx)[0].to(dev))
+            z = F.linear(X, m.layer.weight, m.layer.bias)                    # the attacker's plain gradient
             loss = F.cross_entropy(head(z), ytr[idx].to(dev))
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -1,15 +1,11 @@
 """Checkpoints: one reader, one writer, one loader (docs/design.md §4).
 
-:func:`read_weights` reads the whole file into memory ONCE (size-capped) and parses those bytes,
-so a file rewritten while it is read gives a :class:`CheckpointError`, never a signal (a
-memory-mapped read dies of SIGBUS when the file shrinks underneath). The format is told by the
-content, not the name: safetensors (8-byte header length, then a JSON header), a torch zip
-archive or a legacy torch pickle, the torch ones through ``torch.load(weights_only=True)`` only —
-arbitrary pickles are refused. :func:`save_model` writes an :class:`~pycore.deep.models.ImmunizedNet`
-as safetensors with the metadata to rebuild it; :func:`load_model` loads that, or a plain timm
-state dict (θ₀) given its timm model name, as an ImmunizedNet. The file is untrusted: only a
-timm model name and the integer shape options of :data:`~pycore.deep.models.MODEL_KWARGS` are
-taken from its metadata.
+:func:`read_weights` reads the file into memory ONCE (size-capped) and parses those bytes, so a file
+rewritten while read gives :class:`CheckpointError`, never a signal (a memory-mapped read dies of
+SIGBUS when the file shrinks). The format is told by the content: safetensors, or a torch zip /
+pickle through ``torch.load(weights_only=True)`` only. :func:`save_model` writes an ImmunizedNet with
+the metadata :func:`load_model` rebuilds it from (a timm name and integer shape options only: the
+file is untrusted); a plain timm state dict loads given its timm model name.
 """
 from __future__ import annotations
 
@@ -21,7 +17,8 @@ import struct
 
 import torch
 
-from pycore.deep.models import MODEL_KWARGS, ImmunizedNet, create_model
+from pycore import ops
+from pycore.deep.models import ImmunizedNet, _classifier_width as _width, create_model
 from pycore.validation import ParameterError, check_regular_file
 
 __all__ = ["CheckpointError", "CheckpointMismatchError", "read_weights", "save_model", "load_model",
@@ -97,7 +94,7 @@ def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], di
     data = _read_bytes(path)
     if len(data) > 9 and data[8:9] == b"{" and struct.unpack("<Q", data[:8])[0] <= len(data) - 8:
         sd, meta = _safetensors(data, path)
-    elif data[:4] == b"PK\x03\x04" or (data[:1] == b"\x80" and data[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")):
+    elif data[:4] == b"PK\x03\x04" or (data[:1] == b"\x80" and data[1:2] in b"\x02\x03\x04\x05"):
         sd, meta = _torch(data, path), {}
     else:
         raise CheckpointError(f"{path} is neither a safetensors file nor a torch checkpoint (by its content)")
@@ -106,7 +103,7 @@ def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], di
         if not bool(torch.isfinite(v).all()):
             raise CheckpointError(f"checkpoint {path}: tensor {k!r} contains NaN or inf")
     if floats and not any(bool(v.any()) for v in floats.values()):
-        raise CheckpointError(f"checkpoint {path}: every weight tensor is zero (an untrained or blanked file)")
+        raise CheckpointError(f"checkpoint {path}: every weight tensor is zero (an untrained or blank file)")
     if sd and all(k.startswith("module.") for k in sd):
         sd = {k[len("module."):]: v for k, v in sd.items()}
     return sd, meta
@@ -157,7 +154,8 @@ def _meta_model(meta: dict, path: str) -> tuple[str, int, dict]:
         raise CheckpointError(f"{path}: malformed metadata ({_first_line(exc)})") from None
 
 
-def load_model(path: "str | os.PathLike", model: "str | None" = None, **model_kwargs) -> tuple[ImmunizedNet, dict]:
+def load_model(path: "str | os.PathLike", model: "str | None" = None,
+               **model_kwargs) -> tuple[ImmunizedNet, dict]:
     """Any checkpoint as an :class:`ImmunizedNet` in eval mode with gradients off, and its metadata.
 
     A file written by :func:`save_model` carries its architecture (``model`` must then agree or be
@@ -182,12 +180,12 @@ def load_model(path: "str | os.PathLike", model: "str | None" = None, **model_kw
         if w is None or w.ndim != 2:
             raise CheckpointMismatchError(f"checkpoint {path} does not match {model}: no classifier {key!r}")
         num_classes = int(w.shape[0])
-        sd = {**{f"net.{k}": v for k, v in sd.items()}}
+        sd = {f"net.{k}": v for k, v in sd.items()}
     try:
         net = create_model(name, num_classes, **kwargs)
     except ParameterError as exc:
         raise CheckpointError(f"{path}: cannot build {name!r} {kwargs}: {exc}") from None
-    out = ImmunizedNet(net)
+    out = ImmunizedNet(net, ops.ImmunizationHead(_width(net), bias=True) if "layer.bias" in sd else None)
     if "layer.weight" not in sd:
         sd = {**sd, **{f"layer.{k}": v for k, v in out.layer.state_dict().items()}}
     _load_into(out, sd, f"{name} with {num_classes} classes", path)

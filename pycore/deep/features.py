@@ -12,7 +12,8 @@ __all__ = ["extract", "prelogits_dataset"]
 
 
 @torch.no_grad()
-def extract(model, data: Dataset, *, cached: bool = False, batch_size: int = 256, what: str = "Z") -> np.ndarray:
+def extract(model, data: Dataset, *, cached: bool = False, batch_size: int = 256,
+            what: str = "Z") -> np.ndarray:
     """Float64 (N × D) features of every sample of ``data``, ``model`` in eval mode: ``what="Z"`` the
     immunized features, ``"X"`` the layer's input. ``cached=True``: ``data`` holds ``X`` already.
 

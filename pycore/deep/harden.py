@@ -1,26 +1,13 @@
-"""Hardening of the immunization layer: a feature map ``Z → ZM`` applied after immunization
-(docs/deep.md "Hardening"; docs/theory.md §10).
+"""Hardening of the immunization layer: a feature map ``Z → ZM`` applied after immunization, with the
+D_P classifier compensated (``W' = MᵀW``, ``V' = VM⁻ᵀ``: D_P predictions unchanged up to float32
+rounding); docs/deep.md "Hardening", docs/theory.md §10.
 
-The immunization layer outputs ``Z = XWᵀ`` and the D_P classifier reads ``logits = ZVᵀ + c``.
-For any invertible ``M`` the layer ``W' = MᵀW`` (bias ``b' = bM``) gives ``Z' = ZM``, and the
-classifier ``V' = VM⁻ᵀ`` gives ``Z'V'ᵀ = ZVᵀ``: D_P predictions are unchanged (up to float32
-rounding of the stored weights) whatever ``M`` is. Two constructions:
-
-* ``"rotate"`` -- ``M = Q``, a Haar-random orthogonal matrix. Every Gram matrix keeps its
-  spectrum (``QᵀZᵀZQ``), so κ, RIR_θ₀, (i), (ii), Definition 3.1 and the paper's GD probe
-  (full batch, zero init, step 1/L) are exactly unchanged; what it removes is the alignment of
-  the features with the coordinate axes that a per-coordinate optimiser (Adam) can exploit.
-* ``"label_subspace"`` -- ``M = (I − (1 − s)·P_U)·Q``: the span ``U`` of D_H's centred class
-  means (at most C_H − 1 directions, from the defender's own labelled D_H features) is scaled by
-  ``s`` (``harden_scale``, default 0.01), then the result is rotated as above. A linear probe needs
-  those directions most (on ``U``'s complement the classes have the same mean), so it must grow
-  its weights by ``1/s`` along directions that the rotation hides from per-coordinate scaling.
-  This is NOT conditioning: it lowers the largest eigenvalues of ``H_H`` and so usually LOWERS
-  κ(H_H), i.e. (i). An attacker who whitens its own features undoes it (it is an invertible
-  linear map), and so does one that fine-tunes the layer.
-
-Library functions take arrays and a ``numpy.random.Generator`` and return arrays, except
-:func:`apply_feature_map` and :func:`harden`, which change a model in place.
+* ``"rotate"`` -- ``M = Q`` Haar-random orthogonal: every spectrum, hence κ, RIR_θ₀, (i), (ii) and
+  the paper's GD probe, is unchanged; it removes the alignment with the coordinate axes that a
+  per-coordinate optimiser (Adam) exploits.
+* ``"label_subspace"`` -- ``M = (I − (1 − s)·P_U)·Q``: the span ``U`` of D_H's centred class means
+  (≤ C_H − 1 directions, from the defender's labelled D_H features) scaled by ``s``, then rotated.
+  Not conditioning: it usually LOWERS κ(H_H), i.e. (i); a whitening or fine-tuning attacker undoes it.
 """
 from __future__ import annotations
 

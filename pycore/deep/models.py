@@ -1,18 +1,12 @@
 """Any timm classifier with the paper's immunization layer (docs/theory.md §8-9, paper §5.2, App. C.3).
 
-:class:`ImmunizedNet` wraps a timm model ``net`` and puts the identity-initialised layer
-:class:`pycore.ops.ImmunizationHead` between the pre-logits features ``X`` that timm's own
-``net.forward_head(net.forward_features(x), pre_logits=True)`` returns and ``net.get_classifier()``:
-``Z = X Wᵀ + b``, logits ``= classifier(Z)``. The wrapper has timm's interface itself
-(``forward_features``, ``forward_head(pre_logits=True)`` → ``Z``, ``get_classifier``,
-``reset_classifier``), so an attacker who swaps the head keeps the layer, and no per-family code
-is needed: the same lines serve a ResNet, a ViT, a MobileNetV3 or any other timm classifier.
-
-Scopes of training (:meth:`ImmunizedNet.set_trainable`): ``"layer"`` trains the layer alone on
-the frozen backbone's ``X`` (the linear problem of docs/theory.md §6 with ``θ = Wᵀ``); ``"tail"``
-also trains the backbone's last ``stages`` stages, found through timm's ``feature_info`` (ResNet18:
-``layer3`` and ``layer4`` with ``stages=2``, "the last two residual stages"; a ViT: its last block
-and final norm with ``stages=1``), as the paper does.
+:class:`ImmunizedNet` puts the identity-initialised :class:`pycore.ops.ImmunizationHead` between the
+pre-logits features ``X`` of timm's own ``forward_head(forward_features(x), pre_logits=True)`` and
+``get_classifier()``, and has timm's interface itself, so an attacker who swaps the head keeps the
+layer and no per-family code is needed. Scope ``"layer"`` trains the layer alone on the frozen
+backbone's ``X`` (docs/theory.md §6 with ``θ = Wᵀ``); ``"tail"`` also the backbone's last stages by
+timm's ``feature_info`` (ResNet18 ``stages=2``: layer3, layer4; a ViT ``stages=1``: the last block
+and norm), as the paper does.
 """
 from __future__ import annotations
 
@@ -58,8 +52,8 @@ class ImmunizedNet(nn.Module):
         super().__init__()
         missing = [a for a in ("forward_features", "forward_head", "get_classifier") if not hasattr(net, a)]
         if missing:
-            raise ParameterError("model", f"{type(net).__name__} lacks timm's {', '.join(missing)}: pass a "
-                                          "timm classifier (timm.create_model) or a module with that interface")
+            raise ParameterError("model", f"{type(net).__name__} lacks timm's {', '.join(missing)}: pass "
+                                          "a timm classifier (timm.create_model) or a module like one")
         self.net = net
         self.layer = layer if layer is not None else ops.ImmunizationHead(_classifier_width(net),
                                                                              lambda_reg=lambda_reg)
@@ -141,7 +135,8 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = False, seed:
     if not isinstance(name, str) or not timm.is_model(name):
         raise ParameterError("model", f"{name!r} is not a timm model name (timm.list_models() lists them)")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= 100_000:
-        raise ParameterError("num_classes", f"num_classes must be an integer in [1, 100000], got {num_classes!r}")
+        raise ParameterError("num_classes", f"num_classes must be an integer in [1, 100000], "
+                                            f"got {num_classes!r}")
     bad = [k for k, v in kwargs.items() if k not in MODEL_KWARGS or isinstance(v, bool)
            or not isinstance(v, int) or not 1 <= v <= 100_000]
     if bad:
@@ -165,12 +160,14 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = False, seed:
                 raise
             offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
             raise PretrainedUnavailableError(
-                f"pretrained weights for {name} are not available{' (HF_HUB_OFFLINE is set)' if offline else ''}"
-                f": {type(exc).__name__}; pass a local checkpoint (safetensors or a weights-only torch "
-                "state_dict) or run where the Hugging Face hub is reachable or its cache holds them") from exc
+                f"pretrained weights for {name} are not available"
+                f"{' (HF_HUB_OFFLINE is set)' if offline else ''}: {type(exc).__name__}; pass a local "
+                "checkpoint (safetensors or a weights-only torch state_dict) or run where the Hugging Face "
+                "hub is reachable or its cache holds them") from exc
     if "img_size" in kwargs:
         side = int(kwargs["img_size"])
-        net.pretrained_cfg = {**getattr(net, "pretrained_cfg", {}), "input_size": (3, side, side), "crop_pct": 1.0}
+        net.pretrained_cfg = {**getattr(net, "pretrained_cfg", {}), "input_size": (3, side, side),
+                              "crop_pct": 1.0}
     net.model_args = {"name": name, **kwargs}   # what a checkpoint records to rebuild the architecture
     return net
 

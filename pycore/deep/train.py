@@ -1,24 +1,15 @@
 """The deep immunization loop (paper Eq. (11), Algorithm 1 on deep nets, §5.2; docs/theory.md §9).
 
-One call of :func:`immunize`: the paired, sharded batches of D_P and D_H (App. C.2); the
-preconditioner ridge calibrated on the first D_P batch (:func:`calibrate_ridge`); per step the
-terms of the method (:mod:`pycore.deep.objectives`), the λ's (fixed, or balanced against the CE
-gradient, :func:`balanced_lambdas`), one backward and one SGD step (Nesterov momentum 0.9, weight
-decay 0 on the extractor, 2e-5 on the classifier). The whole model stays in eval mode: its
-normalisation statistics and dropout belong to θ₀, so the regularizers shape exactly the features
-that RIR_θ₀ measures. A non-finite loss or gradient stops the run before its update is applied
-(:class:`NonFiniteLossError`, naming the option to change); the model keeps its last good step.
-
-λ balancing (App. C.2, "we choose λ_P and λ_H by balancing the gradient norm"): with ``balance =
-b`` each regularizer term gets ``λ = b·‖∇CE‖/‖∇term‖`` on the extractor parameters, at step 0 and
-every ``balance_every`` steps. R_ill's gradient grows like ``1/d²`` as it works (docs/theory.md
-§3), so a λ fixed at step 0 soon swamps or fades; re-balancing every step is one rule for every
-method, which keeps their comparison fair.
-
-Distributed (``torchrun``): DDP averages gradients; each rank evaluates R_well / R_ill on its own
-batch, so a W-rank run minimises the mean over ranks of per-rank regularizers. ``virtual_ranks=W``
-reproduces that objective in one process (same shards); balancing uses the all-reduced term
-gradients, so every rank gets the same λ's.
+Per step: a D_P and a D_H batch (the paired loader of App. C.2), the method's terms
+(:mod:`pycore.deep.objectives`), the λ's (fixed, or balanced: ``λ = b·‖∇CE‖/‖∇term‖`` on the
+extractor parameters at step 0 and every ``balance_every`` steps -- App. C.2's rule, automated; R_ill's
+gradient grows like ``1/d²`` as it works, §3, so one balance at step 0 soon swamps or fades), one
+backward and one SGD step (Nesterov 0.9; weight decay 0 on the extractor, 2e-5 on the classifier).
+The model stays in eval mode: its normalisation statistics belong to θ₀, so the regularizers shape
+exactly the features RIR_θ₀ measures. A non-finite step is not applied (:class:`NonFiniteLossError`
+names the option to change). Under ``torchrun`` each rank evaluates the regularizers on its own batch
+(DDP averages gradients; balancing all-reduces the term gradients); ``virtual_ranks=W`` reproduces
+that objective in one process.
 """
 from __future__ import annotations
 
@@ -31,7 +22,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pycore import ops
@@ -42,7 +32,7 @@ from pycore.report import progress as progress_bar
 from pycore.validation import DivergenceError, ParameterError
 
 __all__ = ["DEEP_METHODS", "DeepOptions", "options", "TrainResult", "NonFiniteLossError", "immunize",
-           "balanced_lambdas", "calibrate_ridge", "OPTION_BOUNDS"]
+           "balanced_lambdas", "calibrate_ridge", "OPTION_BOUNDS", "POSITIVE_OPTIONS", "FRACTION_OPTIONS"]
 
 
 @dataclass(frozen=True)
@@ -81,16 +71,16 @@ class DeepOptions:
         for f in dataclasses.fields(self):
             _check(f.name, getattr(self, f.name))
         if self.balance_ill is not None and self.balance is None:
-            raise ParameterError("balance_ill", "balance_ill re-weights the balanced R_ill term: it needs balance")
+            raise ParameterError("balance_ill", "balance_ill re-weights the balanced R_ill term: set balance")
 
 
 # Integer options: (low, high). Every count is bounded so no setting runs unbounded.
 OPTION_BOUNDS = {"epochs": (1, 100_000), "max_steps": (1, 10_000_000), "batch_size": (1, 65_536),
                  "balance_every": (0, 10_000_000), "imma_inner_steps": (0, 1_000), "stages": (1, 1_000),
                  "virtual_ranks": (1, 1_024)}
-_POSITIVE = ("lr", "lambda_p", "lambda_h", "lambda_kappa", "lambda_imma", "balance", "balance_ill",
+POSITIVE_OPTIONS = ("lr", "lambda_p", "lambda_h", "lambda_kappa", "lambda_imma", "balance", "balance_ill",
              "imma_inner_lr", "ridge_rel", "harden_scale")
-_FRACTIONS = ("momentum", "label_smoothing", "weight_decay_extractor", "weight_decay_classifier")
+FRACTION_OPTIONS = ("momentum", "label_smoothing", "weight_decay_extractor", "weight_decay_classifier")
 _CHOICES = {"scope": ("layer", "tail"), "harden": HARDENINGS}
 
 
@@ -102,10 +92,10 @@ def _check(k: str, v) -> None:
         lo, hi = OPTION_BOUNDS[k]
         if not (number and isinstance(v, (int, np.integer)) and lo <= v <= hi):
             raise ParameterError(k, f"{k} must be an integer in [{lo}, {hi}], got {v!r}")
-    elif k in _POSITIVE and not (number and math.isfinite(v) and v > 0 and (k != "harden_scale" or v <= 1)):
-        raise ParameterError(k, f"{k} must be a finite number > 0{' and ≤ 1' if k == 'harden_scale' else ''}, "
-                                f"got {v!r}")
-    elif k in _FRACTIONS and not (number and 0 <= v < 1):
+    elif k in POSITIVE_OPTIONS and not (number and math.isfinite(v) and v > 0 and (k != "harden_scale" or v <= 1)):
+        top = " and ≤ 1" if k == "harden_scale" else ""
+        raise ParameterError(k, f"{k} must be a finite number > 0{top}, got {v!r}")
+    elif k in FRACTION_OPTIONS and not (number and 0 <= v < 1):
         raise ParameterError(k, f"{k} must be a number in [0, 1), got {v!r}")
     elif k in _CHOICES and v not in _CHOICES[k]:
         raise ParameterError(k, f"{k} must be one of {_CHOICES[k]}, got {v!r}")
@@ -124,9 +114,8 @@ def options(base: "DeepOptions | None" = None, **given) -> DeepOptions:
 
 
 class NonFiniteLossError(DivergenceError):
-    """The immunization loss or gradient became non-finite; the model keeps its last good step.
-    ``.parameter`` names the option to change, ``.step`` the failed step, ``.checkpoint`` the last
-    good model when one was written."""
+    """A non-finite loss or gradient: ``.parameter`` names the option to change, ``.step`` the failed
+    step (not applied: the model keeps its last good step), ``.checkpoint`` the last good model."""
 
     def __init__(self, message: str, parameter: str, step: int, checkpoint: "str | None" = None):
         super().__init__(message, parameter)
@@ -135,8 +124,7 @@ class NonFiniteLossError(DivergenceError):
 
 @dataclass
 class TrainResult:
-    """What :func:`immunize` did: steps, time, the λ's in force at the end (and the ridge), the per-step
-    history (loss, each unweighted term, each balanced λ, step seconds), the options, the hardening."""
+    """What :func:`immunize` did: the λ's in force at the end (and the ridge), the per-step history."""
 
     method: str
     steps: int
@@ -220,7 +208,8 @@ def _is_op_error(exc: Exception) -> bool:
     err = getattr(ops, "CondRegError", None)
     if err is not None:
         return isinstance(exc, err)
-    return isinstance(exc, RuntimeError) and str(exc).lstrip().startswith(("cond_regularizer:", "ImmunizationHead"))
+    prefixes = ("cond_regularizer:", "ImmunizationHead")
+    return isinstance(exc, RuntimeError) and str(exc).lstrip().startswith(prefixes)
 
 
 def _wrap_ddp(obj: nn.Module, device) -> nn.Module:
@@ -233,9 +222,10 @@ def _wrap_ddp(obj: nn.Module, device) -> nn.Module:
     return DDP(obj, device_ids=[dev.index] if dev.type == "cuda" else None, **sync)
 
 
-def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = DeepOptions(), *, seed: int = 0,
-             num_classes_h: int, cached: bool = False, device="cpu", rank: int = 0, world: int = 1,
-             ddp: bool = False, progress: bool = False, checkpoint_dir: "str | None" = None) -> TrainResult:
+def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = DeepOptions(), *,
+             seed: int = 0, num_classes_h: int, cached: bool = False, device="cpu", rank: int = 0,
+             world: int = 1, ddp: bool = False, progress: bool = False,
+             checkpoint_dir: "str | None" = None) -> TrainResult:
     """Immunize the :class:`~pycore.deep.models.ImmunizedNet` ``model`` in place with ``method``.
 
     ``p_train`` / ``h_train`` yield ``(x, y)``: images, or with ``cached=True`` (scope ``"layer"``
@@ -273,8 +263,8 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
 
     with torch.no_grad():
         ridge = calibrate_ridge(model.layer, load(next(iter(paired.epoch(0))), [0])[0][0], opts.ridge_rel)
-    obj = _Objective(model, method, opts, num_classes_h)
-    runner = _wrap_ddp(obj, device) if ddp and world > 1 else obj
+    runner = _Objective(model, method, opts, num_classes_h)
+    runner = _wrap_ddp(runner, device) if ddp and world > 1 else runner
     opt = torch.optim.SGD([{"params": ext, "weight_decay": opts.weight_decay_extractor},
                            {"params": cls, "weight_decay": opts.weight_decay_classifier}],
                           lr=opts.lr, momentum=opts.momentum, nesterov=opts.nesterov)
@@ -292,8 +282,8 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
                 ts = time.perf_counter()
                 rebalance = (None if opts.balance is None else "first" if step == 0 else
                              "again" if opts.balance_every and step % opts.balance_every == 0 else None)
-                loss, logs, lambdas, failure = _step(runner, load(pair, mine), opt, ext + cls, ext, opts, lambdas,
-                                                     rebalance, world, device)
+                loss, logs, lambdas, failure = _step(runner, load(pair, mine), opt, ext + cls, ext, opts,
+                                                     lambdas, rebalance, world, device)
                 if failure:
                     _stop(model, method, opts, step, failure, rank, checkpoint_dir, save_model)
                 history["loss"].append(loss)
@@ -327,8 +317,9 @@ def _step(runner, batches, opt, trainable, balance_params, opts, lambdas, rebala
         bad = _all_reduce([float(not all(map(math.isfinite, logs.values())))], world, device, "max")[0] > 0
         if not bad and rebalance:
             weights = {"lambda_h": opts.balance_ill} if opts.balance_ill is not None else None
-            lambdas = {**lambdas, **balanced_lambdas(terms, balance_params, opts.balance, world=world, weights=weights,
-                                                     previous=lambdas if rebalance == "again" else None)}
+            prev = lambdas if rebalance == "again" else None
+            lambdas = {**lambdas, **balanced_lambdas(terms, balance_params, opts.balance, world=world,
+                                                     weights=weights, previous=prev)}
         loss = combine_terms(terms, lambdas) if not bad else torch.tensor(float("nan"))
         bad = bad or _all_reduce([float(not torch.isfinite(loss))], world, device, "max")[0] > 0
         if not bad:
@@ -361,6 +352,6 @@ def _stop(model, method, opts, step, reason, rank, checkpoint_dir, save_model):
     param = "balance" if balancing else "lr"
     advice = ("give fixed λ's (balance=None and lambda_p/lambda_h/...)" if balancing
               else f"lower lr (now {opts.lr:g})" + ("" if opts.balance is not None else " or the fixed λ's"))
-    raise NonFiniteLossError(f"[{method}] non-finite loss or gradient at step {step} ({reason}); the model keeps "
-                             f"its state after step {step - 1}{f', saved to {ckpt}' if ckpt else ''}: {advice}",
-                             param, step, ckpt)
+    saved = f", saved to {ckpt}" if ckpt else ""
+    raise NonFiniteLossError(f"[{method}] non-finite loss or gradient at step {step} ({reason}); the model "
+                             f"keeps its state after step {step - 1}{saved}: {advice}", param, step, ckpt)
