@@ -66,27 +66,11 @@ def test_the_layer_sits_between_timms_prelogits_and_classifier(name, kw):
         torch.testing.assert_close(m.forward_head(m.forward_features(x), pre_logits=True), z)
 
 
-def test_tail_scope_trains_the_papers_stages():
-    r = create_model("resnet18", 3, seed=0)
-    assert tail_modules(r, 2)[:2] == [r.layer3, r.layer4]
-    v = create_model("vit_tiny_patch16_224", 3, seed=0, img_size=32, patch_size=8, depth=3)
-    assert tail_modules(v, 1)[:2] == [v.blocks[-1], v.norm]
-    m = ImmunizedNet(r)
-    ext, cls = m.set_trainable("tail", 2)
-    trained = {n.split(".")[1] for n, p in m.named_parameters() if p.requires_grad}
-    assert trained == {"layer3", "layer4", "fc"} | {"weight"} and len(ext) + len(cls) == sum(
-        p.requires_grad for p in m.parameters())
-    with pytest.raises(ParameterError) as e:
-        m.set_trainable("tail", 99)
-    assert e.value.parameter == "stages"
-
-
 def test_create_model_errors_name_the_argument():
-    for kwargs, param in (({"name": "no_such_net"}, "model"), ({"num_classes": 0}, "num_classes"),
-                          ({"pretrained_cfg_overlay": 1}, "pretrained_cfg_overlay")):
-        a = {"name": "resnet10t", "num_classes": 3, **kwargs}
+    for name, n, kwargs, param in (("no_such_net", 3, {}, "model"), ("resnet10t", 0, {}, "num_classes"),
+                                   ("resnet10t", 3, {"pretrained_cfg_overlay": 1}, "pretrained_cfg_overlay")):
         with pytest.raises(ParameterError) as e:
-            create_model(a.pop("name"), a.pop("num_classes"), **a)
+            create_model(name, n, **kwargs)
         assert e.value.parameter == param
     with pytest.raises(PretrainedUnavailableError):
         create_model("resnet10t", 3, pretrained=True)
@@ -168,11 +152,22 @@ def test_bad_checkpoints_are_one_clear_error(saved, tmp_path):
     from safetensors.torch import save_file
     save_file({k: torch.zeros_like(v) for k, v in sd.items()}, str(tmp_path / "zero.safetensors"))
     save_file({**sd, "layer.weight": sd["layer.weight"] * float("nan")}, str(tmp_path / "nan.safetensors"), meta)
-    for name in ("evil.pt", "cut.pt", "zero.safetensors", "nan.safetensors"):
+    save_file({**sd, "net.fc.weight": torch.complex(sd["net.fc.weight"], sd["net.fc.weight"])},
+              str(tmp_path / "complex.safetensors"), meta)                     # load_state_dict would drop the imaginary part
+    for key, value in (("model_kwargs", '{"pretrained_cfg_overlay": {"file": "/etc/passwd"}}'), ("model", "my_net"),
+                       ("num_classes", "1e8"), ("model_kwargs", "{not json")):
+        save_file(sd, str(tmp_path / f"meta_{key}_{len(value)}.safetensors"), {**meta, key: value})
+    names = ["evil.pt", "cut.pt", "zero.safetensors", "nan.safetensors", "complex.safetensors",
+             *(p.name for p in tmp_path.glob("meta_*"))]
+    for name in names:
         with pytest.raises(CheckpointError) as e:
             load_model(tmp_path / name)
         assert name in str(e.value) and "\n" not in str(e.value)
     assert not marker.exists()
+    from pycore.deep import checkpoint
+    for bad in (tmp_path, "/dev/zero"):
+        with pytest.raises(CheckpointError):
+            read_weights(bad)
 
 
 def test_a_checkpoint_rewritten_while_read_is_an_error_never_a_signal(saved, tmp_path, monkeypatch):
@@ -331,13 +326,19 @@ def test_a_non_finite_step_is_not_applied_and_the_last_good_model_is_saved(tmp_p
     torch.testing.assert_close(load_model(e.value.checkpoint)[0].layer.weight, m.layer.weight)
 
 
-def test_tail_scope_trains_the_stages_from_images():
-    m = ImmunizedNet(create_model("resnet10t", 3, seed=0)).eval()
+def test_tail_scope_trains_the_papers_stages_from_images():
+    v = create_model("vit_tiny_patch16_224", 3, seed=0, img_size=32, patch_size=8, depth=3)
+    assert tail_modules(v, 1)[:2] == [v.blocks[-1], v.norm]                     # a ViT: its last block and norm
+    m = ImmunizedNet(create_model("resnet18", 3, seed=0)).eval()
+    assert tail_modules(m.net, 2)[:2] == [m.net.layer3, m.net.layer4]            # ResNet18: its last two stages
     before = copy.deepcopy(m.state_dict())
     immunize(m, TensorDataset(*_data(16, 1)), TensorDataset(*_data(16, 2)), "ours",
-             DeepOptions(max_steps=2, batch_size=8, lr=1e-3, scope="tail", stages=1), num_classes_h=3)
-    changed = {k.split(".")[1] for k in before if not torch.equal(before[k], m.state_dict()[k]) and k.startswith("net.")}
-    assert changed == {"layer4", "fc"} and not torch.equal(before["layer.weight"], m.layer.weight)
+             DeepOptions(max_steps=2, batch_size=8, lr=1e-3, scope="tail", stages=2), num_classes_h=3)
+    changed = {k.split(".")[1] for k in before if not torch.equal(before[k], m.state_dict()[k])}
+    assert changed == {"layer3", "layer4", "fc", "weight"}
+    with pytest.raises(ParameterError) as e:
+        m.set_trainable("tail", 99)
+    assert e.value.parameter == "stages"
 
 
 # --- attackers ----------------------------------------------------------------------------------

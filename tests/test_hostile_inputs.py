@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import attacks, cli, deepnet, deepnet_sweep, house_price, mnist
+from experiments import attacks, cli, deepnet, house_price, mnist
 from pycore import validation
 from pycore.data.house_price import default_path, load_house_price
 from pycore.immunize import ImmunizeConfig, check_fields_apply
@@ -29,7 +29,7 @@ from tests.cli_helpers import call, one_line
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-SCRIPTS = (house_price, mnist, attacks, deepnet, deepnet_sweep)
+SCRIPTS = (house_price, mnist, attacks, deepnet)
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +215,7 @@ def _numeric_flags():
 def test_non_ascii_digits_are_refused(tripwire, capsys, tmp_path, mod, flag, kind):
     """int('١') == 1 and float('١.٥') == 1.5 in Python: --seeds ١ used to run seed 0."""
     value = {"pairs": "٠-١"}.get(kind, "١")
-    extra = ["--config", "ci"] if mod in (deepnet, deepnet_sweep) else []
+    extra = ["--demo"] if mod is deepnet else []
     rc, err, _ = call(capsys, mod, [*extra, flag, value, "--out", str(tmp_path / "o")])
     assert rc == 2 and one_line(err, flag, "ASCII")
 
@@ -307,15 +307,13 @@ def test_module_invocation_installs_the_startup_handler():
 # --- the library's exceptions cross process boundaries as themselves -------------------------------------
 
 def _exceptions():
-    from pycore.deep.data import DataError
+    from pycore.deep import CheckpointError, CheckpointMismatchError, DataError, NonFiniteLossError
     from pycore.deep.distributed import DistributedEnvError
-    from pycore.deep.models import CheckpointError, CheckpointMismatchError
-    from pycore.deep.train import NonFiniteLossError
 
     return [ParameterError("lambda_h", "lambda_h too large"), DivergenceError("θ non-finite", parameter="lr"),
             SpectrumError("X_P is zero"), CheckpointError("truncated"), CheckpointMismatchError("shapes"),
             DataError("no images"), DistributedEnvError("RANK unset"),
-            NonFiniteLossError("loss is NaN", step=3, checkpoint="last.safetensors"),
+            NonFiniteLossError("loss is NaN", "lr", step=3, checkpoint="last.safetensors"),
             cli.UsageError("must be ≥ 1", "--jobs"), cli.RunError("a method failed")]
 
 
