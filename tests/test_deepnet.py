@@ -1,54 +1,48 @@
-"""Deep-net immunization of any timm model (pycore.deep, docs/deep.md; docs/theory.md §8-9).
-
-Random-init timm models at 32 px, a few steps each, offline (HF_HUB_OFFLINE=1).
-"""
+"""Deep-net immunization of any timm model (pycore.deep; docs/deep.md, docs/theory.md §8-9): random-init
+timm models at 32 px, a few steps each."""
+import copy
 import os
+import socket
+from dataclasses import replace
+from pathlib import Path
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # before huggingface_hub is imported (via timm)
+import numpy as np
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
 
-import copy  # noqa: E402
-import socket  # noqa: E402
-import threading  # noqa: E402
-from dataclasses import replace  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import timm  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.utils.data import TensorDataset  # noqa: E402
-
-from pycore import ops  # noqa: E402
-from pycore.deep import (  # noqa: E402
+from pycore import ops
+from pycore.deep import (
     CheckpointError, CheckpointMismatchError, DataError, DeepOptions, ImmunizedNet, NonFiniteLossError,
     PretrainedUnavailableError, audit_model, create_model, image_folder, immunize, immunize_model, load_model,
     read_weights, save_model,
 )
-from pycore.deep.attacks import adam_probe_curve, best_adam_probe, finetune_attack, linear_probe_curve  # noqa: E402
-from pycore.deep.data import fetch  # noqa: E402
-from pycore.deep.features import prelogits_dataset  # noqa: E402
-from pycore.deep.models import tail_modules  # noqa: E402
-from pycore.deep.objectives import imma_harmful_loss, log_kappa, loss_terms  # noqa: E402
-from pycore.deep.train import balanced_lambdas  # noqa: E402
-from pycore.validation import ParameterError  # noqa: E402
+from pycore.deep.attacks import adam_probe_curve, best_adam_probe, finetune_attack, linear_probe_curve
+from pycore.deep.data import _decode, fetch
+from pycore.deep.features import prelogits_dataset
+from pycore.deep.models import tail_modules
+from pycore.deep.objectives import imma_harmful_loss, log_kappa, loss_terms
+from pycore.deep.train import balanced_lambdas
+from pycore.validation import ParameterError
 
 torch.set_num_threads(1)
 
 
-def _data(n, seed, classes=3, size=32):
-    """Images whose class shifts their mean: learnable, and random enough to be well conditioned."""
+def _data(n, seed, classes=3):
+    """32 px images whose class shifts their mean: learnable, and random enough to be well conditioned."""
     g = torch.Generator().manual_seed(seed)
     y = torch.arange(n) % classes
-    return torch.randn(n, 3, size, size, generator=g) + 0.5 * y.view(-1, 1, 1, 1).float(), y
+    return torch.randn(n, 3, 32, 32, generator=g) + 0.5 * y.view(-1, 1, 1, 1).float(), y
 
 
-def _layer_setup(seed=0, n=48):
-    m = ImmunizedNet(create_model("resnet10t", 3, seed=seed)).eval()
-    return m, prelogits_dataset(m, TensorDataset(*_data(n, 10))), prelogits_dataset(m, TensorDataset(*_data(n, 11)))
+def _layer_setup(n=48):
+    m = ImmunizedNet(create_model("resnet10t", 3, seed=0)).eval()
+    return m, *(prelogits_dataset(m, TensorDataset(*_data(n, s))) for s in (10, 11))
 
 
-# --- any timm model ---------------------------------------------------------------------------
+# --- any timm model ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,kw", [("resnet10t", {}), ("mobilenetv3_small_050", {}),
                                      ("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2})])
@@ -57,26 +51,16 @@ def test_the_layer_sits_between_timms_prelogits_and_classifier(name, kw):
     m = ImmunizedNet(copy.deepcopy(net)).eval()
     x = _data(3, 1)[0]
     with torch.no_grad():
-        torch.testing.assert_close(m(x), net(x))                              # identity layer: θ₀ unchanged
+        torch.testing.assert_close(m(x), net(x))                     # identity layer: θ₀ unchanged
         m.layer.weight.add_(0.05 * torch.randn_like(m.layer.weight))
         z = m.forward_head(m.forward_features(x), pre_logits=True)
         torch.testing.assert_close(z, m.prelogits(x) @ m.layer.weight.T)
         torch.testing.assert_close(m(x), m.get_classifier()(z))
-        m.reset_classifier(7)                                                  # the attacker's new head keeps the layer
+        m.reset_classifier(7)                                         # an attacker's new head keeps the layer
         torch.testing.assert_close(m.forward_head(m.forward_features(x), pre_logits=True), z)
 
 
-def test_create_model_errors_name_the_argument():
-    for name, n, kwargs, param in (("no_such_net", 3, {}, "model"), ("resnet10t", 0, {}, "num_classes"),
-                                   ("resnet10t", 3, {"pretrained_cfg_overlay": 1}, "pretrained_cfg_overlay")):
-        with pytest.raises(ParameterError) as e:
-            create_model(name, n, **kwargs)
-        assert e.value.parameter == param
-    with pytest.raises(PretrainedUnavailableError):
-        create_model("resnet10t", 3, pretrained=True)
-
-
-# --- the facade -------------------------------------------------------------------------------
+# --- the facade ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["resnet10t", "mobilenetv3_small_050"])
 def test_immunize_model_and_audit_model_on_any_timm_model(name):
@@ -84,19 +68,25 @@ def test_immunize_model_and_audit_model_on_any_timm_model(name):
     before = copy.deepcopy(model.state_dict())
     out = immunize_model(model, _data(48, 1), TensorDataset(*_data(48, 2)), max_steps=4)
     assert out.steps == 4 and np.isfinite(out.history["loss"]).all()
-    assert out.harmful_ratio > 0 and out.pretrain_ratio > 0 and out.immunized == (
-        out.harmful_ratio > 1 and out.pretrain_ratio < 1)
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())       # a copy was immunized
+    assert out.immunized == (out.harmful_ratio > 1 > out.pretrain_ratio > 0)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())    # a copy was immunized
     assert out.model(_data(2, 3)[0]).shape == (2, 3)
     acc = audit_model(out.model, reference=model, dh=_data(30, 4), epochs=(1, 2), adam_lrs=(1e-2,))
-    assert set(acc) == {"model", "reference"} and set(acc["model"]) == {"gd", "adam", "adam_whitened", "finetune"}
+    assert set(acc) == {"model", "reference"} and set(acc["model"]) == {"gd", "adam", "adam_whitened",
+                                                                         "finetune"}
     assert all(0 <= v <= 100 for a in acc.values() for c in a.values() for v in c.values())
 
 
-def test_facade_errors_name_the_option():
+def test_facade_errors_name_the_option(monkeypatch):
+    for name, n, kwargs, param in (("no_such_net", 3, {}, "model"), ("resnet10t", 0, {}, "num_classes"),
+                                   ("resnet10t", 3, {"pretrained_cfg_overlay": 1}, "pretrained_cfg_overlay")):
+        with pytest.raises(ParameterError) as e:
+            create_model(name, n, **kwargs)
+        assert e.value.parameter == param
     model = timm.create_model("resnet10t", num_classes=3)
-    for opts, param in (({"config": {"epochs": 5}}, "config"), ({"lr": -1.0}, "lr"), ({"max_steps": 10**15}, "max_steps"),
-                        ({"epochs": 1e20}, "epochs"), ({"scope": "all"}, "scope")):
+    for opts, param in (({"config": {"epochs": 5}}, "config"), ({"lr": -1.0}, "lr"),
+                        ({"epochs": 1e20}, "epochs"),
+                        ({"scope": "all"}, "scope"), ({"max_steps": 10**15}, "max_steps")):
         with pytest.raises(ParameterError) as e:
             immunize_model(model, _data(8, 1), _data(8, 2), **opts)
         assert e.value.parameter == param
@@ -108,6 +98,9 @@ def test_facade_errors_name_the_option():
     assert e.value.parameter == "epoch"
     with pytest.raises(DataError):
         immunize_model(model, _data(8, 1)[0], _data(8, 2))
+    monkeypatch.setattr(timm, "create_model", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    with pytest.raises(PretrainedUnavailableError):
+        create_model("resnet10t", 3, pretrained=True)
 
 
 # --- checkpoints --------------------------------------------------------------------------------
@@ -117,29 +110,28 @@ def saved(tmp_path_factory):
     m = ImmunizedNet(create_model("resnet10t", 3, seed=0)).eval()
     with torch.no_grad():
         m.layer.weight.add_(0.05 * torch.randn_like(m.layer.weight))
-    path = save_model(m, tmp_path_factory.mktemp("ckpt") / "m.safetensors", extra={"seed": 0})
-    return m, Path(path)
+    return m, Path(save_model(m, tmp_path_factory.mktemp("ckpt") / "m.safetensors", extra={"seed": 0}))
 
 
 def test_checkpoints_round_trip_and_are_read_by_content(saved, tmp_path):
     m, path = saved
     x = _data(2, 5)[0]
-    got, meta = load_model(path)
-    torch.testing.assert_close(got(x), m(x))
-    (tmp_path / "named.PT").write_bytes(path.read_bytes())                     # safetensors under a torch name
+    torch.testing.assert_close(load_model(path)[0](x), m(x))
+    (tmp_path / "named.PT").write_bytes(path.read_bytes())            # safetensors under a torch name
     torch.testing.assert_close(load_model(tmp_path / "named.PT")[0](x), m(x))
-    torch.save({"state_dict": {"module." + k: v for k, v in m.net.state_dict().items()}}, tmp_path / "t.safetensors")
-    plain, _ = load_model(tmp_path / "t.safetensors", "resnet10t")                # a torch zip under a safetensors name
+    sd = {"module." + k: v for k, v in m.net.state_dict().items()}                  # DDP's prefix
+    torch.save({"state_dict": sd}, tmp_path / "t.safetensors")
+    plain, _ = load_model(tmp_path / "t.safetensors", "resnet10t")    # a torch zip under a safetensors name
     torch.testing.assert_close(plain.net(x), m.net(x))
     with pytest.raises(CheckpointMismatchError):
         load_model(tmp_path / "t.safetensors", "resnet18")
     with pytest.raises(CheckpointError):
-        load_model(tmp_path / "t.safetensors")                                 # no metadata, no architecture
+        load_model(tmp_path / "t.safetensors")                        # no metadata, no architecture
 
 
 def test_bad_checkpoints_are_one_clear_error(saved, tmp_path):
-    _, path = saved
-    sd, meta = read_weights(path)
+    from safetensors.torch import save_file
+    sd, meta = read_weights(saved[1])
     marker = tmp_path / "pwned"
 
     class Evil:
@@ -149,74 +141,44 @@ def test_bad_checkpoints_are_one_clear_error(saved, tmp_path):
     torch.save({"w": torch.ones(2), "x": Evil()}, tmp_path / "evil.pt")
     torch.save(sd, tmp_path / "full.pt")
     (tmp_path / "cut.pt").write_bytes((tmp_path / "full.pt").read_bytes()[:5000])
-    from safetensors.torch import save_file
     save_file({k: torch.zeros_like(v) for k, v in sd.items()}, str(tmp_path / "zero.safetensors"))
-    save_file({**sd, "layer.weight": sd["layer.weight"] * float("nan")}, str(tmp_path / "nan.safetensors"), meta)
-    save_file({**sd, "net.fc.weight": torch.complex(sd["net.fc.weight"], sd["net.fc.weight"])},
-              str(tmp_path / "complex.safetensors"), meta)                     # load_state_dict would drop the imaginary part
-    for key, value in (("model_kwargs", '{"pretrained_cfg_overlay": {"file": "/etc/passwd"}}'), ("model", "my_net"),
-                       ("num_classes", "1e8"), ("model_kwargs", "{not json")):
-        save_file(sd, str(tmp_path / f"meta_{key}_{len(value)}.safetensors"), {**meta, key: value})
+    w = sd["net.fc.weight"]
+    for name, change in (("nan", {"layer.weight": sd["layer.weight"] * float("nan")}),
+                         ("complex", {"net.fc.weight": torch.complex(w, w)})):  # a cast would drop a part
+        save_file({**sd, **change}, str(tmp_path / f"{name}.safetensors"), meta)
+    for i, (key, value) in enumerate((("model_kwargs", '{"pretrained_cfg_overlay": {"file": "/etc/passwd"}}'),
+                                      ("model", "my_net"), ("num_classes", "1e8"), ("model_kwargs", "{not"))):
+        save_file(sd, str(tmp_path / f"meta{i}.safetensors"), {**meta, key: value})
     names = ["evil.pt", "cut.pt", "zero.safetensors", "nan.safetensors", "complex.safetensors",
-             *(p.name for p in tmp_path.glob("meta_*"))]
+             *(f"meta{i}.safetensors" for i in range(4))]
     for name in names:
         with pytest.raises(CheckpointError) as e:
             load_model(tmp_path / name)
         assert name in str(e.value) and "\n" not in str(e.value)
     assert not marker.exists()
-    from pycore.deep import checkpoint
     for bad in (tmp_path, "/dev/zero"):
         with pytest.raises(CheckpointError):
             read_weights(bad)
 
 
-def test_a_checkpoint_rewritten_while_read_is_an_error_never_a_signal(saved, tmp_path, monkeypatch):
-    """The old memory-mapped read died of SIGBUS (the whole process) when the file shrank underneath."""
-    _, path = saved
+def test_a_checkpoint_that_changes_while_read_is_an_error_never_a_signal(saved, monkeypatch):
+    """A memory-mapped read died of SIGBUS (the whole process) when the file shrank underneath; the file is
+    read once into memory and its size checked against the size it had when opened."""
     from pycore.deep import checkpoint
-    real = checkpoint.check_regular_file
+    path, real = saved[1], checkpoint.check_regular_file
     monkeypatch.setattr(checkpoint, "check_regular_file", lambda *a, **k: real(*a, **k) + 10)  # it shrank
     with pytest.raises(CheckpointError, match=path.name):
         read_weights(path)
-    monkeypatch.undo()
-    data, target, stop = path.read_bytes(), tmp_path / "live.safetensors", threading.Event()
-    target.write_bytes(data)
-
-    def rewrite():
-        while not stop.is_set():
-            with open(target, "r+b") as f:
-                f.truncate(len(data) // 3)
-                f.seek(0)
-                f.write(data)
-            stop.wait(0.002)
-    t = threading.Thread(target=rewrite)
-    t.start()
-    outcomes = set()
-    try:
-        for _ in range(40):
-            try:
-                outcomes.add(len(read_weights(target)[0]))
-            except CheckpointError:
-                outcomes.add("error")
-    finally:
-        stop.set()
-        t.join()
-    assert outcomes <= {"error", len(read_weights(path)[0])}
 
 
-# --- data ---------------------------------------------------------------------------------------
+# --- images -------------------------------------------------------------------------------------
 
-def _folder(root, classes, per_class, *, make=None, size=(32, 32)):
+def _folder(root, classes, per_class):
     from PIL import Image
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for c in range(classes):
-            d = Path(root) / split / f"c{c}"
-            d.mkdir(parents=True, exist_ok=True)
-            for i in range(per_class):
-                img = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
-                img[..., c % 3] = 200
-                (make or (lambda a, p: Image.fromarray(a).save(p)))(img, d / f"{i}.png")
+    for c in range(classes):
+        (root / "train" / f"c{c}").mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(np.full((32, 32, 3), 60 * c + i, np.uint8)).save(root / f"train/c{c}/{i}.png")
     return root
 
 
@@ -224,13 +186,12 @@ def test_16_bit_and_float_images_are_scaled_not_clipped(tmp_path):
     from PIL import Image
     gray = np.random.default_rng(1).integers(0, 256, (32, 32), dtype=np.uint8)
     Image.fromarray(gray).save(tmp_path / "a8.png")
-    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "a16.png")      # the same picture in 16 bits
+    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "a16.png")      # the same picture, 16 bits
     Image.fromarray(gray.astype(np.float32) / 255).save(tmp_path / "af.tiff")
-    from pycore.deep.data import _decode
-    ref = _decode(str(tmp_path / "a8.png"))
     for name in ("a16.png", "af.tiff"):
-        torch.testing.assert_close(_decode(str(tmp_path / name)), ref, atol=1e-6, rtol=0)
-    Image.fromarray(gray.astype(np.float32)).save(tmp_path / "big.tiff")           # floats beyond [0, 1]: refused
+        torch.testing.assert_close(_decode(str(tmp_path / name)), _decode(str(tmp_path / "a8.png")),
+                                   atol=1e-6, rtol=0)
+    Image.fromarray(gray.astype(np.float32)).save(tmp_path / "big.tiff")          # floats beyond [0, 1]
     with pytest.raises(DataError, match="big.tiff"):
         _decode(str(tmp_path / "big.tiff"))
 
@@ -242,23 +203,23 @@ def test_elongated_or_huge_images_are_refused_before_decoding(tmp_path, monkeypa
     Image.new("L", (20000, 1)).save(tmp_path / "long.png")
     monkeypatch.setattr(Image.Image, "convert", lambda *a, **k: pytest.fail("decoded"))
     with pytest.raises(DataError, match="long.png"):
-        data._decode(str(tmp_path / "long.png"))
+        _decode(str(tmp_path / "long.png"))
     monkeypatch.setattr(data, "MAX_IMAGE_PIXELS", 100)
     Image.new("L", (20, 20)).save(tmp_path / "square.png")
     with pytest.raises(DataError, match="square.png"):
-        data._decode(str(tmp_path / "square.png"))
+        _decode(str(tmp_path / "square.png"))
 
 
 def test_degenerate_image_folders_are_refused_naming_the_folder(tmp_path):
     model = create_model("resnet10t", 2)
+    side = model.pretrained_cfg["input_size"][1]
     ds = image_folder(_folder(tmp_path / "ok", 2, 2), "train", model)
-    side = model.pretrained_cfg["input_size"][-1]
-    assert len(ds) == 4 and fetch(ds, torch.arange(4))[0].shape == (4, 3, side, side)   # the model's input size
+    assert len(ds) == 4 and fetch(ds, torch.arange(4))[0].shape == (4, 3, side, side)   # the model's size
     for root, classes, per, where in ((tmp_path / "one", 2, 1, "c0"), (tmp_path / "single", 1, 3, "train")):
         with pytest.raises(DataError, match=where):
             image_folder(_folder(root, classes, per), "train", model)
     loop = _folder(tmp_path / "loop", 2, 2)
-    os.symlink(loop / "train" / "c1", loop / "train" / "c1" / "again")
+    os.symlink(loop / "train" / "c1", loop / "train" / "c1" / "again")     # c1 would be read 40 times
     with pytest.raises(DataError, match="again"):
         image_folder(loop, "train", model)
 
@@ -271,7 +232,8 @@ def test_loss_terms_use_the_op_and_precondition_only_the_regularizers():
     XP, yP, XH, yH = dp.tensors[0][:8], dp.tensors[1][:8], dh.tensors[0][:8], dh.tensors[1][:8]
     m.layer.lambda_reg = 1e-3
     t = loss_terms(m, "ours", XP, yP, XH, yH, 3)
-    torch.testing.assert_close(t["r_ill"], ops.reference_cond_regularizer(m.layer(XH).double(), "ill"), rtol=1e-8, atol=0)
+    ref = ops.reference_cond_regularizer(m.layer(XH).double(), "ill")
+    torch.testing.assert_close(t["r_ill"], ref, rtol=1e-8, atol=0)
     t["ce"].backward(retain_graph=True)
     W = m.layer.weight.detach().clone().requires_grad_(True)
     (gW,) = torch.autograd.grad(F.cross_entropy(m.classifier(XP @ W.T), yP, label_smoothing=0.1), W)
@@ -281,18 +243,19 @@ def test_loss_terms_use_the_op_and_precondition_only_the_regularizers():
     X, W = XH.double(), m.layer.weight.detach().double().clone().requires_grad_(True)
     (g,) = torch.autograd.grad(ops.reference_cond_regularizer(X @ W.T, "ill"), W)
     want = g @ torch.linalg.inv(X.T @ X + 1e-3 * torch.eye(X.shape[1], dtype=torch.float64))
-    torch.testing.assert_close(m.layer.weight.grad.double(), want, rtol=2e-3, atol=1e-3 * want.abs().max().item())
+    got = m.layer.weight.grad.double()
+    torch.testing.assert_close(got, want, rtol=2e-3, atol=1e-3 * float(abs(want).max()))
 
 
 def test_log_kappa_and_the_imma_lower_level():
     g = torch.Generator().manual_seed(0)
     Z = torch.randn(6, 10, generator=g, dtype=torch.float64, requires_grad=True)
     s = np.linalg.svd(Z.detach().numpy(), compute_uv=False)
-    assert abs(float(log_kappa(Z)) - 2 * np.log(s[0] / s[-1])) < 1e-9
+    assert abs(float(log_kappa(Z).detach()) - 2 * np.log(s[0] / s[-1])) < 1e-9
     y = torch.randint(0, 3, (6,), generator=g)
     l0, l3 = (imma_harmful_loss(Z, y, 3, steps=k, inner_lr=1.0) for k in (0, 3))
-    assert abs(float(l0) - np.log(3)) < 1e-12 and float(l3) < float(l0)          # zero init; the attacker learns
-    l3.backward()
+    assert abs(float(l0.detach()) - np.log(3)) < 1e-12 and float(l3.detach()) < float(l0.detach())
+    l3.backward()                                                                # unrolled: differentiable
     assert torch.isfinite(Z.grad).all() and Z.grad.abs().sum() > 0
 
 
@@ -300,9 +263,9 @@ def test_layer_scope_moves_only_the_layer_and_the_classifier_and_balances_every_
     m, dp, dh = _layer_setup()
     before = copy.deepcopy(m.state_dict())
     res = immunize(m, dp, dh, "ours", DeepOptions(max_steps=3, batch_size=16), num_classes_h=3, cached=True)
-    changed = {k for k in before if not torch.equal(before[k], m.state_dict()[k])}
-    assert changed == {"layer.weight", "net.fc.weight", "net.fc.bias"}
-    assert res.steps == 3 and len(set(res.history["lambda_h"])) == 3               # re-balanced at every step
+    assert {k for k in before if not torch.equal(before[k], m.state_dict()[k])} == {
+        "layer.weight", "net.fc.weight", "net.fc.bias"}
+    assert res.steps == 3 and len(set(res.history["lambda_h"])) == 3             # re-balanced at every step
     m.set_trainable()
     t = loss_terms(m, "ours", dp.tensors[0][:8], dp.tensors[1][:8], dh.tensors[0][:8], dh.tensors[1][:8], 3)
     ext = [m.layer.weight]
@@ -328,17 +291,14 @@ def test_a_non_finite_step_is_not_applied_and_the_last_good_model_is_saved(tmp_p
 
 def test_tail_scope_trains_the_papers_stages_from_images():
     v = create_model("vit_tiny_patch16_224", 3, seed=0, img_size=32, patch_size=8, depth=3)
-    assert tail_modules(v, 1)[:2] == [v.blocks[-1], v.norm]                     # a ViT: its last block and norm
     m = ImmunizedNet(create_model("resnet18", 3, seed=0)).eval()
-    assert tail_modules(m.net, 2)[:2] == [m.net.layer3, m.net.layer4]            # ResNet18: its last two stages
+    assert tail_modules(v, 1)[:2] == [v.blocks[-1], v.norm] and tail_modules(m.net, 2)[:2] == [m.net.layer3,
+                                                                                              m.net.layer4]
     before = copy.deepcopy(m.state_dict())
     immunize(m, TensorDataset(*_data(16, 1)), TensorDataset(*_data(16, 2)), "ours",
              DeepOptions(max_steps=2, batch_size=8, lr=1e-3, scope="tail", stages=2), num_classes_h=3)
-    changed = {k.split(".")[1] for k in before if not torch.equal(before[k], m.state_dict()[k])}
-    assert changed == {"layer3", "layer4", "fc", "weight"}
-    with pytest.raises(ParameterError) as e:
-        m.set_trainable("tail", 99)
-    assert e.value.parameter == "stages"
+    assert {k.split(".")[1] for k in before if not torch.equal(before[k], m.state_dict()[k])} == {
+        "layer3", "layer4", "fc", "weight"}
 
 
 # --- attackers ----------------------------------------------------------------------------------
@@ -347,17 +307,17 @@ def test_probes_are_scale_free_and_whitening_undoes_a_linear_map():
     rng = np.random.default_rng(1)
     y = rng.integers(0, 3, 300)
     Z = rng.standard_normal((300, 6)) + 2.0 * np.eye(6)[y]
-    a, b = (linear_probe_curve(s * Z[:200], y[:200], s * Z[200:], y[200:], epochs=10) for s in (1.0, 100.0))
+    split = lambda A: (A[:200], y[:200], A[200:], y[200:])  # noqa: E731
+    a, b = (linear_probe_curve(*split(s * Z), epochs=10) for s in (1.0, 100.0))
     assert a.test_accuracy == pytest.approx(b.test_accuracy)                  # rescaling cannot fake immunity
     kw = dict(epochs=4, lrs=(1e-2, 1e-1), num_classes=3)
-    assert best_adam_probe(Z[:200], y[:200], Z[200:], y[200:], **kw)["test_accuracy"] == pytest.approx(
-        best_adam_probe(1e-3 * Z[:200], y[:200], 1e-3 * Z[200:], y[200:], **kw)["test_accuracy"])
-    raw = [max(adam_probe_curve(s * Z[:200], y[:200], s * Z[200:], y[200:], epochs=4, lr=lr).test_accuracy[1]
-               for lr in (1e-2, 1e-1)) for s in (1.0, 1e-3)]
-    assert raw[1] < raw[0] - 10                                               # the raw probe is fooled by scale
+    assert best_adam_probe(*split(Z), **kw)["test_accuracy"] == pytest.approx(
+        best_adam_probe(*split(1e-3 * Z), **kw)["test_accuracy"])
+    raw = [max(adam_probe_curve(*split(s * Z), epochs=4, lr=lr).test_accuracy[1] for lr in (1e-2, 1e-1))
+           for s in (1.0, 1e-3)]
+    assert raw[1] < raw[0] - 10                                               # a raw probe is fooled by scale
     M = rng.standard_normal((6, 6)) @ np.diag([1e-3, 1, 1, 1, 1, 1e2])
-    w = [best_adam_probe(A[:200], y[:200], A[200:], y[200:], preprocessing=("whiten",), **kw)["test_accuracy"]
-         for A in (Z, Z @ M)]
+    w = [best_adam_probe(*split(A), preprocessing=("whiten",), **kw)["test_accuracy"] for A in (Z, Z @ M)]
     assert w[0] == pytest.approx(w[1], abs=3.0) and w[1][-1] > 80            # equal up to a rotation
 
 
@@ -366,28 +326,31 @@ def test_finetune_attack_learns_and_leaves_the_model_alone():
     state = copy.deepcopy(m.state_dict())
     h = TensorDataset(*_data(24, 12))
     c = finetune_attack(m, h, h, num_classes=3, epochs=4, lr=1e-3, batch_size=8, eval_epochs=(4,))
-    assert c.test_accuracy[-1] > c.test_accuracy[0] + 20 and np.isnan(c.test_accuracy[2])   # memorises; epoch 2 unscored
+    assert c.test_accuracy[-1] > c.test_accuracy[0] + 20 and np.isnan(c.test_accuracy[2])   # 2: not scored
     assert all(torch.equal(v, m.state_dict()[k]) for k, v in state.items())
 
 
 # --- distributed --------------------------------------------------------------------------------
 
-def _ddp_worker(rank, world, port, out):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+def _ddp_run(**kw):
+    m = ImmunizedNet(create_model("resnet10t", 3, seed=0))
+    res = immunize(m, TensorDataset(*_data(32, 10)), TensorDataset(*_data(32, 11)), "ours",
+                   DeepOptions(max_steps=2, batch_size=4, lr=1e-3, scope="tail", **kw.pop("opts", {})),
+                   num_classes_h=3, **kw)
+    return m, res
+
+
+def _ddp_worker(rank, port, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    torch.set_num_threads(1)
     import pycore.deep.objectives as T
     from pycore.deep.distributed import init_from_env, shutdown
     ctx = init_from_env("cpu")
-    m = ImmunizedNet(create_model("resnet10t", 3, seed=0))
-    res = immunize(m, TensorDataset(*_data(32, 10)), TensorDataset(*_data(32, 11)), "ours",
-                   DeepOptions(max_steps=2, batch_size=4, lr=1e-3, scope="tail"), num_classes_h=3,
-                   rank=ctx.rank, world=ctx.world, ddp=True)
+    m, res = _ddp_run(rank=ctx.rank, world=ctx.world, ddp=True)
     cond = T._cond                                   # then rank 1 alone gets a non-finite R_ill
     T._cond = lambda Z, kind: cond(Z, kind) * (float("nan") if rank == 1 and kind == "ill" else 1.0)
     try:
-        immunize(copy.deepcopy(m), TensorDataset(*_data(16, 10)), TensorDataset(*_data(16, 11)), "ours",
-                 DeepOptions(max_steps=2, batch_size=4), num_classes_h=3, rank=ctx.rank, world=ctx.world, ddp=True)
+        _ddp_run(rank=ctx.rank, world=ctx.world, ddp=True)
         stop = "returned"
     except NonFiniteLossError as exc:
         stop = exc.step
@@ -400,8 +363,8 @@ def test_ddp_gloo_two_processes_match_virtual_ranks_and_stop_together(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = torch.multiprocessing.get_context("fork")          # no re-import of torch in the workers
-    workers = [ctx.Process(target=_ddp_worker, args=(r, 2, port, str(tmp_path / "ddp"))) for r in (0, 1)]
+    fork = torch.multiprocessing.get_context("fork")                  # the workers need no new torch import
+    workers = [fork.Process(target=_ddp_worker, args=(r, port, str(tmp_path / "ddp"))) for r in (0, 1)]
     for w in workers:
         w.start()
     for w in workers:
@@ -409,9 +372,7 @@ def test_ddp_gloo_two_processes_match_virtual_ranks_and_stop_together(tmp_path):
     assert [w.exitcode for w in workers] == [0, 0]
     got = [torch.load(f"{tmp_path / 'ddp'}.{r}", weights_only=True) for r in (0, 1)]
     assert got[0]["stop"] == got[1]["stop"] == 0                     # NaN on one rank: both stop at step 0
-    m = ImmunizedNet(create_model("resnet10t", 3, seed=0))
-    res = immunize(m, TensorDataset(*_data(32, 10)), TensorDataset(*_data(32, 11)), "ours",
-                   DeepOptions(max_steps=2, batch_size=4, lr=1e-3, scope="tail", virtual_ranks=2), num_classes_h=3)
+    m, res = _ddp_run(opts={"virtual_ranks": 2})
     assert got[0]["lambdas"] == pytest.approx(res.lambdas, rel=1e-6)  # λ's from all-reduced gradients
     assert got[0]["loss"] == pytest.approx(res.history["loss"], rel=1e-5)
     for k, v in m.state_dict().items():

@@ -80,33 +80,20 @@ def test_installed_metadata_lists_the_dependencies():
     assert _installed().metadata["Requires-Python"] == ">=3.10"
 
 
-def test_the_environment_holds_the_pinned_torch_side():
-    # scripts/install.sh resolves timm/torchvision with torch pinned in the same call (docs/design.md §5).
-    pins = {_name(line): line.split("==")[1].split(";")[0].strip() for line in
-            (ROOT / "constraints.txt").read_text().splitlines() if "==" in line and not line.startswith("#")}
-    _installed()
-    for pkg in ("torch", "torchvision", "timm", "safetensors"):
-        assert md.version(pkg).split("+")[0] == pins[pkg], pkg
-
-
 # ---------------------------------------------------------------- the torchvision hook
-
-def _fresh(code: str, tmp_path) -> subprocess.CompletedProcess:
-    """``code`` in a new interpreter of this environment, outside the checkout, nothing imported first."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
-                          timeout=300)
-
 
 def test_import_timm_works_with_nothing_imported_first(tmp_path):
     """The wheel's hook: cheap at start (torch is not imported), and `import timm` then works; where
     torchvision's own library cannot load (the CPU torch beside PyPI's CUDA torchvision) it defined the
     two schemas, else nothing."""
     _installed()
-    out = _fresh("import sys\nstart = 'torch' in sys.modules\nimport timm, torch, _model_immunization_torchvision as h\n"
-                 "m = timm.create_model('resnet10t', num_classes=2)\ntorch.ops.torchvision.nms\n"
-                 "own = any('torchvision' in p for p in torch.ops.loaded_libraries)\n"
-                 "print(start, h.LIBRARY is not None, own)", tmp_path)
+    code = ("import sys\nstart = 'torch' in sys.modules\n"
+            "import timm, torch, _model_immunization_torchvision as h\n"
+            "m = timm.create_model('resnet10t', num_classes=2)\ntorch.ops.torchvision.nms\n"
+            "print(start, h.LIBRARY is not None, any('vision' in p for p in torch.ops.loaded_libraries))")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     start, shim, own = out.stdout.split()
     assert start == "False" and shim == str(own == "False")
@@ -144,28 +131,17 @@ def test_unrecorded_finds_a_stray_import_hook(tmp_path):
     info = site / "model_immunization-0.1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DIST}\nVersion: 0.1.0\n")
-    (site / "__editable__.model_immunization-0.1.0.pth").write_text("/src\n")
-    (info / "RECORD").write_text("__editable__.model_immunization-0.1.0.pth,,\n"
-                                 "model_immunization-0.1.0.dist-info/METADATA,,\n"
-                                 "model_immunization-0.1.0.dist-info/RECORD,,\n")
+    (site / "model_immunization_torchvision.pth").write_text("import _model_immunization_torchvision\n")
+    (info / "RECORD").write_text("model_immunization_torchvision.pth,,\n")
     assert unrecorded(site) == []
-    (site / "_pycore_torchvision_hook.pth").write_text("import _pycore_torchvision_hook\n")
-    (site / "_pycore_torchvision_hook.py").write_text("")
-    assert unrecorded(site) == [
-        "_pycore_torchvision_hook.pth: in no distribution's RECORD",
-        "_pycore_torchvision_hook.pth: not in model-immunization's RECORD",
-        "_pycore_torchvision_hook.py: in no distribution's RECORD",
-        "_pycore_torchvision_hook.py: not in model-immunization's RECORD",
-    ]
+    (site / "_pycore_torchvision_hook.pth").write_text("import _pycore_torchvision_hook\n")   # an old hook
+    assert len(unrecorded(site)) == 2                                  # in no RECORD, and not in ours
 
 
 @pytest.mark.slow
 def test_fresh_venv_install_then_uninstall_leaves_no_trace(tmp_path):
-    """The README's set-up in a new venv, `import timm` first, then `pip uninstall`: no file of ours remains.
-
-    Takes minutes (the full install and the C++ build), hence `slow`; the fast variant is
-    test_install_wrote_nothing_outside_pips_record on the environment the tests run in.
-    """
+    """The README's set-up in a new venv: `python -c "import timm"` works, and after `pip uninstall` no
+    file of ours remains. Minutes (the install, the C++ build), hence slow; the fast variant: this venv."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
@@ -180,14 +156,10 @@ def test_fresh_venv_install_then_uninstall_leaves_no_trace(tmp_path):
     run = subprocess.run(["bash", "scripts/install.sh"], cwd=src, env=env, capture_output=True, text=True,
                          timeout=1800)
     assert run.returncode == 0, run.stderr[-3000:]
-    show = subprocess.run([str(py), "-m", "pip", "show", DIST], env=env, capture_output=True, text=True)
-    requires = {r.strip().lower() for line in show.stdout.splitlines() if line.startswith("Requires:")
-                for r in line.partition(":")[2].split(",")}
-    assert RUNTIME <= requires, show.stdout
-    probe = ("import timm, torch, pycore.deep, pycore.ops; torch.ops.torchvision.nms; "
-             "print(pycore.ops.extension_available())")
-    ok = subprocess.run([str(py), "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert ok.returncode == 0 and ok.stdout.split()[-1] == "True", ok.stderr[-2000:]
+    for code, out in (("import timm", ""),
+                      ("import pycore.ops as o; print(o.extension_available())", "True")):
+        ok = subprocess.run([str(py), "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert ok.returncode == 0 and ok.stdout.strip() == out, ok.stderr[-2000:]
     check = ("import json, pathlib, tests.test_install as t; "
              f"print(json.dumps(t.unrecorded(pathlib.Path({str(site)!r}))))")
     listed = subprocess.run([str(py), "-c", check], cwd=src, env=env, capture_output=True, text=True)
