@@ -256,7 +256,7 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
             h = copy.deepcopy(model)
             info = harden(h, data["h_train"], kind, num_classes=nch, rng=np.random.default_rng([seed, 99]),
                           scale=rc.options.harden_scale, cached=cached, batch_size=rc.eval_batch)
-            variants[f"{row}+{kind}"] = (h, info.as_dict())
+            variants[f"{row}+{kind}"] = (h, info)
         for key, (m, hardening) in variants.items():
             rows[key] = {**evaluate_extractor(m, ref, ev, rc, seed, phase), "hardening": hardening}
             path = on_extractor(m, key, seed, "immunized") if on_extractor else None

@@ -45,7 +45,7 @@ def test_rotation_keeps_every_spectrum_and_the_dp_predictions():
     info = harden(m, dh, "rotate", num_classes=3, rng=np.random.default_rng(0), cached=True)
     after, Zp2 = _logits(m, dp)
     Zh2 = extract(m, dh, cached=True)
-    assert info.kind == "rotate" and info.subspace_dim == 0 and info.logit_change < 1e-4
+    assert info["kind"] == "rotate" and info["subspace_dim"] == 0 and info["logit_change"] < 1e-4
     np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-4 * np.abs(before).max())
     assert not np.allclose(Zp2, Zp, atol=1e-3)                            # the features did move
     for a, b in ((Zp, Zp2), (Zh, Zh2)):
@@ -66,7 +66,7 @@ def test_label_subspace_squashes_the_class_means_and_keeps_dp_predictions():
                   cached=True)
     after, _ = _logits(m, dp)
     Zh2 = extract(m, dh, cached=True)
-    assert info.subspace_dim == 2 and info.scale == 0.01 and info.logit_change < 1e-3
+    assert info["subspace_dim"] == 2 and info["scale"] == 0.01 and info["logit_change"] < 1e-3
     np.testing.assert_allclose(after, before, rtol=1e-3, atol=1e-3 * np.abs(before).max())
     # Undo the rotation: the class-mean part of the features is scaled by 0.01, the rest kept.
     M, r = hardening_map("label_subspace", Zh, y, num_classes=3, rng=np.random.default_rng(0), scale=0.01)

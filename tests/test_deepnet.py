@@ -77,6 +77,25 @@ def test_immunize_model_and_audit_model_on_any_timm_model(name):
     assert all(0 <= v <= 100 for a in acc.values() for c in a.values() for v in c.values())
 
 
+def test_the_d_p_guard_ends_on_a_state_that_kept_d_p():
+    """Defaults keep D_P top-1 within dp_tolerance (2 points) of the given model's: here an aggressive rule
+    takes it to chance (33 %) without the guard, and the guard ends on the last state within 2 points."""
+    model = timm.create_model("resnet10t", num_classes=3).eval()
+    x, y = _data(96, 1)
+    with torch.no_grad():
+        f = model.forward_head(model.forward_features(x), pre_logits=True)
+    opt = torch.optim.Adam(model.get_classifier().parameters(), lr=1e-2)
+    for _ in range(100):                                                       # a head trained briefly
+        opt.zero_grad()
+        F.cross_entropy(model.get_classifier()(f), y).backward()
+        opt.step()
+    top1 = lambda m: 100 * float((m(x).detach().argmax(1) == y).float().mean())  # noqa: E731
+    rule = dict(method="r_ill_only", lr=0.3, balance=3.0, max_steps=30)
+    guarded = immunize_model(model, (x, y), _data(96, 2), **rule)
+    free = immunize_model(model, (x, y), _data(96, 2), dp_tolerance=None, **rule)
+    assert top1(guarded.model) >= top1(model) - 2 and guarded.reason and top1(free.model) < top1(model) - 10
+
+
 def test_facade_errors_name_the_option(monkeypatch):
     for name, n, kwargs, param in (("no_such_net", 3, {}, "model"), ("resnet10t", 0, {}, "num_classes"),
                                    ("resnet10t", 3, {"pretrained_cfg_overlay": 1}, "pretrained_cfg_overlay")):
@@ -262,7 +281,8 @@ def test_log_kappa_and_the_imma_lower_level():
 def test_layer_scope_moves_only_the_layer_and_the_classifier_and_balances_every_step():
     m, dp, dh = _layer_setup()
     before = copy.deepcopy(m.state_dict())
-    res = immunize(m, dp, dh, "ours", DeepOptions(max_steps=3, batch_size=16), num_classes_h=3, cached=True)
+    opts = DeepOptions(max_steps=3, batch_size=16, dp_tolerance=None)
+    res = immunize(m, dp, dh, "ours", opts, num_classes_h=3, cached=True)
     assert {k for k in before if not torch.equal(before[k], m.state_dict()[k])} == {
         "layer.weight", "net.fc.weight", "net.fc.bias"}
     assert res.steps == 3 and len(set(res.history["lambda_h"])) == 3             # re-balanced at every step

@@ -132,7 +132,8 @@ def test_unrecorded_finds_a_stray_import_hook(tmp_path):
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DIST}\nVersion: 0.1.0\n")
     (site / "model_immunization_torchvision.pth").write_text("import _model_immunization_torchvision\n")
-    (info / "RECORD").write_text("model_immunization_torchvision.pth,,\n")
+    (info / "RECORD").write_text("model_immunization_torchvision.pth,,\n" + "".join(
+        f"model_immunization-0.1.0.dist-info/{n},,\n" for n in ("METADATA", "RECORD")))
     assert unrecorded(site) == []
     (site / "_pycore_torchvision_hook.pth").write_text("import _pycore_torchvision_hook\n")   # an old hook
     assert len(unrecorded(site)) == 2                                  # in no RECORD, and not in ours

@@ -22,10 +22,9 @@ __all__ = ["DeepImmunization", "immunize_model", "audit_model", "AUDIT_OPTIONS"]
 
 @dataclass
 class DeepImmunization:
-    """The result of :func:`immunize_model`. ``model`` is the immunized copy (it classifies D_P with
-    its own head); ``harmful_ratio`` (i) and ``pretrain_ratio`` (ii) are the κ ratios of its
-    features against the given model's on the rows of ``dh`` / ``dp`` (20 random groups of up to 100
-    rows, docs/theory.md §8), ``rir`` their quotient, ``immunized`` Definition 3.1 ((i) > 1, (ii) < 1)."""
+    """:func:`immunize_model`'s result: ``model`` the immunized copy (it classifies D_P with its own head);
+    (i) ``harmful_ratio``, (ii) ``pretrain_ratio``, their quotient ``rir``: κ ratios of its features to the
+    given model's on ``dh`` / ``dp`` (20 groups of ≤ 100 rows, docs/theory.md §8); ``immunized``: Def. 3.1."""
 
     model: ImmunizedNet
     method: str
@@ -39,6 +38,7 @@ class DeepImmunization:
     options: DeepOptions
     hardening: "dict | None"
     wall_seconds: float
+    reason: str          # why training ended before its last step ("": it did not)
 
 
 def immunize_model(model, dp, dh, *, method: str = "ours", seed: int = 0, **opts) -> DeepImmunization:
@@ -64,7 +64,7 @@ def immunize_model(model, dp, dh, *, method: str = "ours", seed: int = 0, **opts
     r = grouped_feature_rir(*after, *before, rng=np.random.default_rng(seed), groups=20, group_size=100)
     i, ii = r["harmful_ratio"]["mean"], r["pretrain_ratio"]["mean"]
     return DeepImmunization(out.eval(), method, i, ii, r["value"]["mean"], immunized_def31(i, ii), res.steps,
-                            res.lambdas, res.history, o, res.hardening, time.perf_counter() - t0)
+                            res.lambdas, res.history, o, res.hardening, time.perf_counter() - t0, res.stopped)
 
 
 AUDIT_OPTIONS = {"epochs": (1, 5, 20), "adam_lrs": ADAM_LRS, "finetune": True, "finetune_lr": 1e-4,

@@ -41,11 +41,8 @@ def _probe_tensors(Z_train, y_train, Z_test, y_test, num_classes):
     Zv = torch.as_tensor(np.asarray(Z_test, dtype=np.float64))
     yt = torch.as_tensor(np.asarray(y_train), dtype=torch.int64)
     yv = torch.as_tensor(np.asarray(y_test), dtype=torch.int64)
-    if Zt.ndim != 2 or Zv.ndim != 2 or Zt.shape[1] != Zv.shape[1]:
-        raise ValueError(f"feature matrices must be 2-D with equal widths, got {tuple(Zt.shape)} "
-                         f"and {tuple(Zv.shape)}")
-    if not (torch.isfinite(Zt).all() and torch.isfinite(Zv).all()):
-        raise ValueError("probe features contain NaN/Inf")
+    if Zt.ndim != 2 or Zv.shape[1:] != Zt.shape[1:] or not (Zt.isfinite().all() and Zv.isfinite().all()):
+        raise ValueError(f"probe features must be finite N x D, got {tuple(Zt.shape)}, {tuple(Zv.shape)}")
     C = int(num_classes or int(max(yt.max(), yv.max())) + 1)
     # Bias column at the RMS row norm of the training features: rescaling Z by s then rescales
     # A by s exactly, so a step tied to λ_max(AᵀA) gives unchanged iterates (and accuracies).
@@ -62,15 +59,10 @@ def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
 def linear_probe_curve(Z_train: np.ndarray, y_train: np.ndarray, Z_test: np.ndarray,
                        y_test: np.ndarray, *, epochs: int = 50, step_scale: float = 1.0,
                        num_classes: "int | None" = None) -> ProbeCurve:
-    """Linear probing attack on frozen features (paper Eq. (4), Figure 3), float64.
-
-    Softmax cross-entropy, full-batch gradient descent with constant step
-    ``η = step_scale / L``, ``L = λ_max(AᵀA/N)`` with ``A = [Z, c·1]`` (bias column at the RMS
-    row norm ``c`` of ``Z``). The softmax-CE Hessian is bounded by ``½·(ZᵀZ/N) ⊗ I``, so
-    ``η = 1/L`` is a safe step, and because it is tied to λ_max a rescaling of the features
-    cannot fake immunization: what slows the attack is the spread of the spectrum, as in the
-    paper's Eq. (2). The probe starts at zero; one epoch is one full-batch step.
-    """
+    """Linear probing attack on frozen features (paper Eq. (4), Figure 3), float64: softmax CE by full-batch
+    GD from zero, step ``η = step_scale / λ_max(AᵀA/N)``, ``A = [Z, c·1]`` (bias column at Z's RMS row norm).
+    The CE Hessian is bounded by ``½·(AᵀA/N) ⊗ I``, so ``1/L`` is safe, and tied to λ_max a rescaling of
+    the features cannot fake immunization: only the spread of the spectrum slows it (Eq. (2))."""
     A, yt, Av, yv, C = _probe_tensors(Z_train, y_train, Z_test, y_test, num_classes)
     n = A.shape[0]
     eta = step_scale / float(torch.linalg.matrix_norm(A, ord=2) ** 2 / n)

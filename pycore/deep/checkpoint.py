@@ -9,6 +9,7 @@ file is untrusted); a plain timm state dict loads given its timm model name.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -143,17 +144,6 @@ def _load_into(module, sd: dict, what: str, path: str) -> None:
     module.load_state_dict(sd, strict=True)
 
 
-def _meta_model(meta: dict, path: str) -> tuple[str, int, dict]:
-    try:
-        kwargs = json.loads(meta.get("model_kwargs", "{}"))
-        n = meta.get("num_classes", "")
-        if not (isinstance(kwargs, dict) and n.isascii() and n.isdigit() and len(n) <= 6):
-            raise ValueError(f"num_classes={n[:20]!r}")
-        return meta.get("model"), int(n), kwargs
-    except ValueError as exc:
-        raise CheckpointError(f"{path}: malformed metadata ({_first_line(exc)})") from None
-
-
 def load_model(path: "str | os.PathLike", model: "str | None" = None,
                **model_kwargs) -> tuple[ImmunizedNet, dict]:
     """Any checkpoint as an :class:`ImmunizedNet` in eval mode with gradients off, and its metadata.
@@ -166,7 +156,12 @@ def load_model(path: "str | os.PathLike", model: "str | None" = None,
     path = os.fspath(path)
     sd, meta = read_weights(path)
     if meta.get("format") == FORMAT:
-        name, num_classes, kwargs = _meta_model(meta, path)
+        name, kwargs, n = meta.get("model"), meta.get("model_kwargs", "{}"), meta.get("num_classes", "")
+        with contextlib.suppress(ValueError):
+            kwargs = json.loads(kwargs)
+        if not (isinstance(kwargs, dict) and n.isascii() and n.isdigit() and len(n) <= 6):
+            raise CheckpointError(f"{path}: malformed metadata (model_kwargs; num_classes {n[:9]!r})")
+        num_classes = int(n)
         if model is not None and model != name:
             raise CheckpointMismatchError(f"{path} holds a {name}, not a {model}")
     elif model is None:

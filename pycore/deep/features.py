@@ -1,12 +1,11 @@
-"""Features of an :class:`~pycore.deep.models.ImmunizedNet` and the RIR_θ₀ of two of them
-(docs/theory.md §8, paper Eq. (17)-(18)); the array-level RIR is :mod:`pycore.metrics`'."""
+"""The features of an :class:`~pycore.deep.models.ImmunizedNet` (what RIR_θ₀ and the probes measure)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from pycore.deep.data import fetch
+from pycore.deep.data import dataset_labels, fetch
 
 __all__ = ["extract", "prelogits_dataset"]
 
@@ -17,8 +16,7 @@ def extract(model, data: Dataset, *, cached: bool = False, batch_size: int = 256
     """Float64 (N × D) features of every sample of ``data``, ``model`` in eval mode: ``what="Z"`` the
     immunized features, ``"X"`` the layer's input. ``cached=True``: ``data`` holds ``X`` already.
 
-    Raises ``FloatingPointError`` for non-finite features and ``ValueError`` when every feature is
-    zero (both name the model's class: such a model cannot be measured)."""
+    Non-finite or all-zero features (a model that cannot be measured) raise, naming the model's class."""
     was = model.training
     model.eval()
     dev = next(model.parameters()).device
@@ -42,7 +40,5 @@ def extract(model, data: Dataset, *, cached: bool = False, batch_size: int = 256
 def prelogits_dataset(model, data: Dataset, *, batch_size: int = 256) -> TensorDataset:
     """``TensorDataset(X, y)``: the layer's inputs of ``data``, computed once (exact while the backbone
     is frozen and in eval mode: what scope ``"layer"`` trains on)."""
-    from pycore.deep.data import dataset_labels  # noqa: PLC0415
-
     X = torch.from_numpy(extract(model, data, batch_size=batch_size, what="X")).to(model.layer.weight.dtype)
     return TensorDataset(X, torch.as_tensor(dataset_labels(data), dtype=torch.int64))

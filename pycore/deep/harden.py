@@ -11,8 +11,6 @@ rounding); docs/deep.md "Hardening", docs/theory.md §10.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -21,32 +19,15 @@ from pycore.deep.data import dataset_labels
 from pycore.deep.features import extract
 from pycore.threads import bounded_blas
 
-__all__ = ["HARDENINGS", "Hardening", "haar_rotation", "label_subspace", "hardening_map", "apply_feature_map",
+__all__ = ["HARDENINGS", "haar_rotation", "label_subspace", "hardening_map", "apply_feature_map",
            "harden"]
 
 HARDENINGS = ("none", "rotate", "label_subspace")
 
 
-@dataclass(frozen=True)
-class Hardening:
-    """What :func:`harden` applied: the kind, the scale, the squashed subspace's dimension and the
-    largest relative change of the D_P logits on the D_H features it was computed from (a check
-    that the classifier compensation held in float32)."""
-
-    kind: str
-    scale: float
-    subspace_dim: int
-    logit_change: float
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
 def haar_rotation(dim: int, rng: np.random.Generator) -> np.ndarray:
     """A Haar-distributed orthogonal ``dim × dim`` matrix (QR of a Gaussian matrix with the signs of
     R's diagonal moved into Q, which makes the distribution exactly uniform), float64."""
-    if not (isinstance(dim, (int, np.integer)) and dim >= 1):
-        raise ValueError(f"dim must be a positive integer, got {dim!r}")
     q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
     return q * np.sign(np.diag(r))
 
@@ -105,11 +86,10 @@ def apply_feature_map(model, M: np.ndarray) -> None:
 @bounded_blas
 @torch.no_grad()
 def harden(model, data_h: Dataset, kind: str, *, num_classes: int, rng: np.random.Generator,
-           scale: float = 0.01, cached: bool = False, batch_size: int = 256) -> Hardening:
-    """Harden ``model`` in place with ``kind`` (``"none"`` does nothing) computed from its own
-    features of the labelled D_H set ``data_h``. Returns what was applied."""
-    if kind == "none":
-        return Hardening("none", 1.0, 0, 0.0)
+           scale: float = 0.01, cached: bool = False, batch_size: int = 256) -> dict:
+    """Harden ``model`` in place with ``kind`` computed from its own features of the labelled D_H set
+    ``data_h``. Returns what was applied: the kind, the scale, the squashed subspace's dimension and the
+    largest relative change of the D_P logits on those features (the compensation's float32 check)."""
     Z = extract(model, data_h, batch_size=batch_size, cached=cached)
     y = dataset_labels(data_h)
     M, r = hardening_map(kind, Z, y, num_classes=num_classes, rng=rng, scale=scale)
@@ -120,5 +100,6 @@ def harden(model, data_h: Dataset, kind: str, *, num_classes: int, rng: np.rando
     Z2 = extract(model, data_h, batch_size=batch_size, cached=cached)
     after = head(torch.from_numpy(Z2).to(dev, head.weight.dtype)).double()
     change = float((after - before).abs().max() / before.abs().max().clamp_min(1e-300))
-    return Hardening(kind, float(scale) if kind == "label_subspace" else 1.0, r, change)
+    return {"kind": kind, "scale": float(scale) if kind == "label_subspace" else 1.0, "subspace_dim": r,
+            "logit_change": change}
 

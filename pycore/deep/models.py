@@ -42,11 +42,9 @@ def _classifier_width(net: nn.Module) -> int:
 
 
 class ImmunizedNet(nn.Module):
-    """A timm classifier ``net`` with the immunization layer before its classifier (module docstring).
-
-    ``model(x)`` are the D_P logits, :meth:`features` the immunized features ``Z``, :meth:`prelogits`
-    the layer's input ``X``. ``layer`` defaults to an identity :class:`~pycore.ops.ImmunizationHead`,
-    which leaves ``net``'s function unchanged."""
+    """A timm classifier ``net`` with the immunization layer (default: an identity ImmunizationHead, which
+    leaves ``net``'s function unchanged) before its classifier: ``model(x)`` the D_P logits,
+    :meth:`features` the immunized features ``Z``, :meth:`prelogits` the layer's input ``X``."""
 
     def __init__(self, net: nn.Module, layer: "nn.Module | None" = None, *, lambda_reg: float = 1e-7):
         super().__init__()
@@ -160,14 +158,12 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = False, seed:
                 raise
             offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
             raise PretrainedUnavailableError(
-                f"pretrained weights for {name} are not available"
-                f"{' (HF_HUB_OFFLINE is set)' if offline else ''}: {type(exc).__name__}; pass a local "
-                "checkpoint (safetensors or a weights-only torch state_dict) or run where the Hugging Face "
-                "hub is reachable or its cache holds them") from exc
+                f"pretrained weights for {name} are not available{' (HF_HUB_OFFLINE is set)' * offline}: "
+                f"{type(exc).__name__}; pass a local checkpoint, or run where the hub (or its cache) has them"
+            ) from exc
     if "img_size" in kwargs:
-        side = int(kwargs["img_size"])
-        net.pretrained_cfg = {**getattr(net, "pretrained_cfg", {}), "input_size": (3, side, side),
-                              "crop_pct": 1.0}
+        side = kwargs["img_size"]
+        net.pretrained_cfg = {**net.pretrained_cfg, "input_size": (3, side, side), "crop_pct": 1.0}
     net.model_args = {"name": name, **kwargs}   # what a checkpoint records to rebuild the architecture
     return net
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from pycore import ops
@@ -32,7 +34,7 @@ from pycore.report import progress as progress_bar
 from pycore.validation import DivergenceError, ParameterError
 
 __all__ = ["DEEP_METHODS", "DeepOptions", "options", "TrainResult", "NonFiniteLossError", "immunize",
-           "balanced_lambdas", "calibrate_ridge", "OPTION_BOUNDS", "POSITIVE_OPTIONS", "FRACTION_OPTIONS"]
+           "balanced_lambdas", "OPTION_BOUNDS", "POSITIVE_OPTIONS", "FRACTION_OPTIONS"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class DeepOptions:
     virtual_ranks: int = 1
     harden: str = "none"            # pycore.deep.harden, applied after training
     harden_scale: float = 0.01
+    normalize: bool = True          # steps in unit-scale features and logits (False: their own scale)
+    dp_tolerance: "float | None" = 2.0  # end on the last state within this many % of D_P's top-1
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -79,28 +83,29 @@ OPTION_BOUNDS = {"epochs": (1, 100_000), "max_steps": (1, 10_000_000), "batch_si
                  "balance_every": (0, 10_000_000), "imma_inner_steps": (0, 1_000), "stages": (1, 1_000),
                  "virtual_ranks": (1, 1_024)}
 POSITIVE_OPTIONS = ("lr", "lambda_p", "lambda_h", "lambda_kappa", "lambda_imma", "balance", "balance_ill",
-             "imma_inner_lr", "ridge_rel", "harden_scale")
+             "imma_inner_lr", "ridge_rel", "harden_scale", "dp_tolerance")
 FRACTION_OPTIONS = ("momentum", "label_smoothing", "weight_decay_extractor", "weight_decay_classifier")
 _CHOICES = {"scope": ("layer", "tail"), "harden": HARDENINGS}
 
 
 def _check(k: str, v) -> None:
-    if v is None and k in ("max_steps", "balance", "balance_ill"):
+    if v is None and k in ("max_steps", "balance", "balance_ill", "dp_tolerance"):
         return
     number = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
     if k in OPTION_BOUNDS:
         lo, hi = OPTION_BOUNDS[k]
         if not (number and isinstance(v, (int, np.integer)) and lo <= v <= hi):
             raise ParameterError(k, f"{k} must be an integer in [{lo}, {hi}], got {v!r}")
-    elif k in POSITIVE_OPTIONS and not (number and math.isfinite(v) and v > 0 and (k != "harden_scale" or v <= 1)):
-        top = " and ≤ 1" if k == "harden_scale" else ""
-        raise ParameterError(k, f"{k} must be a finite number > 0{top}, got {v!r}")
+    elif k in POSITIVE_OPTIONS:
+        top = 1.0 if k == "harden_scale" else math.inf
+        if not (number and math.isfinite(v) and 0 < v <= top):
+            raise ParameterError(k, f"{k} must be a finite number > 0{' and ≤ 1' * (top == 1)}, got {v!r}")
     elif k in FRACTION_OPTIONS and not (number and 0 <= v < 1):
         raise ParameterError(k, f"{k} must be a number in [0, 1), got {v!r}")
     elif k in _CHOICES and v not in _CHOICES[k]:
         raise ParameterError(k, f"{k} must be one of {_CHOICES[k]}, got {v!r}")
-    elif k == "nesterov" and not isinstance(v, bool):
-        raise ParameterError(k, f"nesterov must be True or False, got {v!r}")
+    elif k in ("nesterov", "normalize") and not isinstance(v, bool):
+        raise ParameterError(k, f"{k} must be True or False, got {v!r}")
 
 
 def options(base: "DeepOptions | None" = None, **given) -> DeepOptions:
@@ -131,8 +136,8 @@ class TrainResult:
     wall_seconds: float
     lambdas: dict
     history: dict = field(default_factory=dict)
-    options: dict = field(default_factory=dict)
     hardening: "dict | None" = None
+    stopped: str = ""               # why training stopped before its last step ("" when it did not)
 
 
 class _Objective(nn.Module):
@@ -153,14 +158,6 @@ class _Objective(nn.Module):
         return mean
 
 
-def calibrate_ridge(layer, X: torch.Tensor, ridge_rel: float) -> float:
-    """``λ = ridge_rel·tr(XᵀX)/N`` of a D_P batch for the preconditioner ``(XᵀX + λI)⁻¹`` (an absolute λ
-    means nothing for features whose scale depends on the backbone); sets ``layer.lambda_reg``."""
-    X = X.detach().double()
-    layer.lambda_reg = float(ridge_rel * (X * X).sum() / X.shape[0])
-    return layer.lambda_reg
-
-
 def balanced_lambdas(terms: dict, params, balance: float, *, world: int = 1, previous: "dict | None" = None,
                      weights: "dict | None" = None) -> dict[str, float]:
     """``λ_term = balance·‖∇CE‖/‖∇term‖`` on ``params`` (``weights`` replaces ``balance`` for the λ's it
@@ -173,8 +170,6 @@ def balanced_lambdas(terms: dict, params, balance: float, *, world: int = 1, pre
         flat[k] = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double()
                              for p, g in zip(params, gs)])
     if world > 1:
-        import torch.distributed as dist  # noqa: PLC0415
-
         stacked = torch.stack([flat[k] for k in sorted(flat)])
         dist.all_reduce(stacked)
         flat = {k: stacked[i] / world for i, k in enumerate(sorted(flat))}
@@ -195,21 +190,40 @@ def balanced_lambdas(terms: dict, params, balance: float, *, world: int = 1, pre
 def _all_reduce(values: list[float], world: int, device, op: str = "sum") -> list[float]:
     if world <= 1:
         return values
-    import torch.distributed as dist  # noqa: PLC0415
-
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return t.tolist() if op == "max" else (t / world).tolist()
 
 
 def _is_op_error(exc: Exception) -> bool:
-    """The op's refusal of a batch (non-finite or degenerate features, a singular preconditioner).
-    pycore.ops.CondRegError where it exists; older ops raised RuntimeErrors with these prefixes."""
-    err = getattr(ops, "CondRegError", None)
-    if err is not None:
-        return isinstance(exc, err)
-    prefixes = ("cond_regularizer:", "ImmunizationHead")
-    return isinstance(exc, RuntimeError) and str(exc).lstrip().startswith(prefixes)
+    """The op's refusal of a batch (non-finite or degenerate features, a singular preconditioner):
+    pycore.ops.CondRegError where it exists (older ops raised RuntimeErrors with these prefixes)."""
+    if hasattr(ops, "CondRegError"):
+        return isinstance(exc, ops.CondRegError)
+    return isinstance(exc, RuntimeError) and str(exc).startswith(("cond_regularizer:", "ImmunizationHead"))
+
+
+def _rescale(model, c: float, t: float) -> None:
+    """Classifier weight × c·t and bias × t, layer bias ÷ c: on inputs X/c the model's logits are t times
+    what they were on X (the same predictions)."""
+    model.classifier.weight.mul_(c * t)
+    if model.classifier.bias is not None:
+        model.classifier.bias.mul_(t)
+    if model.layer.bias is not None:
+        model.layer.bias.div_(c)
+
+
+def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
+    """A function giving the model's top-1 (%) on up to 1024 seeded D_P training samples (its own head)."""
+    idx = torch.from_numpy(np.sort(np.random.default_rng([seed, 11]).permutation(len(data))[:1024]))
+    x, y = fetch(data, idx)
+
+    @torch.no_grad()
+    def accuracy() -> float:
+        X = (x.to(device) if cached else model.prelogits(x.to(device))) / scale
+        logits = model.classifier(F.linear(X, model.layer.weight, model.layer.bias))
+        return 100.0 * float((logits.argmax(1).cpu() == y).double().mean())
+    return accuracy
 
 
 def _wrap_ddp(obj: nn.Module, device) -> nn.Module:
@@ -258,11 +272,22 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
         out = []
         for r in ranks:
             (xP, yP), (xH, yH) = fetch(p_train, pair[0][r]), fetch(h_train, pair[1][r])
-            out.append((prelogits(xP), yP.to(device), prelogits(xH), yH.to(device)))
+            out.append((prelogits(xP) / scale, yP.to(device), prelogits(xH) / scale, yH.to(device)))
         return out
 
+    # normalize: train in the coordinates where the layer's inputs have unit mean square norm (X/c, the
+    # classifier cV): the same lr then suits every backbone; predictions are unchanged (undone at the end)
+    scale, temp = 1.0, 1.0
     with torch.no_grad():
-        ridge = calibrate_ridge(model.layer, load(next(iter(paired.epoch(0))), [0])[0][0], opts.ridge_rel)
+        X0 = load(next(iter(paired.epoch(0))), [0])[0][0]
+        if opts.normalize:
+            scale = float(X0.double().pow(2).sum(1).mean().sqrt())
+            X0 = X0 / scale
+            _rescale(model, scale, 1.0)
+            temp = float(model.classifier(model.layer(X0)).double().pow(2).mean().rsqrt())
+            _rescale(model, 1.0, temp)
+        # the preconditioner's ridge relative to tr(XᵀX)/N: an absolute λ means nothing across backbones
+        model.layer.lambda_reg = ridge = float(opts.ridge_rel * X0.double().pow(2).sum() / X0.shape[0])
     runner = _Objective(model, method, opts, num_classes_h)
     runner = _wrap_ddp(runner, device) if ddp and world > 1 else runner
     opt = torch.optim.SGD([{"params": ext, "weight_decay": opts.weight_decay_extractor},
@@ -273,37 +298,47 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
     total = min(len(paired) * opts.epochs, opts.max_steps or math.inf)
     history: dict[str, list] = {"loss": [], "step_seconds": []}
     bar = progress_bar(total=total, desc=f"immunize[{method}]", disable=not (progress and rank == 0))
-    t0, step = time.perf_counter(), 0
+    guard = opts.dp_tolerance is not None
+    accuracy = _dp_accuracy(model, p_train, cached, device, seed, scale) if guard else None
+    start, keep, kept, stopped = accuracy and accuracy(), [p.detach().clone() for p in ext + cls], 0, ""
+    t0 = time.perf_counter()
+    pairs = (pair for epoch in range(opts.epochs) for pair in paired.epoch(epoch))
     try:
-        for epoch in range(opts.epochs):
-            for pair in paired.epoch(epoch):
-                if step >= total:
-                    break
-                ts = time.perf_counter()
-                rebalance = (None if opts.balance is None else "first" if step == 0 else
-                             "again" if opts.balance_every and step % opts.balance_every == 0 else None)
-                loss, logs, lambdas, failure = _step(runner, load(pair, mine), opt, ext + cls, ext, opts,
-                                                     lambdas, rebalance, world, device)
-                if failure:
-                    _stop(model, method, opts, step, failure, rank, checkpoint_dir, save_model)
-                history["loss"].append(loss)
-                for k, v in logs.items():
-                    history.setdefault(k, []).append(v)
-                if opts.balance is not None:
-                    for k in sorted({LAMBDA_OF_TERM[t] for t in logs if t != "ce"}):
-                        history.setdefault(k, []).append(lambdas[k])
-                history["step_seconds"].append(time.perf_counter() - ts)
-                step += 1
-                bar.update(1)
+        for step, pair in zip(range(total), pairs):
+            ts = time.perf_counter()
+            rebalance = (None if opts.balance is None else "first" if step == 0 else
+                         "again" if opts.balance_every and step % opts.balance_every == 0 else None)
+            loss, logs, lambdas, failure = _step(runner, load(pair, mine), opt, ext + cls, ext, opts,
+                                                 lambdas, rebalance, world, device)
+            if failure:
+                _stop(model, method, opts, step, failure, rank, checkpoint_dir, save_model, scale, temp)
+            history["loss"].append(loss)
+            for k, v in logs.items():
+                history.setdefault(k, []).append(v)
+            for k in sorted({LAMBDA_OF_TERM[t] for t in logs if t != "ce"} if opts.balance else ()):
+                history.setdefault(k, []).append(lambdas[k])
+            history["step_seconds"].append(time.perf_counter() - ts)
+            bar.update(1)
+            if accuracy and ((step + 1) % 10 == 0 or step + 1 == total):   # the D_P guard, every 10 steps
+                if accuracy() >= start - opts.dp_tolerance:
+                    keep, kept = [p.detach().clone() for p in ext + cls], step + 1
+        if accuracy and kept < len(history["loss"]):          # end on the last state that kept D_P
+            with torch.no_grad():
+                for p, k in zip(ext + cls, keep):
+                    p.copy_(k)
+            stopped = f"D_P top-1 fell below {start:.1f} − {opts.dp_tolerance:g} %: back to step {kept}"
     finally:
         bar.close()
         model.requires_grad_(False)
+        with torch.no_grad():
+            _rescale(model, 1.0 / scale, 1.0 / temp)
+    steps = kept if stopped else len(history["loss"])
     hardening = None
     if opts.harden != "none":  # every rank computes the same map from the same seeded inputs
         hardening = harden(model, h_train, opts.harden, num_classes=num_classes_h, scale=opts.harden_scale,
-                           rng=np.random.default_rng([seed, 99]), cached=cached).as_dict()
-    return TrainResult(method, step, time.perf_counter() - t0, {**lambdas, "ridge": ridge}, history,
-                       dataclasses.asdict(opts), hardening)
+                           rng=np.random.default_rng([seed, 99]), cached=cached)
+    lambdas["ridge"] = ridge
+    return TrainResult(method, steps, time.perf_counter() - t0, lambdas, history, hardening, stopped)
 
 
 def _step(runner, batches, opt, trainable, balance_params, opts, lambdas, rebalance, world, device):
@@ -342,12 +377,16 @@ def _step(runner, batches, opt, trainable, balance_params, opts, lambdas, rebala
     return loss_val, logs, lambdas, ""
 
 
-def _stop(model, method, opts, step, reason, rank, checkpoint_dir, save_model):
+def _stop(model, method, opts, step, reason, rank, checkpoint_dir, save_model, scale, temp):
     """Raise :class:`NonFiniteLossError` (after saving the last good model, rank 0, when asked)."""
     ckpt = None
     if checkpoint_dir and rank == 0:
+        with torch.no_grad():
+            _rescale(model, 1.0 / scale, 1.0 / temp)
         ckpt = save_model(model, os.path.join(checkpoint_dir, f"last_good_{method}.safetensors"),
                           extra={"step": step, "reason": "non-finite loss"})
+        with torch.no_grad():
+            _rescale(model, scale, temp)
     balancing = reason.startswith("cannot balance")
     param = "balance" if balancing else "lr"
     advice = ("give fixed λ's (balance=None and lambda_p/lambda_h/...)" if balancing
