@@ -68,7 +68,7 @@ class DeepOptions:
     virtual_ranks: int = 1
     harden: str = "none"            # pycore.deep.harden, applied after training
     harden_scale: float = 0.01
-    normalize: bool = True          # steps in unit-scale features and logits (False: their own scale)
+    normalize: bool = True          # steps in unit-scale features (False: the features' own scale)
     dp_tolerance: "float | None" = 2.0  # end on the last state within this many % of D_P's top-1
 
     def __post_init__(self):
@@ -203,12 +203,9 @@ def _is_op_error(exc: Exception) -> bool:
     return isinstance(exc, RuntimeError) and str(exc).startswith(("cond_regularizer:", "ImmunizationHead"))
 
 
-def _rescale(model, c: float, t: float) -> None:
-    """Classifier weight × c·t and bias × t, layer bias ÷ c: on inputs X/c the model's logits are t times
-    what they were on X (the same predictions)."""
-    model.classifier.weight.mul_(c * t)
-    if model.classifier.bias is not None:
-        model.classifier.bias.mul_(t)
+def _rescale(model, c: float) -> None:
+    """Classifier weight × c, layer bias ÷ c: on inputs X/c the model gives the logits it gave on X."""
+    model.classifier.weight.mul_(c)
     if model.layer.bias is not None:
         model.layer.bias.div_(c)
 
@@ -277,15 +274,13 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
 
     # normalize: train in the coordinates where the layer's inputs have unit mean square norm (X/c, the
     # classifier cV): the same lr then suits every backbone; predictions are unchanged (undone at the end)
-    scale, temp = 1.0, 1.0
+    scale = 1.0
     with torch.no_grad():
         X0 = load(next(iter(paired.epoch(0))), [0])[0][0]
         if opts.normalize:
             scale = float(X0.double().pow(2).sum(1).mean().sqrt())
             X0 = X0 / scale
-            _rescale(model, scale, 1.0)
-            temp = float(model.classifier(model.layer(X0)).double().pow(2).mean().rsqrt())
-            _rescale(model, 1.0, temp)
+            _rescale(model, scale)
         # the preconditioner's ridge relative to tr(XᵀX)/N: an absolute λ means nothing across backbones
         model.layer.lambda_reg = ridge = float(opts.ridge_rel * X0.double().pow(2).sum() / X0.shape[0])
     runner = _Objective(model, method, opts, num_classes_h)
@@ -311,7 +306,7 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
             loss, logs, lambdas, failure = _step(runner, load(pair, mine), opt, ext + cls, ext, opts,
                                                  lambdas, rebalance, world, device)
             if failure:
-                _stop(model, method, opts, step, failure, rank, checkpoint_dir, save_model, scale, temp)
+                _stop(model, method, opts, step, failure, rank, checkpoint_dir, save_model, scale)
             history["loss"].append(loss)
             for k, v in logs.items():
                 history.setdefault(k, []).append(v)
@@ -331,7 +326,7 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
         bar.close()
         model.requires_grad_(False)
         with torch.no_grad():
-            _rescale(model, 1.0 / scale, 1.0 / temp)
+            _rescale(model, 1.0 / scale)
     steps = kept if stopped else len(history["loss"])
     hardening = None
     if opts.harden != "none":  # every rank computes the same map from the same seeded inputs
@@ -377,16 +372,16 @@ def _step(runner, batches, opt, trainable, balance_params, opts, lambdas, rebala
     return loss_val, logs, lambdas, ""
 
 
-def _stop(model, method, opts, step, reason, rank, checkpoint_dir, save_model, scale, temp):
+def _stop(model, method, opts, step, reason, rank, checkpoint_dir, save_model, scale):
     """Raise :class:`NonFiniteLossError` (after saving the last good model, rank 0, when asked)."""
     ckpt = None
     if checkpoint_dir and rank == 0:
         with torch.no_grad():
-            _rescale(model, 1.0 / scale, 1.0 / temp)
+            _rescale(model, 1.0 / scale)
         ckpt = save_model(model, os.path.join(checkpoint_dir, f"last_good_{method}.safetensors"),
                           extra={"step": step, "reason": "non-finite loss"})
         with torch.no_grad():
-            _rescale(model, scale, temp)
+            _rescale(model, scale)
     balancing = reason.startswith("cannot balance")
     param = "balance" if balancing else "lr"
     advice = ("give fixed λ's (balance=None and lambda_p/lambda_h/...)" if balancing
