@@ -17,10 +17,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DIST = "model-immunization"
-# Top-level names in site-packages that belong to this project (the import packages, the
-# distribution's metadata and its editable-install hooks, and the import hook of old installs).
+# Top-level names in site-packages that belong to this project (the import packages, the distribution's
+# metadata, its editable-install hooks, the torchvision hook and its .pth, an old install's hook).
 OURS = ("pycore", "pycore-*", "pycore.*", "_pycore*", "experiments", "model_immunization*",
-        "__editable__*model_immunization*", "__editable__*pycore*")
+        "_model_immunization*", "__editable__*model_immunization*", "__editable__*pycore*")
 RUNTIME = {"numpy", "scipy", "threadpoolctl", "pandas", "matplotlib", "tqdm"}
 DEEP = {"torch", "torchvision", "timm", "safetensors"}
 
