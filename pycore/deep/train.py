@@ -292,7 +292,8 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
     lambdas = {k: getattr(opts, k) for k in ("lambda_p", "lambda_h", "lambda_kappa", "lambda_imma")}
     total = min(len(paired) * opts.epochs, opts.max_steps or math.inf)
     history: dict[str, list] = {"loss": [], "step_seconds": []}
-    bar = progress_bar(total=total, desc=f"immunize[{method}]", disable=not (progress and rank == 0))
+    quiet = {} if progress and rank == 0 else {"disable": True}     # else: a bar on a terminal only
+    bar = progress_bar(total=total, desc=f"immunize[{method}]", **quiet)
     guard = opts.dp_tolerance is not None
     accuracy = _dp_accuracy(model, p_train, cached, device, seed, scale) if guard else None
     start, keep, kept, stopped = accuracy and accuracy(), [p.detach().clone() for p in ext + cls], 0, ""
