@@ -1,9 +1,11 @@
 """Cost of the immunization regularizers per training step, demo size, CPU (issue 5 target).
 
-    python bench/bench_deepnet.py [--rounds 15] [--batch 64] [--backbones resnet18_32px,vit_tiny_32px]
+    python bench/bench_deepnet.py [--rounds 15] [--batch 64] [--backbones resnet18,vit_tiny_patch16_224]
 
-Per backbone, on the same 32 px batches (batch 64 for D_P and for D_H), single-threaded, the
-trunk run under no_grad as in immunization, SGD(Nesterov) step included, timed interleaved
+Per backbone (timm, 32 px; the ViT with patch 8 and 4 blocks), on the same batches (64 for D_P and
+for D_H), single-threaded, the paper's "tail" scope (ResNet18: its last two stages, the ViT: its
+last block and norm) with the frozen prefix untracked as in immunization, SGD(Nesterov) step included,
+timed interleaved
 (each round runs every variant once) and reported as medians and RATIOS within this run:
 
 * ``plain``      -- a plain fine-tuning step: CE on the D_P batch;
@@ -39,13 +41,17 @@ import torch.nn.functional as F  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pycore.deep.objectives as objectives  # noqa: E402
 from pycore import ops  # noqa: E402
-from pycore.deep import build_model  # noqa: E402
+from pycore.deep import ImmunizedNet, create_model  # noqa: E402
 from pycore.deep.train import balanced_lambdas  # noqa: E402
+
+SHAPES = {"resnet18": ({"img_size": 32}, 2),
+          "vit_tiny_patch16_224": ({"img_size": 32, "patch_size": 8, "depth": 4}, 1)}
 
 
 def _setup(backbone: str, batch: int, seed: int = 0):
-    m = build_model(backbone, 5, seed=seed, lambda_reg=1e-3)
-    ext, cls = m.set_trainable()
+    kwargs, stages = SHAPES.get(backbone, ({"img_size": 32}, 1))
+    m = ImmunizedNet(create_model(backbone, 5, seed=seed, **kwargs), lambda_reg=1e-3)
+    ext, cls = m.set_trainable("tail", stages)
     m.eval()
     g = torch.Generator().manual_seed(seed)
     xP, xH = (torch.randn(batch, 3, 32, 32, generator=g) for _ in range(2))
@@ -63,17 +69,15 @@ def _variants(m, opt, data):
         loss.backward()
         opt.step()
 
-    def trunk(x):
-        with torch.no_grad():
-            return m.trunk(x)
+    trunk = m.prelogits            # the frozen prefix is not tracked by autograd
 
     def plain():
-        z = F.linear(m.pooled(trunk(xP)), m.layer.weight, m.layer.bias)
+        z = F.linear(trunk(xP), m.layer.weight, m.layer.bias)
         step(F.cross_entropy(m.classifier(z), yP, label_smoothing=0.1))
 
     def with_h_pass():
-        z = F.linear(m.pooled(trunk(xP)), m.layer.weight, m.layer.bias)
-        zh = m.layer(m.pooled(trunk(xH)))
+        z = F.linear(trunk(xP), m.layer.weight, m.layer.bias)
+        zh = m.layer(trunk(xH))
         step(F.cross_entropy(m.classifier(z), yP, label_smoothing=0.1) + 0.0 * zh.double().sum())
 
     ext = [p for p in m.parameters()
@@ -119,7 +123,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--backbones", default="resnet18_32px,vit_tiny_32px")
+    ap.add_argument("--backbones", default="resnet18,vit_tiny_patch16_224")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     print(f"extension_available={ops.extension_available()} threads={torch.get_num_threads()} "

@@ -5,16 +5,17 @@
 # of CUDA wheels onto a CPU machine (docs/design.md §5). A torch 2.13.0 already in the
 # environment (e.g. a CUDA build) is kept.
 # Everything lands through pip and in pip's record: `pip uninstall model-immunization` removes
-# the package (the data packages and dependencies are separate distributions).
+# the package and the torchvision hook its wheel carries (_model_immunization_torchvision.py and
+# its .pth; the data packages and dependencies are separate distributions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pip_install() { python -m pip install --quiet -c constraints.txt "$@"; }
 python -m pip install --quiet --upgrade pip
 # 0. Environments set up by an older install.sh: it installed this checkout as the distribution
 #    `pycore` and copied an import hook (_pycore_torchvision_hook.py and its .pth) into
-#    site-packages outside pip's record. Both go: the distribution is model-immunization, and
-#    pycore.deep applies the torchvision shim itself. Only an editable `pycore` of THIS checkout
-#    is removed (PyPI's unrelated `pycore` is left alone).
+#    site-packages outside pip's record. Both go: the distribution is model-immunization, whose
+#    wheel now carries the hook. Only an editable `pycore` of THIS checkout is removed (PyPI's
+#    unrelated `pycore` is left alone).
 python - <<'PY'
 import importlib.metadata as md, json, os, subprocess, sys, sysconfig
 try:

@@ -1,124 +1,184 @@
-"""The audit command (experiments/audit.py, docs/deep.md "Auditing a model") at CI size."""
+"""The deep-net experiments (experiments/deepnet.py, deep_pipeline.py, audit.py; docs/deep.md): one's own
+ImageFolder roots at 32 px with the defaults, the bounds checked before compute, the pipeline over
+seeds, the audit."""
+import json
 import os
+from dataclasses import replace
+from pathlib import Path
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # before anything imports huggingface_hub (via timm)
+import numpy as np
+import pytest
+import torch
 
-import json  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+from experiments import audit, deep_report, deepnet
+from experiments.deep_pipeline import RunConfig, RunOptions, run_config
+from pycore.deep import DeepOptions, ImmunizedNet, create_model, save_model
+from pycore.deep.distributed import init_from_env
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-import pycore.deep  # noqa: E402,F401  (installs the torchvision shim before timm)
-from pycore.deep import build_model, save_immunized  # noqa: E402
-from pycore.deep.models import CheckpointError, load_extractor  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 torch.set_num_threads(1)
 
-FAST = ["--per-digit", "30", "--epochs", "5", "--threads", "1", "--quiet"]
 
-
-@pytest.fixture(scope="module")
-def extractors(tmp_path_factory):
-    """θ₀ and an immunized, hardened extractor exported by the demo pipeline at CI size."""
-    from experiments import deepnet
-    out = tmp_path_factory.mktemp("deep")
-    assert deepnet.main(["--config", "ci", "--methods", "ours", "--out", str(out), "--quiet",
-                         "--threads", "1"]) == 0
-    folder = out / "ci"
-    return {"init": folder / "extractor_init.safetensors",
-            "ours": folder / "extractor_ours+label_subspace.safetensors",
-            "results": json.loads((folder / "results.json").read_text())}
-
-
-def _audit(argv, capsys=None):
-    from experiments import audit
-    rc = audit.main(argv)
-    err = capsys.readouterr().err if capsys is not None else ""
+def _one_line_error(capsys, module, argv):
+    rc = module.main(argv)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
     return rc, err
 
 
-def test_audit_of_theta0_against_itself_is_exactly_neutral(extractors, tmp_path):
-    rc, _ = _audit(["--model", str(extractors["init"]), "--reference", str(extractors["init"]),
-                    "--out", str(tmp_path / "a"), *FAST])
-    assert rc == 0
-    res = json.loads((tmp_path / "a" / "results.json").read_text())
-    m, r = res["rows"]["model"], res["rows"]["init"]
-    assert m["rir_theta0"]["per_seed"] == [1.0] and m["harmful_ratio"]["per_seed"] == [1.0]
-    assert m["immunized_count"] == 0
-    for attacker in ("gd", "adam", "adam_whitened", "finetune"):               # no slow-down at all
-        assert m["attacks"][attacker]["curve"]["mean"] == r["attacks"][attacker]["curve"]["mean"], attacker
-    assert m["dp_top1"] == r["dp_top1"]
-    assert (tmp_path / "a" / "audit.png").stat().st_size > 1000
-    assert "| model − θ₀ | | +0 | +0 | +0 | +0 |" in (tmp_path / "a" / "table.md").read_text()
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """deepnet.py with nothing but two ImageFolder roots of 32 px PNGs (two classes each, 4 + 2 images a
+    class; a colour channel tells the classes apart) and --out."""
+    from PIL import Image
+    tmp, rng = tmp_path_factory.mktemp("own"), np.random.default_rng(0)
+    for root, shift in (("dp", 0), ("dh", 1)):
+        for split, n in (("train", 4), ("val", 2)):
+            for c in range(2):
+                (tmp / root / split / f"class{c}").mkdir(parents=True)
+                for i in range(n):
+                    a = rng.integers(0, 120, (32, 32, 3), dtype=np.uint8)
+                    a[..., c + shift] += 120
+                    Image.fromarray(a).save(tmp / root / split / f"class{c}" / f"{i}.png")
+    dp, dh, out = tmp / "dp", tmp / "dh", tmp / "out"
+    assert deepnet.main(["--dp-root", str(dp), "--dh-root", str(dh), "--out", str(out), "--quiet"]) == 0
+    return {"dp": dp, "dh": dh, "out": out / "folders",
+            "result": json.loads((out / "folders" / "results.json").read_text())}
 
 
-def test_audit_of_the_exported_extractor_reproduces_the_pipeline(extractors, tmp_path):
-    """Same seed, same digits, same extractor: the audit's RIR_θ₀ and D_P top-1 are the demo's."""
-    rc, _ = _audit(["--model", str(extractors["ours"]), "--reference", str(extractors["init"]),
-                    "--out", str(tmp_path / "b"), "--per-digit", "40", "--epochs", "5", "--threads", "1",
-                    "--rir-groups", "4", "--rir-group-size", "40", "--quiet"])
-    assert rc == 0
-    res = json.loads((tmp_path / "b" / "results.json").read_text())
-    pipe = extractors["results"]["per_seed"][0]["rows"]["ours+label_subspace"]
-    got = res["per_seed"][0]["rows"]["model"]
-    # The pipeline measured cached trunk outputs, the audit runs each model end to end: equal up to
-    # float32 rounding of the features (κ ratios of up to ~1e4: 1e-4 relative).
-    assert got["dp_top1"] == pytest.approx(pipe["dp_top1"], abs=1e-9)
-    for k in ("value", "harmful_ratio", "pretrain_ratio"):
-        assert got["rir"][k]["per_group"] == pytest.approx(pipe["rir"][k]["per_group"], rel=1e-4), k
-    assert res["rows"]["model"]["rir_theta0"]["mean"] != pytest.approx(1.0, abs=1e-6)
-    assert {"adam_probe_acc_epoch1", "finetune_acc_epoch5", "immunized_count"} <= set(res["rows"]["model"])
+def test_own_image_folders_run_end_to_end_with_the_defaults(folders):
+    res, out = folders["result"], folders["out"]
+    assert set(res["rows"]) == {"init", "ours", "r_ill_only", "imma", "opt_kappa"} and not res["errors"]
+    assert res["run_config"]["model_kwargs"] == {"img_size": 32}        # θ₀ trained at the images' size
+    for row in res["rows"].values():
+        assert np.isfinite(row["rir_theta0"]["mean"]) and len(row["attacks"]) == 4
+    assert res["rows"]["init"]["dp_top1"]["mean"] > 75                          # a θ₀ that learned D_P
+    for name in ("table.md", "finetune.png", "attacks.png", "extractor_init.safetensors",
+                 "extractor_ours.safetensors"):
+        assert (out / name).stat().st_size > 500, name
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]             # no temporary file left
 
 
-def test_audit_errors_name_the_flag(extractors, tmp_path, capsys):
-    vit = build_model("vit_tiny_32px", 5, seed=0)
-    vit_path = save_immunized(vit, tmp_path / "vit.safetensors", 5)
-    three = save_immunized(build_model("resnet18_32px", 3, seed=0), tmp_path / "three.safetensors", 3)
+def test_audit_reproduces_the_pipeline(folders, tmp_path):
+    assert audit.main(["--model", str(folders["out"] / "extractor_ours.safetensors"), "--reference",
+                       str(folders["out"] / "extractor_init.safetensors"), "--out", str(tmp_path), "--quiet",
+                       "--dp-root", str(folders["dp"]), "--dh-root", str(folders["dh"]),
+                       "--epochs", "5"]) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    pipe, got = folders["result"]["per_seed"][0]["rows"], res["per_seed"][0]["rows"]
+    # The pipeline measured features computed once, the audit runs each model end to end: equal up to
+    # float32 rounding of the features (κ ratios: 1e-4 relative).
+    for row, ref in (("model", "ours"), ("init", "init")):
+        assert got[row]["dp_top1"] == pipe[ref]["dp_top1"]
+        assert got[row]["rir"]["value"]["mean"] == pytest.approx(pipe[ref]["rir"]["value"]["mean"], rel=1e-4)
+    assert res["rows"]["init"]["rir_theta0"]["per_seed"] == [1.0]               # θ₀ against itself: exactly 1
+    assert (tmp_path / "audit.png").stat().st_size > 1000 and (tmp_path / "table.md").stat().st_size > 1000
+
+
+def test_audit_errors_name_the_flag(folders, tmp_path, capsys):
     from safetensors.torch import save_file
-    plain = build_model("resnet18_32px", 5, seed=0).net
-    sd = {k: v.contiguous() for k, v in plain.state_dict().items() if not k.startswith("global_pool.1")}
-    save_file(sd, str(tmp_path / "plain.safetensors"))
-    out = ["--out", str(tmp_path / "o"), *FAST]
-    cases = [
-        (["--model", vit_path, "--reference", str(extractors["init"])], "--reference", "vit_tiny_32px"),
-        (["--model", three, "--reference", three], "--model", "3 outputs"),
-        (["--model", str(tmp_path / "plain.safetensors"), "--reference", str(extractors["init"])], "--model",
-         "no pycore metadata"),
-        (["--model", str(extractors["init"]), "--reference", str(extractors["init"]), "--dp-root",
-          str(tmp_path / "missing"), "--dh-root", str(tmp_path)], "--dp-root", "no such folder"),
-        (["--model", str(extractors["init"]), "--reference", str(extractors["init"]),
-          "--dh-root", str(tmp_path)], "--dp-root", "both"),
-    ]
-    for argv, flag, text in cases:
-        rc, err = _audit([*argv, *out], capsys)
-        assert rc == 2 and f"error: {flag}:" in err and text in err and "Traceback" not in err, err
-    # a plain timm state dict is audited once its architecture is named (identity layer inserted)
-    rc, err = _audit(["--model", str(tmp_path / "plain.safetensors"), "--reference", str(extractors["init"]),
-                      "--backbone", "resnet18_32px", *out], capsys)
-    assert rc == 0, err
+    vit = ImmunizedNet(create_model("vit_tiny_patch16_224", 2, img_size=32, patch_size=8, depth=2))
+    plain = tmp_path / "plain.safetensors"
+    save_file({k: v.contiguous() for k, v in create_model("resnet10t", 2).state_dict().items()}, str(plain))
+    init, out = str(folders["out"] / "extractor_init.safetensors"), ["--out", str(tmp_path / "o"), "--quiet"]
+    for argv, flag in ((["--model", save_model(vit, tmp_path / "vit.safetensors"), "--reference", init],
+                        "--reference"),
+                       (["--model", str(plain), "--reference", init], "--model"),   # no metadata, no name
+                       (["--model", init, "--reference", init, "--dh-root", str(folders["dh"])], "--dp-root"),
+                       (["--model", init, "--reference", init], "--model"),         # 2 classes; the digits: 5
+                       (["--model", init, "--reference", init, "--epochs", "1e9"], "--epochs")):
+        rc, err = _one_line_error(capsys, audit, [*argv, *out])
+        assert rc == 2 and f"error: {flag}:" in err, err
 
 
-def test_load_extractor_reads_exports_and_plain_timm_weights(tmp_path):
-    m = build_model("resnet18_32px", 4, seed=0).eval()
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(0)
-        m.layer.weight.copy_(torch.eye(512) + 0.05 * torch.randn(512, 512, generator=g))
-    path = save_immunized(m, tmp_path / "e.safetensors", 4)
-    got, meta = load_extractor(path)
-    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        torch.testing.assert_close(got(x), m(x), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(got.features(x), m.features(x), rtol=1e-5, atol=1e-5)
-    assert meta["backbone"] == "resnet18_32px" and got.classifier.out_features == 4
-    with pytest.raises(CheckpointError, match="not 'vit_tiny_32px'"):
-        load_extractor(path, "vit_tiny_32px")
-    torch.save(m.net.state_dict(), tmp_path / "layout.pt")        # the exported layout, no metadata
-    got2, _ = load_extractor(tmp_path / "layout.pt", "resnet18_32px")
-    with torch.no_grad():
-        torch.testing.assert_close(got2.features(x), m.features(x), rtol=1e-5, atol=1e-5)
-    assert np.isfinite(float(got2.layer.weight.sum()))
+def test_deepnet_refuses_bad_flags_before_any_compute(folders, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(deepnet, "run_config", lambda *a, **k: pytest.fail("computed"))
+    roots = ["--dp-root", str(folders["dp"]), "--dh-root", str(folders["dh"])]
+    init = str(folders["out"] / "extractor_init.safetensors")
+    cases = [(["--threads", "100000"], "--threads"), (["--epochs", "1e20"], "--epochs"),
+             (["--lr", "0"], "--lr"), (["--max-steps", "1e15"], "--max-steps"),
+             (["--model", "no_such_net"], "--model"),
+             (["--img-size", "5"], "--img-size"), (["--config", "resnet18-cars"], "--checkpoint"),  # no θ₀
+             (["--config", "resnet18-cars", "--pretrained", "--balance-ill", "2"], "--balance-ill")]
+    for argv, flag in [([*roots, *a], f) for a, f in cases] + [
+            (["--demo", "--dp-root", str(folders["dp"])], "--dp-root"),
+            (["--config", "folders"], "--dp-root"), (["--demo", "--checkpoint", init], "--checkpoint")]:
+        rc, err = _one_line_error(capsys, deepnet, [*argv, "--out", str(tmp_path)])
+        assert rc == 2 and f"error: {flag}:" in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_method_that_failed_is_named_in_the_outputs_and_exit_1(folders, tmp_path, capsys, monkeypatch):
+    res = json.loads(json.dumps(folders["result"]))
+    del res["rows"]["ours"], res["per_seed"][0]["rows"]["ours"]
+    res["errors"] = {"seed0": {"ours": {"message": "non-finite loss at step 3", "step": 3, "checkpoint": None,
+                                        "parameter": "lr"}}}
+    monkeypatch.setattr(deepnet, "run_config", lambda *a, **k: res)
+    rc = deepnet.main(["--dp-root", str(folders["dp"]), "--dh-root", str(folders["dh"]), "--quiet",
+                       "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and "ours" in err
+    assert "| Ours (Alg. 1) | failed" in (tmp_path / "folders" / "table.md").read_text()
+    assert json.loads((tmp_path / "folders" / "results.json").read_text())["errors"] == res["errors"]
+
+
+# --- the pipeline over seeds (the demo's, at CI size) ---------------------------------------------------
+
+CI = RunConfig("ci", "resnet10t", "mnist", DeepOptions(epochs=1, max_steps=6, batch_size=16,
+                                                       harden="label_subspace"),
+               model_kwargs={"img_size": 32}, methods=("ours",), theta0_epochs=1, theta0_lr=2e-3,
+               per_digit=30, rir_groups=4, rir_group_size=30, probe_epochs=5, eval_batch=128,
+               attack_epochs=(1, 3), adam_lrs=(1e-2, 1e-1), finetune=False)   # fine-tuning: the folder run
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    seen, cwd = [], os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    try:
+        res = run_config(CI, [0, 1], RunOptions(quiet=True), init_from_env("cpu"),
+                         on_extractor=lambda m, row, seed, status: seen.append((row, seed)))
+        assert not list(Path().iterdir())                                        # the library wrote no file
+    finally:
+        os.chdir(cwd)
+    return res, seen
+
+
+def test_pipeline_aggregates_every_row_over_seeds(pipeline):
+    res, seen = pipeline
+    rows = res["rows"]
+    assert list(rows) == ["init", "ours", "init+label_subspace", "ours+label_subspace"], res["errors"]
+    assert set(seen) == {(r, s) for r in rows for s in (0, 1)}
+    for k, seed_run in enumerate(res["per_seed"]):
+        for m, row in seed_run["rows"].items():
+            r = row["rir"]
+            assert row["immunized"] == (r["harmful_ratio"]["mean"] > 1 > r["pretrain_ratio"]["mean"])
+            assert rows[m]["rir_theta0"]["per_seed"][k] == row["rir"]["value"]["mean"]
+            assert rows[m]["attacks"]["adam"]["epoch3"]["per_seed"][k] == row["attacks"]["adam"][3]
+    for m, r in rows.items():
+        assert r["immunized_count"] == sum(s["rows"][m]["immunized"] for s in res["per_seed"])
+        per = r["dp_top1"]["per_seed"]
+        assert (r["dp_top1"]["mean"], r["dp_top1"]["std"]) == pytest.approx((np.mean(per), np.std(per)))
+    assert rows["init"]["rir_theta0"]["per_seed"] == pytest.approx([1.0, 1.0], abs=1e-9)
+    assert rows["init+label_subspace"]["dp_top1"] == rows["init"]["dp_top1"]    # hardening keeps D_P top-1
+    assert abs(rows["ours"]["rir_theta0"]["mean"] - 1) > 1e-6
+    assert all(deep_report.label(m) in deep_report.table_markdown(res) for m in rows)
+
+
+def test_pipeline_is_deterministic_for_a_seed_and_thread_count(pipeline):
+    """The same seed and thread count give every number again (one extra run of one seed); another seed
+    gives other numbers, so the comparison can fail."""
+    res, _ = pipeline
+    again = run_config(CI, [0], RunOptions(quiet=True), init_from_env("cpu"))
+    strip = lambda s: json.dumps({m: {k: v for k, v in row.items() if k != "train"}  # noqa: E731
+                                  for m, row in s["rows"].items()}, sort_keys=True, default=str)
+    assert strip(again["per_seed"][0]) == strip(res["per_seed"][0])
+    assert strip(res["per_seed"][1]) != strip(res["per_seed"][0])
+
+
+def test_the_balance_sweep_is_one_row_per_point(tmp_path):
+    rc = replace(CI, options=replace(CI.options, harden="none"), sweep=((0.25, None), (1.0, 2.0)))
+    res = run_config(rc, [0], RunOptions(quiet=True), init_from_env("cpu"))
+    assert list(res["rows"]) == ["init", "ours@0.25", "ours@1/2"]
+    assert res["rows"]["ours@0.25"]["rir_theta0"] != res["rows"]["ours@1/2"]["rir_theta0"]
+    deep_report.plot_tradeoff(res, tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 1000 and "b = 1/2" in deep_report.table_markdown(res)

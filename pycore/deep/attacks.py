@@ -1,24 +1,16 @@
-"""Attackers on immunized deep extractors: how fast can D_H be learned from θ's features?
+"""Attackers on deep extractors: how fast can D_H be learned from θ's features? (docs/deep.md)
 
-Three attackers, from the paper's to realistic ones (docs/theory.md §10, docs/deep.md):
+* :func:`linear_probe_curve` -- the paper's threat model (Eq. (4), Figure 3): full-batch GD with step
+  ``1/L`` on frozen features, slowed by their condition number.
+* :func:`best_adam_probe` -- Adam on mini-batches of scaled or standardised features, the best learning
+  rate and preprocessing per epoch (the defender's worst case); with ``("whiten",)`` the adaptive
+  attacker who whitens its own features.
+* :func:`finetune_attack` -- the last stage, the layer and a new head retrained with Adam on D_H.
 
-* :func:`linear_probe_curve` -- the paper's threat model (Eq. (4), Figure 3): a linear
-  classifier on frozen features by full-batch gradient descent with step ``1/L``. Its speed
-  is governed by the condition number of the features, which is what immunization raises.
-* :func:`adam_probe_curve` / :func:`best_adam_probe` -- a linear probe trained by Adam on
-  mini-batches, on scale-normalised or standardised features (:func:`preprocess_features`),
-  the preprocessing and learning rate picked per epoch by the best D_H test accuracy (the
-  defender's worst case). Adam's per-coordinate scaling undoes part of any conditioning. With
-  ``preprocessing=("whiten",)`` it is the adaptive attacker who whitens its own features.
-* :func:`finetune_attack` -- the attacker fine-tunes the backbone's last stage (ResNet18's
-  ``layer4`` / ViT's last block and norm), the immunization layer and a NEW linear head with
-  Adam on D_H. Nothing of θ's conditioning is protected from this one.
-
-All three return test accuracy (%) on D_H after each epoch (index 0 = before training).
+Each returns D_H test accuracy (%) after every epoch (index 0 = before training).
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,12 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from pycore.deep.data import ShardedBatches, fetch
-from pycore.deep.models import ImmunizableModel
+from pycore.deep.data import ShardedBatches, dataset_labels, fetch
+from pycore.deep.models import as_immunized, tail_modules
 from pycore.threads import bounded_blas
 
 __all__ = ["ProbeCurve", "linear_probe_curve", "adam_probe_curve", "preprocess_features", "best_adam_probe",
-           "finetune_attack", "ADAM_PREPROCESSING", "ADAM_LRS"]
+           "feature_attacks", "finetune_attack", "ADAM_PREPROCESSING", "ADAM_LRS"]
 
 
 @dataclass
@@ -43,20 +35,14 @@ class ProbeCurve:
     train_loss: list[float]
     step_size: float
 
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
 
 def _probe_tensors(Z_train, y_train, Z_test, y_test, num_classes):
     Zt = torch.as_tensor(np.asarray(Z_train, dtype=np.float64))
     Zv = torch.as_tensor(np.asarray(Z_test, dtype=np.float64))
     yt = torch.as_tensor(np.asarray(y_train), dtype=torch.int64)
     yv = torch.as_tensor(np.asarray(y_test), dtype=torch.int64)
-    if Zt.ndim != 2 or Zv.ndim != 2 or Zt.shape[1] != Zv.shape[1]:
-        raise ValueError(f"feature matrices must be 2-D with equal widths, got {tuple(Zt.shape)} "
-                         f"and {tuple(Zv.shape)}")
-    if not (torch.isfinite(Zt).all() and torch.isfinite(Zv).all()):
-        raise ValueError("probe features contain NaN/Inf")
+    if Zt.ndim != 2 or Zv.shape[1:] != Zt.shape[1:] or not (Zt.isfinite().all() and Zv.isfinite().all()):
+        raise ValueError(f"probe features must be finite N x D, got {tuple(Zt.shape)}, {tuple(Zv.shape)}")
     C = int(num_classes or int(max(yt.max(), yv.max())) + 1)
     # Bias column at the RMS row norm of the training features: rescaling Z by s then rescales
     # A by s exactly, so a step tied to λ_max(AᵀA) gives unchanged iterates (and accuracies).
@@ -73,15 +59,10 @@ def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
 def linear_probe_curve(Z_train: np.ndarray, y_train: np.ndarray, Z_test: np.ndarray,
                        y_test: np.ndarray, *, epochs: int = 50, step_scale: float = 1.0,
                        num_classes: "int | None" = None) -> ProbeCurve:
-    """Linear probing attack on frozen features (paper Eq. (4), Figure 3), float64.
-
-    Softmax cross-entropy, full-batch gradient descent with constant step
-    ``η = step_scale / L``, ``L = λ_max(AᵀA/N)`` with ``A = [Z, c·1]`` (bias column at the RMS
-    row norm ``c`` of ``Z``). The softmax-CE Hessian is bounded by ``½·(ZᵀZ/N) ⊗ I``, so
-    ``η = 1/L`` is a safe step, and because it is tied to λ_max a rescaling of the features
-    cannot fake immunization: what slows the attack is the spread of the spectrum, as in the
-    paper's Eq. (2). The probe starts at zero; one epoch is one full-batch step.
-    """
+    """Linear probing attack on frozen features (paper Eq. (4), Figure 3), float64: softmax CE by full-batch
+    GD from zero, step ``η = step_scale / λ_max(AᵀA/N)``, ``A = [Z, c·1]`` (bias column at Z's RMS row norm).
+    The CE Hessian is bounded by ``½·(AᵀA/N) ⊗ I``, so ``1/L`` is safe, and tied to λ_max a rescaling of
+    the features cannot fake immunization: only the spread of the spectrum slows it (Eq. (2))."""
     A, yt, Av, yv, C = _probe_tensors(Z_train, y_train, Z_test, y_test, num_classes)
     n = A.shape[0]
     eta = step_scale / float(torch.linalg.matrix_norm(A, ord=2) ** 2 / n)
@@ -123,17 +104,11 @@ ADAM_LRS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 
 def preprocess_features(Z_train, Z_test, kind: str, *, ridge: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
-    """The attacker's preprocessing of probe features, its statistics taken from ``Z_train`` only:
-
-    * ``"scale"`` -- divide by the RMS row norm of ``Z_train``: the probe becomes independent of
-      the features' overall scale, so an extractor cannot fake a slow-down (or a speed-up) by
-      shrinking (or inflating) its features against a fixed learning-rate grid;
-    * ``"standardize"`` -- per-coordinate z-score (a coordinate with std 0 is only centred), what
-      a practitioner's pipeline does by default;
-    * ``"whiten"`` -- centre and whiten with the eigendecomposition of ``Z_train``'s covariance
-      (eigenvalues floored at ``ridge·λ_max``): the ADAPTIVE attacker, who undoes any invertible
-      linear map of the features, conditioning included.
-    """
+    """The attacker's preprocessing, its statistics from ``Z_train`` only: ``"scale"`` divides by the RMS
+    row norm (so no extractor fakes a slow-down by shrinking its features against a fixed learning-rate
+    grid), ``"standardize"`` z-scores each coordinate (std 0: only centred), ``"whiten"`` whitens with the
+    covariance's eigendecomposition (eigenvalues floored at ``ridge·λ_max``): the adaptive attacker, who
+    undoes any invertible linear map of the features, conditioning included."""
     Zt = np.asarray(Z_train, dtype=np.float64)
     Zv = np.asarray(Z_test, dtype=np.float64)
     if kind == "scale":
@@ -176,64 +151,60 @@ def best_adam_probe(Z_train, y_train, Z_test, y_test, *, epochs: int, lrs=ADAM_L
             "per_config": curves}
 
 
-def finetune_attack(model: ImmunizableModel, h_train: Dataset, h_test: Dataset, *, num_classes: int,
-                    epochs: int, lr: float = 1e-3, batch_size: int = 64, seed: int = 0,
-                    eval_batch: int = 256, eval_epochs: "tuple[int, ...] | None" = None,
-                    from_trunk: bool = True) -> ProbeCurve:
-    """Fine-tune the backbone's last stage + the immunization layer + a new head with Adam on D_H.
+def feature_attacks(Z_train, y_train, Z_test, y_test, *, epochs: int, gd_epochs: "int | None" = None,
+                    adam_lrs=ADAM_LRS, seed: int = 0, num_classes: "int | None" = None) -> dict:
+    """The probes on fixed features: ``gd`` (``gd_epochs``, default ``epochs``), and with ``adam_lrs``
+    ``adam`` (scaled or standardised) and ``adam_whitened``, with ``*_best`` naming the winning
+    configuration per epoch."""
+    out = {"gd": linear_probe_curve(Z_train, y_train, Z_test, y_test, epochs=gd_epochs or epochs,
+                                    num_classes=num_classes).test_accuracy}
+    for key, prep in (("adam", ("scale", "standardize")), ("adam_whitened", ("whiten",))):
+        if adam_lrs:
+            r = best_adam_probe(Z_train, y_train, Z_test, y_test, epochs=epochs, lrs=adam_lrs, seed=seed,
+                                preprocessing=prep, num_classes=num_classes)
+            out[key], out[f"{key}_best"] = r["test_accuracy"], r["best"]
+    return out
 
-    The last stage is ResNet18's ``layer4`` / ViT's last block and norm
-    (:meth:`ImmunizableModel.last_stage_modules`): the part of the immunized tail closest to
-    the features, i.e. what an attacker with a modest budget retrains. ``h_train`` / ``h_test``
-    hold the outputs of the backbone's frozen stem (``model`` in scope ``"tail"``,
-    :meth:`ImmunizableModel.trunk`), or images with ``from_trunk=False``; everything before the
-    last stage is frozen and run once. ``model`` is not modified (a deep copy is attacked). The
-    model stays in eval mode (BatchNorm statistics of θ, no dropout), so the attack is
-    deterministic for a seed. Test accuracy is measured after the epochs in ``eval_epochs``
-    (default: every epoch); other entries of the curve are NaN.
-    """
-    m = copy.deepcopy(model).set_scope("tail")
-    for p in m.parameters():
-        p.requires_grad_(False)
-    m.eval()
+
+def finetune_attack(model, h_train: Dataset, h_test: Dataset, *, num_classes: int, epochs: int,
+                    lr: float = 1e-4, batch_size: int = 64, seed: int = 0, eval_batch: int = 256,
+                    eval_epochs: "tuple[int, ...] | None" = None) -> ProbeCurve:
+    """Fine-tune the backbone's last stage (:func:`~pycore.deep.models.tail_modules`, one stage: ResNet's
+    ``layer4``, a ViT's last block and norm), the immunization layer and a NEW linear head with Adam on
+    the D_H images ``h_train``: what an attacker with a modest budget retrains. ``model`` (a timm
+    classifier or an ImmunizedNet) is not modified: a deep copy is attacked, in eval mode (θ's
+    normalisation statistics, no dropout), so a seed gives one result. Test accuracy on ``h_test`` after
+    the epochs in ``eval_epochs`` (default: every epoch); other entries of the curve are NaN."""
+    m = as_immunized(model).eval().requires_grad_(False)
     dev = next(m.parameters()).device
-
-    @torch.no_grad()
-    def frozen_part(ds) -> torch.Tensor:
-        out = []
-        for s in range(0, len(ds), eval_batch):
-            x, _ = fetch(ds, torch.arange(s, min(s + eval_batch, len(ds))))
-            h = x.to(dev) if from_trunk else m.trunk(x.to(dev))
-            out.append(m.before_last_stage(h))
-        return torch.cat(out)
-
-    Htr, Hte = frozen_part(h_train), frozen_part(h_test)
-    ytr = torch.as_tensor([int(v) for v in fetch(h_train, torch.arange(len(h_train)))[1]])
-    yte = fetch(h_test, torch.arange(len(h_test)))[1]
+    ytr = torch.as_tensor(dataset_labels(h_train), dtype=torch.int64)
+    yte = torch.as_tensor(dataset_labels(h_test), dtype=torch.int64)
     g = torch.Generator().manual_seed(seed)
-    head = nn.Linear(m.feature_dim, num_classes).to(dev)
+    head = nn.Linear(m.num_features, num_classes).to(dev)
     with torch.no_grad():
-        bound = 1.0 / m.feature_dim ** 0.5
+        bound = 1.0 / m.num_features ** 0.5
         head.weight.copy_(torch.empty_like(head.weight).uniform_(-bound, bound, generator=g))
         head.bias.copy_(torch.empty_like(head.bias).uniform_(-bound, bound, generator=g))
-    params = [p for mod in m.last_stage_modules() + [m.layer] for p in mod.parameters()]
+    params = [p for mod in tail_modules(m.net, 1) + [m.layer] for p in mod.parameters()]
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.Adam(params + list(head.parameters()), lr=lr)
     batches = ShardedBatches(len(h_train), min(batch_size, len(h_train)), seed=seed)
     wanted = set(range(epochs + 1)) if eval_epochs is None else {0, *eval_epochs}
 
+    @torch.no_grad()
     def test_acc() -> float:
-        with torch.no_grad():
-            logits = torch.cat([head(m.layer(m.last_stage(Hte[s:s + eval_batch])))
-                                for s in range(0, len(Hte), eval_batch)])
-        return _accuracy(logits.cpu(), yte)
+        n = len(h_test)
+        batches = (torch.arange(s, min(s + eval_batch, n)) for s in range(0, n, eval_batch))
+        logits = [head(m.features(fetch(h_test, idx)[0].to(dev))) for idx in batches]
+        return _accuracy(torch.cat(logits).cpu(), yte)
 
     accs, losses = [test_acc()], []
     for e in range(epochs):
         total = 0.0
         for (idx,) in batches.epoch(e):
-            z = F.linear(m.last_stage(Htr[idx]), m.layer.weight, m.layer.bias)  # plain (attacker's) gradient
+            X = m.prelogits(fetch(h_train, idx)[0].to(dev))
+            z = F.linear(X, m.layer.weight, m.layer.bias)                    # the attacker's plain gradient
             loss = F.cross_entropy(head(z), ytr[idx].to(dev))
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -1,15 +1,9 @@
-"""torchrun / DistributedDataParallel helpers for deep immunization (multi-GPU, multi-node).
+"""torchrun / DistributedDataParallel helpers (multi-GPU, multi-node; docs/deep.md).
 
-``torchrun --nproc_per_node=N experiments/deepnet.py ...`` sets ``RANK``, ``WORLD_SIZE`` and
-``LOCAL_RANK``; :func:`init_from_env` then starts the process group with ``nccl`` when the
-rank has a CUDA device and ``gloo`` otherwise (CPU, as in the 2-process test). Conventions:
-
-* every rank builds the same θ₀ (seeded); θ₀ training for the demo runs on rank 0 and is
-  broadcast (:func:`broadcast_module`), so all ranks start bit-identical;
-* each rank trains on its own shard of every global batch (see
-  :class:`pycore.deep.data.ShardedBatches`) and DDP averages gradients; regularizer
-  statistics are per rank (documented in :mod:`pycore.deep.train`);
-* evaluation and all outputs are written by rank 0 only; the others wait at a barrier.
+:func:`init_from_env` reads torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (checked before any
+rendezvous) and starts ``nccl`` on CUDA, ``gloo`` otherwise. Every rank builds the same seeded θ₀;
+θ₀ trained here is trained on rank 0 and broadcast (:func:`broadcast_module`); each rank trains on its
+shard of every global batch (:class:`pycore.deep.data.ShardedBatches`); rank 0 evaluates and writes.
 """
 from __future__ import annotations
 
@@ -49,22 +43,18 @@ class DistributedEnvError(ValueError):
 
 
 def _env_int(name: str, default: "int | None" = None) -> "int | None":
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
+    raw = os.environ.get(name, "").strip()
     try:
-        return int(raw.strip())
+        return int(raw) if raw else default
     except ValueError:
         raise DistributedEnvError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
 def check_env() -> tuple[int, int, int]:
-    """``(rank, world, local_rank)`` from the environment, validated (:class:`DistributedEnvError`).
-
-    ``WORLD_SIZE ≥ 1``; ``0 ≤ RANK < WORLD_SIZE``; ``0 ≤ LOCAL_RANK < LOCAL_WORLD_SIZE`` (when
-    set) and ``LOCAL_RANK < WORLD_SIZE``; with ``WORLD_SIZE > 1``, ``RANK``, ``MASTER_ADDR`` and an
-    integer ``MASTER_PORT`` in [1, 65535] must be set (the ``env://`` rendezvous reads them).
-    """
+    """``(rank, world, local_rank)`` from torchrun's environment, checked (:class:`DistributedEnvError`):
+    ``0 ≤ RANK < WORLD_SIZE``, ``0 ≤ LOCAL_RANK < LOCAL_WORLD_SIZE`` (or WORLD_SIZE), and with
+    ``WORLD_SIZE > 1`` ``MASTER_ADDR`` and an integer ``MASTER_PORT`` in [1, 65535] (the ``env://``
+    rendezvous reads them)."""
     world = _env_int("WORLD_SIZE", 1)
     if world < 1:
         raise DistributedEnvError(f"WORLD_SIZE={world} must be ≥ 1")
@@ -73,34 +63,25 @@ def check_env() -> tuple[int, int, int]:
         raise DistributedEnvError(f"WORLD_SIZE={world} but RANK is not set (launch with torchrun)")
     if not 0 <= rank < world:
         raise DistributedEnvError(f"RANK={rank} must be in [0, WORLD_SIZE={world})")
-    local = _env_int("LOCAL_RANK", 0)
-    local_world = _env_int("LOCAL_WORLD_SIZE", None)
-    if local < 0 or local >= world or (local_world is not None and not local < local_world):
-        bound = (f"[0, LOCAL_WORLD_SIZE={local_world})" if local_world is not None
-                 else f"[0, WORLD_SIZE={world})")
-        raise DistributedEnvError(f"LOCAL_RANK={local} must be in {bound} (RANK={rank}, WORLD_SIZE={world})")
+    local, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", None)
+    bound = f"LOCAL_WORLD_SIZE={local_world}" if local_world is not None else f"WORLD_SIZE={world}"
+    if not 0 <= local < min(world, local_world or world):
+        raise DistributedEnvError(f"LOCAL_RANK={local} must be in [0, {bound}) (RANK={rank}, "
+                                  f"WORLD_SIZE={world})")
     if world > 1:
         missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v, "").strip()]
         if missing:
             raise DistributedEnvError(f"WORLD_SIZE={world} but {' and '.join(missing)} "
                                       f"{'is' if len(missing) == 1 else 'are'} not set "
                                       "(launch with torchrun, or set MASTER_ADDR and MASTER_PORT)")
-        port = _env_int("MASTER_PORT")
-        if not 1 <= port <= 65535:
-            raise DistributedEnvError(f"MASTER_PORT={port} must be in [1, 65535]")
+        if not 1 <= _env_int("MASTER_PORT") <= 65535:
+            raise DistributedEnvError(f"MASTER_PORT={_env_int('MASTER_PORT')} must be in [1, 65535]")
     return rank, world, local
 
 
 def init_from_env(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
-    """Initialise from torchrun's environment; single process when ``WORLD_SIZE`` is unset/1.
-
-    The environment is validated first (:func:`check_env`, :class:`DistributedEnvError`), and so
-    is ``LOCAL_RANK`` against the visible CUDA devices, before any rendezvous.
-    """
-    if device not in ("auto", "cuda", "cpu"):
-        raise DistributedEnvError(f"device must be 'auto', 'cuda' or 'cpu', got {device!r}")
-    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < float("inf")):
-        raise DistributedEnvError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+    """Initialise from torchrun's environment (one process when ``WORLD_SIZE`` is unset or 1), the
+    environment and ``LOCAL_RANK`` against the visible CUDA devices checked before any rendezvous."""
     _, world, local = check_env()
     use_cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     if device == "cuda" and not torch.cuda.is_available():

@@ -1,64 +1,33 @@
-"""Hardening of the immunization layer: a feature map ``Z → ZM`` applied after immunization
-(docs/deep.md "Hardening"; docs/theory.md §10).
+"""Hardening of the immunization layer: a feature map ``Z → ZM`` applied after immunization, with the
+D_P classifier compensated (``W' = MᵀW``, ``V' = VM⁻ᵀ``: D_P predictions unchanged up to float32
+rounding); docs/deep.md "Hardening", docs/theory.md §10.
 
-The immunization layer outputs ``Z = XWᵀ`` and the D_P classifier reads ``logits = ZVᵀ + c``.
-For any invertible ``M`` the layer ``W' = MᵀW`` (bias ``b' = bM``) gives ``Z' = ZM``, and the
-classifier ``V' = VM⁻ᵀ`` gives ``Z'V'ᵀ = ZVᵀ``: D_P predictions are unchanged (up to float32
-rounding of the stored weights) whatever ``M`` is. Two constructions:
-
-* ``"rotate"`` -- ``M = Q``, a Haar-random orthogonal matrix. Every Gram matrix keeps its
-  spectrum (``QᵀZᵀZQ``), so κ, RIR_θ₀, (i), (ii), Definition 3.1 and the paper's GD probe
-  (full batch, zero init, step 1/L) are exactly unchanged; what it removes is the alignment of
-  the features with the coordinate axes that a per-coordinate optimiser (Adam) can exploit.
-* ``"label_subspace"`` -- ``M = (I − (1 − s)·P_U)·Q``: the span ``U`` of D_H's centred class
-  means (at most C_H − 1 directions, from the defender's own labelled D_H features) is scaled by
-  ``s`` (``harden_scale``, default 0.01), then the result is rotated as above. A linear probe needs
-  those directions most (on ``U``'s complement the classes have the same mean), so it must grow
-  its weights by ``1/s`` along directions that the rotation hides from per-coordinate scaling.
-  This is NOT conditioning: it lowers the largest eigenvalues of ``H_H`` and so usually LOWERS
-  κ(H_H), i.e. (i). An attacker who whitens its own features undoes it (it is an invertible
-  linear map), and so does one that fine-tunes the layer.
-
-Library functions take arrays and a ``numpy.random.Generator`` and return arrays, except
-:func:`apply_feature_map` and :func:`harden`, which change a model in place.
+* ``"rotate"`` -- ``M = Q`` Haar-random orthogonal: every spectrum, hence κ, RIR_θ₀, (i), (ii) and
+  the paper's GD probe, is unchanged; it removes the alignment with the coordinate axes that a
+  per-coordinate optimiser (Adam) exploits.
+* ``"label_subspace"`` -- ``M = (I − (1 − s)·P_U)·Q``: the span ``U`` of D_H's centred class means
+  (≤ C_H − 1 directions, from the defender's labelled D_H features) scaled by ``s``, then rotated.
+  Not conditioning: it usually LOWERS κ(H_H), i.e. (i); a whitening or fine-tuning attacker undoes it.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from pycore.deep.data import dataset_labels
-from pycore.deep.feature_metrics import extract_features
+from pycore.deep.features import extract
+from pycore.threads import bounded_blas
 
-__all__ = ["HARDENINGS", "Hardening", "haar_rotation", "label_subspace", "hardening_map", "apply_feature_map",
+__all__ = ["HARDENINGS", "haar_rotation", "label_subspace", "hardening_map", "apply_feature_map",
            "harden"]
 
 HARDENINGS = ("none", "rotate", "label_subspace")
 
 
-@dataclass(frozen=True)
-class Hardening:
-    """What :func:`harden` applied: the kind, the scale, the squashed subspace's dimension and the
-    largest relative change of the D_P logits on the D_H features it was computed from (a check
-    that the classifier compensation held in float32)."""
-
-    kind: str
-    scale: float
-    subspace_dim: int
-    logit_change: float
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
 def haar_rotation(dim: int, rng: np.random.Generator) -> np.ndarray:
     """A Haar-distributed orthogonal ``dim × dim`` matrix (QR of a Gaussian matrix with the signs of
     R's diagonal moved into Q, which makes the distribution exactly uniform), float64."""
-    if not (isinstance(dim, (int, np.integer)) and dim >= 1):
-        raise ValueError(f"dim must be a positive integer, got {dim!r}")
     q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
     return q * np.sign(np.diag(r))
 
@@ -101,7 +70,7 @@ def hardening_map(kind: str, Z_H: np.ndarray, y_H: np.ndarray, *, num_classes: i
 def apply_feature_map(model, M: np.ndarray) -> None:
     """Make ``model``'s features ``Z M`` and compensate its classifier (``V ← V M⁻ᵀ``, a solve in
     float64): D_P predictions are unchanged. ``model`` is an
-    :class:`~pycore.deep.models.ImmunizableModel` (uses ``.layer`` and ``.classifier``)."""
+    :class:`~pycore.deep.models.ImmunizedNet` (uses ``.layer`` and ``.classifier``)."""
     layer, head = model.layer, model.classifier
     W = layer.weight
     Mt = torch.as_tensor(np.asarray(M, dtype=np.float64), device=W.device)
@@ -114,22 +83,23 @@ def apply_feature_map(model, M: np.ndarray) -> None:
     head.weight.copy_(torch.linalg.solve(Mt, V.double().T).T.to(V.dtype))
 
 
+@bounded_blas
 @torch.no_grad()
 def harden(model, data_h: Dataset, kind: str, *, num_classes: int, rng: np.random.Generator,
-           scale: float = 0.01, from_trunk: bool = False, batch_size: int = 256) -> Hardening:
-    """Harden ``model`` in place with ``kind`` (``"none"`` does nothing) computed from its own
-    features of the labelled D_H set ``data_h``. Returns what was applied."""
-    if kind == "none":
-        return Hardening("none", 1.0, 0, 0.0)
-    Z = extract_features(model, data_h, batch_size=batch_size, from_trunk=from_trunk)
+           scale: float = 0.01, cached: bool = False, batch_size: int = 256) -> dict:
+    """Harden ``model`` in place with ``kind`` computed from its own features of the labelled D_H set
+    ``data_h``. Returns what was applied: the kind, the scale, the squashed subspace's dimension and the
+    largest relative change of the D_P logits on those features (the compensation's float32 check)."""
+    Z = extract(model, data_h, batch_size=batch_size, cached=cached)
     y = dataset_labels(data_h)
     M, r = hardening_map(kind, Z, y, num_classes=num_classes, rng=rng, scale=scale)
     dev = next(model.parameters()).device
     head = model.classifier
     before = head(torch.from_numpy(Z).to(dev, head.weight.dtype)).double()
     apply_feature_map(model, M)
-    Z2 = extract_features(model, data_h, batch_size=batch_size, from_trunk=from_trunk)
+    Z2 = extract(model, data_h, batch_size=batch_size, cached=cached)
     after = head(torch.from_numpy(Z2).to(dev, head.weight.dtype)).double()
     change = float((after - before).abs().max() / before.abs().max().clamp_min(1e-300))
-    return Hardening(kind, float(scale) if kind == "label_subspace" else 1.0, r, change)
+    return {"kind": kind, "scale": float(scale) if kind == "label_subspace" else 1.0, "subspace_dim": r,
+            "logit_change": change}
 

@@ -1,40 +1,26 @@
 """The objective of each deep immunization method, term by term (paper Eq. (11); docs/theory.md §6-7).
 
-Per step, with a D_P batch ``(x_P, y_P)`` and a D_H batch ``x_H`` (paired loader, App. C.2):
+With ``X`` the layer's inputs and ``Z = X Wᵀ + b`` its outputs (App. C.3), per batch pair:
 
-* ``X = pooled(trunk(x))`` are the pre-layer features, ``Z = X Wᵀ + b`` the output of the
-  identity-initialised immunization layer (App. C.3);
-* ``ours``:       ``CE_ls(classifier(Z_P), y_P) + λ_P R_well(Z_PᵀZ_P) + λ_H R_ill(Z_HᵀZ_H)``;
-* ``r_ill_only``: the same without the R_well term (ablation; the D_P loss is kept so that
-  D_P accuracy stays comparable, as in the paper's Table 3);
-* ``opt_kappa``:  ``CE + λ_κ (log κ(Z_PᵀZ_P) − log κ(Z_HᵀZ_H))`` -- the Opt-κ baseline
-  (docs/theory.md §7) in its documented log form, through ``torch.linalg.eigvalsh`` of the
-  smaller Gram matrix in float64 (eigenvalue-only backward ``∂λ/∂G = vvᵀ``, no
-  eigenvector-gap terms);
-* ``imma``:       ``CE − λ_imma · CE_H(w_T)`` -- bi-level IMMA (Zheng & Yeh 2024): the lower
-  level unrolls ``imma_inner_steps`` gradient steps of a zero-initialised linear probe ``w``
-  on the D_H batch features (step ``imma_inner_lr / λ_max(AᵀA/N)``, the attacker of
-  :func:`pycore.deep.attacks.gd_probe_curve`); the upper level maximises the harmful loss
-  after those steps, differentiating through them.  A deliberate adaptation of
-  docs/theory.md §7 (whose lower level fine-tunes θ, as :func:`pycore.immunize.imma_objective`
-  does for linear models): unrolling steps of the whole trainable tail would differentiate
-  through several backbone fine-tuning steps per update, while the probe is exactly the
-  attacker of the threat model; the D_P loss is the plain CE at θ.
+* ``ours``: ``CE_ls(classifier(Z_P), y_P) + λ_P R_well(Z_PᵀZ_P) + λ_H R_ill(Z_HᵀZ_H)``;
+* ``r_ill_only``: the same without R_well (ablation; the D_P loss is kept, as in Table 3);
+* ``opt_kappa``: ``CE + λ_κ (log κ(Z_PᵀZ_P) − log κ(Z_HᵀZ_H))``, the Opt-κ baseline in its log form
+  (eigenvalues of the smaller Gram matrix, float64, eigenvalue-only backward);
+* ``imma``: ``CE − λ_imma · CE_H(w_T)``, bi-level IMMA whose lower level unrolls ``imma_inner_steps``
+  GD steps of a zero-initialised linear probe on the D_H features (the attacker of the threat model;
+  docs/theory.md §7's lower level fine-tunes θ instead, which would differentiate through backbone
+  steps).
 
-R_well / R_ill are evaluated by the fused op :func:`pycore.ops.cond_regularizer` on float64
-features (docs/theory.md §3; docs/design.md §2). The regularizer paths go through the
-immunization layer with the preconditioned weight gradient ``grad_W (XᵀX + λI)⁻¹``
-(Algorithm 1 line 6, with the ridge of App. C.3) where ``X`` is that batch's own pre-layer
-features; the CE path uses the same weights *without* preconditioning (Algorithm 1 does not
-precondition ``∇_θ L``).
+R_well / R_ill are the fused op :func:`pycore.ops.cond_regularizer` on float64 features, through the
+layer's preconditioned weight gradient ``grad_W (XᵀX + λI)⁻¹`` (Algorithm 1 line 6); the CE path
+uses the same weights without preconditioning (Algorithm 1 does not precondition ``∇_θ L``).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from pycore.deep._ops import ops
-from pycore.deep.models import ImmunizableModel
+from pycore import ops
 
 __all__ = ["DEEP_METHODS", "LAMBDA_OF_TERM", "log_kappa", "imma_harmful_loss", "loss_terms",
            "combine_terms"]
@@ -91,34 +77,29 @@ def _cond(Z: torch.Tensor, kind: str) -> torch.Tensor:
     Z = Z.double()
     if not bool(torch.isfinite(Z).all()):
         return Z.sum() * float("nan")
-    return ops().cond_regularizer(Z, kind)
+    return ops.cond_regularizer(Z, kind)
 
 
-def loss_terms(model: ImmunizableModel, method: str, hP, yP, hH, yH, num_classes_h: int, *,
-               label_smoothing: float = 0.1, imma_inner_steps: int = 3,
-               imma_inner_lr: float = 1.0) -> dict[str, torch.Tensor]:
+def loss_terms(model, method: str, XP, yP, XH, yH, num_classes_h: int, *, label_smoothing: float = 0.1,
+               imma_inner_steps: int = 3, imma_inner_lr: float = 1.0) -> dict[str, torch.Tensor]:
     """The unweighted terms of ``method``'s objective on one (rank-local) batch pair.
 
-    ``hP`` / ``hH`` are trunk outputs (:meth:`ImmunizableModel.trunk`); ``"ce"`` is always
-    present, the other keys are those of :data:`LAMBDA_OF_TERM`.
+    ``XP`` / ``XH`` are the layer's inputs (the pre-logits features of an
+    :class:`~pycore.deep.models.ImmunizedNet`, carrying the gradient of whatever of the backbone
+    is trained); ``"ce"`` is always present, the other keys are those of :data:`LAMBDA_OF_TERM`.
     """
-    if method not in DEEP_METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {DEEP_METHODS}")
     layer = model.layer
-    XP = model.pooled(hP)
     ZP = F.linear(XP, layer.weight, layer.bias)          # CE path: no preconditioning
     terms = {"ce": F.cross_entropy(model.classifier(ZP), yP, label_smoothing=label_smoothing)}
     if method == "ours":
         terms["r_well"] = _cond(layer(XP), "well")
     if method in ("ours", "r_ill_only"):
-        terms["r_ill"] = _cond(layer(model.pooled(hH)), "ill")
+        terms["r_ill"] = _cond(layer(XH), "ill")
     elif method == "opt_kappa":
-        ZH = F.linear(model.pooled(hH), layer.weight, layer.bias)
-        terms["log_kappa_gap"] = log_kappa(ZP) - log_kappa(ZH)
+        terms["log_kappa_gap"] = log_kappa(ZP) - log_kappa(F.linear(XH, layer.weight, layer.bias))
     elif method == "imma":
-        ZH = F.linear(model.pooled(hH), layer.weight, layer.bias)
-        terms["imma_harm"] = imma_harmful_loss(ZH, yH, num_classes_h, steps=imma_inner_steps,
-                                               inner_lr=imma_inner_lr)
+        terms["imma_harm"] = imma_harmful_loss(F.linear(XH, layer.weight, layer.bias), yH, num_classes_h,
+                                               steps=imma_inner_steps, inner_lr=imma_inner_lr)
     return terms
 
 

@@ -1,237 +1,179 @@
-"""Immunization of deep extractors: the training loop (paper Eq. (11), Algorithm 1 on deep nets, §5.2).
+"""The deep immunization loop (paper Eq. (11), Algorithm 1 on deep nets, §5.2; docs/theory.md §9).
 
-The objective of each method is built term by term in :mod:`pycore.deep.objectives`; this
-module runs it. One call of :func:`immunize` is, in order:
-
-1. the paired, sharded batches of D_P and D_H (:class:`_Batches`, paper App. C.2);
-2. the preconditioner ridge, calibrated on the first D_P batch (:func:`calibrate_ridge`);
-3. per step: the terms (:class:`_Objective`), the λ's (fixed, or balanced against the CE
-   gradient -- :func:`balanced_lambdas` -- at step 0 or every ``balance_every`` steps), one
-   backward and one SGD step (:func:`_train_step`), with the NaN agreement across ranks;
-4. on a non-finite loss or gradient: stop, save the last good model (:func:`_stop`).
-
-Optimiser (docs/theory.md §9): SGD, Nesterov momentum 0.9, weight decay 0 on the extractor and
-2e-5 on the classifier. The whole model stays in eval mode: normalisation statistics and
-dropout are part of θ₀, and the regularizers then shape exactly the features that RIR_θ₀
-measures.
-
-λ balancing (paper App. C.2: "we choose λ_P and λ_H by balancing the gradient norm"): with
-``balance = b`` every regularizer term gets ``λ = b · ‖∇CE‖ / ‖∇term‖`` on the extractor
-parameters (everything immunization trains but the classifier), so each term moves the
-extractor as hard as the D_P loss does. Each balancing costs one extra gradient per term:
-negligible when only the immunization layer is trained (scope ``"layer"``), several plain
-steps when the backbone tail is (bench/bench_deepnet.py). The paper balances
-once; R_ill's gradient grows like ``1/d²`` as it works (docs/theory.md §3), so a λ fixed at
-step 0 soon lets it swamp everything else or fade. ``balance_every = s`` re-balances every
-``s`` steps; the same rule then holds for every method, which is what makes the comparison
-of methods fair (no per-method λ).
-
-Distributed (``torchrun``): DistributedDataParallel averages gradients across ranks. Each
-rank evaluates R_well / R_ill on its OWN batch (per-rank Hessians ``Z_rᵀZ_r``), so a W-rank
-run optimises the mean over ranks of per-rank regularizers, not the regularizer of the
-concatenated global batch. ``virtual_ranks=W`` reproduces exactly this objective in one
-process (same shards, mean of per-shard losses), which is how the 2-process test checks DDP.
-Balancing uses the gradient of that mean objective (per-rank term gradients all-reduced), so
-every rank gets the same λ's.
+Per step: a D_P and a D_H batch (the paired loader of App. C.2), the method's terms
+(:mod:`pycore.deep.objectives`), the λ's (fixed, or balanced: ``λ = b·‖∇CE‖/‖∇term‖`` on the
+extractor parameters at step 0 and every ``balance_every`` steps -- App. C.2's rule, automated; R_ill's
+gradient grows like ``1/d²`` as it works, §3, so one balance at step 0 soon swamps or fades), one
+backward and one SGD step (Nesterov 0.9; weight decay 0 on the extractor, 2e-5 on the classifier).
+The model stays in eval mode: its normalisation statistics belong to θ₀, so the regularizers shape
+exactly the features RIR_θ₀ measures. A non-finite step is not applied (:class:`NonFiniteLossError`
+names the option to change). Under ``torchrun`` each rank evaluates the regularizers on its own batch
+(DDP averages gradients; balancing all-reduces the term gradients); ``virtual_ranks=W`` reproduces
+that objective in one process.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
 
+from pycore import ops
 from pycore.deep.data import PairedBatches, ShardedBatches, fetch
 from pycore.deep.harden import HARDENINGS, harden
-from pycore.deep.models import ImmunizableModel, save_immunized
 from pycore.deep.objectives import DEEP_METHODS, LAMBDA_OF_TERM, combine_terms, loss_terms
-from pycore.report import progress
-from pycore.validation import PicklableError
+from pycore.report import progress as progress_bar
+from pycore.validation import DivergenceError, ParameterError
 
-__all__ = [
-    "DEEP_METHODS", "DeepImmunizeConfig", "DeepImmunizationResult", "NonFiniteLossError",
-    "immunize", "balanced_lambdas", "calibrate_ridge", "cache_trunk", "train_classifier",
-    "recalibrate_batchnorm", "random_shift",
-]
+__all__ = ["DEEP_METHODS", "DeepOptions", "options", "TrainResult", "NonFiniteLossError", "immunize",
+           "balanced_lambdas", "OPTION_BOUNDS", "POSITIVE_OPTIONS", "FRACTION_OPTIONS"]
 
 
-class NonFiniteLossError(PicklableError, FloatingPointError):
-    """The immunization loss (or its gradient) became NaN/Inf; the model keeps the last good step."""
+@dataclass(frozen=True)
+class DeepOptions:
+    """Options of deep immunization; the defaults are the rule of the CPU demo (docs/deep.md §1):
+    the layer alone trained (``scope="layer"``) by SGD lr 0.1, at most 400 steps of 64 + 64
+    samples, every term re-balanced at every step (b = 1). The paper's Table 4 settings are fixed
+    λ's (``balance=None``), ``lr=1e-5`` and ``scope="tail"`` (experiments/deep_configs.py)."""
 
-    def __init__(self, message: str, step: int, checkpoint: "str | None"):
-        super().__init__(message)
-        self.step = step
-        self.checkpoint = checkpoint
-
-
-@dataclass
-class DeepImmunizeConfig:
-    """Hyper-parameters of deep immunization (defaults: paper Table 4, ResNet18 vs Cars).
-
-    The linear twin is :class:`pycore.immunize.ImmunizeConfig`.
-    """
-
-    method: str = "ours"
-    epochs: int = 1                 # epochs of the paired loader (longer task sets the length)
-    max_steps: "int | None" = None
-    batch_size: int = 64            # per rank
-    lr: float = 1e-5
+    epochs: int = 100               # epochs of the paired loader (the longer task sets the length)
+    max_steps: "int | None" = 400
+    batch_size: int = 64            # per rank; capped at the smaller task's size
+    lr: float = 0.1
     momentum: float = 0.9
     nesterov: bool = True
     weight_decay_extractor: float = 0.0
     weight_decay_classifier: float = 2e-5
     label_smoothing: float = 0.1
-    lambda_p: float = 5e-5          # R_well weight
+    lambda_p: float = 5e-5          # R_well weight (fixed λ's: balance=None)
     lambda_h: float = 2e6           # R_ill weight
     lambda_kappa: float = 1.0       # Opt-κ weight
     lambda_imma: float = 1.0        # IMMA harmful-loss weight
-    balance: "float | None" = None  # if set: λ := balance·‖∇CE‖/‖∇term‖ (App. C.2), overrides lambda_*
-    balance_every: int = 0          # 0: balance at step 0 only; s > 0: every s steps
-    balance_ill: "float | None" = None  # balance of the R_ill term alone (ours, r_ill_only); None: balance
+    balance: "float | None" = 1.0   # λ := balance·‖∇CE‖/‖∇term‖ (App. C.2); None: the lambda_* above
+    balance_every: int = 1          # 0: balance at step 0 only
+    balance_ill: "float | None" = None  # balance of the R_ill term alone (the trade-off sweep)
     imma_inner_steps: int = 3
     imma_inner_lr: float = 1.0      # in units of 1/λ_max(AᵀA/N)
-    ridge_rel: "float | None" = 1e-6  # preconditioner ridge λ relative to tr(XᵀX)/N; None: keep the layer's
-    seed: int = 0
+    ridge_rel: float = 1e-6         # preconditioner ridge relative to tr(XᵀX)/N of the first D_P batch
+    scope: str = "layer"            # "layer": the layer alone; "tail": also the backbone's last stages
+    stages: int = 1                 # scope "tail": how many of the backbone's last stages
     virtual_ranks: int = 1
-    checkpoint_dir: "str | None" = None
-    progress: bool = True
-    # Hardening of the immunization layer after training (pycore.deep.harden): every method alike.
-    harden: str = "none"            # "none" | "rotate" | "label_subspace"
-    harden_scale: float = 0.01      # label_subspace: factor on D_H's class-mean directions
+    harden: str = "none"            # pycore.deep.harden, applied after training
+    harden_scale: float = 0.01
+    normalize: bool = True          # steps in unit-scale features (False: the features' own scale)
+    dp_tolerance: "float | None" = 2.0  # end on the last state within this many % of D_P's top-1
 
-    def validate(self) -> "DeepImmunizeConfig":
-        if self.method not in DEEP_METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose one of {DEEP_METHODS}")
-        for name in ("lr", "batch_size", "epochs", "virtual_ranks"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.balance is not None and not (math.isfinite(self.balance) and self.balance > 0):
-            raise ValueError(f"balance must be a finite number > 0, got {self.balance}")
-        if self.balance_every < 0:
-            raise ValueError(f"balance_every must be >= 0, got {self.balance_every}")
-        if self.balance_ill is not None:
-            if self.balance is None:
-                raise ValueError("balance_ill needs balance (it re-weights the balanced R_ill term)")
-            if not (math.isfinite(self.balance_ill) and self.balance_ill > 0):
-                raise ValueError(f"balance_ill must be a finite number > 0, got {self.balance_ill}")
-        if self.harden not in HARDENINGS:
-            raise ValueError(f"unknown hardening {self.harden!r}; choose one of {HARDENINGS}")
-        if not (math.isfinite(self.harden_scale) and 0 < self.harden_scale <= 1):
-            raise ValueError(f"harden_scale must be in (0, 1], got {self.harden_scale}")
-        return self
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            _check(f.name, getattr(self, f.name))
+        if self.balance_ill is not None and self.balance is None:
+            raise ParameterError("balance_ill", "balance_ill re-weights the balanced R_ill term: set balance")
+
+
+# Integer options: (low, high). Every count is bounded so no setting runs unbounded.
+OPTION_BOUNDS = {"epochs": (1, 100_000), "max_steps": (1, 10_000_000), "batch_size": (1, 65_536),
+                 "balance_every": (0, 10_000_000), "imma_inner_steps": (0, 1_000), "stages": (1, 1_000),
+                 "virtual_ranks": (1, 1_024)}
+POSITIVE_OPTIONS = ("lr", "lambda_p", "lambda_h", "lambda_kappa", "lambda_imma", "balance", "balance_ill",
+             "imma_inner_lr", "ridge_rel", "harden_scale", "dp_tolerance")
+FRACTION_OPTIONS = ("momentum", "label_smoothing", "weight_decay_extractor", "weight_decay_classifier")
+_CHOICES = {"scope": ("layer", "tail"), "harden": HARDENINGS}
+
+
+def _check(k: str, v) -> None:
+    if v is None and k in ("max_steps", "balance", "balance_ill", "dp_tolerance"):
+        return
+    number = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+    if k in OPTION_BOUNDS:
+        lo, hi = OPTION_BOUNDS[k]
+        if not (number and isinstance(v, (int, np.integer)) and lo <= v <= hi):
+            raise ParameterError(k, f"{k} must be an integer in [{lo}, {hi}], got {v!r}")
+    elif k in POSITIVE_OPTIONS:
+        top = 1.0 if k == "harden_scale" else math.inf
+        if not (number and math.isfinite(v) and 0 < v <= top):
+            raise ParameterError(k, f"{k} must be a finite number > 0{' and ≤ 1' * (top == 1)}, got {v!r}")
+    elif k in FRACTION_OPTIONS and not (number and 0 <= v < 1):
+        raise ParameterError(k, f"{k} must be a number in [0, 1), got {v!r}")
+    elif k in _CHOICES and v not in _CHOICES[k]:
+        raise ParameterError(k, f"{k} must be one of {_CHOICES[k]}, got {v!r}")
+    elif k in ("nesterov", "normalize") and not isinstance(v, bool):
+        raise ParameterError(k, f"{k} must be True or False, got {v!r}")
+
+
+def options(base: "DeepOptions | None" = None, **given) -> DeepOptions:
+    """``base`` (default :class:`DeepOptions`) with ``given`` replaced; an unknown or bad option is a
+    :class:`~pycore.validation.ParameterError` whose ``.parameter`` names it."""
+    names = [f.name for f in dataclasses.fields(DeepOptions)]
+    for k in given:
+        if k not in names:
+            raise ParameterError(k, f"unknown option {k!r} of deep immunization; options: {', '.join(names)}")
+    return dataclasses.replace(base or DeepOptions(), **given)
+
+
+class NonFiniteLossError(DivergenceError):
+    """A non-finite loss or gradient: ``.parameter`` names the option to change, ``.step`` the failed
+    step (not applied: the model keeps its last good step), ``.checkpoint`` the last good model."""
+
+    def __init__(self, message: str, parameter: str, step: int, checkpoint: "str | None" = None):
+        super().__init__(message, parameter)
+        self.step, self.checkpoint = step, checkpoint
 
 
 @dataclass
-class DeepImmunizationResult:
-    """What :func:`immunize` did: steps, time, the λ's in force at the end, per-step history
-    (loss, each unweighted term, each balanced λ, step seconds). Linear twin:
-    :class:`pycore.immunize.ImmunizationResult`."""
+class TrainResult:
+    """What :func:`immunize` did: the λ's in force at the end (and the ridge), the per-step history."""
 
     method: str
     steps: int
     wall_seconds: float
     lambdas: dict
     history: dict = field(default_factory=dict)
-    config: dict = field(default_factory=dict)
-    hardening: "dict | None" = None   # what pycore.deep.harden.harden applied (cfg.harden)
+    hardening: "dict | None" = None
+    stopped: str = ""               # why training stopped before its last step ("" when it did not)
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-# --- pieces of the loop -----------------------------------------------------------------------
 
 class _Objective(nn.Module):
-    """forward(shards) -> (mean over shards of each unweighted term, their float values).
+    """forward(shards) -> mean over shards of each unweighted term (what DDP wraps)."""
 
-    This is what DDP wraps: the terms are combined with the λ's outside, after balancing."""
-
-    def __init__(self, model: ImmunizableModel, cfg: DeepImmunizeConfig, num_classes_h: int):
+    def __init__(self, model, method: str, opts: DeepOptions, num_classes_h: int):
         super().__init__()
-        self.model, self.cfg, self.num_classes_h = model, cfg, num_classes_h
+        self.model, self.method, self.opts, self.num_classes_h = model, method, opts, num_classes_h
 
-    def forward(self, batches):
-        cfg, mean = self.cfg, {}
-        for hP, yP, hH, yH in batches:
-            t = loss_terms(self.model, cfg.method, hP, yP, hH, yH, self.num_classes_h,
-                           label_smoothing=cfg.label_smoothing, imma_inner_steps=cfg.imma_inner_steps,
-                           imma_inner_lr=cfg.imma_inner_lr)
+    def forward(self, shards):
+        o, mean = self.opts, {}
+        for xP, yP, xH, yH in shards:
+            t = loss_terms(self.model, self.method, xP, yP, xH, yH, self.num_classes_h,
+                           label_smoothing=o.label_smoothing, imma_inner_steps=o.imma_inner_steps,
+                           imma_inner_lr=o.imma_inner_lr)
             for k, v in t.items():
-                mean[k] = mean.get(k, 0.0) + v.double() / len(batches)
+                mean[k] = mean.get(k, 0.0) + v.double() / len(shards)
         return mean
 
 
-class _Batches:
-    """The paired loader of one run and the fetch of a step's shards (trunk applied if needed)."""
-
-    def __init__(self, model, p_train, h_train, cfg, shards, from_trunk, device):
-        self.model, self.p, self.h, self.from_trunk, self.device = model, p_train, h_train, from_trunk, device
-        self.paired = PairedBatches(ShardedBatches(len(p_train), cfg.batch_size, seed=cfg.seed, world=shards),
-                                    ShardedBatches(len(h_train), cfg.batch_size, seed=cfg.seed + 1,
-                                                   world=shards))
-
-    def steps(self, epochs: int):
-        for epoch in range(epochs):
-            yield from self.paired.epoch(epoch)
-
-    def load(self, pair, ranks) -> list[tuple]:
-        sp, sh = pair
-        out = []
-        for r in ranks:
-            xP, yP = fetch(self.p, sp[r])
-            xH, yH = fetch(self.h, sh[r])
-            xP, xH = xP.to(self.device), xH.to(self.device)
-            if not self.from_trunk:
-                with torch.no_grad():
-                    xP, xH = self.model.trunk(xP), self.model.trunk(xH)
-            out.append((xP, yP.to(self.device), xH, yH.to(self.device)))
-        return out
-
-
-def calibrate_ridge(model: ImmunizableModel, hP: torch.Tensor, ridge_rel: float) -> float:
-    """Scale-aware ridge of the preconditioner ``(XᵀX + λI)⁻¹``: ``λ = ridge_rel · tr(XᵀX)/N`` on a
-    D_P batch (relative to the mean squared feature norm: an absolute λ means nothing for
-    features whose scale depends on the backbone). Sets and returns ``model.layer.lambda_reg``."""
-    with torch.no_grad():
-        X = model.pooled(hP).double()
-    model.layer.lambda_reg = float(ridge_rel * (X * X).sum() / X.shape[0])
-    return model.layer.lambda_reg
-
-
-def balanced_lambdas(terms: dict[str, torch.Tensor], params, balance: float, *, world: int = 1,
-                     previous: "dict[str, float] | None" = None,
-                     weights: "dict[str, float] | None" = None) -> dict[str, float]:
-    """``λ_term = balance · ‖∇CE‖ / ‖∇term‖`` on ``params`` (paper App. C.2, automated).
-
-    ``weights`` (keyed by config field, e.g. ``{"lambda_h": 3.0}``) replaces ``balance`` for
-    those terms: the R_ill weight of the (i)/(ii) trade-off sweep.
-
-    Gradients by :func:`torch.autograd.grad` (no ``.grad`` is touched, no DDP hook fires); with
-    ``world > 1`` the per-rank gradients are averaged first, so every rank gets the same λ. A
-    term whose gradient norm is 0 or non-finite keeps its ``previous`` λ; without one that is an
-    error (nothing to balance against)."""
+def balanced_lambdas(terms: dict, params, balance: float, *, world: int = 1, previous: "dict | None" = None,
+                     weights: "dict | None" = None) -> dict[str, float]:
+    """``λ_term = balance·‖∇CE‖/‖∇term‖`` on ``params`` (``weights`` replaces ``balance`` for the λ's it
+    names, e.g. ``{"lambda_h": 3.0}``). Gradients by :func:`torch.autograd.grad` (no ``.grad`` touched);
+    with ``world > 1`` averaged over ranks first. A term whose gradient norm is 0 or non-finite keeps
+    its ``previous`` λ; without one that is a :class:`FloatingPointError`."""
     flat = {}
     for k, v in terms.items():
         gs = torch.autograd.grad(v, params, retain_graph=True, allow_unused=True)
         flat[k] = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double()
                              for p, g in zip(params, gs)])
     if world > 1:
-        import torch.distributed as dist  # noqa: PLC0415
-
         stacked = torch.stack([flat[k] for k in sorted(flat)])
         dist.all_reduce(stacked)
         flat = {k: stacked[i] / world for i, k in enumerate(sorted(flat))}
-    ce = float(flat["ce"].norm())
-    out = {}
+    ce, out = float(flat["ce"].norm()), {}
     for k, g in flat.items():
         if k == "ce":
             continue
@@ -245,81 +187,185 @@ def balanced_lambdas(terms: dict[str, torch.Tensor], params, balance: float, *, 
     return out
 
 
-def _any_rank(flag: bool, world: int, device) -> bool:
-    """True on every rank when ``flag`` is True on any rank (one all-reduce; no-op when world = 1)."""
+def _all_reduce(values: list[float], world: int, device, op: str = "sum") -> list[float]:
     if world <= 1:
-        return flag
-    import torch.distributed as dist  # noqa: PLC0415
-
-    t = torch.tensor([float(flag)], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
-
-
-def _mean_over_ranks(values: dict[str, float], world: int, device) -> dict[str, float]:
-    if world <= 1 or not values:
         return values
-    import torch.distributed as dist  # noqa: PLC0415
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t.tolist() if op == "max" else (t / world).tolist()
 
-    keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return {k: float(v) / world for k, v in zip(keys, t.tolist())}
+
+def _is_op_error(exc: Exception) -> bool:
+    """The op's refusal of a batch (non-finite or degenerate features, a singular preconditioner):
+    pycore.ops.CondRegError where it exists (older ops raised RuntimeErrors with these prefixes)."""
+    if hasattr(ops, "CondRegError"):
+        return isinstance(exc, ops.CondRegError)
+    return isinstance(exc, RuntimeError) and str(exc).startswith(("cond_regularizer:", "ImmunizationHead"))
+
+
+def _rescale(model, c: float) -> None:
+    """Classifier weight × c, layer bias ÷ c: on inputs X/c the model gives the logits it gave on X."""
+    model.classifier.weight.mul_(c)
+    if model.layer.bias is not None:
+        model.layer.bias.div_(c)
+
+
+def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
+    """A function giving the model's top-1 (%) on up to 1024 seeded D_P training samples (its own head)."""
+    idx = torch.from_numpy(np.sort(np.random.default_rng([seed, 11]).permutation(len(data))[:1024]))
+    x, y = fetch(data, idx)
+
+    @torch.no_grad()
+    def accuracy() -> float:
+        X = (x.to(device) if cached else model.prelogits(x.to(device))) / scale
+        logits = model.classifier(F.linear(X, model.layer.weight, model.layer.bias))
+        return 100.0 * float((logits.argmax(1).cpu() == y).double().mean())
+    return accuracy
 
 
 def _wrap_ddp(obj: nn.Module, device) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: PLC0415
 
-    # Buffers (BN statistics) are frozen in eval mode and identical on every rank: no need to
-    # re-broadcast them each forward (the keyword was renamed in recent torch).
+    # BN statistics are frozen (eval mode) and equal on every rank: no need to re-broadcast them.
     sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
             else {"broadcast_buffers": False})
     dev = torch.device(device)
     return DDP(obj, device_ids=[dev.index] if dev.type == "cuda" else None, **sync)
 
 
-_OP_ERROR_PREFIXES = ("cond_regularizer:", "ImmunizationHead")
+def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = DeepOptions(), *,
+             seed: int = 0, num_classes_h: int, cached: bool = False, device="cpu", rank: int = 0,
+             world: int = 1, ddp: bool = False, progress: bool = False,
+             checkpoint_dir: "str | None" = None) -> TrainResult:
+    """Immunize the :class:`~pycore.deep.models.ImmunizedNet` ``model`` in place with ``method``.
+
+    ``p_train`` / ``h_train`` yield ``(x, y)``: images, or with ``cached=True`` (scope ``"layer"``
+    only) the layer's inputs ``X`` computed once. Under ``torchrun`` pass ``rank``/``world`` and
+    ``ddp=True``. Raises :class:`NonFiniteLossError` when a step's loss or gradient is non-finite
+    (that update is not applied; the last good model goes to ``checkpoint_dir`` when given)."""
+    if method not in DEEP_METHODS:
+        raise ParameterError("method", f"unknown method {method!r}; choose one of {DEEP_METHODS}")
+    if cached and opts.scope != "layer":
+        raise ParameterError("scope", "cached features fix the backbone: scope must be 'layer'")
+    if world > 1 and opts.virtual_ranks > 1:
+        raise ParameterError("virtual_ranks", "virtual_ranks emulates a multi-rank run in ONE process")
+    from pycore.deep.checkpoint import save_model  # noqa: PLC0415  (checkpoint imports models, not train)
+
+    model.to(device)
+    ext, cls = model.set_trainable(opts.scope, opts.stages)
+    model.eval()
+    shards = max(world, opts.virtual_ranks)
+    bs = min(opts.batch_size, len(p_train) // shards, len(h_train) // shards)
+    paired = PairedBatches(ShardedBatches(len(p_train), max(bs, 1), seed=seed, world=shards),
+                           ShardedBatches(len(h_train), max(bs, 1), seed=seed + 1, world=shards))
+
+    def prelogits(x):
+        if cached:
+            return x.to(device)
+        with torch.set_grad_enabled(opts.scope == "tail"):
+            return model.prelogits(x.to(device))
+
+    def load(pair, ranks):
+        out = []
+        for r in ranks:
+            (xP, yP), (xH, yH) = fetch(p_train, pair[0][r]), fetch(h_train, pair[1][r])
+            out.append((prelogits(xP) / scale, yP.to(device), prelogits(xH) / scale, yH.to(device)))
+        return out
+
+    # normalize: train in the coordinates where the layer's inputs have unit mean square norm (X/c, the
+    # classifier cV): the same lr then suits every backbone; predictions are unchanged (undone at the end)
+    scale = 1.0
+    with torch.no_grad():
+        X0 = load(next(iter(paired.epoch(0))), [0])[0][0]
+        if opts.normalize:
+            scale = float(X0.double().pow(2).sum(1).mean().sqrt())
+            X0 = X0 / scale
+            _rescale(model, scale)
+        # the preconditioner's ridge relative to tr(XᵀX)/N: an absolute λ means nothing across backbones
+        model.layer.lambda_reg = ridge = float(opts.ridge_rel * X0.double().pow(2).sum() / X0.shape[0])
+    runner = _Objective(model, method, opts, num_classes_h)
+    runner = _wrap_ddp(runner, device) if ddp and world > 1 else runner
+    opt = torch.optim.SGD([{"params": ext, "weight_decay": opts.weight_decay_extractor},
+                           {"params": cls, "weight_decay": opts.weight_decay_classifier}],
+                          lr=opts.lr, momentum=opts.momentum, nesterov=opts.nesterov)
+    mine = [rank] if world > 1 else list(range(shards))
+    lambdas = {k: getattr(opts, k) for k in ("lambda_p", "lambda_h", "lambda_kappa", "lambda_imma")}
+    total = min(len(paired) * opts.epochs, opts.max_steps or math.inf)
+    history: dict[str, list] = {"loss": [], "step_seconds": []}
+    quiet = {} if progress and rank == 0 else {"disable": True}     # else: a bar on a terminal only
+    bar = progress_bar(total=total, desc=f"immunize[{method}]", **quiet)
+    guard = opts.dp_tolerance is not None
+    accuracy = _dp_accuracy(model, p_train, cached, device, seed, scale) if guard else None
+    start, keep, kept, stopped = accuracy and accuracy(), [p.detach().clone() for p in ext + cls], 0, ""
+    t0 = time.perf_counter()
+    pairs = (pair for epoch in range(opts.epochs) for pair in paired.epoch(epoch))
+    try:
+        for step, pair in zip(range(total), pairs):
+            ts = time.perf_counter()
+            rebalance = (None if opts.balance is None else "first" if step == 0 else
+                         "again" if opts.balance_every and step % opts.balance_every == 0 else None)
+            loss, logs, lambdas, failure = _step(runner, load(pair, mine), opt, ext + cls, ext, opts,
+                                                 lambdas, rebalance, world, device)
+            if failure:
+                _stop(model, method, opts, step, failure, rank, checkpoint_dir, save_model, scale)
+            history["loss"].append(loss)
+            for k, v in logs.items():
+                history.setdefault(k, []).append(v)
+            for k in sorted({LAMBDA_OF_TERM[t] for t in logs if t != "ce"} if opts.balance else ()):
+                history.setdefault(k, []).append(lambdas[k])
+            history["step_seconds"].append(time.perf_counter() - ts)
+            bar.update(1)
+            if accuracy and ((step + 1) % 10 == 0 or step + 1 == total):   # the D_P guard, every 10 steps
+                if accuracy() >= start - opts.dp_tolerance:
+                    keep, kept = [p.detach().clone() for p in ext + cls], step + 1
+        if accuracy and kept < len(history["loss"]):          # end on the last state that kept D_P
+            with torch.no_grad():
+                for p, k in zip(ext + cls, keep):
+                    p.copy_(k)
+            stopped = f"D_P top-1 fell below {start:.1f} − {opts.dp_tolerance:g} %: back to step {kept}"
+    finally:
+        bar.close()
+        model.requires_grad_(False)
+        with torch.no_grad():
+            _rescale(model, 1.0 / scale)
+    steps = kept if stopped else len(history["loss"])
+    hardening = None
+    if opts.harden != "none":  # every rank computes the same map from the same seeded inputs
+        hardening = harden(model, h_train, opts.harden, num_classes=num_classes_h, scale=opts.harden_scale,
+                           rng=np.random.default_rng([seed, 99]), cached=cached)
+    lambdas["ridge"] = ridge
+    return TrainResult(method, steps, time.perf_counter() - t0, lambdas, history, hardening, stopped)
 
 
-def _train_step(runner, batches, opt, trainable, balance_params, cfg, lambdas, rebalance, world, device):
-    """One step. Returns ``(loss, term values, λ's, failure)``; ``failure`` is "" when the step was
-    applied, else the reason (the update is then NOT applied: the model keeps the last good step).
-    ``rebalance``: None (keep the λ's), ``"first"`` or ``"again"`` (balance them at this step).
-
-    Ranks agree on a non-finite loss BEFORE the backward: DDP all-reduces gradients inside
-    backward(), so a rank that skipped it would desynchronise the collectives."""
+def _step(runner, batches, opt, trainable, balance_params, opts, lambdas, rebalance, world, device):
+    """One step: ``(loss, term values, λ's, failure)``; ``failure`` is "" when the update was applied,
+    else the reason (the update is then NOT applied). Ranks agree on a non-finite loss BEFORE the
+    backward: DDP all-reduces gradients inside backward(), a rank that skipped it would hang the rest."""
     opt.zero_grad(set_to_none=True)
     try:
         terms = runner(batches)
         logs = {k: float(v.detach()) for k, v in terms.items()}
-        bad = _any_rank(not all(math.isfinite(v) for v in logs.values()), world, device)
+        bad = _all_reduce([float(not all(map(math.isfinite, logs.values())))], world, device, "max")[0] > 0
         if not bad and rebalance:
-            # At the first balancing there is no earlier λ to fall back on (the config's λ's are
-            # not balanced ones): a zero or non-finite gradient norm is then an error.
-            weights = {"lambda_h": cfg.balance_ill} if cfg.balance_ill is not None else None
-            lambdas = {**lambdas, **balanced_lambdas(terms, balance_params, cfg.balance, world=world,
-                                                     previous=lambdas if rebalance == "again" else None,
-                                                     weights=weights)}
+            weights = {"lambda_h": opts.balance_ill} if opts.balance_ill is not None else None
+            prev = lambdas if rebalance == "again" else None
+            lambdas = {**lambdas, **balanced_lambdas(terms, balance_params, opts.balance, world=world,
+                                                     weights=weights, previous=prev)}
         loss = combine_terms(terms, lambdas) if not bad else torch.tensor(float("nan"))
-        if not bad:
-            bad = _any_rank(not bool(torch.isfinite(loss)), world, device)
+        bad = bad or _all_reduce([float(not torch.isfinite(loss))], world, device, "max")[0] > 0
         if not bad:
             loss.backward()
             bad = not all(bool(torch.isfinite(p.grad).all()) for p in trainable if p.grad is not None)
-    except FloatingPointError as exc:
-        # Balancing found nothing to balance against (a zero or non-finite term gradient at the
-        # first balancing); every rank sees the same all-reduced norms, so all stop together.
+    except FloatingPointError as exc:  # nothing to balance against: every rank sees the same norms
         return float("nan"), {}, lambdas, str(exc)
-    except RuntimeError as exc:
-        # The op refuses overflowing features and a singular preconditioner with its own
-        # message; treat that like a NaN loss (stop and report the step). Anything else (a
-        # shape error, an op without a kernel for this device) is a bug: re-raise it.
-        if world > 1 or not str(exc).lstrip().startswith(_OP_ERROR_PREFIXES):
+    except Exception as exc:  # noqa: BLE001
+        if world > 1 or not _is_op_error(exc):
             raise
         return float("nan"), {}, lambdas, str(exc).strip().splitlines()[0]
-    bad = _any_rank(bad, world, device)
-    logs = _mean_over_ranks(logs, world, device)
-    loss_val = float(_mean_over_ranks({"loss": float(loss.detach())}, world, device)["loss"])
+    bad = _all_reduce([float(bad)], world, device, "max")[0] > 0
+    keys = sorted(logs)
+    logs = dict(zip(keys, _all_reduce([logs[k] for k in keys], world, device)))
+    loss_val = _all_reduce([float(loss.detach())], world, device)[0]
     if bad:
         opt.zero_grad(set_to_none=True)
         return loss_val, logs, lambdas, ", ".join(f"{k}={v:.3g}" for k, v in logs.items()) or "non-finite"
@@ -327,212 +373,20 @@ def _train_step(runner, batches, opt, trainable, balance_params, cfg, lambdas, r
     return loss_val, logs, lambdas, ""
 
 
-def _stop(model: ImmunizableModel, cfg: DeepImmunizeConfig, step: int, reason: str, rank: int):
-    """Raise :class:`NonFiniteLossError` after saving the last good model (rank 0, when asked)."""
+def _stop(model, method, opts, step, reason, rank, checkpoint_dir, save_model, scale):
+    """Raise :class:`NonFiniteLossError` (after saving the last good model, rank 0, when asked)."""
     ckpt = None
-    if cfg.checkpoint_dir and rank == 0:
-        ckpt = save_immunized(model, os.path.join(cfg.checkpoint_dir, f"last_good_{cfg.method}.safetensors"),
-                              num_classes=model.classifier.out_features,
-                              extra={"step": step, "reason": "non-finite loss"})
-    raise NonFiniteLossError(
-        f"[{cfg.method}] non-finite loss or gradient at step {step} ({reason}); stopped, the model "
-        f"keeps its state after step {step - 1}" + (f", saved to {ckpt}" if ckpt else ""), step, ckpt)
-
-
-def _bar(total: int, desc: str, enabled: bool):
-    return progress(total=total, desc=desc, disable=True) if not enabled else progress(total=total, desc=desc)
-
-
-# --- the loop ---------------------------------------------------------------------------------
-
-def immunize(model: ImmunizableModel, p_train: Dataset, h_train: Dataset, cfg: DeepImmunizeConfig, *,
-             num_classes_h: int, from_trunk: bool = False, device: "torch.device | str" = "cpu",
-             rank: int = 0, world: int = 1, ddp: bool = False) -> DeepImmunizationResult:
-    """Immunize ``model`` in place (paper Eq. (11)); returns the loss history and λ's used.
-
-    ``p_train`` / ``h_train`` yield ``(x, y)``; with ``from_trunk=True`` they hold cached trunk
-    outputs (:func:`cache_trunk`). Under ``torchrun`` pass ``rank``/``world`` and ``ddp=True``
-    (the process group must be initialised); each rank then trains on its own shard of every
-    global batch and DDP averages the gradients.
-
-    Raises :class:`NonFiniteLossError` if the loss or gradient becomes NaN/Inf (or the op refuses
-    non-finite features): that step's update is not applied, so the model keeps the parameters
-    of the last good step, which are written to ``checkpoint_dir`` when set. Under torchrun all
-    ranks agree on the failure (all-reduce of a flag); an exception raised inside the op on one
-    rank is re-raised as is, since the other ranks cannot be told.
-    """
-    cfg.validate()
-    if world > 1 and cfg.virtual_ranks > 1:
-        raise ValueError("virtual_ranks emulates a multi-rank run in ONE process; "
-                         "do not combine it with torchrun")
-    model.to(device)
-    ext_params, cls_params = model.set_trainable()
-    model.eval()  # see module docstring: normalisation statistics belong to θ₀
-    shards = max(world, cfg.virtual_ranks)
-    data = _Batches(model, p_train, h_train, cfg, shards, from_trunk, device)
-    mine = [rank] if world > 1 else list(range(shards))
-
-    lambdas = {k: getattr(cfg, k) for k in ("lambda_p", "lambda_h", "lambda_kappa", "lambda_imma")}
-    if cfg.ridge_rel is not None and hasattr(model.layer, "lambda_reg"):
-        first = next(iter(data.paired.epoch(0)))
-        calibrate_ridge(model, data.load(first, [0])[0][0], cfg.ridge_rel)
-    ridge = float(getattr(model.layer, "lambda_reg", float("nan")))
-
-    obj = _Objective(model, cfg, num_classes_h)
-    runner = _wrap_ddp(obj, device) if ddp and world > 1 else obj
-    opt = torch.optim.SGD(
-        [{"params": ext_params, "weight_decay": cfg.weight_decay_extractor},
-         {"params": cls_params, "weight_decay": cfg.weight_decay_classifier}],
-        lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-    trainable = ext_params + cls_params
-    balance_params = ext_params
-    total = len(data.paired) * cfg.epochs
-    total = total if cfg.max_steps is None else min(cfg.max_steps, total)
-    history: dict[str, list] = {"loss": [], "step_seconds": []}
-    bar = _bar(total, f"immunize[{cfg.method}]", cfg.progress and rank == 0)
-    t0 = time.perf_counter()
-    step = 0
-    try:
-        for pair in data.steps(cfg.epochs):
-            if step >= total:
-                break
-            ts = time.perf_counter()
-            rebalance = (None if cfg.balance is None else "first" if step == 0 else
-                         "again" if cfg.balance_every > 0 and step % cfg.balance_every == 0 else None)
-            loss, logs, lambdas, failure = _train_step(runner, data.load(pair, mine), opt, trainable,
-                                                       balance_params, cfg, lambdas, rebalance, world, device)
-            if failure:
-                _stop(model, cfg, step, failure, rank)
-            history["loss"].append(loss)
-            for k, v in logs.items():
-                history.setdefault(k, []).append(v)
-            if cfg.balance is not None:
-                for k in sorted({LAMBDA_OF_TERM[t] for t in logs if t != "ce"}):
-                    history.setdefault(k, []).append(lambdas[k])
-            history["step_seconds"].append(time.perf_counter() - ts)
-            step += 1
-            bar.update(1)
-    finally:
-        bar.close()
-        for p in model.parameters():
-            p.requires_grad_(False)
-    hardening = None
-    if cfg.harden != "none":
-        # Every rank computes the same map from the same full D_H set (seeded), so the ranks stay equal.
-        hardening = harden(model, h_train, cfg.harden, num_classes=num_classes_h,
-                           rng=np.random.default_rng([cfg.seed, 99]), scale=cfg.harden_scale,
-                           from_trunk=from_trunk).as_dict()
-    return DeepImmunizationResult(cfg.method, step, time.perf_counter() - t0, {**lambdas, "ridge": ridge},
-                                  history, asdict(cfg), hardening)
-
-
-# --- θ₀ for the demo and trunk caching -----------------------------------------------------------
-
-@torch.no_grad()
-def cache_trunk(model: ImmunizableModel, data: Dataset, *, batch_size: int = 256,
-                device: "torch.device | str" = "cpu") -> TensorDataset:
-    """Run the frozen trunk once over ``data`` (eval mode): ``TensorDataset(h, y)``.
-
-    Exact only because the trunk is frozen, in eval mode, and the inputs are deterministic
-    (no random augmentation); the immunization then trains the tail on these tensors.
-    """
-    if not model.trunk_is_frozen():
-        raise RuntimeError("cache_trunk needs a frozen trunk (call model.set_trainable() first)")
-    was = model.training
-    model.eval()
-    hs, ys = [], []
-    try:
-        for s in range(0, len(data), batch_size):
-            x, y = fetch(data, torch.arange(s, min(s + batch_size, len(data))))
-            hs.append(model.trunk(x.to(device)).cpu())
-            ys.append(y)
-    finally:
-        model.train(was)
-    return TensorDataset(torch.cat(hs), torch.cat(ys))
-
-
-def random_shift(x: torch.Tensor, max_shift: int, rng: np.random.Generator) -> torch.Tensor:
-    """Translate each image of ``x`` (N x C x H x W) by its own random offset in
-    ``[-max_shift, max_shift]²`` pixels, filling with the edge pixels (the background of a digit)."""
-    if max_shift <= 0:
-        return x
-    n, _, h, w = x.shape
-    padded = F.pad(x, (max_shift,) * 4, mode="replicate")
-    off = rng.integers(0, 2 * max_shift + 1, size=(n, 2))
-    return torch.stack([padded[i, :, a:a + h, b:b + w] for i, (a, b) in enumerate(off)])
-
-
-def train_classifier(model: nn.Module, data: Dataset, *, epochs: int, batch_size: int = 64,
-                     lr: float = 1e-3, weight_decay: float = 1e-4, label_smoothing: float = 0.1,
-                     seed: int = 0, device: "torch.device | str" = "cpu",
-                     progress: bool = False, max_shift: int = 0) -> list[float]:
-    """Plain supervised training of the whole model (makes θ₀ for the demo).
-
-    AdamW with a one-cycle schedule and the same label-smoothing CE that immunization uses
-    (a θ₀ trained without it is over-confident, and the smoothed loss then starts with large
-    gradients that wreck D_P accuracy in the first immunization steps). ``max_shift > 0``
-    augments every batch with random translations (:func:`random_shift`, seeded from ``seed``).
-    BatchNorm statistics are re-estimated for the final weights on the un-augmented data
-    (:func:`recalibrate_batchnorm`).
-    """
-    model.to(device).train()
-    for p in model.parameters():
-        p.requires_grad_(True)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    batches = ShardedBatches(len(data), batch_size, seed=seed)
-    shift_rng = np.random.default_rng([seed, 7])
-    total = epochs * len(batches)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total, pct_start=0.2)
-    losses = []
-    it = _bar(total, "θ₀ training", progress)
-    step = 0
-    for e in range(epochs):
-        for (idx,) in batches.epoch(e):
-            x, y = fetch(data, idx)
-            x = random_shift(x, max_shift, shift_rng)
-            loss = F.cross_entropy(model(x.to(device)), y.to(device), label_smoothing=label_smoothing)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"θ₀ training diverged (loss {float(loss)}) at step {step}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
-            step += 1
-            it.update(1)
-    it.close()
-    recalibrate_batchnorm(model, data, batch_size=batch_size, device=device)
-    model.eval()
-    return losses
-
-
-@torch.no_grad()
-def recalibrate_batchnorm(model: nn.Module, data: Dataset, *, batch_size: int = 64,
-                          device: "torch.device | str" = "cpu") -> int:
-    """Re-estimate BatchNorm running statistics for the FINAL weights (cumulative average).
-
-    The exponential running averages kept during training lag behind the weights; eval-mode
-    features (the ones RIR measures and immunization trains) are then off-distribution and the
-    eval-mode loss surface is needlessly sharp. One pass in train mode with ``momentum=None``
-    gives the exact average of per-batch statistics. Returns the number of BN layers reset.
-    """
-    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not bns:
-        return 0
-    saved = [(m, m.momentum) for m in bns]
-    for m in bns:
-        m.reset_running_stats()
-        m.momentum = None
-    was = model.training
-    model.train()
-    try:
-        for s in range(0, len(data) - batch_size + 1, batch_size):
-            x, _ = fetch(data, torch.arange(s, s + batch_size))
-            model(x.to(device))
-    finally:
-        for m, mom in saved:
-            m.momentum = mom
-        model.train(was)
-    return len(bns)
-
-
+    if checkpoint_dir and rank == 0:
+        with torch.no_grad():
+            _rescale(model, 1.0 / scale)
+        ckpt = save_model(model, os.path.join(checkpoint_dir, f"last_good_{method}.safetensors"),
+                          extra={"step": step, "reason": "non-finite loss"})
+        with torch.no_grad():
+            _rescale(model, scale)
+    balancing = reason.startswith("cannot balance")
+    param = "balance" if balancing else "lr"
+    advice = ("give fixed λ's (balance=None and lambda_p/lambda_h/...)" if balancing
+              else f"lower lr (now {opts.lr:g})" + ("" if opts.balance is not None else " or the fixed λ's"))
+    saved = f", saved to {ckpt}" if ckpt else ""
+    raise NonFiniteLossError(f"[{method}] non-finite loss or gradient at step {step} ({reason}); the model "
+                             f"keeps its state after step {step - 1}{saved}: {advice}", param, step, ckpt)

@@ -1,0 +1,113 @@
+"""The public deep API (docs/deep.md): :func:`immunize_model` and :func:`audit_model`, for any timm
+classifier and data given as an ``(X, y)`` tensor pair, a ``Dataset`` or a ``DataLoader``."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from torch.utils.data import Subset
+
+from pycore.deep.attacks import ADAM_LRS, feature_attacks, finetune_attack
+from pycore.deep.data import as_dataset, dataset_labels
+from pycore.deep.features import extract, prelogits_dataset
+from pycore.deep.models import ImmunizedNet, as_immunized
+from pycore.deep.train import DeepOptions, immunize, options
+from pycore.evaluate import immunized_def31
+from pycore.metrics import grouped_feature_rir
+from pycore.validation import ParameterError
+
+__all__ = ["DeepImmunization", "immunize_model", "audit_model", "AUDIT_OPTIONS"]
+
+
+@dataclass
+class DeepImmunization:
+    """:func:`immunize_model`'s result: ``model`` the immunized copy (it classifies D_P with its own head);
+    (i) ``harmful_ratio``, (ii) ``pretrain_ratio``, their quotient ``rir``: κ ratios of its features to the
+    given model's on ``dh`` / ``dp`` (20 groups of ≤ 100 rows, docs/theory.md §8); ``immunized``: Def. 3.1."""
+
+    model: ImmunizedNet
+    method: str
+    harmful_ratio: float
+    pretrain_ratio: float
+    rir: float
+    immunized: bool
+    steps: int
+    lambdas: dict
+    history: dict
+    options: DeepOptions
+    hardening: "dict | None"
+    wall_seconds: float
+    reason: str          # why training ended before its last step ("": it did not)
+
+
+def immunize_model(model, dp, dh, *, method: str = "ours", seed: int = 0, **opts) -> DeepImmunization:
+    """Immunize a copy of ``model`` (a timm classifier, or a module with timm's ``forward_features`` /
+    ``forward_head(pre_logits=True)`` / ``get_classifier()``) against the harmful task ``dh`` while it
+    keeps the pre-training task ``dp``; ``model`` itself is not changed. ``opts`` are the fields of
+    :class:`~pycore.deep.train.DeepOptions` (an unknown or bad one is a ParameterError naming it);
+    with the defaults only the immunization layer and the classifier are trained, on the frozen
+    backbone's features computed once. A non-finite loss raises
+    :class:`~pycore.deep.train.NonFiniteLossError` whose ``.parameter`` names the option to change."""
+    o = options(**opts)
+    p, h = as_dataset(dp, "dp"), as_dataset(dh, "dh")
+    out = as_immunized(model).eval()
+    dev = next(out.parameters()).device
+    cached = o.scope == "layer"
+    if cached:
+        p, h = prelogits_dataset(out, p), prelogits_dataset(out, h)
+    before = [extract(out, d, cached=cached) for d in (p, h)]
+    t0 = time.perf_counter()
+    res = immunize(out, p, h, method, o, seed=seed, num_classes_h=int(dataset_labels(h).max()) + 1,
+                   cached=cached, device=dev)
+    after = [extract(out, d, cached=cached) for d in (p, h)]
+    r = grouped_feature_rir(*after, *before, rng=np.random.default_rng(seed), groups=20, group_size=100)
+    i, ii = r["harmful_ratio"]["mean"], r["pretrain_ratio"]["mean"]
+    return DeepImmunization(out.eval(), method, i, ii, r["value"]["mean"], immunized_def31(i, ii), res.steps,
+                            res.lambdas, res.history, o, res.hardening, time.perf_counter() - t0, res.stopped)
+
+
+AUDIT_OPTIONS = {"epochs": (1, 5, 20), "adam_lrs": ADAM_LRS, "finetune": True, "finetune_lr": 1e-4,
+                 "test_fraction": 0.2}
+
+
+def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) -> dict:
+    """The attackers of docs/deep.md on the harmful task, against ``model`` and against ``reference``
+    (θ₀): a linear probe by full-batch GD with step 1/L (``gd``), Adam on scaled or standardised
+    features (``adam``), Adam on whitened features (``adam_whitened``) and fine-tuning of the last
+    stage, the layer and a new head (``finetune``). ``dh`` is the attacker's training data; its test
+    data is ``dh_test`` or, without one, a seeded ``test_fraction`` of ``dh``. Options
+    (:data:`AUDIT_OPTIONS`): ``epochs`` (when to score), ``adam_lrs``, ``finetune``, ``finetune_lr``.
+
+    Returns ``{"model": {attacker: {epoch: D_H test accuracy %}}, "reference": {...}}``."""
+    bad = [k for k in opts if k not in AUDIT_OPTIONS]
+    if bad:
+        raise ParameterError(bad[0], f"unknown option {bad[0]!r} of audit_model; options: "
+                                     f"{', '.join(AUDIT_OPTIONS)}")
+    o = {**AUDIT_OPTIONS, **opts}
+    epochs = sorted({o["epochs"]} if isinstance(o["epochs"], int) else set(o["epochs"]))
+    if not (epochs and all(isinstance(e, int) and 1 <= e <= 1000 for e in epochs)):
+        raise ParameterError("epochs", f"epochs must be integers in [1, 1000], got {o['epochs']!r}")
+    if not 0 < o["test_fraction"] < 1:
+        raise ParameterError("test_fraction", f"test_fraction must be in (0, 1), got {o['test_fraction']!r}")
+    train = as_dataset(dh, "dh")
+    if dh_test is None:
+        perm = np.random.default_rng([seed, 4]).permutation(len(train)).tolist()
+        k = max(1, int(round(o["test_fraction"] * len(train))))
+        train, test = Subset(train, sorted(perm[k:])), Subset(train, sorted(perm[:k]))
+    else:
+        test = as_dataset(dh_test, "dh_test")
+    yt, yv = dataset_labels(train), dataset_labels(test)
+    classes = int(max(yt.max(), yv.max())) + 1
+    out = {}
+    for name, m in (("model", model), ("reference", reference)):
+        net = as_immunized(m).eval()
+        curves = feature_attacks(extract(net, train), yt, extract(net, test), yv, epochs=epochs[-1],
+                                 adam_lrs=o["adam_lrs"], seed=seed, num_classes=classes)
+        if o["finetune"]:
+            curves["finetune"] = finetune_attack(net, train, test, num_classes=classes, epochs=epochs[-1],
+                                                 lr=o["finetune_lr"], seed=seed,
+                                                 eval_epochs=tuple(epochs)).test_accuracy
+        out[name] = {a: {e: float(c[e]) for e in epochs} for a, c in curves.items()
+                     if not a.endswith("_best")}
+    return out
