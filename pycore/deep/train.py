@@ -195,14 +195,6 @@ def _all_reduce(values: list[float], world: int, device, op: str = "sum") -> lis
     return t.tolist() if op == "max" else (t / world).tolist()
 
 
-def _is_op_error(exc: Exception) -> bool:
-    """The op's refusal of a batch (non-finite or degenerate features, a singular preconditioner):
-    pycore.ops.CondRegError where it exists (older ops raised RuntimeErrors with these prefixes)."""
-    if hasattr(ops, "CondRegError"):
-        return isinstance(exc, ops.CondRegError)
-    return isinstance(exc, RuntimeError) and str(exc).startswith(("cond_regularizer:", "ImmunizationHead"))
-
-
 def _rescale(model, c: float) -> None:
     """Classifier weight × c, layer bias ÷ c: on inputs X/c the model gives the logits it gave on X."""
     model.classifier.weight.mul_(c)
@@ -358,8 +350,8 @@ def _step(runner, batches, opt, trainable, balance_params, opts, lambdas, rebala
             bad = not all(bool(torch.isfinite(p.grad).all()) for p in trainable if p.grad is not None)
     except FloatingPointError as exc:  # nothing to balance against: every rank sees the same norms
         return float("nan"), {}, lambdas, str(exc)
-    except Exception as exc:  # noqa: BLE001
-        if world > 1 or not _is_op_error(exc):
+    except ops.CondRegError as exc:   # the op refused the batch (non-finite, degenerate, singular)
+        if world > 1:
             raise
         return float("nan"), {}, lambdas, str(exc).strip().splitlines()[0]
     bad = _all_reduce([float(bad)], world, device, "max")[0] > 0
