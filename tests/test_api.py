@@ -37,18 +37,21 @@ def pair(seed, N=60, D=6, scale=1.0):
 
 def test_readme_library_section_runs_as_written():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"## The library\n\n```python\n(.*?)```", text, re.S)
-    assert block, "README.md has no python block under '## The library'"
-    source, scope = block.group(1), {}
-    for node in ast.parse(source).body:       # statement by statement: a failure names its line
-        try:
-            exec(compile(ast.Module([node], []), "README.md", "exec"), scope)
-        except Exception as exc:              # noqa: BLE001 (re-raised with the line)
-            raise AssertionError(f"README line {source.splitlines()[node.lineno - 1]!r}: {exc!r}") from exc
-    for name in ("res", "row"):
-        assert name in scope
+    section = text.split("## The library\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2, "README.md's library section lost a python block"
+    scope = {}
+    for source in blocks:
+        for node in ast.parse(source).body:       # statement by statement: a failure names its line
+            try:
+                exec(compile(ast.Module([node], []), "README.md", "exec"), scope)
+            except Exception as exc:              # noqa: BLE001 (re-raised with the line)
+                raise AssertionError(f"README line {source.splitlines()[node.lineno - 1]!r}: {exc!r}") from exc
     assert isinstance(scope["res"].immunized, bool) and np.isfinite(scope["res"].rir)
     assert np.isfinite(scope["row"]["rir"]) and scope["row"]["dp_loss_after"] >= 0
+    assert scope["attack"].worst.slowdown > 0
+    assert np.isfinite([scope["out"].harmful_ratio, scope["out"].pretrain_ratio]).all()
+    assert 0 <= scope["acc"]["model"]["adam"][1] <= 100
 
 
 def test_public_names():
