@@ -20,6 +20,7 @@ from pycore.report import METHOD_LABELS, environment, fmt
 
 OUTPUTS = ("table.md", "frontier.png", "results.json")
 BASELINES = tuple(m for m in METHODS if m not in ("identity", "closed_form"))
+PRESET = {"paper": "house_price", "strict": "strict"}   # each protocol's preset
 TARGET = (10.0, 0.1)
 MAX_GRID = 20          # values of --lambda-h-grid and --lr-grid
 MAX_EXPONENTS = 100    # closed-form exponents
@@ -76,10 +77,6 @@ def prepare(args) -> None:
     common.check_out(args.out, OUTPUTS)
 
 
-def preset(protocol: str) -> str:
-    return "strict" if protocol == "strict" else "house_price"
-
-
 def grid_options(optimizer, lambda_h, lr, epochs, gd_lambda_p) -> dict:
     """One Algorithm-1 grid point on top of its protocol's preset; λ_P = ``gd_lambda_p`` under plain GD."""
     kw = dict(optimizer=optimizer, lambda_h=float(lambda_h), lr=float(lr), epochs=int(epochs))
@@ -94,11 +91,11 @@ def _run_job(job):
     protocol, method, kw, seed, tag = job
     train, held = _STATE["tasks"][protocol]
     out = {"protocol": protocol, "method": method, "seed": seed, "tag": tag,
-           "config": {k: {**PRESETS[preset(protocol)], **kw}[k] for k in (
+           "config": {k: {**PRESETS[PRESET[protocol]], **kw}[k] for k in (
                "optimizer", "lambda_h", "lambda_p", "lr", "epochs", "batch_size", "precond")}}
     t0 = time.perf_counter()
     try:
-        res = immunize(train, method, rng=np.random.default_rng(seed), preset=preset(protocol), **kw)
+        res = immunize(train, method, rng=np.random.default_rng(seed), preset=PRESET[protocol], **kw)
     except (ValueError, FloatingPointError) as exc:     # a diverging grid point is a result, not a crash
         out.update(error=f"{type(exc).__name__}: {exc}", wall_seconds=time.perf_counter() - t0)
         return out

@@ -41,14 +41,12 @@ _STATE: dict = {}  # data shared with forked workers (never pickled per job)
 def build_parser() -> common.Parser:
     p = common.Parser("mnist.py", __doc__)
     p.add_argument("--pairs", type=common.flag_type("pairs", "all, or P-H,P-H,...", parse_pairs),
-                   default="all",
-                   help="ordered digit pairs: 'all' (90) or a list like 0-1,3-8 (P-H)")
+                   default="all", help="ordered digit pairs: 'all' (90) or a list like 0-1,3-8 (P-H)")
     common.add_run_flags(p, "3", "results/mnist")
     p.add_argument("--methods", type=common.comma_list(choices=METHODS), default=",".join(METHODS),
                    help="methods to run")
     p.add_argument("--mnist-dir", type=common.existing("folder"),
-                   help="folder with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] "
-                        "(full MNIST)")
+                   help="full MNIST: a folder with train-{images-idx3,labels-idx1}-ubyte[.gz]")
     p.add_argument("--n-train", type=common.count(1, 5000), default=100, help="training images per digit")
     p.add_argument("--n-heldout", type=common.count(1, 5000), default=100, help="held-out images per digit")
     p.add_argument("--split-seed", type=common.count(0, 2**32 - 1), default=0,
