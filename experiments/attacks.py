@@ -110,7 +110,7 @@ def _digest(theta: np.ndarray) -> str:
 
 def _immunize_job(job):
     """One (method, seed): θ as immunized and, if asked, hardened, with the numbers hardening must
-    keep (RIR, (i), (ii) on both row sets, the best D_P loss: docs/attacks.md §2)."""
+    keep (RIR, (i), (ii) on both row sets, the best D_P loss: docs/findings.md §5)."""
     from pycore.losses import best_probe_loss
     from pycore.metrics import rir
 
@@ -185,10 +185,9 @@ def run(args) -> dict:
 
 
 def evaluate(splits, methods, hardened, seeds, immunizer, grid, loss, cap, eps, args, label, t_start):
-    """Immunize ``splits['train']`` with every (method, seed), hardened too for ``hardened`` and
-    identity, then run the whole grid on D_H and D_P of every split for every distinct θ (a
-    deterministic method's θ is attacked once): the runs, the analysis, the best-so-far curves
-    and the θ archive entries (``_thetas``)."""
+    """Immunize ``splits['train']`` with every (method, seed) (also hardened for ``hardened`` and
+    identity), run the grid on D_H and D_P of every split for every distinct θ: the runs, the
+    analysis, the best-so-far curves and the θ archive entries (``_thetas``)."""
     harden = immunizer.harden
     jobs = [(m, s, harden != "none" and (m in hardened or m == "identity")) for s in seeds for m in methods]
     _STATE.update(splits=splits, immunize=immunizer, loss=loss, ridge_rel=args.logistic_ridge, grid=grid,

@@ -85,8 +85,7 @@ def real(lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_
 
 
 def comma_list(item=str, *, choices=None, max_items: int = MAX_ITEMS):
-    """Distinct comma-separated items (at most ``max_items``), each parsed by ``item`` and, with
-    ``choices``, one of them."""
+    """Distinct comma-separated items (at most ``max_items``), each parsed by ``item``, in ``choices``."""
     inner = getattr(item, "bound", None)
     bound = ("from " + ",".join(choices) if choices is not None
              else f"at most {max_items} items" + (f", each {inner}" if inner else ""))
@@ -191,10 +190,8 @@ def add_house_price_data(parser, data_help="Kaggle House Prices train.csv (defau
 def pyplot():
     """matplotlib.pyplot on the Agg backend (figures go to files only)."""
     import matplotlib
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     return plt
 
 
@@ -283,11 +280,10 @@ def add_immunize_options(parser, preset: str | None) -> None:
 
     add_options(parser, dict.fromkeys(_options_class(m, True) for m in METHODS),
                 title="immunization options (pycore.immunize; given ones beat the preset)",
-                rules=OPTION_RULES, choices=OPTION_CHOICES,
-                shown=PRESETS[preset] if preset else {})
+                rules=OPTION_RULES, choices=OPTION_CHOICES, shown=PRESETS[preset] if preset else {})
     parser.add_argument("--certified", action="store_true", help="ours in certified-monotone mode")
     parser.add_argument("--harden", choices=HARDENINGS, default="none",
-                        help="θ → θQ after the method (pycore.harden.harden_result, docs/attacks.md)")
+                        help="θ → θQ after the method (pycore.harden.harden_result, docs/findings.md §5)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -401,8 +397,7 @@ def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
 # --- outputs ---------------------------------------------------------------------------------------
 
 def check_out(out, names=()) -> Path:
-    """Before any compute: ``out`` is (or can be made) a writable folder holding no folder named as
-    one of the output ``names``; else a :class:`UsageError` naming ``--out``."""
+    """Before any compute: ``out`` is (or can be made) a writable folder with no folder in ``names``."""
     out = Path(out).expanduser()
     first = next(p for p in (out, *out.parents) if os.path.lexists(p))   # out, or where it will be made
     if not first.is_dir() or not os.access(first, os.W_OK | os.X_OK):
