@@ -1,15 +1,10 @@
 """The linear jobs at reduced size, each method's time as a RATIO to the job's arithmetic floor
-measured in the same run: a regression shows as a larger ratio on any machine, whatever its speed.
+measured in the same run (:func:`floor_step`): a regression shows as a larger ratio on any machine.
 
     python bench/bench_jobs.py [--repeat 5]                      # the ratio table
     python -m pytest bench/bench_jobs.py --benchmark-only -s     # the same through pytest-benchmark
 
-A step's floor is the bare arithmetic every step of the job must do, with the same LAPACK/BLAS
-calls and nothing else: House Prices (both protocols; D = 79 or 75, 200 rows per task) the two
-feature products ``Xθ``, the two Hessians ``ZᵀZ`` and their eigenvalues (``dsytrd`` + ``dsterf``);
-MNIST (pair 0→1, D = 784, 100 rows per task) the two feature products, the two 100×100 Gram
-eigensolves and one 784×100×784 product.  Ours, Opt κ, R_ill only and IMMA run a few epochs (seed 0,
-the job's preset); one BLAS thread (bench/conftest.py).
+Ours, Opt κ, R_ill only and IMMA run a few epochs (seed 0, the job's preset), one BLAS thread.
 """
 from __future__ import annotations
 
@@ -56,7 +51,10 @@ JOBS = {"house_price": lambda: house_price("paper"), "house_price_strict": lambd
 
 
 def floor_step(task):
-    """One step of the job's bare arithmetic (see the module docstring)."""
+    """One step of the bare arithmetic every step of the job must do, with the same LAPACK/BLAS calls:
+    House Prices (D ≤ 79, 200 rows) the feature products ``Xθ``, the Hessians ``ZᵀZ`` and their
+    eigenvalues (``dsytrd`` + ``dsterf``); MNIST (D = 784, 100 rows) the feature products, the two
+    N×N Gram eigensolves and one 784×100×784 product."""
     X_P, X_H, theta = task.X_P, task.X_H, np.eye(task.D)
     if X_P.shape[0] >= task.D:      # D×D Hessians, eigenvalues by dsytrd + dsterf
         def step():

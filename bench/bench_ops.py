@@ -3,11 +3,9 @@
     python bench/bench_ops.py [--repeat 40]                   # the table: every ratio from one run
     python -m pytest bench/bench_ops.py --benchmark-only --benchmark-group-by=param:case
 
-Per (N, D, dtype, R): ``fused`` is the whole call through ``torch.autograd.grad``; ``raw op`` the
-C++ op alone (value and dR/dZ, no autograd layer); ``reference`` the plain-PyTorch definition
-(autograd through ``eigvalsh`` of ZᵀZ); the floor is what the op cannot skip, its two GEMMs in Z's
-dtype (``ZZᵀ`` or ``ZᵀZ``, then the product with Z) plus ``eigvalsh`` of the float64 n×n matrix
-(n = min(N, D)) that the rank and κ need.  The timings of a row run interleaved (docs/design.md §6).
+Per (N, D, dtype, R): ``fused`` is the call through ``torch.autograd.grad``, ``raw op`` the C++ op
+alone, ``reference`` autograd through ``eigvalsh`` of ZᵀZ; the floor is what the op cannot skip: its
+two GEMMs in Z's dtype plus ``eigvalsh`` of the float64 min(N, D)² Gram (docs/design.md §6).
 """
 from __future__ import annotations
 
@@ -44,8 +42,7 @@ def calls(N, D, dtype, kind):
 
 
 def interleaved_best(fns: dict, repeat: int) -> dict:
-    """Best-of-``repeat`` seconds of each callable, run in rotation so that load from other processes
-    on a shared machine hits all of them alike (the ratios of a row come from one run)."""
+    """Best-of-``repeat`` seconds of each callable, run in rotation so that load hits all alike."""
     for f in fns.values():
         f()
     best = dict.fromkeys(fns, float("inf"))

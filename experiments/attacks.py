@@ -1,20 +1,15 @@
 #!/usr/bin/env python
-"""Worst-case attack evaluation of linear immunization (docs/attacks.md): who is slowed, by how much,
-and what the condition number alone could have forced.
+"""Worst-case attack evaluation of linear immunization (docs/findings.md §4): who is slowed, by how
+much, and what the condition number alone could have forced.
 
-For identity and each immunizer of ``--methods`` (and, for ``--hardened-methods``, the same θ
-hardened by an orthogonal rotation, :mod:`pycore.harden`), every attacker family of
-:func:`pycore.worst_case.attacker_grid` probes the features ``Z = Xθ`` of D_H and D_P on the
-training and the held-out rows and counts its steps to each relative suboptimality ε;
-:func:`pycore.worst_case.analyse` names each family's best configuration, the defender's worst case
-and what κ alone can force, also against the rotated identity for a hardened θ.
+Every attacker family of :func:`pycore.worst_case.attacker_grid` probes ``Z = Xθ`` of D_H and D_P
+(training and held-out rows) for identity and each of ``--methods`` (``--hardened-methods`` also
+hardened, :mod:`pycore.harden`) and counts its steps to each ε; :func:`pycore.worst_case.analyse`
+names each family's best configuration, the defender's worst case and what κ alone can force.
 
     python experiments/attacks.py                         # strict, 5 seeds, closed form and Algorithm 1
     python experiments/attacks.py --quick --seeds 1      # CI smoke test (small grid)
     python experiments/attacks.py --mnist-pairs 0-1,7-2  # also MNIST (logistic probing)
-
-Writes ``table.md``, ``best_so_far.png``, ``thetas.npz`` (every attacked θ with the inputs it acts
-on) and ``results.json`` (every configuration's steps and the analysis).
 """
 from __future__ import annotations
 
@@ -40,7 +35,7 @@ _STATE: dict = {}   # data shared with forked workers (never pickled per job)
 
 def build_parser() -> common.Parser:
     p = common.Parser("attacks.py", __doc__.split("\n\n")[0])
-    common.add_seeds(p, "5", "immunization seeds")
+    common.add_run_flags(p, "5", "results/attacks", "immunization seeds")
     p.add_argument("--protocol", choices=("paper", "strict"), default="strict",
                    help="House Prices protocol (docs/theory.md §10): the preset 'strict' or 'house_price'")
     methods = common.comma_list(choices=METHODS)
@@ -58,14 +53,8 @@ def build_parser() -> common.Parser:
     p.add_argument("--quick", action="store_true", help="a few configurations per family (smoke tests)")
     p.add_argument("--orders", type=common.count(1, W.MAX_ORDERS), default=200,
                    help="random orders of the configurations for the best-so-far curves")
-    p.add_argument("--data", type=common.existing("file"),
-                   help="Kaggle House Prices train.csv (default: the packaged copy)")
-    p.add_argument("--on-outlier", choices=("warn", "error"), default="warn",
-                   help="a cell > 1e6 × its column's median magnitude: warn or refuse the file")
-    p.add_argument("--n-train", type=common.count(2, 1_000_000), default=200, help="training rows per split")
-    common.add_out(p, "results/attacks")
+    common.add_house_price_data(p)
     p.add_argument("--no-plot", action="store_true", help="skip best_so_far.png")
-    common.add_jobs(p)
     mn = p.add_argument_group("MNIST (logistic probing)")
     mn.add_argument("--mnist-pairs", type=common.flag_type("pairs", "P-H,P-H,...", parse_pairs),
                     help="also attack these ordered digit pairs")
@@ -105,13 +94,6 @@ def prepare(args, parser) -> None:
     common.check_out(args.out, OUTPUTS)
 
 
-def parse_args(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    prepare(args, parser)
-    return args
-
-
 def variant_name(method: str, harden: str = "none") -> str:
     return method if harden == "none" else f"{method}+{harden}"
 
@@ -128,7 +110,7 @@ def _digest(theta: np.ndarray) -> str:
 
 def _immunize_job(job):
     """One (method, seed): θ as immunized and, if asked, hardened, with the numbers hardening must
-    keep (RIR, (i), (ii) on both row sets, the best D_P loss: docs/attacks.md §2)."""
+    keep (RIR, (i), (ii) on both row sets, the best D_P loss: docs/findings.md §5)."""
     from pycore.losses import best_probe_loss
     from pycore.metrics import rir
 
@@ -203,10 +185,9 @@ def run(args) -> dict:
 
 
 def evaluate(splits, methods, hardened, seeds, immunizer, grid, loss, cap, eps, args, label, t_start):
-    """Immunize ``splits['train']`` with every (method, seed), hardened too for ``hardened`` and
-    identity, then run the whole grid on D_H and D_P of every split for every distinct θ (a
-    deterministic method's θ is attacked once): the runs, the analysis, the best-so-far curves
-    and the θ archive entries (``_thetas``)."""
+    """Immunize ``splits['train']`` with every (method, seed) (also hardened for ``hardened`` and
+    identity), run the grid on D_H and D_P of every split for every distinct θ: the runs, the
+    analysis, the best-so-far curves and the θ archive entries (``_thetas``)."""
     harden = immunizer.harden
     jobs = [(m, s, harden != "none" and (m in hardened or m == "identity")) for s in seeds for m in methods]
     _STATE.update(splits=splits, immunize=immunizer, loss=loss, ridge_rel=args.logistic_ridge, grid=grid,
@@ -433,10 +414,7 @@ def plot_best_so_far(res: dict, path) -> None:
     """One panel per attacked θ (columns) and row set (rows): the median best-so-far slow-down over
     orders and seeds with its 10–90 % band for every family, and the median of the first-order
     families alone; the legend above the panels."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     C, sofar = res["best_so_far"]["curves"], res["best_so_far"]
     variants = [v for v in res["variants"] if v != "identity" and any(k.startswith(v + "|") for k in C)]
     fig, axes = plt.subplots(2, len(variants), figsize=(3.4 * len(variants) + 1, 6.4), squeeze=False,

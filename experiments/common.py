@@ -1,8 +1,5 @@
-"""What every experiment command line shares (docs/cli.md), in plain argparse and concurrent.futures:
-bounded flag types, ``--seeds``/``--out``/``--jobs``, flags from options dataclasses (and the linear
-methods' :func:`immunizer`), :func:`pool_map`, :func:`write_outputs` (a temporary name in ``--out``,
-then ``os.replace``; it deletes nothing) and :func:`main` (exit 0, 2 usage, 1 data or runtime, 130
-SIGINT, 143 SIGTERM; one stderr line naming the flag)."""
+"""What every experiment command line shares (docs/cli.md), in plain argparse: bounded flag types,
+flags from options dataclasses, :func:`pool_map`, :func:`write_outputs` and :func:`main`."""
 from __future__ import annotations
 
 import argparse
@@ -26,7 +23,6 @@ from pathlib import Path
 from pycore.validation import ParameterError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
-EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
 MAX_SEEDS = 10_000    # a typo such as --seeds 10000000 must fail at once, not run for weeks
 MAX_JOBS = 1024       # then capped at the usable cores
 MAX_ITEMS = 1000      # items of a comma list
@@ -89,8 +85,7 @@ def real(lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_
 
 
 def comma_list(item=str, *, choices=None, max_items: int = MAX_ITEMS):
-    """Distinct comma-separated items (at most ``max_items``), each parsed by ``item`` and, with
-    ``choices``, one of them."""
+    """Distinct comma-separated items (at most ``max_items``), each parsed by ``item``, in ``choices``."""
     inner = getattr(item, "bound", None)
     bound = ("from " + ",".join(choices) if choices is not None
              else f"at most {max_items} items" + (f", each {inner}" if inner else ""))
@@ -173,17 +168,35 @@ def add_seeds(parser, default: str, what: str = "seeds") -> None:
 
 def add_out(parser, default: str) -> None:
     parser.add_argument("--out", type=Path, default=Path(default),
-                        help="output folder: this run's files replace those of the same name, nothing "
-                             "else is touched")
+                        help="output folder (only this run's files, by name, are replaced)")
+
+
+def add_run_flags(parser, seeds: str, out: str, what: str = "seeds") -> None:
+    """``--seeds``, ``--out`` and ``--jobs`` of the linear commands."""
+    add_seeds(parser, seeds, what)
+    add_out(parser, out)
+    parser.add_argument("--jobs", type=count(1, MAX_JOBS), default=min(2, usable_cores()),
+                        help="worker processes (never more than the tasks or the usable cores)")
+
+
+def add_house_price_data(parser, data_help="Kaggle House Prices train.csv (default: the packaged copy)"):
+    """``--data``, ``--on-outlier`` and ``--n-train`` of the House Prices commands."""
+    parser.add_argument("--data", type=existing("file"), help=data_help)
+    parser.add_argument("--on-outlier", choices=("warn", "error"), default="warn",
+                        help="a cell > 1e6 × its column's median magnitude: warn or refuse the file")
+    parser.add_argument("--n-train", type=count(2, 1_000_000), default=200, help="training rows per split")
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (figures go to files only)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def add_jobs(parser) -> None:
-    parser.add_argument("--jobs", type=count(1, MAX_JOBS), default=min(2, usable_cores()),
-                        help="worker processes (never more than the tasks or the usable cores)")
 
 
 # --- flags from options dataclasses ------------------------------------------------------------------
@@ -214,11 +227,9 @@ def _converter(hint, rule: dict):
 
 
 def add_options(parser, classes, *, title: str, rules=None, choices=None, help=None, shown=None) -> None:
-    """One flag per scalar field of the dataclasses ``classes`` (``lambda_h`` → ``--lambda-h``; a
-    field in several classes gets one flag), defaulting to None ("not given") so the library's
-    defaults or preset stay the one source of values.  ``rules`` (field → check_number's bounds)
-    and ``choices`` (field → words) are shown by ``--help`` with ``shown``'s value as the default;
-    the library checks every value again when it builds the options, before any compute."""
+    """One flag per scalar field of the dataclasses ``classes`` (``lambda_h`` → ``--lambda-h``), absent
+    from ``args`` unless typed, so the library's defaults or preset stay the one source of values;
+    ``rules`` (check_number's bounds), ``choices`` and ``shown`` (the default) are for ``--help``."""
     rules, choices, help, shown = rules or {}, choices or {}, help or {}, shown or {}
     group, done = parser.add_argument_group(title), set()
     for cls in classes:
@@ -227,7 +238,8 @@ def add_options(parser, classes, *, title: str, rules=None, choices=None, help=N
             conv = _converter(hints[f.name], rules.get(f.name, {}))
             if f.name in done or not (hints[f.name] is bool or f.name in choices or conv):
                 continue
-            kw = dict(dest=f.name, default=None, help=help.get(f.name) or f"{cls.__name__}.{f.name}")
+            kw = dict(dest=f.name, default=argparse.SUPPRESS,
+                      help=help.get(f.name) or f"{cls.__name__}.{f.name}")
             if hints[f.name] is bool:
                 kw["action"] = argparse.BooleanOptionalAction
             elif f.name in choices:
@@ -239,9 +251,9 @@ def add_options(parser, classes, *, title: str, rules=None, choices=None, help=N
 
 
 def given_options(args, classes) -> dict:
-    """``{field: value}`` of the generated flags the user typed."""
+    """``{field: value}`` of the generated flags the user typed (``none`` too: a value, not a gap)."""
     names = {f.name for cls in classes for f in dataclasses.fields(cls)}
-    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return {k: v for k, v in vars(args).items() if k in names}
 
 
 # --- the linear methods (pycore.immunize) -------------------------------------------------------------
@@ -261,24 +273,23 @@ def _options(cls, preset, given):
 
 
 def add_immunize_options(parser, preset: str | None) -> None:
-    """One flag per option of every linear method (:func:`pycore.immunize.options_of`; ``--help``
-    shows ``preset``'s values), ``--certified`` and ``--harden``: :func:`immunizer` reads them."""
+    """A flag per option of every linear method (``--help`` shows ``preset``'s values), ``--certified``
+    and ``--harden``."""
     from pycore.harden import HARDENINGS
     from pycore.immunize import METHODS, OPTION_CHOICES, OPTION_RULES, PRESETS
 
     add_options(parser, dict.fromkeys(_options_class(m, True) for m in METHODS),
                 title="immunization options (pycore.immunize; given ones beat the preset)",
-                rules=OPTION_RULES, choices=OPTION_CHOICES,
-                shown=PRESETS[preset] if preset else {})
+                rules=OPTION_RULES, choices=OPTION_CHOICES, shown=PRESETS[preset] if preset else {})
     parser.add_argument("--certified", action="store_true", help="ours in certified-monotone mode")
     parser.add_argument("--harden", choices=HARDENINGS, default="none",
-                        help="θ → θQ after the method (pycore.harden.harden_result, docs/attacks.md)")
+                        help="θ → θQ after the method (pycore.harden.harden_result, docs/findings.md §5)")
 
 
 @dataclasses.dataclass(frozen=True)
 class Immunizer:
-    """``immunize`` with a preset and each method's typed options (``immunize_certified`` for
-    "ours" when certified), then ``harden_result`` with the same generator."""
+    """``immunize`` (``immunize_certified`` for certified "ours") with a preset and each method's
+    typed options, then ``harden_result`` with the same generator."""
 
     preset: str | None
     options: dict            # method → {option: value typed on the command line}
@@ -320,9 +331,8 @@ def immunize_lines(result: dict, invariants: str) -> list[str]:
 
 
 def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
-    """The :class:`Immunizer` of the typed flags, every method's options built (so checked by the
-    library) before any compute: a bad value is a ParameterError naming its option, a typed option
-    that none of ``methods`` has a :class:`UsageError` naming its flag."""
+    """The :class:`Immunizer` of the typed flags, every method's options built (so checked) before any
+    compute; a typed option that none of ``methods`` has is a :class:`UsageError` naming its flag."""
     from pycore.immunize import METHODS
 
     if args.certified and "ours" not in methods:
@@ -362,9 +372,8 @@ def _task(fn, item):
 
 
 def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
-    """``[fn(x) for x in items]`` over at most ``jobs`` forked workers (no more than the items or the
-    usable cores; none for one), ``fn`` module-level.  On any exception, Ctrl-C or SIGTERM every
-    worker is killed first; a worker's exception arrives as itself (with ``.parameter``)."""
+    """``[fn(x) for x in items]`` over at most ``jobs`` forked workers (none for one task); on any
+    exception, Ctrl-C or SIGTERM every worker is killed first; a worker's exception arrives as itself."""
     from pycore.report import progress
 
     items, task = list(items), functools.partial(_task, fn)
@@ -388,8 +397,7 @@ def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
 # --- outputs ---------------------------------------------------------------------------------------
 
 def check_out(out, names=()) -> Path:
-    """Before any compute: ``out`` is a writable folder or can be made one, and none of the output
-    ``names`` in it is a folder.  Raises :class:`UsageError` naming ``--out``."""
+    """Before any compute: ``out`` is (or can be made) a writable folder with no folder in ``names``."""
     out = Path(out).expanduser()
     first = next(p for p in (out, *out.parents) if os.path.lexists(p))   # out, or where it will be made
     if not first.is_dir() or not os.access(first, os.W_OK | os.X_OK):
@@ -412,10 +420,8 @@ def write_run(out, table: str, result: dict, files: dict) -> None:
 
 def write_outputs(out, files) -> list[Path]:
     """Write ``files`` (name → str, bytes, or a function writing the file at the path it is given)
-    into the folder ``out`` in order, each under a temporary name in ``out`` then ``os.replace``d
-    over ``out/name``: a reader never sees half a file, and nothing is deleted, neither the user's
-    files nor another run's, whatever their names (the one file ever removed is this call's own
-    temporary file when writing it failed).  Returns the paths written."""
+    into ``out`` in order, each under a temporary name then ``os.replace``d over ``out/name``: a
+    reader never sees half a file, and nothing is deleted but this call's own failed temporary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -459,9 +465,8 @@ def describe(exc: BaseException, parser: Parser) -> str:
 
 
 def main(parser: Parser, body, argv=None) -> int:
-    """Parse ``argv`` and return ``body(args)`` (None: 0) under the error policy of docs/cli.md.
-    SIGINT is never touched (an inherited SIG_IGN, as under ``cmd &``, stays); SIGTERM raises
-    :class:`Terminated` while ``body`` runs, unless it was inherited ignored."""
+    """``body(parser.parse_args(argv))`` (None: 0) under the exit-code policy of docs/cli.md. SIGINT
+    is never touched (an inherited SIG_IGN stays); SIGTERM raises :class:`Terminated` unless ignored."""
     argv = sys.argv[1:] if argv is None else list(argv)
     term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     if term is signal.SIG_DFL:

@@ -1,11 +1,10 @@
 #!/usr/bin/env python
-"""The (i)/(ii) frontier of House Prices immunization (docs/attacks.md §3): log (i) against log (ii).
+"""The (i)/(ii) frontier of House Prices immunization (docs/findings.md §6): log (i) against log (ii).
 
-Per protocol and row set: the closed form over its exponent a (the frontier: its RIR is the ceiling
-for every a ≥ 0), Algorithm 1 over a λ_H × η grid per optimizer (with its training-row path) and
-the baselines at their preset.  The grid point closest to (i) ≥ 10, (ii) ≤ 0.1 on the strict
-protocol (:func:`pycore.frontier.target_progress`) is re-run on ``--confirm-seeds``.  Writes
-``table.md``, ``frontier.png`` and ``results.json``; ``--quick`` is the CI smoke test.
+Per protocol and row set: the closed form over its exponent a (its RIR is the ceiling for every
+a ≥ 0), Algorithm 1 over a λ_H × η grid per optimizer (with its training-row path) and the
+baselines at their preset; the grid point closest to (i) ≥ 10, (ii) ≤ 0.1 on the strict protocol
+(:func:`pycore.frontier.target_progress`) is re-run on ``--confirm-seeds``.
 """
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ from pycore.report import METHOD_LABELS, environment, fmt
 
 OUTPUTS = ("table.md", "frontier.png", "results.json")
 BASELINES = tuple(m for m in METHODS if m not in ("identity", "closed_form"))
+PRESET = {"paper": "house_price", "strict": "strict"}   # each protocol's preset
 TARGET = (10.0, 0.1)
 MAX_GRID = 20          # values of --lambda-h-grid and --lr-grid
 MAX_EXPONENTS = 100    # closed-form exponents
@@ -32,7 +32,8 @@ def build_parser() -> common.Parser:
     p = common.Parser("frontier.py", __doc__.split("\n\n")[0])
     p.add_argument("--protocols", type=common.comma_list(choices=("paper", "strict")), default="paper,strict",
                    help="protocols to place")
-    common.add_seeds(p, "1", "seeds of the grid and the baselines (the first selects the Algorithm-1 point)")
+    common.add_run_flags(p, "1", "results/frontier",
+                         "seeds of the grid and the baselines (the first selects the Algorithm-1 point)")
     p.add_argument("--confirm-seeds", type=common.seeds, default="5", metavar="N|A,B,C|A-B",
                    help="seeds the selected Algorithm-1 configuration is re-run on")
     p.add_argument("--optimizers", type=common.comma_list(choices=("adam", "gd")), default="adam,gd",
@@ -54,14 +55,8 @@ def build_parser() -> common.Parser:
     p.add_argument("--quick", action="store_true",
                    help="smoke test: one grid point per optimizer, 3 grid epochs, 5 exponents, no baselines, "
                         "one confirmation seed")
-    p.add_argument("--data", type=common.existing("file"),
-                   help="Kaggle House Prices train.csv (default: the packaged copy)")
-    p.add_argument("--on-outlier", choices=("warn", "error"), default="warn",
-                   help="a cell > 1e6 × its column's median magnitude: warn or refuse the file")
-    p.add_argument("--n-train", type=common.count(2, 1_000_000), default=200, help="training rows per split")
-    common.add_out(p, "results/frontier")
+    common.add_house_price_data(p)
     p.add_argument("--no-plot", action="store_true", help="skip frontier.png")
-    common.add_jobs(p)
     return p
 
 
@@ -82,10 +77,6 @@ def prepare(args) -> None:
     common.check_out(args.out, OUTPUTS)
 
 
-def preset(protocol: str) -> str:
-    return "strict" if protocol == "strict" else "house_price"
-
-
 def grid_options(optimizer, lambda_h, lr, epochs, gd_lambda_p) -> dict:
     """One Algorithm-1 grid point on top of its protocol's preset; λ_P = ``gd_lambda_p`` under plain GD."""
     kw = dict(optimizer=optimizer, lambda_h=float(lambda_h), lr=float(lr), epochs=int(epochs))
@@ -100,11 +91,11 @@ def _run_job(job):
     protocol, method, kw, seed, tag = job
     train, held = _STATE["tasks"][protocol]
     out = {"protocol": protocol, "method": method, "seed": seed, "tag": tag,
-           "config": {k: {**PRESETS[preset(protocol)], **kw}[k] for k in (
+           "config": {k: {**PRESETS[PRESET[protocol]], **kw}[k] for k in (
                "optimizer", "lambda_h", "lambda_p", "lr", "epochs", "batch_size", "precond")}}
     t0 = time.perf_counter()
     try:
-        res = immunize(train, method, rng=np.random.default_rng(seed), preset=preset(protocol), **kw)
+        res = immunize(train, method, rng=np.random.default_rng(seed), preset=PRESET[protocol], **kw)
     except (ValueError, FloatingPointError) as exc:     # a diverging grid point is a result, not a crash
         out.update(error=f"{type(exc).__name__}: {exc}", wall_seconds=time.perf_counter() - t0)
         return out
@@ -268,10 +259,7 @@ def table_markdown(res: dict) -> str:
 
 def plot_frontier(res: dict, path) -> None:
     """One row per protocol, training and held-out rows side by side; one legend, right of the panels."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     prots = res["protocols"]
     fig, axes = plt.subplots(len(prots), 2, figsize=(14, 5.2 * len(prots)), squeeze=False)
     markers = {"r_ill_only": "v", "imma": "s", "opt_kappa": "D", "opt_kappa_balanced": "P", "ours": "*"}

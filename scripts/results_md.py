@@ -4,12 +4,10 @@
     python scripts/results_md.py            # after running the commands it lists (from the root)
     python scripts/results_md.py --check    # exit 1 if docs/results.md differs from what it would write
 
-Per experiment: a heading, one line on what it is, the exact command, and every table of its
-``table.md`` verbatim (a table after the first keeps the paragraph just before it, its caption; the
-file's legend and footer do not come along).  Tables of the experiments marked ``check`` follow a
-``readme-check`` marker: tests/test_readme_numbers.py re-runs their command and compares every cell.
-An experiment whose ``table.md`` is missing keeps its section from the current docs/results.md (or
-says that it was not run yet).
+Per experiment: a heading, what it is, the exact command and every table of its ``table.md``
+verbatim, each after the first with its caption (tables of a ``check`` experiment follow a
+``readme-check`` marker: tests/test_readme_numbers.py re-runs the command). A missing ``table.md``
+keeps the current section (or says that it was not run yet).
 """
 from __future__ import annotations
 

@@ -87,14 +87,14 @@ def test_presets_and_typed_options_reach_the_library(data, own_csv):
     """The paper's data runs the paper's presets (its tables must not move), a table of one's own the
     library defaults; typed options beat either, method by method."""
     parse = house_price.parse_args
-    assert parse(["--protocol", "strict"]).immunizer.preset == "strict"
-    assert parse(["--paper-hparams"]).immunizer.preset == "paper"
+    assert [parse(argv).immunizer.preset for argv in ([], ["--protocol", "strict"], ["--paper-hparams"])] == [
+        "house_price", "strict", "paper"]
     assert parse(["--data", str(own_csv), "--target-p", "y", "--split", "group=b"]).immunizer.preset is None
     run = parse(["--protocol", "strict", "--methods", "imma,closed_form", "--lr", "0.1", "--exponent", "0.3"])
     assert run.immunizer.options == {"imma": {"lr": 0.1}, "closed_form": {"exponent": 0.3}}
-    run = parse(["--methods", "ours", "--init", "random", "--epochs", "0"]).immunizer
-    assert run.preset == "house_price" and run.options == {"ours": {"init": "random", "epochs": 0}}
-    a, b, c = (run(data.train, "ours", np.random.default_rng(s)).theta for s in (3, 3, 4))
+    run = parse(["--methods", "ours", "--init", "random", "--epochs", "0", "--batch-size", "none"])
+    assert run.immunizer.options == {"ours": {"init": "random", "epochs": 0, "batch_size": None}}  # a value
+    a, b, c = (run.immunizer(data.train, "ours", np.random.default_rng(s)).theta for s in (3, 3, 4))
     assert np.array_equal(a, b) and not np.allclose(a, c)
     assert np.abs(a).max() <= 1 / np.sqrt(data.train.D)   # nn.Linear's U(±1/√D), untouched at 0 epochs
 
