@@ -19,9 +19,9 @@ import scipy.special
 
 from pycore.optim import damped_newton
 from pycore.probe import ProbingProblem, exact_line_search_steps, make_problem
-from pycore.spectral import rank_tolerance
+from pycore.spectral import numerical_rank
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number
+from pycore.validation import ParameterError, as_float_matrix, check_betas, check_choice, check_number
 
 __all__ = ["ProbingProblem", "AttackTrajectory", "make_problem", "ATTACKERS", "MOMENTUM_KINDS",
            "ADAPTIVE_KINDS", "run_attackers", "attack", "jacobi_scaling", "whitening_preconditioner"]
@@ -193,10 +193,7 @@ def _checked(problem: ProbingProblem, c) -> dict:
         if key in c:
             check_choice(c[key], key, choices)
     if "betas" in c:
-        b = c["betas"]
-        if not (isinstance(b, (tuple, list)) and len(b) == 2):
-            raise ParameterError("betas", f"betas must be a pair (β₁, β₂), got {b!r}")
-        c["betas"] = tuple(check_number(x, "betas", low=0.0, high=1.0, high_open=True) for x in b)
+        c["betas"] = check_betas(c["betas"])
     return c
 
 
@@ -443,7 +440,7 @@ def whitening_preconditioner(Z_est, ridge_rel: float = 1e-8) -> np.ndarray:
     lam, U = np.linalg.eigh(0.5 * (S + S.T))
     top = max(float(lam[-1]), np.finfo(float).tiny)
     sv = np.linalg.svd(Z_est, compute_uv=False)
-    rank = int(np.sum(sv > rank_tolerance(sv[0], Z_est.shape))) if sv[0] > 0 else 0
+    rank = numerical_rank(sv, Z_est.shape)
     floor = float(lam[lam.size - rank]) if rank else top
     lam = np.where(np.arange(lam.size) < lam.size - rank, floor, lam)     # eigh sorts ascending
     return (U / (lam + ridge_rel * top)) @ U.T

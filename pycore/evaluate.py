@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from pycore.losses import best_probe_loss
-from pycore.metrics import RIR, Ceiling, rir_ceiling
+from pycore.metrics import RIR, Ceiling, rir_ceiling, row_space_basis
 from pycore.probe import gd_exact_line_search
-from pycore.spectral import EPS, gram_spectrum, rank_tolerance
+from pycore.spectral import EPS, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
 from pycore.validation import ParameterError, check_theta
@@ -51,10 +51,7 @@ class EvaluationReference:
             raise ParameterError("heldout", f"the held-out task has {heldout.D} input columns but the "
                                             f"training task {train.D}: θ acts on one input space")
         self.train, self.heldout = train, heldout
-        X_P = train.X_P
-        _, s, Vt = np.linalg.svd(X_P, full_matrices=False)
-        r = int(np.count_nonzero(s > rank_tolerance(s[0], X_P.shape)))
-        self.V = Vt[:r].T
+        self.V = row_space_basis(train.X_P)
         self.rows = {("train", "P"): _Rows(train.X_P, self.V), ("train", "H"): _Rows(train.X_H, self.V)}
         self._dp_loss_before: dict = {}
         if heldout is not None:

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import scipy.fft
 
-from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number
+from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number, check_rng
 
 HARDENINGS = ("none", "haar", "equalize")
 
@@ -43,9 +43,7 @@ def haar_rotation(D: int, rng: np.random.Generator) -> np.ndarray:
     """A Haar-distributed orthogonal D×D matrix from ``rng``: ``QR = G`` Gaussian, Q's columns times
     ``sign(diag R)`` (without it LAPACK's sign convention biases the law; Mezzadri 2007)."""
     check_number(D, "D", low=1, integer=True)
-    if not isinstance(rng, np.random.Generator):
-        raise ParameterError("rng", f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    Q, R = np.linalg.qr(rng.standard_normal((D, D)))
+    Q, R = np.linalg.qr(check_rng(rng).standard_normal((D, D)))
     s = np.sign(np.diag(R))
     s[s == 0] = 1.0
     return Q * s

@@ -22,7 +22,7 @@ from pycore.precondition import PRECONDITIONERS
 from pycore.spectral import SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, check_choice, check_number
+from pycore.validation import ParameterError, check_betas, check_choice, check_number, check_rng
 
 # Bounds of the counts (a typo such as epochs=10**23 fails at once instead of running until
 # killed): 100× the paper's largest epoch count (Table 4: 1000), ~300× IMMA's 3 unrolled steps.
@@ -58,10 +58,7 @@ class Options:
             elif f.name == "exponent" and value != "auto":
                 check_number(value, "exponent")
             elif f.name == "betas":
-                if not (isinstance(value, (tuple, list)) and len(value) == 2):
-                    raise ParameterError("betas", f"betas must be a pair (β₁, β₂), got {value!r}")
-                for b in value:
-                    check_number(b, "betas", low=0.0, high=1.0, high_open=True)
+                check_betas(value)
         if getattr(self, "precond", None) == "ridge" and not self.ridge > 0:
             raise ParameterError("ridge", f"precond 'ridge' needs ridge > 0, got {self.ridge!r}")
 
@@ -249,8 +246,7 @@ def immunize_certified(task: LinearTask, *, rng: np.random.Generator, preset: st
 def _run(task, method, opts, rng):
     if not isinstance(task, LinearTask):
         raise ParameterError("task", f"task must be a pycore.LinearTask, got {type(task).__name__}")
-    if not isinstance(rng, np.random.Generator):
-        raise ParameterError("rng", f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    check_rng(rng)
     t0 = time.perf_counter()
     if method == "closed_form":
         ceiling = rir_ceiling(task.X_P, task.X_H)

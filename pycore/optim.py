@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import scipy.linalg
 
-from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
+from pycore.validation import DivergenceError, check_betas, check_choice, check_number
 
 OPTIMIZERS = ("adam", "gd")
 
@@ -51,10 +51,7 @@ class Adam:
     def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, *,
                  name: str = "x"):
         self.lr = check_number(lr, "lr", low=0.0, low_open=True)
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-            raise ParameterError("betas", f"betas must be a pair (β₁, β₂), got {betas!r}")
-        self.b1 = check_number(betas[0], "betas", low=0.0, high=1.0, high_open=True)
-        self.b2 = check_number(betas[1], "betas", low=0.0, high=1.0, high_open=True)
+        self.b1, self.b2 = check_betas(betas)
         self.eps = check_number(eps, "adam_eps", low=0.0, low_open=True)
         self.m = self.v = None
         self.t, self.name = 0, name

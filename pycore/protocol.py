@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pycore.metrics import right_singular_vectors
-from pycore.spectral import rank_tolerance
+from pycore.spectral import numerical_rank
 from pycore.tasks import LinearTask
 from pycore.validation import ParameterError, check_choice
 
@@ -54,7 +54,7 @@ def constant_columns(X: np.ndarray) -> np.ndarray:
 def _range_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Orthonormal bases of the row space of X and of its complement (rank rule of docs/theory.md §2)."""
     s, Vt = right_singular_vectors(X)
-    r = int(np.count_nonzero(s > rank_tolerance(s[0], X.shape))) if s.size and s[0] > 0 else 0
+    r = numerical_rank(s, X.shape)
     return Vt[:r].T, Vt[r:].T
 
 

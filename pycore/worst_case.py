@@ -18,7 +18,7 @@ from pycore import attacks as A
 from pycore.probe import LOSSES
 from pycore.spectral import gram_spectrum
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number
+from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number, check_rng
 
 __all__ = ["AttackerConfig", "FAMILIES", "FIRST_ORDER", "attacker_grid", "GridRun", "run_grid", "family_best",
            "slowdown", "worst_case", "kappa_reference", "kappa_bounds", "best_so_far", "within", "analyse",
@@ -372,8 +372,7 @@ def attack_evaluation(theta, task, *, rng: np.random.Generator, rows=None, eps: 
     ``rng`` draws the rows each "half" whitening estimates Σ̂ on, the same rows for θ and for I
     (both grids start from rng's state). ``quick``: the small grid (seconds on House Prices).
     """
-    if not isinstance(rng, np.random.Generator):
-        raise ParameterError("rng", f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    check_rng(rng)
     theta = as_float_matrix(theta, "theta")
     X, Y = task.X_H, task.Y_H
     if theta.shape[0] != X.shape[1]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from pycore.tasks import LinearTask
 from pycore.validation import (OUTLIER_FACTOR, OutlierWarning, ParameterError, check_choice, check_dense_size,
-                               check_number, check_regular_file, outliers)
+                               check_number, check_regular_file, check_rng, outliers)
 
 # θ is D×D: at 10,000 inputs it is 800 MB and one eigensolve takes minutes; the paper's table has 79.
 MAX_COLUMNS = 10_000
@@ -217,8 +217,7 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
     target_h = target_p if target_h is None else target_h
     check_number(n_train, "n_train", low=2, integer=True)
     check_choice(on_outlier, "on_outlier", ON_OUTLIER)
-    if rng is not None and not isinstance(rng, np.random.Generator):
-        raise ParameterError("rng", f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}")
+    check_rng(rng, none_ok=True)
     if (split is None) == (harmful_path is None):
         raise ParameterError("split", "give exactly one of split='COLUMN=VALUE' and harmful_path")
     if split is not None and (not isinstance(split, str) or "=" not in split or split.startswith("=")):
