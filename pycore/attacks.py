@@ -1,11 +1,8 @@
-"""Attackers: linear probing of frozen features ``Z = Xθ`` by the optimisers a real attacker uses
-(docs/theory.md §10, docs/attacks.md §1): GD pays ~κ, momentum and Krylov methods ~√κ, a solve nothing.
-
-Every attacker probes a :class:`pycore.probe.ProbingProblem` (:func:`make_problem`, re-exported here).
-One engine, :func:`run_attackers`: the families with constant hyper-parameters run as the columns of
-one block per family, the others one by one, every run through one recorder of ``(L(w_t) − L*)/(L(w₀)
-− L*)`` from ``w₀ = 0`` until ``tol``, divergence or ``max_steps`` (a step is one iteration of the
-method); :func:`attack` is a one-configuration call.
+"""Attackers: linear probing of frozen features ``Z = Xθ`` (a :class:`pycore.probe.ProbingProblem`) by
+the optimisers a real attacker uses (docs/theory.md §10, docs/findings.md §4): GD pays ~κ, momentum and
+Krylov methods ~√κ, a solve nothing.  One engine, :func:`run_attackers`: the constant-hyper-parameter
+families run as the columns of one block, the others one by one, all through one recorder of
+``(L(w_t) − L*)/(L(w₀) − L*)`` from ``w₀ = 0``; :func:`attack` is a one-configuration call.
 """
 from __future__ import annotations
 
@@ -40,12 +37,10 @@ _DIVERGED = 1e12                   # a run whose suboptimality grew by this fact
 _GOES_ON = np.ones(1, dtype=bool)
 
 
-# trajectories and the one recorder
 @dataclass
 class AttackTrajectory:
-    """One configuration's run: ``rel_subopt[t] = (L(w_t) − L*)/(L(w₀) − L*)`` for every step t taken,
-    the cap, the wall time, the hyper-parameters (``params``), ``info`` (with ``diverged``) and
-    the last iterate ``w_final``."""
+    """One configuration's run: ``rel_subopt[t]`` for every step t taken, the cap, the wall time, the
+    hyper-parameters, ``info`` (with ``diverged``) and the last iterate ``w_final``."""
 
     attacker: str
     rel_subopt: np.ndarray
@@ -66,8 +61,8 @@ class AttackTrajectory:
 
 
 class _Recorder:
-    """The relative suboptimality of m columns (m = 1: one attacker) each step until each reaches
-    ``tol``, diverges (non-finite or ×1e12) or hits the cap, in chunks (no loop over columns)."""
+    """The relative suboptimality of m columns each step until each reaches ``tol``, diverges
+    (non-finite or ×1e12) or hits the cap, in chunks (no loop over columns)."""
 
     _CHUNK = 4096
 
@@ -124,25 +119,20 @@ class _Recorder:
                 for j, (n, p, i, e) in enumerate(zip(names, params, infos, ends))]
 
 
-def _start(problem: ProbingProblem, tol: float, m: int = 1):
-    """``(w₀ = 0, ∇L(w₀), recorder of m columns)``."""
+def _start(problem: ProbingProblem, tol: float, m: int = 1):   # (w₀ = 0, ∇L(w₀), recorder)
     w0 = np.zeros(problem.dim)
     _, g, gap = problem.evaluate(w0)
     return w0, g, _Recorder(m, gap, tol)
 
 
-# the engine
 @bounded_blas
 def run_attackers(problem: ProbingProblem, configs, *, max_steps: int = 20000, tol: float = 1e-6, rng=None,
                   second_order_max_steps: int = 100) -> list[AttackTrajectory]:
-    """Every configuration of ``configs`` on ``problem``: one :class:`AttackTrajectory` each, in order.
-
-    ``configs``: dicts with ``attacker`` (a key of :data:`ATTACKERS`) and its keys (defaults in
-    :data:`ATTACKERS`): ``step_factor`` c ∈ (0, 2) (GD step c/L) or ``step="2/(L+mu)"``; ``mu_factor``
-    (tuned to μ̂ = mu_factor·μ); ``lr_factor`` (required) and ``betas``; ``memory``; ``rows`` ∈
-    :data:`WHITEN_ROWS` and ``ridge_rel`` (whitening). All are checked before any run. ``rng`` draws
-    each "half" whitening's rows (default ``default_rng(0)``); Newton's cap is ``second_order_max_steps``.
-    """
+    """One :class:`AttackTrajectory` per configuration of ``configs``, in order: dicts with
+    ``attacker`` (a key of :data:`ATTACKERS`) and its keys (defaults there): ``step_factor`` c ∈ (0, 2)
+    (GD step c/L) or ``step="2/(L+mu)"``; ``mu_factor`` (tuned to μ̂ = mu_factor·μ); ``lr_factor``
+    (required) and ``betas``; ``memory``; ``rows`` and ``ridge_rel`` (whitening), all checked before any
+    run.  ``rng`` draws each "half" whitening's rows (default ``default_rng(0)``)."""
     if not isinstance(problem, ProbingProblem):
         raise TypeError(f"problem must be a ProbingProblem (see make_problem), got {type(problem).__name__}")
     configs = [_checked(problem, c) for c in configs]
@@ -177,7 +167,7 @@ _RANGES = {"step_factor": {"low": 0.0, "high": 2.0, "low_open": True, "high_open
 
 
 def _checked(problem: ProbingProblem, c) -> dict:
-    """Configuration ``c`` with its defaults, every key and value checked (ParameterError naming it)."""
+    """Configuration ``c`` with its defaults, every key and value checked."""
     name = c.get("attacker") if isinstance(c, dict) else None
     if name not in ATTACKERS:
         raise ParameterError("attacker", f"unknown attacker {name!r}; choose from {tuple(ATTACKERS)}")
@@ -197,7 +187,6 @@ def _checked(problem: ProbingProblem, c) -> dict:
     return c
 
 
-# block families: the configurations as the columns of one D × m block (one product a step)
 def _momentum_coefficients(problem: ProbingProblem, cfg: dict) -> tuple[float, float, bool]:
     """``(α, β, convex schedule)`` of ``w⁺ = w − α∇L(v) + β(w − w⁻)``, ``v = w + γ(w − w⁻)`` (γ = β for
     Nesterov): GD α = c/L (Eq. (2)) or 2/(L+μ); heavy ball Polyak's tuning, rate (√κ−1)/(√κ+1);
@@ -217,8 +206,7 @@ def _momentum_coefficients(problem: ProbingProblem, cfg: dict) -> tuple[float, f
 
 
 def _block_ops(problem: ProbingProblem):
-    """``(grad(W), gap(W))`` on a block (lsq: from the working form, the gap of
-    :meth:`ProbingProblem.evaluate`)."""
+    """``(grad(W), gap(W))`` on a D × m block (lsq: the working form and gap of ``evaluate``)."""
     if problem.loss != "lsq":
         return (lambda W: problem.evaluate(W)[1]), (lambda W: problem.evaluate(W)[2])
     Zw, yw = problem.work
@@ -286,12 +274,10 @@ def _sweep_adaptive(problem, configs, max_steps, tol, eps: float = 1e-8) -> list
     return rec.result([c["attacker"] for c in configs], max_steps, params, infos, W)
 
 
-# attackers with no block twin, through the same recorder
 def _run_single(problem: ProbingProblem, c: dict, max_steps: int, tol: float, rng):
-    """GD with exact line search (Figure 1: :func:`pycore.probe.exact_line_search_steps`), CG (CGLS;
-    logistic: SciPy's Polak–Ribière), L-BFGS (SciPy, its own stopping tests off), Jacobi-PCG (CG in
-    u = S⁻¹w, S = :func:`jacobi_scaling`), whitening (exact descent along −P∇L, P =
-    :func:`whitening_preconditioner`: affine invariant, docs/attacks.md §1.3), the closed form (one
+    """The attackers with no block twin: GD with exact line search (Figure 1), CG (CGLS; logistic:
+    SciPy's Polak–Ribière), L-BFGS (SciPy, its stopping tests off), Jacobi-PCG (CG in u = S⁻¹w),
+    whitening (exact descent along −P∇L: affine invariant, docs/findings.md §4), the closed form (one
     ``lstsq``, ONE step) and damped Newton (logistic; for lsq the closed form)."""
     name = c["attacker"]
     if name == "pcg_jacobi" and problem.loss == "lsq":      # CGLS on ZS: the same objective (ZSu = Zw)
@@ -336,8 +322,7 @@ def _at(problem: ProbingProblem, w):
 
 
 def _cgls(problem: ProbingProblem, w, g):
-    """CGLS (Björck 1996 §7.4): CG on ``ZᵀZw = Zᵀy`` through Z and Zᵀ, residual by recurrence; from
-    w₀ = 0 the minimum-norm solution, in at most (distinct nonzero eigenvalues) steps exactly."""
+    """CGLS (Björck 1996 §7.4): CG on ``ZᵀZw = Zᵀy`` through Z and Zᵀ, residual by recurrence."""
     Z, yw = problem.work
     r, s = yw - Z @ w, -g                       # residual of Zw ≈ y, and Zᵀr
     p, gamma = s.copy(), float(s @ s)
@@ -357,8 +342,7 @@ def _cgls(problem: ProbingProblem, w, g):
 
 
 def _exact_descent(problem: ProbingProblem, w, g, P):
-    """``w ← w − αd``, ``d = Pg`` (P None: g), ``α = argmin_α L(w − αd)``: ``gᵀd/‖Zd‖²`` (lsq) or
-    :func:`_logistic_exact_step`."""
+    """``w ← w − αd``, ``d = Pg`` (P None: g), ``α = argmin_α L(w − αd)``."""
     Zw = problem.work[0]
     while True:
         d = g if P is None else P @ g
@@ -423,7 +407,7 @@ def _scipy(problem: ProbingProblem, w, rec: _Recorder, max_steps: int, method: s
 
 def jacobi_scaling(Z, *, curvature: float = 1.0, ridge: float = 0.0) -> np.ndarray:
     """``diag(c·ZᵀZ + λI)^{-½}`` (1 where zero): the Jacobi preconditioner an attacker reads off their
-    features (logistic: the Hessian at w = 0, c = ¼, plus the ridge, lest a never-inked pixel explode)."""
+    features (logistic: the Hessian at w = 0, c = ¼, plus the ridge)."""
     d = curvature * np.sum(np.asarray(Z, dtype=np.float64) ** 2, axis=0) + ridge
     out = np.ones_like(d)
     out[d > 0] = 1.0 / np.sqrt(d[d > 0])
@@ -431,9 +415,8 @@ def jacobi_scaling(Z, *, curvature: float = 1.0, ridge: float = 0.0) -> np.ndarr
 
 
 def whitening_preconditioner(Z_est, ridge_rel: float = 1e-8) -> np.ndarray:
-    """``(Σ̂₊ + δI)⁻¹`` from ``eigh`` of ``Σ̂ = Z_estᵀZ_est/n``, ``δ = ridge_rel·λ_max(Σ̂)``; Σ̂₊ raises
-    the numerically zero eigenvalues (rank rule of docs/theory.md §2 on Z_est) to the smallest
-    nonzero one, so round-off in directions the rows never vary in is not amplified by 1/δ."""
+    """``(Σ̂₊ + δI)⁻¹``, ``Σ̂ = Z_estᵀZ_est/n``, ``δ = ridge_rel·λ_max(Σ̂)``; Σ̂₊ raises the numerically
+    zero eigenvalues to the smallest nonzero one, lest round-off there be amplified by 1/δ."""
     Z_est = as_float_matrix(Z_est, "Z_est")
     check_number(ridge_rel, "ridge_rel", low=0.0, low_open=True)
     S = Z_est.T @ Z_est / Z_est.shape[0]

@@ -1,11 +1,6 @@
-"""Immunize a linear feature extractor θ ∈ R^{D×D}: one entry point, per-method options (scipy style).
-
-    res = immunize(task, "imma", rng=np.random.default_rng(0), preset="strict", inner_steps=5)
-
-Methods: :data:`METHODS` (docs/theory.md §6, §7, §10), options: :func:`options_of`, named settings:
-:data:`PRESETS`.  :func:`immunize_certified` is Algorithm 1 in certified-monotone mode; hardening
-is :func:`pycore.harden.harden_result`, applied to a result by the caller.
-"""
+"""Immunize a linear feature extractor θ ∈ R^{D×D}: one entry point, per-method options (scipy style),
+``immunize(task, "imma", rng=rng, preset="strict", inner_steps=5)`` (docs/design.md §3).  Methods:
+:data:`METHODS` (docs/theory.md §6, §7, §10), options: :func:`options_of`, settings: :data:`PRESETS`."""
 from __future__ import annotations
 
 import time
@@ -24,8 +19,8 @@ from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
 from pycore.validation import ParameterError, check_betas, check_choice, check_number, check_rng
 
-# Bounds of the counts (a typo such as epochs=10**23 fails at once instead of running until
-# killed): 100× the paper's largest epoch count (Table 4: 1000), ~300× IMMA's 3 unrolled steps.
+# Bounds of the counts (epochs=10**23 fails at once instead of running until killed): 100× the
+# paper's largest epoch count (Table 4: 1000), ~300× IMMA's 3 unrolled steps.
 MAX_EPOCHS = 100_000
 MAX_INNER_STEPS = 1_000
 MAX_BATCH = 10**6
@@ -92,9 +87,8 @@ class _AdamOptions(_LoopOptions):
 
 @dataclass(frozen=True)
 class OursOptions(_AdamOptions):
-    """Algorithm 1 (docs/theory.md §6).  Default: ``lambda_p = lambda_h = "auto"``, the λ's measured
-    on the task at every step and a stopping rule, ``epochs`` full-batch steps at most
-    (:func:`pycore.methods.algorithm1_auto`); numbers give the paper's fixed-λ loop (``PRESETS``)."""
+    """Algorithm 1 (docs/theory.md §6): both λ's "auto" (default) is the adaptive
+    :func:`pycore.methods.algorithm1_auto`; numbers give the paper's fixed-λ loop (``PRESETS``)."""
 
     lambda_p: float | str = "auto"     # λ_P, weight of R_well(H_P); the paper's: 100
     lambda_h: float | str = "auto"     # λ_H, weight of R_ill(H_H); paper 1e7 leaves R_ill inert under Adam
@@ -169,10 +163,8 @@ _OPTIONS = {"identity": IdentityOptions, "r_ill_only": RIllOnlyOptions, "imma": 
             "closed_form": ClosedFormOptions}
 METHODS = tuple(_OPTIONS)
 
-# Named settings, each option applied to every method that has it (keywords override them):
-# the paper-protocol table (docs/results.md §1); Table 4 verbatim; Table 4 with its 1000 epochs for
-# --protocol strict (the closed form at its balanced exponent); MNIST with λ_H from the paper's
-# rule of balancing the two preconditioned gradient norms (docs/results.md §2); Table 4's MNIST.
+# Named settings (docs/design.md §3), each option applied to every method that has it: MNIST's λ_H
+# from the paper's rule of balancing the two preconditioned gradient norms (docs/results.md §2).
 _HOUSE_PRICE = dict(epochs=100, lr=0.02, batch_size=64, init="identity", optimizer="adam", betas=(0.9, 0.999),
                     adam_eps=1e-8, lambda_p=100.0, lambda_h=1e10, precond="pinv", ridge=0.0, safety=0.9,
                     inner_steps=3, inner_lr=0.5, lambda_kappa=1.0, log=False, exponent=0.0)
@@ -185,13 +177,11 @@ PRESETS = MappingProxyType({name: MappingProxyType(p) for name, p in {
 
 
 def options_of(method: str) -> type[Options]:
-    """The options dataclass of ``method`` (one of :data:`METHODS`)."""
     return _OPTIONS[check_choice(method, "method", METHODS)]
 
 
 def resolve_options(method: str, preset: str | None = None, **options) -> Options:
-    """``method``'s options: the preset's values it has, then ``options``; an option the method
-    does not have raises :class:`ParameterError` naming it, the method and the valid options."""
+    """``method``'s options: the preset's values it has, then ``options`` (one it lacks is refused)."""
     return _resolve(options_of(method), method, preset, options)
 
 
@@ -230,16 +220,14 @@ def immunize(task: LinearTask, method: str = "ours", *, rng: np.random.Generator
              **options) -> ImmunizationResult:
     """Immunize ``task`` with ``method``; ``options`` are the fields of :func:`options_of` (method)
     on top of ``PRESETS[preset]``.  ``rng`` drives θ's random init and the mini-batch order."""
-    opts = resolve_options(method, preset, **options)
-    return _run(task, method, opts, rng)
+    return _run(task, method, resolve_options(method, preset, **options), rng)
 
 
 @bounded_blas
 def immunize_certified(task: LinearTask, *, rng: np.random.Generator, preset: str | None = None,
                        **options) -> ImmunizationResult:
-    """Algorithm 1 in certified-monotone mode (docs/theory.md §10): each regularizer step is
-    clipped to ``safety`` × its docs/theory.md §5 bound and κ is checked after it;
-    ``diagnostics["certified"]`` counts the checks, clips and violations."""
+    """Algorithm 1 with each regularizer step clipped to ``safety`` × its docs/theory.md §5 bound and κ
+    checked after it; ``diagnostics["certified"]`` counts the checks, clips and violations."""
     return _run(task, "ours", _resolve(CertifiedOptions, "ours (certified)", preset, options), rng)
 
 
@@ -267,15 +255,14 @@ def _run(task, method, opts, rng):
         why += f" but the features have no condition number ({exc})"
     ok = immunized_def31(hr, pr)
     why += (f"; Definition 3.1 {'holds' if ok else 'does not hold'} on the given rows: "
-            f"(i) = {hr:.4g}, (ii) = {pr:.4g}")
-    why += "."
+            f"(i) = {hr:.4g}, (ii) = {pr:.4g}.")
     return ImmunizationResult(method, theta, omega, opts, hr, pr, value, ok, why, hist, diag,
                               time.perf_counter() - t0)
 
 
 def _ratios(task, theta, diag) -> tuple[float, float]:
-    """(i), (ii) of θ on the task's rows (docs/theory.md §8): the κ's at θ = I cached on the task, those at
-    θ from the run when it measured them at its end (``diag["kappa_end"]``, an SVD of the features)."""
+    """(i), (ii) of θ (docs/theory.md §8): κ's at θ = I cached on the task, at θ from the run's own
+    end-of-run SVDs (``diag["kappa_end"]``) when it has them."""
     def kappas(th):
         Xs = (task.X_P, task.X_H) if th is None else (task.X_P @ th, task.X_H @ th)
         return tuple(gram_spectrum(X, vectors=False).kappa for X in Xs)
@@ -286,8 +273,7 @@ def _ratios(task, theta, diag) -> tuple[float, float]:
 
 def auto_exponent(task: LinearTask, ceiling=None) -> tuple[float, str]:
     """The closed form's default exponent and why: the balanced one of the Definition 3.1 window
-    (:func:`pycore.metrics.def31_exponent_window`, (i) = 1/(ii) = √ceiling) clamped into it, or 0
-    (H_P = I) when the window is empty, saying why Definition 3.1 is out of the closed form's reach."""
+    ((i) = 1/(ii) = √ceiling) clamped into it, or 0 (H_P = I) when Definition 3.1 is out of reach."""
     ceiling = ceiling if ceiling is not None else rir_ceiling(task.X_P, task.X_H)
     if not ceiling.kappa_C > 1 + 1e-8:   # 1e-8: far above κ(C)'s round-off at 1 (~p·eps)
         return 0.0, (f"exponent 0: Definition 3.1 is not attainable by the closed form, κ(C) = "

@@ -1,10 +1,8 @@
 """The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize.immunize`: each
-takes a task, the method's resolved options (numbers only) and the generator and returns
-``(θ, ω, history, diagnostics)``."""
+takes a task, the method's resolved options and the generator; returns ``(θ, ω, history, diagnostics)``."""
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import expit
 
 from pycore import losses
 from pycore.metrics import rir_ceiling
@@ -39,23 +37,16 @@ def _batches(n, batch_size, rng):
 
 def _loss_grads(task, X, Y, theta, omega, bias, grad_theta=True):
     if task.loss == "mse":
-        loss, g_w, g_t = losses.mse(X, theta, omega, Y, grad_theta=grad_theta)
-        return loss, g_w, g_t, None
+        return (*losses.mse(X, theta, omega, Y, grad_theta=grad_theta), None)
     return losses.bce(X, theta, omega, Y, bias, grad_theta=grad_theta)
 
 
 def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
     """:func:`_loss_grads` on all of D_P with ``Z = Xθ`` formed (the regularizers need it): ``ZᵀR``
     from Z, ∇_θL = ``(XᵀR)ωᵀ`` through the head (equal to round-off)."""
-    if task.loss == "mse":
-        E = Z @ omega - Y
-        n = E.size
-        R = (2.0 / n) * E
-        return float(np.sum(E * E) / n), Z.T @ R, (X.T @ R) @ omega.T, None
-    logits = Z @ omega + bias
-    loss = float(np.mean(np.logaddexp(0.0, logits) - Y * logits))
-    R = (expit(logits) - Y) / Y.size
-    return loss, Z.T @ R, (X.T @ R) @ omega.T, R.sum(axis=0)
+    mse = task.loss == "mse"
+    loss, R = losses.residual(task.loss, Z @ omega if mse else Z @ omega + bias, Y)
+    return loss, Z.T @ R, (X.T @ R) @ omega.T, None if mse else R.sum(axis=0)
 
 
 def _x_norm(task):   # max_i ‖x_i‖₁ over both tasks: |Xθ| ≤ it × max|θ| (optim.check_scale)
@@ -63,8 +54,7 @@ def _x_norm(task):   # max_i ‖x_i‖₁ over both tasks: |Xθ| ≤ it × max|�
 
 
 def _kappa_grad_parts(reg, log: bool):
-    """(a, v₁, b, v_k) with ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ: (1/σ_k, κ/σ_k), or (1/σ₁, 1/σ_k) for ∂log κ/∂H
-    (docs/theory.md §7)."""
+    """(a, v₁, b, v_k), ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ, or ∂log κ/∂H (docs/theory.md §7)."""
     info = reg.info
     v1, vk = reg.vector(0), reg.vector(info.rank - 1)
     if log:
@@ -93,10 +83,9 @@ def opt_kappa_objective(theta, X_P, X_H, *, weights=(1.0, 1.0), log: bool = Fals
 
 
 def algorithm1(task, method, o, rng):
-    """Algorithm 1 (``"ours"``; certified when ``o`` has ``safety``) and Opt κ, one loop; ω and θ step
+    """Algorithm 1 with fixed λ's (certified when ``o`` has ``safety``) and Opt κ, one loop; ω and θ step
     from gradients at the same point.  Opt κ puts ``λ_κ(w_Pκ(H_P) − w_Hκ(H_H))`` in place of the
-    regularizers (D_P loss kept, no preconditioning; docs/theory.md §7), the balanced variant with
-    w_H = ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial θ."""
+    regularizers (docs/theory.md §7), balanced: w_H = ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial θ."""
     D = task.D
     opt_kappa = method.startswith("opt_kappa")
     certified = getattr(o, "safety", None) is not None
@@ -123,8 +112,7 @@ def algorithm1(task, method, o, rng):
             w_H = 1.0 / ratio
         diag["kappa_weights"] = [w_P, w_H]
 
-    def record(epoch, loss, kP=None, kH=None):
-        # In-loop κ's come from the step's own spectra (free); the end points are exact (SVD).
+    def record(epoch, loss, kP=None, kH=None):   # in-loop κ's from the step's spectra, ends by SVD
         hist["epoch"].append(epoch)
         hist["loss_P"].append(loss)
         hist["kappa_P"].append(kP if kP is not None else gram_spectrum(XP @ theta, vectors=False).kappa)
@@ -181,8 +169,8 @@ def algorithm1(task, method, o, rng):
 
 
 def _certified_steps(theta, task, o, lam_p, pre_P, pre_H, cert):
-    """Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5), κ checked after it
-    (R_well must lower κ(H_P), R_ill raise κ(H_H)); a bound of 0 (a tie) skips the step."""
+    """Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5) and κ checked after
+    it; a bound of 0 (a tie) skips the step."""
     cert["checked"] += 1
     for tag, X, lam, pre in (("P", task.X_P, lam_p, pre_P), ("H", task.X_H, o.lambda_h, pre_H)):
         if tag == "P" and not lam:
@@ -215,9 +203,8 @@ def rir_change_tolerance(kappas_before: tuple[float, float], kappas_after: tuple
 
 
 def r_ill_only(task, method, o, rng):
-    """R_ill only (docs/theory.md §7): ``θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ))`` by plain GD, no D_P loss or
-    head, ``epochs × ⌈N_P/batch_size⌉`` steps; the RIR cannot fall below the step bound (θ → θM),
-    and every step's falls beyond :func:`rir_change_tolerance` are counted."""
+    """R_ill only (docs/theory.md §7): ``θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ))`` by GD, no D_P loss or head,
+    ``epochs × ⌈N_P/batch_size⌉`` steps; RIR falls beyond :func:`rir_change_tolerance` are counted."""
     XP, XH = task.X_P, task.X_H
     theta = _init_theta(task.D, o, rng)
     pre_H = Preconditioner(task.K_H, o.precond, o.ridge, XH)
@@ -279,19 +266,14 @@ def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
     S = np.zeros_like(tw)                    # θ_j = θ − S wᵀ
     for _ in range(o.inner_steps):
         S = S + c * (KH @ (tw - S @ ww) - b)
-    E = task.X_H @ (tw - S @ ww) - task.Y_H  # L_H at θ_J, θ_J w = θw − S wᵀw
-    lh = float(np.sum(E * E) / E.size)
-    a = task.X_H.T @ ((2.0 / E.size) * E)    # g_h = a wᵀ
+    lh, R = losses.residual("mse", task.X_H @ (tw - S @ ww), task.Y_H)   # L_H at θ_J: θ_J w = θw − S wᵀw
+    a = task.X_H.T @ R                       # g_h = a wᵀ
     X_P, Y_P = (task.X_P, task.Y_P) if batch_P is None else batch_P
-    to = theta @ omega - S @ (w.T @ omega)   # θ_J ω
-    if task.loss == "mse":
-        E_P = X_P @ to - Y_P
-        lp = float(np.sum(E_P * E_P) / E_P.size)
-        p = X_P.T @ ((2.0 / E_P.size) * E_P)  # g_p = p ωᵀ
-    else:
-        logits = X_P @ to + (0.0 if bias is None else bias)
-        lp = float(np.mean(np.logaddexp(0.0, logits) - Y_P * logits))
-        p = X_P.T @ ((expit(logits) - Y_P) / Y_P.size)
+    Z_P = X_P @ (theta @ omega - S @ (w.T @ omega))   # X_P θ_J ω
+    if task.loss == "bce":
+        Z_P = Z_P + (0.0 if bias is None else bias)
+    lp, R = losses.residual(task.loss, Z_P, Y_P)
+    p = X_P.T @ R                            # g_p = p ωᵀ
     pw = p @ (omega.T @ w)                   # adjoint of Ḡ = a wᵀ − p ωᵀ, through Ḡw
     for _ in range(o.inner_steps):
         a = a - c * (KH @ (a @ ww - pw))
@@ -299,8 +281,8 @@ def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
 
 
 def imma(task, method, o, rng):
-    """IMMA (docs/theory.md §7): ascent on :func:`imma_objective` (L_P on Algorithm 1's mini-batches);
-    the attacker's head w and the defender's ω each descend their own loss at θ."""
+    """IMMA (docs/theory.md §7): ascent on :func:`imma_objective` (L_P on mini-batches); the attacker's
+    head w and the defender's ω each descend their own loss at θ."""
     D = task.D
     theta = _init_theta(D, o, rng)
     omega, bias = _init_head(task, rng)
@@ -342,19 +324,12 @@ BALANCE_GAIN, PROGRESS_TOL, RESTARTS = 8.0, 1e-3, 2
 
 
 def algorithm1_auto(task, method, o, rng):
-    """Algorithm 1 (docs/theory.md §6) with its λ's measured on the task: Adam on
-    ``g = λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)`` with, at every step,
-    ``λ_P = (1 − w)/‖K_P⁺∇_θR_well‖_F``, ``λ_H = w/‖K_H⁺∇_θR_ill‖_F``, ``w = σ(−γ(ln(i) + ln(ii)))``.
-
-    Scale-free: both terms enter with unit norm (R_ill's gradient scales as c⁻⁶ and R_well's as c² when
-    the inputs scale by c, so no fixed λ fits every unit of measurement), so X → cX leaves the run
-    unchanged.  Balanced: w weighs whichever of (i), 1/(ii) lags in log scale, aiming at
-    ln(i) = −ln(ii), where the closed form's balanced exponent sits (§10).  The D_P loss term is left
-    out: at the optimal head its θ-gradient vanishes for every invertible θ (Definition 3.1(c)), and
-    the head is solved exactly at the end.  Stopping rule: the iterate of largest margin
-    ``min(ln(i), −ln(ii))`` (exact κ's) is kept; once it is positive (Definition 3.1), ``patience``
-    steps without a gain of ``PROGRESS_TOL`` restart Adam from it at lr/3, ``RESTARTS`` times, then
-    the run stops; ``epochs`` bounds the steps."""
+    """Algorithm 1 (docs/theory.md §6) with its λ's measured on the task (docs/design.md §4): Adam on
+    ``g = λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)``, at every step ``λ_P = (1 − w)/‖K_P⁺∇_θR_well‖_F``,
+    ``λ_H = w/‖K_H⁺∇_θR_ill‖_F``, ``w = σ(−γ(ln(i) + ln(ii)))``: scale-free, aiming at ln(i) = −ln(ii).
+    No D_P loss term (its θ-gradient vanishes at the optimal head, solved at the end).  The iterate of
+    largest margin ``min(ln(i), −ln(ii))`` is kept; once positive, ``patience`` steps without a gain of
+    ``PROGRESS_TOL`` restart Adam from it at lr/3, ``RESTARTS`` times, then the run stops."""
     XP, XH = task.X_P, task.X_H
     theta = np.eye(task.D)
     ceiling = rir_ceiling(XP, XH)
@@ -421,8 +396,8 @@ RUNNERS = {"r_ill_only": r_ill_only, "imma": imma, "opt_kappa": algorithm1, "opt
 
 def closed_form(task, exponent: float, ceiling):
     """θ = [U_r Λ_r^{-½} Q_C diag(s), 0], s² = λ_C^a (docs/theory.md §10): RIR = the range-restricted
-    ``ceiling`` of ``task``'s rows for a ≥ 0.  Zero null(K_P) columns drop what D_P never varies in
-    and keep its best loss (Definition 3.1(c)); C's null space keeps s = 1 (θ injective on range(K_P))."""
+    ``ceiling`` for a ≥ 0.  The zero null(K_P) columns keep D_P's best loss (Definition 3.1(c)); C's
+    null space keeps s = 1 (θ injective on range(K_P))."""
     lam = ceiling.lambda_C
     s = np.ones_like(lam)
     pos = np.arange(lam.size) < ceiling.rank_C
