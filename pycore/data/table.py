@@ -1,12 +1,10 @@
 """A CSV table of the user's own as the two tasks of docs/theory.md §1, preprocessed per split as §9.
 
 D_H = the rows whose column has a given text (``split="COLUMN=VALUE"``), D_P = the others; or two
-files (``path`` D_P, ``harmful_path`` D_H).  Per split: empty input cells → 0 (counted), text inputs
-label-encoded (code-point order, as scikit-learn's LabelEncoder), inputs and target z-scored with
-the population std (a constant column → 0); training rows the first ``n_train`` in file order (the
-authors' code) or drawn with ``rng``, the rest held out.  Memory: the header's width is capped before
-pandas reads a row (pandas pads every row to every declared column), every column is read as a
-categorical (each distinct text parsed once) and only the float64 inputs are built.
+files.  Per split: empty input cells → 0 (counted), text inputs label-encoded (code-point order, as
+scikit-learn's LabelEncoder), z-scores with the population std (a constant column → 0); training
+rows the first ``n_train`` in file order (the authors' code) or drawn with ``rng``.  Memory: the
+header's width is capped before pandas pads every row to it; columns are read as categoricals.
 """
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ ON_OUTLIER = ("warn", "error", "ignore")
 @dataclass(frozen=True)
 class TableData:
     """``train`` (``n_train`` rows per split), ``heldout`` (the rest; None below two rows), the inputs
-    in θ's column order, the file(s), rows per split, ``filled``: empty input cells set to 0 per split."""
+    in θ's column order, the file(s), rows per split, empty input cells set to 0 per split."""
 
     train: LinearTask
     heldout: LinearTask | None
@@ -43,9 +41,9 @@ class TableData:
 
 
 def read_header(path) -> list[str]:
-    """The column names of a CSV file's first non-blank line, refused (``ValueError`` naming the
-    file) when it is not a regular file, is binary, wider than :data:`MAX_COLUMNS` columns, or
-    repeats a name (pandas would rename a second ``SalePrice`` to ``SalePrice.1``: a target as input)."""
+    """The column names of a CSV file's first non-blank line; a ``ValueError`` naming the file when it
+    is binary, wider than :data:`MAX_COLUMNS` or repeats a name (pandas would read a second
+    ``SalePrice`` as the input ``SalePrice.1``)."""
     check_regular_file(path, "expected a CSV table")
     try:
         with open(path, "rb") as fh:
@@ -76,8 +74,7 @@ def read_header(path) -> list[str]:
 
 
 def _read(path, names, text_column=None):
-    """Every column as a pandas categorical (numeric categories where every cell is a number,
-    parsed by pandas' C parser); ``text_column`` keeps its cells' text (``"01"`` is not ``"1"``)."""
+    """Every column as a pandas categorical; ``text_column`` keeps its cells' text (``"01"`` ≠ ``"1"``)."""
     import pandas as pd
 
     try:
@@ -100,8 +97,7 @@ def _read(path, names, text_column=None):
 
 
 class _Column:
-    """One column of a file: category codes (−1 = empty), the distinct texts and their numbers
-    (each distinct text parsed once: a tall file repeats few texts over many rows)."""
+    """One column of a file: category codes (−1 = empty), the distinct texts and their numbers."""
 
     def __init__(self, df, name, path):
         import pandas as pd
@@ -155,9 +151,8 @@ class _Column:
 
 
 def _zscore(A: np.ndarray) -> np.ndarray:
-    """Column z-scores in place (docs/theory.md §9); a constant column (``ptp == 0``, decided on the
-    values: a rounded mean would leave ±1 from std ~1e-17) becomes exactly 0.  Columns whose sums
-    overflow (values near 1e308) are z-scored on ``A/max|A|``, which gives the same z-scores."""
+    """Column z-scores in place (docs/theory.md §9); a constant column (``ptp == 0``: a rounded mean
+    would leave ±1 from std ~1e-17) becomes exactly 0; columns whose sums overflow use ``A/max|A|``."""
     constant = np.ptp(A, axis=0) == 0
     mean, std = np.empty(A.shape[1]), np.empty(A.shape[1])
     with np.errstate(over="ignore", invalid="ignore"):
@@ -177,8 +172,7 @@ def _zscore(A: np.ndarray) -> np.ndarray:
 
 
 def _check_outliers(col: _Column, v: np.ndarray, on_outlier: str) -> None:
-    """Warn about (or refuse) cells beyond OUTLIER_FACTOR × the column's median nonzero magnitude
-    (:func:`pycore.validation.outliers`): after z-scoring the column would mark that one row."""
+    """Warn about (or refuse) a cell beyond OUTLIER_FACTOR × the column's median nonzero magnitude."""
     idx = outliers(v) if on_outlier != "ignore" else ()
     if len(idx) == 0:
         return
@@ -206,14 +200,9 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
                harmful_path=None, n_train: int = 200, rng: np.random.Generator | None = None,
                on_outlier: str = "warn", name: str | None = None) -> TableData:
     """Read ``path`` (and ``harmful_path``) into :class:`TableData` (see the module docstring).
-
-    ``target_h`` defaults to ``target_p``; ``inputs`` (names, θ's column order) default to every
-    other column whose cells are all numbers, in file order, except the targets and the split
-    column; a text column is an input only when named (the split column too).  ``on_outlier``:
-    ``"warn"`` (:class:`OutlierWarning`), ``"error"`` or ``"ignore"`` a cell far beyond the rest of
-    its column.  Bad arguments raise :class:`ParameterError` naming them (``target_p``, ``inputs``,
-    ``split`` ...); bad files a ``ValueError`` naming the file, column and line.
-    """
+    ``inputs`` (θ's column order) default to every all-numeric column but the targets and the split
+    column; a text column is an input only when named.  Bad arguments raise :class:`ParameterError`
+    naming them; bad files a ``ValueError`` naming the file, column and line."""
     target_h = target_p if target_h is None else target_h
     check_number(n_train, "n_train", low=2, integer=True)
     check_choice(on_outlier, "on_outlier", ON_OUTLIER)
