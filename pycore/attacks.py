@@ -218,60 +218,55 @@ def _block_ops(problem: ProbingProblem):
     return (lambda W: Zw.T @ (Zw @ W - yw[:, None])), gap
 
 
-def _sweep_momentum(problem, configs, max_steps, tol) -> list[AttackTrajectory]:
-    """GD with a constant step, heavy ball, Nesterov (:data:`MOMENTUM_KINDS`) as one block."""
+def _sweep(problem, configs, max_steps, tol, update, n_state, params, infos) -> list[AttackTrajectory]:
+    """The configurations as the columns of one D × m block: ``S = update(t, active, grad, *S)`` a
+    step, ``S[0]`` the iterates, every state from w₀ = 0; a column leaves once recorded as stopped."""
     w0, _, rec = _start(problem, tol, m=len(configs))
-    alpha, beta, convex = (np.array(x) for x in zip(*(_momentum_coefficients(problem, c) for c in configs)))
-    gamma = np.where(np.array([c["attacker"] == "nesterov" for c in configs]), beta, 0.0)
-    W = np.repeat(w0[:, None], len(configs), axis=1)
-    Wp = W.copy()
+    S = [np.repeat(w0[:, None], len(configs), axis=1) for _ in range(n_state)]
     grad, block_gap = _block_ops(problem)
     for t in range(1, max_steps + 1):
-        a = rec.active
-        if a.size == 0:
+        if rec.active.size == 0:
             break
+        S = update(t, rec.active, grad, *S)
+        keep = rec.push(block_gap(S[0]), S[0])
+        if not keep.all():
+            S = [X[:, keep] for X in S]
+    return rec.result([c["attacker"] for c in configs], max_steps, params, infos, S[0])
+
+
+def _sweep_momentum(problem, configs, max_steps, tol) -> list[AttackTrajectory]:
+    """GD with a constant step, heavy ball, Nesterov (:data:`MOMENTUM_KINDS`) as one block."""
+    alpha, beta, convex = (np.array(x) for x in zip(*(_momentum_coefficients(problem, c) for c in configs)))
+    gamma = np.where(np.array([c["attacker"] == "nesterov" for c in configs]), beta, 0.0)
+
+    def update(t, a, grad, W, Wp):
         b_t = np.where(convex[a], (t - 1.0) / (t + 2.0), beta[a])
         g_t = np.where(convex[a], b_t, gamma[a])
         D = W - Wp
-        G = grad(W + g_t * D)
-        W, Wp = W - alpha[a] * G + b_t * D, W
-        keep = rec.push(block_gap(W), W)
-        if not keep.all():
-            W, Wp = W[:, keep], Wp[:, keep]
+        return W - alpha[a] * grad(W + g_t * D) + b_t * D, W
     params = [{**c, "alpha": float(a), "beta": "(t-1)/(t+2)" if v else float(b)}
               for c, a, b, v in zip(configs, alpha, beta, convex)]
-    return rec.result([c["attacker"] for c in configs], max_steps, params, [{}] * len(configs), W)
+    return _sweep(problem, configs, max_steps, tol, update, 2, params, [{}] * len(configs))
 
 
 def _sweep_adaptive(problem, configs, max_steps, tol, eps: float = 1e-8) -> list[AttackTrajectory]:
     """Adam (bias-corrected, ε = 1e-8; β₁ = 0 is RMSprop) and Adagrad ``w ← w − lr·g/(√(Σg²) + ε)`` as
     one block. ``lr = lr_factor·max|w₀ − w*|``: Adam moves a coordinate ~lr a step whatever the gradient's
     scale, so lr is in units of the distance to w* (oracle: the defender's worst case; θ → cθ invariant)."""
-    w0, _, rec = _start(problem, tol, m=len(configs))
     ada = np.array([c["attacker"] == "adagrad" for c in configs])
     b1, b2 = (np.array([0.0 if k else c["betas"][i] for k, c in zip(ada, configs)]) for i in (0, 1))
-    scale = float(np.max(np.abs(w0 - problem.w_star)))
+    scale = float(np.max(np.abs(problem.w_star)))          # w₀ = 0
     lr = (scale if scale > 0 else 1.0) * np.array([c["lr_factor"] for c in configs])
-    W = np.repeat(w0[:, None], len(configs), axis=1)
-    M, Vs = np.zeros_like(W), np.zeros_like(W)
-    grad, block_gap = _block_ops(problem)
-    G = grad(W)
-    for t in range(1, max_steps + 1):
-        a = rec.active
-        if a.size == 0:
-            break
+
+    def update(t, a, grad, W, M, Vs):
+        G = grad(W)
         M = b1[a] * M + (1.0 - b1[a]) * G
         G2 = G * G
         Vs = np.where(ada[a], Vs + G2, b2[a] * Vs + (1.0 - b2[a]) * G2)
         c2 = np.where(ada[a], 1.0, 1.0 - b2[a] ** t)
-        W = W - (lr[a] / (1.0 - b1[a] ** t)) * M / (np.sqrt(Vs / c2) + eps)
-        keep = rec.push(block_gap(W), W)
-        if not keep.all():
-            W, M, Vs = W[:, keep], M[:, keep], Vs[:, keep]
-        G = grad(W)
+        return W - (lr[a] / (1.0 - b1[a] ** t)) * M / (np.sqrt(Vs / c2) + eps), M, Vs
     params = [{**c, "lr": float(x), "eps": eps} for c, x in zip(configs, lr)]
-    infos = [{"lr_scale": scale}] * len(configs)
-    return rec.result([c["attacker"] for c in configs], max_steps, params, infos, W)
+    return _sweep(problem, configs, max_steps, tol, update, 3, params, [{"lr_scale": scale}] * len(configs))
 
 
 def _run_single(problem: ProbingProblem, c: dict, max_steps: int, tol: float, rng):

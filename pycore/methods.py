@@ -49,6 +49,11 @@ def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
     return loss, Z.T @ R, (X.T @ R) @ omega.T, None if mse else R.sum(axis=0)
 
 
+def _log(hist: dict, *values):   # one entry per key of hist, in order
+    for key, v in zip(hist, values):
+        hist[key].append(v)
+
+
 def _x_norm(task):   # max_i ‖x_i‖₁ over both tasks: |Xθ| ≤ it × max|θ| (optim.check_scale)
     return max(np.max(np.sum(np.abs(task.X_P), axis=1)), np.max(np.sum(np.abs(task.X_H), axis=1)))
 
@@ -94,7 +99,6 @@ def algorithm1(task, method, o, rng):
     opt_t, opt_w, opt_b = (make_optimizer(o.optimizer, o.lr, o.betas, o.adam_eps, param=p)
                            for p in ("θ", "ω", "bias"))
     if not opt_kappa:
-        lam_p = o.lambda_p
         pre_P = Preconditioner(task.K_P, o.precond, o.ridge, task.X_P)
         pre_H = Preconditioner(task.K_H, o.precond, o.ridge, task.X_H)
     hist = {"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []}
@@ -113,10 +117,8 @@ def algorithm1(task, method, o, rng):
         diag["kappa_weights"] = [w_P, w_H]
 
     def record(epoch, loss, kP=None, kH=None):   # in-loop κ's from the step's spectra, ends by SVD
-        hist["epoch"].append(epoch)
-        hist["loss_P"].append(loss)
-        hist["kappa_P"].append(kP if kP is not None else gram_spectrum(XP @ theta, vectors=False).kappa)
-        hist["kappa_H"].append(kH if kH is not None else gram_spectrum(XH @ theta, vectors=False).kappa)
+        _log(hist, epoch, loss, kP if kP is not None else gram_spectrum(XP @ theta, vectors=False).kappa,
+             kH if kH is not None else gram_spectrum(XH @ theta, vectors=False).kappa)
 
     record(0, _loss_grads(task, XP, YP, theta, omega, bias)[0])
     for epoch in range(1, o.epochs + 1):
@@ -148,15 +150,12 @@ def algorithm1(task, method, o, rng):
                 blame = "lr"
                 theta = opt_t.step(theta, g_t, blame=blame)
                 check_scale(theta, x_norm, f"{method}: epoch {epoch}", o.optimizer, o.lr, blame)
-                theta = _certified_steps(theta, task, o, lam_p, pre_P, pre_H, cert)
+                theta = _certified_steps(theta, task, o, pre_P, pre_H, cert)
             else:
                 d_H = o.lambda_h * pre_H.direction(theta, reg_H, Z_H)
-                g = g_t + d_H
-                d_P = lam_p * pre_P.direction(theta, reg_P, Z_P) if lam_p else None
-                if lam_p:
-                    g = g + d_P
+                d_P = o.lambda_p * pre_P.direction(theta, reg_P, Z_P) if o.lambda_p else None
                 blame = {"lr": g_t, "lambda_h": d_H, "lambda_p": d_P}
-                theta = opt_t.step(theta, g, blame=blame)
+                theta = opt_t.step(theta, g_t + d_H if d_P is None else g_t + d_H + d_P, blame=blame)
             check_scale(theta, x_norm, f"{method}: epoch {epoch}", o.optimizer, o.lr, blame)
             diag["steps"] += 1
         last = epoch == o.epochs
@@ -168,11 +167,11 @@ def algorithm1(task, method, o, rng):
     return theta, omega, hist, diag
 
 
-def _certified_steps(theta, task, o, lam_p, pre_P, pre_H, cert):
+def _certified_steps(theta, task, o, pre_P, pre_H, cert):
     """Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5) and κ checked after
     it; a bound of 0 (a tie) skips the step."""
     cert["checked"] += 1
-    for tag, X, lam, pre in (("P", task.X_P, lam_p, pre_P), ("H", task.X_H, o.lambda_h, pre_H)):
+    for tag, X, lam, pre in (("P", task.X_P, o.lambda_p, pre_P), ("H", task.X_H, o.lambda_h, pre_H)):
         if tag == "P" and not lam:
             continue
         reg = hessian_regularizer(X @ theta, "well" if tag == "P" else "ill")
@@ -188,11 +187,6 @@ def _certified_steps(theta, task, o, lam_p, pre_P, pre_H, cert):
         cert["violations_" + tag] += not (k_new < k_old if tag == "P" else k_new > k_old)
         theta = new
     return theta
-
-
-def r_ill_only_step_size(info, o) -> float:
-    """``min(lr·λ_H, safety·η̄(H_H))``, η̄ the corrected Theorem 4.3(2) bound (docs/theory.md §5)."""
-    return min(o.lr * o.lambda_h, o.safety * preconditioned_r_ill_step_bound(info))
 
 
 def rir_change_tolerance(kappas_before: tuple[float, float], kappas_after: tuple[float, float]) -> float:
@@ -214,8 +208,7 @@ def r_ill_only(task, method, o, rng):
     spec_P, spec_H = ProductGramSpectrum(XP), ProductGramSpectrum(XH)  # exact κ's, X factored once
     kP0, kH0 = spec_P(theta).kappa, spec_H(theta).kappa
     prev, prev_kappas = 1.0, (kP0, kH0)
-    for key, val in (("step", 0), ("kappa_P", kP0), ("kappa_H", kH0), ("rir", 1.0)):
-        hist[key].append(val)
+    _log(hist, 0, kP0, kH0, 1.0)
     for epoch in range(1, o.epochs + 1):
         for _ in range(n_batches):
             Z_H = XH @ theta
@@ -224,7 +217,7 @@ def r_ill_only(task, method, o, rng):
             except SpectrumError as exc:
                 raise SpectrumError(f"r_ill_only: epoch {epoch}, step {diag['steps']}: {exc}") from None
             diag["ties_H"] += reg.info.tie_min
-            eta = r_ill_only_step_size(reg.info, o)
+            eta = min(o.lr * o.lambda_h, o.safety * preconditioned_r_ill_step_bound(reg.info))   # Thm 4.3(2)
             diag["clipped"] += eta < o.lr * o.lambda_h
             theta = theta - eta * pre_H.direction(theta, reg, Z_H)
             diag["steps"] += 1
@@ -232,9 +225,7 @@ def r_ill_only(task, method, o, rng):
             r = (kH / kH0) / (kP / kP0)
             diag["rir_decreases"] += r < prev * (1 - rir_change_tolerance(prev_kappas, (kP, kH)))
             prev, prev_kappas = r, (kP, kH)
-            for key, val in (("step", diag["steps"]), ("kappa_P", kP), ("kappa_H", kH), ("rir", r),
-                             ("eta", eta)):
-                hist[key].append(val)
+            _log(hist, diag["steps"], kP, kH, r, eta)
         if not np.all(np.isfinite(theta)):
             raise DivergenceError(f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h",
                                   parameter="lambda_h")
@@ -305,10 +296,7 @@ def imma(task, method, o, rng):
             omega = opt_o.step(omega, g_o, blame="lr")
             if g_b is not None:
                 bias = opt_b.step(bias, g_b, blame="lr")
-        hist["epoch"].append(epoch)
-        hist["objective"].append(F)
-        hist["kappa_P"].append(spec_P(theta).kappa)
-        hist["kappa_H"].append(spec_H(theta).kappa)
+        _log(hist, epoch, F, spec_P(theta).kappa, spec_H(theta).kappa)
     end = {"kappa_end": (hist["kappa_P"][-1], hist["kappa_H"][-1])} if hist["epoch"] else {}
     return theta, omega, hist, end
 
@@ -372,8 +360,7 @@ def algorithm1_auto(task, method, o, rng):
             stop = f"stopped at step {step}: {exc}"
             break
         w = 1.0 / (1.0 + np.exp(np.clip(BALANCE_GAIN * (a - b), -50.0, 50.0)))
-        for key, val in zip(hist, (step, np.exp(a), np.exp(-b), w)):
-            hist[key].append(float(val))
+        _log(hist, *(float(v) for v in (step, np.exp(a), np.exp(-b), w)))
         g = ((1 - w) * _unit(pre_P.direction(theta, reg_P, Z_P))
              + w * _unit(pre_H.direction(theta, reg_H, Z_H)))
         theta = opt.step(theta, g, blame="lr")
