@@ -29,9 +29,7 @@ MAX_PROBE_STEPS = 100_000
 @dataclass(frozen=True)
 class ProbeTrace:
     norm_ratio: np.ndarray   # (steps+1,) ‖w_t − w*‖²/‖w_0 − w*‖²
-    loss: np.ndarray         # (steps+1,) L(w_t)
     step_sizes: np.ndarray   # (steps,) exact line-search α_t
-    loss_star: float
 
 
 def exact_line_search_steps(Z: np.ndarray, Y: np.ndarray, w: np.ndarray, *,
@@ -61,20 +59,15 @@ def gd_exact_line_search(Z, Y, steps: int) -> ProbeTrace:
     check_number(steps, "steps", low=0, high=MAX_PROBE_STEPS, integer=True)
     w = np.zeros((Z.shape[1], Y.shape[1]))
     w_star = np.linalg.lstsq(Z, Y, rcond=None)[0]
-    E0 = Z @ w_star - Y
     e0 = float(np.sum(w_star ** 2))
     scale = e0 if e0 > 0 else 1.0
     g_floor = 0.5 * (1e-14 * max(float(np.linalg.norm(2 * Z.T @ Y)), 1e-300))
-    ratios, loss_hist, alphas = [e0 / scale], [float(np.sum(Y * Y))], []
-    for w, E, alpha in itertools.islice(exact_line_search_steps(Z, Y, w, g_floor=g_floor), steps):
+    ratios, alphas = [e0 / scale], []
+    for w, _, alpha in itertools.islice(exact_line_search_steps(Z, Y, w, g_floor=g_floor), steps):
         alphas.append(0.5 * alpha)   # the step along the un-halved gradient 2ZᵀE
         ratios.append(float(np.sum((w - w_star) ** 2)) / scale)
-        loss_hist.append(float(np.sum(E * E)))
     pad = steps - len(alphas)
-    alphas += [0.0] * pad
-    ratios += ratios[-1:] * pad
-    loss_hist += loss_hist[-1:] * pad
-    return ProbeTrace(np.array(ratios), np.array(loss_hist), np.array(alphas), float(np.sum(E0 * E0)))
+    return ProbeTrace(np.array(ratios + ratios[-1:] * pad), np.array(alphas + [0.0] * pad))
 
 
 @dataclass(frozen=True, eq=False)

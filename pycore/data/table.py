@@ -124,18 +124,12 @@ class _Column:
         return self.numeric
 
     def values(self) -> np.ndarray:
-        """float64 per row, NaN where empty; refuses a non-finite cell naming its line."""
-        if self._values is not None:
-            return self._values
-        if not self.numeric:
-            raise ValueError(f"{self.path}: column {self.name!r} has non-numeric value "
-                             f"{self._first(self.junk)}")
-        bad = np.isin(self.codes, np.flatnonzero(~np.isfinite(self.numbers)))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{self.path}: column {self.name!r} has non-finite value "
-                             f"{self.numbers[self.codes[i]]} (line {i + 2})")
-        self._values = np.append(self.numbers, np.nan)[self.codes]   # code −1 (empty) → NaN
+        """float64 per row, NaN where empty; refuses a non-numeric or non-finite cell naming its line."""
+        if self._values is None:
+            for bad, what in ((self.junk, "non-numeric"), (~np.isfinite(self.numbers), "non-finite")):
+                if bad.any():
+                    raise ValueError(f"{self.path}: column {self.name!r} has {what} value {self._first(bad)}")
+            self._values = np.append(self.numbers, np.nan)[self.codes]   # code −1 (empty) → NaN
         return self._values
 
     def labels(self, rows) -> np.ndarray:
@@ -268,14 +262,10 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
             text = not column(f, c).check_input() and not defaulted   # a defaulted input must be numeric
             v = None if text else column(f, c, numbers=True).values()
             for s, _, rows in (part for part in parts if part[1] == f):
-                if text:
-                    X[s][:, j] = cache[f, c].labels(rows)
-                    continue
-                vs = v[rows]
+                vs = cache[f, c].labels(rows) if text else v[rows]
                 empty = np.isnan(vs)
                 filled[s] += int(empty.sum())
-                vs[empty] = 0.0
-                X[s][:, j] = vs
+                X[s][:, j] = np.where(empty, 0.0, vs)
             del cache[f, c]   # one column's numbers at a time
     for s, f, rows in parts:
         X[s], y[s] = _zscore(X[s]), _zscore(y[s][:, None])
@@ -284,10 +274,10 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
                 raise ValueError(f"{files[f]}: every input column is constant on the {block.shape[0]} {part} "
                                  f"rows of D_{s} ({where[s]}): X_{s} is zero after z-scoring, so its κ and "
                                  "the RIR are undefined")
-    (XP, XH), (yP, yH) = (X["P"], X["H"]), (y["P"], y["H"])
     name = name or files[0].stem
-    train = LinearTask(XP[:n_train], yP[:n_train], XH[:n_train], yH[:n_train], "mse", name)
-    heldout = None
-    if len(XP) > n_train + 1 and len(XH) > n_train + 1:
-        heldout = LinearTask(XP[n_train:], yP[n_train:], XH[n_train:], yH[n_train:], "mse", f"{name}_heldout")
-    return TableData(train, heldout, list(inputs), ", ".join(map(str, files)), len(XP), len(XH), filled)
+
+    def task(rows: slice, suffix: str = "") -> LinearTask:
+        return LinearTask(X["P"][rows], y["P"][rows], X["H"][rows], y["H"][rows], "mse", name + suffix)
+    nP, nH = len(X["P"]), len(X["H"])
+    heldout = task(slice(n_train, None), "_heldout") if min(nP, nH) > n_train + 1 else None
+    return TableData(task(slice(n_train)), heldout, list(inputs), ", ".join(map(str, files)), nP, nH, filled)
