@@ -98,10 +98,12 @@ def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | 
     if ceiling is None:
         ceiling = rir_ceiling(train.X_P, train.X_H)
     for mine, task in ((ceiling.kappa_K_P, "P"), (ceiling.kappa_K_H, "H")):
+        # κ(K) = κ(X)² from two SVDs of the same rows agree to 2p·eps·√κ(K) relative (×2 margin)
         rows = ref.rows[("train", task)]
-        if not _same_kappa(mine, rows.ref.kappa, min(rows.X.shape)):
+        k = rows.ref.kappa
+        if not abs(mine - k) <= max(1e-9, 4 * min(rows.X.shape) * EPS * np.sqrt(max(mine, k))) * k:
             raise ParameterError("ceiling", f"ceiling was computed on other data: its κ(K_{task}) = "
-                                            f"{mine:.6g}, the training rows' {rows.ref.kappa:.6g}")
+                                            f"{mine:.6g}, the training rows' {k:.6g}")
     theta = check_theta(theta, train.D)
     out = {}
     for rows, t, pre in (("train", train, ""), ("heldout", heldout, "heldout_")):
@@ -121,11 +123,6 @@ def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | 
                        fraction_of_ceiling=r.value / ceiling.range_restricted,
                        null_part_fraction=ref.null_part_fraction(theta))
     return out
-
-
-def _same_kappa(a: float, b: float, p: int) -> bool:
-    """κ(K) = κ(X)² from two SVDs of the same rows agree to 2p·eps·√κ(K) relative (×2 margin)."""
-    return abs(a - b) <= max(1e-9, 4 * p * EPS * np.sqrt(max(a, b))) * b
 
 
 @bounded_blas

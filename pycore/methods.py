@@ -58,19 +58,13 @@ def _x_norm(task):   # max_i ‖x_i‖₁ over both tasks: |Xθ| ≤ it × max|�
     return max(np.max(np.sum(np.abs(task.X_P), axis=1)), np.max(np.sum(np.abs(task.X_H), axis=1)))
 
 
-def _kappa_grad_parts(reg, log: bool):
-    """(a, v₁, b, v_k), ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ, or ∂log κ/∂H (docs/theory.md §7)."""
-    info = reg.info
-    v1, vk = reg.vector(0), reg.vector(info.rank - 1)
-    if log:
-        return 1.0 / info.sigma_max, v1, 1.0 / info.sigma_min, vk
-    return 1.0 / info.sigma_min, v1, info.kappa / info.sigma_min, vk
-
-
 def _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log):
-    """θ-gradients of κ(H_P), κ(H_H): 2XᵀZG with G of rank 2, so O(N·D) work, no D×D product."""
+    """θ-gradients of κ(H_P), κ(H_H) or of log κ (docs/theory.md §7): ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ, so
+    2XᵀZ(∂κ/∂H) is O(N·D) work, no D×D product."""
     def grad(reg, X, Z):
-        a, v1, b, vk = _kappa_grad_parts(reg, log)
+        i = reg.info
+        v1, vk = reg.vector(0), reg.vector(i.rank - 1)
+        a, b = (1.0 / i.sigma_max, 1.0 / i.sigma_min) if log else (1.0 / i.sigma_min, i.kappa / i.sigma_min)
         return 2.0 * (a * np.outer(X.T @ (Z @ v1), v1) - b * np.outer(X.T @ (Z @ vk), vk))
     return grad(reg_P, X_P, Z_P), grad(reg_H, X_H, Z_H)
 

@@ -92,18 +92,6 @@ def _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref) -> dict:
     return {"Z_P": Z_P, "Z_H": Z_H, "Z_P_ref": Z_P_ref, "Z_H_ref": Z_H_ref}
 
 
-@bounded_blas
-def range_null_split(theta, X_P) -> tuple[np.ndarray, np.ndarray]:
-    """``(θ_range, θ_null) = (P_N + P_Rθ, P_R + P_Nθ)``, P_R the projector onto range(K_P), P_N = I − P_R:
-    θ's action on the directions D_P's rows vary in, and on those they never vary in (docs/theory.md §8)."""
-    X_P = as_float_matrix(X_P, "X_P")
-    theta = check_theta(theta, X_P.shape[1])
-    V = row_space_basis(X_P)
-    P_R = V @ V.T
-    P_N = np.eye(X_P.shape[1]) - P_R
-    return P_N + P_R @ theta, P_R + P_N @ theta
-
-
 @dataclass(frozen=True)
 class Ceiling:
     """sup_θ RIR for linear extractors (docs/theory.md §10): ``range_restricted`` = κ(C)κ(K_P)/κ(K_H)

@@ -28,16 +28,13 @@ _USER_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS
                      "VECLIB_MAXIMUM_THREADS")
 
 _local = threading.local()
-_controller = None
 
 
-def _ctl():
-    global _controller   # created on first use, after NumPy/SciPy have loaded their BLAS
-    if _controller is None:
-        from threadpoolctl import ThreadpoolController
+@functools.lru_cache(maxsize=None)
+def _ctl():   # created on first use, after NumPy/SciPy have loaded their BLAS
+    from threadpoolctl import ThreadpoolController
 
-        _controller = ThreadpoolController()
-    return _controller
+    return ThreadpoolController()
 
 
 def threads_for(dim: int) -> int | None:
