@@ -68,11 +68,8 @@ class EvaluationReference:
 
     def rir(self, Z_P: np.ndarray, Z_H: np.ndarray, rows: str = "train") -> RIR:
         """:func:`pycore.metrics.rir` of the features ``Z_P = X_Pθ``, ``Z_H = X_Hθ``."""
-        sP, sH = gram_spectrum(Z_P, vectors=False), gram_spectrum(Z_H, vectors=False)
-        rP, rH = self.rows[(rows, "P")].ref, self.rows[(rows, "H")].ref
-        hr = sH.kappa / rH.kappa
-        pr = sP.kappa / rP.kappa
-        return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
+        return RIR.of(gram_spectrum(Z_P, vectors=False), gram_spectrum(Z_H, vectors=False),
+                      self.rows[(rows, "P")].ref, self.rows[(rows, "H")].ref)
 
     def null_part_fraction(self, theta: np.ndarray) -> float:
         """‖P_N(θ − I)‖_F²/‖θ − I‖_F² ∈ [0, 1], the share of θ's change D_P never sees; NaN at θ = I."""

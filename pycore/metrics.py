@@ -30,6 +30,12 @@ class RIR:
     def __float__(self) -> float:
         return self.value
 
+    @classmethod
+    def of(cls, sP, sH, rP, rH) -> RIR:
+        """From the :class:`SpectrumInfo` of the features of P and H, at θ and at the reference."""
+        hr, pr = sH.kappa / rH.kappa, sP.kappa / rP.kappa
+        return cls(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
+
 
 def _check_pair(X_P, X_H, names=("X_P", "X_H")):
     X_P, X_H = as_float_matrix(X_P, names[0]), as_float_matrix(X_H, names[1])
@@ -58,9 +64,7 @@ def row_space_basis(X: np.ndarray) -> np.ndarray:
 
 def _ratio(**features) -> RIR:
     """The RIR of four named feature matrices (P, H, P_ref, H_ref), κ's from :func:`gram_spectrum`."""
-    sP, sH, rP, rH = (gram_spectrum(Z, vectors=False, name=n) for n, Z in features.items())
-    hr, pr = sH.kappa / rH.kappa, sP.kappa / rP.kappa
-    return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
+    return RIR.of(*(gram_spectrum(Z, vectors=False, name=n) for n, Z in features.items()))
 
 
 @bounded_blas

@@ -56,10 +56,7 @@ class SpectrumInfo:
 def rank_tolerance(sigma_max: float, shape: tuple[int, ...], rtol: float | None = None) -> float:
     """Cut-off below which a singular value counts as zero: ``σ_max·max(shape)·eps``, or
     ``σ_max·rtol`` with ``rtol`` in [0, 1) (NaN would keep no value, rtol ≥ 1 would cut σ_max)."""
-    if rtol is None:
-        rtol = max(shape) * EPS
-    else:
-        rtol = check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True)
+    rtol = max(shape) * EPS if rtol is None else check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True)
     return float(sigma_max) * float(rtol)
 
 

@@ -16,16 +16,16 @@ def _rebuild_error(cls, args, state):
 
 
 class PicklableError:
-    """Mixin (first base) for an exception whose ``__init__`` takes more than its message: pickle
-    rebuilds it from ``args`` and attributes, so it crosses a process pool as itself."""
+    """Mixin (first base) for an exception whose ``__init__`` takes more than its message: it crosses
+    a process pool as itself."""
 
     def __reduce__(self):
         return _rebuild_error, (type(self), self.args, dict(self.__dict__))
 
 
 class ParameterError(PicklableError, ValueError):
-    """A parameter value the library cannot use; ``parameter`` names the argument or option (for
-    example ``"lambda_h"``), so that a command line can name the flag the user typed."""
+    """A parameter value the library cannot use; ``parameter`` names the argument or option, so that
+    a command line can name the flag the user typed."""
 
     def __init__(self, parameter: str, message: str):
         super().__init__(message)
@@ -45,11 +45,10 @@ class DivergenceError(PicklableError, FloatingPointError):
 MAX_DENSE_BYTES = 4 << 30   # 4 GiB
 
 
-def check_dense_size(shape, what: str, *, max_bytes: int | None = None) -> None:
-    """``ValueError`` naming ``what`` if a float64 ``shape`` exceeds ``max_bytes`` (default
-    :data:`MAX_DENSE_BYTES`, read at call time)."""
-    limit = MAX_DENSE_BYTES if max_bytes is None else max_bytes
-    nbytes = 8 * math.prod(int(n) for n in shape)
+def check_dense_size(shape, what: str) -> None:
+    """``ValueError`` naming ``what`` if a float64 ``shape`` exceeds :data:`MAX_DENSE_BYTES` (read at
+    call time)."""
+    limit, nbytes = MAX_DENSE_BYTES, 8 * math.prod(int(n) for n in shape)
     if nbytes > limit:
         raise ValueError(f"{what}: a {' × '.join(str(int(n)) for n in shape)} float64 array needs "
                          f"{nbytes / 2**30:.1f} GiB, more than the {limit / 2**30:g} GiB this library "
