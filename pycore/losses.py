@@ -38,9 +38,7 @@ def best_probe_loss(loss: str, Z: np.ndarray, Y: np.ndarray) -> float:
     mean BCE + ``(1e-8/2)‖w‖²`` on Z scaled to unit RMS row norm (separable data well-posed, Z → cZ
     the same problem), returning the BCE alone there, an upper bound of the infimum."""
     if loss == "mse":
-        w, *_ = np.linalg.lstsq(Z, Y, rcond=None)
-        E = Z @ w - Y
-        return float(np.sum(E * E) / E.size)
+        return residual("mse", Z @ best_head("mse", Z, Y)[0], Y)[0]
     return best_logistic_head(Z, Y)[2]
 
 

@@ -8,7 +8,6 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 
 from pycore.spectral import (EPS, SpectrumError, SpectrumInfo, SymmetricEigen, _scale_of, _summarise,
                              check_symmetric, rank_tolerance, singular_parts)
@@ -125,15 +124,9 @@ class HessianRegularizer(_Tie):
     def vector(self, i: int) -> np.ndarray:
         """Eigenvector of H for the i-th largest eigenvalue (bit-for-bit one ``evr`` subset call on H)."""
         if i not in self._vectors:
-            if self._eig is not None:
-                v = self._eig.vector(self.info.sigma.size - 1 - i)
-            elif self.H is None:
-                raise ValueError(f"eigenvector {i} was not kept and H was not formed (matrices=False)")
-            else:
-                j = self.H.shape[0] - 1 - i  # LAPACK orders ascending
-                _, v = scipy.linalg.eigh(self.H, subset_by_index=[j, j], driver="evr", check_finite=False)
-                v = v[:, 0]
-            self._vectors[i] = _zero_on_dead_features(v, self.H)
+            if self._eig is None:   # N < D: the two extreme vectors are all there is
+                raise ValueError(f"eigenvector {i} of H was not kept (N < D keeps the extreme two)")
+            self._vectors[i] = _zero_on_dead_features(self._eig.vector(self.info.sigma.size - 1 - i), self.H)
         return self._vectors[i]
 
 
