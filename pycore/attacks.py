@@ -39,8 +39,7 @@ _GOES_ON = np.ones(1, dtype=bool)
 
 @dataclass
 class AttackTrajectory:
-    """One configuration's run: ``rel_subopt[t]`` for every step t taken, the cap, the wall time, the
-    hyper-parameters, ``info`` (with ``diverged``) and the last iterate ``w_final``."""
+    """One configuration's run: ``rel_subopt[t]`` for every step t taken and what produced it."""
 
     attacker: str
     rel_subopt: np.ndarray

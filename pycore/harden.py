@@ -98,8 +98,7 @@ def equalizing_rotation(H) -> np.ndarray:
 
 
 def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = None, Z=None):
-    """The rotation Q of ``kind`` (None for ``"none"``): ``"haar"`` draws from ``rng``, ``"equalize"``
-    equalizes ``ZᵀZ`` of the harmful features ``Z``."""
+    """The rotation Q of ``kind`` (None for ``"none"``); ``"equalize"`` equalizes ``ZᵀZ``."""
     check_choice(kind, "harden", HARDENINGS)
     if kind == "none":
         return None

@@ -218,8 +218,7 @@ class ImmunizationResult:
 @bounded_blas
 def immunize(task: LinearTask, method: str = "ours", *, rng: np.random.Generator, preset: str | None = None,
              **options) -> ImmunizationResult:
-    """Immunize ``task`` with ``method``; ``options`` are the fields of :func:`options_of` (method)
-    on top of ``PRESETS[preset]``.  ``rng`` drives θ's random init and the mini-batch order."""
+    """Immunize ``task`` with ``method``; ``options`` (:func:`options_of`) on top of ``PRESETS[preset]``."""
     return _run(task, method, resolve_options(method, preset, **options), rng)
 
 

@@ -70,8 +70,7 @@ def _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log):
 
 
 def opt_kappa_objective(theta, X_P, X_H, *, weights=(1.0, 1.0), log: bool = False):
-    """``w_P κ(H_P(θ)) − w_H κ(H_H(θ))`` (log κ when ``log``), its θ-gradient and the unweighted
-    per-term gradients ``(grad_P, grad_H)`` (docs/theory.md §7)."""
+    """``w_P κ(H_P(θ)) − w_H κ(H_H(θ))`` (or log κ), its θ-gradient and the two unweighted ones."""
     theta = np.asarray(theta, dtype=np.float64)
     Z_P, Z_H = X_P @ theta, X_H @ theta
     reg_P, reg_H = hessian_regularizer(Z_P, "well"), hessian_regularizer(Z_H, "well")
@@ -266,8 +265,7 @@ def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
 
 
 def imma(task, method, o, rng):
-    """IMMA (docs/theory.md §7): ascent on :func:`imma_objective` (L_P on mini-batches); the attacker's
-    head w and the defender's ω each descend their own loss at θ."""
+    """IMMA (docs/theory.md §7): ascent on :func:`imma_objective`; heads w and ω descend their losses."""
     D = task.D
     theta = _init_theta(D, o, rng)
     omega, bias = _init_head(task, rng)

@@ -179,8 +179,7 @@ def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
 @bounded_blas
 def grouped_feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref, *, rng: np.random.Generator, groups: int = 20,
                         group_size: int = 100) -> dict:
-    """RIR_θ₀ over ``groups`` random groups of ``group_size`` rows, the same rows for the model and
-    the reference (docs/theory.md §8): mean, std and per-group values of the RIR and its factors."""
+    """RIR_θ₀ over ``groups`` random groups of rows, the same for model and reference (docs/theory.md §8)."""
     check_number(groups, "groups", low=1, integer=True)
     check_number(group_size, "group_size", low=2, integer=True)
     Z_P, Z_H, Z_P_ref, Z_H_ref = _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref).values()

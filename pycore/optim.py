@@ -42,8 +42,7 @@ class GD:
 
 
 class Adam:
-    """Adam (Kingma & Ba 2015) with bias correction, the paper's optimizer for linear models
-    (β = (0.9, 0.999), ε = 1e-8: paper Appendix C.2)."""
+    """Adam (Kingma & Ba 2015) with bias correction, the paper's optimizer (Appendix C.2)."""
 
     def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, *,
                  name: str = "x"):

@@ -52,8 +52,7 @@ def exact_line_search_steps(Z: np.ndarray, Y: np.ndarray, w: np.ndarray, *,
 
 @bounded_blas
 def gd_exact_line_search(Z, Y, steps: int) -> ProbeTrace:
-    """``steps`` iterations of GD with exact line search on ``‖Zw − Y‖²`` from w₀ = 0, padded with
-    the last value once ``‖∇L‖ ≤ 1e-14·‖∇L(0)‖``."""
+    """``steps`` iterations from w₀ = 0, padded once ``‖∇L‖ ≤ 1e-14·‖∇L(0)‖``."""
     Z = as_float_matrix(Z, "Z")
     Y = as_target(Y, Z.shape[0], "Y")
     check_number(steps, "steps", low=0, high=MAX_PROBE_STEPS, integer=True)

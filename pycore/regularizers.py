@@ -189,8 +189,7 @@ def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
 
 
 def grad_theta_and_regularizer(theta, K, kind: str):
-    """(∇_θR(θᵀKθ) = 2KθG, the :class:`HessianRegularizer` of H = θᵀKθ) for symmetric PSD ``K``
-    (Theorem 4.2)."""
+    """(∇_θR(θᵀKθ) = 2KθG (Theorem 4.2), the :class:`HessianRegularizer` of H = θᵀKθ), K PSD."""
     check_choice(kind, "kind", KINDS)
     Ks, K = check_symmetric(K, "K"), as_float_matrix(K, "K")
     theta = check_theta(theta, K.shape[0])

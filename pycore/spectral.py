@@ -122,8 +122,7 @@ def singular_parts(S: np.ndarray, vectors: bool = True):
 
 
 def spectrum_info(S, *, rtol: float | None = None, vectors: bool = False, name: str = "S") -> SpectrumInfo:
-    """Singular values of ``S`` (:func:`singular_parts`), rank and ties; ``vectors``: the
-    eigenvectors (symmetric) or right singular vectors, same order."""
+    """Singular values of ``S`` (:func:`singular_parts`), rank, ties and (``vectors``) V."""
     S = as_float_matrix(S, name)
     check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True, none_ok=True)
     scale = _scale_of(S)

@@ -97,8 +97,7 @@ def _largest_dim(values) -> int:
 
 
 def bounded_blas(func):
-    """Entry-point decorator: the thread count decided once per call from the arguments' largest
-    dimension; nested entry points keep the outer decision."""
+    """Entry-point decorator: the count decided once per call from the arguments' largest dimension."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):

@@ -46,8 +46,7 @@ MAX_DENSE_BYTES = 4 << 30   # 4 GiB
 
 
 def check_dense_size(shape, what: str) -> None:
-    """``ValueError`` naming ``what`` if a float64 ``shape`` exceeds :data:`MAX_DENSE_BYTES` (read at
-    call time)."""
+    """``ValueError`` naming ``what`` if a float64 ``shape`` exceeds :data:`MAX_DENSE_BYTES`."""
     limit, nbytes = MAX_DENSE_BYTES, 8 * math.prod(int(n) for n in shape)
     if nbytes > limit:
         raise ValueError(f"{what}: a {' × '.join(str(int(n)) for n in shape)} float64 array needs "

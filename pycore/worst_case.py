@@ -72,8 +72,7 @@ def _cfg(family, attacker, **params) -> AttackerConfig:
 
 
 def attacker_grid(loss: str = "lsq", *, quick: bool = False) -> tuple[AttackerConfig, ...]:
-    """Every configuration of every family for ``loss`` (lsq: the closed form; logistic: Newton);
-    ``quick``: a few per family."""
+    """Every configuration of every family for ``loss``; ``quick``: a few per family."""
     check_choice(loss, "loss", LOSSES)
     mus = (1.0, 0.1) if quick else MU_FACTORS
     g = [_cfg("gd", "gd_exact")]
@@ -127,8 +126,7 @@ class GridRun:
 @bounded_blas
 def run_grid(problem: A.ProbingProblem, grid, *, eps=(1e-2, 1e-4), max_steps: int = 20000,
              rng: np.random.Generator | None = None, second_order_max_steps: int = 100) -> GridRun:
-    """Every configuration of ``grid`` on ``problem`` until min(eps) or ``max_steps``
-    (:func:`pycore.attacks.run_attackers`)."""
+    """Every configuration of ``grid`` on ``problem`` until min(eps) or ``max_steps``."""
     grid = tuple(grid)
     if not grid:
         raise ParameterError("grid", "the attacker grid is empty")

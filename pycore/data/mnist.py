@@ -155,8 +155,7 @@ class PairSplit:
 
 def split_digits(digits: MnistDigits, n_train: int, rng: np.random.Generator,
                  n_heldout: int | None = None) -> PairSplit:
-    """``n_train`` training rows per digit, the next ``n_heldout`` (default: as many as every digit
-    has left) held out."""
+    """``n_train`` training rows per digit, the next ``n_heldout`` (default: all every digit has) held out."""
     smallest = min(digits.count(d) for d in range(10))
     check_number(n_train, "n_train", integer=True)
     check_number(n_heldout, "n_heldout", low=0, integer=True, none_ok=True)

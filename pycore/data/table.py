@@ -28,8 +28,7 @@ ON_OUTLIER = ("warn", "error", "ignore")
 
 @dataclass(frozen=True)
 class TableData:
-    """``train`` (``n_train`` rows per split), ``heldout`` (the rest; None below two rows), the inputs
-    in θ's column order, the file(s), rows per split, empty input cells set to 0 per split."""
+    """The tasks (``heldout``: None below two rows), inputs in θ's order, empty input cells filled."""
 
     train: LinearTask
     heldout: LinearTask | None
