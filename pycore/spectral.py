@@ -125,17 +125,14 @@ def spectrum_info(S, *, rtol: float | None = None, vectors: bool = False, name: 
     """Singular values of ``S`` (:func:`singular_parts`), rank, ties and (``vectors``) V."""
     S = as_float_matrix(S, name)
     check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True, none_ok=True)
-    scale = _scale_of(S)
-    if scale is not None:
-        info = spectrum_info(S / scale, rtol=rtol, vectors=vectors, name=name)
-        with np.errstate(over="ignore", under="ignore"):
-            sigma = info.sigma * scale
-        if not np.isfinite(sigma[0]):
-            raise SpectrumError(f"{name}'s largest singular value ({info.sigma[0]:.6g} × {scale:.6g}) "
-                                "overflows float64; rescale it")
-        return _summarise(sigma, S.shape, rtol, info.vectors, what=name)
-    sigma, _, V = singular_parts(S, vectors)
-    return _summarise(sigma, S.shape, rtol, V, what=name)
+    scale = _scale_of(S) or 1.0       # singular values scale exactly with S
+    sigma, _, V = singular_parts(S / scale if scale != 1.0 else S, vectors)
+    with np.errstate(over="ignore", under="ignore"):
+        unscaled = sigma * scale if scale != 1.0 else sigma
+    if not np.isfinite(unscaled[0]):
+        raise SpectrumError(f"{name}'s largest singular value ({sigma[0]:.6g} × {scale:.6g}) overflows "
+                            "float64; rescale it")
+    return _summarise(unscaled, S.shape, rtol, V, what=name)
 
 
 def condition_number(S, *, rtol: float | None = None) -> float:
