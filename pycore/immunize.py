@@ -274,20 +274,18 @@ def auto_exponent(task: LinearTask, ceiling=None) -> tuple[float, str]:
     """The closed form's default exponent and why: the balanced one of the Definition 3.1 window
     ((i) = 1/(ii) = √ceiling) clamped into it, or 0 (H_P = I) when Definition 3.1 is out of reach."""
     ceiling = ceiling if ceiling is not None else rir_ceiling(task.X_P, task.X_H)
+    no = "exponent 0: Definition 3.1 is not attainable by the closed form"
     if not ceiling.kappa_C > 1 + 1e-8:   # 1e-8: far above κ(C)'s round-off at 1 (~p·eps)
-        return 0.0, (f"exponent 0: Definition 3.1 is not attainable by the closed form, κ(C) = "
-                     f"{ceiling.kappa_C:.6g} ≈ 1 (every exponent gives the same spectra)")
+        return 0.0, f"{no}, κ(C) = {ceiling.kappa_C:.6g} ≈ 1 (every exponent gives the same spectra)"
     w = def31_exponent_window(ceiling)
     if w.empty:
-        return 0.0, (f"exponent 0: Definition 3.1 is not attainable by the closed form, its window "
-                     f"[{w.low:.4g}, {w.high:.4g}) is empty (range-restricted ceiling "
+        return 0.0, (f"{no}, its window [{w.low:.4g}, {w.high:.4g}) is empty (range-restricted ceiling "
                      f"{ceiling.range_restricted:.4g} ≤ 1)")
     a = min(max(w.balanced, w.low), w.high)
     spread = float(np.max(np.abs(np.log(ceiling.lambda_C[:ceiling.rank_C]))))
     if abs(a) * spread / 2 > 300:   # s = λ_C^(a/2) beyond 1e±130: θ is no longer representable
-        return 0.0, (f"exponent 0: Definition 3.1 is not attainable by the closed form in float64, its "
-                     f"balanced exponent {a:.4g} scales θ's columns past 1e130 (κ(C) = "
-                     f"{ceiling.kappa_C:.6g} is too close to 1)")
+        return 0.0, (f"{no} in float64, its balanced exponent {a:.4g} scales θ's columns past 1e130 "
+                     f"(κ(C) = {ceiling.kappa_C:.6g} is too close to 1)")
     return a, (f"exponent {a:.4g}: the balanced exponent of the Definition 3.1 window "
                f"[{w.low:.4g}, {w.high:.4g})" + (", clamped at 0" if a != w.balanced else ""))
 

@@ -187,8 +187,7 @@ def grouped_feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref, *, rng: np.random.Generator,
     m = min(group_size, nP, nH)
     vals = []
     for _ in range(groups):
-        iP = rng.choice(nP, size=m, replace=False)
-        iH = rng.choice(nH, size=m, replace=False)
+        iP, iH = rng.choice(nP, size=m, replace=False), rng.choice(nH, size=m, replace=False)
         vals.append(feature_rir(Z_P[iP], Z_H[iH], Z_P_ref[iP], Z_H_ref[iH]))
     out = {}
     for key in ("value", "harmful_ratio", "pretrain_ratio"):

@@ -61,11 +61,10 @@ def read_header(path) -> list[str]:
         raise ValueError(f"{path}: the header line is longer than {MAX_HEADER_BYTES} bytes")
     if not any(n.strip() for n in names):
         raise ValueError(f"{path}: is empty (no header line)")
-    if len(names) == 1:
-        for sep in (";", "\t", "|"):
-            if sep in names[0]:
-                raise ValueError(f"{path}: the header has a single column; the file looks {sep!r}-separated, "
-                                 "expected a comma-separated CSV")
+    for sep in (";", "\t", "|") if len(names) == 1 else ():
+        if sep in names[0]:
+            raise ValueError(f"{path}: the header has a single column; the file looks {sep!r}-separated, "
+                             "expected a comma-separated CSV")
     dups = sorted({n for n in names if names.count(n) > 1}, key=names.index)
     if dups:
         raise ValueError(f"{path}: duplicated column name(s) {', '.join(map(repr, dups))} in the header")
