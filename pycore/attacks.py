@@ -401,7 +401,7 @@ def _scipy(problem: ProbingProblem, w, rec: _Recorder, max_steps: int, method: s
 
 def jacobi_scaling(Z, *, curvature: float = 1.0, ridge: float = 0.0) -> np.ndarray:
     """``diag(c·ZᵀZ + λI)^{-½}`` (1 where zero): the Jacobi preconditioner an attacker reads off their
-    features (logistic: the Hessian at w = 0, c = ¼, plus the ridge)."""
+    features (logistic: the Hessian at w = 0, c = ¼, plus the ridge, lest a never-inked pixel explode)."""
     d = curvature * np.sum(np.asarray(Z, dtype=np.float64) ** 2, axis=0) + ridge
     out = np.ones_like(d)
     out[d > 0] = 1.0 / np.sqrt(d[d > 0])
