@@ -1,11 +1,8 @@
-"""Attackers: linear probing of frozen features ``Z = Xθ`` by the optimisers a real attacker uses
-(docs/theory.md §10, docs/attacks.md §1): GD pays ~κ, momentum and Krylov methods ~√κ, a solve nothing.
-
-Every attacker probes a :class:`pycore.probe.ProbingProblem` (:func:`make_problem`, re-exported here).
-One engine, :func:`run_attackers`: the families with constant hyper-parameters run as the columns of
-one block per family, the others one by one, every run through one recorder of ``(L(w_t) − L*)/(L(w₀)
-− L*)`` from ``w₀ = 0`` until ``tol``, divergence or ``max_steps`` (a step is one iteration of the
-method); :func:`attack` is a one-configuration call.
+"""Attackers: linear probing of frozen features ``Z = Xθ`` (a :class:`pycore.probe.ProbingProblem`) by
+the optimisers a real attacker uses (docs/theory.md §10, docs/findings.md §4): GD pays ~κ, momentum and
+Krylov methods ~√κ, a solve nothing.  One engine, :func:`run_attackers`: the constant-hyper-parameter
+families run as the columns of one block, the others one by one, all through one recorder of
+``(L(w_t) − L*)/(L(w₀) − L*)`` from ``w₀ = 0``; :func:`attack` is a one-configuration call.
 """
 from __future__ import annotations
 
@@ -19,9 +16,9 @@ import scipy.special
 
 from pycore.optim import damped_newton
 from pycore.probe import ProbingProblem, exact_line_search_steps, make_problem
-from pycore.spectral import rank_tolerance
+from pycore.spectral import numerical_rank
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number
+from pycore.validation import ParameterError, as_float_matrix, check_betas, check_choice, check_number
 
 __all__ = ["ProbingProblem", "AttackTrajectory", "make_problem", "ATTACKERS", "MOMENTUM_KINDS",
            "ADAPTIVE_KINDS", "run_attackers", "attack", "jacobi_scaling", "whitening_preconditioner"]
@@ -40,12 +37,9 @@ _DIVERGED = 1e12                   # a run whose suboptimality grew by this fact
 _GOES_ON = np.ones(1, dtype=bool)
 
 
-# trajectories and the one recorder
 @dataclass
 class AttackTrajectory:
-    """One configuration's run: ``rel_subopt[t] = (L(w_t) − L*)/(L(w₀) − L*)`` for every step t taken,
-    the cap, the wall time, the hyper-parameters (``params``), ``info`` (with ``diverged``) and
-    the last iterate ``w_final``."""
+    """One configuration's run: ``rel_subopt[t]`` for every step t taken and what produced it."""
 
     attacker: str
     rel_subopt: np.ndarray
@@ -66,8 +60,8 @@ class AttackTrajectory:
 
 
 class _Recorder:
-    """The relative suboptimality of m columns (m = 1: one attacker) each step until each reaches
-    ``tol``, diverges (non-finite or ×1e12) or hits the cap, in chunks (no loop over columns)."""
+    """The relative suboptimality of m columns each step until each reaches ``tol``, diverges
+    (non-finite or ×1e12) or hits the cap, in chunks (no loop over columns)."""
 
     _CHUNK = 4096
 
@@ -124,25 +118,20 @@ class _Recorder:
                 for j, (n, p, i, e) in enumerate(zip(names, params, infos, ends))]
 
 
-def _start(problem: ProbingProblem, tol: float, m: int = 1):
-    """``(w₀ = 0, ∇L(w₀), recorder of m columns)``."""
+def _start(problem: ProbingProblem, tol: float, m: int = 1):   # (w₀ = 0, ∇L(w₀), recorder)
     w0 = np.zeros(problem.dim)
     _, g, gap = problem.evaluate(w0)
     return w0, g, _Recorder(m, gap, tol)
 
 
-# the engine
 @bounded_blas
 def run_attackers(problem: ProbingProblem, configs, *, max_steps: int = 20000, tol: float = 1e-6, rng=None,
                   second_order_max_steps: int = 100) -> list[AttackTrajectory]:
-    """Every configuration of ``configs`` on ``problem``: one :class:`AttackTrajectory` each, in order.
-
-    ``configs``: dicts with ``attacker`` (a key of :data:`ATTACKERS`) and its keys (defaults in
-    :data:`ATTACKERS`): ``step_factor`` c ∈ (0, 2) (GD step c/L) or ``step="2/(L+mu)"``; ``mu_factor``
-    (tuned to μ̂ = mu_factor·μ); ``lr_factor`` (required) and ``betas``; ``memory``; ``rows`` ∈
-    :data:`WHITEN_ROWS` and ``ridge_rel`` (whitening). All are checked before any run. ``rng`` draws
-    each "half" whitening's rows (default ``default_rng(0)``); Newton's cap is ``second_order_max_steps``.
-    """
+    """One :class:`AttackTrajectory` per configuration of ``configs``, in order: dicts with
+    ``attacker`` (a key of :data:`ATTACKERS`) and its keys (defaults there): ``step_factor`` c ∈ (0, 2)
+    (GD step c/L) or ``step="2/(L+mu)"``; ``mu_factor`` (tuned to μ̂ = mu_factor·μ); ``lr_factor``
+    (required) and ``betas``; ``memory``; ``rows`` and ``ridge_rel`` (whitening), all checked before any
+    run.  ``rng`` draws each "half" whitening's rows (default ``default_rng(0)``)."""
     if not isinstance(problem, ProbingProblem):
         raise TypeError(f"problem must be a ProbingProblem (see make_problem), got {type(problem).__name__}")
     configs = [_checked(problem, c) for c in configs]
@@ -177,7 +166,7 @@ _RANGES = {"step_factor": {"low": 0.0, "high": 2.0, "low_open": True, "high_open
 
 
 def _checked(problem: ProbingProblem, c) -> dict:
-    """Configuration ``c`` with its defaults, every key and value checked (ParameterError naming it)."""
+    """Configuration ``c`` with its defaults, every key and value checked."""
     name = c.get("attacker") if isinstance(c, dict) else None
     if name not in ATTACKERS:
         raise ParameterError("attacker", f"unknown attacker {name!r}; choose from {tuple(ATTACKERS)}")
@@ -193,14 +182,10 @@ def _checked(problem: ProbingProblem, c) -> dict:
         if key in c:
             check_choice(c[key], key, choices)
     if "betas" in c:
-        b = c["betas"]
-        if not (isinstance(b, (tuple, list)) and len(b) == 2):
-            raise ParameterError("betas", f"betas must be a pair (β₁, β₂), got {b!r}")
-        c["betas"] = tuple(check_number(x, "betas", low=0.0, high=1.0, high_open=True) for x in b)
+        c["betas"] = check_betas(c["betas"])
     return c
 
 
-# block families: the configurations as the columns of one D × m block (one product a step)
 def _momentum_coefficients(problem: ProbingProblem, cfg: dict) -> tuple[float, float, bool]:
     """``(α, β, convex schedule)`` of ``w⁺ = w − α∇L(v) + β(w − w⁻)``, ``v = w + γ(w − w⁻)`` (γ = β for
     Nesterov): GD α = c/L (Eq. (2)) or 2/(L+μ); heavy ball Polyak's tuning, rate (√κ−1)/(√κ+1);
@@ -220,8 +205,7 @@ def _momentum_coefficients(problem: ProbingProblem, cfg: dict) -> tuple[float, f
 
 
 def _block_ops(problem: ProbingProblem):
-    """``(grad(W), gap(W))`` on a block (lsq: from the working form, the gap of
-    :meth:`ProbingProblem.evaluate`)."""
+    """``(grad(W), gap(W))`` on a D × m block (lsq: the working form and gap of ``evaluate``)."""
     if problem.loss != "lsq":
         return (lambda W: problem.evaluate(W)[1]), (lambda W: problem.evaluate(W)[2])
     Zw, yw = problem.work
@@ -233,68 +217,61 @@ def _block_ops(problem: ProbingProblem):
     return (lambda W: Zw.T @ (Zw @ W - yw[:, None])), gap
 
 
-def _sweep_momentum(problem, configs, max_steps, tol) -> list[AttackTrajectory]:
-    """GD with a constant step, heavy ball, Nesterov (:data:`MOMENTUM_KINDS`) as one block."""
+def _sweep(problem, configs, max_steps, tol, update, n_state, params, infos) -> list[AttackTrajectory]:
+    """The configurations as the columns of one D × m block: ``S = update(t, active, grad, *S)`` a
+    step, ``S[0]`` the iterates, every state from w₀ = 0; a column leaves once recorded as stopped."""
     w0, _, rec = _start(problem, tol, m=len(configs))
-    alpha, beta, convex = (np.array(x) for x in zip(*(_momentum_coefficients(problem, c) for c in configs)))
-    gamma = np.where(np.array([c["attacker"] == "nesterov" for c in configs]), beta, 0.0)
-    W = np.repeat(w0[:, None], len(configs), axis=1)
-    Wp = W.copy()
+    S = [np.repeat(w0[:, None], len(configs), axis=1) for _ in range(n_state)]
     grad, block_gap = _block_ops(problem)
     for t in range(1, max_steps + 1):
-        a = rec.active
-        if a.size == 0:
+        if rec.active.size == 0:
             break
+        S = update(t, rec.active, grad, *S)
+        keep = rec.push(block_gap(S[0]), S[0])
+        if not keep.all():
+            S = [X[:, keep] for X in S]
+    return rec.result([c["attacker"] for c in configs], max_steps, params, infos, S[0])
+
+
+def _sweep_momentum(problem, configs, max_steps, tol) -> list[AttackTrajectory]:
+    """GD with a constant step, heavy ball, Nesterov (:data:`MOMENTUM_KINDS`) as one block."""
+    alpha, beta, convex = (np.array(x) for x in zip(*(_momentum_coefficients(problem, c) for c in configs)))
+    gamma = np.where(np.array([c["attacker"] == "nesterov" for c in configs]), beta, 0.0)
+
+    def update(t, a, grad, W, Wp):
         b_t = np.where(convex[a], (t - 1.0) / (t + 2.0), beta[a])
         g_t = np.where(convex[a], b_t, gamma[a])
         D = W - Wp
-        G = grad(W + g_t * D)
-        W, Wp = W - alpha[a] * G + b_t * D, W
-        keep = rec.push(block_gap(W), W)
-        if not keep.all():
-            W, Wp = W[:, keep], Wp[:, keep]
+        return W - alpha[a] * grad(W + g_t * D) + b_t * D, W
     params = [{**c, "alpha": float(a), "beta": "(t-1)/(t+2)" if v else float(b)}
               for c, a, b, v in zip(configs, alpha, beta, convex)]
-    return rec.result([c["attacker"] for c in configs], max_steps, params, [{}] * len(configs), W)
+    return _sweep(problem, configs, max_steps, tol, update, 2, params, [{}] * len(configs))
 
 
 def _sweep_adaptive(problem, configs, max_steps, tol, eps: float = 1e-8) -> list[AttackTrajectory]:
     """Adam (bias-corrected, ε = 1e-8; β₁ = 0 is RMSprop) and Adagrad ``w ← w − lr·g/(√(Σg²) + ε)`` as
     one block. ``lr = lr_factor·max|w₀ − w*|``: Adam moves a coordinate ~lr a step whatever the gradient's
     scale, so lr is in units of the distance to w* (oracle: the defender's worst case; θ → cθ invariant)."""
-    w0, _, rec = _start(problem, tol, m=len(configs))
     ada = np.array([c["attacker"] == "adagrad" for c in configs])
     b1, b2 = (np.array([0.0 if k else c["betas"][i] for k, c in zip(ada, configs)]) for i in (0, 1))
-    scale = float(np.max(np.abs(w0 - problem.w_star)))
+    scale = float(np.max(np.abs(problem.w_star)))          # w₀ = 0
     lr = (scale if scale > 0 else 1.0) * np.array([c["lr_factor"] for c in configs])
-    W = np.repeat(w0[:, None], len(configs), axis=1)
-    M, Vs = np.zeros_like(W), np.zeros_like(W)
-    grad, block_gap = _block_ops(problem)
-    G = grad(W)
-    for t in range(1, max_steps + 1):
-        a = rec.active
-        if a.size == 0:
-            break
+
+    def update(t, a, grad, W, M, Vs):
+        G = grad(W)
         M = b1[a] * M + (1.0 - b1[a]) * G
         G2 = G * G
         Vs = np.where(ada[a], Vs + G2, b2[a] * Vs + (1.0 - b2[a]) * G2)
         c2 = np.where(ada[a], 1.0, 1.0 - b2[a] ** t)
-        W = W - (lr[a] / (1.0 - b1[a] ** t)) * M / (np.sqrt(Vs / c2) + eps)
-        keep = rec.push(block_gap(W), W)
-        if not keep.all():
-            W, M, Vs = W[:, keep], M[:, keep], Vs[:, keep]
-        G = grad(W)
+        return W - (lr[a] / (1.0 - b1[a] ** t)) * M / (np.sqrt(Vs / c2) + eps), M, Vs
     params = [{**c, "lr": float(x), "eps": eps} for c, x in zip(configs, lr)]
-    infos = [{"lr_scale": scale}] * len(configs)
-    return rec.result([c["attacker"] for c in configs], max_steps, params, infos, W)
+    return _sweep(problem, configs, max_steps, tol, update, 3, params, [{"lr_scale": scale}] * len(configs))
 
 
-# attackers with no block twin, through the same recorder
 def _run_single(problem: ProbingProblem, c: dict, max_steps: int, tol: float, rng):
-    """GD with exact line search (Figure 1: :func:`pycore.probe.exact_line_search_steps`), CG (CGLS;
-    logistic: SciPy's Polak–Ribière), L-BFGS (SciPy, its own stopping tests off), Jacobi-PCG (CG in
-    u = S⁻¹w, S = :func:`jacobi_scaling`), whitening (exact descent along −P∇L, P =
-    :func:`whitening_preconditioner`: affine invariant, docs/attacks.md §1.3), the closed form (one
+    """The attackers with no block twin: GD with exact line search (Figure 1), CG (CGLS; logistic:
+    SciPy's Polak–Ribière), L-BFGS (SciPy, its stopping tests off), Jacobi-PCG (CG in u = S⁻¹w),
+    whitening (exact descent along −P∇L: affine invariant, docs/findings.md §4), the closed form (one
     ``lstsq``, ONE step) and damped Newton (logistic; for lsq the closed form)."""
     name = c["attacker"]
     if name == "pcg_jacobi" and problem.loss == "lsq":      # CGLS on ZS: the same objective (ZSu = Zw)
@@ -339,8 +316,7 @@ def _at(problem: ProbingProblem, w):
 
 
 def _cgls(problem: ProbingProblem, w, g):
-    """CGLS (Björck 1996 §7.4): CG on ``ZᵀZw = Zᵀy`` through Z and Zᵀ, residual by recurrence; from
-    w₀ = 0 the minimum-norm solution, in at most (distinct nonzero eigenvalues) steps exactly."""
+    """CGLS (Björck 1996 §7.4): CG on ``ZᵀZw = Zᵀy`` through Z and Zᵀ, residual by recurrence."""
     Z, yw = problem.work
     r, s = yw - Z @ w, -g                       # residual of Zw ≈ y, and Zᵀr
     p, gamma = s.copy(), float(s @ s)
@@ -360,8 +336,7 @@ def _cgls(problem: ProbingProblem, w, g):
 
 
 def _exact_descent(problem: ProbingProblem, w, g, P):
-    """``w ← w − αd``, ``d = Pg`` (P None: g), ``α = argmin_α L(w − αd)``: ``gᵀd/‖Zd‖²`` (lsq) or
-    :func:`_logistic_exact_step`."""
+    """``w ← w − αd``, ``d = Pg`` (P None: g), ``α = argmin_α L(w − αd)``."""
     Zw = problem.work[0]
     while True:
         d = g if P is None else P @ g
@@ -434,16 +409,15 @@ def jacobi_scaling(Z, *, curvature: float = 1.0, ridge: float = 0.0) -> np.ndarr
 
 
 def whitening_preconditioner(Z_est, ridge_rel: float = 1e-8) -> np.ndarray:
-    """``(Σ̂₊ + δI)⁻¹`` from ``eigh`` of ``Σ̂ = Z_estᵀZ_est/n``, ``δ = ridge_rel·λ_max(Σ̂)``; Σ̂₊ raises
-    the numerically zero eigenvalues (rank rule of docs/theory.md §2 on Z_est) to the smallest
-    nonzero one, so round-off in directions the rows never vary in is not amplified by 1/δ."""
+    """``(Σ̂₊ + δI)⁻¹``, ``Σ̂ = Z_estᵀZ_est/n``, ``δ = ridge_rel·λ_max(Σ̂)``; Σ̂₊ raises the numerically
+    zero eigenvalues to the smallest nonzero one, lest round-off there be amplified by 1/δ."""
     Z_est = as_float_matrix(Z_est, "Z_est")
     check_number(ridge_rel, "ridge_rel", low=0.0, low_open=True)
     S = Z_est.T @ Z_est / Z_est.shape[0]
     lam, U = np.linalg.eigh(0.5 * (S + S.T))
     top = max(float(lam[-1]), np.finfo(float).tiny)
     sv = np.linalg.svd(Z_est, compute_uv=False)
-    rank = int(np.sum(sv > rank_tolerance(sv[0], Z_est.shape))) if sv[0] > 0 else 0
+    rank = numerical_rank(sv, Z_est.shape)
     floor = float(lam[lam.size - rank]) if rank else top
     lam = np.where(np.arange(lam.size) < lam.size - rank, floor, lam)     # eigh sorts ascending
     return (U / (lam + ridge_rel * top)) @ U.T

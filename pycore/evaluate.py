@@ -1,30 +1,25 @@
-"""Per-run evaluation of an immunized linear extractor (docs/theory.md §8, §10): everything a table needs.
-
-What does not depend on θ (spectra at θ = I, the range(K_P) basis and the products with it, the
-best D_P loss before) is computed once per task pair by :class:`EvaluationReference`.
-"""
+"""Per-run evaluation of an immunized linear extractor (docs/theory.md §8, §10): everything a table
+needs; what does not depend on θ is computed once per task pair (:class:`EvaluationReference`)."""
 from __future__ import annotations
 
 import numpy as np
 
 from pycore.losses import best_probe_loss
-from pycore.metrics import RIR, Ceiling, rir_ceiling
+from pycore.metrics import RIR, Ceiling, rir_ceiling, row_space_basis
 from pycore.probe import gd_exact_line_search
-from pycore.spectral import EPS, gram_spectrum, rank_tolerance
+from pycore.spectral import EPS, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
 from pycore.validation import ParameterError, check_theta
 
 
 def immunized_def31(harmful_ratio: float, pretrain_ratio: float) -> bool:
-    """Definition 3.1 for one run (docs/theory.md §8): (i) > 1 AND (ii) < 1 (RIR alone cannot decide
-    it: whitening D_P reaches the RIR ceiling whatever it does to (i))."""
+    """Definition 3.1 (docs/theory.md §8): (i) > 1 AND (ii) < 1 (RIR alone cannot decide it)."""
     return bool(harmful_ratio > 1.0 and pretrain_ratio < 1.0)
 
 
 class _Rows:
-    """One input matrix X of a task with what every θ reuses: the spectrum of XᵀX (θ = I) and
-    ``XV`` for the basis V of range(K_P)."""
+    """One input matrix X with what every θ reuses: the spectrum of XᵀX and ``XV``, V of range(K_P)."""
 
     def __init__(self, X: np.ndarray, V: np.ndarray):
         self.X = X
@@ -35,13 +30,9 @@ class _Rows:
 
 
 class EvaluationReference:
-    """What the evaluation of any θ on ``train`` (and ``heldout``) shares, computed once.
-
-    P_R = VVᵀ projects onto range(K_P) of D_P's TRAINING rows (docs/theory.md §8; V from the SVD of
-    X_P, rank rule of :mod:`pycore.spectral`).  With T = Vᵀθ the parts' features are
-    ``X θ_range = X P_N + (XV)T`` and ``X θ_null = X P_R + Xθ − (XV)T``: r×D×D and N×r×D products
-    instead of D³ ones, equal to round-off (~eps‖X‖‖θ‖, the rounding of Xθ itself).
-    """
+    """What the evaluation of any θ on ``train`` (and ``heldout``) shares.  P_R = VVᵀ projects onto
+    range(K_P) of D_P's TRAINING rows (docs/theory.md §8); with T = Vᵀθ the parts' features are
+    ``X θ_range = X P_N + (XV)T`` and ``X θ_null = X P_R + Xθ − (XV)T``: no D³ products."""
 
     def __init__(self, train: LinearTask, heldout: LinearTask | None = None):
         for name, t in (("train", train), ("heldout", heldout)):
@@ -51,26 +42,19 @@ class EvaluationReference:
             raise ParameterError("heldout", f"the held-out task has {heldout.D} input columns but the "
                                             f"training task {train.D}: θ acts on one input space")
         self.train, self.heldout = train, heldout
-        X_P = train.X_P
-        _, s, Vt = np.linalg.svd(X_P, full_matrices=False)
-        r = int(np.count_nonzero(s > rank_tolerance(s[0], X_P.shape)))
-        self.V = Vt[:r].T
-        self.rows = {("train", "P"): _Rows(train.X_P, self.V), ("train", "H"): _Rows(train.X_H, self.V)}
+        self.V = row_space_basis(train.X_P)
+        self.rows = {(rows, k): _Rows(getattr(t, "X_" + k), self.V)
+                     for rows, t in (("train", train), ("heldout", heldout)) if t is not None for k in "PH"}
         self._dp_loss_before: dict = {}
-        if heldout is not None:
-            self.rows[("heldout", "P")] = _Rows(heldout.X_P, self.V)
-            self.rows[("heldout", "H")] = _Rows(heldout.X_H, self.V)
 
-    def dp_loss_before(self, rows: str = "train") -> float:
-        """Best D_P loss of a linear head at θ = I, on first use (a Newton solve for BCE)."""
+    def dp_loss_before(self, rows: str = "train") -> float:   # at θ = I, on first use
         if rows not in self._dp_loss_before:
             t = self.train if rows == "train" else self.heldout
             self._dp_loss_before[rows] = best_probe_loss(t.loss, t.X_P, t.Y_P)
         return self._dp_loss_before[rows]
 
     def features(self, theta: np.ndarray, rows: str = "train") -> dict:
-        """Features of θ, θ_range and θ_null on the ``rows`` ("train" or "heldout") of both
-        tasks: ``{(part, task): X·θ_part}``, part in ("theta", "range", "null"), task in ("P", "H")."""
+        """``{(part, task): X·θ_part}`` on ``rows``, part in ("theta", "range", "null"), task "P"/"H"."""
         T = self.V.T @ theta
         out = {}
         for task in ("P", "H"):
@@ -83,12 +67,9 @@ class EvaluationReference:
         return out
 
     def rir(self, Z_P: np.ndarray, Z_H: np.ndarray, rows: str = "train") -> RIR:
-        """:func:`pycore.metrics.rir` of the features ``Z_P = X_Pθ``, ``Z_H = X_Hθ``, spectra at I kept."""
-        sP, sH = gram_spectrum(Z_P, vectors=False), gram_spectrum(Z_H, vectors=False)
-        rP, rH = self.rows[(rows, "P")].ref, self.rows[(rows, "H")].ref
-        hr = sH.kappa / rH.kappa
-        pr = sP.kappa / rP.kappa
-        return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
+        """:func:`pycore.metrics.rir` of the features ``Z_P = X_Pθ``, ``Z_H = X_Hθ``."""
+        return RIR.of(gram_spectrum(Z_P, vectors=False), gram_spectrum(Z_H, vectors=False),
+                      self.rows[(rows, "P")].ref, self.rows[(rows, "H")].ref)
 
     def null_part_fraction(self, theta: np.ndarray) -> float:
         """‖P_N(θ − I)‖_F²/‖θ − I‖_F² ∈ [0, 1], the share of θ's change D_P never sees; NaN at θ = I."""
@@ -103,12 +84,10 @@ class EvaluationReference:
 @bounded_blas
 def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | None = None, *,
                     ceiling: Ceiling | None = None, reference: EvaluationReference | None = None) -> dict:
-    """RIR, (i), (ii), Definition 3.1 and the best D_P loss of a linear head with θ vs with I
-    (Definition 3.1(c)) on the training rows and (``heldout_`` prefix) the held-out rows, the
-    fraction of the range-restricted ceiling and the range/null parts (docs/theory.md §8: P_R from
-    D_P's TRAINING rows; ``rir_range_part`` is the RIR of P_N + P_Rθ, ``rir_null_part`` of
-    P_R + P_Nθ).  ``ceiling`` and ``reference`` are computed when not given; a ceiling of other
-    rows or a reference of other tasks is refused."""
+    """RIR, (i), (ii), Definition 3.1 and the best D_P loss of a linear head with θ vs with I on the
+    training and (``heldout_`` prefix) held-out rows, the fraction of the ceiling and the RIR of
+    the range/null parts P_N + P_Rθ, P_R + P_Nθ (docs/theory.md §8).  ``ceiling`` and ``reference``
+    are computed when not given; those of other data are refused."""
     if reference is not None and (reference.train is not train or reference.heldout is not heldout):
         raise ParameterError("reference", "reference was built for other tasks: pass "
                                           "EvaluationReference(train, heldout) of these tasks")
@@ -116,10 +95,12 @@ def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | 
     if ceiling is None:
         ceiling = rir_ceiling(train.X_P, train.X_H)
     for mine, task in ((ceiling.kappa_K_P, "P"), (ceiling.kappa_K_H, "H")):
+        # κ(K) = κ(X)² from two SVDs of the same rows agree to 2p·eps·√κ(K) relative (×2 margin)
         rows = ref.rows[("train", task)]
-        if not _same_kappa(mine, rows.ref.kappa, min(rows.X.shape)):
+        k = rows.ref.kappa
+        if not abs(mine - k) <= max(1e-9, 4 * min(rows.X.shape) * EPS * np.sqrt(max(mine, k))) * k:
             raise ParameterError("ceiling", f"ceiling was computed on other data: its κ(K_{task}) = "
-                                            f"{mine:.6g}, the training rows' {rows.ref.kappa:.6g}")
+                                            f"{mine:.6g}, the training rows' {k:.6g}")
     theta = check_theta(theta, train.D)
     out = {}
     for rows, t, pre in (("train", train, ""), ("heldout", heldout, "heldout_")):
@@ -139,12 +120,6 @@ def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | 
                        fraction_of_ceiling=r.value / ceiling.range_restricted,
                        null_part_fraction=ref.null_part_fraction(theta))
     return out
-
-
-def _same_kappa(a: float, b: float, p: int) -> bool:
-    """κ(K) = κ(X)² from two SVDs of the same rows: σ_min agrees to ~p·eps·σ_max, so κ(K) to
-    2p·eps·√κ(K) relative (a factor 2 margin, at least 1e-9); other rows miss by orders of magnitude."""
-    return abs(a - b) <= max(1e-9, 4 * p * EPS * np.sqrt(max(a, b))) * b
 
 
 @bounded_blas

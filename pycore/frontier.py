@@ -1,13 +1,5 @@
-"""The (i)/(ii) frontier of linear immunization (docs/attacks.md §3).
-
-RIR = (i)/(ii) hides the trade-off: it is maximal for ANY θ that whitens D_P, even with (i) < 1
-(docs/theory.md §10).  :func:`ratios` places a θ in the ((i), (ii)) plane; :func:`closed_form_frontier`
-traces the closed form over its exponent (RIR at the ceiling for a ≥ 0: the best (ii) for every
-(i)); :func:`regularizer_product` is Algorithm 1's regularizer term at its best scale (θ → cθ gives
-``min_c λ_P R_well + λ_H R_ill = 2√(λ_Pλ_H·R_well(H_P)·R_ill(H_H))``, so the shape Algorithm 1 converges
-to minimises the scale-free product whatever the λ's); :func:`target_progress` and
-:func:`pareto_front` measure the distance to a target region and the non-dominated points.
-"""
+"""The (i)/(ii) frontier of linear immunization (docs/findings.md §6): RIR = (i)/(ii) hides the
+trade-off, it is maximal for ANY θ that whitens D_P, even with (i) < 1 (docs/theory.md §10)."""
 from __future__ import annotations
 
 import math
@@ -19,9 +11,9 @@ from pycore.regularizers import r_ill, r_well
 from pycore.tasks import LinearTask
 from pycore.validation import ParameterError
 
+
 def ratios(theta, train: LinearTask, heldout: LinearTask | None = None) -> dict:
-    """``{"train": {...}, "heldout": {...}}`` with ``harmful_ratio`` (i), ``pretrain_ratio`` (ii)
-    and ``rir`` of θ against θ = I on each row set (docs/theory.md §8)."""
+    """Per row set (``"train"``, ``"heldout"``): (i), (ii) and the RIR of θ against θ = I."""
     out = {}
     for name, t in (("train", train), ("heldout", heldout)):
         if t is None:
@@ -32,8 +24,7 @@ def ratios(theta, train: LinearTask, heldout: LinearTask | None = None) -> dict:
 
 
 def closed_form_frontier(train: LinearTask, heldout: LinearTask | None, exponents) -> list[dict]:
-    """The closed-form immunizer (docs/theory.md §10) at each exponent a of ``exponents``: its
-    ratios on both row sets and :func:`regularizer_product` on the training rows."""
+    """The closed form (docs/theory.md §10) at each exponent a: the best (ii) for every (i)."""
     from pycore.immunize import immunize
 
     out = []
@@ -45,8 +36,8 @@ def closed_form_frontier(train: LinearTask, heldout: LinearTask | None, exponent
 
 
 def regularizer_product(theta, task: LinearTask) -> float:
-    """``R_well(H_P(θ)) · R_ill(H_H(θ))``, invariant under θ → cθ: lower = preferred by the paper's
-    objective, whose regularizer term at its best scale is ``2√(λ_P λ_H × this)``."""
+    """``R_well(H_P(θ))·R_ill(H_H(θ))``, invariant under θ → cθ: Algorithm 1's regularizer term at its
+    best scale is ``min_c λ_P R_well + λ_H R_ill = 2√(λ_Pλ_H × this)``, whatever the λ's."""
     theta = np.asarray(theta, dtype=np.float64)
     Z_P, Z_H = task.X_P @ theta, task.X_H @ theta
     return float(r_well(Z_P.T @ Z_P) * r_ill(Z_H.T @ Z_H))
@@ -62,11 +53,3 @@ def target_progress(harmful_ratio: float, pretrain_ratio: float, target=(10.0, 0
         return -math.inf
     return min(math.log(harmful_ratio) / math.log(ti), math.log(pretrain_ratio) / math.log(tii))
 
-
-def pareto_front(points) -> list[int]:
-    """Indices of the points ``(i, ii)`` that no other point beats in both (higher (i), lower
-    (ii)), sorted by (i)."""
-    pts = [(float(a), float(b)) for a, b in points]
-    keep = [k for k, (a, b) in enumerate(pts)
-            if not any((c >= a and d <= b) and (c > a or d < b) for c, d in pts)]
-    return sorted(keep, key=lambda k: pts[k][0])

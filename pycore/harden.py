@@ -1,9 +1,7 @@
-"""Spectrum-preserving hardening of an immunized extractor: θ → θQ with Q orthogonal (docs/attacks.md §2).
-
-Every Hessian becomes ``QᵀH(θ)Q``: the same κ's, RIR, Definition 3.1 and best D_P loss (ω → Qᵀω);
-only the basis changes, which coordinate-wise attackers (Adam, Jacobi-preconditioned CG) see.
-:data:`HARDENINGS`: ``"haar"`` a Haar draw on O(D); ``"equalize"`` an equal diagonal of the harmful
-Hessian (Schur–Horn; Bendel & Mickey 1978, Davies & Higham 2000), where Jacobi-CG is CG.
+"""Spectrum-preserving hardening: θ → θQ with Q orthogonal (docs/findings.md §5).  Every Hessian
+becomes ``QᵀH(θ)Q`` (same κ's, RIR and best D_P loss with ω → Qᵀω); only the basis changes, which
+coordinate-wise attackers see.  ``"haar"``: a Haar draw on O(D); ``"equalize"``: an equal diagonal of
+the harmful Hessian (Schur–Horn; Bendel & Mickey 1978, Davies & Higham 2000).
 """
 from __future__ import annotations
 
@@ -12,12 +10,12 @@ from dataclasses import replace
 import numpy as np
 import scipy.fft
 
-from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number
+from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number, check_rng
 
 HARDENINGS = ("none", "haar", "equalize")
 
-# Rotations built here are orthogonal to ~D·eps (≈ 2e-13 at D = 784, QR/eigh/Givens are backward
-# stable); 1e-10 is far above that and far below any matrix that is not a rotation.
+# Rotations built here are orthogonal to ~D·eps (≈ 2e-13 at D = 784); 1e-10 is far above that and
+# far below any matrix that is not a rotation.
 ORTHOGONALITY_RTOL = 1e-10
 
 
@@ -28,7 +26,7 @@ def orthogonality_defect(Q) -> float:
 
 
 def check_orthogonal(Q, name: str = "Q", *, tol: float = ORTHOGONALITY_RTOL) -> np.ndarray:
-    """``Q`` as a square float64 matrix, or :class:`ParameterError` if ``‖QᵀQ − I‖_max > tol``."""
+    """``Q`` as a float64 matrix, or :class:`ParameterError` unless square and orthogonal to ``tol``."""
     Q = as_float_matrix(Q, name)
     if Q.shape[0] != Q.shape[1]:
         raise ParameterError(name, f"{name} must be square, got shape {Q.shape}")
@@ -40,24 +38,22 @@ def check_orthogonal(Q, name: str = "Q", *, tol: float = ORTHOGONALITY_RTOL) -> 
 
 
 def haar_rotation(D: int, rng: np.random.Generator) -> np.ndarray:
-    """A Haar-distributed orthogonal D×D matrix from ``rng``: ``QR = G`` Gaussian, Q's columns times
-    ``sign(diag R)`` (without it LAPACK's sign convention biases the law; Mezzadri 2007)."""
+    """A Haar-distributed orthogonal D×D matrix: ``QR = G`` Gaussian, Q's columns times ``sign(diag R)``
+    (LAPACK's sign convention would bias the law; Mezzadri 2007)."""
     check_number(D, "D", low=1, integer=True)
-    if not isinstance(rng, np.random.Generator):
-        raise ParameterError("rng", f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
-    Q, R = np.linalg.qr(rng.standard_normal((D, D)))
+    Q, R = np.linalg.qr(check_rng(rng).standard_normal((D, D)))
     s = np.sign(np.diag(R))
     s[s == 0] = 1.0
     return Q * s
 
 
 def _givens_equalize(M: np.ndarray, Q: np.ndarray, target: float) -> tuple[np.ndarray, np.ndarray]:
-    """Givens rotations of symmetric M (in place, ``GᵀMG``) and Q (``QG``), each in a plane (i, j) with
-    ``M_ii < t < M_jj`` setting ``M_ii = t`` = mean(diag M): at most D − 1 of them (the trace keeps
-    the sum).  tan = the smaller root of ``(M_jj − t)τ² − 2M_ijτ + (M_ii − t)``, without cancellation."""
+    """At most D − 1 Givens rotations of symmetric M (in place, ``GᵀMG``) and Q (``QG``), each in a
+    plane ``M_ii < t < M_jj`` setting ``M_ii = t``: tan is the smaller root of
+    ``(M_jj − t)τ² − 2M_ijτ + (M_ii − t)``, without cancellation."""
     D = M.shape[0]
-    scale = max(float(np.max(np.abs(np.diag(M)))), np.finfo(float).tiny)
-    done = np.abs(np.diag(M) - target) <= 4 * D * np.finfo(float).eps * scale
+    close = 4 * D * np.finfo(float).eps * max(float(np.max(np.abs(np.diag(M)))), np.finfo(float).tiny)
+    done = np.abs(np.diag(M) - target) <= close
     for _ in range(D):
         d = np.diag(M)
         lo = [k for k in range(D) if not done[k] and d[k] < target]
@@ -71,24 +67,18 @@ def _givens_equalize(M: np.ndarray, Q: np.ndarray, target: float) -> tuple[np.nd
         tau = a / (b + np.copysign(np.sqrt(disc), b if b != 0 else 1.0))
         cs = 1.0 / np.sqrt(1.0 + tau * tau)
         sn = tau * cs
-        # columns i, j ← (c·col_i − s·col_j, s·col_i + c·col_j); then the same on the rows
-        ci, cj = M[:, i].copy(), M[:, j].copy()
-        M[:, i], M[:, j] = cs * ci - sn * cj, sn * ci + cs * cj
-        ri, rj = M[i, :].copy(), M[j, :].copy()
-        M[i, :], M[j, :] = cs * ri - sn * rj, sn * ri + cs * rj
+        M[:, i], M[:, j] = cs * M[:, i] - sn * M[:, j], sn * M[:, i] + cs * M[:, j]   # columns, then rows
+        M[i, :], M[j, :] = cs * M[i, :] - sn * M[j, :], sn * M[i, :] + cs * M[j, :]
         M[i, i] = target                               # exact by construction (round-off removed)
-        qi, qj = Q[:, i].copy(), Q[:, j].copy()
-        Q[:, i], Q[:, j] = cs * qi - sn * qj, sn * qi + cs * qj
+        Q[:, i], Q[:, j] = cs * Q[:, i] - sn * Q[:, j], sn * Q[:, i] + cs * Q[:, j]
         done[i] = True
-        if abs(M[j, j] - target) <= 4 * D * np.finfo(float).eps * scale:
-            done[j] = True
+        done[j] = abs(M[j, j] - target) <= close
     return M, Q
 
 
 def equalizing_rotation(H) -> np.ndarray:
-    """A deterministic orthogonal Q with ``diag(QᵀHQ) = (tr H/D)·1`` to ~D·eps·max|diag|: ``Q = VCᵀG``,
-    V H's eigenvectors (each column's largest entry positive: independent of LAPACK's signs), C the
-    orthonormal DCT-II (spreads every eigenvector over all coordinates), G Givens rotations."""
+    """A deterministic orthogonal Q with ``diag(QᵀHQ) = (tr H/D)·1``: ``Q = VCᵀG``, V H's eigenvectors
+    (largest entry positive), C the orthonormal DCT-II (spreads them over all coordinates), G Givens."""
     H = as_float_matrix(H, "H")
     if H.shape[0] != H.shape[1]:
         raise ParameterError("H", f"H must be square, got shape {H.shape}")
@@ -108,8 +98,7 @@ def equalizing_rotation(H) -> np.ndarray:
 
 
 def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = None, Z=None):
-    """The rotation Q of hardening ``kind`` (:data:`HARDENINGS`), None for ``"none"``: ``"haar"`` draws
-    from ``rng``, ``"equalize"`` equalizes the harmful Hessian ``ZᵀZ`` of the harmful features ``Z``."""
+    """The rotation Q of ``kind`` (None for ``"none"``); ``"equalize"`` equalizes ``ZᵀZ``."""
     check_choice(kind, "harden", HARDENINGS)
     if kind == "none":
         return None
@@ -124,8 +113,7 @@ def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = N
 
 
 def harden(theta, Q, omega=None):
-    """``(θQ, Qᵀω)``: the hardened extractor and the D_P head that predicts exactly as before
-    (``(XθQ)(Qᵀω) = Xθω``); ``omega`` may be None. Q must be orthogonal (checked)."""
+    """``(θQ, Qᵀω)``: the hardened extractor and the head that predicts as before; ``omega`` may be None."""
     theta = as_float_matrix(theta, "theta")
     Q = check_orthogonal(Q)
     if Q.shape[0] != theta.shape[1]:
@@ -135,10 +123,8 @@ def harden(theta, Q, omega=None):
 
 
 def harden_result(res, task, kind: str, *, rng: np.random.Generator | None = None):
-    """``res`` (an :class:`pycore.immunize.ImmunizationResult` of ``task``) hardened by ``kind``:
-    θ → θQ, ω → Qᵀω, keeping ``theta_unhardened`` and ``rotation``; ``"none"`` returns ``res``.
-    ``"haar"`` draws Q from ``rng``: pass the generator the run used, after the run, and θ is the
-    same for the same seed; ``"equalize"`` equalizes H_H(θ) on ``task``'s harmful rows."""
+    """``res`` (an ImmunizationResult of ``task``) hardened: θ → θQ, ω → Qᵀω, keeping
+    ``theta_unhardened`` and ``rotation``.  ``"haar"``: pass the generator the run used, after the run."""
     Q = hardening_rotation(kind, task.D, rng=rng, Z=task.X_H @ res.theta if kind == "equalize" else None)
     if Q is None:
         return res

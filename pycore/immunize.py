@@ -1,11 +1,6 @@
-"""Immunize a linear feature extractor θ ∈ R^{D×D}: one entry point, per-method options (scipy style).
-
-    res = immunize(task, "imma", rng=np.random.default_rng(0), preset="strict", inner_steps=5)
-
-Methods: :data:`METHODS` (docs/theory.md §6, §7, §10), options: :func:`options_of`, named settings:
-:data:`PRESETS`.  :func:`immunize_certified` is Algorithm 1 in certified-monotone mode; hardening
-is :func:`pycore.harden.harden_result`, applied to a result by the caller.
-"""
+"""Immunize a linear feature extractor θ ∈ R^{D×D}: one entry point, per-method options (scipy style),
+``immunize(task, "imma", rng=rng, preset="strict", inner_steps=5)`` (docs/design.md §3).  Methods:
+:data:`METHODS` (docs/theory.md §6, §7, §10), options: :func:`options_of`, settings: :data:`PRESETS`."""
 from __future__ import annotations
 
 import time
@@ -22,10 +17,10 @@ from pycore.precondition import PRECONDITIONERS
 from pycore.spectral import SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, check_choice, check_number
+from pycore.validation import ParameterError, check_betas, check_choice, check_number, check_rng
 
-# Bounds of the counts (a typo such as epochs=10**23 fails at once instead of running until
-# killed): 100× the paper's largest epoch count (Table 4: 1000), ~300× IMMA's 3 unrolled steps.
+# Bounds of the counts (epochs=10**23 fails at once instead of running until killed): 100× the
+# paper's largest epoch count (Table 4: 1000), ~300× IMMA's 3 unrolled steps.
 MAX_EPOCHS = 100_000
 MAX_INNER_STEPS = 1_000
 MAX_BATCH = 10**6
@@ -58,10 +53,7 @@ class Options:
             elif f.name == "exponent" and value != "auto":
                 check_number(value, "exponent")
             elif f.name == "betas":
-                if not (isinstance(value, (tuple, list)) and len(value) == 2):
-                    raise ParameterError("betas", f"betas must be a pair (β₁, β₂), got {value!r}")
-                for b in value:
-                    check_number(b, "betas", low=0.0, high=1.0, high_open=True)
+                check_betas(value)
         if getattr(self, "precond", None) == "ridge" and not self.ridge > 0:
             raise ParameterError("ridge", f"precond 'ridge' needs ridge > 0, got {self.ridge!r}")
 
@@ -95,9 +87,8 @@ class _AdamOptions(_LoopOptions):
 
 @dataclass(frozen=True)
 class OursOptions(_AdamOptions):
-    """Algorithm 1 (docs/theory.md §6).  Default: ``lambda_p = lambda_h = "auto"``, the λ's measured
-    on the task at every step and a stopping rule, ``epochs`` full-batch steps at most
-    (:func:`pycore.methods.algorithm1_auto`); numbers give the paper's fixed-λ loop (``PRESETS``)."""
+    """Algorithm 1 (docs/theory.md §6): both λ's "auto" (default) is the adaptive
+    :func:`pycore.methods.algorithm1_auto`; numbers give the paper's fixed-λ loop (``PRESETS``)."""
 
     lambda_p: float | str = "auto"     # λ_P, weight of R_well(H_P); the paper's: 100
     lambda_h: float | str = "auto"     # λ_H, weight of R_ill(H_H); paper 1e7 leaves R_ill inert under Adam
@@ -172,10 +163,8 @@ _OPTIONS = {"identity": IdentityOptions, "r_ill_only": RIllOnlyOptions, "imma": 
             "closed_form": ClosedFormOptions}
 METHODS = tuple(_OPTIONS)
 
-# Named settings, each option applied to every method that has it (keywords override them):
-# the paper-protocol table (docs/results.md §1); Table 4 verbatim; Table 4 with its 1000 epochs for
-# --protocol strict (the closed form at its balanced exponent); MNIST with λ_H from the paper's
-# rule of balancing the two preconditioned gradient norms (docs/results.md §2); Table 4's MNIST.
+# Named settings (docs/design.md §3), each option applied to every method that has it: MNIST's λ_H
+# from the paper's rule of balancing the two preconditioned gradient norms (docs/results.md §2).
 _HOUSE_PRICE = dict(epochs=100, lr=0.02, batch_size=64, init="identity", optimizer="adam", betas=(0.9, 0.999),
                     adam_eps=1e-8, lambda_p=100.0, lambda_h=1e10, precond="pinv", ridge=0.0, safety=0.9,
                     inner_steps=3, inner_lr=0.5, lambda_kappa=1.0, log=False, exponent=0.0)
@@ -188,13 +177,11 @@ PRESETS = MappingProxyType({name: MappingProxyType(p) for name, p in {
 
 
 def options_of(method: str) -> type[Options]:
-    """The options dataclass of ``method`` (one of :data:`METHODS`)."""
     return _OPTIONS[check_choice(method, "method", METHODS)]
 
 
 def resolve_options(method: str, preset: str | None = None, **options) -> Options:
-    """``method``'s options: the preset's values it has, then ``options``; an option the method
-    does not have raises :class:`ParameterError` naming it, the method and the valid options."""
+    """``method``'s options: the preset's values it has, then ``options`` (one it lacks is refused)."""
     return _resolve(options_of(method), method, preset, options)
 
 
@@ -231,26 +218,22 @@ class ImmunizationResult:
 @bounded_blas
 def immunize(task: LinearTask, method: str = "ours", *, rng: np.random.Generator, preset: str | None = None,
              **options) -> ImmunizationResult:
-    """Immunize ``task`` with ``method``; ``options`` are the fields of :func:`options_of` (method)
-    on top of ``PRESETS[preset]``.  ``rng`` drives θ's random init and the mini-batch order."""
-    opts = resolve_options(method, preset, **options)
-    return _run(task, method, opts, rng)
+    """Immunize ``task`` with ``method``; ``options`` (:func:`options_of`) on top of ``PRESETS[preset]``."""
+    return _run(task, method, resolve_options(method, preset, **options), rng)
 
 
 @bounded_blas
 def immunize_certified(task: LinearTask, *, rng: np.random.Generator, preset: str | None = None,
                        **options) -> ImmunizationResult:
-    """Algorithm 1 in certified-monotone mode (docs/theory.md §10): each regularizer step is
-    clipped to ``safety`` × its docs/theory.md §5 bound and κ is checked after it;
-    ``diagnostics["certified"]`` counts the checks, clips and violations."""
+    """Algorithm 1 with each regularizer step clipped to ``safety`` × its docs/theory.md §5 bound and κ
+    checked after it; ``diagnostics["certified"]`` counts the checks, clips and violations."""
     return _run(task, "ours", _resolve(CertifiedOptions, "ours (certified)", preset, options), rng)
 
 
 def _run(task, method, opts, rng):
     if not isinstance(task, LinearTask):
         raise ParameterError("task", f"task must be a pycore.LinearTask, got {type(task).__name__}")
-    if not isinstance(rng, np.random.Generator):
-        raise ParameterError("rng", f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    check_rng(rng)
     t0 = time.perf_counter()
     if method == "closed_form":
         ceiling = rir_ceiling(task.X_P, task.X_H)
@@ -271,15 +254,14 @@ def _run(task, method, opts, rng):
         why += f" but the features have no condition number ({exc})"
     ok = immunized_def31(hr, pr)
     why += (f"; Definition 3.1 {'holds' if ok else 'does not hold'} on the given rows: "
-            f"(i) = {hr:.4g}, (ii) = {pr:.4g}")
-    why += "."
+            f"(i) = {hr:.4g}, (ii) = {pr:.4g}.")
     return ImmunizationResult(method, theta, omega, opts, hr, pr, value, ok, why, hist, diag,
                               time.perf_counter() - t0)
 
 
 def _ratios(task, theta, diag) -> tuple[float, float]:
-    """(i), (ii) of θ on the task's rows (docs/theory.md §8): the κ's at θ = I cached on the task, those at
-    θ from the run when it measured them at its end (``diag["kappa_end"]``, an SVD of the features)."""
+    """(i), (ii) of θ (docs/theory.md §8): κ's at θ = I cached on the task, at θ from the run's own
+    end-of-run SVDs (``diag["kappa_end"]``) when it has them."""
     def kappas(th):
         Xs = (task.X_P, task.X_H) if th is None else (task.X_P @ th, task.X_H @ th)
         return tuple(gram_spectrum(X, vectors=False).kappa for X in Xs)
@@ -290,23 +272,20 @@ def _ratios(task, theta, diag) -> tuple[float, float]:
 
 def auto_exponent(task: LinearTask, ceiling=None) -> tuple[float, str]:
     """The closed form's default exponent and why: the balanced one of the Definition 3.1 window
-    (:func:`pycore.metrics.def31_exponent_window`, (i) = 1/(ii) = √ceiling) clamped into it, or 0
-    (H_P = I) when the window is empty, saying why Definition 3.1 is out of the closed form's reach."""
+    ((i) = 1/(ii) = √ceiling) clamped into it, or 0 (H_P = I) when Definition 3.1 is out of reach."""
     ceiling = ceiling if ceiling is not None else rir_ceiling(task.X_P, task.X_H)
+    no = "exponent 0: Definition 3.1 is not attainable by the closed form"
     if not ceiling.kappa_C > 1 + 1e-8:   # 1e-8: far above κ(C)'s round-off at 1 (~p·eps)
-        return 0.0, (f"exponent 0: Definition 3.1 is not attainable by the closed form, κ(C) = "
-                     f"{ceiling.kappa_C:.6g} ≈ 1 (every exponent gives the same spectra)")
+        return 0.0, f"{no}, κ(C) = {ceiling.kappa_C:.6g} ≈ 1 (every exponent gives the same spectra)"
     w = def31_exponent_window(ceiling)
     if w.empty:
-        return 0.0, (f"exponent 0: Definition 3.1 is not attainable by the closed form, its window "
-                     f"[{w.low:.4g}, {w.high:.4g}) is empty (range-restricted ceiling "
+        return 0.0, (f"{no}, its window [{w.low:.4g}, {w.high:.4g}) is empty (range-restricted ceiling "
                      f"{ceiling.range_restricted:.4g} ≤ 1)")
     a = min(max(w.balanced, w.low), w.high)
     spread = float(np.max(np.abs(np.log(ceiling.lambda_C[:ceiling.rank_C]))))
     if abs(a) * spread / 2 > 300:   # s = λ_C^(a/2) beyond 1e±130: θ is no longer representable
-        return 0.0, (f"exponent 0: Definition 3.1 is not attainable by the closed form in float64, its "
-                     f"balanced exponent {a:.4g} scales θ's columns past 1e130 (κ(C) = "
-                     f"{ceiling.kappa_C:.6g} is too close to 1)")
+        return 0.0, (f"{no} in float64, its balanced exponent {a:.4g} scales θ's columns past 1e130 "
+                     f"(κ(C) = {ceiling.kappa_C:.6g} is too close to 1)")
     return a, (f"exponent {a:.4g}: the balanced exponent of the Definition 3.1 window "
                f"[{w.low:.4g}, {w.high:.4g})" + (", clamped at 0" if a != w.balanced else ""))
 

@@ -9,22 +9,25 @@ from scipy.special import expit
 from pycore.optim import damped_newton
 
 
+def residual(loss: str, P, Y):
+    """``(L, R = ∂L/∂P)``: the mean squared error of predictions P (``"mse"``) or the mean BCE
+    ``log(1+eᴾ) − Y·P`` of logits P (``"bce"``), against Y."""
+    if loss == "mse":
+        E = P - Y
+        return float(np.sum(E * E) / E.size), (2.0 / E.size) * E
+    return float(np.mean(np.logaddexp(0.0, P) - Y * P)), (expit(P) - Y) / Y.size
+
+
 def mse(X, theta, omega, Y, *, grad_theta: bool = True):
-    """L = ‖Xθω − Y‖²/(N·m) (mean squared error), its ∇_ω and ∇_θ (None unless ``grad_theta``:
-    a D×D outer product that a caller updating only the head does not need)."""
-    E = X @ (theta @ omega) - Y
-    n = E.size
-    XtR = X.T @ ((2.0 / n) * E)
-    return float(np.sum(E * E) / n), theta.T @ XtR, XtR @ omega.T if grad_theta else None
+    """L = ‖Xθω − Y‖²/(N·m), ∇_ω and ∇_θ (None unless ``grad_theta``: a D×D product)."""
+    loss, R = residual("mse", X @ (theta @ omega), Y)
+    XtR = X.T @ R
+    return loss, theta.T @ XtR, XtR @ omega.T if grad_theta else None
 
 
 def bce(X, theta, omega, Y, bias, *, grad_theta: bool = True):
-    """Mean binary cross-entropy of logits ``Xθω + b`` against Y ∈ {0,1}; grads for ω, θ
-    (None unless ``grad_theta``), b."""
-    logits = X @ (theta @ omega) + bias
-    # log(1+e^x) − y·x, written stably.
-    loss = float(np.mean(np.logaddexp(0.0, logits) - Y * logits))
-    R = (expit(logits) - Y) / Y.size
+    """Mean BCE of logits ``Xθω + b`` against Y ∈ {0,1}; grads for ω, θ (or None), b."""
+    loss, R = residual("bce", X @ (theta @ omega) + bias, Y)
     XtR = X.T @ R
     return loss, theta.T @ XtR, XtR @ omega.T if grad_theta else None, R.sum(axis=0)
 
@@ -35,9 +38,7 @@ def best_probe_loss(loss: str, Z: np.ndarray, Y: np.ndarray) -> float:
     mean BCE + ``(1e-8/2)‖w‖²`` on Z scaled to unit RMS row norm (separable data well-posed, Z → cZ
     the same problem), returning the BCE alone there, an upper bound of the infimum."""
     if loss == "mse":
-        w, *_ = np.linalg.lstsq(Z, Y, rcond=None)
-        E = Z @ w - Y
-        return float(np.sum(E * E) / E.size)
+        return residual("mse", Z @ best_head("mse", Z, Y)[0], Y)[0]
     return best_logistic_head(Z, Y)[2]
 
 

@@ -1,10 +1,8 @@
 """The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize.immunize`: each
-takes a task, the method's resolved options (numbers only) and the generator and returns
-``(θ, ω, history, diagnostics)``."""
+takes a task, the method's resolved options and the generator; returns ``(θ, ω, history, diagnostics)``."""
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import expit
 
 from pycore import losses
 from pycore.metrics import rir_ceiling
@@ -39,50 +37,40 @@ def _batches(n, batch_size, rng):
 
 def _loss_grads(task, X, Y, theta, omega, bias, grad_theta=True):
     if task.loss == "mse":
-        loss, g_w, g_t = losses.mse(X, theta, omega, Y, grad_theta=grad_theta)
-        return loss, g_w, g_t, None
+        return (*losses.mse(X, theta, omega, Y, grad_theta=grad_theta), None)
     return losses.bce(X, theta, omega, Y, bias, grad_theta=grad_theta)
 
 
 def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
     """:func:`_loss_grads` on all of D_P with ``Z = Xθ`` formed (the regularizers need it): ``ZᵀR``
     from Z, ∇_θL = ``(XᵀR)ωᵀ`` through the head (equal to round-off)."""
-    if task.loss == "mse":
-        E = Z @ omega - Y
-        n = E.size
-        R = (2.0 / n) * E
-        return float(np.sum(E * E) / n), Z.T @ R, (X.T @ R) @ omega.T, None
-    logits = Z @ omega + bias
-    loss = float(np.mean(np.logaddexp(0.0, logits) - Y * logits))
-    R = (expit(logits) - Y) / Y.size
-    return loss, Z.T @ R, (X.T @ R) @ omega.T, R.sum(axis=0)
+    mse = task.loss == "mse"
+    loss, R = losses.residual(task.loss, Z @ omega if mse else Z @ omega + bias, Y)
+    return loss, Z.T @ R, (X.T @ R) @ omega.T, None if mse else R.sum(axis=0)
+
+
+def _log(hist: dict, *values):   # one entry per key of hist, in order
+    for key, v in zip(hist, values):
+        hist[key].append(v)
 
 
 def _x_norm(task):   # max_i ‖x_i‖₁ over both tasks: |Xθ| ≤ it × max|θ| (optim.check_scale)
     return max(np.max(np.sum(np.abs(task.X_P), axis=1)), np.max(np.sum(np.abs(task.X_H), axis=1)))
 
 
-def _kappa_grad_parts(reg, log: bool):
-    """(a, v₁, b, v_k) with ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ: (1/σ_k, κ/σ_k), or (1/σ₁, 1/σ_k) for ∂log κ/∂H
-    (docs/theory.md §7)."""
-    info = reg.info
-    v1, vk = reg.vector(0), reg.vector(info.rank - 1)
-    if log:
-        return 1.0 / info.sigma_max, v1, 1.0 / info.sigma_min, vk
-    return 1.0 / info.sigma_min, v1, info.kappa / info.sigma_min, vk
-
-
 def _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log):
-    """θ-gradients of κ(H_P), κ(H_H): 2XᵀZG with G of rank 2, so O(N·D) work, no D×D product."""
+    """θ-gradients of κ(H_P), κ(H_H) or of log κ (docs/theory.md §7): ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ, so
+    2XᵀZ(∂κ/∂H) is O(N·D) work, no D×D product."""
     def grad(reg, X, Z):
-        a, v1, b, vk = _kappa_grad_parts(reg, log)
+        i = reg.info
+        v1, vk = reg.vector(0), reg.vector(i.rank - 1)
+        a, b = (1.0 / i.sigma_max, 1.0 / i.sigma_min) if log else (1.0 / i.sigma_min, i.kappa / i.sigma_min)
         return 2.0 * (a * np.outer(X.T @ (Z @ v1), v1) - b * np.outer(X.T @ (Z @ vk), vk))
     return grad(reg_P, X_P, Z_P), grad(reg_H, X_H, Z_H)
 
 
 def opt_kappa_objective(theta, X_P, X_H, *, weights=(1.0, 1.0), log: bool = False):
-    """``w_P κ(H_P(θ)) − w_H κ(H_H(θ))`` (log κ when ``log``), its θ-gradient and the unweighted
-    per-term gradients ``(grad_P, grad_H)`` (docs/theory.md §7)."""
+    """``w_P κ(H_P(θ)) − w_H κ(H_H(θ))`` (or log κ), its θ-gradient and the two unweighted ones."""
     theta = np.asarray(theta, dtype=np.float64)
     Z_P, Z_H = X_P @ theta, X_H @ theta
     reg_P, reg_H = hessian_regularizer(Z_P, "well"), hessian_regularizer(Z_H, "well")
@@ -93,10 +81,9 @@ def opt_kappa_objective(theta, X_P, X_H, *, weights=(1.0, 1.0), log: bool = Fals
 
 
 def algorithm1(task, method, o, rng):
-    """Algorithm 1 (``"ours"``; certified when ``o`` has ``safety``) and Opt κ, one loop; ω and θ step
+    """Algorithm 1 with fixed λ's (certified when ``o`` has ``safety``) and Opt κ, one loop; ω and θ step
     from gradients at the same point.  Opt κ puts ``λ_κ(w_Pκ(H_P) − w_Hκ(H_H))`` in place of the
-    regularizers (D_P loss kept, no preconditioning; docs/theory.md §7), the balanced variant with
-    w_H = ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial θ."""
+    regularizers (docs/theory.md §7), balanced: w_H = ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial θ."""
     D = task.D
     opt_kappa = method.startswith("opt_kappa")
     certified = getattr(o, "safety", None) is not None
@@ -105,7 +92,6 @@ def algorithm1(task, method, o, rng):
     opt_t, opt_w, opt_b = (make_optimizer(o.optimizer, o.lr, o.betas, o.adam_eps, param=p)
                            for p in ("θ", "ω", "bias"))
     if not opt_kappa:
-        lam_p = o.lambda_p
         pre_P = Preconditioner(task.K_P, o.precond, o.ridge, task.X_P)
         pre_H = Preconditioner(task.K_H, o.precond, o.ridge, task.X_H)
     hist = {"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []}
@@ -123,12 +109,9 @@ def algorithm1(task, method, o, rng):
             w_H = 1.0 / ratio
         diag["kappa_weights"] = [w_P, w_H]
 
-    def record(epoch, loss, kP=None, kH=None):
-        # In-loop κ's come from the step's own spectra (free); the end points are exact (SVD).
-        hist["epoch"].append(epoch)
-        hist["loss_P"].append(loss)
-        hist["kappa_P"].append(kP if kP is not None else gram_spectrum(XP @ theta, vectors=False).kappa)
-        hist["kappa_H"].append(kH if kH is not None else gram_spectrum(XH @ theta, vectors=False).kappa)
+    def record(epoch, loss, kP=None, kH=None):   # in-loop κ's from the step's spectra, ends by SVD
+        _log(hist, epoch, loss, kP if kP is not None else gram_spectrum(XP @ theta, vectors=False).kappa,
+             kH if kH is not None else gram_spectrum(XH @ theta, vectors=False).kappa)
 
     record(0, _loss_grads(task, XP, YP, theta, omega, bias)[0])
     for epoch in range(1, o.epochs + 1):
@@ -160,15 +143,12 @@ def algorithm1(task, method, o, rng):
                 blame = "lr"
                 theta = opt_t.step(theta, g_t, blame=blame)
                 check_scale(theta, x_norm, f"{method}: epoch {epoch}", o.optimizer, o.lr, blame)
-                theta = _certified_steps(theta, task, o, lam_p, pre_P, pre_H, cert)
+                theta = _certified_steps(theta, task, o, pre_P, pre_H, cert)
             else:
                 d_H = o.lambda_h * pre_H.direction(theta, reg_H, Z_H)
-                g = g_t + d_H
-                d_P = lam_p * pre_P.direction(theta, reg_P, Z_P) if lam_p else None
-                if lam_p:
-                    g = g + d_P
+                d_P = o.lambda_p * pre_P.direction(theta, reg_P, Z_P) if o.lambda_p else None
                 blame = {"lr": g_t, "lambda_h": d_H, "lambda_p": d_P}
-                theta = opt_t.step(theta, g, blame=blame)
+                theta = opt_t.step(theta, g_t + d_H if d_P is None else g_t + d_H + d_P, blame=blame)
             check_scale(theta, x_norm, f"{method}: epoch {epoch}", o.optimizer, o.lr, blame)
             diag["steps"] += 1
         last = epoch == o.epochs
@@ -180,11 +160,11 @@ def algorithm1(task, method, o, rng):
     return theta, omega, hist, diag
 
 
-def _certified_steps(theta, task, o, lam_p, pre_P, pre_H, cert):
-    """Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5), κ checked after it
-    (R_well must lower κ(H_P), R_ill raise κ(H_H)); a bound of 0 (a tie) skips the step."""
+def _certified_steps(theta, task, o, pre_P, pre_H, cert):
+    """Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5) and κ checked after
+    it; a bound of 0 (a tie) skips the step."""
     cert["checked"] += 1
-    for tag, X, lam, pre in (("P", task.X_P, lam_p, pre_P), ("H", task.X_H, o.lambda_h, pre_H)):
+    for tag, X, lam, pre in (("P", task.X_P, o.lambda_p, pre_P), ("H", task.X_H, o.lambda_h, pre_H)):
         if tag == "P" and not lam:
             continue
         reg = hessian_regularizer(X @ theta, "well" if tag == "P" else "ill")
@@ -202,11 +182,6 @@ def _certified_steps(theta, task, o, lam_p, pre_P, pre_H, cert):
     return theta
 
 
-def r_ill_only_step_size(info, o) -> float:
-    """``min(lr·λ_H, safety·η̄(H_H))``, η̄ the corrected Theorem 4.3(2) bound (docs/theory.md §5)."""
-    return min(o.lr * o.lambda_h, o.safety * preconditioned_r_ill_step_bound(info))
-
-
 def rir_change_tolerance(kappas_before: tuple[float, float], kappas_after: tuple[float, float]) -> float:
     """Relative RIR change two measured RIRs cannot resolve, ``max(1e-9, 8·eps·Σ√κ)`` over the four κ's:
     κ(H) = κ(Z)² from an SVD errs by ≲ 2p·eps·√κ(H), p = 4 (LAPACK's growth factor, the QR of X)."""
@@ -215,9 +190,8 @@ def rir_change_tolerance(kappas_before: tuple[float, float], kappas_after: tuple
 
 
 def r_ill_only(task, method, o, rng):
-    """R_ill only (docs/theory.md §7): ``θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ))`` by plain GD, no D_P loss or
-    head, ``epochs × ⌈N_P/batch_size⌉`` steps; the RIR cannot fall below the step bound (θ → θM),
-    and every step's falls beyond :func:`rir_change_tolerance` are counted."""
+    """R_ill only (docs/theory.md §7): ``θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ))`` by GD, no D_P loss or head,
+    ``epochs × ⌈N_P/batch_size⌉`` steps; RIR falls beyond :func:`rir_change_tolerance` are counted."""
     XP, XH = task.X_P, task.X_H
     theta = _init_theta(task.D, o, rng)
     pre_H = Preconditioner(task.K_H, o.precond, o.ridge, XH)
@@ -227,8 +201,7 @@ def r_ill_only(task, method, o, rng):
     spec_P, spec_H = ProductGramSpectrum(XP), ProductGramSpectrum(XH)  # exact κ's, X factored once
     kP0, kH0 = spec_P(theta).kappa, spec_H(theta).kappa
     prev, prev_kappas = 1.0, (kP0, kH0)
-    for key, val in (("step", 0), ("kappa_P", kP0), ("kappa_H", kH0), ("rir", 1.0)):
-        hist[key].append(val)
+    _log(hist, 0, kP0, kH0, 1.0)
     for epoch in range(1, o.epochs + 1):
         for _ in range(n_batches):
             Z_H = XH @ theta
@@ -237,7 +210,7 @@ def r_ill_only(task, method, o, rng):
             except SpectrumError as exc:
                 raise SpectrumError(f"r_ill_only: epoch {epoch}, step {diag['steps']}: {exc}") from None
             diag["ties_H"] += reg.info.tie_min
-            eta = r_ill_only_step_size(reg.info, o)
+            eta = min(o.lr * o.lambda_h, o.safety * preconditioned_r_ill_step_bound(reg.info))   # Thm 4.3(2)
             diag["clipped"] += eta < o.lr * o.lambda_h
             theta = theta - eta * pre_H.direction(theta, reg, Z_H)
             diag["steps"] += 1
@@ -245,9 +218,7 @@ def r_ill_only(task, method, o, rng):
             r = (kH / kH0) / (kP / kP0)
             diag["rir_decreases"] += r < prev * (1 - rir_change_tolerance(prev_kappas, (kP, kH)))
             prev, prev_kappas = r, (kP, kH)
-            for key, val in (("step", diag["steps"]), ("kappa_P", kP), ("kappa_H", kH), ("rir", r),
-                             ("eta", eta)):
-                hist[key].append(val)
+            _log(hist, diag["steps"], kP, kH, r, eta)
         if not np.all(np.isfinite(theta)):
             raise DivergenceError(f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h",
                                   parameter="lambda_h")
@@ -279,19 +250,14 @@ def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
     S = np.zeros_like(tw)                    # θ_j = θ − S wᵀ
     for _ in range(o.inner_steps):
         S = S + c * (KH @ (tw - S @ ww) - b)
-    E = task.X_H @ (tw - S @ ww) - task.Y_H  # L_H at θ_J, θ_J w = θw − S wᵀw
-    lh = float(np.sum(E * E) / E.size)
-    a = task.X_H.T @ ((2.0 / E.size) * E)    # g_h = a wᵀ
+    lh, R = losses.residual("mse", task.X_H @ (tw - S @ ww), task.Y_H)   # L_H at θ_J: θ_J w = θw − S wᵀw
+    a = task.X_H.T @ R                       # g_h = a wᵀ
     X_P, Y_P = (task.X_P, task.Y_P) if batch_P is None else batch_P
-    to = theta @ omega - S @ (w.T @ omega)   # θ_J ω
-    if task.loss == "mse":
-        E_P = X_P @ to - Y_P
-        lp = float(np.sum(E_P * E_P) / E_P.size)
-        p = X_P.T @ ((2.0 / E_P.size) * E_P)  # g_p = p ωᵀ
-    else:
-        logits = X_P @ to + (0.0 if bias is None else bias)
-        lp = float(np.mean(np.logaddexp(0.0, logits) - Y_P * logits))
-        p = X_P.T @ ((expit(logits) - Y_P) / Y_P.size)
+    Z_P = X_P @ (theta @ omega - S @ (w.T @ omega))   # X_P θ_J ω
+    if task.loss == "bce":
+        Z_P = Z_P + (0.0 if bias is None else bias)
+    lp, R = losses.residual(task.loss, Z_P, Y_P)
+    p = X_P.T @ R                            # g_p = p ωᵀ
     pw = p @ (omega.T @ w)                   # adjoint of Ḡ = a wᵀ − p ωᵀ, through Ḡw
     for _ in range(o.inner_steps):
         a = a - c * (KH @ (a @ ww - pw))
@@ -299,8 +265,7 @@ def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
 
 
 def imma(task, method, o, rng):
-    """IMMA (docs/theory.md §7): ascent on :func:`imma_objective` (L_P on Algorithm 1's mini-batches);
-    the attacker's head w and the defender's ω each descend their own loss at θ."""
+    """IMMA (docs/theory.md §7): ascent on :func:`imma_objective`; heads w and ω descend their losses."""
     D = task.D
     theta = _init_theta(D, o, rng)
     omega, bias = _init_head(task, rng)
@@ -323,10 +288,7 @@ def imma(task, method, o, rng):
             omega = opt_o.step(omega, g_o, blame="lr")
             if g_b is not None:
                 bias = opt_b.step(bias, g_b, blame="lr")
-        hist["epoch"].append(epoch)
-        hist["objective"].append(F)
-        hist["kappa_P"].append(spec_P(theta).kappa)
-        hist["kappa_H"].append(spec_H(theta).kappa)
+        _log(hist, epoch, F, spec_P(theta).kappa, spec_H(theta).kappa)
     end = {"kappa_end": (hist["kappa_P"][-1], hist["kappa_H"][-1])} if hist["epoch"] else {}
     return theta, omega, hist, end
 
@@ -342,19 +304,12 @@ BALANCE_GAIN, PROGRESS_TOL, RESTARTS = 8.0, 1e-3, 2
 
 
 def algorithm1_auto(task, method, o, rng):
-    """Algorithm 1 (docs/theory.md §6) with its λ's measured on the task: Adam on
-    ``g = λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)`` with, at every step,
-    ``λ_P = (1 − w)/‖K_P⁺∇_θR_well‖_F``, ``λ_H = w/‖K_H⁺∇_θR_ill‖_F``, ``w = σ(−γ(ln(i) + ln(ii)))``.
-
-    Scale-free: both terms enter with unit norm (R_ill's gradient scales as c⁻⁶ and R_well's as c² when
-    the inputs scale by c, so no fixed λ fits every unit of measurement), so X → cX leaves the run
-    unchanged.  Balanced: w weighs whichever of (i), 1/(ii) lags in log scale, aiming at
-    ln(i) = −ln(ii), where the closed form's balanced exponent sits (§10).  The D_P loss term is left
-    out: at the optimal head its θ-gradient vanishes for every invertible θ (Definition 3.1(c)), and
-    the head is solved exactly at the end.  Stopping rule: the iterate of largest margin
-    ``min(ln(i), −ln(ii))`` (exact κ's) is kept; once it is positive (Definition 3.1), ``patience``
-    steps without a gain of ``PROGRESS_TOL`` restart Adam from it at lr/3, ``RESTARTS`` times, then
-    the run stops; ``epochs`` bounds the steps."""
+    """Algorithm 1 (docs/theory.md §6) with its λ's measured on the task (docs/design.md §4): Adam on
+    ``g = λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)``, at every step ``λ_P = (1 − w)/‖K_P⁺∇_θR_well‖_F``,
+    ``λ_H = w/‖K_H⁺∇_θR_ill‖_F``, ``w = σ(−γ(ln(i) + ln(ii)))``: scale-free, aiming at ln(i) = −ln(ii).
+    No D_P loss term (its θ-gradient vanishes at the optimal head, solved at the end).  The iterate of
+    largest margin ``min(ln(i), −ln(ii))`` is kept; once positive, ``patience`` steps without a gain of
+    ``PROGRESS_TOL`` restart Adam from it at lr/3, ``RESTARTS`` times, then the run stops."""
     XP, XH = task.X_P, task.X_H
     theta = np.eye(task.D)
     ceiling = rir_ceiling(XP, XH)
@@ -397,8 +352,7 @@ def algorithm1_auto(task, method, o, rng):
             stop = f"stopped at step {step}: {exc}"
             break
         w = 1.0 / (1.0 + np.exp(np.clip(BALANCE_GAIN * (a - b), -50.0, 50.0)))
-        for key, val in zip(hist, (step, np.exp(a), np.exp(-b), w)):
-            hist[key].append(float(val))
+        _log(hist, *(float(v) for v in (step, np.exp(a), np.exp(-b), w)))
         g = ((1 - w) * _unit(pre_P.direction(theta, reg_P, Z_P))
              + w * _unit(pre_H.direction(theta, reg_H, Z_H)))
         theta = opt.step(theta, g, blame="lr")
@@ -421,8 +375,8 @@ RUNNERS = {"r_ill_only": r_ill_only, "imma": imma, "opt_kappa": algorithm1, "opt
 
 def closed_form(task, exponent: float, ceiling):
     """θ = [U_r Λ_r^{-½} Q_C diag(s), 0], s² = λ_C^a (docs/theory.md §10): RIR = the range-restricted
-    ``ceiling`` of ``task``'s rows for a ≥ 0.  Zero null(K_P) columns drop what D_P never varies in
-    and keep its best loss (Definition 3.1(c)); C's null space keeps s = 1 (θ injective on range(K_P))."""
+    ``ceiling`` for a ≥ 0.  The zero null(K_P) columns keep D_P's best loss (Definition 3.1(c)); C's
+    null space keeps s = 1 (θ injective on range(K_P))."""
     lam = ceiling.lambda_C
     s = np.ones_like(lam)
     pos = np.arange(lam.size) < ceiling.rank_C

@@ -1,13 +1,13 @@
 """Immunization metrics: RIR (paper Eq. (15)), its ceiling and exponent window (docs/theory.md §10),
 RIR_θ₀ by group sampling (§8).  Every κ of a Hessian ``θᵀXᵀXθ`` is κ(Xθ)² from the SVD of the
-features (:func:`pycore.spectral.gram_spectrum`): RIR multiplies four κ's that reach 1e10 and more."""
+features (:func:`pycore.spectral.gram_spectrum`): RIR multiplies four κ's that reach 1e10."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from pycore.spectral import gram_spectrum, rank_tolerance
+from pycore.spectral import gram_spectrum, numerical_rank
 from pycore.threads import bounded_blas
 from pycore.validation import ParameterError, as_float_matrix, check_dense_size, check_number, check_theta
 
@@ -30,8 +30,11 @@ class RIR:
     def __float__(self) -> float:
         return self.value
 
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
+    @classmethod
+    def of(cls, sP, sH, rP, rH) -> RIR:
+        """From the :class:`SpectrumInfo` of the features of P and H, at θ and at the reference."""
+        hr, pr = sH.kappa / rH.kappa, sP.kappa / rP.kappa
+        return cls(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
 
 
 def _check_pair(X_P, X_H, names=("X_P", "X_H")):
@@ -43,9 +46,8 @@ def _check_pair(X_P, X_H, names=("X_P", "X_H")):
 
 
 def right_singular_vectors(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, np.ndarray]:
-    """``(s, Vt)``: the singular values of ``X`` (N×D) and ALL D right singular vectors (a basis of
-    range(XᵀX), then of its complement), in O(N·D + D²) memory: the full SVD of a tall X would form
-    an N×N U that nothing uses (35k rows: 10 GB).  Sizes are checked up front."""
+    """``(s, Vt)``: the singular values of ``X`` (N×D) and ALL D right singular vectors (range(XᵀX),
+    then its complement), sizes checked up front: a full SVD of a tall X forms an N×N U (35k: 10 GB)."""
     N, D = X.shape
     check_dense_size((D, D), f"the {D}×{D} basis of {name}'s row space ({name} is {N}×{D})")
     check_dense_size((N, min(N, D)), f"the left singular vectors of {name} ({N}×{D})")
@@ -53,11 +55,16 @@ def right_singular_vectors(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, 
     return s, Vt
 
 
+def row_space_basis(X: np.ndarray) -> np.ndarray:
+    """Orthonormal basis V_r (D×r) of range(XᵀX) (rank rule of docs/theory.md §2)."""
+    check_dense_size((X.shape[0], min(X.shape)), f"the left singular vectors of X {X.shape}")
+    _, s, Vt = np.linalg.svd(X, full_matrices=False)
+    return Vt[:numerical_rank(s, X.shape)].T
+
+
 def _ratio(**features) -> RIR:
     """The RIR of four named feature matrices (P, H, P_ref, H_ref), κ's from :func:`gram_spectrum`."""
-    sP, sH, rP, rH = (gram_spectrum(Z, vectors=False, name=n) for n, Z in features.items())
-    hr, pr = sH.kappa / rH.kappa, sP.kappa / rP.kappa
-    return RIR(hr / pr, hr, pr, sH.kappa, sP.kappa, rH.kappa, rP.kappa, sH.rank, sP.rank)
+    return RIR.of(*(gram_spectrum(Z, vectors=False, name=n) for n, Z in features.items()))
 
 
 @bounded_blas
@@ -89,21 +96,6 @@ def _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref) -> dict:
     return {"Z_P": Z_P, "Z_H": Z_H, "Z_P_ref": Z_P_ref, "Z_H_ref": Z_H_ref}
 
 
-@bounded_blas
-def range_null_split(theta, X_P) -> tuple[np.ndarray, np.ndarray]:
-    """``(θ_range, θ_null) = (P_N + P_Rθ, P_R + P_Nθ)`` with P_R the projector onto range(K_P) (rank
-    rule of docs/theory.md §2) and P_N = I − P_R: θ's action on the input directions D_P's training
-    rows vary in, and on those they never vary in (docs/theory.md §8)."""
-    X_P = as_float_matrix(X_P, "X_P")
-    theta = check_theta(theta, X_P.shape[1])
-    check_dense_size((X_P.shape[0], min(X_P.shape)), f"the left singular vectors of X_P {X_P.shape}")
-    _, s, Vt = np.linalg.svd(X_P, full_matrices=False)
-    V = Vt[:int(np.count_nonzero(s > rank_tolerance(s[0], X_P.shape)))].T
-    P_R = V @ V.T
-    P_N = np.eye(X_P.shape[1]) - P_R
-    return P_N + P_R @ theta, P_R + P_N @ theta
-
-
 @dataclass(frozen=True)
 class Ceiling:
     """sup_θ RIR for linear extractors (docs/theory.md §10): ``range_restricted`` = κ(C)κ(K_P)/κ(K_H)
@@ -130,11 +122,8 @@ class Ceiling:
 @bounded_blas
 def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     """The supremum of RIR over linear θ, exact and restricted to range(K_P) (docs/theory.md §10).
-
-    null(K_P) ⊆ null(K_H) holds when ``null_leak ≤ null_rtol``: far above round-off (~1e-15) and far
-    below any real leak (House Prices: ~1e-2).  C is formed from ``W = X_H U_r Λ_r^{-½}``, κ's from
-    SVDs of the rows (docs/theory.md §2).
-    """
+    null(K_P) ⊆ null(K_H) holds when ``null_leak ≤ null_rtol``: far above round-off (~1e-15), far
+    below any real leak (House Prices: ~1e-2).  C is formed from ``W = X_H U_r Λ_r^{-½}``."""
     check_number(null_rtol, "null_rtol", low=0.0, high=1.0, high_open=True)
     X_P, X_H = _check_pair(X_P, X_H)
     sP = gram_spectrum(X_P, vectors=False, name="X_P")
@@ -190,8 +179,7 @@ def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
 @bounded_blas
 def grouped_feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref, *, rng: np.random.Generator, groups: int = 20,
                         group_size: int = 100) -> dict:
-    """RIR_θ₀ over ``groups`` random groups of ``group_size`` rows, the same rows for the model and
-    the reference (docs/theory.md §8): mean, std and per-group values of the RIR and its factors."""
+    """RIR_θ₀ over ``groups`` random groups of rows, the same for model and reference (docs/theory.md §8)."""
     check_number(groups, "groups", low=1, integer=True)
     check_number(group_size, "group_size", low=2, integer=True)
     Z_P, Z_H, Z_P_ref, Z_H_ref = _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref).values()
@@ -199,8 +187,7 @@ def grouped_feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref, *, rng: np.random.Generator,
     m = min(group_size, nP, nH)
     vals = []
     for _ in range(groups):
-        iP = rng.choice(nP, size=m, replace=False)
-        iH = rng.choice(nH, size=m, replace=False)
+        iP, iH = rng.choice(nP, size=m, replace=False), rng.choice(nH, size=m, replace=False)
         vals.append(feature_rir(Z_P[iP], Z_H[iH], Z_P_ref[iP], Z_H_ref[iH]))
     out = {}
     for key in ("value", "harmful_ratio", "pretrain_ratio"):

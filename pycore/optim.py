@@ -1,11 +1,8 @@
-"""Update rules on float64 NumPy arrays: GD and Adam (first order), and the damped Newton method
-that solves the smooth strictly convex problems of :mod:`pycore.losses` and :mod:`pycore.attacks`
-to the float64 floor.
-
-GD and Adam refuse a step that leaves their state or the iterate non-finite (an overflowing
-gradient would make Adam's second moment inf and every later step 0: a run that "finishes" at
-its start) and raise :class:`pycore.validation.DivergenceError` naming ``blame``: a parameter
-name, or ``{name: gradient term}`` whose largest term is named (:func:`largest_term`).
+"""Update rules on float64 arrays: GD, Adam, and damped Newton for the smooth strictly convex
+problems of :mod:`pycore.losses` and :mod:`pycore.attacks`.  GD and Adam refuse a non-finite state or
+iterate (an overflowing gradient would make Adam's every later step 0) with a
+:class:`pycore.validation.DivergenceError` naming ``blame``: a parameter, or ``{name: gradient term}``
+whose largest term is named (:func:`largest_term`).
 """
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ from typing import Callable
 import numpy as np
 import scipy.linalg
 
-from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
+from pycore.validation import DivergenceError, check_betas, check_choice, check_number
 
 OPTIMIZERS = ("adam", "gd")
 
@@ -45,16 +42,12 @@ class GD:
 
 
 class Adam:
-    """Adam (Kingma & Ba 2015) with bias correction, the paper's optimizer for linear models
-    (β = (0.9, 0.999), ε = 1e-8: paper Appendix C.2)."""
+    """Adam (Kingma & Ba 2015) with bias correction, the paper's optimizer (Appendix C.2)."""
 
     def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, *,
                  name: str = "x"):
         self.lr = check_number(lr, "lr", low=0.0, low_open=True)
-        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-            raise ParameterError("betas", f"betas must be a pair (β₁, β₂), got {betas!r}")
-        self.b1 = check_number(betas[0], "betas", low=0.0, high=1.0, high_open=True)
-        self.b2 = check_number(betas[1], "betas", low=0.0, high=1.0, high_open=True)
+        self.b1, self.b2 = check_betas(betas)
         self.eps = check_number(eps, "adam_eps", low=0.0, low_open=True)
         self.m = self.v = None
         self.t, self.name = 0, name
@@ -67,9 +60,8 @@ class Adam:
         self.t += 1
         b1, b2 = self.b1, self.b2
         m, v, t1, t2 = self._buf
-        # m = b1·m + (1 − b1)·g, v = b2·v + (1 − b2)·g², x − lr·(m/(1 − b1ᵗ))/(√(v/(1 − b2ᵗ)) + ε):
-        # the same operations in the same order (bit for bit), into preallocated arrays (at
-        # D = 784 the temporaries of the plain form cost more than the arithmetic).
+        # m = b1·m + (1 − b1)·g, v = b2·v + (1 − b2)·g², x − lr·(m/(1 − b1ᵗ))/(√(v/(1 − b2ᵗ)) + ε) in
+        # that order, into preallocated arrays (at D = 784 temporaries cost more than the arithmetic)
         with np.errstate(over="ignore", invalid="ignore"):
             np.multiply(self.m, b1, out=m)
             np.multiply(g, 1 - b1, out=t1)
@@ -96,8 +88,7 @@ class Adam:
 
 
 def all_finite(a: np.ndarray) -> bool:
-    """``np.all(np.isfinite(a))`` without the boolean temporary: a finite sum means finite entries;
-    only a non-finite sum (also an overflow of finite entries) needs the entrywise test."""
+    """``np.all(np.isfinite(a))`` without the boolean temporary: a finite sum means finite entries."""
     with np.errstate(over="ignore", invalid="ignore"):
         s = a.sum()
     return bool(np.isfinite(s)) or bool(np.isfinite(a).all())
@@ -108,9 +99,8 @@ FEATURE_LIMIT = 1e150
 
 
 def check_scale(x: np.ndarray, x_norm: float, where: str, optimizer: str, lr: float, blame) -> None:
-    """Raise :class:`DivergenceError` if ``|X x| ≤ x_norm·max|x|`` (``x_norm = max_i ‖X_i‖₁``) can
-    exceed :data:`FEATURE_LIMIT`.  Under Adam every step is ~lr long whatever the gradient, so lr
-    is to blame; under GD (step lr·g) ``blame`` as in :func:`largest_term` with ``step=lr``."""
+    """:class:`DivergenceError` if ``|X x| ≤ x_norm·max|x|`` (``x_norm = max_i ‖X_i‖₁``) can exceed
+    :data:`FEATURE_LIMIT`, blaming lr under Adam (every step is ~lr long), else :func:`largest_term`."""
     x_max = max(float(x.max()), -float(x.min()))  # max |x| without the |x| temporary
     if not x_max * x_norm < FEATURE_LIMIT:
         parameter = "lr" if optimizer == "adam" else (
@@ -120,9 +110,8 @@ def check_scale(x: np.ndarray, x_norm: float, where: str, optimizer: str, lr: fl
 
 
 def largest_term(step: float | None = None, **terms) -> str:
-    """Name of the largest term (max |entry|; NaN counts as inf) of a divergent gradient,
-    e.g. ``largest_term(lr=loss_grad, lambda_h=reg_term)``; with ``step`` (a GD step size)
-    ``"lr"`` when the step size outweighs every term."""
+    """Name of the largest term (max |entry|; NaN counts as inf) of a divergent gradient, e.g.
+    ``largest_term(lr=loss_grad, lambda_h=reg_term)``; ``"lr"`` when a GD ``step`` outweighs all."""
     def size(a):
         with np.errstate(invalid="ignore"):
             return -1.0 if a is None else float(np.nan_to_num(np.max(np.abs(a)), nan=np.inf))
@@ -133,8 +122,7 @@ def largest_term(step: float | None = None, **terms) -> str:
 
 def make_optimizer(name: str, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, *, param: str = "x"):
     """``"adam"`` or ``"gd"`` for the parameter called ``param`` (named in divergence errors)."""
-    check_choice(name, "optimizer", OPTIMIZERS)
-    if name == "adam":
+    if check_choice(name, "optimizer", OPTIMIZERS) == "adam":
         return Adam(lr, betas, eps, name=param)
     return GD(lr, name=param)
 
@@ -142,10 +130,9 @@ def make_optimizer(name: str, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, 
 def damped_newton(value_grad: Callable, value: Callable, hessian: Callable, w0: np.ndarray, *,
                   tol: float, max_iter: int,
                   callback: Callable[[np.ndarray], bool] | None = None) -> tuple[np.ndarray, dict]:
-    """Damped Newton on a vector ``w``: Cholesky solve of ``hessian(w)`` (positive definite: the callers
-    add a ridge), Armijo backtracking (c = 1e-4, halving).  Stops at ``‖∇f‖ ≤ tol·max(1, ‖∇f(w₀)‖)``,
-    at the float64 floor (no decrease), after ``max_iter`` or when ``callback(w)`` is True.
-    Returns ``(w, {"iterations", "grad_norm", "message"})``."""
+    """Damped Newton: Cholesky solve of ``hessian(w)`` (positive definite: the callers add a ridge),
+    Armijo backtracking (c = 1e-4, halving), until ``‖∇f‖ ≤ tol·max(1, ‖∇f(w₀)‖)``, the float64 floor,
+    ``max_iter`` or ``callback(w)``; ``(w, {"iterations", "grad_norm", "message"})``."""
     w = w0.copy()
     f, g = value_grad(w)
     g0 = max(1.0, float(np.linalg.norm(g)))

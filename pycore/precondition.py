@@ -1,7 +1,6 @@
 """Preconditioning of Algorithm 1's regularizer steps ``∇_θR = 2KθG`` (docs/theory.md §4-§6):
 ``"exact"`` K⁻¹ → ``2θG``; ``"pinv"`` K⁺ → ``2ΠθG``, Π the projector on range(K) (K is singular on
 real data); ``"ridge"`` the authors' ``(K+λI)⁻¹`` (:func:`ridge_factor`); ``"none"`` ``2KθG``.
-:class:`Preconditioner` caches the per-task factor and, when N < D, works through ``Z = Xθ``.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ def precondition(theta: np.ndarray, G: np.ndarray, K: np.ndarray, mode: str = "e
 
 
 def range_basis(K, rtol: float | None = None) -> np.ndarray:
-    """Orthonormal basis (D×r) of range(K) for symmetric PSD K, rank cut as in docs/theory.md §2."""
+    """Orthonormal basis (D×r) of range(K), symmetric PSD K (rank cut of docs/theory.md §2)."""
     check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True, none_ok=True)
     w, Q = np.linalg.eigh(0.5 * (K + K.T))
     tol = rank_tolerance(max(abs(w[-1]), 0.0), K.shape, rtol)
@@ -29,13 +28,9 @@ def range_basis(K, rtol: float | None = None) -> np.ndarray:
 
 
 def ridge_factor(K, ridge: float, X=None) -> tuple[np.ndarray, np.ndarray]:
-    """``(Q_r, f)`` with ``(K+λI)⁻¹K = Q_r diag(f) Q_rᵀ`` over K's nonzero eigenvalues μ (rank cut of
-    :func:`range_basis`), ``f = μ/(μ+λ)``; from the SVD of ``X`` (K = XᵀX) when N < D.
-
-    A Cholesky solve of K + λI divides K's round-off null eigenvalues by λ: at λ = 1e-7 its output
-    has a null(K) part of ~1e-7 relative that a 1-ulp change of θ moves by as much and Adam carries
-    into the range (docs/reproducibility.md); this form is exactly zero on null(K).
-    """
+    """``(Q_r, f)``, ``(K+λI)⁻¹K = Q_r diag(f) Q_rᵀ`` over K's nonzero eigenvalues μ, ``f = μ/(μ+λ)``
+    (from the SVD of ``X``, K = XᵀX, when N < D): exactly zero on null(K), where a Cholesky solve
+    divides round-off by λ and Adam carries the noise into the range (docs/design.md §7)."""
     check_number(ridge, "ridge", low=0.0, low_open=True)
     if X is not None and X.shape[0] < X.shape[1]:
         _, sv, Vt = np.linalg.svd(X, full_matrices=False)
@@ -50,8 +45,7 @@ def ridge_factor(K, ridge: float, X=None) -> tuple[np.ndarray, np.ndarray]:
 
 
 def preconditioned_grad_theta(theta, K, kind: str, *, mode: str = "exact", ridge: float = 0.0) -> np.ndarray:
-    """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6
-    (see :func:`precondition`)."""
+    """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6."""
     K = as_float_matrix(K, "K")
     _, reg = grad_theta_and_regularizer(theta, K, kind)
     return precondition(np.asarray(theta, dtype=np.float64), reg.G, K, mode, ridge)
@@ -67,8 +61,7 @@ def G_parts(reg, D):
 
 
 def theta_G(theta, reg, Z):
-    """θG for ``G = ∇_H R(H)``, ``H = ZᵀZ``; when N < D through Z: ``G = a·vvᵀ − b·ZᵀZ``
-    (:func:`G_parts`), so ``θG = a(θv)vᵀ − b(θZᵀ)Z``, two D×D×N products instead of a D³ one."""
+    """θG for ``G = ∇_H R(H)``, ``H = ZᵀZ``; when N < D ``θG = a(θv)vᵀ − b(θZᵀ)Z`` (:func:`G_parts`)."""
     N, D = Z.shape
     if N >= D and reg.G is not None:
         return theta @ reg.G
@@ -77,11 +70,8 @@ def theta_G(theta, reg, Z):
 
 
 class Preconditioner:
-    """What preconditioner ``mode`` needs per task (range basis, ridge eigenpairs), computed once.
-
-    With the task's rows ``X`` (K = XᵀX) and N < D the range basis comes from the SVD of X (the
-    same cut-off ``s_max²·D·eps`` on s² as :func:`range_basis` on K's eigenvalues): N×D work, not D³.
-    """
+    """What preconditioner ``mode`` needs per task, computed once (with the rows ``X`` and N < D
+    from the SVD of X, the same cut-off on s² as :func:`range_basis` on K's eigenvalues)."""
 
     def __init__(self, K, mode, ridge, X=None):
         self.K, self.mode, self.ridge = K, check_choice(mode, "precond", PRECONDITIONERS), ridge
@@ -101,19 +91,15 @@ class Preconditioner:
         return self.apply_theta_G(theta @ G)   # 2(θG) and (2θ)G are the same bits: ×2 is exact
 
     def direction(self, theta, reg, Z):
-        """Preconditioned step direction ``K⁺∇_θR = 2ΠθG`` (or the other modes), ``Z = Xθ``.
-
-        pinv with N < D: ``2V_r(TG)`` with ``T = V_rᵀθ = S_r⁻¹U_rᵀZ`` (r×D) and
-        ``TG = a(Tv)vᵀ − b(TZᵀ)Z`` — one D×r×D product instead of four D×D×N ones.
-        """
+        """Step direction ``K⁺∇_θR = 2ΠθG`` (or the other modes), ``Z = Xθ``; pinv with N < D:
+        ``2V_r(TG)``, ``T = V_rᵀθ = S_r⁻¹U_rᵀZ``, ``TG = a(Tv)vᵀ − b(TZᵀ)Z``: no D×D×N product."""
         if self.gram is None:
             return self.apply_theta_G(theta_G(theta, reg, Z))
         T = self.gram.T @ Z
         a, b, v = G_parts(reg, Z.shape[1])
         return 2.0 * self.factor @ (a * np.outer(T @ v, v) - b * ((T @ Z.T) @ Z))
 
-    def apply_theta_G(self, M):
-        """:func:`precondition` given ``M = θG`` already formed."""
+    def apply_theta_G(self, M):   # given M = θG
         if self.mode == "exact":
             return 2.0 * M
         if self.mode == "pinv":

@@ -1,11 +1,9 @@
 """Linear probing of frozen features ``Z = Xθ``: the paper's prober and the problem every attacker solves.
 
 :func:`gd_exact_line_search` is Figure 1 (Eq. (16); docs/theory.md §8): GD with exact line search on
-``‖Zw − Y‖²`` from w₀ = 0, whose norm ratio ``‖w_t − w*‖²/‖w*‖²`` (w* = Z⁺Y, the optimum GD reaches)
-contracts at a rate set by κ(ZᵀZ). :func:`make_problem` builds the :class:`ProbingProblem` of
-:mod:`pycore.attacks`: the HALVED ``½‖Zw − y‖²`` (Hessian ``ZᵀZ = H(θ)``), or the summed BCE with
-logits plus ``(λ/2)‖w‖²``, ``λ = ridge_rel·‖Z‖₂²/4`` (separable digits have no minimiser without it;
-tied to ‖Z‖₂² so that θ → cθ changes nothing).
+``‖Zw − Y‖²`` from w₀ = 0.  :func:`make_problem` builds the :class:`ProbingProblem` of
+:mod:`pycore.attacks`: the HALVED ``½‖Zw − y‖²`` (Hessian ``ZᵀZ = H(θ)``), or the summed BCE plus
+``(λ/2)‖w‖²``, ``λ = ridge_rel·‖Z‖₂²/4`` (separable digits need it; θ → cθ changes nothing).
 """
 from __future__ import annotations
 
@@ -24,26 +22,21 @@ from pycore.validation import ParameterError, as_float_matrix, as_target, check_
 
 LOSSES = ("lsq", "logistic")
 _LOSS_ALIASES = {"mse": "lsq", "bce": "logistic"}   # pycore.tasks.LinearTask's names
-# Upper bound on the steps of one probe: its trace holds 3 floats per step, and Figure 1 stores two
-# traces per method in results.json (~30 MB of JSON at this bound; the figure uses 100 steps).
+# Upper bound on the steps of one probe (3 floats a step in results.json; Figure 1 uses 100).
 MAX_PROBE_STEPS = 100_000
 
 
 @dataclass(frozen=True)
 class ProbeTrace:
     norm_ratio: np.ndarray   # (steps+1,) ‖w_t − w*‖²/‖w_0 − w*‖²
-    loss: np.ndarray         # (steps+1,) L(w_t)
     step_sizes: np.ndarray   # (steps,) exact line-search α_t
-    loss_star: float
 
 
 def exact_line_search_steps(Z: np.ndarray, Y: np.ndarray, w: np.ndarray, *,
                             g_floor: float = 0.0) -> Iterator[tuple[np.ndarray, np.ndarray, float]]:
     """GD with exact line search on ``½‖Zw − Y‖²`` from ``w``, the ONE loop (Figure 1 and the
-    ``gd_exact`` attacker): yields ``(w_{t+1}, E_{t+1}, α_t)``, ``g = ZᵀE``, ``α = gᵀg/‖Zg‖²`` (the
-    un-halved loss steps α/2 along 2g: the same iterates, bit for bit), the residual ``E = Zw − Y``
-    by recurrence (one product with Z and one with Zᵀ a step). Stops once ``‖g‖ ≤ g_floor`` or
-    ``Zg = 0``, where α would be noise. ``Y`` and ``w`` may be vectors or ``(·, m)`` blocks."""
+    ``gd_exact`` attacker): yields ``(w_{t+1}, E_{t+1}, α_t)``, ``g = ZᵀE``, ``α = gᵀg/‖Zg‖²``, the
+    residual ``E = Zw − Y`` by recurrence; stops once ``‖g‖ ≤ g_floor`` or ``Zg = 0``."""
     E = Z @ w - Y
     while True:
         g = Z.T @ E
@@ -59,35 +52,27 @@ def exact_line_search_steps(Z: np.ndarray, Y: np.ndarray, w: np.ndarray, *,
 
 @bounded_blas
 def gd_exact_line_search(Z, Y, steps: int) -> ProbeTrace:
-    """``steps`` iterations of GD with exact line search on ``‖Zw − Y‖²`` from w₀ = 0, padded with
-    the last value once the gradient is at round-off level (``‖g‖ ≤ 1e-14·‖2ZᵀY‖``)."""
+    """``steps`` iterations from w₀ = 0, padded once ``‖∇L‖ ≤ 1e-14·‖∇L(0)‖``."""
     Z = as_float_matrix(Z, "Z")
     Y = as_target(Y, Z.shape[0], "Y")
     check_number(steps, "steps", low=0, high=MAX_PROBE_STEPS, integer=True)
     w = np.zeros((Z.shape[1], Y.shape[1]))
     w_star = np.linalg.lstsq(Z, Y, rcond=None)[0]
-    E0 = Z @ w_star - Y
     e0 = float(np.sum(w_star ** 2))
     scale = e0 if e0 > 0 else 1.0
-    # ‖∇L‖ ≤ 1e-14·‖∇L(0)‖ of the un-halved loss (∇L = 2ZᵀE), i.e. ‖ZᵀE‖ ≤ 1e-14·‖ZᵀY‖.
     g_floor = 0.5 * (1e-14 * max(float(np.linalg.norm(2 * Z.T @ Y)), 1e-300))
-    ratios, loss_hist, alphas = [e0 / scale], [float(np.sum(Y * Y))], []
-    for w, E, alpha in itertools.islice(exact_line_search_steps(Z, Y, w, g_floor=g_floor), steps):
+    ratios, alphas = [e0 / scale], []
+    for w, _, alpha in itertools.islice(exact_line_search_steps(Z, Y, w, g_floor=g_floor), steps):
         alphas.append(0.5 * alpha)   # the step along the un-halved gradient 2ZᵀE
         ratios.append(float(np.sum((w - w_star) ** 2)) / scale)
-        loss_hist.append(float(np.sum(E * E)))
-    # Stopped at round-off level: w no longer moves; pad to `steps` entries.
     pad = steps - len(alphas)
-    alphas += [0.0] * pad
-    ratios += ratios[-1:] * pad
-    loss_hist += loss_hist[-1:] * pad
-    return ProbeTrace(np.array(ratios), np.array(loss_hist), np.array(alphas), float(np.sum(E0 * E0)))
+    return ProbeTrace(np.array(ratios + ratios[-1:] * pad), np.array(alphas + [0.0] * pad))
 
 
 @dataclass(frozen=True, eq=False)
 class ProbingProblem:
-    """``min_w L(w)`` with its optimum ``w*``, ``L*``, smoothness L, ``strong_convexity`` μ on
-    ``range(Zᵀ)``, numerical ``rank``, singular values ``sigma``, ``r_star = Zw* − y`` (lsq)."""
+    """``min_w L(w)``: ``w*``, ``L*``, smoothness L, ``strong_convexity`` μ on ``range(Zᵀ)``, ``rank``,
+    singular values, ``r_star = Zw* − y`` (lsq)."""
 
     Z: np.ndarray
     y: np.ndarray
@@ -101,8 +86,7 @@ class ProbingProblem:
     sigma: np.ndarray
     r_star: np.ndarray | None = None
     info: dict = field(default_factory=dict)
-    # lsq with N > D iterates on Z = QR: ½‖Zw − y‖² = ½‖Rw − Qᵀy‖² + const, the same gradient,
-    # Hessian and iterates for D² instead of N·D a product, and no ZᵀZ formed
+    # lsq with N > D iterates on Z = QR: ½‖Zw − y‖² = ½‖Rw − Qᵀy‖² + const, D² work a product
     Zw: np.ndarray | None = field(default=None, repr=False)
     yw: np.ndarray | None = field(default=None, repr=False)
     const: float = 0.0
@@ -112,8 +96,7 @@ class ProbingProblem:
         return self.Z.shape[1]
 
     @property
-    def kappa(self) -> float:
-        """``L/μ``; for least squares κ(ZᵀZ) over the nonzero spectrum."""
+    def kappa(self) -> float:   # L/μ; least squares: κ(ZᵀZ) over the nonzero spectrum
         return self.smoothness / self.strong_convexity
 
     @property
@@ -122,8 +105,8 @@ class ProbingProblem:
         return (self.Zw, self.yw) if self.Zw is not None else (self.Z, self.y)
 
     def evaluate(self, w: np.ndarray):
-        """``(L(w), ∇L(w), L(w) − L*)``; logistic also for a block ``w`` (D, m). The lsq gap is
-        ``½‖e‖² + eᵀr*``, ``e = Z(w − w*)``: no cancellation against L*, round-off ~eps·√κ."""
+        """``(L(w), ∇L(w), L(w) − L*)``; logistic also for a block ``w`` (D, m).  The lsq gap
+        ``½‖e‖² + eᵀr*``, ``e = Z(w − w*)``, does not cancel against L*."""
         Zw, yw = self.work
         z = Zw @ w
         if self.loss == "lsq":
@@ -152,10 +135,9 @@ class ProbingProblem:
 @bounded_blas
 def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
                  newton_tol: float = 1e-13, max_newton: int = 200) -> ProbingProblem:
-    """Validate ``(Z, y)`` (``y`` (N,) or (N, 1); labels {0, 1} for ``loss="logistic"``/``"bce"``,
-    else ``"lsq"``/``"mse"``) and compute ``w*`` (lsq: minimum norm; logistic: damped Newton to
-    ``newton_tol``), ``L*``, L and μ, the smallest NONZERO eigenvalue (at w* for logistic: the
-    defender's worst case) by the ``matrix_rank`` rule on Z itself (docs/theory.md §2)."""
+    """Validate ``(Z, y)`` (labels {0, 1} for ``"logistic"``/``"bce"``) and compute ``w*`` (lsq: minimum
+    norm; logistic: damped Newton), ``L*``, L and μ, the smallest NONZERO eigenvalue (logistic: at
+    w*, the defender's worst case; rank rule of docs/theory.md §2)."""
     loss = _LOSS_ALIASES.get(loss, loss)
     check_choice(loss, "loss", LOSSES)
     check_number(ridge_rel, "ridge_rel", low=0.0)

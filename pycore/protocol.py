@@ -1,11 +1,8 @@
-"""The strict evaluation protocol for linear immunization (docs/theory.md §10, "Strict protocol").
-
-Decided on D_P's training rows (what the defender sees) and applied with the same maps to both
-tasks, training and held-out: (1) drop the columns constant on D_P's training rows; (2) if
-null(K_P) is still not empty, restrict every input to range(K_P) = span(V_r), as ``X V_r V_rᵀ``
-(``"project"``: D named coordinates) or ``X V_r`` (``"basis"``: r coordinates, K_P of full rank).
-Both give the same κ's, ceiling and closed form; they differ only for coordinate-wise optimizers.
-Afterwards null(K_P) ⊆ null(K_H), so the RIR ceiling is finite.
+"""The strict evaluation protocol (docs/theory.md §10), decided on D_P's training rows and applied
+with the same maps to both tasks, training and held-out: (1) drop the columns constant on D_P's
+training rows; (2) if null(K_P) is still not empty, restrict every input to range(K_P) = span(V_r),
+as ``X V_r V_rᵀ`` (``"project"``) or ``X V_r`` (``"basis"``; the same κ's, ceiling and closed form).
+Afterwards null(K_P) ⊆ null(K_H): the RIR ceiling is finite.
 """
 from __future__ import annotations
 
@@ -14,12 +11,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pycore.metrics import right_singular_vectors
-from pycore.spectral import rank_tolerance
+from pycore.spectral import numerical_rank
 from pycore.tasks import LinearTask
 from pycore.validation import ParameterError, check_choice
 
-# null(K_P) ⊆ null(K_H) is tested as ‖X_H N‖₂² ≤ NULL_RTOL·‖X_H‖₂², the rule of rir_ceiling: far
-# above round-off (~1e-31 after the restriction), far below a real leak (House Prices: 1.6e-3).
+# null(K_P) ⊆ null(K_H) is ‖X_H N‖₂² ≤ NULL_RTOL·‖X_H‖₂², the rule of rir_ceiling.
 NULL_RTOL = 1e-10
 RESTRICTIONS = ("project", "basis")
 
@@ -46,15 +42,10 @@ class StrictReport:
         return dict(self.__dict__)
 
 
-def constant_columns(X: np.ndarray) -> np.ndarray:
-    """Indices of the columns of ``X`` whose values are all equal (decided on values, ``ptp == 0``)."""
-    return np.flatnonzero(np.ptp(X, axis=0) == 0)
-
-
 def _range_basis(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Orthonormal bases of the row space of X and of its complement (rank rule of docs/theory.md §2)."""
+    """Orthonormal bases of the row space of X and of its complement."""
     s, Vt = right_singular_vectors(X)
-    r = int(np.count_nonzero(s > rank_tolerance(s[0], X.shape))) if s.size and s[0] > 0 else 0
+    r = numerical_rank(s, X.shape)
     return Vt[:r].T, Vt[r:].T
 
 
@@ -66,11 +57,8 @@ def _leak(X_H: np.ndarray, N: np.ndarray) -> float:
 def strict_protocol(train: LinearTask, heldout: LinearTask | None = None,
                     feature_names: list[str] | None = None, *, restriction: str = "project",
                     null_rtol: float = NULL_RTOL) -> tuple[LinearTask, LinearTask | None, StrictReport]:
-    """``(train', heldout', report)``: both tasks under the strict protocol (module docstring).
-
-    The restriction is applied whenever null(K_P) is not empty after dropping, not only when the
-    training D_H leaks into it: held-out rows may vary in a direction both training sets ignore.
-    """
+    """``(train', heldout', report)``: both tasks under the strict protocol, restricted whenever
+    null(K_P) is not empty (held-out rows may vary where both training sets do not)."""
     check_choice(restriction, "restriction", RESTRICTIONS)
     D0 = train.D
     if heldout is not None and heldout.D != D0:
@@ -79,7 +67,7 @@ def strict_protocol(train: LinearTask, heldout: LinearTask | None = None,
     if len(names) != D0:
         raise ParameterError("feature_names", f"feature_names has {len(names)} names but the inputs have "
                                               f"{D0} columns")
-    drop = constant_columns(train.X_P)
+    drop = np.flatnonzero(np.ptp(train.X_P, axis=0) == 0)   # constant, decided on the values
     keep = np.setdiff1d(np.arange(D0), drop)
     if keep.size == 0:
         raise ValueError("every input column is constant on D_P's training rows: nothing is left to immunize")

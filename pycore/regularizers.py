@@ -1,8 +1,6 @@
-"""Condition-number regularizers R_well and R_ill, closed-form gradients, safe step sizes.
-
-Definitions docs/theory.md §3, gradients through θ §4 (``∇_θR = 2KθG``, Theorem 4.2), step-size
-bounds as corrected in §5.  Value and gradient use ``‖S‖_F`` and ONE extreme singular pair, never a
-derivative of an eigendecomposition; a (near-)tie at that pair is reported (:class:`TieWarning`).
+"""Condition-number regularizers R_well and R_ill (docs/theory.md §3), their gradients through θ
+(§4, ``∇_θR = 2KθG``, Theorem 4.2) and step-size bounds (§5, corrected): ``‖S‖_F`` and ONE extreme
+singular pair, never a derivative of an eigendecomposition; a (near-)tie there is a :class:`TieWarning`.
 """
 from __future__ import annotations
 
@@ -10,10 +8,9 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 
 from pycore.spectral import (EPS, SpectrumError, SpectrumInfo, SymmetricEigen, _scale_of, _summarise,
-                             check_symmetric, is_symmetric, rank_tolerance)
+                             check_symmetric, rank_tolerance, singular_parts)
 from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number, check_theta
 
 KINDS = ("ill", "well")
@@ -23,8 +20,14 @@ class TieWarning(RuntimeWarning):
     """The extreme singular value used by a regularizer gradient is (nearly) repeated."""
 
 
+class _Tie:
+    @property
+    def tie(self) -> bool:   # at the singular pair the gradient uses
+        return self.info.tie_min if self.kind == "ill" else self.info.tie_max
+
+
 @dataclass(frozen=True)
-class RegularizerEval:
+class RegularizerEval(_Tie):
     """Value, gradient w.r.t. its matrix argument, and the spectrum it came from."""
 
     kind: str
@@ -33,26 +36,10 @@ class RegularizerEval:
     info: SpectrumInfo
     d: float | None = None  # R_ill's denominator; None for R_well
 
-    @property
-    def tie(self) -> bool:
-        return self.info.tie_min if self.kind == "ill" else self.info.tie_max
-
-
-def _singular_parts(S: np.ndarray):
-    """σ (descending), U, V of ``S``; via ``eigh`` when symmetric (then ``u_i = sign(λ_i) v_i``)."""
-    if is_symmetric(S):
-        lam, V = np.linalg.eigh(0.5 * (S + S.T))
-        order = np.argsort(-np.abs(lam), kind="stable")
-        lam, V = lam[order], V[:, order]
-        return np.abs(lam), V * np.where(lam < 0, -1.0, 1.0), V
-    U, s, Vt = np.linalg.svd(S, full_matrices=False)
-    return s, U, Vt.T
-
 
 def _r_ill_denominator(sigma: np.ndarray, k: int, fro2: float) -> float:
-    """d = ‖S‖_F²/(2k) − σ_k²/2, or a :class:`SpectrumError` where R_ill is undefined: d = 0 iff the k
-    nonzero singular values are equal (κ = 1, rank 1 included; docs/theory.md §5, Thm 4.1(1)),
-    decided at the round-off level of ``fro2/k``."""
+    """d = ‖S‖_F²/(2k) − σ_k²/2, or a :class:`SpectrumError` where d = 0 (to round-off): the k nonzero
+    singular values are equal (κ = 1, rank 1 included; docs/theory.md §5, Thm 4.1(1))."""
     d = fro2 / (2 * k) - 0.5 * sigma[k - 1] ** 2
     if k < 2 or d <= 4 * k * EPS * sigma[0] ** 2:
         raise SpectrumError(f"R_ill is undefined: the {k} nonzero singular value(s) are all equal (κ = 1"
@@ -61,8 +48,7 @@ def _r_ill_denominator(sigma: np.ndarray, k: int, fro2: float) -> float:
 
 
 def _unscaled(x, c: float, power: int, what: str):
-    """``x·c**power`` for a quantity computed on S/c; an error where it overflows (or, for a nonzero
-    value, underflows to 0)."""
+    """``x·c**power`` for a quantity computed on S/c; an error where it over- or underflows."""
     with np.errstate(all="ignore"):
         y = x * np.float64(c) ** power
     if not np.all(np.isfinite(y)) or (np.ndim(x) == 0 and x != 0 and y == 0):
@@ -73,14 +59,13 @@ def _unscaled(x, c: float, power: int, what: str):
 def evaluate(S, kind: str, *, grad: bool = True, rtol: float | None = None, p: int | None = None,
              warn_tie: bool = True) -> RegularizerEval:
     """R_ill or R_well of a general matrix ``S`` and its gradient (docs/theory.md §3); ``p`` overrides
-    R_well's normaliser ``min(S.shape)``.  Entries near the float64 limits are handled on S/max|S|
-    (R_well scales as c², R_ill as c⁻²): the right value where it is representable, else an error."""
+    R_well's normaliser ``min(S.shape)``.  Entries near the float64 limits are handled on S/max|S|."""
     check_choice(kind, "kind", KINDS)
     S = as_float_matrix(S, "S")
     check_number(p, "p", low=1, integer=True, none_ok=True)
     c = _scale_of(S, 1e75) or 1.0   # R_ill's gradient divides by d² ~ σ⁴; ×1.0 changes no bit
     Ss = S / c if c != 1.0 else S
-    sigma, U, V = _singular_parts(Ss)
+    sigma, U, V = singular_parts(Ss)
     info = _summarise(_unscaled(sigma, c, 1, "a singular value"), S.shape, rtol, V, what="S")
     fro2, k, G, d = float(np.sum(sigma * sigma)), info.rank, None, None
     if kind == "well":
@@ -124,7 +109,7 @@ def r_ill_grad(S) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class HessianRegularizer:
+class HessianRegularizer(_Tie):
     """R(H) and G = ∇_H R(H) for the linear-probing Hessian ``H = ZᵀZ`` (docs/theory.md §4)."""
 
     kind: str
@@ -136,29 +121,18 @@ class HessianRegularizer:
     _vectors: dict = None  # descending index -> unit eigenvector, filled lazily
     _eig: SymmetricEigen | None = None  # H's tridiagonal reduction, for further vectors
 
-    @property
-    def tie(self) -> bool:
-        return self.info.tie_min if self.kind == "ill" else self.info.tie_max
-
     def vector(self, i: int) -> np.ndarray:
         """Eigenvector of H for the i-th largest eigenvalue (bit-for-bit one ``evr`` subset call on H)."""
         if i not in self._vectors:
-            if self._eig is not None:
-                v = self._eig.vector(self.info.sigma.size - 1 - i)
-            elif self.H is None:
-                raise ValueError(f"eigenvector {i} was not kept and H was not formed (matrices=False)")
-            else:
-                j = self.H.shape[0] - 1 - i  # LAPACK orders ascending
-                _, v = scipy.linalg.eigh(self.H, subset_by_index=[j, j], driver="evr", check_finite=False)
-                v = v[:, 0]
-            self._vectors[i] = _zero_on_dead_features(v, self.H)
+            if self._eig is None:   # N < D: the two extreme vectors are all there is
+                raise ValueError(f"eigenvector {i} of H was not kept (N < D keeps the extreme two)")
+            self._vectors[i] = _zero_on_dead_features(self._eig.vector(self.info.sigma.size - 1 - i), self.H)
         return self._vectors[i]
 
 
 def _zero_on_dead_features(v: np.ndarray, H: np.ndarray) -> np.ndarray:
-    """``v`` with ``v_j = 0`` exactly where ``H_jj = 0`` (then e_j ∈ null(H), so every eigenvector of a
-    nonzero eigenvalue has v_j = 0), renormalised: LAPACK's ~1e-17 there became full-size Adam steps
-    of kernel-dependent sign (docs/reproducibility.md §3)."""
+    """``v`` with ``v_j = 0`` exactly where ``H_jj = 0`` (e_j ∈ null(H)), renormalised: LAPACK's ~1e-17
+    there became full-size Adam steps of kernel-dependent sign (docs/design.md §7)."""
     dead = np.diagonal(H) == 0
     if dead.any() and not dead.all():
         v = v.copy()
@@ -169,15 +143,12 @@ def _zero_on_dead_features(v: np.ndarray, H: np.ndarray) -> np.ndarray:
 
 def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
                         matrices: bool = True) -> HessianRegularizer:
-    """R_kind(ZᵀZ) and ``G = ∇_H R`` (the in-loop path of the immunizers; R_well with p = D,
-    Theorem 4.2; R_ill with k = rank H).
+    """R_kind(ZᵀZ) and ``G = ∇_H R``, the immunizers' in-loop path (Theorem 4.2: R_well with p = D).
 
-    N < D (MNIST): the spectrum of the N×N ``ZZᵀ`` (same nonzero eigenvalues, ``v = Zᵀu/√λ``), both
-    extreme vectors kept; ``matrices=False`` then skips forming the D×D ``H`` and ``G``.  Otherwise one
-    tridiagonal reduction of H (:class:`pycore.spectral.SymmetricEigen`) gives all eigenvalues and
-    any eigenvector: 3-7× cheaper than the SVD of Z, and exact enough for the gradient (λ_min to
-    ``eps·κ(H)``; the rank cut-off resolves κ(H) to ~1e13).  Exact metrics use ``gram_spectrum``.
-    """
+    N < D (MNIST): the spectrum of the N×N ``ZZᵀ`` (``v = Zᵀu/√λ``), both extreme vectors kept, and
+    ``matrices=False`` skips the D×D ``H`` and ``G``.  Otherwise one reduction of H
+    (:class:`pycore.spectral.SymmetricEigen`): 3-7× cheaper than the SVD of Z and exact enough for the
+    gradient (λ_min to ``eps·κ(H)``).  Exact metrics use ``gram_spectrum``."""
     check_choice(kind, "kind", KINDS)
     Z = as_float_matrix(Z, "Z")
     N, D = Z.shape
@@ -218,8 +189,7 @@ def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
 
 
 def grad_theta_and_regularizer(theta, K, kind: str):
-    """(∇_θR(θᵀKθ) = 2KθG, the :class:`HessianRegularizer` of H = θᵀKθ) (Theorem 4.2); ``K`` must be
-    symmetric PSD."""
+    """(∇_θR(θᵀKθ) = 2KθG (Theorem 4.2), the :class:`HessianRegularizer` of H = θᵀKθ), K PSD."""
     check_choice(kind, "kind", KINDS)
     Ks, K = check_symmetric(K, "K"), as_float_matrix(K, "K")
     theta = check_theta(theta, K.shape[0])
@@ -243,14 +213,12 @@ def r_ill_grad_theta(theta, K) -> np.ndarray:
     return grad_theta_and_regularizer(theta, K, "ill")[0]
 
 
-# Safe step sizes (docs/theory.md §5, corrected), for certified-monotone mode.  Each takes the
-# matrix or its SpectrumInfo; the preconditioned ones need a symmetric H.
-
+# Safe step sizes (docs/theory.md §5, corrected) for certified mode, of a matrix or its SpectrumInfo
 def _spec(x, symmetric_name: str | None = None) -> SpectrumInfo:
     if isinstance(x, SpectrumInfo):
         return x
     S = as_float_matrix(x, "S") if symmetric_name is None else check_symmetric(x, symmetric_name)
-    return _summarise(_singular_parts(S)[0], S.shape, None, what=symmetric_name or "S")
+    return _summarise(singular_parts(S)[0], S.shape, None, what=symmetric_name or "S")
 
 
 def r_well_step_bound(S, p: int | None = None) -> float:
@@ -259,8 +227,7 @@ def r_well_step_bound(S, p: int | None = None) -> float:
     info = _spec(S)
     p = (info.sigma.size if isinstance(S, SpectrumInfo) else min(np.shape(S))) if p is None else p
     s, k = info.sigma, info.rank
-    if k < 2 or info.tie_max:
-        # κ = 1 cannot drop, and at a σ₁ tie the step lowers σ₁ only: σ₂ stays the maximum
+    if k < 2 or info.tie_max:   # κ = 1 cannot drop; at a σ₁ tie σ₂ stays the maximum
         return 0.0
     rho = s[1] * s[k - 1] / s[0] ** 2
     return float((1 - rho) / (1 - (1 - rho) / p))

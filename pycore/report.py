@@ -12,15 +12,9 @@ import numpy as np
 
 # The one label table of the methods (linear, deep, and the deep tables' reference row "init").
 METHOD_LABELS = {
-    "init": "Init. θ₀",
-    "identity": "Identity",
-    "r_ill_only": "R_ill only",
-    "imma": "IMMA",
-    "opt_kappa": "Opt κ",
-    "opt_kappa_balanced": "Opt κ (balanced)",
-    "ours": "Ours (Alg. 1)",
-    "closed_form": "Closed form (docs/theory.md §10)",
-}
+    "init": "Init. θ₀", "identity": "Identity", "r_ill_only": "R_ill only", "imma": "IMMA",
+    "opt_kappa": "Opt κ", "opt_kappa_balanced": "Opt κ (balanced)", "ours": "Ours (Alg. 1)",
+    "closed_form": "Closed form (docs/theory.md §10)"}
 
 
 def summarize(values) -> dict:
@@ -52,12 +46,12 @@ def environment() -> dict:
     """Versions and the command line, recorded in every results.json."""
     import scipy
 
+    from pycore import __version__
+
     versions = {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__}
     for mod in ("torch", "timm", "pandas", "matplotlib"):
         if mod in sys.modules:
             versions[mod] = getattr(sys.modules[mod], "__version__", "?")
-    from pycore import __version__
-
     versions["pycore"] = __version__
     return {"versions": versions, "command": [Path(sys.executable).name] + sys.argv,
             "platform": platform.platform()}
@@ -82,9 +76,7 @@ def to_json(obj):
         return int(obj)
     if isinstance(obj, (float, np.floating)):
         x = float(obj)
-        if math.isfinite(x):
-            return x
-        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+        return x if math.isfinite(x) else "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
     if isinstance(obj, Path):
         return str(obj)
     if obj is None or isinstance(obj, str):
@@ -104,12 +96,10 @@ def from_json(obj):
 
 
 def dumps_json(obj, **kw) -> str:
-    """``obj`` as a strict-JSON string (:func:`to_json`; NaN/inf refused after conversion)."""
     return json.dumps(to_json(obj), allow_nan=False, **kw)
 
 
 def loads_json(text: str):
-    """Inverse of :func:`dumps_json` (non-finite floats restored, :func:`from_json`)."""
     return from_json(json.loads(text))
 
 

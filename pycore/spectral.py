@@ -1,9 +1,8 @@
 """Spectra of matrices and of Gram matrices in float64 (docs/theory.md §2).
 
-κ is taken over the NONZERO spectrum (paper Eq. (1)) with numpy's ``matrix_rank`` cut-off, and the
-rank is reported next to it.  A symmetric matrix goes through ``eigh``, anything else through SVD;
-a Gram matrix ``H = ZᵀZ`` through the SVD of ``Z`` (eigenvalues ``s²``, accurate to ``eps·√κ(H)``
-where ``eigvalsh(H)`` resolves only ``eps·λ_max``).
+κ is over the NONZERO spectrum (paper Eq. (1)) with numpy's ``matrix_rank`` cut-off.  A Gram matrix
+``H = ZᵀZ`` goes through the SVD of ``Z`` (eigenvalues ``s²``, accurate to ``eps·√κ(H)`` where
+``eigvalsh(H)`` resolves only ``eps·λ_max``).
 """
 from __future__ import annotations
 
@@ -18,18 +17,16 @@ from pycore.validation import ParameterError, as_float_matrix, check_number
 
 EPS = np.finfo(np.float64).eps
 
-# Tie rule of docs/theory.md §3: a gap below √eps relative to the extreme value itself (σ_max for
-# R_well, σ_min for R_ill; for σ_min also below the rank tolerance) makes the gradient undefined.
+# Tie rule of docs/theory.md §3: a gap below √eps relative to the extreme value (σ_min: also below
+# the rank tolerance) makes the regularizer gradient undefined.
 TIE_RTOL = float(np.sqrt(EPS))
 
-# Entry magnitudes beyond which a matrix is decomposed as S/max|S| (~sqrt of the float64 limits,
-# where S + Sᵀ, squares and LAPACK's norms over/underflow); singular values scale exactly with S.
+# Entries beyond which S is decomposed as S/max|S| (~√ of the float64 limits, where squares and
+# LAPACK's norms over/underflow); singular values scale exactly with S.
 _BIG = 1e150
 
-# A matrix the caller says is symmetric may differ from its transpose by the round-off of the
-# product that formed it (θᵀKθ, XᵀX as two products: ≲ D·eps ≈ 1e-12 relative for D ≤ 1e4).  √eps
-# leaves 4 orders of margin above that and still refuses any matrix not meant to be symmetric
-# (off by O(1)); within it, ½(S + Sᵀ) moves no eigenvalue more than the entries are uncertain.
+# A product θᵀKθ is symmetric to ≲ D·eps ≈ 1e-12 relative: √eps leaves 4 orders of margin and still
+# refuses a matrix not meant to be symmetric; within it ½(S + Sᵀ) moves no eigenvalue measurably.
 SYMMETRY_RTOL = TIE_RTOL
 
 
@@ -55,19 +52,17 @@ class SpectrumInfo:
     tie_min: bool
     vectors: np.ndarray | None = None
 
-    def as_dict(self) -> dict:
-        keys = "sigma_max sigma_min kappa rank size tol gap_max gap_min tie_max tie_min".split()
-        return {k: int(self.sigma.size) if k == "size" else getattr(self, k) for k in keys}
-
 
 def rank_tolerance(sigma_max: float, shape: tuple[int, ...], rtol: float | None = None) -> float:
     """Cut-off below which a singular value counts as zero: ``σ_max·max(shape)·eps``, or
     ``σ_max·rtol`` with ``rtol`` in [0, 1) (NaN would keep no value, rtol ≥ 1 would cut σ_max)."""
-    if rtol is None:
-        rtol = max(shape) * EPS
-    else:
-        rtol = check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True)
+    rtol = max(shape) * EPS if rtol is None else check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True)
     return float(sigma_max) * float(rtol)
+
+
+def numerical_rank(s: np.ndarray, shape) -> int:
+    """How many of the descending singular values ``s`` of a ``shape`` matrix pass :func:`rank_tolerance`."""
+    return int(np.count_nonzero(s > rank_tolerance(s[0], shape)))
 
 
 def _summarise(sigma: np.ndarray, shape, rtol, vectors=None, *, what: str = "matrix") -> SpectrumInfo:
@@ -86,8 +81,7 @@ def _summarise(sigma: np.ndarray, shape, rtol, vectors=None, *, what: str = "mat
 
 
 def is_symmetric(S: np.ndarray, rtol: float = 1e3 * EPS) -> bool:
-    """``‖S − Sᵀ‖_max ≤ rtol·‖S‖_max`` (default: the round-off of a product θᵀKθ, where ``eigh``'s
-    answer is the matrix's own)."""
+    """``‖S − Sᵀ‖_max ≤ rtol·‖S‖_max`` (default: the round-off of a product θᵀKθ)."""
     if S.ndim != 2 or S.shape[0] != S.shape[1]:
         return False
     scale = float(np.max(np.abs(S))) if S.size else 0.0
@@ -95,8 +89,7 @@ def is_symmetric(S: np.ndarray, rtol: float = 1e3 * EPS) -> bool:
 
 
 def check_symmetric(S, name: str) -> np.ndarray:
-    """``½(S + Sᵀ)`` of a float64 ``S`` that must be symmetric within :data:`SYMMETRY_RTOL`, else a
-    :class:`ParameterError` naming ``name``."""
+    """``½(S + Sᵀ)`` of an ``S`` symmetric within :data:`SYMMETRY_RTOL`, else a ParameterError."""
     S = as_float_matrix(S, name)
     if not is_symmetric(S, SYMMETRY_RTOL):
         gap = f", max|{name} − {name}ᵀ| = {np.max(np.abs(S - S.T)):.3e}" if S.shape[0] == S.shape[1] else ""
@@ -105,37 +98,41 @@ def check_symmetric(S, name: str) -> np.ndarray:
 
 
 def _scale_of(S: np.ndarray, big: float = _BIG) -> float | None:
-    """max|S| when S must be decomposed as S/max|S| (entries beyond ``big`` or below ``1/big``), else None."""
+    """max|S| when S must be decomposed as S/max|S| (beyond ``big`` or below ``1/big``), else None."""
     scale = float(np.max(np.abs(S)))
     return scale if scale > big or 0.0 < scale < 1 / big else None
 
 
-def spectrum_info(S, *, rtol: float | None = None, vectors: bool = False, name: str = "S") -> SpectrumInfo:
-    """Singular values of ``S`` (``|λ|`` from ``eigh`` when symmetric, else SVD), rank and ties;
-    ``vectors``: the eigenvectors (symmetric) or right singular vectors, same order."""
-    S = as_float_matrix(S, name)
-    if rtol is not None:
-        check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True)
-    scale = _scale_of(S)
-    if scale is not None:
-        info = spectrum_info(S / scale, rtol=rtol, vectors=vectors, name=name)
-        with np.errstate(over="ignore", under="ignore"):
-            sigma = info.sigma * scale
-        if not np.isfinite(sigma[0]):
-            raise SpectrumError(f"{name}'s largest singular value ({info.sigma[0]:.6g} × {scale:.6g}) "
-                                "overflows float64; rescale it")
-        return _summarise(sigma, S.shape, rtol, info.vectors, what=name)
+def singular_parts(S: np.ndarray, vectors: bool = True):
+    """``(σ descending, U, V)`` of ``S`` (U, V None unless ``vectors``): ``|λ|`` from ``eigh`` when S
+    is symmetric (then ``u_i = sign(λ_i) v_i``), else the SVD."""
     if is_symmetric(S):
         S = 0.5 * (S + S.T)
-        lam, V = np.linalg.eigh(S) if vectors else (np.linalg.eigvalsh(S), None)
+        if not vectors:
+            lam = np.linalg.eigvalsh(S)
+            return np.abs(lam)[np.argsort(-np.abs(lam), kind="stable")], None, None
+        lam, V = np.linalg.eigh(S)
         order = np.argsort(-np.abs(lam), kind="stable")
-        sigma, V = np.abs(lam)[order], (V[:, order] if V is not None else None)
-    elif vectors:
-        _, sigma, Vt = np.linalg.svd(S, full_matrices=False)
-        V = Vt.T
-    else:
-        sigma, V = np.linalg.svd(S, compute_uv=False), None
-    return _summarise(sigma, S.shape, rtol, V, what=name)
+        lam, V = lam[order], V[:, order]
+        return np.abs(lam), V * np.where(lam < 0, -1.0, 1.0), V
+    if not vectors:
+        return np.linalg.svd(S, compute_uv=False), None, None
+    U, s, Vt = np.linalg.svd(S, full_matrices=False)
+    return s, U, Vt.T
+
+
+def spectrum_info(S, *, rtol: float | None = None, vectors: bool = False, name: str = "S") -> SpectrumInfo:
+    """Singular values of ``S`` (:func:`singular_parts`), rank, ties and (``vectors``) V."""
+    S = as_float_matrix(S, name)
+    check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True, none_ok=True)
+    scale = _scale_of(S) or 1.0       # singular values scale exactly with S
+    sigma, _, V = singular_parts(S / scale if scale != 1.0 else S, vectors)
+    with np.errstate(over="ignore", under="ignore"):
+        unscaled = sigma * scale if scale != 1.0 else sigma
+    if not np.isfinite(unscaled[0]):
+        raise SpectrumError(f"{name}'s largest singular value ({sigma[0]:.6g} × {scale:.6g}) overflows "
+                            "float64; rescale it")
+    return _summarise(unscaled, S.shape, rtol, V, what=name)
 
 
 def condition_number(S, *, rtol: float | None = None) -> float:
@@ -148,8 +145,8 @@ _SQRT_TINY = float(np.sqrt(np.finfo(np.float64).tiny))
 
 
 def gram_spectrum(Z, *, rtol: float | None = None, vectors: bool = True, name: str = "Z") -> SpectrumInfo:
-    """Spectrum of ``H = ZᵀZ`` from the SVD of ``Z`` (eigenvalues ``s²``, eigenvectors ``V``); the
-    rank cut-off is applied to ``s`` with Z's shape, then squared (docs/theory.md §2)."""
+    """Spectrum of ``H = ZᵀZ`` from the SVD of ``Z``: eigenvalues ``s²``, eigenvectors ``V``, the rank
+    cut-off applied to ``s`` with Z's shape (docs/theory.md §2)."""
     Z = as_float_matrix(Z, name)
     if vectors:
         _, s, Vt = np.linalg.svd(Z, full_matrices=False)
@@ -174,27 +171,18 @@ def _gram_info(s, V, shape, rtol, name) -> SpectrumInfo:
 
 
 class ProductGramSpectrum:
-    """Spectra of ``(Xθ)ᵀ(Xθ)`` for ONE X and many θ, as accurate as :func:`gram_spectrum` of ``Xθ``.
-
-    Tall X: ``X = QR`` once, and ``Xθ = Q(Rθ)`` has the singular values of the D×D ``Rθ`` (up to
-    ~eps‖X‖‖θ‖, the rounding of forming ``Xθ`` itself), skipping the QR that LAPACK's SVD of the
-    N×D ``Xθ`` repeats.  The rank cut-off uses X's shape.  Wide or square X: the SVD of ``Xθ``.
-    """
+    """Spectra of ``(Xθ)ᵀ(Xθ)`` for ONE X and many θ, as accurate as :func:`gram_spectrum` of ``Xθ``:
+    for tall X, ``X = QR`` once and ``Xθ = Q(Rθ)`` has the singular values of the D×D ``Rθ`` (to
+    ~eps‖X‖‖θ‖, the rounding of ``Xθ`` itself); the rank cut-off uses X's shape."""
 
     def __init__(self, X, name: str = "Z"):
         X = as_float_matrix(X, "X")
         self.X, self.shape, self.name = X, X.shape, name
         self.R = np.linalg.qr(X, mode="r") if X.shape[0] > X.shape[1] else None
 
-    def __call__(self, theta: np.ndarray) -> SpectrumInfo:
-        """Eigenvalues of ``(Xθ)ᵀ(Xθ)`` (no vectors) for a finite D×D θ (not re-validated)."""
+    def __call__(self, theta: np.ndarray) -> SpectrumInfo:   # θ finite D×D, not re-validated
         F = self.X @ theta if self.R is None else self.R @ theta
         return _gram_info(np.linalg.svd(F, compute_uv=False), None, self.shape, None, self.name)
-
-
-def gram_condition_number(Z, *, rtol: float | None = None) -> float:
-    """κ(ZᵀZ) over the nonzero spectrum, computed as κ(Z)² (see :func:`gram_spectrum`)."""
-    return gram_spectrum(Z, rtol=rtol, vectors=False).kappa
 
 
 @functools.lru_cache(maxsize=None)
@@ -210,14 +198,11 @@ _EVR_SAFE_LOW, _EVR_SAFE_HIGH = 1e-140, 1e70
 
 
 class SymmetricEigen:
-    """All eigenvalues of a symmetric matrix and any of its eigenvectors, from ONE reduction.
-
-    ``eigh(H, driver="evr")`` reduces H to tridiagonal form (``dsytrd``, the O(n³) part) on every
-    call.  This class makes dsyevr's LAPACK calls with its workspace sizes, the reduction once:
-    ``values`` (``dsterf``, ascending) and each :meth:`vector` (``dstebz``, ``dstein``, ``dormtr``)
-    are bit-for-bit those of separate ``eigh`` calls (a test checks it).  Matrices dsyevr would
-    rescale, size 1 or a LAPACK failure go through ``scipy.linalg.eigh`` itself.
-    """
+    """All eigenvalues of a symmetric matrix and any of its eigenvectors from ONE tridiagonal
+    reduction (``eigh(H, driver="evr")`` redoes ``dsytrd``, the O(n³) part, every call): dsyevr's own
+    LAPACK calls and workspace sizes, so ``values`` (``dsterf``, ascending) and :meth:`vector` are
+    bit-for-bit those of separate ``eigh`` calls (a test checks it).  Matrices dsyevr would rescale,
+    size 1 or a LAPACK failure go through ``scipy.linalg.eigh`` itself."""
 
     __slots__ = ("_H", "_c", "_d", "_e", "_tau", "_lwork", "values")
 

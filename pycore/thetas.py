@@ -1,9 +1,5 @@
-"""Archives of immunized extractors: every run's θ in one ``.npz``, so anyone can re-attack it.
-
-Named float arrays (``"<method>/seed<k>"``, ``"<method>+haar/seed<k>"``, the rotation ``".../Q"``,
-the inputs under ``"data/..."``) and a ``"meta"`` JSON string, written by ``numpy.savez_compressed``
-and read with ``allow_pickle=False``: loading never executes code, and its memory is capped.
-"""
+"""Archives of immunized extractors: every run's θ in one ``.npz`` (keys :func:`theta_key`, the inputs
+under ``"data/..."``, a ``"meta"`` JSON string), read with ``allow_pickle=False`` and a memory cap."""
 from __future__ import annotations
 
 import math
@@ -19,8 +15,8 @@ from pycore.validation import ParameterError, check_number, check_regular_file
 __all__ = ["save_thetas", "load_thetas", "theta_key", "MAX_ARCHIVE_BYTES"]
 
 _KEY = re.compile(r"^[A-Za-z0-9_.+\-]+(/[A-Za-z0-9_.+\-]+)*$")
-# Decompressed bytes load_thetas reads unless told more (max_bytes): a 3.9 MB file may declare
-# gigabytes of deflated zeros.  A House Prices archive of every method and seed is ~5 MB.
+# Decompressed bytes load_thetas reads unless told more: a 3.9 MB file may declare gigabytes of
+# deflated zeros; a House Prices archive of every method and seed is ~5 MB.
 MAX_ARCHIVE_BYTES = 1 << 30
 _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
@@ -32,8 +28,7 @@ def theta_key(method: str, seed: int, harden: str = "none", part: str | None = N
 
 
 def save_thetas(path, arrays: dict, meta: dict | None = None) -> Path:
-    """Write ``arrays`` (key → numeric array) and ``meta`` (strict JSON, :func:`pycore.report.to_json`)
-    to ``path``.  Keys: ``/``-separated parts of letters, digits and ``_.+-``, none ``.`` or ``..``."""
+    """Write ``arrays`` (key → numeric array) and ``meta`` (strict JSON) to ``path``."""
     out = {}
     for k, v in arrays.items():
         if not isinstance(k, str) or not _KEY.match(k) or k == "meta" or {".", ".."} & set(k.split("/")):
@@ -50,8 +45,8 @@ def save_thetas(path, arrays: dict, meta: dict | None = None) -> Path:
 
 
 def _refusal(zf: zipfile.ZipFile, limit: int) -> str | None:
-    """Why the archive is refused before reading, if it is: declared sizes over ``limit``, or a
-    member whose .npy header declares more than the member holds (numpy allocates it first)."""
+    """Why the archive is refused before reading: declared sizes over ``limit``, or a member whose
+    .npy header declares more than it holds (numpy would allocate it first)."""
     total = sum(i.file_size for i in zf.infolist())
     if total > limit:
         return (f"its members declare {total} bytes decompressed, more than the {limit} byte limit "
@@ -68,8 +63,7 @@ def _refusal(zf: zipfile.ZipFile, limit: int) -> str | None:
 
 
 def load_thetas(path, *, max_bytes: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
-    """``(arrays, meta)`` from an archive written by :func:`save_thetas`: no pickle, at most
-    ``max_bytes`` (default :data:`MAX_ARCHIVE_BYTES`) decompressed, checked before reading."""
+    """``(arrays, meta)`` of a :func:`save_thetas` archive, at most ``max_bytes`` decompressed."""
     limit = MAX_ARCHIVE_BYTES if max_bytes is None else max_bytes
     check_number(limit, "max_bytes", low=0, integer=True)
     check_regular_file(path, "a θ archive (.npz)", max_bytes=limit)

@@ -1,14 +1,10 @@
 """BLAS threads for the small matrices of the linear core (docs/design.md §5).
 
-The core runs long loops of small products and eigensolves (D = 79 or 784), where a second BLAS
-thread gains little on an idle machine and costs up to 100× on a busy one: every call waits for
-all its threads.  Entry points decorated with :func:`bounded_blas` therefore run with ONE thread
-below :data:`SMALL_MATRIX_DIM`, and leave the count alone above.  Who decides, first match wins:
-:func:`blas_threads` (``with blas_threads(2): ...``); ``PYCORE_BLAS_THREADS`` = n, ``auto`` (the size
-rule) or ``off``/``0`` (never touch it); an explicit ``OMP_NUM_THREADS`` (or OpenBLAS/MKL/BLIS/vecLib
-variable), which is respected; the size rule.  :func:`task_threads` is for work split into
-processes side by side: one thread per task whatever the size (the first three rules still apply).
-Only the count changes; the same command and environment give the same digits.
+Long loops of small products (D = 79 or 784) gain little from a second BLAS thread on an idle
+machine and lose up to 100× on a busy one, so :func:`bounded_blas` entry points run with ONE thread
+below :data:`SMALL_MATRIX_DIM`.  First match wins: :func:`blas_threads`; ``PYCORE_BLAS_THREADS`` = n,
+``auto`` or ``off``/``0``; an explicit ``OMP_NUM_THREADS`` (or OpenBLAS/MKL/BLIS/vecLib); the size
+rule.  :func:`task_threads`: one thread per task of a process pool.  Only the count changes.
 """
 from __future__ import annotations
 
@@ -32,21 +28,17 @@ _USER_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS
                      "VECLIB_MAXIMUM_THREADS")
 
 _local = threading.local()
-_controller = None
 
 
-def _ctl():
-    global _controller   # created on first use, after NumPy/SciPy have loaded their BLAS
-    if _controller is None:
-        from threadpoolctl import ThreadpoolController
+@functools.lru_cache(maxsize=None)
+def _ctl():   # created on first use, after NumPy/SciPy have loaded their BLAS
+    from threadpoolctl import ThreadpoolController
 
-        _controller = ThreadpoolController()
-    return _controller
+    return ThreadpoolController()
 
 
 def threads_for(dim: int) -> int | None:
-    """The BLAS thread count for work of largest dimension ``dim`` (None: leave it as it is), by
-    the rules of the module docstring."""
+    """The BLAS thread count for work of largest dimension ``dim`` (None: leave it as it is)."""
     setting = os.environ.get(ENV_VAR, "").strip().lower()
     if setting in ("off", "none", "no", "0"):
         return None
@@ -74,8 +66,8 @@ def _scope(n: int | None):
 
 @contextmanager
 def task_threads():
-    """ONE BLAS thread for the enclosed work (a task among processes side by side), unless the user
-    chose otherwise; entry points inside keep it, so a result never depends on the worker count."""
+    """ONE BLAS thread for the enclosed work unless the user chose otherwise; entry points inside
+    keep it, so a result never depends on the worker count."""
     if getattr(_local, "active", False):
         yield
         return
@@ -105,8 +97,7 @@ def _largest_dim(values) -> int:
 
 
 def bounded_blas(func):
-    """Decorator for an entry point of the linear core: the thread count decided once per call from
-    its arguments' largest dimension; nested entry points keep the outer decision."""
+    """Entry-point decorator: the count decided once per call from the arguments' largest dimension."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):

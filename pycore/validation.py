@@ -16,16 +16,16 @@ def _rebuild_error(cls, args, state):
 
 
 class PicklableError:
-    """Mixin (first base) for an exception whose ``__init__`` takes more than its message: pickle
-    rebuilds it from ``args`` and attributes, so it crosses a process pool as itself."""
+    """Mixin (first base) for an exception whose ``__init__`` takes more than its message: it crosses
+    a process pool as itself."""
 
     def __reduce__(self):
         return _rebuild_error, (type(self), self.args, dict(self.__dict__))
 
 
 class ParameterError(PicklableError, ValueError):
-    """A parameter value the library cannot use; ``parameter`` names the argument or option (for
-    example ``"lambda_h"``), so that a command line can name the flag the user typed."""
+    """A parameter value the library cannot use; ``parameter`` names the argument or option, so that
+    a command line can name the flag the user typed."""
 
     def __init__(self, parameter: str, message: str):
         super().__init__(message)
@@ -40,17 +40,14 @@ class DivergenceError(PicklableError, FloatingPointError):
         self.parameter = parameter
 
 
-# Largest dense float64 array a call of the linear core sets out to allocate (a decomposition's
-# factors, a data matrix): the work those arrays imply (an SVD is O(N·D·min(N,D))) is bounded too,
-# and a 35k × 35k U (10 GB) is refused before LAPACK starts, where it could not be interrupted.
+# Largest dense float64 array a call sets out to allocate: a 35k × 35k U (10 GB) is refused before
+# LAPACK starts, where it could not be interrupted.
 MAX_DENSE_BYTES = 4 << 30   # 4 GiB
 
 
-def check_dense_size(shape, what: str, *, max_bytes: int | None = None) -> None:
-    """``ValueError`` naming ``what`` if a float64 array of ``shape`` exceeds ``max_bytes`` (default
-    :data:`MAX_DENSE_BYTES`, read at call time)."""
-    limit = MAX_DENSE_BYTES if max_bytes is None else max_bytes
-    nbytes = 8 * math.prod(int(n) for n in shape)
+def check_dense_size(shape, what: str) -> None:
+    """``ValueError`` naming ``what`` if a float64 ``shape`` exceeds :data:`MAX_DENSE_BYTES`."""
+    limit, nbytes = MAX_DENSE_BYTES, 8 * math.prod(int(n) for n in shape)
     if nbytes > limit:
         raise ValueError(f"{what}: a {' × '.join(str(int(n)) for n in shape)} float64 array needs "
                          f"{nbytes / 2**30:.1f} GiB, more than the {limit / 2**30:g} GiB this library "
@@ -58,9 +55,8 @@ def check_dense_size(shape, what: str, *, max_bytes: int | None = None) -> None:
 
 
 def as_float_matrix(A, name: str = "matrix", *, ndim: int = 2) -> np.ndarray:
-    """``A`` as a C-contiguous float64 array of ``ndim`` dims, or a ``ValueError`` naming ``name``:
-    non-numeric dtype, wrong dims, empty, NaN/inf (first index named), or larger than
-    :data:`MAX_DENSE_BYTES` (checked before copying: a broadcast view is never expanded first)."""
+    """``A`` as a C-contiguous float64 array of ``ndim`` dims, or a ``ValueError`` naming ``name``
+    (size checked before copying: a broadcast view is never expanded first)."""
     arr = np.asarray(A)
     if arr.dtype.kind not in "biuf":
         raise ValueError(f"{name} must be a real numeric array, got dtype {arr.dtype}")
@@ -77,7 +73,7 @@ def as_float_matrix(A, name: str = "matrix", *, ndim: int = 2) -> np.ndarray:
 
 
 def as_target(Y, n_rows: int, name: str = "Y") -> np.ndarray:
-    """Targets as an ``(N, m)`` float64 matrix with ``N == n_rows``."""
+    """Targets as an ``(N, m)`` float64 matrix, ``N == n_rows``."""
     arr = np.asarray(Y)
     arr = as_float_matrix(arr[:, None] if arr.ndim == 1 else arr, name)
     if arr.shape[0] != n_rows:
@@ -102,9 +98,8 @@ def _interval(low, high, low_open, high_open) -> str:
 
 def check_number(value, name: str, *, low=None, high=None, low_open: bool = False,
                  high_open: bool = False, integer: bool = False, none_ok: bool = False):
-    """``value`` as a finite float (an int when ``integer``) in the given interval, else a
-    :class:`ParameterError` naming ``name`` (bools, NaN/inf and non-integers included); ``None``
-    passes through when ``none_ok``."""
+    """``value`` as a finite float (an int when ``integer``) in the interval, else a
+    :class:`ParameterError` naming ``name``; ``None`` passes through when ``none_ok``."""
     if value is None and none_ok:
         return None
     want = ("an integer" if integer else "a finite number") + _interval(low, high, low_open, high_open) \
@@ -122,10 +117,23 @@ def check_number(value, name: str, *, low=None, high=None, low_open: bool = Fals
 
 
 def check_choice(value, name: str, choices) -> str:
-    """``value`` must be one of ``choices`` (a :class:`ParameterError` naming them otherwise)."""
     if value not in tuple(choices):
         raise ParameterError(name, f"{name} must be one of {tuple(choices)}, got {value!r}")
     return value
+
+
+def check_betas(betas, name: str = "betas") -> tuple[float, float]:
+    """Adam's ``(β₁, β₂)``, each in [0, 1)."""
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+        raise ParameterError(name, f"{name} must be a pair (β₁, β₂), got {betas!r}")
+    return tuple(check_number(b, name, low=0.0, high=1.0, high_open=True) for b in betas)
+
+
+def check_rng(rng, *, none_ok: bool = False):
+    if not (isinstance(rng, np.random.Generator) or (none_ok and rng is None)):
+        raise ParameterError("rng", f"rng must be a numpy.random.Generator{' or None' * none_ok}, "
+                                    f"got {type(rng).__name__}")
+    return rng
 
 
 class OutlierWarning(UserWarning):
@@ -138,8 +146,8 @@ OUTLIER_FACTOR = 1e6
 
 
 def outliers(values, factor: float = OUTLIER_FACTOR) -> np.ndarray:
-    """Indices of the finite entries of ``values`` beyond ``factor`` × the median magnitude of the
-    nonzero entries (zeros left out, robust to the outlier itself); empty with < 2 nonzero entries."""
+    """Indices of the finite entries beyond ``factor`` × the median magnitude of the nonzero ones
+    (robust to the outlier itself); empty with < 2 nonzero entries."""
     a = np.abs(np.asarray(values, dtype=np.float64))
     nz = a[np.isfinite(a) & (a > 0)]
     if nz.size < 2:
@@ -147,16 +155,15 @@ def outliers(values, factor: float = OUTLIER_FACTOR) -> np.ndarray:
     return np.flatnonzero(np.isfinite(a) & (a > factor * np.median(nz)))
 
 
-# Upper limit on an input file read whole (a CSV table, an IDX file): the project's are ≤ 50 MB,
-# and /dev/zero, a runaway log or a wrong path becomes an error instead of an unbounded read.
+# Upper limit on an input file read whole: the project's are ≤ 50 MB; /dev/zero or a runaway log
+# becomes an error instead of an unbounded read.
 MAX_DATA_FILE_BYTES = 1 << 30  # 1 GiB
 
 
-def check_regular_file(path, what: str, *, max_bytes: int | None = -1, error=ValueError) -> int:
-    """The size of ``path``, which must be an existing regular file of at most ``max_bytes`` (-1:
-    :data:`MAX_DATA_FILE_BYTES` at call time; None: no cap).  A FIFO, device, socket or directory is
-    refused before anything is opened (reading one could block or never end).  Missing:
-    ``FileNotFoundError``; other problems: ``error``."""
+def check_regular_file(path, what: str, *, max_bytes: int | None = None, error=ValueError) -> int:
+    """The size of ``path``, an existing regular file of at most ``max_bytes`` (default
+    :data:`MAX_DATA_FILE_BYTES` at call time): a FIFO or device is refused before it is opened
+    (reading one could block forever).  Missing: ``FileNotFoundError``; other problems: ``error``."""
     p = os.fspath(path)
     try:
         st = os.stat(p)
@@ -171,7 +178,7 @@ def check_regular_file(path, what: str, *, max_bytes: int | None = -1, error=Val
                 "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
                 "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
         raise error(f"{p}: is {kind}, expected a regular file ({what})")
-    max_bytes = MAX_DATA_FILE_BYTES if max_bytes == -1 else max_bytes
-    if max_bytes is not None and st.st_size > max_bytes:
+    max_bytes = MAX_DATA_FILE_BYTES if max_bytes is None else max_bytes
+    if st.st_size > max_bytes:
         raise error(f"{p}: is {st.st_size} bytes, larger than the {max_bytes} byte limit ({what})")
     return int(st.st_size)

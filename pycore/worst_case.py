@@ -1,9 +1,7 @@
-"""Worst-case attack evaluation of a linear immunizer (docs/attacks.md §1), as fine-tuning defenses are
-judged (Qi et al. 2024; TamperBench): an attacker is a *family* of optimizers swept over its
-hyper-parameters, per family the best configuration counts, and the defense is judged by the strongest
-attacker found, named. Cost = iterations to a relative suboptimality ε (:mod:`pycore.attacks`).
-:func:`attack_evaluation` evaluates one θ; the rest are its parts and the analysis over seeds.
-"""
+"""Worst-case attack evaluation of a linear immunizer (docs/findings.md §4), as fine-tuning defenses are
+judged (Qi et al. 2024; TamperBench): a *family* of optimizers is swept over its hyper-parameters, its
+best configuration counts, and the defense is judged by the strongest attacker found, named.  Cost =
+iterations to a relative suboptimality ε.  :func:`attack_evaluation` evaluates one θ."""
 from __future__ import annotations
 
 import copy
@@ -18,7 +16,7 @@ from pycore import attacks as A
 from pycore.probe import LOSSES
 from pycore.spectral import gram_spectrum
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number
+from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number, check_rng
 
 __all__ = ["AttackerConfig", "FAMILIES", "FIRST_ORDER", "attacker_grid", "GridRun", "run_grid", "family_best",
            "slowdown", "worst_case", "kappa_reference", "kappa_bounds", "best_so_far", "within", "analyse",
@@ -34,8 +32,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "whiten": ("one", "adaptive"), "closed_form": ("one", "second-order"), "newton": ("one", "second-order"),
 }
 FIRST_ORDER = tuple(f for f, v in FAMILIES.items() if v[1] == "first-order")
-# The stated grid (docs/attacks.md §1.2): every table of docs/attacks.md and docs/results.md §4.
-# Adam's and Adagrad's lr are in units of max|w₀ − w*| (pycore.attacks).
+# The stated grid (docs/findings.md §4); Adam's and Adagrad's lr in units of max|w₀ − w*|.
 GD_STEP_FACTORS = (0.5, 1.0, 1.5, 1.9)
 MU_FACTORS = (0.01, 0.1, 1.0, 10.0, 100.0)      # μ̂/μ: 1 = tuned; others mis-tuned
 ADAM_LR_FACTORS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4)
@@ -48,8 +45,7 @@ MAX_ORDERS = 10_000                # best_so_far: orders × configurations float
 
 @dataclass(frozen=True)
 class AttackerConfig:
-    """One configuration: its ``family`` (a key of :data:`FAMILIES`), the ``attacker`` it runs (a key
-    of :data:`pycore.attacks.ATTACKERS`) and its hyper-parameters (``params``, sorted pairs)."""
+    """A ``family`` (:data:`FAMILIES`), the ``attacker`` it runs and its ``params`` (sorted pairs)."""
 
     family: str
     attacker: str
@@ -76,8 +72,7 @@ def _cfg(family, attacker, **params) -> AttackerConfig:
 
 
 def attacker_grid(loss: str = "lsq", *, quick: bool = False) -> tuple[AttackerConfig, ...]:
-    """Every configuration of every family (docs/attacks.md §1.2) for ``loss`` (``"lsq"``: the
-    closed form; ``"logistic"``: Newton). ``quick``: a few configurations per family."""
+    """Every configuration of every family for ``loss``; ``quick``: a few per family."""
     check_choice(loss, "loss", LOSSES)
     mus = (1.0, 0.1) if quick else MU_FACTORS
     g = [_cfg("gd", "gd_exact")]
@@ -104,9 +99,9 @@ def _ekey(e: float) -> str:
 
 @dataclass
 class GridRun:
-    """Per configuration of a grid (``configs``) on one problem: ``steps`` to each of ``eps`` (None =
-    not within the ``cap``), the final relative suboptimality, divergence, and the problem's κ
-    references (:func:`kappa_reference`). :meth:`compact` is what results.json keeps."""
+    """Per configuration on one problem: ``steps`` to each of ``eps`` (None = not within the ``cap``),
+    the final relative suboptimality, divergence, and :func:`kappa_reference`; :meth:`compact` is
+    what results.json keeps."""
 
     configs: tuple[AttackerConfig, ...]
     cap: int
@@ -131,9 +126,7 @@ class GridRun:
 @bounded_blas
 def run_grid(problem: A.ProbingProblem, grid, *, eps=(1e-2, 1e-4), max_steps: int = 20000,
              rng: np.random.Generator | None = None, second_order_max_steps: int = 100) -> GridRun:
-    """Every configuration of ``grid`` on ``problem`` until min(eps) or ``max_steps``, by
-    :func:`pycore.attacks.run_attackers` (``rng``: the rows of each "half" whitening; default
-    ``default_rng(0)``)."""
+    """Every configuration of ``grid`` on ``problem`` until min(eps) or ``max_steps``."""
     grid = tuple(grid)
     if not grid:
         raise ParameterError("grid", "the attacker grid is empty")
@@ -149,8 +142,7 @@ def run_grid(problem: A.ProbingProblem, grid, *, eps=(1e-2, 1e-4), max_steps: in
 
 
 def family_best(run: GridRun, eps: float) -> dict[str, tuple[int | None, str | None]]:
-    """Per family of the run: ``(fewest steps to eps, that configuration's label)``, ``(None, None)``
-    when none reached eps within the cap."""
+    """Per family: ``(fewest steps to eps, that configuration's label)``, (None, None) if none did."""
     out: dict[str, tuple[int | None, str | None]] = {}
     for i, c in enumerate(run.configs):
         s = run.steps_of(i, eps)
@@ -172,9 +164,8 @@ def slowdown(s_theta: int | None, s_ref: int | None, cap: int) -> tuple[float | 
 
 
 def worst_case(run: GridRun, ref: GridRun, eps: float, families=None) -> dict:
-    """The defender's worst case at ``eps`` over ``families`` (default all): the configuration with
-    the fewest steps on θ (named), the best on the reference and their :func:`slowdown`; ties go to
-    the earlier configuration of the grid."""
+    """The defender's worst case at ``eps`` over ``families`` (default all): the fewest steps on θ
+    (named), the best on the reference and their :func:`slowdown`; ties go to the earlier one."""
     fams = set(FAMILIES if families is None else families)
 
     def best(r):
@@ -198,9 +189,9 @@ def _restricted_kappa(Hm: np.ndarray, basis: np.ndarray) -> float:    # κ of Hm
 
 @bounded_blas
 def kappa_reference(problem: A.ProbingProblem) -> dict:
-    """The κ an attacker family feels on ``range(Zᵀ)`` (docs/theory.md §2): ``kappa`` of the Hessian (lsq:
-    ZᵀZ; logistic: ``∇²L(w*)``) and ``kappa_jacobi``, κ of ``J^{-½}∇²L J^{-½}``, ``J = diag ∇²L``, what a
-    diagonal preconditioner faces (van der Sluis 1969; a diagonal Hessian has κ_J = 1 whatever κ)."""
+    """The κ's an attacker family feels on ``range(Zᵀ)``: ``kappa`` of the Hessian (lsq: ZᵀZ; logistic:
+    ``∇²L(w*)``) and ``kappa_jacobi`` of ``J^{-½}∇²L J^{-½}``, ``J = diag ∇²L``, what a diagonal
+    preconditioner faces (van der Sluis 1969)."""
     if problem.loss == "lsq":
         s = A.jacobi_scaling(problem.Z)
         return {"kappa": float(gram_spectrum(problem.Z, vectors=False).kappa),
@@ -214,10 +205,8 @@ def kappa_reference(problem: A.ProbingProblem) -> dict:
 
 
 def kappa_bounds(kappa_theta: dict, kappa_ref: dict) -> dict[str, float]:
-    """Per family, the slow-down the condition numbers alone can force (docs/attacks.md §1.3):
-    ``r = κ(θ)/κ(ref)`` for GD, ``√r`` for heavy ball, Nesterov, CG, L-BFGS, ``r_J`` (κ_J's ratio)
-    for Adam, Adagrad, ``√r_J`` for Jacobi-PCG, 1 for whitening, the closed form and Newton:
-    ratios of worst-case iteration bounds, not predictions of an instance."""
+    """Per family, the slow-down the κ's alone can force (docs/findings.md §4): ``r = κ(θ)/κ(ref)``,
+    √r, r_J (κ_J's ratio), √r_J or 1 by :data:`FAMILIES`: ratios of worst-case iteration bounds."""
     r = kappa_theta["kappa"] / kappa_ref["kappa"]
     rj = kappa_theta["kappa_jacobi"] / kappa_ref["kappa_jacobi"]
     kinds = {"kappa": r, "sqrt_kappa": math.sqrt(r), "jacobi": rj, "sqrt_jacobi": math.sqrt(rj), "one": 1.0}
@@ -225,9 +214,8 @@ def kappa_bounds(kappa_theta: dict, kappa_ref: dict) -> dict[str, float]:
 
 
 def best_so_far(steps, *, n_orders: int = 200, rng: np.random.Generator, cap: int) -> np.ndarray:
-    """The fewest steps found after trying k configurations, k = 1..n, for ``n_orders`` (≤
-    :data:`MAX_ORDERS`) random orders of the configurations (TamperBench's best-so-far curves);
-    ``steps``: per configuration, None = not within the cap (counted as ``cap + 1``)."""
+    """The fewest steps found after trying k configurations, k = 1..n, for ``n_orders`` random orders
+    (TamperBench's best-so-far curves); ``steps`` None (not within the cap) count as ``cap + 1``."""
     check_number(n_orders, "n_orders", low=1, high=MAX_ORDERS, integer=True)
     s = np.array([cap + 1 if x is None else x for x in steps], dtype=float)
     if s.size == 0:
@@ -236,9 +224,8 @@ def best_so_far(steps, *, n_orders: int = 200, rng: np.random.Generator, cap: in
 
 
 def within(items, *, low: float | None = None, high: float | None = None) -> bool | None:
-    """Does every seed's slow-down lie in ``[low, high]``? Each ``(value, kind)`` of :func:`slowdown`
-    bounds the true ratio x: ``"="`` x = v, ``">="`` x ≥ v, ``"<="`` 0 ≤ x ≤ v, ``"n/a"`` unknown.
-    True when every seed's bound lies inside, False when one lies outside, else None (undecided)."""
+    """Does every seed's slow-down ``(value, kind)`` (:func:`slowdown`: a bound on the true ratio) lie
+    in ``[low, high]``? True, False when one lies outside, else None (undecided)."""
     low, high = -math.inf if low is None else low, math.inf if high is None else high
     bounds = [(v if k in ("=", ">=") else 0.0, v if k in ("=", "<=") else math.inf) for v, k in items]
     if any(hi < low or lo > high for lo, hi in bounds):
@@ -255,9 +242,9 @@ def _index(runs):
 
 
 def analyse(runs, grid, eps_list, cap: int, *, rotated: str | None = None) -> dict:
-    """Per variant (≠ "identity"), problem and ε, per seed: each family's best slow-down against
-    identity (and, for a hardened variant "m+h", against ``rotated``, identity hardened the same
-    way) beside its κ bound, and the worst case over all families and over the first-order ones."""
+    """Per variant (≠ "identity"), problem, ε and seed: each family's best slow-down against identity
+    (hardened "m+h": also against ``rotated``) beside its κ bound, and the worst cases over all
+    families and over the first-order ones."""
     by, variants, seeds, keys, _ = _index(runs)
     families = list(dict.fromkeys(c.family for c in grid))
     first = [f for f in families if f in FIRST_ORDER]
@@ -287,9 +274,8 @@ def analyse(runs, grid, eps_list, cap: int, *, rotated: str | None = None) -> di
 
 def best_so_far_curves(runs, grid, eps: float, cap: int, orders: int) -> dict:
     """Best-so-far on D_H: after k configurations in a random order, the fewest steps on θ over the
-    best of the WHOLE grid on identity (the curve ends at the worst case), ``orders`` orders per
-    seed from ``default_rng([0, seed])``; median and 10/90 % quantiles over all orders and seeds,
-    for two pools: every family, and the first-order ones."""
+    best of the WHOLE grid on identity, ``orders`` orders per seed from ``default_rng([0, seed])``;
+    median and 10/90 % quantiles, for every family and for the first-order ones."""
     by, variants, seeds, _, rows_list = _index(runs)
     fo_idx = [i for i, c in enumerate(grid) if c.family in FIRST_ORDER]
     out = {"eps": eps, "orders_per_seed": orders, "curves": {}}
@@ -316,9 +302,8 @@ TARGET_EPS, TARGET_SLOWDOWN, TARGET_DP, TARGET_RTOL = 1e-4, 10.0, 1.2, 1e-10
 
 
 def targets(res: dict) -> list[dict]:
-    """The hardening targets of docs/attacks.md §2 per hardened variant (not identity's), training rows,
-    ε = 1e-4: the best Adam slowed ≥ 10× on D_H on every seed, ≤ 1.2× on D_P, RIR, (i), (ii), best D_P
-    loss equal to the unhardened θ's to 1e-10. ``res``: ``analysis``, ``variants``, ``runs``."""
+    """The hardening targets of docs/findings.md §5 per hardened variant, training rows, ε = 1e-4: the
+    best Adam slowed ≥ 10× on D_H on every seed, ≤ 1.2× on D_P, invariants kept to 1e-10."""
     out, ek = [], _ekey(TARGET_EPS)
     for v in (v for v in res["variants"] if "+" in v and not v.startswith("identity+")):
         an = res["analysis"][v]
@@ -333,12 +318,10 @@ def targets(res: dict) -> list[dict]:
     return out
 
 
-# the facade: one θ against every family
 @dataclass(frozen=True)
 class FamilyResult:
-    """An attacker family's best configuration on θ (``attacker``, its ``steps`` to ε; None = not
-    within the cap), the family's best on θ = I, the :func:`slowdown` θ/I with its ``kind``, and
-    ``bound``: what κ alone can force on the family (:func:`kappa_bounds`)."""
+    """A family's best configuration on θ and on θ = I (steps to ε; None = not within the cap), the
+    :func:`slowdown` θ/I with its ``kind``, and the :func:`kappa_bounds` ``bound``."""
 
     family: str | None
     attacker: str | None
@@ -364,16 +347,11 @@ class AttackEvaluation:
 @bounded_blas
 def attack_evaluation(theta, task, *, rng: np.random.Generator, rows=None, eps: float = 1e-4,
                       quick: bool = False, max_steps: int = 20000, ridge_rel: float = 1e-4):
-    """Every attacker family of :func:`attacker_grid` probing D_H of ``task`` (a
-    :class:`pycore.tasks.LinearTask`) through θ and through θ = I, to relative suboptimality
-    ``eps``: least squares for ``task.loss == "mse"``, ridge-logistic (``ridge_rel``) for ``"bce"``.
-
-    ``rows``: which rows of D_H the attacker holds (indices, a mask or a slice; default all).
-    ``rng`` draws the rows each "half" whitening estimates Σ̂ on, the same rows for θ and for I
-    (both grids start from rng's state). ``quick``: the small grid (seconds on House Prices).
-    """
-    if not isinstance(rng, np.random.Generator):
-        raise ParameterError("rng", f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    """Every family of :func:`attacker_grid` probing D_H of ``task`` through θ and through θ = I to
+    relative suboptimality ``eps`` (least squares for "mse", ridge-logistic for "bce").  ``rows``: the
+    rows of D_H the attacker holds (default all); ``rng`` draws each "half" whitening's rows, the
+    same for θ and I; ``quick``: the small grid."""
+    check_rng(rng)
     theta = as_float_matrix(theta, "theta")
     X, Y = task.X_H, task.Y_H
     if theta.shape[0] != X.shape[1]:

@@ -15,7 +15,8 @@ from pycore import regularizers as R
 from pycore.immunize import METHODS, IMMAOptions, immunize, immunize_certified
 from pycore.losses import best_probe_loss
 from pycore.methods import imma_objective
-from pycore.metrics import range_null_split, rir, rir_ceiling
+from pycore.evaluate import EvaluationReference
+from pycore.metrics import rir, rir_ceiling
 from pycore.optim import damped_newton
 from pycore.spectral import SpectrumError, gram_spectrum, spectrum_info
 from pycore.tasks import LinearTask
@@ -122,7 +123,8 @@ def test_range_null_split_separates_what_D_P_sees():
     Vt = np.linalg.svd(X_P)[2]
     V_R, V_N = Vt[:r].T, Vt[r:].T
     theta = np.eye(D) + 0.3 * rng.normal(size=(D, D))
-    t_range, t_null = range_null_split(theta, X_P)
+    f = EvaluationReference(LinearTask(X_P, X_P[:, :1], np.eye(D), np.ones(D))).features(theta)
+    t_range, t_null = f[("range", "H")], f[("null", "H")]     # X_H = I: the parts themselves
     for V, a, b in ((V_R, t_range, theta), (V_N, t_range, np.eye(D)), (V_R, t_null, np.eye(D)),
                     (V_N, t_null, theta)):
         np.testing.assert_allclose(V.T @ a, V.T @ b, atol=1e-12)

@@ -87,6 +87,5 @@ def test_library_entry_points_are_bounded(monkeypatch, clean_env):
     assert dims == [12, 41, 12, 0]
     metrics.rir(np.eye(4), X, X)
     metrics.rir_ceiling(X, X)
-    metrics.range_null_split(np.eye(4), X)
     metrics.feature_rir(X, X, X, X)
     assert seen and all(seen) and not threads._local.active

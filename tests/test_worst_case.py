@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pycore import attack_evaluation, attacks as A, worst_case as W
-from pycore.frontier import closed_form_frontier, pareto_front, regularizer_product, target_progress
+from pycore.frontier import closed_form_frontier, regularizer_product, target_progress
 from pycore.tasks import LinearTask
 from pycore.thetas import load_thetas, save_thetas, theta_key
 from pycore.validation import ParameterError
@@ -189,7 +189,6 @@ def test_regularizer_product_and_the_closed_form_frontier():
     assert target_progress(100.0, 0.01) == pytest.approx(2.0) and target_progress(0.5, 0.01) < 0
     with pytest.raises(ParameterError):
         target_progress(2.0, 0.5, target=(0.5, 0.1))
-    assert pareto_front([(1.0, 0.5), (2.0, 0.4), (2.0, 0.6), (3.0, 1.0), (0.5, 0.1)]) == [4, 1, 3]
 
 
 def test_frontier_experiment_quick(tmp_path):

