@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Audit any immunized timm model against its θ₀: RIR_θ₀, (i), (ii), Definition 3.1 and what the
-attackers feel (docs/deep.md "Auditing a model").
+attackers feel (docs/findings.md §7).
 
     python experiments/audit.py --model extractor_ours.safetensors --reference extractor_init.safetensors
     python experiments/audit.py --model defended.safetensors --reference theta0.safetensors \

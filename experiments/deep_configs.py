@@ -1,8 +1,5 @@
-"""Named configurations of the deep-net experiments and the paper's Table 3 (docs/deep.md).
-
-The pipeline they parameterise is experiments/deep_pipeline.py; experiments/deepnet.py runs them
-(``--config NAME``, ``--demo``, or ``--dp-root/--dh-root`` with any ``--model``).
-"""
+"""Named configurations of experiments/deep_pipeline.py (``deepnet.py --config NAME``, ``--demo``, or
+``--dp-root/--dh-root`` with any ``--model``) and the paper's Table 3 (docs/findings.md §7)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -39,9 +36,8 @@ def _paper(name, model, lam_p, lam_h, epochs, stages):
 
 
 # The CPU demo: MNIST 0-4 (D_P) vs 5-9 (D_H) at 32 px, θ₀ trained here on D_P, then ONE rule for every
-# method (DeepOptions' defaults: the layer alone on the frozen backbone's features, SGD lr 0.1, 400
-# steps of 64 + 64, every term re-balanced at every step; as measured in docs/deep.md, in the features'
-# own scale and without the D_P guard), every row also measured hardened.
+# method (DeepOptions' defaults, in the features' own scale and without the D_P guard, as measured in
+# docs/findings.md §7), every row also measured hardened.
 _DEMO = {"options": DeepOptions(harden="label_subspace", normalize=False, dp_tolerance=None),
          "per_digit": 250, "rir_pool": 500, "probe_epochs": 60, "attack_epochs": (1, 5, 10)}
 _VIT32 = {"img_size": 32, "patch_size": 8, "depth": 4}

@@ -1,7 +1,6 @@
-"""Tables and figures of the deep-net experiments (docs/deep.md), from experiments/deep_pipeline.py's
-results; nothing here computes a metric. Figures keep the legend beside the axes (never over the
-data), name the data and the model in their title, and name a method that failed instead of leaving
-it out; attackers scored at a few epochs only are drawn as markers at those epochs.
+"""Tables and figures of the deep-net experiments from experiments/deep_pipeline.py's results (nothing
+here computes a metric). Figures keep the legend beside the axes, name the data and the model in their
+title and a method that failed; attackers scored at a few epochs only are markers at those epochs.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Deep-net immunization of any timm model (docs/deep.md; docs/theory.md §8-9; paper §5.2, Table 3).
+"""Deep-net immunization of any timm model (docs/findings.md §7; docs/theory.md §8-9; paper §5.2, Table 3).
 
     python experiments/deepnet.py --demo                                  # CPU, no download
     python experiments/deepnet.py --dp-root MY_DP --dh-root MY_DH [--model resnet10t] [--img-size 64]
@@ -25,10 +25,10 @@ import torch
 from experiments import common, deep_report
 from experiments.deep_configs import CONFIGS, DEMO_CONFIGS, PAPER_KEY, PAPER_TABLE3, with_model
 from experiments.deep_pipeline import RunOptions, run_config
-from pycore.deep import DEEP_METHODS, HARDENINGS, DeepOptions, create_model, options, save_model
+from pycore.deep import DEEP_METHODS, DeepOptions, create_model, options, save_model
 from pycore.deep.data import model_normalization
 from pycore.deep.distributed import init_from_env, shutdown
-from pycore.deep.train import FRACTION_OPTIONS, OPTION_BOUNDS, POSITIVE_OPTIONS
+from pycore.deep.train import OPTION_CHOICES, OPTION_RULES
 from pycore.report import dumps_json
 
 FILES = ("results.json", "table.md", "finetune.png", "attacks.png", "tradeoff.png")
@@ -51,12 +51,8 @@ def build_parser() -> common.Parser:
     p.add_argument("--balances", type=real, help="the (i)/(ii) trade-off: each method at each balance b "
                    "(λ = b·‖∇CE‖/‖∇term‖), written to OUT/<config>-sweep with tradeoff.png")
     p.add_argument("--ill-balances", type=real, help="R_ill's balances b_ill, crossed with --balances")
-    rules = {k: {"low": lo, "high": hi} for k, (lo, hi) in OPTION_BOUNDS.items()}
-    rules.update({k: {"low": 0.0, "low_open": True, "high": 1.0 if k == "harden_scale" else None}
-                  for k in POSITIVE_OPTIONS})
-    rules.update({k: {"low": 0.0, "high": 1.0, "high_open": True} for k in FRACTION_OPTIONS})
     common.add_options(p, [DeepOptions], title="immunization options (default: the configuration's)",
-                       rules=rules, choices={"scope": ("layer", "tail"), "harden": HARDENINGS},
+                       rules=OPTION_RULES, choices=OPTION_CHOICES,
                        help={"harden": "also measure every row hardened this way", "scope": "layer: the "
                              "immunization layer alone; tail: also the backbone's last --stages stages"})
     p.add_argument("--seeds", type=common.seeds, metavar="N|A,B,C|A-B", help="seeds (default 3 with --demo, "
