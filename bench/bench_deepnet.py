@@ -1,12 +1,8 @@
-"""One deep immunization step with the fused op against the same step with the autograd reference,
-interleaved in one run, one thread (bench/conftest.py; docs/design.md §2).
+"""One deep immunization step (Eq. (11), "ours", scope "tail", timm at 32 px, 64 + 64 samples, SGD)
+with the fused op against the same step with R by autograd through ``eigvalsh`` of the D×D ZᵀZ,
+interleaved in one run, one thread (docs/design.md §2): ref / fused is what the op saves per step.
 
     python -m pytest bench/bench_deepnet.py --benchmark-only -s
-
-Per backbone (timm at 32 px, 64 + 64 samples, the paper's scope "tail": ResNet18's last two stages,
-the ViT's last block and norm): the "ours" objective of Eq. (11), CE + λ_P R_well(Z_P) + λ_H R_ill(Z_H)
-through the preconditioned immunization layer, its backward and the SGD step. ``ref`` evaluates R by
-autograd through ``eigvalsh`` of the D×D ZᵀZ; the ratio ref / fused is what the op saves per step.
 """
 from __future__ import annotations
 

@@ -196,8 +196,8 @@ def eval_sets(data: dict, images: dict, cached: bool, rc: RunConfig, seed: int, 
     n_h = len(data["h_train"]) if rc.rir_pool is None else min(rc.rir_pool, len(data["h_train"]))
     ev = {"sets": {"p_pool": _subset(data["p_train"], rc.rir_pool, rng), "p_val": data["p_val"],
                    "h_train": data["h_train"], "h_test": data["h_test"]},
-          "h_pool_idx": np.sort(rng.choice(len(data["h_train"]), size=n_h, replace=False)), "classes_h": nch,
-          "cached": cached,
+          "h_pool_idx": np.sort(rng.choice(len(data["h_train"]), size=n_h, replace=False)),
+          "classes_h": nch, "cached": cached,
           "ft_train": _subset(images["h_train"], rc.finetune_pool, np.random.default_rng([seed, 5])),
           "ft_test": _subset(images["h_test"], rc.finetune_test, np.random.default_rng([seed, 6]))}
     ev["y"] = {k: dataset_labels(ev["sets"][k]) for k in ("p_val", "h_train", "h_test")}
@@ -270,7 +270,7 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
             with phase("immunize"):
                 res = immunize(model, data["p_train"], data["h_train"], method, replace(o, harden="none"),
                                seed=seed, num_classes_h=nch, cached=cached, device=ctx.device, rank=ctx.rank,
-                               world=ctx.world, ddp=ctx.distributed, progress=not opts.quiet)
+                               world=ctx.world, ddp=ctx.world > 1, progress=not opts.quiet)
         except NonFiniteLossError as exc:
             say(f"[{rc.name} seed {seed}] {exc}")
             path = on_extractor(model, row, seed, "last_good") if on_extractor and ctx.is_main else None
@@ -301,9 +301,8 @@ HEADLINE = {"rir_theta0": ("rir", "value", "mean"), "harmful_ratio": ("rir", "ha
 
 
 def aggregate(per_seed: list[dict], order: list[str], attack_epochs) -> dict:
-    """``rows.<row>``: every headline number as ``{mean, std, per_seed}`` (population std) over the seeds
-    that have the row, ``immunized_count`` (Definition 3.1 per seed), and per attacker its curve and its
-    accuracy after each of ``attack_epochs``."""
+    """Per row, over the seeds that have it: each headline number's ``{mean, std, per_seed}``, the count
+    meeting Definition 3.1, per attacker its curve and its accuracy after each of ``attack_epochs``."""
     rows = {}
     for m in order:
         runs = [s["rows"][m] for s in per_seed if m in s["rows"]]
@@ -349,8 +348,8 @@ def run_config(rc: RunConfig, seeds: list[int], opts: RunOptions, ctx, *, on_ext
     return _result(rc, opts, seeds, per_seed, row_order(rc), t0, world=ctx.world) if ctx.is_main else None
 
 
-def audit(model, reference, data: dict, rc: RunConfig, seeds: list[int], opts: RunOptions, *, classes_h: int,
-          say=None) -> dict:
+def audit(model, reference, data: dict, rc: RunConfig, seeds: list[int], opts: RunOptions, *,
+          classes_h: int) -> dict:
     """Any extractor ``model`` against a θ₀ ``reference`` (both ImmunizedNet, each run end to end on the
     images ``data``): :func:`run_config`'s result with the rows ``"init"`` (θ₀) and ``"model"``."""
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -361,8 +360,8 @@ def audit(model, reference, data: dict, rc: RunConfig, seeds: list[int], opts: R
         ref = {k: extract(reference, d, batch_size=rc.eval_batch) for k, d in ev["sets"].items()}
         rows = {k: evaluate_extractor(m, ref, ev, rc, seed, clock(seconds))
                 for k, m in (("init", reference), ("model", model))}
-        if say:
-            say(f"[audit seed {seed}] RIR_θ₀ {rows['model']['rir']['value']['mean']:.4g}  D_P top-1 "
-                f"{rows['model']['dp_top1']:.2f}% (θ₀ {rows['init']['dp_top1']:.2f}%)")
+        if not opts.quiet:
+            print(f"[audit seed {seed}] RIR_θ₀ {rows['model']['rir']['value']['mean']:.4g}  D_P top-1 "
+                  f"{rows['model']['dp_top1']:.2f}% (θ₀ {rows['init']['dp_top1']:.2f}%)")
         per_seed.append({"seed": seed, "rows": rows, "errors": {}, "phase_seconds": seconds})
     return _result(rc, opts, seeds, per_seed, ["init", "model"], t0)

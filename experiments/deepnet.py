@@ -6,13 +6,10 @@
     python experiments/deepnet.py --config resnet18-cars --dp-root IMAGENET --dh-root CARS --pretrained
     torchrun --nproc_per_node=8 experiments/deepnet.py --config vit-country211 ...
 
-``--demo``: MNIST digits 0-4 (D_P) and 5-9 (D_H) at 32 px, a ResNet18 and a small ViT trained here as
-θ₀, every method, every row also hardened, 3 seeds. ImageFolder roots (``root/train/<class>/<image>``,
-``root/val/...``) run any timm ``--model`` with the default rule; θ₀ is ``--checkpoint``,
-``--pretrained``, or trained on D_P here (then at the images' own size unless ``--img-size`` is given).
-``--balances`` sweeps the (i)/(ii) trade-off. Writes ``--out/<config>/``: results.json, table.md,
-finetune.png (Figure 3), attacks.png, and the first seed's extractor_<row>.safetensors
-(``pycore.deep.load_model``; experiments/audit.py audits them).
+``--demo``: MNIST 0-4 (D_P) vs 5-9 (D_H) at 32 px, a ResNet18 and a small ViT trained here as θ₀, every
+method, every row also hardened, 3 seeds. θ₀ is ``--checkpoint``, ``--pretrained``, or trained on D_P
+here (at the images' own size unless ``--img-size``). Writes ``--out/<config>/``: results.json, table.md,
+finetune.png (Figure 3), attacks.png and the first seed's extractor_<row>.safetensors (audit.py's input).
 """
 from __future__ import annotations
 
@@ -23,7 +20,7 @@ from pathlib import Path
 import torch
 
 from experiments import common, deep_report
-from experiments.deep_configs import CONFIGS, DEMO_CONFIGS, PAPER_KEY, PAPER_TABLE3, with_model
+from experiments.deep_configs import CONFIGS, DEMO_CONFIGS, PAPER_TABLE3, with_model
 from experiments.deep_pipeline import RunOptions, run_config
 from pycore.deep import DEEP_METHODS, DeepOptions, create_model, options, save_model
 from pycore.deep.data import model_normalization
@@ -150,7 +147,7 @@ def main(argv=None) -> int:
                 result = run_config(rc, seeds, opts, ctx, on_extractor=_writer(folder, seeds[0], rc.name))
                 if not ctx.is_main:
                     continue
-                table = deep_report.table_markdown(result, PAPER_TABLE3.get(PAPER_KEY.get(rc.name)))
+                table = deep_report.table_markdown(result, PAPER_TABLE3.get(tuple(rc.name.split("-", 1))))
                 plots = (deep_report.plot_probing, deep_report.plot_attacks, deep_report.plot_tradeoff)
                 plots = plots[:2 + bool(rc.sweep)]
                 files = {n: lambda p, f=f: f(result, p) for n, f in zip(FILES[2:], plots)}

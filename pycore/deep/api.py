@@ -15,16 +15,15 @@ from pycore.deep.models import ImmunizedNet, as_immunized
 from pycore.deep.train import DeepOptions, immunize, options
 from pycore.evaluate import immunized_def31
 from pycore.metrics import grouped_feature_rir
-from pycore.validation import ParameterError
+from pycore.validation import ParameterError, check_number
 
 __all__ = ["DeepImmunization", "immunize_model", "audit_model", "AUDIT_OPTIONS"]
 
 
 @dataclass
 class DeepImmunization:
-    """:func:`immunize_model`'s result: ``model`` the immunized copy (it classifies D_P with its own head);
-    (i) ``harmful_ratio``, (ii) ``pretrain_ratio``, their quotient ``rir``: κ ratios of its features to the
-    given model's on ``dh`` / ``dp`` (20 groups of ≤ 100 rows, docs/theory.md §8); ``immunized``: Def. 3.1."""
+    """:func:`immunize_model`'s result: the immunized copy, (i) ``harmful_ratio``, (ii) ``pretrain_ratio``
+    and ``rir`` of its features against the given model's (docs/theory.md §8), Definition 3.1."""
 
     model: ImmunizedNet
     method: str
@@ -82,8 +81,7 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     epochs = sorted({o["epochs"]} if isinstance(o["epochs"], int) else set(o["epochs"]))
     if not (epochs and all(isinstance(e, int) and 1 <= e <= 1000 for e in epochs)):
         raise ParameterError("epochs", f"epochs must be integers in [1, 1000], got {o['epochs']!r}")
-    if not 0 < o["test_fraction"] < 1:
-        raise ParameterError("test_fraction", f"test_fraction must be in (0, 1), got {o['test_fraction']!r}")
+    check_number(o["test_fraction"], "test_fraction", low=0, high=1, low_open=True, high_open=True)
     train = as_dataset(dh, "dh")
     if dh_test is None:
         perm = np.random.default_rng([seed, 4]).permutation(len(train)).tolist()

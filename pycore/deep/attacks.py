@@ -31,18 +31,15 @@ class ProbeCurve:
 
 
 def _probe_tensors(Z_train, y_train, Z_test, y_test, num_classes):
-    Zt = torch.as_tensor(np.asarray(Z_train, dtype=np.float64))
-    Zv = torch.as_tensor(np.asarray(Z_test, dtype=np.float64))
-    yt = torch.as_tensor(np.asarray(y_train), dtype=torch.int64)
-    yv = torch.as_tensor(np.asarray(y_test), dtype=torch.int64)
+    Zt, Zv = (torch.as_tensor(np.asarray(Z, dtype=np.float64)) for Z in (Z_train, Z_test))
+    yt, yv = (torch.as_tensor(np.asarray(y), dtype=torch.int64) for y in (y_train, y_test))
     if Zt.ndim != 2 or Zv.shape[1:] != Zt.shape[1:] or not (Zt.isfinite().all() and Zv.isfinite().all()):
         raise ValueError(f"probe features must be finite N x D, got {tuple(Zt.shape)}, {tuple(Zv.shape)}")
     C = int(num_classes or int(max(yt.max(), yv.max())) + 1)
     # Bias column at the RMS row norm of the training features: rescaling Z by s then rescales
     # A by s exactly, so a step tied to λ_max(AᵀA) gives unchanged iterates (and accuracies).
     c = float(Zt.pow(2).sum(1).mean().sqrt()) or 1.0
-    A = torch.cat([Zt, torch.full((Zt.shape[0], 1), c, dtype=Zt.dtype)], 1)
-    Av = torch.cat([Zv, torch.full((Zv.shape[0], 1), c, dtype=Zv.dtype)], 1)
+    A, Av = (torch.cat([Z, torch.full((Z.shape[0], 1), c, dtype=Z.dtype)], 1) for Z in (Zt, Zv))
     return A, yt, Av, yv, C
 
 

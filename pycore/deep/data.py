@@ -188,19 +188,18 @@ def dataset_labels(ds: Dataset) -> np.ndarray:
     return np.asarray([int(ds[i][1]) for i in range(len(ds))])
 
 
-_POOL = None
+@functools.lru_cache(maxsize=1)
+def _pool():
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    return ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 2)))
 
 
 def fetch(ds: Dataset, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``ds[idx]`` as ``(inputs, labels)``, images decoded by a thread pool (decoding releases the GIL)."""
-    global _POOL
     if isinstance(ds, TensorDataset):
         return ds.tensors[0][idx], ds.tensors[1][idx]
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
-
-        _POOL = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 2)))
-    items = list(_POOL.map(lambda i: ds[int(i)], idx.tolist()))
+    items = list(_pool().map(lambda i: ds[int(i)], idx.tolist()))
     return torch.stack([torch.as_tensor(x) for x, _ in items]), torch.as_tensor([int(y) for _, y in items])
 
 

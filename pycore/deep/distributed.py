@@ -28,10 +28,6 @@ class DistContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
-
 
 class DistributedEnvError(ValueError):
     """torchrun's environment is inconsistent or incomplete: raised before any rendezvous, so a bad

@@ -31,8 +31,7 @@ def haar_rotation(dim: int, rng: np.random.Generator) -> np.ndarray:
 def label_subspace(Z: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray:
     """Orthonormal basis (D × r, r ≤ num_classes − 1) of the span of the centred class means of ``(Z, y)``,
     directions below ``1e-10`` of the largest singular value dropped."""
-    Z = np.asarray(Z, dtype=np.float64)
-    y = np.asarray(y)
+    Z, y = np.asarray(Z, dtype=np.float64), np.asarray(y)
     if Z.ndim != 2 or y.shape != (Z.shape[0],):
         raise ValueError(f"Z must be N x D and y of length N, got {Z.shape} and {y.shape}")
     present = [c for c in range(num_classes) if np.any(y == c)]
@@ -82,15 +81,12 @@ def harden(model, data_h: Dataset, kind: str, *, num_classes: int, rng: np.rando
     """Harden ``model`` in place with ``kind`` from its own features of the labelled D_H set ``data_h``;
     returns the kind, the scale, the squashed dimension and the largest relative change of the logits
     on those features (the compensation's float32 check)."""
-    Z = extract(model, data_h, batch_size=batch_size, cached=cached)
-    y = dataset_labels(data_h)
-    M, r = hardening_map(kind, Z, y, num_classes=num_classes, rng=rng, scale=scale)
-    dev = next(model.parameters()).device
-    head = model.classifier
-    before = head(torch.from_numpy(Z).to(dev, head.weight.dtype)).double()
+    Z, head = extract(model, data_h, batch_size=batch_size, cached=cached), model.classifier
+    M, r = hardening_map(kind, Z, dataset_labels(data_h), num_classes=num_classes, rng=rng, scale=scale)
+    before = head(torch.from_numpy(Z).to(head.weight)).double()
     apply_feature_map(model, M)
     Z2 = extract(model, data_h, batch_size=batch_size, cached=cached)
-    after = head(torch.from_numpy(Z2).to(dev, head.weight.dtype)).double()
+    after = head(torch.from_numpy(Z2).to(head.weight)).double()
     change = float((after - before).abs().max() / before.abs().max().clamp_min(1e-300))
     return {"kind": kind, "scale": float(scale) if kind == "label_subspace" else 1.0, "subspace_dim": r,
             "logit_change": change}

@@ -58,12 +58,10 @@ class ImmunizedNet(nn.Module):
     def num_features(self) -> int:
         return int(self.layer.weight.shape[0])
 
-    @property
-    def classifier(self) -> nn.Module:
-        return self.net.get_classifier()
-
     def get_classifier(self) -> nn.Module:
         return self.net.get_classifier()
+
+    classifier = property(get_classifier)
 
     def reset_classifier(self, num_classes: int, *args, **kwargs) -> None:
         self.net.reset_classifier(num_classes, *args, **kwargs)
@@ -108,11 +106,9 @@ def tail_modules(net: nn.Module, stages: int = 1) -> list[nn.Module]:
     if not names or not 1 <= stages <= len(names):
         raise ParameterError("stages", f"{type(net).__name__} lists {len(names)} stages in timm's "
                                        f"feature_info; cannot train its last {stages}")
-    children = [n for n, _ in net.named_children()]
-    top = names[-1].split(".")[0]
-    head = net.get_classifier()
-    after = [m for n, m in net.named_children() if children.index(n) > children.index(top) and m is not head
-             and not any(q is head for q in m.modules())]
+    children, head = list(net.named_children()), net.get_classifier()
+    start = [n for n, _ in children].index(names[-1].split(".")[0]) + 1
+    after = [m for _, m in children[start:] if not any(q is head for q in m.modules())]  # m itself included
     return [net.get_submodule(n) for n in names[-stages:]] + after
 
 

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pycore import ops
 from pycore.deep.checkpoint import save_model
@@ -154,9 +155,8 @@ class _Objective(nn.Module):
 def balanced_lambdas(terms: dict, params, balance: float, *, world: int = 1, previous: "dict | None" = None,
                      weights: "dict | None" = None) -> dict[str, float]:
     """``λ_term = balance·‖∇CE‖/‖∇term‖`` on ``params`` (``weights`` replaces ``balance`` for the λ's it
-    names, e.g. ``{"lambda_h": 3.0}``). Gradients by :func:`torch.autograd.grad` (no ``.grad`` touched);
-    with ``world > 1`` averaged over ranks first. A term whose gradient norm is 0 or non-finite keeps
-    its ``previous`` λ; without one that is a :class:`FloatingPointError`."""
+    names), gradients averaged over ranks, no ``.grad`` touched. A term whose gradient norm is 0 or
+    non-finite keeps its ``previous`` λ; without one that is a :class:`FloatingPointError`."""
     flat = {}
     for k, v in terms.items():
         gs = torch.autograd.grad(v, params, retain_graph=True, allow_unused=True)
@@ -208,16 +208,6 @@ def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
     return accuracy
 
 
-def _wrap_ddp(obj: nn.Module, device) -> nn.Module:
-    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: PLC0415
-
-    # BN statistics are frozen (eval mode) and equal on every rank: no need to re-broadcast them.
-    sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-            else {"broadcast_buffers": False})
-    dev = torch.device(device)
-    return DDP(obj, device_ids=[dev.index] if dev.type == "cuda" else None, **sync)
-
-
 def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = DeepOptions(), *,
              seed: int = 0, num_classes_h: int, cached: bool = False, device="cpu", rank: int = 0,
              world: int = 1, ddp: bool = False, progress: bool = False,
@@ -266,7 +256,11 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
         # the preconditioner's ridge relative to tr(XᵀX)/N: an absolute λ means nothing across backbones
         model.layer.lambda_reg = ridge = float(opts.ridge_rel * X0.double().pow(2).sum() / X0.shape[0])
     runner = _Objective(model, method, opts, num_classes_h)
-    runner = _wrap_ddp(runner, device) if ddp and world > 1 else runner
+    if ddp and world > 1:  # BN statistics are frozen (eval mode) and equal on every rank: no re-broadcast
+        sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                else {"broadcast_buffers": False})
+        dev = torch.device(device)
+        runner = DDP(runner, device_ids=[dev.index] if dev.type == "cuda" else None, **sync)
     opt = torch.optim.SGD([{"params": ext, "weight_decay": opts.weight_decay_extractor},
                            {"params": cls, "weight_decay": opts.weight_decay_classifier}],
                           lr=opts.lr, momentum=opts.momentum, nesterov=opts.nesterov)
@@ -276,8 +270,7 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
     history: dict[str, list] = {"loss": [], "step_seconds": []}
     quiet = {} if progress and rank == 0 else {"disable": True}     # else: a bar on a terminal only
     bar = progress_bar(total=total, desc=f"immunize[{method}]", **quiet)
-    guard = opts.dp_tolerance is not None
-    accuracy = _dp_accuracy(model, p_train, cached, device, seed, scale) if guard else None
+    accuracy = opts.dp_tolerance is not None and _dp_accuracy(model, p_train, cached, device, seed, scale)
     start, keep, kept, stopped = accuracy and accuracy(), [p.detach().clone() for p in ext + cls], 0, ""
     t0 = time.perf_counter()
     pairs = (pair for epoch in range(opts.epochs) for pair in paired.epoch(epoch))
@@ -311,10 +304,10 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
         with torch.no_grad():
             _rescale(model, 1.0 / scale)
     steps = kept if stopped else len(history["loss"])
-    hardening = None
-    if opts.harden != "none":  # every rank computes the same map from the same seeded inputs
-        hardening = harden(model, h_train, opts.harden, num_classes=num_classes_h, scale=opts.harden_scale,
-                           rng=np.random.default_rng([seed, 99]), cached=cached)
+    # every rank computes the same map from the same seeded inputs
+    hardening = None if opts.harden == "none" else harden(
+        model, h_train, opts.harden, num_classes=num_classes_h, scale=opts.harden_scale,
+        rng=np.random.default_rng([seed, 99]), cached=cached)
     lambdas["ridge"] = ridge
     return TrainResult(method, steps, time.perf_counter() - t0, lambdas, history, hardening, stopped)
 
