@@ -19,6 +19,8 @@ import torch  # must precede pycore._C: the extension links against libc10/libto
 from torch import nn
 from torch.nn import functional as F
 
+from pycore.validation import PicklableError
+
 __all__ = ["KINDS", "CondRegError", "CondDiagnostics", "cond_regularizer", "ImmunizationHead",
            "precond_linear", "cond_regularizer_with_diagnostics", "reference_cond_regularizer",
            "extension_available"]
@@ -30,15 +32,12 @@ _DIAG_FIELDS = ("sigma_max", "sigma_min", "kappa", "rank", "eigengap", "tie", "d
 _EIGVEC_METHODS = ("inverse_iteration", "eigh", "none")
 
 
-class CondRegError(ValueError):
+class CondRegError(PicklableError, ValueError):
     """Input the op cannot handle; ``parameter`` names the argument (``"Z"``, ``"kind"``, ``"X"``, ...)."""
 
     def __init__(self, message: str, parameter: str):
         super().__init__(message)
         self.parameter = parameter
-
-    def __reduce__(self):  # crosses process boundaries with its parameter
-        return type(self), (str(self), self.parameter)
 
 
 def _load_extension() -> bool:

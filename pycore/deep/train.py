@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -27,7 +26,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pycore import ops
-from pycore.deep.checkpoint import save_model
 from pycore.deep.data import PairedBatches, ShardedBatches, fetch
 from pycore.deep.harden import HARDENINGS, harden
 from pycore.deep.objectives import DEEP_METHODS, LAMBDA_OF_TERM, combine_terms, loss_terms
@@ -114,11 +112,11 @@ def options(base: "DeepOptions | None" = None, **given) -> DeepOptions:
 
 class NonFiniteLossError(DivergenceError):
     """A non-finite loss or gradient: ``.parameter`` names the option to change, ``.step`` the failed
-    step (not applied: the model keeps its last good step), ``.checkpoint`` the last good model."""
+    step (not applied: the model keeps its last good step, which only experiments/ write to a file)."""
 
-    def __init__(self, message: str, parameter: str, step: int, checkpoint: "str | None" = None):
+    def __init__(self, message: str, parameter: str, step: int):
         super().__init__(message, parameter)
-        self.step, self.checkpoint = step, checkpoint
+        self.step = step
 
 
 @dataclass
@@ -210,13 +208,12 @@ def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
 
 def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = DeepOptions(), *,
              seed: int = 0, num_classes_h: int, cached: bool = False, device="cpu", rank: int = 0,
-             world: int = 1, ddp: bool = False, progress: bool = False,
-             checkpoint_dir: "str | None" = None) -> TrainResult:
+             world: int = 1, ddp: bool = False, progress: bool = False) -> TrainResult:
     """Immunize the :class:`~pycore.deep.models.ImmunizedNet` ``model`` in place with ``method``.
 
     ``p_train`` / ``h_train`` yield ``(x, y)``: images, or with ``cached=True`` (scope ``"layer"``)
     the layer's inputs ``X``. Under ``torchrun`` pass ``rank``/``world`` and ``ddp=True``. A non-finite
-    loss or gradient raises :class:`NonFiniteLossError` (the last good model to ``checkpoint_dir``)."""
+    loss or gradient raises :class:`NonFiniteLossError`, ``model`` left at its last good step."""
     if method not in DEEP_METHODS:
         raise ParameterError("method", f"unknown method {method!r}; choose one of {DEEP_METHODS}")
     if cached and opts.scope != "layer":
@@ -282,7 +279,7 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
             loss, logs, lambdas, failure = _step(runner, load(pair, mine), opt, ext + cls, ext, opts,
                                                  lambdas, rebalance, world, device)
             if failure:
-                _stop(model, method, opts, step, failure, rank, checkpoint_dir, scale)
+                _stop(method, opts, step, failure)
             history["loss"].append(loss)
             for k, v in logs.items():
                 history.setdefault(k, []).append(v)
@@ -348,20 +345,11 @@ def _step(runner, batches, opt, trainable, balance_params, opts, lambdas, rebala
     return loss_val, logs, lambdas, ""
 
 
-def _stop(model, method, opts, step, reason, rank, checkpoint_dir, scale):
-    """Raise :class:`NonFiniteLossError` (after saving the last good model, rank 0, when asked)."""
-    ckpt = None
-    if checkpoint_dir and rank == 0:
-        with torch.no_grad():
-            _rescale(model, 1.0 / scale)
-        ckpt = save_model(model, os.path.join(checkpoint_dir, f"last_good_{method}.safetensors"),
-                          extra={"step": step, "reason": "non-finite loss"})
-        with torch.no_grad():
-            _rescale(model, scale)
+def _stop(method, opts, step, reason):
+    """Raise :class:`NonFiniteLossError` naming the option to change."""
     balancing = reason.startswith("cannot balance")
     param = "balance" if balancing else "lr"
     advice = ("give fixed λ's (balance=None and lambda_p/lambda_h/...)" if balancing
               else f"lower lr (now {opts.lr:g})" + ("" if opts.balance is not None else " or the fixed λ's"))
-    saved = f", saved to {ckpt}" if ckpt else ""
     raise NonFiniteLossError(f"[{method}] non-finite loss or gradient at step {step} ({reason}); the model "
-                             f"keeps its state after step {step - 1}{saved}: {advice}", param, step, ckpt)
+                             f"keeps its state after step {step - 1}: {advice}", param, step)
