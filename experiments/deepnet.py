@@ -120,7 +120,8 @@ def _writer(folder: Path, first_seed: int, config: str):
     def write(model, row, seed, status):
         if status == "immunized" and seed != first_seed:
             return None
-        name = f"{'extractor' if status == 'immunized' else 'last_good'}_{row}.safetensors"
+        # a sweep row "ours@b/b_ill" names a file, not a folder
+        name = f"{'extractor' if status == 'immunized' else 'last_good'}_{row.replace('/', '_')}.safetensors"
         extra = {"config": config, "row": row, "seed": seed, "status": status}
         return str(common.write_outputs(folder, {name: lambda p: save_model(model, p, extra)})[0])
     return write
