@@ -1,16 +1,14 @@
 #!/usr/bin/env python
 """Audit any immunized timm model against its θ₀: RIR_θ₀, (i), (ii), Definition 3.1 and what the
-attackers feel (docs/deep.md "Auditing a model").
+attackers feel (docs/findings.md §7).
 
     python experiments/audit.py --model extractor_ours.safetensors --reference extractor_init.safetensors
     python experiments/audit.py --model defended.safetensors --reference theta0.safetensors \
         --backbone resnet10t --dp-root IMAGENET_SUBSET --dh-root CARS
 
-``--model`` and ``--reference``: checkpoints of one architecture, written by experiments/deepnet.py
-(the architecture is in the file) or plain timm state dicts of the timm model ``--backbone`` (input
-side ``--img-size``). D_P / D_H: ImageFolder roots (``train/``, ``--val-split``) or the demo's MNIST
-digits (0-4, 5-9). Writes ``--out``: results.json, table.md (both models, and every row minus θ₀),
-audit.png.
+``--model``, ``--reference``: checkpoints of one architecture (deepnet.py's, or plain timm state dicts
+of ``--backbone``); D_P / D_H: ImageFolder roots or the demo's digits. Writes ``--out``: results.json,
+table.md (both models, and every row minus θ₀), audit.png.
 """
 from __future__ import annotations
 
@@ -74,13 +72,14 @@ def main(argv=None) -> int:
                        model_kwargs={k: v for k, v in arch.items() if k != "name"}, per_digit=args.per_digit,
                        rir_pool=500, rir_groups=args.rir_groups, rir_group_size=args.rir_group_size,
                        probe_epochs=max(60, args.epochs), attack_epochs=tuple(sorted({1, 5, args.epochs})))
-        opts = RunOptions(*(r and str(r) for r in (args.dp_root, args.dh_root)), args.val_split)
+        roots = (r and str(r) for r in (args.dp_root, args.dh_root))
+        opts = RunOptions(*roots, args.val_split, quiet=args.quiet)
         data, ncp, nch = load_data(rc, opts, np.random.default_rng(args.seeds[0]))
         if ncp != classes:
             raise common.UsageError(f"{args.dp_root or 'the demo digits 0-4'} hold {ncp} D_P classes, the "
                                     f"models classify {classes}: D_P must be their task",
                                     "--dp-root" if args.dp_root else "--model")
-        result = audit(model, ref, data, rc, args.seeds, opts, classes_h=nch, say=not args.quiet and print)
+        result = audit(model, ref, data, rc, args.seeds, opts, classes_h=nch)
         result["inputs"] = {"model": str(Path(args.model).resolve()), "model_metadata": meta,
                             "reference": str(Path(args.reference).resolve())}
         result["model_text"] = f"{Path(args.model).name} against θ₀ {Path(args.reference).name}"

@@ -1,8 +1,5 @@
-"""Named configurations of the deep-net experiments and the paper's Table 3 (docs/deep.md).
-
-The pipeline they parameterise is experiments/deep_pipeline.py; experiments/deepnet.py runs them
-(``--config NAME``, ``--demo``, or ``--dp-root/--dh-root`` with any ``--model``).
-"""
+"""Named configurations of experiments/deep_pipeline.py (``deepnet.py --config NAME``, ``--demo``, or
+``--dp-root/--dh-root`` with any ``--model``) and the paper's Table 3 (docs/findings.md §7)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,6 +9,7 @@ from pycore.deep import DeepOptions
 from experiments.deep_pipeline import RunConfig
 
 # Paper Table 3 (3 seeds): (i), (ii), RIR_θ₀, D_P top-1 %; θ₀ top-1 68.24 (ResNet18) / 81.78 (ViT).
+# Keyed by the configuration name "<model>-<data>" whose table prints them beside ours.
 PAPER_TABLE3 = {
     ("resnet18", "cars"): {"init": (1.0, 1.0, 1.0, 68.24), "r_ill_only": (1.878, 1.786, 1.057, 63.84),
                            "imma": (0.866, 0.889, 0.974, 63.57), "opt_kappa": (1.217, 0.798, 1.527, 63.65),
@@ -30,18 +28,16 @@ PAPER_TABLE3 = {
 
 
 def _paper(name, model, lam_p, lam_h, epochs, stages):
-    """Paper Table 4: fixed λ_P on R_well and λ_H on R_ill, SGD lr 1e-5, the epochs of the shorter D_H
-    loader, the backbone's last stages trained (ResNet18: two residual stages; ViT: the last block);
-    the 20 RIR groups of 100 drawn from 2000 training images per task."""
+    """Paper Table 4: fixed λ's, SGD lr 1e-5, the epochs of the shorter D_H loader, the backbone's last
+    stages trained; the 20 RIR groups of 100 drawn from 2000 training images per task."""
     o = DeepOptions(lr=1e-5, lambda_p=lam_p, lambda_h=lam_h, epochs=epochs, max_steps=None, balance=None,
                     balance_every=0, scope="tail", stages=stages, normalize=False, dp_tolerance=None)
     return RunConfig(name, model, "folders", o, rir_pool=2000)
 
 
 # The CPU demo: MNIST 0-4 (D_P) vs 5-9 (D_H) at 32 px, θ₀ trained here on D_P, then ONE rule for every
-# method (DeepOptions' defaults: the layer alone on the frozen backbone's features, SGD lr 0.1, 400
-# steps of 64 + 64, every term re-balanced at every step; as measured in docs/deep.md, in the features'
-# own scale and without the D_P guard), every row also measured hardened.
+# method (DeepOptions' defaults, in the features' own scale and without the D_P guard, as measured in
+# docs/findings.md §7), every row also measured hardened.
 _DEMO = {"options": DeepOptions(harden="label_subspace", normalize=False, dp_tolerance=None),
          "per_digit": 250, "rir_pool": 500, "probe_epochs": 60, "attack_epochs": (1, 5, 10)}
 _VIT32 = {"img_size": 32, "patch_size": 8, "depth": 4}
@@ -64,10 +60,6 @@ CONFIGS: dict[str, RunConfig] = {
 }
 
 DEMO_CONFIGS = ("demo-resnet18", "demo-vit")
-
-# Which paper row a configuration reproduces (its table prints the paper's numbers beside ours).
-PAPER_KEY = {"resnet18-cars": ("resnet18", "cars"), "resnet18-country211": ("resnet18", "country211"),
-             "vit-cars": ("vit", "cars"), "vit-country211": ("vit", "country211")}
 
 
 def with_model(rc: RunConfig, model: "str | None", img_size: "int | None") -> RunConfig:

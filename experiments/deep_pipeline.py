@@ -1,4 +1,4 @@
-"""The deep-net experiment over seeds on pycore.deep (docs/deep.md; paper §5.2, Table 3, Figure 3).
+"""The deep-net experiment over seeds on pycore.deep (docs/findings.md §7; paper §5.2, Table 3, Fig. 3).
 
 Per seed: θ₀ (trained on D_P here, loaded, or pretrained), every method (at each balance of a sweep)
 immunizing a copy, and every row -- θ₀ included, each also hardened as ``"<row>+<kind>"`` -- measured:
@@ -11,6 +11,8 @@ import copy
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
+from functools import reduce
+from operator import getitem
 
 import numpy as np
 import torch
@@ -83,14 +85,11 @@ def clock(seconds: dict):
     return phase
 
 
-# --- θ₀ and the data ----------------------------------------------------------------------------
-
 def train_classifier(net, data, *, epochs: int, lr: float, seed: int, batch_size: int = 64,
                      device="cpu") -> list[float]:
-    """θ₀ for the demo: the whole model by AdamW (weight decay 1e-4), one-cycle schedule, and the
-    label-smoothing CE immunization uses (without it θ₀ is over-confident and the first immunization
-    steps wreck D_P accuracy); BatchNorm statistics then re-estimated for the final weights on the
-    un-augmented data (one pass, cumulative average: the running averages lag behind the weights)."""
+    """θ₀ trained here: the whole model by AdamW (weight decay 1e-4), one-cycle, with the label-smoothing
+    CE immunization uses (without it θ₀ is over-confident and the first immunization steps wreck D_P);
+    BatchNorm statistics then re-estimated for the final weights (the running averages lag behind)."""
     net.to(device).train().requires_grad_(True)
     batches = ShardedBatches(len(data), min(batch_size, len(data)), seed=seed)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
@@ -142,8 +141,6 @@ def _subset(ds, n, rng):
         return TensorDataset(*(t[torch.from_numpy(idx)] for t in ds.tensors))
     return Subset(ds, idx.tolist())
 
-
-# --- measuring one extractor ----------------------------------------------------------------------
 
 def spectrum_spread(Z, Z_ref, *, rng, groups: int, group_size: int) -> dict:
     """Where a κ ratio comes from: per random group of rows (the same rows of both), the largest and the
@@ -199,15 +196,13 @@ def eval_sets(data: dict, images: dict, cached: bool, rc: RunConfig, seed: int, 
     n_h = len(data["h_train"]) if rc.rir_pool is None else min(rc.rir_pool, len(data["h_train"]))
     ev = {"sets": {"p_pool": _subset(data["p_train"], rc.rir_pool, rng), "p_val": data["p_val"],
                    "h_train": data["h_train"], "h_test": data["h_test"]},
-          "h_pool_idx": np.sort(rng.choice(len(data["h_train"]), size=n_h, replace=False)), "classes_h": nch,
-          "cached": cached,
+          "h_pool_idx": np.sort(rng.choice(len(data["h_train"]), size=n_h, replace=False)),
+          "classes_h": nch, "cached": cached,
           "ft_train": _subset(images["h_train"], rc.finetune_pool, np.random.default_rng([seed, 5])),
           "ft_test": _subset(images["h_test"], rc.finetune_test, np.random.default_rng([seed, 6]))}
     ev["y"] = {k: dataset_labels(ev["sets"][k]) for k in ("p_val", "h_train", "h_test")}
     return ev
 
-
-# --- one seed ---------------------------------------------------------------------------------------
 
 def _variants(rc: RunConfig) -> list[tuple[str, str, DeepOptions]]:
     """(row, method, options) of every immunization of a seed: each method, at each sweep point."""
@@ -275,7 +270,7 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
             with phase("immunize"):
                 res = immunize(model, data["p_train"], data["h_train"], method, replace(o, harden="none"),
                                seed=seed, num_classes_h=nch, cached=cached, device=ctx.device, rank=ctx.rank,
-                               world=ctx.world, ddp=ctx.distributed, progress=not opts.quiet)
+                               world=ctx.world, ddp=ctx.world > 1, progress=not opts.quiet)
         except NonFiniteLossError as exc:
             say(f"[{rc.name} seed {seed}] {exc}")
             path = on_extractor(model, row, seed, "last_good") if on_extractor and ctx.is_main else None
@@ -292,32 +287,29 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
             if ctx.is_main else None)
 
 
-# --- over seeds -------------------------------------------------------------------------------------
-
 def _curve(curves) -> dict:
     a = np.asarray(curves, dtype=float)
     return {k: getattr(np, k)(a, 0).tolist() for k in ("mean", "std", "min", "max")}
 
 
+# Each headline number of a row: its path in a seed's row.
+HEADLINE = {"rir_theta0": ("rir", "value", "mean"), "harmful_ratio": ("rir", "harmful_ratio", "mean"),
+            "pretrain_ratio": ("rir", "pretrain_ratio", "mean"), "dp_top1": ("dp_top1",),
+            "probe_acc_epoch10": ("probe_acc_epoch10",), "probe_acc_last": ("probe_acc_last",),
+            "harmful_top_ratio": ("harmful_spread", "top"),
+            "harmful_bottom_ratio": ("harmful_spread", "bottom")}
+
+
 def aggregate(per_seed: list[dict], order: list[str], attack_epochs) -> dict:
-    """``rows.<row>``: every headline number as ``{mean, std, per_seed}`` (population std) over the seeds
-    that have the row, ``immunized_count`` (Definition 3.1 per seed), and per attacker its curve and its
-    accuracy after each of ``attack_epochs``."""
+    """Per row, over the seeds that have it: each headline number's ``{mean, std, per_seed}``, the count
+    meeting Definition 3.1, per attacker its curve and its accuracy after each of ``attack_epochs``."""
     rows = {}
     for m in order:
         runs = [s["rows"][m] for s in per_seed if m in s["rows"]]
         if not runs:
             continue
-        get = lambda f: summarize(f(r) for r in runs)  # noqa: E731
         rows[m] = {"seeds": [s["seed"] for s in per_seed if m in s["rows"]],
-                   "rir_theta0": get(lambda r: r["rir"]["value"]["mean"]),
-                   "harmful_ratio": get(lambda r: r["rir"]["harmful_ratio"]["mean"]),
-                   "pretrain_ratio": get(lambda r: r["rir"]["pretrain_ratio"]["mean"]),
-                   "dp_top1": get(lambda r: r["dp_top1"]),
-                   "probe_acc_epoch10": get(lambda r: r["probe_acc_epoch10"]),
-                   "probe_acc_last": get(lambda r: r["probe_acc_last"]),
-                   "harmful_top_ratio": get(lambda r: r["harmful_spread"]["top"]),
-                   "harmful_bottom_ratio": get(lambda r: r["harmful_spread"]["bottom"]),
+                   **{k: summarize(reduce(getitem, path, r) for r in runs) for k, path in HEADLINE.items()},
                    "immunized_count": sum(bool(r["immunized"]) for r in runs),
                    "probe_curve": _curve([r["probe"] for r in runs]),
                    "attacks": {a: {"curve": _curve([r["attacks"][a] for r in runs]),
@@ -356,8 +348,8 @@ def run_config(rc: RunConfig, seeds: list[int], opts: RunOptions, ctx, *, on_ext
     return _result(rc, opts, seeds, per_seed, row_order(rc), t0, world=ctx.world) if ctx.is_main else None
 
 
-def audit(model, reference, data: dict, rc: RunConfig, seeds: list[int], opts: RunOptions, *, classes_h: int,
-          say=None) -> dict:
+def audit(model, reference, data: dict, rc: RunConfig, seeds: list[int], opts: RunOptions, *,
+          classes_h: int) -> dict:
     """Any extractor ``model`` against a θ₀ ``reference`` (both ImmunizedNet, each run end to end on the
     images ``data``): :func:`run_config`'s result with the rows ``"init"`` (θ₀) and ``"model"``."""
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -368,8 +360,8 @@ def audit(model, reference, data: dict, rc: RunConfig, seeds: list[int], opts: R
         ref = {k: extract(reference, d, batch_size=rc.eval_batch) for k, d in ev["sets"].items()}
         rows = {k: evaluate_extractor(m, ref, ev, rc, seed, clock(seconds))
                 for k, m in (("init", reference), ("model", model))}
-        if say:
-            say(f"[audit seed {seed}] RIR_θ₀ {rows['model']['rir']['value']['mean']:.4g}  D_P top-1 "
-                f"{rows['model']['dp_top1']:.2f}% (θ₀ {rows['init']['dp_top1']:.2f}%)")
+        if not opts.quiet:
+            print(f"[audit seed {seed}] RIR_θ₀ {rows['model']['rir']['value']['mean']:.4g}  D_P top-1 "
+                  f"{rows['model']['dp_top1']:.2f}% (θ₀ {rows['init']['dp_top1']:.2f}%)")
         per_seed.append({"seed": seed, "rows": rows, "errors": {}, "phase_seconds": seconds})
     return _result(rc, opts, seeds, per_seed, ["init", "model"], t0)

@@ -1,7 +1,6 @@
-"""Tables and figures of the deep-net experiments (docs/deep.md), from experiments/deep_pipeline.py's
-results; nothing here computes a metric. Figures keep the legend beside the axes (never over the
-data), name the data and the model in their title, and name a method that failed instead of leaving
-it out; attackers scored at a few epochs only are drawn as markers at those epochs.
+"""Tables and figures of the deep-net experiments from experiments/deep_pipeline.py's results (nothing
+here computes a metric). Figures keep the legend beside the axes, name the data and the model in their
+title and a method that failed; attackers scored at a few epochs only are markers at those epochs.
 """
 from __future__ import annotations
 
@@ -90,7 +89,7 @@ def table_markdown(result: dict, paper: "dict | None" = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _figure(panels: int, title: str, failed: dict):
+def _figure(result: dict, panels: int, what: str):
     """``panels`` axes and a last column without axes for the legend and the failed methods."""
     import matplotlib  # noqa: PLC0415
 
@@ -101,11 +100,12 @@ def _figure(panels: int, title: str, failed: dict):
                              gridspec_kw={"width_ratios": [3] * panels + [2.2]})
     side = axes[0][-1]
     side.axis("off")
-    if failed:
+    if failed := _failures(result):
         text = "\n".join(f"{label(m)} ({len(v)} seed(s))" for m, v in failed.items())
         side.text(0, 0.02, "failed (no curve):\n" + text, fontsize=7, va="bottom", color="firebrick",
                   transform=side.transAxes)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(f"{what}: {result['model_text']}, {result['data']}, {len(result['seeds'])} seed(s), band "
+                 "min–max", fontsize=9)
     return fig, list(axes[0][:-1]), side
 
 
@@ -123,14 +123,9 @@ def _style(m: str) -> dict:
             "ls": "--" if base == "init" else (":" if "+" in m else "-")}
 
 
-def _title(result: dict, what: str) -> str:
-    return f"{what}: {result['model_text']}, {result['data']}, {len(result['seeds'])} seed(s), band min–max"
-
-
 def plot_probing(result: dict, path) -> None:
     """Figure 3: seed-mean D_H test accuracy of the paper's probe per epoch, band = min..max over seeds."""
-    title = _title(result, "Linear probing on D_H (full-batch GD, step 1/L)")
-    fig, (ax,), side = _figure(1, title, _failures(result))
+    fig, (ax,), side = _figure(result, 1, "Linear probing on D_H (full-batch GD, step 1/L)")
     for m, r in result["rows"].items():
         c = r["probe_curve"]
         line, = ax.plot(range(len(c["mean"])), c["mean"], label=label(m), **_style(m))
@@ -145,7 +140,7 @@ def plot_attacks(result: dict, path) -> None:
     """One panel per attacker: seed-mean D_H test accuracy per epoch, band (or bar) = min..max over seeds."""
     rows = result["rows"]
     attackers = [a for a in ATTACKER_LABELS if any(a in r["attacks"] for r in rows.values())]
-    fig, axes, side = _figure(len(attackers), _title(result, "Attackers on D_H"), _failures(result))
+    fig, axes, side = _figure(result, len(attackers), "Attackers on D_H")
     for ax, a in zip(axes, attackers):
         for m, r in ((m, r) for m, r in rows.items() if a in r["attacks"]):
             c = {k: np.asarray(v, dtype=float) for k, v in r["attacks"][a]["curve"].items()}
@@ -166,8 +161,7 @@ def plot_attacks(result: dict, path) -> None:
 def plot_tradeoff(result: dict, path) -> None:
     """The balance sweep: (i) against (ii) and D_P top-1 against (i), seed means, one marker per row (θ₀ at
     (1, 1)); Definition 3.1 holds right of (i) = 1 and below (ii) = 1."""
-    fig, axes, side = _figure(2, _title(result, "(i)/(ii) trade-off over the balance b / b_ill"),
-                              _failures(result))
+    fig, axes, side = _figure(result, 2, "(i)/(ii) trade-off over the balance b / b_ill")
     for m, r in result["rows"].items():
         kw = {"marker": "s" if "+" in m else "o", "ls": "none", "label": label(m)}
         line, = axes[0].plot(r["harmful_ratio"]["mean"], r["pretrain_ratio"]["mean"], **kw)

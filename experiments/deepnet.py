@@ -1,18 +1,15 @@
 #!/usr/bin/env python
-"""Deep-net immunization of any timm model (docs/deep.md; docs/theory.md §8-9; paper §5.2, Table 3).
+"""Deep-net immunization of any timm model (docs/findings.md §7; docs/theory.md §8-9; paper §5.2, Table 3).
 
     python experiments/deepnet.py --demo                                  # CPU, no download
     python experiments/deepnet.py --dp-root MY_DP --dh-root MY_DH [--model resnet10t] [--img-size 64]
     python experiments/deepnet.py --config resnet18-cars --dp-root IMAGENET --dh-root CARS --pretrained
     torchrun --nproc_per_node=8 experiments/deepnet.py --config vit-country211 ...
 
-``--demo``: MNIST digits 0-4 (D_P) and 5-9 (D_H) at 32 px, a ResNet18 and a small ViT trained here as
-θ₀, every method, every row also hardened, 3 seeds. ImageFolder roots (``root/train/<class>/<image>``,
-``root/val/...``) run any timm ``--model`` with the default rule; θ₀ is ``--checkpoint``,
-``--pretrained``, or trained on D_P here (then at the images' own size unless ``--img-size`` is given).
-``--balances`` sweeps the (i)/(ii) trade-off. Writes ``--out/<config>/``: results.json, table.md,
-finetune.png (Figure 3), attacks.png, and the first seed's extractor_<row>.safetensors
-(``pycore.deep.load_model``; experiments/audit.py audits them).
+``--demo``: MNIST 0-4 (D_P) vs 5-9 (D_H) at 32 px, a ResNet18 and a small ViT trained here as θ₀, every
+method, every row also hardened, 3 seeds. θ₀ is ``--checkpoint``, ``--pretrained``, or trained on D_P
+here (at the images' own size unless ``--img-size``). Writes ``--out/<config>/``: results.json, table.md,
+finetune.png (Figure 3), attacks.png and the first seed's extractor_<row>.safetensors (audit.py's input).
 """
 from __future__ import annotations
 
@@ -23,12 +20,12 @@ from pathlib import Path
 import torch
 
 from experiments import common, deep_report
-from experiments.deep_configs import CONFIGS, DEMO_CONFIGS, PAPER_KEY, PAPER_TABLE3, with_model
+from experiments.deep_configs import CONFIGS, DEMO_CONFIGS, PAPER_TABLE3, with_model
 from experiments.deep_pipeline import RunOptions, run_config
-from pycore.deep import DEEP_METHODS, HARDENINGS, DeepOptions, create_model, options, save_model
+from pycore.deep import DEEP_METHODS, DeepOptions, create_model, options, save_model
 from pycore.deep.data import model_normalization
 from pycore.deep.distributed import init_from_env, shutdown
-from pycore.deep.train import FRACTION_OPTIONS, OPTION_BOUNDS, POSITIVE_OPTIONS
+from pycore.deep.train import OPTION_CHOICES, OPTION_RULES
 from pycore.report import dumps_json
 
 FILES = ("results.json", "table.md", "finetune.png", "attacks.png", "tradeoff.png")
@@ -51,12 +48,8 @@ def build_parser() -> common.Parser:
     p.add_argument("--balances", type=real, help="the (i)/(ii) trade-off: each method at each balance b "
                    "(λ = b·‖∇CE‖/‖∇term‖), written to OUT/<config>-sweep with tradeoff.png")
     p.add_argument("--ill-balances", type=real, help="R_ill's balances b_ill, crossed with --balances")
-    rules = {k: {"low": lo, "high": hi} for k, (lo, hi) in OPTION_BOUNDS.items()}
-    rules.update({k: {"low": 0.0, "low_open": True, "high": 1.0 if k == "harden_scale" else None}
-                  for k in POSITIVE_OPTIONS})
-    rules.update({k: {"low": 0.0, "high": 1.0, "high_open": True} for k in FRACTION_OPTIONS})
     common.add_options(p, [DeepOptions], title="immunization options (default: the configuration's)",
-                       rules=rules, choices={"scope": ("layer", "tail"), "harden": HARDENINGS},
+                       rules=OPTION_RULES, choices=OPTION_CHOICES,
                        help={"harden": "also measure every row hardened this way", "scope": "layer: the "
                              "immunization layer alone; tail: also the backbone's last --stages stages"})
     p.add_argument("--seeds", type=common.seeds, metavar="N|A,B,C|A-B", help="seeds (default 3 with --demo, "
@@ -127,7 +120,8 @@ def _writer(folder: Path, first_seed: int, config: str):
     def write(model, row, seed, status):
         if status == "immunized" and seed != first_seed:
             return None
-        name = f"{'extractor' if status == 'immunized' else 'last_good'}_{row}.safetensors"
+        # a sweep row "ours@b/b_ill" names a file, not a folder
+        name = f"{'extractor' if status == 'immunized' else 'last_good'}_{row.replace('/', '_')}.safetensors"
         extra = {"config": config, "row": row, "seed": seed, "status": status}
         return str(common.write_outputs(folder, {name: lambda p: save_model(model, p, extra)})[0])
     return write
@@ -154,7 +148,7 @@ def main(argv=None) -> int:
                 result = run_config(rc, seeds, opts, ctx, on_extractor=_writer(folder, seeds[0], rc.name))
                 if not ctx.is_main:
                     continue
-                table = deep_report.table_markdown(result, PAPER_TABLE3.get(PAPER_KEY.get(rc.name)))
+                table = deep_report.table_markdown(result, PAPER_TABLE3.get(tuple(rc.name.split("-", 1))))
                 plots = (deep_report.plot_probing, deep_report.plot_attacks, deep_report.plot_tradeoff)
                 plots = plots[:2 + bool(rc.sweep)]
                 files = {n: lambda p, f=f: f(result, p) for n, f in zip(FILES[2:], plots)}

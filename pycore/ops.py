@@ -1,19 +1,11 @@
-"""Fused condition-number regularizer op and immunization head (docs/theory.md §3-4, docs/design.md §2).
-
-:func:`cond_regularizer` is R_ill (``kind="ill"``, paper Eq. (12)) or R_well (``"well"``, Eq. (3)) of
-``H = ZᵀZ`` as a 0-dim tensor with the closed-form gradient ``∂R/∂Z = 2Z∇_H R`` (docs/theory.md §4).
-:class:`ImmunizationHead` is the paper's dummy layer (Appendix C.3) whose weight gradient is
-preconditioned on the right, ``grad_W (XᵀX + λI)⁻¹``.  The ops ``torch.ops.pycore.*`` are defined
-and check their inputs in C++ (csrc/cond_reg.cpp; CPU kernels, CUDA when built with it); this module
-registers the fake implementation of ``cond_reg`` (meta tensors work through it; the head's ops are
-composites of ATen calls, which run on meta tensors as they are) and autograd, and raises
-:class:`CondRegError` for input they refuse, a batch on which R has no value included (ZᵀZ = 0,
-rank ≤ 1 or κ = 1 for R_ill, overflow); under ``torch.compile`` it arrives as its base ValueError.
-
-Without the extension (not built, or ``PYCORE_DISABLE_EXTENSION=1``; one RuntimeWarning) the entry
-points run the plain definitions, :func:`reference_cond_regularizer` and a float64 solve applied to
-the weight gradient: the same values and CondRegError where R has no value, PyTorch's own errors for
-malformed tensors, no diagnostics, no meta tensors, no ``torch.compile(fullgraph=True)``.
+"""The fused condition-number regularizer op and the immunization head (docs/theory.md §3-4,
+docs/design.md §2), as pytorch/extension-cpp does it: ``torch.ops.pycore.*`` are defined, with their
+input checks, in C++ (csrc/; CPU kernels, CUDA when built); this module registers the fake
+implementation and autograd, and turns the C++ refusals into :class:`CondRegError` (under
+``torch.compile``: its base ValueError). Without the extension (not built, or
+``PYCORE_DISABLE_EXTENSION=1``; one RuntimeWarning) the entry points run the plain reference,
+:func:`reference_cond_regularizer` and a float64 solve on the weight gradient: the same values and
+refusals of R, no diagnostics, no meta tensors, no ``torch.compile(fullgraph=True)``.
 """
 from __future__ import annotations
 
@@ -27,6 +19,8 @@ import torch  # must precede pycore._C: the extension links against libc10/libto
 from torch import nn
 from torch.nn import functional as F
 
+from pycore.validation import PicklableError
+
 __all__ = ["KINDS", "CondRegError", "CondDiagnostics", "cond_regularizer", "ImmunizationHead",
            "precond_linear", "cond_regularizer_with_diagnostics", "reference_cond_regularizer",
            "extension_available"]
@@ -38,15 +32,12 @@ _DIAG_FIELDS = ("sigma_max", "sigma_min", "kappa", "rank", "eigengap", "tie", "d
 _EIGVEC_METHODS = ("inverse_iteration", "eigh", "none")
 
 
-class CondRegError(ValueError):
+class CondRegError(PicklableError, ValueError):
     """Input the op cannot handle; ``parameter`` names the argument (``"Z"``, ``"kind"``, ``"X"``, ...)."""
 
     def __init__(self, message: str, parameter: str):
         super().__init__(message)
         self.parameter = parameter
-
-    def __reduce__(self):  # crosses process boundaries with its parameter
-        return type(self), (str(self), self.parameter)
 
 
 def _load_extension() -> bool:
@@ -72,8 +63,8 @@ def extension_available() -> bool:
 
 
 def _run(where: str, name: str, op, *args):
-    """``op(*args)``; the C++ checks' ValueError (the argument's name first) and the dispatcher's
-    NotImplementedError (no kernel for this layout or device: a page of backends) become CondRegError."""
+    """``op(*args)``, the C++ checks' ValueError (argument name first) and the dispatcher's
+    NotImplementedError (no kernel for this layout or device) as CondRegError."""
     try:
         return op(*args)
     except ValueError as exc:
@@ -120,10 +111,9 @@ if _HAS_EXTENSION:
 
 @dataclass(frozen=True)
 class CondDiagnostics:
-    """Spectrum of ``H = ZᵀZ`` (docs/theory.md §2-3): ``sigma_min`` is the smallest eigenvalue above
-    the rank tolerance ``rtol·λ_max``; ``eigengap`` is ``λ₁ − λ₂`` (R_well) or ``λ_{k−1} − λ_k`` (R_ill);
-    ``tie`` flags a gap ≤ ``tie_rtol·λ₁`` (R_well) or ≤ ``max(tie_rtol·λ_k, rtol·λ₁)`` (R_ill), where R
-    is not differentiable and the gradient is a subgradient."""
+    """Spectrum of ``H = ZᵀZ`` (docs/theory.md §2-3): ``sigma_min`` the smallest eigenvalue above
+    ``rtol·λ_max``; ``eigengap`` ``λ₁ − λ₂`` (R_well) or ``λ_{k−1} − λ_k`` (R_ill); ``tie`` a gap ≤
+    ``tie_rtol·λ₁`` (R_well) or ≤ ``max(tie_rtol·λ_k, rtol·λ₁)`` (R_ill): R is not differentiable there."""
 
     kind: str
     value: float
@@ -173,9 +163,8 @@ def cond_regularizer_with_diagnostics(Z: torch.Tensor, kind: str, *, rtol: float
 
 
 def reference_cond_regularizer(Z: torch.Tensor, kind: str, *, rtol: float | None = None) -> torch.Tensor:
-    """Plain-PyTorch R_kind(ZᵀZ) through ``torch.linalg.eigvalsh`` (docs/theory.md §3) in Z's dtype: the
-    definition the op is tested against and the fallback without it (same rank rule and domain).
-    Its backward forms all D eigenvectors (NaN at repeated eigenvalues)."""
+    """R_kind(ZᵀZ) by autograd through ``torch.linalg.eigvalsh`` in Z's dtype (docs/theory.md §3): the
+    definition the op is tested against and the fallback without it (same rank rule and domain)."""
     where = "reference_cond_regularizer"
     if kind not in KINDS:
         raise CondRegError(f"{where}: kind must be 'ill' or 'well', got {kind!r}", "kind")
@@ -225,9 +214,9 @@ def precond_linear(X, W, bias=None, lambda_reg: float = 1e-7, precondition: bool
 
 
 class ImmunizationHead(nn.Module):
-    """The paper's identity-initialised D×D dummy layer (Appendix C.3): ``z = x Wᵀ (+ b)``, ``grad_W ←
-    grad_W (XᵀX + λI)⁻¹``, i.e. ``K⁻¹∇_θR`` of Algorithm 1 line 6 for ``W = θᵀ`` (docs/theory.md §4: on the
-    right; the authors' code multiplies on the left).  Solved in float64, in the N×N Gram space if N < D."""
+    """The paper's identity-initialised D×D dummy layer (App. C.3): ``z = x Wᵀ (+ b)``, ``grad_W ←
+    grad_W (XᵀX + λI)⁻¹``, ``K⁻¹∇_θR`` of Algorithm 1 line 6 for ``W = θᵀ`` (docs/theory.md §4: on the
+    right; the authors' code multiplies on the left)."""
 
     def __init__(self, dim: int, lambda_reg: float = 1e-7, precondition: bool = True, bias: bool = False,
                  *, device=None, dtype=None):

@@ -295,25 +295,24 @@ def test_layer_scope_moves_only_the_layer_and_the_classifier_and_balances_every_
     assert lam["lambda_p"] * norm(t["r_well"]) == pytest.approx(0.5 * norm(t["ce"]), rel=1e-9)
 
 
-def test_a_non_finite_step_is_not_applied_and_the_last_good_model_is_saved(tmp_path):
+def test_a_non_finite_step_is_not_applied():
     m, dp, dh = _layer_setup()
     opts = DeepOptions(max_steps=30, batch_size=16, lr=1e8, balance=None, lambda_h=1e12)
     with pytest.raises(NonFiniteLossError) as e:
-        immunize(m, dp, dh, "r_ill_only", opts, num_classes_h=3, cached=True, checkpoint_dir=str(tmp_path))
+        immunize(m, dp, dh, "r_ill_only", opts, num_classes_h=3, cached=True)
     step = e.value.step
     assert step >= 1 and e.value.parameter == "lr" and all(torch.isfinite(p).all() for p in m.parameters())
     m2, dp2, dh2 = _layer_setup()
     immunize(m2, dp2, dh2, "r_ill_only", replace(opts, max_steps=step), num_classes_h=3, cached=True)
     for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
         torch.testing.assert_close(a, b, msg=k)                                 # exactly the last good step
-    torch.testing.assert_close(load_model(e.value.checkpoint)[0].layer.weight, m.layer.weight)
 
 
 def test_tail_scope_trains_the_papers_stages_from_images():
     v = create_model("vit_tiny_patch16_224", 3, seed=0, img_size=32, patch_size=8, depth=3)
-    m = ImmunizedNet(create_model("resnet18", 3, seed=0)).eval()
-    assert tail_modules(v, 1)[:2] == [v.blocks[-1], v.norm] and tail_modules(m.net, 2)[:2] == [m.net.layer3,
-                                                                                              m.net.layer4]
+    r = create_model("resnet18", 3, seed=0)
+    assert tail_modules(v, 1)[:2] == [v.blocks[-1], v.norm] and tail_modules(r, 2)[:2] == [r.layer3, r.layer4]
+    m = ImmunizedNet(create_model("resnet10t", 3, seed=0)).eval()            # the same stage names, smaller
     before = copy.deepcopy(m.state_dict())
     immunize(m, TensorDataset(*_data(16, 1)), TensorDataset(*_data(16, 2)), "ours",
              DeepOptions(max_steps=2, batch_size=8, lr=1e-3, scope="tail", stages=2), num_classes_h=3)

@@ -1,4 +1,4 @@
-"""The public deep API (docs/deep.md): :func:`immunize_model` and :func:`audit_model`, for any timm
+"""The public deep API (docs/design.md §3): :func:`immunize_model` and :func:`audit_model`, for any timm
 classifier and data given as an ``(X, y)`` tensor pair, a ``Dataset`` or a ``DataLoader``."""
 from __future__ import annotations
 
@@ -15,16 +15,15 @@ from pycore.deep.models import ImmunizedNet, as_immunized
 from pycore.deep.train import DeepOptions, immunize, options
 from pycore.evaluate import immunized_def31
 from pycore.metrics import grouped_feature_rir
-from pycore.validation import ParameterError
+from pycore.validation import ParameterError, check_number
 
 __all__ = ["DeepImmunization", "immunize_model", "audit_model", "AUDIT_OPTIONS"]
 
 
 @dataclass
 class DeepImmunization:
-    """:func:`immunize_model`'s result: ``model`` the immunized copy (it classifies D_P with its own head);
-    (i) ``harmful_ratio``, (ii) ``pretrain_ratio``, their quotient ``rir``: κ ratios of its features to the
-    given model's on ``dh`` / ``dp`` (20 groups of ≤ 100 rows, docs/theory.md §8); ``immunized``: Def. 3.1."""
+    """:func:`immunize_model`'s result: the immunized copy, (i) ``harmful_ratio``, (ii) ``pretrain_ratio``
+    and ``rir`` of its features against the given model's (docs/theory.md §8), Definition 3.1."""
 
     model: ImmunizedNet
     method: str
@@ -43,12 +42,10 @@ class DeepImmunization:
 
 def immunize_model(model, dp, dh, *, method: str = "ours", seed: int = 0, **opts) -> DeepImmunization:
     """Immunize a copy of ``model`` (a timm classifier, or a module with timm's ``forward_features`` /
-    ``forward_head(pre_logits=True)`` / ``get_classifier()``) against the harmful task ``dh`` while it
-    keeps the pre-training task ``dp``; ``model`` itself is not changed. ``opts`` are the fields of
-    :class:`~pycore.deep.train.DeepOptions` (an unknown or bad one is a ParameterError naming it);
-    with the defaults only the immunization layer and the classifier are trained, on the frozen
-    backbone's features computed once. A non-finite loss raises
-    :class:`~pycore.deep.train.NonFiniteLossError` whose ``.parameter`` names the option to change."""
+    ``forward_head(pre_logits=True)`` / ``get_classifier()``) against ``dh`` while it keeps ``dp``.
+    ``opts`` are the fields of :class:`~pycore.deep.train.DeepOptions` (a bad one is a ParameterError
+    naming it); scope ``"layer"`` trains on the frozen backbone's features computed once. A non-finite
+    loss raises :class:`~pycore.deep.train.NonFiniteLossError` naming the option to change."""
     o = options(**opts)
     p, h = as_dataset(dp, "dp"), as_dataset(dh, "dh")
     out = as_immunized(model).eval()
@@ -72,14 +69,10 @@ AUDIT_OPTIONS = {"epochs": (1, 5, 20), "adam_lrs": ADAM_LRS, "finetune": True, "
 
 
 def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) -> dict:
-    """The attackers of docs/deep.md on the harmful task, against ``model`` and against ``reference``
-    (θ₀): a linear probe by full-batch GD with step 1/L (``gd``), Adam on scaled or standardised
-    features (``adam``), Adam on whitened features (``adam_whitened``) and fine-tuning of the last
-    stage, the layer and a new head (``finetune``). ``dh`` is the attacker's training data; its test
-    data is ``dh_test`` or, without one, a seeded ``test_fraction`` of ``dh``. Options
-    (:data:`AUDIT_OPTIONS`): ``epochs`` (when to score), ``adam_lrs``, ``finetune``, ``finetune_lr``.
-
-    Returns ``{"model": {attacker: {epoch: D_H test accuracy %}}, "reference": {...}}``."""
+    """The attackers of :mod:`pycore.deep.attacks` (``gd``, ``adam``, ``adam_whitened``, ``finetune``) on
+    the harmful task against ``model`` and against ``reference`` (θ₀), trained on ``dh`` and tested on
+    ``dh_test`` or a seeded ``test_fraction`` of ``dh``; options :data:`AUDIT_OPTIONS`. Returns
+    ``{"model": {attacker: {epoch: D_H test accuracy %}}, "reference": {...}}``."""
     bad = [k for k in opts if k not in AUDIT_OPTIONS]
     if bad:
         raise ParameterError(bad[0], f"unknown option {bad[0]!r} of audit_model; options: "
@@ -88,8 +81,7 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     epochs = sorted({o["epochs"]} if isinstance(o["epochs"], int) else set(o["epochs"]))
     if not (epochs and all(isinstance(e, int) and 1 <= e <= 1000 for e in epochs)):
         raise ParameterError("epochs", f"epochs must be integers in [1, 1000], got {o['epochs']!r}")
-    if not 0 < o["test_fraction"] < 1:
-        raise ParameterError("test_fraction", f"test_fraction must be in (0, 1), got {o['test_fraction']!r}")
+    check_number(o["test_fraction"], "test_fraction", low=0, high=1, low_open=True, high_open=True)
     train = as_dataset(dh, "dh")
     if dh_test is None:
         perm = np.random.default_rng([seed, 4]).permutation(len(train)).tolist()

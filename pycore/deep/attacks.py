@@ -1,13 +1,9 @@
-"""Attackers on deep extractors: how fast can D_H be learned from θ's features? (docs/deep.md)
+"""Attackers on deep extractors: how fast can D_H be learned from θ's features? (docs/findings.md §7)
 
-* :func:`linear_probe_curve` -- the paper's threat model (Eq. (4), Figure 3): full-batch GD with step
-  ``1/L`` on frozen features, slowed by their condition number.
-* :func:`best_adam_probe` -- Adam on mini-batches of scaled or standardised features, the best learning
-  rate and preprocessing per epoch (the defender's worst case); with ``("whiten",)`` the adaptive
-  attacker who whitens its own features.
-* :func:`finetune_attack` -- the last stage, the layer and a new head retrained with Adam on D_H.
-
-Each returns D_H test accuracy (%) after every epoch (index 0 = before training).
+:func:`linear_probe_curve` is the paper's threat model (Eq. (4), Figure 3), full-batch GD with step
+``1/L``; :func:`best_adam_probe` the defender's worst case over Adam learning rates and preprocessings
+(``"whiten"``: the adaptive attacker); :func:`finetune_attack` retrains the last stage, the layer and a
+new head. Each gives D_H test accuracy (%) after every epoch (index 0 = before training).
 """
 from __future__ import annotations
 
@@ -32,23 +28,18 @@ class ProbeCurve:
     """Test accuracy (%) of the attacker after each epoch (index 0 = before training)."""
 
     test_accuracy: list[float]
-    train_loss: list[float]
-    step_size: float
 
 
 def _probe_tensors(Z_train, y_train, Z_test, y_test, num_classes):
-    Zt = torch.as_tensor(np.asarray(Z_train, dtype=np.float64))
-    Zv = torch.as_tensor(np.asarray(Z_test, dtype=np.float64))
-    yt = torch.as_tensor(np.asarray(y_train), dtype=torch.int64)
-    yv = torch.as_tensor(np.asarray(y_test), dtype=torch.int64)
+    Zt, Zv = (torch.as_tensor(np.asarray(Z, dtype=np.float64)) for Z in (Z_train, Z_test))
+    yt, yv = (torch.as_tensor(np.asarray(y), dtype=torch.int64) for y in (y_train, y_test))
     if Zt.ndim != 2 or Zv.shape[1:] != Zt.shape[1:] or not (Zt.isfinite().all() and Zv.isfinite().all()):
         raise ValueError(f"probe features must be finite N x D, got {tuple(Zt.shape)}, {tuple(Zv.shape)}")
     C = int(num_classes or int(max(yt.max(), yv.max())) + 1)
     # Bias column at the RMS row norm of the training features: rescaling Z by s then rescales
     # A by s exactly, so a step tied to λ_max(AᵀA) gives unchanged iterates (and accuracies).
     c = float(Zt.pow(2).sum(1).mean().sqrt()) or 1.0
-    A = torch.cat([Zt, torch.full((Zt.shape[0], 1), c, dtype=Zt.dtype)], 1)
-    Av = torch.cat([Zv, torch.full((Zv.shape[0], 1), c, dtype=Zv.dtype)], 1)
+    A, Av = (torch.cat([Z, torch.full((Z.shape[0], 1), c, dtype=Z.dtype)], 1) for Z in (Zt, Zv))
     return A, yt, Av, yv, C
 
 
@@ -59,44 +50,37 @@ def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
 def linear_probe_curve(Z_train: np.ndarray, y_train: np.ndarray, Z_test: np.ndarray,
                        y_test: np.ndarray, *, epochs: int = 50, step_scale: float = 1.0,
                        num_classes: "int | None" = None) -> ProbeCurve:
-    """Linear probing attack on frozen features (paper Eq. (4), Figure 3), float64: softmax CE by full-batch
-    GD from zero, step ``η = step_scale / λ_max(AᵀA/N)``, ``A = [Z, c·1]`` (bias column at Z's RMS row norm).
-    The CE Hessian is bounded by ``½·(AᵀA/N) ⊗ I``, so ``1/L`` is safe, and tied to λ_max a rescaling of
-    the features cannot fake immunization: only the spread of the spectrum slows it (Eq. (2))."""
+    """Linear probe on frozen features (Eq. (4), Figure 3), float64: softmax CE by full-batch GD from zero,
+    step ``step_scale / λ_max(AᵀA/N)``, ``A = [Z, c·1]``. The CE Hessian is bounded by ``½·(AᵀA/N) ⊗ I``,
+    so ``1/L`` is safe, and no rescaling of the features fakes immunization: only the spectrum's spread
+    slows it (Eq. (2))."""
     A, yt, Av, yv, C = _probe_tensors(Z_train, y_train, Z_test, y_test, num_classes)
     n = A.shape[0]
     eta = step_scale / float(torch.linalg.matrix_norm(A, ord=2) ** 2 / n)
     W = torch.zeros(A.shape[1], C, dtype=torch.float64)
     onehot = F.one_hot(yt, C).double()
-    accs, losses = [_accuracy(Av @ W, yv)], []
+    accs = [_accuracy(Av @ W, yv)]
     for _ in range(epochs):
-        logits = A @ W
-        losses.append(float(F.cross_entropy(logits, yt)))
-        W = W - eta * (A.T @ (torch.softmax(logits, 1) - onehot)) / n
+        W = W - eta * (A.T @ (torch.softmax(A @ W, 1) - onehot)) / n
         accs.append(_accuracy(Av @ W, yv))
-    return ProbeCurve(accs, losses, eta)
+    return ProbeCurve(accs)
 
 
 def adam_probe_curve(Z_train, y_train, Z_test, y_test, *, epochs: int, lr: float, batch_size: int = 64,
                      seed: int = 0, num_classes: "int | None" = None) -> ProbeCurve:
-    """Linear probe (same ``A = [Z, c·1]`` as :func:`linear_probe_curve`) trained by Adam
-    (β = (0.9, 0.999), ε = 1e-8) on seeded mini-batches, float64, zero init."""
+    """The linear probe of :func:`linear_probe_curve` trained from zero by Adam on seeded mini-batches."""
     A, yt, Av, yv, C = _probe_tensors(Z_train, y_train, Z_test, y_test, num_classes)
     W = torch.zeros(A.shape[1], C, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam([W], lr=lr)
     batches = ShardedBatches(A.shape[0], min(batch_size, A.shape[0]), seed=seed)
-    accs, losses = [_accuracy(Av @ W.detach(), yv)], []
+    accs = [_accuracy(Av @ W.detach(), yv)]
     for e in range(epochs):
-        total = 0.0
         for (idx,) in batches.epoch(e):
-            loss = F.cross_entropy(A[idx] @ W, yt[idx])
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            F.cross_entropy(A[idx] @ W, yt[idx]).backward()
             opt.step()
-            total += float(loss.detach())
-        losses.append(total / len(batches))
         accs.append(_accuracy(Av @ W.detach(), yv))
-    return ProbeCurve(accs, losses, lr)
+    return ProbeCurve(accs)
 
 
 ADAM_PREPROCESSING = ("scale", "standardize", "whiten")
@@ -104,11 +88,10 @@ ADAM_LRS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
 
 def preprocess_features(Z_train, Z_test, kind: str, *, ridge: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
-    """The attacker's preprocessing, its statistics from ``Z_train`` only: ``"scale"`` divides by the RMS
-    row norm (so no extractor fakes a slow-down by shrinking its features against a fixed learning-rate
-    grid), ``"standardize"`` z-scores each coordinate (std 0: only centred), ``"whiten"`` whitens with the
-    covariance's eigendecomposition (eigenvalues floored at ``ridge·λ_max``): the adaptive attacker, who
-    undoes any invertible linear map of the features, conditioning included."""
+    """The attacker's preprocessing, statistics from ``Z_train``: ``"scale"`` by the RMS row norm (no
+    extractor fakes a slow-down by shrinking its features against a fixed lr grid), ``"standardize"``
+    (std 0: only centred), ``"whiten"`` by the covariance's eigenvalues floored at ``ridge·λ_max``: the
+    adaptive attacker, who undoes any invertible linear map of the features, conditioning included."""
     Zt = np.asarray(Z_train, dtype=np.float64)
     Zv = np.asarray(Z_test, dtype=np.float64)
     if kind == "scale":
@@ -131,11 +114,8 @@ def preprocess_features(Z_train, Z_test, kind: str, *, ridge: float = 1e-6) -> t
 def best_adam_probe(Z_train, y_train, Z_test, y_test, *, epochs: int, lrs=ADAM_LRS,
                     preprocessing=("scale", "standardize"), batch_size: int = 64, seed: int = 0,
                     num_classes: "int | None" = None) -> dict:
-    """Adam probes over ``preprocessing`` × ``lrs`` (:func:`preprocess_features`,
-    :func:`adam_probe_curve`); the defender's worst case per epoch is the best of them.
-
-    Returns ``{"test_accuracy": per-epoch max, "best": per-epoch "preprocessing@lr" of the max,
-    "per_config": {"preprocessing@lr": curve}}``."""
+    """Adam probes over ``preprocessing`` × ``lrs``: ``{"test_accuracy": the per-epoch max (the
+    defender's worst case), "best": per epoch the "preprocessing@lr" of the max}``."""
     curves = {}
     for kind in preprocessing:
         a, b = preprocess_features(Z_train, Z_test, kind)
@@ -147,15 +127,13 @@ def best_adam_probe(Z_train, y_train, Z_test, y_test, *, epochs: int, lrs=ADAM_L
         raise ValueError("best_adam_probe needs at least one preprocessing and one learning rate")
     keys = list(curves)
     acc = np.array([curves[k] for k in keys])
-    return {"test_accuracy": acc.max(0).tolist(), "best": [keys[i] for i in acc.argmax(0)],
-            "per_config": curves}
+    return {"test_accuracy": acc.max(0).tolist(), "best": [keys[i] for i in acc.argmax(0)]}
 
 
 def feature_attacks(Z_train, y_train, Z_test, y_test, *, epochs: int, gd_epochs: "int | None" = None,
                     adam_lrs=ADAM_LRS, seed: int = 0, num_classes: "int | None" = None) -> dict:
-    """The probes on fixed features: ``gd`` (``gd_epochs``, default ``epochs``), and with ``adam_lrs``
-    ``adam`` (scaled or standardised) and ``adam_whitened``, with ``*_best`` naming the winning
-    configuration per epoch."""
+    """The probes on fixed features: ``gd`` (``gd_epochs``, default ``epochs``) and, with ``adam_lrs``,
+    ``adam`` (scaled or standardised) and ``adam_whitened``, ``*_best`` naming each epoch's winner."""
     out = {"gd": linear_probe_curve(Z_train, y_train, Z_test, y_test, epochs=gd_epochs or epochs,
                                     num_classes=num_classes).test_accuracy}
     for key, prep in (("adam", ("scale", "standardize")), ("adam_whitened", ("whiten",))):
@@ -169,12 +147,10 @@ def feature_attacks(Z_train, y_train, Z_test, y_test, *, epochs: int, gd_epochs:
 def finetune_attack(model, h_train: Dataset, h_test: Dataset, *, num_classes: int, epochs: int,
                     lr: float = 1e-4, batch_size: int = 64, seed: int = 0, eval_batch: int = 256,
                     eval_epochs: "tuple[int, ...] | None" = None) -> ProbeCurve:
-    """Fine-tune the backbone's last stage (:func:`~pycore.deep.models.tail_modules`, one stage: ResNet's
-    ``layer4``, a ViT's last block and norm), the immunization layer and a NEW linear head with Adam on
-    the D_H images ``h_train``: what an attacker with a modest budget retrains. ``model`` (a timm
-    classifier or an ImmunizedNet) is not modified: a deep copy is attacked, in eval mode (θ's
-    normalisation statistics, no dropout), so a seed gives one result. Test accuracy on ``h_test`` after
-    the epochs in ``eval_epochs`` (default: every epoch); other entries of the curve are NaN."""
+    """Fine-tune the backbone's last stage (ResNet's ``layer4``, a ViT's last block and norm), the layer
+    and a NEW linear head with Adam on the D_H images: a modest attacker. A deep copy of ``model`` is
+    attacked in eval mode (θ's normalisation statistics, no dropout: a seed gives one result); test
+    accuracy after the epochs in ``eval_epochs`` (default: every epoch), NaN at the others."""
     m = as_immunized(model).eval().requires_grad_(False)
     dev = next(m.parameters()).device
     ytr = torch.as_tensor(dataset_labels(h_train), dtype=torch.int64)
@@ -199,17 +175,13 @@ def finetune_attack(model, h_train: Dataset, h_test: Dataset, *, num_classes: in
         logits = [head(m.features(fetch(h_test, idx)[0].to(dev))) for idx in batches]
         return _accuracy(torch.cat(logits).cpu(), yte)
 
-    accs, losses = [test_acc()], []
+    accs = [test_acc()]
     for e in range(epochs):
-        total = 0.0
         for (idx,) in batches.epoch(e):
             X = m.prelogits(fetch(h_train, idx)[0].to(dev))
             z = F.linear(X, m.layer.weight, m.layer.bias)                    # the attacker's plain gradient
-            loss = F.cross_entropy(head(z), ytr[idx].to(dev))
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            F.cross_entropy(head(z), ytr[idx].to(dev)).backward()
             opt.step()
-            total += float(loss.detach())
-        losses.append(total / len(batches))
         accs.append(test_acc() if e + 1 in wanted else float("nan"))
-    return ProbeCurve(accs, losses, lr)
+    return ProbeCurve(accs)

@@ -1,11 +1,10 @@
-"""Checkpoints: one reader, one writer, one loader (docs/design.md §4).
+"""Checkpoints: one reader, one writer, one loader (docs/design.md §3).
 
 :func:`read_weights` reads the file into memory ONCE (size-capped) and parses those bytes, so a file
-rewritten while read gives :class:`CheckpointError`, never a signal (a memory-mapped read dies of
-SIGBUS when the file shrinks). The format is told by the content: safetensors, or a torch zip /
-pickle through ``torch.load(weights_only=True)`` only. :func:`save_model` writes an ImmunizedNet with
-the metadata :func:`load_model` rebuilds it from (a timm name and integer shape options only: the
-file is untrusted); a plain timm state dict loads given its timm model name.
+rewritten while read is a :class:`CheckpointError`, never a signal (a memory-mapped read dies of
+SIGBUS when the file shrinks). The format is told by the content: safetensors, or a torch file through
+``torch.load(weights_only=True)`` only. The metadata :func:`save_model` writes is a timm name and
+integer shape options only: the file is untrusted.
 """
 from __future__ import annotations
 
@@ -86,11 +85,8 @@ def _torch(data: bytes, path: str) -> dict:
 
 
 def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """``(state_dict, metadata)`` of a safetensors or weights-only torch file (module docstring).
-
-    DDP's ``module.`` prefixes and ``{"state_dict": ...}`` nesting are unwrapped. A tensor with
-    NaN/inf, or a file whose every floating-point tensor is zero, is a :class:`CheckpointError`
-    naming it (such weights make every feature zero or non-finite)."""
+    """``(state_dict, metadata)`` of a safetensors or weights-only torch file, DDP's ``module.`` prefix
+    and ``{"state_dict": ...}`` nesting unwrapped; NaN/inf or all-zero weights are a CheckpointError."""
     path = os.fspath(path)
     data = _read_bytes(path)
     if len(data) > 9 and data[8:9] == b"{" and struct.unpack("<Q", data[:8])[0] <= len(data) - 8:
@@ -111,8 +107,8 @@ def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], di
 
 
 def save_model(model: ImmunizedNet, path: "str | os.PathLike", extra: "dict | None" = None) -> str:
-    """Write ``model`` (a :class:`ImmunizedNet` made by :func:`~pycore.deep.models.create_model`)
-    as safetensors with the metadata :func:`load_model` rebuilds it from."""
+    """Write an :class:`ImmunizedNet` of :func:`~pycore.deep.models.create_model` as safetensors with the
+    metadata :func:`load_model` rebuilds it from."""
     from safetensors.torch import save_file  # noqa: PLC0415
 
     args = getattr(model.net, "model_args", None)
@@ -148,10 +144,9 @@ def load_model(path: "str | os.PathLike", model: "str | None" = None,
                **model_kwargs) -> tuple[ImmunizedNet, dict]:
     """Any checkpoint as an :class:`ImmunizedNet` in eval mode with gradients off, and its metadata.
 
-    A file written by :func:`save_model` carries its architecture (``model`` must then agree or be
-    None); a plain timm state dict needs ``model`` (a timm name) and the ``model_kwargs`` it was made
-    with; its class count is read from its classifier and an identity layer is inserted (which
-    leaves its function unchanged). Every failure is one line: :class:`CheckpointError`, or
+    A :func:`save_model` file carries its architecture (``model`` must agree or be None); a plain timm
+    state dict needs ``model`` and its ``model_kwargs``, its classes are read from its classifier and an
+    identity layer is inserted. Every failure is one line: :class:`CheckpointError`, or
     :class:`CheckpointMismatchError` for tensors that do not fit the architecture."""
     path = os.fspath(path)
     sd, meta = read_weights(path)

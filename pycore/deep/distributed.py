@@ -1,9 +1,6 @@
-"""torchrun / DistributedDataParallel helpers (multi-GPU, multi-node; docs/deep.md).
-
-:func:`init_from_env` reads torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (checked before any
-rendezvous) and starts ``nccl`` on CUDA, ``gloo`` otherwise. Every rank builds the same seeded θ₀;
-θ₀ trained here is trained on rank 0 and broadcast (:func:`broadcast_module`); each rank trains on its
-shard of every global batch (:class:`pycore.deep.data.ShardedBatches`); rank 0 evaluates and writes.
+"""torchrun / DistributedDataParallel helpers: :func:`init_from_env` checks torchrun's environment
+before any rendezvous and starts ``nccl`` on CUDA, ``gloo`` otherwise; θ₀ trained here is trained on
+rank 0 and broadcast (:func:`broadcast_module`); each rank trains on its shard of every global batch.
 """
 from __future__ import annotations
 
@@ -31,14 +28,9 @@ class DistContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
-
 
 class DistributedEnvError(ValueError):
-    """torchrun's environment (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-    ``MASTER_PORT``) is inconsistent or incomplete; raised before any rendezvous, so a bad
+    """torchrun's environment is inconsistent or incomplete: raised before any rendezvous, so a bad
     launch fails at once instead of waiting for peers that will never come."""
 
 
@@ -51,10 +43,8 @@ def _env_int(name: str, default: "int | None" = None) -> "int | None":
 
 
 def check_env() -> tuple[int, int, int]:
-    """``(rank, world, local_rank)`` from torchrun's environment, checked (:class:`DistributedEnvError`):
-    ``0 ≤ RANK < WORLD_SIZE``, ``0 ≤ LOCAL_RANK < LOCAL_WORLD_SIZE`` (or WORLD_SIZE), and with
-    ``WORLD_SIZE > 1`` ``MASTER_ADDR`` and an integer ``MASTER_PORT`` in [1, 65535] (the ``env://``
-    rendezvous reads them)."""
+    """``(rank, world, local_rank)`` from torchrun's environment; with ``WORLD_SIZE > 1`` also
+    ``MASTER_ADDR`` and ``MASTER_PORT``, which the ``env://`` rendezvous reads."""
     world = _env_int("WORLD_SIZE", 1)
     if world < 1:
         raise DistributedEnvError(f"WORLD_SIZE={world} must be ≥ 1")
@@ -80,8 +70,7 @@ def check_env() -> tuple[int, int, int]:
 
 
 def init_from_env(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
-    """Initialise from torchrun's environment (one process when ``WORLD_SIZE`` is unset or 1), the
-    environment and ``LOCAL_RANK`` against the visible CUDA devices checked before any rendezvous."""
+    """Initialise from torchrun's environment (one process when ``WORLD_SIZE`` is unset or 1)."""
     _, world, local = check_env()
     use_cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     if device == "cuda" and not torch.cuda.is_available():

@@ -13,10 +13,8 @@ __all__ = ["extract", "prelogits_dataset"]
 @torch.no_grad()
 def extract(model, data: Dataset, *, cached: bool = False, batch_size: int = 256,
             what: str = "Z") -> np.ndarray:
-    """Float64 (N × D) features of every sample of ``data``, ``model`` in eval mode: ``what="Z"`` the
-    immunized features, ``"X"`` the layer's input. ``cached=True``: ``data`` holds ``X`` already.
-
-    Non-finite or all-zero features (a model that cannot be measured) raise, naming the model's class."""
+    """Float64 (N × D) features of ``data``, ``model`` in eval mode: ``what="Z"`` the immunized features,
+    ``"X"`` the layer's input (``cached=True``: ``data`` holds ``X``). Non-finite or all-zero ones raise."""
     was = model.training
     model.eval()
     dev = next(model.parameters()).device
@@ -38,7 +36,6 @@ def extract(model, data: Dataset, *, cached: bool = False, batch_size: int = 256
 
 
 def prelogits_dataset(model, data: Dataset, *, batch_size: int = 256) -> TensorDataset:
-    """``TensorDataset(X, y)``: the layer's inputs of ``data``, computed once (exact while the backbone
-    is frozen and in eval mode: what scope ``"layer"`` trains on)."""
+    """``TensorDataset(X, y)`` of the layer's inputs, computed once (what scope ``"layer"`` trains on)."""
     X = torch.from_numpy(extract(model, data, batch_size=batch_size, what="X")).to(model.layer.weight.dtype)
     return TensorDataset(X, torch.as_tensor(dataset_labels(data), dtype=torch.int64))

@@ -1,13 +1,10 @@
-"""Hardening of the immunization layer: a feature map ``Z → ZM`` applied after immunization, with the
-D_P classifier compensated (``W' = MᵀW``, ``V' = VM⁻ᵀ``: D_P predictions unchanged up to float32
-rounding); docs/deep.md "Hardening", docs/theory.md §10.
+"""Hardening of the immunization layer (docs/theory.md §10, docs/findings.md §7): a feature map
+``Z → ZM`` after immunization, the D_P classifier compensated (``W' = MᵀW``, ``V' = VM⁻ᵀ``).
 
-* ``"rotate"`` -- ``M = Q`` Haar-random orthogonal: every spectrum, hence κ, RIR_θ₀, (i), (ii) and
-  the paper's GD probe, is unchanged; it removes the alignment with the coordinate axes that a
-  per-coordinate optimiser (Adam) exploits.
-* ``"label_subspace"`` -- ``M = (I − (1 − s)·P_U)·Q``: the span ``U`` of D_H's centred class means
-  (≤ C_H − 1 directions, from the defender's labelled D_H features) scaled by ``s``, then rotated.
-  Not conditioning: it usually LOWERS κ(H_H), i.e. (i); a whitening or fine-tuning attacker undoes it.
+* ``"rotate"``: ``M = Q`` Haar-random orthogonal: every spectrum (κ, RIR_θ₀, the GD probe) is kept; it
+  removes the alignment with the coordinate axes that a per-coordinate optimiser (Adam) exploits.
+* ``"label_subspace"``: ``M = (I − (1 − s)·P_U)·Q``, the span ``U`` of D_H's centred class means scaled
+  by ``s``, then rotated. Not conditioning: it usually LOWERS (i); whitening or fine-tuning undoes it.
 """
 from __future__ import annotations
 
@@ -26,18 +23,15 @@ HARDENINGS = ("none", "rotate", "label_subspace")
 
 
 def haar_rotation(dim: int, rng: np.random.Generator) -> np.ndarray:
-    """A Haar-distributed orthogonal ``dim × dim`` matrix (QR of a Gaussian matrix with the signs of
-    R's diagonal moved into Q, which makes the distribution exactly uniform), float64."""
+    """A Haar-distributed orthogonal matrix: QR of a Gaussian one, R's diagonal signs moved into Q."""
     q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
     return q * np.sign(np.diag(r))
 
 
 def label_subspace(Z: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray:
-    """Orthonormal basis (D × r, r ≤ num_classes − 1) of the span of the centred class means of
-    ``(Z, y)``. Directions whose singular value is below ``1e-10`` of the largest are dropped
-    (classes with equal means add nothing)."""
-    Z = np.asarray(Z, dtype=np.float64)
-    y = np.asarray(y)
+    """Orthonormal basis (D × r, r ≤ num_classes − 1) of the span of the centred class means of ``(Z, y)``,
+    directions below ``1e-10`` of the largest singular value dropped."""
+    Z, y = np.asarray(Z, dtype=np.float64), np.asarray(y)
     if Z.ndim != 2 or y.shape != (Z.shape[0],):
         raise ValueError(f"Z must be N x D and y of length N, got {Z.shape} and {y.shape}")
     present = [c for c in range(num_classes) if np.any(y == c)]
@@ -52,8 +46,7 @@ def label_subspace(Z: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray
 
 def hardening_map(kind: str, Z_H: np.ndarray, y_H: np.ndarray, *, num_classes: int,
                   rng: np.random.Generator, scale: float = 0.01) -> tuple[np.ndarray, int]:
-    """The ``D × D`` map ``M`` of ``kind`` (module docstring) and the dimension of the squashed
-    subspace (0 for ``"rotate"``); ``Z_H``, ``y_H`` are the defender's D_H features and labels."""
+    """The map ``M`` of ``kind`` from the defender's D_H features and labels, and the squashed dimension."""
     if kind not in HARDENINGS or kind == "none":
         raise ValueError(f"kind must be one of {HARDENINGS[1:]}, got {kind!r}")
     if not (np.isfinite(scale) and 0 < scale <= 1):
@@ -68,9 +61,7 @@ def hardening_map(kind: str, Z_H: np.ndarray, y_H: np.ndarray, *, num_classes: i
 
 @torch.no_grad()
 def apply_feature_map(model, M: np.ndarray) -> None:
-    """Make ``model``'s features ``Z M`` and compensate its classifier (``V ← V M⁻ᵀ``, a solve in
-    float64): D_P predictions are unchanged. ``model`` is an
-    :class:`~pycore.deep.models.ImmunizedNet` (uses ``.layer`` and ``.classifier``)."""
+    """Make an ImmunizedNet's features ``Z M``, its classifier ``V M⁻ᵀ`` (a float64 solve)."""
     layer, head = model.layer, model.classifier
     W = layer.weight
     Mt = torch.as_tensor(np.asarray(M, dtype=np.float64), device=W.device)
@@ -87,18 +78,15 @@ def apply_feature_map(model, M: np.ndarray) -> None:
 @torch.no_grad()
 def harden(model, data_h: Dataset, kind: str, *, num_classes: int, rng: np.random.Generator,
            scale: float = 0.01, cached: bool = False, batch_size: int = 256) -> dict:
-    """Harden ``model`` in place with ``kind`` computed from its own features of the labelled D_H set
-    ``data_h``. Returns what was applied: the kind, the scale, the squashed subspace's dimension and the
-    largest relative change of the D_P logits on those features (the compensation's float32 check)."""
-    Z = extract(model, data_h, batch_size=batch_size, cached=cached)
-    y = dataset_labels(data_h)
-    M, r = hardening_map(kind, Z, y, num_classes=num_classes, rng=rng, scale=scale)
-    dev = next(model.parameters()).device
-    head = model.classifier
-    before = head(torch.from_numpy(Z).to(dev, head.weight.dtype)).double()
+    """Harden ``model`` in place with ``kind`` from its own features of the labelled D_H set ``data_h``;
+    returns the kind, the scale, the squashed dimension and the largest relative change of the logits
+    on those features (the compensation's float32 check)."""
+    Z, head = extract(model, data_h, batch_size=batch_size, cached=cached), model.classifier
+    M, r = hardening_map(kind, Z, dataset_labels(data_h), num_classes=num_classes, rng=rng, scale=scale)
+    before = head(torch.from_numpy(Z).to(head.weight)).double()
     apply_feature_map(model, M)
     Z2 = extract(model, data_h, batch_size=batch_size, cached=cached)
-    after = head(torch.from_numpy(Z2).to(dev, head.weight.dtype)).double()
+    after = head(torch.from_numpy(Z2).to(head.weight)).double()
     change = float((after - before).abs().max() / before.abs().max().clamp_min(1e-300))
     return {"kind": kind, "scale": float(scale) if kind == "label_subspace" else 1.0, "subspace_dim": r,
             "logit_change": change}

@@ -1,12 +1,6 @@
-"""Any timm classifier with the paper's immunization layer (docs/theory.md §8-9, paper §5.2, App. C.3).
-
-:class:`ImmunizedNet` puts the identity-initialised :class:`pycore.ops.ImmunizationHead` between the
-pre-logits features ``X`` of timm's own ``forward_head(forward_features(x), pre_logits=True)`` and
-``get_classifier()``, and has timm's interface itself, so an attacker who swaps the head keeps the
-layer and no per-family code is needed. Scope ``"layer"`` trains the layer alone on the frozen
-backbone's ``X`` (docs/theory.md §6 with ``θ = Wᵀ``); ``"tail"`` also the backbone's last stages by
-timm's ``feature_info`` (ResNet18 ``stages=2``: layer3, layer4; a ViT ``stages=1``: the last block
-and norm), as the paper does.
+"""Any timm classifier with the paper's immunization layer (docs/theory.md §8-9, paper §5.2, App. C.3;
+docs/design.md §3). :class:`ImmunizedNet` has timm's interface itself, so an attacker who swaps the
+head keeps the layer and no per-family code is needed.
 """
 from __future__ import annotations
 
@@ -42,9 +36,8 @@ def _classifier_width(net: nn.Module) -> int:
 
 
 class ImmunizedNet(nn.Module):
-    """A timm classifier ``net`` with the immunization layer (default: an identity ImmunizationHead, which
-    leaves ``net``'s function unchanged) before its classifier: ``model(x)`` the D_P logits,
-    :meth:`features` the immunized features ``Z``, :meth:`prelogits` the layer's input ``X``."""
+    """A timm classifier ``net`` with the immunization layer (default: an identity ImmunizationHead)
+    before its classifier: :meth:`features` gives the immunized features ``Z``, :meth:`prelogits` ``X``."""
 
     def __init__(self, net: nn.Module, layer: "nn.Module | None" = None, *, lambda_reg: float = 1e-7):
         super().__init__()
@@ -65,12 +58,10 @@ class ImmunizedNet(nn.Module):
     def num_features(self) -> int:
         return int(self.layer.weight.shape[0])
 
-    @property
-    def classifier(self) -> nn.Module:
-        return self.net.get_classifier()
-
     def get_classifier(self) -> nn.Module:
         return self.net.get_classifier()
+
+    classifier = property(get_classifier)
 
     def reset_classifier(self, num_classes: int, *args, **kwargs) -> None:
         self.net.reset_classifier(num_classes, *args, **kwargs)
@@ -94,9 +85,8 @@ class ImmunizedNet(nn.Module):
         return self.layer(self.prelogits(x))
 
     def set_trainable(self, scope: str = "layer", stages: int = 1) -> tuple[list, list]:
-        """Freeze everything but the layer, the classifier and, with ``scope="tail"``, the backbone's
-        last ``stages`` stages (:func:`tail_modules`). Returns ``(extractor, classifier)`` parameter
-        lists (disjoint) for the two optimizer groups of docs/theory.md §9."""
+        """Freeze all but the layer, the classifier and, with ``scope="tail"``, the backbone's last
+        ``stages`` stages; returns the disjoint ``(extractor, classifier)`` parameter lists."""
         if scope not in ("layer", "tail"):
             raise ParameterError("scope", f"scope must be 'layer' or 'tail', got {scope!r}")
         self.requires_grad_(False)
@@ -109,27 +99,24 @@ class ImmunizedNet(nn.Module):
 
 
 def tail_modules(net: nn.Module, stages: int = 1) -> list[nn.Module]:
-    """The backbone's last ``stages`` stages by timm's ``feature_info`` and every top-level module
-    after them but the classifier (a final norm, a head convolution, the pooling)."""
+    """The backbone's last ``stages`` stages by timm's ``feature_info`` (ResNet18 ``stages=2``: layer3,
+    layer4; a ViT's last block) and every top-level module after them but the classifier."""
     info = getattr(net, "feature_info", None)
     names = [f["module"] for f in info] if info else []
     if not names or not 1 <= stages <= len(names):
         raise ParameterError("stages", f"{type(net).__name__} lists {len(names)} stages in timm's "
                                        f"feature_info; cannot train its last {stages}")
-    children = [n for n, _ in net.named_children()]
-    top = names[-1].split(".")[0]
-    head = net.get_classifier()
-    after = [m for n, m in net.named_children() if children.index(n) > children.index(top) and m is not head
-             and not any(q is head for q in m.modules())]
+    children, head = list(net.named_children()), net.get_classifier()
+    start = [n for n, _ in children].index(names[-1].split(".")[0]) + 1
+    after = [m for _, m in children[start:] if not any(q is head for q in m.modules())]  # m itself included
     return [net.get_submodule(n) for n in names[-stages:]] + after
 
 
 def create_model(name: str, num_classes: int, *, pretrained: bool = False, seed: "int | None" = None,
                  **kwargs) -> nn.Module:
-    """``timm.create_model(name, num_classes=..., **kwargs)`` with one-line errors, the random
-    initialisation drawn from ``seed`` without touching the global RNG. ``img_size`` goes to models
-    that take it (ViTs) and, for size-agnostic ones (CNNs), only sets the input size of their data
-    config (``pretrained_cfg``), which the image transforms read."""
+    """``timm.create_model`` with one-line errors, the initialisation drawn from ``seed`` without touching
+    the global RNG. ``img_size`` goes to models that take it (ViTs); for size-agnostic ones (CNNs) it
+    sets only the input size of their data config, which the image transforms read."""
     if not isinstance(name, str) or not timm.is_model(name):
         raise ParameterError("model", f"{name!r} is not a timm model name (timm.list_models() lists them)")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= 100_000:
@@ -169,7 +156,6 @@ def create_model(name: str, num_classes: int, *, pretrained: bool = False, seed:
 
 
 def as_immunized(model: nn.Module, *, lambda_reg: float = 1e-7) -> ImmunizedNet:
-    """A deep copy of ``model`` as an :class:`ImmunizedNet` (an identity layer is inserted unless it
-    already is one); ``model`` itself is never changed."""
+    """A deep copy of ``model`` as an :class:`ImmunizedNet` (an identity layer inserted unless it is one)."""
     model = copy.deepcopy(model)
     return model if isinstance(model, ImmunizedNet) else ImmunizedNet(model, lambda_reg=lambda_reg)

@@ -7,13 +7,11 @@ With ``X`` the layer's inputs and ``Z = X Wᵀ + b`` its outputs (App. C.3), per
 * ``opt_kappa``: ``CE + λ_κ (log κ(Z_PᵀZ_P) − log κ(Z_HᵀZ_H))``, the Opt-κ baseline in its log form
   (eigenvalues of the smaller Gram matrix, float64, eigenvalue-only backward);
 * ``imma``: ``CE − λ_imma · CE_H(w_T)``, bi-level IMMA whose lower level unrolls ``imma_inner_steps``
-  GD steps of a zero-initialised linear probe on the D_H features (the attacker of the threat model;
-  docs/theory.md §7's lower level fine-tunes θ instead, which would differentiate through backbone
-  steps).
+  GD steps of a zero-initialised linear probe on the D_H features (the threat model's attacker;
+  docs/theory.md §7's lower level fine-tunes θ, which would differentiate through backbone steps).
 
-R_well / R_ill are the fused op :func:`pycore.ops.cond_regularizer` on float64 features, through the
-layer's preconditioned weight gradient ``grad_W (XᵀX + λI)⁻¹`` (Algorithm 1 line 6); the CE path
-uses the same weights without preconditioning (Algorithm 1 does not precondition ``∇_θ L``).
+R_well / R_ill are the fused op on float64 features through the layer's preconditioned weight
+gradient ``grad_W (XᵀX + λI)⁻¹`` (Algorithm 1 line 6); the CE path uses the same weights unpreconditioned.
 """
 from __future__ import annotations
 
@@ -34,13 +32,8 @@ LAMBDA_OF_TERM = {"r_well": "lambda_p", "r_ill": "lambda_h", "log_kappa_gap": "l
 
 
 def log_kappa(Z: torch.Tensor) -> torch.Tensor:
-    """Differentiable ``log κ(ZᵀZ)`` over the nonzero spectrum (Opt-κ baseline, float64).
-
-    Uses the eigenvalues of the smaller Gram matrix (``ZZᵀ`` when N < D: same nonzero
-    spectrum), rank tolerance ``λ_max · n · eps`` as in :mod:`pycore.spectral`. NaN (not an
-    exception) when no eigenvalue is above the tolerance, so that the training loop's NaN
-    handling takes over.
-    """
+    """Differentiable ``log κ(ZᵀZ)`` over the nonzero spectrum (Opt-κ, float64), from the smaller Gram
+    matrix, rank tolerance ``λ_max · n · eps``; NaN when none is above it (the loop's NaN handling)."""
     Z = Z.double()
     G = Z @ Z.T if Z.shape[0] <= Z.shape[1] else Z.T @ Z
     ev = torch.linalg.eigvalsh(G)
@@ -53,12 +46,9 @@ def log_kappa(Z: torch.Tensor) -> torch.Tensor:
 
 def imma_harmful_loss(Z: torch.Tensor, y: torch.Tensor, num_classes: int, *, steps: int,
                       inner_lr: float) -> torch.Tensor:
-    """IMMA lower level: CE of a linear probe after ``steps`` unrolled GD steps on ``(Z, y)``.
-
-    Zero-initialised probe with a bias column; step ``inner_lr / λ_max(AᵀA/N)`` (λ_max
-    detached: the step size is the attacker's choice, not something the extractor can game
-    by rescaling). The returned loss is differentiable w.r.t. ``Z`` through every step.
-    """
+    """IMMA's lower level: CE of a zero-initialised linear probe (bias column) after ``steps`` unrolled GD
+    steps of ``inner_lr / λ_max(AᵀA/N)`` on ``(Z, y)``, differentiable in ``Z`` through every step.
+    λ_max is detached: the step is the attacker's choice, which no rescaling of the features games."""
     Z = Z.double()
     n = Z.shape[0]
     A = torch.cat([Z, torch.ones(n, 1, dtype=Z.dtype, device=Z.device)], 1)
@@ -72,8 +62,7 @@ def imma_harmful_loss(Z: torch.Tensor, y: torch.Tensor, num_classes: int, *, ste
 
 
 def _cond(Z: torch.Tensor, kind: str) -> torch.Tensor:
-    """Fused-op R_ill / R_well of ``ZᵀZ`` in float64; NaN (not an exception) for non-finite ``Z``
-    so that the training loop's NaN handling (stop at the last good step, report it) takes over."""
+    """Fused-op R_kind of ``ZᵀZ`` in float64; NaN for non-finite ``Z`` (the loop's NaN handling)."""
     Z = Z.double()
     if not bool(torch.isfinite(Z).all()):
         return Z.sum() * float("nan")
@@ -82,12 +71,8 @@ def _cond(Z: torch.Tensor, kind: str) -> torch.Tensor:
 
 def loss_terms(model, method: str, XP, yP, XH, yH, num_classes_h: int, *, label_smoothing: float = 0.1,
                imma_inner_steps: int = 3, imma_inner_lr: float = 1.0) -> dict[str, torch.Tensor]:
-    """The unweighted terms of ``method``'s objective on one (rank-local) batch pair.
-
-    ``XP`` / ``XH`` are the layer's inputs (the pre-logits features of an
-    :class:`~pycore.deep.models.ImmunizedNet`, carrying the gradient of whatever of the backbone
-    is trained); ``"ce"`` is always present, the other keys are those of :data:`LAMBDA_OF_TERM`.
-    """
+    """The unweighted terms of ``method``'s objective on one (rank-local) batch pair of the layer's
+    inputs ``XP`` / ``XH``: ``"ce"`` and the keys of :data:`LAMBDA_OF_TERM` the method has."""
     layer = model.layer
     ZP = F.linear(XP, layer.weight, layer.bias)          # CE path: no preconditioning
     terms = {"ce": F.cross_entropy(model.classifier(ZP), yP, label_smoothing=label_smoothing)}

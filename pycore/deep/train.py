@@ -2,21 +2,19 @@
 
 Per step: a D_P and a D_H batch (the paired loader of App. C.2), the method's terms
 (:mod:`pycore.deep.objectives`), the λ's (fixed, or balanced: ``λ = b·‖∇CE‖/‖∇term‖`` on the
-extractor parameters at step 0 and every ``balance_every`` steps -- App. C.2's rule, automated; R_ill's
-gradient grows like ``1/d²`` as it works, §3, so one balance at step 0 soon swamps or fades), one
-backward and one SGD step (Nesterov 0.9; weight decay 0 on the extractor, 2e-5 on the classifier).
-The model stays in eval mode: its normalisation statistics belong to θ₀, so the regularizers shape
-exactly the features RIR_θ₀ measures. A non-finite step is not applied (:class:`NonFiniteLossError`
-names the option to change). Under ``torchrun`` each rank evaluates the regularizers on its own batch
-(DDP averages gradients; balancing all-reduces the term gradients); ``virtual_ranks=W`` reproduces
-that objective in one process.
+extractor parameters, App. C.2's rule automated, every ``balance_every`` steps: R_ill's gradient
+grows like ``1/d²`` as it works, §3, so one balance at step 0 soon swamps or fades), one backward
+and one SGD step. The model stays in eval mode: its normalisation statistics belong to θ₀, so the
+regularizers shape exactly the features RIR_θ₀ measures. A non-finite step is not applied
+(:class:`NonFiniteLossError`). Under ``torchrun`` each rank evaluates the regularizers on its own
+batch (DDP averages gradients; balancing all-reduces the term gradients); ``virtual_ranks=W``
+reproduces that objective in one process.
 """
 from __future__ import annotations
 
 import dataclasses
 import inspect
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -25,24 +23,24 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pycore import ops
 from pycore.deep.data import PairedBatches, ShardedBatches, fetch
 from pycore.deep.harden import HARDENINGS, harden
 from pycore.deep.objectives import DEEP_METHODS, LAMBDA_OF_TERM, combine_terms, loss_terms
 from pycore.report import progress as progress_bar
-from pycore.validation import DivergenceError, ParameterError
+from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
 
 __all__ = ["DEEP_METHODS", "DeepOptions", "options", "TrainResult", "NonFiniteLossError", "immunize",
-           "balanced_lambdas", "OPTION_BOUNDS", "POSITIVE_OPTIONS", "FRACTION_OPTIONS"]
+           "balanced_lambdas", "OPTION_RULES", "OPTION_CHOICES"]
 
 
 @dataclass(frozen=True)
 class DeepOptions:
-    """Options of deep immunization; the defaults are the rule of the CPU demo (docs/deep.md §1):
-    the layer alone trained (``scope="layer"``) by SGD lr 0.1, at most 400 steps of 64 + 64
-    samples, every term re-balanced at every step (b = 1). The paper's Table 4 settings are fixed
-    λ's (``balance=None``), ``lr=1e-5`` and ``scope="tail"`` (experiments/deep_configs.py)."""
+    """Options of deep immunization; the defaults are the CPU demo's rule (docs/findings.md §7): the
+    layer alone by SGD lr 0.1, ≤ 400 steps of 64 + 64 samples, every term re-balanced every step.
+    The paper's Table 4 uses fixed λ's, ``lr=1e-5``, ``scope="tail"`` (experiments/deep_configs.py)."""
 
     epochs: int = 100               # epochs of the paired loader (the longer task sets the length)
     max_steps: "int | None" = 400
@@ -73,39 +71,33 @@ class DeepOptions:
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            _check(f.name, getattr(self, f.name))
+            v = getattr(self, f.name)
+            if f.name in OPTION_RULES:
+                check_number(v, f.name, **OPTION_RULES[f.name])
+            elif f.name in OPTION_CHOICES:
+                check_choice(v, f.name, OPTION_CHOICES[f.name])
+            elif not isinstance(v, bool):
+                raise ParameterError(f.name, f"{f.name} must be True or False, got {v!r}")
         if self.balance_ill is not None and self.balance is None:
             raise ParameterError("balance_ill", "balance_ill re-weights the balanced R_ill term: set balance")
 
 
-# Integer options: (low, high). Every count is bounded so no setting runs unbounded.
-OPTION_BOUNDS = {"epochs": (1, 100_000), "max_steps": (1, 10_000_000), "batch_size": (1, 65_536),
-                 "balance_every": (0, 10_000_000), "imma_inner_steps": (0, 1_000), "stages": (1, 1_000),
-                 "virtual_ranks": (1, 1_024)}
-POSITIVE_OPTIONS = ("lr", "lambda_p", "lambda_h", "lambda_kappa", "lambda_imma", "balance", "balance_ill",
-             "imma_inner_lr", "ridge_rel", "harden_scale", "dp_tolerance")
-FRACTION_OPTIONS = ("momentum", "label_smoothing", "weight_decay_extractor", "weight_decay_classifier")
-_CHOICES = {"scope": ("layer", "tail"), "harden": HARDENINGS}
+def _count(low: int, high: int, none_ok: bool = False) -> dict:
+    return dict(low=low, high=high, integer=True, none_ok=none_ok)
 
 
-def _check(k: str, v) -> None:
-    if v is None and k in ("max_steps", "balance", "balance_ill", "dp_tolerance"):
-        return
-    number = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-    if k in OPTION_BOUNDS:
-        lo, hi = OPTION_BOUNDS[k]
-        if not (number and isinstance(v, (int, np.integer)) and lo <= v <= hi):
-            raise ParameterError(k, f"{k} must be an integer in [{lo}, {hi}], got {v!r}")
-    elif k in POSITIVE_OPTIONS:
-        top = 1.0 if k == "harden_scale" else math.inf
-        if not (number and math.isfinite(v) and 0 < v <= top):
-            raise ParameterError(k, f"{k} must be a finite number > 0{' and ≤ 1' * (top == 1)}, got {v!r}")
-    elif k in FRACTION_OPTIONS and not (number and 0 <= v < 1):
-        raise ParameterError(k, f"{k} must be a number in [0, 1), got {v!r}")
-    elif k in _CHOICES and v not in _CHOICES[k]:
-        raise ParameterError(k, f"{k} must be one of {_CHOICES[k]}, got {v!r}")
-    elif k in ("nesterov", "normalize") and not isinstance(v, bool):
-        raise ParameterError(k, f"{k} must be True or False, got {v!r}")
+# Option → pycore.validation.check_number bounds; every count is bounded so no setting runs unbounded.
+OPTION_RULES = {
+    "epochs": _count(1, 100_000), "max_steps": _count(1, 10_000_000, True), "batch_size": _count(1, 65_536),
+    "balance_every": _count(0, 10_000_000), "imma_inner_steps": _count(0, 1_000), "stages": _count(1, 1_000),
+    "virtual_ranks": _count(1, 1_024),
+    **{k: dict(low=0.0, low_open=True, none_ok=k in ("balance", "balance_ill", "dp_tolerance"))
+       for k in ("lr", "lambda_p", "lambda_h", "lambda_kappa", "lambda_imma", "balance", "balance_ill",
+                 "imma_inner_lr", "ridge_rel", "dp_tolerance")},
+    "harden_scale": dict(low=0.0, high=1.0, low_open=True),
+    **{k: dict(low=0.0, high=1.0, high_open=True)
+       for k in ("momentum", "label_smoothing", "weight_decay_extractor", "weight_decay_classifier")}}
+OPTION_CHOICES = {"scope": ("layer", "tail"), "harden": HARDENINGS}
 
 
 def options(base: "DeepOptions | None" = None, **given) -> DeepOptions:
@@ -120,11 +112,11 @@ def options(base: "DeepOptions | None" = None, **given) -> DeepOptions:
 
 class NonFiniteLossError(DivergenceError):
     """A non-finite loss or gradient: ``.parameter`` names the option to change, ``.step`` the failed
-    step (not applied: the model keeps its last good step), ``.checkpoint`` the last good model."""
+    step (not applied: the model keeps its last good step, which only experiments/ write to a file)."""
 
-    def __init__(self, message: str, parameter: str, step: int, checkpoint: "str | None" = None):
+    def __init__(self, message: str, parameter: str, step: int):
         super().__init__(message, parameter)
-        self.step, self.checkpoint = step, checkpoint
+        self.step = step
 
 
 @dataclass
@@ -161,9 +153,8 @@ class _Objective(nn.Module):
 def balanced_lambdas(terms: dict, params, balance: float, *, world: int = 1, previous: "dict | None" = None,
                      weights: "dict | None" = None) -> dict[str, float]:
     """``λ_term = balance·‖∇CE‖/‖∇term‖`` on ``params`` (``weights`` replaces ``balance`` for the λ's it
-    names, e.g. ``{"lambda_h": 3.0}``). Gradients by :func:`torch.autograd.grad` (no ``.grad`` touched);
-    with ``world > 1`` averaged over ranks first. A term whose gradient norm is 0 or non-finite keeps
-    its ``previous`` λ; without one that is a :class:`FloatingPointError`."""
+    names), gradients averaged over ranks, no ``.grad`` touched. A term whose gradient norm is 0 or
+    non-finite keeps its ``previous`` λ; without one that is a :class:`FloatingPointError`."""
     flat = {}
     for k, v in terms.items():
         gs = torch.autograd.grad(v, params, retain_graph=True, allow_unused=True)
@@ -215,34 +206,20 @@ def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
     return accuracy
 
 
-def _wrap_ddp(obj: nn.Module, device) -> nn.Module:
-    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: PLC0415
-
-    # BN statistics are frozen (eval mode) and equal on every rank: no need to re-broadcast them.
-    sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-            else {"broadcast_buffers": False})
-    dev = torch.device(device)
-    return DDP(obj, device_ids=[dev.index] if dev.type == "cuda" else None, **sync)
-
-
 def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = DeepOptions(), *,
              seed: int = 0, num_classes_h: int, cached: bool = False, device="cpu", rank: int = 0,
-             world: int = 1, ddp: bool = False, progress: bool = False,
-             checkpoint_dir: "str | None" = None) -> TrainResult:
+             world: int = 1, ddp: bool = False, progress: bool = False) -> TrainResult:
     """Immunize the :class:`~pycore.deep.models.ImmunizedNet` ``model`` in place with ``method``.
 
-    ``p_train`` / ``h_train`` yield ``(x, y)``: images, or with ``cached=True`` (scope ``"layer"``
-    only) the layer's inputs ``X`` computed once. Under ``torchrun`` pass ``rank``/``world`` and
-    ``ddp=True``. Raises :class:`NonFiniteLossError` when a step's loss or gradient is non-finite
-    (that update is not applied; the last good model goes to ``checkpoint_dir`` when given)."""
+    ``p_train`` / ``h_train`` yield ``(x, y)``: images, or with ``cached=True`` (scope ``"layer"``)
+    the layer's inputs ``X``. Under ``torchrun`` pass ``rank``/``world`` and ``ddp=True``. A non-finite
+    loss or gradient raises :class:`NonFiniteLossError`, ``model`` left at its last good step."""
     if method not in DEEP_METHODS:
         raise ParameterError("method", f"unknown method {method!r}; choose one of {DEEP_METHODS}")
     if cached and opts.scope != "layer":
         raise ParameterError("scope", "cached features fix the backbone: scope must be 'layer'")
     if world > 1 and opts.virtual_ranks > 1:
         raise ParameterError("virtual_ranks", "virtual_ranks emulates a multi-rank run in ONE process")
-    from pycore.deep.checkpoint import save_model  # noqa: PLC0415  (checkpoint imports models, not train)
-
     model.to(device)
     ext, cls = model.set_trainable(opts.scope, opts.stages)
     model.eval()
@@ -276,7 +253,11 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
         # the preconditioner's ridge relative to tr(XᵀX)/N: an absolute λ means nothing across backbones
         model.layer.lambda_reg = ridge = float(opts.ridge_rel * X0.double().pow(2).sum() / X0.shape[0])
     runner = _Objective(model, method, opts, num_classes_h)
-    runner = _wrap_ddp(runner, device) if ddp and world > 1 else runner
+    if ddp and world > 1:  # BN statistics are frozen (eval mode) and equal on every rank: no re-broadcast
+        sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                else {"broadcast_buffers": False})
+        dev = torch.device(device)
+        runner = DDP(runner, device_ids=[dev.index] if dev.type == "cuda" else None, **sync)
     opt = torch.optim.SGD([{"params": ext, "weight_decay": opts.weight_decay_extractor},
                            {"params": cls, "weight_decay": opts.weight_decay_classifier}],
                           lr=opts.lr, momentum=opts.momentum, nesterov=opts.nesterov)
@@ -286,8 +267,7 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
     history: dict[str, list] = {"loss": [], "step_seconds": []}
     quiet = {} if progress and rank == 0 else {"disable": True}     # else: a bar on a terminal only
     bar = progress_bar(total=total, desc=f"immunize[{method}]", **quiet)
-    guard = opts.dp_tolerance is not None
-    accuracy = _dp_accuracy(model, p_train, cached, device, seed, scale) if guard else None
+    accuracy = opts.dp_tolerance is not None and _dp_accuracy(model, p_train, cached, device, seed, scale)
     start, keep, kept, stopped = accuracy and accuracy(), [p.detach().clone() for p in ext + cls], 0, ""
     t0 = time.perf_counter()
     pairs = (pair for epoch in range(opts.epochs) for pair in paired.epoch(epoch))
@@ -299,7 +279,7 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
             loss, logs, lambdas, failure = _step(runner, load(pair, mine), opt, ext + cls, ext, opts,
                                                  lambdas, rebalance, world, device)
             if failure:
-                _stop(model, method, opts, step, failure, rank, checkpoint_dir, save_model, scale)
+                _stop(method, opts, step, failure)
             history["loss"].append(loss)
             for k, v in logs.items():
                 history.setdefault(k, []).append(v)
@@ -321,10 +301,10 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
         with torch.no_grad():
             _rescale(model, 1.0 / scale)
     steps = kept if stopped else len(history["loss"])
-    hardening = None
-    if opts.harden != "none":  # every rank computes the same map from the same seeded inputs
-        hardening = harden(model, h_train, opts.harden, num_classes=num_classes_h, scale=opts.harden_scale,
-                           rng=np.random.default_rng([seed, 99]), cached=cached)
+    # every rank computes the same map from the same seeded inputs
+    hardening = None if opts.harden == "none" else harden(
+        model, h_train, opts.harden, num_classes=num_classes_h, scale=opts.harden_scale,
+        rng=np.random.default_rng([seed, 99]), cached=cached)
     lambdas["ridge"] = ridge
     return TrainResult(method, steps, time.perf_counter() - t0, lambdas, history, hardening, stopped)
 
@@ -365,20 +345,11 @@ def _step(runner, batches, opt, trainable, balance_params, opts, lambdas, rebala
     return loss_val, logs, lambdas, ""
 
 
-def _stop(model, method, opts, step, reason, rank, checkpoint_dir, save_model, scale):
-    """Raise :class:`NonFiniteLossError` (after saving the last good model, rank 0, when asked)."""
-    ckpt = None
-    if checkpoint_dir and rank == 0:
-        with torch.no_grad():
-            _rescale(model, 1.0 / scale)
-        ckpt = save_model(model, os.path.join(checkpoint_dir, f"last_good_{method}.safetensors"),
-                          extra={"step": step, "reason": "non-finite loss"})
-        with torch.no_grad():
-            _rescale(model, scale)
+def _stop(method, opts, step, reason):
+    """Raise :class:`NonFiniteLossError` naming the option to change."""
     balancing = reason.startswith("cannot balance")
     param = "balance" if balancing else "lr"
     advice = ("give fixed λ's (balance=None and lambda_p/lambda_h/...)" if balancing
               else f"lower lr (now {opts.lr:g})" + ("" if opts.balance is not None else " or the fixed λ's"))
-    saved = f", saved to {ckpt}" if ckpt else ""
     raise NonFiniteLossError(f"[{method}] non-finite loss or gradient at step {step} ({reason}); the model "
-                             f"keeps its state after step {step - 1}{saved}: {advice}", param, step, ckpt)
+                             f"keeps its state after step {step - 1}: {advice}", param, step)
