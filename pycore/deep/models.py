@@ -46,8 +46,11 @@ class ImmunizedNet(nn.Module):
             raise ParameterError("model", f"{type(net).__name__} lacks timm's {', '.join(missing)}: pass "
                                           "a timm classifier (timm.create_model) or a module like one")
         self.net = net
-        self.layer = layer if layer is not None else ops.ImmunizationHead(_classifier_width(net),
-                                                                             lambda_reg=lambda_reg)
+        if layer is None:   # on the backbone's device, so that a CUDA model stays on CUDA
+            param = next(net.parameters(), None)
+            layer = ops.ImmunizationHead(_classifier_width(net), lambda_reg=lambda_reg)
+            layer = layer if param is None else layer.to(param.device)
+        self.layer = layer
 
     @property
     def pretrained_cfg(self) -> dict:
