@@ -126,11 +126,11 @@ def progress(iterable=None, **kw):
     return tqdm(iterable, **kw)
 
 
-def save_figure(fig, path: Path, dpi: int = 120) -> None:
-    """``tight_layout``, save (creating the folder) and close, so figures never pile up."""
+def save_figure(fig, path: Path, dpi: int = 120, rect=None) -> None:
+    """``tight_layout`` (within ``rect``), save (creating the folder) and close: figures never pile up."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout(rect=rect)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
