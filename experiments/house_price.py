@@ -86,6 +86,7 @@ def prepare(parser, args) -> None:
     preset = "paper" if args.paper_hparams else None if args.target_p is not None else (
         "strict" if args.protocol == "strict" else "house_price")
     args.immunizer = common.immunizer(parser, args, args.methods, preset)
+    common.check_out(args.out, OUTPUTS)
 
 
 def parse_args(argv=None):
@@ -116,23 +117,17 @@ def _one_run(job):
     return row, res.theta, run_thetas(res, method, seed, harden)
 
 
-def load_tasks(args):
-    """``(data, train, heldout, strict report or None)`` of the flags' data and protocol."""
+def run(args) -> dict:
+    t_start = time.perf_counter()
     if args.target_p is None:   # the paper's data (the Kaggle column set, checked by the loader)
         data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
     else:
         data = load_table(args.data, target_p=args.target_p, target_h=args.target_h, inputs=args.inputs,
                           split=args.split, harmful_path=args.harmful_path, n_train=args.n_train,
                           on_outlier=args.on_outlier)
-    train, heldout, report = data.train, data.heldout, None
+    train, heldout, strict = data.train, data.heldout, None
     if args.protocol == "strict":
-        train, heldout, report = strict_protocol(train, heldout, data.feature_names)
-    return data, train, heldout, report
-
-
-def run(args) -> dict:
-    t_start = time.perf_counter()
-    data, train, heldout, strict = load_tasks(args)
+        train, heldout, strict = strict_protocol(train, heldout, data.feature_names)
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
     settings = args.immunizer.as_dict()
@@ -310,7 +305,6 @@ def main(argv=None) -> int:
 
     def body(args):
         prepare(parser, args)
-        common.check_out(args.out, OUTPUTS)
         result = run(args)
         archive = result.pop("_thetas")
         common.write_run(args.out, table_markdown(result), result, {

@@ -64,6 +64,7 @@ def prepare(parser, args) -> None:
     preconditioned gradient norms), or with --paper-hparams "mnist_paper" (its Table 4 values)."""
     args.immunizer = common.immunizer(parser, args, args.methods,
                                       "mnist_paper" if args.paper_hparams else "mnist")
+    common.check_out(args.out, OUTPUTS)
 
 
 def probe_accuracy(Z_tr, y_tr, Z_te, y_te) -> float:
@@ -268,7 +269,6 @@ def main(argv=None) -> int:
 
     def body(args):
         prepare(parser, args)
-        common.check_out(args.out, OUTPUTS)
         result = run(args)
         archive = result.pop("_thetas")
         meta = {

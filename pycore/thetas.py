@@ -2,6 +2,7 @@
 under ``"data/..."``, a ``"meta"`` JSON string), read with ``allow_pickle=False`` and a memory cap."""
 from __future__ import annotations
 
+import json
 import math
 import re
 import zipfile
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pycore.report import dumps_json, loads_json
+from pycore.report import dumps_json, from_json
 from pycore.validation import ParameterError, check_number, check_regular_file
 
 __all__ = ["save_thetas", "load_thetas", "theta_key", "run_name", "run_thetas", "task_arrays",
@@ -93,7 +94,7 @@ def load_thetas(path, *, max_bytes: int | None = None) -> tuple[dict[str, np.nda
         if refusal is None:
             with np.load(Path(path), allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files if k != "meta"}
-                meta = loads_json(str(z["meta"])) if "meta" in z.files else {}
+                meta = from_json(json.loads(str(z["meta"]))) if "meta" in z.files else {}
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable θ archive ({type(exc).__name__}: {exc})") from None
     if refusal is not None:
