@@ -24,7 +24,8 @@ from experiments import common
 from pycore import worst_case as W
 from pycore.data.mnist import parse_pairs
 from pycore.immunize import MAX_EPOCHS, METHODS
-from pycore.report import METHOD_LABELS, environment
+from pycore.report import METHOD_LABELS, environment, save_figure
+from pycore.thetas import run_name, task_arrays, theta_key
 
 MAX_STEPS = 1_000_000   # a trajectory keeps a loss per step: 50× the default cap, ample for ε = 1e-6
 TASKS = ("D_H", "D_P")
@@ -94,10 +95,6 @@ def prepare(args, parser) -> None:
     common.check_out(args.out, OUTPUTS)
 
 
-def variant_name(method: str, harden: str = "none") -> str:
-    return method if harden == "none" else f"{method}+{harden}"
-
-
 def variant_label(variant: str) -> str:
     """``ours+haar`` → ``Ours (Alg. 1) + haar`` (pycore.report.METHOD_LABELS)."""
     method, _, harden = variant.partition("+")
@@ -125,9 +122,9 @@ def _immunize_job(job):
                 for rows, t in _STATE["splits"].items()}
 
     plain = res.theta if res.theta_unhardened is None else res.theta_unhardened
-    variants = {variant_name(method): {"theta": plain, "numbers": numbers(plain)}}
+    variants = {run_name(method): {"theta": plain, "numbers": numbers(plain)}}
     if res.theta_unhardened is not None:
-        variants[variant_name(method, run.harden)] = {
+        variants[run_name(method, run.harden)] = {
             "theta": res.theta, "Q": res.rotation, "numbers": numbers(res.theta),
             "orthogonality_defect": res.diagnostics["harden"]["orthogonality_defect"]}
     return {"method": method, "seed": seed, "wall_seconds": res.wall_seconds, "variants": variants,
@@ -176,8 +173,7 @@ def run(args) -> dict:
                       for rows, t in splits.items()},
            **evaluate(splits, args.methods, args.hardened_methods, args.seeds, args.immunizer, grid, "lsq",
                       args.max_steps, args.eps, args, "house prices", t_start)}
-    res["_thetas"].update({f"data/{rows}/{k}": getattr(t, k) for rows, t in splits.items()
-                           for k in ("X_P", "Y_P", "X_H", "Y_H")})
+    res["_thetas"].update(task_arrays(splits))
     if args.mnist_pairs:
         res["mnist"], mnist_thetas = run_mnist(args, t_start)
         res["_thetas"].update(mnist_thetas)
@@ -198,9 +194,9 @@ def evaluate(splits, methods, hardened, seeds, immunizer, grid, loss, cap, eps, 
         for v, blob in e["variants"].items():
             d = _digest(blob["theta"])
             thetas[d] = blob["theta"]
-            archive[f"{v}/seed{e['seed']}"] = blob["theta"]
+            archive[theta_key(v, e["seed"])] = blob["theta"]
             if "Q" in blob:
-                archive[f"{v}/seed{e['seed']}/Q"] = blob["Q"]
+                archive[theta_key(v, e["seed"], part="Q")] = blob["Q"]
             runs.append({"seed": e["seed"], "method": e["method"], "variant": v, "theta_digest": d,
                          "numbers": blob["numbers"], "immunize_seconds": e["wall_seconds"],
                          "diagnostics": e["diagnostics"],
@@ -222,7 +218,7 @@ def evaluate(splits, methods, hardened, seeds, immunizer, grid, loss, cap, eps, 
     print(f"{label}: {len(units)} problems attacked ({time.perf_counter() - t_start:.0f}s)", flush=True)
     return {"runs": runs, "variants": list(dict.fromkeys(r["variant"] for r in runs)),
             "analysis": W.analyse(runs, grid, sorted(eps, reverse=True), cap,
-                                  rotated=variant_name("identity", harden)),
+                                  rotated=run_name("identity", harden)),
             "best_so_far": W.best_so_far_curves(runs, grid, min(eps), cap, args.orders), "_thetas": archive}
 
 
@@ -251,7 +247,7 @@ def run_mnist(args, t_start):
 
 # --- tables ----------------------------------------------------------------------------------------
 
-def _fmt_one(v, kind):
+def _fmt_one(v, kind="="):
     if kind == "n/a":
         return "both capped"
     txt = f"{v:.3g}" if v < 1000 else f"{v:.2e}"
@@ -265,11 +261,6 @@ def fmt_factors(items):
         return _fmt_one(*items[0]) if vals else "both capped"
     med, lo, hi = _fmt_one(*vals[len(vals) // 2]), _fmt_one(*vals[0]), _fmt_one(*vals[-1])
     return med if lo == hi else f"{med} ({lo}–{hi})"
-
-
-def _fmt_bound(values):
-    v = float(np.median(values))
-    return f"{v:.3g}" if v < 1000 else f"{v:.2e}"
 
 
 def _mode(items):
@@ -345,8 +336,8 @@ def _sections(res, h) -> list[str]:
             wa, wf = c["worst_all"], c["worst_first_order"]
             steps = _mode(f"{w['attacker']}: {'>cap' if w['steps'] is None else w['steps']} steps"
                           for w in wf)
-            fam = [f"{fmt_factors(c['families'][f]['slowdown'])} [{_fmt_bound(c['families'][f]['bound'])}]"
-                   for f in fams]
+            fam = [f"{fmt_factors(x['slowdown'])} [{_fmt_one(np.median(x['bound']))}]"
+                   for x in (c["families"][f] for f in fams)]
             L.append(f"| {variant_label(v)} | {_slowdowns(wa)} ({_mode(w['attacker'] for w in wa)}) | "
                      f"{steps} | {_slowdowns(wf)} | " + " | ".join(fam) + " |")
         L += ["", f"D_P ({rows} rows, ε = {ek}; ≤ 1 is good: pre-training probing not slowed), per family:\n",
@@ -359,7 +350,7 @@ def _sections(res, h) -> list[str]:
 
 def _adam_decomposition(res, h) -> list[str]:
     an, hv = res["analysis"], [v for v in res["variants"] if "+" in v and not v.startswith("identity+")]
-    rot = variant_name("identity", res["harden"])
+    rot = run_name("identity", res["harden"])
     if not hv and rot not in an:
         return []
     L = [f"{h} What hardening buys against diagonal preconditioners, and what an attacker who whitens "
@@ -370,8 +361,9 @@ def _adam_decomposition(res, h) -> list[str]:
          "Jacobi-PCG vs IQ | whitening vs I | whitening vs IQ |", "|---|---|---|---|---|---|---|---|---|"]
 
     def cell(c, f, key="slowdown"):
-        fmt = _fmt_bound if key.startswith("bound") else fmt_factors
-        return fmt(c[f][key]) if key in c.get(f, {}) else "—"
+        if key not in c.get(f, {}):
+            return "—"
+        return _fmt_one(np.median(c[f][key])) if key.startswith("bound") else fmt_factors(c[f][key])
     for v, ek in ((v, W._ekey(e)) for v in hv for e in res["eps"]):
         for name in (v.split("+")[0], v):
             c = an[name]["train/D_H"][ek]["families"]
@@ -441,9 +433,7 @@ def plot_best_so_far(res: dict, path) -> None:
     fig.suptitle(f"{where}, linear θ: best-so-far slow-down of the attackers on D_H, ε = {sofar['eps']:g} "
                  f"({sofar['orders_per_seed']} orders × {len(res['seeds'])} seeds)", fontsize=10, x=0.02,
                  ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, rect=(0, 0, 1, 0.92))
 
 
 def main(argv=None) -> int:

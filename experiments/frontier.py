@@ -16,7 +16,7 @@ import numpy as np
 from experiments import common
 from pycore.frontier import closed_form_frontier, ratios, regularizer_product, target_progress
 from pycore.immunize import MAX_EPOCHS, METHODS
-from pycore.report import METHOD_LABELS, environment, fmt
+from pycore.report import METHOD_LABELS, environment, fmt, save_figure
 
 OUTPUTS = ("table.md", "frontier.png", "results.json")
 BASELINES = tuple(m for m in METHODS if m not in ("identity", "closed_form"))
@@ -305,9 +305,7 @@ def plot_frontier(res: dict, path) -> None:
     fig.legend(handles.values(), handles.keys(), loc="upper left", bbox_to_anchor=(0.78, 0.95), fontsize=8)
     fig.suptitle(f"House Prices ({res['source'].rsplit('/', 1)[-1]}), linear θ: closed form, Algorithm 1 and "
                  "the baselines in the (i)/(ii) plane (constant RIR = lines of slope 1)", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 0.77, 0.96))   # the legend's column stays free of data
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, rect=(0, 0, 0.77, 0.96))   # the legend's column stays free of data
 
 
 def main(argv=None) -> int:

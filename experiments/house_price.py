@@ -25,7 +25,7 @@ from pycore.probe import MAX_PROBE_STEPS
 from pycore.protocol import strict_protocol
 from pycore.report import METHOD_LABELS as LABELS
 from pycore.report import environment, fmt, pm, save_figure, summarize
-from pycore.thetas import save_thetas, theta_key
+from pycore.thetas import run_thetas, save_thetas, task_arrays
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.
 PAPER_TABLE1 = {
@@ -72,12 +72,21 @@ def build_parser() -> common.Parser:
 
 
 def prepare(parser, args) -> None:
-    """The checks of several flags, and ``args.immunizer``: the paper's data runs the paper's presets
-    (its tables must not move), a table of one's own the library's defaults, made for new data."""
-    check_data_flags(args)
+    """The flags of one's own table checked together, and ``args.immunizer``: the paper's data runs the
+    paper's presets (its tables must not move), one's own table the library's defaults."""
+    if args.target_p is None:
+        given = [f for f, v in (("--target-h", args.target_h), ("--inputs", args.inputs),
+                                ("--split", args.split), ("--harmful-data", args.harmful_path)) if v]
+        if given:
+            raise common.UsageError("needs --target-p (the columns of your own table)", given[0])
+    elif args.data is None:
+        raise common.UsageError("needs --data (your table)", "--target-p")
+    elif args.split is None and args.harmful_path is None:
+        raise common.UsageError("needs --split COLUMN=VALUE or --harmful-data FILE", "--target-p")
     preset = "paper" if args.paper_hparams else None if args.target_p is not None else (
         "strict" if args.protocol == "strict" else "house_price")
     args.immunizer = common.immunizer(parser, args, args.methods, preset)
+    common.check_out(args.out, OUTPUTS)
 
 
 def parse_args(argv=None):
@@ -100,48 +109,25 @@ def _one_run(job):
     row = evaluate_linear(res.theta, st["train"], st["heldout"], ceiling=st["ceiling"],
                           reference=st["reference"])
     row.update(seed=seed, wall_seconds=res.wall_seconds, diagnostics=res.diagnostics)
-    saved = {theta_key(method, seed, harden): res.theta}
     if res.theta_unhardened is not None:   # hardening must leave every number of the row unchanged
         plain = evaluate_linear(res.theta_unhardened, st["train"], st["heldout"], ceiling=st["ceiling"],
                                 reference=st["reference"])
         row["hardening"] = {"kind": harden, "max_rel_diff_vs_unhardened": max(
             abs(row[k] - plain[k]) / abs(plain[k]) for k in HARDENING_INVARIANTS if k in plain)}
-        saved[theta_key(method, seed)] = res.theta_unhardened
-        saved[theta_key(method, seed, harden, "Q")] = res.rotation
-    return row, res.theta, saved
+    return row, res.theta, run_thetas(res, method, seed, harden)
 
 
-def check_data_flags(args) -> None:
-    """Your own table needs --data, --target-p and one of --split / --harmful-data; the other
-    flags of the table mean nothing without --target-p."""
-    if args.target_p is None:
-        given = [f for f, v in (("--target-h", args.target_h), ("--inputs", args.inputs),
-                                ("--split", args.split), ("--harmful-data", args.harmful_path)) if v]
-        if given:
-            raise common.UsageError("needs --target-p (the columns of your own table)", given[0])
-    elif args.data is None:
-        raise common.UsageError("needs --data (your table)", "--target-p")
-    elif args.split is None and args.harmful_path is None:
-        raise common.UsageError("needs --split COLUMN=VALUE or --harmful-data FILE", "--target-p")
-
-
-def load_tasks(args):
-    """``(data, train, heldout, strict report or None)`` of the flags' data and protocol."""
+def run(args) -> dict:
+    t_start = time.perf_counter()
     if args.target_p is None:   # the paper's data (the Kaggle column set, checked by the loader)
         data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
     else:
         data = load_table(args.data, target_p=args.target_p, target_h=args.target_h, inputs=args.inputs,
                           split=args.split, harmful_path=args.harmful_path, n_train=args.n_train,
                           on_outlier=args.on_outlier)
-    train, heldout, report = data.train, data.heldout, None
+    train, heldout, strict = data.train, data.heldout, None
     if args.protocol == "strict":
-        train, heldout, report = strict_protocol(train, heldout, data.feature_names)
-    return data, train, heldout, report
-
-
-def run(args) -> dict:
-    t_start = time.perf_counter()
-    data, train, heldout, strict = load_tasks(args)
+        train, heldout, strict = strict_protocol(train, heldout, data.feature_names)
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
     settings = args.immunizer.as_dict()
@@ -163,9 +149,7 @@ def run(args) -> dict:
         per_method[method].append(row)
         thetas.setdefault(method, theta)   # the first seed drives Figure 1
         archive.update(saved)
-    for rows, t in (("train", train), ("heldout", heldout)):   # the inputs every θ acts on
-        if t is not None:
-            archive.update({f"data/{rows}/{k}": getattr(t, k) for k in ("X_P", "Y_P", "X_H", "Y_H")})
+    archive.update(task_arrays({"train": train, "heldout": heldout}))
     methods = {}
     for m, rows in per_method.items():
         entry = {k: summarize(r[k] for r in rows) for k in SUMMARISED if k in rows[0]}
@@ -321,7 +305,6 @@ def main(argv=None) -> int:
 
     def body(args):
         prepare(parser, args)
-        common.check_out(args.out, OUTPUTS)
         result = run(args)
         archive = result.pop("_thetas")
         common.write_run(args.out, table_markdown(result), result, {

@@ -18,7 +18,7 @@ from pycore.immunize import METHODS
 from pycore.metrics import rir_ceiling
 from pycore.report import METHOD_LABELS as LABELS
 from pycore.report import environment, fmt, pm, save_figure, summarize
-from pycore.thetas import save_thetas, theta_key
+from pycore.thetas import run_thetas, save_thetas, task_arrays
 
 # Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts: successes_def31 from the
 # Figure 2 text (Definition 3.1: "R_ill Only fails for all digit pairs, IMMA only succeeds in one
@@ -64,6 +64,7 @@ def prepare(parser, args) -> None:
     preconditioned gradient norms), or with --paper-hparams "mnist_paper" (its Table 4 values)."""
     args.immunizer = common.immunizer(parser, args, args.methods,
                                       "mnist_paper" if args.paper_hparams else "mnist")
+    common.check_out(args.out, OUTPUTS)
 
 
 def probe_accuracy(Z_tr, y_tr, Z_te, y_te) -> float:
@@ -93,10 +94,7 @@ def _one_pair(pair):
         return f, g, ref.rir(f[("theta", "P")], f[("theta", "H")]), ref.rir(
             g[("theta", "P")], g[("theta", "H")], "heldout")
 
-    rows, saved = [], {}
-    if st["save"]:  # the inputs every θ of this pair acts on
-        for name, t in (("train", train), ("heldout", held)):
-            saved.update({f"{at}data/{name}/{k}": getattr(t, k) for k in ("X_P", "Y_P", "X_H", "Y_H")})
+    rows, saved = [], task_arrays({"train": train, "heldout": held}, at) if st["save"] else {}
     for method in st["methods"]:
         for seed in st["seeds"]:
             res = st["immunize"](train, method, np.random.default_rng([seed, p, h]))
@@ -108,10 +106,7 @@ def _one_pair(pair):
                     abs(getattr(a, k) - getattr(b, k)) / abs(getattr(b, k))
                     for a, b in ((r, r0), (rh, rh0)) for k in ("value", "harmful_ratio", "pretrain_ratio"))}
             if st["save"]:
-                saved[at + theta_key(method, seed, harden)] = res.theta
-                if res.theta_unhardened is not None:
-                    saved[at + theta_key(method, seed)] = res.theta_unhardened
-                    saved[at + theta_key(method, seed, harden, "Q")] = res.rotation
+                saved.update(run_thetas(res, method, seed, harden, at))
             rows.append({
                 "pair": [p, h], "method": method, "seed": seed,
                 "rir": r.value, "harmful_ratio": r.harmful_ratio, "pretrain_ratio": r.pretrain_ratio,
@@ -274,7 +269,6 @@ def main(argv=None) -> int:
 
     def body(args):
         prepare(parser, args)
-        common.check_out(args.out, OUTPUTS)
         result = run(args)
         archive = result.pop("_thetas")
         meta = {

@@ -99,10 +99,6 @@ def dumps_json(obj, **kw) -> str:
     return json.dumps(to_json(obj), allow_nan=False, **kw)
 
 
-def loads_json(text: str):
-    return from_json(json.loads(text))
-
-
 def write_json(path: Path, obj) -> None:
     """``obj`` as strict JSON, via a temporary file renamed into place (never half a file)."""
     path = Path(path)
@@ -114,7 +110,7 @@ def write_json(path: Path, obj) -> None:
 
 def read_json(path: Path):
     """A ``results.json`` back, with ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` as floats."""
-    return loads_json(Path(path).read_text())
+    return from_json(json.loads(Path(path).read_text()))
 
 
 def progress(iterable=None, **kw):
@@ -126,11 +122,11 @@ def progress(iterable=None, **kw):
     return tqdm(iterable, **kw)
 
 
-def save_figure(fig, path: Path, dpi: int = 120) -> None:
-    """``tight_layout``, save (creating the folder) and close, so figures never pile up."""
+def save_figure(fig, path: Path, dpi: int = 120, rect=None) -> None:
+    """``tight_layout`` (within ``rect``), save (creating the folder) and close: figures never pile up."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout(rect=rect)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)

@@ -2,6 +2,7 @@
 under ``"data/..."``, a ``"meta"`` JSON string), read with ``allow_pickle=False`` and a memory cap."""
 from __future__ import annotations
 
+import json
 import math
 import re
 import zipfile
@@ -9,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pycore.report import dumps_json, loads_json
+from pycore.report import dumps_json, from_json
 from pycore.validation import ParameterError, check_number, check_regular_file
 
-__all__ = ["save_thetas", "load_thetas", "theta_key", "MAX_ARCHIVE_BYTES"]
+__all__ = ["save_thetas", "load_thetas", "theta_key", "run_name", "run_thetas", "task_arrays",
+           "MAX_ARCHIVE_BYTES"]
 
 _KEY = re.compile(r"^[A-Za-z0-9_.+\-]+(/[A-Za-z0-9_.+\-]+)*$")
 # Decompressed bytes load_thetas reads unless told more: a 3.9 MB file may declare gigabytes of
@@ -21,10 +23,29 @@ MAX_ARCHIVE_BYTES = 1 << 30
 _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
+def run_name(method: str, harden: str = "none") -> str:
+    """``"ours"``, or hardened ``"ours+haar"``."""
+    return method if harden == "none" else f"{method}+{harden}"
+
+
 def theta_key(method: str, seed: int, harden: str = "none", part: str | None = None) -> str:
     """The archive key of a run: ``"ours/seed0"``, ``"ours+haar/seed0"``, ``"ours+haar/seed0/Q"``."""
-    name = method if harden == "none" else f"{method}+{harden}"
-    return f"{name}/seed{int(seed)}" + (f"/{part}" if part else "")
+    return f"{run_name(method, harden)}/seed{int(seed)}" + (f"/{part}" if part else "")
+
+
+def run_thetas(res, method: str, seed: int, harden: str = "none", prefix: str = "") -> dict:
+    """A result's archive entries: its θ and, when hardened, the unhardened θ and the rotation Q."""
+    out = {prefix + theta_key(method, seed, harden): res.theta}
+    if res.theta_unhardened is not None:
+        out[prefix + theta_key(method, seed)] = res.theta_unhardened
+        out[prefix + theta_key(method, seed, harden, "Q")] = res.rotation
+    return out
+
+
+def task_arrays(tasks: dict, prefix: str = "") -> dict:
+    """``{prefix}data/<name>/<X_P|Y_P|X_H|Y_H>``: the inputs the θ's of ``{name: LinearTask}`` act on."""
+    return {f"{prefix}data/{name}/{k}": getattr(t, k) for name, t in tasks.items() if t is not None
+            for k in ("X_P", "Y_P", "X_H", "Y_H")}
 
 
 def save_thetas(path, arrays: dict, meta: dict | None = None) -> Path:
@@ -73,7 +94,7 @@ def load_thetas(path, *, max_bytes: int | None = None) -> tuple[dict[str, np.nda
         if refusal is None:
             with np.load(Path(path), allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files if k != "meta"}
-                meta = loads_json(str(z["meta"])) if "meta" in z.files else {}
+                meta = from_json(json.loads(str(z["meta"]))) if "meta" in z.files else {}
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable θ archive ({type(exc).__name__}: {exc})") from None
     if refusal is not None:

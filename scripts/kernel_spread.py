@@ -100,7 +100,6 @@ def spread_markdown(spread: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="kernel_spread.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--file", type=Path, default=rc.SPREAD_FILE, help="the spread file (default: %(default)s)")
     p.add_argument("--spread", action="store_true", help="print the cells that move, per kernel (markdown)")
     p.add_argument("--ci-kernels", type=int, metavar="N", help="print N kernel types other than the native")
     args = p.parse_args(argv)
@@ -112,7 +111,7 @@ def main(argv=None) -> int:
         print(" ".join(kernels))
         return 0
     if args.spread:
-        print(spread_markdown(rc.load_spread(args.file)))
+        print(spread_markdown(rc.load_spread(rc.SPREAD_FILE)))
         return 0
     import numpy
     import scipy
@@ -129,8 +128,8 @@ def main(argv=None) -> int:
             "versions": {"python": platform.python_version(), "numpy": numpy.__version__,
                          "scipy": scipy.__version__},
             "commands": measure(commands, kernels)}
-    args.file.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"wrote {args.file}")
+    rc.SPREAD_FILE.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {rc.SPREAD_FILE}")
     return 0
 
 

@@ -117,12 +117,11 @@ def tables_of(text: str, demote: int, title: bool) -> list[str]:
     return out
 
 
-def section(root: Path, n: int, e: Experiment) -> str:
+def section(root: Path, n: int, e: Experiment, missing: bool) -> str:
     title, what, command, out, files, check = e
     lines = [f"## {n}. {title}", "", what, "", "```bash", f"{command} --out {out}", "```", ""]
     if check:
         lines.append(f"<!-- readme-check: {command} -->")
-    missing = [f for f in files if not (root / out / f).is_file()]
     if missing:
         lines.append("Not run yet: run the command, then `python scripts/results_md.py`.")
     for f in [] if missing else files:
@@ -147,7 +146,7 @@ def render(current: str, root: Path = ROOT) -> str:
         if missing:
             print(f"results_md.py: no {e.out}/{missing[0]}: section {n} "
                   f"{'kept as it was' if keep else 'says: not run yet'}", file=sys.stderr)
-        parts.append(kept[f"## {n}. {e.title}"] if keep else section(root, n, e))
+        parts.append(kept[f"## {n}. {e.title}"] if keep else section(root, n, e, bool(missing)))
     return "\n".join(parts)
 
 
