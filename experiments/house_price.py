@@ -39,7 +39,7 @@ SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_
               "heldout_dp_loss_before", "heldout_dp_loss_after", "wall_seconds", "rir_range_part",
               "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part", "null_part_fraction")
 DEF31 = ("immunized", "heldout_immunized")   # Definition 3.1 per run → {"count", "runs", "per_seed"}
-# the numbers hardening must leave unchanged (docs/attacks.md §2)
+# the numbers hardening must leave unchanged (docs/findings.md §5)
 HARDENING_INVARIANTS = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_harmful_ratio",
                         "heldout_pretrain_ratio", "dp_loss_after", "heldout_dp_loss_after")
 OUTPUTS = ("table.md", "norm_ratio.png", "thetas.npz", "results.json")

@@ -73,7 +73,7 @@ class ClosedFormOptions(Options):
 @dataclass(frozen=True)
 class _LoopOptions(Options):
     epochs: int = 100                  # paper Sec. 5.1 text (Table 4 says 1000)
-    lr: float = 0.02                   # paper 0.005; docs/results.md §1
+    lr: float = 0.02                   # paper 0.005; docs/findings.md §1
     batch_size: int | None = 64        # D_P mini-batch of the loss term (paper: 64); None = full batch
     init: str = "identity"             # or "random": nn.Linear's U(±1/√D)
 
@@ -164,7 +164,7 @@ _OPTIONS = {"identity": IdentityOptions, "r_ill_only": RIllOnlyOptions, "imma": 
 METHODS = tuple(_OPTIONS)
 
 # Named settings (docs/design.md §3), each option applied to every method that has it: MNIST's λ_H
-# from the paper's rule of balancing the two preconditioned gradient norms (docs/results.md §2).
+# from the paper's rule of balancing the two preconditioned gradient norms (docs/findings.md §1).
 _HOUSE_PRICE = dict(epochs=100, lr=0.02, batch_size=64, init="identity", optimizer="adam", betas=(0.9, 0.999),
                     adam_eps=1e-8, lambda_p=100.0, lambda_h=1e10, precond="pinv", ridge=0.0, safety=0.9,
                     inner_steps=3, inner_lr=0.5, lambda_kappa=1.0, log=False, exponent=0.0)

@@ -1,4 +1,4 @@
-"""The deep-net experiments (experiments/deepnet.py, deep_pipeline.py, audit.py; docs/deep.md): one's own
+"""The deep-net experiments (deepnet.py, deep_pipeline.py, audit.py; docs/findings.md §7): one's own
 ImageFolder roots at 32 px with the defaults, the bounds checked before compute, the pipeline over
 seeds, the audit."""
 import json

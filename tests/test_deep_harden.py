@@ -1,4 +1,4 @@
-"""Hardening of the immunization layer (pycore/deep/harden.py, docs/deep.md "Hardening")."""
+"""Hardening of the immunization layer (pycore/deep/harden.py, docs/findings.md §7)."""
 import numpy as np
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Hardening θ → θQ (pycore.harden, docs/attacks.md §2) keeps every κ, RIR and the best D_P loss."""
+"""Hardening θ → θQ (pycore.harden, docs/findings.md §5) keeps every κ, RIR and the best D_P loss."""
 import numpy as np
 import pytest
 

@@ -1,4 +1,4 @@
-"""Round-off the library does not amplify (docs/reproducibility.md): the ridge step is exactly zero on
+"""Round-off the library does not amplify (docs/design.md §7): the ridge step is exactly zero on
 null(K), and eigenvectors are exactly zero on identically zero features."""
 from __future__ import annotations
 

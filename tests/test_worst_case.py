@@ -1,4 +1,4 @@
-"""Worst-case evaluation (pycore.worst_case, docs/attacks.md), θ archives and the (i)/(ii) frontier."""
+"""Worst-case evaluation (pycore.worst_case, docs/findings.md §4), θ archives and the (i)/(ii) frontier."""
 import math
 
 import numpy as np
