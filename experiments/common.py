@@ -320,9 +320,9 @@ def immunize_lines(result: dict, invariants: str) -> list[str]:
     hard = [r["hardening"]["max_rel_diff_vs_unhardened"]
             for e in result["methods"].values() for r in e["runs"] if "hardening" in r]
     given = {k: v for o in settings["given"].values() for k, v in o.items()}
-    return (["", f"Hardening `{settings['harden']}` (θ → θQ, Q orthogonal; findings.md §5): every number "
-             f"above is that of the unhardened θ; largest relative difference over all runs of {invariants}: "
-             f"{max(hard):.1e}."] if hard else []) + [
+    return (["", f"Hardening `{settings['harden']}` (θ → θQ, Q orthogonal; docs/findings.md §5): every "
+             f"number above is that of the unhardened θ; largest relative difference over all runs of "
+             f"{invariants}: {max(hard):.1e}."] if hard else []) + [
         "", f"Immunization: preset {settings['preset'] or 'none (the library defaults)'}"
         + "".join(f", {k} {v:g}" if isinstance(v, float) else f", {k} {v}" for k, v in given.items())
         + (", Algorithm 1 certified" if settings["certified"] else "")
