@@ -44,8 +44,6 @@ class Terminated(BaseException):
     """SIGTERM, raised in the main thread while :func:`main` runs."""
 
 
-# --- flag types ------------------------------------------------------------------------------------
-
 def flag_type(name: str, bound: str | None, convert):
     """An argparse ``type`` whose ValueError message is the flag's error; ``bound`` is shown by ``--help``."""
     def parse(text):
@@ -130,8 +128,6 @@ def existing(kind: str = "file"):
     return flag_type("path", None, convert)
 
 
-# --- the parser ------------------------------------------------------------------------------------
-
 class _Help(argparse.RawDescriptionHelpFormatter):
     """Each flag's help ends with its bound (its type's ``bound``) and default."""
 
@@ -199,8 +195,6 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-# --- flags from options dataclasses ------------------------------------------------------------------
-
 def _converter(hint, rule: dict):
     """(type, metavar) of a field's type hint within ``rule`` (check_number's low, high, low_open,
     high_open); None for a field that is not a number or a word."""
@@ -255,8 +249,6 @@ def given_options(args, classes) -> dict:
     names = {f.name for cls in classes for f in dataclasses.fields(cls)}
     return {k: v for k, v in vars(args).items() if k in names}
 
-
-# --- the linear methods (pycore.immunize) -------------------------------------------------------------
 
 def _options_class(method: str, certified: bool):
     from pycore.immunize import CertifiedOptions, options_of
@@ -350,8 +342,6 @@ def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
     return Immunizer(preset, options, args.certified, args.harden)
 
 
-# --- workers ---------------------------------------------------------------------------------------
-
 def _watch_parent(parent: int) -> None:
     while os.getppid() == parent:   # the parent died, even by SIGKILL: its workers must not outlive it
         time.sleep(0.2)
@@ -393,8 +383,6 @@ def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
     ex.shutdown()
     return out
 
-
-# --- outputs ---------------------------------------------------------------------------------------
 
 def check_out(out, names=()) -> Path:
     """Before any compute: ``out`` is (or can be made) a writable folder with no folder in ``names``."""
@@ -441,8 +429,6 @@ def write_outputs(out, files) -> list[Path]:
         written.append(final)
     return written
 
-
-# --- main ------------------------------------------------------------------------------------------
 
 def _raise_terminated(signum, frame):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM ends the process at once
