@@ -31,7 +31,6 @@ METHODS = ("ours", "opt_kappa", "r_ill_only", "imma")
 def house_price(protocol):
     from pycore.data.house_price import load_house_price
     from pycore.protocol import strict_protocol
-
     d = load_house_price()
     if protocol == "strict":
         return strict_protocol(d.train, d.heldout, d.feature_names)[0], "strict", 20
@@ -40,7 +39,6 @@ def house_price(protocol):
 
 def mnist():
     from pycore.data.mnist import digit_covariances, load_mnist_5k, pair_task, split_digits
-
     digits = load_mnist_5k()
     split = split_digits(digits, 100, np.random.default_rng(0), 100)   # mnist.py's defaults
     return pair_task(digits, split, 0, 1, covariances=digit_covariances(digits, split)), "mnist", 4

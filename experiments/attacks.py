@@ -79,7 +79,6 @@ def build_parser() -> common.Parser:
 def prepare(args, parser) -> None:
     """The checks that involve several flags, before any compute."""
     from pycore.immunize import options_of
-
     if args.mnist_only and not args.mnist_pairs:
         raise common.UsageError("needs --mnist-pairs", "--mnist-only")
     missing = [m for m in args.hardened_methods if m not in args.methods]
@@ -134,7 +133,6 @@ def _immunize_job(job):
 def _grid_job(unit):
     """Every attacker configuration on one (θ, rows, task) problem."""
     from pycore.probe import make_problem
-
     digest, rows, task = unit
     st, t = _STATE, _STATE["splits"][rows]
     X, Y = (t.X_H, t.Y_H) if task == "D_H" else (t.X_P, t.Y_P)
@@ -438,9 +436,7 @@ def plot_best_so_far(res: dict, path) -> None:
 
 def main(argv=None) -> int:
     from pycore.thetas import save_thetas
-
     parser = build_parser()
-
     def body(args):
         prepare(args, parser)
         res = run(args)

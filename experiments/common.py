@@ -58,7 +58,6 @@ def flag_type(name: str, bound: str | None, convert):
 def count(lo: int = 0, hi: int | None = None):
     """An integer in ``[lo, hi]``.  Give every count a ``hi``: ``--orders 1e9`` must fail at once."""
     bound = f"from {lo} to {hi}" if hi is not None else f"≥ {lo}"
-
     def convert(t):
         n = int(t) if t.lstrip("+-").isdecimal() else None
         if n is None or n < lo or (hi is not None and n > hi):
@@ -72,7 +71,6 @@ def real(lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_
     parts = [f"{'>' if lo_open else '≥'} {lo:g}" if lo is not None else "",
              f"{'<' if hi_open else '≤'} {hi:g}" if hi is not None else ""]
     bound = " and ".join(p for p in parts if p) or None
-
     def convert(t):
         x = float(t)
         if not (math.isfinite(x) and (lo is None or x > lo or (x == lo and not lo_open))
@@ -87,7 +85,6 @@ def comma_list(item=str, *, choices=None, max_items: int = MAX_ITEMS):
     inner = getattr(item, "bound", None)
     bound = ("from " + ",".join(choices) if choices is not None
              else f"at most {max_items} items" + (f", each {inner}" if inner else ""))
-
     def convert(t):
         parts = [p.strip() for p in t.split(",")]
         if len(parts) > max_items or not all(parts):
@@ -252,14 +249,12 @@ def given_options(args, classes) -> dict:
 
 def _options_class(method: str, certified: bool):
     from pycore.immunize import CertifiedOptions, options_of
-
     return CertifiedOptions if certified and method == "ours" else options_of(method)
 
 
 def _options(cls, preset, given):
     """``cls`` from ``preset``'s values it has and the ``given`` ones (its own checks run here)."""
     from pycore.immunize import PRESETS
-
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{**{k: v for k, v in (PRESETS[preset] if preset else {}).items() if k in names}, **given})
 
@@ -269,7 +264,6 @@ def add_immunize_options(parser, preset: str | None) -> None:
     and ``--harden``."""
     from pycore.harden import HARDENINGS
     from pycore.immunize import METHODS, OPTION_CHOICES, OPTION_RULES, PRESETS
-
     add_options(parser, dict.fromkeys(_options_class(m, True) for m in METHODS),
                 title="immunization options (pycore.immunize; given ones beat the preset)",
                 rules=OPTION_RULES, choices=OPTION_CHOICES, shown=PRESETS[preset] if preset else {})
@@ -291,7 +285,6 @@ class Immunizer:
     def __call__(self, task, method: str, rng):
         from pycore.harden import harden_result
         from pycore.immunize import immunize, immunize_certified
-
         kw = dict(preset=self.preset, **self.options.get(method, {}))
         res = (immunize_certified(task, rng=rng, **kw) if self.certified and method == "ours"
                else immunize(task, method, rng=rng, **kw))
@@ -326,7 +319,6 @@ def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
     """The :class:`Immunizer` of the typed flags, every method's options built (so checked) before any
     compute; a typed option that none of ``methods`` has is a :class:`UsageError` naming its flag."""
     from pycore.immunize import METHODS
-
     if args.certified and "ours" not in methods:
         raise UsageError("certified mode is a mode of ours, which is not among --methods", "--certified")
     classes = {m: _options_class(m, args.certified) for m in methods}
@@ -356,7 +348,6 @@ def _worker_init(parent: int) -> None:
 
 def _task(fn, item):
     from pycore.threads import task_threads
-
     with task_threads():   # one BLAS thread per task, in a worker or not: results never depend on --jobs
         return fn(item)
 
@@ -400,7 +391,6 @@ def write_run(out, table: str, result: dict, files: dict) -> None:
     """``table.md``, ``files`` (a None value: not written) and ``results.json`` (last) into ``out``
     (:func:`write_outputs`); then the table on stdout."""
     from pycore.report import dumps_json
-
     files = {"table.md": table, **{k: v for k, v in files.items() if v is not None},
              "results.json": dumps_json(result, indent=2) + "\n"}
     print(table + "\nwrote " + ", ".join(map(str, write_outputs(out, files))))

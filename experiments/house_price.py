@@ -302,7 +302,6 @@ def thetas_meta(result: dict) -> dict:
 
 def main(argv=None) -> int:
     parser = build_parser()
-
     def body(args):
         prepare(parser, args)
         result = run(args)

@@ -266,7 +266,6 @@ def plot_heatmap(result: dict, path) -> None:
 
 def main(argv=None) -> int:
     parser = build_parser()
-
     def body(args):
         prepare(parser, args)
         result = run(args)

@@ -45,9 +45,7 @@ def pm(summary: dict, digits: int = 4) -> str:
 def environment() -> dict:
     """Versions and the command line, recorded in every results.json."""
     import scipy
-
     from pycore import __version__
-
     versions = {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__}
     for mod in ("torch", "timm", "pandas", "matplotlib"):
         if mod in sys.modules:
@@ -116,7 +114,6 @@ def read_json(path: Path):
 def progress(iterable=None, **kw):
     """tqdm that stays silent when stderr is not a terminal (CI, pipes)."""
     from tqdm.auto import tqdm
-
     kw.setdefault("disable", not sys.stderr.isatty())
     kw.setdefault("leave", False)
     return tqdm(iterable, **kw)
@@ -125,7 +122,6 @@ def progress(iterable=None, **kw):
 def save_figure(fig, path: Path, dpi: int = 120, rect=None) -> None:
     """``tight_layout`` (within ``rect``), save (creating the folder) and close: figures never pile up."""
     import matplotlib.pyplot as plt
-
     fig.tight_layout(rect=rect)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)

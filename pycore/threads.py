@@ -33,7 +33,6 @@ _local = threading.local()
 @functools.lru_cache(maxsize=None)
 def _ctl():   # created on first use, after NumPy/SciPy have loaded their BLAS
     from threadpoolctl import ThreadpoolController
-
     return ThreadpoolController()
 
 
@@ -98,12 +97,10 @@ def _largest_dim(values) -> int:
 
 def bounded_blas(func):
     """Entry-point decorator: the count decided once per call from the arguments' largest dimension."""
-
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         if getattr(_local, "active", False):
             return func(*args, **kwargs)
         with _scope(threads_for(_largest_dim(list(args) + list(kwargs.values())))):
             return func(*args, **kwargs)
-
     return wrapper

@@ -167,12 +167,10 @@ def worst_case(run: GridRun, ref: GridRun, eps: float, families=None) -> dict:
     """The defender's worst case at ``eps`` over ``families`` (default all): the fewest steps on θ
     (named), the best on the reference and their :func:`slowdown`; ties go to the earlier one."""
     fams = set(FAMILIES if families is None else families)
-
     def best(r):
         found = [(s, i) for i, c in enumerate(r.configs)
                  if c.family in fams and (s := r.steps_of(i, eps)) is not None]
         return min(found) if found else (None, None)
-
     (s_t, i_t), (s_r, i_r) = best(run), best(ref)
     value, kind = slowdown(s_t, s_r, run.cap)
     return {"steps": s_t, "attacker": None if i_t is None else run.configs[i_t].label,

@@ -99,7 +99,6 @@ class _Column:
 
     def __init__(self, df, name, path):
         import pandas as pd
-
         cat = df[name].cat
         self.name, self.path, self.codes, self._values = name, path, cat.codes.to_numpy(), None
         self.texts = np.asarray(cat.categories, dtype=object)
