@@ -179,9 +179,8 @@ def run(args) -> dict:
 
 
 def evaluate(splits, methods, hardened, seeds, immunizer, grid, loss, cap, eps, args, label, t_start):
-    """Immunize ``splits['train']`` with every (method, seed) (also hardened for ``hardened`` and
-    identity), run the grid on D_H and D_P of every split for every distinct θ: the runs, the
-    analysis, the best-so-far curves and the θ archive entries (``_thetas``)."""
+    """Immunize ``splits['train']`` per (method, seed) (``hardened`` and identity also hardened),
+    the grid on both tasks of every split per θ: runs, analysis, best-so-far, θ's (``_thetas``)."""
     harden = immunizer.harden
     jobs = [(m, s, harden != "none" and (m in hardened or m == "identity")) for s in seeds for m in methods]
     _STATE.update(splits=splits, immunize=immunizer, loss=loss, ridge_rel=args.logistic_ridge, grid=grid,
@@ -401,9 +400,8 @@ def _transfer_lines(res) -> list[str]:
 
 
 def plot_best_so_far(res: dict, path) -> None:
-    """One panel per attacked θ (columns) and row set (rows): the median best-so-far slow-down over
-    orders and seeds with its 10–90 % band for every family, and the median of the first-order
-    families alone; the legend above the panels."""
+    """A panel per attacked θ (columns) and row set (rows): each family's median best-so-far
+    slow-down over orders and seeds, its 10–90 % band, and that of the first-order families."""
     plt = common.pyplot()
     C, sofar = res["best_so_far"]["curves"], res["best_so_far"]
     variants = [v for v in res["variants"] if v != "identity" and any(k.startswith(v + "|") for k in C)]

@@ -68,9 +68,8 @@ def prepare(parser, args) -> None:
 
 
 def probe_accuracy(Z_tr, y_tr, Z_te, y_te) -> float:
-    """Held-out accuracy of the minimum-norm least-squares linear probe (targets ±1, with bias)
-    trained on ``Z_tr``: D_P's utility through the features (Definition 3.1(c)).  With N < D any
-    head fits the training rows exactly, so only held-out accuracy is informative."""
+    """Held-out accuracy of the minimum-norm least-squares probe (targets ±1, with bias) trained on
+    ``Z_tr``: D_P's utility (Definition 3.1(c)); held out, as with N < D any head fits the rows."""
     A = np.hstack([Z_tr, np.ones((Z_tr.shape[0], 1))])
     w, *_ = np.linalg.lstsq(A, 2.0 * y_tr - 1.0, rcond=None)
     pred = np.hstack([Z_te, np.ones((Z_te.shape[0], 1))]) @ w > 0

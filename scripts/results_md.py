@@ -130,16 +130,12 @@ def section(root: Path, n: int, e: Experiment, missing: bool) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def current_sections(text: str) -> dict[str, str]:
-    """{heading line: its section} of an existing results.md."""
-    parts = re.split(r"(?m)^(?=## )", text)
-    return {p.splitlines()[0]: p.rstrip() + "\n" for p in parts if p.startswith("## ")}
-
-
 def render(current: str, root: Path = ROOT) -> str:
     """results.md from the outputs under ``root``; a section whose table.md is missing is kept from
     ``current``."""
-    kept, parts = current_sections(current), [HEADER]
+    kept = {p.splitlines()[0]: p.rstrip() + "\n"   # heading line → its section in current
+            for p in re.split(r"(?m)^(?=## )", current) if p.startswith("## ")}
+    parts = [HEADER]
     for n, e in enumerate(EXPERIMENTS, 1):
         missing = [f for f in e.files if not (root / e.out / f).is_file()]
         keep = bool(missing) and f"## {n}. {e.title}" in kept

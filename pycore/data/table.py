@@ -181,10 +181,9 @@ def _check_outliers(col: _Column, v: np.ndarray, on_outlier: str) -> None:
 def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None, split: str | None = None,
                harmful_path=None, n_train: int = 200, rng: np.random.Generator | None = None,
                on_outlier: str = "warn", name: str | None = None) -> TableData:
-    """Read ``path`` (and ``harmful_path``) into :class:`TableData` (see the module docstring).
-    ``inputs`` (θ's column order) default to every all-numeric column but the targets and the split
-    column; a text column is an input only when named.  Bad arguments raise :class:`ParameterError`
-    naming them; bad files a ``ValueError`` naming the file, column and line."""
+    """The module docstring's :class:`TableData`.  ``inputs`` (θ's column order): default every
+    all-numeric column but the targets and the split column (a text column only when named).  Bad
+    arguments: :class:`ParameterError`; bad files: ``ValueError`` naming file, column, line."""
     target_h = target_p if target_h is None else target_h
     check_number(n_train, "n_train", low=2, integer=True)
     check_choice(on_outlier, "on_outlier", ON_OUTLIER)
