@@ -109,7 +109,6 @@ def _immunize_job(job):
     keep (RIR, (i), (ii) on both row sets, the best D_P loss: docs/findings.md §5)."""
     from pycore.losses import best_probe_loss
     from pycore.metrics import rir
-
     method, seed, hardened = job
     run = _STATE["immunize"] if hardened else dataclasses.replace(_STATE["immunize"], harden="none")
     res = run(_STATE["splits"]["train"], method, np.random.default_rng(seed))
@@ -223,7 +222,6 @@ def run_mnist(args, t_start):
     """MNIST ordered pairs with logistic probing, immunized with the preset "mnist" (as
     experiments/mnist.py) and hardened like House Prices."""
     from pycore.data.mnist import load_mnist, pair_task, split_digits
-
     digits = load_mnist()
     grid = tuple(c for c in W.attacker_grid("logistic", quick=args.quick)
                  if c.family in args.attackers or c.family == "newton")

@@ -356,7 +356,6 @@ def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
     """``[fn(x) for x in items]`` over at most ``jobs`` forked workers (none for one task); on any
     exception, Ctrl-C or SIGTERM every worker is killed first; a worker's exception arrives as itself."""
     from pycore.report import progress
-
     items, task = list(items), functools.partial(_task, fn)
     n = max(1, min(jobs, len(items), usable_cores()))
     if n == 1:

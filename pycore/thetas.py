@@ -24,7 +24,6 @@ _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.r
 
 
 def run_name(method: str, harden: str = "none") -> str:
-    """``"ours"``, or hardened ``"ours+haar"``."""
     return method if harden == "none" else f"{method}+{harden}"
 
 

@@ -74,7 +74,6 @@ def read_header(path) -> list[str]:
 def _read(path, names, text_column=None):
     """Every column as a pandas categorical; ``text_column`` keeps its cells' text (``"01"`` ≠ ``"1"``)."""
     import pandas as pd
-
     try:
         with warnings.catch_warnings():
             # rows longer than the header: pandas drops the extra cells with a ParserWarning
