@@ -3,8 +3,7 @@
 Per seed: θ₀ (trained on D_P here, loaded, or pretrained), every method (at each balance of a sweep)
 immunizing a copy, and every row -- θ₀ included, each also hardened as ``"<row>+<kind>"`` -- measured:
 D_P top-1, RIR_θ₀ with (i) and (ii), Definition 3.1, the attackers. Everything random is seeded from
-the seed, torch runs deterministic algorithms: one seed and thread count give one set of digits.
-"""
+the seed, torch runs deterministic algorithms: one seed and thread count give one set of digits."""
 from __future__ import annotations
 
 import copy
@@ -212,11 +211,6 @@ def _variants(rc: RunConfig) -> list[tuple[str, str, DeepOptions]]:
              replace(rc.options, balance=b, balance_ill=bi)) for m in rc.methods for b, bi in rc.sweep]
 
 
-def row_order(rc: RunConfig) -> list[str]:
-    base = ["init", *(row for row, _, _ in _variants(rc))]
-    return base + ([f"{r}+{rc.options.harden}" for r in base] if rc.options.harden != "none" else [])
-
-
 def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=None) -> "dict | None":
     """θ₀, every immunization and every measurement of one seed; rank 0 returns the rows."""
     seconds, rng = {}, np.random.default_rng(seed)
@@ -254,8 +248,7 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
             variants[f"{row}+{kind}"] = (h, info)
         for key, (m, hardening) in variants.items():
             rows[key] = {**evaluate_extractor(m, ref, ev, rc, seed, phase), "hardening": hardening}
-            path = on_extractor(m, key, seed, "immunized") if on_extractor else None
-            if path:
+            if on_extractor and (path := on_extractor(m, key, seed, "immunized")):
                 rows[key]["extractor"] = path
             r = rows[key]["rir"]
             say(f"[{rc.name} seed {seed}] {key:24s} RIR_θ₀ {r['value']['mean']:.4g}  (i) "
@@ -345,7 +338,9 @@ def run_config(rc: RunConfig, seeds: list[int], opts: RunOptions, ctx, *, on_ext
     say(f"[{rc.name}] model={rc.model} scope={rc.options.scope} seeds={seeds} world={ctx.world} "
         f"threads={torch.get_num_threads()} device={ctx.device}")
     per_seed = [run_seed(rc, s, opts, ctx, say, on_extractor) for s in seeds]
-    return _result(rc, opts, seeds, per_seed, row_order(rc), t0, world=ctx.world) if ctx.is_main else None
+    rows = ["init", *(row for row, _, _ in _variants(rc))]
+    rows += [f"{r}+{rc.options.harden}" for r in rows] if rc.options.harden != "none" else []
+    return _result(rc, opts, seeds, per_seed, rows, t0, world=ctx.world) if ctx.is_main else None
 
 
 def audit(model, reference, data: dict, rc: RunConfig, seeds: list[int], opts: RunOptions, *,

@@ -8,8 +8,7 @@ and one SGD step. The model stays in eval mode: its normalisation statistics bel
 regularizers shape exactly the features RIR_θ₀ measures. A non-finite step is not applied
 (:class:`NonFiniteLossError`). Under ``torchrun`` each rank evaluates the regularizers on its own
 batch (DDP averages gradients; balancing all-reduces the term gradients); ``virtual_ranks=W``
-reproduces that objective in one process.
-"""
+reproduces that objective in one process."""
 from __future__ import annotations
 
 import dataclasses
@@ -197,7 +196,6 @@ def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
     """A function giving the model's top-1 (%) on up to 1024 seeded D_P training samples (its own head)."""
     idx = torch.from_numpy(np.sort(np.random.default_rng([seed, 11]).permutation(len(data))[:1024]))
     x, y = fetch(data, idx)
-
     @torch.no_grad()
     def accuracy() -> float:
         X = (x.to(device) if cached else model.prelogits(x.to(device))) / scale
