@@ -18,9 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Subset, TensorDataset
 
-from pycore.deep import (
-    DEEP_METHODS, DeepOptions, ImmunizedNet, NonFiniteLossError, create_model, harden, immunize, load_model,
-)
+from pycore.deep import (DEEP_METHODS, DeepOptions, ImmunizedNet, NonFiniteLossError, create_model,
+                         harden, immunize, load_model)
 from pycore.deep.attacks import ADAM_LRS, feature_attacks, finetune_attack
 from pycore.deep.data import DataError, ShardedBatches, dataset_labels, fetch, image_folder, mnist_demo_tasks
 from pycore.deep.distributed import barrier, broadcast_module
@@ -85,7 +84,7 @@ def clock(seconds: dict):
 
 
 def train_classifier(net, data, *, epochs: int, lr: float, seed: int, batch_size: int = 64,
-                     device="cpu") -> list[float]:
+                     device="cpu") -> None:
     """θ₀ trained here: the whole model by AdamW (weight decay 1e-4), one-cycle, with the label-smoothing
     CE immunization uses (without it θ₀ is over-confident and the first immunization steps wreck D_P);
     BatchNorm statistics then re-estimated for the final weights (the running averages lag behind)."""
@@ -93,18 +92,15 @@ def train_classifier(net, data, *, epochs: int, lr: float, seed: int, batch_size
     batches = ShardedBatches(len(data), min(batch_size, len(data)), seed=seed)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * len(batches), pct_start=0.2)
-    losses = []
-    for e in range(epochs):
-        for (idx,) in batches.epoch(e):
-            x, y = fetch(data, idx)
-            loss = F.cross_entropy(net(x.to(device)), y.to(device), label_smoothing=0.1)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"θ₀ training diverged at step {len(losses)}: lower theta0_lr")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
+    for step, (idx,) in enumerate(b for e in range(epochs) for b in batches.epoch(e)):
+        x, y = fetch(data, idx)
+        loss = F.cross_entropy(net(x.to(device)), y.to(device), label_smoothing=0.1)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"θ₀ training diverged at step {step}: lower theta0_lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
     bns = {m: m.momentum for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
     with torch.no_grad():
         for m in bns:
@@ -115,7 +111,6 @@ def train_classifier(net, data, *, epochs: int, lr: float, seed: int, batch_size
         for m, momentum in bns.items():
             m.momentum = momentum
     net.eval().requires_grad_(False)
-    return losses
 
 
 def load_data(rc: RunConfig, opts: RunOptions, rng) -> tuple[dict, int, int]:
@@ -238,7 +233,6 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
     ev = eval_sets(data, images, cached, rc, seed, nch)
     ref = {k: extract(theta0, d, cached=cached, batch_size=rc.eval_batch) for k, d in ev["sets"].items()}
     rows, errors = {}, {}
-
     def measure(row, model):
         variants = {row: (model, None)}
         if kind != "none":
@@ -254,7 +248,6 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
             say(f"[{rc.name} seed {seed}] {key:24s} RIR_θ₀ {r['value']['mean']:.4g}  (i) "
                 f"{r['harmful_ratio']['mean']:.4g}  (ii) {r['pretrain_ratio']['mean']:.4g}  D_P top-1 "
                 f"{rows[key]['dp_top1']:.2f}%")
-
     if ctx.is_main:
         measure("init", theta0)
     for row, method, o in _variants(rc):

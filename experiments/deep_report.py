@@ -1,6 +1,6 @@
 """Tables and figures of the deep-net experiments from experiments/deep_pipeline.py's results (nothing
 here computes a metric). Figures keep the legend beside the axes, name the data and the model in their
-title and a method that failed; attackers scored at a few epochs only are markers at those epochs."""
+title and a method that failed; attackers scored at a few epochs are markers at those epochs."""
 from __future__ import annotations
 
 import numpy as np

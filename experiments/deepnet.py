@@ -9,7 +9,7 @@
 ``--demo``: MNIST 0-4 (D_P) vs 5-9 (D_H) at 32 px, a ResNet18 and a small ViT trained here as θ₀, every
 method, every row also hardened, 3 seeds. θ₀ is ``--checkpoint``, ``--pretrained``, or trained on D_P
 here (at the images' own size unless ``--img-size``). Writes ``--out/<config>/``: results.json, table.md,
-finetune.png (Figure 3), attacks.png and the first seed's extractor_<row>.safetensors (audit.py's input)."""
+finetune.png (Fig. 3), attacks.png, the first seed's extractor_<row>.safetensors (for audit.py)."""
 from __future__ import annotations
 
 import sys

@@ -1,9 +1,8 @@
 """Attackers on deep extractors: how fast can D_H be learned from θ's features? (docs/findings.md §7)
 
-:func:`linear_probe_curve` is the paper's threat model (Eq. (4), Figure 3), full-batch GD with step
-``1/L``; :func:`best_adam_probe` the defender's worst case over Adam learning rates and preprocessings
-(``"whiten"``: the adaptive attacker); :func:`finetune_attack` retrains the last stage, the layer and a
-new head. Each gives D_H test accuracy (%) after every epoch (index 0 = before training)."""
+:func:`linear_probe_curve` is the paper's threat model (Eq. (4), Figure 3); :func:`best_adam_probe`
+the defender's worst case over Adam learning rates and preprocessings; :func:`finetune_attack`
+retrains the last stage, the layer and a new head. Each gives D_H test accuracy (%) per epoch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -164,14 +163,12 @@ def finetune_attack(model, h_train: Dataset, h_test: Dataset, *, num_classes: in
     opt = torch.optim.Adam(params + list(head.parameters()), lr=lr)
     batches = ShardedBatches(len(h_train), min(batch_size, len(h_train)), seed=seed)
     wanted = set(range(epochs + 1)) if eval_epochs is None else {0, *eval_epochs}
-
     @torch.no_grad()
     def test_acc() -> float:
         n = len(h_test)
         batches = (torch.arange(s, min(s + eval_batch, n)) for s in range(0, n, eval_batch))
         logits = [head(m.features(fetch(h_test, idx)[0].to(dev))) for idx in batches]
         return _accuracy(torch.cat(logits).cpu(), yte)
-
     accs = [test_acc()]
     for e in range(epochs):
         for (idx,) in batches.epoch(e):

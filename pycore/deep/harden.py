@@ -4,7 +4,7 @@
 * ``"rotate"``: ``M = Q`` Haar-random orthogonal: every spectrum (κ, RIR_θ₀, the GD probe) is kept; it
   removes the alignment with the coordinate axes that a per-coordinate optimiser (Adam) exploits.
 * ``"label_subspace"``: ``M = (I − (1 − s)·P_U)·Q``, the span ``U`` of D_H's centred class means scaled
-  by ``s``, then rotated. Not conditioning: it usually LOWERS (i); whitening or fine-tuning undoes it."""
+  by ``s``, rotated. Not conditioning: it usually LOWERS (i); whitening or fine-tuning undoes it."""
 from __future__ import annotations
 
 import numpy as np

@@ -46,8 +46,8 @@ class ImmunizedNet(nn.Module):
                                           "a timm classifier (timm.create_model) or a module like one")
         self.net = net
         if layer is None:   # on the backbone's device, so that a CUDA model stays on CUDA
-            device = getattr(next(net.parameters(), None), "device", None)
-            layer = ops.ImmunizationHead(_classifier_width(net), lambda_reg=lambda_reg, device=device)
+            dev = getattr(next(net.parameters(), None), "device", None)
+            layer = ops.ImmunizationHead(_classifier_width(net), lambda_reg=lambda_reg, device=dev)
         self.layer = layer
 
     @property

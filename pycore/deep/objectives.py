@@ -10,8 +10,8 @@ With ``X`` the layer's inputs and ``Z = X Wᵀ + b`` its outputs (App. C.3), per
   GD steps of a zero-initialised linear probe on the D_H features (the threat model's attacker;
   docs/theory.md §7's lower level fine-tunes θ, which would differentiate through backbone steps).
 
-R_well / R_ill are the fused op on float64 features through the layer's preconditioned weight
-gradient ``grad_W (XᵀX + λI)⁻¹`` (Algorithm 1 line 6); the CE path uses the same weights unpreconditioned."""
+R_well / R_ill: the fused op on float64 features through the layer's preconditioned weight gradient
+``grad_W (XᵀX + λI)⁻¹`` (Algorithm 1 line 6); the CE path uses the same weights unpreconditioned."""
 from __future__ import annotations
 
 import torch
