@@ -8,8 +8,7 @@ attackers feel (docs/findings.md §7).
 
 ``--model``, ``--reference``: checkpoints of one architecture (deepnet.py's, or plain timm state dicts
 of ``--backbone``); D_P / D_H: ImageFolder roots or the demo's digits. Writes ``--out``: results.json,
-table.md (both models, and every row minus θ₀), audit.png.
-"""
+table.md (both models, and every row minus θ₀), audit.png."""
 from __future__ import annotations
 
 import sys
@@ -46,8 +45,6 @@ def build_parser() -> common.Parser:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-
     def body(args):
         out = common.check_out(args.out, ("results.json", "table.md", "audit.png"))
         if (args.dp_root is None) != (args.dh_root is None):
@@ -87,7 +84,7 @@ def main(argv=None) -> int:
         common.write_outputs(out, {"table.md": table, "results.json": dumps_json(result, indent=1),
                                    "audit.png": lambda p: deep_report.plot_attacks(result, p)})
         print(table, f"wrote {out}/results.json, table.md, audit.png", sep="\n")
-    return common.main(parser, body, argv)
+    return common.main(build_parser(), body, argv)
 
 
 if __name__ == "__main__":

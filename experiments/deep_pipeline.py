@@ -3,8 +3,7 @@
 Per seed: θ₀ (trained on D_P here, loaded, or pretrained), every method (at each balance of a sweep)
 immunizing a copy, and every row -- θ₀ included, each also hardened as ``"<row>+<kind>"`` -- measured:
 D_P top-1, RIR_θ₀ with (i) and (ii), Definition 3.1, the attackers. Everything random is seeded from
-the seed, torch runs deterministic algorithms: one seed and thread count give one set of digits.
-"""
+the seed, torch runs deterministic algorithms: one seed and thread count give one set of digits."""
 from __future__ import annotations
 
 import copy
@@ -19,9 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Subset, TensorDataset
 
-from pycore.deep import (
-    DEEP_METHODS, DeepOptions, ImmunizedNet, NonFiniteLossError, create_model, harden, immunize, load_model,
-)
+from pycore.deep import (DEEP_METHODS, DeepOptions, ImmunizedNet, NonFiniteLossError, create_model,
+                         harden, immunize, load_model)
 from pycore.deep.attacks import ADAM_LRS, feature_attacks, finetune_attack
 from pycore.deep.data import DataError, ShardedBatches, dataset_labels, fetch, image_folder, mnist_demo_tasks
 from pycore.deep.distributed import barrier, broadcast_module
@@ -86,7 +84,7 @@ def clock(seconds: dict):
 
 
 def train_classifier(net, data, *, epochs: int, lr: float, seed: int, batch_size: int = 64,
-                     device="cpu") -> list[float]:
+                     device="cpu") -> None:
     """θ₀ trained here: the whole model by AdamW (weight decay 1e-4), one-cycle, with the label-smoothing
     CE immunization uses (without it θ₀ is over-confident and the first immunization steps wreck D_P);
     BatchNorm statistics then re-estimated for the final weights (the running averages lag behind)."""
@@ -94,18 +92,15 @@ def train_classifier(net, data, *, epochs: int, lr: float, seed: int, batch_size
     batches = ShardedBatches(len(data), min(batch_size, len(data)), seed=seed)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * len(batches), pct_start=0.2)
-    losses = []
-    for e in range(epochs):
-        for (idx,) in batches.epoch(e):
-            x, y = fetch(data, idx)
-            loss = F.cross_entropy(net(x.to(device)), y.to(device), label_smoothing=0.1)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"θ₀ training diverged at step {len(losses)}: lower theta0_lr")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
+    for step, (idx,) in enumerate(b for e in range(epochs) for b in batches.epoch(e)):
+        x, y = fetch(data, idx)
+        loss = F.cross_entropy(net(x.to(device)), y.to(device), label_smoothing=0.1)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"θ₀ training diverged at step {step}: lower theta0_lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
     bns = {m: m.momentum for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
     with torch.no_grad():
         for m in bns:
@@ -116,7 +111,6 @@ def train_classifier(net, data, *, epochs: int, lr: float, seed: int, batch_size
         for m, momentum in bns.items():
             m.momentum = momentum
     net.eval().requires_grad_(False)
-    return losses
 
 
 def load_data(rc: RunConfig, opts: RunOptions, rng) -> tuple[dict, int, int]:
@@ -212,11 +206,6 @@ def _variants(rc: RunConfig) -> list[tuple[str, str, DeepOptions]]:
              replace(rc.options, balance=b, balance_ill=bi)) for m in rc.methods for b, bi in rc.sweep]
 
 
-def row_order(rc: RunConfig) -> list[str]:
-    base = ["init", *(row for row, _, _ in _variants(rc))]
-    return base + ([f"{r}+{rc.options.harden}" for r in base] if rc.options.harden != "none" else [])
-
-
 def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=None) -> "dict | None":
     """θ₀, every immunization and every measurement of one seed; rank 0 returns the rows."""
     seconds, rng = {}, np.random.default_rng(seed)
@@ -244,7 +233,6 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
     ev = eval_sets(data, images, cached, rc, seed, nch)
     ref = {k: extract(theta0, d, cached=cached, batch_size=rc.eval_batch) for k, d in ev["sets"].items()}
     rows, errors = {}, {}
-
     def measure(row, model):
         variants = {row: (model, None)}
         if kind != "none":
@@ -254,14 +242,12 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
             variants[f"{row}+{kind}"] = (h, info)
         for key, (m, hardening) in variants.items():
             rows[key] = {**evaluate_extractor(m, ref, ev, rc, seed, phase), "hardening": hardening}
-            path = on_extractor(m, key, seed, "immunized") if on_extractor else None
-            if path:
+            if on_extractor and (path := on_extractor(m, key, seed, "immunized")):
                 rows[key]["extractor"] = path
             r = rows[key]["rir"]
             say(f"[{rc.name} seed {seed}] {key:24s} RIR_θ₀ {r['value']['mean']:.4g}  (i) "
                 f"{r['harmful_ratio']['mean']:.4g}  (ii) {r['pretrain_ratio']['mean']:.4g}  D_P top-1 "
                 f"{rows[key]['dp_top1']:.2f}%")
-
     if ctx.is_main:
         measure("init", theta0)
     for row, method, o in _variants(rc):
@@ -345,7 +331,9 @@ def run_config(rc: RunConfig, seeds: list[int], opts: RunOptions, ctx, *, on_ext
     say(f"[{rc.name}] model={rc.model} scope={rc.options.scope} seeds={seeds} world={ctx.world} "
         f"threads={torch.get_num_threads()} device={ctx.device}")
     per_seed = [run_seed(rc, s, opts, ctx, say, on_extractor) for s in seeds]
-    return _result(rc, opts, seeds, per_seed, row_order(rc), t0, world=ctx.world) if ctx.is_main else None
+    rows = ["init", *(row for row, _, _ in _variants(rc))]
+    rows += [f"{r}+{rc.options.harden}" for r in rows] if rc.options.harden != "none" else []
+    return _result(rc, opts, seeds, per_seed, rows, t0, world=ctx.world) if ctx.is_main else None
 
 
 def audit(model, reference, data: dict, rc: RunConfig, seeds: list[int], opts: RunOptions, *,

@@ -1,7 +1,6 @@
 """Tables and figures of the deep-net experiments from experiments/deep_pipeline.py's results (nothing
 here computes a metric). Figures keep the legend beside the axes, name the data and the model in their
-title and a method that failed; attackers scored at a few epochs only are markers at those epochs.
-"""
+title and a method that failed; attackers scored at a few epochs are markers at those epochs."""
 from __future__ import annotations
 
 import numpy as np
@@ -92,10 +91,8 @@ def table_markdown(result: dict, paper: "dict | None" = None) -> str:
 def _figure(result: dict, panels: int, what: str):
     """``panels`` axes and a last column without axes for the legend and the failed methods."""
     import matplotlib  # noqa: PLC0415
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
-
     fig, axes = plt.subplots(1, panels + 1, figsize=(4.4 * panels + 3.2, 4.2), squeeze=False,
                              gridspec_kw={"width_ratios": [3] * panels + [2.2]})
     side = axes[0][-1]

@@ -9,8 +9,7 @@
 ``--demo``: MNIST 0-4 (D_P) vs 5-9 (D_H) at 32 px, a ResNet18 and a small ViT trained here as θ₀, every
 method, every row also hardened, 3 seeds. θ₀ is ``--checkpoint``, ``--pretrained``, or trained on D_P
 here (at the images' own size unless ``--img-size``). Writes ``--out/<config>/``: results.json, table.md,
-finetune.png (Figure 3), attacks.png and the first seed's extractor_<row>.safetensors (audit.py's input).
-"""
+finetune.png (Fig. 3), attacks.png, the first seed's extractor_<row>.safetensors (for audit.py)."""
 from __future__ import annotations
 
 import sys
@@ -65,7 +64,6 @@ def build_parser() -> common.Parser:
 def _image_side(root: Path, rc) -> int:
     """The shorter side of D_P's first training image (by name), at most the model's own input side."""
     from PIL import Image  # noqa: PLC0415
-
     own = model_normalization(create_model(rc.model, 1, seed=0, **rc.model_kwargs))["input_size"][-1]
     first = min((p for p in (root / "train").rglob("*") if p.is_file()), default=None)
     try:
@@ -128,8 +126,6 @@ def _writer(folder: Path, first_seed: int, config: str):
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-
     def body(args):
         runs = plan(args)
         seeds = args.seeds if args.seeds is not None else list(range(3 if args.demo else 1))
@@ -166,7 +162,7 @@ def main(argv=None) -> int:
             shutdown()
         if failed:
             raise common.RunError(f"{len(failed)} run(s) failed (in results.json): " + "; ".join(failed))
-    return common.main(parser, body, argv)
+    return common.main(build_parser(), body, argv)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,7 @@ implementation and autograd, and turns the C++ refusals into :class:`CondRegErro
 ``torch.compile``: its base ValueError). Without the extension (not built, or
 ``PYCORE_DISABLE_EXTENSION=1``; one RuntimeWarning) the entry points run the plain reference,
 :func:`reference_cond_regularizer` and a float64 solve on the weight gradient: the same values and
-refusals of R, no diagnostics, no meta tensors, no ``torch.compile(fullgraph=True)``.
-"""
+refusals of R, no diagnostics, no meta tensors, no ``torch.compile(fullgraph=True)``."""
 from __future__ import annotations
 
 import functools

@@ -1,12 +1,10 @@
 """Deep-net immunization of any timm classifier (docs/theory.md §8-10; paper §5.2, App. C.2-C.3).
 
 The public API is :func:`immunize_model` and :func:`audit_model` (docs/design.md §3). The library
-computes and returns; the experiments (``experiments/deepnet.py``, ``experiments/audit.py``) write.
-"""
+computes and returns; the experiments (``experiments/deepnet.py``, ``audit.py``) write."""
 from pycore.deep.api import DeepImmunization, audit_model, immunize_model
-from pycore.deep.checkpoint import (
-    CheckpointError, CheckpointMismatchError, load_model, read_weights, save_model,
-)
+from pycore.deep.checkpoint import (CheckpointError, CheckpointMismatchError, load_model,
+                                    read_weights, save_model)
 from pycore.deep.data import DataError, image_folder
 from pycore.deep.harden import HARDENINGS, harden
 from pycore.deep.models import ImmunizedNet, PretrainedUnavailableError, create_model

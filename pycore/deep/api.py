@@ -49,14 +49,13 @@ def immunize_model(model, dp, dh, *, method: str = "ours", seed: int = 0, **opts
     o = options(**opts)
     p, h = as_dataset(dp, "dp"), as_dataset(dh, "dh")
     out = as_immunized(model).eval()
-    dev = next(out.parameters()).device
     cached = o.scope == "layer"
     if cached:
         p, h = prelogits_dataset(out, p), prelogits_dataset(out, h)
     before = [extract(out, d, cached=cached) for d in (p, h)]
     t0 = time.perf_counter()
     res = immunize(out, p, h, method, o, seed=seed, num_classes_h=int(dataset_labels(h).max()) + 1,
-                   cached=cached, device=dev)
+                   cached=cached, device=next(out.parameters()).device)
     after = [extract(out, d, cached=cached) for d in (p, h)]
     r = grouped_feature_rir(*after, *before, rng=np.random.default_rng(seed), groups=20, group_size=100)
     i, ii = r["harmful_ratio"]["mean"], r["pretrain_ratio"]["mean"]

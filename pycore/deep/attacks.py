@@ -1,10 +1,8 @@
 """Attackers on deep extractors: how fast can D_H be learned from θ's features? (docs/findings.md §7)
 
-:func:`linear_probe_curve` is the paper's threat model (Eq. (4), Figure 3), full-batch GD with step
-``1/L``; :func:`best_adam_probe` the defender's worst case over Adam learning rates and preprocessings
-(``"whiten"``: the adaptive attacker); :func:`finetune_attack` retrains the last stage, the layer and a
-new head. Each gives D_H test accuracy (%) after every epoch (index 0 = before training).
-"""
+:func:`linear_probe_curve` is the paper's threat model (Eq. (4), Figure 3); :func:`best_adam_probe`
+the defender's worst case over Adam learning rates and preprocessings; :func:`finetune_attack`
+retrains the last stage, the layer and a new head. Each gives D_H test accuracy (%) per epoch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -92,8 +90,7 @@ def preprocess_features(Z_train, Z_test, kind: str, *, ridge: float = 1e-6) -> t
     extractor fakes a slow-down by shrinking its features against a fixed lr grid), ``"standardize"``
     (std 0: only centred), ``"whiten"`` by the covariance's eigenvalues floored at ``ridge·λ_max``: the
     adaptive attacker, who undoes any invertible linear map of the features, conditioning included."""
-    Zt = np.asarray(Z_train, dtype=np.float64)
-    Zv = np.asarray(Z_test, dtype=np.float64)
+    Zt, Zv = (np.asarray(Z, dtype=np.float64) for Z in (Z_train, Z_test))
     if kind == "scale":
         c = float(np.sqrt((Zt * Zt).sum(1).mean())) or 1.0
         return Zt / c, Zv / c
@@ -153,28 +150,25 @@ def finetune_attack(model, h_train: Dataset, h_test: Dataset, *, num_classes: in
     accuracy after the epochs in ``eval_epochs`` (default: every epoch), NaN at the others."""
     m = as_immunized(model).eval().requires_grad_(False)
     dev = next(m.parameters()).device
-    ytr = torch.as_tensor(dataset_labels(h_train), dtype=torch.int64)
-    yte = torch.as_tensor(dataset_labels(h_test), dtype=torch.int64)
+    ytr, yte = (torch.as_tensor(dataset_labels(d), dtype=torch.int64) for d in (h_train, h_test))
     g = torch.Generator().manual_seed(seed)
     head = nn.Linear(m.num_features, num_classes).to(dev)
     with torch.no_grad():
         bound = 1.0 / m.num_features ** 0.5
-        head.weight.copy_(torch.empty_like(head.weight).uniform_(-bound, bound, generator=g))
-        head.bias.copy_(torch.empty_like(head.bias).uniform_(-bound, bound, generator=g))
+        for p in (head.weight, head.bias):
+            p.copy_(torch.empty_like(p).uniform_(-bound, bound, generator=g))
     params = [p for mod in tail_modules(m.net, 1) + [m.layer] for p in mod.parameters()]
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.Adam(params + list(head.parameters()), lr=lr)
     batches = ShardedBatches(len(h_train), min(batch_size, len(h_train)), seed=seed)
     wanted = set(range(epochs + 1)) if eval_epochs is None else {0, *eval_epochs}
-
     @torch.no_grad()
     def test_acc() -> float:
         n = len(h_test)
         batches = (torch.arange(s, min(s + eval_batch, n)) for s in range(0, n, eval_batch))
         logits = [head(m.features(fetch(h_test, idx)[0].to(dev))) for idx in batches]
         return _accuracy(torch.cat(logits).cpu(), yte)
-
     accs = [test_acc()]
     for e in range(epochs):
         for (idx,) in batches.epoch(e):

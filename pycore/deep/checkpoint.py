@@ -4,8 +4,7 @@
 rewritten while read is a :class:`CheckpointError`, never a signal (a memory-mapped read dies of
 SIGBUS when the file shrinks). The format is told by the content: safetensors, or a torch file through
 ``torch.load(weights_only=True)`` only. The metadata :func:`save_model` writes is a timm name and
-integer shape options only: the file is untrusted.
-"""
+integer shape options only: the file is untrusted."""
 from __future__ import annotations
 
 import contextlib
@@ -57,7 +56,6 @@ def _read_bytes(path: str) -> bytes:
 
 def _safetensors(data: bytes, path: str) -> tuple[dict, dict]:
     from safetensors.torch import load  # noqa: PLC0415
-
     (n,) = struct.unpack("<Q", data[:8])
     try:
         meta = json.loads(data[8:8 + n]).get("__metadata__") or {}
@@ -110,7 +108,6 @@ def save_model(model: ImmunizedNet, path: "str | os.PathLike", extra: "dict | No
     """Write an :class:`ImmunizedNet` of :func:`~pycore.deep.models.create_model` as safetensors with the
     metadata :func:`load_model` rebuilds it from."""
     from safetensors.torch import save_file  # noqa: PLC0415
-
     args = getattr(model.net, "model_args", None)
     if not args:
         raise ParameterError("model", "save_model needs a model made by pycore.deep.create_model (it records "

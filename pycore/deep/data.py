@@ -1,11 +1,11 @@
 """Data for deep immunization: checked image folders (docs/cli.md), the MNIST demo digits, and the
 paired loader of App. C.2 (one D_P and one D_H batch per step, the shorter task cycling) whose global
-batches split into per-rank shards, so ``torchrun`` and ``virtual_ranks`` see the same samples.
-"""
+batches split into per-rank shards, so ``torchrun`` and ``virtual_ranks`` see the same samples."""
 from __future__ import annotations
 
 import functools
 import os
+from itertools import chain, count, islice
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -38,7 +38,6 @@ def _decode(path: str) -> torch.Tensor:
     """An image file as float32 RGB (3, H, W) in [0, 1]: size and aspect bounded from the header before
     decoding, 16-bit and float images scaled, never clipped."""
     from PIL import Image, UnidentifiedImageError  # noqa: PLC0415
-
     try:
         with Image.open(path) as img:
             w, h = img.size
@@ -191,7 +190,6 @@ def dataset_labels(ds: Dataset) -> np.ndarray:
 @functools.lru_cache(maxsize=1)
 def _pool():
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
-
     return ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 2)))
 
 
@@ -236,11 +234,5 @@ class PairedBatches:
         # Each task's epoch counter advances by the passes it needed so far: the cycling task is
         # re-shuffled every cycle and never repeats a permutation.
         n = len(self)
-
-        def stream(b, e):
-            while True:
-                yield from b.epoch(e)
-                e += 1
-        sp, sh = stream(self.p, epoch * -(-n // len(self.p))), stream(self.h, epoch * -(-n // len(self.h)))
-        for _ in range(n):
-            yield next(sp), next(sh)
+        stream = lambda b: chain.from_iterable(map(b.epoch, count(epoch * -(-n // len(b)))))
+        yield from islice(zip(stream(self.p), stream(self.h)), n)

@@ -1,7 +1,6 @@
 """torchrun / DistributedDataParallel helpers: :func:`init_from_env` checks torchrun's environment
 before any rendezvous and starts ``nccl`` on CUDA, ``gloo`` otherwise; θ₀ trained here is trained on
-rank 0 and broadcast (:func:`broadcast_module`); each rank trains on its shard of every global batch.
-"""
+rank 0 and broadcast (:func:`broadcast_module`); a rank trains on its shard of each global batch."""
 from __future__ import annotations
 
 import datetime

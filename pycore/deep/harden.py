@@ -4,8 +4,7 @@
 * ``"rotate"``: ``M = Q`` Haar-random orthogonal: every spectrum (κ, RIR_θ₀, the GD probe) is kept; it
   removes the alignment with the coordinate axes that a per-coordinate optimiser (Adam) exploits.
 * ``"label_subspace"``: ``M = (I − (1 − s)·P_U)·Q``, the span ``U`` of D_H's centred class means scaled
-  by ``s``, then rotated. Not conditioning: it usually LOWERS (i); whitening or fine-tuning undoes it.
-"""
+  by ``s``, rotated. Not conditioning: it usually LOWERS (i); whitening or fine-tuning undoes it."""
 from __future__ import annotations
 
 import numpy as np
@@ -70,8 +69,7 @@ def apply_feature_map(model, M: np.ndarray) -> None:
     layer.weight.copy_((Mt.T @ W.double()).to(W.dtype))
     if getattr(layer, "bias", None) is not None:
         layer.bias.copy_((layer.bias.double() @ Mt).to(layer.bias.dtype))
-    V = head.weight
-    head.weight.copy_(torch.linalg.solve(Mt, V.double().T).T.to(V.dtype))
+    head.weight.copy_(torch.linalg.solve(Mt, head.weight.double().T).T.to(head.weight.dtype))
 
 
 @bounded_blas

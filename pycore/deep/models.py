@@ -1,7 +1,6 @@
 """Any timm classifier with the paper's immunization layer (docs/theory.md §8-9, paper §5.2, App. C.3;
 docs/design.md §3). :class:`ImmunizedNet` has timm's interface itself, so an attacker who swaps the
-head keeps the layer and no per-family code is needed.
-"""
+head keeps the layer and no per-family code is needed."""
 from __future__ import annotations
 
 import copy
@@ -47,9 +46,8 @@ class ImmunizedNet(nn.Module):
                                           "a timm classifier (timm.create_model) or a module like one")
         self.net = net
         if layer is None:   # on the backbone's device, so that a CUDA model stays on CUDA
-            param = next(net.parameters(), None)
-            layer = ops.ImmunizationHead(_classifier_width(net), lambda_reg=lambda_reg)
-            layer = layer if param is None else layer.to(param.device)
+            dev = getattr(next(net.parameters(), None), "device", None)
+            layer = ops.ImmunizationHead(_classifier_width(net), lambda_reg=lambda_reg, device=dev)
         self.layer = layer
 
     @property

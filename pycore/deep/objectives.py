@@ -10,9 +10,8 @@ With ``X`` the layer's inputs and ``Z = X Wᵀ + b`` its outputs (App. C.3), per
   GD steps of a zero-initialised linear probe on the D_H features (the threat model's attacker;
   docs/theory.md §7's lower level fine-tunes θ, which would differentiate through backbone steps).
 
-R_well / R_ill are the fused op on float64 features through the layer's preconditioned weight
-gradient ``grad_W (XᵀX + λI)⁻¹`` (Algorithm 1 line 6); the CE path uses the same weights unpreconditioned.
-"""
+R_well / R_ill: the fused op on float64 features through the layer's preconditioned weight gradient
+``grad_W (XᵀX + λI)⁻¹`` (Algorithm 1 line 6); the CE path uses the same weights unpreconditioned."""
 from __future__ import annotations
 
 import torch
@@ -52,8 +51,7 @@ def imma_harmful_loss(Z: torch.Tensor, y: torch.Tensor, num_classes: int, *, ste
     Z = Z.double()
     n = Z.shape[0]
     A = torch.cat([Z, torch.ones(n, 1, dtype=Z.dtype, device=Z.device)], 1)
-    L = (torch.linalg.matrix_norm(A.detach(), ord=2) ** 2 / n).clamp_min(1e-300)
-    eta = inner_lr / L
+    eta = inner_lr / (torch.linalg.matrix_norm(A.detach(), ord=2) ** 2 / n).clamp_min(1e-300)
     Y = F.one_hot(y, num_classes).to(A.dtype)
     W = torch.zeros(A.shape[1], num_classes, dtype=A.dtype, device=A.device)
     for _ in range(steps):

@@ -5,11 +5,9 @@ Per step: a D_P and a D_H batch (the paired loader of App. C.2), the method's te
 extractor parameters, App. C.2's rule automated, every ``balance_every`` steps: R_ill's gradient
 grows like ``1/d²`` as it works, §3, so one balance at step 0 soon swamps or fades), one backward
 and one SGD step. The model stays in eval mode: its normalisation statistics belong to θ₀, so the
-regularizers shape exactly the features RIR_θ₀ measures. A non-finite step is not applied
-(:class:`NonFiniteLossError`). Under ``torchrun`` each rank evaluates the regularizers on its own
-batch (DDP averages gradients; balancing all-reduces the term gradients); ``virtual_ranks=W``
-reproduces that objective in one process.
-"""
+regularizers shape exactly the features RIR_θ₀ measures. Under ``torchrun`` each rank evaluates the
+regularizers on its own batch (DDP averages gradients; balancing all-reduces the term gradients);
+``virtual_ranks=W`` reproduces that objective in one process."""
 from __future__ import annotations
 
 import dataclasses
@@ -197,7 +195,6 @@ def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
     """A function giving the model's top-1 (%) on up to 1024 seeded D_P training samples (its own head)."""
     idx = torch.from_numpy(np.sort(np.random.default_rng([seed, 11]).permutation(len(data))[:1024]))
     x, y = fetch(data, idx)
-
     @torch.no_grad()
     def accuracy() -> float:
         X = (x.to(device) if cached else model.prelogits(x.to(device))) / scale
@@ -227,13 +224,11 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
     bs = min(opts.batch_size, len(p_train) // shards, len(h_train) // shards)
     paired = PairedBatches(ShardedBatches(len(p_train), max(bs, 1), seed=seed, world=shards),
                            ShardedBatches(len(h_train), max(bs, 1), seed=seed + 1, world=shards))
-
     def prelogits(x):
         if cached:
             return x.to(device)
         with torch.set_grad_enabled(opts.scope == "tail"):
             return model.prelogits(x.to(device))
-
     def load(pair, ranks):
         out = []
         for r in ranks:
