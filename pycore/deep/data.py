@@ -234,5 +234,8 @@ class PairedBatches:
         # Each task's epoch counter advances by the passes it needed so far: the cycling task is
         # re-shuffled every cycle and never repeats a permutation.
         n = len(self)
-        stream = lambda b: chain.from_iterable(map(b.epoch, count(epoch * -(-n // len(b)))))
+
+        def stream(b: ShardedBatches):
+            passes = (n + len(b) - 1) // len(b)     # passes over b per epoch of the pair
+            return chain.from_iterable(map(b.epoch, count(epoch * passes)))
         yield from islice(zip(stream(self.p), stream(self.h)), n)
