@@ -29,6 +29,7 @@ def training_step(backbone: str, cond, batch: int = 64):
     xP, xH = (torch.randn(batch, 3, 32, 32, generator=g) for _ in range(2))
     yP = torch.randint(0, 5, (batch,), generator=g)
     opt = torch.optim.SGD(ext + cls, lr=1e-9, momentum=0.9, nesterov=True)
+
     def step():
         XP, XH = m.prelogits(xP), m.prelogits(xH)
         ce = F.cross_entropy(m.classifier(F.linear(XP, m.layer.weight)), yP, label_smoothing=0.1)
@@ -44,6 +45,7 @@ def test_step_fused_against_reference(benchmark, backbone):
     steps = {"fused": training_step(backbone, ops.cond_regularizer),
              "ref": training_step(backbone, ops.reference_cond_regularizer)}
     best = dict.fromkeys(steps, float("inf"))
+
     def one_round():   # every variant once per round: load from other processes hits both alike
         for name, step in steps.items():
             t0 = time.perf_counter()

@@ -62,6 +62,7 @@ def floor_step(task):
                 lapack.dsterf(d, e)
         return step
     V = np.linalg.svd(X_H, full_matrices=False)[2].T   # D×N
+
     def step():                     # N×N Gram spectra and one dense D×D update
         for X in (X_P, X_H):
             Z = X @ theta

@@ -433,6 +433,7 @@ def plot_best_so_far(res: dict, path) -> None:
 def main(argv=None) -> int:
     from pycore.thetas import save_thetas
     parser = build_parser()
+
     def body(args):
         prepare(args, parser)
         res = run(args)

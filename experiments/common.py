@@ -58,6 +58,7 @@ def flag_type(name: str, bound: str | None, convert):
 def count(lo: int = 0, hi: int | None = None):
     """An integer in ``[lo, hi]``.  Give every count a ``hi``: ``--orders 1e9`` must fail at once."""
     bound = f"from {lo} to {hi}" if hi is not None else f"≥ {lo}"
+
     def convert(t):
         n = int(t) if t.lstrip("+-").isdecimal() else None
         if n is None or n < lo or (hi is not None and n > hi):
@@ -71,6 +72,7 @@ def real(lo: float | None = None, hi: float | None = None, *, lo_open=False, hi_
     parts = [f"{'>' if lo_open else '≥'} {lo:g}" if lo is not None else "",
              f"{'<' if hi_open else '≤'} {hi:g}" if hi is not None else ""]
     bound = " and ".join(p for p in parts if p) or None
+
     def convert(t):
         x = float(t)
         if not (math.isfinite(x) and (lo is None or x > lo or (x == lo and not lo_open))
@@ -85,6 +87,7 @@ def comma_list(item=str, *, choices=None, max_items: int = MAX_ITEMS):
     inner = getattr(item, "bound", None)
     bound = ("from " + ",".join(choices) if choices is not None
              else f"at most {max_items} items" + (f", each {inner}" if inner else ""))
+
     def convert(t):
         parts = [p.strip() for p in t.split(",")]
         if len(parts) > max_items or not all(parts):

@@ -233,6 +233,7 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
     ev = eval_sets(data, images, cached, rc, seed, nch)
     ref = {k: extract(theta0, d, cached=cached, batch_size=rc.eval_batch) for k, d in ev["sets"].items()}
     rows, errors = {}, {}
+
     def measure(row, model):
         variants = {row: (model, None)}
         if kind != "none":

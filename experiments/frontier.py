@@ -310,6 +310,7 @@ def plot_frontier(res: dict, path) -> None:
 
 def main(argv=None) -> int:
     parser = build_parser()
+
     def body(args):
         prepare(args)
         res = run(args)

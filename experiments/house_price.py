@@ -302,6 +302,7 @@ def thetas_meta(result: dict) -> dict:
 
 def main(argv=None) -> int:
     parser = build_parser()
+
     def body(args):
         prepare(parser, args)
         result = run(args)

@@ -265,6 +265,7 @@ def plot_heatmap(result: dict, path) -> None:
 
 def main(argv=None) -> int:
     parser = build_parser()
+
     def body(args):
         prepare(parser, args)
         result = run(args)

@@ -210,6 +210,7 @@ def _block_ops(problem: ProbingProblem):
         return (lambda W: problem.evaluate(W)[1]), (lambda W: problem.evaluate(W)[2])
     Zw, yw = problem.work
     rs = problem.r_star
+
     def gap(W):
         e = Zw @ W - yw[:, None] - rs[:, None]
         return 0.5 * np.einsum("ij,ij->j", e, e) + rs @ e
@@ -236,6 +237,7 @@ def _sweep_momentum(problem, configs, max_steps, tol) -> list[AttackTrajectory]:
     """GD with a constant step, heavy ball, Nesterov (:data:`MOMENTUM_KINDS`) as one block."""
     alpha, beta, convex = (np.array(x) for x in zip(*(_momentum_coefficients(problem, c) for c in configs)))
     gamma = np.where(np.array([c["attacker"] == "nesterov" for c in configs]), beta, 0.0)
+
     def update(t, a, grad, W, Wp):
         b_t = np.where(convex[a], (t - 1.0) / (t + 2.0), beta[a])
         g_t = np.where(convex[a], b_t, gamma[a])
@@ -254,6 +256,7 @@ def _sweep_adaptive(problem, configs, max_steps, tol, eps: float = 1e-8) -> list
     b1, b2 = (np.array([0.0 if k else c["betas"][i] for k, c in zip(ada, configs)]) for i in (0, 1))
     scale = float(np.max(np.abs(problem.w_star)))          # w₀ = 0
     lr = (scale if scale > 0 else 1.0) * np.array([c["lr_factor"] for c in configs])
+
     def update(t, a, grad, W, M, Vs):
         G = grad(W)
         M = b1[a] * M + (1.0 - b1[a]) * G

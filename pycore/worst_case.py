@@ -167,6 +167,7 @@ def worst_case(run: GridRun, ref: GridRun, eps: float, families=None) -> dict:
     """The defender's worst case at ``eps`` over ``families`` (default all): the fewest steps on θ
     (named), the best on the reference and their :func:`slowdown`; ties go to the earlier one."""
     fams = set(FAMILIES if families is None else families)
+
     def best(r):
         found = [(s, i) for i, c in enumerate(r.configs)
                  if c.family in fams and (s := r.steps_of(i, eps)) is not None]

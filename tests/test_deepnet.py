@@ -58,7 +58,7 @@ def test_the_layer_sits_between_timms_prelogits_and_classifier(name, kw):
         torch.testing.assert_close(m(x), m.get_classifier()(z))
         m.reset_classifier(7)                                         # an attacker's new head keeps the layer
         torch.testing.assert_close(m.forward_head(m.forward_features(x), pre_logits=True), z)
-    assert ImmunizedNet(net.to("meta")).layer.weight.device.type == "meta"   # on the model.s device
+    assert ImmunizedNet(net.to("meta")).layer.weight.device.type == "meta"   # on the model's device
 
 
 # --- the facade ---------------------------------------------------------------------------------

@@ -129,6 +129,7 @@ def test_immunize_hardens_every_method_and_keeps_its_numbers(method, kind):
 
 def test_haar_hardening_draws_from_the_run_generator():
     task = prescribed_task(8)
+
     def run(seed):
         rng = np.random.default_rng(seed)
         return harden_result(immunize(task, "closed_form", rng=rng), task, "haar", rng=rng)

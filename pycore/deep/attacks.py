@@ -163,6 +163,7 @@ def finetune_attack(model, h_train: Dataset, h_test: Dataset, *, num_classes: in
     opt = torch.optim.Adam(params + list(head.parameters()), lr=lr)
     batches = ShardedBatches(len(h_train), min(batch_size, len(h_train)), seed=seed)
     wanted = set(range(epochs + 1)) if eval_epochs is None else {0, *eval_epochs}
+
     @torch.no_grad()
     def test_acc() -> float:
         n = len(h_test)

@@ -195,6 +195,7 @@ def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
     """A function giving the model's top-1 (%) on up to 1024 seeded D_P training samples (its own head)."""
     idx = torch.from_numpy(np.sort(np.random.default_rng([seed, 11]).permutation(len(data))[:1024]))
     x, y = fetch(data, idx)
+
     @torch.no_grad()
     def accuracy() -> float:
         X = (x.to(device) if cached else model.prelogits(x.to(device))) / scale
@@ -224,11 +225,13 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
     bs = min(opts.batch_size, len(p_train) // shards, len(h_train) // shards)
     paired = PairedBatches(ShardedBatches(len(p_train), max(bs, 1), seed=seed, world=shards),
                            ShardedBatches(len(h_train), max(bs, 1), seed=seed + 1, world=shards))
+
     def prelogits(x):
         if cached:
             return x.to(device)
         with torch.set_grad_enabled(opts.scope == "tail"):
             return model.prelogits(x.to(device))
+
     def load(pair, ranks):
         out = []
         for r in ranks:
@@ -262,7 +265,8 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
     history: dict[str, list] = {"loss": [], "step_seconds": []}
     quiet = {} if progress and rank == 0 else {"disable": True}     # else: a bar on a terminal only
     bar = progress_bar(total=total, desc=f"immunize[{method}]", **quiet)
-    accuracy = opts.dp_tolerance is not None and _dp_accuracy(model, p_train, cached, device, seed, scale)
+    accuracy = (_dp_accuracy(model, p_train, cached, device, seed, scale)   # the D_P guard's probe
+                if opts.dp_tolerance is not None else None)
     start, keep, kept, stopped = accuracy and accuracy(), [p.detach().clone() for p in ext + cls], 0, ""
     t0 = time.perf_counter()
     pairs = (pair for epoch in range(opts.epochs) for pair in paired.epoch(epoch))
