@@ -34,6 +34,7 @@ class EvaluationReference:
     range(K_P) of D_P's TRAINING rows (docs/theory.md §8); with T = Vᵀθ the parts' features are
     ``X θ_range = X P_N + (XV)T`` and ``X θ_null = X P_R + Xθ − (XV)T``: no D³ products."""
 
+    @bounded_blas   # built once in an experiment's main process, before its workers
     def __init__(self, train: LinearTask, heldout: LinearTask | None = None):
         for name, t in (("train", train), ("heldout", heldout)):
             if t is not None and not isinstance(t, LinearTask):

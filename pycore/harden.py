@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 import scipy.fft
 
+from pycore.threads import bounded_blas
 from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number, check_rng
 
 HARDENINGS = ("none", "haar", "equalize")
@@ -76,6 +77,7 @@ def _givens_equalize(M: np.ndarray, Q: np.ndarray, target: float) -> tuple[np.nd
     return M, Q
 
 
+@bounded_blas
 def equalizing_rotation(H) -> np.ndarray:
     """A deterministic orthogonal Q with ``diag(QᵀHQ) = (tr H/D)·1``: ``Q = VCᵀG``, V H's eigenvectors
     (largest entry positive), C the orthonormal DCT-II (spreads them over all coordinates), G Givens."""
@@ -97,6 +99,7 @@ def equalizing_rotation(H) -> np.ndarray:
     return Q
 
 
+@bounded_blas
 def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = None, Z=None):
     """The rotation Q of ``kind`` (None for ``"none"``); ``"equalize"`` equalizes ``ZᵀZ``."""
     check_choice(kind, "harden", HARDENINGS)
@@ -122,6 +125,7 @@ def harden(theta, Q, omega=None):
     return theta @ Q, head
 
 
+@bounded_blas
 def harden_result(res, task, kind: str, *, rng: np.random.Generator | None = None):
     """``res`` (an ImmunizationResult of ``task``) hardened: θ → θQ, ω → Qᵀω, keeping
     ``theta_unhardened`` and ``rotation``.  ``"haar"``: pass the generator the run used, after the run."""

@@ -13,6 +13,7 @@ import numpy as np
 from pycore.metrics import right_singular_vectors
 from pycore.spectral import numerical_rank
 from pycore.tasks import LinearTask
+from pycore.threads import bounded_blas
 from pycore.validation import ParameterError, check_choice
 
 # null(K_P) ⊆ null(K_H) is ‖X_H N‖₂² ≤ NULL_RTOL·‖X_H‖₂², the rule of rir_ceiling.
@@ -54,6 +55,7 @@ def _leak(X_H: np.ndarray, N: np.ndarray) -> float:
     return float(np.linalg.norm(X_H @ N, 2) ** 2 / top) if top > 0 else 0.0
 
 
+@bounded_blas
 def strict_protocol(train: LinearTask, heldout: LinearTask | None = None,
                     feature_names: list[str] | None = None, *, restriction: str = "project",
                     null_rtol: float = NULL_RTOL) -> tuple[LinearTask, LinearTask | None, StrictReport]:

@@ -78,9 +78,15 @@ def test_library_entry_points_are_bounded(monkeypatch, clean_env):
     from pycore import metrics
     from pycore.tasks import LinearTask
 
+    from pycore.evaluate import EvaluationReference
+    from pycore.harden import hardening_rotation
+    from pycore.protocol import strict_protocol
+
     seen = []
-    svd = np.linalg.svd
-    monkeypatch.setattr(np.linalg, "svd", lambda *a, **k: seen.append(threads._local.active) or svd(*a, **k))
+    for name in ("svd", "eigh", "qr"):
+        f = getattr(np.linalg, name)
+        monkeypatch.setattr(np.linalg, name,
+                            lambda *a, f=f, **k: seen.append(threads._local.active) or f(*a, **k))
     X = np.random.default_rng(0).standard_normal((12, 4))
     task = LinearTask(X, X[:, :1], np.ones((41, 4)), np.ones(41))
     dims = [threads._largest_dim(v) for v in ([X], [task, 3], [SimpleNamespace(Z=X)], ["x"])]
@@ -88,4 +94,8 @@ def test_library_entry_points_are_bounded(monkeypatch, clean_env):
     metrics.rir(np.eye(4), X, X)
     metrics.rir_ceiling(X, X)
     metrics.feature_rir(X, X, X, X)
+    strict_protocol(task)                     # these two run in the main process of the experiments
+    EvaluationReference(task)
+    hardening_rotation("haar", 4, rng=np.random.default_rng(0))
+    hardening_rotation("equalize", 4, Z=X)
     assert seen and all(seen) and not threads._local.active
