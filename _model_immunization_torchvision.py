@@ -1,4 +1,5 @@
-"""Lets ``import torchvision`` (hence ``import timm``) work beside a CPU-only torch (docs/design.md §5).
+"""Lets ``import torchvision`` (hence ``import timm``) work beside a CPU-only torch (docs/design.md
+§5).
 
 Installed top-level by the model-immunization wheel with ``model_immunization_torchvision.pth``,
 whose one line imports this module at interpreter start. All it does then is put a finder at the
@@ -10,10 +11,13 @@ are the two schemas it needs (``nms``, ``qnms``) defined; timm never calls them.
 loads, or the schemas exist already, nothing is defined. Any failure here is swallowed: the
 finder never makes an import fail that would have worked without it.
 """
+
 import sys
 
-SCHEMAS = ("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-           "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+SCHEMAS = (
+    "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+)
 LIBRARY = None  # the torch.library.Library that defines SCHEMAS (kept alive), or None
 
 
@@ -39,7 +43,9 @@ def ensure_torchvision_ops() -> None:
 
     if _nms_defined(torch):
         return
-    for path in (p for d in spec.submodule_search_locations for p in glob.glob(os.path.join(d, "_C*.so"))):
+    for path in (
+        p for d in spec.submodule_search_locations for p in glob.glob(os.path.join(d, "_C*.so"))
+    ):
         try:
             torch.ops.load_library(path)
         except OSError:
@@ -53,7 +59,8 @@ def ensure_torchvision_ops() -> None:
 
 
 class TorchvisionFinder:
-    """Runs :func:`ensure_torchvision_ops` once, when ``torchvision`` is first imported; finds nothing."""
+    """Runs :func:`ensure_torchvision_ops` once, when ``torchvision`` is first imported; finds
+    nothing."""
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):

@@ -1,7 +1,8 @@
-"""The fused C++/CUDA op `pycore._C` (docs/design.md §5); the package metadata is in pyproject.toml.
+"""The fused C++/CUDA op `pycore._C` (docs/design.md §5); the package metadata is in
+pyproject.toml.
 
-    python -m pip install --no-build-isolation -e ".[deep,dev]"   # what scripts/install.sh runs
-    python setup.py build_ext --inplace                            # development: rebuild the op only
+    python -m pip install --no-build-isolation -e ".[deep,dev]"  # what scripts/install.sh runs
+    python setup.py build_ext --inplace                           # rebuild the op only
 
 Without build isolation the op compiles against the torch already installed, so a CPU-only
 machine never downloads CUDA packages.  CUDA sources are compiled only when torch itself was
@@ -13,6 +14,7 @@ The wheel (editable or not) also carries, top-level, ``_model_immunization_torch
 the ``.pth`` line that imports it at interpreter start, so pip records both and ``pip uninstall``
 removes them (docs/design.md §5).
 """
+
 import os
 import sys
 
@@ -30,11 +32,16 @@ class build_py_with_hook(build_py):
 
     def run(self):
         super().run()
-        root = (self.get_finalized_command("install").install_lib if getattr(self, "editable_mode", False)
-                else self.build_lib)
+        root = (
+            self.get_finalized_command("install").install_lib
+            if getattr(self, "editable_mode", False)
+            else self.build_lib
+        )
         os.makedirs(root, exist_ok=True)
-        self.copy_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{HOOK}.py"),
-                       os.path.join(root, f"{HOOK}.py"))
+        self.copy_file(
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{HOOK}.py"),
+            os.path.join(root, f"{HOOK}.py"),
+        )
         with open(os.path.join(root, "model_immunization_torchvision.pth"), "w") as f:
             f.write(f"import {HOOK}\n")
 
@@ -48,23 +55,37 @@ def _extensions():
         return [], {}
     try:
         import torch
-        from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+        from torch.utils.cpp_extension import (
+            CUDA_HOME,
+            BuildExtension,
+            CppExtension,
+            CUDAExtension,
+        )
     except ImportError:
-        print("pycore: torch is not importable at build time (pip without --no-build-isolation?); "
-              "installing without the C++ op, pycore.ops will use its PyTorch fallback",
-              file=sys.stderr)
+        print(
+            "pycore: torch is not importable at build time (pip without --no-build-isolation?); "
+            "installing without the C++ op, pycore.ops will use its PyTorch fallback",
+            file=sys.stderr,
+        )
         return [], {}
     use_cuda = torch.version.cuda is not None and CUDA_HOME is not None
     if torch.version.cuda is not None and CUDA_HOME is None and not _flag("PYCORE_NO_CUDA"):
-        print(f"pycore: torch {torch.__version__} has CUDA {torch.version.cuda} but no CUDA toolkit was "
-              "found (set CUDA_HOME): building the CPU op only; on CUDA tensors pycore.ops will use its "
-              "PyTorch implementation", file=sys.stderr)
+        print(
+            f"pycore: torch {torch.__version__} has CUDA {torch.version.cuda} but no "
+            "CUDA toolkit was "
+            "found (set CUDA_HOME): building the CPU op only; on CUDA tensors "
+            "pycore.ops will use its "
+            "PyTorch implementation",
+            file=sys.stderr,
+        )
     if _flag("PYCORE_NO_CUDA"):
         use_cuda = False
     if _flag("PYCORE_FORCE_CUDA"):
         if torch.version.cuda is None or CUDA_HOME is None:
-            raise SystemExit(f"PYCORE_FORCE_CUDA=1 but torch.version.cuda={torch.version.cuda!r} "
-                             f"and CUDA_HOME={CUDA_HOME!r}: cannot build the CUDA op")
+            raise SystemExit(
+                f"PYCORE_FORCE_CUDA=1 but torch.version.cuda={torch.version.cuda!r} "
+                f"and CUDA_HOME={CUDA_HOME!r}: cannot build the CUDA op"
+            )
         use_cuda = True
     sources = ["csrc/cond_reg.cpp"]
     extra = {"cxx": ["-O3", "-g0"]}

@@ -1,8 +1,11 @@
 """Cost per step of each linear-probing attacker (pycore.attacks) as a ratio to GD with exact line
-search, on House Prices' D_H (200×79, least squares) and a synthetic logistic problem of that shape.
+search, on House Prices' D_H (200×79, least squares) and a synthetic logistic problem of that
+shape.
 
-    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python bench/bench_attacks.py [--steps 2000] [--repeats 3]
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
+        python bench/bench_attacks.py [--steps 2000] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +34,7 @@ def main(argv=None):
     y = (X @ rng.standard_normal(79) + rng.standard_normal(200) > 0).astype(float)
     problems["logistic (synthetic, 200×79)"] = A.make_problem(X, y, "logistic")
     for label, prob in problems.items():
-        rows, first = [], {}    # one configuration per attacker, from the quick grid
+        rows, first = [], {}  # one configuration per attacker, from the quick grid
         for c in W.attacker_grid(prob.loss, quick=True):
             first.setdefault(c.attacker, dict(c.params))
         for name, params in first.items():

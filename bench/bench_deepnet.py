@@ -4,6 +4,7 @@ interleaved in one run, one thread (docs/design.md §2): ref / fused is what the
 
     python -m pytest bench/bench_deepnet.py --benchmark-only -s
 """
+
 from __future__ import annotations
 
 import time
@@ -15,8 +16,10 @@ import torch.nn.functional as F
 from pycore import ops
 from pycore.deep import ImmunizedNet, create_model
 
-SHAPES = {"resnet18": ({"img_size": 32}, 2),
-          "vit_tiny_patch16_224": ({"img_size": 32, "patch_size": 8, "depth": 4}, 1)}
+SHAPES = {
+    "resnet18": ({"img_size": 32}, 2),
+    "vit_tiny_patch16_224": ({"img_size": 32, "patch_size": 8, "depth": 4}, 1),
+}
 
 
 def training_step(backbone: str, cond, batch: int = 64):
@@ -33,20 +36,27 @@ def training_step(backbone: str, cond, batch: int = 64):
     def step():
         XP, XH = m.prelogits(xP), m.prelogits(xH)
         ce = F.cross_entropy(m.classifier(F.linear(XP, m.layer.weight)), yP, label_smoothing=0.1)
-        loss = ce.double() + 1e-9 * cond(m.layer(XP).double(), "well") + cond(m.layer(XH).double(), "ill")
+        loss = (
+            ce.double()
+            + 1e-9 * cond(m.layer(XP).double(), "well")
+            + cond(m.layer(XH).double(), "ill")
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     return step
 
 
 @pytest.mark.parametrize("backbone", list(SHAPES))
 def test_step_fused_against_reference(benchmark, backbone):
-    steps = {"fused": training_step(backbone, ops.cond_regularizer),
-             "ref": training_step(backbone, ops.reference_cond_regularizer)}
+    steps = {
+        "fused": training_step(backbone, ops.cond_regularizer),
+        "ref": training_step(backbone, ops.reference_cond_regularizer),
+    }
     best = dict.fromkeys(steps, float("inf"))
 
-    def one_round():   # every variant once per round: load from other processes hits both alike
+    def one_round():  # every variant once per round: load from other processes hits both alike
         for name, step in steps.items():
             t0 = time.perf_counter()
             step()
@@ -56,6 +66,8 @@ def test_step_fused_against_reference(benchmark, backbone):
     benchmark.pedantic(one_round, rounds=10, warmup_rounds=1)
     ratio = best["ref"] / best["fused"]
     benchmark.extra_info.update(fused_s=best["fused"], ref_s=best["ref"], ref_over_fused=ratio)
-    print(f"\n{backbone}: fused {1e3 * best['fused']:.1f} ms, reference {1e3 * best['ref']:.1f} ms, "
-          f"reference / fused {ratio:.2f} (extension built: {ops.extension_available()})")
+    print(
+        f"\n{backbone}: fused {1e3 * best['fused']:.1f} ms, reference {1e3 * best['ref']:.1f} ms, "
+        f"reference / fused {ratio:.2f} (extension built: {ops.extension_available()})"
+    )
     assert ratio > 0

@@ -1,11 +1,12 @@
 """The linear jobs at reduced size, each method's time as a RATIO to the job's arithmetic floor
 measured in the same run (:func:`floor_step`): a regression shows as a larger ratio on any machine.
 
-    python bench/bench_jobs.py [--repeat 5]                      # the ratio table
-    python -m pytest bench/bench_jobs.py --benchmark-only -s     # the same through pytest-benchmark
+    python bench/bench_jobs.py [--repeat 5]                   # the ratio table
+    python -m pytest bench/bench_jobs.py --benchmark-only -s  # the same, through pytest-benchmark
 
 Ours, Opt κ, R_ill only and IMMA run a few epochs (seed 0, the job's preset), one BLAS thread.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ METHODS = ("ours", "opt_kappa", "r_ill_only", "imma")
 def house_price(protocol):
     from pycore.data.house_price import load_house_price
     from pycore.protocol import strict_protocol
+
     d = load_house_price()
     if protocol == "strict":
         return strict_protocol(d.train, d.heldout, d.feature_names)[0], "strict", 20
@@ -39,35 +41,42 @@ def house_price(protocol):
 
 def mnist():
     from pycore.data.mnist import digit_covariances, load_mnist_5k, pair_task, split_digits
+
     digits = load_mnist_5k()
-    split = split_digits(digits, 100, np.random.default_rng(0), 100)   # mnist.py's defaults
+    split = split_digits(digits, 100, np.random.default_rng(0), 100)  # mnist.py's defaults
     return pair_task(digits, split, 0, 1, covariances=digit_covariances(digits, split)), "mnist", 4
 
 
-JOBS = {"house_price": lambda: house_price("paper"), "house_price_strict": lambda: house_price("strict"),
-        "mnist": mnist}
+JOBS = {
+    "house_price": lambda: house_price("paper"),
+    "house_price_strict": lambda: house_price("strict"),
+    "mnist": mnist,
+}
 
 
 def floor_step(task):
-    """One step of the bare arithmetic every step of the job must do, with the same LAPACK/BLAS calls:
-    House Prices (D ≤ 79, 200 rows) the feature products ``Xθ``, the Hessians ``ZᵀZ`` and their
-    eigenvalues (``dsytrd`` + ``dsterf``); MNIST (D = 784, 100 rows) the feature products, the two
-    N×N Gram eigensolves and one 784×100×784 product."""
+    """One step of the bare arithmetic every step of the job must do, with the same LAPACK/BLAS
+    calls: House Prices (D ≤ 79, 200 rows) the feature products ``Xθ``, the Hessians ``ZᵀZ`` and
+    their eigenvalues (``dsytrd`` + ``dsterf``); MNIST (D = 784, 100 rows) the feature products,
+    the two N×N Gram eigensolves and one 784×100×784 product."""
     X_P, X_H, theta = task.X_P, task.X_H, np.eye(task.D)
-    if X_P.shape[0] >= task.D:      # D×D Hessians, eigenvalues by dsytrd + dsterf
+    if X_P.shape[0] >= task.D:  # D×D Hessians, eigenvalues by dsytrd + dsterf
+
         def step():
             for X in (X_P, X_H):
                 Z = X @ theta
                 _, d, e, _, _ = lapack.dsytrd(Z.T @ Z, lower=1)
                 lapack.dsterf(d, e)
-        return step
-    V = np.linalg.svd(X_H, full_matrices=False)[2].T   # D×N
 
-    def step():                     # N×N Gram spectra and one dense D×D update
+        return step
+    V = np.linalg.svd(X_H, full_matrices=False)[2].T  # D×N
+
+    def step():  # N×N Gram spectra and one dense D×D update
         for X in (X_P, X_H):
             Z = X @ theta
             np.linalg.eigh(Z @ Z.T)
         V @ V.T
+
     return step
 
 
@@ -103,8 +112,12 @@ def test_job_floor_ratio(benchmark, job):
     task, preset, epochs = JOBS[job]()
     step, n = floor_step(task), steps(task, preset, epochs) * len(METHODS)
     benchmark.group = f"linear job at reduced size: {job}"
-    thetas = benchmark.pedantic(lambda: [run(task, preset, epochs, m).theta for m in METHODS],
-                                rounds=3, iterations=1, warmup_rounds=1)
+    thetas = benchmark.pedantic(
+        lambda: [run(task, preset, epochs, m).theta for m in METHODS],
+        rounds=3,
+        iterations=1,
+        warmup_rounds=1,
+    )
     ratio = benchmark.stats.stats.min / (n * best(lambda: [step() for _ in range(50)], 3) / 50)
     benchmark.extra_info.update(ratio_to_floor=ratio)
     print(f"\n{job}: {len(METHODS)} methods × {epochs} epochs, ratio to the floor {ratio:.2f}")

@@ -4,6 +4,7 @@ tests/test_threads.py checks that it does).
 
     python bench/bench_threads.py [--sizes 79,256,784,1500] [--rounds 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,19 +25,24 @@ def main(argv=None) -> None:
     for n in map(int, args.sizes.split(",")):
         A = rng.standard_normal((n, n))
         S, X = A @ A.T, rng.standard_normal((max(n, 200), n))
-        ops = {"gemm": lambda: A @ A, "eigh": lambda: np.linalg.eigh(S),
-               "svd": lambda: np.linalg.svd(X, full_matrices=False)}
-        calls = max(2, int(1e8 / n ** 3))
+        ops = {
+            "gemm": lambda: A @ A,
+            "eigh": lambda: np.linalg.eigh(S),
+            "svd": lambda: np.linalg.svd(X, full_matrices=False),
+        }
+        calls = max(2, int(1e8 / n**3))
         for name, f in ops.items():
             for _ in range(args.rounds):
-                for th in (1, 2):    # interleaved, so that load hits both alike
+                for th in (1, 2):  # interleaved, so that load hits both alike
                     with ctl.limit(limits=th, user_api="blas"):
                         t = time.perf_counter()
                         for _ in range(calls):
                             f()
                         res.setdefault((name, th), []).append((time.perf_counter() - t) / calls)
             t1, t2 = (statistics.median(res.pop((name, th))) for th in (1, 2))
-            print(f"| {n} | {name} | {1e3 * t1:.3f} | {1e3 * t2:.3f} | {t2 / t1:.2f} |", flush=True)
+            print(
+                f"| {n} | {name} | {1e3 * t1:.3f} | {1e3 * t2:.3f} | {t2 / t1:.2f} |", flush=True
+            )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Benchmarks run single-threaded (docs/design.md §5: a second busy core makes multi-threaded BLAS
 timings meaningless on shared machines).  Set before any benchmark body runs."""
+
 import os
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -7,10 +7,11 @@ Every attacker family of :func:`pycore.worst_case.attacker_grid` probes ``Z = X�
 hardened, :mod:`pycore.harden`) and counts its steps to each ε; :func:`pycore.worst_case.analyse`
 names each family's best configuration, the defender's worst case and what κ alone can force.
 
-    python experiments/attacks.py                         # strict, 5 seeds, closed form and Algorithm 1
+    python experiments/attacks.py                        # strict, 5 seeds, closed form, Alg. 1
     python experiments/attacks.py --quick --seeds 1      # CI smoke test (small grid)
     python experiments/attacks.py --mnist-pairs 0-1,7-2  # also MNIST (logistic probing)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,50 +28,103 @@ from pycore.immunize import MAX_EPOCHS, METHODS
 from pycore.report import METHOD_LABELS, environment, save_figure
 from pycore.thetas import run_name, task_arrays, theta_key
 
-MAX_STEPS = 1_000_000   # a trajectory keeps a loss per step: 50× the default cap, ample for ε = 1e-6
+MAX_STEPS = (
+    1_000_000  # a trajectory keeps a loss per step: 50× the default cap, ample for ε = 1e-6
+)
 TASKS = ("D_H", "D_P")
 OUTPUTS = ("table.md", "best_so_far.png", "thetas.npz", "results.json")
 LSQ_FAMILIES = tuple(f for f in W.FAMILIES if f != "newton")
-_STATE: dict = {}   # data shared with forked workers (never pickled per job)
+_STATE: dict = {}  # data shared with forked workers (never pickled per job)
 
 
 def build_parser() -> common.Parser:
     p = common.Parser("attacks.py", __doc__.split("\n\n")[0])
     common.add_run_flags(p, "5", "results/attacks", "immunization seeds")
-    p.add_argument("--protocol", choices=("paper", "strict"), default="strict",
-                   help="House Prices protocol (docs/theory.md §10): the preset 'strict' or 'house_price'")
+    p.add_argument(
+        "--protocol",
+        choices=("paper", "strict"),
+        default="strict",
+        help="House Prices protocol (docs/theory.md §10): the preset 'strict' or 'house_price'",
+    )
     methods = common.comma_list(choices=METHODS)
-    p.add_argument("--methods", type=methods, default="closed_form,ours",
-                   help="immunizers (identity is added)")
-    p.add_argument("--hardened-methods", type=methods, default="closed_form,ours",
-                   help="methods also attacked hardened by --harden (identity's rotated twin is added)")
-    p.add_argument("--attackers", type=common.comma_list(choices=LSQ_FAMILIES),
-                   default=",".join(LSQ_FAMILIES), help="attacker families")
+    p.add_argument(
+        "--methods",
+        type=methods,
+        default="closed_form,ours",
+        help="immunizers (identity is added)",
+    )
+    p.add_argument(
+        "--hardened-methods",
+        type=methods,
+        default="closed_form,ours",
+        help="methods also attacked hardened by --harden (identity's rotated twin is added)",
+    )
+    p.add_argument(
+        "--attackers",
+        type=common.comma_list(choices=LSQ_FAMILIES),
+        default=",".join(LSQ_FAMILIES),
+        help="attacker families",
+    )
     eps = common.real(0, 1, lo_open=True, hi_open=True)
-    p.add_argument("--eps", type=common.comma_list(eps, max_items=10), default="1e-2,1e-4",
-                   help="relative-suboptimality targets")
-    p.add_argument("--max-steps", type=common.count(1, MAX_STEPS), default=20000,
-                   help="step cap of an attacker")
-    p.add_argument("--quick", action="store_true", help="a few configurations per family (smoke tests)")
-    p.add_argument("--orders", type=common.count(1, W.MAX_ORDERS), default=200,
-                   help="random orders of the configurations for the best-so-far curves")
+    p.add_argument(
+        "--eps",
+        type=common.comma_list(eps, max_items=10),
+        default="1e-2,1e-4",
+        help="relative-suboptimality targets",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=common.count(1, MAX_STEPS),
+        default=20000,
+        help="step cap of an attacker",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a few configurations per family (smoke tests)"
+    )
+    p.add_argument(
+        "--orders",
+        type=common.count(1, W.MAX_ORDERS),
+        default=200,
+        help="random orders of the configurations for the best-so-far curves",
+    )
     common.add_house_price_data(p)
     p.add_argument("--no-plot", action="store_true", help="skip best_so_far.png")
     mn = p.add_argument_group("MNIST (logistic probing)")
-    mn.add_argument("--mnist-pairs", type=common.flag_type("pairs", "P-H,P-H,...", parse_pairs),
-                    help="also attack these ordered digit pairs")
-    mn.add_argument("--mnist-only", action="store_true", help="only the MNIST pairs (no House Prices)")
-    mn.add_argument("--mnist-methods", type=methods, default="closed_form,ours",
-                    help="MNIST immunizers (identity added; each also hardened)")
-    mn.add_argument("--mnist-seeds", type=common.seeds, default="1", metavar="N|A,B,C|A-B",
-                    help="MNIST seeds")
-    mn.add_argument("--mnist-n-train", type=common.count(1, 500), default=100,
-                    help="training images per digit")
-    mn.add_argument("--mnist-epochs", type=common.count(0, MAX_EPOCHS), default=30,
-                    help="immunization epochs (the preset 'mnist', as experiments/mnist.py)")
-    mn.add_argument("--mnist-max-steps", type=common.count(1, MAX_STEPS), default=3000, help="step cap")
-    mn.add_argument("--logistic-ridge", type=common.real(0.0, lo_open=True), default=1e-4,
-                    help="logistic probe ridge λ = r·‖Z‖₂²/4 (pycore.attacks.make_problem's ridge_rel)")
+    mn.add_argument(
+        "--mnist-pairs",
+        type=common.flag_type("pairs", "P-H,P-H,...", parse_pairs),
+        help="also attack these ordered digit pairs",
+    )
+    mn.add_argument(
+        "--mnist-only", action="store_true", help="only the MNIST pairs (no House Prices)"
+    )
+    mn.add_argument(
+        "--mnist-methods",
+        type=methods,
+        default="closed_form,ours",
+        help="MNIST immunizers (identity added; each also hardened)",
+    )
+    mn.add_argument(
+        "--mnist-seeds", type=common.seeds, default="1", metavar="N|A,B,C|A-B", help="MNIST seeds"
+    )
+    mn.add_argument(
+        "--mnist-n-train", type=common.count(1, 500), default=100, help="training images per digit"
+    )
+    mn.add_argument(
+        "--mnist-epochs",
+        type=common.count(0, MAX_EPOCHS),
+        default=30,
+        help="immunization epochs (the preset 'mnist', as experiments/mnist.py)",
+    )
+    mn.add_argument(
+        "--mnist-max-steps", type=common.count(1, MAX_STEPS), default=3000, help="step cap"
+    )
+    mn.add_argument(
+        "--logistic-ridge",
+        type=common.real(0.0, lo_open=True),
+        default=1e-4,
+        help="logistic probe ridge λ = r·‖Z‖₂²/4 (pycore.attacks.make_problem's ridge_rel)",
+    )
     common.add_immunize_options(p, "strict")
     p.set_defaults(harden="haar")
     return p
@@ -79,17 +133,20 @@ def build_parser() -> common.Parser:
 def prepare(args, parser) -> None:
     """The checks that involve several flags, before any compute."""
     from pycore.immunize import options_of
+
     if args.mnist_only and not args.mnist_pairs:
         raise common.UsageError("needs --mnist-pairs", "--mnist-only")
     missing = [m for m in args.hardened_methods if m not in args.methods]
     if missing:
         raise common.UsageError(f"{missing[0]!r} is not among --methods", "--hardened-methods")
     args.methods = ["identity"] + [m for m in args.methods if m != "identity"]
-    args.immunizer = common.immunizer(parser, args, args.methods,
-                                      "strict" if args.protocol == "strict" else "house_price")
+    args.immunizer = common.immunizer(
+        parser, args, args.methods, "strict" if args.protocol == "strict" else "house_price"
+    )
     args.mnist_methods = ["identity"] + [m for m in args.mnist_methods if m != "identity"]
     has = {m: {f.name for f in dataclasses.fields(options_of(m))} for m in args.mnist_methods}
-    epochs = {m: {"epochs": args.mnist_epochs} if "epochs" in has[m] else {} for m in has}   # preset "mnist"
+    # preset "mnist"
+    epochs = {m: {"epochs": args.mnist_epochs} if "epochs" in has[m] else {} for m in has}
     args.mnist_immunizer = common.Immunizer("mnist", epochs, args.certified, args.harden)
     common.check_out(args.out, OUTPUTS)
 
@@ -109,29 +166,46 @@ def _immunize_job(job):
     keep (RIR, (i), (ii) on both row sets, the best D_P loss: docs/findings.md §5)."""
     from pycore.losses import best_probe_loss
     from pycore.metrics import rir
+
     method, seed, hardened = job
-    run = _STATE["immunize"] if hardened else dataclasses.replace(_STATE["immunize"], harden="none")
+    run = (
+        _STATE["immunize"] if hardened else dataclasses.replace(_STATE["immunize"], harden="none")
+    )
     res = run(_STATE["splits"]["train"], method, np.random.default_rng(seed))
 
     def numbers(theta):
-        return {rows: {"rir": (r := rir(theta, t.X_P, t.X_H)).value, "harmful_ratio": r.harmful_ratio,
-                       "pretrain_ratio": r.pretrain_ratio,
-                       "dp_loss": best_probe_loss(t.loss, t.X_P @ theta, t.Y_P)}
-                for rows, t in _STATE["splits"].items()}
+        return {
+            rows: {
+                "rir": (r := rir(theta, t.X_P, t.X_H)).value,
+                "harmful_ratio": r.harmful_ratio,
+                "pretrain_ratio": r.pretrain_ratio,
+                "dp_loss": best_probe_loss(t.loss, t.X_P @ theta, t.Y_P),
+            }
+            for rows, t in _STATE["splits"].items()
+        }
 
     plain = res.theta if res.theta_unhardened is None else res.theta_unhardened
     variants = {run_name(method): {"theta": plain, "numbers": numbers(plain)}}
     if res.theta_unhardened is not None:
         variants[run_name(method, run.harden)] = {
-            "theta": res.theta, "Q": res.rotation, "numbers": numbers(res.theta),
-            "orthogonality_defect": res.diagnostics["harden"]["orthogonality_defect"]}
-    return {"method": method, "seed": seed, "wall_seconds": res.wall_seconds, "variants": variants,
-            "diagnostics": {k: v for k, v in res.diagnostics.items() if np.isscalar(v)}}
+            "theta": res.theta,
+            "Q": res.rotation,
+            "numbers": numbers(res.theta),
+            "orthogonality_defect": res.diagnostics["harden"]["orthogonality_defect"],
+        }
+    return {
+        "method": method,
+        "seed": seed,
+        "wall_seconds": res.wall_seconds,
+        "variants": variants,
+        "diagnostics": {k: v for k, v in res.diagnostics.items() if np.isscalar(v)},
+    }
 
 
 def _grid_job(unit):
     """Every attacker configuration on one (θ, rows, task) problem."""
     from pycore.probe import make_problem
+
     digest, rows, task = unit
     st, t = _STATE, _STATE["splits"][rows]
     X, Y = (t.X_H, t.Y_H) if task == "D_H" else (t.X_P, t.Y_P)
@@ -147,10 +221,20 @@ def run(args) -> dict:
     if args.mnist_only:
         mnist, thetas = run_mnist(args, t_start)
         first = next(iter(mnist["pairs"].values()))
-        return {"experiment": "attacks", "dataset": "mnist", "protocol": "mnist", "mnist": mnist,
-                "harden": args.harden, "seeds": mnist["seeds"], "eps": sorted(args.eps, reverse=True),
-                "_thetas": thetas, "variants": first["variants"], "best_so_far": first["best_so_far"],
-                **environment(), "wall_seconds": time.perf_counter() - t_start}
+        return {
+            "experiment": "attacks",
+            "dataset": "mnist",
+            "protocol": "mnist",
+            "mnist": mnist,
+            "harden": args.harden,
+            "seeds": mnist["seeds"],
+            "eps": sorted(args.eps, reverse=True),
+            "_thetas": thetas,
+            "variants": first["variants"],
+            "best_so_far": first["best_so_far"],
+            **environment(),
+            "wall_seconds": time.perf_counter() - t_start,
+        }
     data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
     if data.heldout is None:
         raise common.UsageError("leaves no held-out rows (lower it)", "--n-train")
@@ -159,17 +243,41 @@ def run(args) -> dict:
         train, held, strict = strict_protocol(train, held, data.feature_names)
     splits = {"train": train, "heldout": held}
     grid = tuple(c for c in W.attacker_grid("lsq", quick=args.quick) if c.family in args.attackers)
-    res = {"experiment": "attacks", "dataset": "house_prices", "source": data.source,
-           "protocol": args.protocol,
-           "strict_protocol": None if strict is None else strict.as_dict(), "seeds": args.seeds,
-           "methods": args.methods, "hardened_methods": args.hardened_methods, "harden": args.harden,
-           "eps": sorted(args.eps, reverse=True), "step_cap": args.max_steps, "quick_grid": args.quick,
-           "grid": [c.as_dict() for c in grid], "immunize": args.immunizer.as_dict(),
-           "loss": "0.5*||Zw - y||^2 (Hessian Z^T Z = H(theta)); every attacker starts at w = 0",
-           "n_rows": {rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])}
-                      for rows, t in splits.items()},
-           **evaluate(splits, args.methods, args.hardened_methods, args.seeds, args.immunizer, grid, "lsq",
-                      args.max_steps, args.eps, args, "house prices", t_start)}
+    res = {
+        "experiment": "attacks",
+        "dataset": "house_prices",
+        "source": data.source,
+        "protocol": args.protocol,
+        "strict_protocol": None if strict is None else strict.as_dict(),
+        "seeds": args.seeds,
+        "methods": args.methods,
+        "hardened_methods": args.hardened_methods,
+        "harden": args.harden,
+        "eps": sorted(args.eps, reverse=True),
+        "step_cap": args.max_steps,
+        "quick_grid": args.quick,
+        "grid": [c.as_dict() for c in grid],
+        "immunize": args.immunizer.as_dict(),
+        "loss": "0.5*||Zw - y||^2 (Hessian Z^T Z = H(theta)); every attacker starts at w = 0",
+        "n_rows": {
+            rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])}
+            for rows, t in splits.items()
+        },
+        **evaluate(
+            splits,
+            args.methods,
+            args.hardened_methods,
+            args.seeds,
+            args.immunizer,
+            grid,
+            "lsq",
+            args.max_steps,
+            args.eps,
+            args,
+            "house prices",
+            t_start,
+        ),
+    }
     res["_thetas"].update(task_arrays(splits))
     if args.mnist_pairs:
         res["mnist"], mnist_thetas = run_mnist(args, t_start)
@@ -177,13 +285,26 @@ def run(args) -> dict:
     return {**res, **environment(), "wall_seconds": time.perf_counter() - t_start}
 
 
-def evaluate(splits, methods, hardened, seeds, immunizer, grid, loss, cap, eps, args, label, t_start):
+def evaluate(
+    splits, methods, hardened, seeds, immunizer, grid, loss, cap, eps, args, label, t_start
+):
     """Immunize ``splits['train']`` per (method, seed) (``hardened`` and identity also hardened),
     the grid on both tasks of every split per θ: runs, analysis, best-so-far, θ's (``_thetas``)."""
     harden = immunizer.harden
-    jobs = [(m, s, harden != "none" and (m in hardened or m == "identity")) for s in seeds for m in methods]
-    _STATE.update(splits=splits, immunize=immunizer, loss=loss, ridge_rel=args.logistic_ridge, grid=grid,
-                  eps=tuple(eps), cap=cap)
+    jobs = [
+        (m, s, harden != "none" and (m in hardened or m == "identity"))
+        for s in seeds
+        for m in methods
+    ]
+    _STATE.update(
+        splits=splits,
+        immunize=immunizer,
+        loss=loss,
+        ridge_rel=args.logistic_ridge,
+        grid=grid,
+        eps=tuple(eps),
+        cap=cap,
+    )
     entries = common.pool_map(_immunize_job, jobs, args.jobs, desc=f"{label}: immunizing")
     thetas, runs, archive = {}, [], {}
     for e in entries:
@@ -193,54 +314,111 @@ def evaluate(splits, methods, hardened, seeds, immunizer, grid, loss, cap, eps, 
             archive[theta_key(v, e["seed"])] = blob["theta"]
             if "Q" in blob:
                 archive[theta_key(v, e["seed"], part="Q")] = blob["Q"]
-            runs.append({"seed": e["seed"], "method": e["method"], "variant": v, "theta_digest": d,
-                         "numbers": blob["numbers"], "immunize_seconds": e["wall_seconds"],
-                         "diagnostics": e["diagnostics"],
-                         "orthogonality_defect": blob.get("orthogonality_defect")})
-        if len(e["variants"]) == 2:   # hardening must leave every number as it was (exact invariants)
+            runs.append(
+                {
+                    "seed": e["seed"],
+                    "method": e["method"],
+                    "variant": v,
+                    "theta_digest": d,
+                    "numbers": blob["numbers"],
+                    "immunize_seconds": e["wall_seconds"],
+                    "diagnostics": e["diagnostics"],
+                    "orthogonality_defect": blob.get("orthogonality_defect"),
+                }
+            )
+        # hardening must leave every number as it was (exact invariants)
+        if len(e["variants"]) == 2:
             (pv, pb), (_, hb) = e["variants"].items()
             keys = ("rir", "harmful_ratio", "pretrain_ratio", "dp_loss")
-            runs[-1].update(invariance_vs=pv, invariance={
-                rows: max(abs(hb["numbers"][rows][k] - n[k]) / abs(n[k]) for k in keys)
-                for rows, n in pb["numbers"].items()})
-    print(f"{label}: immunized {len(entries)} runs, {len(thetas)} distinct θ "
-          f"({time.perf_counter() - t_start:.0f}s)", flush=True)
+            runs[-1].update(
+                invariance_vs=pv,
+                invariance={
+                    rows: max(abs(hb["numbers"][rows][k] - n[k]) / abs(n[k]) for k in keys)
+                    for rows, n in pb["numbers"].items()
+                },
+            )
+    print(
+        f"{label}: immunized {len(entries)} runs, {len(thetas)} distinct θ "
+        f"({time.perf_counter() - t_start:.0f}s)",
+        flush=True,
+    )
     _STATE["thetas"] = thetas
     units = [(d, rows, task) for d in thetas for rows in splits for task in TASKS]
-    by_unit = dict(zip(units, common.pool_map(_grid_job, units, args.jobs, desc=f"{label}: attacking")))
+    by_unit = dict(
+        zip(units, common.pool_map(_grid_job, units, args.jobs, desc=f"{label}: attacking"))
+    )
     for r in runs:
-        r["problems"] = {f"{rows}/{task}": by_unit[(r["theta_digest"], rows, task)].compact()
-                         for rows in splits for task in TASKS}
-    print(f"{label}: {len(units)} problems attacked ({time.perf_counter() - t_start:.0f}s)", flush=True)
-    return {"runs": runs, "variants": list(dict.fromkeys(r["variant"] for r in runs)),
-            "analysis": W.analyse(runs, grid, sorted(eps, reverse=True), cap,
-                                  rotated=run_name("identity", harden)),
-            "best_so_far": W.best_so_far_curves(runs, grid, min(eps), cap, args.orders), "_thetas": archive}
+        r["problems"] = {
+            f"{rows}/{task}": by_unit[(r["theta_digest"], rows, task)].compact()
+            for rows in splits
+            for task in TASKS
+        }
+    print(
+        f"{label}: {len(units)} problems attacked ({time.perf_counter() - t_start:.0f}s)",
+        flush=True,
+    )
+    return {
+        "runs": runs,
+        "variants": list(dict.fromkeys(r["variant"] for r in runs)),
+        "analysis": W.analyse(
+            runs, grid, sorted(eps, reverse=True), cap, rotated=run_name("identity", harden)
+        ),
+        "best_so_far": W.best_so_far_curves(runs, grid, min(eps), cap, args.orders),
+        "_thetas": archive,
+    }
 
 
 def run_mnist(args, t_start):
     """MNIST ordered pairs with logistic probing, immunized with the preset "mnist" (as
     experiments/mnist.py) and hardened like House Prices."""
     from pycore.data.mnist import load_mnist, pair_task, split_digits
+
     digits = load_mnist()
-    grid = tuple(c for c in W.attacker_grid("logistic", quick=args.quick)
-                 if c.family in args.attackers or c.family == "newton")
-    out = {"pairs": {}, "grid": [c.as_dict() for c in grid], "step_cap": args.mnist_max_steps,
-           "ridge_rel": args.logistic_ridge, "n_train": args.mnist_n_train, "seeds": args.mnist_seeds,
-           "methods": args.mnist_methods, "immunize": args.mnist_immunizer.as_dict(), "source": digits.source}
+    grid = tuple(
+        c
+        for c in W.attacker_grid("logistic", quick=args.quick)
+        if c.family in args.attackers or c.family == "newton"
+    )
+    out = {
+        "pairs": {},
+        "grid": [c.as_dict() for c in grid],
+        "step_cap": args.mnist_max_steps,
+        "ridge_rel": args.logistic_ridge,
+        "n_train": args.mnist_n_train,
+        "seeds": args.mnist_seeds,
+        "methods": args.mnist_methods,
+        "immunize": args.mnist_immunizer.as_dict(),
+        "source": digits.source,
+    }
     archive = {}
     for p, h in args.mnist_pairs:
         split = split_digits(digits, args.mnist_n_train, np.random.default_rng(0))
-        splits = {"train": pair_task(digits, split, p, h),
-                  "heldout": pair_task(digits, split, p, h, heldout=True)}
-        res = evaluate(splits, args.mnist_methods, args.mnist_methods, args.mnist_seeds, args.mnist_immunizer,
-                       grid, "logistic", args.mnist_max_steps, args.eps, args, f"mnist {p}-{h}", t_start)
+        splits = {
+            "train": pair_task(digits, split, p, h),
+            "heldout": pair_task(digits, split, p, h, heldout=True),
+        }
+        res = evaluate(
+            splits,
+            args.mnist_methods,
+            args.mnist_methods,
+            args.mnist_seeds,
+            args.mnist_immunizer,
+            grid,
+            "logistic",
+            args.mnist_max_steps,
+            args.eps,
+            args,
+            f"mnist {p}-{h}",
+            t_start,
+        )
         archive.update({f"mnist/{p}-{h}/{k}": v for k, v in res.pop("_thetas").items()})
         out["pairs"][f"{p}-{h}"] = res
     return out, archive
 
 
-# --- tables ----------------------------------------------------------------------------------------
+# --- tables
+# ----------------------------------------------------------------------------------------
+
 
 def _fmt_one(v, kind="="):
     if kind == "n/a":
@@ -262,17 +440,28 @@ def _mode(items):
     """The most frequent item (first in order on ties), with '(k/n seeds)' when not unanimous."""
     items = list(items)
     best = max(dict.fromkeys(items), key=items.count)
-    return best if items.count(best) == len(items) else f"{best} ({items.count(best)}/{len(items)} seeds)"
+    return (
+        best
+        if items.count(best) == len(items)
+        else f"{best} ({items.count(best)}/{len(items)} seeds)"
+    )
 
 
-INTRO = ("Loss ½‖Zw − y‖², w₀ = 0; one step = one iteration (one gradient for every first-order "
-         "family; L-BFGS may evaluate more per iteration; whitening also forms Σ̂ once; the closed form is "
-         "one solve). Rows: train = the {}/{} D_H/D_P rows used to immunize; held-out = the other {}/{}. "
-         "Slow-down = steps of the family's best configuration on θ / on identity (median over seeds, "
-         "min–max in brackets; ≥ when θ's run hit the cap, ≤ when identity's did); [b] = what κ alone can "
-         "force on the family (pycore.worst_case.kappa_bounds: GD r, momentum/CG/L-BFGS √r, Adam/Adagrad "
-         "r_J, Jacobi-PCG √r_J, whitening/closed form 1; r = κ(θ)/κ(I), r_J the same for the Jacobi-scaled "
-         "Hessian).\n")
+INTRO = (
+    "Loss ½‖Zw − y‖², w₀ = 0; one step = one iteration (one gradient for every first-order "
+    "family; L-BFGS may evaluate more per iteration; whitening also forms Σ̂ once; the "
+    "closed form is "
+    "one solve). Rows: train = the {}/{} D_H/D_P rows used to immunize; held-out = the "
+    "other {}/{}. "
+    "Slow-down = steps of the family's best configuration on θ / on identity (median over seeds, "
+    "min–max in brackets; ≥ when θ's run hit the cap, ≤ when identity's did); [b] = "
+    "what κ alone can "
+    "force on the family (pycore.worst_case.kappa_bounds: GD r, momentum/CG/L-BFGS √r, "
+    "Adam/Adagrad "
+    "r_J, Jacobi-PCG √r_J, whitening/closed form 1; r = κ(θ)/κ(I), r_J the same for the "
+    "Jacobi-scaled "
+    "Hessian).\n"
+)
 
 
 def table_markdown(res: dict) -> str:
@@ -280,21 +469,33 @@ def table_markdown(res: dict) -> str:
     L = [command + "\n"]
     if res.get("dataset") != "mnist":
         n = res["n_rows"]
-        L = [f"# Worst-case attack evaluation: House Prices, {res['protocol']} protocol\n",
-             f"{command}  \nSeeds {res['seeds']}; step cap {res['step_cap']}; ε ∈ {res['eps']}; hardening "
-             f"`{res['harden']}` for {', '.join(res['hardened_methods']) or 'no method'} and the identity "
-             f"reference; {len(res['grid'])} attacker configurations"
-             + (" (quick grid)" if res["quick_grid"] else "") + ". "
-             + INTRO.format(n["train"]["D_H"], n["train"]["D_P"], n["heldout"]["D_H"], n["heldout"]["D_P"])]
+        L = [
+            f"# Worst-case attack evaluation: House Prices, {res['protocol']} protocol\n",
+            f"{command}  \nSeeds {res['seeds']}; step cap {res['step_cap']}; ε ∈ "
+            f"{res['eps']}; hardening "
+            f"`{res['harden']}` for {', '.join(res['hardened_methods']) or 'no method'} "
+            "and the identity "
+            f"reference; {len(res['grid'])} attacker configurations"
+            + (" (quick grid)" if res["quick_grid"] else "")
+            + ". "
+            + INTRO.format(
+                n["train"]["D_H"], n["train"]["D_P"], n["heldout"]["D_H"], n["heldout"]["D_P"]
+            ),
+        ]
         L += _sections(res, "##") + _transfer_lines(res)
     if res.get("mnist"):
         M = res["mnist"]
-        L.append(f"# MNIST pairs: logistic probing (BCE + ridge λ = {M['ridge_rel']:g}·‖Z‖₂²/4), "
-                 f"{M['n_train']} training images per digit, seeds {M['seeds']}, step cap {M['step_cap']}, "
-                 f"{len(M['grid'])} configurations (second-order attacker: damped Newton)\n")
+        L.append(
+            f"# MNIST pairs: logistic probing (BCE + ridge λ = {M['ridge_rel']:g}·‖Z‖₂²/4), "
+            f"{M['n_train']} training images per digit, seeds {M['seeds']}, step cap "
+            f"{M['step_cap']}, "
+            f"{len(M['grid'])} configurations (second-order attacker: damped Newton)\n"
+        )
         for pair, blk in M["pairs"].items():
             L.append(f"## pair {pair} (P = {pair.split('-')[0]}, H = {pair.split('-')[1]})\n")
-            L += _sections({**res, **blk, "grid": M["grid"], "harden": M["immunize"]["harden"]}, "###")
+            L += _sections(
+                {**res, **blk, "grid": M["grid"], "harden": M["immunize"]["harden"]}, "###"
+            )
     return "\n".join(L) + "\n"
 
 
@@ -306,94 +507,164 @@ def _sections(res, h) -> list[str]:
     """Hardening invariants and targets, the worst case per row set and ε, Adam and whitening."""
     L, inv = [], [r for r in res["runs"] if "invariance" in r]
     if inv:
-        od = max(r["orthogonality_defect"] for r in res["runs"] if r.get("orthogonality_defect") is not None)
+        od = max(
+            r["orthogonality_defect"]
+            for r in res["runs"]
+            if r.get("orthogonality_defect") is not None
+        )
         worst = max(max(r["invariance"].values()) for r in inv)
-        L.append(f"Hardening leaves every spectrum unchanged: over {len(inv)} hardened runs the largest "
-                 "relative difference of RIR, (i), (ii) and the best D_P loss to the unhardened θ, on "
-                 f"training and held-out rows, is {worst:.2e}; ‖QᵀQ − I‖_max ≤ {od:.1e}.\n")
+        L.append(
+            f"Hardening leaves every spectrum unchanged: over {len(inv)} hardened runs "
+            "the largest "
+            "relative difference of RIR, (i), (ii) and the best D_P loss to the unhardened θ, on "
+            f"training and held-out rows, is {worst:.2e}; ‖QᵀQ − I‖_max ≤ {od:.1e}.\n"
+        )
     yes = {True: "yes", False: "NO", None: "undecided (cap)"}
     if targets := W.targets(res):
-        L += [f"{h} Hardening targets (training rows, ε = 1e-4)\n",
-              "Best Adam of the grid on D_H slowed ≥ 10× against identity on every seed; D_P's best Adam not "
-              "slowed by more than 1.2×; RIR, (i), (ii), best D_P loss equal to the unhardened θ's to 1e-10 "
-              "relative.\n", "| variant | Adam D_H slow-down (per seed) | ≥ 10× every seed | Adam D_P "
-              "slow-down | ≤ 1.2× | invariants (max rel. diff) | ≤ 1e-10 |", "|---|---|---|---|---|---|---|"]
-        L += [f"| {variant_label(t['variant'])} | {', '.join(_fmt_one(*x) for x in t['adam_dh'])} | "
-              f"{yes[t['dh_ok']]} | {', '.join(_fmt_one(*x) for x in t['adam_dp'])} | {yes[t['dp_ok']]} | "
-              f"{t['invariance']:.1e} | {yes[t['inv_ok']]} |" for t in targets] + [""]
+        L += [
+            f"{h} Hardening targets (training rows, ε = 1e-4)\n",
+            "Best Adam of the grid on D_H slowed ≥ 10× against identity on every seed; "
+            "D_P's best Adam not "
+            "slowed by more than 1.2×; RIR, (i), (ii), best D_P loss equal to the "
+            "unhardened θ's to 1e-10 "
+            "relative.\n",
+            "| variant | Adam D_H slow-down (per seed) | ≥ 10× every seed | Adam D_P "
+            "slow-down | ≤ 1.2× | invariants (max rel. diff) | ≤ 1e-10 |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        L += [
+            f"| {variant_label(t['variant'])} | {', '.join(_fmt_one(*x) for x in t['adam_dh'])} | "
+            f"{yes[t['dh_ok']]} | {', '.join(_fmt_one(*x) for x in t['adam_dp'])} | "
+            f"{yes[t['dp_ok']]} | "
+            f"{t['invariance']:.1e} | {yes[t['inv_ok']]} |"
+            for t in targets
+        ] + [""]
     fams, an = list(dict.fromkeys(c["family"] for c in res["grid"])), res["analysis"]
     for rows, ek in ((rows, W._ekey(e)) for rows in ("train", "heldout") for e in res["eps"]):
-        L += [f"{h} Worst case, {rows} rows, ε = {ek} (D_H: slowed is good for the defender)\n",
-              "| θ | worst case, all attackers | worst first-order attacker (on θ) | first-order slow-down | "
-              + " | ".join(fams) + " |", "|---|---|---|---|" + "---|" * len(fams)]
+        L += [
+            f"{h} Worst case, {rows} rows, ε = {ek} (D_H: slowed is good for the defender)\n",
+            "| θ | worst case, all attackers | worst first-order attacker (on θ) | "
+            "first-order slow-down | " + " | ".join(fams) + " |",
+            "|---|---|---|---|" + "---|" * len(fams),
+        ]
         for v, per in an.items():
             c = per[f"{rows}/D_H"][ek]
             wa, wf = c["worst_all"], c["worst_first_order"]
-            steps = _mode(f"{w['attacker']}: {'>cap' if w['steps'] is None else w['steps']} steps"
-                          for w in wf)
-            fam = [f"{fmt_factors(x['slowdown'])} [{_fmt_one(np.median(x['bound']))}]"
-                   for x in (c["families"][f] for f in fams)]
-            L.append(f"| {variant_label(v)} | {_slowdowns(wa)} ({_mode(w['attacker'] for w in wa)}) | "
-                     f"{steps} | {_slowdowns(wf)} | " + " | ".join(fam) + " |")
-        L += ["", f"D_P ({rows} rows, ε = {ek}; ≤ 1 is good: pre-training probing not slowed), per family:\n",
-              "| θ | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
-        L += [f"| {variant_label(v)} | " + " | ".join(
-            fmt_factors(per[f"{rows}/D_P"][ek]["families"][f]["slowdown"]) for f in fams) + " |"
-            for v, per in an.items()] + [""]
+            steps = _mode(
+                f"{w['attacker']}: {'>cap' if w['steps'] is None else w['steps']} steps"
+                for w in wf
+            )
+            fam = [
+                f"{fmt_factors(x['slowdown'])} [{_fmt_one(np.median(x['bound']))}]"
+                for x in (c["families"][f] for f in fams)
+            ]
+            L.append(
+                f"| {variant_label(v)} | {_slowdowns(wa)} ({_mode(w['attacker'] for w in wa)}) | "
+                f"{steps} | {_slowdowns(wf)} | " + " | ".join(fam) + " |"
+            )
+        L += [
+            "",
+            f"D_P ({rows} rows, ε = {ek}; ≤ 1 is good: pre-training probing not slowed), "
+            "per family:\n",
+            "| θ | " + " | ".join(fams) + " |",
+            "|---|" + "---|" * len(fams),
+        ]
+        L += [
+            f"| {variant_label(v)} | "
+            + " | ".join(
+                fmt_factors(per[f"{rows}/D_P"][ek]["families"][f]["slowdown"]) for f in fams
+            )
+            + " |"
+            for v, per in an.items()
+        ] + [""]
     return L + _adam_decomposition(res, h)
 
 
 def _adam_decomposition(res, h) -> list[str]:
-    an, hv = res["analysis"], [v for v in res["variants"] if "+" in v and not v.startswith("identity+")]
+    an, hv = (
+        res["analysis"],
+        [v for v in res["variants"] if "+" in v and not v.startswith("identity+")],
+    )
     rot = run_name("identity", res["harden"])
     if not hv and rot not in an:
         return []
-    L = [f"{h} What hardening buys against diagonal preconditioners, and what an attacker who whitens "
-         "recovers\n", "D_H, training rows. 'vs I' = against identity; 'vs IQ' = against the rotated "
-         "identity (identity hardened the same way), which isolates the conditioning from the loss of the "
-         "input basis. [b] as above.\n",
-         "| θ | ε | Adam vs I [b] | Adam vs IQ [b] | Adagrad vs I | Jacobi-PCG vs I [b] | "
-         "Jacobi-PCG vs IQ | whitening vs I | whitening vs IQ |", "|---|---|---|---|---|---|---|---|---|"]
+    L = [
+        f"{h} What hardening buys against diagonal preconditioners, and what an attacker "
+        "who whitens "
+        "recovers\n",
+        "D_H, training rows. 'vs I' = against identity; 'vs IQ' = against the rotated "
+        "identity (identity hardened the same way), which isolates the conditioning "
+        "from the loss of the "
+        "input basis. [b] as above.\n",
+        "| θ | ε | Adam vs I [b] | Adam vs IQ [b] | Adagrad vs I | Jacobi-PCG vs I [b] | "
+        "Jacobi-PCG vs IQ | whitening vs I | whitening vs IQ |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
 
     def cell(c, f, key="slowdown"):
         if key not in c.get(f, {}):
             return "—"
-        return _fmt_one(np.median(c[f][key])) if key.startswith("bound") else fmt_factors(c[f][key])
+        return (
+            _fmt_one(np.median(c[f][key])) if key.startswith("bound") else fmt_factors(c[f][key])
+        )
+
     for v, ek in ((v, W._ekey(e)) for v in hv for e in res["eps"]):
         for name in (v.split("+")[0], v):
             c = an[name]["train/D_H"][ek]["families"]
-            L.append(f"| {variant_label(name)} | {ek} | {cell(c, 'adam')} [{cell(c, 'adam', 'bound')}] | "
-                     f"{cell(c, 'adam', 'slowdown_vs_rotated')} [{cell(c, 'adam', 'bound_vs_rotated')}] | "
-                     f"{cell(c, 'adagrad')} | {cell(c, 'pcg_jacobi')} [{cell(c, 'pcg_jacobi', 'bound')}] | "
-                     f"{cell(c, 'pcg_jacobi', 'slowdown_vs_rotated')} | {cell(c, 'whiten')} | "
-                     f"{cell(c, 'whiten', 'slowdown_vs_rotated')} |")
+            L.append(
+                f"| {variant_label(name)} | {ek} | {cell(c, 'adam')} "
+                f"[{cell(c, 'adam', 'bound')}] | "
+                f"{cell(c, 'adam', 'slowdown_vs_rotated')} "
+                f"[{cell(c, 'adam', 'bound_vs_rotated')}] | "
+                f"{cell(c, 'adagrad')} | {cell(c, 'pcg_jacobi')} "
+                f"[{cell(c, 'pcg_jacobi', 'bound')}] | "
+                f"{cell(c, 'pcg_jacobi', 'slowdown_vs_rotated')} | {cell(c, 'whiten')} | "
+                f"{cell(c, 'whiten', 'slowdown_vs_rotated')} |"
+            )
     for ek in map(W._ekey, res["eps"]) if rot in an else ():
         c = an[rot]["train/D_H"][ek]["families"]
-        L.append(f"| {variant_label(rot)} (reference) | {ek} | {cell(c, 'adam')} "
-                 f"[{cell(c, 'adam', 'bound')}] | — | {cell(c, 'adagrad')} | {cell(c, 'pcg_jacobi')} | — | "
-                 f"{cell(c, 'whiten')} | — |")
+        L.append(
+            f"| {variant_label(rot)} (reference) | {ek} | {cell(c, 'adam')} "
+            f"[{cell(c, 'adam', 'bound')}] | — | {cell(c, 'adagrad')} | "
+            f"{cell(c, 'pcg_jacobi')} | — | "
+            f"{cell(c, 'whiten')} | — |"
+        )
     return L + [""]
 
 
 def _transfer_lines(res) -> list[str]:
     """Held-out vs training rows: the worst first-order slow-down and Adam's, per variant."""
     an, e = res["analysis"], W._ekey(min(res["eps"]))
-    L = [f"## What transfers to held-out rows (D_H, ε = {e})\n",
-         "| θ | RIR train → held-out | (i) train → held-out | first-order worst case train | held-out | "
-         "Adam train | held-out | D_P best-attacker slow-down train | held-out |",
-         "|---|---|---|---|---|---|---|---|---|"]
+    L = [
+        f"## What transfers to held-out rows (D_H, ε = {e})\n",
+        "| θ | RIR train → held-out | (i) train → held-out | first-order worst case "
+        "train | held-out | "
+        "Adam train | held-out | D_P best-attacker slow-down train | held-out |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for v, per in ((v, per) for v, per in an.items() if "heldout/D_H" in per):
         n = [r["numbers"] for r in res["runs"] if r["variant"] == v]
-        med = {(rows, k): np.median([x[rows][k] for x in n]) for rows in ("train", "heldout")
-               for k in ("rir", "harmful_ratio")}
-        worst = {k: _slowdowns(per[k][e]["worst_first_order"])
-                 for k in ("train/D_H", "heldout/D_H", "train/D_P", "heldout/D_P")}
-        adam = {k: fmt_factors(per[k][e]["families"]["adam"]["slowdown"]) if "adam" in per[k][e]["families"]
-                else "—" for k in ("train/D_H", "heldout/D_H")}
-        L.append(f"| {variant_label(v)} | {med['train', 'rir']:.4g} → {med['heldout', 'rir']:.4g} | "
-                 f"{med['train', 'harmful_ratio']:.4g} → {med['heldout', 'harmful_ratio']:.4g} | "
-                 f"{worst['train/D_H']} | {worst['heldout/D_H']} | {adam['train/D_H']} | "
-                 f"{adam['heldout/D_H']} | {worst['train/D_P']} | {worst['heldout/D_P']} |")
+        med = {
+            (rows, k): np.median([x[rows][k] for x in n])
+            for rows in ("train", "heldout")
+            for k in ("rir", "harmful_ratio")
+        }
+        worst = {
+            k: _slowdowns(per[k][e]["worst_first_order"])
+            for k in ("train/D_H", "heldout/D_H", "train/D_P", "heldout/D_P")
+        }
+        adam = {
+            k: fmt_factors(per[k][e]["families"]["adam"]["slowdown"])
+            if "adam" in per[k][e]["families"]
+            else "—"
+            for k in ("train/D_H", "heldout/D_H")
+        }
+        L.append(
+            f"| {variant_label(v)} | {med['train', 'rir']:.4g} → {med['heldout', 'rir']:.4g} | "
+            f"{med['train', 'harmful_ratio']:.4g} → {med['heldout', 'harmful_ratio']:.4g} | "
+            f"{worst['train/D_H']} | {worst['heldout/D_H']} | {adam['train/D_H']} | "
+            f"{adam['heldout/D_H']} | {worst['train/D_P']} | {worst['heldout/D_P']} |"
+        )
     return L + [""]
 
 
@@ -402,14 +673,19 @@ def plot_best_so_far(res: dict, path) -> None:
     slow-down over orders and seeds, its 10–90 % band, and that of the first-order families."""
     plt = common.pyplot()
     C, sofar = res["best_so_far"]["curves"], res["best_so_far"]
-    variants = [v for v in res["variants"] if v != "identity" and any(k.startswith(v + "|") for k in C)]
-    fig, axes = plt.subplots(2, len(variants), figsize=(3.4 * len(variants) + 1, 6.4), squeeze=False,
-                             sharey=True)
+    variants = [
+        v for v in res["variants"] if v != "identity" and any(k.startswith(v + "|") for k in C)
+    ]
+    fig, axes = plt.subplots(
+        2, len(variants), figsize=(3.4 * len(variants) + 1, 6.4), squeeze=False, sharey=True
+    )
     panels = ((r, c) for r in enumerate(("train", "heldout")) for c in enumerate(variants))
     for (row, rows), (col, v) in panels:
         ax = axes[row][col]
-        for pool, color, label in (("all", "tab:blue", "every family: median, 10–90 % band"),
-                                   ("first_order", "tab:orange", "first-order families: median")):
+        for pool, color, label in (
+            ("all", "tab:blue", "every family: median, 10–90 % band"),
+            ("first_order", "tab:orange", "first-order families: median"),
+        ):
             if (c := C.get(f"{v}|{rows}|{pool}")) is not None:
                 x = np.arange(1, len(c["median"]) + 1)
                 ax.plot(x, c["median"], color=color, lw=1.6, label=label)
@@ -417,35 +693,60 @@ def plot_best_so_far(res: dict, path) -> None:
                     ax.fill_between(x, c["q10"], c["q90"], color=color, alpha=0.2, lw=0)
         ax.set(xscale="log", yscale="log")
         ax.axhline(1.0, color="0.5", lw=0.8)
-        ax.set_title(f"{variant_label(v)}, {'training' if rows == 'train' else 'held-out'} rows", fontsize=9)
+        ax.set_title(
+            f"{variant_label(v)}, {'training' if rows == 'train' else 'held-out'} rows", fontsize=9
+        )
         ax.set_xlabel("configurations tried (random order)", fontsize=8)
         if col == 0:
             ax.set_ylabel("best steps on θ / best on identity", fontsize=8)
-    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="upper right", ncol=2, fontsize=8, frameon=False)
+    fig.legend(
+        *axes[0][0].get_legend_handles_labels(),
+        loc="upper right",
+        ncol=2,
+        fontsize=8,
+        frameon=False,
+    )
     mnist = res.get("dataset") == "mnist"
     where = "MNIST, first pair" if mnist else f"House Prices, {res['protocol']} protocol"
-    fig.suptitle(f"{where}, linear θ: best-so-far slow-down of the attackers on D_H, ε = {sofar['eps']:g} "
-                 f"({sofar['orders_per_seed']} orders × {len(res['seeds'])} seeds)", fontsize=10, x=0.02,
-                 ha="left")
+    fig.suptitle(
+        f"{where}, linear θ: best-so-far slow-down of the attackers on D_H, ε = {sofar['eps']:g} "
+        f"({sofar['orders_per_seed']} orders × {len(res['seeds'])} seeds)",
+        fontsize=10,
+        x=0.02,
+        ha="left",
+    )
     save_figure(fig, path, rect=(0, 0, 1, 0.92))
 
 
 def main(argv=None) -> int:
     from pycore.thetas import save_thetas
+
     parser = build_parser()
 
     def body(args):
         prepare(args, parser)
         res = run(args)
         archive = res.pop("_thetas")
-        meta = {"protocol": res["protocol"], "seeds": res["seeds"], "harden": res["harden"],
-                "command": res["command"],
-                "keys": "<variant>/seed<k> = θ (D×D, features X @ θ); <variant>/seed<k>/Q = the hardening "
-                        "rotation (θ = θ_unhardened @ Q); data/<rows>/<X_P|Y_P|X_H|Y_H> = the protocol's "
-                        "inputs θ acts on; mnist/<P-H>/... the same per MNIST pair"}
-        common.write_run(args.out, table_markdown(res), res, {
-            "thetas.npz": lambda p: save_thetas(p, archive, meta),
-            "best_so_far.png": None if args.no_plot else lambda p: plot_best_so_far(res, p)})
+        meta = {
+            "protocol": res["protocol"],
+            "seeds": res["seeds"],
+            "harden": res["harden"],
+            "command": res["command"],
+            "keys": "<variant>/seed<k> = θ (D×D, features X @ θ); <variant>/seed<k>/Q = the "
+            "hardening "
+            "rotation (θ = θ_unhardened @ Q); data/<rows>/<X_P|Y_P|X_H|Y_H> = the protocol's "
+            "inputs θ acts on; mnist/<P-H>/... the same per MNIST pair",
+        }
+        common.write_run(
+            args.out,
+            table_markdown(res),
+            res,
+            {
+                "thetas.npz": lambda p: save_thetas(p, archive, meta),
+                "best_so_far.png": None if args.no_plot else lambda p: plot_best_so_far(res, p),
+            },
+        )
+
     return common.main(parser, body, argv)
 
 

@@ -1,9 +1,12 @@
-"""The deep-net experiment over seeds on pycore.deep (docs/findings.md §7; paper §5.2, Table 3, Fig. 3).
+"""The deep-net experiment over seeds on pycore.deep (docs/findings.md §7; paper §5.2, Table 3,
+Fig. 3).
 
-Per seed: θ₀ (trained on D_P here, loaded, or pretrained), every method (at each balance of a sweep)
-immunizing a copy, and every row -- θ₀ included, each also hardened as ``"<row>+<kind>"`` -- measured:
-D_P top-1, RIR_θ₀ with (i) and (ii), Definition 3.1, the attackers. Everything random is seeded from
+Per seed: θ₀ (trained on D_P here, loaded, or pretrained), every method (at each balance of a
+sweep) immunizing a copy, and every row -- θ₀ included, each also hardened as ``"<row>+<kind>"`` --
+measured: D_P top-1, RIR_θ₀ with (i) and (ii), Definition 3.1, the attackers. Everything random is
+seeded from
 the seed, torch runs deterministic algorithms: one seed and thread count give one set of digits."""
+
 from __future__ import annotations
 
 import copy
@@ -18,10 +21,25 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Subset, TensorDataset
 
-from pycore.deep import (DEEP_METHODS, DeepOptions, ImmunizedNet, NonFiniteLossError, create_model,
-                         harden, immunize, load_model)
+from pycore.deep import (
+    DEEP_METHODS,
+    DeepOptions,
+    ImmunizedNet,
+    NonFiniteLossError,
+    create_model,
+    harden,
+    immunize,
+    load_model,
+)
 from pycore.deep.attacks import ADAM_LRS, feature_attacks, finetune_attack
-from pycore.deep.data import DataError, ShardedBatches, dataset_labels, fetch, image_folder, mnist_demo_tasks
+from pycore.deep.data import (
+    DataError,
+    ShardedBatches,
+    dataset_labels,
+    fetch,
+    image_folder,
+    mnist_demo_tasks,
+)
 from pycore.deep.distributed import barrier, broadcast_module
 from pycore.deep.features import extract, prelogits_dataset
 from pycore.evaluate import immunized_def31
@@ -35,28 +53,29 @@ ATTACKERS = ("gd", "adam", "adam_whitened", "finetune")
 
 @dataclass
 class RunConfig:
-    """One experiment: the timm model, the data, the immunization options and the evaluation sizes."""
+    """One experiment: the timm model, the data, the immunization options and the evaluation
+    sizes."""
 
     name: str
-    model: str                               # a timm model name
-    data: str                                # "folders" | "mnist"
+    model: str  # a timm model name
+    data: str  # "folders" | "mnist"
     options: DeepOptions = field(default_factory=DeepOptions)
     model_kwargs: dict = field(default_factory=dict)
     methods: tuple = DEEP_METHODS
-    sweep: tuple = ()                        # (b, b_ill or None) balances: one row per method and point
-    theta0_epochs: int = 0                   # θ₀ trained here on D_P (no checkpoint, not pretrained)
+    sweep: tuple = ()  # (b, b_ill or None) balances: one row per method and point
+    theta0_epochs: int = 0  # θ₀ trained here on D_P (no checkpoint, not pretrained)
     theta0_lr: float = 1e-3
-    per_digit: "int | None" = None           # MNIST demo: images per digit
+    per_digit: "int | None" = None  # MNIST demo: images per digit
     rir_groups: int = 20
     rir_group_size: int = 100
-    rir_pool: "int | None" = None            # samples per task the RIR groups are drawn from
+    rir_pool: "int | None" = None  # samples per task the RIR groups are drawn from
     probe_epochs: int = 50
     eval_batch: int = 256
     attack_epochs: tuple = (1, 5, 20)
-    adam_lrs: tuple = ADAM_LRS               # empty: no Adam attackers
+    adam_lrs: tuple = ADAM_LRS  # empty: no Adam attackers
     finetune_lr: float = 1e-4
-    finetune_pool: "int | None" = 256        # D_H training images of the fine-tuning attacker
-    finetune_test: "int | None" = 500        # D_H test images it is scored on
+    finetune_pool: "int | None" = 256  # D_H training images of the fine-tuning attacker
+    finetune_test: "int | None" = 500  # D_H test images it is scored on
     finetune: bool = True
 
 
@@ -73,25 +92,35 @@ class RunOptions:
 
 
 def clock(seconds: dict):
-    """``with clock(seconds)(phase):`` adds the wall and CPU seconds of the block to ``seconds[phase]``."""
+    """``with clock(seconds)(phase):`` adds the wall and CPU seconds of the block to
+    ``seconds[phase]``."""
+
     @contextmanager
     def phase(name):
         w, c = time.perf_counter(), time.process_time()
         yield
         s = seconds.setdefault(name, {"wall": 0.0, "cpu": 0.0})
-        s["wall"], s["cpu"] = s["wall"] + time.perf_counter() - w, s["cpu"] + time.process_time() - c
+        s["wall"], s["cpu"] = (
+            s["wall"] + time.perf_counter() - w,
+            s["cpu"] + time.process_time() - c,
+        )
+
     return phase
 
 
-def train_classifier(net, data, *, epochs: int, lr: float, seed: int, batch_size: int = 64,
-                     device="cpu") -> None:
-    """θ₀ trained here: the whole model by AdamW (weight decay 1e-4), one-cycle, with the label-smoothing
-    CE immunization uses (without it θ₀ is over-confident and the first immunization steps wreck D_P);
-    BatchNorm statistics then re-estimated for the final weights (the running averages lag behind)."""
+def train_classifier(
+    net, data, *, epochs: int, lr: float, seed: int, batch_size: int = 64, device="cpu"
+) -> None:
+    """θ₀ trained here: the whole model by AdamW (weight decay 1e-4), one-cycle, with the
+    label-smoothing CE immunization uses (without it θ₀ is over-confident and the first
+    immunization steps wreck D_P); BatchNorm statistics then re-estimated for the final weights
+    (the running averages lag behind)."""
     net.to(device).train().requires_grad_(True)
     batches = ShardedBatches(len(data), min(batch_size, len(data)), seed=seed)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs * len(batches), pct_start=0.2)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, lr, total_steps=epochs * len(batches), pct_start=0.2
+    )
     for step, (idx,) in enumerate(b for e in range(epochs) for b in batches.epoch(e)):
         x, y = fetch(data, idx)
         loss = F.cross_entropy(net(x.to(device)), y.to(device), label_smoothing=0.1)
@@ -101,7 +130,11 @@ def train_classifier(net, data, *, epochs: int, lr: float, seed: int, batch_size
         loss.backward()
         opt.step()
         sched.step()
-    bns = {m: m.momentum for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+    bns = {
+        m: m.momentum
+        for m in net.modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+    }
     with torch.no_grad():
         for m in bns:
             m.reset_running_stats()
@@ -114,13 +147,16 @@ def train_classifier(net, data, *, epochs: int, lr: float, seed: int, batch_size
 
 
 def load_data(rc: RunConfig, opts: RunOptions, rng) -> tuple[dict, int, int]:
-    """The images by split (p_train, p_val, h_train, h_test), decoded for the model, and the class counts."""
-    probe = create_model(rc.model, 1, seed=0, **rc.model_kwargs)        # its data config only
+    """The images by split (p_train, p_val, h_train, h_test), decoded for the model, and the
+    class counts."""
+    probe = create_model(rc.model, 1, seed=0, **rc.model_kwargs)  # its data config only
     if rc.data == "mnist":
         return mnist_demo_tasks(rng, probe, per_digit=rc.per_digit), 5, 5
-    sets = {f"{t}_{s}": image_folder(root, split, probe)
-            for t, root in (("p", opts.dp_root), ("h", opts.dh_root))
-            for s, split in (("train", "train"), ("val" if t == "p" else "test", opts.val_split))}
+    sets = {
+        f"{t}_{s}": image_folder(root, split, probe)
+        for t, root in (("p", opts.dp_root), ("h", opts.dh_root))
+        for s, split in (("train", "train"), ("val" if t == "p" else "test", opts.val_split))
+    }
     for root, tr, va in ((opts.dp_root, "p_train", "p_val"), (opts.dh_root, "h_train", "h_test")):
         if sets[tr].classes != sets[va].classes:
             raise DataError(f"{root}: train/ and {opts.val_split}/ hold different class folders")
@@ -137,15 +173,18 @@ def _subset(ds, n, rng):
 
 
 def spectrum_spread(Z, Z_ref, *, rng, groups: int, group_size: int) -> dict:
-    """Where a κ ratio comes from: per random group of rows (the same rows of both), the largest and the
-    smallest nonzero eigenvalue of ``ZᵀZ`` relative to its median, divided by the same for ``Z_ref``;
-    geometric means over groups (``top / bottom`` is the groups' κ ratio, and scale cancels)."""
+    """Where a κ ratio comes from: per random group of rows (the same rows of both), the largest
+    and the smallest nonzero eigenvalue of ``ZᵀZ`` relative to its median, divided by the same for
+    ``Z_ref``; geometric means over groups (``top / bottom`` is the groups' κ ratio, and scale
+    cancels)."""
     m, logs = min(group_size, len(Z)), np.zeros((groups, 2))
     for g in range(groups):
         idx = rng.choice(len(Z), size=m, replace=False)
         a, b = gram_spectrum(Z[idx], vectors=False), gram_spectrum(Z_ref[idx], vectors=False)
-        ma, mb = np.median(a.sigma[:a.rank]), np.median(b.sigma[:b.rank])
-        logs[g] = np.log([a.sigma_max / ma * mb / b.sigma_max, a.sigma_min / ma * mb / b.sigma_min])
+        ma, mb = np.median(a.sigma[: a.rank]), np.median(b.sigma[: b.rank])
+        logs[g] = np.log(
+            [a.sigma_max / ma * mb / b.sigma_max, a.sigma_min / ma * mb / b.sigma_min]
+        )
     top, bottom = np.exp(logs.mean(0))
     return {"top": float(top), "bottom": float(bottom)}
 
@@ -154,46 +193,87 @@ def spectrum_spread(Z, Z_ref, *, rng, groups: int, group_size: int) -> dict:
 def evaluate_extractor(model, ref: dict, ev: dict, rc: RunConfig, seed: int, phase) -> dict:
     """D_P top-1, RIR_θ₀ against θ₀'s features ``ref``, Definition 3.1 and the attackers."""
     with phase("features_rir"):
-        f = {k: extract(model, d, cached=ev["cached"], batch_size=rc.eval_batch)
-             for k, d in ev["sets"].items()}
+        f = {
+            k: extract(model, d, cached=ev["cached"], batch_size=rc.eval_batch)
+            for k, d in ev["sets"].items()
+        }
         head = model.classifier
         with torch.no_grad():
-            logits = head(torch.from_numpy(f["p_val"]).to(head.weight.device, head.weight.dtype)).cpu()
+            logits = head(
+                torch.from_numpy(f["p_val"]).to(head.weight.device, head.weight.dtype)
+            ).cpu()
         acc = 100.0 * float((logits.argmax(1).numpy() == ev["y"]["p_val"]).mean())
         hp, kw = ev["h_pool_idx"], {"groups": rc.rir_groups, "group_size": rc.rir_group_size}
-        rir = grouped_feature_rir(f["p_pool"], f["h_train"][hp], ref["p_pool"], ref["h_train"][hp],
-                                  rng=np.random.default_rng([seed, 17]), **kw)
-        spread = spectrum_spread(f["h_train"][hp], ref["h_train"][hp], rng=np.random.default_rng([seed, 18]),
-                                 **kw)
+        rir = grouped_feature_rir(
+            f["p_pool"],
+            f["h_train"][hp],
+            ref["p_pool"],
+            ref["h_train"][hp],
+            rng=np.random.default_rng([seed, 17]),
+            **kw,
+        )
+        spread = spectrum_spread(
+            f["h_train"][hp], ref["h_train"][hp], rng=np.random.default_rng([seed, 18]), **kw
+        )
     last, nch = max(rc.attack_epochs), ev["classes_h"]
     with phase("probes"):
-        attacks = feature_attacks(f["h_train"], ev["y"]["h_train"], f["h_test"], ev["y"]["h_test"],
-                                  epochs=last, gd_epochs=max(rc.probe_epochs, last), adam_lrs=rc.adam_lrs,
-                                  seed=seed, num_classes=nch)
-    curve, attacks["gd"] = attacks["gd"][:rc.probe_epochs + 1], attacks["gd"][:last + 1]
+        attacks = feature_attacks(
+            f["h_train"],
+            ev["y"]["h_train"],
+            f["h_test"],
+            ev["y"]["h_test"],
+            epochs=last,
+            gd_epochs=max(rc.probe_epochs, last),
+            adam_lrs=rc.adam_lrs,
+            seed=seed,
+            num_classes=nch,
+        )
+    curve, attacks["gd"] = attacks["gd"][: rc.probe_epochs + 1], attacks["gd"][: last + 1]
     if rc.finetune:
         with phase("finetune"):
-            ft = finetune_attack(model, ev["ft_train"], ev["ft_test"], num_classes=nch, epochs=last,
-                                 seed=seed, lr=rc.finetune_lr, eval_batch=rc.eval_batch,
-                                 eval_epochs=rc.attack_epochs)
+            ft = finetune_attack(
+                model,
+                ev["ft_train"],
+                ev["ft_test"],
+                num_classes=nch,
+                epochs=last,
+                seed=seed,
+                lr=rc.finetune_lr,
+                eval_batch=rc.eval_batch,
+                eval_epochs=rc.attack_epochs,
+            )
             attacks["finetune"] = ft.test_accuracy
     i, ii = rir["harmful_ratio"]["mean"], rir["pretrain_ratio"]["mean"]
-    return {"dp_top1": acc, "rir": rir, "immunized": immunized_def31(i, ii), "harmful_spread": spread,
-            "probe": curve, "probe_acc_epoch10": curve[min(10, len(curve) - 1)], "probe_acc_last": curve[-1],
-            "attacks": attacks}
+    return {
+        "dp_top1": acc,
+        "rir": rir,
+        "immunized": immunized_def31(i, ii),
+        "harmful_spread": spread,
+        "probe": curve,
+        "probe_acc_epoch10": curve[min(10, len(curve) - 1)],
+        "probe_acc_last": curve[-1],
+        "attacks": attacks,
+    }
 
 
 def eval_sets(data: dict, images: dict, cached: bool, rc: RunConfig, seed: int, nch: int) -> dict:
-    """The RIR pools (D_P training rows; D_H indices into the probe's training rows), D_P validation,
-    D_H train/test with labels, and the fine-tuning attacker's D_H images."""
+    """The RIR pools (D_P training rows; D_H indices into the probe's training rows), D_P
+    validation, D_H train/test with labels, and the fine-tuning attacker's D_H images."""
     rng = np.random.default_rng([seed, 3])
     n_h = len(data["h_train"]) if rc.rir_pool is None else min(rc.rir_pool, len(data["h_train"]))
-    ev = {"sets": {"p_pool": _subset(data["p_train"], rc.rir_pool, rng), "p_val": data["p_val"],
-                   "h_train": data["h_train"], "h_test": data["h_test"]},
-          "h_pool_idx": np.sort(rng.choice(len(data["h_train"]), size=n_h, replace=False)),
-          "classes_h": nch, "cached": cached,
-          "ft_train": _subset(images["h_train"], rc.finetune_pool, np.random.default_rng([seed, 5])),
-          "ft_test": _subset(images["h_test"], rc.finetune_test, np.random.default_rng([seed, 6]))}
+    ev = {
+        "sets": {
+            "p_pool": _subset(data["p_train"], rc.rir_pool, rng),
+            "p_val": data["p_val"],
+            "h_train": data["h_train"],
+            "h_test": data["h_test"],
+        },
+        "h_pool_idx": np.sort(rng.choice(len(data["h_train"]), size=n_h, replace=False)),
+        "classes_h": nch,
+        "cached": cached,
+        "ft_train": _subset(images["h_train"], rc.finetune_pool, np.random.default_rng([seed, 5])),
+        "ft_test": _subset(images["h_test"], rc.finetune_test, np.random.default_rng([seed, 6])),
+    }
     ev["y"] = {k: dataset_labels(ev["sets"][k]) for k in ("p_val", "h_train", "h_test")}
     return ev
 
@@ -202,11 +282,20 @@ def _variants(rc: RunConfig) -> list[tuple[str, str, DeepOptions]]:
     """(row, method, options) of every immunization of a seed: each method, at each sweep point."""
     if not rc.sweep:
         return [(m, m, rc.options) for m in rc.methods]
-    return [(f"{m}@{b:g}" + ("" if bi is None else f"/{bi:g}"), m,
-             replace(rc.options, balance=b, balance_ill=bi)) for m in rc.methods for b, bi in rc.sweep]
+    return [
+        (
+            f"{m}@{b:g}" + ("" if bi is None else f"/{bi:g}"),
+            m,
+            replace(rc.options, balance=b, balance_ill=bi),
+        )
+        for m in rc.methods
+        for b, bi in rc.sweep
+    ]
 
 
-def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=None) -> "dict | None":
+def run_seed(
+    rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=None
+) -> "dict | None":
     """θ₀, every immunization and every measurement of one seed; rank 0 returns the rows."""
     seconds, rng = {}, np.random.default_rng(seed)
     phase = clock(seconds)
@@ -215,54 +304,99 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
     if opts.checkpoint:
         net, _ = load_model(opts.checkpoint, rc.model, **rc.model_kwargs)
         if net.classifier.out_features != ncp:
-            raise DataError(f"{opts.checkpoint}: {net.classifier.out_features} classes, D_P has {ncp}")
+            raise DataError(
+                f"{opts.checkpoint}: {net.classifier.out_features} classes, D_P has {ncp}"
+            )
     else:
         net = create_model(rc.model, ncp, pretrained=opts.pretrained, seed=seed, **rc.model_kwargs)
     with phase("theta0"):
         if rc.theta0_epochs and not opts.checkpoint and not opts.pretrained:
             if ctx.is_main:
-                train_classifier(net, images["p_train"], epochs=rc.theta0_epochs, lr=rc.theta0_lr, seed=seed,
-                                 device=ctx.device)
+                train_classifier(
+                    net,
+                    images["p_train"],
+                    epochs=rc.theta0_epochs,
+                    lr=rc.theta0_lr,
+                    seed=seed,
+                    device=ctx.device,
+                )
             broadcast_module(net)
     theta0 = net if isinstance(net, ImmunizedNet) else ImmunizedNet(net)
     theta0.to(ctx.device).eval().requires_grad_(False)
     cached, kind = rc.options.scope == "layer", rc.options.harden
     with phase("cache"):
-        data = {k: prelogits_dataset(theta0, d, batch_size=rc.eval_batch) if cached else d
-                for k, d in images.items()}
+        data = {
+            k: prelogits_dataset(theta0, d, batch_size=rc.eval_batch) if cached else d
+            for k, d in images.items()
+        }
     ev = eval_sets(data, images, cached, rc, seed, nch)
-    ref = {k: extract(theta0, d, cached=cached, batch_size=rc.eval_batch) for k, d in ev["sets"].items()}
+    ref = {
+        k: extract(theta0, d, cached=cached, batch_size=rc.eval_batch)
+        for k, d in ev["sets"].items()
+    }
     rows, errors = {}, {}
 
     def measure(row, model):
         variants = {row: (model, None)}
         if kind != "none":
             h = copy.deepcopy(model)
-            info = harden(h, data["h_train"], kind, num_classes=nch, rng=np.random.default_rng([seed, 99]),
-                          scale=rc.options.harden_scale, cached=cached, batch_size=rc.eval_batch)
+            info = harden(
+                h,
+                data["h_train"],
+                kind,
+                num_classes=nch,
+                rng=np.random.default_rng([seed, 99]),
+                scale=rc.options.harden_scale,
+                cached=cached,
+                batch_size=rc.eval_batch,
+            )
             variants[f"{row}+{kind}"] = (h, info)
         for key, (m, hardening) in variants.items():
             rows[key] = {**evaluate_extractor(m, ref, ev, rc, seed, phase), "hardening": hardening}
             if on_extractor and (path := on_extractor(m, key, seed, "immunized")):
                 rows[key]["extractor"] = path
             r = rows[key]["rir"]
-            say(f"[{rc.name} seed {seed}] {key:24s} RIR_θ₀ {r['value']['mean']:.4g}  (i) "
-                f"{r['harmful_ratio']['mean']:.4g}  (ii) {r['pretrain_ratio']['mean']:.4g}  D_P top-1 "
-                f"{rows[key]['dp_top1']:.2f}%")
+            say(
+                f"[{rc.name} seed {seed}] {key:24s} RIR_θ₀ {r['value']['mean']:.4g}  (i) "
+                f"{r['harmful_ratio']['mean']:.4g}  (ii) "
+                f"{r['pretrain_ratio']['mean']:.4g}  D_P top-1 "
+                f"{rows[key]['dp_top1']:.2f}%"
+            )
+
     if ctx.is_main:
         measure("init", theta0)
     for row, method, o in _variants(rc):
         model = copy.deepcopy(theta0)
         try:
             with phase("immunize"):
-                res = immunize(model, data["p_train"], data["h_train"], method, replace(o, harden="none"),
-                               seed=seed, num_classes_h=nch, cached=cached, device=ctx.device, rank=ctx.rank,
-                               world=ctx.world, ddp=ctx.world > 1, progress=not opts.quiet)
+                res = immunize(
+                    model,
+                    data["p_train"],
+                    data["h_train"],
+                    method,
+                    replace(o, harden="none"),
+                    seed=seed,
+                    num_classes_h=nch,
+                    cached=cached,
+                    device=ctx.device,
+                    rank=ctx.rank,
+                    world=ctx.world,
+                    ddp=ctx.world > 1,
+                    progress=not opts.quiet,
+                )
         except NonFiniteLossError as exc:
             say(f"[{rc.name} seed {seed}] {exc}")
-            path = on_extractor(model, row, seed, "last_good") if on_extractor and ctx.is_main else None
-            errors[row] = {"message": str(exc), "step": exc.step, "checkpoint": path,
-                           "parameter": exc.parameter}
+            path = (
+                on_extractor(model, row, seed, "last_good")
+                if on_extractor and ctx.is_main
+                else None
+            )
+            errors[row] = {
+                "message": str(exc),
+                "step": exc.step,
+                "checkpoint": path,
+                "parameter": exc.parameter,
+            }
             continue
         if ctx.is_main:
             measure(row, model)
@@ -270,8 +404,17 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
                 if key in rows:
                     rows[key]["train"] = {"steps": res.steps, "lambdas": res.lambdas}
     barrier()
-    return ({"seed": seed, "rows": rows, "errors": errors, "phase_seconds": seconds, "classes": [ncp, nch]}
-            if ctx.is_main else None)
+    return (
+        {
+            "seed": seed,
+            "rows": rows,
+            "errors": errors,
+            "phase_seconds": seconds,
+            "classes": [ncp, nch],
+        }
+        if ctx.is_main
+        else None
+    )
 
 
 def _curve(curves) -> dict:
@@ -280,29 +423,47 @@ def _curve(curves) -> dict:
 
 
 # Each headline number of a row: its path in a seed's row.
-HEADLINE = {"rir_theta0": ("rir", "value", "mean"), "harmful_ratio": ("rir", "harmful_ratio", "mean"),
-            "pretrain_ratio": ("rir", "pretrain_ratio", "mean"), "dp_top1": ("dp_top1",),
-            "probe_acc_epoch10": ("probe_acc_epoch10",), "probe_acc_last": ("probe_acc_last",),
-            "harmful_top_ratio": ("harmful_spread", "top"),
-            "harmful_bottom_ratio": ("harmful_spread", "bottom")}
+HEADLINE = {
+    "rir_theta0": ("rir", "value", "mean"),
+    "harmful_ratio": ("rir", "harmful_ratio", "mean"),
+    "pretrain_ratio": ("rir", "pretrain_ratio", "mean"),
+    "dp_top1": ("dp_top1",),
+    "probe_acc_epoch10": ("probe_acc_epoch10",),
+    "probe_acc_last": ("probe_acc_last",),
+    "harmful_top_ratio": ("harmful_spread", "top"),
+    "harmful_bottom_ratio": ("harmful_spread", "bottom"),
+}
 
 
 def aggregate(per_seed: list[dict], order: list[str], attack_epochs) -> dict:
-    """Per row, over the seeds that have it: each headline number's ``{mean, std, per_seed}``, the count
-    meeting Definition 3.1, per attacker its curve and its accuracy after each of ``attack_epochs``."""
+    """Per row, over the seeds that have it: each headline number's ``{mean, std, per_seed}``, the
+    count meeting Definition 3.1, per attacker its curve and its accuracy after each of
+    ``attack_epochs``."""
     rows = {}
     for m in order:
         runs = [s["rows"][m] for s in per_seed if m in s["rows"]]
         if not runs:
             continue
-        rows[m] = {"seeds": [s["seed"] for s in per_seed if m in s["rows"]],
-                   **{k: summarize(reduce(getitem, path, r) for r in runs) for k, path in HEADLINE.items()},
-                   "immunized_count": sum(bool(r["immunized"]) for r in runs),
-                   "probe_curve": _curve([r["probe"] for r in runs]),
-                   "attacks": {a: {"curve": _curve([r["attacks"][a] for r in runs]),
-                                   **{f"epoch{e}": summarize(r["attacks"][a][e] for r in runs)
-                                      for e in attack_epochs}}
-                               for a in ATTACKERS if all(a in r["attacks"] for r in runs)}}
+        rows[m] = {
+            "seeds": [s["seed"] for s in per_seed if m in s["rows"]],
+            **{
+                k: summarize(reduce(getitem, path, r) for r in runs)
+                for k, path in HEADLINE.items()
+            },
+            "immunized_count": sum(bool(r["immunized"]) for r in runs),
+            "probe_curve": _curve([r["probe"] for r in runs]),
+            "attacks": {
+                a: {
+                    "curve": _curve([r["attacks"][a] for r in runs]),
+                    **{
+                        f"epoch{e}": summarize(r["attacks"][a][e] for r in runs)
+                        for e in attack_epochs
+                    },
+                }
+                for a in ATTACKERS
+                if all(a in r["attacks"] for r in runs)
+            },
+        }
     return rows
 
 
@@ -313,44 +474,73 @@ def _result(rc: RunConfig, opts: RunOptions, seeds, per_seed, order, t0, **extra
             t = phases.setdefault(k, {"wall": 0.0, "cpu": 0.0})
             t["wall"], t["cpu"] = t["wall"] + v["wall"], t["cpu"] + v["cpu"]
     shape = ", ".join(f"{k} {v}" for k, v in rc.model_kwargs.items())
-    return {"config": rc.name, "model": rc.model, "model_text": rc.model + (f" ({shape})" if shape else ""),
-            "data": "MNIST digits 0-4 (D_P) vs 5-9 (D_H)" if rc.data == "mnist" else
-            f"D_P {opts.dp_root} vs D_H {opts.dh_root}", "scope": rc.options.scope, "seeds": list(seeds),
-            "threads": torch.get_num_threads(), "run_config": asdict(rc),
-            "rows": aggregate(per_seed, order, rc.attack_epochs), "per_seed": per_seed,
-            "errors": {f"seed{s['seed']}": s["errors"] for s in per_seed if s["errors"]},
-            "wall_seconds": time.perf_counter() - t0, "phase_seconds": phases, "environment": environment(),
-            **extra}
+    return {
+        "config": rc.name,
+        "model": rc.model,
+        "model_text": rc.model + (f" ({shape})" if shape else ""),
+        "data": "MNIST digits 0-4 (D_P) vs 5-9 (D_H)"
+        if rc.data == "mnist"
+        else f"D_P {opts.dp_root} vs D_H {opts.dh_root}",
+        "scope": rc.options.scope,
+        "seeds": list(seeds),
+        "threads": torch.get_num_threads(),
+        "run_config": asdict(rc),
+        "rows": aggregate(per_seed, order, rc.attack_epochs),
+        "per_seed": per_seed,
+        "errors": {f"seed{s['seed']}": s["errors"] for s in per_seed if s["errors"]},
+        "wall_seconds": time.perf_counter() - t0,
+        "phase_seconds": phases,
+        "environment": environment(),
+        **extra,
+    }
 
 
-def run_config(rc: RunConfig, seeds: list[int], opts: RunOptions, ctx, *, on_extractor=None) -> "dict | None":
-    """Every seed of ``rc``; rank 0 returns ``rows`` (:func:`aggregate`), ``per_seed``, ``errors``, the wall
-    and per-phase seconds and the provenance, the other ranks None."""
+def run_config(
+    rc: RunConfig, seeds: list[int], opts: RunOptions, ctx, *, on_extractor=None
+) -> "dict | None":
+    """Every seed of ``rc``; rank 0 returns ``rows`` (:func:`aggregate`), ``per_seed``, ``errors``,
+    the wall and per-phase seconds and the provenance, the other ranks None."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     t0 = time.perf_counter()
     say = print if ctx.is_main and not opts.quiet else (lambda *a, **k: None)
-    say(f"[{rc.name}] model={rc.model} scope={rc.options.scope} seeds={seeds} world={ctx.world} "
-        f"threads={torch.get_num_threads()} device={ctx.device}")
+    say(
+        f"[{rc.name}] model={rc.model} scope={rc.options.scope} seeds={seeds} world={ctx.world} "
+        f"threads={torch.get_num_threads()} device={ctx.device}"
+    )
     per_seed = [run_seed(rc, s, opts, ctx, say, on_extractor) for s in seeds]
     rows = ["init", *(row for row, _, _ in _variants(rc))]
     rows += [f"{r}+{rc.options.harden}" for r in rows] if rc.options.harden != "none" else []
     return _result(rc, opts, seeds, per_seed, rows, t0, world=ctx.world) if ctx.is_main else None
 
 
-def audit(model, reference, data: dict, rc: RunConfig, seeds: list[int], opts: RunOptions, *,
-          classes_h: int) -> dict:
-    """Any extractor ``model`` against a θ₀ ``reference`` (both ImmunizedNet, each run end to end on the
-    images ``data``): :func:`run_config`'s result with the rows ``"init"`` (θ₀) and ``"model"``."""
+def audit(
+    model,
+    reference,
+    data: dict,
+    rc: RunConfig,
+    seeds: list[int],
+    opts: RunOptions,
+    *,
+    classes_h: int,
+) -> dict:
+    """Any extractor ``model`` against a θ₀ ``reference`` (both ImmunizedNet, each run end to end
+    on the images ``data``): :func:`run_config`'s result with the rows ``"init"`` (θ₀) and
+    ``"model"``."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     t0, per_seed = time.perf_counter(), []
     for seed in seeds:
         seconds = {}
         ev = eval_sets(data, data, False, rc, seed, classes_h)
         ref = {k: extract(reference, d, batch_size=rc.eval_batch) for k, d in ev["sets"].items()}
-        rows = {k: evaluate_extractor(m, ref, ev, rc, seed, clock(seconds))
-                for k, m in (("init", reference), ("model", model))}
+        rows = {
+            k: evaluate_extractor(m, ref, ev, rc, seed, clock(seconds))
+            for k, m in (("init", reference), ("model", model))
+        }
         if not opts.quiet:
-            print(f"[audit seed {seed}] RIR_θ₀ {rows['model']['rir']['value']['mean']:.4g}  D_P top-1 "
-                  f"{rows['model']['dp_top1']:.2f}% (θ₀ {rows['init']['dp_top1']:.2f}%)")
+            print(
+                f"[audit seed {seed}] RIR_θ₀ {rows['model']['rir']['value']['mean']:.4g} "
+                " D_P top-1 "
+                f"{rows['model']['dp_top1']:.2f}% (θ₀ {rows['init']['dp_top1']:.2f}%)"
+            )
         per_seed.append({"seed": seed, "rows": rows, "errors": {}, "phase_seconds": seconds})
     return _result(rc, opts, seeds, per_seed, ["init", "model"], t0)

@@ -1,15 +1,20 @@
 #!/usr/bin/env python
-"""Deep-net immunization of any timm model (docs/findings.md §7; docs/theory.md §8-9; paper §5.2, Table 3).
+"""Deep-net immunization of any timm model (docs/findings.md §7; docs/theory.md §8-9; paper §5.2,
+Table 3).
 
-    python experiments/deepnet.py --demo                                  # CPU, no download
-    python experiments/deepnet.py --dp-root MY_DP --dh-root MY_DH [--model resnet10t] [--img-size 64]
-    python experiments/deepnet.py --config resnet18-cars --dp-root IMAGENET --dh-root CARS --pretrained
+    python experiments/deepnet.py --demo                        # CPU, no download
+    python experiments/deepnet.py --dp-root MY_DP --dh-root MY_DH \
+        [--model resnet10t] [--img-size 64]
+    python experiments/deepnet.py --config resnet18-cars \
+        --dp-root IMAGENET --dh-root CARS --pretrained
     torchrun --nproc_per_node=8 experiments/deepnet.py --config vit-country211 ...
 
-``--demo``: MNIST 0-4 (D_P) vs 5-9 (D_H) at 32 px, a ResNet18 and a small ViT trained here as θ₀, every
-method, every row also hardened, 3 seeds. θ₀ is ``--checkpoint``, ``--pretrained``, or trained on D_P
-here (at the images' own size unless ``--img-size``). Writes ``--out/<config>/``: results.json, table.md,
+``--demo``: MNIST 0-4 (D_P) vs 5-9 (D_H) at 32 px, a ResNet18 and a small ViT trained here as θ₀,
+every method, every row also hardened, 3 seeds. θ₀ is ``--checkpoint``, ``--pretrained``, or
+trained on D_P here (at the images' own size unless ``--img-size``). Writes ``--out/<config>/``:
+results.json, table.md,
 finetune.png (Fig. 3), attacks.png, the first seed's extractor_<row>.safetensors (for audit.py)."""
+
 from __future__ import annotations
 
 import sys
@@ -32,29 +37,62 @@ FILES = ("results.json", "table.md", "finetune.png", "attacks.png", "tradeoff.pn
 
 def build_parser() -> common.Parser:
     p = common.Parser("deepnet.py", __doc__.split("\n\n")[0])
-    p.add_argument("--config", choices=sorted(CONFIGS), help="named configuration (folders with --dp-root)")
+    p.add_argument(
+        "--config", choices=sorted(CONFIGS), help="named configuration (folders with --dp-root)"
+    )
     p.add_argument("--demo", action="store_true", help="CPU demo: " + ", ".join(DEMO_CONFIGS))
-    p.add_argument("--model", help="any timm model name (timm.list_models()); replaces the configuration's")
+    p.add_argument(
+        "--model", help="any timm model name (timm.list_models()); replaces the configuration's"
+    )
     p.add_argument("--img-size", type=common.count(8, 4096), help="input side in pixels")
     p.add_argument("--dp-root", type=common.existing("folder"), help="ImageFolder root of D_P")
     p.add_argument("--dh-root", type=common.existing("folder"), help="ImageFolder root of D_H")
     p.add_argument("--val-split", default="val", help="validation split folder of both roots")
-    p.add_argument("--checkpoint", type=common.existing("file"), help="θ₀ (safetensors or torch state_dict)")
-    p.add_argument("--pretrained", action="store_true", help="θ₀ from timm's hub (pretrained=True)")
-    p.add_argument("--theta0-epochs", type=common.count(0, 1000), help="train θ₀ on D_P this many epochs")
-    p.add_argument("--methods", type=common.comma_list(choices=DEEP_METHODS), help="methods to run")
+    p.add_argument(
+        "--checkpoint", type=common.existing("file"), help="θ₀ (safetensors or torch state_dict)"
+    )
+    p.add_argument(
+        "--pretrained", action="store_true", help="θ₀ from timm's hub (pretrained=True)"
+    )
+    p.add_argument(
+        "--theta0-epochs", type=common.count(0, 1000), help="train θ₀ on D_P this many epochs"
+    )
+    p.add_argument(
+        "--methods", type=common.comma_list(choices=DEEP_METHODS), help="methods to run"
+    )
     real = common.comma_list(common.real(0.0, lo_open=True), max_items=50)
-    p.add_argument("--balances", type=real, help="the (i)/(ii) trade-off: each method at each balance b "
-                   "(λ = b·‖∇CE‖/‖∇term‖), written to OUT/<config>-sweep with tradeoff.png")
-    p.add_argument("--ill-balances", type=real, help="R_ill's balances b_ill, crossed with --balances")
-    common.add_options(p, [DeepOptions], title="immunization options (default: the configuration's)",
-                       rules=OPTION_RULES, choices=OPTION_CHOICES,
-                       help={"harden": "also measure every row hardened this way", "scope": "layer: the "
-                             "immunization layer alone; tail: also the backbone's last --stages stages"})
-    p.add_argument("--seeds", type=common.seeds, metavar="N|A,B,C|A-B", help="seeds (default 3 with --demo, "
-                   "else 1)")
-    p.add_argument("--threads", type=common.count(1, 1024), help="torch threads (recorded; a result is "
-                   "reproducible for a seed AND a thread count)")
+    p.add_argument(
+        "--balances",
+        type=real,
+        help="the (i)/(ii) trade-off: each method at each balance b "
+        "(λ = b·‖∇CE‖/‖∇term‖), written to OUT/<config>-sweep with tradeoff.png",
+    )
+    p.add_argument(
+        "--ill-balances", type=real, help="R_ill's balances b_ill, crossed with --balances"
+    )
+    common.add_options(
+        p,
+        [DeepOptions],
+        title="immunization options (default: the configuration's)",
+        rules=OPTION_RULES,
+        choices=OPTION_CHOICES,
+        help={
+            "harden": "also measure every row hardened this way",
+            "scope": "layer: the "
+            "immunization layer alone; tail: also the backbone's last --stages stages",
+        },
+    )
+    p.add_argument(
+        "--seeds",
+        type=common.seeds,
+        metavar="N|A,B,C|A-B",
+        help="seeds (default 3 with --demo, else 1)",
+    )
+    p.add_argument(
+        "--threads",
+        type=common.count(1, 1024),
+        help="torch threads (recorded; a result is reproducible for a seed AND a thread count)",
+    )
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     common.add_out(p, "results/deepnet")
     p.add_argument("--quiet", action="store_true")
@@ -62,51 +100,87 @@ def build_parser() -> common.Parser:
 
 
 def _image_side(root: Path, rc) -> int:
-    """The shorter side of D_P's first training image (by name), at most the model's own input side."""
+    """The shorter side of D_P's first training image (by name), at most the model's own input
+    side."""
     from PIL import Image  # noqa: PLC0415
-    own = model_normalization(create_model(rc.model, 1, seed=0, **rc.model_kwargs))["input_size"][-1]
+
+    own = model_normalization(create_model(rc.model, 1, seed=0, **rc.model_kwargs))["input_size"][
+        -1
+    ]
     first = min((p for p in (root / "train").rglob("*") if p.is_file()), default=None)
     try:
         with Image.open(first) as img:
             return max(8, min(own, *img.size))
     except (OSError, TypeError, ValueError):
-        return own                                   # image_folder reports the bad file or folder
+        return own  # image_folder reports the bad file or folder
 
 
 def plan(args) -> list:
-    """The configurations to run with the flags applied, every combination checked before compute."""
+    """The configurations to run with the flags applied, every combination checked before
+    compute."""
     name = args.config or ("folders" if args.dp_root or args.dh_root else None)
     if (args.demo and args.config) or not (args.demo or name):
         raise common.UsageError("pass --demo, --config NAME, or --dp-root and --dh-root", "--demo")
     if args.checkpoint and args.pretrained:
-        raise common.UsageError("--checkpoint and --pretrained both give θ₀; pass one", "--pretrained")
+        raise common.UsageError(
+            "--checkpoint and --pretrained both give θ₀; pass one", "--pretrained"
+        )
     if args.model is not None and not __import__("timm").is_model(args.model):
-        raise common.UsageError(f"{args.model!r} is not a timm model name (timm.list_models())", "--model")
+        raise common.UsageError(
+            f"{args.model!r} is not a timm model name (timm.list_models())", "--model"
+        )
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise common.UsageError("torch sees no CUDA device here; use --device cpu or auto", "--device")
+        raise common.UsageError(
+            "torch sees no CUDA device here; use --device cpu or auto", "--device"
+        )
     if args.ill_balances and not args.balances:
-        raise common.UsageError("--ill-balances is crossed with --balances: pass both", "--balances")
+        raise common.UsageError(
+            "--ill-balances is crossed with --balances: pass both", "--balances"
+        )
     runs = []
     for key in DEMO_CONFIGS if args.demo else (name,):
         rc = with_model(CONFIGS[key], args.model, args.img_size)
-        given = [f for f, v in (("--dp-root", args.dp_root), ("--dh-root", args.dh_root),
-                                ("--checkpoint", args.checkpoint), ("--pretrained", args.pretrained),
-                                ("--val-split", args.val_split != "val")) if v]
+        given = [
+            f
+            for f, v in (
+                ("--dp-root", args.dp_root),
+                ("--dh-root", args.dh_root),
+                ("--checkpoint", args.checkpoint),
+                ("--pretrained", args.pretrained),
+                ("--val-split", args.val_split != "val"),
+            )
+            if v
+        ]
         if rc.data == "mnist" and given:
-            raise common.UsageError(f"{key} uses the bundled MNIST digits and trains θ₀ on them", given[0])
+            raise common.UsageError(
+                f"{key} uses the bundled MNIST digits and trains θ₀ on them", given[0]
+            )
         if rc.data == "folders" and not (args.dp_root and args.dh_root):
-            raise common.UsageError(f"{key} reads ImageFolder roots: pass --dp-root and --dh-root",
-                                    "--dh-root" if args.dp_root else "--dp-root")
+            raise common.UsageError(
+                f"{key} reads ImageFolder roots: pass --dp-root and --dh-root",
+                "--dh-root" if args.dp_root else "--dp-root",
+            )
         epochs = rc.theta0_epochs if args.theta0_epochs is None else args.theta0_epochs
         if not (epochs or args.checkpoint or args.pretrained):
-            raise common.UsageError(f"{key} has no θ₀ (a random network scores chance): pass "
-                                    "--checkpoint FILE, --pretrained, or --theta0-epochs N (training on D_P)",
-                                    "--checkpoint")
-        if rc.data == "folders" and args.img_size is None and not (args.checkpoint or args.pretrained):
-            rc = with_model(rc, None, _image_side(args.dp_root, rc))   # θ₀ trained here: the images' size
-        rc = replace(rc, theta0_epochs=epochs, methods=tuple(args.methods or rc.methods),
-                     options=options(rc.options, **common.given_options(args, [DeepOptions])))
-        if args.balances:                         # a sweep: the linear probes only
+            raise common.UsageError(
+                f"{key} has no θ₀ (a random network scores chance): pass "
+                "--checkpoint FILE, --pretrained, or --theta0-epochs N (training on D_P)",
+                "--checkpoint",
+            )
+        if (
+            rc.data == "folders"
+            and args.img_size is None
+            and not (args.checkpoint or args.pretrained)
+        ):
+            # θ₀ trained here: the images' size
+            rc = with_model(rc, None, _image_side(args.dp_root, rc))
+        rc = replace(
+            rc,
+            theta0_epochs=epochs,
+            methods=tuple(args.methods or rc.methods),
+            options=options(rc.options, **common.given_options(args, [DeepOptions])),
+        )
+        if args.balances:  # a sweep: the linear probes only
             sweep = tuple((b, bi) for b in args.balances for bi in (args.ill_balances or [None]))
             rc = replace(rc, name=f"{rc.name}-sweep", sweep=sweep, finetune=False)
         runs.append(rc)
@@ -115,13 +189,16 @@ def plan(args) -> list:
 
 def _writer(folder: Path, first_seed: int, config: str):
     """on_extractor: the first seed's extractors and every last good model, each written whole."""
+
     def write(model, row, seed, status):
         if status == "immunized" and seed != first_seed:
             return None
         # a sweep row "ours@b/b_ill" names a file, not a folder
-        name = f"{'extractor' if status == 'immunized' else 'last_good'}_{row.replace('/', '_')}.safetensors"
+        kind = "extractor" if status == "immunized" else "last_good"
+        name = f"{kind}_{row.replace('/', '_')}.safetensors"
         extra = {"config": config, "row": row, "seed": seed, "status": status}
         return str(common.write_outputs(folder, {name: lambda p: save_model(model, p, extra)})[0])
+
     return write
 
 
@@ -135,33 +212,63 @@ def main(argv=None) -> int:
             torch.set_num_threads(args.threads)
         ctx = init_from_env(args.device)
         roots = (r and str(r) for r in (args.dp_root, args.dh_root))
-        opts = RunOptions(*roots, args.val_split, args.checkpoint and str(args.checkpoint), args.pretrained,
-                          args.quiet)
+        opts = RunOptions(
+            *roots,
+            args.val_split,
+            args.checkpoint and str(args.checkpoint),
+            args.pretrained,
+            args.quiet,
+        )
         failed = []
         try:
             for rc in runs:
                 folder = Path(args.out) / rc.name
-                result = run_config(rc, seeds, opts, ctx, on_extractor=_writer(folder, seeds[0], rc.name))
+                result = run_config(
+                    rc, seeds, opts, ctx, on_extractor=_writer(folder, seeds[0], rc.name)
+                )
                 if not ctx.is_main:
                     continue
-                table = deep_report.table_markdown(result, PAPER_TABLE3.get(tuple(rc.name.split("-", 1))))
-                plots = (deep_report.plot_probing, deep_report.plot_attacks, deep_report.plot_tradeoff)
-                plots = plots[:2 + bool(rc.sweep)]
+                table = deep_report.table_markdown(
+                    result, PAPER_TABLE3.get(tuple(rc.name.split("-", 1)))
+                )
+                plots = (
+                    deep_report.plot_probing,
+                    deep_report.plot_attacks,
+                    deep_report.plot_tradeoff,
+                )
+                plots = plots[: 2 + bool(rc.sweep)]
                 files = {n: lambda p, f=f: f(result, p) for n, f in zip(FILES[2:], plots)}
-                common.write_outputs(folder, {"table.md": table, "results.json": dumps_json(result, indent=1),
-                                              **files})
+                common.write_outputs(
+                    folder,
+                    {"table.md": table, "results.json": dumps_json(result, indent=1), **files},
+                )
                 print(*([table] if not args.quiet else []), f"[{rc.name}] outputs in {folder}")
-                classes, acc = result["per_seed"][0]["classes"][0], result["rows"]["init"]["dp_top1"]["mean"]
+                classes, acc = (
+                    result["per_seed"][0]["classes"][0],
+                    result["rows"]["init"]["dp_top1"]["mean"],
+                )
                 if acc < 150.0 / classes:
-                    print(f"deepnet.py: warning: θ₀ scores {acc:.1f}% on D_P's validation split, chance is "
-                          f"{100 / classes:.1f}%: train it longer (--theta0-epochs), or pass --checkpoint or "
-                          "--pretrained", file=sys.stderr, flush=True)
-                failed += [f"{rc.name} {s} {m}: {e['message']}" for s, errs in result["errors"].items()
-                           for m, e in errs.items()]
+                    print(
+                        f"deepnet.py: warning: θ₀ scores {acc:.1f}% on D_P's validation "
+                        "split, chance is "
+                        f"{100 / classes:.1f}%: train it longer (--theta0-epochs), or "
+                        "pass --checkpoint or "
+                        "--pretrained",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                failed += [
+                    f"{rc.name} {s} {m}: {e['message']}"
+                    for s, errs in result["errors"].items()
+                    for m, e in errs.items()
+                ]
         finally:
             shutdown()
         if failed:
-            raise common.RunError(f"{len(failed)} run(s) failed (in results.json): " + "; ".join(failed))
+            raise common.RunError(
+                f"{len(failed)} run(s) failed (in results.json): " + "; ".join(failed)
+            )
+
     return common.main(build_parser(), body, argv)
 
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env python
-"""House Prices immunization (paper Sec. 5.1, Table 1, Figure 1), or the same on a table of your own.
+"""House Prices immunization (paper Sec. 5.1, Table 1, Figure 1), or the same on a table of your
+own.
 
 Default: the paper's protocol on the packaged Kaggle data, 5 seeds, every method; ``--protocol
 strict``: docs/theory.md §10.  Your own CSV (:func:`pycore.data.table.load_table`)::
 
     python experiments/house_price.py --data my.csv --target-p y --split group=harmful
-    python experiments/house_price.py --data dp.csv --harmful-data dh.csv --target-p y --inputs a,b,c
+    python experiments/house_price.py --data dp.csv --harmful-data dh.csv \
+        --target-p y --inputs a,b,c
 """
+
 from __future__ import annotations
 
 import sys
@@ -29,62 +32,141 @@ from pycore.thetas import run_thetas, save_thetas, task_arrays
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.
 PAPER_TABLE1 = {
-    "r_ill_only": {"harmful_ratio": (90.02, 3.77), "pretrain_ratio": (72.42, 3.55), "rir": (1.244, 0.021)},
-    "imma": {"harmful_ratio": (7.053, 1.66), "pretrain_ratio": (3.545, 0.88), "rir": (2.001, 0.187)},
-    "opt_kappa": {"harmful_ratio": (1.518, 0.027), "pretrain_ratio": (0.016, 0.001), "rir": (92.58, 4.49)},
-    "ours": {"harmful_ratio": (18.92, 2.06), "pretrain_ratio": (0.053, 0.002), "rir": (356.2, 5.49)},
+    "r_ill_only": {
+        "harmful_ratio": (90.02, 3.77),
+        "pretrain_ratio": (72.42, 3.55),
+        "rir": (1.244, 0.021),
+    },
+    "imma": {
+        "harmful_ratio": (7.053, 1.66),
+        "pretrain_ratio": (3.545, 0.88),
+        "rir": (2.001, 0.187),
+    },
+    "opt_kappa": {
+        "harmful_ratio": (1.518, 0.027),
+        "pretrain_ratio": (0.016, 0.001),
+        "rir": (92.58, 4.49),
+    },
+    "ours": {
+        "harmful_ratio": (18.92, 2.06),
+        "pretrain_ratio": (0.053, 0.002),
+        "rir": (356.2, 5.49),
+    },
 }
-SUMMARISED = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_harmful_ratio",
-              "heldout_pretrain_ratio", "fraction_of_ceiling", "dp_loss_before", "dp_loss_after",
-              "heldout_dp_loss_before", "heldout_dp_loss_after", "wall_seconds", "rir_range_part",
-              "rir_null_part", "heldout_rir_range_part", "heldout_rir_null_part", "null_part_fraction")
-DEF31 = ("immunized", "heldout_immunized")   # Definition 3.1 per run → {"count", "runs", "per_seed"}
+SUMMARISED = (
+    "rir",
+    "harmful_ratio",
+    "pretrain_ratio",
+    "heldout_rir",
+    "heldout_harmful_ratio",
+    "heldout_pretrain_ratio",
+    "fraction_of_ceiling",
+    "dp_loss_before",
+    "dp_loss_after",
+    "heldout_dp_loss_before",
+    "heldout_dp_loss_after",
+    "wall_seconds",
+    "rir_range_part",
+    "rir_null_part",
+    "heldout_rir_range_part",
+    "heldout_rir_null_part",
+    "null_part_fraction",
+)
+# Definition 3.1 per run → {"count", "runs", "per_seed"}
+DEF31 = ("immunized", "heldout_immunized")
 # the numbers hardening must leave unchanged (docs/findings.md §5)
-HARDENING_INVARIANTS = ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "heldout_harmful_ratio",
-                        "heldout_pretrain_ratio", "dp_loss_after", "heldout_dp_loss_after")
+HARDENING_INVARIANTS = (
+    "rir",
+    "harmful_ratio",
+    "pretrain_ratio",
+    "heldout_rir",
+    "heldout_harmful_ratio",
+    "heldout_pretrain_ratio",
+    "dp_loss_after",
+    "heldout_dp_loss_after",
+)
 OUTPUTS = ("table.md", "norm_ratio.png", "thetas.npz", "results.json")
 
 
 def build_parser() -> common.Parser:
     p = common.Parser("house_price.py", __doc__)
     common.add_run_flags(p, "5", "results/house_price")
-    p.add_argument("--methods", type=common.comma_list(choices=METHODS), default=",".join(METHODS),
-                   help="methods to run")
-    p.add_argument("--protocol", choices=("paper", "strict"), default="paper",
-                   help="paper: the authors' 79 inputs; strict: docs/theory.md §10 (finite RIR ceiling)")
-    p.add_argument("--paper-hparams", action="store_true", help="the paper's Table 4 values as the preset")
-    common.add_house_price_data(p, "a CSV file: the Kaggle train.csv, or with --target-p any table (D_P's "
-                                   "rows, with --harmful-data)")
+    p.add_argument(
+        "--methods",
+        type=common.comma_list(choices=METHODS),
+        default=",".join(METHODS),
+        help="methods to run",
+    )
+    p.add_argument(
+        "--protocol",
+        choices=("paper", "strict"),
+        default="paper",
+        help="paper: the authors' 79 inputs; strict: docs/theory.md §10 (finite RIR ceiling)",
+    )
+    p.add_argument(
+        "--paper-hparams", action="store_true", help="the paper's Table 4 values as the preset"
+    )
+    common.add_house_price_data(
+        p,
+        "a CSV file: the Kaggle train.csv, or with --target-p any table (D_P's "
+        "rows, with --harmful-data)",
+    )
     own = p.add_argument_group("your own table (default: the paper's House Prices data)")
     own.add_argument("--target-p", help="D_P's target column")
     own.add_argument("--target-h", help="D_H's target column (default: --target-p)")
-    own.add_argument("--inputs", type=common.comma_list(),
-                     help="input columns (default: every other numeric column)")
+    own.add_argument(
+        "--inputs",
+        type=common.comma_list(),
+        help="input columns (default: every other numeric column)",
+    )
     split = own.add_mutually_exclusive_group()
-    split.add_argument("--split", metavar="COLUMN=VALUE", help="D_H = the rows where COLUMN is VALUE")
-    split.add_argument("--harmful-data", dest="harmful_path", type=common.existing("file"),
-                       help="a second CSV file holding D_H's rows")
-    p.add_argument("--probe-steps", type=common.count(1, MAX_PROBE_STEPS), default=100,
-                   help="exact-line-search probing steps of Figure 1")
+    split.add_argument(
+        "--split", metavar="COLUMN=VALUE", help="D_H = the rows where COLUMN is VALUE"
+    )
+    split.add_argument(
+        "--harmful-data",
+        dest="harmful_path",
+        type=common.existing("file"),
+        help="a second CSV file holding D_H's rows",
+    )
+    p.add_argument(
+        "--probe-steps",
+        type=common.count(1, MAX_PROBE_STEPS),
+        default=100,
+        help="exact-line-search probing steps of Figure 1",
+    )
     p.add_argument("--no-plot", action="store_true", help="skip norm_ratio.png")
     common.add_immunize_options(p, "house_price")
     return p
 
 
 def prepare(parser, args) -> None:
-    """The flags of one's own table checked together, and ``args.immunizer``: the paper's data runs the
-    paper's presets (its tables must not move), one's own table the library's defaults."""
+    """The flags of one's own table checked together, and ``args.immunizer``: the paper's data runs
+    the paper's presets (its tables must not move), one's own table the library's defaults."""
     if args.target_p is None:
-        given = [f for f, v in (("--target-h", args.target_h), ("--inputs", args.inputs),
-                                ("--split", args.split), ("--harmful-data", args.harmful_path)) if v]
+        given = [
+            f
+            for f, v in (
+                ("--target-h", args.target_h),
+                ("--inputs", args.inputs),
+                ("--split", args.split),
+                ("--harmful-data", args.harmful_path),
+            )
+            if v
+        ]
         if given:
             raise common.UsageError("needs --target-p (the columns of your own table)", given[0])
     elif args.data is None:
         raise common.UsageError("needs --data (your table)", "--target-p")
     elif args.split is None and args.harmful_path is None:
         raise common.UsageError("needs --split COLUMN=VALUE or --harmful-data FILE", "--target-p")
-    preset = "paper" if args.paper_hparams else None if args.target_p is not None else (
-        "strict" if args.protocol == "strict" else "house_price")
+    preset = (
+        "paper"
+        if args.paper_hparams
+        else None
+        if args.target_p is not None
+        else ("strict" if args.protocol == "strict" else "house_price")
+    )
     args.immunizer = common.immunizer(parser, args, args.methods, preset)
     common.check_out(args.out, OUTPUTS)
 
@@ -96,58 +178,92 @@ def parse_args(argv=None):
     return args
 
 
-_STATE: dict = {}   # what every run shares, inherited by the forked workers (never pickled)
+_STATE: dict = {}  # what every run shares, inherited by the forked workers (never pickled)
 # Relative cost of one run (CPU seconds, measured): the longest runs go first, so none starts last.
-_COST = {"r_ill_only": 5.0, "opt_kappa": 4.0, "opt_kappa_balanced": 4.0, "ours": 4.0, "imma": 3.0,
-         "closed_form": 0.1, "identity": 0.0}
+_COST = {
+    "r_ill_only": 5.0,
+    "opt_kappa": 4.0,
+    "opt_kappa_balanced": 4.0,
+    "ours": 4.0,
+    "imma": 3.0,
+    "closed_form": 0.1,
+    "identity": 0.0,
+}
 
 
 def _one_run(job):
     method, seed = job
     st, harden = _STATE, _STATE["immunize"].harden
     res = st["immunize"](st["train"], method, np.random.default_rng(seed))
-    row = evaluate_linear(res.theta, st["train"], st["heldout"], ceiling=st["ceiling"],
-                          reference=st["reference"])
+    row = evaluate_linear(
+        res.theta, st["train"], st["heldout"], ceiling=st["ceiling"], reference=st["reference"]
+    )
     row.update(seed=seed, wall_seconds=res.wall_seconds, diagnostics=res.diagnostics)
-    if res.theta_unhardened is not None:   # hardening must leave every number of the row unchanged
-        plain = evaluate_linear(res.theta_unhardened, st["train"], st["heldout"], ceiling=st["ceiling"],
-                                reference=st["reference"])
-        row["hardening"] = {"kind": harden, "max_rel_diff_vs_unhardened": max(
-            abs(row[k] - plain[k]) / abs(plain[k]) for k in HARDENING_INVARIANTS if k in plain)}
+    if res.theta_unhardened is not None:  # hardening must leave every number of the row unchanged
+        plain = evaluate_linear(
+            res.theta_unhardened,
+            st["train"],
+            st["heldout"],
+            ceiling=st["ceiling"],
+            reference=st["reference"],
+        )
+        row["hardening"] = {
+            "kind": harden,
+            "max_rel_diff_vs_unhardened": max(
+                abs(row[k] - plain[k]) / abs(plain[k]) for k in HARDENING_INVARIANTS if k in plain
+            ),
+        }
     return row, res.theta, run_thetas(res, method, seed, harden)
 
 
 def run(args) -> dict:
     t_start = time.perf_counter()
-    if args.target_p is None:   # the paper's data (the Kaggle column set, checked by the loader)
+    if args.target_p is None:  # the paper's data (the Kaggle column set, checked by the loader)
         data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
     else:
-        data = load_table(args.data, target_p=args.target_p, target_h=args.target_h, inputs=args.inputs,
-                          split=args.split, harmful_path=args.harmful_path, n_train=args.n_train,
-                          on_outlier=args.on_outlier)
+        data = load_table(
+            args.data,
+            target_p=args.target_p,
+            target_h=args.target_h,
+            inputs=args.inputs,
+            split=args.split,
+            harmful_path=args.harmful_path,
+            n_train=args.n_train,
+            on_outlier=args.on_outlier,
+        )
     train, heldout, strict = data.train, data.heldout, None
     if args.protocol == "strict":
         train, heldout, strict = strict_protocol(train, heldout, data.feature_names)
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
     settings = args.immunizer.as_dict()
-    if "closed_form" in settings["options"]:   # the exponent as used ("auto": docs/theory.md §10)
+    if "closed_form" in settings["options"]:  # the exponent as used ("auto": docs/theory.md §10)
         a = settings["options"]["closed_form"]["exponent"]
         settings["closed_form_exponent"] = auto_exponent(train, ceiling)[0] if a == "auto" else a
     if strict is not None:
-        print(f"strict protocol: dropped {len(strict.dropped_columns)} column(s) constant on D_P's training "
-              f"rows; rank K_P = {strict.rank_K_P} of {strict.D_after_drop}", flush=True)
+        print(
+            f"strict protocol: dropped {len(strict.dropped_columns)} column(s) constant "
+            "on D_P's training "
+            f"rows; rank K_P = {strict.rank_K_P} of {strict.D_after_drop}",
+            flush=True,
+        )
     jobs = [(m, s) for m in args.methods for s in args.seeds]
-    _STATE.update(train=train, heldout=heldout, immunize=args.immunizer, ceiling=ceiling,
-                  reference=EvaluationReference(train, heldout))
-    order = sorted(range(len(jobs)), key=lambda i: -_COST.get(jobs[i][0], 1.0))   # stable: seeds in order
+    _STATE.update(
+        train=train,
+        heldout=heldout,
+        immunize=args.immunizer,
+        ceiling=ceiling,
+        reference=EvaluationReference(train, heldout),
+    )
+    # stable: seeds in order
+    order = sorted(range(len(jobs)), key=lambda i: -_COST.get(jobs[i][0], 1.0))
     done = common.pool_map(_one_run, [jobs[i] for i in order], args.jobs, desc="immunizing")
     outs = dict(zip(order, done))
     per_method, thetas, archive = {m: [] for m in args.methods}, {}, {}
     for i, (method, _) in enumerate(jobs):
         row, theta, saved = outs[i]
         per_method[method].append(row)
-        thetas.setdefault(method, theta)   # the first seed drives Figure 1
+        thetas.setdefault(method, theta)  # the first seed drives Figure 1
         archive.update(saved)
     archive.update(task_arrays({"train": train, "heldout": heldout}))
     methods = {}
@@ -158,26 +274,42 @@ def run(args) -> dict:
         if m in PAPER_TABLE1 and args.target_p is None:
             entry["paper"] = {k: {"mean": v[0], "std": v[1]} for k, v in PAPER_TABLE1[m].items()}
         methods[m] = entry
-    curves = {m: {k: v.tolist() for k, v in norm_ratio_curves(th, train, args.probe_steps).items()}
-              for m, th in thetas.items()}
+    curves = {
+        m: {k: v.tolist() for k, v in norm_ratio_curves(th, train, args.probe_steps).items()}
+        for m, th in thetas.items()
+    }
     held_ceiling = rir_ceiling(heldout.X_P, heldout.X_H) if heldout is not None else None
     return {
-        "experiment": "house_price", "protocol": args.protocol,
+        "experiment": "house_price",
+        "protocol": args.protocol,
         "strict_protocol": None if strict is None else strict.as_dict(),
-        "data": {"source": data.source, "paper": args.target_p is None, "features": data.feature_names,
-                 "targets": [args.target_p, args.target_h or args.target_p], "split": args.split,
-                 "files": [str(f) for f in (args.data, args.harmful_path) if f is not None],
-                 "n_train_per_split": args.n_train, "rows_P": data.n_rows_P,
-                 "rows_H": data.n_rows_H, "D": train.D, "D_input": data.train.D,
-                 "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
-                 "heldout_rows_H": None if heldout is None else heldout.X_H.shape[0]},
-        "seeds": args.seeds, "immunize": settings, "ceiling": ceiling.exact,
-        "ceiling_range_restricted": ceiling.range_restricted, "ceiling_detail": ceiling.as_dict(),
+        "data": {
+            "source": data.source,
+            "paper": args.target_p is None,
+            "features": data.feature_names,
+            "targets": [args.target_p, args.target_h or args.target_p],
+            "split": args.split,
+            "files": [str(f) for f in (args.data, args.harmful_path) if f is not None],
+            "n_train_per_split": args.n_train,
+            "rows_P": data.n_rows_P,
+            "rows_H": data.n_rows_H,
+            "D": train.D,
+            "D_input": data.train.D,
+            "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
+            "heldout_rows_H": None if heldout is None else heldout.X_H.shape[0],
+        },
+        "seeds": args.seeds,
+        "immunize": settings,
+        "ceiling": ceiling.exact,
+        "ceiling_range_restricted": ceiling.range_restricted,
+        "ceiling_detail": ceiling.as_dict(),
         "closed_form_exponent_window": None if window is None else window.as_dict(),
         "heldout_ceiling_detail": None if held_ceiling is None else held_ceiling.as_dict(),
         "methods": methods,
         "norm_ratio_curves": {"seed": args.seeds[0], "steps": args.probe_steps, "curves": curves},
-        **environment(), "wall_seconds": time.perf_counter() - t_start, "_thetas": archive,
+        **environment(),
+        "wall_seconds": time.perf_counter() - t_start,
+        "_thetas": archive,
     }
 
 
@@ -195,109 +327,200 @@ def _count(e: dict, key: str) -> str:
 def table_markdown(result: dict) -> str:
     c, protocol, data = result["ceiling_detail"], result["protocol"], result["data"]
     D, paper_data = data["D"], data["paper"]
-    title = "House Prices: immunization results (paper Table 1)" if paper_data else \
-        f"{data_name(data)}: immunization results"
-    where = "the paper's House Prices data" if paper_data else (
-        f"D_P's target {data['targets'][0]!r}, D_H's {data['targets'][1]!r}, "
-        + (f"D_H = rows with {data['split']}" if data["split"]
-           else f"D_H = the rows of {data['files'][-1]}")
-        + f", {data['D_input']} input columns")
+    title = (
+        "House Prices: immunization results (paper Table 1)"
+        if paper_data
+        else f"{data_name(data)}: immunization results"
+    )
+    where = (
+        "the paper's House Prices data"
+        if paper_data
+        else (
+            f"D_P's target {data['targets'][0]!r}, D_H's {data['targets'][1]!r}, "
+            + (
+                f"D_H = rows with {data['split']}"
+                if data["split"]
+                else f"D_H = the rows of {data['files'][-1]}"
+            )
+            + f", {data['D_input']} input columns"
+        )
+    )
     lines = [
-        f"# {title}, {protocol} protocol", "",
-        f"Data {data['source']} ({where}); seeds {result['seeds']}; mean ± std (population) over seeds. "
-        "(i) = κ(H_H(θ))/κ(H_H(I)) ↑, (ii) = κ(H_P(θ))/κ(H_P(I)) ↓, RIR = (i)/(ii) ↑, on the training rows "
-        "as in the paper; held-out RIR on the rows not used for training; Def. 3.1 = seeds with (i) > 1 and "
+        f"# {title}, {protocol} protocol",
+        "",
+        f"Data {data['source']} ({where}); seeds {result['seeds']}; mean ± std "
+        "(population) over seeds. "
+        "(i) = κ(H_H(θ))/κ(H_H(I)) ↑, (ii) = κ(H_P(θ))/κ(H_P(I)) ↓, RIR = (i)/(ii) ↑, "
+        "on the training rows "
+        "as in the paper; held-out RIR on the rows not used for training; Def. 3.1 = "
+        "seeds with (i) > 1 and "
         "(ii) < 1 (training / held-out rows); fraction = RIR / range-restricted ceiling.",
     ]
     st = result.get("strict_protocol")
     if st:
-        lines += ["", f"Strict protocol: dropped {len(st['dropped_columns'])} input column(s) constant on "
-                  f"D_P's training rows ({', '.join(st['dropped_columns']) or 'none'}); rank K_P = "
-                  f"{st['rank_K_P']} of {st['D_after_drop']}, D_H's weight on null(K_P) "
-                  f"{fmt(st['null_leak_after_drop'])}·‖K_H‖"
-                  + (f"; both tasks restricted to range(K_P) ({st['restriction']}, θ is {st['D']}×{st['D']})"
-                     if st["restricted"] else "") + f"; null(K_P) ⊆ null(K_H): {st['inclusion_holds']}."]
-    pcols = ["paper (i)", "paper (ii)", "paper RIR"] if paper_data else []   # the paper's data only
-    lines += ["", "| method | (i) ↑ | (ii) ↓ | RIR ↑ | Def. 3.1 seeds | held-out RIR | held-out Def. 3.1 "
-              "| fraction of ceiling |" + "".join(f" {c} |" for c in pcols), "|---" * (8 + len(pcols)) + "|"]
+        lines += [
+            "",
+            f"Strict protocol: dropped {len(st['dropped_columns'])} input column(s) constant on "
+            f"D_P's training rows ({', '.join(st['dropped_columns']) or 'none'}); rank K_P = "
+            f"{st['rank_K_P']} of {st['D_after_drop']}, D_H's weight on null(K_P) "
+            f"{fmt(st['null_leak_after_drop'])}·‖K_H‖"
+            + (
+                f"; both tasks restricted to range(K_P) ({st['restriction']}, θ is "
+                f"{st['D']}×{st['D']})"
+                if st["restricted"]
+                else ""
+            )
+            + f"; null(K_P) ⊆ null(K_H): {st['inclusion_holds']}.",
+        ]
+    pcols = ["paper (i)", "paper (ii)", "paper RIR"] if paper_data else []  # the paper's data only
+    lines += [
+        "",
+        "| method | (i) ↑ | (ii) ↓ | RIR ↑ | Def. 3.1 seeds | held-out RIR | held-out Def. 3.1 "
+        "| fraction of ceiling |" + "".join(f" {c} |" for c in pcols),
+        "|---" * (8 + len(pcols)) + "|",
+    ]
     for m, e in result["methods"].items():
         paper = PAPER_TABLE1.get(m)
-        pcols = ([f"{paper[k][0]:g} ± {paper[k][1]:g}" for k in ("harmful_ratio", "pretrain_ratio", "rir")]
-                 if paper else ["—"] * 3) if paper_data else []
+        pcols = (
+            (
+                [
+                    f"{paper[k][0]:g} ± {paper[k][1]:g}"
+                    for k in ("harmful_ratio", "pretrain_ratio", "rir")
+                ]
+                if paper
+                else ["—"] * 3
+            )
+            if paper_data
+            else []
+        )
         held = pm(e["heldout_rir"]) if "heldout_rir" in e else "n/a"
-        lines.append(f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | "
-                     f"{pm(e['rir'])} | "
-                     f"{_count(e, 'immunized')} | {held} | {_count(e, 'heldout_immunized')} | "
-                     f"{fmt(e['fraction_of_ceiling']['mean'])} |" + "".join(f" {c} |" for c in pcols))
-    lines += ["", "Range/null decomposition (docs/theory.md §8): RIR of θ_range = P_N + P_Rθ (what D_P's "
-              "training rows see) and of θ_null = P_R + P_Nθ, P_R from the training rows' K_P; null share = "
-              "‖P_N(θ − I)‖_F² / ‖θ − I‖_F².", "",
-              "| method | RIR | range part | null part | held-out RIR | held-out range part | "
-              "held-out null part | null share |", "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | "
+            f"{pm(e['rir'])} | "
+            f"{_count(e, 'immunized')} | {held} | {_count(e, 'heldout_immunized')} | "
+            f"{fmt(e['fraction_of_ceiling']['mean'])} |" + "".join(f" {c} |" for c in pcols)
+        )
+    lines += [
+        "",
+        "Range/null decomposition (docs/theory.md §8): RIR of θ_range = P_N + P_Rθ (what D_P's "
+        "training rows see) and of θ_null = P_R + P_Nθ, P_R from the training rows' "
+        "K_P; null share = "
+        "‖P_N(θ − I)‖_F² / ‖θ − I‖_F².",
+        "",
+        "| method | RIR | range part | null part | held-out RIR | held-out range part | "
+        "held-out null part | null share |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for m, e in result["methods"].items():
         if "rir_range_part" in e:
-            cells = [pm(e[k]) if k in e else "n/a" for k in (
-                "rir", "rir_range_part", "rir_null_part", "heldout_rir", "heldout_rir_range_part",
-                "heldout_rir_null_part")]
+            cells = [
+                pm(e[k]) if k in e else "n/a"
+                for k in (
+                    "rir",
+                    "rir_range_part",
+                    "rir_null_part",
+                    "heldout_rir",
+                    "heldout_rir_range_part",
+                    "heldout_rir_null_part",
+                )
+            ]
             share = fmt(e["null_part_fraction"]["mean"])
             lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + f" | {share} |")
-    lines += ["", f"RIR ceiling (docs/theory.md §10): exact = {fmt(result['ceiling'])} — {c['reason']}.",
-              f"Restricted to range(K_P): {fmt(result['ceiling_range_restricted'])} "
-              f"(κ(C) = {fmt(c['kappa_C'])}, κ(K_P) = {fmt(c['kappa_K_P'])}, κ(K_H) = {fmt(c['kappa_K_H'])}, "
-              f"rank K_P = {c['rank_K_P']}/{D}, "
-              f"rank K_H = {c['rank_K_H']}/{D})."]
+    lines += [
+        "",
+        f"RIR ceiling (docs/theory.md §10): exact = {fmt(result['ceiling'])} — {c['reason']}.",
+        f"Restricted to range(K_P): {fmt(result['ceiling_range_restricted'])} "
+        f"(κ(C) = {fmt(c['kappa_C'])}, κ(K_P) = {fmt(c['kappa_K_P'])}, κ(K_H) = "
+        f"{fmt(c['kappa_K_H'])}, "
+        f"rank K_P = {c['rank_K_P']}/{D}, "
+        f"rank K_H = {c['rank_K_H']}/{D}).",
+    ]
     w = result.get("closed_form_exponent_window")
     if w:
-        lines.append(f"Closed form s² = λ_C^a: Definition 3.1 holds on the training rows for {fmt(w['low'])} "
-                     f"{'<' if w['low'] > 0 else '≤'} a < {fmt(w['high'])}"
-                     + (" (empty window)" if w["empty"] else "")
-                     + (f"; the closed form used a = {fmt(result['immunize']['closed_form_exponent'])}."
-                        if "closed_form_exponent" in result["immunize"] else "."))
+        lines.append(
+            "Closed form s² = λ_C^a: Definition 3.1 holds on the training rows for "
+            f"{fmt(w['low'])} "
+            f"{'<' if w['low'] > 0 else '≤'} a < {fmt(w['high'])}"
+            + (" (empty window)" if w["empty"] else "")
+            + (
+                f"; the closed form used a = {fmt(result['immunize']['closed_form_exponent'])}."
+                if "closed_form_exponent" in result["immunize"]
+                else "."
+            )
+        )
     if result.get("heldout_ceiling_detail"):
         hc = result["heldout_ceiling_detail"]
-        lines.append(f"Held-out rows: exact ceiling {fmt(hc['exact'])}, range-restricted "
-                     f"{fmt(hc['range_restricted'])}.")
-    dp = [f"{LABELS[m]} {fmt(e['dp_loss_before']['mean'])} → {fmt(e['dp_loss_after']['mean'])}"
-          for m, e in result["methods"].items() if "dp_loss_after" in e]
+        lines.append(
+            f"Held-out rows: exact ceiling {fmt(hc['exact'])}, range-restricted "
+            f"{fmt(hc['range_restricted'])}."
+        )
+    dp = [
+        f"{LABELS[m]} {fmt(e['dp_loss_before']['mean'])} → {fmt(e['dp_loss_after']['mean'])}"
+        for m, e in result["methods"].items()
+        if "dp_loss_after" in e
+    ]
     if dp:
-        lines += ["", "Best D_P training loss of a linear head (Definition 3.1(c)), before → after: "
-                  + "; ".join(dp) + "."]
-    lines += common.immunize_lines(result, "RIR, (i), (ii) (training and held-out) and best D_P loss")
+        lines += [
+            "",
+            "Best D_P training loss of a linear head (Definition 3.1(c)), before → after: "
+            + "; ".join(dp)
+            + ".",
+        ]
+    lines += common.immunize_lines(
+        result, "RIR, (i), (ii) (training and held-out) and best D_P loss"
+    )
     return "\n".join(lines) + "\n"
 
 
 def plot_norm_ratio(result: dict, path) -> None:
-    """Figure 1: probing convergence on D_P and D_H, one line per method, the legend beside the panels."""
+    """Figure 1: probing convergence on D_P and D_H, one line per method, the legend beside the
+    panels."""
     plt = common.pyplot()
     curves = result["norm_ratio_curves"]["curves"]
     fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2))
-    for ax, task, title in ((axes[0], "D_P", "pre-training task D_P (faster is better)"),
-                            (axes[1], "D_H", "harmful task D_H (slower is better)")):
+    for ax, task, title in (
+        (axes[0], "D_P", "pre-training task D_P (faster is better)"),
+        (axes[1], "D_H", "harmful task D_H (slower is better)"),
+    ):
         for m, c in curves.items():
             y = np.maximum(np.asarray(c[task]), 1e-300)
-            ax.semilogy(np.arange(len(y)), y, label=LABELS[m], lw=2.2 if m in ("identity", "ours") else 1.4,
-                        ls="--" if m == "identity" else "-")
-        if min(float(np.min(c[task])) for c in curves.values()) < 1e-10:   # an exactly conditioned H
-            ax.set_ylim(bottom=1e-10)                                       # converges to round-off
+            ax.semilogy(
+                np.arange(len(y)),
+                y,
+                label=LABELS[m],
+                lw=2.2 if m in ("identity", "ours") else 1.4,
+                ls="--" if m == "identity" else "-",
+            )
+        # an exactly conditioned H
+        if min(float(np.min(c[task])) for c in curves.values()) < 1e-10:
+            ax.set_ylim(bottom=1e-10)  # converges to round-off
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("linear-probing step (GD, exact line search)")
         ax.set_ylabel("‖w_t − w*‖² / ‖w_0 − w*‖²")
         ax.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     data = result["data"]
-    fig.suptitle(f"{data_name(data)} ({result['protocol']} protocol), linear θ ({data['D']}×{data['D']}), "
-                 f"seed {result['norm_ratio_curves']['seed']}: probing each method's features"
-                 + (" (paper Figure 1)" if data["paper"] else ""))
+    fig.suptitle(
+        f"{data_name(data)} ({result['protocol']} protocol), linear θ ({data['D']}×{data['D']}), "
+        f"seed {result['norm_ratio_curves']['seed']}: probing each method's features"
+        + (" (paper Figure 1)" if data["paper"] else "")
+    )
     save_figure(fig, path)
 
 
 def thetas_meta(result: dict) -> dict:
     """What thetas.npz holds (its ``meta`` entry; pycore.thetas.load_thetas reads it back)."""
-    return {"experiment": result["experiment"], "protocol": result["protocol"], "seeds": result["seeds"],
-            "harden": result["immunize"]["harden"], "command": result["command"],
-            "keys": "<method>/seed<k> = θ (D×D; features X @ θ); with --harden: <method>+<kind>/seed<k> = "
-                    "the hardened θ and <method>+<kind>/seed<k>/Q its rotation (hardened = unhardened @ Q); "
-                    "data/<train|heldout>/<X_P|Y_P|X_H|Y_H> = the protocol's inputs and targets"}
+    return {
+        "experiment": result["experiment"],
+        "protocol": result["protocol"],
+        "seeds": result["seeds"],
+        "harden": result["immunize"]["harden"],
+        "command": result["command"],
+        "keys": "<method>/seed<k> = θ (D×D; features X @ θ); with --harden: "
+        "<method>+<kind>/seed<k> = "
+        "the hardened θ and <method>+<kind>/seed<k>/Q its rotation (hardened = unhardened @ Q); "
+        "data/<train|heldout>/<X_P|Y_P|X_H|Y_H> = the protocol's inputs and targets",
+    }
 
 
 def main(argv=None) -> int:
@@ -307,9 +530,16 @@ def main(argv=None) -> int:
         prepare(parser, args)
         result = run(args)
         archive = result.pop("_thetas")
-        common.write_run(args.out, table_markdown(result), result, {
-            "thetas.npz": lambda p: save_thetas(p, archive, thetas_meta(result)),
-            "norm_ratio.png": None if args.no_plot else lambda p: plot_norm_ratio(result, p)})
+        common.write_run(
+            args.out,
+            table_markdown(result),
+            result,
+            {
+                "thetas.npz": lambda p: save_thetas(p, archive, thetas_meta(result)),
+                "norm_ratio.png": None if args.no_plot else lambda p: plot_norm_ratio(result, p),
+            },
+        )
+
     return common.main(parser, body, argv)
 
 

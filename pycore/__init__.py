@@ -1,8 +1,17 @@
 """Model immunization from a condition-number perspective (Zheng, Bai, Bullins, Yeh; ICML 2025).
-The linear core is float64 ground truth and never imports torch (:mod:`pycore.ops`, :mod:`pycore.deep` do).
+The linear core is float64 ground truth and never imports torch (:mod:`pycore.ops`,
+:mod:`pycore.deep` do).
 """
+
 from pycore.spectral import condition_number, SpectrumInfo, spectrum_info
-from pycore.regularizers import r_ill, r_well, r_ill_grad, r_well_grad, r_ill_grad_theta, r_well_grad_theta
+from pycore.regularizers import (
+    r_ill,
+    r_well,
+    r_ill_grad,
+    r_well_grad,
+    r_ill_grad_theta,
+    r_well_grad_theta,
+)
 from pycore.precondition import preconditioned_grad_theta
 from pycore.metrics import rir, rir_ceiling
 from pycore.tasks import LinearTask
@@ -10,7 +19,22 @@ from pycore.immunize import immunize
 from pycore.evaluate import evaluate_linear
 from pycore.worst_case import attack_evaluation
 
-__all__ = ["condition_number", "SpectrumInfo", "spectrum_info", "r_ill", "r_well", "r_ill_grad",
-           "r_well_grad", "r_ill_grad_theta", "r_well_grad_theta", "preconditioned_grad_theta", "rir",
-           "rir_ceiling", "LinearTask", "immunize", "evaluate_linear", "attack_evaluation"]
+__all__ = [
+    "condition_number",
+    "SpectrumInfo",
+    "spectrum_info",
+    "r_ill",
+    "r_well",
+    "r_ill_grad",
+    "r_well_grad",
+    "r_ill_grad_theta",
+    "r_well_grad_theta",
+    "preconditioned_grad_theta",
+    "rir",
+    "rir_ceiling",
+    "LinearTask",
+    "immunize",
+    "evaluate_linear",
+    "attack_evaluation",
+]
 __version__ = "0.1.0"

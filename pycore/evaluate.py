@@ -1,5 +1,6 @@
 """Per-run evaluation of an immunized linear extractor (docs/theory.md §8, §10): everything a table
 needs; what does not depend on θ is computed once per task pair (:class:`EvaluationReference`)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,14 +20,15 @@ def immunized_def31(harmful_ratio: float, pretrain_ratio: float) -> bool:
 
 
 class _Rows:
-    """One input matrix X with what every θ reuses: the spectrum of XᵀX and ``XV``, V of range(K_P)."""
+    """One input matrix X with what every θ reuses: the spectrum of XᵀX and ``XV``, V of
+    range(K_P)."""
 
     def __init__(self, X: np.ndarray, V: np.ndarray):
         self.X = X
         self.ref = gram_spectrum(X, vectors=False)
         self.XV = X @ V
-        self.X_range = X - self.XV @ V.T      # X P_N
-        self.X_null = self.XV @ V.T           # X P_R
+        self.X_range = X - self.XV @ V.T  # X P_N
+        self.X_null = self.XV @ V.T  # X P_R
 
 
 class EvaluationReference:
@@ -34,28 +36,38 @@ class EvaluationReference:
     range(K_P) of D_P's TRAINING rows (docs/theory.md §8); with T = Vᵀθ the parts' features are
     ``X θ_range = X P_N + (XV)T`` and ``X θ_null = X P_R + Xθ − (XV)T``: no D³ products."""
 
-    @bounded_blas   # built once in an experiment's main process, before its workers
+    @bounded_blas  # built once in an experiment's main process, before its workers
     def __init__(self, train: LinearTask, heldout: LinearTask | None = None):
         for name, t in (("train", train), ("heldout", heldout)):
             if t is not None and not isinstance(t, LinearTask):
-                raise ParameterError(name, f"{name} must be a pycore.LinearTask, got {type(t).__name__}")
+                raise ParameterError(
+                    name, f"{name} must be a pycore.LinearTask, got {type(t).__name__}"
+                )
         if heldout is not None and heldout.D != train.D:
-            raise ParameterError("heldout", f"the held-out task has {heldout.D} input columns but the "
-                                            f"training task {train.D}: θ acts on one input space")
+            raise ParameterError(
+                "heldout",
+                f"the held-out task has {heldout.D} input columns but the "
+                f"training task {train.D}: θ acts on one input space",
+            )
         self.train, self.heldout = train, heldout
         self.V = row_space_basis(train.X_P)
-        self.rows = {(rows, k): _Rows(getattr(t, "X_" + k), self.V)
-                     for rows, t in (("train", train), ("heldout", heldout)) if t is not None for k in "PH"}
+        self.rows = {
+            (rows, k): _Rows(getattr(t, "X_" + k), self.V)
+            for rows, t in (("train", train), ("heldout", heldout))
+            if t is not None
+            for k in "PH"
+        }
         self._dp_loss_before: dict = {}
 
-    def dp_loss_before(self, rows: str = "train") -> float:   # at θ = I, on first use
+    def dp_loss_before(self, rows: str = "train") -> float:  # at θ = I, on first use
         if rows not in self._dp_loss_before:
             t = self.train if rows == "train" else self.heldout
             self._dp_loss_before[rows] = best_probe_loss(t.loss, t.X_P, t.Y_P)
         return self._dp_loss_before[rows]
 
     def features(self, theta: np.ndarray, rows: str = "train") -> dict:
-        """``{(part, task): X·θ_part}`` on ``rows``, part in ("theta", "range", "null"), task "P"/"H"."""
+        """``{(part, task): X·θ_part}`` on ``rows``, part in ("theta", "range", "null"),
+        task "P"/"H"."""
         T = self.V.T @ theta
         out = {}
         for task in ("P", "H"):
@@ -69,29 +81,45 @@ class EvaluationReference:
 
     def rir(self, Z_P: np.ndarray, Z_H: np.ndarray, rows: str = "train") -> RIR:
         """:func:`pycore.metrics.rir` of the features ``Z_P = X_Pθ``, ``Z_H = X_Hθ``."""
-        return RIR.of(gram_spectrum(Z_P, vectors=False), gram_spectrum(Z_H, vectors=False),
-                      self.rows[(rows, "P")].ref, self.rows[(rows, "H")].ref)
+        return RIR.of(
+            gram_spectrum(Z_P, vectors=False),
+            gram_spectrum(Z_H, vectors=False),
+            self.rows[(rows, "P")].ref,
+            self.rows[(rows, "H")].ref,
+        )
 
     def null_part_fraction(self, theta: np.ndarray) -> float:
-        """‖P_N(θ − I)‖_F²/‖θ − I‖_F² ∈ [0, 1], the share of θ's change D_P never sees; NaN at θ = I."""
+        """‖P_N(θ − I)‖_F²/‖θ − I‖_F² ∈ [0, 1], the share of θ's change D_P never sees; NaN
+        at θ = I."""
         M = theta - np.eye(theta.shape[0])
-        total = float(np.sum(M ** 2))
+        total = float(np.sum(M**2))
         if not total > 0:
             return float("nan")
         N = M - self.V @ (self.V.T @ M)
-        return float(np.sum(N ** 2)) / total
+        return float(np.sum(N**2)) / total
 
 
 @bounded_blas
-def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | None = None, *,
-                    ceiling: Ceiling | None = None, reference: EvaluationReference | None = None) -> dict:
-    """RIR, (i), (ii), Definition 3.1 and the best D_P loss of a linear head with θ vs with I on the
-    training and (``heldout_`` prefix) held-out rows, the fraction of the ceiling and the RIR of
-    the range/null parts P_N + P_Rθ, P_R + P_Nθ (docs/theory.md §8).  ``ceiling`` and ``reference``
-    are computed when not given; those of other data are refused."""
-    if reference is not None and (reference.train is not train or reference.heldout is not heldout):
-        raise ParameterError("reference", "reference was built for other tasks: pass "
-                                          "EvaluationReference(train, heldout) of these tasks")
+def evaluate_linear(
+    theta: np.ndarray,
+    train: LinearTask,
+    heldout: LinearTask | None = None,
+    *,
+    ceiling: Ceiling | None = None,
+    reference: EvaluationReference | None = None,
+) -> dict:
+    """RIR, (i), (ii), Definition 3.1 and the best D_P loss of a linear head with θ vs with I on
+    the training and (``heldout_`` prefix) held-out rows, the fraction of the ceiling and the RIR
+    of the range/null parts P_N + P_Rθ, P_R + P_Nθ (docs/theory.md §8).  ``ceiling`` and
+    ``reference`` are computed when not given; those of other data are refused."""
+    if reference is not None and (
+        reference.train is not train or reference.heldout is not heldout
+    ):
+        raise ParameterError(
+            "reference",
+            "reference was built for other tasks: pass "
+            "EvaluationReference(train, heldout) of these tasks",
+        )
     ref = reference if reference is not None else EvaluationReference(train, heldout)
     if ceiling is None:
         ceiling = rir_ceiling(train.X_P, train.X_H)
@@ -100,8 +128,11 @@ def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | 
         rows = ref.rows[("train", task)]
         k = rows.ref.kappa
         if not abs(mine - k) <= max(1e-9, 4 * min(rows.X.shape) * EPS * np.sqrt(max(mine, k))) * k:
-            raise ParameterError("ceiling", f"ceiling was computed on other data: its κ(K_{task}) = "
-                                            f"{mine:.6g}, the training rows' {k:.6g}")
+            raise ParameterError(
+                "ceiling",
+                f"ceiling was computed on other data: its κ(K_{task}) = "
+                f"{mine:.6g}, the training rows' {k:.6g}",
+            )
     theta = check_theta(theta, train.D)
     out = {}
     for rows, t, pre in (("train", train, ""), ("heldout", heldout, "heldout_")):
@@ -109,28 +140,41 @@ def evaluate_linear(theta: np.ndarray, train: LinearTask, heldout: LinearTask | 
             continue
         f = ref.features(theta, rows)
         r = ref.rir(f[("theta", "P")], f[("theta", "H")], rows)
-        out.update({pre + "rir": r.value, pre + "harmful_ratio": r.harmful_ratio,
-                    pre + "pretrain_ratio": r.pretrain_ratio,
-                    pre + "immunized": immunized_def31(r.harmful_ratio, r.pretrain_ratio),
-                    pre + "rir_range_part": ref.rir(f[("range", "P")], f[("range", "H")], rows).value,
-                    pre + "rir_null_part": ref.rir(f[("null", "P")], f[("null", "H")], rows).value,
-                    pre + "dp_loss_before": ref.dp_loss_before(rows),
-                    pre + "dp_loss_after": best_probe_loss(t.loss, f[("theta", "P")], t.Y_P)})
+        out.update(
+            {
+                pre + "rir": r.value,
+                pre + "harmful_ratio": r.harmful_ratio,
+                pre + "pretrain_ratio": r.pretrain_ratio,
+                pre + "immunized": immunized_def31(r.harmful_ratio, r.pretrain_ratio),
+                pre + "rir_range_part": ref.rir(f[("range", "P")], f[("range", "H")], rows).value,
+                pre + "rir_null_part": ref.rir(f[("null", "P")], f[("null", "H")], rows).value,
+                pre + "dp_loss_before": ref.dp_loss_before(rows),
+                pre + "dp_loss_after": best_probe_loss(t.loss, f[("theta", "P")], t.Y_P),
+            }
+        )
         if rows == "train":
-            out.update(kappa_H=r.kappa_H, kappa_P=r.kappa_P, rank_H=r.rank_H, rank_P=r.rank_P,
-                       fraction_of_ceiling=r.value / ceiling.range_restricted,
-                       null_part_fraction=ref.null_part_fraction(theta))
+            out.update(
+                kappa_H=r.kappa_H,
+                kappa_P=r.kappa_P,
+                rank_H=r.rank_H,
+                rank_P=r.rank_P,
+                fraction_of_ceiling=r.value / ceiling.range_restricted,
+                null_part_fraction=ref.null_part_fraction(theta),
+            )
     return out
 
 
 @bounded_blas
 def norm_ratio_curves(theta: np.ndarray, task: LinearTask, steps: int) -> dict:
     """Figure 1: ‖w_t − w*‖²/‖w_0 − w*‖² of exact-line-search GD probing on D_P and D_H."""
-    return {"D_P": gd_exact_line_search(task.X_P @ theta, task.Y_P, steps).norm_ratio,
-            "D_H": gd_exact_line_search(task.X_H @ theta, task.Y_H, steps).norm_ratio}
+    return {
+        "D_P": gd_exact_line_search(task.X_P @ theta, task.Y_P, steps).norm_ratio,
+        "D_H": gd_exact_line_search(task.X_H @ theta, task.Y_H, steps).norm_ratio,
+    }
 
 
 def def31_summary(flags) -> dict:
-    """How many runs satisfy Definition 3.1: ``{"count", "runs", "per_seed"}`` (a table prints k/n)."""
+    """How many runs satisfy Definition 3.1: ``{"count", "runs", "per_seed"}`` (a table prints
+    k/n)."""
     flags = [bool(f) for f in flags]
     return {"count": sum(flags), "runs": len(flags), "per_seed": flags}

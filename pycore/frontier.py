@@ -1,5 +1,6 @@
 """The (i)/(ii) frontier of linear immunization (docs/findings.md §6): RIR = (i)/(ii) hides the
 trade-off, it is maximal for ANY θ that whitens D_P, even with (i) < 1 (docs/theory.md §10)."""
+
 from __future__ import annotations
 
 import math
@@ -19,24 +20,36 @@ def ratios(theta, train: LinearTask, heldout: LinearTask | None = None) -> dict:
         if t is None:
             continue
         r = rir(theta, t.X_P, t.X_H)
-        out[name] = {"harmful_ratio": r.harmful_ratio, "pretrain_ratio": r.pretrain_ratio, "rir": r.value}
+        out[name] = {
+            "harmful_ratio": r.harmful_ratio,
+            "pretrain_ratio": r.pretrain_ratio,
+            "rir": r.value,
+        }
     return out
 
 
 def closed_form_frontier(train: LinearTask, heldout: LinearTask | None, exponents) -> list[dict]:
     """The closed form (docs/theory.md §10) at each exponent a: the best (ii) for every (i)."""
     from pycore.immunize import immunize
+
     out = []
     for a in exponents:
-        theta = immunize(train, "closed_form", rng=np.random.default_rng(0), exponent=float(a)).theta
-        out.append({"exponent": float(a), **ratios(theta, train, heldout),
-                    "regularizer_product": regularizer_product(theta, train)})
+        theta = immunize(
+            train, "closed_form", rng=np.random.default_rng(0), exponent=float(a)
+        ).theta
+        out.append(
+            {
+                "exponent": float(a),
+                **ratios(theta, train, heldout),
+                "regularizer_product": regularizer_product(theta, train),
+            }
+        )
     return out
 
 
 def regularizer_product(theta, task: LinearTask) -> float:
-    """``R_well(H_P(θ))·R_ill(H_H(θ))``, invariant under θ → cθ: Algorithm 1's regularizer term at its
-    best scale is ``min_c λ_P R_well + λ_H R_ill = 2√(λ_Pλ_H × this)``, whatever the λ's."""
+    """``R_well(H_P(θ))·R_ill(H_H(θ))``, invariant under θ → cθ: Algorithm 1's regularizer term at
+    its best scale is ``min_c λ_P R_well + λ_H R_ill = 2√(λ_Pλ_H × this)``, whatever the λ's."""
     theta = np.asarray(theta, dtype=np.float64)
     Z_P, Z_H = task.X_P @ theta, task.X_H @ theta
     return float(r_well(Z_P.T @ Z_P) * r_ill(Z_H.T @ Z_H))
@@ -51,4 +64,3 @@ def target_progress(harmful_ratio: float, pretrain_ratio: float, target=(10.0, 0
     if not (harmful_ratio > 0 and pretrain_ratio > 0):
         return -math.inf
     return min(math.log(harmful_ratio) / math.log(ti), math.log(pretrain_ratio) / math.log(tii))
-

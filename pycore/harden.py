@@ -1,8 +1,9 @@
 """Spectrum-preserving hardening: θ → θQ with Q orthogonal (docs/findings.md §5).  Every Hessian
 becomes ``QᵀH(θ)Q`` (same κ's, RIR and best D_P loss with ω → Qᵀω); only the basis changes, which
-coordinate-wise attackers see.  ``"haar"``: a Haar draw on O(D); ``"equalize"``: an equal diagonal of
-the harmful Hessian (Schur–Horn; Bendel & Mickey 1978, Davies & Higham 2000).
+coordinate-wise attackers see.  ``"haar"``: a Haar draw on O(D); ``"equalize"``: an equal diagonal
+of the harmful Hessian (Schur–Horn; Bendel & Mickey 1978, Davies & Higham 2000).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -11,7 +12,13 @@ import numpy as np
 import scipy.fft
 
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number, check_rng
+from pycore.validation import (
+    ParameterError,
+    as_float_matrix,
+    check_choice,
+    check_number,
+    check_rng,
+)
 
 HARDENINGS = ("none", "haar", "equalize")
 
@@ -27,20 +34,24 @@ def orthogonality_defect(Q) -> float:
 
 
 def check_orthogonal(Q, name: str = "Q", *, tol: float = ORTHOGONALITY_RTOL) -> np.ndarray:
-    """``Q`` as a float64 matrix, or :class:`ParameterError` unless square and orthogonal to ``tol``."""
+    """``Q`` as a float64 matrix, or :class:`ParameterError` unless square and orthogonal to
+    ``tol``."""
     Q = as_float_matrix(Q, name)
     if Q.shape[0] != Q.shape[1]:
         raise ParameterError(name, f"{name} must be square, got shape {Q.shape}")
     defect = orthogonality_defect(Q)
     if not defect <= tol:
-        raise ParameterError(name, f"{name} is not orthogonal: ‖QᵀQ − I‖_max = {defect:.3e} > {tol:g}; "
-                                   "hardening must preserve every spectrum")
+        raise ParameterError(
+            name,
+            f"{name} is not orthogonal: ‖QᵀQ − I‖_max = {defect:.3e} > {tol:g}; "
+            "hardening must preserve every spectrum",
+        )
     return Q
 
 
 def haar_rotation(D: int, rng: np.random.Generator) -> np.ndarray:
-    """A Haar-distributed orthogonal D×D matrix: ``QR = G`` Gaussian, Q's columns times ``sign(diag R)``
-    (LAPACK's sign convention would bias the law; Mezzadri 2007)."""
+    """A Haar-distributed orthogonal D×D matrix: ``QR = G`` Gaussian, Q's columns times ``sign(diag
+    R)`` (LAPACK's sign convention would bias the law; Mezzadri 2007)."""
     check_number(D, "D", low=1, integer=True)
     Q, R = np.linalg.qr(check_rng(rng).standard_normal((D, D)))
     s = np.sign(np.diag(R))
@@ -53,7 +64,9 @@ def _givens_equalize(M: np.ndarray, Q: np.ndarray, target: float) -> tuple[np.nd
     plane ``M_ii < t < M_jj`` setting ``M_ii = t``: tan is the smaller root of
     ``(M_jj − t)τ² − 2M_ijτ + (M_ii − t)``, without cancellation."""
     D = M.shape[0]
-    close = 4 * D * np.finfo(float).eps * max(float(np.max(np.abs(np.diag(M)))), np.finfo(float).tiny)
+    close = (
+        4 * D * np.finfo(float).eps * max(float(np.max(np.abs(np.diag(M)))), np.finfo(float).tiny)
+    )
     done = np.abs(np.diag(M) - target) <= close
     for _ in range(D):
         d = np.diag(M)
@@ -61,16 +74,17 @@ def _givens_equalize(M: np.ndarray, Q: np.ndarray, target: float) -> tuple[np.nd
         hi = [k for k in range(D) if not done[k] and d[k] > target]
         if not lo or not hi:
             break
-        i = min(lo, key=lambda k: target - d[k])      # the entries nearest the target: small rotations
+        i = min(lo, key=lambda k: target - d[k])  # the entries nearest the target: small rotations
         j = min(hi, key=lambda k: d[k] - target)
         a, b, c = M[i, i] - target, M[i, j], M[j, j] - target
-        disc = b * b - a * c                           # > 0: a < 0 < c
+        disc = b * b - a * c  # > 0: a < 0 < c
         tau = a / (b + np.copysign(np.sqrt(disc), b if b != 0 else 1.0))
         cs = 1.0 / np.sqrt(1.0 + tau * tau)
         sn = tau * cs
-        M[:, i], M[:, j] = cs * M[:, i] - sn * M[:, j], sn * M[:, i] + cs * M[:, j]   # columns, then rows
+        # columns, then rows
+        M[:, i], M[:, j] = (cs * M[:, i] - sn * M[:, j], sn * M[:, i] + cs * M[:, j])
         M[i, :], M[j, :] = cs * M[i, :] - sn * M[j, :], sn * M[i, :] + cs * M[j, :]
-        M[i, i] = target                               # exact by construction (round-off removed)
+        M[i, i] = target  # exact by construction (round-off removed)
         Q[:, i], Q[:, j] = cs * Q[:, i] - sn * Q[:, j], sn * Q[:, i] + cs * Q[:, j]
         done[i] = True
         done[j] = abs(M[j, j] - target) <= close
@@ -79,8 +93,9 @@ def _givens_equalize(M: np.ndarray, Q: np.ndarray, target: float) -> tuple[np.nd
 
 @bounded_blas
 def equalizing_rotation(H) -> np.ndarray:
-    """A deterministic orthogonal Q with ``diag(QᵀHQ) = (tr H/D)·1``: ``Q = VCᵀG``, V H's eigenvectors
-    (largest entry positive), C the orthonormal DCT-II (spreads them over all coordinates), G Givens."""
+    """A deterministic orthogonal Q with ``diag(QᵀHQ) = (tr H/D)·1``: ``Q = VCᵀG``, V H's
+    eigenvectors (largest entry positive), C the orthonormal DCT-II (spreads them over all
+    coordinates), G Givens."""
     H = as_float_matrix(H, "H")
     if H.shape[0] != H.shape[1]:
         raise ParameterError("H", f"H must be square, got shape {H.shape}")
@@ -90,9 +105,9 @@ def equalizing_rotation(H) -> np.ndarray:
     lam, V = lam[::-1], V[:, ::-1]
     idx = np.argmax(np.abs(V), axis=0)
     V = V * np.sign(V[idx, np.arange(D)])
-    C = scipy.fft.dct(np.eye(D), type=2, norm="ortho", axis=0)   # C @ x = dct(x, norm="ortho")
+    C = scipy.fft.dct(np.eye(D), type=2, norm="ortho", axis=0)  # C @ x = dct(x, norm="ortho")
     Q = V @ C.T
-    M = (C * lam) @ C.T                                # = QᵀHQ, formed from the exact spectrum
+    M = (C * lam) @ C.T  # = QᵀHQ, formed from the exact spectrum
     M = 0.5 * (M + M.T)
     target = float(np.mean(np.diag(M)))
     _, Q = _givens_equalize(M, Q, target)
@@ -110,17 +125,22 @@ def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = N
             raise ParameterError("rng", "harden 'haar' draws Q from the run's generator: pass rng")
         return haar_rotation(D, rng)
     if Z is None:
-        raise ParameterError("Z", "harden 'equalize' needs the harmful Hessian, from the harmful features Z")
+        raise ParameterError(
+            "Z", "harden 'equalize' needs the harmful Hessian, from the harmful features Z"
+        )
     Z = as_float_matrix(Z, "Z")
     return equalizing_rotation(Z.T @ Z)
 
 
 def harden(theta, Q, omega=None):
-    """``(θQ, Qᵀω)``: the hardened extractor and the head that predicts as before; ``omega`` may be None."""
+    """``(θQ, Qᵀω)``: the hardened extractor and the head that predicts as before; ``omega``
+    may be None."""
     theta = as_float_matrix(theta, "theta")
     Q = check_orthogonal(Q)
     if Q.shape[0] != theta.shape[1]:
-        raise ParameterError("Q", f"Q is {Q.shape[0]}×{Q.shape[0]} but θ has {theta.shape[1]} columns")
+        raise ParameterError(
+            "Q", f"Q is {Q.shape[0]}×{Q.shape[0]} but θ has {theta.shape[1]} columns"
+        )
     head = None if omega is None else Q.T @ np.asarray(omega, dtype=np.float64)
     return theta @ Q, head
 
@@ -128,10 +148,22 @@ def harden(theta, Q, omega=None):
 @bounded_blas
 def harden_result(res, task, kind: str, *, rng: np.random.Generator | None = None):
     """``res`` (an ImmunizationResult of ``task``) hardened: θ → θQ, ω → Qᵀω, keeping
-    ``theta_unhardened`` and ``rotation``.  ``"haar"``: pass the generator the run used, after the run."""
-    Q = hardening_rotation(kind, task.D, rng=rng, Z=task.X_H @ res.theta if kind == "equalize" else None)
+    ``theta_unhardened`` and ``rotation``.  ``"haar"``: pass the generator the run used, after the
+    run."""
+    Q = hardening_rotation(
+        kind, task.D, rng=rng, Z=task.X_H @ res.theta if kind == "equalize" else None
+    )
     if Q is None:
         return res
     theta, omega = harden(res.theta, Q, res.omega)
-    return replace(res, theta=theta, omega=omega, theta_unhardened=res.theta, rotation=Q, diagnostics={
-        **res.diagnostics, "harden": {"kind": kind, "orthogonality_defect": orthogonality_defect(Q)}})
+    return replace(
+        res,
+        theta=theta,
+        omega=omega,
+        theta_unhardened=res.theta,
+        rotation=Q,
+        diagnostics={
+            **res.diagnostics,
+            "harden": {"kind": kind, "orthogonality_defect": orthogonality_defect(Q)},
+        },
+    )

@@ -1,6 +1,8 @@
-"""Immunize a linear feature extractor θ ∈ R^{D×D}: one entry point, per-method options (scipy style),
-``immunize(task, "imma", rng=rng, preset="strict", inner_steps=5)`` (docs/design.md §3).  Methods:
-:data:`METHODS` (docs/theory.md §6, §7, §10), options: :func:`options_of`, settings: :data:`PRESETS`."""
+"""Immunize a linear feature extractor θ ∈ R^{D×D}: one entry point, per-method options (scipy
+style), ``immunize(task, "imma", rng=rng, preset="strict", inner_steps=5)`` (docs/design.md §3).
+Methods: :data:`METHODS` (docs/theory.md §6, §7, §10), options: :func:`options_of`, settings:
+:data:`PRESETS`."""
+
 from __future__ import annotations
 
 import time
@@ -24,17 +26,28 @@ from pycore.validation import ParameterError, check_betas, check_choice, check_n
 MAX_EPOCHS = 100_000
 MAX_INNER_STEPS = 1_000
 MAX_BATCH = 10**6
-OPTION_RULES = {  # option → check_number bounds; NaN fails every bound (each is checked positively)
-    "epochs": dict(low=0, high=MAX_EPOCHS, integer=True), "lr": dict(low=0.0, low_open=True),
+# option → check_number bounds; NaN fails every bound (each is checked positively)
+# the attacker's step inner_lr/L is stable below 2
+OPTION_RULES = {
+    "epochs": dict(low=0, high=MAX_EPOCHS, integer=True),
+    "lr": dict(low=0.0, low_open=True),
     "patience": dict(low=1, high=MAX_EPOCHS, integer=True),
-    "lambda_p": dict(low=0.0), "lambda_h": dict(low=0.0), "lambda_kappa": dict(low=0.0),
+    "lambda_p": dict(low=0.0),
+    "lambda_h": dict(low=0.0),
+    "lambda_kappa": dict(low=0.0),
     "adam_eps": dict(low=0.0, low_open=True),
     "batch_size": dict(low=1, high=MAX_BATCH, integer=True, none_ok=True),
-    "ridge": dict(low=0.0), "inner_steps": dict(low=0, high=MAX_INNER_STEPS, integer=True),
-    "inner_lr": dict(low=0.0, high=2.0, high_open=True),   # the attacker's step inner_lr/L is stable below 2
-    "safety": dict(low=0.0, high=1.0, low_open=True, high_open=True)}
-OPTION_CHOICES = {"optimizer": OPTIMIZERS, "precond": PRECONDITIONERS, "init": ("identity", "random"),
-                  "log": (False, True)}
+    "ridge": dict(low=0.0),
+    "inner_steps": dict(low=0, high=MAX_INNER_STEPS, integer=True),
+    "inner_lr": dict(low=0.0, high=2.0, high_open=True),
+    "safety": dict(low=0.0, high=1.0, low_open=True, high_open=True),
+}
+OPTION_CHOICES = {
+    "optimizer": OPTIMIZERS,
+    "precond": PRECONDITIONERS,
+    "init": ("identity", "random"),
+    "log": (False, True),
+}
 
 
 @dataclass(frozen=True)
@@ -65,22 +78,23 @@ class IdentityOptions(Options):
 
 @dataclass(frozen=True)
 class ClosedFormOptions(Options):
-    """Exponent a of s² = λ_C^a (docs/theory.md §10): a number, or "auto" (:func:`auto_exponent`)."""
+    """Exponent a of s² = λ_C^a (docs/theory.md §10): a number, or "auto"
+    (:func:`auto_exponent`)."""
 
     exponent: float | str = "auto"
 
 
 @dataclass(frozen=True)
 class _LoopOptions(Options):
-    epochs: int = 100                  # paper Sec. 5.1 text (Table 4 says 1000)
-    lr: float = 0.02                   # paper 0.005; docs/findings.md §1
-    batch_size: int | None = 64        # D_P mini-batch of the loss term (paper: 64); None = full batch
-    init: str = "identity"             # or "random": nn.Linear's U(±1/√D)
+    epochs: int = 100  # paper Sec. 5.1 text (Table 4 says 1000)
+    lr: float = 0.02  # paper 0.005; docs/findings.md §1
+    batch_size: int | None = 64  # D_P mini-batch of the loss term (paper: 64); None = full batch
+    init: str = "identity"  # or "random": nn.Linear's U(±1/√D)
 
 
 @dataclass(frozen=True)
 class _AdamOptions(_LoopOptions):
-    optimizer: str = "adam"            # the paper's, for linear models; "gd" = Algorithm 1 as printed
+    optimizer: str = "adam"  # the paper's, for linear models; "gd" = Algorithm 1 as printed
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
 
@@ -90,13 +104,15 @@ class OursOptions(_AdamOptions):
     """Algorithm 1 (docs/theory.md §6): both λ's "auto" (default) is the adaptive
     :func:`pycore.methods.algorithm1_auto`; numbers give the paper's fixed-λ loop (``PRESETS``)."""
 
-    lambda_p: float | str = "auto"     # λ_P, weight of R_well(H_P); the paper's: 100
-    lambda_h: float | str = "auto"     # λ_H, weight of R_ill(H_H); paper 1e7 leaves R_ill inert under Adam
-    precond: str = "pinv"              # K⁺ (K is singular on real data, docs/theory.md §5)
-    ridge: float = 0.0                 # λ of precond "ridge", (K + λI)⁻¹
-    patience: int = 300                # "auto": steps without progress before lr/3 (twice), then stop
+    lambda_p: float | str = "auto"  # λ_P, weight of R_well(H_P); the paper's: 100
+    lambda_h: float | str = (
+        "auto"  # λ_H, weight of R_ill(H_H); paper 1e7 leaves R_ill inert under Adam
+    )
+    precond: str = "pinv"  # K⁺ (K is singular on real data, docs/theory.md §5)
+    ridge: float = 0.0  # λ of precond "ridge", (K + λI)⁻¹
+    patience: int = 300  # "auto": steps without progress before lr/3 (twice), then stop
     lr: float = 0.03
-    epochs: int | None = None          # None: 5000 (a budget) with "auto" λ's, 100 with numbers
+    epochs: int | None = None  # None: 5000 (a budget) with "auto" λ's, 100 with numbers
 
     def __post_init__(self):
         if self.epochs is None:
@@ -104,12 +120,18 @@ class OursOptions(_AdamOptions):
         super().__post_init__()
         auto = [name for name in ("lambda_p", "lambda_h") if getattr(self, name) == "auto"]
         if len(auto) == 1:
-            raise ParameterError(auto[0], f"{auto[0]} = 'auto' needs the other λ 'auto' too: the adaptive "
-                                          "default sets both (give both numbers for the fixed-λ loop)")
+            raise ParameterError(
+                auto[0],
+                f"{auto[0]} = 'auto' needs the other λ 'auto' too: the adaptive "
+                "default sets both (give both numbers for the fixed-λ loop)",
+            )
         if auto and (self.optimizer != "adam" or self.init != "identity"):
             bad = "optimizer" if self.optimizer != "adam" else "init"
-            raise ParameterError(bad, f"the adaptive default (both λ's 'auto') runs Adam from θ = I; "
-                                      f"{bad} = {getattr(self, bad)!r} needs numbers for both λ's")
+            raise ParameterError(
+                bad,
+                f"the adaptive default (both λ's 'auto') runs Adam from θ = I; "
+                f"{bad} = {getattr(self, bad)!r} needs numbers for both λ's",
+            )
 
     @property
     def auto(self) -> bool:
@@ -125,11 +147,17 @@ class CertifiedOptions(OursOptions):
     def __post_init__(self):
         super().__post_init__()
         if self.auto:
-            raise ParameterError("lambda_p", "certified mode needs numbers for lambda_p and lambda_h "
-                                             "(preset='house_price' gives the table's)")
+            raise ParameterError(
+                "lambda_p",
+                "certified mode needs numbers for lambda_p and lambda_h "
+                "(preset='house_price' gives the table's)",
+            )
         if self.precond not in ("exact", "pinv"):
-            raise ParameterError("precond", "certified mode needs precond 'exact' or 'pinv' "
-                                            "(the bounds of docs/theory.md §5 are for K⁻¹/K⁺)")
+            raise ParameterError(
+                "precond",
+                "certified mode needs precond 'exact' or 'pinv' "
+                "(the bounds of docs/theory.md §5 are for K⁻¹/K⁺)",
+            )
 
 
 @dataclass(frozen=True)
@@ -144,7 +172,8 @@ class RIllOnlyOptions(_LoopOptions):
 
 @dataclass(frozen=True)
 class IMMAOptions(_AdamOptions):
-    """IMMA: ``inner_steps`` unrolled attacker GD steps of size ``inner_lr``/L (docs/theory.md §7)."""
+    """IMMA: ``inner_steps`` unrolled attacker GD steps of size ``inner_lr``/L (docs/theory.md
+    §7)."""
 
     inner_steps: int = 3
     inner_lr: float = 0.5
@@ -152,28 +181,59 @@ class IMMAOptions(_AdamOptions):
 
 @dataclass(frozen=True)
 class OptKappaOptions(_AdamOptions):
-    """Opt κ: weight ``lambda_kappa`` of κ(H_P) − κ(H_H), of log κ when ``log`` (docs/theory.md §7)."""
+    """Opt κ: weight ``lambda_kappa`` of κ(H_P) − κ(H_H), of log κ when ``log`` (docs/theory.md
+    §7)."""
 
     lambda_kappa: float = 1.0
     log: bool = False
 
 
-_OPTIONS = {"identity": IdentityOptions, "r_ill_only": RIllOnlyOptions, "imma": IMMAOptions,
-            "opt_kappa": OptKappaOptions, "opt_kappa_balanced": OptKappaOptions, "ours": OursOptions,
-            "closed_form": ClosedFormOptions}
+_OPTIONS = {
+    "identity": IdentityOptions,
+    "r_ill_only": RIllOnlyOptions,
+    "imma": IMMAOptions,
+    "opt_kappa": OptKappaOptions,
+    "opt_kappa_balanced": OptKappaOptions,
+    "ours": OursOptions,
+    "closed_form": ClosedFormOptions,
+}
 METHODS = tuple(_OPTIONS)
 
 # Named settings (docs/design.md §3), each option applied to every method that has it: MNIST's λ_H
 # from the paper's rule of balancing the two preconditioned gradient norms (docs/findings.md §1).
-_HOUSE_PRICE = dict(epochs=100, lr=0.02, batch_size=64, init="identity", optimizer="adam", betas=(0.9, 0.999),
-                    adam_eps=1e-8, lambda_p=100.0, lambda_h=1e10, precond="pinv", ridge=0.0, safety=0.9,
-                    inner_steps=3, inner_lr=0.5, lambda_kappa=1.0, log=False, exponent=0.0)
+_HOUSE_PRICE = dict(
+    epochs=100,
+    lr=0.02,
+    batch_size=64,
+    init="identity",
+    optimizer="adam",
+    betas=(0.9, 0.999),
+    adam_eps=1e-8,
+    lambda_p=100.0,
+    lambda_h=1e10,
+    precond="pinv",
+    ridge=0.0,
+    safety=0.9,
+    inner_steps=3,
+    inner_lr=0.5,
+    lambda_kappa=1.0,
+    log=False,
+    exponent=0.0,
+)
 _PAPER = {**_HOUSE_PRICE, "lr": 0.005, "lambda_h": 1e7, "precond": "ridge", "ridge": 1e-7}
 _MNIST = {**_HOUSE_PRICE, "epochs": 30, "lambda_p": 1.0, "batch_size": None, "ridge": 1e-7}
-PRESETS = MappingProxyType({name: MappingProxyType(p) for name, p in {
-    "house_price": _HOUSE_PRICE, "paper": _PAPER, "strict": {**_PAPER, "epochs": 1000, "exponent": "auto"},
-    "mnist": {**_MNIST, "lr": 0.002, "lambda_h": 1e12},
-    "mnist_paper": {**_MNIST, "lr": 0.001, "lambda_h": 5e7, "precond": "ridge"}}.items()})
+PRESETS = MappingProxyType(
+    {
+        name: MappingProxyType(p)
+        for name, p in {
+            "house_price": _HOUSE_PRICE,
+            "paper": _PAPER,
+            "strict": {**_PAPER, "epochs": 1000, "exponent": "auto"},
+            "mnist": {**_MNIST, "lr": 0.002, "lambda_h": 1e12},
+            "mnist_paper": {**_MNIST, "lr": 0.001, "lambda_h": 5e7, "precond": "ridge"},
+        }.items()
+    }
+)
 
 
 def options_of(method: str) -> type[Options]:
@@ -181,7 +241,8 @@ def options_of(method: str) -> type[Options]:
 
 
 def resolve_options(method: str, preset: str | None = None, **options) -> Options:
-    """``method``'s options: the preset's values it has, then ``options`` (one it lacks is refused)."""
+    """``method``'s options: the preset's values it has, then ``options`` (one it lacks is
+    refused)."""
     return _resolve(options_of(method), method, preset, options)
 
 
@@ -189,56 +250,73 @@ def _resolve(cls, method, preset, options):
     names = [f.name for f in fields(cls)]
     for key in options:
         if key not in names:
-            raise ParameterError(key, f"{method} has no option {key!r}; its options are: "
-                                      f"{', '.join(names) or 'none'}")
+            raise ParameterError(
+                key,
+                f"{method} has no option {key!r}; its options are: {', '.join(names) or 'none'}",
+            )
     base = {} if preset is None else PRESETS[check_choice(preset, "preset", tuple(PRESETS))]
     return cls(**{**{k: v for k, v in base.items() if k in names}, **options})
 
 
 @dataclass
 class ImmunizationResult:
-    """θ_I, what happened on the way there, and Definition 3.1 on the task's rows (docs/theory.md §8)."""
+    """θ_I, what happened on the way there, and Definition 3.1 on the task's rows
+    (docs/theory.md §8)."""
 
     method: str
     theta: np.ndarray
     omega: np.ndarray | None
     options: Options
-    harmful_ratio: float           # (i)  κ(H_H(θ))/κ(H_H(I))
-    pretrain_ratio: float          # (ii) κ(H_P(θ))/κ(H_P(I))
+    harmful_ratio: float  # (i)  κ(H_H(θ))/κ(H_H(I))
+    pretrain_ratio: float  # (ii) κ(H_P(θ))/κ(H_P(I))
     rir: float
-    immunized: bool                # Definition 3.1: (i) > 1 and (ii) < 1
-    reason: str                    # one sentence: how it stopped, which exponent, Definition 3.1
+    immunized: bool  # Definition 3.1: (i) > 1 and (ii) < 1
+    reason: str  # one sentence: how it stopped, which exponent, Definition 3.1
     history: dict = field(default_factory=dict)
     diagnostics: dict = field(default_factory=dict)
     wall_seconds: float = 0.0
-    theta_unhardened: np.ndarray | None = None    # pycore.harden.harden_result: θ = θ_unhardened Q
+    theta_unhardened: np.ndarray | None = None  # pycore.harden.harden_result: θ = θ_unhardened Q
     rotation: np.ndarray | None = None
 
 
 @bounded_blas
-def immunize(task: LinearTask, method: str = "ours", *, rng: np.random.Generator, preset: str | None = None,
-             **options) -> ImmunizationResult:
-    """Immunize ``task`` with ``method``; ``options`` (:func:`options_of`) on top of ``PRESETS[preset]``."""
+def immunize(
+    task: LinearTask,
+    method: str = "ours",
+    *,
+    rng: np.random.Generator,
+    preset: str | None = None,
+    **options,
+) -> ImmunizationResult:
+    """Immunize ``task`` with ``method``; ``options`` (:func:`options_of`) on top of
+    ``PRESETS[preset]``."""
     return _run(task, method, resolve_options(method, preset, **options), rng)
 
 
 @bounded_blas
-def immunize_certified(task: LinearTask, *, rng: np.random.Generator, preset: str | None = None,
-                       **options) -> ImmunizationResult:
-    """Algorithm 1 with each regularizer step clipped to ``safety`` × its docs/theory.md §5 bound and κ
-    checked after it; ``diagnostics["certified"]`` counts the checks, clips and violations."""
+def immunize_certified(
+    task: LinearTask, *, rng: np.random.Generator, preset: str | None = None, **options
+) -> ImmunizationResult:
+    """Algorithm 1 with each regularizer step clipped to ``safety`` × its docs/theory.md §5 bound
+    and κ checked after it; ``diagnostics["certified"]`` counts the checks, clips and
+    violations."""
     return _run(task, "ours", _resolve(CertifiedOptions, "ours (certified)", preset, options), rng)
 
 
 def _run(task, method, opts, rng):
     if not isinstance(task, LinearTask):
-        raise ParameterError("task", f"task must be a pycore.LinearTask, got {type(task).__name__}")
+        raise ParameterError(
+            "task", f"task must be a pycore.LinearTask, got {type(task).__name__}"
+        )
     check_rng(rng)
     t0 = time.perf_counter()
     if method == "closed_form":
         ceiling = rir_ceiling(task.X_P, task.X_H)
-        a, why = (auto_exponent(task, ceiling) if opts.exponent == "auto"
-                  else (float(opts.exponent), f"exponent {float(opts.exponent):.4g} as given"))
+        a, why = (
+            auto_exponent(task, ceiling)
+            if opts.exponent == "auto"
+            else (float(opts.exponent), f"exponent {float(opts.exponent):.4g} as given")
+        )
         theta, diag = methods.closed_form(task, a, ceiling)
         omega, hist = None, {}
     elif method == "identity":
@@ -249,22 +327,27 @@ def _run(task, method, opts, rng):
     try:
         hr, pr = _ratios(task, theta, diag)
         value = hr / pr
-    except SpectrumError as exc:   # θ collapsed a task's features: no κ, no Definition 3.1
+    except SpectrumError as exc:  # θ collapsed a task's features: no κ, no Definition 3.1
         hr = pr = value = float("nan")
         why += f" but the features have no condition number ({exc})"
     ok = immunized_def31(hr, pr)
-    why += (f"; Definition 3.1 {'holds' if ok else 'does not hold'} on the given rows: "
-            f"(i) = {hr:.4g}, (ii) = {pr:.4g}.")
-    return ImmunizationResult(method, theta, omega, opts, hr, pr, value, ok, why, hist, diag,
-                              time.perf_counter() - t0)
+    why += (
+        f"; Definition 3.1 {'holds' if ok else 'does not hold'} on the given rows: "
+        f"(i) = {hr:.4g}, (ii) = {pr:.4g}."
+    )
+    return ImmunizationResult(
+        method, theta, omega, opts, hr, pr, value, ok, why, hist, diag, time.perf_counter() - t0
+    )
 
 
 def _ratios(task, theta, diag) -> tuple[float, float]:
     """(i), (ii) of θ (docs/theory.md §8): κ's at θ = I cached on the task, at θ from the run's own
     end-of-run SVDs (``diag["kappa_end"]``) when it has them."""
+
     def kappas(th):
         Xs = (task.X_P, task.X_H) if th is None else (task.X_P @ th, task.X_H @ th)
         return tuple(gram_spectrum(X, vectors=False).kappa for X in Xs)
+
     ref = task._cache.get("kappa_ref") or task._cache.setdefault("kappa_ref", kappas(None))
     kP, kH = diag.get("kappa_end") or kappas(theta)
     return kH / ref[1], kP / ref[0]
@@ -272,20 +355,29 @@ def _ratios(task, theta, diag) -> tuple[float, float]:
 
 def auto_exponent(task: LinearTask, ceiling=None) -> tuple[float, str]:
     """The closed form's default exponent and why: the balanced one of the Definition 3.1 window
-    ((i) = 1/(ii) = √ceiling) clamped into it, or 0 (H_P = I) when Definition 3.1 is out of reach."""
+    ((i) = 1/(ii) = √ceiling) clamped into it, or 0 (H_P = I) when Definition 3.1 is out of
+    reach."""
     ceiling = ceiling if ceiling is not None else rir_ceiling(task.X_P, task.X_H)
     no = "exponent 0: Definition 3.1 is not attainable by the closed form"
-    if not ceiling.kappa_C > 1 + 1e-8:   # 1e-8: far above κ(C)'s round-off at 1 (~p·eps)
-        return 0.0, f"{no}, κ(C) = {ceiling.kappa_C:.6g} ≈ 1 (every exponent gives the same spectra)"
+    if not ceiling.kappa_C > 1 + 1e-8:  # 1e-8: far above κ(C)'s round-off at 1 (~p·eps)
+        return (
+            0.0,
+            f"{no}, κ(C) = {ceiling.kappa_C:.6g} ≈ 1 (every exponent gives the same spectra)",
+        )
     w = def31_exponent_window(ceiling)
     if w.empty:
-        return 0.0, (f"{no}, its window [{w.low:.4g}, {w.high:.4g}) is empty (range-restricted ceiling "
-                     f"{ceiling.range_restricted:.4g} ≤ 1)")
+        return 0.0, (
+            f"{no}, its window [{w.low:.4g}, {w.high:.4g}) is empty (range-restricted ceiling "
+            f"{ceiling.range_restricted:.4g} ≤ 1)"
+        )
     a = min(max(w.balanced, w.low), w.high)
-    spread = float(np.max(np.abs(np.log(ceiling.lambda_C[:ceiling.rank_C]))))
-    if abs(a) * spread / 2 > 300:   # s = λ_C^(a/2) beyond 1e±130: θ is no longer representable
-        return 0.0, (f"{no} in float64, its balanced exponent {a:.4g} scales θ's columns past 1e130 "
-                     f"(κ(C) = {ceiling.kappa_C:.6g} is too close to 1)")
-    return a, (f"exponent {a:.4g}: the balanced exponent of the Definition 3.1 window "
-               f"[{w.low:.4g}, {w.high:.4g})" + (", clamped at 0" if a != w.balanced else ""))
-
+    spread = float(np.max(np.abs(np.log(ceiling.lambda_C[: ceiling.rank_C]))))
+    if abs(a) * spread / 2 > 300:  # s = λ_C^(a/2) beyond 1e±130: θ is no longer representable
+        return 0.0, (
+            f"{no} in float64, its balanced exponent {a:.4g} scales θ's columns past 1e130 "
+            f"(κ(C) = {ceiling.kappa_C:.6g} is too close to 1)"
+        )
+    return a, (
+        f"exponent {a:.4g}: the balanced exponent of the Definition 3.1 window "
+        f"[{w.low:.4g}, {w.high:.4g})" + (", clamped at 0" if a != w.balanced else "")
+    )

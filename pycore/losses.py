@@ -1,6 +1,8 @@
 """Losses of a linear model on features ``Z = Xθ`` with head ω, and their closed-form gradients
-``∂L/∂θ = XᵀRωᵀ``, ``∂L/∂ω = θᵀ(XᵀR)``, ``R = ∂L/∂(Zω)``: associated through the head, O(N·D·m + D²·m)
+``∂L/∂θ = XᵀRωᵀ``, ``∂L/∂ω = θᵀ(XᵀR)``, ``R = ∂L/∂(Zω)``: associated through the head, O(N·D·m +
+D²·m)
 instead of the O(N·D²) of forming Z (on MNIST that product dominated IMMA)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,8 +52,11 @@ def best_head(loss: str, Z: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.n
     return w[:, None], np.array([b])
 
 
-def best_logistic_head(Z, Y, ridge=1e-8, tol=1e-12, max_iter=100) -> tuple[np.ndarray, float, float]:
-    """``(w, b, BCE)`` of the ridge-regularised logistic fit of :func:`best_probe_loss`, in Z's units."""
+def best_logistic_head(
+    Z, Y, ridge=1e-8, tol=1e-12, max_iter=100
+) -> tuple[np.ndarray, float, float]:
+    """``(w, b, BCE)`` of the ridge-regularised logistic fit of :func:`best_probe_loss`, in Z's
+    units."""
     n = Z.shape[0]
     Y = np.asarray(Y, dtype=np.float64)
     if Y.size != n:
@@ -75,5 +80,7 @@ def best_logistic_head(Z, Y, ridge=1e-8, tol=1e-12, max_iter=100) -> tuple[np.nd
         p = expit(A @ w)
         return (A * (p * (1.0 - p) / n)[:, None]).T @ A + ridge * np.eye(A.shape[1])
 
-    w, _ = damped_newton(value_grad, value, hessian, np.zeros(A.shape[1]), tol=tol, max_iter=max_iter)
+    w, _ = damped_newton(
+        value_grad, value, hessian, np.zeros(A.shape[1]), tol=tol, max_iter=max_iter
+    )
     return w[:-1] / (scale if scale > 0 else 1.0), float(w[-1]), bce_mean(w)[0]

@@ -1,5 +1,7 @@
 """The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize.immunize`: each
-takes a task, the method's resolved options and the generator; returns ``(θ, ω, history, diagnostics)``."""
+takes a task, the method's resolved options and the generator; returns ``(θ, ω, history,
+diagnostics)``."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +10,11 @@ from pycore import losses
 from pycore.metrics import rir_ceiling
 from pycore.optim import check_scale, make_optimizer
 from pycore.precondition import Preconditioner
-from pycore.regularizers import (hessian_regularizer, preconditioned_r_ill_step_bound,
-                                 preconditioned_r_well_step_bound)
+from pycore.regularizers import (
+    hessian_regularizer,
+    preconditioned_r_ill_step_bound,
+    preconditioned_r_well_step_bound,
+)
 from pycore.spectral import ProductGramSpectrum, SpectrumError, gram_spectrum
 from pycore.validation import DivergenceError
 
@@ -22,7 +27,7 @@ def _init_theta(D, o, rng):
 
 
 def _init_head(task, rng):
-    m = task.Y_P.shape[1]   # a small random head: a zero one makes ∇_θL vanish at the first step
+    m = task.Y_P.shape[1]  # a small random head: a zero one makes ∇_θL vanish at the first step
     return rng.normal(0.0, 1.0 / np.sqrt(task.D), size=(task.D, m)), np.zeros(m)
 
 
@@ -32,7 +37,7 @@ def _batches(n, batch_size, rng):
         return
     perm = rng.permutation(n)
     for s in range(0, n, batch_size):
-        yield perm[s:s + batch_size]
+        yield perm[s : s + batch_size]
 
 
 def _loss_grads(task, X, Y, theta, omega, bias, grad_theta=True):
@@ -49,23 +54,29 @@ def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
     return loss, Z.T @ R, (X.T @ R) @ omega.T, None if mse else R.sum(axis=0)
 
 
-def _log(hist: dict, *values):   # one entry per key of hist, in order
+def _log(hist: dict, *values):  # one entry per key of hist, in order
     for key, v in zip(hist, values):
         hist[key].append(v)
 
 
-def _x_norm(task):   # max_i ‖x_i‖₁ over both tasks: |Xθ| ≤ it × max|θ| (optim.check_scale)
+def _x_norm(task):  # max_i ‖x_i‖₁ over both tasks: |Xθ| ≤ it × max|θ| (optim.check_scale)
     return max(np.max(np.sum(np.abs(task.X_P), axis=1)), np.max(np.sum(np.abs(task.X_H), axis=1)))
 
 
 def _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log):
-    """θ-gradients of κ(H_P), κ(H_H) or of log κ (docs/theory.md §7): ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ, so
-    2XᵀZ(∂κ/∂H) is O(N·D) work, no D×D product."""
+    """θ-gradients of κ(H_P), κ(H_H) or of log κ (docs/theory.md §7): ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ,
+    so 2XᵀZ(∂κ/∂H) is O(N·D) work, no D×D product."""
+
     def grad(reg, X, Z):
         i = reg.info
         v1, vk = reg.vector(0), reg.vector(i.rank - 1)
-        a, b = (1.0 / i.sigma_max, 1.0 / i.sigma_min) if log else (1.0 / i.sigma_min, i.kappa / i.sigma_min)
+        a, b = (
+            (1.0 / i.sigma_max, 1.0 / i.sigma_min)
+            if log
+            else (1.0 / i.sigma_min, i.kappa / i.sigma_min)
+        )
         return 2.0 * (a * np.outer(X.T @ (Z @ v1), v1) - b * np.outer(X.T @ (Z @ vk), vk))
+
     return grad(reg_P, X_P, Z_P), grad(reg_H, X_H, Z_H)
 
 
@@ -81,23 +92,35 @@ def opt_kappa_objective(theta, X_P, X_H, *, weights=(1.0, 1.0), log: bool = Fals
 
 
 def algorithm1(task, method, o, rng):
-    """Algorithm 1 with fixed λ's (certified when ``o`` has ``safety``) and Opt κ, one loop; ω and θ step
-    from gradients at the same point.  Opt κ puts ``λ_κ(w_Pκ(H_P) − w_Hκ(H_H))`` in place of the
-    regularizers (docs/theory.md §7), balanced: w_H = ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial θ."""
+    """Algorithm 1 with fixed λ's (certified when ``o`` has ``safety``) and Opt κ, one loop; ω and
+    θ step from gradients at the same point.  Opt κ puts ``λ_κ(w_Pκ(H_P) − w_Hκ(H_H))`` in place of
+    the regularizers (docs/theory.md §7), balanced: w_H = ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial
+    θ."""
     D = task.D
     opt_kappa = method.startswith("opt_kappa")
     certified = getattr(o, "safety", None) is not None
     theta = _init_theta(D, o, rng)
     omega, bias = _init_head(task, rng)
-    opt_t, opt_w, opt_b = (make_optimizer(o.optimizer, o.lr, o.betas, o.adam_eps, param=p)
-                           for p in ("θ", "ω", "bias"))
+    opt_t, opt_w, opt_b = (
+        make_optimizer(o.optimizer, o.lr, o.betas, o.adam_eps, param=p) for p in ("θ", "ω", "bias")
+    )
     if not opt_kappa:
         pre_P = Preconditioner(task.K_P, o.precond, o.ridge, task.X_P)
         pre_H = Preconditioner(task.K_H, o.precond, o.ridge, task.X_H)
     hist = {"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []}
     diag = {"steps": 0, "ties_P": 0, "ties_H": 0}
-    cert = dict.fromkeys(("violations_P", "violations_H", "clipped_P", "clipped_H", "skipped_P",
-                          "skipped_H", "checked"), 0)
+    cert = dict.fromkeys(
+        (
+            "violations_P",
+            "violations_H",
+            "clipped_P",
+            "clipped_H",
+            "skipped_P",
+            "skipped_H",
+            "checked",
+        ),
+        0,
+    )
     XP, YP, XH = task.X_P, task.Y_P, task.X_H
     x_norm = _x_norm(task)
     w_P = w_H = 1.0
@@ -109,9 +132,14 @@ def algorithm1(task, method, o, rng):
             w_H = 1.0 / ratio
         diag["kappa_weights"] = [w_P, w_H]
 
-    def record(epoch, loss, kP=None, kH=None):   # in-loop κ's from the step's spectra, ends by SVD
-        _log(hist, epoch, loss, kP if kP is not None else gram_spectrum(XP @ theta, vectors=False).kappa,
-             kH if kH is not None else gram_spectrum(XH @ theta, vectors=False).kappa)
+    def record(epoch, loss, kP=None, kH=None):  # in-loop κ's from the step's spectra, ends by SVD
+        _log(
+            hist,
+            epoch,
+            loss,
+            kP if kP is not None else gram_spectrum(XP @ theta, vectors=False).kappa,
+            kH if kH is not None else gram_spectrum(XH @ theta, vectors=False).kappa,
+        )
 
     record(0, _loss_grads(task, XP, YP, theta, omega, bias)[0])
     for epoch in range(1, o.epochs + 1):
@@ -126,9 +154,13 @@ def algorithm1(task, method, o, rng):
             n_seen += len(idx)
             try:  # D×D H and G only for the certified mode (and always formed when N ≥ D)
                 reg_P = hessian_regularizer(Z_P, "well", matrices=certified)
-                reg_H = hessian_regularizer(Z_H, "well" if opt_kappa else "ill", matrices=certified)
+                reg_H = hessian_regularizer(
+                    Z_H, "well" if opt_kappa else "ill", matrices=certified
+                )
             except SpectrumError as exc:
-                raise SpectrumError(f"{method}: epoch {epoch}, step {diag['steps']}: {exc}") from None
+                raise SpectrumError(
+                    f"{method}: epoch {epoch}, step {diag['steps']}: {exc}"
+                ) from None
             diag["ties_P"] += reg_P.tie
             diag["ties_H"] += reg_H.info.tie_min
             omega = opt_w.step(omega, g_w, blame="lr")
@@ -148,28 +180,41 @@ def algorithm1(task, method, o, rng):
                 d_H = o.lambda_h * pre_H.direction(theta, reg_H, Z_H)
                 d_P = o.lambda_p * pre_P.direction(theta, reg_P, Z_P) if o.lambda_p else None
                 blame = {"lr": g_t, "lambda_h": d_H, "lambda_p": d_P}
-                theta = opt_t.step(theta, g_t + d_H if d_P is None else g_t + d_H + d_P, blame=blame)
+                theta = opt_t.step(
+                    theta, g_t + d_H if d_P is None else g_t + d_H + d_P, blame=blame
+                )
             check_scale(theta, x_norm, f"{method}: epoch {epoch}", o.optimizer, o.lr, blame)
             diag["steps"] += 1
         last = epoch == o.epochs
-        record(epoch, ep_loss / max(n_seen, 1), None if last else reg_P.info.kappa,
-               None if last else reg_H.info.kappa)
+        record(
+            epoch,
+            ep_loss / max(n_seen, 1),
+            None if last else reg_P.info.kappa,
+            None if last else reg_H.info.kappa,
+        )
     if certified:
         diag["certified"] = cert
-    diag["kappa_end"] = (hist["kappa_P"][-1], hist["kappa_H"][-1])   # exact (SVD) at the last record
+    # exact (SVD) at the last record
+    diag["kappa_end"] = (hist["kappa_P"][-1], hist["kappa_H"][-1])
     return theta, omega, hist, diag
 
 
 def _certified_steps(theta, task, o, pre_P, pre_H, cert):
-    """Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5) and κ checked after
-    it; a bound of 0 (a tie) skips the step."""
+    """Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5) and κ checked
+    after it; a bound of 0 (a tie) skips the step."""
     cert["checked"] += 1
-    for tag, X, lam, pre in (("P", task.X_P, o.lambda_p, pre_P), ("H", task.X_H, o.lambda_h, pre_H)):
+    for tag, X, lam, pre in (
+        ("P", task.X_P, o.lambda_p, pre_P),
+        ("H", task.X_H, o.lambda_h, pre_H),
+    ):
         if tag == "P" and not lam:
             continue
         reg = hessian_regularizer(X @ theta, "well" if tag == "P" else "ill")
-        bound = (preconditioned_r_well_step_bound(reg.info, D=task.D) if tag == "P"
-                 else preconditioned_r_ill_step_bound(reg.info))
+        bound = (
+            preconditioned_r_well_step_bound(reg.info, D=task.D)
+            if tag == "P"
+            else preconditioned_r_ill_step_bound(reg.info)
+        )
         eta = min(o.lr * lam, o.safety * bound)
         cert["clipped_" + tag] += eta < o.lr * lam
         if not eta > 0:
@@ -182,16 +227,20 @@ def _certified_steps(theta, task, o, pre_P, pre_H, cert):
     return theta
 
 
-def rir_change_tolerance(kappas_before: tuple[float, float], kappas_after: tuple[float, float]) -> float:
-    """Relative RIR change two measured RIRs cannot resolve, ``max(1e-9, 8·eps·Σ√κ)`` over the four κ's:
-    κ(H) = κ(Z)² from an SVD errs by ≲ 2p·eps·√κ(H), p = 4 (LAPACK's growth factor, the QR of X)."""
+def rir_change_tolerance(
+    kappas_before: tuple[float, float], kappas_after: tuple[float, float]
+) -> float:
+    """Relative RIR change two measured RIRs cannot resolve, ``max(1e-9, 8·eps·Σ√κ)`` over the four
+    κ's: κ(H) = κ(Z)² from an SVD errs by ≲ 2p·eps·√κ(H), p = 4 (LAPACK's growth factor, the QR of
+    X)."""
     total = sum(np.sqrt(k) for k in (*kappas_before, *kappas_after))
     return max(1e-9, 8.0 * np.finfo(np.float64).eps * float(total))
 
 
 def r_ill_only(task, method, o, rng):
-    """R_ill only (docs/theory.md §7): ``θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ))`` by GD, no D_P loss or head,
-    ``epochs × ⌈N_P/batch_size⌉`` steps; RIR falls beyond :func:`rir_change_tolerance` are counted."""
+    """R_ill only (docs/theory.md §7): ``θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ))`` by GD, no D_P loss or
+    head, ``epochs × ⌈N_P/batch_size⌉`` steps; RIR falls beyond :func:`rir_change_tolerance` are
+    counted."""
     XP, XH = task.X_P, task.X_H
     theta = _init_theta(task.D, o, rng)
     pre_H = Preconditioner(task.K_H, o.precond, o.ridge, XH)
@@ -208,9 +257,12 @@ def r_ill_only(task, method, o, rng):
             try:
                 reg = hessian_regularizer(Z_H, "ill", matrices=False)
             except SpectrumError as exc:
-                raise SpectrumError(f"r_ill_only: epoch {epoch}, step {diag['steps']}: {exc}") from None
+                raise SpectrumError(
+                    f"r_ill_only: epoch {epoch}, step {diag['steps']}: {exc}"
+                ) from None
             diag["ties_H"] += reg.info.tie_min
-            eta = min(o.lr * o.lambda_h, o.safety * preconditioned_r_ill_step_bound(reg.info))   # Thm 4.3(2)
+            # Thm 4.3(2)
+            eta = min(o.lr * o.lambda_h, o.safety * preconditioned_r_ill_step_bound(reg.info))
             diag["clipped"] += eta < o.lr * o.lambda_h
             theta = theta - eta * pre_H.direction(theta, reg, Z_H)
             diag["steps"] += 1
@@ -220,8 +272,10 @@ def r_ill_only(task, method, o, rng):
             prev, prev_kappas = r, (kP, kH)
             _log(hist, diag["steps"], kP, kH, r, eta)
         if not np.all(np.isfinite(theta)):
-            raise DivergenceError(f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h",
-                                  parameter="lambda_h")
+            raise DivergenceError(
+                f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h",
+                parameter="lambda_h",
+            )
     diag["kappa_end"] = (kP0, kH0) if not diag["steps"] else (kP, kH)
     return theta, None, hist, diag
 
@@ -232,46 +286,51 @@ def imma_inner_step_size(task, w: np.ndarray, o) -> float:
     norm = task._cache.get("norm2_X_H")
     if norm is None:  # ‖X_H‖₂ (an SVD) is a constant of the task: once, not once per step
         norm = task._cache["norm2_X_H"] = np.linalg.norm(task.X_H, 2)
-    L = 2.0 / n * norm ** 2 * float(np.sum(w * w))
+    L = 2.0 / n * norm**2 * float(np.sum(w * w))
     return o.inner_lr / L if L > 0 else 0.0
 
 
 def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
-    """F(θ) = L_H(w, θ_J) − L_P(ω, θ_J), θ_J = ``o.inner_steps`` attacker GD steps on all of D_H from
-    θ, and ∇_θF; L_P on ``batch_P = (X, Y)`` (default all of D_P).  Each attacker step is affine in
-    θ and subtracts a matrix (·)wᵀ, so θ_J = θ − S wᵀ (S D×m) and the adjoint (reverse mode by hand)
-    only changes the factor of wᵀ: O(J·D²·m) work, equal to the unrolled matrices to round-off."""
+    """F(θ) = L_H(w, θ_J) − L_P(ω, θ_J), θ_J = ``o.inner_steps`` attacker GD steps on all of D_H
+    from θ, and ∇_θF; L_P on ``batch_P = (X, Y)`` (default all of D_P).  Each attacker step is
+    affine in θ and subtracts a matrix (·)wᵀ, so θ_J = θ − S wᵀ (S D×m) and the adjoint (reverse
+    mode by hand) only changes the factor of wᵀ: O(J·D²·m) work, equal to the unrolled matrices to
+    round-off."""
     n = task.Y_H.size
     c = imma_inner_step_size(task, w, o) * 2.0 / n
-    b = task.X_H.T @ task.Y_H                # D×m: B = b wᵀ
+    b = task.X_H.T @ task.Y_H  # D×m: B = b wᵀ
     KH = task.K_H
-    ww = w.T @ w                             # m×m
-    tw = theta @ w                           # θw (D×m)
-    S = np.zeros_like(tw)                    # θ_j = θ − S wᵀ
+    ww = w.T @ w  # m×m
+    tw = theta @ w  # θw (D×m)
+    S = np.zeros_like(tw)  # θ_j = θ − S wᵀ
     for _ in range(o.inner_steps):
         S = S + c * (KH @ (tw - S @ ww) - b)
-    lh, R = losses.residual("mse", task.X_H @ (tw - S @ ww), task.Y_H)   # L_H at θ_J: θ_J w = θw − S wᵀw
-    a = task.X_H.T @ R                       # g_h = a wᵀ
+    # L_H at θ_J: θ_J w = θw − S wᵀw
+    lh, R = losses.residual("mse", task.X_H @ (tw - S @ ww), task.Y_H)
+    a = task.X_H.T @ R  # g_h = a wᵀ
     X_P, Y_P = (task.X_P, task.Y_P) if batch_P is None else batch_P
-    Z_P = X_P @ (theta @ omega - S @ (w.T @ omega))   # X_P θ_J ω
+    Z_P = X_P @ (theta @ omega - S @ (w.T @ omega))  # X_P θ_J ω
     if task.loss == "bce":
         Z_P = Z_P + (0.0 if bias is None else bias)
     lp, R = losses.residual(task.loss, Z_P, Y_P)
-    p = X_P.T @ R                            # g_p = p ωᵀ
-    pw = p @ (omega.T @ w)                   # adjoint of Ḡ = a wᵀ − p ωᵀ, through Ḡw
+    p = X_P.T @ R  # g_p = p ωᵀ
+    pw = p @ (omega.T @ w)  # adjoint of Ḡ = a wᵀ − p ωᵀ, through Ḡw
     for _ in range(o.inner_steps):
         a = a - c * (KH @ (a @ ww - pw))
     return lh - lp, a @ w.T - p @ omega.T
 
 
 def imma(task, method, o, rng):
-    """IMMA (docs/theory.md §7): ascent on :func:`imma_objective`; heads w and ω descend their losses."""
+    """IMMA (docs/theory.md §7): ascent on :func:`imma_objective`; heads w and ω descend their
+    losses."""
     D = task.D
     theta = _init_theta(D, o, rng)
     omega, bias = _init_head(task, rng)
     w = rng.normal(0.0, 1.0 / np.sqrt(D), size=(D, task.Y_H.shape[1]))
-    opt_t, opt_w, opt_o, opt_b = (make_optimizer(o.optimizer, o.lr, o.betas, o.adam_eps, param=p)
-                                  for p in ("θ", "w", "ω", "bias"))
+    opt_t, opt_w, opt_o, opt_b = (
+        make_optimizer(o.optimizer, o.lr, o.betas, o.adam_eps, param=p)
+        for p in ("θ", "w", "ω", "bias")
+    )
     hist = {"epoch": [], "objective": [], "kappa_P": [], "kappa_H": []}
     spec_P, spec_H = ProductGramSpectrum(task.X_P), ProductGramSpectrum(task.X_H)
     n_P = task.X_P.shape[0]
@@ -282,7 +341,7 @@ def imma(task, method, o, rng):
             F, gF = imma_objective(theta, w, omega, task, o, bias, batch_P=(X_b, Y_b))
             _, g_w, _ = losses.mse(task.X_H, theta, w, task.Y_H, grad_theta=False)
             _, g_o, _, g_b = _loss_grads(task, X_b, Y_b, theta, omega, bias, grad_theta=False)
-            theta = opt_t.step(theta, -gF, blame="lr")          # ascent on F
+            theta = opt_t.step(theta, -gF, blame="lr")  # ascent on F
             check_scale(theta, x_norm, f"imma: epoch {epoch}", o.optimizer, o.lr, "lr")
             w = opt_w.step(w, g_w, blame="lr")
             omega = opt_o.step(omega, g_o, blame="lr")
@@ -298,30 +357,41 @@ def _unit(a):
     return a / n if n > 0 else a
 
 
-# The adaptive default's constants: the gain of the balance (w moves from 0.5 to 0.98 when ln(i) and
-# −ln(ii) differ by 0.5), the margin gain that counts as progress, the lr divisions before stopping.
+# The adaptive default's constants: the gain of the balance (w moves from 0.5 to 0.98 when ln(i)
+# and
+# −ln(ii) differ by 0.5), the margin gain that counts as progress, the lr divisions before
+# stopping.
 BALANCE_GAIN, PROGRESS_TOL, RESTARTS = 8.0, 1e-3, 2
 
 
 def algorithm1_auto(task, method, o, rng):
-    """Algorithm 1 (docs/theory.md §6) with its λ's measured on the task (docs/design.md §4): Adam on
-    ``g = λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)``, at every step ``λ_P = (1 − w)/‖K_P⁺∇_θR_well‖_F``,
-    ``λ_H = w/‖K_H⁺∇_θR_ill‖_F``, ``w = σ(−γ(ln(i) + ln(ii)))``: scale-free, aiming at ln(i) = −ln(ii).
-    No D_P loss term (its θ-gradient vanishes at the optimal head, solved at the end).  The iterate of
-    largest margin ``min(ln(i), −ln(ii))`` is kept; once positive, ``patience`` steps without a gain of
-    ``PROGRESS_TOL`` restart Adam from it at lr/3, ``RESTARTS`` times, then the run stops."""
+    """Algorithm 1 (docs/theory.md §6) with its λ's measured on the task (docs/design.md §4): Adam
+    on ``g = λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)``, at every step ``λ_P = (1 −
+    w)/‖K_P⁺∇_θR_well‖_F``, ``λ_H = w/‖K_H⁺∇_θR_ill‖_F``, ``w = σ(−γ(ln(i) + ln(ii)))``:
+    scale-free, aiming at ln(i) = −ln(ii). No D_P loss term (its θ-gradient vanishes at the optimal
+    head, solved at the end).  The iterate of largest margin ``min(ln(i), −ln(ii))`` is kept; once
+    positive, ``patience`` steps without a gain of ``PROGRESS_TOL`` restart Adam from it at lr/3,
+    ``RESTARTS`` times, then the run stops."""
     XP, XH = task.X_P, task.X_H
     theta = np.eye(task.D)
     ceiling = rir_ceiling(XP, XH)
-    if not ceiling.exact > 1 + 1e-6:   # sup RIR ≤ 1 (to round-off): (i) > 1 > (ii) is out of reach (§10)
-        return theta, losses.best_head(task.loss, XP, task.Y_P)[0], {}, {
-            "steps": 0, "stop": f"no step taken: Definition 3.1 is out of reach of every θ, the RIR "
-                                f"ceiling is {ceiling.exact:.4g} ≤ 1 (docs/theory.md §10)"}
+    # sup RIR ≤ 1 (to round-off): (i) > 1 > (ii) is out of reach (§10)
+    if not ceiling.exact > 1 + 1e-6:
+        return (
+            theta,
+            losses.best_head(task.loss, XP, task.Y_P)[0],
+            {},
+            {
+                "steps": 0,
+                "stop": f"no step taken: Definition 3.1 is out of reach of every θ, the RIR "
+                f"ceiling is {ceiling.exact:.4g} ≤ 1 (docs/theory.md §10)",
+            },
+        )
     pre_P = Preconditioner(task.K_P, o.precond, o.ridge, XP)
     pre_H = Preconditioner(task.K_H, o.precond, o.ridge, XH)
     spec_P, spec_H = ProductGramSpectrum(XP), ProductGramSpectrum(XH)
     kP0, kH0 = spec_P(theta).kappa, spec_H(theta).kappa
-    make = lambda lr: make_optimizer("adam", lr, o.betas, o.adam_eps, param="θ")   # noqa: E731
+    make = lambda lr: make_optimizer("adam", lr, o.betas, o.adam_eps, param="θ")  # noqa: E731
     opt, lr = make(o.lr), o.lr
     best, best_m, best_step, since, left = theta, 0.0, 0, 0, RESTARTS
     hist = {"step": [], "harmful_ratio": [], "pretrain_ratio": [], "weight_h": []}
@@ -337,7 +407,10 @@ def algorithm1_auto(task, method, o, rng):
                 break
             if best_m > 0 and since > o.patience:
                 if not left:
-                    stop = f"stopped at step {step}: no margin gain in {o.patience} steps at lr {lr:.3g}"
+                    stop = (
+                        f"stopped at step {step}: no margin gain in {o.patience} steps at lr "
+                        f"{lr:.3g}"
+                    )
                     break
                 left, since, theta, lr = left - 1, 0, best, lr / 3
                 opt = make(lr)
@@ -353,15 +426,23 @@ def algorithm1_auto(task, method, o, rng):
             break
         w = 1.0 / (1.0 + np.exp(np.clip(BALANCE_GAIN * (a - b), -50.0, 50.0)))
         _log(hist, *(float(v) for v in (step, np.exp(a), np.exp(-b), w)))
-        g = ((1 - w) * _unit(pre_P.direction(theta, reg_P, Z_P))
-             + w * _unit(pre_H.direction(theta, reg_H, Z_H)))
+        g = (1 - w) * _unit(pre_P.direction(theta, reg_P, Z_P)) + w * _unit(
+            pre_H.direction(theta, reg_H, Z_H)
+        )
         theta = opt.step(theta, g, blame="lr")
     if best_m <= 0:
-        stop += (f"; Definition 3.1 was not reached though the RIR ceiling is {ceiling.exact:.4g} > 1: "
-                 "more epochs or a larger patience may reach it")
+        stop += (
+            f"; Definition 3.1 was not reached though the RIR ceiling is {ceiling.exact:.4g} > 1: "
+            "more epochs or a larger patience may reach it"
+        )
     omega, bias = losses.best_head(task.loss, XP @ best, task.Y_P)
-    diag = {"steps": step, "best_step": best_step, "restarts": RESTARTS - left, "stop": stop,
-            "bias": None if bias is None else bias.tolist()}
+    diag = {
+        "steps": step,
+        "best_step": best_step,
+        "restarts": RESTARTS - left,
+        "stop": stop,
+        "bias": None if bias is None else bias.tolist(),
+    }
     return best, omega, hist, diag
 
 
@@ -369,14 +450,19 @@ def ours(task, method, o, rng):
     return (algorithm1_auto if o.auto else algorithm1)(task, method, o, rng)
 
 
-RUNNERS = {"r_ill_only": r_ill_only, "imma": imma, "opt_kappa": algorithm1, "opt_kappa_balanced": algorithm1,
-           "ours": ours}
+RUNNERS = {
+    "r_ill_only": r_ill_only,
+    "imma": imma,
+    "opt_kappa": algorithm1,
+    "opt_kappa_balanced": algorithm1,
+    "ours": ours,
+}
 
 
 def closed_form(task, exponent: float, ceiling):
-    """θ = [U_r Λ_r^{-½} Q_C diag(s), 0], s² = λ_C^a (docs/theory.md §10): RIR = the range-restricted
-    ``ceiling`` for a ≥ 0.  The zero null(K_P) columns keep D_P's best loss (Definition 3.1(c)); C's
-    null space keeps s = 1 (θ injective on range(K_P))."""
+    """θ = [U_r Λ_r^{-½} Q_C diag(s), 0], s² = λ_C^a (docs/theory.md §10): RIR = the
+    range-restricted ``ceiling`` for a ≥ 0.  The zero null(K_P) columns keep D_P's best loss
+    (Definition 3.1(c)); C's null space keeps s = 1 (θ injective on range(K_P))."""
     lam = ceiling.lambda_C
     s = np.ones_like(lam)
     pos = np.arange(lam.size) < ceiling.rank_C
@@ -386,8 +472,15 @@ def closed_form(task, exponent: float, ceiling):
     r = ceiling.basis.shape[1]
     theta[:, :r] = ceiling.basis * s
     if not np.all(np.isfinite(theta)):
-        raise DivergenceError(f"closed_form: λ_C^(a/2) overflows float64 at exponent a = {exponent:g} "
-                              f"(κ(C) = {ceiling.kappa_C:.3e})", parameter="exponent")
-    return theta, {"exponent": exponent, "ceiling_range_restricted": ceiling.range_restricted,
-                   "ceiling_exact": ceiling.exact, "rank_K_P": ceiling.rank_K_P,
-                   "null_columns_zeroed": task.D - r}
+        raise DivergenceError(
+            f"closed_form: λ_C^(a/2) overflows float64 at exponent a = {exponent:g} "
+            f"(κ(C) = {ceiling.kappa_C:.3e})",
+            parameter="exponent",
+        )
+    return theta, {
+        "exponent": exponent,
+        "ceiling_range_restricted": ceiling.range_restricted,
+        "ceiling_exact": ceiling.exact,
+        "rank_K_P": ceiling.rank_K_P,
+        "null_columns_zeroed": task.D - r,
+    }

@@ -1,6 +1,7 @@
-"""Immunization metrics: RIR (paper Eq. (15)), its ceiling and exponent window (docs/theory.md §10),
-RIR_θ₀ by group sampling (§8).  Every κ of a Hessian ``θᵀXᵀXθ`` is κ(Xθ)² from the SVD of the
+"""Immunization metrics: RIR (paper Eq. (15)), its ceiling and exponent window (docs/theory.md
+§10), RIR_θ₀ by group sampling (§8).  Every κ of a Hessian ``θᵀXᵀXθ`` is κ(Xθ)² from the SVD of the
 features (:func:`pycore.spectral.gram_spectrum`): RIR multiplies four κ's that reach 1e10."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +10,13 @@ import numpy as np
 
 from pycore.spectral import gram_spectrum, numerical_rank
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, as_float_matrix, check_dense_size, check_number, check_theta
+from pycore.validation import (
+    ParameterError,
+    as_float_matrix,
+    check_dense_size,
+    check_number,
+    check_theta,
+)
 
 
 @dataclass(frozen=True)
@@ -40,14 +47,16 @@ class RIR:
 def _check_pair(X_P, X_H, names=("X_P", "X_H")):
     X_P, X_H = as_float_matrix(X_P, names[0]), as_float_matrix(X_H, names[1])
     if X_P.shape[1] != X_H.shape[1]:
-        raise ParameterError(names[1], f"{names[0]} has {X_P.shape[1]} columns but {names[1]} has "
-                                       f"{X_H.shape[1]}")
+        raise ParameterError(
+            names[1], f"{names[0]} has {X_P.shape[1]} columns but {names[1]} has {X_H.shape[1]}"
+        )
     return X_P, X_H
 
 
 def right_singular_vectors(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, np.ndarray]:
-    """``(s, Vt)``: the singular values of ``X`` (N×D) and ALL D right singular vectors (range(XᵀX),
-    then its complement), sizes checked up front: a full SVD of a tall X forms an N×N U (35k: 10 GB)."""
+    """``(s, Vt)``: the singular values of ``X`` (N×D) and ALL D right singular vectors
+    (range(XᵀX), then its complement), sizes checked up front: a full SVD of a tall X forms an N×N
+    U (35k: 10 GB)."""
     N, D = X.shape
     check_dense_size((D, D), f"the {D}×{D} basis of {name}'s row space ({name} is {N}×{D})")
     check_dense_size((N, min(N, D)), f"the left singular vectors of {name} ({N}×{D})")
@@ -59,11 +68,12 @@ def row_space_basis(X: np.ndarray) -> np.ndarray:
     """Orthonormal basis V_r (D×r) of range(XᵀX) (rank rule of docs/theory.md §2)."""
     check_dense_size((X.shape[0], min(X.shape)), f"the left singular vectors of X {X.shape}")
     _, s, Vt = np.linalg.svd(X, full_matrices=False)
-    return Vt[:numerical_rank(s, X.shape)].T
+    return Vt[: numerical_rank(s, X.shape)].T
 
 
 def _ratio(**features) -> RIR:
-    """The RIR of four named feature matrices (P, H, P_ref, H_ref), κ's from :func:`gram_spectrum`."""
+    """The RIR of four named feature matrices (P, H, P_ref, H_ref), κ's from
+    :func:`gram_spectrum`."""
     return RIR.of(*(gram_spectrum(Z, vectors=False, name=n) for n, Z in features.items()))
 
 
@@ -74,10 +84,18 @@ def rir(theta, X_P, X_H, *, theta_ref=None) -> RIR:
     X_P, X_H = _check_pair(X_P, X_H)
     theta = check_theta(theta, X_P.shape[1])
     if theta_ref is None:
-        return _ratio(**{"X_P·theta": X_P @ theta, "X_H·theta": X_H @ theta, "X_P": X_P, "X_H": X_H})
+        return _ratio(
+            **{"X_P·theta": X_P @ theta, "X_H·theta": X_H @ theta, "X_P": X_P, "X_H": X_H}
+        )
     ref = check_theta(theta_ref, X_P.shape[1], "theta_ref")
-    return _ratio(**{"X_P·theta": X_P @ theta, "X_H·theta": X_H @ theta, "X_P·theta_ref": X_P @ ref,
-                     "X_H·theta_ref": X_H @ ref})
+    return _ratio(
+        **{
+            "X_P·theta": X_P @ theta,
+            "X_H·theta": X_H @ theta,
+            "X_P·theta_ref": X_P @ ref,
+            "X_H·theta_ref": X_H @ ref,
+        }
+    )
 
 
 @bounded_blas
@@ -92,15 +110,17 @@ def _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref) -> dict:
     Z_P_ref, Z_H_ref = _check_pair(Z_P_ref, Z_H_ref, ("Z_P_ref", "Z_H_ref"))
     for name, Z, ref in (("Z_P_ref", Z_P, Z_P_ref), ("Z_H_ref", Z_H, Z_H_ref)):
         if ref.shape[0] != Z.shape[0]:
-            raise ParameterError(name, f"{name} has {ref.shape[0]} rows but {name[:3]} has {Z.shape[0]}")
+            raise ParameterError(
+                name, f"{name} has {ref.shape[0]} rows but {name[:3]} has {Z.shape[0]}"
+            )
     return {"Z_P": Z_P, "Z_H": Z_H, "Z_P_ref": Z_P_ref, "Z_H_ref": Z_H_ref}
 
 
 @dataclass(frozen=True)
 class Ceiling:
-    """sup_θ RIR for linear extractors (docs/theory.md §10): ``range_restricted`` = κ(C)κ(K_P)/κ(K_H)
-    with ``C = K_P^{+½}K_HK_P^{+½}`` on range(K_P), attained by the closed form; ``exact`` equals it
-    when null(K_P) ⊆ null(K_H), else inf (``reason`` says which)."""
+    """sup_θ RIR for linear extractors (docs/theory.md §10): ``range_restricted`` =
+    κ(C)κ(K_P)/κ(K_H) with ``C = K_P^{+½}K_HK_P^{+½}`` on range(K_P), attained by the closed form;
+    ``exact`` equals it when null(K_P) ⊆ null(K_H), else inf (``reason`` says which)."""
 
     exact: float
     range_restricted: float
@@ -110,9 +130,9 @@ class Ceiling:
     rank_K_P: int
     rank_K_H: int
     rank_C: int
-    null_leak: float       # ‖X_H N‖₂²/‖X_H‖₂² for N an orthonormal basis of null(K_P)
+    null_leak: float  # ‖X_H N‖₂²/‖X_H‖₂² for N an orthonormal basis of null(K_P)
     reason: str
-    basis: np.ndarray | None = None     # D×r: U_r Λ_r^{-½} Q_C, columns ordered by λ_C (desc)
+    basis: np.ndarray | None = None  # D×r: U_r Λ_r^{-½} Q_C, columns ordered by λ_C (desc)
     lambda_C: np.ndarray | None = None  # the r eigenvalues of C, descending (exact 0 past rank_C)
 
     def as_dict(self) -> dict:
@@ -127,12 +147,14 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     check_number(null_rtol, "null_rtol", low=0.0, high=1.0, high_open=True)
     X_P, X_H = _check_pair(X_P, X_H)
     sP = gram_spectrum(X_P, vectors=False, name="X_P")
-    s, Vt = right_singular_vectors(X_P, "X_P")   # K_P's eigenvectors; the last D − r span null(K_P)
+    s, Vt = right_singular_vectors(X_P, "X_P")  # K_P's eigenvectors; the last D − r span null(K_P)
     sH = gram_spectrum(X_H, vectors=False, name="X_H")
     r = sP.rank
     U_r, U_null = Vt[:r].T, Vt[r:].T
-    null_leak = float(np.linalg.norm(X_H @ U_null, 2) ** 2 / sH.sigma_max) if U_null.shape[1] else 0.0
-    W = (X_H @ U_r) / s[:r]               # X_H K_P^{+½} restricted to range(K_P)
+    null_leak = (
+        float(np.linalg.norm(X_H @ U_null, 2) ** 2 / sH.sigma_max) if U_null.shape[1] else 0.0
+    )
+    W = (X_H @ U_r) / s[:r]  # X_H K_P^{+½} restricted to range(K_P)
     # ALL r eigenvectors of C = WᵀW: with fewer harmful rows than r, those of C's null space too
     # (λ_C = 0), or θ would drop directions of range(K_P) and change D_P's best loss (Def. 3.1(c)).
     _, c, Qt = np.linalg.svd(W, full_matrices=W.shape[0] < r)
@@ -141,12 +163,27 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     restricted = sC.kappa * sP.kappa / sH.kappa
     if null_leak > null_rtol:
         exact = np.inf
-        reason = (f"null(K_P) ⊄ null(K_H): {U_null.shape[1]} direction(s) are constant on D_P's rows but "
-                  f"K_H has weight {null_leak:.3e}·‖K_H‖ there, so θ can rescale them without bound")
+        reason = (
+            f"null(K_P) ⊄ null(K_H): {U_null.shape[1]} direction(s) are constant on "
+            "D_P's rows but "
+            f"K_H has weight {null_leak:.3e}·‖K_H‖ there, so θ can rescale them without bound"
+        )
     else:
         exact, reason = restricted, "null(K_P) ⊆ null(K_H): the supremum is attained on range(K_P)"
-    return Ceiling(exact, restricted, sC.kappa, sP.kappa, sH.kappa, r, sH.rank, sC.rank, null_leak,
-                   reason, (U_r / s[:r]) @ Qt.T, c * c)
+    return Ceiling(
+        exact,
+        restricted,
+        sC.kappa,
+        sP.kappa,
+        sH.kappa,
+        r,
+        sH.rank,
+        sC.rank,
+        null_leak,
+        reason,
+        (U_r / s[:r]) @ Qt.T,
+        c * c,
+    )
 
 
 @dataclass(frozen=True)
@@ -169,17 +206,32 @@ def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
     """The :class:`ExponentWindow` of a :class:`Ceiling`; undefined when κ(C) = 1."""
     lc = np.log(ceiling.kappa_C)
     if not lc > 0:
-        raise ValueError("κ(C) = 1: every closed-form exponent gives the same spectra, no window to choose")
+        raise ValueError(
+            "κ(C) = 1: every closed-form exponent gives the same spectra, no window to choose"
+        )
     raw_low = np.log(ceiling.kappa_K_H) / lc - 1.0
     high = np.log(ceiling.kappa_K_P) / lc
-    return ExponentWindow(float(max(raw_low, 0.0)), float(high), float(0.5 * (raw_low + high)),
-                          bool(max(raw_low, 0.0) >= high))
+    return ExponentWindow(
+        float(max(raw_low, 0.0)),
+        float(high),
+        float(0.5 * (raw_low + high)),
+        bool(max(raw_low, 0.0) >= high),
+    )
 
 
 @bounded_blas
-def grouped_feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref, *, rng: np.random.Generator, groups: int = 20,
-                        group_size: int = 100) -> dict:
-    """RIR_θ₀ over ``groups`` random groups of rows, the same for model and reference (docs/theory.md §8)."""
+def grouped_feature_rir(
+    Z_P,
+    Z_H,
+    Z_P_ref,
+    Z_H_ref,
+    *,
+    rng: np.random.Generator,
+    groups: int = 20,
+    group_size: int = 100,
+) -> dict:
+    """RIR_θ₀ over ``groups`` random groups of rows, the same for model and reference
+    (docs/theory.md §8)."""
     check_number(groups, "groups", low=1, integer=True)
     check_number(group_size, "group_size", low=2, integer=True)
     Z_P, Z_H, Z_P_ref, Z_H_ref = _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref).values()

@@ -1,11 +1,12 @@
 """The fused condition-number regularizer op and the immunization head (docs/theory.md §3-4,
-docs/design.md §2), as pytorch/extension-cpp does it: ``torch.ops.pycore.*`` are defined, with their
-input checks, in C++ (csrc/; CPU kernels, CUDA when built); this module registers the fake
+docs/design.md §2), as pytorch/extension-cpp does it: ``torch.ops.pycore.*`` are defined, with
+their input checks, in C++ (csrc/; CPU kernels, CUDA when built); this module registers the fake
 implementation and autograd, and turns the C++ refusals into :class:`CondRegError` (under
 ``torch.compile``: its base ValueError). Without the extension (not built, or
 ``PYCORE_DISABLE_EXTENSION=1``; one RuntimeWarning) the entry points run the plain reference,
 :func:`reference_cond_regularizer` and a float64 solve on the weight gradient: the same values and
 refusals of R, no diagnostics, no meta tensors, no ``torch.compile(fullgraph=True)``."""
+
 from __future__ import annotations
 
 import functools
@@ -20,19 +21,38 @@ from torch.nn import functional as F
 
 from pycore.validation import PicklableError
 
-__all__ = ["KINDS", "CondRegError", "CondDiagnostics", "cond_regularizer", "ImmunizationHead",
-           "precond_linear", "cond_regularizer_with_diagnostics", "reference_cond_regularizer",
-           "extension_available"]
+__all__ = [
+    "KINDS",
+    "CondRegError",
+    "CondDiagnostics",
+    "cond_regularizer",
+    "ImmunizationHead",
+    "precond_linear",
+    "cond_regularizer_with_diagnostics",
+    "reference_cond_regularizer",
+    "extension_available",
+]
 
 KINDS = ("ill", "well")
 # The op's float64 `diag` output, in the order of enum SummaryIndex (csrc/spectral_summary.h).
-_DIAG_FIELDS = ("sigma_max", "sigma_min", "kappa", "rank", "eigengap", "tie", "degenerate",
-                "gram_path", "eigvec_method", "value64")
+_DIAG_FIELDS = (
+    "sigma_max",
+    "sigma_min",
+    "kappa",
+    "rank",
+    "eigengap",
+    "tie",
+    "degenerate",
+    "gram_path",
+    "eigvec_method",
+    "value64",
+)
 _EIGVEC_METHODS = ("inverse_iteration", "eigh", "none")
 
 
 class CondRegError(PicklableError, ValueError):
-    """Input the op cannot handle; ``parameter`` names the argument (``"Z"``, ``"kind"``, ``"X"``, ...)."""
+    """Input the op cannot handle; ``parameter`` names the argument (``"Z"``, ``"kind"``,
+    ``"X"``, ...)."""
 
     def __init__(self, message: str, parameter: str):
         super().__init__(message)
@@ -44,12 +64,17 @@ def _load_extension() -> bool:
     if os.environ.get("PYCORE_DISABLE_EXTENSION", "").strip().lower() not in ("1", "true", "yes"):
         try:
             import pycore._C  # noqa: F401  (its TORCH_LIBRARY blocks register torch.ops.pycore.*)
+
             return True
         except ImportError as exc:
             reason = f"{type(exc).__name__}: {exc}"
-    warnings.warn(f"pycore._C (the fused C++ op) is not available ({reason}); pycore.ops runs the plain "
-                  "PyTorch definitions (same values, slower, no diagnostics). Build it with "
-                  "`python setup.py build_ext --inplace`", RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        f"pycore._C (the fused C++ op) is not available ({reason}); pycore.ops runs the plain "
+        "PyTorch definitions (same values, slower, no diagnostics). Build it with "
+        "`python setup.py build_ext --inplace`",
+        RuntimeWarning,
+        stacklevel=2,
+    )
     return False
 
 
@@ -71,11 +96,15 @@ def _run(where: str, name: str, op, *args):
         raise CondRegError(f"{where}: {msg}", msg.split(maxsplit=1)[0]) from None
     except NotImplementedError:
         t = args[0]
-        raise CondRegError(f"{where}: {name} is a {t.layout} {t.dtype} tensor on {t.device}; the op takes "
-                           "dense float32/float64 tensors on the CPU (CUDA if built)", name) from None
+        raise CondRegError(
+            f"{where}: {name} is a {t.layout} {t.dtype} tensor on {t.device}; the op takes "
+            "dense float32/float64 tensors on the CPU (CUDA if built)",
+            name,
+        ) from None
 
 
 if _HAS_EXTENSION:
+
     @torch.library.register_fake("pycore::cond_reg")
     def _cond_reg_fake(Z, kind, rtol=None, tie_rtol=None, with_grad=False):
         grad = Z.new_empty(Z.shape if with_grad else (0,))
@@ -87,11 +116,18 @@ if _HAS_EXTENSION:
 
     def _cond_reg_backward(ctx, grad_value, _grad_grad, _grad_diag):
         # The saved dR/dZ carries no graph: a second derivative would silently be zero.
-        torch._check(not torch.is_grad_enabled(), lambda: "cond_regularizer has first derivatives only "
-                     "(no create_graph=True / double backward); use reference_cond_regularizer")
+        torch._check(
+            not torch.is_grad_enabled(),
+            lambda: (
+                "cond_regularizer has first derivatives only "
+                "(no create_graph=True / double backward); use reference_cond_regularizer"
+            ),
+        )
         return grad_value * ctx.saved_tensors[0], None, None, None, None
 
-    torch.library.register_autograd("pycore::cond_reg", _cond_reg_backward, setup_context=_cond_reg_setup)
+    torch.library.register_autograd(
+        "pycore::cond_reg", _cond_reg_backward, setup_context=_cond_reg_setup
+    )
 
     def _precond_linear_setup(ctx, inputs, output):
         X, W, _, ctx.lambda_reg, ctx.precondition = inputs
@@ -100,19 +136,37 @@ if _HAS_EXTENSION:
     def _precond_linear_backward(ctx, grad_out):
         X, W = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gX, gW = _run("ImmunizationHead", "X", torch.ops.pycore.precond_linear_backward,
-                      grad_out, X, W, ctx.lambda_reg, ctx.precondition, need_x, need_w)
-        return gX if need_x else None, gW if need_w else None, grad_out.sum(0) if need_b else None, None, None
+        gX, gW = _run(
+            "ImmunizationHead",
+            "X",
+            torch.ops.pycore.precond_linear_backward,
+            grad_out,
+            X,
+            W,
+            ctx.lambda_reg,
+            ctx.precondition,
+            need_x,
+            need_w,
+        )
+        return (
+            gX if need_x else None,
+            gW if need_w else None,
+            grad_out.sum(0) if need_b else None,
+            None,
+            None,
+        )
 
-    torch.library.register_autograd("pycore::precond_linear", _precond_linear_backward,
-                                    setup_context=_precond_linear_setup)
+    torch.library.register_autograd(
+        "pycore::precond_linear", _precond_linear_backward, setup_context=_precond_linear_setup
+    )
 
 
 @dataclass(frozen=True)
 class CondDiagnostics:
     """Spectrum of ``H = ZᵀZ`` (docs/theory.md §2-3): ``sigma_min`` the smallest eigenvalue above
     ``rtol·λ_max``; ``eigengap`` ``λ₁ − λ₂`` (R_well) or ``λ_{k−1} − λ_k`` (R_ill); ``tie`` a gap ≤
-    ``tie_rtol·λ₁`` (R_well) or ≤ ``max(tie_rtol·λ_k, rtol·λ₁)`` (R_ill): R is not differentiable there."""
+    ``tie_rtol·λ₁`` (R_well) or ≤ ``max(tie_rtol·λ_k, rtol·λ₁)`` (R_ill): R is not differentiable
+    there."""
 
     kind: str
     value: float
@@ -122,8 +176,8 @@ class CondDiagnostics:
     rank: int
     eigengap: float
     tie: bool
-    path: str            # "gram" (N < D) or "covariance"
-    eigvec_method: str   # "inverse_iteration", "eigh" or "none" (no gradient requested)
+    path: str  # "gram" (N < D) or "covariance"
+    eigvec_method: str  # "inverse_iteration", "eigh" or "none" (no gradient requested)
 
 
 def _cond_reg(Z, kind, rtol, tie_rtol, where):
@@ -131,39 +185,66 @@ def _cond_reg(Z, kind, rtol, tie_rtol, where):
     return _run(where, "Z", torch.ops.pycore.cond_reg, Z, kind, rtol, tie_rtol, with_grad)
 
 
-def cond_regularizer(Z: torch.Tensor, kind: str, *, rtol: float | None = None,
-                     tie_rtol: float | None = None) -> torch.Tensor:
-    """R_ill (``kind="ill"``) or R_well (``"well"``) of ``H = ZᵀZ``, 0-dim (docs/theory.md §3).  ``rtol``:
-    relative rank tolerance on the eigenvalues of H (default ``D·eps`` of Z's dtype); ``tie_rtol``: relative
-    gap at which the extreme eigenvalue counts as tied (default ``sqrt(eps)``)."""
+def cond_regularizer(
+    Z: torch.Tensor, kind: str, *, rtol: float | None = None, tie_rtol: float | None = None
+) -> torch.Tensor:
+    """R_ill (``kind="ill"``) or R_well (``"well"``) of ``H = ZᵀZ``, 0-dim (docs/theory.md §3).
+    ``rtol``: relative rank tolerance on the eigenvalues of H (default ``D·eps`` of Z's dtype);
+    ``tie_rtol``: relative gap at which the extreme eigenvalue counts as tied (default
+    ``sqrt(eps)``)."""
     if not _HAS_EXTENSION:
         return reference_cond_regularizer(Z, kind, rtol=rtol)
     return _cond_reg(Z, kind, rtol, tie_rtol, "cond_regularizer")[0]
 
 
-def cond_regularizer_with_diagnostics(Z: torch.Tensor, kind: str, *, rtol: float | None = None,
-                                      tie_rtol: float | None = None, warn: bool = True):
-    """``(R, CondDiagnostics)``; a RuntimeWarning at a tie (``warn``).  Needs the extension and data."""
+def cond_regularizer_with_diagnostics(
+    Z: torch.Tensor,
+    kind: str,
+    *,
+    rtol: float | None = None,
+    tie_rtol: float | None = None,
+    warn: bool = True,
+):
+    """``(R, CondDiagnostics)``; a RuntimeWarning at a tie (``warn``).  Needs the extension and
+    data."""
     if not _HAS_EXTENSION:
-        raise RuntimeError("cond_regularizer_with_diagnostics needs the compiled extension pycore._C")
+        raise RuntimeError(
+            "cond_regularizer_with_diagnostics needs the compiled extension pycore._C"
+        )
     where = "cond_regularizer_with_diagnostics"
     if getattr(Z, "is_meta", False):
         raise CondRegError(f"{where}: Z is a meta tensor; diagnostics need data", "Z")
     value, _, diag = _cond_reg(Z, kind, rtol, tie_rtol, where)
     v = dict(zip(_DIAG_FIELDS, diag.tolist()))
-    d = CondDiagnostics(kind=kind, value=v["value64"], sigma_max=v["sigma_max"], sigma_min=v["sigma_min"],
-                        kappa=v["kappa"], rank=int(v["rank"]), eigengap=v["eigengap"], tie=bool(v["tie"]),
-                        path="gram" if v["gram_path"] else "covariance",
-                        eigvec_method=_EIGVEC_METHODS[int(v["eigvec_method"])])
+    d = CondDiagnostics(
+        kind=kind,
+        value=v["value64"],
+        sigma_max=v["sigma_max"],
+        sigma_min=v["sigma_min"],
+        kappa=v["kappa"],
+        rank=int(v["rank"]),
+        eigengap=v["eigengap"],
+        tie=bool(v["tie"]),
+        path="gram" if v["gram_path"] else "covariance",
+        eigvec_method=_EIGVEC_METHODS[int(v["eigvec_method"])],
+    )
     if warn and d.tie:
-        warnings.warn(f"R_{kind}: the extreme eigenvalue of ZᵀZ is (nearly) repeated (gap {d.eigengap:.3e}): "
-                      "R is not differentiable, the gradient is a subgradient", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"R_{kind}: the extreme eigenvalue of ZᵀZ is (nearly) repeated (gap "
+            f"{d.eigengap:.3e}): "
+            "R is not differentiable, the gradient is a subgradient",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return value, d
 
 
-def reference_cond_regularizer(Z: torch.Tensor, kind: str, *, rtol: float | None = None) -> torch.Tensor:
-    """R_kind(ZᵀZ) by autograd through ``torch.linalg.eigvalsh`` in Z's dtype (docs/theory.md §3): the
-    definition the op is tested against and the fallback without it (same rank rule and domain)."""
+def reference_cond_regularizer(
+    Z: torch.Tensor, kind: str, *, rtol: float | None = None
+) -> torch.Tensor:
+    """R_kind(ZᵀZ) by autograd through ``torch.linalg.eigvalsh`` in Z's dtype (docs/theory.md §3):
+    the definition the op is tested against and the fallback without it (same rank rule and
+    domain)."""
     where = "reference_cond_regularizer"
     if kind not in KINDS:
         raise CondRegError(f"{where}: kind must be 'ill' or 'well', got {kind!r}", "kind")
@@ -177,35 +258,56 @@ def reference_cond_regularizer(Z: torch.Tensor, kind: str, *, rtol: float | None
     lmax = float(lam[-1].detach())
     k = int((lam.detach() > (D * eps if rtol is None else rtol) * lmax).sum()) if lmax > 0 else 0
     if k == 0 or not math.isfinite(lmax * lmax):
-        raise CondRegError(f"{where}: Z gives ZᵀZ = 0, NaN or eigenvalues whose squares overflow", "Z")
+        raise CondRegError(
+            f"{where}: Z gives ZᵀZ = 0, NaN or eigenvalues whose squares overflow", "Z"
+        )
     if kind == "well":
         value = 0.5 * lam[-1] ** 2 - fro2 / (2 * D)
     else:
         d = fro2 / (2 * k) - 0.5 * lam[-k] ** 2
-        if k < 2 or not float(d.detach()) > 4 * k * eps * lmax * lmax:  # κ = 1 up to round-off, as in the op
+        # κ = 1 up to round-off, as in the op
+        if k < 2 or not float(d.detach()) > 4 * k * eps * lmax * lmax:
             kappa = lmax / float(lam[-k].detach())
-            raise CondRegError(f"{where}: Z gives an undefined R_ill (rank {k}, κ = {kappa:.3g})", "Z")
+            raise CondRegError(
+                f"{where}: Z gives an undefined R_ill (rank {k}, κ = {kappa:.3g})", "Z"
+            )
         value = 1.0 / d
     if not math.isfinite(float(value.detach())):
-        raise CondRegError(f"{where}: R_{kind} of Z overflows {Z.dtype}: rescale the features", "Z")
+        raise CondRegError(
+            f"{where}: R_{kind} of Z overflows {Z.dtype}: rescale the features", "Z"
+        )
     return value
 
 
 def _precondition_right(X: torch.Tensor, lambda_reg: float, grad_W: torch.Tensor) -> torch.Tensor:
     """The fallback's ``grad_W (XᵀX + λI)⁻¹``: a plain D×D Cholesky solve in float64."""
     X64 = X.double()
-    L, info = torch.linalg.cholesky_ex(torch.addmm(lambda_reg * torch.eye(X.shape[1]).to(X64), X64.T, X64))
+    L, info = torch.linalg.cholesky_ex(
+        torch.addmm(lambda_reg * torch.eye(X.shape[1]).to(X64), X64.T, X64)
+    )
     if int(info):
-        raise CondRegError(f"ImmunizationHead: XᵀX + λI is not positive definite in float64 (lambda_reg="
-                           f"{lambda_reg}): use a larger lambda_reg", "lambda_reg")
+        raise CondRegError(
+            f"ImmunizationHead: XᵀX + λI is not positive definite in float64 (lambda_reg="
+            f"{lambda_reg}): use a larger lambda_reg",
+            "lambda_reg",
+        )
     return torch.cholesky_solve(grad_W.double().T, L).T.to(grad_W.dtype)
 
 
 def precond_linear(X, W, bias=None, lambda_reg: float = 1e-7, precondition: bool = True):
-    """``X Wᵀ + b`` whose weight gradient is ``(grad_outᵀX)(XᵀX + λI)⁻¹`` (docs/theory.md §4, right side)."""
+    """``X Wᵀ + b`` whose weight gradient is ``(grad_outᵀX)(XᵀX + λI)⁻¹`` (docs/theory.md §4,
+    right side)."""
     if _HAS_EXTENSION:
-        return _run("precond_linear", "X", torch.ops.pycore.precond_linear, X, W, bias, float(lambda_reg),
-                    bool(precondition))
+        return _run(
+            "precond_linear",
+            "X",
+            torch.ops.pycore.precond_linear,
+            X,
+            W,
+            bias,
+            float(lambda_reg),
+            bool(precondition),
+        )
     if precondition and W.requires_grad and torch.is_grad_enabled():
         W = W.view_as(W)  # the hook on this view rewrites the gradient that reaches the parameter
         W.register_hook(functools.partial(_precondition_right, X.detach(), float(lambda_reg)))
@@ -214,11 +316,20 @@ def precond_linear(X, W, bias=None, lambda_reg: float = 1e-7, precondition: bool
 
 class ImmunizationHead(nn.Module):
     """The paper's identity-initialised D×D dummy layer (App. C.3): ``z = x Wᵀ (+ b)``, ``grad_W ←
-    grad_W (XᵀX + λI)⁻¹``, ``K⁻¹∇_θR`` of Algorithm 1 line 6 for ``W = θᵀ`` (docs/theory.md §4: on the
+    grad_W (XᵀX + λI)⁻¹``, ``K⁻¹∇_θR`` of Algorithm 1 line 6 for ``W = θᵀ`` (docs/theory.md §4: on
+    the
     right; the authors' code multiplies on the left)."""
 
-    def __init__(self, dim: int, lambda_reg: float = 1e-7, precondition: bool = True, bias: bool = False,
-                 *, device=None, dtype=None):
+    def __init__(
+        self,
+        dim: int,
+        lambda_reg: float = 1e-7,
+        precondition: bool = True,
+        bias: bool = False,
+        *,
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         if not (isinstance(dim, int) and dim >= 1):
             raise CondRegError(f"ImmunizationHead: dim must be a positive int, got {dim!r}", "dim")

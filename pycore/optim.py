@@ -1,9 +1,10 @@
 """Update rules on float64 arrays: GD, Adam, and damped Newton for the smooth strictly convex
-problems of :mod:`pycore.losses` and :mod:`pycore.attacks`.  GD and Adam refuse a non-finite state or
-iterate (an overflowing gradient would make Adam's every later step 0) with a
-:class:`pycore.validation.DivergenceError` naming ``blame``: a parameter, or ``{name: gradient term}``
-whose largest term is named (:func:`largest_term`).
+problems of :mod:`pycore.losses` and :mod:`pycore.attacks`.  GD and Adam refuse a non-finite state
+or iterate (an overflowing gradient would make Adam's every later step 0) with a
+:class:`pycore.validation.DivergenceError` naming ``blame``: a parameter, or ``{name: gradient
+term}`` whose largest term is named (:func:`largest_term`).
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -21,8 +22,10 @@ def _diverged(what: str, name: str, t: int, g: np.ndarray, blame) -> DivergenceE
     with np.errstate(all="ignore"):
         gmax = float(np.max(np.abs(g))) if g.size else 0.0
     hint = f"; lower {parameter}" if parameter else ""
-    return DivergenceError(f"{what} for {name} became non-finite at step {t} "
-                           f"(max |gradient| {gmax:.3e}){hint}", parameter=parameter)
+    return DivergenceError(
+        f"{what} for {name} became non-finite at step {t} (max |gradient| {gmax:.3e}){hint}",
+        parameter=parameter,
+    )
 
 
 class GD:
@@ -44,8 +47,14 @@ class GD:
 class Adam:
     """Adam (Kingma & Ba 2015) with bias correction, the paper's optimizer (Appendix C.2)."""
 
-    def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, *,
-                 name: str = "x"):
+    def __init__(
+        self,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        *,
+        name: str = "x",
+    ):
         self.lr = check_number(lr, "lr", low=0.0, low_open=True)
         self.b1, self.b2 = check_betas(betas)
         self.eps = check_number(eps, "adam_eps", low=0.0, low_open=True)
@@ -60,8 +69,10 @@ class Adam:
         self.t += 1
         b1, b2 = self.b1, self.b2
         m, v, t1, t2 = self._buf
-        # m = b1·m + (1 − b1)·g, v = b2·v + (1 − b2)·g², x − lr·(m/(1 − b1ᵗ))/(√(v/(1 − b2ᵗ)) + ε) in
-        # that order, into preallocated arrays (at D = 784 temporaries cost more than the arithmetic)
+        # m = b1·m + (1 − b1)·g, v = b2·v + (1 − b2)·g², x − lr·(m/(1 − b1ᵗ))/(√(v/(1 − b2ᵗ)) + ε)
+        # in
+        # that order, into preallocated arrays (at D = 784 temporaries cost more than the
+        # arithmetic)
         with np.errstate(over="ignore", invalid="ignore"):
             np.multiply(self.m, b1, out=m)
             np.multiply(g, 1 - b1, out=t1)
@@ -88,7 +99,8 @@ class Adam:
 
 
 def all_finite(a: np.ndarray) -> bool:
-    """``np.all(np.isfinite(a))`` without the boolean temporary: a finite sum means finite entries."""
+    """``np.all(np.isfinite(a))`` without the boolean temporary: a finite sum means finite
+    entries."""
     with np.errstate(over="ignore", invalid="ignore"):
         s = a.sum()
     return bool(np.isfinite(s)) or bool(np.isfinite(a).all())
@@ -98,41 +110,63 @@ def all_finite(a: np.ndarray) -> bool:
 FEATURE_LIMIT = 1e150
 
 
-def check_scale(x: np.ndarray, x_norm: float, where: str, optimizer: str, lr: float, blame) -> None:
+def check_scale(
+    x: np.ndarray, x_norm: float, where: str, optimizer: str, lr: float, blame
+) -> None:
     """:class:`DivergenceError` if ``|X x| ≤ x_norm·max|x|`` (``x_norm = max_i ‖X_i‖₁``) can exceed
-    :data:`FEATURE_LIMIT`, blaming lr under Adam (every step is ~lr long), else :func:`largest_term`."""
+    :data:`FEATURE_LIMIT`, blaming lr under Adam (every step is ~lr long), else
+    :func:`largest_term`."""
     x_max = max(float(x.max()), -float(x.min()))  # max |x| without the |x| temporary
     if not x_max * x_norm < FEATURE_LIMIT:
-        parameter = "lr" if optimizer == "adam" else (
-            largest_term(lr, **blame) if isinstance(blame, dict) else blame)
-        raise DivergenceError(f"{where}: θ diverged (max |θ| {x_max:.3e}: the features Xθ overflow float64); "
-                              f"lower {parameter}", parameter=parameter)
+        parameter = (
+            "lr"
+            if optimizer == "adam"
+            else (largest_term(lr, **blame) if isinstance(blame, dict) else blame)
+        )
+        raise DivergenceError(
+            f"{where}: θ diverged (max |θ| {x_max:.3e}: the features Xθ overflow float64); "
+            f"lower {parameter}",
+            parameter=parameter,
+        )
 
 
 def largest_term(step: float | None = None, **terms) -> str:
     """Name of the largest term (max |entry|; NaN counts as inf) of a divergent gradient, e.g.
-    ``largest_term(lr=loss_grad, lambda_h=reg_term)``; ``"lr"`` when a GD ``step`` outweighs all."""
+    ``largest_term(lr=loss_grad, lambda_h=reg_term)``; ``"lr"`` when a GD ``step`` outweighs
+    all."""
+
     def size(a):
         with np.errstate(invalid="ignore"):
             return -1.0 if a is None else float(np.nan_to_num(np.max(np.abs(a)), nan=np.inf))
+
     sizes = {k: size(a) for k, a in terms.items()}
     name = max(sizes, key=sizes.get)
     return "lr" if step is not None and step > sizes[name] else name
 
 
-def make_optimizer(name: str, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, *, param: str = "x"):
+def make_optimizer(
+    name: str, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, *, param: str = "x"
+):
     """``"adam"`` or ``"gd"`` for the parameter called ``param`` (named in divergence errors)."""
     if check_choice(name, "optimizer", OPTIMIZERS) == "adam":
         return Adam(lr, betas, eps, name=param)
     return GD(lr, name=param)
 
 
-def damped_newton(value_grad: Callable, value: Callable, hessian: Callable, w0: np.ndarray, *,
-                  tol: float, max_iter: int,
-                  callback: Callable[[np.ndarray], bool] | None = None) -> tuple[np.ndarray, dict]:
-    """Damped Newton: Cholesky solve of ``hessian(w)`` (positive definite: the callers add a ridge),
-    Armijo backtracking (c = 1e-4, halving), until ``‖∇f‖ ≤ tol·max(1, ‖∇f(w₀)‖)``, the float64 floor,
-    ``max_iter`` or ``callback(w)``; ``(w, {"iterations", "grad_norm", "message"})``."""
+def damped_newton(
+    value_grad: Callable,
+    value: Callable,
+    hessian: Callable,
+    w0: np.ndarray,
+    *,
+    tol: float,
+    max_iter: int,
+    callback: Callable[[np.ndarray], bool] | None = None,
+) -> tuple[np.ndarray, dict]:
+    """Damped Newton: Cholesky solve of ``hessian(w)`` (positive definite: the callers add a
+    ridge), Armijo backtracking (c = 1e-4, halving), until ``‖∇f‖ ≤ tol·max(1, ‖∇f(w₀)‖)``, the
+    float64 floor, ``max_iter`` or ``callback(w)``; ``(w, {"iterations", "grad_norm",
+    "message"})``."""
     w = w0.copy()
     f, g = value_grad(w)
     g0 = max(1.0, float(np.linalg.norm(g)))

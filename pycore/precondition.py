@@ -2,6 +2,7 @@
 ``"exact"`` K⁻¹ → ``2θG``; ``"pinv"`` K⁺ → ``2ΠθG``, Π the projector on range(K) (K is singular on
 real data); ``"ridge"`` the authors' ``(K+λI)⁻¹`` (:func:`ridge_factor`); ``"none"`` ``2KθG``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,9 @@ from pycore.validation import as_float_matrix, check_choice, check_number
 PRECONDITIONERS = ("exact", "pinv", "ridge", "none")
 
 
-def precondition(theta: np.ndarray, G: np.ndarray, K: np.ndarray, mode: str = "exact",
-                 ridge: float = 0.0) -> np.ndarray:
+def precondition(
+    theta: np.ndarray, G: np.ndarray, K: np.ndarray, mode: str = "exact", ridge: float = 0.0
+) -> np.ndarray:
     """Direction of the Algorithm-1 regularizer step for ``∇_θR = 2KθG`` (docs/theory.md §4)."""
     return Preconditioner(K, mode, ridge)(theta, G)
 
@@ -28,9 +30,10 @@ def range_basis(K, rtol: float | None = None) -> np.ndarray:
 
 
 def ridge_factor(K, ridge: float, X=None) -> tuple[np.ndarray, np.ndarray]:
-    """``(Q_r, f)``, ``(K+λI)⁻¹K = Q_r diag(f) Q_rᵀ`` over K's nonzero eigenvalues μ, ``f = μ/(μ+λ)``
-    (from the SVD of ``X``, K = XᵀX, when N < D): exactly zero on null(K), where a Cholesky solve
-    divides round-off by λ and Adam carries the noise into the range (docs/design.md §7)."""
+    """``(Q_r, f)``, ``(K+λI)⁻¹K = Q_r diag(f) Q_rᵀ`` over K's nonzero eigenvalues μ, ``f =
+    μ/(μ+λ)`` (from the SVD of ``X``, K = XᵀX, when N < D): exactly zero on null(K), where a
+    Cholesky solve divides round-off by λ and Adam carries the noise into the range (docs/design.md
+    §7)."""
     check_number(ridge, "ridge", low=0.0, low_open=True)
     if X is not None and X.shape[0] < X.shape[1]:
         _, sv, Vt = np.linalg.svd(X, full_matrices=False)
@@ -44,7 +47,9 @@ def ridge_factor(K, ridge: float, X=None) -> tuple[np.ndarray, np.ndarray]:
     return Q, mu / (mu + ridge)
 
 
-def preconditioned_grad_theta(theta, K, kind: str, *, mode: str = "exact", ridge: float = 0.0) -> np.ndarray:
+def preconditioned_grad_theta(
+    theta, K, kind: str, *, mode: str = "exact", ridge: float = 0.0
+) -> np.ndarray:
     """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6."""
     K = as_float_matrix(K, "K")
     _, reg = grad_theta_and_regularizer(theta, K, kind)
@@ -52,16 +57,18 @@ def preconditioned_grad_theta(theta, K, kind: str, *, mode: str = "exact", ridge
 
 
 def G_parts(reg, D):
-    """(a, b, v) with ``G = a·vvᵀ − b·H``: R_well a = σ₁, b = 1/D; R_ill a = σ_k/d², b = 1/(k d²)."""
+    """(a, b, v) with ``G = a·vvᵀ − b·H``: R_well a = σ₁, b = 1/D; R_ill a = σ_k/d², b = 1/(k
+    d²)."""
     lam = reg.info.sigma
     if reg.kind == "well":
         return lam[0], 1.0 / D, reg.vector(0)
-    k, d2 = reg.info.rank, reg.d ** 2
+    k, d2 = reg.info.rank, reg.d**2
     return lam[k - 1] / d2, 1.0 / (k * d2), reg.vector(k - 1)
 
 
 def theta_G(theta, reg, Z):
-    """θG for ``G = ∇_H R(H)``, ``H = ZᵀZ``; when N < D ``θG = a(θv)vᵀ − b(θZᵀ)Z`` (:func:`G_parts`)."""
+    """θG for ``G = ∇_H R(H)``, ``H = ZᵀZ``; when N < D ``θG = a(θv)vᵀ − b(θZᵀ)Z``
+    (:func:`G_parts`)."""
     N, D = Z.shape
     if N >= D and reg.G is not None:
         return theta @ reg.G
@@ -88,7 +95,7 @@ class Preconditioner:
             self.factor = ridge_factor(K, ridge, X)
 
     def __call__(self, theta, G):
-        return self.apply_theta_G(theta @ G)   # 2(θG) and (2θ)G are the same bits: ×2 is exact
+        return self.apply_theta_G(theta @ G)  # 2(θG) and (2θ)G are the same bits: ×2 is exact
 
     def direction(self, theta, reg, Z):
         """Step direction ``K⁺∇_θR = 2ΠθG`` (or the other modes), ``Z = Xθ``; pinv with N < D:
@@ -99,7 +106,7 @@ class Preconditioner:
         a, b, v = G_parts(reg, Z.shape[1])
         return 2.0 * self.factor @ (a * np.outer(T @ v, v) - b * ((T @ Z.T) @ Z))
 
-    def apply_theta_G(self, M):   # given M = θG
+    def apply_theta_G(self, M):  # given M = θG
         if self.mode == "exact":
             return 2.0 * M
         if self.mode == "pinv":
@@ -108,4 +115,3 @@ class Preconditioner:
             Q, f = self.factor
             return 2.0 * Q @ (f[:, None] * (Q.T @ M))
         return 2.0 * self.K @ M
-

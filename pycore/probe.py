@@ -1,10 +1,12 @@
-"""Linear probing of frozen features ``Z = Xθ``: the paper's prober and the problem every attacker solves.
+"""Linear probing of frozen features ``Z = Xθ``: the paper's prober and the problem every attacker
+solves.
 
-:func:`gd_exact_line_search` is Figure 1 (Eq. (16); docs/theory.md §8): GD with exact line search on
-``‖Zw − Y‖²`` from w₀ = 0.  :func:`make_problem` builds the :class:`ProbingProblem` of
+:func:`gd_exact_line_search` is Figure 1 (Eq. (16); docs/theory.md §8): GD with exact line search
+on ``‖Zw − Y‖²`` from w₀ = 0.  :func:`make_problem` builds the :class:`ProbingProblem` of
 :mod:`pycore.attacks`: the HALVED ``½‖Zw − y‖²`` (Hessian ``ZᵀZ = H(θ)``), or the summed BCE plus
 ``(λ/2)‖w‖²``, ``λ = ridge_rel·‖Z‖₂²/4`` (separable digits need it; θ → cθ changes nothing).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -17,23 +19,30 @@ import scipy.special
 from pycore.optim import damped_newton
 from pycore.spectral import rank_tolerance
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, as_float_matrix, as_target, check_choice, check_number
+from pycore.validation import (
+    ParameterError,
+    as_float_matrix,
+    as_target,
+    check_choice,
+    check_number,
+)
 
 
 LOSSES = ("lsq", "logistic")
-_LOSS_ALIASES = {"mse": "lsq", "bce": "logistic"}   # pycore.tasks.LinearTask's names
+_LOSS_ALIASES = {"mse": "lsq", "bce": "logistic"}  # pycore.tasks.LinearTask's names
 # Upper bound on the steps of one probe (3 floats a step in results.json; Figure 1 uses 100).
 MAX_PROBE_STEPS = 100_000
 
 
 @dataclass(frozen=True)
 class ProbeTrace:
-    norm_ratio: np.ndarray   # (steps+1,) ‖w_t − w*‖²/‖w_0 − w*‖²
-    step_sizes: np.ndarray   # (steps,) exact line-search α_t
+    norm_ratio: np.ndarray  # (steps+1,) ‖w_t − w*‖²/‖w_0 − w*‖²
+    step_sizes: np.ndarray  # (steps,) exact line-search α_t
 
 
-def exact_line_search_steps(Z: np.ndarray, Y: np.ndarray, w: np.ndarray, *,
-                            g_floor: float = 0.0) -> Iterator[tuple[np.ndarray, np.ndarray, float]]:
+def exact_line_search_steps(
+    Z: np.ndarray, Y: np.ndarray, w: np.ndarray, *, g_floor: float = 0.0
+) -> Iterator[tuple[np.ndarray, np.ndarray, float]]:
     """GD with exact line search on ``½‖Zw − Y‖²`` from ``w``, the ONE loop (Figure 1 and the
     ``gd_exact`` attacker): yields ``(w_{t+1}, E_{t+1}, α_t)``, ``g = ZᵀE``, ``α = gᵀg/‖Zg‖²``, the
     residual ``E = Zw − Y`` by recurrence; stops once ``‖g‖ ≤ g_floor`` or ``Zg = 0``."""
@@ -58,12 +67,12 @@ def gd_exact_line_search(Z, Y, steps: int) -> ProbeTrace:
     check_number(steps, "steps", low=0, high=MAX_PROBE_STEPS, integer=True)
     w = np.zeros((Z.shape[1], Y.shape[1]))
     w_star = np.linalg.lstsq(Z, Y, rcond=None)[0]
-    e0 = float(np.sum(w_star ** 2))
+    e0 = float(np.sum(w_star**2))
     scale = e0 if e0 > 0 else 1.0
     g_floor = 0.5 * (1e-14 * max(float(np.linalg.norm(2 * Z.T @ Y)), 1e-300))
     ratios, alphas = [e0 / scale], []
     for w, _, alpha in itertools.islice(exact_line_search_steps(Z, Y, w, g_floor=g_floor), steps):
-        alphas.append(0.5 * alpha)   # the step along the un-halved gradient 2ZᵀE
+        alphas.append(0.5 * alpha)  # the step along the un-halved gradient 2ZᵀE
         ratios.append(float(np.sum((w - w_star) ** 2)) / scale)
     pad = steps - len(alphas)
     return ProbeTrace(np.array(ratios + ratios[-1:] * pad), np.array(alphas + [0.0] * pad))
@@ -71,8 +80,8 @@ def gd_exact_line_search(Z, Y, steps: int) -> ProbeTrace:
 
 @dataclass(frozen=True, eq=False)
 class ProbingProblem:
-    """``min_w L(w)``: ``w*``, ``L*``, smoothness L, ``strong_convexity`` μ on ``range(Zᵀ)``, ``rank``,
-    singular values, ``r_star = Zw* − y`` (lsq)."""
+    """``min_w L(w)``: ``w*``, ``L*``, smoothness L, ``strong_convexity`` μ on ``range(Zᵀ)``,
+    ``rank``, singular values, ``r_star = Zw* − y`` (lsq)."""
 
     Z: np.ndarray
     y: np.ndarray
@@ -96,7 +105,7 @@ class ProbingProblem:
         return self.Z.shape[1]
 
     @property
-    def kappa(self) -> float:   # L/μ; least squares: κ(ZᵀZ) over the nonzero spectrum
+    def kappa(self) -> float:  # L/μ; least squares: κ(ZᵀZ) over the nonzero spectrum
         return self.smoothness / self.strong_convexity
 
     @property
@@ -112,9 +121,15 @@ class ProbingProblem:
         if self.loss == "lsq":
             r = z - yw
             e = r - self.r_star
-            return 0.5 * float(r @ r) + self.const, Zw.T @ r, 0.5 * float(e @ e) + float(self.r_star @ e)
+            return (
+                0.5 * float(r @ r) + self.const,
+                Zw.T @ r,
+                0.5 * float(e @ e) + float(self.r_star @ e),
+            )
         yy = yw[:, None] if w.ndim == 2 else yw
-        f = np.sum(np.logaddexp(0.0, z) - yy * z, axis=0) + 0.5 * self.ridge * np.sum(w * w, axis=0)
+        f = np.sum(np.logaddexp(0.0, z) - yy * z, axis=0) + 0.5 * self.ridge * np.sum(
+            w * w, axis=0
+        )
         return f, self.Z.T @ (scipy.special.expit(z) - yy) + self.ridge * w, f - self.L_star
 
     def value_grad(self, w: np.ndarray):
@@ -133,11 +148,18 @@ class ProbingProblem:
 
 
 @bounded_blas
-def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
-                 newton_tol: float = 1e-13, max_newton: int = 200) -> ProbingProblem:
-    """Validate ``(Z, y)`` (labels {0, 1} for ``"logistic"``/``"bce"``) and compute ``w*`` (lsq: minimum
-    norm; logistic: damped Newton), ``L*``, L and μ, the smallest NONZERO eigenvalue (logistic: at
-    w*, the defender's worst case; rank rule of docs/theory.md §2)."""
+def make_problem(
+    Z,
+    y,
+    loss: str = "lsq",
+    *,
+    ridge_rel: float = 1e-4,
+    newton_tol: float = 1e-13,
+    max_newton: int = 200,
+) -> ProbingProblem:
+    """Validate ``(Z, y)`` (labels {0, 1} for ``"logistic"``/``"bce"``) and compute ``w*`` (lsq:
+    minimum norm; logistic: damped Newton), ``L*``, L and μ, the smallest NONZERO eigenvalue
+    (logistic: at w*, the defender's worst case; rank rule of docs/theory.md §2)."""
     loss = _LOSS_ALIASES.get(loss, loss)
     check_choice(loss, "loss", LOSSES)
     check_number(ridge_rel, "ridge_rel", low=0.0)
@@ -146,7 +168,9 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
     Z = as_float_matrix(Z, "Z")
     y = np.asarray(y)[:, 0] if np.ndim(y) == 2 and np.shape(y)[1] == 1 else np.asarray(y)
     if y.ndim != 1 or y.shape[0] != Z.shape[0]:
-        raise ParameterError("y", f"y must have shape ({Z.shape[0]},) or ({Z.shape[0]}, 1), got {y.shape}")
+        raise ParameterError(
+            "y", f"y must have shape ({Z.shape[0]},) or ({Z.shape[0]}, 1), got {y.shape}"
+        )
     y = as_float_matrix(y, "y", ndim=1)
     N, D = Z.shape
     U, sigma, Vt = np.linalg.svd(Z, full_matrices=False)
@@ -154,9 +178,9 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
     rank = int(np.sum(sigma > tol))
     if rank == 0:
         raise ParameterError("Z", "Z is (numerically) zero: there is nothing to probe")
-    Q = Vt[:rank].T                                   # orthonormal basis of range(Zᵀ)
+    Q = Vt[:rank].T  # orthonormal basis of range(Zᵀ)
     if loss == "lsq":
-        w_star = Q @ ((U[:, :rank].T @ y) / sigma[:rank])     # min-norm lstsq through the SVD
+        w_star = Q @ ((U[:, :rank].T @ y) / sigma[:rank])  # min-norm lstsq through the SVD
         Zw, yw, const = None, None, 0.0
         if N > D:
             Qz, R = np.linalg.qr(Z)
@@ -166,19 +190,52 @@ def make_problem(Z, y, loss: str = "lsq", *, ridge_rel: float = 1e-4,
             r_star = R @ w_star - yw
         else:
             r_star = Z @ w_star - y
-        return ProbingProblem(Z, y, loss, 0.0, w_star, 0.5 * float(r_star @ r_star) + const,
-                              float(sigma[0] ** 2), float(sigma[rank - 1] ** 2), rank, sigma,
-                              r_star=r_star, info={"rank_tol": float(tol)}, Zw=Zw, yw=yw, const=const)
+        return ProbingProblem(
+            Z,
+            y,
+            loss,
+            0.0,
+            w_star,
+            0.5 * float(r_star @ r_star) + const,
+            float(sigma[0] ** 2),
+            float(sigma[rank - 1] ** 2),
+            rank,
+            sigma,
+            r_star=r_star,
+            info={"rank_tol": float(tol)},
+            Zw=Zw,
+            yw=yw,
+            const=const,
+        )
     if not np.all((y == 0.0) | (y == 1.0)):
         raise ParameterError("y", "logistic loss needs labels y in {0, 1}")
     if not ridge_rel > 0.0:
-        raise ParameterError("ridge_rel", f"ridge_rel must be > 0 for the logistic loss (separable data "
-                                          f"has no minimiser without it), got {ridge_rel}")
+        raise ParameterError(
+            "ridge_rel",
+            f"ridge_rel must be > 0 for the logistic loss (separable data "
+            f"has no minimiser without it), got {ridge_rel}",
+        )
     lam = float(ridge_rel * sigma[0] ** 2 / 4.0)
     proto = ProbingProblem(Z, y, loss, lam, np.zeros(D), 0.0, 0.0, 1.0, rank, sigma)
-    w_star, newton_info = damped_newton(proto.value_grad, proto.value, proto.hessian, np.zeros(D),
-                                        tol=newton_tol, max_iter=max_newton)
+    w_star, newton_info = damped_newton(
+        proto.value_grad,
+        proto.value,
+        proto.hessian,
+        np.zeros(D),
+        tol=newton_tol,
+        max_iter=max_newton,
+    )
     mu = float(np.linalg.eigvalsh(Q.T @ proto.hessian(w_star) @ Q)[0])
-    return ProbingProblem(Z, y, loss, lam, w_star, float(proto.value(w_star)), float(sigma[0] ** 2 / 4 + lam),
-                          mu, rank, sigma, info={"rank_tol": float(tol), "ridge_rel": ridge_rel,
-                                                 "reference_newton": newton_info})
+    return ProbingProblem(
+        Z,
+        y,
+        loss,
+        lam,
+        w_star,
+        float(proto.value(w_star)),
+        float(sigma[0] ** 2 / 4 + lam),
+        mu,
+        rank,
+        sigma,
+        info={"rank_tol": float(tol), "ridge_rel": ridge_rel, "reference_newton": newton_info},
+    )

@@ -1,7 +1,9 @@
 """Condition-number regularizers R_well and R_ill (docs/theory.md §3), their gradients through θ
 (§4, ``∇_θR = 2KθG``, Theorem 4.2) and step-size bounds (§5, corrected): ``‖S‖_F`` and ONE extreme
-singular pair, never a derivative of an eigendecomposition; a (near-)tie there is a :class:`TieWarning`.
+singular pair, never a derivative of an eigendecomposition; a (near-)tie there is a
+:class:`TieWarning`.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -9,9 +11,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pycore.spectral import (EPS, SpectrumError, SpectrumInfo, SymmetricEigen, _scale_of, _summarise,
-                             check_symmetric, rank_tolerance, singular_parts)
-from pycore.validation import ParameterError, as_float_matrix, check_choice, check_number, check_theta
+from pycore.spectral import (
+    EPS,
+    SpectrumError,
+    SpectrumInfo,
+    SymmetricEigen,
+    _scale_of,
+    _summarise,
+    check_symmetric,
+    rank_tolerance,
+    singular_parts,
+)
+from pycore.validation import (
+    ParameterError,
+    as_float_matrix,
+    check_choice,
+    check_number,
+    check_theta,
+)
 
 KINDS = ("ill", "well")
 
@@ -22,7 +39,7 @@ class TieWarning(RuntimeWarning):
 
 class _Tie:
     @property
-    def tie(self) -> bool:   # at the singular pair the gradient uses
+    def tie(self) -> bool:  # at the singular pair the gradient uses
         return self.info.tie_min if self.kind == "ill" else self.info.tie_max
 
 
@@ -38,12 +55,15 @@ class RegularizerEval(_Tie):
 
 
 def _r_ill_denominator(sigma: np.ndarray, k: int, fro2: float) -> float:
-    """d = ‖S‖_F²/(2k) − σ_k²/2, or a :class:`SpectrumError` where d = 0 (to round-off): the k nonzero
-    singular values are equal (κ = 1, rank 1 included; docs/theory.md §5, Thm 4.1(1))."""
+    """d = ‖S‖_F²/(2k) − σ_k²/2, or a :class:`SpectrumError` where d = 0 (to round-off): the k
+    nonzero singular values are equal (κ = 1, rank 1 included; docs/theory.md §5, Thm 4.1(1))."""
     d = fro2 / (2 * k) - 0.5 * sigma[k - 1] ** 2
     if k < 2 or d <= 4 * k * EPS * sigma[0] ** 2:
-        raise SpectrumError(f"R_ill is undefined: the {k} nonzero singular value(s) are all equal (κ = 1"
-                            + (", rank 1" if k == 1 else "") + "); it needs two distinct ones")
+        raise SpectrumError(
+            f"R_ill is undefined: the {k} nonzero singular value(s) are all equal (κ = 1"
+            + (", rank 1" if k == 1 else "")
+            + "); it needs two distinct ones"
+        )
     return float(d)
 
 
@@ -52,18 +72,28 @@ def _unscaled(x, c: float, power: int, what: str):
     with np.errstate(all="ignore"):
         y = x * np.float64(c) ** power
     if not np.all(np.isfinite(y)) or (np.ndim(x) == 0 and x != 0 and y == 0):
-        raise SpectrumError(f"{what} of S is outside float64's range (max|S| = {c:.3e}); rescale S")
+        raise SpectrumError(
+            f"{what} of S is outside float64's range (max|S| = {c:.3e}); rescale S"
+        )
     return y
 
 
-def evaluate(S, kind: str, *, grad: bool = True, rtol: float | None = None, p: int | None = None,
-             warn_tie: bool = True) -> RegularizerEval:
-    """R_ill or R_well of a general matrix ``S`` and its gradient (docs/theory.md §3); ``p`` overrides
-    R_well's normaliser ``min(S.shape)``.  Entries near the float64 limits are handled on S/max|S|."""
+def evaluate(
+    S,
+    kind: str,
+    *,
+    grad: bool = True,
+    rtol: float | None = None,
+    p: int | None = None,
+    warn_tie: bool = True,
+) -> RegularizerEval:
+    """R_ill or R_well of a general matrix ``S`` and its gradient (docs/theory.md §3); ``p``
+    overrides R_well's normaliser ``min(S.shape)``.  Entries near the float64 limits are handled on
+    S/max|S|."""
     check_choice(kind, "kind", KINDS)
     S = as_float_matrix(S, "S")
     check_number(p, "p", low=1, integer=True, none_ok=True)
-    c = _scale_of(S, 1e75) or 1.0   # R_ill's gradient divides by d² ~ σ⁴; ×1.0 changes no bit
+    c = _scale_of(S, 1e75) or 1.0  # R_ill's gradient divides by d² ~ σ⁴; ×1.0 changes no bit
     Ss = S / c if c != 1.0 else S
     sigma, U, V = singular_parts(Ss)
     info = _summarise(_unscaled(sigma, c, 1, "a singular value"), S.shape, rtol, V, what="S")
@@ -83,8 +113,12 @@ def evaluate(S, kind: str, *, grad: bool = True, rtol: float | None = None, p: i
     out = RegularizerEval(kind, float(value), G, info, d)
     if grad and warn_tie and out.tie:
         gap, where = (info.gap_min, "σ_min") if kind == "ill" else (info.gap_max, "σ_max")
-        warnings.warn(f"R_{kind} gradient at a (near-)tie: {where} is repeated (gap {gap:.3e}, σ_max "
-                      f"{info.sigma_max:.3e}); the gradient is not defined there", TieWarning, stacklevel=3)
+        warnings.warn(
+            f"R_{kind} gradient at a (near-)tie: {where} is repeated (gap {gap:.3e}, σ_max "
+            f"{info.sigma_max:.3e}); the gradient is not defined there",
+            TieWarning,
+            stacklevel=3,
+        )
     return out
 
 
@@ -114,25 +148,30 @@ class HessianRegularizer(_Tie):
 
     kind: str
     value: float
-    G: np.ndarray          # symmetric D×D
+    G: np.ndarray  # symmetric D×D
     H: np.ndarray
-    info: SpectrumInfo     # eigenvalues of H (descending); vectors not stored
+    info: SpectrumInfo  # eigenvalues of H (descending); vectors not stored
     d: float | None
     _vectors: dict = None  # descending index -> unit eigenvector, filled lazily
     _eig: SymmetricEigen | None = None  # H's tridiagonal reduction, for further vectors
 
     def vector(self, i: int) -> np.ndarray:
-        """Eigenvector of H for the i-th largest eigenvalue (bit-for-bit one ``evr`` subset call on H)."""
+        """Eigenvector of H for the i-th largest eigenvalue (bit-for-bit one ``evr`` subset
+        call on H)."""
         if i not in self._vectors:
-            if self._eig is None:   # N < D: the two extreme vectors are all there is
-                raise ValueError(f"eigenvector {i} of H was not kept (N < D keeps the extreme two)")
-            self._vectors[i] = _zero_on_dead_features(self._eig.vector(self.info.sigma.size - 1 - i), self.H)
+            if self._eig is None:  # N < D: the two extreme vectors are all there is
+                raise ValueError(
+                    f"eigenvector {i} of H was not kept (N < D keeps the extreme two)"
+                )
+            self._vectors[i] = _zero_on_dead_features(
+                self._eig.vector(self.info.sigma.size - 1 - i), self.H
+            )
         return self._vectors[i]
 
 
 def _zero_on_dead_features(v: np.ndarray, H: np.ndarray) -> np.ndarray:
-    """``v`` with ``v_j = 0`` exactly where ``H_jj = 0`` (e_j ∈ null(H)), renormalised: LAPACK's ~1e-17
-    there became full-size Adam steps of kernel-dependent sign (docs/design.md §7)."""
+    """``v`` with ``v_j = 0`` exactly where ``H_jj = 0`` (e_j ∈ null(H)), renormalised: LAPACK's
+    ~1e-17 there became full-size Adam steps of kernel-dependent sign (docs/design.md §7)."""
     dead = np.diagonal(H) == 0
     if dead.any() and not dead.all():
         v = v.copy()
@@ -141,18 +180,21 @@ def _zero_on_dead_features(v: np.ndarray, H: np.ndarray) -> np.ndarray:
     return v
 
 
-def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
-                        matrices: bool = True) -> HessianRegularizer:
-    """R_kind(ZᵀZ) and ``G = ∇_H R``, the immunizers' in-loop path (Theorem 4.2: R_well with p = D).
+def hessian_regularizer(
+    Z, kind: str, *, rtol: float | None = None, matrices: bool = True
+) -> HessianRegularizer:
+    """R_kind(ZᵀZ) and ``G = ∇_H R``, the immunizers' in-loop path (Theorem 4.2: R_well with p =
+    D).
 
     N < D (MNIST): the spectrum of the N×N ``ZZᵀ`` (``v = Zᵀu/√λ``), both extreme vectors kept, and
     ``matrices=False`` skips the D×D ``H`` and ``G``.  Otherwise one reduction of H
-    (:class:`pycore.spectral.SymmetricEigen`): 3-7× cheaper than the SVD of Z and exact enough for the
+    (:class:`pycore.spectral.SymmetricEigen`): 3-7× cheaper than the SVD of Z and exact enough for
+    the
     gradient (λ_min to ``eps·κ(H)``).  Exact metrics use ``gram_spectrum``."""
     check_choice(kind, "kind", KINDS)
     Z = as_float_matrix(Z, "Z")
     N, D = Z.shape
-    U = None                       # eigenvectors of ZZᵀ (N < D), descending
+    U = None  # eigenvectors of ZZᵀ (N < D), descending
     matrices = matrices or N >= D  # the D×D path needs H anyway
     H = Z.T @ Z if matrices else None
     if N < D:
@@ -185,7 +227,9 @@ def hessian_regularizer(Z, kind: str, *, rtol: float | None = None,
     if U is not None:  # both extreme vectors are free here (Opt κ needs them)
         vectors.setdefault(0, vec(0))
         vectors.setdefault(k - 1, vec(k - 1))
-    return HessianRegularizer(kind, float(value), G, H, info, d, vectors, None if U is not None else eig)
+    return HessianRegularizer(
+        kind, float(value), G, H, info, d, vectors, None if U is not None else eig
+    )
 
 
 def grad_theta_and_regularizer(theta, K, kind: str):
@@ -195,7 +239,9 @@ def grad_theta_and_regularizer(theta, K, kind: str):
     theta = check_theta(theta, K.shape[0])
     w, Q = np.linalg.eigh(Ks)
     if w[0] < -1e3 * EPS * max(abs(w[-1]), 1.0):
-        raise ParameterError("K", f"K must be positive semi-definite (smallest eigenvalue {w[0]:.3e})")
+        raise ParameterError(
+            "K", f"K must be positive semi-definite (smallest eigenvalue {w[0]:.3e})"
+        )
     # Z with ZᵀZ = θᵀKθ from a symmetric square root of K (the SVD route of gram_spectrum); K's
     # round-off eigenvalues are zeroed first, or √(1e-16·λ_max) would be spurious singular values.
     w = np.where(w > rank_tolerance(max(w[-1], 0.0), K.shape), w, 0.0)
@@ -213,7 +259,8 @@ def r_ill_grad_theta(theta, K) -> np.ndarray:
     return grad_theta_and_regularizer(theta, K, "ill")[0]
 
 
-# Safe step sizes (docs/theory.md §5, corrected) for certified mode, of a matrix or its SpectrumInfo
+# Safe step sizes (docs/theory.md §5, corrected) for certified mode, of a matrix or its
+# SpectrumInfo
 def _spec(x, symmetric_name: str | None = None) -> SpectrumInfo:
     if isinstance(x, SpectrumInfo):
         return x
@@ -227,7 +274,7 @@ def r_well_step_bound(S, p: int | None = None) -> float:
     info = _spec(S)
     p = (info.sigma.size if isinstance(S, SpectrumInfo) else min(np.shape(S))) if p is None else p
     s, k = info.sigma, info.rank
-    if k < 2 or info.tie_max:   # κ = 1 cannot drop; at a σ₁ tie σ₂ stays the maximum
+    if k < 2 or info.tie_max:  # κ = 1 cannot drop; at a σ₁ tie σ₂ stays the maximum
         return 0.0
     rho = s[1] * s[k - 1] / s[0] ** 2
     return float((1 - rho) / (1 - (1 - rho) / p))

@@ -1,4 +1,5 @@
 """Results plumbing: summaries, table numbers, provenance, strict JSON, progress bar, figures."""
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,15 @@ import numpy as np
 
 # The one label table of the methods (linear, deep, and the deep tables' reference row "init").
 METHOD_LABELS = {
-    "init": "Init. θ₀", "identity": "Identity", "r_ill_only": "R_ill only", "imma": "IMMA",
-    "opt_kappa": "Opt κ", "opt_kappa_balanced": "Opt κ (balanced)", "ours": "Ours (Alg. 1)",
-    "closed_form": "Closed form (docs/theory.md §10)"}
+    "init": "Init. θ₀",
+    "identity": "Identity",
+    "r_ill_only": "R_ill only",
+    "imma": "IMMA",
+    "opt_kappa": "Opt κ",
+    "opt_kappa_balanced": "Opt κ (balanced)",
+    "ours": "Ours (Alg. 1)",
+    "closed_form": "Closed form (docs/theory.md §10)",
+}
 
 
 def summarize(values) -> dict:
@@ -46,13 +53,21 @@ def environment() -> dict:
     """Versions and the command line, recorded in every results.json."""
     import scipy
     from pycore import __version__
-    versions = {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__}
+
+    versions = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+    }
     for mod in ("torch", "timm", "pandas", "matplotlib"):
         if mod in sys.modules:
             versions[mod] = getattr(sys.modules[mod], "__version__", "?")
     versions["pycore"] = __version__
-    return {"versions": versions, "command": [Path(sys.executable).name] + sys.argv,
-            "platform": platform.platform()}
+    return {
+        "versions": versions,
+        "command": [Path(sys.executable).name] + sys.argv,
+        "platform": platform.platform(),
+    }
 
 
 # Strict JSON has no NaN or infinity, yet an infinite RIR ceiling is an answer: every results.json
@@ -61,7 +76,8 @@ NONFINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
 
 
 def to_json(obj):
-    """``obj`` as strict JSON values: NumPy → Python, paths → str, tuples → lists, non-finite → strings."""
+    """``obj`` as strict JSON values: NumPy → Python, paths → str, tuples → lists, non-finite →
+    strings."""
     if isinstance(obj, dict):
         return {(k if isinstance(k, str) else str(to_json(k))): to_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -74,7 +90,13 @@ def to_json(obj):
         return int(obj)
     if isinstance(obj, (float, np.floating)):
         x = float(obj)
-        return x if math.isfinite(x) else "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+        return (
+            x
+            if math.isfinite(x)
+            else "NaN"
+            if math.isnan(x)
+            else ("Infinity" if x > 0 else "-Infinity")
+        )
     if isinstance(obj, Path):
         return str(obj)
     if obj is None or isinstance(obj, str):
@@ -114,14 +136,17 @@ def read_json(path: Path):
 def progress(iterable=None, **kw):
     """tqdm that stays silent when stderr is not a terminal (CI, pipes)."""
     from tqdm.auto import tqdm
+
     kw.setdefault("disable", not sys.stderr.isatty())
     kw.setdefault("leave", False)
     return tqdm(iterable, **kw)
 
 
 def save_figure(fig, path: Path, dpi: int = 120, rect=None) -> None:
-    """``tight_layout`` (within ``rect``), save (creating the folder) and close: figures never pile up."""
+    """``tight_layout`` (within ``rect``), save (creating the folder) and close: figures never
+    pile up."""
     import matplotlib.pyplot as plt
+
     fig.tight_layout(rect=rect)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)

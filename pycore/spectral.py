@@ -4,6 +4,7 @@
 ``H = ZᵀZ`` goes through the SVD of ``Z`` (eigenvalues ``s²``, accurate to ``eps·√κ(H)`` where
 ``eigvalsh(H)`` resolves only ``eps·λ_max``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,7 +39,8 @@ class SpectrumError(ValueError):
 class SpectrumInfo:
     """Nonzero-spectrum summary: ``sigma`` all singular values (descending), ``rank`` of them above
     ``tol``; ``gap_max = σ₁ − σ₂``, ``gap_min = σ_{k−1} − σ_k`` (inf without a neighbour) and the
-    tie flags of docs/theory.md §3; ``vectors`` the matching right singular vectors / eigenvectors."""
+    tie flags of docs/theory.md §3; ``vectors`` the matching right singular vectors /
+    eigenvectors."""
 
     sigma: np.ndarray
     rank: int
@@ -56,16 +58,23 @@ class SpectrumInfo:
 def rank_tolerance(sigma_max: float, shape: tuple[int, ...], rtol: float | None = None) -> float:
     """Cut-off below which a singular value counts as zero: ``σ_max·max(shape)·eps``, or
     ``σ_max·rtol`` with ``rtol`` in [0, 1) (NaN would keep no value, rtol ≥ 1 would cut σ_max)."""
-    rtol = max(shape) * EPS if rtol is None else check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True)
+    rtol = (
+        max(shape) * EPS
+        if rtol is None
+        else check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True)
+    )
     return float(sigma_max) * float(rtol)
 
 
 def numerical_rank(s: np.ndarray, shape) -> int:
-    """How many of the descending singular values ``s`` of a ``shape`` matrix pass :func:`rank_tolerance`."""
+    """How many of the descending singular values ``s`` of a ``shape`` matrix pass
+    :func:`rank_tolerance`."""
     return int(np.count_nonzero(s > rank_tolerance(s[0], shape)))
 
 
-def _summarise(sigma: np.ndarray, shape, rtol, vectors=None, *, what: str = "matrix") -> SpectrumInfo:
+def _summarise(
+    sigma: np.ndarray, shape, rtol, vectors=None, *, what: str = "matrix"
+) -> SpectrumInfo:
     sigma = np.asarray(sigma, dtype=np.float64)
     smax = float(sigma[0]) if sigma.size else 0.0
     if not smax > 0.0:
@@ -75,9 +84,19 @@ def _summarise(sigma: np.ndarray, shape, rtol, vectors=None, *, what: str = "mat
     smin = float(sigma[k - 1])
     gap_max = float(sigma[0] - sigma[1]) if k >= 2 else np.inf
     gap_min = float(sigma[k - 2] - sigma[k - 1]) if k >= 2 else np.inf
-    return SpectrumInfo(sigma=sigma, rank=k, tol=tol, sigma_max=smax, sigma_min=smin, kappa=smax / smin,
-                        gap_max=gap_max, gap_min=gap_min, tie_max=bool(k >= 2 and gap_max <= TIE_RTOL * smax),
-                        tie_min=bool(k >= 2 and gap_min <= max(TIE_RTOL * smin, tol)), vectors=vectors)
+    return SpectrumInfo(
+        sigma=sigma,
+        rank=k,
+        tol=tol,
+        sigma_max=smax,
+        sigma_min=smin,
+        kappa=smax / smin,
+        gap_max=gap_max,
+        gap_min=gap_min,
+        tie_max=bool(k >= 2 and gap_max <= TIE_RTOL * smax),
+        tie_min=bool(k >= 2 and gap_min <= max(TIE_RTOL * smin, tol)),
+        vectors=vectors,
+    )
 
 
 def is_symmetric(S: np.ndarray, rtol: float = 1e3 * EPS) -> bool:
@@ -92,20 +111,25 @@ def check_symmetric(S, name: str) -> np.ndarray:
     """``½(S + Sᵀ)`` of an ``S`` symmetric within :data:`SYMMETRY_RTOL`, else a ParameterError."""
     S = as_float_matrix(S, name)
     if not is_symmetric(S, SYMMETRY_RTOL):
-        gap = f", max|{name} − {name}ᵀ| = {np.max(np.abs(S - S.T)):.3e}" if S.shape[0] == S.shape[1] else ""
+        gap = (
+            f", max|{name} − {name}ᵀ| = {np.max(np.abs(S - S.T)):.3e}"
+            if S.shape[0] == S.shape[1]
+            else ""
+        )
         raise ParameterError(name, f"{name} must be a symmetric matrix, got shape {S.shape}{gap}")
     return 0.5 * (S + S.T)
 
 
 def _scale_of(S: np.ndarray, big: float = _BIG) -> float | None:
-    """max|S| when S must be decomposed as S/max|S| (beyond ``big`` or below ``1/big``), else None."""
+    """max|S| when S must be decomposed as S/max|S| (beyond ``big`` or below ``1/big``), else
+    None."""
     scale = float(np.max(np.abs(S)))
     return scale if scale > big or 0.0 < scale < 1 / big else None
 
 
 def singular_parts(S: np.ndarray, vectors: bool = True):
-    """``(σ descending, U, V)`` of ``S`` (U, V None unless ``vectors``): ``|λ|`` from ``eigh`` when S
-    is symmetric (then ``u_i = sign(λ_i) v_i``), else the SVD."""
+    """``(σ descending, U, V)`` of ``S`` (U, V None unless ``vectors``): ``|λ|`` from ``eigh`` when
+    S is symmetric (then ``u_i = sign(λ_i) v_i``), else the SVD."""
     if is_symmetric(S):
         S = 0.5 * (S + S.T)
         if not vectors:
@@ -121,22 +145,27 @@ def singular_parts(S: np.ndarray, vectors: bool = True):
     return s, U, Vt.T
 
 
-def spectrum_info(S, *, rtol: float | None = None, vectors: bool = False, name: str = "S") -> SpectrumInfo:
+def spectrum_info(
+    S, *, rtol: float | None = None, vectors: bool = False, name: str = "S"
+) -> SpectrumInfo:
     """Singular values of ``S`` (:func:`singular_parts`), rank, ties and (``vectors``) V."""
     S = as_float_matrix(S, name)
     check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True, none_ok=True)
-    scale = _scale_of(S) or 1.0       # singular values scale exactly with S
+    scale = _scale_of(S) or 1.0  # singular values scale exactly with S
     sigma, _, V = singular_parts(S / scale if scale != 1.0 else S, vectors)
     with np.errstate(over="ignore", under="ignore"):
         unscaled = sigma * scale if scale != 1.0 else sigma
     if not np.isfinite(unscaled[0]):
-        raise SpectrumError(f"{name}'s largest singular value ({sigma[0]:.6g} × {scale:.6g}) overflows "
-                            "float64; rescale it")
+        raise SpectrumError(
+            f"{name}'s largest singular value ({sigma[0]:.6g} × {scale:.6g}) overflows "
+            "float64; rescale it"
+        )
     return _summarise(unscaled, S.shape, rtol, V, what=name)
 
 
 def condition_number(S, *, rtol: float | None = None) -> float:
-    """κ(S) = σ_max/σ_min over the nonzero spectrum (paper Eq. (1)); :class:`SpectrumError` at S = 0."""
+    """κ(S) = σ_max/σ_min over the nonzero spectrum (paper Eq. (1)); :class:`SpectrumError` at
+    S = 0."""
     return spectrum_info(S, rtol=rtol).kappa
 
 
@@ -144,9 +173,11 @@ _SQRT_MAX = float(np.sqrt(np.finfo(np.float64).max))
 _SQRT_TINY = float(np.sqrt(np.finfo(np.float64).tiny))
 
 
-def gram_spectrum(Z, *, rtol: float | None = None, vectors: bool = True, name: str = "Z") -> SpectrumInfo:
-    """Spectrum of ``H = ZᵀZ`` from the SVD of ``Z``: eigenvalues ``s²``, eigenvectors ``V``, the rank
-    cut-off applied to ``s`` with Z's shape (docs/theory.md §2)."""
+def gram_spectrum(
+    Z, *, rtol: float | None = None, vectors: bool = True, name: str = "Z"
+) -> SpectrumInfo:
+    """Spectrum of ``H = ZᵀZ`` from the SVD of ``Z``: eigenvalues ``s²``, eigenvectors ``V``, the
+    rank cut-off applied to ``s`` with Z's shape (docs/theory.md §2)."""
     Z = as_float_matrix(Z, name)
     if vectors:
         _, s, Vt = np.linalg.svd(Z, full_matrices=False)
@@ -161,26 +192,38 @@ def _gram_info(s, V, shape, rtol, name) -> SpectrumInfo:
     info_z = _summarise(s, shape, rtol, what=name)
     k = info_z.rank
     if not (s[0] < _SQRT_MAX and s[k - 1] > _SQRT_TINY):
-        raise SpectrumError(f"the singular values of {name} ({s[0]:.3e} … {s[k - 1]:.3e}) square outside "
-                            f"float64's range: the eigenvalues of {name}ᵀ{name} cannot be represented; "
-                            f"rescale {name}")
+        raise SpectrumError(
+            f"the singular values of {name} ({s[0]:.3e} … {s[k - 1]:.3e}) square outside "
+            f"float64's range: the eigenvalues of {name}ᵀ{name} cannot be represented; "
+            f"rescale {name}"
+        )
     lam = s * s
     gaps = (float(lam[0] - lam[1]), float(lam[k - 2] - lam[k - 1])) if k >= 2 else (np.inf, np.inf)
-    return SpectrumInfo(lam, k, info_z.tol ** 2, float(lam[0]), float(lam[k - 1]), float(lam[0] / lam[k - 1]),
-                        *gaps, info_z.tie_max, info_z.tie_min, V)
+    return SpectrumInfo(
+        lam,
+        k,
+        info_z.tol**2,
+        float(lam[0]),
+        float(lam[k - 1]),
+        float(lam[0] / lam[k - 1]),
+        *gaps,
+        info_z.tie_max,
+        info_z.tie_min,
+        V,
+    )
 
 
 class ProductGramSpectrum:
-    """Spectra of ``(Xθ)ᵀ(Xθ)`` for ONE X and many θ, as accurate as :func:`gram_spectrum` of ``Xθ``:
-    for tall X, ``X = QR`` once and ``Xθ = Q(Rθ)`` has the singular values of the D×D ``Rθ`` (to
-    ~eps‖X‖‖θ‖, the rounding of ``Xθ`` itself); the rank cut-off uses X's shape."""
+    """Spectra of ``(Xθ)ᵀ(Xθ)`` for ONE X and many θ, as accurate as :func:`gram_spectrum` of
+    ``Xθ``: for tall X, ``X = QR`` once and ``Xθ = Q(Rθ)`` has the singular values of the D×D
+    ``Rθ`` (to ~eps‖X‖‖θ‖, the rounding of ``Xθ`` itself); the rank cut-off uses X's shape."""
 
     def __init__(self, X, name: str = "Z"):
         X = as_float_matrix(X, "X")
         self.X, self.shape, self.name = X, X.shape, name
         self.R = np.linalg.qr(X, mode="r") if X.shape[0] > X.shape[1] else None
 
-    def __call__(self, theta: np.ndarray) -> SpectrumInfo:   # θ finite D×D, not re-validated
+    def __call__(self, theta: np.ndarray) -> SpectrumInfo:  # θ finite D×D, not re-validated
         F = self.X @ theta if self.R is None else self.R @ theta
         return _gram_info(np.linalg.svd(F, compute_uv=False), None, self.shape, None, self.name)
 
@@ -199,9 +242,10 @@ _EVR_SAFE_LOW, _EVR_SAFE_HIGH = 1e-140, 1e70
 
 class SymmetricEigen:
     """All eigenvalues of a symmetric matrix and any of its eigenvectors from ONE tridiagonal
-    reduction (``eigh(H, driver="evr")`` redoes ``dsytrd``, the O(n³) part, every call): dsyevr's own
-    LAPACK calls and workspace sizes, so ``values`` (``dsterf``, ascending) and :meth:`vector` are
-    bit-for-bit those of separate ``eigh`` calls (a test checks it).  Matrices dsyevr would rescale,
+    reduction (``eigh(H, driver="evr")`` redoes ``dsytrd``, the O(n³) part, every call): dsyevr's
+    own LAPACK calls and workspace sizes, so ``values`` (``dsterf``, ascending) and :meth:`vector`
+    are bit-for-bit those of separate ``eigh`` calls (a test checks it).  Matrices dsyevr would
+    rescale,
     size 1 or a LAPACK failure go through ``scipy.linalg.eigh`` itself."""
 
     __slots__ = ("_H", "_c", "_d", "_e", "_tau", "_lwork", "values")
@@ -226,15 +270,20 @@ class SymmetricEigen:
         """Unit eigenvector for the j-th smallest eigenvalue (0-based, ascending)."""
         if self._c is not None:
             n, lapack = self._d.size, scipy.linalg.lapack
-            # range "I" (3) for one index, order "B" (by block), abstol 0: dsyevr's call for a vector
-            m, w, iblock, isplit, info = lapack.dstebz(self._d, self._e, 3, 0.0, 1.0, j + 1, j + 1, 0.0, b"B")
+            # range "I" (3) for one index, order "B" (by block), abstol 0: dsyevr's call for a
+            # vector
+            m, w, iblock, isplit, info = lapack.dstebz(
+                self._d, self._e, 3, 0.0, 1.0, j + 1, j + 1, 0.0, b"B"
+            )
             if info == 0 and m == 1:
                 z, info = lapack.dstein(self._d, self._e, w[:1], iblock, isplit)
                 if info == 0:
-                    # dormtr (lower) = dormqr on rows 2..n with the reflectors below the subdiagonal,
+                    # dormtr (lower) = dormqr on rows 2..n with the reflectors below the
+                    # subdiagonal,
                     # with the workspace dsyevr passes it (lwork − 2n)
-                    cq, _, info = lapack.dormqr(b"L", b"N", self._c[1:, :n - 1], self._tau, z[1:, :],
-                                                self._lwork - 2 * n)
+                    cq, _, info = lapack.dormqr(
+                        b"L", b"N", self._c[1:, : n - 1], self._tau, z[1:, :], self._lwork - 2 * n
+                    )
                     if info == 0:
                         return np.concatenate([z[:1, 0], cq[:, 0]])
         _, v = scipy.linalg.eigh(self._H, subset_by_index=[j, j], driver="evr", check_finite=False)

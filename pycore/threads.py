@@ -2,10 +2,11 @@
 
 Long loops of small products (D = 79 or 784) gain little from a second BLAS thread on an idle
 machine and lose up to 100× on a busy one, so :func:`bounded_blas` entry points run with ONE thread
-below :data:`SMALL_MATRIX_DIM`.  First match wins: :func:`blas_threads`; ``PYCORE_BLAS_THREADS`` = n,
-``auto`` or ``off``/``0``; an explicit ``OMP_NUM_THREADS`` (or OpenBLAS/MKL/BLIS/vecLib); the size
-rule.  :func:`task_threads`: one thread per task of a process pool.  Only the count changes.
+below :data:`SMALL_MATRIX_DIM`.  First match wins: :func:`blas_threads`; ``PYCORE_BLAS_THREADS`` =
+n, ``auto`` or ``off``/``0``; an explicit ``OMP_NUM_THREADS`` (or OpenBLAS/MKL/BLIS/vecLib); the
+size rule.  :func:`task_threads`: one thread per task of a process pool.  Only the count changes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,22 +18,36 @@ import numpy as np
 
 from pycore.validation import check_number
 
-__all__ = ["SMALL_MATRIX_DIM", "ENV_VAR", "bounded_blas", "blas_threads", "threads_for", "task_threads"]
+__all__ = [
+    "SMALL_MATRIX_DIM",
+    "ENV_VAR",
+    "bounded_blas",
+    "blas_threads",
+    "threads_for",
+    "task_threads",
+]
 
 # Largest dimension run single-threaded: 2 threads / 1 thread under load (bench/bench_threads.py,
-# 2 cores): eigh 114× slower at n = 79, 3.1× at 784, 11× at 1200; idle, 2 threads gain ≤ 1.4× at 784.
+# 2 cores): eigh 114× slower at n = 79, 3.1× at 784, 11× at 1200; idle, 2 threads gain ≤ 1.4× at
+# 784.
 SMALL_MATRIX_DIM = 1200
 
 ENV_VAR = "PYCORE_BLAS_THREADS"
-_USER_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-                     "VECLIB_MAXIMUM_THREADS")
+_USER_THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+)
 
 _local = threading.local()
 
 
 @functools.lru_cache(maxsize=None)
-def _ctl():   # created on first use, after NumPy/SciPy have loaded their BLAS
+def _ctl():  # created on first use, after NumPy/SciPy have loaded their BLAS
     from threadpoolctl import ThreadpoolController
+
     return ThreadpoolController()
 
 
@@ -43,7 +58,9 @@ def threads_for(dim: int) -> int | None:
         return None
     if setting and setting != "auto":
         if not (setting.isdigit() and int(setting) >= 1):
-            raise ValueError(f"{ENV_VAR} must be a positive integer, 'auto' or 'off', got {setting!r}")
+            raise ValueError(
+                f"{ENV_VAR} must be a positive integer, 'auto' or 'off', got {setting!r}"
+            )
         return int(setting)
     if not setting and any(os.environ.get(v, "").strip() for v in _USER_THREAD_VARS):
         return None
@@ -85,10 +102,15 @@ def blas_threads(n: int):
 
 
 def _largest_dim(values) -> int:
-    """Largest dimension of the arrays among ``values`` (tasks' X_P, X_H and problems' Z included)."""
+    """Largest dimension of the arrays among ``values`` (tasks' X_P, X_H and problems' Z
+    included)."""
     dim = 0
     for v in values:
-        arrays = (v,) if isinstance(v, np.ndarray) else [getattr(v, a, None) for a in ("X_P", "X_H", "Z")]
+        arrays = (
+            (v,)
+            if isinstance(v, np.ndarray)
+            else [getattr(v, a, None) for a in ("X_P", "X_H", "Z")]
+        )
         for a in arrays:
             if isinstance(a, np.ndarray) and a.ndim:
                 dim = max(dim, max(a.shape))
@@ -96,11 +118,14 @@ def _largest_dim(values) -> int:
 
 
 def bounded_blas(func):
-    """Entry-point decorator: the count decided once per call from the arguments' largest dimension."""
+    """Entry-point decorator: the count decided once per call from the arguments' largest
+    dimension."""
+
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         if getattr(_local, "active", False):
             return func(*args, **kwargs)
         with _scope(threads_for(_largest_dim(list(args) + list(kwargs.values())))):
             return func(*args, **kwargs)
+
     return wrapper

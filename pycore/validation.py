@@ -1,4 +1,5 @@
 """Input checks shared by the linear core: one clear line per problem, never a deep traceback."""
+
 from __future__ import annotations
 
 import math
@@ -10,22 +11,22 @@ import numpy as np
 
 
 def _rebuild_error(cls, args, state):
-    exc = cls.__new__(cls, *args)   # BaseException.__new__: sets .args, runs no __init__
+    exc = cls.__new__(cls, *args)  # BaseException.__new__: sets .args, runs no __init__
     exc.__dict__.update(state)
     return exc
 
 
 class PicklableError:
-    """Mixin (first base) for an exception whose ``__init__`` takes more than its message: it crosses
-    a process pool as itself."""
+    """Mixin (first base) for an exception whose ``__init__`` takes more than its message: it
+    crosses a process pool as itself."""
 
     def __reduce__(self):
         return _rebuild_error, (type(self), self.args, dict(self.__dict__))
 
 
 class ParameterError(PicklableError, ValueError):
-    """A parameter value the library cannot use; ``parameter`` names the argument or option, so that
-    a command line can name the flag the user typed."""
+    """A parameter value the library cannot use; ``parameter`` names the argument or option, so
+    that a command line can name the flag the user typed."""
 
     def __init__(self, parameter: str, message: str):
         super().__init__(message)
@@ -33,7 +34,8 @@ class ParameterError(PicklableError, ValueError):
 
 
 class DivergenceError(PicklableError, FloatingPointError):
-    """A run became non-finite; ``parameter`` names the setting most likely responsible, or None."""
+    """A run became non-finite; ``parameter`` names the setting most likely responsible, or
+    None."""
 
     def __init__(self, message: str, parameter: str | None = None):
         super().__init__(message)
@@ -42,16 +44,18 @@ class DivergenceError(PicklableError, FloatingPointError):
 
 # Largest dense float64 array a call sets out to allocate: a 35k × 35k U (10 GB) is refused before
 # LAPACK starts, where it could not be interrupted.
-MAX_DENSE_BYTES = 4 << 30   # 4 GiB
+MAX_DENSE_BYTES = 4 << 30  # 4 GiB
 
 
 def check_dense_size(shape, what: str) -> None:
     """``ValueError`` naming ``what`` if a float64 ``shape`` exceeds :data:`MAX_DENSE_BYTES`."""
     limit, nbytes = MAX_DENSE_BYTES, 8 * math.prod(int(n) for n in shape)
     if nbytes > limit:
-        raise ValueError(f"{what}: a {' × '.join(str(int(n)) for n in shape)} float64 array needs "
-                         f"{nbytes / 2**30:.1f} GiB, more than the {limit / 2**30:g} GiB this library "
-                         "allocates at once (pycore.validation.MAX_DENSE_BYTES); use fewer rows or columns")
+        raise ValueError(
+            f"{what}: a {' × '.join(str(int(n)) for n in shape)} float64 array needs "
+            f"{nbytes / 2**30:.1f} GiB, more than the {limit / 2**30:g} GiB this library "
+            "allocates at once (pycore.validation.MAX_DENSE_BYTES); use fewer rows or columns"
+        )
 
 
 def as_float_matrix(A, name: str = "matrix", *, ndim: int = 2) -> np.ndarray:
@@ -85,33 +89,59 @@ def check_theta(theta, D: int, name: str = "theta") -> np.ndarray:
     """A D×D float64 feature extractor (docs/theory.md §1)."""
     theta = as_float_matrix(theta, name)
     if theta.shape != (D, D):
-        raise ValueError(f"{name} must be {D}×{D} to match the data's {D} columns, got shape {theta.shape}")
+        raise ValueError(
+            f"{name} must be {D}×{D} to match the data's {D} columns, got shape {theta.shape}"
+        )
     return theta
 
 
 def _interval(low, high, low_open, high_open) -> str:
     if low is not None and high is not None:
         return f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    return (f" {'>' if low_open else '≥'} {low:g}" if low is not None else
-            f" {'<' if high_open else '≤'} {high:g}" if high is not None else "")
+    return (
+        f" {'>' if low_open else '≥'} {low:g}"
+        if low is not None
+        else f" {'<' if high_open else '≤'} {high:g}"
+        if high is not None
+        else ""
+    )
 
 
-def check_number(value, name: str, *, low=None, high=None, low_open: bool = False,
-                 high_open: bool = False, integer: bool = False, none_ok: bool = False):
+def check_number(
+    value,
+    name: str,
+    *,
+    low=None,
+    high=None,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+    none_ok: bool = False,
+):
     """``value`` as a finite float (an int when ``integer``) in the interval, else a
     :class:`ParameterError` naming ``name``; ``None`` passes through when ``none_ok``."""
     if value is None and none_ok:
         return None
-    want = ("an integer" if integer else "a finite number") + _interval(low, high, low_open, high_open) \
+    want = (
+        ("an integer" if integer else "a finite number")
+        + _interval(low, high, low_open, high_open)
         + (" or None" if none_ok else "")
-    ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) \
+    )
+    ok = (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, (bool, np.bool_))
         and (not integer or isinstance(value, numbers.Integral))
+    )
     try:
         x = (int(value) if integer else float(value)) if ok else None
-    except OverflowError:   # float(10**400)
+    except OverflowError:  # float(10**400)
         x = None
-    if x is None or not math.isfinite(x) or (low is not None and (x < low or (low_open and x == low))) \
-            or (high is not None and (x > high or (high_open and x == high))):
+    if (
+        x is None
+        or not math.isfinite(x)
+        or (low is not None and (x < low or (low_open and x == low)))
+        or (high is not None and (x > high or (high_open and x == high)))
+    ):
         raise ParameterError(name, f"{name} must be {want}, got {value!r}")
     return x
 
@@ -131,8 +161,11 @@ def check_betas(betas, name: str = "betas") -> tuple[float, float]:
 
 def check_rng(rng, *, none_ok: bool = False):
     if not (isinstance(rng, np.random.Generator) or (none_ok and rng is None)):
-        raise ParameterError("rng", f"rng must be a numpy.random.Generator{' or None' * none_ok}, "
-                                    f"got {type(rng).__name__}")
+        raise ParameterError(
+            "rng",
+            f"rng must be a numpy.random.Generator{' or None' * none_ok}, "
+            f"got {type(rng).__name__}",
+        )
     return rng
 
 
@@ -141,7 +174,8 @@ class OutlierWarning(UserWarning):
 
 
 # A cell this many times the median magnitude of its column's nonzero cells makes the column an
-# indicator of its row after z-scoring; the Kaggle House Prices file's largest ratio is 31 (MiscVal).
+# indicator of its row after z-scoring; the Kaggle House Prices file's largest ratio is 31
+# (MiscVal).
 OUTLIER_FACTOR = 1e6
 
 
@@ -163,7 +197,8 @@ MAX_DATA_FILE_BYTES = 1 << 30  # 1 GiB
 def check_regular_file(path, what: str, *, max_bytes: int | None = None, error=ValueError) -> int:
     """The size of ``path``, an existing regular file of at most ``max_bytes`` (default
     :data:`MAX_DATA_FILE_BYTES` at call time): a FIFO or device is refused before it is opened
-    (reading one could block forever).  Missing: ``FileNotFoundError``; other problems: ``error``."""
+    (reading one could block forever).  Missing: ``FileNotFoundError``; other problems:
+    ``error``."""
     p = os.fspath(path)
     try:
         st = os.stat(p)
@@ -174,9 +209,15 @@ def check_regular_file(path, what: str, *, max_bytes: int | None = None, error=V
     if stat.S_ISDIR(st.st_mode):
         raise error(f"{p}: is a directory, expected a file ({what})")
     if not stat.S_ISREG(st.st_mode):
-        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else
-                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
-                "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        kind = (
+            "a FIFO (named pipe)"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a device"
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "a socket"
+            if stat.S_ISSOCK(st.st_mode)
+            else "not a regular file"
+        )
         raise error(f"{p}: is {kind}, expected a regular file ({what})")
     max_bytes = MAX_DATA_FILE_BYTES if max_bytes is None else max_bytes
     if st.st_size > max_bytes:

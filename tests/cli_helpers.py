@@ -1,5 +1,6 @@
 """What the command-line tests share: one in-process call of a script's ``main`` and the check
 that an error is one clear line (docs/cli.md)."""
+
 from __future__ import annotations
 
 import time

@@ -1,4 +1,5 @@
 """Fixtures shared by the test files."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,5 +13,6 @@ def tripwire(monkeypatch):
 
     def boom(*a, **k):
         raise AssertionError("COMPUTED")
+
     for mod in (house_price, mnist, attacks, frontier):
         monkeypatch.setattr(mod, "run", boom)

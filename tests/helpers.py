@@ -1,4 +1,5 @@
 """Test helpers: matrices with a prescribed spectrum, central differences."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +25,9 @@ def psd_with_spectrum(lam, rng: np.random.Generator) -> np.ndarray:
     return (Q * lam) @ Q.T
 
 
-def separated_spectrum(n: int, rng: np.random.Generator, lo=0.1, hi=10.0, min_gap=1e-2) -> np.ndarray:
+def separated_spectrum(
+    n: int, rng: np.random.Generator, lo=0.1, hi=10.0, min_gap=1e-2
+) -> np.ndarray:
     """Descending values in [lo, hi] with relative gaps ≥ min_gap (away from ties)."""
     while True:
         s = np.sort(rng.uniform(lo, hi, n))[::-1]

@@ -1,10 +1,10 @@
 """The README check: documented tables against what their commands print, on any BLAS kernel.
 
-A marker ``<!-- readme-check: COMMAND -->`` in README.md or docs/*.md covers the tables after it up to
-the next heading or marker.  COMMAND (an ``experiments/`` script) runs with ``--out TMP --no-plot``
-appended and one BLAS thread; the k-th covered table is compared with the k-th table of the
-``table.md`` it writes, cell by cell: rows by their first cell, columns by their header.  A documented
-row or column the command does not print fails.
+A marker ``<!-- readme-check: COMMAND -->`` in README.md or docs/*.md covers the tables after it up
+to the next heading or marker.  COMMAND (an ``experiments/`` script) runs with ``--out TMP
+--no-plot`` appended and one BLAS thread; the k-th covered table is compared with the k-th table of
+the ``table.md`` it writes, cell by cell: rows by their first cell, columns by their header.  A
+documented row or column the command does not print fails.
 
 OpenBLAS picks its kernels by CPU (``OPENBLAS_CORETYPE`` runs another CPU's), and runs that amplify
 round-off print other digits on other kernels.  ``scripts/kernel_spread.py`` runs every marked
@@ -16,6 +16,7 @@ the measured kernels: ``lo ≤ documented ≤ hi`` and ``|printed − documented
 that never moved (``lo = hi``) must therefore be printed with the documented digits; a cell with no
 measurement fails.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,11 @@ NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|∞")
 
 # ---------------------------------------------------------------- documents and tables
 
+
 def split_row(line: str) -> list[str]:
-    return [c.replace("**", "").replace("`", "").strip() for c in line.strip().strip("|").split("|")]
+    return [
+        c.replace("**", "").replace("`", "").strip() for c in line.strip().strip("|").split("|")
+    ]
 
 
 def parse_tables(lines: list[str]) -> list[tuple[list[str], dict[str, list[str]]]]:
@@ -58,16 +62,23 @@ def parse_tables(lines: list[str]) -> list[tuple[list[str], dict[str, list[str]]
 
 
 def marked_sections(root: Path = ROOT) -> list[tuple[Path, int, str, list]]:
-    """(document, marker line index, command, covered tables) for every marker, in document order."""
+    """(document, marker line index, command, covered tables) for every marker, in document
+    order."""
     out = []
     for path in [p for pattern in DOCUMENTS for p in sorted(root.glob(pattern))]:
         lines = path.read_text(encoding="utf-8").splitlines()
         for i, line in enumerate(lines):
             m = MARKER.search(line)
             if m:
-                end = next((j for j in range(i + 1, len(lines))
-                            if lines[j].startswith("#") or MARKER.search(lines[j])), len(lines))
-                out.append((path, i, m.group(1), parse_tables(lines[i + 1:end])))
+                end = next(
+                    (
+                        j
+                        for j in range(i + 1, len(lines))
+                        if lines[j].startswith("#") or MARKER.search(lines[j])
+                    ),
+                    len(lines),
+                )
+                out.append((path, i, m.group(1), parse_tables(lines[i + 1 : end])))
     return out
 
 
@@ -77,19 +88,32 @@ def marked_commands(root: Path = ROOT) -> list[str]:
 
 # ---------------------------------------------------------------- running a marked command
 
-def run_command(command: str, out: Path, kernel: str | None = None,
-                timeout: float = 1800) -> subprocess.CompletedProcess:
+
+def run_command(
+    command: str, out: Path, kernel: str | None = None, timeout: float = 1800
+) -> subprocess.CompletedProcess:
     """Run a marked command with ``--out OUT --no-plot`` appended, one BLAS thread, from the root;
     ``kernel`` sets ``OPENBLAS_CORETYPE`` (None: the inherited environment's)."""
     argv = shlex.split(command)
     if not (len(argv) >= 2 and argv[0] == "python" and argv[1].startswith("experiments/")):
         raise ValueError(f"a readme-check command runs an experiments/ script: got {command!r}")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
     if kernel is not None:
         env["OPENBLAS_CORETYPE"] = kernel
-    return subprocess.run([sys.executable, *argv[1:], "--out", str(out), "--no-plot"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *argv[1:], "--out", str(out), "--no-plot"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def printed_tables(out: Path) -> list:
@@ -97,6 +121,7 @@ def printed_tables(out: Path) -> list:
 
 
 # ---------------------------------------------------------------- the rule
+
 
 def value(token: str) -> float:
     return math.inf if token == "∞" else float(token)
@@ -120,8 +145,10 @@ def compare_cell(doc: str, printed: str, measured: list[str]) -> str | None:
         return f"{doc!r} vs printed {printed!r}: different text"
     ranges = measured_range(measured) if measured else None
     if ranges is None or skeleton(measured[0]) != skeleton(doc):
-        return f"{doc!r}: measured as {' / '.join(dict.fromkeys(measured)) or 'nothing'}; " \
-               "run python scripts/kernel_spread.py"
+        return (
+            f"{doc!r}: measured as {' / '.join(dict.fromkeys(measured)) or 'nothing'}; "
+            "run python scripts/kernel_spread.py"
+        )
     problems = []
     for d, p, (lo, hi) in zip(NUMBER.findall(doc), NUMBER.findall(printed), ranges):
         if lo == hi:
@@ -134,7 +161,9 @@ def compare_cell(doc: str, printed: str, measured: list[str]) -> str | None:
     return f"{doc!r} vs printed {printed!r}: " + "; ".join(problems) if problems else None
 
 
-def compare_tables(doc_table, printed_table, measured: dict[str, dict[str, list[str]]]) -> list[str]:
+def compare_tables(
+    doc_table, printed_table, measured: dict[str, dict[str, list[str]]]
+) -> list[str]:
     """Problems of one documented table against the printed one; ``measured[row][column]`` is that
     cell as each measured kernel printed it."""
     (dh, drows), (ph, prows) = doc_table, printed_table
@@ -144,7 +173,9 @@ def compare_tables(doc_table, printed_table, measured: dict[str, dict[str, list[
         return problems
     for label, cells in drows.items():
         for column, cell in zip(dh[1:], cells[1:]):
-            why = compare_cell(cell, prows[label][ph.index(column)], measured.get(label, {}).get(column, []))
+            why = compare_cell(
+                cell, prows[label][ph.index(column)], measured.get(label, {}).get(column, [])
+            )
             if why:
                 problems.append(f"{label} / {column}: {why}")
     return problems
@@ -152,12 +183,14 @@ def compare_tables(doc_table, printed_table, measured: dict[str, dict[str, list[
 
 # ---------------------------------------------------------------- the spread file
 
+
 def load_spread(path: Path = SPREAD_FILE) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def measured_cells(spread: dict, command: str) -> list[dict[str, dict[str, list[str]]]] | None:
-    """Per printed table, {row: {column: [the cell under each measured kernel]}}; None if not measured."""
+    """Per printed table, {row: {column: [the cell under each measured kernel]}}; None if not
+    measured."""
     rec = spread.get("commands", {}).get(command)
     if rec is None:
         return None

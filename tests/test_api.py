@@ -1,5 +1,6 @@
 """The public linear API: README's library section runs, per-method options and presets, results
 carry Definition 3.1, evaluate_linear refuses what does not belong together."""
+
 from __future__ import annotations
 
 import json
@@ -13,18 +14,33 @@ import pytest
 import pycore
 from pycore.data.house_price import load_house_price
 from pycore.evaluate import EvaluationReference, evaluate_linear, immunized_def31
-from pycore.immunize import (METHODS, PRESETS, CertifiedOptions, auto_exponent, immunize, immunize_certified,
-                             options_of, resolve_options)
+from pycore.immunize import (
+    METHODS,
+    PRESETS,
+    CertifiedOptions,
+    auto_exponent,
+    immunize,
+    immunize_certified,
+    options_of,
+    resolve_options,
+)
 from pycore.metrics import def31_exponent_window, rir, rir_ceiling
 from pycore.protocol import strict_protocol
 from pycore.tasks import LinearTask
 from pycore.validation import ParameterError
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = json.loads((ROOT / "tests" / "data" / "preset_reference.json").read_text(encoding="utf-8"))
+REFERENCE = json.loads(
+    (ROOT / "tests" / "data" / "preset_reference.json").read_text(encoding="utf-8")
+)
 # option names of the code before the options API → today's
-RENAMED = {"imma_inner_steps": "inner_steps", "imma_inner_lr": "inner_lr", "opt_kappa_log": "log",
-           "closed_form_exponent": "exponent", "certified_safety": "safety"}
+RENAMED = {
+    "imma_inner_steps": "inner_steps",
+    "imma_inner_lr": "inner_lr",
+    "opt_kappa_log": "log",
+    "closed_form_exponent": "exponent",
+    "certified_safety": "safety",
+}
 
 
 def pair(seed, N=60, D=6, scale=1.0):
@@ -40,7 +56,7 @@ def test_readme_library_section_runs_as_written():
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 2, "README.md's library section lost a python block"
     scope = {}
-    for source in blocks:                         # a failure's traceback names the block's line
+    for source in blocks:  # a failure's traceback names the block's line
         exec(compile(source, "README.md (library section)", "exec"), scope)
     assert isinstance(scope["res"].immunized, bool) and np.isfinite(scope["res"].rir)
     assert np.isfinite(scope["row"]["rir"]) and scope["row"]["dp_loss_after"] >= 0
@@ -50,27 +66,41 @@ def test_readme_library_section_runs_as_written():
 
 
 def test_public_names():
-    assert (pycore.LinearTask, pycore.immunize, pycore.evaluate_linear) == (LinearTask, immunize,
-                                                                             evaluate_linear)
-    assert set(METHODS) == {"identity", "r_ill_only", "imma", "opt_kappa", "opt_kappa_balanced", "ours",
-                            "closed_form"}
+    assert (pycore.LinearTask, pycore.immunize, pycore.evaluate_linear) == (
+        LinearTask,
+        immunize,
+        evaluate_linear,
+    )
+    assert set(METHODS) == {
+        "identity",
+        "r_ill_only",
+        "imma",
+        "opt_kappa",
+        "opt_kappa_balanced",
+        "ours",
+        "closed_form",
+    }
     assert [f.name for f in fields(options_of("identity"))] == []
 
 
 # ---------------------------------------------------------------- options
 
-@pytest.mark.parametrize("method,kw,name", [
-    ("ours", {"inner_steps": 3}, "inner_steps"),           # an option of another method
-    ("ours", {"config": {"epochs": 5}}, "config"),         # a dict where keywords are expected
-    ("closed_form", {"epochs": 5}, "epochs"),
-    ("identity", {"lr": 0.1}, "lr"),
-    ("imma", {"inner_steps": 2.5}, "inner_steps"),         # wrong type
-    ("imma", {"inner_lr": 2.0}, "inner_lr"),               # out of range
-    ("ours", {"optimizer": "sgd"}, "optimizer"),
-    ("ours", {"precond": "ridge", "ridge": 0.0}, "ridge"),
-    ("closed_form", {"exponent": "balanced"}, "exponent"),
-    ("ours", {"preset": "nonsense"}, "preset"),
-])
+
+@pytest.mark.parametrize(
+    "method,kw,name",
+    [
+        ("ours", {"inner_steps": 3}, "inner_steps"),  # an option of another method
+        ("ours", {"config": {"epochs": 5}}, "config"),  # a dict where keywords are expected
+        ("closed_form", {"epochs": 5}, "epochs"),
+        ("identity", {"lr": 0.1}, "lr"),
+        ("imma", {"inner_steps": 2.5}, "inner_steps"),  # wrong type
+        ("imma", {"inner_lr": 2.0}, "inner_lr"),  # out of range
+        ("ours", {"optimizer": "sgd"}, "optimizer"),
+        ("ours", {"precond": "ridge", "ridge": 0.0}, "ridge"),
+        ("closed_form", {"exponent": "balanced"}, "exponent"),
+        ("ours", {"preset": "nonsense"}, "preset"),
+    ],
+)
 def test_a_bad_option_names_itself(method, kw, name):
     with pytest.raises(ParameterError) as e:
         immunize(pair(0), method, rng=np.random.default_rng(0), **kw)
@@ -80,7 +110,11 @@ def test_a_bad_option_names_itself(method, kw, name):
 def test_an_unknown_option_is_refused_before_any_compute_and_names_the_method():
     with pytest.raises(ParameterError) as e:
         resolve_options("imma", epochs=3, lambda_h=1.0)
-    assert e.value.parameter == "lambda_h" and "imma" in str(e.value) and "inner_steps" in str(e.value)
+    assert (
+        e.value.parameter == "lambda_h"
+        and "imma" in str(e.value)
+        and "inner_steps" in str(e.value)
+    )
 
 
 @pytest.mark.parametrize("bad,name", [("magic", "method"), (None, "method")])
@@ -101,7 +135,9 @@ def test_rng_and_task_must_be_what_they_say():
 
 def test_certified_mode_needs_a_k_inverse_preconditioner():
     with pytest.raises(ParameterError) as e:
-        immunize_certified(pair(0), rng=np.random.default_rng(0), preset="house_price", precond="none")
+        immunize_certified(
+            pair(0), rng=np.random.default_rng(0), preset="house_price", precond="none"
+        )
     assert e.value.parameter == "precond"
 
 
@@ -110,15 +146,16 @@ def test_presets_are_the_settings_of_the_code_before_the_options_api(preset):
     """Every option of every method under a preset equals the old configuration's field."""
     old = {RENAMED.get(k, k): v for k, v in REFERENCE["presets"][preset].items()}
     old["betas"] = tuple(old["betas"])
-    if preset == "strict":   # the strict table's closed form used the balanced exponent (below)
+    if preset == "strict":  # the strict table's closed form used the balanced exponent (below)
         assert PRESETS[preset]["exponent"] == "auto"
         old["exponent"] = "auto"
     for m in METHODS:
         opts = resolve_options(m, preset)
         for f in fields(opts):
-            if f.name != "patience":   # the adaptive default's own option, not in the old configuration
+            # the adaptive default's own option, not in the old configuration
+            if f.name != "patience":
                 assert getattr(opts, f.name) == old[f.name], (m, f.name)
-    opts = resolve_options("ours", preset, lr=0.123)         # explicit keywords win
+    opts = resolve_options("ours", preset, lr=0.123)  # explicit keywords win
     assert opts.lr == 0.123 and opts.lambda_h == old["lambda_h"]
 
 
@@ -151,20 +188,30 @@ def test_mnist_presets_reproduce_the_reference_thetas():
         for m in ("ours", "imma", "r_ill_only"):
             th = immunize(task, m, rng=np.random.default_rng(0), preset=preset, epochs=2).theta
             got = [np.sum(th), np.sum(th * th), np.sum(np.abs(th))]
-            np.testing.assert_allclose(got, REFERENCE["thetas"][f"{preset}/{m}"], rtol=1e-6, err_msg=m)
+            np.testing.assert_allclose(
+                got, REFERENCE["thetas"][f"{preset}/{m}"], rtol=1e-6, err_msg=m
+            )
 
 
 # ---------------------------------------------------------------- results and the closed form
 
+
 @pytest.mark.parametrize("method", METHODS)
 def test_result_reports_definition_31_of_its_theta(method):
     t = pair(3)
-    res = immunize(t, method, rng=np.random.default_rng(0), **({} if method in ("identity", "closed_form")
-                                                               else {"epochs": 3}))
+    res = immunize(
+        t,
+        method,
+        rng=np.random.default_rng(0),
+        **({} if method in ("identity", "closed_form") else {"epochs": 3}),
+    )
     r = rir(res.theta, t.X_P, t.X_H)
     # the run's own end-of-run SVDs (QR first for R_ill only and IMMA): equal to round-off
-    np.testing.assert_allclose([res.harmful_ratio, res.pretrain_ratio, res.rir],
-                               [r.harmful_ratio, r.pretrain_ratio, r.value], rtol=1e-10)
+    np.testing.assert_allclose(
+        [res.harmful_ratio, res.pretrain_ratio, res.rir],
+        [r.harmful_ratio, r.pretrain_ratio, r.value],
+        rtol=1e-10,
+    )
     assert res.immunized is immunized_def31(r.harmful_ratio, r.pretrain_ratio)
     assert isinstance(res.options, options_of(method)) and res.reason and res.wall_seconds >= 0
 
@@ -181,7 +228,7 @@ def test_closed_form_auto_exponent_is_inside_the_window_and_immunizes(seed):
     else:
         assert w.low <= a < w.high and res.immunized
         assert res.rir == pytest.approx(c.range_restricted, rel=1e-8)
-        if w.balanced >= 0:     # the middle of the window: (i) = 1/(ii) = √ceiling
+        if w.balanced >= 0:  # the middle of the window: (i) = 1/(ii) = √ceiling
             assert res.harmful_ratio == pytest.approx(1 / res.pretrain_ratio, rel=1e-6)
 
 
@@ -199,11 +246,12 @@ def test_closed_form_says_why_definition_31_is_out_of_reach():
     X = rng.standard_normal((30, 4))
     res = immunize(LinearTask(X, np.ones(30), X, np.ones(30)), "closed_form", rng=rng)
     assert res.diagnostics["exponent"] == 0.0 and not res.immunized
-    res = immunize(pair(1), "closed_form", rng=rng, exponent=0.25)     # a number is used as given
+    res = immunize(pair(1), "closed_form", rng=rng, exponent=0.25)  # a number is used as given
     assert res.diagnostics["exponent"] == 0.25
 
 
 # ---------------------------------------------------------------- evaluate_linear and LinearTask
+
 
 def test_evaluate_linear_refuses_mismatched_heldout_ceiling_and_reference():
     t, other = pair(0), pair(1)
@@ -218,15 +266,18 @@ def test_evaluate_linear_refuses_mismatched_heldout_ceiling_and_reference():
     with pytest.raises(ParameterError) as e:
         evaluate_linear(theta, t, reference=EvaluationReference(other))
     assert e.value.parameter == "reference"
-    row = evaluate_linear(theta, t, other, ceiling=rir_ceiling(t.X_P, t.X_H))   # the same rows: accepted
+    # the same rows: accepted
+    row = evaluate_linear(theta, t, other, ceiling=rir_ceiling(t.X_P, t.X_H))
     assert row["rir"] == pytest.approx(1.0) and row["fraction_of_ceiling"] == pytest.approx(
-        1 / rir_ceiling(t.X_P, t.X_H).range_restricted)
+        1 / rir_ceiling(t.X_P, t.X_H).range_restricted
+    )
 
 
 @pytest.mark.parametrize("c", [1e-3, 1.0, 1e3])
 def test_bce_definition_31c_check_does_not_depend_on_the_scale_of_theta(c):
     """Separable D_P (N < D): the probe's ridge is relative to the features' scale, so the scaled
-    problems differ by the rounding of Z/s alone and dp_loss_after(cθ) agrees to rtol 1e-9 (measured
+    problems differ by the rounding of Z/s alone and dp_loss_after(cθ) agrees to rtol 1e-9
+    (measured
     ~1e-15; a fixed ridge gave 0.037 / 1.9e-7 / 6.5e-13 here at c = 1e-3 / 1 / 1e3)."""
     rng = np.random.default_rng(0)
     X_P, X_H = rng.standard_normal((20, 30)), rng.standard_normal((20, 30))
@@ -235,12 +286,15 @@ def test_bce_definition_31c_check_does_not_depend_on_the_scale_of_theta(c):
     assert evaluate_linear(c * np.eye(30), t)["dp_loss_after"] == pytest.approx(base, rel=1e-9)
 
 
-@pytest.mark.parametrize("change,name", [
-    (dict(Y_P=np.zeros((10, 2)), loss="bce"), "Y_P"),        # BCE takes one label column
-    (dict(Y_P=np.full(10, 0.5), loss="bce"), "Y_P"),
-    (dict(X_H=np.ones((10, 4))), "X_H"),
-    (dict(loss="hinge"), "loss"),
-])
+@pytest.mark.parametrize(
+    "change,name",
+    [
+        (dict(Y_P=np.zeros((10, 2)), loss="bce"), "Y_P"),  # BCE takes one label column
+        (dict(Y_P=np.full(10, 0.5), loss="bce"), "Y_P"),
+        (dict(X_H=np.ones((10, 4))), "X_H"),
+        (dict(loss="hinge"), "loss"),
+    ],
+)
 def test_linear_task_names_the_bad_argument(change, name):
     X = np.random.default_rng(0).standard_normal((10, 3))
     args = {"X_P": X, "Y_P": np.ones(10), "X_H": X, "Y_H": np.ones(10), **change}

@@ -1,5 +1,6 @@
 """The baselines as docs/theory.md §7 defines them: R_ill only (RIR ≥ 1 at every step) and Opt κ
 (∂κ/∂H and the θ-gradient against finite differences; the balanced variant's weights)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,6 +30,7 @@ def _rir_path(res):
 
 # ---------------------------------------------------------------- R_ill only
 
+
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("setting", ["exact_random_init", "pinv_identity_singular_KH"])
 def test_r_ill_only_rir_never_falls(seed, setting):
@@ -36,21 +38,23 @@ def test_r_ill_only_rir_never_falls(seed, setting):
     every step.  lr·λ_H is large so that the step-size clip to the §5 bound is exercised."""
     if setting == "exact_random_init":
         t = random_task(seed)
-        cfg = dict(epochs=15, batch_size=None, precond="exact", init="random", lr=1.0, lambda_h=1e12)
+        cfg = dict(
+            epochs=15, batch_size=None, precond="exact", init="random", lr=1.0, lambda_h=1e12
+        )
     else:
         t = random_task(seed, rank_H=4)
         cfg = dict(epochs=15, batch_size=None, precond="pinv", lr=1.0, lambda_h=1e12)
     res = immunize(t, "r_ill_only", rng=np.random.default_rng(seed), **cfg)
     r, step_ratio = _rir_path(res)
     assert res.diagnostics["steps"] == 15 and res.diagnostics["rir_decreases"] == 0
-    assert res.diagnostics["clipped"] > 0          # the bound was binding somewhere
+    assert res.diagnostics["clipped"] > 0  # the bound was binding somewhere
     # within what two measured RIRs can resolve (κ(H_H) reaches ~6e13 on some seeds)
     kap = list(zip(res.history["kappa_P"], res.history["kappa_H"]))
     tol_step = np.array([M.rir_change_tolerance(a, b) for a, b in zip(kap[:-1], kap[1:])])
     tol_start = np.array([M.rir_change_tolerance(kap[0], b) for b in kap])
     assert np.all(r >= 1 - tol_start) and np.all(step_ratio >= 1 - tol_step)
-    assert np.all(tol_step <= 1e-7)                 # a real fall (≫ 1e-6) is still caught
-    assert r[-1] > 1 + 1e-6                         # and it did move
+    assert np.all(tol_step <= 1e-7)  # a real fall (≫ 1e-6) is still caught
+    assert r[-1] > 1 + 1e-6  # and it did move
     # the recorded path ends at the independently measured RIR of the returned θ
     if setting == "exact_random_init":
         theta0 = M._init_theta(t.D, RIllOnlyOptions(**cfg), np.random.default_rng(seed))
@@ -98,6 +102,7 @@ def test_r_ill_only_house_prices_rir_at_least_one_every_step():
 
 # ---------------------------------------------------------------- Opt κ
 
+
 @pytest.mark.parametrize("log", [False, True])
 def test_opt_kappa_theta_gradient_matches_finite_differences(log):
     t = random_task(5, N=25, D=4)
@@ -105,13 +110,19 @@ def test_opt_kappa_theta_gradient_matches_finite_differences(log):
     theta = np.eye(4) + 0.2 * rng.standard_normal((4, 4))
     w = (1.0, 0.3)  # unequal weights: each term's sign and weight is checked
     value, g, (_, g_H) = opt_kappa_objective(theta, t.X_P, t.X_H, weights=w, log=log)
-    fd = central_diff(lambda th: opt_kappa_objective(th, t.X_P, t.X_H, weights=w, log=log)[0], theta, h=1e-5)
+    fd = central_diff(
+        lambda th: opt_kappa_objective(th, t.X_P, t.X_H, weights=w, log=log)[0], theta, h=1e-5
+    )
     assert rel_err(g, fd) < 1e-6
-    fd_H = central_diff(lambda th: opt_kappa_objective(th, t.X_P, t.X_H, weights=(0.0, -1.0), log=log)[0],
-                        theta, h=1e-5)
+    fd_H = central_diff(
+        lambda th: opt_kappa_objective(th, t.X_P, t.X_H, weights=(0.0, -1.0), log=log)[0],
+        theta,
+        h=1e-5,
+    )
     assert rel_err(g_H, fd_H) < 1e-6
-    assert value == pytest.approx(w[0] * _kappa_value(t.X_P @ theta, log)
-                                  - w[1] * _kappa_value(t.X_H @ theta, log))
+    assert value == pytest.approx(
+        w[0] * _kappa_value(t.X_P @ theta, log) - w[1] * _kappa_value(t.X_H @ theta, log)
+    )
 
 
 def _kappa_value(Z, log):
@@ -124,14 +135,19 @@ def test_opt_kappa_descends_its_objective_and_balanced_weights_match_norms():
     """Both Opt κ variants run the loop on λ_κ(w_Pκ_P − w_Hκ_H) (plus the D_P loss); the balanced
     weights equalise the two θ-gradient norms at the initial θ."""
     t = random_task(7, N=40, D=5)
-    lit = immunize(t, "opt_kappa", rng=np.random.default_rng(0), epochs=20, batch_size=None, lr=0.01)
-    bal = immunize(t, "opt_kappa_balanced", rng=np.random.default_rng(0), epochs=20, batch_size=None, lr=0.01)
+    lit = immunize(
+        t, "opt_kappa", rng=np.random.default_rng(0), epochs=20, batch_size=None, lr=0.01
+    )
+    bal = immunize(
+        t, "opt_kappa_balanced", rng=np.random.default_rng(0), epochs=20, batch_size=None, lr=0.01
+    )
     assert lit.diagnostics["kappa_weights"] == [1.0, 1.0]
     w_P, w_H = bal.diagnostics["kappa_weights"]
     _, _, (g_P, g_H) = opt_kappa_objective(np.eye(t.D), t.X_P, t.X_H)
     assert w_H * np.linalg.norm(g_H) == pytest.approx(w_P * np.linalg.norm(g_P), rel=1e-12)
     assert bal.diagnostics["kappa_grad_ratio_H_over_P_at_init"] == pytest.approx(
-        np.linalg.norm(g_H) / np.linalg.norm(g_P), rel=1e-12)
+        np.linalg.norm(g_H) / np.linalg.norm(g_P), rel=1e-12
+    )
     for res, (a, b) in ((lit, (1.0, 1.0)), (bal, (w_P, w_H))):
         start = opt_kappa_objective(np.eye(t.D), t.X_P, t.X_H, weights=(a, b))[0]
         end = opt_kappa_objective(res.theta, t.X_P, t.X_H, weights=(a, b))[0]

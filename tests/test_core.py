@@ -1,4 +1,5 @@
-"""Linear core: spectra, metrics and ceiling, the immunizers, certified mode, the probes' solvers."""
+"""Linear core: spectra, metrics, the ceiling, the immunizers, certified mode, probe solvers."""
+
 from __future__ import annotations
 
 import itertools
@@ -38,6 +39,7 @@ def short(method, **kw):
 
 # ---------------------------------------------------------------- spectra
 
+
 def test_condition_number_uses_nonzero_spectrum_and_reports_rank():
     rng = np.random.default_rng(0)
     S = with_spectrum([4.0, 2.0, 0.5, 0.0, 0.0], rng)
@@ -67,8 +69,16 @@ def test_hessian_regularizer_matches_matrix_path_also_with_fewer_rows_than_colum
             assert reg.info.rank == min(N, D) and rel_err(reg.G, ev.grad) < 1e-9
 
 
-@pytest.mark.parametrize("bad", [np.zeros((3, 3)), np.array([[1.0, np.nan], [0.0, 1.0]]), np.ones(4),
-                                 np.array([["a", "b"], ["c", "d"]]), np.empty((0, 3))])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.zeros((3, 3)),
+        np.array([[1.0, np.nan], [0.0, 1.0]]),
+        np.ones(4),
+        np.array([["a", "b"], ["c", "d"]]),
+        np.empty((0, 3)),
+    ],
+)
 def test_bad_matrices_raise_value_errors(bad):
     with pytest.raises(ValueError):
         pycore.condition_number(bad)
@@ -84,25 +94,30 @@ def test_r_ill_of_rank_one_and_ties():
 
 # ---------------------------------------------------------------- metrics and ceiling
 
+
 def test_ceiling_is_finite_and_attained_when_null_spaces_nest():
     t = small_task(4)
     c = rir_ceiling(t.X_P, t.X_H)
     assert rir(np.eye(t.D), t.X_P, t.X_H).value == pytest.approx(1.0)
     assert np.isfinite(c.exact) and c.exact == pytest.approx(c.range_restricted)
-    for a in (0.0, 0.5, "auto"):      # every exponent a ≥ 0 attains it (docs/theory.md §10)
+    for a in (0.0, 0.5, "auto"):  # every exponent a ≥ 0 attains it (docs/theory.md §10)
         res = immunize(t, "closed_form", rng=np.random.default_rng(0), exponent=a)
         assert res.rir == pytest.approx(c.range_restricted, rel=1e-8)
     rng = np.random.default_rng(5)
-    for _ in range(50):                # no θ beats it
+    for _ in range(50):  # no θ beats it
         assert rir(rng.standard_normal((t.D, t.D)), t.X_P, t.X_H).value <= c.exact * (1 + 1e-8)
 
 
 def test_closed_form_exponent_trades_the_two_factors():
     t = small_task(7)
-    r0, r1 = (immunize(t, "closed_form", rng=np.random.default_rng(0), exponent=a) for a in (0.0, 0.5))
+    r0, r1 = (
+        immunize(t, "closed_form", rng=np.random.default_rng(0), exponent=a) for a in (0.0, 0.5)
+    )
     assert r1.pretrain_ratio != pytest.approx(r0.pretrain_ratio, rel=1e-3)
-    assert r1.harmful_ratio / r0.harmful_ratio == pytest.approx(r1.pretrain_ratio / r0.pretrain_ratio,
-                                                                rel=1e-8)   # at constant RIR
+    # at constant RIR
+    assert r1.harmful_ratio / r0.harmful_ratio == pytest.approx(
+        r1.pretrain_ratio / r0.pretrain_ratio, rel=1e-8
+    )
 
 
 def test_ceiling_is_infinite_when_dp_ignores_a_direction_dh_uses():
@@ -111,7 +126,7 @@ def test_ceiling_is_infinite_when_dp_ignores_a_direction_dh_uses():
     XP[:, 2] = 0.0  # D_P never varies along e_3, D_H does
     assert rir_ceiling(XP, t.X_H).exact == np.inf
     vals = [rir(np.diag([1, 1, s, 1, 1, 1.0]), XP, t.X_H).value for s in (1e-1, 1e-3)]
-    assert vals[1] > 10 * vals[0]      # RIR grows without bound by shrinking that direction
+    assert vals[1] > 10 * vals[0]  # RIR grows without bound by shrinking that direction
 
 
 def test_range_null_split_separates_what_D_P_sees():
@@ -119,19 +134,24 @@ def test_range_null_split_separates_what_D_P_sees():
     (docs/theory.md §8); the two add up to θ + I."""
     rng = np.random.default_rng(3)
     D, r = 6, 4
-    X_P = rng.normal(size=(20, r)) @ rng.normal(size=(r, D))      # rank 4: null(K_P) has dim 2
+    X_P = rng.normal(size=(20, r)) @ rng.normal(size=(r, D))  # rank 4: null(K_P) has dim 2
     Vt = np.linalg.svd(X_P)[2]
     V_R, V_N = Vt[:r].T, Vt[r:].T
     theta = np.eye(D) + 0.3 * rng.normal(size=(D, D))
     f = EvaluationReference(LinearTask(X_P, X_P[:, :1], np.eye(D), np.ones(D))).features(theta)
-    t_range, t_null = f[("range", "H")], f[("null", "H")]     # X_H = I: the parts themselves
-    for V, a, b in ((V_R, t_range, theta), (V_N, t_range, np.eye(D)), (V_R, t_null, np.eye(D)),
-                    (V_N, t_null, theta)):
+    t_range, t_null = f[("range", "H")], f[("null", "H")]  # X_H = I: the parts themselves
+    for V, a, b in (
+        (V_R, t_range, theta),
+        (V_N, t_range, np.eye(D)),
+        (V_R, t_null, np.eye(D)),
+        (V_N, t_null, theta),
+    ):
         np.testing.assert_allclose(V.T @ a, V.T @ b, atol=1e-12)
     np.testing.assert_allclose(t_range + t_null, theta + np.eye(D), atol=1e-12)
 
 
 # ---------------------------------------------------------------- immunizers
+
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("loss", ["mse", "bce"])
@@ -152,11 +172,14 @@ def test_imma_gradient_matches_finite_differences():
     _, g = imma_objective(theta, w, omega, t, o)
     fd = central_diff(lambda th: imma_objective(th, w, omega, t, o)[0], theta, h=1e-6)
     assert rel_err(g, fd) < 1e-7
-    batch = (t.X_P[[0, 3, 7, 11, 20]], t.Y_P[[0, 3, 7, 11, 20]])   # a D_P mini-batch for L_P
+    batch = (t.X_P[[0, 3, 7, 11, 20]], t.Y_P[[0, 3, 7, 11, 20]])  # a D_P mini-batch for L_P
     _, g_b = imma_objective(theta, w, omega, t, o, batch_P=batch)
-    fd_b = central_diff(lambda th: imma_objective(th, w, omega, t, o, batch_P=batch)[0], theta, h=1e-6)
+    fd_b = central_diff(
+        lambda th: imma_objective(th, w, omega, t, o, batch_P=batch)[0], theta, h=1e-6
+    )
     assert rel_err(g_b, fd_b) < 1e-7 and rel_err(g_b, g) > 1e-3
-    _, g0 = imma_objective(theta, w, omega, t, IMMAOptions(inner_steps=0))   # the unrolled steps matter
+    # the unrolled steps matter
+    _, g0 = imma_objective(theta, w, omega, t, IMMAOptions(inner_steps=0))
     assert rel_err(g0, g) > 1e-3
 
 
@@ -170,22 +193,38 @@ def test_imma_upper_level_uses_the_dp_mini_batches(monkeypatch):
         return real(*args, batch_P=batch_P, **kw)
 
     monkeypatch.setattr(M, "imma_objective", spy)
-    immunize(small_task(3, N=20, D=4), "imma", rng=np.random.default_rng(0), epochs=2, batch_size=8)
+    immunize(
+        small_task(3, N=20, D=4), "imma", rng=np.random.default_rng(0), epochs=2, batch_size=8
+    )
     assert seen == [8, 8, 4, 8, 8, 4]
 
 
 def test_ours_immunizes_a_synthetic_task():
     t = small_task(10, N=60, D=6)
-    res = immunize(t, "ours", rng=np.random.default_rng(0), epochs=60, batch_size=None,
-                   lambda_p=100.0, lambda_h=1e4)
+    res = immunize(
+        t,
+        "ours",
+        rng=np.random.default_rng(0),
+        epochs=60,
+        batch_size=None,
+        lambda_p=100.0,
+        lambda_h=1e4,
+    )
     assert res.rir > 1.5
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_certified_mode_has_no_violations(seed):
     t = small_task(20 + seed, N=30, D=5)
-    res = immunize_certified(t, rng=np.random.default_rng(seed), epochs=5, batch_size=None, lr=0.05,
-                             lambda_p=10, lambda_h=1e4)
+    res = immunize_certified(
+        t,
+        rng=np.random.default_rng(seed),
+        epochs=5,
+        batch_size=None,
+        lr=0.05,
+        lambda_p=10,
+        lambda_h=1e4,
+    )
     cert = res.diagnostics["certified"]
     assert cert["checked"] == 5 and cert["violations_P"] == 0 and cert["violations_H"] == 0
 
@@ -197,17 +236,22 @@ def test_uncapped_regularizer_step_can_violate_monotonicity():
     reg = R.hessian_regularizer(t.X_P, "well")
     bound = R.preconditioned_r_well_step_bound(reg.info, D=t.D)
     step = P.precondition(theta, reg.G, t.K_P, "exact")
-    assert any(gram_spectrum(t.X_P @ (theta - eta * step)).kappa > reg.info.kappa
-               for eta in bound * np.array([2.0, 5.0, 20.0, 100.0]))
+    assert any(
+        gram_spectrum(t.X_P @ (theta - eta * step)).kappa > reg.info.kappa
+        for eta in bound * np.array([2.0, 5.0, 20.0, 100.0])
+    )
 
 
 def test_degenerate_task_raises_a_spectrum_error():
     """D_H with κ = 1 (orthogonal rows): R_ill is undefined."""
     rng = np.random.default_rng(0)
-    t = LinearTask(rng.standard_normal((20, 4)), rng.standard_normal(20), 3.0 * np.eye(4), np.ones(4))
+    t = LinearTask(
+        rng.standard_normal((20, 4)), rng.standard_normal(20), 3.0 * np.eye(4), np.ones(4)
+    )
     with pytest.raises(SpectrumError):
         immunize(t, "ours", rng=np.random.default_rng(0), epochs=1, lambda_p=1.0, lambda_h=1.0)
-    assert not immunize(t, "ours", rng=np.random.default_rng(0)).immunized   # the default says why instead
+    # the default says why instead
+    assert not immunize(t, "ours", rng=np.random.default_rng(0)).immunized
 
 
 def test_closed_form_with_fewer_harmful_rows_than_rank_keeps_dp_loss():
@@ -219,7 +263,8 @@ def test_closed_form_with_fewer_harmful_rows_than_rank_keeps_dp_loss():
     res = immunize(task, "closed_form", rng=rng)
     assert np.linalg.matrix_rank(res.theta) == 8 and res.diagnostics["null_columns_zeroed"] == 0
     assert best_probe_loss("mse", X_P @ res.theta, task.Y_P) == pytest.approx(
-        best_probe_loss("mse", X_P, task.Y_P), rel=1e-10)
+        best_probe_loss("mse", X_P, task.Y_P), rel=1e-10
+    )
     ceil = rir_ceiling(X_P, X_H)
     assert ceil.rank_C == 5 and np.all(ceil.lambda_C[5:] == 0)
     assert res.rir == pytest.approx(ceil.range_restricted, rel=1e-8)
@@ -227,10 +272,11 @@ def test_closed_form_with_fewer_harmful_rows_than_rank_keeps_dp_loss():
 
 # ---------------------------------------------------------------- the probes' solvers
 
+
 def test_damped_newton_solves_a_strictly_convex_problem_to_the_floor():
     rng = np.random.default_rng(1)
     A = rng.standard_normal((60, 5))
-    y = (rng.random(60) < 0.5).astype(float)       # not separable: a unique interior minimiser
+    y = (rng.random(60) < 0.5).astype(float)  # not separable: a unique interior minimiser
     lam = 1e-3
 
     def value(w):
@@ -245,8 +291,9 @@ def test_damped_newton_solves_a_strictly_convex_problem_to_the_floor():
         return (A.T * (s * (1 - s))) @ A + lam * np.eye(5)
 
     w, info = damped_newton(value_grad, value, hessian, np.zeros(5), tol=1e-13, max_iter=100)
-    ref = scipy.optimize.minimize(value, np.zeros(5), jac=lambda w: value_grad(w)[1], method="BFGS",
-                                  options={"gtol": 1e-12})
+    ref = scipy.optimize.minimize(
+        value, np.zeros(5), jac=lambda w: value_grad(w)[1], method="BFGS", options={"gtol": 1e-12}
+    )
     assert info["grad_norm"] <= 1e-10 and value(w) <= ref.fun + 1e-12
     np.testing.assert_allclose(w, ref.x, rtol=1e-6, atol=1e-8)
 
@@ -273,7 +320,11 @@ def test_probe_equals_the_unhalved_exact_line_search(case):
     factors of 2 are exact), including the padding once the gradient reaches round-off."""
     rng = np.random.default_rng(3)
     if case == "rank_deficient":
-        Z = rng.standard_normal((40, 6)) @ np.diag([5, 2, 1, 0.3, 0.0, 0.0]) @ rng.standard_normal((6, 9))
+        Z = (
+            rng.standard_normal((40, 6))
+            @ np.diag([5, 2, 1, 0.3, 0.0, 0.0])
+            @ rng.standard_normal((6, 9))
+        )
     else:
         Z = np.linalg.qr(rng.standard_normal((30, 5)))[0] * 3.0
     Y = rng.standard_normal((Z.shape[0], 2))
@@ -288,7 +339,7 @@ def test_probe_equals_the_unhalved_exact_line_search(case):
         if not (np.linalg.norm(g) <= g_floor or curv <= 0.0):
             alpha = float(np.sum(g * g)) / curv
             w, E = w - alpha * g, E - alpha * Zg
-        ratios.append(float(np.sum((w - w_star) ** 2)) / float(np.sum(w_star ** 2)))
+        ratios.append(float(np.sum((w - w_star) ** 2)) / float(np.sum(w_star**2)))
     assert np.array_equal(probe.gd_exact_line_search(Z, Y, 25).norm_ratio, np.array(ratios))
 
 
@@ -297,12 +348,15 @@ def test_attack_gd_exact_uses_the_shared_loop_on_least_squares():
     Z = rng.standard_normal((50, 8)) @ np.diag(np.logspace(0, -2, 8))
     P_ = attacks.make_problem(Z, rng.standard_normal(50))
     tr = attacks.attack(P_, "gd_exact", max_steps=40, tol=0.0)
-    ws = [w for w, _, _ in itertools.islice(probe.exact_line_search_steps(*P_.work, np.zeros(8)), 40)]
+    ws = [
+        w for w, _, _ in itertools.islice(probe.exact_line_search_steps(*P_.work, np.zeros(8)), 40)
+    ]
     assert len(ws) == 40 and np.array_equal(tr.w_final, ws[-1]) and tr.rel_subopt.size == 41
 
 
 def test_task_threads_is_the_policy_of_worker_tasks(monkeypatch):
-    """One BLAS thread inside a worker task whatever the matrix size, unless the user set a count."""
+    """One BLAS thread inside a worker task whatever the matrix size, unless the user set a
+    count."""
     from threadpoolctl import threadpool_info
 
     from pycore import threads
@@ -310,16 +364,23 @@ def test_task_threads_is_the_policy_of_worker_tasks(monkeypatch):
     def blas_threads():
         return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
 
-    for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-              "VECLIB_MAXIMUM_THREADS", "PYCORE_BLAS_THREADS"):
+    for v in (
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "BLIS_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+        "PYCORE_BLAS_THREADS",
+    ):
         monkeypatch.delenv(v, raising=False)
     before = blas_threads()
     with threads.task_threads():
         assert blas_threads() == 1
         big = np.ones((2 * threads.SMALL_MATRIX_DIM, 2))
-        assert threads.bounded_blas(lambda a: blas_threads())(big) == 1   # the task's decision holds
+        # the task's decision holds
+        assert threads.bounded_blas(lambda a: blas_threads())(big) == 1
     assert blas_threads() == before
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")                             # the user's choice wins
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice wins
     with threads.task_threads():
         assert blas_threads() == before
     monkeypatch.setenv("PYCORE_BLAS_THREADS", "2")

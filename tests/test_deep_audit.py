@@ -1,6 +1,7 @@
-"""The deep-net experiments (deepnet.py, deep_pipeline.py, audit.py; docs/findings.md §7): one's own
-ImageFolder roots at 32 px with the defaults, the bounds checked before compute, the pipeline over
-seeds, the audit."""
+"""The deep-net experiments (deepnet.py, deep_pipeline.py, audit.py; docs/findings.md §7): one's
+own ImageFolder roots at 32 px with the defaults, the bounds checked before compute, the pipeline
+over seeds, the audit."""
+
 import json
 import os
 from dataclasses import replace
@@ -27,9 +28,11 @@ def _one_line_error(capsys, module, argv):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """deepnet.py with nothing but two ImageFolder roots of 32 px PNGs (two classes each, 4 + 2 images a
-    class; a colour channel tells the classes apart), --out and timm's small test network as --model."""
+    """deepnet.py with nothing but two ImageFolder roots of 32 px PNGs (two classes each, 4 + 2
+    images a class; a colour channel tells the classes apart), --out and timm's small test network
+    as --model."""
     from PIL import Image
+
     tmp, rng = tmp_path_factory.mktemp("own"), np.random.default_rng(0)
     for root, shift in (("dp", 0), ("dh", 1)):
         for split, n in (("train", 4), ("val", 2)):
@@ -40,53 +43,111 @@ def folders(tmp_path_factory):
                     a[..., c + shift] += 120
                     Image.fromarray(a).save(tmp / root / split / f"class{c}" / f"{i}.png")
     dp, dh, out = tmp / "dp", tmp / "dh", tmp / "out"
-    assert deepnet.main(["--dp-root", str(dp), "--dh-root", str(dh), "--out", str(out), "--quiet",
-                         "--model", "test_resnet"]) == 0
-    return {"dp": dp, "dh": dh, "out": out / "folders",
-            "result": json.loads((out / "folders" / "results.json").read_text())}
+    assert (
+        deepnet.main(
+            [
+                "--dp-root",
+                str(dp),
+                "--dh-root",
+                str(dh),
+                "--out",
+                str(out),
+                "--quiet",
+                "--model",
+                "test_resnet",
+            ]
+        )
+        == 0
+    )
+    return {
+        "dp": dp,
+        "dh": dh,
+        "out": out / "folders",
+        "result": json.loads((out / "folders" / "results.json").read_text()),
+    }
 
 
 def test_own_image_folders_run_end_to_end_with_the_defaults(folders):
     res, out = folders["result"], folders["out"]
-    assert set(res["rows"]) == {"init", "ours", "r_ill_only", "imma", "opt_kappa"} and not res["errors"]
-    assert res["run_config"]["model_kwargs"] == {"img_size": 32}        # θ₀ trained at the images' size
+    assert (
+        set(res["rows"]) == {"init", "ours", "r_ill_only", "imma", "opt_kappa"}
+        and not res["errors"]
+    )
+    assert res["run_config"]["model_kwargs"] == {"img_size": 32}  # θ₀ trained at the images' size
     for row in res["rows"].values():
         assert np.isfinite(row["rir_theta0"]["mean"]) and len(row["attacks"]) == 4
-    assert res["rows"]["init"]["dp_top1"]["mean"] > 75                          # a θ₀ that learned D_P
-    for name in ("table.md", "finetune.png", "attacks.png", "extractor_init.safetensors",
-                 "extractor_ours.safetensors"):
+    assert res["rows"]["init"]["dp_top1"]["mean"] > 75  # a θ₀ that learned D_P
+    for name in (
+        "table.md",
+        "finetune.png",
+        "attacks.png",
+        "extractor_init.safetensors",
+        "extractor_ours.safetensors",
+    ):
         assert (out / name).stat().st_size > 500, name
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]             # no temporary file left
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
 
 
 def test_audit_reproduces_the_pipeline(folders, tmp_path):
-    assert audit.main(["--model", str(folders["out"] / "extractor_ours.safetensors"), "--reference",
-                       str(folders["out"] / "extractor_init.safetensors"), "--out", str(tmp_path), "--quiet",
-                       "--dp-root", str(folders["dp"]), "--dh-root", str(folders["dh"]),
-                       "--epochs", "5"]) == 0
+    assert (
+        audit.main(
+            [
+                "--model",
+                str(folders["out"] / "extractor_ours.safetensors"),
+                "--reference",
+                str(folders["out"] / "extractor_init.safetensors"),
+                "--out",
+                str(tmp_path),
+                "--quiet",
+                "--dp-root",
+                str(folders["dp"]),
+                "--dh-root",
+                str(folders["dh"]),
+                "--epochs",
+                "5",
+            ]
+        )
+        == 0
+    )
     res = json.loads((tmp_path / "results.json").read_text())
     pipe, got = folders["result"]["per_seed"][0]["rows"], res["per_seed"][0]["rows"]
-    # The pipeline measured features computed once, the audit runs each model end to end: equal up to
+    # The pipeline measured features computed once, the audit runs each model end to end: equal up
+    # to
     # float32 rounding of the features (κ ratios: 1e-4 relative).
     for row, ref in (("model", "ours"), ("init", "init")):
         assert got[row]["dp_top1"] == pipe[ref]["dp_top1"]
-        assert got[row]["rir"]["value"]["mean"] == pytest.approx(pipe[ref]["rir"]["value"]["mean"], rel=1e-4)
-    assert res["rows"]["init"]["rir_theta0"]["per_seed"] == [1.0]               # θ₀ against itself: exactly 1
-    assert (tmp_path / "audit.png").stat().st_size > 1000 and (tmp_path / "table.md").stat().st_size > 1000
+        assert got[row]["rir"]["value"]["mean"] == pytest.approx(
+            pipe[ref]["rir"]["value"]["mean"], rel=1e-4
+        )
+    assert res["rows"]["init"]["rir_theta0"]["per_seed"] == [1.0]  # θ₀ against itself: exactly 1
+    assert (tmp_path / "audit.png").stat().st_size > 1000 and (
+        tmp_path / "table.md"
+    ).stat().st_size > 1000
 
 
 def test_audit_errors_name_the_flag(folders, tmp_path, capsys):
     from safetensors.torch import save_file
+
     vit = ImmunizedNet(create_model("vit_tiny_patch16_224", 2, img_size=32, patch_size=8, depth=2))
     plain = tmp_path / "plain.safetensors"
-    save_file({k: v.contiguous() for k, v in create_model("resnet10t", 2).state_dict().items()}, str(plain))
-    init, out = str(folders["out"] / "extractor_init.safetensors"), ["--out", str(tmp_path / "o"), "--quiet"]
-    for argv, flag in ((["--model", save_model(vit, tmp_path / "vit.safetensors"), "--reference", init],
-                        "--reference"),
-                       (["--model", str(plain), "--reference", init], "--model"),   # no metadata, no name
-                       (["--model", init, "--reference", init, "--dh-root", str(folders["dh"])], "--dp-root"),
-                       (["--model", init, "--reference", init], "--model"),         # 2 classes; the digits: 5
-                       (["--model", init, "--reference", init, "--epochs", "1e9"], "--epochs")):
+    save_file(
+        {k: v.contiguous() for k, v in create_model("resnet10t", 2).state_dict().items()},
+        str(plain),
+    )
+    init, out = (
+        str(folders["out"] / "extractor_init.safetensors"),
+        ["--out", str(tmp_path / "o"), "--quiet"],
+    )
+    for argv, flag in (
+        (
+            ["--model", save_model(vit, tmp_path / "vit.safetensors"), "--reference", init],
+            "--reference",
+        ),
+        (["--model", str(plain), "--reference", init], "--model"),  # no metadata, no name
+        (["--model", init, "--reference", init, "--dh-root", str(folders["dh"])], "--dp-root"),
+        (["--model", init, "--reference", init], "--model"),  # 2 classes; the digits: 5
+        (["--model", init, "--reference", init, "--epochs", "1e9"], "--epochs"),
+    ):
         rc, err = _one_line_error(capsys, audit, [*argv, *out])
         assert rc == 2 and f"error: {flag}:" in err, err
 
@@ -95,40 +156,83 @@ def test_deepnet_refuses_bad_flags_before_any_compute(folders, tmp_path, capsys,
     monkeypatch.setattr(deepnet, "run_config", lambda *a, **k: pytest.fail("computed"))
     roots = ["--dp-root", str(folders["dp"]), "--dh-root", str(folders["dh"])]
     init = str(folders["out"] / "extractor_init.safetensors")
-    cases = [(["--threads", "100000"], "--threads"), (["--epochs", "1e20"], "--epochs"),
-             (["--lr", "0"], "--lr"), (["--max-steps", "1e15"], "--max-steps"),
-             (["--model", "no_such_net"], "--model"),
-             (["--img-size", "5"], "--img-size"), (["--config", "resnet18-cars"], "--checkpoint"),  # no θ₀
-             (["--config", "resnet18-cars", "--pretrained", "--balance-ill", "2"], "--balance-ill")]
+    cases = [
+        (["--threads", "100000"], "--threads"),
+        (["--epochs", "1e20"], "--epochs"),
+        (["--lr", "0"], "--lr"),
+        (["--max-steps", "1e15"], "--max-steps"),
+        (["--model", "no_such_net"], "--model"),
+        (["--img-size", "5"], "--img-size"),
+        (["--config", "resnet18-cars"], "--checkpoint"),  # no θ₀
+        (["--config", "resnet18-cars", "--pretrained", "--balance-ill", "2"], "--balance-ill"),
+    ]
     for argv, flag in [([*roots, *a], f) for a, f in cases] + [
-            (["--demo", "--dp-root", str(folders["dp"])], "--dp-root"),
-            (["--config", "folders"], "--dp-root"), (["--demo", "--checkpoint", init], "--checkpoint")]:
+        (["--demo", "--dp-root", str(folders["dp"])], "--dp-root"),
+        (["--config", "folders"], "--dp-root"),
+        (["--demo", "--checkpoint", init], "--checkpoint"),
+    ]:
         rc, err = _one_line_error(capsys, deepnet, [*argv, "--out", str(tmp_path)])
         assert rc == 2 and f"error: {flag}:" in err, err
     assert not list(tmp_path.iterdir())
 
 
-def test_a_method_that_failed_is_named_in_the_outputs_and_exit_1(folders, tmp_path, capsys, monkeypatch):
+def test_a_method_that_failed_is_named_in_the_outputs_and_exit_1(
+    folders, tmp_path, capsys, monkeypatch
+):
     res = json.loads(json.dumps(folders["result"]))
     del res["rows"]["ours"], res["per_seed"][0]["rows"]["ours"]
-    res["errors"] = {"seed0": {"ours": {"message": "non-finite loss at step 3", "step": 3, "checkpoint": None,
-                                        "parameter": "lr"}}}
+    res["errors"] = {
+        "seed0": {
+            "ours": {
+                "message": "non-finite loss at step 3",
+                "step": 3,
+                "checkpoint": None,
+                "parameter": "lr",
+            }
+        }
+    }
     monkeypatch.setattr(deepnet, "run_config", lambda *a, **k: res)
-    rc = deepnet.main(["--dp-root", str(folders["dp"]), "--dh-root", str(folders["dh"]), "--quiet",
-                       "--out", str(tmp_path)])
+    rc = deepnet.main(
+        [
+            "--dp-root",
+            str(folders["dp"]),
+            "--dh-root",
+            str(folders["dh"]),
+            "--quiet",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and "ours" in err
     assert "| Ours (Alg. 1) | failed" in (tmp_path / "folders" / "table.md").read_text()
-    assert json.loads((tmp_path / "folders" / "results.json").read_text())["errors"] == res["errors"]
+    assert (
+        json.loads((tmp_path / "folders" / "results.json").read_text())["errors"] == res["errors"]
+    )
 
 
-# --- the pipeline over seeds (the demo's, at CI size) ---------------------------------------------------
+# --- the pipeline over seeds (the demo's, at CI size)
+# ---------------------------------------------------
 
-CI = RunConfig("ci", "test_resnet", "mnist", DeepOptions(epochs=1, max_steps=6, batch_size=16,
-                                                       harden="label_subspace"),
-               model_kwargs={"img_size": 32}, methods=("ours",), theta0_epochs=1, theta0_lr=2e-3,
-               per_digit=30, rir_groups=4, rir_group_size=30, probe_epochs=5, eval_batch=128,
-               attack_epochs=(1, 3), adam_lrs=(1e-2, 1e-1), finetune=False)   # fine-tuning: the folder run
+# fine-tuning: the folder run
+CI = RunConfig(
+    "ci",
+    "test_resnet",
+    "mnist",
+    DeepOptions(epochs=1, max_steps=6, batch_size=16, harden="label_subspace"),
+    model_kwargs={"img_size": 32},
+    methods=("ours",),
+    theta0_epochs=1,
+    theta0_lr=2e-3,
+    per_digit=30,
+    rir_groups=4,
+    rir_group_size=30,
+    probe_epochs=5,
+    eval_batch=128,
+    attack_epochs=(1, 3),
+    adam_lrs=(1e-2, 1e-1),
+    finetune=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +240,14 @@ def pipeline(tmp_path_factory):
     seen, cwd = [], os.getcwd()
     os.chdir(tmp_path_factory.mktemp("cwd"))
     try:
-        res = run_config(CI, [0, 1], RunOptions(quiet=True), init_from_env("cpu"),
-                         on_extractor=lambda m, row, seed, status: seen.append((row, seed)))
-        assert not list(Path().iterdir())                                        # the library wrote no file
+        res = run_config(
+            CI,
+            [0, 1],
+            RunOptions(quiet=True),
+            init_from_env("cpu"),
+            on_extractor=lambda m, row, seed, status: seen.append((row, seed)),
+        )
+        assert not list(Path().iterdir())  # the library wrote no file
     finally:
         os.chdir(cwd)
     return res, seen
@@ -147,36 +256,58 @@ def pipeline(tmp_path_factory):
 def test_pipeline_aggregates_every_row_over_seeds(pipeline):
     res, seen = pipeline
     rows = res["rows"]
-    assert list(rows) == ["init", "ours", "init+label_subspace", "ours+label_subspace"], res["errors"]
+    assert list(rows) == ["init", "ours", "init+label_subspace", "ours+label_subspace"], res[
+        "errors"
+    ]
     assert set(seen) == {(r, s) for r in rows for s in (0, 1)}
     for k, seed_run in enumerate(res["per_seed"]):
         for m, row in seed_run["rows"].items():
             r = row["rir"]
-            assert row["immunized"] == (r["harmful_ratio"]["mean"] > 1 > r["pretrain_ratio"]["mean"])
+            assert row["immunized"] == (
+                r["harmful_ratio"]["mean"] > 1 > r["pretrain_ratio"]["mean"]
+            )
             assert rows[m]["rir_theta0"]["per_seed"][k] == row["rir"]["value"]["mean"]
             assert rows[m]["attacks"]["adam"]["epoch3"]["per_seed"][k] == row["attacks"]["adam"][3]
     for m, r in rows.items():
         assert r["immunized_count"] == sum(s["rows"][m]["immunized"] for s in res["per_seed"])
         per = r["dp_top1"]["per_seed"]
-        assert (r["dp_top1"]["mean"], r["dp_top1"]["std"]) == pytest.approx((np.mean(per), np.std(per)))
+        assert (r["dp_top1"]["mean"], r["dp_top1"]["std"]) == pytest.approx(
+            (np.mean(per), np.std(per))
+        )
     assert rows["init"]["rir_theta0"]["per_seed"] == pytest.approx([1.0, 1.0], abs=1e-9)
-    assert rows["init+label_subspace"]["dp_top1"] == rows["init"]["dp_top1"]    # hardening keeps D_P top-1
+    # hardening keeps D_P top-1
+    assert rows["init+label_subspace"]["dp_top1"] == rows["init"]["dp_top1"]
     assert abs(rows["ours"]["rir_theta0"]["mean"] - 1) > 1e-6
     assert all(deep_report.label(m) in deep_report.table_markdown(res) for m in rows)
 
 
-def test_the_balance_sweep_is_one_row_per_point_and_a_seed_gives_every_number_again(pipeline, tmp_path):
-    """Sweep point b = 1 is CI's own rule, so the sweep's seed 0 repeats the pipeline's seed 0: the same seed
-    and thread count give every number again; seed 1 gives other numbers, so the comparison can fail."""
-    res = run_config(replace(CI, sweep=((1.0, None), (1.0, 2.0))), [0], RunOptions(quiet=True),
-                     init_from_env("cpu"))
+def test_the_balance_sweep_is_one_row_per_point_and_a_seed_gives_every_number_again(
+    pipeline, tmp_path
+):
+    """Sweep point b = 1 is CI's own rule, so the sweep's seed 0 repeats the pipeline's seed 0: the
+    same seed and thread count give every number again; seed 1 gives other numbers, so the
+    comparison can fail."""
+    res = run_config(
+        replace(CI, sweep=((1.0, None), (1.0, 2.0))),
+        [0],
+        RunOptions(quiet=True),
+        init_from_env("cpu"),
+    )
     hard = ("", "+label_subspace")
     assert list(res["rows"]) == [r + h for h in hard for r in ("init", "ours@1", "ours@1/2")]
     assert res["rows"]["ours@1"]["rir_theta0"] != res["rows"]["ours@1/2"]["rir_theta0"]
     same = {r + h: r.replace("ours", "ours@1") + h for h in hard for r in ("init", "ours")}
-    strip = lambda seed, names: json.dumps([{k: v for k, v in seed["rows"][m].items() if k != "train"}  # noqa: E731
-                                            for m in names], sort_keys=True, default=str)
+    strip = lambda seed, names: json.dumps(
+        [
+            {k: v for k, v in seed["rows"][m].items() if k != "train"}  # noqa: E731
+            for m in names
+        ],
+        sort_keys=True,
+        default=str,
+    )
     (s0, s1), again = pipeline[0]["per_seed"], res["per_seed"][0]
     assert strip(again, same.values()) == strip(s0, same) != strip(s1, same)
     deep_report.plot_tradeoff(res, tmp_path / "t.png")
-    assert (tmp_path / "t.png").stat().st_size > 1000 and "b = 1/2" in deep_report.table_markdown(res)
+    assert (tmp_path / "t.png").stat().st_size > 1000 and "b = 1/2" in deep_report.table_markdown(
+        res
+    )

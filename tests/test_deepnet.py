@@ -1,5 +1,6 @@
-"""Deep-net immunization of any timm model (pycore.deep; docs/design.md §3, docs/findings.md §7): random-init
-timm models at 32 px, a few steps each."""
+"""Deep-net immunization of any timm model (pycore.deep; docs/design.md §3, docs/findings.md §7):
+random-init timm models at 32 px, a few steps each."""
+
 import copy
 import os
 import socket
@@ -15,11 +16,28 @@ from torch.utils.data import TensorDataset
 
 from pycore import ops
 from pycore.deep import (
-    CheckpointError, CheckpointMismatchError, DataError, DeepOptions, ImmunizedNet, NonFiniteLossError,
-    PretrainedUnavailableError, audit_model, create_model, image_folder, immunize, immunize_model, load_model,
-    read_weights, save_model,
+    CheckpointError,
+    CheckpointMismatchError,
+    DataError,
+    DeepOptions,
+    ImmunizedNet,
+    NonFiniteLossError,
+    PretrainedUnavailableError,
+    audit_model,
+    create_model,
+    image_folder,
+    immunize,
+    immunize_model,
+    load_model,
+    read_weights,
+    save_model,
 )
-from pycore.deep.attacks import adam_probe_curve, best_adam_probe, finetune_attack, linear_probe_curve
+from pycore.deep.attacks import (
+    adam_probe_curve,
+    best_adam_probe,
+    finetune_attack,
+    linear_probe_curve,
+)
 from pycore.deep.data import _decode, fetch
 from pycore.deep.features import prelogits_dataset
 from pycore.deep.models import tail_modules
@@ -31,7 +49,8 @@ torch.set_num_threads(1)
 
 
 def _data(n, seed, classes=3):
-    """32 px images whose class shifts their mean: learnable, and random enough to be well conditioned."""
+    """32 px images whose class shifts their mean: learnable, and random enough to be well
+    conditioned."""
     g = torch.Generator().manual_seed(seed)
     y = torch.arange(n) % classes
     return torch.randn(n, 3, 32, 32, generator=g) + 0.5 * y.view(-1, 1, 1, 1).float(), y
@@ -44,49 +63,63 @@ def _layer_setup(n=48):
 
 # --- any timm model ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,kw", [("resnet10t", {}), ("mobilenetv3_small_050", {}),
-                                     ("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2})])
+
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("resnet10t", {}),
+        ("mobilenetv3_small_050", {}),
+        ("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}),
+    ],
+)
 def test_the_layer_sits_between_timms_prelogits_and_classifier(name, kw):
     net = create_model(name, 4, seed=0, **kw).eval()
     m = ImmunizedNet(copy.deepcopy(net)).eval()
     x = _data(3, 1)[0]
     with torch.no_grad():
-        torch.testing.assert_close(m(x), net(x))                     # identity layer: θ₀ unchanged
+        torch.testing.assert_close(m(x), net(x))  # identity layer: θ₀ unchanged
         m.layer.weight.add_(0.05 * torch.randn_like(m.layer.weight))
         z = m.forward_head(m.forward_features(x), pre_logits=True)
         torch.testing.assert_close(z, m.prelogits(x) @ m.layer.weight.T)
         torch.testing.assert_close(m(x), m.get_classifier()(z))
-        m.reset_classifier(7)                                         # an attacker's new head keeps the layer
+        m.reset_classifier(7)  # an attacker's new head keeps the layer
         torch.testing.assert_close(m.forward_head(m.forward_features(x), pre_logits=True), z)
-    assert ImmunizedNet(net.to("meta")).layer.weight.device.type == "meta"   # on the model's device
+    assert ImmunizedNet(net.to("meta")).layer.weight.device.type == "meta"  # on the model's device
 
 
 # --- the facade ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["resnet10t", "mobilenetv3_small_050"])
 def test_immunize_model_and_audit_model_on_any_timm_model(name):
-    model = create_model(name, 3, seed=0)            # seeded: the D_P guard may keep step 0 of a random one
+    model = create_model(name, 3, seed=0)  # seeded: the D_P guard may keep step 0 of a random one
     before = copy.deepcopy(model.state_dict())
     out = immunize_model(model, _data(48, 1), TensorDataset(*_data(48, 2)), max_steps=4)
     assert out.steps == 4 and np.isfinite(out.history["loss"]).all()
     assert out.immunized == (out.harmful_ratio > 1 > out.pretrain_ratio > 0)
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())    # a copy was immunized
+    # a copy was immunized
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     assert out.model(_data(2, 3)[0]).shape == (2, 3)
     acc = audit_model(out.model, reference=model, dh=_data(30, 4), epochs=(1, 2), adam_lrs=(1e-2,))
-    assert set(acc) == {"model", "reference"} and set(acc["model"]) == {"gd", "adam", "adam_whitened",
-                                                                         "finetune"}
+    assert set(acc) == {"model", "reference"} and set(acc["model"]) == {
+        "gd",
+        "adam",
+        "adam_whitened",
+        "finetune",
+    }
     assert all(0 <= v <= 100 for a in acc.values() for c in a.values() for v in c.values())
 
 
 def test_the_d_p_guard_ends_on_a_state_that_kept_d_p():
-    """Defaults keep D_P top-1 within dp_tolerance (2 points) of the given model's: here an aggressive rule
-    takes it to chance (33 %) without the guard, and the guard ends on the last state within 2 points."""
+    """Defaults keep D_P top-1 within dp_tolerance (2 points) of the given model's: here an
+    aggressive rule takes it to chance (33 %) without the guard, and the guard ends on the last
+    state within 2 points."""
     model = create_model("resnet10t", 3, seed=0).eval()
     x, y = _data(96, 1)
     with torch.no_grad():
         f = model.forward_head(model.forward_features(x), pre_logits=True)
     opt = torch.optim.Adam(model.get_classifier().parameters(), lr=1e-2)
-    for _ in range(100):                                                       # a head trained briefly
+    for _ in range(100):  # a head trained briefly
         opt.zero_grad()
         F.cross_entropy(model.get_classifier()(f), y).backward()
         opt.step()
@@ -94,19 +127,30 @@ def test_the_d_p_guard_ends_on_a_state_that_kept_d_p():
     rule = dict(method="r_ill_only", lr=0.3, balance=3.0, max_steps=30)
     guarded = immunize_model(model, (x, y), _data(96, 2), **rule)
     free = immunize_model(model, (x, y), _data(96, 2), dp_tolerance=None, **rule)
-    assert top1(guarded.model) >= top1(model) - 2 and guarded.reason and top1(free.model) < top1(model) - 10
+    assert (
+        top1(guarded.model) >= top1(model) - 2
+        and guarded.reason
+        and top1(free.model) < top1(model) - 10
+    )
 
 
 def test_facade_errors_name_the_option(monkeypatch):
-    for name, n, kwargs, param in (("no_such_net", 3, {}, "model"), ("resnet10t", 0, {}, "num_classes"),
-                                   ("resnet10t", 3, {"pretrained_cfg_overlay": 1}, "pretrained_cfg_overlay")):
+    for name, n, kwargs, param in (
+        ("no_such_net", 3, {}, "model"),
+        ("resnet10t", 0, {}, "num_classes"),
+        ("resnet10t", 3, {"pretrained_cfg_overlay": 1}, "pretrained_cfg_overlay"),
+    ):
         with pytest.raises(ParameterError) as e:
             create_model(name, n, **kwargs)
         assert e.value.parameter == param
     model = timm.create_model("resnet10t", num_classes=3)
-    for opts, param in (({"config": {"epochs": 5}}, "config"), ({"lr": -1.0}, "lr"),
-                        ({"epochs": 1e20}, "epochs"),
-                        ({"scope": "all"}, "scope"), ({"max_steps": 10**15}, "max_steps")):
+    for opts, param in (
+        ({"config": {"epochs": 5}}, "config"),
+        ({"lr": -1.0}, "lr"),
+        ({"epochs": 1e20}, "epochs"),
+        ({"scope": "all"}, "scope"),
+        ({"max_steps": 10**15}, "max_steps"),
+    ):
         with pytest.raises(ParameterError) as e:
             immunize_model(model, _data(8, 1), _data(8, 2), **opts)
         assert e.value.parameter == param
@@ -118,39 +162,46 @@ def test_facade_errors_name_the_option(monkeypatch):
     assert e.value.parameter == "epoch"
     with pytest.raises(DataError):
         immunize_model(model, _data(8, 1)[0], _data(8, 2))
-    monkeypatch.setattr(timm, "create_model", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    monkeypatch.setattr(
+        timm, "create_model", lambda *a, **k: (_ for _ in ()).throw(OSError("offline"))
+    )
     with pytest.raises(PretrainedUnavailableError):
         create_model("resnet10t", 3, pretrained=True)
 
 
 # --- checkpoints --------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     m = ImmunizedNet(create_model("resnet10t", 3, seed=0)).eval()
     with torch.no_grad():
         m.layer.weight.add_(0.05 * torch.randn_like(m.layer.weight))
-    return m, Path(save_model(m, tmp_path_factory.mktemp("ckpt") / "m.safetensors", extra={"seed": 0}))
+    return m, Path(
+        save_model(m, tmp_path_factory.mktemp("ckpt") / "m.safetensors", extra={"seed": 0})
+    )
 
 
 def test_checkpoints_round_trip_and_are_read_by_content(saved, tmp_path):
     m, path = saved
     x = _data(2, 5)[0]
     torch.testing.assert_close(load_model(path)[0](x), m(x))
-    (tmp_path / "named.PT").write_bytes(path.read_bytes())            # safetensors under a torch name
+    (tmp_path / "named.PT").write_bytes(path.read_bytes())  # safetensors under a torch name
     torch.testing.assert_close(load_model(tmp_path / "named.PT")[0](x), m(x))
-    sd = {"module." + k: v for k, v in m.net.state_dict().items()}                  # DDP's prefix
+    sd = {"module." + k: v for k, v in m.net.state_dict().items()}  # DDP's prefix
     torch.save({"state_dict": sd}, tmp_path / "t.safetensors")
-    plain, _ = load_model(tmp_path / "t.safetensors", "resnet10t")    # a torch zip under a safetensors name
+    # a torch zip under a safetensors name
+    plain, _ = load_model(tmp_path / "t.safetensors", "resnet10t")
     torch.testing.assert_close(plain.net(x), m.net(x))
     with pytest.raises(CheckpointMismatchError):
         load_model(tmp_path / "t.safetensors", "resnet18")
     with pytest.raises(CheckpointError):
-        load_model(tmp_path / "t.safetensors")                        # no metadata, no architecture
+        load_model(tmp_path / "t.safetensors")  # no metadata, no architecture
 
 
 def test_bad_checkpoints_are_one_clear_error(saved, tmp_path):
     from safetensors.torch import save_file
+
     sd, meta = read_weights(saved[1])
     marker = tmp_path / "pwned"
 
@@ -163,14 +214,29 @@ def test_bad_checkpoints_are_one_clear_error(saved, tmp_path):
     (tmp_path / "cut.pt").write_bytes((tmp_path / "full.pt").read_bytes()[:5000])
     save_file({k: torch.zeros_like(v) for k, v in sd.items()}, str(tmp_path / "zero.safetensors"))
     w = sd["net.fc.weight"]
-    for name, change in (("nan", {"layer.weight": sd["layer.weight"] * float("nan")}),
-                         ("complex", {"net.fc.weight": torch.complex(w, w)})):  # a cast would drop a part
+    # a cast would drop a part
+    for name, change in (
+        ("nan", {"layer.weight": sd["layer.weight"] * float("nan")}),
+        ("complex", {"net.fc.weight": torch.complex(w, w)}),
+    ):
         save_file({**sd, **change}, str(tmp_path / f"{name}.safetensors"), meta)
-    for i, (key, value) in enumerate((("model_kwargs", '{"pretrained_cfg_overlay": {"file": "/etc/passwd"}}'),
-                                      ("model", "my_net"), ("num_classes", "1e8"), ("model_kwargs", "{not"))):
+    for i, (key, value) in enumerate(
+        (
+            ("model_kwargs", '{"pretrained_cfg_overlay": {"file": "/etc/passwd"}}'),
+            ("model", "my_net"),
+            ("num_classes", "1e8"),
+            ("model_kwargs", "{not"),
+        )
+    ):
         save_file(sd, str(tmp_path / f"meta{i}.safetensors"), {**meta, key: value})
-    names = ["evil.pt", "cut.pt", "zero.safetensors", "nan.safetensors", "complex.safetensors",
-             *(f"meta{i}.safetensors" for i in range(4))]
+    names = [
+        "evil.pt",
+        "cut.pt",
+        "zero.safetensors",
+        "nan.safetensors",
+        "complex.safetensors",
+        *(f"meta{i}.safetensors" for i in range(4)),
+    ]
     for name in names:
         with pytest.raises(CheckpointError) as e:
             load_model(tmp_path / name)
@@ -182,36 +248,45 @@ def test_bad_checkpoints_are_one_clear_error(saved, tmp_path):
 
 
 def test_a_checkpoint_that_changes_while_read_is_an_error_never_a_signal(saved, monkeypatch):
-    """A memory-mapped read died of SIGBUS (the whole process) when the file shrank underneath; the file is
-    read once into memory and its size checked against the size it had when opened."""
+    """A memory-mapped read died of SIGBUS (the whole process) when the file shrank underneath; the
+    file is read once into memory and its size checked against the size it had when opened."""
     from pycore.deep import checkpoint
+
     path, real = saved[1], checkpoint.check_regular_file
-    monkeypatch.setattr(checkpoint, "check_regular_file", lambda *a, **k: real(*a, **k) + 10)  # it shrank
+    # it shrank
+    monkeypatch.setattr(checkpoint, "check_regular_file", lambda *a, **k: real(*a, **k) + 10)
     with pytest.raises(CheckpointError, match=path.name):
         read_weights(path)
 
 
 # --- images -------------------------------------------------------------------------------------
 
+
 def _folder(root, classes, per_class):
     from PIL import Image
+
     for c in range(classes):
         (root / "train" / f"c{c}").mkdir(parents=True)
         for i in range(per_class):
-            Image.fromarray(np.full((32, 32, 3), 60 * c + i, np.uint8)).save(root / f"train/c{c}/{i}.png")
+            Image.fromarray(np.full((32, 32, 3), 60 * c + i, np.uint8)).save(
+                root / f"train/c{c}/{i}.png"
+            )
     return root
 
 
 def test_16_bit_and_float_images_are_scaled_not_clipped(tmp_path):
     from PIL import Image
+
     gray = np.random.default_rng(1).integers(0, 256, (32, 32), dtype=np.uint8)
     Image.fromarray(gray).save(tmp_path / "a8.png")
-    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "a16.png")      # the same picture, 16 bits
+    # the same picture, 16 bits
+    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "a16.png")
     Image.fromarray(gray.astype(np.float32) / 255).save(tmp_path / "af.tiff")
     for name in ("a16.png", "af.tiff"):
-        torch.testing.assert_close(_decode(str(tmp_path / name)), _decode(str(tmp_path / "a8.png")),
-                                   atol=1e-6, rtol=0)
-    Image.fromarray(gray.astype(np.float32)).save(tmp_path / "big.tiff")          # floats beyond [0, 1]
+        torch.testing.assert_close(
+            _decode(str(tmp_path / name)), _decode(str(tmp_path / "a8.png")), atol=1e-6, rtol=0
+        )
+    Image.fromarray(gray.astype(np.float32)).save(tmp_path / "big.tiff")  # floats beyond [0, 1]
     with pytest.raises(DataError, match="big.tiff"):
         _decode(str(tmp_path / "big.tiff"))
 
@@ -220,6 +295,7 @@ def test_elongated_or_huge_images_are_refused_before_decoding(tmp_path, monkeypa
     from PIL import Image
 
     from pycore.deep import data
+
     Image.new("L", (20000, 1)).save(tmp_path / "long.png")
     monkeypatch.setattr(Image.Image, "convert", lambda *a, **k: pytest.fail("decoded"))
     with pytest.raises(DataError, match="long.png"):
@@ -234,17 +310,22 @@ def test_degenerate_image_folders_are_refused_naming_the_folder(tmp_path):
     model = create_model("resnet10t", 2)
     side = model.pretrained_cfg["input_size"][1]
     ds = image_folder(_folder(tmp_path / "ok", 2, 2), "train", model)
-    assert len(ds) == 4 and fetch(ds, torch.arange(4))[0].shape == (4, 3, side, side)   # the model's size
-    for root, classes, per, where in ((tmp_path / "one", 2, 1, "c0"), (tmp_path / "single", 1, 3, "train")):
+    # the model's size
+    assert len(ds) == 4 and fetch(ds, torch.arange(4))[0].shape == (4, 3, side, side)
+    for root, classes, per, where in (
+        (tmp_path / "one", 2, 1, "c0"),
+        (tmp_path / "single", 1, 3, "train"),
+    ):
         with pytest.raises(DataError, match=where):
             image_folder(_folder(root, classes, per), "train", model)
     loop = _folder(tmp_path / "loop", 2, 2)
-    os.symlink(loop / "train" / "c1", loop / "train" / "c1" / "again")     # c1 would be read 40 times
+    os.symlink(loop / "train" / "c1", loop / "train" / "c1" / "again")  # c1 would be read 40 times
     with pytest.raises(DataError, match="again"):
         image_folder(loop, "train", model)
 
 
 # --- the loop -----------------------------------------------------------------------------------
+
 
 def test_loss_terms_use_the_op_and_precondition_only_the_regularizers():
     m, dp, dh = _layer_setup()
@@ -256,8 +337,11 @@ def test_loss_terms_use_the_op_and_precondition_only_the_regularizers():
     torch.testing.assert_close(t["r_ill"], ref, rtol=1e-8, atol=0)
     t["ce"].backward(retain_graph=True)
     W = m.layer.weight.detach().clone().requires_grad_(True)
-    (gW,) = torch.autograd.grad(F.cross_entropy(m.classifier(XP @ W.T), yP, label_smoothing=0.1), W)
-    torch.testing.assert_close(m.layer.weight.grad, gW, rtol=1e-4, atol=1e-7)     # CE: the plain gradient
+    (gW,) = torch.autograd.grad(
+        F.cross_entropy(m.classifier(XP @ W.T), yP, label_smoothing=0.1), W
+    )
+    # CE: the plain gradient
+    torch.testing.assert_close(m.layer.weight.grad, gW, rtol=1e-4, atol=1e-7)
     m.zero_grad()
     t["r_ill"].backward()
     X, W = XH.double(), m.layer.weight.detach().double().clone().requires_grad_(True)
@@ -275,7 +359,7 @@ def test_log_kappa_and_the_imma_lower_level():
     y = torch.randint(0, 3, (6,), generator=g)
     l0, l3 = (imma_harmful_loss(Z, y, 3, steps=k, inner_lr=1.0) for k in (0, 3))
     assert abs(float(l0.detach()) - np.log(3)) < 1e-12 and float(l3.detach()) < float(l0.detach())
-    l3.backward()                                                                # unrolled: differentiable
+    l3.backward()  # unrolled: differentiable
     assert torch.isfinite(Z.grad).all() and Z.grad.abs().sum() > 0
 
 
@@ -285,10 +369,15 @@ def test_layer_scope_moves_only_the_layer_and_the_classifier_and_balances_every_
     opts = DeepOptions(max_steps=3, batch_size=16, dp_tolerance=None)
     res = immunize(m, dp, dh, "ours", opts, num_classes_h=3, cached=True)
     assert {k for k in before if not torch.equal(before[k], m.state_dict()[k])} == {
-        "layer.weight", "net.fc.weight", "net.fc.bias"}
-    assert res.steps == 3 and len(set(res.history["lambda_h"])) == 3             # re-balanced at every step
+        "layer.weight",
+        "net.fc.weight",
+        "net.fc.bias",
+    }
+    assert res.steps == 3 and len(set(res.history["lambda_h"])) == 3  # re-balanced at every step
     m.set_trainable()
-    t = loss_terms(m, "ours", dp.tensors[0][:8], dp.tensors[1][:8], dh.tensors[0][:8], dh.tensors[1][:8], 3)
+    t = loss_terms(
+        m, "ours", dp.tensors[0][:8], dp.tensors[1][:8], dh.tensors[0][:8], dh.tensors[1][:8], 3
+    )
     ext = [m.layer.weight]
     lam = balanced_lambdas(t, ext, 0.5, weights={"lambda_h": 2.0})
     norm = lambda v: float(torch.autograd.grad(v, ext, retain_graph=True)[0].double().norm())  # noqa: E731
@@ -302,26 +391,46 @@ def test_a_non_finite_step_is_not_applied():
     with pytest.raises(NonFiniteLossError) as e:
         immunize(m, dp, dh, "r_ill_only", opts, num_classes_h=3, cached=True)
     step = e.value.step
-    assert step >= 1 and e.value.parameter == "lr" and all(torch.isfinite(p).all() for p in m.parameters())
+    assert (
+        step >= 1
+        and e.value.parameter == "lr"
+        and all(torch.isfinite(p).all() for p in m.parameters())
+    )
     m2, dp2, dh2 = _layer_setup()
-    immunize(m2, dp2, dh2, "r_ill_only", replace(opts, max_steps=step), num_classes_h=3, cached=True)
+    immunize(
+        m2, dp2, dh2, "r_ill_only", replace(opts, max_steps=step), num_classes_h=3, cached=True
+    )
     for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
-        torch.testing.assert_close(a, b, msg=k)                                 # exactly the last good step
+        torch.testing.assert_close(a, b, msg=k)  # exactly the last good step
 
 
 def test_tail_scope_trains_the_papers_stages_from_images():
     v = create_model("vit_tiny_patch16_224", 3, seed=0, img_size=32, patch_size=8, depth=3)
     r = create_model("resnet18", 3, seed=0)
-    assert tail_modules(v, 1)[:2] == [v.blocks[-1], v.norm] and tail_modules(r, 2)[:2] == [r.layer3, r.layer4]
-    m = ImmunizedNet(create_model("resnet10t", 3, seed=0)).eval()            # the same stage names, smaller
+    assert tail_modules(v, 1)[:2] == [v.blocks[-1], v.norm] and tail_modules(r, 2)[:2] == [
+        r.layer3,
+        r.layer4,
+    ]
+    m = ImmunizedNet(create_model("resnet10t", 3, seed=0)).eval()  # the same stage names, smaller
     before = copy.deepcopy(m.state_dict())
-    immunize(m, TensorDataset(*_data(16, 1)), TensorDataset(*_data(16, 2)), "ours",
-             DeepOptions(max_steps=2, batch_size=8, lr=1e-3, scope="tail", stages=2), num_classes_h=3)
+    immunize(
+        m,
+        TensorDataset(*_data(16, 1)),
+        TensorDataset(*_data(16, 2)),
+        "ours",
+        DeepOptions(max_steps=2, batch_size=8, lr=1e-3, scope="tail", stages=2),
+        num_classes_h=3,
+    )
     assert {k.split(".")[1] for k in before if not torch.equal(before[k], m.state_dict()[k])} == {
-        "layer3", "layer4", "fc", "weight"}
+        "layer3",
+        "layer4",
+        "fc",
+        "weight",
+    }
 
 
 # --- attackers ----------------------------------------------------------------------------------
+
 
 def test_probes_are_scale_free_and_whitening_undoes_a_linear_map():
     rng = np.random.default_rng(1)
@@ -329,16 +438,25 @@ def test_probes_are_scale_free_and_whitening_undoes_a_linear_map():
     Z = rng.standard_normal((300, 6)) + 2.0 * np.eye(6)[y]
     split = lambda A: (A[:200], y[:200], A[200:], y[200:])  # noqa: E731
     a, b = (linear_probe_curve(*split(s * Z), epochs=10) for s in (1.0, 100.0))
-    assert a.test_accuracy == pytest.approx(b.test_accuracy)                  # rescaling cannot fake immunity
+    assert a.test_accuracy == pytest.approx(b.test_accuracy)  # rescaling cannot fake immunity
     kw = dict(epochs=4, lrs=(1e-2, 1e-1), num_classes=3)
     assert best_adam_probe(*split(Z), **kw)["test_accuracy"] == pytest.approx(
-        best_adam_probe(*split(1e-3 * Z), **kw)["test_accuracy"])
-    raw = [max(adam_probe_curve(*split(s * Z), epochs=4, lr=lr).test_accuracy[1] for lr in (1e-2, 1e-1))
-           for s in (1.0, 1e-3)]
-    assert raw[1] < raw[0] - 10                                               # a raw probe is fooled by scale
+        best_adam_probe(*split(1e-3 * Z), **kw)["test_accuracy"]
+    )
+    raw = [
+        max(
+            adam_probe_curve(*split(s * Z), epochs=4, lr=lr).test_accuracy[1]
+            for lr in (1e-2, 1e-1)
+        )
+        for s in (1.0, 1e-3)
+    ]
+    assert raw[1] < raw[0] - 10  # a raw probe is fooled by scale
     M = rng.standard_normal((6, 6)) @ np.diag([1e-3, 1, 1, 1, 1, 1e2])
-    w = [best_adam_probe(*split(A), preprocessing=("whiten",), **kw)["test_accuracy"] for A in (Z, Z @ M)]
-    assert w[0] == pytest.approx(w[1], abs=3.0) and w[1][-1] > 80            # equal up to a rotation
+    w = [
+        best_adam_probe(*split(A), preprocessing=("whiten",), **kw)["test_accuracy"]
+        for A in (Z, Z @ M)
+    ]
+    assert w[0] == pytest.approx(w[1], abs=3.0) and w[1][-1] > 80  # equal up to a rotation
 
 
 def test_finetune_attack_learns_and_leaves_the_model_alone():
@@ -346,36 +464,59 @@ def test_finetune_attack_learns_and_leaves_the_model_alone():
     state = copy.deepcopy(m.state_dict())
     h = TensorDataset(*_data(24, 12))
     c = finetune_attack(m, h, h, num_classes=3, epochs=4, lr=1e-3, batch_size=8, eval_epochs=(4,))
-    assert c.test_accuracy[-1] > c.test_accuracy[0] + 20 and np.isnan(c.test_accuracy[2])   # 2: not scored
+    # 2: not scored
+    assert c.test_accuracy[-1] > c.test_accuracy[0] + 20 and np.isnan(c.test_accuracy[2])
     assert all(torch.equal(v, m.state_dict()[k]) for k, v in state.items())
 
 
 # --- distributed --------------------------------------------------------------------------------
 
+
 def _ddp_run(**kw):
     m = ImmunizedNet(create_model("resnet10t", 3, seed=0))
-    res = immunize(m, TensorDataset(*_data(32, 10)), TensorDataset(*_data(32, 11)), "ours",
-                   DeepOptions(max_steps=2, batch_size=4, lr=1e-3, scope="tail", **kw.pop("opts", {})),
-                   num_classes_h=3, **kw)
+    res = immunize(
+        m,
+        TensorDataset(*_data(32, 10)),
+        TensorDataset(*_data(32, 11)),
+        "ours",
+        DeepOptions(max_steps=2, batch_size=4, lr=1e-3, scope="tail", **kw.pop("opts", {})),
+        num_classes_h=3,
+        **kw,
+    )
     return m, res
 
 
 def _ddp_worker(rank, port, out):
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     import pycore.deep.objectives as T
     from pycore.deep.distributed import init_from_env, shutdown
+
     ctx = init_from_env("cpu")
     m, res = _ddp_run(rank=ctx.rank, world=ctx.world, ddp=True)
-    cond = T._cond                                   # then rank 1 alone gets a non-finite R_ill
-    T._cond = lambda Z, kind: cond(Z, kind) * (float("nan") if rank == 1 and kind == "ill" else 1.0)
+    cond = T._cond  # then rank 1 alone gets a non-finite R_ill
+    T._cond = lambda Z, kind: (
+        cond(Z, kind) * (float("nan") if rank == 1 and kind == "ill" else 1.0)
+    )
     try:
         _ddp_run(rank=ctx.rank, world=ctx.world, ddp=True)
         stop = "returned"
     except NonFiniteLossError as exc:
         stop = exc.step
-    torch.save({"state": m.state_dict(), "loss": res.history["loss"], "lambdas": res.lambdas, "stop": stop},
-               f"{out}.{rank}")
+    torch.save(
+        {
+            "state": m.state_dict(),
+            "loss": res.history["loss"],
+            "lambdas": res.lambdas,
+            "stop": stop,
+        },
+        f"{out}.{rank}",
+    )
     shutdown()
 
 
@@ -383,17 +524,20 @@ def test_ddp_gloo_two_processes_match_virtual_ranks_and_stop_together(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    fork = torch.multiprocessing.get_context("fork")                  # the workers need no new torch import
-    workers = [fork.Process(target=_ddp_worker, args=(r, port, str(tmp_path / "ddp"))) for r in (0, 1)]
+    fork = torch.multiprocessing.get_context("fork")  # the workers need no new torch import
+    workers = [
+        fork.Process(target=_ddp_worker, args=(r, port, str(tmp_path / "ddp"))) for r in (0, 1)
+    ]
     for w in workers:
         w.start()
     for w in workers:
         w.join(300)
     assert [w.exitcode for w in workers] == [0, 0]
     got = [torch.load(f"{tmp_path / 'ddp'}.{r}", weights_only=True) for r in (0, 1)]
-    assert got[0]["stop"] == got[1]["stop"] == 0                     # NaN on one rank: both stop at step 0
+    assert got[0]["stop"] == got[1]["stop"] == 0  # NaN on one rank: both stop at step 0
     m, res = _ddp_run(opts={"virtual_ranks": 2})
-    assert got[0]["lambdas"] == pytest.approx(res.lambdas, rel=1e-6)  # λ's from all-reduced gradients
+    # λ's from all-reduced gradients
+    assert got[0]["lambdas"] == pytest.approx(res.lambdas, rel=1e-6)
     assert got[0]["loss"] == pytest.approx(res.history["loss"], rel=1e-5)
     for k, v in m.state_dict().items():
         torch.testing.assert_close(got[0]["state"][k], v, rtol=1e-4, atol=1e-6, msg=k)

@@ -1,11 +1,12 @@
 """The defaults on data the project never saw: five scikit-learn data sets, raw and standardised.
 
-Each pair splits one data set's rows into D_P and D_H by a rule of its own (a class, a sex, a median)
-and takes a column or a label as each task's target.  Definition 3.1 is attainable on every pair
-(the closed form's window is non-empty); with no options the closed form must meet it on all ten and
-Algorithm 1 on all ten (issue target: ≥ 8), and the adaptive Algorithm 1 must be scale-free,
-blind to the order of the columns, and say why when Definition 3.1 is out of reach.
+Each pair splits one data set's rows into D_P and D_H by a rule of its own (a class, a sex, a
+median) and takes a column or a label as each task's target.  Definition 3.1 is attainable on every
+pair (the closed form's window is non-empty); with no options the closed form must meet it on all
+ten and Algorithm 1 on all ten (issue target: ≥ 8), and the adaptive Algorithm 1 must be
+scale-free, blind to the order of the columns, and say why when Definition 3.1 is out of reach.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +28,9 @@ def _pair(X, harmful, y_p, y_h, *, drop=(), loss="mse", std=False, n_train=200):
     X = np.asarray(X, dtype=float)
     keep = [c for c in range(X.shape[1]) if c not in drop]
     XP, XH = X[~harmful][:n_train, keep], X[harmful][:n_train, keep]
-    YP, YH = (np.asarray(y, dtype=float)[m][:n_train, None] for y, m in ((y_p, ~harmful), (y_h, harmful)))
+    YP, YH = (
+        np.asarray(y, dtype=float)[m][:n_train, None] for y, m in ((y_p, ~harmful), (y_h, harmful))
+    )
     if std:
         XP, XH, YH = _z(XP), _z(XH), _z(YH)
         YP = YP if loss == "bce" else _z(YP)
@@ -48,21 +51,33 @@ def new_tasks():
     out = {}
     for std in (False, True):
         tag = "std" if std else "raw"
-        s = w.target < 2   # wine: class 0 vs class 1; targets alcohol (D_P) and colour intensity (D_H)
-        out[f"wine {tag}"] = _pair(w.data[s], w.target[s] == 1, w.data[s, 0], w.data[s, 9], drop=(0, 9),
-                                   std=std)
+        # wine: class 0 vs class 1; targets alcohol (D_P) and colour intensity (D_H)
+        s = w.target < 2
+        out[f"wine {tag}"] = _pair(
+            w.data[s], w.target[s] == 1, w.data[s, 0], w.data[s, 9], drop=(0, 9), std=std
+        )
         # diabetes: split by sex; targets BMI (D_P) and disease progression (D_H)
-        out[f"diabetes {tag}"] = _pair(d.data, d.data[:, 1] > 1.5, d.data[:, 2], d.target, drop=(2,), std=std)
-        # breast cancer: split at the median texture; D_P classifies the diagnosis (BCE), D_H fits the area
-        out[f"breast {tag}"] = _pair(b.data, b.data[:, 1] >= np.median(b.data[:, 1]), b.target, b.data[:, 3],
-                                     drop=(3,), loss="bce", std=std)
-        s = np.isin(g.target, (3, 8))   # digits: 3 (D_P) vs 8 (D_H), 64 pixels, ink labels
+        out[f"diabetes {tag}"] = _pair(
+            d.data, d.data[:, 1] > 1.5, d.data[:, 2], d.target, drop=(2,), std=std
+        )
+        # breast cancer: split at the median texture; D_P classifies the diagnosis (BCE), D_H fits
+        # the area
+        out[f"breast {tag}"] = _pair(
+            b.data,
+            b.data[:, 1] >= np.median(b.data[:, 1]),
+            b.target,
+            b.data[:, 3],
+            drop=(3,),
+            loss="bce",
+            std=std,
+        )
+        s = np.isin(g.target, (3, 8))  # digits: 3 (D_P) vs 8 (D_H), 64 pixels, ink labels
         lab = _ink_labels(g.data[s], g.target[s])
-        out[f"digits {tag}"] = _pair(g.data[s], g.target[s] == 8, lab, lab, loss="bce",
-                                     std=std)
-        s = i.target < 2   # iris: setosa vs versicolor; petal width of each
-        out[f"iris {tag}"] = _pair(i.data[s], i.target[s] == 1, i.data[s, 3], i.data[s, 3], drop=(3,),
-                                   std=std)
+        out[f"digits {tag}"] = _pair(g.data[s], g.target[s] == 8, lab, lab, loss="bce", std=std)
+        s = i.target < 2  # iris: setosa vs versicolor; petal width of each
+        out[f"iris {tag}"] = _pair(
+            i.data[s], i.target[s] == 1, i.data[s, 3], i.data[s, 3], drop=(3,), std=std
+        )
     return out
 
 
@@ -93,7 +108,7 @@ def _short_run(task):
 
 
 def test_algorithm1_default_is_scale_free_and_blind_to_column_order():
-    t = TASKS["wine std"]   # the R_well term outweighs R_ill 1e8-fold; scaled below, R_ill 1e8-fold
+    t = TASKS["wine std"]  # the R_well term outweighs R_ill 1e8-fold; scaled below, R_ill 1e8-fold
     base = _short_run(t)
     scaled = _short_run(LinearTask(10 * t.X_P, t.Y_P, 1e-3 * t.X_H, t.Y_H))
     perm = np.random.default_rng(1).permutation(t.D)
@@ -106,14 +121,21 @@ def test_algorithm1_default_is_scale_free_and_blind_to_column_order():
 def test_unattainable_task_stops_at_once_and_says_so():
     rng = np.random.default_rng(0)
     X = rng.standard_normal((60, 5)) * [1, 2, 3, 4, 50]
-    res = immunize(LinearTask(X, X[:, :1], X.copy(), X[:, 1:2]), rng=rng)   # D_H = D_P: ceiling 1
+    res = immunize(LinearTask(X, X[:, :1], X.copy(), X[:, 1:2]), rng=rng)  # D_H = D_P: ceiling 1
     assert not res.immunized and res.diagnostics["steps"] == 0
     np.testing.assert_array_equal(res.theta, np.eye(5))
 
 
-@pytest.mark.parametrize("options, parameter", [
-    (dict(lambda_p="auto", lambda_h=1e7), "lambda_p"), (dict(lambda_p=100.0), "lambda_h"),
-    (dict(optimizer="gd"), "optimizer"), (dict(init="random"), "init"), (dict(patience=0), "patience")])
+@pytest.mark.parametrize(
+    "options, parameter",
+    [
+        (dict(lambda_p="auto", lambda_h=1e7), "lambda_p"),
+        (dict(lambda_p=100.0), "lambda_h"),
+        (dict(optimizer="gd"), "optimizer"),
+        (dict(init="random"), "init"),
+        (dict(patience=0), "patience"),
+    ],
+)
 def test_adaptive_options_are_checked(options, parameter):
     with pytest.raises(ParameterError) as e:
         immunize(TASKS["iris std"], rng=np.random.default_rng(0), **options)

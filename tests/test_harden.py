@@ -1,30 +1,51 @@
-"""Hardening θ → θQ (pycore.harden, docs/findings.md §5) keeps every κ, RIR and the best D_P loss."""
+"""Hardening θ → θQ (pycore.harden, docs/findings.md §5) keeps every κ, RIR and the best D_P
+loss."""
+
 import numpy as np
 import pytest
 
 from pycore.attacks import attack, jacobi_scaling, make_problem, run_attackers
-from pycore.harden import (HARDENINGS, check_orthogonal, equalizing_rotation, harden,
-                           harden_result, haar_rotation, hardening_rotation, orthogonality_defect)
+from pycore.harden import (
+    HARDENINGS,
+    check_orthogonal,
+    equalizing_rotation,
+    harden,
+    harden_result,
+    haar_rotation,
+    hardening_rotation,
+    orthogonality_defect,
+)
 from pycore.immunize import immunize
 from pycore.losses import best_probe_loss
 from pycore.metrics import rir
 from pycore.tasks import LinearTask
 from pycore.validation import ParameterError
 
-RTOL = 1e-10   # the invariance asked for; round-off here is ~1e-13 (κ up to ~1e6, D ≤ 40)
+RTOL = 1e-10  # the invariance asked for; round-off here is ~1e-13 (κ up to ~1e6, D ≤ 40)
 
 
 def prescribed_task(seed, D=12, kappa_H=1e4):
     rng = np.random.default_rng(seed)
-    X_P, X_H = ((np.linalg.qr(rng.standard_normal((N, D)))[0] * np.sqrt(np.logspace(0, -np.log10(k), D)))
-                @ np.linalg.qr(rng.standard_normal((D, D)))[0].T for N, k in ((40, 1e3), (50, kappa_H)))
+    X_P, X_H = (
+        (np.linalg.qr(rng.standard_normal((N, D)))[0] * np.sqrt(np.logspace(0, -np.log10(k), D)))
+        @ np.linalg.qr(rng.standard_normal((D, D)))[0].T
+        for N, k in ((40, 1e3), (50, kappa_H))
+    )
     return LinearTask(X_P, rng.standard_normal((40, 1)), X_H, rng.standard_normal((50, 1)))
 
 
 def invariants(t, task):
     r = rir(t, task.X_P, task.X_H)
-    return np.array([r.value, r.harmful_ratio, r.pretrain_ratio, r.kappa_H, r.kappa_P,
-                     best_probe_loss(task.loss, task.X_P @ t, task.Y_P)])
+    return np.array(
+        [
+            r.value,
+            r.harmful_ratio,
+            r.pretrain_ratio,
+            r.kappa_H,
+            r.kappa_P,
+            best_probe_loss(task.loss, task.X_P @ t, task.Y_P),
+        ]
+    )
 
 
 def diagonal_spread(H) -> float:
@@ -48,13 +69,17 @@ def test_orthogonal_rotation_keeps_every_invariant(seed, kind):
     Q = hardening_rotation(kind, task.D, rng=rng, Z=task.X_H @ theta)
     hard, _ = harden(theta, Q)
     assert orthogonality_defect(Q) < 1e-13 and max_rel_change(theta, hard, task) <= RTOL
-    for X in (task.X_P, task.X_H):                     # the whole spectra, not only their extremes
-        np.testing.assert_allclose(np.linalg.svd(X @ hard, compute_uv=False),
-                                   np.linalg.svd(X @ theta, compute_uv=False), rtol=1e-12)
+    for X in (task.X_P, task.X_H):  # the whole spectra, not only their extremes
+        np.testing.assert_allclose(
+            np.linalg.svd(X @ hard, compute_uv=False),
+            np.linalg.svd(X @ theta, compute_uv=False),
+            rtol=1e-12,
+        )
 
 
 def test_the_invariance_check_fails_for_a_non_orthogonal_matrix():
-    """1e-6 away from orthogonal (or generic) changes the invariants by ≫ 1e-10; harden refuses it."""
+    """1e-6 away from orthogonal (or generic) changes the invariants by ≫ 1e-10; harden refuses
+    it."""
     task, rng = prescribed_task(0), np.random.default_rng(5)
     theta = np.eye(task.D) + 0.3 * rng.standard_normal((task.D, task.D))
     Q = haar_rotation(task.D, rng)
@@ -71,12 +96,13 @@ def test_haar_rotation_is_orthogonal_reproducible_and_uniform():
     assert orthogonality_defect(a) < 1e-14
     # uniform on O(D): E[Q_11] = 0 and E[Q_11²] = 1/D (a sign-biased QR fails the first)
     draws = np.array([haar_rotation(4, np.random.default_rng(s))[0, 0] for s in range(4000)])
-    assert abs(draws.mean()) < 0.03 and abs(np.mean(draws ** 2) - 0.25) < 0.02
+    assert abs(draws.mean()) < 0.03 and abs(np.mean(draws**2) - 0.25) < 0.02
 
 
 @pytest.mark.parametrize("D", [1, 2, 3, 17, 40])
 def test_equalizing_rotation_equalises_the_diagonal_exactly(D):
-    """Schur–Horn: some rotation makes the diagonal constant; the construction reaches it to round-off."""
+    """Schur–Horn: some rotation makes the diagonal constant; the construction reaches it to
+    round-off."""
     rng = np.random.default_rng(D)
     A = rng.standard_normal((D + 5, D)) * np.logspace(0, 3, D)
     H = A.T @ A
@@ -84,26 +110,31 @@ def test_equalizing_rotation_equalises_the_diagonal_exactly(D):
     M = Q.T @ H @ Q
     assert orthogonality_defect(Q) < 1e-13
     assert np.max(np.abs(np.diag(M) - np.trace(H) / D)) <= 1e-12 * np.trace(H) / D * max(D, 1)
-    np.testing.assert_allclose(np.linalg.eigvalsh(M), np.linalg.eigvalsh(H), rtol=1e-10,
-                               atol=1e-12 * np.linalg.eigvalsh(H)[-1])
+    np.testing.assert_allclose(
+        np.linalg.eigvalsh(M),
+        np.linalg.eigvalsh(H),
+        rtol=1e-10,
+        atol=1e-12 * np.linalg.eigvalsh(H)[-1],
+    )
     assert diagonal_spread(M) == pytest.approx(1.0, abs=1e-10)
     Qh = haar_rotation(D, rng)
-    assert D <= 2 or diagonal_spread(Qh.T @ H @ Qh) > 1.5          # a random rotation is not equalising
-    np.testing.assert_array_equal(Q, equalizing_rotation(H.copy()))      # deterministic
+    assert D <= 2 or diagonal_spread(Qh.T @ H @ Qh) > 1.5  # a random rotation is not equalising
+    np.testing.assert_array_equal(Q, equalizing_rotation(H.copy()))  # deterministic
 
 
 def test_jacobi_pcg_is_cg_after_equalizing():
     task = prescribed_task(4, kappa_H=1e5)
     Z = task.X_H @ equalizing_rotation(task.K_H)
     s = jacobi_scaling(Z)
-    np.testing.assert_allclose(s, s[0], rtol=1e-10)        # a multiple of the identity
+    np.testing.assert_allclose(s, s[0], rtol=1e-10)  # a multiple of the identity
     P = make_problem(Z, task.Y_H)
     a, b = attack(P, "pcg_jacobi", tol=1e-8), attack(P, "cg", tol=1e-8)
     assert a.steps_to(1e-8) == b.steps_to(1e-8)
     # the same iterates in exact arithmetic; CG amplifies round-off (~eps·κ) after a few steps
     np.testing.assert_allclose(a.rel_subopt[:6], b.rel_subopt[:6], rtol=1e-6)
-    Q = equalizing_rotation(np.diag(np.logspace(0, 4, 16)))   # the DCT step: a diagonal H gets mixed too,
-    assert np.max(Q ** 2) < 0.5                               # no entry carries most of a column
+    # the DCT step: a diagonal H gets mixed too,
+    Q = equalizing_rotation(np.diag(np.logspace(0, 4, 16)))
+    assert np.max(Q**2) < 0.5  # no entry carries most of a column
 
 
 @pytest.mark.parametrize("method", ["identity", "closed_form", "ours", "r_ill_only"])
@@ -119,8 +150,12 @@ def test_immunize_hardens_every_method_and_keeps_its_numbers(method, kind):
     np.testing.assert_array_equal(hard.theta, hard.theta_unhardened @ hard.rotation)
     assert plain.theta_unhardened is None and max_rel_change(plain.theta, hard.theta, task) <= RTOL
     if plain.omega is not None:
-        np.testing.assert_allclose(task.X_P @ hard.theta @ hard.omega, task.X_P @ plain.theta @ plain.omega,
-                                   rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(
+            task.X_P @ hard.theta @ hard.omega,
+            task.X_P @ plain.theta @ plain.omega,
+            rtol=1e-10,
+            atol=1e-12,
+        )
     if kind == "equalize":
         d = np.diag(hard.theta.T @ task.K_H @ hard.theta)
         d = d[d > 1e-12 * d.max()]
@@ -133,9 +168,11 @@ def test_haar_hardening_draws_from_the_run_generator():
     def run(seed):
         rng = np.random.default_rng(seed)
         return harden_result(immunize(task, "closed_form", rng=rng), task, "haar", rng=rng)
+
     a, b, c = run(1), run(1), run(2)
     np.testing.assert_array_equal(a.theta, b.theta)
-    np.testing.assert_array_equal(a.theta_unhardened, c.theta_unhardened)     # closed form: deterministic
+    # closed form: deterministic
+    np.testing.assert_array_equal(a.theta_unhardened, c.theta_unhardened)
     assert not np.allclose(a.rotation, c.rotation)
 
 
@@ -143,12 +180,14 @@ def test_bad_hardening_input_names_the_argument():
     assert HARDENINGS[0] == "none" and hardening_rotation("none", 3) is None
     task = prescribed_task(8)
     plain = immunize(task, "identity", rng=np.random.default_rng(0))
-    for call, parameter in [(lambda: harden_result(plain, task, "rotate"), "harden"),
-                            (lambda: hardening_rotation("haar", 3), "rng"),
-                            (lambda: hardening_rotation("equalize", 3, rng=np.random.default_rng(0)), "Z"),
-                            (lambda: equalizing_rotation(np.ones((2, 3))), "H"),
-                            (lambda: check_orthogonal(np.ones((2, 3))), "Q"),
-                            (lambda: harden(np.eye(3), np.eye(4)), "Q")]:
+    for call, parameter in [
+        (lambda: harden_result(plain, task, "rotate"), "harden"),
+        (lambda: hardening_rotation("haar", 3), "rng"),
+        (lambda: hardening_rotation("equalize", 3, rng=np.random.default_rng(0)), "Z"),
+        (lambda: equalizing_rotation(np.ones((2, 3))), "H"),
+        (lambda: check_orthogonal(np.ones((2, 3))), "Q"),
+        (lambda: harden(np.eye(3), np.eye(4)), "Q"),
+    ]:
         with pytest.raises(ParameterError) as info:
             call()
         assert info.value.parameter == parameter
@@ -157,19 +196,29 @@ def test_bad_hardening_input_names_the_argument():
 
 
 def test_equalizing_rotation_slows_adam_like_a_haar_draw():
-    """Adam on features with a diagonal Hessian (as the closed form's) needs 83 steps to ε = 1e-4, after
-    the equalizing rotation 757, after three Haar draws 391–552 (measured); asserted with margin."""
+    """Adam on features with a diagonal Hessian (as the closed form's) needs 83 steps to ε = 1e-4,
+    after the equalizing rotation 757, after three Haar draws 391–552 (measured); asserted with
+    margin."""
     rng = np.random.default_rng(0)
     N, D = 60, 16
-    Z = np.linalg.qr(rng.standard_normal((N, D)))[0] * np.sqrt(np.logspace(0, 4, D))     # ZᵀZ diagonal
+    # ZᵀZ diagonal
+    Z = np.linalg.qr(rng.standard_normal((N, D)))[0] * np.sqrt(np.logspace(0, 4, D))
     y = rng.standard_normal(N)
-    cfgs = [{"attacker": "adam", "lr_factor": c, "betas": b} for c in (1e-1, 3e-2, 1e-2, 3e-3, 1e-3)
-            for b in ((0.9, 0.999), (0.99, 0.999))]
+    cfgs = [
+        {"attacker": "adam", "lr_factor": c, "betas": b}
+        for c in (1e-1, 3e-2, 1e-2, 3e-3, 1e-3)
+        for b in ((0.9, 0.999), (0.99, 0.999))
+    ]
 
     def best(Zx):
-        return min(s for t in run_attackers(make_problem(Zx, y), cfgs, max_steps=30000, tol=1e-4)
-                   if (s := t.steps_to(1e-4)) is not None)
+        return min(
+            s
+            for t in run_attackers(make_problem(Zx, y), cfgs, max_steps=30000, tol=1e-4)
+            if (s := t.steps_to(1e-4)) is not None
+        )
 
     plain, eq = best(Z), best(Z @ equalizing_rotation(Z.T @ Z))
-    haar = float(np.median([best(Z @ haar_rotation(D, np.random.default_rng(s))) for s in range(3)]))
+    haar = float(
+        np.median([best(Z @ haar_rotation(D, np.random.default_rng(s))) for s in range(3)])
+    )
     assert eq >= 5 * plain and haar >= 3 * plain and eq >= 0.5 * haar

@@ -4,6 +4,7 @@ one stderr line naming the flag, before any compute; every count is bounded and 
 
 Each case checks the exit code and that the flag is in the one line, never the message's wording.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -25,14 +26,16 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OPENBLAS_
 SCRIPTS = (house_price, mnist, frontier, attacks)
 TINY_HP = ["--seeds", "2", "--methods", "ours", "--epochs", "1", "--probe-steps", "2", "--no-plot"]
 
-USAGE_CASES = [   # (module, argv, the flag the one line must name)
+# a library check
+# a repeated pair would count twice in every mean
+USAGE_CASES = [  # (module, argv, the flag the one line must name)
     (house_price, ["--seeds", "4-2"], "--seeds"),
     (house_price, ["--seeds", "0,-1"], "--seeds"),
     (house_price, ["--seeds", "0,0"], "--seeds"),
     (house_price, ["--seeds", "0"], "--seeds"),
     (house_price, ["--seeds", "99999999999"], "--seeds"),
     (house_price, ["--lr", "nan"], "--lr"),
-    (house_price, ["--lr", "0"], "--lr"),              # the library's bound, checked before compute
+    (house_price, ["--lr", "0"], "--lr"),  # the library's bound, checked before compute
     (house_price, ["--lambda-h", "-inf"], "--lambda-h"),
     (house_price, ["--epochs", "1e9"], "--epochs"),
     (house_price, ["--epochs", "100000000000000000000000"], "--epochs"),
@@ -44,18 +47,18 @@ USAGE_CASES = [   # (module, argv, the flag the one line must name)
     (house_price, ["--methods", ","], "--methods"),
     (house_price, ["--precond", "magic"], "--precond"),
     (house_price, ["--methods", "closed_form", "--exponent", "nan"], "--exponent"),
-    (house_price, ["--methods", "ours", "--precond", "ridge", "--ridge", "0"], "--ridge"),   # a library check
+    (house_price, ["--methods", "ours", "--precond", "ridge", "--ridge", "0"], "--ridge"),
     (house_price, ["--data", "/nonexistent/train.csv"], "--data"),
-    (house_price, ["--seed", "3"], "--seed"),          # no abbreviation of --seeds
+    (house_price, ["--seed", "3"], "--seed"),  # no abbreviation of --seeds
     (house_price, ["--bogus"], "--bogus"),
     (mnist, ["--pairs", "3-3"], "--pairs"),
-    (mnist, ["--pairs", "0-1,3-8,0-1"], "--pairs"),   # a repeated pair would count twice in every mean
+    (mnist, ["--pairs", "0-1,3-8,0-1"], "--pairs"),
     (mnist, ["--n-heldout", "0"], "--n-heldout"),
     (mnist, ["--mnist-dir", "/nonexistent"], "--mnist-dir"),
     (frontier, ["--grid-epochs", "1e9"], "--grid-epochs"),
     (frontier, ["--exponents", ",".join(map(str, range(10_000)))], "--exponents"),
     (frontier, ["--lr-grid", "0.1,-1"], "--lr-grid"),
-    (frontier, ["--seeds", "5000"], "--seeds"),       # 5000 × 20 runs: over the bound on runs
+    (frontier, ["--seeds", "5000"], "--seeds"),  # 5000 × 20 runs: over the bound on runs
     (attacks, ["--orders", "1000000000"], "--orders"),  # ran 19 s, then MemoryError (issue 27)
     (attacks, ["--max-steps", "1000000000"], "--max-steps"),
     (attacks, ["--mnist-epochs", "1e9"], "--mnist-epochs"),
@@ -67,10 +70,14 @@ USAGE_CASES = [   # (module, argv, the flag the one line must name)
 ]
 
 
-@pytest.mark.parametrize("mod,argv,flag", USAGE_CASES,
-                         ids=[f"{m.__name__.split('.')[-1]}:{' '.join(a)[:40]}" for m, a, _ in USAGE_CASES])
-def test_usage_error_is_exit_2_one_line_naming_the_flag_before_compute(tripwire, capsys, tmp_path, mod, argv,
-                                                                        flag):
+@pytest.mark.parametrize(
+    "mod,argv,flag",
+    USAGE_CASES,
+    ids=[f"{m.__name__.split('.')[-1]}:{' '.join(a)[:40]}" for m, a, _ in USAGE_CASES],
+)
+def test_usage_error_is_exit_2_one_line_naming_the_flag_before_compute(
+    tripwire, capsys, tmp_path, mod, argv, flag
+):
     rc, err, elapsed = call(capsys, mod, [*argv, "--out", str(tmp_path / "out")])
     assert rc == 2, err
     assert one_line(err, flag).startswith(f"{mod.build_parser().prog}: error: ")
@@ -78,9 +85,11 @@ def test_usage_error_is_exit_2_one_line_naming_the_flag_before_compute(tripwire,
 
 
 def test_an_option_no_chosen_method_has_is_refused(tripwire, capsys, tmp_path):
-    for argv, flag in ((["--methods", "ours", "--inner-steps", "5"], "--inner-steps"),
-                       (["--methods", "identity,closed_form", "--lr", "0.1"], "--lr"),
-                       (["--methods", "imma", "--certified"], "--certified")):
+    for argv, flag in (
+        (["--methods", "ours", "--inner-steps", "5"], "--inner-steps"),
+        (["--methods", "identity,closed_form", "--lr", "0.1"], "--lr"),
+        (["--methods", "imma", "--certified"], "--certified"),
+    ):
         rc, err, _ = call(capsys, house_price, [*argv, "--out", str(tmp_path / "o")])
         assert rc == 2 and one_line(err, flag)
     args = house_price.parse_args(["--methods", "imma,ours", "--inner-steps", "5", "--lr", "0.01"])
@@ -90,12 +99,17 @@ def test_an_option_no_chosen_method_has_is_refused(tripwire, capsys, tmp_path):
 @pytest.mark.parametrize("mod", SCRIPTS, ids=lambda m: m.__name__)
 def test_every_count_is_bounded_and_its_bound_is_in_help(mod):
     parser = mod.build_parser()
-    text = "".join(parser.format_help().split())   # argparse wraps long words anywhere
-    counts = [a for a in parser._actions if getattr(a.type, "__name__", "") in ("count", "seeds", "list")]
+    text = "".join(parser.format_help().split())  # argparse wraps long words anywhere
+    counts = [
+        a for a in parser._actions if getattr(a.type, "__name__", "") in ("count", "seeds", "list")
+    ]
     assert counts
     for action in counts:
         bound = action.type.bound
-        assert ("to" in bound or "at most" in bound or "from" in bound), (action.option_strings, bound)
+        assert "to" in bound or "at most" in bound or "from" in bound, (
+            action.option_strings,
+            bound,
+        )
         assert "".join(bound.split()) in text, (action.option_strings, bound)
 
 
@@ -103,18 +117,24 @@ def test_a_library_error_names_the_flag_that_sets_it(capsys, tmp_path, monkeypat
     """DivergenceError(parameter="lambda_h") → exit 1 naming --lambda-h, also from a worker process
     (the exception crosses the pickle with .parameter); ParameterError → exit 2; a parameter no
     flag sets still gives one line."""
-    module = importlib.import_module("pycore.immunize")   # pycore.immunize is also the function
+    module = importlib.import_module("pycore.immunize")  # pycore.immunize is also the function
 
     def raiser(exc):
         def immunize(*a, **k):
             raise exc
+
         return immunize
-    for exc, code, flag in ((DivergenceError("θ non-finite", parameter="lambda_h"), 1, "--lambda-h"),
-                            (ParameterError("inner_lr", "too large"), 2, "--inner-lr"),
-                            (DivergenceError("θ became non-finite", parameter="betas"), 1, "betas")):
+
+    for exc, code, flag in (
+        (DivergenceError("θ non-finite", parameter="lambda_h"), 1, "--lambda-h"),
+        (ParameterError("inner_lr", "too large"), 2, "--inner-lr"),
+        (DivergenceError("θ became non-finite", parameter="betas"), 1, "betas"),
+    ):
         monkeypatch.setattr(module, "immunize", raiser(exc))
         for jobs in ("1", "2") if code == 1 and flag != "betas" else ("1",):
-            rc, err, _ = call(capsys, house_price, [*TINY_HP, "--jobs", jobs, "--out", str(tmp_path / "o")])
+            rc, err, _ = call(
+                capsys, house_price, [*TINY_HP, "--jobs", jobs, "--out", str(tmp_path / "o")]
+            )
             assert rc == code and one_line(err, flag)
     assert not (tmp_path / "o").exists()
 
@@ -123,15 +143,18 @@ def test_data_errors_are_exit_1_one_line(capsys, tmp_path):
     csv = tmp_path / "train.csv"
     csv.write_text("Id,MSZoning,LotArea\n1,RL,8450\n2,RM,9600\n")
     rc, err, _ = call(capsys, house_price, ["--data", str(csv), "--out", str(tmp_path / "o")])
-    assert rc in (1, 2) and one_line(err, str(csv))   # names the file (not the Kaggle column set)
+    assert rc in (1, 2) and one_line(err, str(csv))  # names the file (not the Kaggle column set)
     rc, err, _ = call(capsys, house_price, ["--n-train", "5000", "--out", str(tmp_path / "o")])
     assert rc in (1, 2) and "n_train" in one_line(err).replace("-", "_")
     assert not (tmp_path / "o").exists()
 
 
-def test_unexpected_error_is_one_line_and_debug_prints_the_traceback(capsys, tmp_path, monkeypatch):
+def test_unexpected_error_is_one_line_and_debug_prints_the_traceback(
+    capsys, tmp_path, monkeypatch
+):
     def bug(args):
         raise TypeError("unsupported operand")
+
     monkeypatch.setattr(house_price, "run", bug)
     rc, err, _ = call(capsys, house_price, ["--out", str(tmp_path / "o")])
     assert rc == 1 and one_line(err, "TypeError", "--debug")
@@ -146,9 +169,14 @@ def test_a_warning_is_one_line(capsys, tmp_path, monkeypatch):
     def warn(args):
         warnings.warn("column 'GrLivArea' line 6: 1e308 is an outlier")
         raise ValueError("stop")
+
     monkeypatch.setattr(house_price, "run", warn)
     rc, err, _ = call(capsys, house_price, ["--out", str(tmp_path / "o")])
-    assert rc == 1 and err.startswith("house_price.py: warning: ") and len(err.strip().splitlines()) == 2
+    assert (
+        rc == 1
+        and err.startswith("house_price.py: warning: ")
+        and len(err.strip().splitlines()) == 2
+    )
 
 
 def test_signals_in_the_process_are_background_job_safe(capsys, tmp_path, monkeypatch):
@@ -180,13 +208,15 @@ def _raise_in_worker(i):
 def test_pool_map_caps_jobs_and_errors_arrive_as_themselves():
     pids = common.pool_map(_pid, range(6), jobs=64)
     assert os.getpid() not in pids and len(set(pids)) <= common.usable_cores()
-    assert common.pool_map(_pid, [0], jobs=64) == [os.getpid()]   # one task: no fork
+    assert common.pool_map(_pid, [0], jobs=64) == [os.getpid()]  # one task: no fork
     with pytest.raises(ParameterError) as e:
         common.pool_map(_raise_in_worker, [0, 1], jobs=2)
     assert e.value.parameter == "lambda_h" and f"worker {os.getpid()}" not in str(e.value)
 
 
-# --- real processes -------------------------------------------------------------------------------
+# --- real processes
+# -------------------------------------------------------------------------------
+
 
 def _children(pid: int) -> list[int]:
     out = []
@@ -201,16 +231,35 @@ def _children(pid: int) -> list[int]:
 
 
 def _alive(pids) -> list[int]:
-    return [p for p in pids if Path(f"/proc/{p}").exists()
-            and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    return [
+        p
+        for p in pids
+        if Path(f"/proc/{p}").exists()
+        and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    ]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_killed_run_leaves_no_worker_and_no_output(tmp_path, sig):
-    p = subprocess.Popen([sys.executable, "experiments/house_price.py", "--seeds", "4", "--jobs", "2",
-                          "--no-plot", "--out", str(tmp_path / "out")], cwd=ROOT, env=ENV,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "experiments/house_price.py",
+            "--seeds",
+            "4",
+            "--jobs",
+            "2",
+            "--no-plot",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     t0 = time.time()
     while len(_children(p.pid)) < 2 and p.poll() is None and time.time() - t0 < 60:
         time.sleep(0.05)
@@ -219,10 +268,11 @@ def test_a_killed_run_leaves_no_worker_and_no_output(tmp_path, sig):
     p.send_signal(sig)
     err = p.communicate(timeout=30)[1]
     t0 = time.time()
-    while _alive(workers) and time.time() - t0 < 5:   # SIGKILL: the workers notice their parent is gone
+    # SIGKILL: the workers notice their parent is gone
+    while _alive(workers) and time.time() - t0 < 5:
         time.sleep(0.05)
     left = _alive(workers)
-    for pid in left:   # a failing test must not leak them
+    for pid in left:  # a failing test must not leak them
         os.kill(pid, signal.SIGKILL)
     assert left == [], f"workers outlived the run: {left}"
     if sig == signal.SIGTERM:
@@ -232,6 +282,12 @@ def test_a_killed_run_leaves_no_worker_and_no_output(tmp_path, sig):
 
 def test_module_and_path_invocations(tmp_path):
     for cmd in (["-m", "experiments.mnist"], [str(ROOT / "experiments" / "mnist.py")]):
-        proc = subprocess.run([sys.executable, *cmd, "--seeds", "4-2"], cwd=tmp_path, env=ENV,
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, *cmd, "--seeds", "4-2"],
+            cwd=tmp_path,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 2 and one_line(proc.stderr, "--seeds")

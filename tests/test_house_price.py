@@ -1,4 +1,6 @@
-"""House Prices data, the main experiment end to end, and the same command on a table of one's own."""
+"""House Prices data, the main experiment end to end, and the same command on a table of one's
+own."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,13 +21,16 @@ def data():
 
 
 def test_protocol_shapes_and_spectra(data):
-    """docs/theory.md §9/§10 facts: 79 inputs, 200 rows per split, κ(K_P)=7.7e3, κ(K_H)=2.1e5, ranks 74."""
+    """docs/theory.md §9/§10 facts: 79 inputs, 200 rows per split, κ(K_P)=7.7e3, κ(K_H)=2.1e5,
+    ranks 74."""
     t = data.train
     assert t.X_P.shape == (200, 79) and t.X_H.shape == (200, 79)
     assert (data.n_rows_P, data.n_rows_H) == (309, 1151)
     assert data.heldout.X_P.shape == (109, 79) and data.heldout.X_H.shape == (951, 79)
     c = rir_ceiling(t.X_P, t.X_H)
-    assert c.kappa_K_P == pytest.approx(7.7e3, rel=0.01) and c.kappa_K_H == pytest.approx(2.1e5, rel=0.02)
+    assert c.kappa_K_P == pytest.approx(7.7e3, rel=0.01) and c.kappa_K_H == pytest.approx(
+        2.1e5, rel=0.02
+    )
     assert c.rank_K_P == 74 and c.rank_K_H == 74 and c.exact == np.inf
     assert c.range_restricted == pytest.approx(4.09e6, rel=0.01)
     for name in ("Utilities", "PoolArea", "PoolQC"):
@@ -40,8 +45,12 @@ def test_closed_form_reaches_the_ceiling_and_ours_acts_on_null_KP(data):
     c = rir_ceiling(t.X_P, t.X_H)
     cf = immunize(t, "closed_form", rng=np.random.default_rng(0), preset="house_price")
     assert rir(cf.theta, t.X_P, t.X_H).value / c.range_restricted >= 0.99
-    e = evaluate_linear(immunize(t, "ours", rng=np.random.default_rng(0), preset="house_price").theta, t,
-                        data.heldout, ceiling=c)
+    e = evaluate_linear(
+        immunize(t, "ours", rng=np.random.default_rng(0), preset="house_price").theta,
+        t,
+        data.heldout,
+        ceiling=c,
+    )
     assert e["null_part_fraction"] > 0.9 and e["rir_range_part"] < 0.1 * e["rir"]
 
 
@@ -49,8 +58,11 @@ def test_bad_csv_is_refused_naming_the_column(tmp_path, data):
     import pandas as pd
 
     df = pd.read_csv(data.source)
-    cases = {"nocol": (df.drop(columns=["SalePrice"]), "SalePrice"),
-             "extra": (df.assign(Extra=1.0), "Extra")}   # used to become input 80 silently
+    # used to become input 80 silently
+    cases = {
+        "nocol": (df.drop(columns=["SalePrice"]), "SalePrice"),
+        "extra": (df.assign(Extra=1.0), "Extra"),
+    }
     junk = df.copy()
     junk["GrLivArea"] = junk["GrLivArea"].astype(object)
     junk.loc[7, "GrLivArea"] = "n/a?"
@@ -66,37 +78,78 @@ def test_bad_csv_is_refused_naming_the_column(tmp_path, data):
 
 def test_the_experiment_end_to_end(capsys, tmp_path):
     out = tmp_path / "hp"
-    methods = ("identity", "opt_kappa", "ours", "closed_form")   # R_ill only and IMMA: 2 s more
-    assert house_price.main(["--seeds", "2", "--epochs", "2", "--probe-steps", "5", "--jobs", "1",
-                             "--methods", ",".join(methods), "--out", str(out)]) == 0
+    methods = ("identity", "opt_kappa", "ours", "closed_form")  # R_ill only and IMMA: 2 s more
+    assert (
+        house_price.main(
+            [
+                "--seeds",
+                "2",
+                "--epochs",
+                "2",
+                "--probe-steps",
+                "5",
+                "--jobs",
+                "1",
+                "--methods",
+                ",".join(methods),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = read_json(out / "results.json")
-    assert list(res["methods"]) == list(methods) and res["seeds"] == [0, 1] and res["data"]["D"] == 79
+    assert (
+        list(res["methods"]) == list(methods) and res["seeds"] == [0, 1] and res["data"]["D"] == 79
+    )
     for e in res["methods"].values():
         for key in ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "rir_null_part"):
             assert len(e[key]["per_seed"]) == 2 and all(np.isfinite(e[key]["per_seed"]))
         assert e["immunized"]["runs"] == e["heldout_immunized"]["runs"] == 2
     assert res["methods"]["closed_form"]["fraction_of_ceiling"]["mean"] >= 0.99
     assert res["methods"]["ours"]["paper"]["rir"]["mean"] == 356.2
-    header = next(line for line in (out / "table.md").read_text().splitlines() if line.startswith("| method"))
-    assert "paper RIR" in header                    # the paper's columns, on the paper's data
+    header = next(
+        line for line in (out / "table.md").read_text().splitlines() if line.startswith("| method")
+    )
+    assert "paper RIR" in header  # the paper's columns, on the paper's data
     assert (out / "norm_ratio.png").stat().st_size > 10_000
     assert "Ours" in capsys.readouterr().out
 
 
 def test_presets_and_typed_options_reach_the_library(data, own_csv):
-    """The paper's data runs the paper's presets (its tables must not move), a table of one's own the
-    library defaults; typed options beat either, method by method."""
+    """The paper's data runs the paper's presets (its tables must not move), a table of one's own
+    the library defaults; typed options beat either, method by method."""
     parse = house_price.parse_args
-    assert [parse(argv).immunizer.preset for argv in ([], ["--protocol", "strict"], ["--paper-hparams"])] == [
-        "house_price", "strict", "paper"]
-    assert parse(["--data", str(own_csv), "--target-p", "y", "--split", "group=b"]).immunizer.preset is None
-    run = parse(["--protocol", "strict", "--methods", "imma,closed_form", "--lr", "0.1", "--exponent", "0.3"])
+    assert [
+        parse(argv).immunizer.preset
+        for argv in ([], ["--protocol", "strict"], ["--paper-hparams"])
+    ] == ["house_price", "strict", "paper"]
+    assert (
+        parse(["--data", str(own_csv), "--target-p", "y", "--split", "group=b"]).immunizer.preset
+        is None
+    )
+    run = parse(
+        [
+            "--protocol",
+            "strict",
+            "--methods",
+            "imma,closed_form",
+            "--lr",
+            "0.1",
+            "--exponent",
+            "0.3",
+        ]
+    )
     assert run.immunizer.options == {"imma": {"lr": 0.1}, "closed_form": {"exponent": 0.3}}
     run = parse(["--methods", "ours", "--init", "random", "--epochs", "0", "--batch-size", "none"])
-    assert run.immunizer.options == {"ours": {"init": "random", "epochs": 0, "batch_size": None}}  # a value
-    a, b, c = (run.immunizer(data.train, "ours", np.random.default_rng(s)).theta for s in (3, 3, 4))
+    # a value
+    assert run.immunizer.options == {"ours": {"init": "random", "epochs": 0, "batch_size": None}}
+    a, b, c = (
+        run.immunizer(data.train, "ours", np.random.default_rng(s)).theta for s in (3, 3, 4)
+    )
     assert np.array_equal(a, b) and not np.allclose(a, c)
-    assert np.abs(a).max() <= 1 / np.sqrt(data.train.D)   # nn.Linear's U(±1/√D), untouched at 0 epochs
+    # nn.Linear's U(±1/√D), untouched at 0 epochs
+    assert np.abs(a).max() <= 1 / np.sqrt(data.train.D)
 
 
 def test_table_prints_round_off_spread_as_zero():
@@ -106,21 +159,41 @@ def test_table_prints_round_off_spread_as_zero():
 
 @pytest.fixture(scope="module")
 def own_csv(tmp_path_factory):
-    """A table the project never saw: 6 numeric inputs, a text column, a group column, two targets."""
+    """A table the project never saw: 6 numeric inputs, a text column, a group column, two
+    targets."""
     rng = np.random.default_rng(0)
     X = rng.standard_normal((300, 6)) @ rng.standard_normal((6, 6))
     y, z = X @ rng.standard_normal(6), X @ rng.standard_normal(6)
     path = tmp_path_factory.mktemp("own") / "my data.csv"
-    rows = [",".join(f"{v:.6f}" for v in X[i]) + f",{'ab'[i % 2]},{'xyz'[i % 3]},{y[i]:.6f},{z[i]:.6f}"
-            for i in range(300)]
+    rows = [
+        ",".join(f"{v:.6f}" for v in X[i]) + f",{'ab'[i % 2]},{'xyz'[i % 3]},{y[i]:.6f},{z[i]:.6f}"
+        for i in range(300)
+    ]
     path.write_text("\n".join(["a,b,c,d,e,f,group,note,y,z", *rows]) + "\n")
     return path
 
 
 @pytest.mark.parametrize("how", ["split", "two files"])
 def test_own_table_end_to_end(capsys, tmp_path, own_csv, how):
-    argv = ["--data", str(own_csv), "--target-p", "y", "--target-h", "z", "--n-train", "60", "--seeds", "1",
-            "--methods", "identity,closed_form", "--probe-steps", "3", "--jobs", "1", "--no-plot"]
+    argv = [
+        "--data",
+        str(own_csv),
+        "--target-p",
+        "y",
+        "--target-h",
+        "z",
+        "--n-train",
+        "60",
+        "--seeds",
+        "1",
+        "--methods",
+        "identity,closed_form",
+        "--probe-steps",
+        "3",
+        "--jobs",
+        "1",
+        "--no-plot",
+    ]
     if how == "split":
         argv += ["--split", "group=b"]
     else:
@@ -130,35 +203,60 @@ def test_own_table_end_to_end(capsys, tmp_path, own_csv, how):
     assert house_price.main([*argv, "--out", str(tmp_path / "o")]) == 0
     res = read_json(tmp_path / "o" / "results.json")
     assert res["data"]["files"][0] == str(own_csv) and not res["data"]["paper"]
-    assert res["data"]["features"] == list("abcdef")          # the numeric columns; not 'note', nor 'group'
+    # the numeric columns; not 'note', nor 'group'
+    assert res["data"]["features"] == list("abcdef")
     table = (tmp_path / "o" / "table.md").read_text()
-    assert own_csv.name in table.splitlines()[0]             # the title names the file
+    assert own_csv.name in table.splitlines()[0]  # the title names the file
     assert "paper" not in next(line for line in table.splitlines() if line.startswith("| method"))
     assert "paper" not in res["methods"]["closed_form"]
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("argv,flag", [
-    (["--target-p", "nope", "--split", "group=b"], "--target-p"),
-    (["--target-p", "y", "--split", "nogroup=b"], "--split"),
-    (["--target-p", "y", "--inputs", "a,zz", "--split", "group=b"], "--inputs"),
-    (["--target-p", "y"], "--target-p"),                   # no split
-    (["--split", "group=b"], "--split"),                   # no target
-    (["--target-p", "y", "--split", "group=b", "--harmful-data", "FILE"], "--harmful-data"),
-])
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--target-p", "nope", "--split", "group=b"], "--target-p"),
+        (["--target-p", "y", "--split", "nogroup=b"], "--split"),
+        (["--target-p", "y", "--inputs", "a,zz", "--split", "group=b"], "--inputs"),
+        (["--target-p", "y"], "--target-p"),  # no split
+        (["--split", "group=b"], "--split"),  # no target
+        (["--target-p", "y", "--split", "group=b", "--harmful-data", "FILE"], "--harmful-data"),
+    ],
+)
 def test_own_table_flags_are_checked_naming_the_flag(capsys, tmp_path, own_csv, argv, flag):
     argv = [str(own_csv) if a == "FILE" else a for a in argv]
-    rc, err, _ = call(capsys, house_price, ["--data", str(own_csv), *argv, "--out", str(tmp_path / "o")])
+    rc, err, _ = call(
+        capsys, house_price, ["--data", str(own_csv), *argv, "--out", str(tmp_path / "o")]
+    )
     assert rc == 2 and one_line(err, flag)
 
 
 def test_an_absurd_cell_is_one_warning_line_or_refused(capsys, tmp_path, own_csv):
     lines = own_csv.read_text().splitlines()
-    lines[5] = "1e308," + lines[5].split(",", 1)[1]   # column a, line 6 of the file
+    lines[5] = "1e308," + lines[5].split(",", 1)[1]  # column a, line 6 of the file
     (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
-    argv = ["--data", str(tmp_path / "t.csv"), "--target-p", "y", "--split", "group=b", "--n-train", "60",
-            "--seeds", "1", "--methods", "identity", "--probe-steps", "1", "--jobs", "1", "--no-plot"]
+    argv = [
+        "--data",
+        str(tmp_path / "t.csv"),
+        "--target-p",
+        "y",
+        "--split",
+        "group=b",
+        "--n-train",
+        "60",
+        "--seeds",
+        "1",
+        "--methods",
+        "identity",
+        "--probe-steps",
+        "1",
+        "--jobs",
+        "1",
+        "--no-plot",
+    ]
     rc, err, _ = call(capsys, house_price, [*argv, "--out", str(tmp_path / "o")])
     assert rc == 0 and one_line(err, "warning", "'a'")
-    rc, err, _ = call(capsys, house_price, [*argv, "--on-outlier", "error", "--out", str(tmp_path / "o2")])
+    rc, err, _ = call(
+        capsys, house_price, [*argv, "--on-outlier", "error", "--out", str(tmp_path / "o2")]
+    )
     assert rc == 1 and one_line(err, "'a'") and not (tmp_path / "o2").exists()

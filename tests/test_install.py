@@ -1,6 +1,7 @@
-"""The installed environment (docs/design.md §5): declared dependencies, the pins, the torchvision hook
-the wheel carries (``import timm`` with nothing imported first), nothing outside pip's record.
+"""The installed environment (docs/design.md §5): declared dependencies, the pins, the torchvision
+hook the wheel carries (``import timm`` with nothing imported first), nothing outside pip's record.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -17,10 +18,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DIST = "model-immunization"
-# Top-level names in site-packages that belong to this project (the import packages, the distribution's
+# Top-level names in site-packages that belong to this project (the import packages, the
+# distribution's
 # metadata, its editable-install hooks, the torchvision hook and its .pth, an old install's hook).
-OURS = ("pycore", "pycore-*", "pycore.*", "_pycore*", "experiments", "model_immunization*",
-        "_model_immunization*", "__editable__*model_immunization*", "__editable__*pycore*")
+OURS = (
+    "pycore",
+    "pycore-*",
+    "pycore.*",
+    "_pycore*",
+    "experiments",
+    "model_immunization*",
+    "_model_immunization*",
+    "__editable__*model_immunization*",
+    "__editable__*pycore*",
+)
 RUNTIME = {"numpy", "scipy", "threadpoolctl", "pandas", "matplotlib", "tqdm"}
 DEEP = {"torch", "torchvision", "timm", "safetensors"}
 
@@ -31,12 +42,17 @@ def _name(requirement: str) -> str:
 
 def _recorded(site: Path) -> tuple[set[Path], dict[str, set[Path]]]:
     """Every file that a distribution installed in ``site`` lists in its RECORD, and the same per
-    distribution; the ``__pycache__`` files pip removes with a recorded top-level module count too."""
+    distribution; the ``__pycache__`` files pip removes with a recorded top-level module count
+    too."""
     per_dist: dict[str, set[Path]] = {}
     for dist in md.distributions(path=[str(site)]):
         files = {Path(os.path.normpath(site / f)) for f in dist.files or ()}
-        files |= {c for p in files if p.suffix == ".py" and p.parent == site
-                  for c in (site / "__pycache__").glob(p.stem + ".*.pyc")}
+        files |= {
+            c
+            for p in files
+            if p.suffix == ".py" and p.parent == site
+            for c in (site / "__pycache__").glob(p.stem + ".*.pyc")
+        }
         per_dist[_name(dist.metadata["Name"] or "").replace("_", "-")] = files
     return set().union(*per_dist.values()) if per_dist else set(), per_dist
 
@@ -52,12 +68,18 @@ def unrecorded(site: Path) -> list[str]:
             problems.append(f"{entry.name}: in no distribution's RECORD")
         if any(fnmatch.fnmatch(entry.name, pat) for pat in OURS):
             files = [entry] if entry.is_file() else [p for p in entry.rglob("*") if p.is_file()]
-            problems += [f"{p.relative_to(site)}: not in {DIST}'s RECORD"
-                         for p in files if p not in ours_recorded]
+            problems += [
+                f"{p.relative_to(site)}: not in {DIST}'s RECORD"
+                for p in files
+                if p not in ours_recorded
+            ]
     pycache = site / "__pycache__"
     if pycache.is_dir():
-        problems += [f"__pycache__/{p.name}: cache of an unrecorded module" for p in pycache.iterdir()
-                     if any(fnmatch.fnmatch(p.name, pat) for pat in OURS) and p not in everything]
+        problems += [
+            f"__pycache__/{p.name}: cache of an unrecorded module"
+            for p in pycache.iterdir()
+            if any(fnmatch.fnmatch(p.name, pat) for pat in OURS) and p not in everything
+        ]
     return problems
 
 
@@ -69,6 +91,7 @@ def _installed():
 
 
 # ---------------------------------------------------------------- metadata and pins
+
 
 def test_installed_metadata_lists_the_dependencies():
     # What `pip show model-immunization` prints as Requires comes from this metadata.
@@ -82,18 +105,23 @@ def test_installed_metadata_lists_the_dependencies():
 
 # ---------------------------------------------------------------- the torchvision hook
 
+
 def test_import_timm_works_with_nothing_imported_first(tmp_path):
-    """The wheel's hook: cheap at start (torch is not imported), and `import timm` then works; where
-    torchvision's own library cannot load (the CPU torch beside PyPI's CUDA torchvision) it defined the
-    two schemas, else nothing."""
+    """The wheel's hook: cheap at start (torch is not imported), and `import timm` then works;
+    where torchvision's own library cannot load (the CPU torch beside PyPI's CUDA torchvision) it
+    defined the two schemas, else nothing."""
     _installed()
-    code = ("import sys\nstart = 'torch' in sys.modules\n"
-            "import timm, torch, _model_immunization_torchvision as h\n"
-            "m = timm.create_model('resnet10t', num_classes=2)\ntorch.ops.torchvision.nms\n"
-            "print(start, h.LIBRARY is not None, any('vision' in p for p in torch.ops.loaded_libraries))")
+    code = (
+        "import sys\nstart = 'torch' in sys.modules\n"
+        "import timm, torch, _model_immunization_torchvision as h\n"
+        "m = timm.create_model('resnet10t', num_classes=2)\ntorch.ops.torchvision.nms\n"
+        "print(start, h.LIBRARY is not None, any('vision' in p for p in "
+        "torch.ops.loaded_libraries))"
+    )
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                         env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     start, shim, own = out.stdout.split()
     assert start == "False" and shim == str(own == "False")
@@ -105,16 +133,19 @@ def test_the_hook_defines_nothing_where_the_schemas_exist():
     import torch
     import torchvision  # noqa: F401  (the schemas exist from here on: torchvision's own, or the hook's)
 
-    spec = importlib.util.spec_from_file_location("hook_copy", ROOT / "_model_immunization_torchvision.py")
+    spec = importlib.util.spec_from_file_location(
+        "hook_copy", ROOT / "_model_immunization_torchvision.py"
+    )
     hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)                       # a fresh copy of the hook, after torchvision
+    spec.loader.exec_module(hook)  # a fresh copy of the hook, after torchvision
     assert hook.TorchvisionFinder not in sys.meta_path  # torchvision imported already: no finder
     hook.ensure_torchvision_ops()
     assert hook.LIBRARY is None and torch.ops.torchvision.nms is not None
-    assert hook.TorchvisionFinder.find_spec("numpy") is None                # any other import: nothing found
+    assert hook.TorchvisionFinder.find_spec("numpy") is None  # any other import: nothing found
 
 
 # ---------------------------------------------------------------- nothing outside pip's record
+
 
 def test_install_wrote_nothing_outside_pips_record():
     dist = _installed()
@@ -131,45 +162,95 @@ def test_unrecorded_finds_a_stray_import_hook(tmp_path):
     info = site / "model_immunization-0.1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DIST}\nVersion: 0.1.0\n")
-    (site / "model_immunization_torchvision.pth").write_text("import _model_immunization_torchvision\n")
-    (info / "RECORD").write_text("model_immunization_torchvision.pth,,\n" + "".join(
-        f"model_immunization-0.1.0.dist-info/{n},,\n" for n in ("METADATA", "RECORD")))
+    (site / "model_immunization_torchvision.pth").write_text(
+        "import _model_immunization_torchvision\n"
+    )
+    (info / "RECORD").write_text(
+        "model_immunization_torchvision.pth,,\n"
+        + "".join(f"model_immunization-0.1.0.dist-info/{n},,\n" for n in ("METADATA", "RECORD"))
+    )
     assert unrecorded(site) == []
-    (site / "_pycore_torchvision_hook.pth").write_text("import _pycore_torchvision_hook\n")   # an old hook
-    assert len(unrecorded(site)) == 2                                  # in no RECORD, and not in ours
+    # an old hook
+    (site / "_pycore_torchvision_hook.pth").write_text("import _pycore_torchvision_hook\n")
+    assert len(unrecorded(site)) == 2  # in no RECORD, and not in ours
 
 
 @pytest.mark.slow
 def test_fresh_venv_install_then_uninstall_leaves_no_trace(tmp_path):
-    """The README's set-up in a new venv: `python -c "import timm"` works, and after `pip uninstall` no
-    file of ours remains. Minutes (the install, the C++ build), hence slow; the fast variant: this venv."""
+    """The README's set-up in a new venv: `python -c "import timm"` works, and after `pip
+    uninstall` no file of ours remains. Minutes (the install, the C++ build), hence slow; the fast
+    variant: this venv."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     # A checkout of its own, so the editable install and the build do not touch this one.
     src = tmp_path / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "results", "*.so",
-                                                             "__pycache__", "*.egg-info", ".pytest_cache"))
-    run = subprocess.run(["bash", "scripts/install.sh"], cwd=src, env=env, capture_output=True, text=True,
-                         timeout=1800)
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".venv",
+            ".git",
+            "build",
+            "results",
+            "*.so",
+            "__pycache__",
+            "*.egg-info",
+            ".pytest_cache",
+        ),
+    )
+    run = subprocess.run(
+        ["bash", "scripts/install.sh"],
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
-    for code, out in (("import timm", ""),
-                      ("import pycore.ops as o; print(o.extension_available())", "True")):
-        ok = subprocess.run([str(py), "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    for code, out in (
+        ("import timm", ""),
+        ("import pycore.ops as o; print(o.extension_available())", "True"),
+    ):
+        ok = subprocess.run(
+            [str(py), "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
         assert ok.returncode == 0 and ok.stdout.strip() == out, ok.stderr[-2000:]
-    check = ("import json, pathlib, tests.test_install as t; "
-             f"print(json.dumps(t.unrecorded(pathlib.Path({str(site)!r}))))")
-    listed = subprocess.run([str(py), "-c", check], cwd=src, env=env, capture_output=True, text=True)
-    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stdout + listed.stderr[-2000:]
+    check = (
+        "import json, pathlib, tests.test_install as t; "
+        f"print(json.dumps(t.unrecorded(pathlib.Path({str(site)!r}))))"
+    )
+    listed = subprocess.run(
+        [str(py), "-c", check], cwd=src, env=env, capture_output=True, text=True
+    )
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], (
+        listed.stdout + listed.stderr[-2000:]
+    )
 
     subprocess.run([str(py), "-m", "pip", "uninstall", "--quiet", "-y", DIST], env=env, check=True)
     left = [p.name for p in site.iterdir() if any(fnmatch.fnmatch(p.name, pat) for pat in OURS)]
-    left += [p.name for p in site.glob("*.pth") if re.search(r"pycore|model_immunization", p.read_text())]
-    left += [p.name for p in (site / "__pycache__").glob("*") if re.search(r"pycore|immunization", p.name)]
+    left += [
+        p.name
+        for p in site.glob("*.pth")
+        if re.search(r"pycore|model_immunization", p.read_text())
+    ]
+    left += [
+        p.name
+        for p in (site / "__pycache__").glob("*")
+        if re.search(r"pycore|immunization", p.name)
+    ]
     assert not left, f"left in site-packages after pip uninstall: {left}"
-    gone = subprocess.run([str(py), "-c", "import pycore"], cwd=tmp_path, env=env, capture_output=True)
+    gone = subprocess.run(
+        [str(py), "-c", "import pycore"], cwd=tmp_path, env=env, capture_output=True
+    )
     assert gone.returncode != 0, "pycore still importable after pip uninstall"

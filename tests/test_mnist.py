@@ -1,5 +1,6 @@
 """MNIST: data loading, pair tasks, the fast N < D paths of the immunizer, and a CI-sized run of
 ``experiments/mnist.py``."""
+
 from __future__ import annotations
 
 import gzip
@@ -9,8 +10,15 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from pycore.data.mnist import (digit_covariances, ink_targets, load_mnist_5k, load_mnist_idx, pair_task,
-                               parse_pairs, split_digits)
+from pycore.data.mnist import (
+    digit_covariances,
+    ink_targets,
+    load_mnist_5k,
+    load_mnist_idx,
+    pair_task,
+    parse_pairs,
+    split_digits,
+)
 from pycore.immunize import IMMAOptions
 from pycore.methods import imma_inner_step_size, imma_objective
 from pycore import losses
@@ -129,7 +137,8 @@ def test_idx_loader_round_trip(tmp_path, gz):
 def test_idx_loader_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte"):
         load_mnist_idx(tmp_path)
-    _write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros((2, 28, 28)), 2049, False)  # wrong magic
+    # wrong magic
+    _write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros((2, 28, 28)), 2049, False)
     _write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(2), 2049, False)
     with pytest.raises(ValueError, match="magic"):
         load_mnist_idx(tmp_path)
@@ -151,8 +160,8 @@ def test_pair_tasks_balanced_disjoint_and_shared():
     held = pair_task(d, sp, 0, 1, heldout=True)
     assert t01.X_P.shape == t01.X_H.shape == (50, 784) and held.X_P.shape == (30, 784)
     assert not set(sp.train[0]) & set(sp.heldout[0])
-    np.testing.assert_array_equal(t01.X_P, t02.X_P)            # digit 0's rows shared by its pairs
-    assert t01.K_P is t02.K_P                                   # ... and so is its covariance
+    np.testing.assert_array_equal(t01.X_P, t02.X_P)  # digit 0's rows shared by its pairs
+    assert t01.K_P is t02.K_P  # ... and so is its covariance
     np.testing.assert_allclose(t01.K_H, t01.X_H.T @ t01.X_H, rtol=1e-12, atol=1e-12)
     assert t01.loss == "bce" and t01.Y_P.mean() == pytest.approx(0.5)  # balanced BCE targets
     with pytest.raises(ValueError, match="n_train"):
@@ -163,14 +172,37 @@ def test_experiment_ci_run(capsys, tmp_path):
     from experiments import mnist as exp
 
     out = tmp_path / "mn"
-    assert exp.main(["--pairs", "0-1,7-2", "--seeds", "2", "--epochs", "2", "--n-train", "40",
-                     "--n-heldout", "20", "--methods", "identity,ours,closed_form", "--jobs", "1",
-                     "--out", str(out)]) == 0
+    assert (
+        exp.main(
+            [
+                "--pairs",
+                "0-1,7-2",
+                "--seeds",
+                "2",
+                "--epochs",
+                "2",
+                "--n-train",
+                "40",
+                "--n-heldout",
+                "20",
+                "--methods",
+                "identity,ours,closed_form",
+                "--jobs",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = read_json(out / "results.json")
     assert list(res["methods"]) == ["identity", "ours", "closed_form"]
     for e in res["methods"].values():
         assert len(e["runs"]) == 4 and e["n_pairs"] == 2
-        assert all(np.isfinite(r["rir"]) and r["rir"] > 0 and 0 <= r["dp_acc_after"] <= 1 for r in e["runs"])
+        assert all(
+            np.isfinite(r["rir"]) and r["rir"] > 0 and 0 <= r["dp_acc_after"] <= 1
+            for r in e["runs"]
+        )
     ident, cf = res["methods"]["identity"], res["methods"]["closed_form"]
     assert all(r["rir"] == pytest.approx(1.0) for r in ident["runs"])
     assert ident["successes_rir"] == 0 and ident["successes_def31"] == 0
@@ -184,24 +216,36 @@ def test_experiment_ci_run(capsys, tmp_path):
     table = exp.table_markdown(res).splitlines()
     header = [c.strip() for c in next(x for x in table if x.startswith("| method")).split("|")]
     ours = [c.strip() for c in next(x for x in table if x.startswith("| Ours")).split("|")]
-    assert ours[header.index("paper Def. 3.1")] == "—" and ours[header.index("paper RIR > 1")] == "—"
+    assert (
+        ours[header.index("paper Def. 3.1")] == "—" and ours[header.index("paper RIR > 1")] == "—"
+    )
     res["pairs"] = [[p, h] for p in range(10) for h in range(10) if p != h]
-    ours = next(x for x in exp.table_markdown(res).splitlines() if x.startswith("| Ours")).split("|")
+    ours = next(x for x in exp.table_markdown(res).splitlines() if x.startswith("| Ours")).split(
+        "|"
+    )
     assert ours[header.index("paper Def. 3.1")].strip() == "90/90"
     capsys.readouterr()
 
 
 def test_success_counts_use_pair_seed_means_and_both_criteria():
-    """Def. 3.1 ((i) > 1 AND (ii) < 1) and RIR > 1 are different counts, both on a pair's seed means."""
+    """Def. 3.1 ((i) > 1 AND (ii) < 1) and RIR > 1 are different counts, both on a pair's seed
+    means."""
     from experiments import mnist as exp
 
     def run(pair, i, ii):
         return {"pair": list(pair), "harmful_ratio": i, "pretrain_ratio": ii, "rir": i / ii}
 
-    runs = [run((0, 1), 4.0, 2.0), run((0, 1), 6.0, 2.0),      # RIR 2, 3 but (ii) > 1: not Def. 3.1
-            run((1, 0), 0.5, 0.1), run((1, 0), 0.7, 0.1),      # RIR > 1 but (i) < 1: not Def. 3.1
-            run((2, 3), 3.0, 0.5), run((2, 3), 0.9, 0.5),      # one run fails (i); seed means 1.95, 0.5
-            run((3, 2), 0.5, 2.0), run((3, 2), 0.9, 2.0)]      # fails both
+    # fails both
+    runs = [
+        run((0, 1), 4.0, 2.0),
+        run((0, 1), 6.0, 2.0),  # RIR 2, 3 but (ii) > 1: not Def. 3.1
+        run((1, 0), 0.5, 0.1),
+        run((1, 0), 0.7, 0.1),  # RIR > 1 but (i) < 1: not Def. 3.1
+        run((2, 3), 3.0, 0.5),
+        run((2, 3), 0.9, 0.5),  # one run fails (i); seed means 1.95, 0.5
+        run((3, 2), 0.5, 2.0),
+        run((3, 2), 0.9, 2.0),
+    ]
     c = exp.success_counts(runs)
     assert c["successes_def31"] == 1 and c["successes_rir"] == 3 and c["def31_runs"] == 1
     assert c["n_pairs"] == 4 and c["pair_mean_harmful_ratio"]["2-3"] == pytest.approx(1.95)
@@ -216,7 +260,11 @@ def test_full_batch_loss_from_Z_matches_losses_module(loss):
     X = _low_rank_rows(rng, n=30, D=40)
     Y = ink_targets(X)
     task = LinearTask(X, Y, X, Y, loss=loss)
-    theta, omega, bias = rng.standard_normal((40, 40)), rng.standard_normal((40, 1)), np.array([0.3])
+    theta, omega, bias = (
+        rng.standard_normal((40, 40)),
+        rng.standard_normal((40, 1)),
+        np.array([0.3]),
+    )
     ref = _loss_grads(task, X, Y, theta, omega, bias)
     got = _loss_grads_from_Z(task, X, X @ theta, Y, omega, bias)
     # Same quantities, products associated differently (Z formed vs through the head):
@@ -227,5 +275,3 @@ def test_full_batch_loss_from_Z_matches_losses_module(loss):
             assert a is None
         else:
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * np.abs(b).max())
-
-

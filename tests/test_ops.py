@@ -1,5 +1,7 @@
-"""The fused op and the immunization head (pycore.ops): registration, agreement with the float64 NumPy
-core and the autograd reference, refusals (CondRegError naming the argument), fallback, CUDA sources."""
+"""The fused op and the immunization head (pycore.ops): registration, agreement with the float64
+NumPy core and the autograd reference, refusals (CondRegError naming the argument), fallback, CUDA
+sources."""
+
 import json
 import os
 import pickle
@@ -22,10 +24,15 @@ F64 = torch.float64
 
 
 def features(N, D, *, seed=0, cond=30.0, eigs=None, dtype=F64):
-    """Z = U diag(√eigs) Vᵀ: ZᵀZ has the eigenvalues ``eigs`` (default: spread so that κ(ZᵀZ) ≈ cond)."""
+    """Z = U diag(√eigs) Vᵀ: ZᵀZ has the eigenvalues ``eigs`` (default: spread so that κ(ZᵀZ) ≈
+    cond)."""
     rng = np.random.default_rng(seed)
     r = min(N, D)
-    eigs = np.geomspace(cond, 1.0, r) * (1 + 0.05 * rng.random(r)) if eigs is None else np.asarray(eigs)
+    eigs = (
+        np.geomspace(cond, 1.0, r) * (1 + 0.05 * rng.random(r))
+        if eigs is None
+        else np.asarray(eigs)
+    )
     U, _ = np.linalg.qr(rng.standard_normal((N, len(eigs))))
     V, _ = np.linalg.qr(rng.standard_normal((D, len(eigs))))
     return torch.tensor((U * np.sqrt(eigs)) @ V.T, dtype=dtype)
@@ -48,17 +55,29 @@ def rel(a, b):
 
 def core_value_and_grad(Z, kind):
     H = (Z.T @ Z).numpy()
-    r, G = (core.r_ill(H), core.r_ill_grad(H)) if kind == "ill" else (core.r_well(H), core.r_well_grad(H))
+    r, G = (
+        (core.r_ill(H), core.r_ill_grad(H))
+        if kind == "ill"
+        else (core.r_well(H), core.r_well_grad(H))
+    )
     return r, 2.0 * Z.numpy() @ G  # dR/dZ = 2 Z ∇_H R (docs/theory.md §4)
 
 
 def test_extension_is_built():
-    assert ops.extension_available(), "pycore._C is not built: run `python setup.py build_ext --inplace`"
+    assert ops.extension_available(), (
+        "pycore._C is not built: run `python setup.py build_ext --inplace`"
+    )
 
 
-@pytest.mark.parametrize("N,D,dtype,kind,grad", [
-    (12, 30, torch.float32, "ill", True), (40, 9, F64, "ill", True), (12, 30, F64, "well", False),
-    (40, 9, F64, "well", False)])
+@pytest.mark.parametrize(
+    "N,D,dtype,kind,grad",
+    [
+        (12, 30, torch.float32, "ill", True),
+        (40, 9, F64, "ill", True),
+        (12, 30, F64, "well", False),
+        (40, 9, F64, "well", False),
+    ],
+)
 def test_opcheck_cond_reg(N, D, dtype, kind, grad):
     Z = features(N, D, dtype=dtype).requires_grad_(grad)
     opcheck(torch.ops.pycore.cond_reg.default, (Z, kind, None, None, grad))
@@ -66,11 +85,16 @@ def test_opcheck_cond_reg(N, D, dtype, kind, grad):
 
 @pytest.mark.parametrize("N,D,bias", [(6, 10, False), (15, 7, True)])
 def test_opcheck_precond_linear(N, D, bias):
-    X, W = features(N, D, seed=3).requires_grad_(True), torch.randn(5, D, dtype=F64, requires_grad=True)
+    X, W = (
+        features(N, D, seed=3).requires_grad_(True),
+        torch.randn(5, D, dtype=F64, requires_grad=True),
+    )
     b = torch.randn(5, dtype=F64, requires_grad=True) if bias else None
     opcheck(torch.ops.pycore.precond_linear.default, (X, W, b, 1e-3, True))
-    opcheck(torch.ops.pycore.precond_linear_backward.default,
-            (torch.randn(N, 5, dtype=F64), X.detach(), W.detach(), 1e-3, True, True, True))
+    opcheck(
+        torch.ops.pycore.precond_linear_backward.default,
+        (torch.randn(N, 5, dtype=F64), X.detach(), W.detach(), 1e-3, True, True, True),
+    )
 
 
 @pytest.mark.parametrize("kind", ops.KINDS)
@@ -83,35 +107,55 @@ def test_gradcheck_float64(kind, N, D):
 
 
 def test_gradcheck_head():
-    # Every gradient is the plain one without preconditioning; with it, those of the input and bias.
+    # Every gradient is the plain one without preconditioning; with it, those of the input and
+    # bias.
     X = features(7, 5, seed=1).requires_grad_(True)
-    W, b = torch.randn(4, 5, dtype=F64, requires_grad=True), torch.randn(4, dtype=F64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, w, bb: ops.precond_linear(x, w, bb, 1e-3, False), (X, W, b))
-    assert torch.autograd.gradcheck(lambda x, bb: ops.precond_linear(x, W.detach(), bb, 1e-3, True), (X, b))
+    W, b = (
+        torch.randn(4, 5, dtype=F64, requires_grad=True),
+        torch.randn(4, dtype=F64, requires_grad=True),
+    )
+    assert torch.autograd.gradcheck(
+        lambda x, w, bb: ops.precond_linear(x, w, bb, 1e-3, False), (X, W, b)
+    )
+    assert torch.autograd.gradcheck(
+        lambda x, bb: ops.precond_linear(x, W.detach(), bb, 1e-3, True), (X, b)
+    )
 
 
 @pytest.mark.parametrize("kind", ops.KINDS)
-@pytest.mark.parametrize("N,D,dead", [(12, 30, False), (40, 9, False), (48, 160, False), (160, 64, False),
-                                      (50, 12, True)])
+@pytest.mark.parametrize(
+    "N,D,dead",
+    [(12, 30, False), (40, 9, False), (48, 160, False), (160, 64, False), (50, 12, True)],
+)
 def test_matches_numpy_core(kind, N, D, dead):
     Z = features(N, D, seed=N + D, cond=1e3)
-    if dead:  # a dead unit: rank D − 1, R_ill's σ_k interior, so its eigenvector comes from the full eigh
+    # a dead unit: rank D − 1, R_ill's σ_k interior, so its eigenvector comes from the full eigh
+    if dead:
         Z[:, 4] = 0.0
     r_np, g_np = core_value_and_grad(Z, kind)
     v, d = ops.cond_regularizer_with_diagnostics(Z.requires_grad_(True), kind)
-    assert abs(v.item() - r_np) <= 1e-10 * abs(r_np) and rel(torch.autograd.grad(v, Z)[0], g_np) <= 1e-10
+    assert (
+        abs(v.item() - r_np) <= 1e-10 * abs(r_np)
+        and rel(torch.autograd.grad(v, Z)[0], g_np) <= 1e-10
+    )
     interior = dead and kind == "ill"
-    assert (d.rank, d.eigvec_method) == (min(N, D) - dead, "eigh" if interior else "inverse_iteration")
+    assert (d.rank, d.eigvec_method) == (
+        min(N, D) - dead,
+        "eigh" if interior else "inverse_iteration",
+    )
 
 
 @pytest.mark.parametrize("kind", ops.KINDS)
 @pytest.mark.parametrize("N,D", [(40, 100), (200, 30)])
 def test_float32_error_at_most_twice_reference(kind, N, D):
-    # flash-attention's criterion: error vs a float64 truth ≤ 2x the plain float32 implementation's.
+    # flash-attention's criterion: error vs a float64 truth ≤ 2x the plain float32
+    # implementation's.
     Z32 = features(N, D, seed=8, cond=1e3).float()
     tv, tg = value_and_grad(ops.cond_regularizer, Z32.double(), kind)
-    (ov, og), (rv, rg) = (value_and_grad(f, Z32, kind) for f in (ops.cond_regularizer,
-                                                                  ops.reference_cond_regularizer))
+    (ov, og), (rv, rg) = (
+        value_and_grad(f, Z32, kind)
+        for f in (ops.cond_regularizer, ops.reference_cond_regularizer)
+    )
     assert abs(ov.double() - tv) <= 2 * abs(rv.double() - tv) + 1e-7 * abs(tv)
     assert rel(og.double(), tg) <= 2 * rel(rg.double(), tg) + 1e-7
 
@@ -128,24 +172,28 @@ def test_diagnostics_and_ties():
     Z = with_spectrum([9.0, 4.0, 2.0, 0.5], N=6)
     _, d = ops.cond_regularizer_with_diagnostics(Z, "ill")
     assert (d.rank, d.path, d.tie) == (4, "covariance", False)
-    assert np.allclose([d.sigma_max, d.sigma_min, d.kappa, d.eigengap], [9.0, 0.5, 18.0, 1.5], rtol=1e-10)
+    assert np.allclose(
+        [d.sigma_max, d.sigma_min, d.kappa, d.eigengap], [9.0, 0.5, 18.0, 1.5], rtol=1e-10
+    )
     _, d = ops.cond_regularizer_with_diagnostics(Z.T, "well")  # 4×6: the same spectrum and 2 zeros
     assert d.path == "gram" and d.rank == 4 and abs(d.eigengap - 5.0) < 1e-12
-    # σ = (1, 2e-9, 1e-9): the two smallest differ by 2x, no tie although the gap is ~1e-9·λ_max; op = core.
+    # σ = (1, 2e-9, 1e-9): the two smallest differ by 2x, no tie although the gap is ~1e-9·λ_max;
+    # op = core.
     for eigs, tie in (([1.0, 2e-9, 1e-9], False), ([1.0, 1e-9 * (1 + 1e-12), 1e-9], True)):
         _, d = ops.cond_regularizer_with_diagnostics(with_spectrum(eigs), "ill", warn=False)
         reg = core.hessian_regularizer(with_spectrum(eigs).numpy(), "ill")
         assert (d.tie, d.rank) == (reg.tie, reg.info.rank) == (tie, 3)
 
 
-REFUSED = [  # (Z, kind, keywords, the argument named, whether the NumPy core calls R undefined too)
+# (Z, kind, keywords, the argument named, whether the NumPy core calls R undefined too)
+REFUSED = [
     (torch.zeros(6, 4, dtype=F64), "well", {}, "Z", True),
     (torch.zeros(6, 4, dtype=F64), "ill", {}, "Z", True),
-    (torch.randn(1, 6, dtype=F64), "ill", {}, "Z", True),                           # rank 1
-    (with_spectrum([2.0, 2.0, 2.0]), "ill", {}, "Z", True),                         # κ = 1
-    (1e-200 * features(6, 4), "well", {}, "Z", False),                              # ZᵀZ underflows to 0
-    (1e160 * features(6, 4), "well", {}, "Z", False),                               # overflow
-    (1e-12 * features(6, 4, dtype=torch.float32), "ill", {}, "Z", False),           # R_ill > float32 max
+    (torch.randn(1, 6, dtype=F64), "ill", {}, "Z", True),  # rank 1
+    (with_spectrum([2.0, 2.0, 2.0]), "ill", {}, "Z", True),  # κ = 1
+    (1e-200 * features(6, 4), "well", {}, "Z", False),  # ZᵀZ underflows to 0
+    (1e160 * features(6, 4), "well", {}, "Z", False),  # overflow
+    (1e-12 * features(6, 4, dtype=torch.float32), "ill", {}, "Z", False),  # R_ill > float32 max
     (torch.tensor([[1.0, float("nan")], [0.0, 1.0]], dtype=F64), "ill", {}, "Z", False),
     (torch.ones(5, dtype=F64), "well", {}, "Z", False),
     (torch.ones(3, 4).half(), "well", {}, "Z", False),
@@ -160,7 +208,9 @@ REFUSED = [  # (Z, kind, keywords, the argument named, whether the NumPy core ca
 
 @pytest.mark.parametrize("Z,kind,kw,arg,undefined", REFUSED)
 @pytest.mark.parametrize("entry", [ops.cond_regularizer, ops.cond_regularizer_with_diagnostics])
-def test_refusals_are_one_line_cond_reg_errors_naming_the_argument(entry, Z, kind, kw, arg, undefined):
+def test_refusals_are_one_line_cond_reg_errors_naming_the_argument(
+    entry, Z, kind, kw, arg, undefined
+):
     with pytest.raises(CondRegError) as e:
         entry(Z.requires_grad_(Z.layout == torch.strided and Z.is_floating_point()), kind, **kw)
     assert e.value.parameter == arg and "\n" not in str(e.value)
@@ -185,7 +235,8 @@ def test_meta_tensors_work_through_the_fake_and_diagnostics_refuse_them():
 
 @pytest.mark.parametrize("N,D,lam", [(10, 25, 1e-3), (40, 12, 0.0)], ids=["gram", "covariance"])
 def test_head_preconditions_on_the_right(N, D, lam):
-    # docs/theory.md §4: grad_W (XᵀX + λI)⁻¹, K⁻¹∇_θR of Algorithm 1 for W = θᵀ (λ = 0: exactly K⁻¹)
+    # docs/theory.md §4: grad_W (XᵀX + λI)⁻¹, K⁻¹∇_θR of Algorithm 1 for W = θᵀ (λ = 0: exactly
+    # K⁻¹)
     X = features(N, D, seed=6)
     head = ops.ImmunizationHead(D, lambda_reg=lam).double()
     assert torch.equal(head.weight.detach(), torch.eye(D, dtype=F64))
@@ -195,23 +246,30 @@ def test_head_preconditions_on_the_right(N, D, lam):
     Wp = head.weight.detach().clone().requires_grad_(True)
     ops.cond_regularizer(X @ Wp.T, "ill").backward()  # the plain grad_W
     Kl = (X.T @ X + lam * torch.eye(D, dtype=F64)).numpy()
-    assert rel(head.weight.grad, np.linalg.solve(Kl, Wp.grad.numpy().T).T) <= 1e-8  # grad_W (K+λI)⁻¹
-    assert rel(head.weight.grad, np.linalg.solve(Kl, Wp.grad.numpy())) > 1e-3       # not the authors' side
+    # grad_W (K+λI)⁻¹
+    assert rel(head.weight.grad, np.linalg.solve(Kl, Wp.grad.numpy().T).T) <= 1e-8
+    # not the authors' side
+    assert rel(head.weight.grad, np.linalg.solve(Kl, Wp.grad.numpy())) > 1e-3
 
 
 def head_backward(X, **kw):
     return lambda: ops.ImmunizationHead(4, **kw).double()(X).sum().backward()
 
 
+# singular XᵀX, no ridge
+# not λ
 HEAD_REFUSED = [  # (call, the argument named): forward and backward
     (head_backward(torch.randn(2, 3, 4, dtype=F64)), "X"),
     (head_backward(torch.randn(3, 5, dtype=F64)), "W"),
-    (head_backward(torch.randn(3, 4)), "W"),                                     # float32 X, float64 W
+    (head_backward(torch.randn(3, 4)), "W"),  # float32 X, float64 W
     (head_backward(torch.randn(3, 4, dtype=F64).to_sparse()), "X"),
     (head_backward(torch.randn(3, 4).to(torch.float8_e4m3fn)), "X"),
     (head_backward(torch.randn(3, 4, dtype=F64), lambda_reg=-1.0), "lambda_reg"),
-    (head_backward(torch.ones(10, 4, dtype=F64), lambda_reg=0.0), "lambda_reg"),  # singular XᵀX, no ridge
-    (head_backward(torch.ones(8, 4, dtype=F64).index_fill(0, torch.tensor([2]), float("nan"))), "X"),  # not λ
+    (head_backward(torch.ones(10, 4, dtype=F64), lambda_reg=0.0), "lambda_reg"),
+    (
+        head_backward(torch.ones(8, 4, dtype=F64).index_fill(0, torch.tensor([2]), float("nan"))),
+        "X",
+    ),
     (lambda: ops.ImmunizationHead(0), "dim"),
     (lambda: ops.precond_linear(torch.randn(3, 4), torch.randn(2, 4), torch.randn(3)), "bias"),
 ]
@@ -226,13 +284,18 @@ def test_head_refusals_name_the_argument(call, arg):
 
 def test_torch_compile_fullgraph():
     head, x = ops.ImmunizationHead(16, lambda_reg=1e-3).double(), features(8, 16, seed=1)
-    loss = lambda x: ops.cond_regularizer(head(x), "well") + 1e-3 * ops.cond_regularizer(head(x), "ill")  # noqa: E731
+    loss = lambda x: (
+        ops.cond_regularizer(head(x), "well") + 1e-3 * ops.cond_regularizer(head(x), "ill")
+    )  # noqa: E731
     compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
     (eager := loss(x)).backward()
     g_eager, head.weight.grad = head.weight.grad.clone(), None
     (out := compiled(x)).backward()
-    assert torch.allclose(out, eager, rtol=1e-12) and torch.allclose(head.weight.grad, g_eager, rtol=1e-10)
-    with pytest.raises(ValueError) as e:  # documented: compiled code raises CondRegError's base class
+    assert torch.allclose(out, eager, rtol=1e-12) and torch.allclose(
+        head.weight.grad, g_eager, rtol=1e-10
+    )
+    # documented: compiled code raises CondRegError's base class
+    with pytest.raises(ValueError) as e:
         compiled(torch.zeros(8, 16, dtype=F64))
     assert str(e.value).split()[0] == "Z"
 
@@ -242,15 +305,19 @@ import json, warnings, torch
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
     import pycore.ops as ops, pycore.ops
-out = {"warnings": sum("pycore._C" in str(x.message) for x in w), "extension": ops.extension_available()}
+out = {"warnings": sum("pycore._C" in str(x.message) for x in w),
+       "extension": ops.extension_available()}
 Z = torch.linspace(-1, 2, 60, dtype=torch.float64).reshape(6, 10).sin().requires_grad_(True)
 for kind in ("ill", "well"):
-    out[kind] = [(v := ops.cond_regularizer(Z, kind)).item(), torch.autograd.grad(v, Z)[0].tolist()]
+    v = ops.cond_regularizer(Z, kind)
+    out[kind] = [v.item(), torch.autograd.grad(v, Z)[0].tolist()]
 head = ops.ImmunizationHead(10, lambda_reg=1e-3).double()
 ops.cond_regularizer(head(Z.detach()), "well").backward()
 out["head"] = head.weight.grad.tolist()
 out["refused"] = []
-for Z in (torch.zeros(6, 4, dtype=torch.float64), torch.linalg.qr(torch.randn(6, 3, dtype=torch.float64))[0]):
+refused = (torch.zeros(6, 4, dtype=torch.float64),
+           torch.linalg.qr(torch.randn(6, 3, dtype=torch.float64))[0])
+for Z in refused:
     try:  # ZᵀZ = 0, and ZᵀZ = I up to round-off (κ = 1)
         ops.cond_regularizer(Z, "ill")
     except ops.CondRegError as e:
@@ -261,14 +328,18 @@ print(json.dumps(out))
 
 def test_fallback_without_extension_warns_once_and_agrees():
     env = dict(os.environ, PYCORE_DISABLE_EXTENSION="1", PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-c", FALLBACK], capture_output=True, text=True, env=env, cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, "-c", FALLBACK], capture_output=True, text=True, env=env, cwd=ROOT
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert (out["warnings"], out["extension"], out["refused"]) == (1, False, ["Z", "Z"])
     Z = torch.linspace(-1, 2, 60, dtype=F64).reshape(6, 10).sin()
     for kind in ops.KINDS:
         v, g = value_and_grad(ops.cond_regularizer, Z, kind)
-        assert abs(out[kind][0] - v.item()) <= 1e-12 * abs(v.item()) and rel(out[kind][1], g) <= 1e-9
+        assert (
+            abs(out[kind][0] - v.item()) <= 1e-12 * abs(v.item()) and rel(out[kind][1], g) <= 1e-9
+        )
     head = ops.ImmunizationHead(10, lambda_reg=1e-3).double()
     ops.cond_regularizer(head(Z), "well").backward()
     assert rel(out["head"], head.weight.grad) <= 1e-8
@@ -279,9 +350,22 @@ NVCC = shutil.which("nvcc") or shutil.which("/usr/local/cuda/bin/nvcc")
 
 @pytest.mark.skipif(not NVCC, reason="nvcc not installed")
 def test_cuda_kernels_compile_with_nvcc(tmp_path):
-    res = subprocess.run([NVCC, "-c", "-O3", "-std=c++17", "-Werror", "all-warnings", "-arch=sm_80",
-                          str(ROOT / "csrc/cuda/cond_reg_kernels.cu"), "-o", str(tmp_path / "k.o")],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            NVCC,
+            "-c",
+            "-O3",
+            "-std=c++17",
+            "-Werror",
+            "all-warnings",
+            "-arch=sm_80",
+            str(ROOT / "csrc/cuda/cond_reg_kernels.cu"),
+            "-o",
+            str(tmp_path / "k.o"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -290,10 +374,18 @@ def test_cuda_kernels_compile_with_nvcc(tmp_path):
 @pytest.mark.parametrize("kind", ops.KINDS)
 def test_cuda_matches_cpu_and_refuses_alike(N, D, dtype, kind):
     Z = features(N, D, dtype=dtype)
-    (v, g, d), (vc, gc, dc) = (torch.ops.pycore.cond_reg(z, kind, None, None, True) for z in (Z, Z.cuda()))
+    (v, g, d), (vc, gc, dc) = (
+        torch.ops.pycore.cond_reg(z, kind, None, None, True) for z in (Z, Z.cuda())
+    )
     tol = 1e-4 if dtype == torch.float32 else 1e-10
-    assert abs(vc.item() - v.item()) <= tol * abs(v.item()) and rel(gc.cpu(), g) <= tol and dc[3] == d[3]
-    opcheck(torch.ops.pycore.cond_reg.default, (Z.cuda().requires_grad_(True), kind, None, None, True))
+    assert (
+        abs(vc.item() - v.item()) <= tol * abs(v.item())
+        and rel(gc.cpu(), g) <= tol
+        and dc[3] == d[3]
+    )
+    opcheck(
+        torch.ops.pycore.cond_reg.default, (Z.cuda().requires_grad_(True), kind, None, None, True)
+    )
     for bad in (torch.zeros(6, 4, dtype=dtype), torch.full((6, 4), float("nan"), dtype=dtype)):
         with pytest.raises(CondRegError) as e:
             ops.cond_regularizer(bad.cuda(), kind)

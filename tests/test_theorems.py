@@ -1,6 +1,7 @@
-"""Theorem checks (docs/theory.md §5): what holds is asserted on many seeded instances, and every stated
-counterexample is asserted to BE a counterexample.  Matrices are built with a prescribed
+"""Theorem checks (docs/theory.md §5): what holds is asserted on many seeded instances, and every
+stated counterexample is asserted to BE a counterexample.  Matrices are built with a prescribed
 spectrum ``(U*s)@Vᵀ`` so that gaps (and hence differentiability) are under control."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,13 +11,20 @@ from pycore import precondition as P
 from pycore import regularizers as R
 from pycore.spectral import SpectrumError, spectrum_info
 from pycore.spectral import condition_number as _kappa
-from tests.helpers import (central_diff, orthogonal, psd_with_spectrum, rel_err, separated_spectrum,
-                           with_spectrum)
+from tests.helpers import (
+    central_diff,
+    orthogonal,
+    psd_with_spectrum,
+    rel_err,
+    separated_spectrum,
+    with_spectrum,
+)
 
 SEEDS = range(40)
 
 
 # ---------------------------------------------------------------- Theorem A.1 (R_well)
+
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_r_well_nonnegative_and_closed_form(seed):
@@ -25,7 +33,8 @@ def test_r_well_nonnegative_and_closed_form(seed):
     s = separated_spectrum(min(m, n), rng)
     val = R.r_well(with_spectrum(s, rng, (m, n)))
     assert val >= 0 and val == pytest.approx(np.sum(s[0] ** 2 - s**2) / (2 * min(m, n)), rel=1e-12)
-    assert R.r_well(3.0 * orthogonal(5, rng)) == pytest.approx(0.0, abs=1e-12)      # zero exactly at κ = 1
+    # zero exactly at κ = 1
+    assert R.r_well(3.0 * orthogonal(5, rng)) == pytest.approx(0.0, abs=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -60,6 +69,7 @@ def test_r_well_step_bound_is_sharp():
 
 # ---------------------------------------------------------------- Theorem 4.1 (R_ill)
 
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_r_ill_two_sided_bounds(seed):
     """4.1(1) corrected: 2k/((k−1)(σ₁²−σ_k²)) ≤ R_ill ≤ 2k/(σ₁²−σ_k²)."""
@@ -72,14 +82,15 @@ def test_r_ill_two_sided_bounds(seed):
 
 def test_r_ill_undefined_at_kappa_one_not_zero():
     rng = np.random.default_rng(1)
-    for S in (2.0 * orthogonal(4, rng), np.outer([1.0, 2.0, 3.0], [1.0, -1.0, 0.5])):  # κ = 1, rank 1
+    # κ = 1, rank 1
+    for S in (2.0 * orthogonal(4, rng), np.outer([1.0, 2.0, 3.0], [1.0, -1.0, 0.5])):
         with pytest.raises(SpectrumError):
             R.r_ill(S)
 
 
 def test_r_ill_tends_to_zero_with_spread_not_with_kappa():
     """R_ill → 0 iff σ₁²−σ_k² → ∞: a huge κ with a small spread keeps R_ill large."""
-    tiny_spread, big_spread = np.diag([1e-3, 1e-9]), np.diag([1e3, 5e2])      # κ = 1e6 and 2
+    tiny_spread, big_spread = np.diag([1e-3, 1e-9]), np.diag([1e3, 5e2])  # κ = 1e6 and 2
     assert _kappa(tiny_spread) > _kappa(big_spread)
     assert R.r_ill(tiny_spread) > 1e6 > 1e-3 > R.r_ill(big_spread)
 
@@ -95,7 +106,7 @@ def test_r_ill_sharpened_log_kappa_bound(seed):
 
 
 def test_the_papers_readings_as_upper_bounds_are_false():
-    """"R_well ≥ log κ" fails at S = 0.1·diag(2, 1), "R_ill ≥ 1/log κ" at S = 10·diag(2, 1)."""
+    """ "R_well ≥ log κ" fails at S = 0.1·diag(2, 1), "R_ill ≥ 1/log κ" at S = 10·diag(2, 1)."""
     S = np.diag([2.0, 1.0])
     assert R.r_well(0.1 * S) < np.log(2) and R.r_ill(10 * S) < 1 / np.log(2)
 
@@ -105,7 +116,9 @@ def test_gradients_match_central_differences(seed):
     """Theorem A.1(3), Theorem 4.1(3)."""
     rng = np.random.default_rng(seed)
     m, n = rng.integers(2, 6, size=2)
-    S = with_spectrum(separated_spectrum(min(m, n), rng, lo=0.5, hi=3.0, min_gap=0.05), rng, (m, n))
+    S = with_spectrum(
+        separated_spectrum(min(m, n), rng, lo=0.5, hi=3.0, min_gap=0.05), rng, (m, n)
+    )
     for r, grad in ((R.r_well, R.r_well_grad), (R.r_ill, R.r_ill_grad)):
         assert rel_err(grad(S), central_diff(r, S)) < 1e-7
 
@@ -132,6 +145,7 @@ def test_r_ill_step_at_rank_drop_value_loses_rank_and_gradients_warn_at_ties():
 
 # ---------------------------------------------------------------- Theorem 4.2 (through θ)
 
+
 def _rank_deficient_K(rng, D, N):
     X = rng.standard_normal((N, D)) * rng.uniform(0.5, 2.0, D)
     return X.T @ X
@@ -143,8 +157,11 @@ def test_theta_gradients_match_central_differences(seed, N_less_than_D):
     rng = np.random.default_rng(seed)
     K = _rank_deficient_K(rng, 5, 3 if N_less_than_D else 12)
     theta = np.eye(5) + 0.3 * rng.standard_normal((5, 5))
-    for r, grad in ((R.r_well, R.r_well_grad_theta), (R.r_ill, R.r_ill_grad_theta)):   # R_well: p = D
-        assert rel_err(grad(theta, K), central_diff(lambda t: r(t.T @ K @ t), theta, h=1e-6)) < 1e-6
+    # R_well: p = D
+    for r, grad in ((R.r_well, R.r_well_grad_theta), (R.r_ill, R.r_ill_grad_theta)):
+        assert (
+            rel_err(grad(theta, K), central_diff(lambda t: r(t.T @ K @ t), theta, h=1e-6)) < 1e-6
+        )
 
 
 @pytest.mark.parametrize("seed", SEEDS[:10])
@@ -168,11 +185,15 @@ def test_pinv_preconditioner_is_pseudo_inverse_and_gives_same_hessian(seed):
     theta = np.eye(6) + 0.2 * rng.standard_normal((6, 6))
     pinv = P.preconditioned_grad_theta(theta, K, "ill", mode="pinv")
     assert rel_err(pinv, np.linalg.pinv(K, rcond=1e-12) @ R.r_ill_grad_theta(theta, K)) < 1e-7
-    t1, t2 = theta - 1e-3 * pinv, theta - 1e-3 * P.preconditioned_grad_theta(theta, K, "ill", mode="exact")
+    t1, t2 = (
+        theta - 1e-3 * pinv,
+        theta - 1e-3 * P.preconditioned_grad_theta(theta, K, "ill", mode="exact"),
+    )
     assert rel_err(t1.T @ K @ t1, t2.T @ K @ t2) < 1e-10
 
 
 # ---------------------------------------------------------------- Theorem 4.3 (preconditioned)
+
 
 def _precond_step(theta, K, kind, eta):
     return theta - eta * P.preconditioned_grad_theta(theta, K, kind, mode="exact")
@@ -202,7 +223,8 @@ def test_preconditioned_r_well_printed_first_term_alone_fails():
     H, eta, D = np.diag([1.0, 0.9, 0.1]), 0.45, 3
     assert eta < 1 / ((1 - 1 / D) * 1.0)
     t2 = _precond_step(np.sqrt(H), np.eye(3), "well", eta)
-    assert _kappa(t2.T @ t2) > _kappa(H) and eta > R.preconditioned_r_well_step_bound(H)   # excluded
+    # excluded
+    assert _kappa(t2.T @ t2) > _kappa(H) and eta > R.preconditioned_r_well_step_bound(H)
 
 
 def test_preconditioned_r_ill_printed_bound_admits_a_rank_drop():
@@ -211,12 +233,15 @@ def test_preconditioned_r_ill_printed_bound_admits_a_rank_drop():
     H, k, smin = np.diag([4.0, 3.5, 1.0]), 3, 1.0
     d = np.sum(np.diag(H) ** 2) / (2 * k) - 0.5 * smin**2
     eta = k * d**2 / (2 * (k - 1) * smin)
-    assert eta < d**2 / (1 - 2 * smin / k)                       # admitted by the printed bound
+    assert eta < d**2 / (1 - 2 * smin / k)  # admitted by the printed bound
     info = spectrum_info((t2 := _precond_step(np.sqrt(H), np.eye(3), "ill", eta)).T @ t2)
-    assert info.rank == 2 and info.kappa < _kappa(H) and eta >= R.preconditioned_r_ill_step_bound(H)
+    assert (
+        info.rank == 2 and info.kappa < _kappa(H) and eta >= R.preconditioned_r_ill_step_bound(H)
+    )
 
 
 # ---------------------------------------------------------------- Proposition 3.2 and Sec. 3.1
+
 
 def _prop32_formula(theta, K):
     U, s, _ = np.linalg.svd(theta)
@@ -225,8 +250,12 @@ def _prop32_formula(theta, K):
 
 def test_prop32_counterexample():
     K, theta = np.diag([2.0, 1.0]), np.array([[1.0, 1.0], [0.0, 1.0]])
-    np.testing.assert_allclose(np.linalg.eigvalsh(theta.T @ K @ theta)[::-1], [4.5616, 0.4384], atol=1e-4)
-    np.testing.assert_allclose(np.sort(_prop32_formula(theta, K))[::-1], [4.5125, 0.4875], atol=1e-4)
+    np.testing.assert_allclose(
+        np.linalg.eigvalsh(theta.T @ K @ theta)[::-1], [4.5616, 0.4384], atol=1e-4
+    )
+    np.testing.assert_allclose(
+        np.sort(_prop32_formula(theta, K))[::-1], [4.5125, 0.4875], atol=1e-4
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS[:20])
@@ -243,13 +272,15 @@ def test_prop32_what_holds(seed):
     assert f[0] / f[-1] <= lam[0] / lam[-1] * (1 + 1e-9)
     # exact when U_θᵀKU_θ is diagonal: θ with left singular vectors = K's eigenvectors
     theta2 = np.linalg.eigh(K)[1] @ np.diag(rng.uniform(0.5, 2, D)) @ orthogonal(D, rng)
-    np.testing.assert_allclose(np.sort(_prop32_formula(theta2, K)), np.linalg.eigvalsh(theta2.T @ K @ theta2),
-                               rtol=1e-9)
+    np.testing.assert_allclose(
+        np.sort(_prop32_formula(theta2, K)), np.linalg.eigvalsh(theta2.T @ K @ theta2), rtol=1e-9
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS[:20])
 def test_kappa_ratio_bounded_by_kappa_C_with_equality(seed):
-    """Sec. 3.1 corrected: κ(H_H)/κ(H_P) ≤ κ(C), C = K_P^{-½}K_HK_P^{-½}, equality at θ = K_P^{-½}."""
+    """Sec. 3.1 corrected: κ(H_H)/κ(H_P) ≤ κ(C), C = K_P^{-½}K_HK_P^{-½}, equality at θ =
+    K_P^{-½}."""
     rng = np.random.default_rng(seed)
     D = int(rng.integers(2, 7))
     KP, KH = (psd_with_spectrum(rng.uniform(0.2, 5, D), rng) for _ in range(2))
@@ -259,18 +290,24 @@ def test_kappa_ratio_bounded_by_kappa_C_with_equality(seed):
     for _ in range(10):
         theta = rng.standard_normal((D, D))
         assert _kappa(theta.T @ KH @ theta) / _kappa(theta.T @ KP @ theta) <= kC * (1 + 1e-8)
-    assert _kappa(KP_mhalf @ KH @ KP_mhalf) / _kappa(KP_mhalf @ KP @ KP_mhalf) == pytest.approx(kC, rel=1e-8)
+    assert _kappa(KP_mhalf @ KH @ KP_mhalf) / _kappa(KP_mhalf @ KP @ KP_mhalf) == pytest.approx(
+        kC, rel=1e-8
+    )
 
 
 def test_aligned_eigenvectors_do_not_rule_out_immunization():
     """Sec. 3.1's "aligned eigenvectors ⇒ no immunization" is false: shared eigenvectors,
     opposite eigenvalue order, and θ = K_P^{-½} reaches RIR = κ(C)κ(K_P)/κ(K_H) = 9 > 1."""
     from pycore.metrics import rir
+
     XP, XH = np.diag(np.sqrt([1.0, 2.0, 3.0])), np.diag(np.sqrt([3.0, 2.0, 1.0]))
-    assert rir(np.diag(1 / np.sqrt([1.0, 2.0, 3.0])), XP, XH).value == pytest.approx(9.0, rel=1e-12)
+    assert rir(np.diag(1 / np.sqrt([1.0, 2.0, 3.0])), XP, XH).value == pytest.approx(
+        9.0, rel=1e-12
+    )
 
 
 # ---------------------------------------------------------------- Eq. (2), line search, Def 3.1(c)
+
 
 @pytest.mark.parametrize("seed", SEEDS[:20])
 def test_gd_rate_with_step_one_over_L(seed):
@@ -291,6 +328,7 @@ def test_gd_rate_with_step_one_over_L(seed):
 
 def test_exact_line_search_step_minimises_along_gradient():
     from pycore.probe import gd_exact_line_search
+
     rng = np.random.default_rng(0)
     Z, y = rng.standard_normal((30, 6)), rng.standard_normal(30)
     tr = gd_exact_line_search(Z, y, 1)
@@ -303,15 +341,19 @@ def test_exact_line_search_step_minimises_along_gradient():
 def test_invertible_theta_keeps_best_pretraining_loss():
     """Def 3.1(c): any invertible θ leaves min_ω L(D_P, ω, θ) unchanged; a singular θ need not."""
     from pycore.losses import best_probe_loss
+
     rng = np.random.default_rng(0)
     X, y = rng.standard_normal((40, 5)), rng.standard_normal((40, 1))
     base = best_probe_loss("mse", X, y)
     for _ in range(5):
-        assert best_probe_loss("mse", X @ rng.standard_normal((5, 5)), y) == pytest.approx(base, rel=1e-9)
+        assert best_probe_loss("mse", X @ rng.standard_normal((5, 5)), y) == pytest.approx(
+            base, rel=1e-9
+        )
     assert best_probe_loss("mse", X @ np.diag([1.0, 1.0, 1.0, 1.0, 0.0]), y) > base * (1 + 1e-6)
 
 
 # ---------------------------------------------------------------- orientation (docs/theory.md §4)
+
 
 def test_right_side_preconditioner_orientation():
     """In W = θᵀ form the preconditioned step is grad_W·K⁻¹ (right).  Left-multiplying
@@ -321,7 +363,12 @@ def test_right_side_preconditioner_orientation():
     for _ in range(200):
         K = psd_with_spectrum(rng.uniform(0.2, 5, 4), rng)
         theta = with_spectrum(separated_spectrum(4, rng, 0.3, 2.0), rng)
-        H, W, grad_W, Kinv = theta.T @ K @ theta, theta.T, R.r_well_grad_theta(theta, K).T, np.linalg.inv(K)
+        H, W, grad_W, Kinv = (
+            theta.T @ K @ theta,
+            theta.T,
+            R.r_well_grad_theta(theta, K).T,
+            np.linalg.inv(K),
+        )
         eta = 0.99 * R.preconditioned_r_well_step_bound(H)
         for W2, side in ((W - eta * grad_W @ Kinv, "right"), (W - eta * Kinv @ grad_W, "left")):
             fails[side] += not _kappa(W2 @ K @ W2.T) < _kappa(H)

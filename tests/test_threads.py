@@ -1,4 +1,5 @@
 """BLAS thread bound of the linear core (pycore/threads.py, docs/design.md §5)."""
+
 import os
 import subprocess
 import sys
@@ -12,8 +13,14 @@ from pycore.threads import SMALL_MATRIX_DIM, threads_for
 from pycore.validation import ParameterError
 
 ROOT = Path(__file__).resolve().parents[1]
-USER_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-             "VECLIB_MAXIMUM_THREADS", "PYCORE_BLAS_THREADS")
+USER_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "PYCORE_BLAS_THREADS",
+)
 
 
 @pytest.fixture
@@ -23,16 +30,27 @@ def clean_env(monkeypatch):
     return monkeypatch
 
 
-@pytest.mark.parametrize("env,small,large", [
-    ({}, 1, None),                                               # the size rule: large work keeps the default
-    ({"OMP_NUM_THREADS": "2"}, None, None), ({"OPENBLAS_NUM_THREADS": "2"}, None, None),   # the user's count
-    ({"MKL_NUM_THREADS": "2"}, None, None), ({"OMP_NUM_THREADS": "4", "PYCORE_BLAS_THREADS": "3"}, 3, 3),
-    ({"PYCORE_BLAS_THREADS": "auto"}, 1, None), ({"PYCORE_BLAS_THREADS": "off"}, None, None),
-    ({"PYCORE_BLAS_THREADS": "0"}, None, None)])
+@pytest.mark.parametrize(
+    "env,small,large",
+    [
+        ({}, 1, None),  # the size rule: large work keeps the default
+        ({"OMP_NUM_THREADS": "2"}, None, None),
+        ({"OPENBLAS_NUM_THREADS": "2"}, None, None),  # the user's count
+        ({"MKL_NUM_THREADS": "2"}, None, None),
+        ({"OMP_NUM_THREADS": "4", "PYCORE_BLAS_THREADS": "3"}, 3, 3),
+        ({"PYCORE_BLAS_THREADS": "auto"}, 1, None),
+        ({"PYCORE_BLAS_THREADS": "off"}, None, None),
+        ({"PYCORE_BLAS_THREADS": "0"}, None, None),
+    ],
+)
 def test_who_decides_the_thread_count(clean_env, env, small, large):
     for k, v in env.items():
         clean_env.setenv(k, v)
-    assert [threads_for(n) for n in (79, SMALL_MATRIX_DIM - 1, SMALL_MATRIX_DIM)] == [small, small, large]
+    assert [threads_for(n) for n in (79, SMALL_MATRIX_DIM - 1, SMALL_MATRIX_DIM)] == [
+        small,
+        small,
+        large,
+    ]
 
 
 def test_a_bad_thread_setting_is_refused(clean_env):
@@ -45,7 +63,9 @@ def test_a_bad_thread_setting_is_refused(clean_env):
     assert e.value.parameter == "n"
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs ≥ 2 cores for a default above one thread")
+@pytest.mark.skipif(
+    (os.cpu_count() or 1) < 2, reason="needs ≥ 2 cores for a default above one thread"
+)
 def test_entry_points_run_single_threaded_on_small_work_only():
     # A clean interpreter (no thread variables): the BLAS default is > 1 thread; inside a decorated
     # entry point on small arrays it is 1, on large ones unchanged, and restored afterwards.
@@ -62,8 +82,14 @@ print(before, small, large, forced, raw())
 """
     env = {k: v for k, v in os.environ.items() if k not in USER_VARS}
     env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     before, small, large, forced, after = map(int, out.stdout.split())
     assert before > 1
@@ -85,8 +111,9 @@ def test_library_entry_points_are_bounded(monkeypatch, clean_env):
     seen = []
     for name in ("svd", "eigh", "qr"):
         f = getattr(np.linalg, name)
-        monkeypatch.setattr(np.linalg, name,
-                            lambda *a, f=f, **k: seen.append(threads._local.active) or f(*a, **k))
+        monkeypatch.setattr(
+            np.linalg, name, lambda *a, f=f, **k: seen.append(threads._local.active) or f(*a, **k)
+        )
     X = np.random.default_rng(0).standard_normal((12, 4))
     task = LinearTask(X, X[:, :1], np.ones((41, 4)), np.ones(41))
     dims = [threads._largest_dim(v) for v in ([X], [task, 3], [SimpleNamespace(Z=X)], ["x"])]
@@ -94,7 +121,7 @@ def test_library_entry_points_are_bounded(monkeypatch, clean_env):
     metrics.rir(np.eye(4), X, X)
     metrics.rir_ceiling(X, X)
     metrics.feature_rir(X, X, X, X)
-    strict_protocol(task)                     # these two run in the main process of the experiments
+    strict_protocol(task)  # these two run in the main process of the experiments
     EvaluationReference(task)
     hardening_rotation("haar", 4, rng=np.random.default_rng(0))
     hardening_rotation("equalize", 4, Z=X)

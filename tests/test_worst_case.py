@@ -1,4 +1,6 @@
-"""Worst-case evaluation (pycore.worst_case, docs/findings.md §4), θ archives and the (i)/(ii) frontier."""
+"""Worst-case evaluation (pycore.worst_case, docs/findings.md §4), θ archives and the (i)/(ii)
+frontier."""
+
 import math
 
 import numpy as np
@@ -36,40 +38,65 @@ def test_run_grid_is_the_engine_and_the_worst_case_on_known_kappa():
     P, Q = A.make_problem(X, y), A.make_problem(X @ theta, y)
     grid = W.attacker_grid("lsq", quick=True)
     ref, run = (W.run_grid(p, grid, eps=(1e-2, 1e-4), max_steps=5000) for p in (P, Q))
-    traj = A.run_attackers(Q, [dict(c.params, attacker=c.attacker) for c in grid], max_steps=5000, tol=1e-4)
+    traj = A.run_attackers(
+        Q, [dict(c.params, attacker=c.attacker) for c in grid], max_steps=5000, tol=1e-4
+    )
     assert run.steps == [[t.steps_to(1e-2), t.steps_to(1e-4)] for t in traj]
     assert (ref.kappa["kappa"], run.kappa["kappa"]) == pytest.approx((10, 1e3), rel=1e-9)
     b = W.kappa_bounds(run.kappa, ref.kappa)
     assert (b["gd"], b["cg"], b["nesterov"], b["whiten"]) == pytest.approx((100, 10, 10, 1))
     fb, fr = W.family_best(run, 1e-4), W.family_best(ref, 1e-4)
-    for fam, (s, label) in fb.items():               # per family the minimum over its configurations
-        own = [x for i, c in enumerate(grid) if c.family == fam and (x := run.steps_of(i, 1e-4)) is not None]
+    for fam, (s, label) in fb.items():  # per family the minimum over its configurations
+        own = [
+            x
+            for i, c in enumerate(grid)
+            if c.family == fam and (x := run.steps_of(i, 1e-4)) is not None
+        ]
         assert s == min(own) and label in [c.label for c in grid if c.family == fam]
     gd = W.slowdown(fb["gd"][0], fr["gd"][0], 5000)
-    assert gd[1] == "=" and math.sqrt(100) < gd[0] <= 1.5 * 100                  # GD pays ~κ: measured 60
-    wc = W.worst_case(run, ref, 1e-4)                # whitening is affine invariant: nothing slows it
+    assert gd[1] == "=" and math.sqrt(100) < gd[0] <= 1.5 * 100  # GD pays ~κ: measured 60
+    wc = W.worst_case(run, ref, 1e-4)  # whitening is affine invariant: nothing slows it
     assert (wc["family"], wc["steps"], wc["slowdown"], wc["kind"]) == ("whiten", 1, 1.0, "=")
     fo = W.worst_case(run, ref, 1e-4, W.FIRST_ORDER)
-    steps = [s for i, c in enumerate(grid) if c.family in W.FIRST_ORDER and (s := run.steps_of(i, 1e-4))]
-    assert fo["steps"] == min(steps) and 1 < fo["slowdown"] <= b[fo["family"]]      # CG: 19/7 ≤ √r
+    steps = [
+        s for i, c in enumerate(grid) if c.family in W.FIRST_ORDER and (s := run.steps_of(i, 1e-4))
+    ]
+    assert fo["steps"] == min(steps) and 1 < fo["slowdown"] <= b[fo["family"]]  # CG: 19/7 ≤ √r
 
 
 def test_slowdown_kinds_and_the_interval_helper():
-    assert W.slowdown(300, 30, 1000) == (10.0, "=") and W.slowdown(None, 30, 1000) == (1001 / 30, ">=")
-    assert W.slowdown(30, None, 1000) == (30 / 1001, "<=") and W.slowdown(None, None, 1000) == (None, "n/a")
+    assert W.slowdown(300, 30, 1000) == (10.0, "=") and W.slowdown(None, 30, 1000) == (
+        1001 / 30,
+        ">=",
+    )
+    assert W.slowdown(30, None, 1000) == (30 / 1001, "<=") and W.slowdown(None, None, 1000) == (
+        None,
+        "n/a",
+    )
     assert W.within([(12.0, "="), (11.0, ">=")], low=10) is True
     assert W.within([(12.0, "="), (9.0, "=")], low=10) is False
-    assert W.within([(9.0, ">=")], low=10) is None                    # a lower bound below 10 cannot tell
+    assert W.within([(9.0, ">=")], low=10) is None  # a lower bound below 10 cannot tell
     assert W.within([(9.0, "<=")], low=10) is False and W.within([(20.0, "<=")], low=10) is None
-    assert W.within([(1.1, "="), (0.5, "<=")], high=1.2) is True and W.within([(1.3, "=")], high=1.2) is False
-    assert W.within([(1.3, ">=")], high=1.2) is False and W.within([(None, "n/a")], high=1.2) is None
-    assert W.within([(2.0, "=")], low=1.5, high=3) is True and W.within([(2.0, "=")], low=2.5) is False
+    assert (
+        W.within([(1.1, "="), (0.5, "<=")], high=1.2) is True
+        and W.within([(1.3, "=")], high=1.2) is False
+    )
+    assert (
+        W.within([(1.3, ">=")], high=1.2) is False and W.within([(None, "n/a")], high=1.2) is None
+    )
+    assert (
+        W.within([(2.0, "=")], low=1.5, high=3) is True
+        and W.within([(2.0, "=")], low=2.5) is False
+    )
 
 
 def test_kappa_reference_diagonal_and_logistic():
     Zd = np.vstack([np.diag(np.sqrt(np.logspace(0, 4, 6))), np.zeros((4, 6))])
-    kd = W.kappa_reference(A.make_problem(Zd, np.arange(10.0)))   # diagonal Hessian: κ_J = 1 whatever κ
-    assert kd["kappa"] == pytest.approx(1e4, rel=1e-8) and kd["kappa_jacobi"] == pytest.approx(1.0, abs=1e-8)
+    # diagonal Hessian: κ_J = 1 whatever κ
+    kd = W.kappa_reference(A.make_problem(Zd, np.arange(10.0)))
+    assert kd["kappa"] == pytest.approx(1e4, rel=1e-8) and kd["kappa_jacobi"] == pytest.approx(
+        1.0, abs=1e-8
+    )
     X = np.random.default_rng(0).standard_normal((60, 5))
     L = A.make_problem(X, (X[:, 0] > 0).astype(float), "logistic", ridge_rel=1e-2)
     ev, kl = np.linalg.eigvalsh(L.hessian(L.w_star)), W.kappa_reference(L)
@@ -79,11 +106,15 @@ def test_kappa_reference_diagonal_and_logistic():
 def test_best_so_far_is_a_bounded_running_minimum():
     steps = [50, None, 7, 300, 12]
     curves = W.best_so_far(steps, n_orders=40, rng=np.random.default_rng(0), cap=1000)
-    assert curves.shape == (40, 5) and np.all(np.diff(curves, axis=1) <= 0) and np.all(curves[:, -1] == 7)
+    assert (
+        curves.shape == (40, 5)
+        and np.all(np.diff(curves, axis=1) <= 0)
+        and np.all(curves[:, -1] == 7)
+    )
     assert set(curves[:, 0]) <= {50, 1001, 7, 300, 12}
     again = W.best_so_far(steps, n_orders=40, rng=np.random.default_rng(0), cap=1000)
     np.testing.assert_array_equal(curves, again)
-    for n in (0, W.MAX_ORDERS + 1, 10 ** 9, 2.5):          # issue 27: 1e9 orders ran out of memory
+    for n in (0, W.MAX_ORDERS + 1, 10**9, 2.5):  # issue 27: 1e9 orders ran out of memory
         with pytest.raises(ParameterError) as info:
             W.best_so_far(steps, n_orders=n, rng=np.random.default_rng(0), cap=1000)
         assert info.value.parameter == "n_orders"
@@ -93,17 +124,33 @@ def test_analysis_over_seeds_agrees_with_the_grid_runs():
     X, theta, y = known_kappa(1)
     grid = W.attacker_grid("lsq", quick=True)
     Qr = np.linalg.qr(np.random.default_rng(2).standard_normal((X.shape[1],) * 2))[0]
-    thetas = {"identity": np.eye(X.shape[1]), "identity+haar": Qr, "m": theta, "m+haar": theta @ Qr}
-    problems = {v: {f"train/{t}": W.run_grid(A.make_problem(X[r] @ th, y[r]), grid, eps=(1e-4,),
-                                             max_steps=1000).compact()
-                    for t, r in (("D_H", slice(0, 30)), ("D_P", slice(20, 50)))} for v, th in thetas.items()}
-    runs = [{"seed": s, "variant": v, "problems": p, "invariance": {"train": 1e-13}}
-            for s in (0, 1) for v, p in problems.items()]
+    thetas = {
+        "identity": np.eye(X.shape[1]),
+        "identity+haar": Qr,
+        "m": theta,
+        "m+haar": theta @ Qr,
+    }
+    problems = {
+        v: {
+            f"train/{t}": W.run_grid(
+                A.make_problem(X[r] @ th, y[r]), grid, eps=(1e-4,), max_steps=1000
+            ).compact()
+            for t, r in (("D_H", slice(0, 30)), ("D_P", slice(20, 50)))
+        }
+        for v, th in thetas.items()
+    }
+    runs = [
+        {"seed": s, "variant": v, "problems": p, "invariance": {"train": 1e-13}}
+        for s in (0, 1)
+        for v, p in problems.items()
+    ]
     an = W.analyse(runs, grid, [1e-4], 1000, rotated="identity+haar")
     assert set(an) == {"identity+haar", "m", "m+haar"}
     cell = an["m+haar"]["train/D_H"]["0.0001"]
-    run, ref, rot = (W.GridRun.from_compact(problems[v]["train/D_H"], grid, 1000)
-                     for v in ("m+haar", "identity", "identity+haar"))
+    run, ref, rot = (
+        W.GridRun.from_compact(problems[v]["train/D_H"], grid, 1000)
+        for v in ("m+haar", "identity", "identity+haar")
+    )
     fb, fr, fo = (W.family_best(r, 1e-4) for r in (run, ref, rot))
     for fam in ("adam", "cg", "closed_form"):
         c = cell["families"][fam]
@@ -112,7 +159,8 @@ def test_analysis_over_seeds_agrees_with_the_grid_runs():
     assert "slowdown_vs_rotated" not in an["m"]["train/D_H"]["0.0001"]["families"]["adam"]
     assert cell["worst_all"][0] == W.worst_case(run, ref, 1e-4)
     curves = W.best_so_far_curves(runs, grid, 1e-4, 1000, 20)["curves"]["m+haar|train|all"]
-    assert curves["median"][-1] == pytest.approx(cell["worst_all"][0]["slowdown"])    # ends at the worst case
+    # ends at the worst case
+    assert curves["median"][-1] == pytest.approx(cell["worst_all"][0]["slowdown"])
     [t] = W.targets({"variants": list(thetas), "analysis": an, "runs": runs})
     assert t["variant"] == "m+haar" and t["inv_ok"] is True
     assert t["dh_ok"] == W.within(cell["families"]["adam"]["slowdown"], low=10)
@@ -125,17 +173,38 @@ def test_the_facade_gives_the_grids_numbers():
     rows = np.arange(10, 50)
     ev = attack_evaluation(theta, task, rng=np.random.default_rng(5), rows=rows, max_steps=500)
     grid = W.attacker_grid("lsq")
-    run, ref = (W.run_grid(A.make_problem(X[rows] @ t, y[rows]), grid, eps=(1e-4,), max_steps=500,
-                           rng=np.random.default_rng(5)) for t in (theta, np.eye(20)))
-    fb, fr, b = W.family_best(run, 1e-4), W.family_best(ref, 1e-4), W.kappa_bounds(run.kappa, ref.kappa)
+    run, ref = (
+        W.run_grid(
+            A.make_problem(X[rows] @ t, y[rows]),
+            grid,
+            eps=(1e-4,),
+            max_steps=500,
+            rng=np.random.default_rng(5),
+        )
+        for t in (theta, np.eye(20))
+    )
+    fb, fr, b = (
+        W.family_best(run, 1e-4),
+        W.family_best(ref, 1e-4),
+        W.kappa_bounds(run.kappa, ref.kappa),
+    )
     assert list(ev.families) == list(fb) and (ev.eps, ev.cap, ev.n_rows) == (1e-4, 500, 40)
     for f, r in ev.families.items():
-        assert (r.family, r.steps, r.attacker, r.reference_steps, r.reference_attacker) == (f, *fb[f], *fr[f])
+        assert (r.family, r.steps, r.attacker, r.reference_steps, r.reference_attacker) == (
+            f,
+            *fb[f],
+            *fr[f],
+        )
         assert (r.slowdown, r.kind, r.bound) == (*W.slowdown(fb[f][0], fr[f][0], 500), b[f])
     wc = W.worst_case(run, ref, 1e-4)
     assert ev.worst == W.FamilyResult(**wc, bound=b[wc["family"]])
-    cases = [({"theta": np.eye(7)}, "theta"), ({"rows": [0, 99]}, "rows"), ({"rows": []}, "rows"),
-             ({"rng": None}, "rng"), ({"eps": 1.0}, "eps")]
+    cases = [
+        ({"theta": np.eye(7)}, "theta"),
+        ({"rows": [0, 99]}, "rows"),
+        ({"rows": []}, "rows"),
+        ({"rng": None}, "rng"),
+        ({"eps": 1.0}, "eps"),
+    ]
     for kw, parameter in cases:
         with pytest.raises(ParameterError) as info:
             attack_evaluation(**{"theta": theta, "task": task, "rng": rng, "quick": True, **kw})
@@ -147,26 +216,48 @@ def test_theta_archives_round_trip_bit_exact_and_house_price_writes_every_theta(
     from pycore.metrics import rir
     from pycore.report import read_json
 
-    arrays = {theta_key("ours", 3): np.random.default_rng(0).standard_normal((5, 5)),
-              theta_key("ours", 3, "haar", "Q"): np.eye(5)}
+    arrays = {
+        theta_key("ours", 3): np.random.default_rng(0).standard_normal((5, 5)),
+        theta_key("ours", 3, "haar", "Q"): np.eye(5),
+    }
     assert theta_key("ours", 3, "haar", "Q") == "ours+haar/seed3/Q"
     save_thetas(tmp_path / "t.npz", arrays, {"protocol": "strict", "ceiling": math.inf})
     back, meta = load_thetas(tmp_path / "t.npz")
     assert meta == {"protocol": "strict", "ceiling": float("inf")} and all(
-        np.array_equal(back[k], v) and back[k].dtype == np.float64 for k, v in arrays.items())
+        np.array_equal(back[k], v) and back[k].dtype == np.float64 for k, v in arrays.items()
+    )
     for bad in ({"meta": np.eye(2)}, {"a": np.array(["x"])}):
         with pytest.raises(ParameterError):
             save_thetas(tmp_path / "u.npz", bad)
     out = tmp_path / "hp"
-    assert house_price.main(["--seeds", "1", "--methods", "identity,closed_form", "--probe-steps", "2",
-                             "--jobs", "1", "--no-plot", "--harden", "haar", "--out", str(out)]) == 0
+    assert (
+        house_price.main(
+            [
+                "--seeds",
+                "1",
+                "--methods",
+                "identity,closed_form",
+                "--probe-steps",
+                "2",
+                "--jobs",
+                "1",
+                "--no-plot",
+                "--harden",
+                "haar",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     arrays, meta = load_thetas(out / "thetas.npz")
     for m in ("identity", "closed_form"):
         for run in read_json(out / "results.json")["methods"][m]["runs"]:
             hard, plain = arrays[f"{m}+haar/seed{run['seed']}"], arrays[f"{m}/seed{run['seed']}"]
             np.testing.assert_array_equal(plain @ arrays[f"{m}+haar/seed{run['seed']}/Q"], hard)
-            assert rir(hard, arrays["data/train/X_P"], arrays["data/train/X_H"]).value == pytest.approx(
-                run["rir"], rel=1e-12)
+            assert rir(
+                hard, arrays["data/train/X_P"], arrays["data/train/X_H"]
+            ).value == pytest.approx(run["rir"], rel=1e-12)
 
 
 def test_regularizer_product_and_the_closed_form_frontier():
@@ -176,12 +267,16 @@ def test_regularizer_product_and_the_closed_form_frontier():
     X_P, X_H = (known_kappa(s, N=n, D=8)[0] for s, n in ((1, 30), (2, 35)))
     t = LinearTask(X_P, rng.standard_normal((30, 1)), X_H, rng.standard_normal((35, 1)))
     theta = np.eye(t.D) + 0.2 * rng.standard_normal((t.D, t.D))
-    p = regularizer_product(theta, t)                 # scale-free, and the objective at its best scale
+    p = regularizer_product(theta, t)  # scale-free, and the objective at its best scale
     assert regularizer_product(7.0 * theta, t) == pytest.approx(p, rel=1e-10)
-    objective = [3.0 * r_well((t.X_P @ (c * theta)).T @ (t.X_P @ (c * theta))) + 5e4 * r_ill(
-        (t.X_H @ (c * theta)).T @ (t.X_H @ (c * theta))) for c in np.geomspace(0.01, 100, 2001)]
+    objective = [
+        3.0 * r_well((t.X_P @ (c * theta)).T @ (t.X_P @ (c * theta)))
+        + 5e4 * r_ill((t.X_H @ (c * theta)).T @ (t.X_H @ (c * theta)))
+        for c in np.geomspace(0.01, 100, 2001)
+    ]
     assert min(objective) == pytest.approx(2 * math.sqrt(3.0 * 5e4 * p), rel=1e-4)
-    fr = [f["train"] for f in closed_form_frontier(t, None, [0.0, 0.2, 0.5])]     # keeps RIR, trades (i)/(ii)
+    # keeps RIR, trades (i)/(ii)
+    fr = [f["train"] for f in closed_form_frontier(t, None, [0.0, 0.2, 0.5])]
     assert [f["rir"] for f in fr] == pytest.approx([fr[0]["rir"]] * 3, rel=1e-8)
     assert fr[0]["harmful_ratio"] < fr[1]["harmful_ratio"] < fr[2]["harmful_ratio"]
     assert fr[0]["pretrain_ratio"] < fr[1]["pretrain_ratio"]
@@ -196,12 +291,27 @@ def test_frontier_experiment_quick(tmp_path):
     from pycore.report import read_json
 
     out = tmp_path / "f"
-    assert frontier.main(["--quick", "--protocols", "strict", "--optimizers", "adam", "--jobs", "1",
-                          "--out", str(out)]) == 0
+    assert (
+        frontier.main(
+            [
+                "--quick",
+                "--protocols",
+                "strict",
+                "--optimizers",
+                "adam",
+                "--jobs",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = read_json(out / "results.json")
     cf = res["closed_form"]["strict"]
     assert [p["exponent"] for p in cf] == [0.0, 0.1, 0.2, 0.3, 0.5]
     assert [p["train"]["rir"] for p in cf] == pytest.approx([cf[0]["train"]["rir"]] * 5, rel=1e-8)
     p = res["selected"]["confirm"][0]["path"]
     assert frontier.path_best(res["selected"]["confirm"][0])[0] == max(
-        target_progress(a, b) for a, b in zip(p["harmful_ratio"], p["pretrain_ratio"]))
+        target_progress(a, b) for a, b in zip(p["harmful_ratio"], p["pretrain_ratio"])
+    )

@@ -1,4 +1,5 @@
 """Data sets shipped inside PyPI packages, and loaders for users' own copies."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -12,7 +13,8 @@ def packaged_file(distribution: str, relative: str, hint: str) -> Path:
     except importlib.metadata.PackageNotFoundError:
         raise FileNotFoundError(
             f"the data package {distribution!r} is not installed; run scripts/install.sh "
-            f"(it installs it with --no-deps) or {hint}") from None
+            f"(it installs it with --no-deps) or {hint}"
+        ) from None
     path = Path(dist.locate_file(relative))
     if not path.is_file():
         raise FileNotFoundError(f"{distribution!r} is installed but has no {relative}; {hint}")

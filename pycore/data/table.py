@@ -1,4 +1,5 @@
-"""A CSV table of the user's own as the two tasks of docs/theory.md §1, preprocessed per split as §9.
+"""A CSV table of the user's own as the two tasks of docs/theory.md §1, preprocessed per split as
+§9.
 
 D_H = the rows whose column has a given text (``split="COLUMN=VALUE"``), D_P = the others; or two
 files.  Per split: empty input cells → 0 (counted), text inputs label-encoded (code-point order, as
@@ -6,6 +7,7 @@ scikit-learn's LabelEncoder), z-scores with the population std (a constant colum
 rows the first ``n_train`` in file order (the authors' code) or drawn with ``rng``.  Memory: the
 header's width is capped before pandas pads every row to it; columns are read as categoricals.
 """
+
 from __future__ import annotations
 
 import csv
@@ -17,10 +19,20 @@ from pathlib import Path
 import numpy as np
 
 from pycore.tasks import LinearTask
-from pycore.validation import (OUTLIER_FACTOR, OutlierWarning, ParameterError, check_choice, check_dense_size,
-                               check_number, check_regular_file, check_rng, outliers)
+from pycore.validation import (
+    OUTLIER_FACTOR,
+    OutlierWarning,
+    ParameterError,
+    check_choice,
+    check_dense_size,
+    check_number,
+    check_regular_file,
+    check_rng,
+    outliers,
+)
 
-# θ is D×D: at 10,000 inputs it is 800 MB and one eigensolve takes minutes; the paper's table has 79.
+# θ is D×D: at 10,000 inputs it is 800 MB and one eigensolve takes minutes; the paper's table has
+# 79.
 MAX_COLUMNS = 10_000
 MAX_HEADER_BYTES = 1 << 20
 ON_OUTLIER = ("warn", "error", "ignore")
@@ -28,7 +40,8 @@ ON_OUTLIER = ("warn", "error", "ignore")
 
 @dataclass(frozen=True)
 class TableData:
-    """The tasks (``heldout``: None below two rows), inputs in θ's order, empty input cells filled."""
+    """The tasks (``heldout``: None below two rows), inputs in θ's order, empty input cells
+    filled."""
 
     train: LinearTask
     heldout: LinearTask | None
@@ -40,8 +53,8 @@ class TableData:
 
 
 def read_header(path) -> list[str]:
-    """The column names of a CSV file's first non-blank line; a ``ValueError`` naming the file when it
-    is binary, wider than :data:`MAX_COLUMNS` or repeats a name (pandas would read a second
+    """The column names of a CSV file's first non-blank line; a ``ValueError`` naming the file when
+    it is binary, wider than :data:`MAX_COLUMNS` or repeats a name (pandas would read a second
     ``SalePrice`` as the input ``SalePrice.1``)."""
     check_regular_file(path, "expected a CSV table")
     try:
@@ -55,38 +68,52 @@ def read_header(path) -> list[str]:
     except (OSError, csv.Error, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise ValueError(f"{path}: cannot be read as CSV ({type(exc).__name__}: {exc})") from None
     if len(names) > MAX_COLUMNS:
-        raise ValueError(f"{path}: the header has more than {MAX_COLUMNS} columns "
-                         "(pycore.data.table.MAX_COLUMNS), refused before reading the rows")
+        raise ValueError(
+            f"{path}: the header has more than {MAX_COLUMNS} columns "
+            "(pycore.data.table.MAX_COLUMNS), refused before reading the rows"
+        )
     if len(raw) > MAX_HEADER_BYTES:
         raise ValueError(f"{path}: the header line is longer than {MAX_HEADER_BYTES} bytes")
     if not any(n.strip() for n in names):
         raise ValueError(f"{path}: is empty (no header line)")
     for sep in (";", "\t", "|") if len(names) == 1 else ():
         if sep in names[0]:
-            raise ValueError(f"{path}: the header has a single column; the file looks {sep!r}-separated, "
-                             "expected a comma-separated CSV")
+            raise ValueError(
+                f"{path}: the header has a single column; the file looks {sep!r}-separated, "
+                "expected a comma-separated CSV"
+            )
     dups = sorted({n for n in names if names.count(n) > 1}, key=names.index)
     if dups:
-        raise ValueError(f"{path}: duplicated column name(s) {', '.join(map(repr, dups))} in the header")
+        raise ValueError(
+            f"{path}: duplicated column name(s) {', '.join(map(repr, dups))} in the header"
+        )
     return names
 
 
 def _read(path, names, text_column=None):
-    """Every column as a pandas categorical; ``text_column`` keeps its cells' text (``"01"`` ≠ ``"1"``)."""
+    """Every column as a pandas categorical; ``text_column`` keeps its cells' text (``"01"`` ≠
+    ``"1"``)."""
     import pandas as pd
+
     try:
         with warnings.catch_warnings():
             # rows longer than the header: pandas drops the extra cells with a ParserWarning
             warnings.simplefilter("error", pd.errors.ParserWarning)
-            dtype = defaultdict(lambda: "category", {} if text_column is None else {text_column: str})
+            dtype = defaultdict(
+                lambda: "category", {} if text_column is None else {text_column: str}
+            )
             df = pd.read_csv(path, dtype=dtype, index_col=False)
     except Exception as exc:  # pandas raises several types for unreadable files
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise ValueError(f"{path}: cannot be read as CSV ({type(exc).__name__}: {first})") from None
+        raise ValueError(
+            f"{path}: cannot be read as CSV ({type(exc).__name__}: {first})"
+        ) from None
     if len(df) == 0:
         raise ValueError(f"{path}: no data rows")
     if len(df.columns) != len(names):
-        raise ValueError(f"{path}: pandas read {len(df.columns)} columns, the header line has {len(names)}")
+        raise ValueError(
+            f"{path}: pandas read {len(df.columns)} columns, the header line has {len(names)}"
+        )
     df.columns = names
     if text_column is not None:
         df[text_column] = df[text_column].astype("category")
@@ -98,6 +125,7 @@ class _Column:
 
     def __init__(self, df, name, path):
         import pandas as pd
+
         cat = df[name].cat
         self.name, self.path, self.codes, self._values = name, path, cat.codes.to_numpy(), None
         self.texts = np.asarray(cat.categories, dtype=object)
@@ -115,23 +143,31 @@ class _Column:
     def check_input(self) -> bool:
         """Whether the column is numeric; refuses a corrupt numeric one naming its first text."""
         if self.corrupt:
-            raise ValueError(f"{self.path}: column {self.name!r} is numeric but has non-numeric value "
-                             f"{self._first(self.junk)}")
+            raise ValueError(
+                f"{self.path}: column {self.name!r} is numeric but has non-numeric value "
+                f"{self._first(self.junk)}"
+            )
         return self.numeric
 
     def values(self) -> np.ndarray:
-        """float64 per row, NaN where empty; refuses a non-numeric or non-finite cell naming its line."""
+        """float64 per row, NaN where empty; refuses a non-numeric or non-finite cell
+        naming its line."""
         if self._values is None:
-            for bad, what in ((self.junk, "non-numeric"), (~np.isfinite(self.numbers), "non-finite")):
+            for bad, what in (
+                (self.junk, "non-numeric"),
+                (~np.isfinite(self.numbers), "non-finite"),
+            ):
                 if bad.any():
-                    raise ValueError(f"{self.path}: column {self.name!r} has {what} value {self._first(bad)}")
-            self._values = np.append(self.numbers, np.nan)[self.codes]   # code −1 (empty) → NaN
+                    raise ValueError(
+                        f"{self.path}: column {self.name!r} has {what} value {self._first(bad)}"
+                    )
+            self._values = np.append(self.numbers, np.nan)[self.codes]  # code −1 (empty) → NaN
         return self._values
 
     def labels(self, rows) -> np.ndarray:
         """Label codes of ``rows``: ranks of their texts in code-point order (``sorted``, as
         scikit-learn's LabelEncoder), an empty cell counting as the text "0"."""
-        c = self.codes[rows].astype(np.int64) + 1           # 0 = empty
+        c = self.codes[rows].astype(np.int64) + 1  # 0 = empty
         present = np.flatnonzero(np.bincount(c, minlength=self.texts.size + 1))
         texts = ["0" if k == 0 else self.texts[k - 1] for k in present]
         rank = {t: i for i, t in enumerate(sorted(set(texts)))}
@@ -141,13 +177,17 @@ class _Column:
 
 
 def _zscore(A: np.ndarray) -> np.ndarray:
-    """Column z-scores in place (docs/theory.md §9); a constant column (``ptp == 0``: a rounded mean
-    would leave ±1 from std ~1e-17) becomes exactly 0; columns whose sums overflow use ``A/max|A|``."""
+    """Column z-scores in place (docs/theory.md §9); a constant column (``ptp == 0``: a rounded
+    mean would leave ±1 from std ~1e-17) becomes exactly 0; columns whose sums overflow use
+    ``A/max|A|``."""
     constant = np.ptp(A, axis=0) == 0
     mean, std = np.empty(A.shape[1]), np.empty(A.shape[1])
     with np.errstate(over="ignore", invalid="ignore"):
-        for a in range(0, A.shape[1], 16):   # std's temporary: 16 columns at a time, the same sums
-            mean[a:a + 16], std[a:a + 16] = A[:, a:a + 16].mean(axis=0), A[:, a:a + 16].std(axis=0)
+        for a in range(0, A.shape[1], 16):  # std's temporary: 16 columns at a time, the same sums
+            mean[a : a + 16], std[a : a + 16] = (
+                A[:, a : a + 16].mean(axis=0),
+                A[:, a : a + 16].std(axis=0),
+            )
     huge = ~(np.isfinite(mean) & np.isfinite(std))
     if huge.any():
         As = A[:, huge] / np.max(np.abs(A[:, huge]), axis=0)
@@ -162,24 +202,39 @@ def _zscore(A: np.ndarray) -> np.ndarray:
 
 
 def _check_outliers(col: _Column, v: np.ndarray, on_outlier: str) -> None:
-    """Warn about (or refuse) a cell beyond OUTLIER_FACTOR × the column's median nonzero magnitude."""
+    """Warn about (or refuse) a cell beyond OUTLIER_FACTOR × the column's median nonzero
+    magnitude."""
     idx = outliers(v) if on_outlier != "ignore" else ()
     if len(idx) == 0:
         return
     a, i = np.abs(v), int(idx[0])
     median = float(np.median(a[np.isfinite(a) & (a > 0)]))
-    msg = (f"{col.path}: column {col.name!r} has {v[i]} (line {i + 2}), {a[i] / median:.1e} × the median "
-           f"magnitude of its nonzero cells ({median:g}; rule: > {OUTLIER_FACTOR:g}×): after z-scoring every "
-           "other row of the column would be nearly constant"
-           + (f"; {len(idx) - 1} more such cell(s) in the column" if len(idx) > 1 else ""))
+    msg = (
+        f"{col.path}: column {col.name!r} has {v[i]} (line {i + 2}), {a[i] / median:.1e} "
+        "× the median "
+        f"magnitude of its nonzero cells ({median:g}; rule: > {OUTLIER_FACTOR:g}×): "
+        "after z-scoring every "
+        "other row of the column would be nearly constant"
+        + (f"; {len(idx) - 1} more such cell(s) in the column" if len(idx) > 1 else "")
+    )
     if on_outlier == "error":
         raise ValueError(msg)
     warnings.warn(msg, OutlierWarning, stacklevel=3)
 
 
-def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None, split: str | None = None,
-               harmful_path=None, n_train: int = 200, rng: np.random.Generator | None = None,
-               on_outlier: str = "warn", name: str | None = None) -> TableData:
+def load_table(
+    path,
+    *,
+    target_p: str,
+    target_h: str | None = None,
+    inputs=None,
+    split: str | None = None,
+    harmful_path=None,
+    n_train: int = 200,
+    rng: np.random.Generator | None = None,
+    on_outlier: str = "warn",
+    name: str | None = None,
+) -> TableData:
     """The module docstring's :class:`TableData`.  ``inputs`` (θ's column order): default every
     all-numeric column but the targets and the split column (a text column only when named).  Bad
     arguments: :class:`ParameterError`; bad files: ``ValueError`` naming file, column, line."""
@@ -189,7 +244,9 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
     check_rng(rng, none_ok=True)
     if (split is None) == (harmful_path is None):
         raise ParameterError("split", "give exactly one of split='COLUMN=VALUE' and harmful_path")
-    if split is not None and (not isinstance(split, str) or "=" not in split or split.startswith("=")):
+    if split is not None and (
+        not isinstance(split, str) or "=" not in split or split.startswith("=")
+    ):
         raise ParameterError("split", f"split must look like COLUMN=VALUE, got {split!r}")
     split_col, split_value = split.split("=", 1) if split is not None else (None, None)
     defaulted = inputs is None
@@ -197,35 +254,52 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
         inputs = [inputs] if isinstance(inputs, str) else list(inputs)
         bad = [c for c in inputs if c in (target_p, target_h) or inputs.count(c) > 1]
         if not inputs or bad:
-            raise ParameterError("inputs", "inputs must be distinct columns other than the targets, got "
-                                           f"{', '.join(map(repr, bad)) or 'none'}")
+            raise ParameterError(
+                "inputs",
+                "inputs must be distinct columns other than the targets, got "
+                f"{', '.join(map(repr, bad)) or 'none'}",
+            )
     files = [Path(path)] + ([] if harmful_path is None else [Path(harmful_path)])
     headers = [read_header(p) for p in files]
-    named = [("target_p", [target_p], 0), ("target_h", [target_h], -1), ("split", [split_col], 0),
-             ("inputs", inputs or [], 0), ("inputs", inputs or [], -1)]
+    named = [
+        ("target_p", [target_p], 0),
+        ("target_h", [target_h], -1),
+        ("split", [split_col], 0),
+        ("inputs", inputs or [], 0),
+        ("inputs", inputs or [], -1),
+    ]
     for param, cols, f in named:
         missing = [c for c in cols if c is not None and c not in headers[f]]
         if missing:
             shown = ", ".join(headers[f][:20]) + (" ..." if len(headers[f]) > 20 else "")
-            raise ParameterError(param, f"{files[f]}: no column {', '.join(map(repr, missing))} ({param}); "
-                                        f"its columns: {shown}")
+            raise ParameterError(
+                param,
+                f"{files[f]}: no column {', '.join(map(repr, missing))} ({param}); "
+                f"its columns: {shown}",
+            )
     frames = [_read(p, h, split_col) for p, h in zip(files, headers)]
     cache, checked = {}, set()
 
     def column(f, c, *, numbers=False) -> _Column:
         if (f, c) not in cache:
             cache[f, c] = _Column(frames[f], c, files[f])
-        if numbers and (f, c) not in checked:   # outliers: once per column of a file
+        if numbers and (f, c) not in checked:  # outliers: once per column of a file
             checked.add((f, c))
             _check_outliers(cache[f, c], cache[f, c].values(), on_outlier)
         return cache[f, c]
 
     if defaulted:
-        inputs = [c for c in headers[0]
-                  if c not in (target_p, target_h, split_col) and column(0, c).check_input()]
+        inputs = [
+            c
+            for c in headers[0]
+            if c not in (target_p, target_h, split_col) and column(0, c).check_input()
+        ]
         if not inputs:
-            raise ParameterError("inputs", f"{files[0]}: no numeric column besides the targets and the split "
-                                           "column; name the inputs")
+            raise ParameterError(
+                "inputs",
+                f"{files[0]}: no numeric column besides the targets and the split "
+                "column; name the inputs",
+            )
     if split_col is not None:
         col = column(0, split_col)
         is_h = np.isin(col.codes, np.flatnonzero(col.texts == split_value))
@@ -238,37 +312,49 @@ def load_table(path, *, target_p: str, target_h: str | None = None, inputs=None,
         check_dense_size((len(df), len(inputs)), f"{files[f]}: the inputs of its {len(df)} rows")
     for s, f, rows in parts:
         if rows.size < n_train:
-            raise ValueError(f"{files[f]}: split D_{s} has {rows.size} rows, fewer than n_train={n_train}")
+            raise ValueError(
+                f"{files[f]}: split D_{s} has {rows.size} rows, fewer than n_train={n_train}"
+            )
     if rng is not None:
         parts = [(s, f, rows[rng.permutation(rows.size)]) for s, f, rows in parts]
     X, y, filled = {}, {}, {}
     for s, f, rows in parts:
         y[s] = column(f, target_p if s == "P" else target_h, numbers=True).values()[rows]
         if np.isnan(y[s]).any():
-            raise ValueError(f"{files[f]}: target column {target_p if s == 'P' else target_h!r} is empty "
-                             f"(line {rows[np.flatnonzero(np.isnan(y[s]))[0]] + 2})")
+            raise ValueError(
+                f"{files[f]}: target column {target_p if s == 'P' else target_h!r} is empty "
+                f"(line {rows[np.flatnonzero(np.isnan(y[s]))[0]] + 2})"
+            )
         X[s], filled[s] = np.empty((rows.size, len(inputs))), 0
     for j, c in enumerate(inputs):
-        for f in range(len(files)):   # each column of a file is parsed once for both splits
-            text = not column(f, c).check_input() and not defaulted   # a defaulted input must be numeric
+        for f in range(len(files)):  # each column of a file is parsed once for both splits
+            # a defaulted input must be numeric
+            text = not column(f, c).check_input() and not defaulted
             v = None if text else column(f, c, numbers=True).values()
             for s, _, rows in (part for part in parts if part[1] == f):
                 vs = cache[f, c].labels(rows) if text else v[rows]
                 empty = np.isnan(vs)
                 filled[s] += int(empty.sum())
                 X[s][:, j] = np.where(empty, 0.0, vs)
-            del cache[f, c]   # one column's numbers at a time
+            del cache[f, c]  # one column's numbers at a time
     for s, f, rows in parts:
         X[s], y[s] = _zscore(X[s]), _zscore(y[s][:, None])
         for part, block in (("training", X[s][:n_train]), ("held-out", X[s][n_train:])):
             if block.shape[0] > 1 and not np.any(block):
-                raise ValueError(f"{files[f]}: every input column is constant on the {block.shape[0]} {part} "
-                                 f"rows of D_{s} ({where[s]}): X_{s} is zero after z-scoring, so its κ and "
-                                 "the RIR are undefined")
+                raise ValueError(
+                    f"{files[f]}: every input column is constant on the {block.shape[0]} {part} "
+                    f"rows of D_{s} ({where[s]}): X_{s} is zero after z-scoring, so its κ and "
+                    "the RIR are undefined"
+                )
     name = name or files[0].stem
 
     def task(rows: slice, suffix: str = "") -> LinearTask:
-        return LinearTask(X["P"][rows], y["P"][rows], X["H"][rows], y["H"][rows], "mse", name + suffix)
+        return LinearTask(
+            X["P"][rows], y["P"][rows], X["H"][rows], y["H"][rows], "mse", name + suffix
+        )
+
     nP, nH = len(X["P"]), len(X["H"])
     heldout = task(slice(n_train, None), "_heldout") if min(nP, nH) > n_train + 1 else None
-    return TableData(task(slice(n_train)), heldout, list(inputs), ", ".join(map(str, files)), nP, nH, filled)
+    return TableData(
+        task(slice(n_train)), heldout, list(inputs), ", ".join(map(str, files)), nP, nH, filled
+    )

@@ -2,15 +2,39 @@
 
 The public API is :func:`immunize_model` and :func:`audit_model` (docs/design.md §3). The library
 computes and returns; the experiments (``experiments/deepnet.py``, ``audit.py``) write."""
+
 from pycore.deep.api import DeepImmunization, audit_model, immunize_model
-from pycore.deep.checkpoint import (CheckpointError, CheckpointMismatchError, load_model,
-                                    read_weights, save_model)
+from pycore.deep.checkpoint import (
+    CheckpointError,
+    CheckpointMismatchError,
+    load_model,
+    read_weights,
+    save_model,
+)
 from pycore.deep.data import DataError, image_folder
 from pycore.deep.harden import HARDENINGS, harden
 from pycore.deep.models import ImmunizedNet, PretrainedUnavailableError, create_model
 from pycore.deep.train import DEEP_METHODS, DeepOptions, NonFiniteLossError, immunize, options
 
-__all__ = ["immunize_model", "audit_model", "DeepImmunization", "DEEP_METHODS", "DeepOptions", "options",
-           "immunize", "NonFiniteLossError", "ImmunizedNet", "create_model", "PretrainedUnavailableError",
-           "load_model", "save_model", "read_weights", "CheckpointError", "CheckpointMismatchError",
-           "DataError", "image_folder", "HARDENINGS", "harden"]
+__all__ = [
+    "immunize_model",
+    "audit_model",
+    "DeepImmunization",
+    "DEEP_METHODS",
+    "DeepOptions",
+    "options",
+    "immunize",
+    "NonFiniteLossError",
+    "ImmunizedNet",
+    "create_model",
+    "PretrainedUnavailableError",
+    "load_model",
+    "save_model",
+    "read_weights",
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "DataError",
+    "image_folder",
+    "HARDENINGS",
+    "harden",
+]

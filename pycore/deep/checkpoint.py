@@ -1,10 +1,12 @@
 """Checkpoints: one reader, one writer, one loader (docs/design.md §3).
 
-:func:`read_weights` reads the file into memory ONCE (size-capped) and parses those bytes, so a file
-rewritten while read is a :class:`CheckpointError`, never a signal (a memory-mapped read dies of
-SIGBUS when the file shrinks). The format is told by the content: safetensors, or a torch file through
-``torch.load(weights_only=True)`` only. The metadata :func:`save_model` writes is a timm name and
+:func:`read_weights` reads the file into memory ONCE (size-capped) and parses those bytes, so a
+file rewritten while read is a :class:`CheckpointError`, never a signal (a memory-mapped read dies
+of SIGBUS when the file shrinks). The format is told by the content: safetensors, or a torch file
+through ``torch.load(weights_only=True)`` only. The metadata :func:`save_model` writes is a timm
+name and
 integer shape options only: the file is untrusted."""
+
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +22,15 @@ from pycore import ops
 from pycore.deep.models import ImmunizedNet, _classifier_width as _width, create_model
 from pycore.validation import ParameterError, check_regular_file
 
-__all__ = ["CheckpointError", "CheckpointMismatchError", "read_weights", "save_model", "load_model",
-           "FORMAT", "MAX_CHECKPOINT_BYTES"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "read_weights",
+    "save_model",
+    "load_model",
+    "FORMAT",
+    "MAX_CHECKPOINT_BYTES",
+]
 
 FORMAT = "pycore.deep.immunized/2"
 MAX_CHECKPOINT_BYTES = 8 << 30  # read whole into memory: ViT-g in float32 is ~4 GB
@@ -42,7 +51,9 @@ def _first_line(exc: BaseException) -> str:
 
 def _read_bytes(path: str) -> bytes:
     try:
-        size = check_regular_file(path, "a checkpoint", max_bytes=MAX_CHECKPOINT_BYTES, error=CheckpointError)
+        size = check_regular_file(
+            path, "a checkpoint", max_bytes=MAX_CHECKPOINT_BYTES, error=CheckpointError
+        )
         with open(path, "rb") as f:
             data = f.read(size + 1)
     except FileNotFoundError:
@@ -50,29 +61,37 @@ def _read_bytes(path: str) -> bytes:
     except OSError as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {_first_line(exc)}") from None
     if len(data) != size:
-        raise CheckpointError(f"checkpoint {path} changed while it was read ({size} bytes, then {len(data)})")
+        raise CheckpointError(
+            f"checkpoint {path} changed while it was read ({size} bytes, then {len(data)})"
+        )
     return data
 
 
 def _safetensors(data: bytes, path: str) -> tuple[dict, dict]:
     from safetensors.torch import load  # noqa: PLC0415
+
     (n,) = struct.unpack("<Q", data[:8])
     try:
-        meta = json.loads(data[8:8 + n]).get("__metadata__") or {}
+        meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
         return dict(load(data)), {str(k): str(v) for k, v in meta.items()}
     except Exception as exc:  # noqa: BLE001  (SafetensorError, JSON, truncation: all one line)
-        raise CheckpointError(f"cannot read safetensors checkpoint {path}: {_first_line(exc)}") from None
+        raise CheckpointError(
+            f"cannot read safetensors checkpoint {path}: {_first_line(exc)}"
+        ) from None
 
 
 def _torch(data: bytes, path: str) -> dict:
     try:
         obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise CheckpointError(f"{path} holds objects other than tensors (refusing to unpickle them; save a "
-                              f"state_dict or convert to safetensors): {_first_line(exc)}") from None
+        raise CheckpointError(
+            f"{path} holds objects other than tensors (refusing to unpickle them; save a "
+            f"state_dict or convert to safetensors): {_first_line(exc)}"
+        ) from None
     except Exception as exc:  # noqa: BLE001  (a truncated zip, a damaged pickle: one line)
-        raise CheckpointError(f"cannot read torch checkpoint {path} (truncated or damaged?): "
-                              f"{_first_line(exc)}") from None
+        raise CheckpointError(
+            f"cannot read torch checkpoint {path} (truncated or damaged?): {_first_line(exc)}"
+        ) from None
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
@@ -83,8 +102,9 @@ def _torch(data: bytes, path: str) -> dict:
 
 
 def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """``(state_dict, metadata)`` of a safetensors or weights-only torch file, DDP's ``module.`` prefix
-    and ``{"state_dict": ...}`` nesting unwrapped; NaN/inf or all-zero weights are a CheckpointError."""
+    """``(state_dict, metadata)`` of a safetensors or weights-only torch file, DDP's ``module.``
+    prefix and ``{"state_dict": ...}`` nesting unwrapped; NaN/inf or all-zero weights are a
+    CheckpointError."""
     path = os.fspath(path)
     data = _read_bytes(path)
     if len(data) > 9 and data[8:9] == b"{" and struct.unpack("<Q", data[:8])[0] <= len(data) - 8:
@@ -92,30 +112,42 @@ def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], di
     elif data[:4] == b"PK\x03\x04" or (data[:1] == b"\x80" and data[1:2] in b"\x02\x03\x04\x05"):
         sd, meta = _torch(data, path), {}
     else:
-        raise CheckpointError(f"{path} is neither a safetensors file nor a torch checkpoint (by its content)")
+        raise CheckpointError(
+            f"{path} is neither a safetensors file nor a torch checkpoint (by its content)"
+        )
     floats = {k: v for k, v in sd.items() if v.is_floating_point()}
     for k, v in floats.items():
         if not bool(torch.isfinite(v).all()):
             raise CheckpointError(f"checkpoint {path}: tensor {k!r} contains NaN or inf")
     if floats and not any(bool(v.any()) for v in floats.values()):
-        raise CheckpointError(f"checkpoint {path}: every weight tensor is zero (an untrained or blank file)")
+        raise CheckpointError(
+            f"checkpoint {path}: every weight tensor is zero (an untrained or blank file)"
+        )
     if sd and all(k.startswith("module.") for k in sd):
-        sd = {k[len("module."):]: v for k, v in sd.items()}
+        sd = {k[len("module.") :]: v for k, v in sd.items()}
     return sd, meta
 
 
 def save_model(model: ImmunizedNet, path: "str | os.PathLike", extra: "dict | None" = None) -> str:
-    """Write an :class:`ImmunizedNet` of :func:`~pycore.deep.models.create_model` as safetensors with the
-    metadata :func:`load_model` rebuilds it from."""
+    """Write an :class:`ImmunizedNet` of :func:`~pycore.deep.models.create_model` as safetensors
+    with the metadata :func:`load_model` rebuilds it from."""
     from safetensors.torch import save_file  # noqa: PLC0415
+
     args = getattr(model.net, "model_args", None)
     if not args:
-        raise ParameterError("model", "save_model needs a model made by pycore.deep.create_model (it records "
-                                      "the timm name and options a checkpoint must carry)")
+        raise ParameterError(
+            "model",
+            "save_model needs a model made by pycore.deep.create_model (it records "
+            "the timm name and options a checkpoint must carry)",
+        )
     sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    meta = {"format": FORMAT, "model": args["name"], "num_classes": str(model.classifier.out_features),
-            "model_kwargs": json.dumps({k: v for k, v in args.items() if k != "name"}),
-            "extra": json.dumps(extra or {}, default=str)}
+    meta = {
+        "format": FORMAT,
+        "model": args["name"],
+        "num_classes": str(model.classifier.out_features),
+        "model_kwargs": json.dumps({k: v for k, v in args.items() if k != "name"}),
+        "extra": json.dumps(extra or {}, default=str),
+    }
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     save_file(sd, path, metadata=meta)
@@ -125,34 +157,62 @@ def save_model(model: ImmunizedNet, path: "str | os.PathLike", extra: "dict | No
 def _load_into(module, sd: dict, what: str, path: str) -> None:
     own = module.state_dict()
     kind = lambda t: "complex" if t.is_complex() else "float" if t.is_floating_point() else "int"  # noqa: E731
-    problems = [f"{len(v)} {name} (e.g. {v[0]})" for name, v in (
-        ("missing keys", [k for k in own if k not in sd]),
-        ("unexpected keys", [k for k in sd if k not in own]),
-        ("shape mismatches", [f"{k}: {tuple(sd[k].shape)} vs {tuple(own[k].shape)}" for k in own
-                              if k in sd and sd[k].shape != own[k].shape]),
-        ("dtype mismatches", [f"{k}: {sd[k].dtype} vs {own[k].dtype}" for k in own  # load would cast
-                              if k in sd and kind(sd[k]) != kind(own[k])])) if v]
+    problems = [
+        f"{len(v)} {name} (e.g. {v[0]})"
+        for name, v in (
+            ("missing keys", [k for k in own if k not in sd]),
+            ("unexpected keys", [k for k in sd if k not in own]),
+            (
+                "shape mismatches",
+                [
+                    f"{k}: {tuple(sd[k].shape)} vs {tuple(own[k].shape)}"
+                    for k in own
+                    if k in sd and sd[k].shape != own[k].shape
+                ],
+            ),
+            (
+                "dtype mismatches",
+                [
+                    f"{k}: {sd[k].dtype} vs {own[k].dtype}"
+                    for k in own  # load would cast
+                    if k in sd and kind(sd[k]) != kind(own[k])
+                ],
+            ),
+        )
+        if v
+    ]
     if problems:
-        raise CheckpointMismatchError(f"checkpoint {path} does not match {what}: " + "; ".join(problems))
+        raise CheckpointMismatchError(
+            f"checkpoint {path} does not match {what}: " + "; ".join(problems)
+        )
     module.load_state_dict(sd, strict=True)
 
 
-def load_model(path: "str | os.PathLike", model: "str | None" = None,
-               **model_kwargs) -> tuple[ImmunizedNet, dict]:
-    """Any checkpoint as an :class:`ImmunizedNet` in eval mode with gradients off, and its metadata.
+def load_model(
+    path: "str | os.PathLike", model: "str | None" = None, **model_kwargs
+) -> tuple[ImmunizedNet, dict]:
+    """Any checkpoint as an :class:`ImmunizedNet` in eval mode with gradients off, and its
+    metadata.
 
-    A :func:`save_model` file carries its architecture (``model`` must agree or be None); a plain timm
-    state dict needs ``model`` and its ``model_kwargs``, its classes are read from its classifier and an
-    identity layer is inserted. Every failure is one line: :class:`CheckpointError`, or
+    A :func:`save_model` file carries its architecture (``model`` must agree or be None); a plain
+    timm state dict needs ``model`` and its ``model_kwargs``, its classes are read from its
+    classifier and an identity layer is inserted. Every failure is one line:
+    :class:`CheckpointError`, or
     :class:`CheckpointMismatchError` for tensors that do not fit the architecture."""
     path = os.fspath(path)
     sd, meta = read_weights(path)
     if meta.get("format") == FORMAT:
-        name, kwargs, n = meta.get("model"), meta.get("model_kwargs", "{}"), meta.get("num_classes", "")
+        name, kwargs, n = (
+            meta.get("model"),
+            meta.get("model_kwargs", "{}"),
+            meta.get("num_classes", ""),
+        )
         with contextlib.suppress(ValueError):
             kwargs = json.loads(kwargs)
         if not (isinstance(kwargs, dict) and n.isascii() and n.isdigit() and len(n) <= 6):
-            raise CheckpointError(f"{path}: malformed metadata (model_kwargs; num_classes {n[:9]!r})")
+            raise CheckpointError(
+                f"{path}: malformed metadata (model_kwargs; num_classes {n[:9]!r})"
+            )
         num_classes = int(n)
         if model is not None and model != name:
             raise CheckpointMismatchError(f"{path} holds a {name}, not a {model}")
@@ -165,14 +225,18 @@ def load_model(path: "str | os.PathLike", model: "str | None" = None,
         key = next((f"{n}.weight" for n, m in probe.named_modules() if m is head), None)
         w = sd.get(key) if key else None
         if w is None or w.ndim != 2:
-            raise CheckpointMismatchError(f"checkpoint {path} does not match {model}: no classifier {key!r}")
+            raise CheckpointMismatchError(
+                f"checkpoint {path} does not match {model}: no classifier {key!r}"
+            )
         num_classes = int(w.shape[0])
         sd = {f"net.{k}": v for k, v in sd.items()}
     try:
         net = create_model(name, num_classes, **kwargs)
     except ParameterError as exc:
         raise CheckpointError(f"{path}: cannot build {name!r} {kwargs}: {exc}") from None
-    out = ImmunizedNet(net, ops.ImmunizationHead(_width(net), bias=True) if "layer.bias" in sd else None)
+    out = ImmunizedNet(
+        net, ops.ImmunizationHead(_width(net), bias=True) if "layer.bias" in sd else None
+    )
     if "layer.weight" not in sd:
         sd = {**sd, **{f"layer.{k}": v for k, v in out.layer.state_dict().items()}}
     _load_into(out, sd, f"{name} with {num_classes} classes", path)

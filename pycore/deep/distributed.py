@@ -1,6 +1,8 @@
 """torchrun / DistributedDataParallel helpers: :func:`init_from_env` checks torchrun's environment
-before any rendezvous and starts ``nccl`` on CUDA, ``gloo`` otherwise; θ₀ trained here is trained on
-rank 0 and broadcast (:func:`broadcast_module`); a rank trains on its shard of each global batch."""
+before any rendezvous and starts ``nccl`` on CUDA, ``gloo`` otherwise; θ₀ trained here is trained
+on rank 0 and broadcast (:func:`broadcast_module`); a rank trains on its shard of each global
+batch."""
+
 from __future__ import annotations
 
 import datetime
@@ -11,8 +13,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["DistContext", "DistributedEnvError", "check_env", "init_from_env", "broadcast_module", "barrier",
-           "shutdown"]
+__all__ = [
+    "DistContext",
+    "DistributedEnvError",
+    "check_env",
+    "init_from_env",
+    "broadcast_module",
+    "barrier",
+    "shutdown",
+]
 
 
 @dataclass(frozen=True)
@@ -38,7 +47,9 @@ def _env_int(name: str, default: "int | None" = None) -> "int | None":
     try:
         return int(raw) if raw else default
     except ValueError:
-        raise DistributedEnvError(f"environment variable {name}={raw!r} is not an integer") from None
+        raise DistributedEnvError(
+            f"environment variable {name}={raw!r} is not an integer"
+        ) from None
 
 
 def check_env() -> tuple[int, int, int]:
@@ -55,16 +66,21 @@ def check_env() -> tuple[int, int, int]:
     local, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", None)
     bound = f"LOCAL_WORLD_SIZE={local_world}" if local_world is not None else f"WORLD_SIZE={world}"
     if not 0 <= local < min(world, local_world or world):
-        raise DistributedEnvError(f"LOCAL_RANK={local} must be in [0, {bound}) (RANK={rank}, "
-                                  f"WORLD_SIZE={world})")
+        raise DistributedEnvError(
+            f"LOCAL_RANK={local} must be in [0, {bound}) (RANK={rank}, WORLD_SIZE={world})"
+        )
     if world > 1:
         missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v, "").strip()]
         if missing:
-            raise DistributedEnvError(f"WORLD_SIZE={world} but {' and '.join(missing)} "
-                                      f"{'is' if len(missing) == 1 else 'are'} not set "
-                                      "(launch with torchrun, or set MASTER_ADDR and MASTER_PORT)")
+            raise DistributedEnvError(
+                f"WORLD_SIZE={world} but {' and '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not set "
+                "(launch with torchrun, or set MASTER_ADDR and MASTER_PORT)"
+            )
         if not 1 <= _env_int("MASTER_PORT") <= 65535:
-            raise DistributedEnvError(f"MASTER_PORT={_env_int('MASTER_PORT')} must be in [1, 65535]")
+            raise DistributedEnvError(
+                f"MASTER_PORT={_env_int('MASTER_PORT')} must be in [1, 65535]"
+            )
     return rank, world, local
 
 
@@ -75,8 +91,9 @@ def init_from_env(device: str = "auto", timeout_s: float = 600.0) -> DistContext
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda requested but torch sees no CUDA device")
     if use_cuda and local >= torch.cuda.device_count():
-        raise DistributedEnvError(f"LOCAL_RANK={local} but torch sees {torch.cuda.device_count()} "
-                                  "CUDA device(s)")
+        raise DistributedEnvError(
+            f"LOCAL_RANK={local} but torch sees {torch.cuda.device_count()} CUDA device(s)"
+        )
     dev = torch.device(f"cuda:{local}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(dev)

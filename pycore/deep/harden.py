@@ -1,10 +1,13 @@
 """Hardening of the immunization layer (docs/theory.md §10, docs/findings.md §7): a feature map
 ``Z → ZM`` after immunization, the D_P classifier compensated (``W' = MᵀW``, ``V' = VM⁻ᵀ``).
 
-* ``"rotate"``: ``M = Q`` Haar-random orthogonal: every spectrum (κ, RIR_θ₀, the GD probe) is kept; it
-  removes the alignment with the coordinate axes that a per-coordinate optimiser (Adam) exploits.
-* ``"label_subspace"``: ``M = (I − (1 − s)·P_U)·Q``, the span ``U`` of D_H's centred class means scaled
-  by ``s``, rotated. Not conditioning: it usually LOWERS (i); whitening or fine-tuning undoes it."""
+* ``"rotate"``: ``M = Q`` Haar-random orthogonal: every spectrum (κ, RIR_θ₀, the GD probe) is kept;
+  it removes the alignment with the coordinate axes that a per-coordinate optimiser (Adam)
+  exploits.
+* ``"label_subspace"``: ``M = (I − (1 − s)·P_U)·Q``, the span ``U`` of D_H's centred class means
+  scaled by ``s``, rotated. Not conditioning: it usually LOWERS (i); whitening or fine-tuning
+  undoes it."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,21 +18,28 @@ from pycore.deep.data import dataset_labels
 from pycore.deep.features import extract
 from pycore.threads import bounded_blas
 
-__all__ = ["HARDENINGS", "haar_rotation", "label_subspace", "hardening_map", "apply_feature_map",
-           "harden"]
+__all__ = [
+    "HARDENINGS",
+    "haar_rotation",
+    "label_subspace",
+    "hardening_map",
+    "apply_feature_map",
+    "harden",
+]
 
 HARDENINGS = ("none", "rotate", "label_subspace")
 
 
 def haar_rotation(dim: int, rng: np.random.Generator) -> np.ndarray:
-    """A Haar-distributed orthogonal matrix: QR of a Gaussian one, R's diagonal signs moved into Q."""
+    """A Haar-distributed orthogonal matrix: QR of a Gaussian one, R's diagonal signs moved
+    into Q."""
     q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
     return q * np.sign(np.diag(r))
 
 
 def label_subspace(Z: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray:
-    """Orthonormal basis (D × r, r ≤ num_classes − 1) of the span of the centred class means of ``(Z, y)``,
-    directions below ``1e-10`` of the largest singular value dropped."""
+    """Orthonormal basis (D × r, r ≤ num_classes − 1) of the span of the centred class means of
+    ``(Z, y)``, directions below ``1e-10`` of the largest singular value dropped."""
     Z, y = np.asarray(Z, dtype=np.float64), np.asarray(y)
     if Z.ndim != 2 or y.shape != (Z.shape[0],):
         raise ValueError(f"Z must be N x D and y of length N, got {Z.shape} and {y.shape}")
@@ -40,12 +50,20 @@ def label_subspace(Z: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray
     means = np.stack([Z[y == c].mean(0) - mu for c in present], axis=1)  # D × C
     U, s, _ = np.linalg.svd(means, full_matrices=False)
     keep = s > 1e-10 * s[0] if s[0] > 0 else np.zeros_like(s, dtype=bool)
-    return U[:, keep][:, :len(present) - 1]
+    return U[:, keep][:, : len(present) - 1]
 
 
-def hardening_map(kind: str, Z_H: np.ndarray, y_H: np.ndarray, *, num_classes: int,
-                  rng: np.random.Generator, scale: float = 0.01) -> tuple[np.ndarray, int]:
-    """The map ``M`` of ``kind`` from the defender's D_H features and labels, and the squashed dimension."""
+def hardening_map(
+    kind: str,
+    Z_H: np.ndarray,
+    y_H: np.ndarray,
+    *,
+    num_classes: int,
+    rng: np.random.Generator,
+    scale: float = 0.01,
+) -> tuple[np.ndarray, int]:
+    """The map ``M`` of ``kind`` from the defender's D_H features and labels, and the squashed
+    dimension."""
     if kind not in HARDENINGS or kind == "none":
         raise ValueError(f"kind must be one of {HARDENINGS[1:]}, got {kind!r}")
     if not (np.isfinite(scale) and 0 < scale <= 1):
@@ -74,18 +92,32 @@ def apply_feature_map(model, M: np.ndarray) -> None:
 
 @bounded_blas
 @torch.no_grad()
-def harden(model, data_h: Dataset, kind: str, *, num_classes: int, rng: np.random.Generator,
-           scale: float = 0.01, cached: bool = False, batch_size: int = 256) -> dict:
-    """Harden ``model`` in place with ``kind`` from its own features of the labelled D_H set ``data_h``;
-    returns the kind, the scale, the squashed dimension and the largest relative change of the logits
-    on those features (the compensation's float32 check)."""
+def harden(
+    model,
+    data_h: Dataset,
+    kind: str,
+    *,
+    num_classes: int,
+    rng: np.random.Generator,
+    scale: float = 0.01,
+    cached: bool = False,
+    batch_size: int = 256,
+) -> dict:
+    """Harden ``model`` in place with ``kind`` from its own features of the labelled D_H set
+    ``data_h``; returns the kind, the scale, the squashed dimension and the largest relative change
+    of the logits on those features (the compensation's float32 check)."""
     Z, head = extract(model, data_h, batch_size=batch_size, cached=cached), model.classifier
-    M, r = hardening_map(kind, Z, dataset_labels(data_h), num_classes=num_classes, rng=rng, scale=scale)
+    M, r = hardening_map(
+        kind, Z, dataset_labels(data_h), num_classes=num_classes, rng=rng, scale=scale
+    )
     before = head(torch.from_numpy(Z).to(head.weight)).double()
     apply_feature_map(model, M)
     Z2 = extract(model, data_h, batch_size=batch_size, cached=cached)
     after = head(torch.from_numpy(Z2).to(head.weight)).double()
     change = float((after - before).abs().max() / before.abs().max().clamp_min(1e-300))
-    return {"kind": kind, "scale": float(scale) if kind == "label_subspace" else 1.0, "subspace_dim": r,
-            "logit_change": change}
-
+    return {
+        "kind": kind,
+        "scale": float(scale) if kind == "label_subspace" else 1.0,
+        "subspace_dim": r,
+        "logit_change": change,
+    }

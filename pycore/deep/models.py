@@ -1,6 +1,7 @@
-"""Any timm classifier with the paper's immunization layer (docs/theory.md §8-9, paper §5.2, App. C.3;
-docs/design.md §3). :class:`ImmunizedNet` has timm's interface itself, so an attacker who swaps the
-head keeps the layer and no per-family code is needed."""
+"""Any timm classifier with the paper's immunization layer (docs/theory.md §8-9, paper §5.2, App.
+C.3; docs/design.md §3). :class:`ImmunizedNet` has timm's interface itself, so an attacker who
+swaps the head keeps the layer and no per-family code is needed."""
+
 from __future__ import annotations
 
 import copy
@@ -13,8 +14,14 @@ from torch import nn
 from pycore import ops
 from pycore.validation import ParameterError
 
-__all__ = ["ImmunizedNet", "PretrainedUnavailableError", "create_model", "as_immunized", "tail_modules",
-           "MODEL_KWARGS"]
+__all__ = [
+    "ImmunizedNet",
+    "PretrainedUnavailableError",
+    "create_model",
+    "as_immunized",
+    "tail_modules",
+    "MODEL_KWARGS",
+]
 
 # The timm keyword arguments a model may be created with here (and a checkpoint may name): the
 # shape of the network only, never a path or a config that timm would act on.
@@ -27,25 +34,42 @@ class PretrainedUnavailableError(RuntimeError):
 
 def _classifier_width(net: nn.Module) -> int:
     head = net.get_classifier()
-    width = getattr(head, "in_features", None) or getattr(net, "head_hidden_size", None) or net.num_features
+    width = (
+        getattr(head, "in_features", None)
+        or getattr(net, "head_hidden_size", None)
+        or net.num_features
+    )
     if not isinstance(head, nn.Linear):
-        raise ParameterError("model", f"{type(net).__name__}'s classifier is {type(head).__name__}, not a "
-                                      "linear layer (a model made with num_classes=0 has none)")
+        raise ParameterError(
+            "model",
+            f"{type(net).__name__}'s classifier is {type(head).__name__}, not a "
+            "linear layer (a model made with num_classes=0 has none)",
+        )
     return int(width)
 
 
 class ImmunizedNet(nn.Module):
-    """A timm classifier ``net`` with the immunization layer (default: an identity ImmunizationHead)
-    before its classifier: :meth:`features` gives the immunized features ``Z``, :meth:`prelogits` ``X``."""
+    """A timm classifier ``net`` with the immunization layer (default: an identity
+    ImmunizationHead) before its classifier: :meth:`features` gives the immunized features ``Z``,
+    :meth:`prelogits` ``X``."""
 
-    def __init__(self, net: nn.Module, layer: "nn.Module | None" = None, *, lambda_reg: float = 1e-7):
+    def __init__(
+        self, net: nn.Module, layer: "nn.Module | None" = None, *, lambda_reg: float = 1e-7
+    ):
         super().__init__()
-        missing = [a for a in ("forward_features", "forward_head", "get_classifier") if not hasattr(net, a)]
+        missing = [
+            a
+            for a in ("forward_features", "forward_head", "get_classifier")
+            if not hasattr(net, a)
+        ]
         if missing:
-            raise ParameterError("model", f"{type(net).__name__} lacks timm's {', '.join(missing)}: pass "
-                                          "a timm classifier (timm.create_model) or a module like one")
+            raise ParameterError(
+                "model",
+                f"{type(net).__name__} lacks timm's {', '.join(missing)}: pass "
+                "a timm classifier (timm.create_model) or a module like one",
+            )
         self.net = net
-        if layer is None:   # on the backbone's device, so that a CUDA model stays on CUDA
+        if layer is None:  # on the backbone's device, so that a CUDA model stays on CUDA
             dev = getattr(next(net.parameters(), None), "device", None)
             layer = ops.ImmunizationHead(_classifier_width(net), lambda_reg=lambda_reg, device=dev)
         self.layer = layer
@@ -100,63 +124,97 @@ class ImmunizedNet(nn.Module):
 
 
 def tail_modules(net: nn.Module, stages: int = 1) -> list[nn.Module]:
-    """The backbone's last ``stages`` stages by timm's ``feature_info`` (ResNet18 ``stages=2``: layer3,
-    layer4; a ViT's last block) and every top-level module after them but the classifier."""
+    """The backbone's last ``stages`` stages by timm's ``feature_info`` (ResNet18 ``stages=2``:
+    layer3, layer4; a ViT's last block) and every top-level module after them but the
+    classifier."""
     info = getattr(net, "feature_info", None)
     names = [f["module"] for f in info] if info else []
     if not names or not 1 <= stages <= len(names):
-        raise ParameterError("stages", f"{type(net).__name__} lists {len(names)} stages in timm's "
-                                       f"feature_info; cannot train its last {stages}")
+        raise ParameterError(
+            "stages",
+            f"{type(net).__name__} lists {len(names)} stages in timm's "
+            f"feature_info; cannot train its last {stages}",
+        )
     children, head = list(net.named_children()), net.get_classifier()
     start = [n for n, _ in children].index(names[-1].split(".")[0]) + 1
-    after = [m for _, m in children[start:] if not any(q is head for q in m.modules())]  # m itself included
+    # m itself included
+    after = [m for _, m in children[start:] if not any(q is head for q in m.modules())]
     return [net.get_submodule(n) for n in names[-stages:]] + after
 
 
-def create_model(name: str, num_classes: int, *, pretrained: bool = False, seed: "int | None" = None,
-                 **kwargs) -> nn.Module:
-    """``timm.create_model`` with one-line errors, the initialisation drawn from ``seed`` without touching
-    the global RNG. ``img_size`` goes to models that take it (ViTs); for size-agnostic ones (CNNs) it
-    sets only the input size of their data config, which the image transforms read."""
+def create_model(
+    name: str, num_classes: int, *, pretrained: bool = False, seed: "int | None" = None, **kwargs
+) -> nn.Module:
+    """``timm.create_model`` with one-line errors, the initialisation drawn from ``seed`` without
+    touching the global RNG. ``img_size`` goes to models that take it (ViTs); for size-agnostic
+    ones (CNNs) it sets only the input size of their data config, which the image transforms
+    read."""
     if not isinstance(name, str) or not timm.is_model(name):
-        raise ParameterError("model", f"{name!r} is not a timm model name (timm.list_models() lists them)")
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= 100_000:
-        raise ParameterError("num_classes", f"num_classes must be an integer in [1, 100000], "
-                                            f"got {num_classes!r}")
-    bad = [k for k, v in kwargs.items() if k not in MODEL_KWARGS or isinstance(v, bool)
-           or not isinstance(v, int) or not 1 <= v <= 100_000]
+        raise ParameterError(
+            "model", f"{name!r} is not a timm model name (timm.list_models() lists them)"
+        )
+    if (
+        isinstance(num_classes, bool)
+        or not isinstance(num_classes, int)
+        or not 1 <= num_classes <= 100_000
+    ):
+        raise ParameterError(
+            "num_classes", f"num_classes must be an integer in [1, 100000], got {num_classes!r}"
+        )
+    bad = [
+        k
+        for k, v in kwargs.items()
+        if k not in MODEL_KWARGS
+        or isinstance(v, bool)
+        or not isinstance(v, int)
+        or not 1 <= v <= 100_000
+    ]
     if bad:
-        raise ParameterError(bad[0], f"model option {bad[0]}={kwargs[bad[0]]!r}: expected one of "
-                                     f"{MODEL_KWARGS} as an integer in [1, 100000]")
+        raise ParameterError(
+            bad[0],
+            f"model option {bad[0]}={kwargs[bad[0]]!r}: expected one of "
+            f"{MODEL_KWARGS} as an integer in [1, 100000]",
+        )
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
         try:
             try:
-                net = timm.create_model(name, pretrained=pretrained, num_classes=num_classes, **kwargs)
+                net = timm.create_model(
+                    name, pretrained=pretrained, num_classes=num_classes, **kwargs
+                )
             except TypeError:
                 if "img_size" not in kwargs:
                     raise
                 rest = {k: v for k, v in kwargs.items() if k != "img_size"}
-                net = timm.create_model(name, pretrained=pretrained, num_classes=num_classes, **rest)
+                net = timm.create_model(
+                    name, pretrained=pretrained, num_classes=num_classes, **rest
+                )
         except (TypeError, ValueError, AssertionError) as exc:
-            raise ParameterError("model", f"timm cannot build {name} with {kwargs}: {exc}") from None
-        except Exception as exc:  # hub errors come in many types (LocalEntryNotFoundError, OSError, HTTP)
+            raise ParameterError(
+                "model", f"timm cannot build {name} with {kwargs}: {exc}"
+            ) from None
+        # hub errors come in many types (LocalEntryNotFoundError, OSError, HTTP)
+        except Exception as exc:
             if not pretrained:
                 raise
             offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
             raise PretrainedUnavailableError(
-                f"pretrained weights for {name} are not available{' (HF_HUB_OFFLINE is set)' * offline}: "
-                f"{type(exc).__name__}; pass a local checkpoint, or run where the hub (or its cache) has them"
+                f"pretrained weights for {name} are not "
+                f"available{' (HF_HUB_OFFLINE is set)' * offline}: "
+                f"{type(exc).__name__}; pass a local checkpoint, or run where the hub "
+                "(or its cache) has them"
             ) from exc
     if "img_size" in kwargs:
         side = kwargs["img_size"]
         net.pretrained_cfg = {**net.pretrained_cfg, "input_size": (3, side, side), "crop_pct": 1.0}
-    net.model_args = {"name": name, **kwargs}   # what a checkpoint records to rebuild the architecture
+    # what a checkpoint records to rebuild the architecture
+    net.model_args = {"name": name, **kwargs}
     return net
 
 
 def as_immunized(model: nn.Module, *, lambda_reg: float = 1e-7) -> ImmunizedNet:
-    """A deep copy of ``model`` as an :class:`ImmunizedNet` (an identity layer inserted unless it is one)."""
+    """A deep copy of ``model`` as an :class:`ImmunizedNet` (an identity layer inserted unless
+    it is one)."""
     model = copy.deepcopy(model)
     return model if isinstance(model, ImmunizedNet) else ImmunizedNet(model, lambda_reg=lambda_reg)

@@ -1,4 +1,5 @@
-"""The objective of each deep immunization method, term by term (paper Eq. (11); docs/theory.md §6-7).
+"""The objective of each deep immunization method, term by term (paper Eq. (11); docs/theory.md
+§6-7).
 
 With ``X`` the layer's inputs and ``Z = X Wᵀ + b`` its outputs (App. C.3), per batch pair:
 
@@ -6,12 +7,15 @@ With ``X`` the layer's inputs and ``Z = X Wᵀ + b`` its outputs (App. C.3), per
 * ``r_ill_only``: the same without R_well (ablation; the D_P loss is kept, as in Table 3);
 * ``opt_kappa``: ``CE + λ_κ (log κ(Z_PᵀZ_P) − log κ(Z_HᵀZ_H))``, the Opt-κ baseline in its log form
   (eigenvalues of the smaller Gram matrix, float64, eigenvalue-only backward);
-* ``imma``: ``CE − λ_imma · CE_H(w_T)``, bi-level IMMA whose lower level unrolls ``imma_inner_steps``
-  GD steps of a zero-initialised linear probe on the D_H features (the threat model's attacker;
-  docs/theory.md §7's lower level fine-tunes θ, which would differentiate through backbone steps).
+* ``imma``: ``CE − λ_imma · CE_H(w_T)``, bi-level IMMA whose lower level unrolls
+  ``imma_inner_steps`` GD steps of a zero-initialised linear probe on the D_H features (the threat
+  model's attacker; docs/theory.md §7's lower level fine-tunes θ, which would differentiate through
+  backbone steps).
 
 R_well / R_ill: the fused op on float64 features through the layer's preconditioned weight gradient
-``grad_W (XᵀX + λI)⁻¹`` (Algorithm 1 line 6); the CE path uses the same weights unpreconditioned."""
+``grad_W (XᵀX + λI)⁻¹`` (Algorithm 1 line 6); the CE path uses the same weights
+unpreconditioned."""
+
 from __future__ import annotations
 
 import torch
@@ -19,20 +23,31 @@ import torch.nn.functional as F
 
 from pycore import ops
 
-__all__ = ["DEEP_METHODS", "LAMBDA_OF_TERM", "log_kappa", "imma_harmful_loss", "loss_terms",
-           "combine_terms"]
+__all__ = [
+    "DEEP_METHODS",
+    "LAMBDA_OF_TERM",
+    "log_kappa",
+    "imma_harmful_loss",
+    "loss_terms",
+    "combine_terms",
+]
 
 DEEP_METHODS = ("ours", "r_ill_only", "imma", "opt_kappa")
 
 # Sign of each regularizer term in the minimised objective and the config field weighting it.
 _SIGN = {"r_well": 1.0, "r_ill": 1.0, "log_kappa_gap": 1.0, "imma_harm": -1.0}
-LAMBDA_OF_TERM = {"r_well": "lambda_p", "r_ill": "lambda_h", "log_kappa_gap": "lambda_kappa",
-                  "imma_harm": "lambda_imma"}
+LAMBDA_OF_TERM = {
+    "r_well": "lambda_p",
+    "r_ill": "lambda_h",
+    "log_kappa_gap": "lambda_kappa",
+    "imma_harm": "lambda_imma",
+}
 
 
 def log_kappa(Z: torch.Tensor) -> torch.Tensor:
-    """Differentiable ``log κ(ZᵀZ)`` over the nonzero spectrum (Opt-κ, float64), from the smaller Gram
-    matrix, rank tolerance ``λ_max · n · eps``; NaN when none is above it (the loop's NaN handling)."""
+    """Differentiable ``log κ(ZᵀZ)`` over the nonzero spectrum (Opt-κ, float64), from the smaller
+    Gram matrix, rank tolerance ``λ_max · n · eps``; NaN when none is above it (the loop's NaN
+    handling)."""
     Z = Z.double()
     G = Z @ Z.T if Z.shape[0] <= Z.shape[1] else Z.T @ Z
     ev = torch.linalg.eigvalsh(G)
@@ -43,11 +58,13 @@ def log_kappa(Z: torch.Tensor) -> torch.Tensor:
     return torch.log(nz[-1]) - torch.log(nz[0])
 
 
-def imma_harmful_loss(Z: torch.Tensor, y: torch.Tensor, num_classes: int, *, steps: int,
-                      inner_lr: float) -> torch.Tensor:
-    """IMMA's lower level: CE of a zero-initialised linear probe (bias column) after ``steps`` unrolled GD
-    steps of ``inner_lr / λ_max(AᵀA/N)`` on ``(Z, y)``, differentiable in ``Z`` through every step.
-    λ_max is detached: the step is the attacker's choice, which no rescaling of the features games."""
+def imma_harmful_loss(
+    Z: torch.Tensor, y: torch.Tensor, num_classes: int, *, steps: int, inner_lr: float
+) -> torch.Tensor:
+    """IMMA's lower level: CE of a zero-initialised linear probe (bias column) after ``steps``
+    unrolled GD steps of ``inner_lr / λ_max(AᵀA/N)`` on ``(Z, y)``, differentiable in ``Z`` through
+    every step. λ_max is detached: the step is the attacker's choice, which no rescaling of the
+    features games."""
     Z = Z.double()
     n = Z.shape[0]
     A = torch.cat([Z, torch.ones(n, 1, dtype=Z.dtype, device=Z.device)], 1)
@@ -60,19 +77,31 @@ def imma_harmful_loss(Z: torch.Tensor, y: torch.Tensor, num_classes: int, *, ste
 
 
 def _cond(Z: torch.Tensor, kind: str) -> torch.Tensor:
-    """Fused-op R_kind of ``ZᵀZ`` in float64; NaN for non-finite ``Z`` (the loop's NaN handling)."""
+    """Fused-op R_kind of ``ZᵀZ`` in float64; NaN for non-finite ``Z`` (the loop's NaN
+    handling)."""
     Z = Z.double()
     if not bool(torch.isfinite(Z).all()):
         return Z.sum() * float("nan")
     return ops.cond_regularizer(Z, kind)
 
 
-def loss_terms(model, method: str, XP, yP, XH, yH, num_classes_h: int, *, label_smoothing: float = 0.1,
-               imma_inner_steps: int = 3, imma_inner_lr: float = 1.0) -> dict[str, torch.Tensor]:
+def loss_terms(
+    model,
+    method: str,
+    XP,
+    yP,
+    XH,
+    yH,
+    num_classes_h: int,
+    *,
+    label_smoothing: float = 0.1,
+    imma_inner_steps: int = 3,
+    imma_inner_lr: float = 1.0,
+) -> dict[str, torch.Tensor]:
     """The unweighted terms of ``method``'s objective on one (rank-local) batch pair of the layer's
     inputs ``XP`` / ``XH``: ``"ce"`` and the keys of :data:`LAMBDA_OF_TERM` the method has."""
     layer = model.layer
-    ZP = F.linear(XP, layer.weight, layer.bias)          # CE path: no preconditioning
+    ZP = F.linear(XP, layer.weight, layer.bias)  # CE path: no preconditioning
     terms = {"ce": F.cross_entropy(model.classifier(ZP), yP, label_smoothing=label_smoothing)}
     if method == "ours":
         terms["r_well"] = _cond(layer(XP), "well")
@@ -81,8 +110,13 @@ def loss_terms(model, method: str, XP, yP, XH, yH, num_classes_h: int, *, label_
     elif method == "opt_kappa":
         terms["log_kappa_gap"] = log_kappa(ZP) - log_kappa(F.linear(XH, layer.weight, layer.bias))
     elif method == "imma":
-        terms["imma_harm"] = imma_harmful_loss(F.linear(XH, layer.weight, layer.bias), yH, num_classes_h,
-                                               steps=imma_inner_steps, inner_lr=imma_inner_lr)
+        terms["imma_harm"] = imma_harmful_loss(
+            F.linear(XH, layer.weight, layer.bias),
+            yH,
+            num_classes_h,
+            steps=imma_inner_steps,
+            inner_lr=imma_inner_lr,
+        )
     return terms
 
 

@@ -8,6 +8,7 @@ and one SGD step. The model stays in eval mode: its normalisation statistics bel
 regularizers shape exactly the features RIR_θ₀ measures. Under ``torchrun`` each rank evaluates the
 regularizers on its own batch (DDP averages gradients; balancing all-reduces the term gradients);
 ``virtual_ranks=W`` reproduces that objective in one process."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,41 +31,53 @@ from pycore.deep.objectives import DEEP_METHODS, LAMBDA_OF_TERM, combine_terms, 
 from pycore.report import progress as progress_bar
 from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
 
-__all__ = ["DEEP_METHODS", "DeepOptions", "options", "TrainResult", "NonFiniteLossError", "immunize",
-           "balanced_lambdas", "OPTION_RULES", "OPTION_CHOICES"]
+__all__ = [
+    "DEEP_METHODS",
+    "DeepOptions",
+    "options",
+    "TrainResult",
+    "NonFiniteLossError",
+    "immunize",
+    "balanced_lambdas",
+    "OPTION_RULES",
+    "OPTION_CHOICES",
+]
 
 
 @dataclass(frozen=True)
 class DeepOptions:
-    """Options of deep immunization; the defaults are the CPU demo's rule (docs/findings.md §7): the
-    layer alone by SGD lr 0.1, ≤ 400 steps of 64 + 64 samples, every term re-balanced every step.
-    The paper's Table 4 uses fixed λ's, ``lr=1e-5``, ``scope="tail"`` (experiments/deep_configs.py)."""
+    """Options of deep immunization; the defaults are the CPU demo's rule (docs/findings.md §7):
+    the layer alone by SGD lr 0.1, ≤ 400 steps of 64 + 64 samples, every term re-balanced every
+    step. The paper's Table 4 uses fixed λ's, ``lr=1e-5``, ``scope="tail"``
+    (experiments/deep_configs.py)."""
 
-    epochs: int = 100               # epochs of the paired loader (the longer task sets the length)
+    epochs: int = 100  # epochs of the paired loader (the longer task sets the length)
     max_steps: "int | None" = 400
-    batch_size: int = 64            # per rank; capped at the smaller task's size
+    batch_size: int = 64  # per rank; capped at the smaller task's size
     lr: float = 0.1
     momentum: float = 0.9
     nesterov: bool = True
     weight_decay_extractor: float = 0.0
     weight_decay_classifier: float = 2e-5
     label_smoothing: float = 0.1
-    lambda_p: float = 5e-5          # R_well weight (fixed λ's: balance=None)
-    lambda_h: float = 2e6           # R_ill weight
-    lambda_kappa: float = 1.0       # Opt-κ weight
-    lambda_imma: float = 1.0        # IMMA harmful-loss weight
-    balance: "float | None" = 1.0   # λ := balance·‖∇CE‖/‖∇term‖ (App. C.2); None: the lambda_* above
-    balance_every: int = 1          # 0: balance at step 0 only
+    lambda_p: float = 5e-5  # R_well weight (fixed λ's: balance=None)
+    lambda_h: float = 2e6  # R_ill weight
+    lambda_kappa: float = 1.0  # Opt-κ weight
+    lambda_imma: float = 1.0  # IMMA harmful-loss weight
+    balance: "float | None" = (
+        1.0  # λ := balance·‖∇CE‖/‖∇term‖ (App. C.2); None: the lambda_* above
+    )
+    balance_every: int = 1  # 0: balance at step 0 only
     balance_ill: "float | None" = None  # balance of the R_ill term alone (the trade-off sweep)
     imma_inner_steps: int = 3
-    imma_inner_lr: float = 1.0      # in units of 1/λ_max(AᵀA/N)
-    ridge_rel: float = 1e-6         # preconditioner ridge relative to tr(XᵀX)/N of the first D_P batch
-    scope: str = "layer"            # "layer": the layer alone; "tail": also the backbone's last stages
-    stages: int = 1                 # scope "tail": how many of the backbone's last stages
+    imma_inner_lr: float = 1.0  # in units of 1/λ_max(AᵀA/N)
+    ridge_rel: float = 1e-6  # preconditioner ridge relative to tr(XᵀX)/N of the first D_P batch
+    scope: str = "layer"  # "layer": the layer alone; "tail": also the backbone's last stages
+    stages: int = 1  # scope "tail": how many of the backbone's last stages
     virtual_ranks: int = 1
-    harden: str = "none"            # pycore.deep.harden, applied after training
+    harden: str = "none"  # pycore.deep.harden, applied after training
     harden_scale: float = 0.01
-    normalize: bool = True          # steps in unit-scale features (False: the features' own scale)
+    normalize: bool = True  # steps in unit-scale features (False: the features' own scale)
     dp_tolerance: "float | None" = 2.0  # end on the last state within this many % of D_P's top-1
 
     def __post_init__(self):
@@ -77,40 +90,70 @@ class DeepOptions:
             elif not isinstance(v, bool):
                 raise ParameterError(f.name, f"{f.name} must be True or False, got {v!r}")
         if self.balance_ill is not None and self.balance is None:
-            raise ParameterError("balance_ill", "balance_ill re-weights the balanced R_ill term: set balance")
+            raise ParameterError(
+                "balance_ill", "balance_ill re-weights the balanced R_ill term: set balance"
+            )
 
 
 def _count(low: int, high: int, none_ok: bool = False) -> dict:
     return dict(low=low, high=high, integer=True, none_ok=none_ok)
 
 
-# Option → pycore.validation.check_number bounds; every count is bounded so no setting runs unbounded.
+# Option → pycore.validation.check_number bounds; every count is bounded so no setting runs
+# unbounded.
 OPTION_RULES = {
-    "epochs": _count(1, 100_000), "max_steps": _count(1, 10_000_000, True), "batch_size": _count(1, 65_536),
-    "balance_every": _count(0, 10_000_000), "imma_inner_steps": _count(0, 1_000), "stages": _count(1, 1_000),
+    "epochs": _count(1, 100_000),
+    "max_steps": _count(1, 10_000_000, True),
+    "batch_size": _count(1, 65_536),
+    "balance_every": _count(0, 10_000_000),
+    "imma_inner_steps": _count(0, 1_000),
+    "stages": _count(1, 1_000),
     "virtual_ranks": _count(1, 1_024),
-    **{k: dict(low=0.0, low_open=True, none_ok=k in ("balance", "balance_ill", "dp_tolerance"))
-       for k in ("lr", "lambda_p", "lambda_h", "lambda_kappa", "lambda_imma", "balance", "balance_ill",
-                 "imma_inner_lr", "ridge_rel", "dp_tolerance")},
+    **{
+        k: dict(low=0.0, low_open=True, none_ok=k in ("balance", "balance_ill", "dp_tolerance"))
+        for k in (
+            "lr",
+            "lambda_p",
+            "lambda_h",
+            "lambda_kappa",
+            "lambda_imma",
+            "balance",
+            "balance_ill",
+            "imma_inner_lr",
+            "ridge_rel",
+            "dp_tolerance",
+        )
+    },
     "harden_scale": dict(low=0.0, high=1.0, low_open=True),
-    **{k: dict(low=0.0, high=1.0, high_open=True)
-       for k in ("momentum", "label_smoothing", "weight_decay_extractor", "weight_decay_classifier")}}
+    **{
+        k: dict(low=0.0, high=1.0, high_open=True)
+        for k in (
+            "momentum",
+            "label_smoothing",
+            "weight_decay_extractor",
+            "weight_decay_classifier",
+        )
+    },
+}
 OPTION_CHOICES = {"scope": ("layer", "tail"), "harden": HARDENINGS}
 
 
 def options(base: "DeepOptions | None" = None, **given) -> DeepOptions:
-    """``base`` (default :class:`DeepOptions`) with ``given`` replaced; an unknown or bad option is a
-    :class:`~pycore.validation.ParameterError` whose ``.parameter`` names it."""
+    """``base`` (default :class:`DeepOptions`) with ``given`` replaced; an unknown or bad option is
+    a :class:`~pycore.validation.ParameterError` whose ``.parameter`` names it."""
     names = [f.name for f in dataclasses.fields(DeepOptions)]
     for k in given:
         if k not in names:
-            raise ParameterError(k, f"unknown option {k!r} of deep immunization; options: {', '.join(names)}")
+            raise ParameterError(
+                k, f"unknown option {k!r} of deep immunization; options: {', '.join(names)}"
+            )
     return dataclasses.replace(base or DeepOptions(), **given)
 
 
 class NonFiniteLossError(DivergenceError):
-    """A non-finite loss or gradient: ``.parameter`` names the option to change, ``.step`` the failed
-    step (not applied: the model keeps its last good step, which only experiments/ write to a file)."""
+    """A non-finite loss or gradient: ``.parameter`` names the option to change, ``.step`` the
+    failed step (not applied: the model keeps its last good step, which only experiments/ write to
+    a file)."""
 
     def __init__(self, message: str, parameter: str, step: int):
         super().__init__(message, parameter)
@@ -119,7 +162,8 @@ class NonFiniteLossError(DivergenceError):
 
 @dataclass
 class TrainResult:
-    """What :func:`immunize` did: the λ's in force at the end (and the ridge), the per-step history."""
+    """What :func:`immunize` did: the λ's in force at the end (and the ridge), the per-step
+    history."""
 
     method: str
     steps: int
@@ -127,7 +171,7 @@ class TrainResult:
     lambdas: dict
     history: dict = field(default_factory=dict)
     hardening: "dict | None" = None
-    stopped: str = ""               # why training stopped before its last step ("" when it did not)
+    stopped: str = ""  # why training stopped before its last step ("" when it did not)
 
 
 class _Objective(nn.Module):
@@ -140,24 +184,45 @@ class _Objective(nn.Module):
     def forward(self, shards):
         o, mean = self.opts, {}
         for xP, yP, xH, yH in shards:
-            t = loss_terms(self.model, self.method, xP, yP, xH, yH, self.num_classes_h,
-                           label_smoothing=o.label_smoothing, imma_inner_steps=o.imma_inner_steps,
-                           imma_inner_lr=o.imma_inner_lr)
+            t = loss_terms(
+                self.model,
+                self.method,
+                xP,
+                yP,
+                xH,
+                yH,
+                self.num_classes_h,
+                label_smoothing=o.label_smoothing,
+                imma_inner_steps=o.imma_inner_steps,
+                imma_inner_lr=o.imma_inner_lr,
+            )
             for k, v in t.items():
                 mean[k] = mean.get(k, 0.0) + v.double() / len(shards)
         return mean
 
 
-def balanced_lambdas(terms: dict, params, balance: float, *, world: int = 1, previous: "dict | None" = None,
-                     weights: "dict | None" = None) -> dict[str, float]:
-    """``λ_term = balance·‖∇CE‖/‖∇term‖`` on ``params`` (``weights`` replaces ``balance`` for the λ's it
-    names), gradients averaged over ranks, no ``.grad`` touched. A term whose gradient norm is 0 or
-    non-finite keeps its ``previous`` λ; without one that is a :class:`FloatingPointError`."""
+def balanced_lambdas(
+    terms: dict,
+    params,
+    balance: float,
+    *,
+    world: int = 1,
+    previous: "dict | None" = None,
+    weights: "dict | None" = None,
+) -> dict[str, float]:
+    """``λ_term = balance·‖∇CE‖/‖∇term‖`` on ``params`` (``weights`` replaces ``balance`` for the
+    λ's it names), gradients averaged over ranks, no ``.grad`` touched. A term whose gradient norm
+    is 0 or non-finite keeps its ``previous`` λ; without one that is a
+    :class:`FloatingPointError`."""
     flat = {}
     for k, v in terms.items():
         gs = torch.autograd.grad(v, params, retain_graph=True, allow_unused=True)
-        flat[k] = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double()
-                             for p, g in zip(params, gs)])
+        flat[k] = torch.cat(
+            [
+                (torch.zeros_like(p) if g is None else g).reshape(-1).double()
+                for p, g in zip(params, gs)
+            ]
+        )
     if world > 1:
         stacked = torch.stack([flat[k] for k in sorted(flat)])
         dist.all_reduce(stacked)
@@ -172,7 +237,9 @@ def balanced_lambdas(terms: dict, params, balance: float, *, world: int = 1, pre
         elif previous and key in previous:
             out[key] = previous[key]
         else:
-            raise FloatingPointError(f"cannot balance λ for {k}: its gradient norm is {n} (CE: {ce})")
+            raise FloatingPointError(
+                f"cannot balance λ for {k}: its gradient norm is {n} (CE: {ce})"
+            )
     return out
 
 
@@ -185,15 +252,19 @@ def _all_reduce(values: list[float], world: int, device, op: str = "sum") -> lis
 
 
 def _rescale(model, c: float) -> None:
-    """Classifier weight × c, layer bias ÷ c: on inputs X/c the model gives the logits it gave on X."""
+    """Classifier weight × c, layer bias ÷ c: on inputs X/c the model gives the logits it gave
+    on X."""
     model.classifier.weight.mul_(c)
     if model.layer.bias is not None:
         model.layer.bias.div_(c)
 
 
 def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
-    """A function giving the model's top-1 (%) on up to 1024 seeded D_P training samples (its own head)."""
-    idx = torch.from_numpy(np.sort(np.random.default_rng([seed, 11]).permutation(len(data))[:1024]))
+    """A function giving the model's top-1 (%) on up to 1024 seeded D_P training samples (its
+    own head)."""
+    idx = torch.from_numpy(
+        np.sort(np.random.default_rng([seed, 11]).permutation(len(data))[:1024])
+    )
     x, y = fetch(data, idx)
 
     @torch.no_grad()
@@ -201,30 +272,49 @@ def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
         X = (x.to(device) if cached else model.prelogits(x.to(device))) / scale
         logits = model.classifier(F.linear(X, model.layer.weight, model.layer.bias))
         return 100.0 * float((logits.argmax(1).cpu() == y).double().mean())
+
     return accuracy
 
 
-def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = DeepOptions(), *,
-             seed: int = 0, num_classes_h: int, cached: bool = False, device="cpu", rank: int = 0,
-             world: int = 1, ddp: bool = False, progress: bool = False) -> TrainResult:
+def immunize(
+    model,
+    p_train,
+    h_train,
+    method: str = "ours",
+    opts: DeepOptions = DeepOptions(),
+    *,
+    seed: int = 0,
+    num_classes_h: int,
+    cached: bool = False,
+    device="cpu",
+    rank: int = 0,
+    world: int = 1,
+    ddp: bool = False,
+    progress: bool = False,
+) -> TrainResult:
     """Immunize the :class:`~pycore.deep.models.ImmunizedNet` ``model`` in place with ``method``.
 
     ``p_train`` / ``h_train`` yield ``(x, y)``: images, or with ``cached=True`` (scope ``"layer"``)
-    the layer's inputs ``X``. Under ``torchrun`` pass ``rank``/``world`` and ``ddp=True``. A non-finite
+    the layer's inputs ``X``. Under ``torchrun`` pass ``rank``/``world`` and ``ddp=True``. A
+    non-finite
     loss or gradient raises :class:`NonFiniteLossError`, ``model`` left at its last good step."""
     if method not in DEEP_METHODS:
         raise ParameterError("method", f"unknown method {method!r}; choose one of {DEEP_METHODS}")
     if cached and opts.scope != "layer":
         raise ParameterError("scope", "cached features fix the backbone: scope must be 'layer'")
     if world > 1 and opts.virtual_ranks > 1:
-        raise ParameterError("virtual_ranks", "virtual_ranks emulates a multi-rank run in ONE process")
+        raise ParameterError(
+            "virtual_ranks", "virtual_ranks emulates a multi-rank run in ONE process"
+        )
     model.to(device)
     ext, cls = model.set_trainable(opts.scope, opts.stages)
     model.eval()
     shards = max(world, opts.virtual_ranks)
     bs = min(opts.batch_size, len(p_train) // shards, len(h_train) // shards)
-    paired = PairedBatches(ShardedBatches(len(p_train), max(bs, 1), seed=seed, world=shards),
-                           ShardedBatches(len(h_train), max(bs, 1), seed=seed + 1, world=shards))
+    paired = PairedBatches(
+        ShardedBatches(len(p_train), max(bs, 1), seed=seed, world=shards),
+        ShardedBatches(len(h_train), max(bs, 1), seed=seed + 1, world=shards),
+    )
 
     def prelogits(x):
         if cached:
@@ -236,11 +326,15 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
         out = []
         for r in ranks:
             (xP, yP), (xH, yH) = fetch(p_train, pair[0][r]), fetch(h_train, pair[1][r])
-            out.append((prelogits(xP) / scale, yP.to(device), prelogits(xH) / scale, yH.to(device)))
+            out.append(
+                (prelogits(xP) / scale, yP.to(device), prelogits(xH) / scale, yH.to(device))
+            )
         return out
 
-    # normalize: train in the coordinates where the layer's inputs have unit mean square norm (X/c, the
-    # classifier cV): the same lr then suits every backbone; predictions are unchanged (undone at the end)
+    # normalize: train in the coordinates where the layer's inputs have unit mean square norm (X/c,
+    # the
+    # classifier cV): the same lr then suits every backbone; predictions are unchanged (undone at
+    # the end)
     scale = 1.0
     with torch.no_grad():
         X0 = load(next(iter(paired.epoch(0))), [0])[0][0]
@@ -248,52 +342,97 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
             scale = float(X0.double().pow(2).sum(1).mean().sqrt())
             X0 = X0 / scale
             _rescale(model, scale)
-        # the preconditioner's ridge relative to tr(XᵀX)/N: an absolute λ means nothing across backbones
-        model.layer.lambda_reg = ridge = float(opts.ridge_rel * X0.double().pow(2).sum() / X0.shape[0])
+        # the preconditioner's ridge relative to tr(XᵀX)/N: an absolute λ means nothing across
+        # backbones
+        model.layer.lambda_reg = ridge = float(
+            opts.ridge_rel * X0.double().pow(2).sum() / X0.shape[0]
+        )
     runner = _Objective(model, method, opts, num_classes_h)
-    if ddp and world > 1:  # BN statistics are frozen (eval mode) and equal on every rank: no re-broadcast
-        sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-                else {"broadcast_buffers": False})
+    # BN statistics are frozen (eval mode) and equal on every rank: no re-broadcast
+    if ddp and world > 1:
+        sync = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in inspect.signature(DDP).parameters
+            else {"broadcast_buffers": False}
+        )
         dev = torch.device(device)
         runner = DDP(runner, device_ids=[dev.index] if dev.type == "cuda" else None, **sync)
-    opt = torch.optim.SGD([{"params": ext, "weight_decay": opts.weight_decay_extractor},
-                           {"params": cls, "weight_decay": opts.weight_decay_classifier}],
-                          lr=opts.lr, momentum=opts.momentum, nesterov=opts.nesterov)
+    opt = torch.optim.SGD(
+        [
+            {"params": ext, "weight_decay": opts.weight_decay_extractor},
+            {"params": cls, "weight_decay": opts.weight_decay_classifier},
+        ],
+        lr=opts.lr,
+        momentum=opts.momentum,
+        nesterov=opts.nesterov,
+    )
     mine = [rank] if world > 1 else list(range(shards))
-    lambdas = {k: getattr(opts, k) for k in ("lambda_p", "lambda_h", "lambda_kappa", "lambda_imma")}
+    lambdas = {
+        k: getattr(opts, k) for k in ("lambda_p", "lambda_h", "lambda_kappa", "lambda_imma")
+    }
     total = min(len(paired) * opts.epochs, opts.max_steps or math.inf)
     history: dict[str, list] = {"loss": [], "step_seconds": []}
-    quiet = {} if progress and rank == 0 else {"disable": True}     # else: a bar on a terminal only
+    quiet = {} if progress and rank == 0 else {"disable": True}  # else: a bar on a terminal only
     bar = progress_bar(total=total, desc=f"immunize[{method}]", **quiet)
-    accuracy = (_dp_accuracy(model, p_train, cached, device, seed, scale)   # the D_P guard's probe
-                if opts.dp_tolerance is not None else None)
-    start, keep, kept, stopped = accuracy and accuracy(), [p.detach().clone() for p in ext + cls], 0, ""
+    accuracy = (
+        _dp_accuracy(model, p_train, cached, device, seed, scale)  # the D_P guard's probe
+        if opts.dp_tolerance is not None
+        else None
+    )
+    start, keep, kept, stopped = (
+        accuracy and accuracy(),
+        [p.detach().clone() for p in ext + cls],
+        0,
+        "",
+    )
     t0 = time.perf_counter()
     pairs = (pair for epoch in range(opts.epochs) for pair in paired.epoch(epoch))
     try:
         for step, pair in zip(range(total), pairs):
             ts = time.perf_counter()
-            rebalance = (None if opts.balance is None else "first" if step == 0 else
-                         "again" if opts.balance_every and step % opts.balance_every == 0 else None)
-            loss, logs, lambdas, failure = _step(runner, load(pair, mine), opt, ext + cls, ext, opts,
-                                                 lambdas, rebalance, world, device)
+            rebalance = (
+                None
+                if opts.balance is None
+                else "first"
+                if step == 0
+                else "again"
+                if opts.balance_every and step % opts.balance_every == 0
+                else None
+            )
+            loss, logs, lambdas, failure = _step(
+                runner,
+                load(pair, mine),
+                opt,
+                ext + cls,
+                ext,
+                opts,
+                lambdas,
+                rebalance,
+                world,
+                device,
+            )
             if failure:
                 _stop(method, opts, step, failure)
             history["loss"].append(loss)
             for k, v in logs.items():
                 history.setdefault(k, []).append(v)
-            for k in sorted({LAMBDA_OF_TERM[t] for t in logs if t != "ce"} if opts.balance else ()):
+            for k in sorted(
+                {LAMBDA_OF_TERM[t] for t in logs if t != "ce"} if opts.balance else ()
+            ):
                 history.setdefault(k, []).append(lambdas[k])
             history["step_seconds"].append(time.perf_counter() - ts)
             bar.update(1)
-            if accuracy and ((step + 1) % 10 == 0 or step + 1 == total):   # the D_P guard, every 10 steps
+            # the D_P guard, every 10 steps
+            if accuracy and ((step + 1) % 10 == 0 or step + 1 == total):
                 if accuracy() >= start - opts.dp_tolerance:
                     keep, kept = [p.detach().clone() for p in ext + cls], step + 1
-        if accuracy and kept < len(history["loss"]):          # end on the last state that kept D_P
+        if accuracy and kept < len(history["loss"]):  # end on the last state that kept D_P
             with torch.no_grad():
                 for p, k in zip(ext + cls, keep):
                     p.copy_(k)
-            stopped = f"D_P top-1 fell below {start:.1f} − {opts.dp_tolerance:g} %: back to step {kept}"
+            stopped = (
+                f"D_P top-1 fell below {start:.1f} − {opts.dp_tolerance:g} %: back to step {kept}"
+            )
     finally:
         bar.close()
         model.requires_grad_(False)
@@ -301,35 +440,66 @@ def immunize(model, p_train, h_train, method: str = "ours", opts: DeepOptions = 
             _rescale(model, 1.0 / scale)
     steps = kept if stopped else len(history["loss"])
     # every rank computes the same map from the same seeded inputs
-    hardening = None if opts.harden == "none" else harden(
-        model, h_train, opts.harden, num_classes=num_classes_h, scale=opts.harden_scale,
-        rng=np.random.default_rng([seed, 99]), cached=cached)
+    hardening = (
+        None
+        if opts.harden == "none"
+        else harden(
+            model,
+            h_train,
+            opts.harden,
+            num_classes=num_classes_h,
+            scale=opts.harden_scale,
+            rng=np.random.default_rng([seed, 99]),
+            cached=cached,
+        )
+    )
     lambdas["ridge"] = ridge
-    return TrainResult(method, steps, time.perf_counter() - t0, lambdas, history, hardening, stopped)
+    return TrainResult(
+        method, steps, time.perf_counter() - t0, lambdas, history, hardening, stopped
+    )
 
 
-def _step(runner, batches, opt, trainable, balance_params, opts, lambdas, rebalance, world, device):
-    """One step: ``(loss, term values, λ's, failure)``; ``failure`` is "" when the update was applied,
-    else the reason (the update is then NOT applied). Ranks agree on a non-finite loss BEFORE the
-    backward: DDP all-reduces gradients inside backward(), a rank that skipped it would hang the rest."""
+def _step(
+    runner, batches, opt, trainable, balance_params, opts, lambdas, rebalance, world, device
+):
+    """One step: ``(loss, term values, λ's, failure)``; ``failure`` is "" when the update was
+    applied, else the reason (the update is then NOT applied). Ranks agree on a non-finite loss
+    BEFORE the backward: DDP all-reduces gradients inside backward(), a rank that skipped it would
+    hang the rest."""
     opt.zero_grad(set_to_none=True)
     try:
         terms = runner(batches)
         logs = {k: float(v.detach()) for k, v in terms.items()}
-        bad = _all_reduce([float(not all(map(math.isfinite, logs.values())))], world, device, "max")[0] > 0
+        bad = (
+            _all_reduce([float(not all(map(math.isfinite, logs.values())))], world, device, "max")[
+                0
+            ]
+            > 0
+        )
         if not bad and rebalance:
             weights = {"lambda_h": opts.balance_ill} if opts.balance_ill is not None else None
             prev = lambdas if rebalance == "again" else None
-            lambdas = {**lambdas, **balanced_lambdas(terms, balance_params, opts.balance, world=world,
-                                                     weights=weights, previous=prev)}
+            lambdas = {
+                **lambdas,
+                **balanced_lambdas(
+                    terms,
+                    balance_params,
+                    opts.balance,
+                    world=world,
+                    weights=weights,
+                    previous=prev,
+                ),
+            }
         loss = combine_terms(terms, lambdas) if not bad else torch.tensor(float("nan"))
         bad = bad or _all_reduce([float(not torch.isfinite(loss))], world, device, "max")[0] > 0
         if not bad:
             loss.backward()
-            bad = not all(bool(torch.isfinite(p.grad).all()) for p in trainable if p.grad is not None)
+            bad = not all(
+                bool(torch.isfinite(p.grad).all()) for p in trainable if p.grad is not None
+            )
     except FloatingPointError as exc:  # nothing to balance against: every rank sees the same norms
         return float("nan"), {}, lambdas, str(exc)
-    except ops.CondRegError as exc:   # the op refused the batch (non-finite, degenerate, singular)
+    except ops.CondRegError as exc:  # the op refused the batch (non-finite, degenerate, singular)
         if world > 1:
             raise
         return float("nan"), {}, lambdas, str(exc).strip().splitlines()[0]
@@ -339,7 +509,12 @@ def _step(runner, batches, opt, trainable, balance_params, opts, lambdas, rebala
     loss_val = _all_reduce([float(loss.detach())], world, device)[0]
     if bad:
         opt.zero_grad(set_to_none=True)
-        return loss_val, logs, lambdas, ", ".join(f"{k}={v:.3g}" for k, v in logs.items()) or "non-finite"
+        return (
+            loss_val,
+            logs,
+            lambdas,
+            ", ".join(f"{k}={v:.3g}" for k, v in logs.items()) or "non-finite",
+        )
     opt.step()
     return loss_val, logs, lambdas, ""
 
@@ -348,7 +523,15 @@ def _stop(method, opts, step, reason):
     """Raise :class:`NonFiniteLossError` naming the option to change."""
     balancing = reason.startswith("cannot balance")
     param = "balance" if balancing else "lr"
-    advice = ("give fixed λ's (balance=None and lambda_p/lambda_h/...)" if balancing
-              else f"lower lr (now {opts.lr:g})" + ("" if opts.balance is not None else " or the fixed λ's"))
-    raise NonFiniteLossError(f"[{method}] non-finite loss or gradient at step {step} ({reason}); the model "
-                             f"keeps its state after step {step - 1}: {advice}", param, step)
+    advice = (
+        "give fixed λ's (balance=None and lambda_p/lambda_h/...)"
+        if balancing
+        else f"lower lr (now {opts.lr:g})"
+        + ("" if opts.balance is not None else " or the fixed λ's")
+    )
+    raise NonFiniteLossError(
+        f"[{method}] non-finite loss or gradient at step {step} ({reason}); the model "
+        f"keeps its state after step {step - 1}: {advice}",
+        param,
+        step,
+    )
