@@ -40,11 +40,11 @@ def house_price(protocol):
 
 
 def mnist():
-    from pycore.data.mnist import digit_covariances, load_mnist_5k, pair_task, split_digits
+    from pycore.data.mnist import load_mnist_5k, pair_task, split_digits
 
     digits = load_mnist_5k()
     split = split_digits(digits, 100, np.random.default_rng(0), 100)  # mnist.py's defaults
-    return pair_task(digits, split, 0, 1, covariances=digit_covariances(digits, split)), "mnist", 4
+    return pair_task(digits, split, 0, 1), "mnist", 4
 
 
 JOBS = {

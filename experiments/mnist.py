@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from experiments import common
-from pycore.data.mnist import digit_covariances, load_mnist, pair_task, parse_pairs, split_digits
+from pycore.data.mnist import load_mnist, pair_task, parse_pairs, split_digits
 from pycore.evaluate import EvaluationReference, immunized_def31
 from pycore.immunize import METHODS
 from pycore.metrics import rir_ceiling
@@ -123,7 +123,7 @@ def _one_pair(pair):
     """Every (method, seed) run of one ordered pair; returns plain rows (θ stays in the worker)."""
     st, (p, h) = _STATE, pair
     harden, at = st["immunize"].harden, f"{p}-{h}/"
-    train = pair_task(st["digits"], st["split"], p, h, covariances=st["K"])
+    train = pair_task(st["digits"], st["split"], p, h)
     held = pair_task(st["digits"], st["split"], p, h, heldout=True)
     ceiling = rir_ceiling(train.X_P, train.X_H)
     acc_before = probe_accuracy(train.X_P, train.Y_P, held.X_P, held.Y_P)
@@ -205,7 +205,6 @@ def run(args) -> dict:
     _STATE.update(
         digits=digits,
         split=split,
-        K=digit_covariances(digits, split),
         immunize=args.immunizer,
         methods=args.methods,
         seeds=args.seeds,

@@ -343,13 +343,10 @@ def _run(task, method, opts, rng):
 def _ratios(task, theta, diag) -> tuple[float, float]:
     """(i), (ii) of θ (docs/theory.md §8): κ's at θ = I cached on the task, at θ from the run's own
     end-of-run SVDs (``diag["kappa_end"]``) when it has them."""
-
-    def kappas(th):
-        Xs = (task.X_P, task.X_H) if th is None else (task.X_P @ th, task.X_H @ th)
-        return tuple(gram_spectrum(X, vectors=False).kappa for X in Xs)
-
-    ref = task._cache.get("kappa_ref") or task._cache.setdefault("kappa_ref", kappas(None))
-    kP, kH = diag.get("kappa_end") or kappas(theta)
+    ref = task.reference_kappas
+    kP, kH = diag.get("kappa_end") or tuple(
+        gram_spectrum(X @ theta, vectors=False).kappa for X in (task.X_P, task.X_H)
+    )
     return kH / ref[1], kP / ref[0]
 
 

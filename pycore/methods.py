@@ -283,10 +283,8 @@ def r_ill_only(task, method, o, rng):
 def imma_inner_step_size(task, w: np.ndarray, o) -> float:
     """``inner_lr / L``, L = (2/N)λ_max(K_H)‖w‖² the Lipschitz constant of θ ↦ ∇_θL_H(w, θ)."""
     n = task.Y_H.size
-    norm = task._cache.get("norm2_X_H")
-    if norm is None:  # ‖X_H‖₂ (an SVD) is a constant of the task: once, not once per step
-        norm = task._cache["norm2_X_H"] = np.linalg.norm(task.X_H, 2)
-    L = 2.0 / n * norm**2 * float(np.sum(w * w))
+    # ‖X_H‖₂ (an SVD) is a constant of the task, cached on it: once, not once per step
+    L = 2.0 / n * task.norm2_X_H**2 * float(np.sum(w * w))
     return o.inner_lr / L if L > 0 else 0.0
 
 

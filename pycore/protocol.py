@@ -88,7 +88,7 @@ def strict_protocol(
 
     def cols(t, M):
         pick = (lambda X: X @ M) if M.ndim == 2 else (lambda X: X[:, M])
-        return None if t is None else replace(t, X_P=pick(t.X_P), X_H=pick(t.X_H), _cache={})
+        return None if t is None else replace(t, X_P=pick(t.X_P), X_H=pick(t.X_H))
 
     tr, ho = cols(train, keep), cols(heldout, keep)
     V_r, V_null = _range_basis(tr.X_P)

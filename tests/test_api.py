@@ -306,3 +306,20 @@ def test_linear_task_names_the_bad_argument(change, name):
 def test_certified_options_extend_algorithm_1():
     ours = {f.name for f in fields(options_of("ours"))}
     assert {f.name for f in fields(CertifiedOptions)} == ours | {"safety"}
+
+
+def test_a_task_keeps_its_own_read_only_copy_of_the_callers_arrays():
+    rng = np.random.default_rng(0)
+    X_P, X_H = rng.standard_normal((30, 5)), rng.standard_normal((25, 5))
+    task = LinearTask(X_P, rng.standard_normal(30), X_H, rng.standard_normal(25))
+    before = immunize(task, "identity", rng=rng)
+    K_P = task.K_P.copy()
+    X_P[:, 0] *= 1e3  # the caller edits their arrays after building the task
+    X_H[:, 1] *= 1e-3
+    after = immunize(task, "identity", rng=rng)
+    assert before.harmful_ratio == after.harmful_ratio == 1.0
+    assert before.pretrain_ratio == after.pretrain_ratio == 1.0
+    np.testing.assert_array_equal(task.K_P, K_P)
+    for a in (task.X_P, task.Y_P, task.X_H, task.Y_H, task.K_P, task.K_H):
+        with pytest.raises(ValueError):
+            a[0, 0] = 0.0  # read-only: nothing can edit the task in place

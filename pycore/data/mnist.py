@@ -20,7 +20,6 @@ import numpy as np
 from pycore import validation
 from pycore.data import packaged_file
 from pycore.tasks import LinearTask
-from pycore.threads import bounded_blas
 from pycore.validation import ParameterError, check_number, check_regular_file
 
 D_MNIST = 784
@@ -187,13 +186,6 @@ def split_digits(
     )
 
 
-@bounded_blas
-def digit_covariances(digits: MnistDigits, split: PairSplit) -> dict:
-    """K_d = X_dᵀX_d of every digit's training rows, computed once and shared by its 18 pairs."""
-    Xs = {d: digits.by_digit[d][split.train[d]] for d in range(10)}
-    return {d: X.T @ X for d, X in Xs.items()}
-
-
 def pair_task(
     digits: MnistDigits,
     split: PairSplit,
@@ -201,10 +193,9 @@ def pair_task(
     h: int,
     *,
     heldout: bool = False,
-    covariances: dict | None = None,
 ) -> LinearTask:
-    """The task of the ordered pair (P, H), BCE on D_P; ``covariances`` pre-fill its K_P and
-    K_H."""
+    """The task of the ordered pair (P, H): D_P is digit P (BCE on its ink targets), D_H digit
+    H, on the split's training (or ``heldout``) rows."""
     rows = split.heldout if heldout else split.train
     X_P, X_H = digits.by_digit[p][rows[p]], digits.by_digit[h][rows[h]]
     for name, d, X in (("X_P", p, X_P), ("X_H", h, X_H)):
@@ -222,6 +213,4 @@ def pair_task(
         loss="bce",
         name=f"mnist {p}->{h}{' heldout' if heldout else ''}",
     )
-    if covariances is not None and not heldout:
-        task._cache["K_P"], task._cache["K_H"] = covariances[p], covariances[h]
     return task
