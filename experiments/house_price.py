@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -178,8 +179,8 @@ def parse_args(argv=None):
     return args
 
 
-_STATE: dict = {}  # what every run shares, inherited by the forked workers (never pickled)
-# Relative cost of one run (CPU seconds, measured): the longest runs go first, so none starts last.
+# Relative cost of one run (CPU seconds, measured): the longest batches go first, so none starts
+# last.
 _COST = {
     "r_ill_only": 5.0,
     "opt_kappa": 4.0,
@@ -191,32 +192,72 @@ _COST = {
 }
 
 
-def _one_run(job):
-    method, seed = job
-    st, harden = _STATE, _STATE["immunize"].harden
-    res = st["immunize"](st["train"], method, np.random.default_rng(seed))
-    row = evaluate_linear(
-        res.theta, st["train"], st["heldout"], ceiling=st["ceiling"], reference=st["reference"]
-    )
-    row.update(seed=seed, wall_seconds=res.wall_seconds, diagnostics=res.diagnostics)
-    if res.theta_unhardened is not None:  # hardening must leave every number of the row unchanged
-        plain = evaluate_linear(
-            res.theta_unhardened,
-            st["train"],
-            st["heldout"],
-            ceiling=st["ceiling"],
-            reference=st["reference"],
-        )
-        row["hardening"] = {
-            "kind": harden,
-            "max_rel_diff_vs_unhardened": max(
-                abs(row[k] - plain[k]) / abs(plain[k]) for k in HARDENING_INVARIANTS if k in plain
-            ),
-        }
-    return row, res.theta, run_thetas(res, method, seed, harden)
+@dataclass(frozen=True)
+class Shared:
+    """What every batch of runs needs, handed to each worker once (``common.pool_map``)."""
+
+    train: object
+    heldout: object
+    immunize: common.Immunizer
+    ceiling: object
+    reference: EvaluationReference
 
 
-def run(args) -> dict:
+def run_batch(shared: Shared, job) -> list:
+    """``(row, θ, archive entries)`` of each seed of ``job = (method, seeds)``: the seeds' runs
+    stepped together (``Immunizer.batch``), then each evaluated."""
+    method, seeds = job
+    st, harden = shared, shared.immunize.harden
+    results = st.immunize.batch(st.train, method, [np.random.default_rng(s) for s in seeds])
+    out, last = [], None  # (θ, its row): a run equal to the one before is evaluated once
+    for seed, res in zip(seeds, results):
+        if last is None or not np.array_equal(last[0], res.theta):
+            last = (
+                res.theta,
+                evaluate_linear(
+                    res.theta, st.train, st.heldout, ceiling=st.ceiling, reference=st.reference
+                ),
+            )
+        row = dict(last[1])
+        row.update(seed=seed, wall_seconds=res.wall_seconds, diagnostics=res.diagnostics)
+        if res.theta_unhardened is not None:  # hardening must leave every number unchanged
+            plain = evaluate_linear(
+                res.theta_unhardened,
+                st.train,
+                st.heldout,
+                ceiling=st.ceiling,
+                reference=st.reference,
+            )
+            row["hardening"] = {
+                "kind": harden,
+                "max_rel_diff_vs_unhardened": max(
+                    abs(row[k] - plain[k]) / abs(plain[k])
+                    for k in HARDENING_INVARIANTS
+                    if k in plain
+                ),
+            }
+        out.append((row, res.theta, run_thetas(res, method, seed, harden)))
+    return out
+
+
+def batches(methods, seeds, immunizer, jobs: int) -> list:
+    """The ``(method, seeds)`` batches of a run, longest first: a method whose runs draw nothing
+    from their generator is one batch (its seeds are one run, computed once); the others are
+    split in ``jobs`` near-equal batches, so that every worker gets a share of every method."""
+    out = []
+    for m in methods:
+        if not immunizer.draws_random(m):
+            out.append(((m, tuple(seeds)), _COST.get(m, 1.0)))
+            continue
+        k = -(-len(seeds) // max(1, min(jobs, len(seeds))))
+        for i in range(0, len(seeds), k):
+            out.append(((m, tuple(seeds[i : i + k])), _COST.get(m, 1.0) * len(seeds[i : i + k])))
+    out.sort(key=lambda job: -job[1])  # stable: methods and seeds in order among equals
+    return [job for job, _ in out]
+
+
+def run(args) -> tuple[dict, dict]:
+    """``(results, θ archive)``: every method and seed on the data of ``args``."""
     t_start = time.perf_counter()
     if args.target_p is None:  # the paper's data (the Kaggle column set, checked by the loader)
         data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
@@ -247,24 +288,17 @@ def run(args) -> dict:
             f"rows; rank K_P = {strict.rank_K_P} of {strict.D_after_drop}",
             flush=True,
         )
-    jobs = [(m, s) for m in args.methods for s in args.seeds]
-    _STATE.update(
-        train=train,
-        heldout=heldout,
-        immunize=args.immunizer,
-        ceiling=ceiling,
-        reference=EvaluationReference(train, heldout),
-    )
-    # stable: seeds in order
-    order = sorted(range(len(jobs)), key=lambda i: -_COST.get(jobs[i][0], 1.0))
-    done = common.pool_map(_one_run, [jobs[i] for i in order], args.jobs, desc="immunizing")
-    outs = dict(zip(order, done))
+    shared = Shared(train, heldout, args.immunizer, ceiling, EvaluationReference(train, heldout))
+    jobs = batches(args.methods, args.seeds, args.immunizer, args.jobs)
+    done = common.pool_map(run_batch, jobs, args.jobs, desc="immunizing", shared=shared)
+    outs = {(m, s): o for (m, seeds), batch in zip(jobs, done) for s, o in zip(seeds, batch)}
     per_method, thetas, archive = {m: [] for m in args.methods}, {}, {}
-    for i, (method, _) in enumerate(jobs):
-        row, theta, saved = outs[i]
-        per_method[method].append(row)
-        thetas.setdefault(method, theta)  # the first seed drives Figure 1
-        archive.update(saved)
+    for method in args.methods:
+        for seed in args.seeds:
+            row, theta, saved = outs[method, seed]
+            per_method[method].append(row)
+            thetas.setdefault(method, theta)  # the first seed drives Figure 1
+            archive.update(saved)
     archive.update(task_arrays({"train": train, "heldout": heldout}))
     methods = {}
     for m, rows in per_method.items():
@@ -309,8 +343,7 @@ def run(args) -> dict:
         "norm_ratio_curves": {"seed": args.seeds[0], "steps": args.probe_steps, "curves": curves},
         **environment(),
         "wall_seconds": time.perf_counter() - t_start,
-        "_thetas": archive,
-    }
+    }, archive
 
 
 def data_name(data: dict) -> str:
@@ -528,8 +561,7 @@ def main(argv=None) -> int:
 
     def body(args):
         prepare(parser, args)
-        result = run(args)
-        archive = result.pop("_thetas")
+        result, archive = run(args)
         common.write_run(
             args.out,
             table_markdown(result),

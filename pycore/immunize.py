@@ -258,6 +258,19 @@ def _resolve(cls, method, preset, options):
     return cls(**{**{k: v for k, v in base.items() if k in names}, **options})
 
 
+def draws_random(method: str, options: Options) -> bool:
+    """Whether a run of ``method`` with ``options`` draws from its generator.  One that does not
+    gives the same θ for every seed: θ = I, the closed form, R_ill only from θ = I and the adaptive
+    Algorithm 1 (:func:`immunize_batch` computes such runs once)."""
+    if method in ("identity", "closed_form"):
+        return False
+    if method == "ours":
+        return not options.auto
+    if method == "r_ill_only":
+        return options.init != "identity"
+    return True
+
+
 @dataclass
 class ImmunizationResult:
     """θ_I, what happened on the way there, and Definition 3.1 on the task's rows
@@ -290,7 +303,42 @@ def immunize(
 ) -> ImmunizationResult:
     """Immunize ``task`` with ``method``; ``options`` (:func:`options_of`) on top of
     ``PRESETS[preset]``."""
-    return _run(task, method, resolve_options(method, preset, **options), rng)
+    return _run(task, method, resolve_options(method, preset, **options), [rng])[0]
+
+
+@bounded_blas
+def immunize_batch(
+    task: LinearTask,
+    method: str = "ours",
+    *,
+    rngs,
+    preset: str | None = None,
+    **options,
+) -> list[ImmunizationResult]:
+    """:func:`immunize` once per generator of ``rngs`` (e.g. one per seed), the runs stepped
+    together as one stack (docs/design.md §6).  Each result is the one :func:`immunize` gives
+    with that generator: bit for bit on this machine (tests/test_batch.py); its
+    ``wall_seconds`` is the stack's time shared equally.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import LinearTask
+    >>> from pycore.immunize import immunize, immunize_batch
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.standard_normal((40, 5))
+    >>> task = LinearTask(X, X[:, 0], X @ rng.standard_normal((5, 5)), X[:, 1])
+    >>> runs = immunize_batch(
+    ...     task, "imma", rngs=[np.random.default_rng(s) for s in (0, 1)], epochs=3
+    ... )
+    >>> one = immunize(task, "imma", rng=np.random.default_rng(1), epochs=3)
+    >>> bool(np.array_equal(runs[1].theta, one.theta))
+    True
+    """
+    rngs = list(rngs)
+    if not rngs:
+        raise ParameterError("rngs", "rngs must hold at least one numpy.random.Generator")
+    return _run(task, method, resolve_options(method, preset, **options), rngs)
 
 
 @bounded_blas
@@ -300,15 +348,17 @@ def immunize_certified(
     """Algorithm 1 with each regularizer step clipped to ``safety`` × its docs/theory.md §5 bound
     and κ checked after it; ``diagnostics["certified"]`` counts the checks, clips and
     violations."""
-    return _run(task, "ours", _resolve(CertifiedOptions, "ours (certified)", preset, options), rng)
+    opts = _resolve(CertifiedOptions, "ours (certified)", preset, options)
+    return _run(task, "ours", opts, [rng])[0]
 
 
-def _run(task, method, opts, rng):
+def _run(task, method, opts, rngs) -> list[ImmunizationResult]:
     if not isinstance(task, LinearTask):
         raise ParameterError(
             "task", f"task must be a pycore.LinearTask, got {type(task).__name__}"
         )
-    check_rng(rng)
+    for rng in rngs:
+        check_rng(rng)
     t0 = time.perf_counter()
     if method == "closed_form":
         ceiling = rir_ceiling(task.X_P, task.X_H)
@@ -318,12 +368,20 @@ def _run(task, method, opts, rng):
             else (float(opts.exponent), f"exponent {float(opts.exponent):.4g} as given")
         )
         theta, diag = methods.closed_form(task, a, ceiling)
-        omega, hist = None, {}
+        runs = [(theta.copy(), None, {}, dict(diag)) for _ in rngs]
+        whys = [why] * len(rngs)
     elif method == "identity":
-        theta, omega, hist, diag, why = np.eye(task.D), None, {}, {}, "θ = I, the reference"
+        runs = [(np.eye(task.D), None, {}, {}) for _ in rngs]
+        whys = ["θ = I, the reference"] * len(rngs)
     else:
-        theta, omega, hist, diag = methods.RUNNERS[method](task, method, opts, rng)
-        why = diag.get("stop", f"ran the {opts.epochs} epochs asked for")
+        runs = methods.RUNNERS[method](task, method, opts, rngs)
+        whys = [d.get("stop", f"ran the {opts.epochs} epochs asked for") for *_, d in runs]
+    seconds = (time.perf_counter() - t0) / len(rngs)
+    return [_result(task, method, opts, run, why, seconds) for run, why in zip(runs, whys)]
+
+
+def _result(task, method, opts, run, why, seconds) -> ImmunizationResult:
+    theta, omega, hist, diag = run
     try:
         hr, pr = _ratios(task, theta, diag)
         value = hr / pr
@@ -336,7 +394,7 @@ def _run(task, method, opts, rng):
         f"(i) = {hr:.4g}, (ii) = {pr:.4g}."
     )
     return ImmunizationResult(
-        method, theta, omega, opts, hr, pr, value, ok, why, hist, diag, time.perf_counter() - t0
+        method, theta, omega, opts, hr, pr, value, ok, why, hist, diag, seconds
     )
 
 
