@@ -73,12 +73,14 @@ class GramStack:
 
     def u(self, index) -> np.ndarray:
         """Unit eigenvectors of the W's (B×r) for the ``index``-th largest eigenvalue of each run
-        (bit-for-bit one dsyevr subset call on that W)."""
+        (inverse iteration at the dsterf eigenvalue, :meth:`SymmetricEigen.vector_at_value`)."""
         index = np.broadcast_to(np.asarray(index), (len(self),))
         key = tuple(int(i) for i in index)
         if key not in self._u:
             r = self.lam.shape[1]
-            self._u[key] = np.stack([e.vector(r - 1 - int(i)) for e, i in zip(self.eig, index)])
+            self._u[key] = np.stack(
+                [e.vector_at_value(r - 1 - int(i)) for e, i in zip(self.eig, index)]
+            )
         return self._u[key]
 
     def v(self, index) -> np.ndarray:

@@ -134,10 +134,15 @@ class FactorPreconditioner:
         s = factor.s
         c = {"pinv": 1.0 / s, "ridge": s / (s * s + ridge), "none": s}.get(self.mode)
         self.Vc = None if c is None else factor.V * c
+        self._scaled = (None, None)  # (weight, 2·weight·Vc) of the last scalar weight
 
     def parts(self, theta, gram, term, weight) -> tuple[np.ndarray, np.ndarray]:
         """``(L, R)`` with ``weight ×`` the direction ``= L @ R`` for every run (B×D×k, B×k×D);
         ``weight`` a number or one per run."""
+        if self.mode != "exact" and np.ndim(weight) == 0:  # a fixed λ: Vc scaled once
+            if self._scaled[0] != weight:
+                self._scaled = (weight, self.Vc * (2.0 * float(weight)))
+            return self._scaled[1] @ term.E, gram.F
         w = 2.0 * np.broadcast_to(np.asarray(weight, dtype=np.float64), (len(gram),))
         if self.mode != "exact":
             return (self.Vc * w[:, None, None]) @ term.E, gram.F
