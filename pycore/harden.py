@@ -18,6 +18,7 @@ from pycore.validation import (
     check_choice,
     check_number,
     check_rng,
+    check_work,
 )
 
 HARDENINGS = ("none", "haar", "equalize")
@@ -120,6 +121,8 @@ def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = N
     check_choice(kind, "harden", HARDENINGS)
     if kind == "none":
         return None
+    rows = 0 if Z is None else np.shape(Z)[0]
+    check_work(D, rows, *((5, 0) if kind == "haar" else (8, 1)), f"harden {kind!r}")
     if kind == "haar":
         if rng is None:
             raise ParameterError("rng", "harden 'haar' draws Q from the run's generator: pass rng")

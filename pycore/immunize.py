@@ -19,7 +19,14 @@ from pycore.precondition import PRECONDITIONERS
 from pycore.spectral import SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, check_betas, check_choice, check_number, check_rng
+from pycore.validation import (
+    ParameterError,
+    check_betas,
+    check_choice,
+    check_number,
+    check_rng,
+    check_work,
+)
 
 # Bounds of the counts (epochs=10**23 fails at once instead of running until killed): 100× the
 # paper's largest epoch count (Table 4: 1000), ~300× IMMA's 3 unrolled steps.
@@ -236,6 +243,22 @@ PRESETS = MappingProxyType(
 )
 
 
+# Working set per method (pycore.validation.check_work): (D×D arrays, N×D blocks per row of both
+# tasks) at its peak, from tracemalloc on random tasks (D = 300-400, N = 25-600) rounded up, the
+# task's K_P and K_H included; certified "ours" and the fixed-λ loop are the larger of its modes.
+WORK = MappingProxyType(
+    {
+        "identity": (2, 1),
+        "closed_form": (2, 3),
+        "ours": (21, 7),
+        "imma": (13, 1),
+        "r_ill_only": (6, 4),
+        "opt_kappa": (21, 5),
+        "opt_kappa_balanced": (21, 5),
+    }
+)
+
+
 def options_of(method: str) -> type[Options]:
     return _OPTIONS[check_choice(method, "method", METHODS)]
 
@@ -309,6 +332,7 @@ def _run(task, method, opts, rng):
             "task", f"task must be a pycore.LinearTask, got {type(task).__name__}"
         )
     check_rng(rng)
+    check_method_work(task, method)
     t0 = time.perf_counter()
     if method == "closed_form":
         ceiling = rir_ceiling(task.X_P, task.X_H)
@@ -338,6 +362,14 @@ def _run(task, method, opts, rng):
     return ImmunizationResult(
         method, theta, omega, opts, hr, pr, value, ok, why, hist, diag, time.perf_counter() - t0
     )
+
+
+def check_method_work(task: LinearTask, method: str) -> int:
+    """The bytes ``method`` sets out to hold on ``task`` (:data:`WORK`), or the ``ValueError`` of
+    :func:`pycore.validation.check_work` naming D and the bytes (checked before workers start)."""
+    squares, blocks = WORK[check_choice(method, "method", METHODS)]
+    rows = task.X_P.shape[0] + task.X_H.shape[0]
+    return check_work(task.D, rows, squares, blocks, f"immunize({method!r})")
 
 
 def _ratios(task, theta, diag) -> tuple[float, float]:

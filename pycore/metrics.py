@@ -16,6 +16,7 @@ from pycore.validation import (
     check_dense_size,
     check_number,
     check_theta,
+    check_work,
 )
 
 
@@ -146,6 +147,7 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     below any real leak (House Prices: ~1e-2).  C is formed from ``W = X_H U_r Λ_r^{-½}``."""
     check_number(null_rtol, "null_rtol", low=0.0, high=1.0, high_open=True)
     X_P, X_H = _check_pair(X_P, X_H)
+    check_work(X_P.shape[1], X_P.shape[0] + X_H.shape[0], 2, 3, "rir_ceiling")
     sP = gram_spectrum(X_P, vectors=False, name="X_P")
     s, Vt = right_singular_vectors(X_P, "X_P")  # K_P's eigenvectors; the last D − r span null(K_P)
     sH = gram_spectrum(X_H, vectors=False, name="X_H")

@@ -24,6 +24,7 @@ from pycore.validation import (
     check_choice,
     check_number,
     check_rng,
+    check_work,
 )
 
 __all__ = [
@@ -520,6 +521,7 @@ def attack_evaluation(
     if idx.ndim != 1 or idx.size == 0:
         raise ParameterError("rows", "rows must select at least one row of D_H")
     X, Y = X[idx], Y[idx]
+    check_work(X.shape[1], X.shape[0], 12, 4, "attack_evaluation")
     eps = check_number(eps, "eps", low=0.0, high=1.0, low_open=True, high_open=True)
     grid = attacker_grid("lsq" if task.loss == "mse" else "logistic", quick=quick)
     pairs = ((theta, rng), (np.eye(X.shape[1]), copy.deepcopy(rng)))
