@@ -235,7 +235,14 @@ def run(args) -> dict:
             **environment(),
             "wall_seconds": time.perf_counter() - t_start,
         }
-    data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
+    data = load_house_price(
+        args.data,
+        n_train=args.n_train,
+        on_outlier=args.on_outlier,
+        on_missing=args.on_missing,
+    )
+    if data.changes_line():
+        print(data.changes_line(), flush=True)
     if data.heldout is None:
         raise common.UsageError("leaves no held-out rows (lower it)", "--n-train")
     train, held, strict = data.train, data.heldout, None
@@ -247,6 +254,7 @@ def run(args) -> dict:
         "experiment": "attacks",
         "dataset": "house_prices",
         "source": data.source,
+        "data_changes": data.changes(),
         "protocol": args.protocol,
         "strict_protocol": None if strict is None else strict.as_dict(),
         "seeds": args.seeds,

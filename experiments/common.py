@@ -232,6 +232,13 @@ def add_house_price_data(
         help="a cell > 1e6 × its column's median magnitude: warn or refuse the file",
     )
     parser.add_argument(
+        "--on-missing",
+        choices=("fill", "error"),
+        default="fill",
+        help="an empty input cell: set it to 0 (counted in one line and in results.json) or "
+        "refuse the file",
+    )
+    parser.add_argument(
         "--n-train", type=count(2, 1_000_000), default=200, help="training rows per split"
     )
 

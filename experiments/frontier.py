@@ -185,7 +185,14 @@ def run(args) -> dict:
     from pycore.protocol import strict_protocol
 
     t_start = time.perf_counter()
-    data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
+    data = load_house_price(
+        args.data,
+        n_train=args.n_train,
+        on_outlier=args.on_outlier,
+        on_missing=args.on_missing,
+    )
+    if data.changes_line():
+        print(data.changes_line(), flush=True)
     if data.heldout is None:
         raise ValueError(
             f"House Prices: --n-train {args.n_train} leaves no held-out rows (lower it)"
@@ -250,6 +257,7 @@ def run(args) -> dict:
         "experiment": "frontier",
         "dataset": "house_prices",
         "source": data.source,
+        "data_changes": data.changes(),
         "protocols": args.protocols,
         "seeds": args.seeds,
         "confirm_seeds": args.confirm_seeds,

@@ -22,7 +22,7 @@ from experiments import common
 from pycore.data.house_price import load_house_price
 from pycore.data.table import load_table
 from pycore.evaluate import EvaluationReference, def31_summary, evaluate_linear, norm_ratio_curves
-from pycore.immunize import METHODS, auto_exponent
+from pycore.immunize import METHODS, auto_exponent, check_method_work
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.probe import MAX_PROBE_STEPS
 from pycore.protocol import strict_protocol
@@ -115,6 +115,13 @@ def build_parser() -> common.Parser:
     own.add_argument("--target-p", help="D_P's target column")
     own.add_argument("--target-h", help="D_H's target column (default: --target-p)")
     own.add_argument(
+        "--loss",
+        choices=("mse", "bce"),
+        default="mse",
+        help="D_P's loss: the squared loss on the z-scored target, or the logistic loss on its "
+        "0/1 labels (D_H is probed with the squared loss either way)",
+    )
+    own.add_argument(
         "--inputs",
         type=common.comma_list(),
         help="input columns (default: every other numeric column)",
@@ -151,6 +158,7 @@ def prepare(parser, args) -> None:
                 ("--inputs", args.inputs),
                 ("--split", args.split),
                 ("--harmful-data", args.harmful_path),
+                ("--loss", args.loss != "mse"),
             )
             if v
         ]
@@ -219,7 +227,9 @@ def _one_run(job):
 def run(args) -> dict:
     t_start = time.perf_counter()
     if args.target_p is None:  # the paper's data (the Kaggle column set, checked by the loader)
-        data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
+        data = load_house_price(
+            args.data, n_train=args.n_train, on_outlier=args.on_outlier, on_missing=args.on_missing
+        )
     else:
         data = load_table(
             args.data,
@@ -230,10 +240,22 @@ def run(args) -> dict:
             harmful_path=args.harmful_path,
             n_train=args.n_train,
             on_outlier=args.on_outlier,
+            on_missing=args.on_missing,
+            loss=args.loss,
         )
+        if args.loss == "mse" and data.binary_target_p:
+            print(
+                f"D_P's target {args.target_p!r} holds only 0 and 1: running the squared loss on "
+                "its z-scores (--loss bce runs the logistic loss on the labels)",
+                flush=True,
+            )
+    if data.changes_line():
+        print(data.changes_line(), flush=True)
     train, heldout, strict = data.train, data.heldout, None
     if args.protocol == "strict":
         train, heldout, strict = strict_protocol(train, heldout, data.feature_names)
+    for method in args.methods:  # in this process, before any worker starts
+        check_method_work(train, method)
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
     settings = args.immunizer.as_dict()
@@ -295,6 +317,8 @@ def run(args) -> dict:
             "rows_H": data.n_rows_H,
             "D": train.D,
             "D_input": data.train.D,
+            "loss": train.loss,
+            "changes": data.changes(),
             "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
             "heldout_rows_H": None if heldout is None else heldout.X_H.shape[0],
         },
@@ -343,6 +367,7 @@ def table_markdown(result: dict) -> str:
                 else f"D_H = the rows of {data['files'][-1]}"
             )
             + f", {data['D_input']} input columns"
+            + (f", D_P's loss {data['loss']}" if data.get("loss", "mse") != "mse" else "")
         )
     )
     lines = [

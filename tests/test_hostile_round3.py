@@ -1,0 +1,241 @@
+"""The third hostile sweep (issue 34): every defect and misleading answer it found, one case each.
+
+Each test checks behaviour (which argument, file or flag an error names, which value a result
+has, what results.json records), never wording; none allocates more than a few MB: a refusal is
+shown to come before the allocation by tracemalloc's peak or by the time it takes.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from pycore import LinearTask, evaluate_linear, immunize, validation
+from pycore.harden import harden_result
+from pycore.metrics import rir_ceiling
+from pycore.worst_case import attack_evaluation
+
+
+def _peak(fn, exc=ValueError):
+    """``(the exception fn raised, tracemalloc's peak in bytes while it ran)``."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(exc) as info:
+            fn()
+        return info.value, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _task(D, N=6, seed=0, **kw):
+    rng = np.random.default_rng(seed)
+    return LinearTask(
+        rng.normal(size=(N, D)),
+        rng.normal(size=N),
+        rng.normal(size=(N, D)),
+        rng.normal(size=N),
+        **kw,
+    )
+
+
+# ---- defect H: the library budgets the D×D work of each method and evaluation ----------------
+
+
+def test_a_wide_task_is_refused_before_its_dxd_arrays_exist():
+    """A 480 KB task of 2 × 30,000 inputs: np.eye alone would take 6.7 GiB."""
+    X = np.random.default_rng(0).normal(size=(2, 30_000))
+    task = LinearTask(X, [1.0, 2.0], 2 * X, [1.0, 3.0])
+    for method in ("ours", "identity", "closed_form", "imma"):
+        err, peak = _peak(lambda: immunize(task, method, rng=np.random.default_rng(0)))
+        assert "30000" in str(err) and peak < 8 << 20, (method, peak)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        lambda t, eye: rir_ceiling(t.X_P, t.X_H),
+        lambda t, eye: evaluate_linear(eye, t),
+        lambda t, eye: attack_evaluation(eye, t, rng=np.random.default_rng(0)),
+        lambda t, eye: immunize(t, "opt_kappa", rng=np.random.default_rng(0)),
+    ],
+    ids=["rir_ceiling", "evaluate_linear", "attack_evaluation", "opt_kappa"],
+)
+def test_every_entry_point_checks_its_work_budget(monkeypatch, entry):
+    task, eye = _task(300), np.eye(300)
+    monkeypatch.setattr(validation, "MAX_WORK_BYTES", 8 * 300 * 300)  # one D×D array
+    err, peak = _peak(lambda: entry(task, eye))
+    # θ's own float64 copy is the one D×D array that may exist before the check
+    assert "300" in str(err) and "MAX_WORK_BYTES" in str(err) and peak < 1.5 * 8 * 300 * 300
+
+
+def test_hardening_checks_its_work_budget(monkeypatch):
+    task = _task(300)
+    res = immunize(task, "identity", rng=np.random.default_rng(0))
+    monkeypatch.setattr(validation, "MAX_WORK_BYTES", 8 * 300 * 300)
+    for kind in ("haar", "equalize"):
+        err, peak = _peak(lambda: harden_result(res, task, kind, rng=np.random.default_rng(0)))
+        assert "300" in str(err) and peak < 8 * 300 * 300, kind
+
+
+def test_within_the_budget_nothing_changes():
+    task = _task(20, N=30)
+    res = immunize(task, "closed_form", rng=np.random.default_rng(0))
+    assert np.isfinite(res.rir) and res.theta.shape == (20, 20)
+
+
+# ---- one's own CSV: what is changed is counted, a split names its flag and its values ---------
+
+
+def _own_csv(path, n=60, seed=1, *, empty=(3, 10, 11), pid=("1.0", "2.0")):
+    """x, y (cells ``empty`` blank), text c, group g, PID stored as floats, target t, 0/1 b."""
+    rng = np.random.default_rng(seed)
+    lines = ["x,y,c,g,PID,t,b"]
+    for i in range(n):
+        cells = [
+            f"{rng.normal():.6f}",
+            "" if i in empty else f"{rng.normal():.6f}",
+            "uvw"[i % 3],
+            "ab"[i % 2],
+            pid[i % 2],
+            f"{rng.normal():.6f}",
+            str(int(rng.random() > 0.5)),
+        ]
+        lines.append(",".join(cells))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _run_hp(capsys, argv):
+    from experiments import house_price
+    from tests.cli_helpers import call
+
+    return call(capsys, house_price, [*argv, "--seeds", "1", "--no-plot", "--jobs", "1"])
+
+
+def test_changes_to_ones_data_are_counted_printed_and_recorded(capsys, tmp_path):
+    from pycore.report import read_json
+
+    csv_path, out = _own_csv(tmp_path / "own.csv"), tmp_path / "out"
+    base = ["--data", str(csv_path), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
+    rc, err, _ = _run_hp(capsys, [*base, "--methods", "identity", "--out", str(out)])
+    assert rc == 0, err
+    data = read_json(out / "results.json")["data"]
+    assert data["changes"]["missing_cells_filled_with_0"] == {"y": 3}
+    assert data["changes"]["dropped_non_numeric_columns"] == ["c"]  # g is the split column
+    assert data["changes"]["label_encoded_text_columns"] == []
+    # named, the text column is encoded and listed
+    argv = [*base, "--inputs", "x,y,c", "--methods", "identity", "--out", str(out)]
+    rc, err, _ = _run_hp(capsys, argv)
+    assert rc == 0 and read_json(out / "results.json")["data"]["changes"][
+        "label_encoded_text_columns"
+    ] == ["c"]
+    # the printed line (stdout, captured by `call`'s capsys before it reads stderr)
+    rc, err, _ = _run_hp(capsys, [*base, "--methods", "identity", "--out", str(out)])
+    # refused on demand: the file, column and line
+    rc, err, _ = _run_hp(capsys, [*base, "--on-missing", "error", "--out", str(out)])
+    from tests.cli_helpers import one_line
+
+    assert rc == 1 and "'y'" in one_line(err, str(csv_path), "line 5")
+
+
+def test_the_changes_line_is_printed(capsys, tmp_path):
+    from experiments import house_price
+
+    csv_path = _own_csv(tmp_path / "own.csv")
+    argv = ["--data", str(csv_path), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
+    argv += ["--methods", "identity", "--seeds", "1", "--no-plot", "--out", str(tmp_path / "o")]
+    assert house_price.main(argv) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if str(csv_path) in line]
+    assert any("'y'" in line and "3" in line and "'c'" in line for line in printed), printed
+
+
+def test_a_small_split_names_the_flag_and_a_float_split_value_matches(capsys, tmp_path):
+    from tests.cli_helpers import one_line
+
+    csv_path, out = _own_csv(tmp_path / "own.csv"), str(tmp_path / "out")
+    base = ["--data", str(csv_path), "--target-p", "t", "--methods", "identity", "--out", out]
+    rc, err, _ = _run_hp(capsys, [*base, "--split", "PID=1"])  # 30 rows per split < 200
+    assert rc == 2 and one_line(err, "--n-train")
+    rc, err, _ = _run_hp(capsys, [*base, "--split", "PID=1", "--n-train", "10"])
+    assert rc == 0, err  # "1" finds the cells stored as "1.0"
+    rc, err, _ = _run_hp(capsys, [*base, "--split", "PID=3", "--n-train", "10"])
+    assert rc == 2 and one_line(err, "--split", "'1.0'", "'2.0'")  # the values it saw
+
+
+def test_a_zero_one_target_runs_bce_when_asked_and_says_which_loss_runs(capsys, tmp_path):
+    from pycore.data.table import load_table
+    from pycore.report import read_json
+
+    csv_path, out = _own_csv(tmp_path / "own.csv"), tmp_path / "out"
+    d = load_table(csv_path, target_p="b", target_h="t", split="g=b", n_train=10, loss="bce")
+    assert d.train.loss == "bce" and set(np.unique(d.train.Y_P)) == {0.0, 1.0}
+    assert d.binary_target_p and not np.isin(d.train.Y_H, (0.0, 1.0)).all()
+    with pytest.raises(validation.ParameterError) as e:  # a continuous target is not a label
+        load_table(csv_path, target_p="t", split="g=b", n_train=10, loss="bce")
+    assert e.value.parameter == "loss"
+    base = ["--data", str(csv_path), "--target-p", "b", "--target-h", "t", "--split", "g=b"]
+    base += ["--n-train", "10", "--methods", "identity", "--out", str(out)]
+    from experiments import house_price
+
+    assert house_price.main([*base, "--seeds", "1", "--no-plot"]) == 0
+    said = capsys.readouterr().out
+    assert "--loss" in said and read_json(out / "results.json")["data"]["loss"] == "mse"
+    assert house_price.main([*base, "--seeds", "1", "--no-plot", "--loss", "bce"]) == 0
+    assert read_json(out / "results.json")["data"]["loss"] == "bce"
+
+
+def test_a_quoted_line_break_in_a_header_is_a_column_name(tmp_path):
+    from pycore.data.table import load_table
+
+    lines = _own_csv(tmp_path / "a.csv").read_text().splitlines()
+    p = tmp_path / "q.csv"
+    p.write_text('x,"y\nsecond line",c,g,PID,t,b\n' + "\n".join(lines[1:]) + "\n")
+    d = load_table(p, target_p="t", split="g=b", n_train=10)
+    assert d.feature_names == ["x", "y\nsecond line", "PID", "b"]
+
+
+def test_cells_near_1e_310_are_z_scored_not_called_nan(tmp_path):
+    """Their squares underflow: the std was 0 and the task "contained NaN or inf"."""
+    from pycore.data.table import load_table
+
+    rng = np.random.default_rng(0)
+    x = [float(v) * 1e-310 for v in rng.normal(size=40)]
+    p = tmp_path / "tiny.csv"
+    p.write_text(
+        "x,z,g,t\n"
+        + "".join(
+            f"{v!r},{rng.normal():.6f},{'ab'[i % 2]},{rng.normal():.6f}\n" for i, v in enumerate(x)
+        )
+    )
+    d = load_table(p, target_p="t", split="g=b", n_train=10)
+    got = np.r_[d.train.X_P[:, 0], d.heldout.X_P[:, 0]]
+    a = np.array(x[::2]) * 1e300 * 1e10  # D_P: the rows with g = a
+    assert np.allclose(got, (a - a.mean()) / a.std(), atol=1e-9)
+
+
+def test_a_table_whose_methods_exceed_the_budget_is_refused_before_any_run(
+    capsys, tmp_path, monkeypatch
+):
+    from experiments import house_price
+    from tests.cli_helpers import one_line
+
+    def boom(*a, **k):
+        raise AssertionError("COMPUTED")
+
+    monkeypatch.setattr(house_price, "_one_run", boom)
+    monkeypatch.setattr(validation, "MAX_WORK_BYTES", 1 << 20)
+    rng = np.random.default_rng(0)
+    p = tmp_path / "wide.csv"
+    p.write_text(
+        ",".join(f"c{j}" for j in range(200))
+        + ",g,t\n"
+        + "".join(
+            ",".join(f"{v:.3f}" for v in rng.normal(size=200)) + f",{'ab'[i % 2]},{i}\n"
+            for i in range(40)
+        )
+    )
+    argv = ["--data", str(p), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
+    rc, err, _ = _run_hp(capsys, [*argv, "--methods", "ours", "--out", str(tmp_path / "o")])
+    assert rc == 1 and one_line(err, "200", "MAX_WORK_BYTES")
