@@ -342,19 +342,26 @@ def _options(cls, preset, given):
     )
 
 
-def add_immunize_options(parser, preset: str | None) -> None:
-    """A flag per option of every linear method (``--help`` shows ``preset``'s values),
-    ``--certified`` and ``--harden``."""
+def add_immunize_options(parser, preset: str | None, *, own_table: bool = False) -> None:
+    """A flag per option of every linear method (``--help`` shows ``preset``'s values, and with
+    ``own_table`` the values a table of one's own runs), ``--certified`` and ``--harden``."""
     from pycore.harden import HARDENINGS
     from pycore.immunize import METHODS, OPTION_CHOICES, OPTION_RULES, PRESETS
 
+    classes = dict.fromkeys(_options_class(m, True) for m in METHODS)
     add_options(
         parser,
-        dict.fromkeys(_options_class(m, True) for m in METHODS),
+        classes,
         title="immunization options (pycore.immunize; given ones beat the preset)",
         rules=OPTION_RULES,
         choices=OPTION_CHOICES,
-        shown=PRESETS[preset] if preset else {},
+        shown=(
+            _shown_defaults(preset, {m: _options_class(m, False) for m in METHODS})
+            if own_table
+            else PRESETS[preset]
+            if preset
+            else {}
+        ),
     )
     parser.add_argument("--certified", action="store_true", help="ours in certified-monotone mode")
     parser.add_argument(
@@ -363,6 +370,35 @@ def add_immunize_options(parser, preset: str | None) -> None:
         default="none",
         help="θ → θQ after the method (pycore.harden.harden_result, docs/findings.md §5)",
     )
+
+
+def _shown_defaults(preset: str, classes: dict) -> dict:
+    """``--help``'s default of each option: the preset's value, and where a table of one's own
+    runs another (the library's defaults, e.g. "auto" λ's), that one too, per method."""
+    from pycore.immunize import PRESETS
+
+    def text(v):
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    own: dict = {}  # option → {method: its value with the library's defaults}
+    for m, cls in classes.items():
+        defaults = cls()  # resolved: ours' epochs None → 5000 with "auto" λ's
+        for f in dataclasses.fields(cls):
+            own.setdefault(f.name, {})[m] = text(getattr(defaults, f.name))
+    shown = dict(PRESETS[preset])
+    for name, per_method in own.items():
+        values = list(per_method.values())
+        common = max(values, key=values.count)
+        odd = [f"{m} {v}" for m, v in per_method.items() if v != common]
+        mine = common + (f" ({', '.join(odd)})" if odd else "")
+        if name not in shown:
+            shown[name] = mine
+        elif odd or common != text(shown[name]):
+            shown[name] = (
+                f"{text(shown[name])} on the paper's data (preset {preset}), {mine} on a table "
+                "of one's own"
+            )
+    return shown
 
 
 @dataclasses.dataclass(frozen=True)

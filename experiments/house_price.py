@@ -143,7 +143,7 @@ def build_parser() -> common.Parser:
         help="exact-line-search probing steps of Figure 1",
     )
     p.add_argument("--no-plot", action="store_true", help="skip norm_ratio.png")
-    common.add_immunize_options(p, "house_price")
+    common.add_immunize_options(p, "house_price", own_table=True)
     return p
 
 

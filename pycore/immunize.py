@@ -127,10 +127,14 @@ class OursOptions(_AdamOptions):
         super().__post_init__()
         auto = [name for name in ("lambda_p", "lambda_h") if getattr(self, name) == "auto"]
         if len(auto) == 1:
+            # named: the λ that was set to a number (both default to "auto", so it is the one a
+            # caller gave), not the one left at its default
+            given = "lambda_h" if auto[0] == "lambda_p" else "lambda_p"
             raise ParameterError(
-                auto[0],
-                f"{auto[0]} = 'auto' needs the other λ 'auto' too: the adaptive "
-                "default sets both (give both numbers for the fixed-λ loop)",
+                given,
+                f"{given} = {getattr(self, given)!r} picks the fixed-λ loop, which needs "
+                f"{auto[0]} as a number too (it is 'auto', the adaptive default's setting of "
+                "both λ's)",
             )
         if auto and (self.optimizer != "adam" or self.init != "identity"):
             bad = "optimizer" if self.optimizer != "adam" else "init"

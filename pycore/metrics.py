@@ -193,7 +193,9 @@ class ExponentWindow:
     """Closed-form exponents a ≥ 0 (s² = λ_C^a) that satisfy Definition 3.1 (docs/theory.md §10):
     (i) > 1 ⇔ a > ln κ(K_H)/ln κ(C) − 1 (``low``, clamped at 0), (ii) < 1 ⇔ a < ``high`` =
     ln κ(K_P)/ln κ(C); ``balanced`` is the middle of the unclamped window, where (i) = 1/(ii) =
-    √ceiling; ``empty`` when no a ≥ 0 satisfies both."""
+    √ceiling; ``empty`` when no a ≥ 0 satisfies both, or when the window exists only by
+    round-off: its width is ln(ceiling)/ln κ(C), and a ceiling within
+    :func:`ceiling_round_off` of 1 (both tasks of the same rows: κ(C) = 1 + 3e-15) opens none."""
 
     low: float
     high: float
@@ -202,6 +204,14 @@ class ExponentWindow:
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+def ceiling_round_off(ceiling: Ceiling) -> float:
+    """The log-ceiling ln(κ(C)κ(K_P)/κ(K_H)) that round-off alone can produce: each κ = κ(Z)² from
+    an SVD errs by ≲ 2p·eps·√κ relative (p = 4, as :func:`pycore.methods.rir_change_tolerance`),
+    so ``max(1e-9, 8·eps·Σ√κ)`` over the three."""
+    kappas = (ceiling.kappa_C, ceiling.kappa_K_P, ceiling.kappa_K_H)
+    return max(1e-9, 8.0 * float(np.finfo(np.float64).eps) * sum(np.sqrt(k) for k in kappas))
 
 
 def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
@@ -213,11 +223,12 @@ def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
         )
     raw_low = np.log(ceiling.kappa_K_H) / lc - 1.0
     high = np.log(ceiling.kappa_K_P) / lc
+    log_ceiling = lc + np.log(ceiling.kappa_K_P) - np.log(ceiling.kappa_K_H)
     return ExponentWindow(
         float(max(raw_low, 0.0)),
         float(high),
         float(0.5 * (raw_low + high)),
-        bool(max(raw_low, 0.0) >= high),
+        bool(max(raw_low, 0.0) >= high or log_ceiling <= ceiling_round_off(ceiling)),
     )
 
 

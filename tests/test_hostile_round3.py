@@ -239,3 +239,54 @@ def test_a_table_whose_methods_exceed_the_budget_is_refused_before_any_run(
     argv = ["--data", str(p), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
     rc, err, _ = _run_hp(capsys, [*argv, "--methods", "ours", "--out", str(tmp_path / "o")])
     assert rc == 1 and one_line(err, "200", "MAX_WORK_BYTES")
+
+
+# ---- items 1, 2, 9: windows, advice and λ flags that are true -------------------------------
+
+
+def _near_twins(noise, seed=0):
+    """D_H = D_P's rows plus ``noise``: the RIR ceiling is 1 + O(noise)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(60, 6))
+    X_H = X + noise * rng.normal(size=X.shape)
+    return LinearTask(X, rng.normal(size=60), X_H, rng.normal(size=60))
+
+
+def test_a_window_whose_width_is_round_off_is_empty():
+    """Both tasks of the same rows: κ(C) = 1 + 4e-15 opened a window [2.6e14, 2.6e14 + 1)."""
+    from pycore.metrics import def31_exponent_window
+
+    same = rir_ceiling(*(lambda t: (t.X_P, t.X_H))(_near_twins(0.0)))
+    assert same.kappa_C > 1 and def31_exponent_window(same).empty
+    narrow = _near_twins(0.005)
+    assert not def31_exponent_window(rir_ceiling(narrow.X_P, narrow.X_H)).empty
+
+
+def test_algorithm_1_on_a_narrow_window_points_to_what_meets_it():
+    """Ceiling 1.007: Adam ends at (i) = (ii) = 1; the advice is the closed form, which meets
+    Definition 3.1 on the same task."""
+    task = _near_twins(0.005)
+    res = immunize(task, "ours", rng=np.random.default_rng(0))
+    assert not res.immunized and res.diagnostics["advice"] == "closed_form"
+    assert immunize(task, res.diagnostics["advice"], rng=np.random.default_rng(0)).immunized
+
+
+def test_one_lambda_given_names_that_lambda(capsys, tmp_path):
+    from tests.cli_helpers import one_line
+
+    csv_path = _own_csv(tmp_path / "own.csv")
+    argv = ["--data", str(csv_path), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
+    argv += ["--methods", "ours", "--out", str(tmp_path / "o")]
+    for flag, value in (("--lambda-p", "100"), ("--lambda-h", "1e7")):
+        rc, err, _ = _run_hp(capsys, [*argv, flag, value])
+        assert rc == 2 and flag in one_line(err), err
+
+
+def test_help_shows_the_defaults_of_ones_own_table(capsys):
+    from experiments import house_price
+
+    assert house_price.main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--lambda-p", "--lambda-h", "--exponent"):
+        entry = text.split(f" {flag} ", 1)[1].split(" --", 1)[0]
+        assert "auto" in entry, (flag, entry)
