@@ -479,13 +479,14 @@ class FamilyResult:
 @dataclass(frozen=True)
 class AttackEvaluation:
     """Per family (``families``) and the worst case (``worst``: the fastest of any family on θ
-    vs on I)."""
+    vs on I); ``loss``: the loss D_H was probed with."""
 
     eps: float
     cap: int
     n_rows: int
     families: dict = field(hash=False)
     worst: FamilyResult
+    loss: str = "mse"
 
 
 @bounded_blas
@@ -501,7 +502,9 @@ def attack_evaluation(
     ridge_rel: float = 1e-4,
 ):
     """Every family of :func:`attacker_grid` probing D_H of ``task`` through θ and through θ = I to
-    relative suboptimality ``eps`` (least squares for "mse", ridge-logistic for "bce").  ``rows``:
+    relative suboptimality ``eps``: least squares, as :class:`~pycore.tasks.LinearTask` probes
+    D_H, or ridge-logistic when a "bce" task's D_H targets are one column of 0/1 labels (MNIST's
+    ink labels: its attacker fits labels with their own loss).  ``rows``:
     the rows of D_H the attacker holds (default all); ``rng`` draws each "half" whitening's rows,
     the
     same for θ and I; ``quick``: the small grid."""
@@ -523,11 +526,13 @@ def attack_evaluation(
     X, Y = X[idx], Y[idx]
     check_work(X.shape[1], X.shape[0], 12, 4, "attack_evaluation")
     eps = check_number(eps, "eps", low=0.0, high=1.0, low_open=True, high_open=True)
-    grid = attacker_grid("lsq" if task.loss == "mse" else "logistic", quick=quick)
+    labels = task.loss == "bce" and task.Y_H.shape[1] == 1 and np.isin(task.Y_H, (0, 1)).all()
+    loss = "bce" if labels else "mse"  # a continuous D_H target: the squared loss
+    grid = attacker_grid("logistic" if labels else "lsq", quick=quick)
     pairs = ((theta, rng), (np.eye(X.shape[1]), copy.deepcopy(rng)))
     run, ref = (
         run_grid(
-            A.make_problem(X @ t, Y, task.loss, ridge_rel=ridge_rel),
+            A.make_problem(X @ t, Y, loss, ridge_rel=ridge_rel),
             grid,
             eps=(eps,),
             max_steps=max_steps,
@@ -544,4 +549,4 @@ def attack_evaluation(
         )
 
     families = {f: best([f], f) for f in dict.fromkeys(c.family for c in grid)}
-    return AttackEvaluation(eps, max_steps, X.shape[0], families, best(None))
+    return AttackEvaluation(eps, max_steps, X.shape[0], families, best(None), loss)

@@ -290,3 +290,26 @@ def test_help_shows_the_defaults_of_ones_own_table(capsys):
     for flag in ("--lambda-p", "--lambda-h", "--exponent"):
         entry = text.split(f" {flag} ", 1)[1].split(" --", 1)[0]
         assert "auto" in entry, (flag, entry)
+
+
+def test_attack_evaluation_probes_a_continuous_d_h_target_of_a_bce_task_with_squares():
+    """LinearTask probes D_H with the squared loss: a BCE task (0/1 D_P labels) with a
+    continuous D_H target attacks exactly as its squared-loss twin."""
+    rng = np.random.default_rng(0)
+    X_P, X_H = rng.normal(size=(40, 5)), rng.normal(size=(30, 5))
+    y_P, y_H = (rng.random(40) > 0.5).astype(float), rng.normal(size=30)
+    theta = np.eye(5) + 0.3 * rng.normal(size=(5, 5))
+    kw = dict(quick=True, max_steps=200)
+    bce = attack_evaluation(
+        theta, LinearTask(X_P, y_P, X_H, y_H, loss="bce"), rng=np.random.default_rng(1), **kw
+    )
+    mse = attack_evaluation(
+        theta, LinearTask(X_P, y_P, X_H, y_H), rng=np.random.default_rng(1), **kw
+    )
+    assert bce.loss == mse.loss == "mse"
+    assert (bce.worst.steps, bce.worst.reference_steps) == (
+        mse.worst.steps,
+        mse.worst.reference_steps,
+    )
+    labels = LinearTask(X_P, y_P, X_H, (y_H > 0).astype(float), loss="bce")
+    assert attack_evaluation(theta, labels, rng=np.random.default_rng(1), **kw).loss == "bce"
