@@ -28,6 +28,23 @@ HARDENINGS = ("none", "haar", "equalize")
 ORTHOGONALITY_RTOL = 1e-10
 
 
+def invariant_change(hardened: float, plain: float, floor: float = 0.0) -> float:
+    """``|hardened − plain| / max(|plain|, floor)``: the relative change of a number hardening
+    keeps (κ ratios, RIR, best D_P loss).  ``floor`` is the size below which the number is
+    round-off: a best loss of an exact fit (N ≤ D) is ~1e-31 with θ and ~9e-31 with θQ, and
+    without a floor their "change" reads 900 %."""
+    return abs(hardened - plain) / max(abs(plain), floor) if hardened != plain else 0.0
+
+
+def loss_floor(loss: str, Y) -> float:
+    """:func:`invariant_change`'s floor for a best loss on targets ``Y``: √eps × the loss of the
+    zero head (a best loss below it is an exact fit's round-off)."""
+    from pycore.losses import residual
+
+    Y = np.asarray(Y, dtype=np.float64)
+    return float(np.sqrt(np.finfo(np.float64).eps) * residual(loss, np.zeros_like(Y), Y)[0])
+
+
 def orthogonality_defect(Q) -> float:
     """``‖QᵀQ − I‖_max``: 0 for an orthogonal matrix (round-off ~D·eps)."""
     Q = np.asarray(Q, dtype=np.float64)

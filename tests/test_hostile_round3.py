@@ -313,3 +313,32 @@ def test_attack_evaluation_probes_a_continuous_d_h_target_of_a_bce_task_with_squ
     )
     labels = LinearTask(X_P, y_P, X_H, (y_H > 0).astype(float), loss="bce")
     assert attack_evaluation(theta, labels, rng=np.random.default_rng(1), **kw).loss == "bce"
+
+
+def test_hardening_is_not_said_to_change_a_loss_that_is_round_off(capsys, tmp_path):
+    """10 training rows, 12 inputs: D_P is fit exactly, its best loss ~1e-31 with θ and ~1e-30
+    with θQ, once reported as a 358 % change."""
+    from pycore.report import read_json
+
+    rng = np.random.default_rng(2)
+    p = tmp_path / "fit.csv"
+    p.write_text(
+        ",".join(f"x{j}" for j in range(12))
+        + ",g,t\n"
+        + "".join(
+            ",".join(f"{v:.5f}" for v in rng.normal(size=12))
+            + f",{'ab'[i % 2]},{rng.normal():.5f}\n"
+            for i in range(60)
+        )
+    )
+    argv = ["--data", str(p), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
+    argv += ["--methods", "identity,closed_form", "--harden", "haar", "--out", str(tmp_path / "o")]
+    rc, err, _ = _run_hp(capsys, argv)
+    assert rc == 0, err
+    runs = [
+        r
+        for e in read_json(tmp_path / "o" / "results.json")["methods"].values()
+        for r in e["runs"]
+    ]
+    assert max(r["dp_loss_after"] for r in runs) < 1e-20  # the exact fit this case is about
+    assert max(r["hardening"]["max_rel_diff_vs_unhardened"] for r in runs) < 1e-8
