@@ -549,8 +549,8 @@ def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
 
 
 def check_out(out, names=()) -> Path:
-    """Before any compute: ``out`` is (or can be made) a writable folder with no folder in
-    ``names``."""
+    """Before any compute: ``out`` is (or can be made) a writable folder with no folder and no
+    symbolic link (dangling or not) in ``names``."""
     out = Path(out).expanduser()
     # out, or where it will be made
     first = next(p for p in (out, *out.parents) if os.path.lexists(p))
@@ -558,10 +558,22 @@ def check_out(out, names=()) -> Path:
         raise UsageError(
             f"{first} is {'not a folder' if not first.is_dir() else 'not writable'}", "--out"
         )
-    held = [n for n in names if (out / n).is_dir()]
-    if held:
-        raise UsageError(f"{out / held[0]} is a folder, where this run writes a file", "--out")
+    blocked = _blocked(out, names)
+    if blocked:
+        raise UsageError(blocked, "--out")
     return out
+
+
+def _blocked(out: Path, names) -> str | None:
+    """Why an output name cannot be replaced, or None: a folder, or a symbolic link (replacing
+    it would drop the link the user made; following it would write over its target)."""
+    for n in names:
+        p = out / n
+        if p.is_symlink():
+            return f"{p} is a symbolic link (to {os.readlink(p)}), where this run writes a file"
+        if p.is_dir():
+            return f"{p} is a folder, where this run writes a file"
+    return None
 
 
 def write_run(out, table: str, result: dict, files: dict) -> None:
@@ -580,25 +592,44 @@ def write_run(out, table: str, result: dict, files: dict) -> None:
 def write_outputs(out, files) -> list[Path]:
     """Write ``files`` (name → str, bytes, or a function writing the file at the path it is given)
     into ``out`` in order, each under a temporary name then ``os.replace``d over ``out/name``: a
-    reader never sees half a file, and nothing is deleted but this call's own failed temporary."""
+    reader never sees half a file, and nothing is deleted but this call's own failed temporary.
+    A folder or symbolic link at any name is refused before the first file is written; an error
+    names the output, never the temporary file."""
     out = Path(out)
+    blocked = _blocked(out, files)
+    if blocked:
+        raise RunError(f"{blocked}; nothing was written")
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, content in files.items():
         final = out / name
         tmp = final.with_name(f".{final.stem}.{os.getpid()}-{secrets.token_hex(4)}{final.suffix}")
-        with open(tmp, "xb") as fh:  # exclusive: never another run's file
-            if not callable(content):
-                fh.write(content.encode() if isinstance(content, str) else content)
         try:
+            with open(tmp, "xb") as fh:  # exclusive: never another run's file
+                if not callable(content):
+                    fh.write(content.encode() if isinstance(content, str) else content)
             if callable(content):
                 content(tmp)
             os.replace(tmp, final)
-        except BaseException:
+        except BaseException as exc:
             tmp.unlink(missing_ok=True)
+            _raise_for_output(exc, tmp, final)
             raise
         written.append(final)
     return written
+
+
+def _raise_for_output(exc: BaseException, tmp: Path, final: Path) -> None:
+    """Raise ``exc`` again naming ``final`` where it named the temporary file ``tmp`` (nothing
+    when it did not: interrupts and unrelated errors go on as they are)."""
+    if (
+        isinstance(exc, OSError)
+        and exc.filename is not None
+        and os.fspath(exc.filename) == str(tmp)
+    ):
+        raise OSError(exc.errno, exc.strerror, str(final)) from None
+    if isinstance(exc, Exception) and str(tmp) in str(exc):
+        raise RunError(f"{final}: " + str(exc).replace(str(tmp), str(final))) from None
 
 
 def _raise_terminated(signum, frame):

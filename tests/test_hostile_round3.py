@@ -342,3 +342,67 @@ def test_hardening_is_not_said_to_change_a_loss_that_is_round_off(capsys, tmp_pa
     ]
     assert max(r["dp_loss_after"] for r in runs) < 1e-20  # the exact fit this case is about
     assert max(r["hardening"]["max_rel_diff_vs_unhardened"] for r in runs) < 1e-8
+
+
+# ---- outputs: links refused, errors name the output, a closed stderr ----------------------
+
+
+HP_TINY = ["--seeds", "1", "--methods", "identity", "--probe-steps", "2", "--jobs", "1"]
+
+
+@pytest.mark.parametrize("target", ["notes.txt", "nowhere/dangling"])
+def test_a_symlink_at_an_output_name_is_refused_and_left_alone(capsys, tmp_path, target):
+    from experiments import house_price
+    from tests.cli_helpers import call, one_line
+
+    out, notes = tmp_path / "out", tmp_path / "notes.txt"
+    out.mkdir()
+    notes.write_text("my notes")
+    (out / "table.md").symlink_to(tmp_path / target)
+    rc, err, _ = call(capsys, house_price, [*HP_TINY, "--no-plot", "--out", str(out)])
+    assert rc == 2 and one_line(err, "--out", "table.md")
+    assert (out / "table.md").is_symlink() and notes.read_text() == "my notes"
+    assert not (out / "results.json").exists()
+
+
+def test_write_outputs_refuses_a_link_before_writing_anything(tmp_path):
+    from experiments import common
+
+    (tmp_path / "b.txt").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(common.RunError, match="b.txt"):
+        common.write_outputs(tmp_path, {"a.txt": "1", "b.txt": "2"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.txt"]
+
+
+def test_a_failed_write_names_the_output_not_its_temporary(capsys, tmp_path, monkeypatch):
+    import errno
+
+    from experiments import house_price
+    from tests.cli_helpers import call, one_line
+
+    def full_disk(result, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(house_price, "plot_norm_ratio", full_disk)
+    out = tmp_path / "out"
+    rc, err, _ = call(capsys, house_price, [*HP_TINY, "--out", str(out)])
+    line = one_line(err, str(out / "norm_ratio.png"))
+    assert rc == 1 and ".norm_ratio." not in line
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # the temporary is gone
+
+
+def test_a_run_with_stderr_closed_succeeds(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, str(root / "experiments" / "house_price.py"), *HP_TINY, "--no-plot"]
+    argv += ["--out", str(tmp_path / "o")]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    cmd = " ".join(f"'{a}'" for a in argv) + " 2>&-"
+    out = subprocess.run(
+        ["sh", "-c", cmd], capture_output=False, stdout=subprocess.PIPE, env=env, timeout=300
+    )
+    assert out.returncode == 0 and (tmp_path / "o" / "results.json").exists()
