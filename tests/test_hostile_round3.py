@@ -406,3 +406,19 @@ def test_a_run_with_stderr_closed_succeeds(tmp_path):
         ["sh", "-c", cmd], capture_output=False, stdout=subprocess.PIPE, env=env, timeout=300
     )
     assert out.returncode == 0 and (tmp_path / "o" / "results.json").exists()
+
+
+def test_a_batch_too_wide_for_the_default_rank_tolerance_names_rtol():
+    """1 × 10⁸ float32: D·eps = 11.9 ≥ 1 cut λ_max itself and the batch was called "zero or
+    underflowing"; refused naming rtol, before any product (a stride-0 view: no 400 MB)."""
+    import torch
+
+    from pycore import ops
+
+    Z = torch.ones(1, 1).expand(1, 10**8)
+    for fn in (ops.cond_regularizer, ops.reference_cond_regularizer):
+        with pytest.raises(ops.CondRegError) as e:
+            fn(Z, "well")
+        assert e.value.parameter == "rtol" and "100000000" in str(e.value)
+    # an explicit tolerance reads the same width (on a small batch here: D·eps < 1 is unchanged)
+    assert float(ops.cond_regularizer(torch.randn(4, 8, dtype=torch.float64), "well")) > 0
