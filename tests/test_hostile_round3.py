@@ -422,3 +422,32 @@ def test_a_batch_too_wide_for_the_default_rank_tolerance_names_rtol():
         assert e.value.parameter == "rtol" and "100000000" in str(e.value)
     # an explicit tolerance reads the same width (on a small batch here: D·eps < 1 is unchanged)
     assert float(ops.cond_regularizer(torch.randn(4, 8, dtype=torch.float64), "well")) > 0
+
+
+def test_a_gzipped_mnist_file_loads_in_a_small_multiple_of_its_size(tmp_path):
+    """600k blank images in a 1.1 MB .gz (470 MB decompressed) took more than 6 GB, 25× the data:
+    the file read whole, then astype(float64), / 255 and one mask per digit.  Here 20k images
+    (15.7 MB decompressed): the load must add less than 11× that (its float64 copy is 8×)."""
+    import gzip
+    import subprocess
+    import sys
+
+    n = 20_000
+    labels = (np.arange(n) % 10).astype(np.uint8)
+    with gzip.open(tmp_path / "train-images-idx3-ubyte.gz", "wb") as fh:
+        fh.write((2051).to_bytes(4, "big") + b"".join(v.to_bytes(4, "big") for v in (n, 28, 28)))
+        fh.write(bytes(n * 784))
+    with gzip.open(tmp_path / "train-labels-idx1-ubyte.gz", "wb") as fh:
+        fh.write((2049).to_bytes(4, "big") + n.to_bytes(4, "big") + labels.tobytes())
+    code = (
+        "import resource, sys\nfrom pycore.data.mnist import load_mnist_idx\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "d = load_mnist_idx(sys.argv[1])\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024, d.count(3))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    added, threes = map(int, out.stdout.split())
+    assert threes == n // 10 and added < 11 * n * 784, added / (n * 784)
