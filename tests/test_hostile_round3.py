@@ -7,6 +7,7 @@ shown to come before the allocation by tracemalloc's peak or by the time it take
 
 from __future__ import annotations
 
+import time
 import tracemalloc
 
 import numpy as np
@@ -451,3 +452,58 @@ def test_a_gzipped_mnist_file_loads_in_a_small_multiple_of_its_size(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     added, threes = map(int, out.stdout.split())
     assert threes == n // 10 and added < 11 * n * 784, added / (n * 784)
+
+
+# ---- deep side: checkpoints, image folders, labels ----------------------------------------
+
+
+def _evil_checkpoint(path, **kwargs):
+    """A few hundred bytes of safetensors whose metadata asks for a timm ViT with ``kwargs``."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from pycore.deep.checkpoint import FORMAT
+
+    meta = {"format": FORMAT, "model": "vit_tiny_patch16_224", "num_classes": "2"}
+    save_file(
+        {"net.cls_token": torch.ones(1, 1, 192)},
+        path,
+        metadata={**meta, "model_kwargs": json.dumps(kwargs)},
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"depth": 100000},
+        {"embed_dim": 99999, "num_heads": 3},
+        {"img_size": 100000, "patch_size": 1},
+    ],
+)
+def test_checkpoint_metadata_is_checked_against_its_tensors_before_building(tmp_path, kwargs):
+    """Each of these asked for 5-120 GB before a tensor was compared."""
+    import resource
+
+    from pycore.deep import load_model
+    from pycore.deep.checkpoint import CheckpointMismatchError
+
+    path = _evil_checkpoint(tmp_path / "evil.safetensors", **kwargs)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    with pytest.raises(CheckpointMismatchError, match="evil.safetensors"):
+        load_model(path)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+    assert time.perf_counter() - t0 < 10 and grown < 200 << 20
+
+
+def test_audit_names_the_flag_of_a_checkpoint_whose_metadata_lies(capsys, tmp_path):
+    from experiments import audit
+    from tests.cli_helpers import call, one_line
+
+    evil = _evil_checkpoint(tmp_path / "evil.safetensors", depth=100000)
+    argv = ["--model", str(evil), "--reference", str(evil), "--out", str(tmp_path / "o")]
+    rc, err, seconds = call(capsys, audit, argv)
+    assert rc == 2 and one_line(err, "--model", "evil.safetensors") and seconds < 30
