@@ -662,7 +662,7 @@ def main(parser: Parser, body, argv=None) -> int:
     """``body(parser.parse_args(argv))`` (None: 0) under the exit-code policy of docs/cli.md.
     SIGINT is never touched (an inherited SIG_IGN stays); SIGTERM raises :class:`Terminated` unless
     ignored."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    as_script, argv = argv is None, sys.argv[1:] if argv is None else list(argv)
     term = (
         signal.getsignal(signal.SIGTERM)
         if threading.current_thread() is threading.main_thread()
@@ -696,4 +696,21 @@ def main(parser: Parser, body, argv=None) -> int:
         if "--debug" in argv:
             traceback.print_exception(err)
         print(f"{prog}: {line}", file=sys.stderr, flush=True)
+    if as_script and code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        _stop_past_threads(code)
     return code
+
+
+def _stop_past_threads(code: int) -> None:
+    """After a signal, end the process even if a thread is stuck in a system call (an image
+    decoder reading from a network file): the interpreter would wait for it at exit, after
+    "interrupted" was printed, until SIGKILL.  Nothing is left to clean up: outputs are written
+    only at the end and their temporary files were removed as the exception passed."""
+    current = threading.current_thread()
+    if any(t is not current and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, ValueError, OSError):
+                pass
+        os._exit(code)

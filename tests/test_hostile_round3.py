@@ -507,3 +507,75 @@ def test_audit_names_the_flag_of_a_checkpoint_whose_metadata_lies(capsys, tmp_pa
     argv = ["--model", str(evil), "--reference", str(evil), "--out", str(tmp_path / "o")]
     rc, err, seconds = call(capsys, audit, argv)
     assert rc == 2 and one_line(err, "--model", "evil.safetensors") and seconds < 30
+
+
+def _image_root(root, classes=("a", "b"), n=3, side=16):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            pixels = rng.integers(0, 255, size=(side, side, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / c / f"{i}.png")
+    return root
+
+
+def test_a_named_pipe_called_png_is_refused_not_read(tmp_path):
+    """A FIFO x.png in a class folder hung image_folder, audit and deepnet for ever."""
+    import os
+    import subprocess
+    import sys
+
+    _image_root(tmp_path / "dp" / "train")
+    os.mkfifo(tmp_path / "dp" / "train" / "a" / "x.png")
+    code = (
+        "import sys\nfrom pycore.deep import create_model\n"
+        "from pycore.deep.data import DataError, image_folder, _decode\n"
+        "m = create_model('resnet10t', 2, seed=0)\n"
+        "for call in (lambda: image_folder(sys.argv[1], 'train', m),\n"
+        "             lambda: _decode(sys.argv[1] + '/train/a/x.png')):\n"
+        "    try:\n        call()\n    except DataError as e:\n        print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "dp")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 2, out.stderr[-2000:]
+    assert all("x.png" in line for line in lines)
+
+
+def test_sigterm_ends_a_run_whose_thread_is_stuck(tmp_path):
+    """ "interrupted" was printed and the process lived on until SIGKILL: the interpreter waits
+    for every non-daemon thread at exit."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import threading, time\nfrom experiments import common\n"
+        "def body(args):\n"
+        "    threading.Thread(target=threading.Event().wait).start()  # stuck for ever\n"
+        "    print('started', flush=True)\n    time.sleep(60)\n"
+        "raise SystemExit(common.main(common.Parser('stuck'), body))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 143
+    finally:
+        proc.kill()
+        proc.wait()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 from itertools import chain, count, islice
 from typing import Iterator, Sequence
 
@@ -49,13 +50,30 @@ def model_normalization(model) -> dict:
     return timm.data.resolve_data_config({}, model=getattr(model, "net", model))
 
 
+def _open_regular(path: str):
+    """``path`` opened for reading, or a :class:`DataError` unless it is a regular file: opened
+    non-blocking and checked on the descriptor, so a named pipe called ``x.png`` (even one put
+    there after the folder was listed) is refused at once instead of blocking a decoder thread
+    for ever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be opened ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError(f"{path}: is not a regular file (a named pipe or device?), not an image")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def _decode(path: str) -> torch.Tensor:
     """An image file as float32 RGB (3, H, W) in [0, 1]: size and aspect bounded from the header
     before decoding, 16-bit and float images scaled, never clipped."""
     from PIL import Image, UnidentifiedImageError  # noqa: PLC0415
 
+    fh = _open_regular(path)
     try:
-        with Image.open(path) as img:
+        with fh, Image.open(fh) as img:
             w, h = img.size
             if w * h > MAX_IMAGE_PIXELS or max(w, h) > MAX_ASPECT * min(w, h):
                 raise DataError(
@@ -132,6 +150,9 @@ def image_folder(root: "str | os.PathLike", split: str, model) -> ImageFolder:
                 for f in sorted(names)
                 if f.lower().endswith(IMG_EXTENSIONS)
             ]
+        for f in files:  # reading a named pipe or a device would block
+            if not os.path.isfile(f):
+                raise DataError(f"{f}: is not a regular file (a named pipe or device?)")
         if len(files) < 2:
             raise DataError(
                 f"{os.path.join(path, name)}: {len(files)} image(s); a class needs at least 2"
