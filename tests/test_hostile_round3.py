@@ -579,3 +579,26 @@ def test_sigterm_ends_a_run_whose_thread_is_stuck(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_one_huge_label_is_refused_before_a_classifier_is_sized_by_it():
+    """One label of 5,000,000 among 16 samples sized a 20.5 GB classifier."""
+    import torch
+
+    from pycore.deep import audit_model, create_model, immunize_model
+    from pycore.deep.data import DataError
+
+    model = create_model("resnet10t", 2, seed=0)
+    X = torch.randn(16, 3, 32, 32)
+    y = torch.arange(16) % 2
+    huge = y.clone()
+    huge[5] = 5_000_000
+    t0 = time.perf_counter()
+    with pytest.raises(DataError, match="5000000") as e:
+        immunize_model(model, (X, y), (X, huge), epochs=1)
+    assert str(e.value).startswith("dh") and "sample 5" in str(e.value)
+    with pytest.raises(DataError, match="5000000"):
+        audit_model(model, reference=model, dh=(X, huge), finetune=False)
+    with pytest.raises(DataError, match="dp"):  # D_P's labels must be the model's classes
+        immunize_model(model, (X, y + 1), (X, y), epochs=1)
+    assert time.perf_counter() - t0 < 30

@@ -32,11 +32,16 @@ __all__ = [
     "PairedBatches",
     "MAX_IMAGE_PIXELS",
     "MAX_ASPECT",
+    "MAX_CLASSES",
+    "label_count",
 ]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 MAX_IMAGE_PIXELS = 40_000_000  # 160 MB as float32 RGB before resizing
 MAX_ASPECT = 20  # longer side / shorter side: a resize of the short side stays bounded
+# A task's classes are max(label) + 1, and a classifier is sized by them: one label of 5,000,000
+# among 16 samples asked for a 20.5 GB head.  timm's num_classes bound (create_model) is the same.
+MAX_CLASSES = 100_000
 
 
 class DataError(ValueError):
@@ -263,6 +268,25 @@ def dataset_labels(ds: Dataset) -> np.ndarray:
     if hasattr(ds, "indices") and hasattr(ds.dataset, "targets"):
         return np.asarray(ds.dataset.targets)[np.asarray(ds.indices)]
     return np.asarray([int(ds[i][1]) for i in range(len(ds))])
+
+
+def label_count(ds: Dataset, name: str, classes: "int | None" = None) -> int:
+    """The classes ``max(label) + 1`` of ``ds``'s labels, or a :class:`DataError` naming ``name``,
+    the label and its sample when one is negative, or not below ``classes`` (the model's
+    classifier) or :data:`MAX_CLASSES` (before any classifier is sized by it)."""
+    y = np.asarray(dataset_labels(ds)).reshape(-1)
+    top = MAX_CLASSES if classes is None else classes
+    bad = np.flatnonzero((y < 0) | (y >= top))
+    if bad.size:
+        i = int(bad[0])
+        limit = f"the model's {classes} classes" if classes is not None else f"{MAX_CLASSES}"
+        raise DataError(
+            f"{name}: sample {i} has label {y[i]}; labels must be in [0, {top}) "
+            f"({limit}; a task's classes are its largest label + 1"
+            + (", and each sizes the attacker's classifier" if classes is None else "")
+            + ")"
+        )
+    return int(y.max()) + 1
 
 
 @functools.lru_cache(maxsize=1)
