@@ -72,7 +72,7 @@ def main(argv=None) -> int:
                 "--dh-root" if args.dh_root is None else "--dp-root",
             )
         if args.threads:
-            torch.set_num_threads(args.threads)
+            torch.set_num_threads(common.thread_count(args.threads, "audit.py"))
         models = []
         for flag in ("--model", "--reference"):
             try:

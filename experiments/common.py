@@ -259,6 +259,19 @@ def usable_cores() -> int:
     )
 
 
+def thread_count(asked: int, prog: str) -> int:
+    """``--threads`` capped at the usable cores (more threads than cores only contend; a result is
+    recorded with the count it ran with), saying so when it caps."""
+    cores = usable_cores()
+    if asked > cores:
+        print(
+            f"{prog}: warning: --threads {asked} capped at the {cores} usable core(s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return min(asked, cores)
+
+
 def _converter(hint, rule: dict):
     """(type, metavar) of a field's type hint within ``rule`` (check_number's low, high, low_open,
     high_open); None for a field that is not a number or a word."""

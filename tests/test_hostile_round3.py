@@ -602,3 +602,77 @@ def test_one_huge_label_is_refused_before_a_classifier_is_sized_by_it():
     with pytest.raises(DataError, match="dp"):  # D_P's labels must be the model's classes
         immunize_model(model, (X, y + 1), (X, y), epochs=1)
     assert time.perf_counter() - t0 < 30
+
+
+def _deep_roots(tmp_path, side=16, dp_split="train"):
+    for root, split in (("dp", dp_split), ("dp", "val"), ("dh", "train"), ("dh", "val")):
+        _image_root(tmp_path / root / split, side=side)
+    return ["--dp-root", str(tmp_path / "dp"), "--dh-root", str(tmp_path / "dh")]
+
+
+def _no_compute(monkeypatch):
+    from experiments import deepnet
+
+    def boom(*a, **k):
+        raise AssertionError("COMPUTED")
+
+    monkeypatch.setattr(deepnet, "run_config", boom)
+
+
+def test_a_root_without_train_names_the_layout(capsys, tmp_path, monkeypatch):
+    from experiments import deepnet
+    from tests.cli_helpers import call, one_line
+
+    _no_compute(monkeypatch)
+    argv = [*_deep_roots(tmp_path, dp_split="training"), "--theta0-epochs", "1"]
+    rc, err, _ = call(capsys, deepnet, [*argv, "--out", str(tmp_path / "o")])
+    assert rc == 2 and one_line(err, "--dp-root", "train/", "training/")
+    assert deepnet.main(["--help"]) == 0
+    assert "/train/" in capsys.readouterr().out  # --help names the layout
+
+
+def test_a_model_too_small_for_the_images_asks_for_img_size(capsys, tmp_path, monkeypatch):
+    """convnext_atto on 28-px images: a RuntimeError from its padding, with no hint."""
+    from experiments import deepnet
+    from tests.cli_helpers import call, one_line
+
+    _no_compute(monkeypatch)
+    argv = [*_deep_roots(tmp_path, side=28), "--model", "convnext_atto", "--theta0-epochs", "1"]
+    rc, err, _ = call(capsys, deepnet, [*argv, "--out", str(tmp_path / "o")])
+    assert rc == 2 and one_line(err, "--img-size", "convnext_atto")
+
+
+def test_a_huge_img_size_is_said_and_threads_are_capped(capsys, tmp_path, monkeypatch):
+    from experiments import common, deepnet
+
+    _no_compute(monkeypatch)
+    argv = [*_deep_roots(tmp_path), "--theta0-epochs", "1", "--img-size", "4096"]
+    rc = deepnet.main([*argv, "--threads", "1024", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "COMPUTED" in err  # the run went on, after the warnings
+    warned = [line for line in err.splitlines() if "warning" in line]
+    assert any("--img-size" in line and "4096" in line for line in warned), err
+    assert any("--threads" in line for line in warned), err
+    assert common.thread_count(1024, "x") == common.usable_cores()
+
+
+def test_theta0_near_chance_is_flagged_by_its_majority_class_and_source():
+    """90 % of D_P in one class: a θ₀ at 91 % learned nothing, yet 1/classes called it fine; and
+    the advice to pass --checkpoint went to runs that had passed one."""
+    from argparse import Namespace
+
+    from experiments.deepnet import theta0_warning
+
+    def result(*accs, chance=90.0):
+        seeds = [
+            {"seed": s, "rows": {"init": {"dp_top1": a}}, "classes": [2, 2], "dp_chance": chance}
+            for s, a in enumerate(accs)
+        ]
+        return {"per_seed": seeds}
+
+    plain = Namespace(checkpoint=None, pretrained=False)
+    assert [s["seed"] for s in theta0_warning(result(99.0, 91.0), plain)["seeds"]] == [1]
+    assert theta0_warning(result(97.0, 98.0), plain) is None
+    given = Namespace(checkpoint="theta0.safetensors", pretrained=False)
+    message = theta0_warning(result(91.0), given)["message"]
+    assert "theta0.safetensors" in message and "pass --checkpoint" not in message
