@@ -676,3 +676,30 @@ def test_theta0_near_chance_is_flagged_by_its_majority_class_and_source():
     given = Namespace(checkpoint="theta0.safetensors", pretrained=False)
     message = theta0_warning(result(91.0), given)["message"]
     assert "theta0.safetensors" in message and "pass --checkpoint" not in message
+
+
+def test_levit_distilled_heads_are_one_linear_head_with_the_same_logits(tmp_path):
+    """LeViT's classifier is a pair of BatchNorm + Linear heads on the same pre-logits: folded
+    into the one linear head the layer feeds, its logits are the model's own; a DeiT distilled
+    pair (two tokens) is refused naming the model."""
+    import torch
+
+    from pycore.deep import create_model, load_model, save_model
+    from pycore.deep.models import as_immunized
+    from pycore.validation import ParameterError
+
+    net = create_model("levit_128s", 3, seed=0, img_size=64).eval()
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        own = net(x)
+        wrapped = as_immunized(net).eval()
+        assert isinstance(wrapped.classifier, torch.nn.Linear)
+        torch.testing.assert_close(wrapped(x), own, rtol=1e-5, atol=1e-5)
+        path = save_model(wrapped, tmp_path / "levit.safetensors")
+        torch.testing.assert_close(load_model(path)[0](x), own, rtol=1e-5, atol=1e-5)
+        torch.save(net.state_dict(), tmp_path / "plain.pt")  # timm's own keys
+        plain = load_model(tmp_path / "plain.pt", "levit_128s", img_size=64)[0]
+        torch.testing.assert_close(plain(x), own, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ParameterError) as e:
+        as_immunized(create_model("deit_tiny_distilled_patch16_224", 2, seed=0))
+    assert e.value.parameter == "model"

@@ -19,7 +19,12 @@ import struct
 import torch
 
 from pycore import ops
-from pycore.deep.models import ImmunizedNet, _classifier_width as _width, create_model
+from pycore.deep.models import (
+    ImmunizedNet,
+    _classifier_width as _width,
+    create_model,
+    linear_classifier,
+)
 from pycore.validation import ParameterError, check_regular_file
 
 __all__ = [
@@ -257,6 +262,8 @@ def load_model(
         name, kwargs = model, model_kwargs
         probe = create_model(model, 1, **kwargs)
         head = probe.get_classifier()
+        head = head[0] if isinstance(head, (tuple, list)) and head else head
+        head = getattr(head, "linear", head)  # LeViT's NormLinear: BatchNorm1d, then Linear
         key = next((f"{n}.weight" for n, m in probe.named_modules() if m is head), None)
         w = sd.get(key) if key else None
         if w is None or w.ndim != 2:
@@ -264,9 +271,13 @@ def load_model(
                 f"checkpoint {path} does not match {model}: no classifier {key!r}"
             )
         num_classes = int(w.shape[0])
-        sd = {f"net.{k}": v for k, v in sd.items()}
-    try:
+        # timm's own keys load into timm's own model, before the layer is put in
         net = create_model(name, num_classes, **kwargs)
+        _load_into(net, sd, f"{name} with {num_classes} classes", path)
+        linear_classifier(net)  # LeViT's heads folded into the one the layer feeds
+        sd = {f"net.{k}": v for k, v in net.state_dict().items()}
+    try:
+        net = create_model(name, num_classes, **kwargs) if meta.get("format") == FORMAT else net
     except ParameterError as exc:
         raise CheckpointError(f"{path}: cannot build {name!r} {kwargs}: {exc}") from None
     out = ImmunizedNet(
