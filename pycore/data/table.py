@@ -75,11 +75,12 @@ class TableData:
 
     def changes_line(self) -> str | None:
         """One line counting the changes (None when the data was used as it is)."""
-        n = sum(self.missing.values())
+        n, items = sum(self.missing.values()), list(self.missing.items())
         parts = (
             [
                 f"{n} empty input cell(s) set to 0 ("
-                + ", ".join(f"{c!r}: {k}" for c, k in self.missing.items())
+                + ", ".join(f"{c!r}: {k}" for c, k in items[:8])
+                + (f", … {len(items)} columns in all" if len(items) > 8 else "")
                 + ")"
             ]
             if n
