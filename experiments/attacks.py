@@ -214,7 +214,6 @@ def _grid_job(unit):
 
 
 def run(args) -> dict:
-    from pycore.data.house_price import load_house_price
     from pycore.protocol import strict_protocol
 
     t_start = time.perf_counter()
@@ -235,14 +234,7 @@ def run(args) -> dict:
             **environment(),
             "wall_seconds": time.perf_counter() - t_start,
         }
-    data = load_house_price(
-        args.data,
-        n_train=args.n_train,
-        on_outlier=args.on_outlier,
-        on_missing=args.on_missing,
-    )
-    if data.changes_line():
-        print(data.changes_line(), flush=True)
+    data = common.load_house_price_data(args)
     if data.heldout is None:
         raise common.UsageError("leaves no held-out rows (lower it)", "--n-train")
     train, held, strict = data.train, data.heldout, None

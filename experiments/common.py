@@ -243,6 +243,24 @@ def add_house_price_data(
     )
 
 
+def load_house_price_data(args):
+    """The paper's House Prices tasks from ``--data``, ``--n-train``, ``--on-outlier`` and
+    ``--on-missing``, with the line that counts what was changed in the data."""
+    from pycore.data.house_price import load_house_price
+
+    data = load_house_price(
+        args.data, n_train=args.n_train, on_outlier=args.on_outlier, on_missing=args.on_missing
+    )
+    say_changes(data)
+    return data
+
+
+def say_changes(data) -> None:
+    """Print the one line counting what a loader changed in the data (nothing when nothing was)."""
+    if data.changes_line():
+        print(data.changes_line(), flush=True)
+
+
 def pyplot():
     """matplotlib.pyplot on the Agg backend (figures go to files only)."""
     import matplotlib

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from experiments import common
-from pycore.data.house_price import load_house_price
 from pycore.data.table import load_table
 from pycore.evaluate import EvaluationReference, def31_summary, evaluate_linear, norm_ratio_curves
 from pycore.harden import invariant_change, loss_floor
@@ -235,9 +234,7 @@ def _one_run(job):
 def run(args) -> dict:
     t_start = time.perf_counter()
     if args.target_p is None:  # the paper's data (the Kaggle column set, checked by the loader)
-        data = load_house_price(
-            args.data, n_train=args.n_train, on_outlier=args.on_outlier, on_missing=args.on_missing
-        )
+        data = common.load_house_price_data(args)
     else:
         data = load_table(
             args.data,
@@ -257,8 +254,7 @@ def run(args) -> dict:
                 "its z-scores (--loss bce runs the logistic loss on the labels)",
                 flush=True,
             )
-    if data.changes_line():
-        print(data.changes_line(), flush=True)
+        common.say_changes(data)
     train, heldout, strict = data.train, data.heldout, None
     if args.protocol == "strict":
         train, heldout, strict = strict_protocol(train, heldout, data.feature_names)

@@ -108,6 +108,16 @@ def _own_csv(path, n=60, seed=1, *, empty=(3, 10, 11), pid=("1.0", "2.0")):
     return path
 
 
+def _numeric_csv(path, columns, rows, rng):
+    """``columns`` normal inputs c0, c1, …, a group g (a/b alternating) and a normal target t."""
+    lines = [",".join(f"c{j}" for j in range(columns)) + ",g,t"]
+    for i in range(rows):
+        cells = [f"{v:.5f}" for v in rng.normal(size=columns)]
+        lines.append(",".join([*cells, "ab"[i % 2], f"{rng.normal():.5f}"]))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def _run_hp(capsys, argv):
     from experiments import house_price
     from tests.cli_helpers import call
@@ -227,16 +237,7 @@ def test_a_table_whose_methods_exceed_the_budget_is_refused_before_any_run(
 
     monkeypatch.setattr(house_price, "_one_run", boom)
     monkeypatch.setattr(validation, "MAX_WORK_BYTES", 1 << 20)
-    rng = np.random.default_rng(0)
-    p = tmp_path / "wide.csv"
-    p.write_text(
-        ",".join(f"c{j}" for j in range(200))
-        + ",g,t\n"
-        + "".join(
-            ",".join(f"{v:.3f}" for v in rng.normal(size=200)) + f",{'ab'[i % 2]},{i}\n"
-            for i in range(40)
-        )
-    )
+    p = _numeric_csv(tmp_path / "wide.csv", 200, 40, np.random.default_rng(0))
     argv = ["--data", str(p), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
     rc, err, _ = _run_hp(capsys, [*argv, "--methods", "ours", "--out", str(tmp_path / "o")])
     assert rc == 1 and one_line(err, "200", "MAX_WORK_BYTES")
@@ -321,17 +322,7 @@ def test_hardening_is_not_said_to_change_a_loss_that_is_round_off(capsys, tmp_pa
     with θQ, once reported as a 358 % change."""
     from pycore.report import read_json
 
-    rng = np.random.default_rng(2)
-    p = tmp_path / "fit.csv"
-    p.write_text(
-        ",".join(f"x{j}" for j in range(12))
-        + ",g,t\n"
-        + "".join(
-            ",".join(f"{v:.5f}" for v in rng.normal(size=12))
-            + f",{'ab'[i % 2]},{rng.normal():.5f}\n"
-            for i in range(60)
-        )
-    )
+    p = _numeric_csv(tmp_path / "fit.csv", 12, 60, np.random.default_rng(2))
     argv = ["--data", str(p), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
     argv += ["--methods", "identity,closed_form", "--harden", "haar", "--out", str(tmp_path / "o")]
     rc, err, _ = _run_hp(capsys, argv)

@@ -53,12 +53,12 @@ def immunize_model(
     naming the option to change."""
     o = options(**opts)
     p, h = as_dataset(dp, "dp"), as_dataset(dh, "dh")
-    classes_h = label_count(h, "dh")  # bounded before the harmful head is sized by it
+    classes_h = label_count(dataset_labels(h), "dh")  # before the harmful head is sized by it
     out = as_immunized(model).eval()
-    label_count(p, "dp", out.classifier.out_features)
     cached = o.scope == "layer"
     if cached:
         p, h = prelogits_dataset(out, p), prelogits_dataset(out, h)
+    label_count(dataset_labels(p), "dp", out.classifier.out_features)
     before = [extract(out, d, cached=cached) for d in (p, h)]
     t0 = time.perf_counter()
     res = immunize(
@@ -130,7 +130,7 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     else:
         test = as_dataset(dh_test, "dh_test")
     yt, yv = dataset_labels(train), dataset_labels(test)
-    classes = max(label_count(train, "dh"), label_count(test, "dh_test"))
+    classes = max(label_count(yt, "dh"), label_count(yv, "dh_test"))
     out = {}
     for name, m in (("model", model), ("reference", reference)):
         net = as_immunized(m).eval()

@@ -270,11 +270,12 @@ def dataset_labels(ds: Dataset) -> np.ndarray:
     return np.asarray([int(ds[i][1]) for i in range(len(ds))])
 
 
-def label_count(ds: Dataset, name: str, classes: "int | None" = None) -> int:
-    """The classes ``max(label) + 1`` of ``ds``'s labels, or a :class:`DataError` naming ``name``,
-    the label and its sample when one is negative, or not below ``classes`` (the model's
-    classifier) or :data:`MAX_CLASSES` (before any classifier is sized by it)."""
-    y = np.asarray(dataset_labels(ds)).reshape(-1)
+def label_count(y, name: str, classes: "int | None" = None) -> int:
+    """The classes ``max(label) + 1`` of the labels ``y`` (:func:`dataset_labels`), or a
+    :class:`DataError` naming ``name``, the label and its sample when one is negative, or not below
+    ``classes`` (the model's classifier) or :data:`MAX_CLASSES` (before any classifier is sized by
+    it)."""
+    y = np.asarray(y).reshape(-1)
     top = MAX_CLASSES if classes is None else classes
     bad = np.flatnonzero((y < 0) | (y >= top))
     if bad.size:
