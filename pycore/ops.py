@@ -54,7 +54,7 @@ class CondRegError(PicklableError, ValueError):
     """Input the op cannot handle; ``parameter`` names the argument (``"Z"``, ``"kind"``,
     ``"X"``, ...)."""
 
-    def __init__(self, message: str, parameter: str):
+    def __init__(self, parameter: str, message: str):
         super().__init__(message)
         self.parameter = parameter
 
@@ -93,13 +93,13 @@ def _run(where: str, name: str, op, *args):
         return op(*args)
     except ValueError as exc:
         msg = str(exc).splitlines()[0]
-        raise CondRegError(f"{where}: {msg}", msg.split(maxsplit=1)[0]) from None
+        raise CondRegError(msg.split(maxsplit=1)[0], f"{where}: {msg}") from None
     except NotImplementedError:
         t = args[0]
         raise CondRegError(
+            name,
             f"{where}: {name} is a {t.layout} {t.dtype} tensor on {t.device}; the op takes "
             "dense float32/float64 tensors on the CPU (CUDA if built)",
-            name,
         ) from None
 
 
@@ -213,7 +213,7 @@ def cond_regularizer_with_diagnostics(
         )
     where = "cond_regularizer_with_diagnostics"
     if getattr(Z, "is_meta", False):
-        raise CondRegError(f"{where}: Z is a meta tensor; diagnostics need data", "Z")
+        raise CondRegError("Z", f"{where}: Z is a meta tensor; diagnostics need data")
     value, _, diag = _cond_reg(Z, kind, rtol, tie_rtol, where)
     v = dict(zip(_DIAG_FIELDS, diag.tolist()))
     d = CondDiagnostics(
@@ -247,9 +247,9 @@ def reference_cond_regularizer(
     domain)."""
     where = "reference_cond_regularizer"
     if kind not in KINDS:
-        raise CondRegError(f"{where}: kind must be 'ill' or 'well', got {kind!r}", "kind")
+        raise CondRegError("kind", f"{where}: kind must be 'ill' or 'well', got {kind!r}")
     if rtol is not None and not 0 <= rtol < 1:
-        raise CondRegError(f"{where}: rtol must be a number in [0, 1), got {rtol!r}", "rtol")
+        raise CondRegError("rtol", f"{where}: rtol must be a number in [0, 1), got {rtol!r}")
     H = Z.T @ Z
     D = H.shape[0]
     lam = torch.linalg.eigvalsh(H)
@@ -259,7 +259,7 @@ def reference_cond_regularizer(
     k = int((lam.detach() > (D * eps if rtol is None else rtol) * lmax).sum()) if lmax > 0 else 0
     if k == 0 or not math.isfinite(lmax * lmax):
         raise CondRegError(
-            f"{where}: Z gives ZᵀZ = 0, NaN or eigenvalues whose squares overflow", "Z"
+            "Z", f"{where}: Z gives ZᵀZ = 0, NaN or eigenvalues whose squares overflow"
         )
     if kind == "well":
         value = 0.5 * lam[-1] ** 2 - fro2 / (2 * D)
@@ -269,12 +269,12 @@ def reference_cond_regularizer(
         if k < 2 or not float(d.detach()) > 4 * k * eps * lmax * lmax:
             kappa = lmax / float(lam[-k].detach())
             raise CondRegError(
-                f"{where}: Z gives an undefined R_ill (rank {k}, κ = {kappa:.3g})", "Z"
+                "Z", f"{where}: Z gives an undefined R_ill (rank {k}, κ = {kappa:.3g})"
             )
         value = 1.0 / d
     if not math.isfinite(float(value.detach())):
         raise CondRegError(
-            f"{where}: R_{kind} of Z overflows {Z.dtype}: rescale the features", "Z"
+            "Z", f"{where}: R_{kind} of Z overflows {Z.dtype}: rescale the features"
         )
     return value
 
@@ -287,9 +287,9 @@ def _precondition_right(X: torch.Tensor, lambda_reg: float, grad_W: torch.Tensor
     )
     if int(info):
         raise CondRegError(
+            "lambda_reg",
             f"ImmunizationHead: XᵀX + λI is not positive definite in float64 (lambda_reg="
             f"{lambda_reg}): use a larger lambda_reg",
-            "lambda_reg",
         )
     return torch.cholesky_solve(grad_W.double().T, L).T.to(grad_W.dtype)
 
@@ -332,7 +332,7 @@ class ImmunizationHead(nn.Module):
     ):
         super().__init__()
         if not (isinstance(dim, int) and dim >= 1):
-            raise CondRegError(f"ImmunizationHead: dim must be a positive int, got {dim!r}", "dim")
+            raise CondRegError("dim", f"ImmunizationHead: dim must be a positive int, got {dim!r}")
         self.dim, self.lambda_reg, self.precondition = dim, float(lambda_reg), bool(precondition)
         self.weight = nn.Parameter(torch.eye(dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype)) if bias else None

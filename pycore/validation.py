@@ -24,9 +24,22 @@ class PicklableError:
         return _rebuild_error, (type(self), self.args, dict(self.__dict__))
 
 
+# Every exception of this package that carries ``.parameter`` takes it FIRST, then the message:
+# ``ParameterError("lr", "lr must be > 0")``, ``DivergenceError("lambda_h", "θ overflowed")``,
+# ``pycore.ops.CondRegError("Z", ...)``, ``pycore.deep.NonFiniteLossError("lr", ..., step)``.
+
+
 class ParameterError(PicklableError, ValueError):
-    """A parameter value the library cannot use; ``parameter`` names the argument or option, so
-    that a command line can name the flag the user typed."""
+    """A parameter value the library cannot use.
+
+    Parameters
+    ----------
+    parameter : str
+        The argument or option at fault, kept as ``.parameter`` so that a command line can name
+        the flag the user typed.
+    message : str
+        One line saying what is wrong (``str(exc)``).
+    """
 
     def __init__(self, parameter: str, message: str):
         super().__init__(message)
@@ -34,10 +47,17 @@ class ParameterError(PicklableError, ValueError):
 
 
 class DivergenceError(PicklableError, FloatingPointError):
-    """A run became non-finite; ``parameter`` names the setting most likely responsible, or
-    None."""
+    """A run became non-finite.
 
-    def __init__(self, message: str, parameter: str | None = None):
+    Parameters
+    ----------
+    parameter : str or None
+        The setting most likely responsible (``.parameter``), or None when none is.
+    message : str
+        One line saying where and how it diverged.
+    """
+
+    def __init__(self, parameter: str | None, message: str):
         super().__init__(message)
         self.parameter = parameter
 

@@ -126,9 +126,9 @@ def test_a_library_error_names_the_flag_that_sets_it(capsys, tmp_path, monkeypat
         return immunize
 
     for exc, code, flag in (
-        (DivergenceError("θ non-finite", parameter="lambda_h"), 1, "--lambda-h"),
+        (DivergenceError("lambda_h", "θ non-finite"), 1, "--lambda-h"),
         (ParameterError("inner_lr", "too large"), 2, "--inner-lr"),
-        (DivergenceError("θ became non-finite", parameter="betas"), 1, "betas"),
+        (DivergenceError("betas", "θ became non-finite"), 1, "betas"),
     ):
         monkeypatch.setattr(module, "immunize", raiser(exc))
         for jobs in ("1", "2") if code == 1 and flag != "betas" else ("1",):

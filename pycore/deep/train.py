@@ -155,8 +155,8 @@ class NonFiniteLossError(DivergenceError):
     failed step (not applied: the model keeps its last good step, which only experiments/ write to
     a file)."""
 
-    def __init__(self, message: str, parameter: str, step: int):
-        super().__init__(message, parameter)
+    def __init__(self, parameter: str, message: str, step: int):
+        super().__init__(parameter, message)
         self.step = step
 
 
@@ -530,8 +530,8 @@ def _stop(method, opts, step, reason):
         + ("" if opts.balance is not None else " or the fixed λ's")
     )
     raise NonFiniteLossError(
+        param,
         f"[{method}] non-finite loss or gradient at step {step} ({reason}); the model "
         f"keeps its state after step {step - 1}: {advice}",
-        param,
         step,
     )
