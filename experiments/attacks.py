@@ -24,7 +24,7 @@ import numpy as np
 from experiments import common
 from pycore import worst_case as W
 from pycore.data.mnist import parse_pairs
-from pycore.immunize import MAX_EPOCHS, METHODS
+from pycore.immunization import MAX_EPOCHS, METHODS
 from pycore.report import METHOD_LABELS, environment, save_figure
 from pycore.thetas import run_name, task_arrays, theta_key
 
@@ -132,7 +132,7 @@ def build_parser() -> common.Parser:
 
 def prepare(args, parser) -> None:
     """The checks that involve several flags, before any compute."""
-    from pycore.immunize import options_of
+    from pycore.immunization import options_of
 
     if args.mnist_only and not args.mnist_pairs:
         raise common.UsageError("needs --mnist-pairs", "--mnist-only")

@@ -320,14 +320,14 @@ def given_options(args, classes) -> dict:
 
 
 def _options_class(method: str, certified: bool):
-    from pycore.immunize import CertifiedOptions, options_of
+    from pycore.immunization import CertifiedOptions, options_of
 
     return CertifiedOptions if certified and method == "ours" else options_of(method)
 
 
 def _options(cls, preset, given):
     """``cls`` from ``preset``'s values it has and the ``given`` ones (its own checks run here)."""
-    from pycore.immunize import PRESETS
+    from pycore.immunization import PRESETS
 
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(
@@ -339,12 +339,12 @@ def add_immunize_options(parser, preset: str | None) -> None:
     """A flag per option of every linear method (``--help`` shows ``preset``'s values),
     ``--certified`` and ``--harden``."""
     from pycore.harden import HARDENINGS
-    from pycore.immunize import METHODS, OPTION_CHOICES, OPTION_RULES, PRESETS
+    from pycore.immunization import METHODS, OPTION_CHOICES, OPTION_RULES, PRESETS
 
     add_options(
         parser,
         dict.fromkeys(_options_class(m, True) for m in METHODS),
-        title="immunization options (pycore.immunize; given ones beat the preset)",
+        title="immunization options (pycore.immunization; given ones beat the preset)",
         rules=OPTION_RULES,
         choices=OPTION_CHOICES,
         shown=PRESETS[preset] if preset else {},
@@ -370,7 +370,7 @@ class Immunizer:
 
     def __call__(self, task, method: str, rng):
         from pycore.harden import harden_result
-        from pycore.immunize import immunize, immunize_certified
+        from pycore.immunization import immunize, immunize_certified
 
         kw = dict(preset=self.preset, **self.options.get(method, {}))
         res = (
@@ -432,7 +432,7 @@ def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
     """The :class:`Immunizer` of the typed flags, every method's options built (so checked) before
     any compute; a typed option that none of ``methods`` has is a :class:`UsageError` naming its
     flag."""
-    from pycore.immunize import METHODS
+    from pycore.immunization import METHODS
 
     if args.certified and "ours" not in methods:
         raise UsageError(

@@ -17,7 +17,7 @@ import numpy as np
 
 from experiments import common
 from pycore.frontier import closed_form_frontier, ratios, regularizer_product, target_progress
-from pycore.immunize import MAX_EPOCHS, METHODS
+from pycore.immunization import MAX_EPOCHS, METHODS
 from pycore.report import METHOD_LABELS, environment, fmt, save_figure
 
 OUTPUTS = ("table.md", "frontier.png", "results.json")
@@ -138,7 +138,7 @@ def grid_options(optimizer, lambda_h, lr, epochs, gd_lambda_p) -> dict:
 def _run_job(job):
     """Immunize one (protocol, method, config, seed); ratios on both row sets, the training-row
     path from the history, the regularizer product, or the error that stopped it."""
-    from pycore.immunize import PRESETS, immunize
+    from pycore.immunization import PRESETS, immunize
 
     protocol, method, kw, seed, tag = job
     train, held = _STATE["tasks"][protocol]

@@ -22,7 +22,7 @@ from experiments import common
 from pycore.data.house_price import load_house_price
 from pycore.data.table import load_table
 from pycore.evaluate import EvaluationReference, def31_summary, evaluate_linear, norm_ratio_curves
-from pycore.immunize import METHODS, auto_exponent
+from pycore.immunization import METHODS, auto_exponent
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.probe import MAX_PROBE_STEPS
 from pycore.protocol import strict_protocol

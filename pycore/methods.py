@@ -1,4 +1,4 @@
-"""The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize.immunize`: each
+"""The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize`: each
 takes a task, the method's resolved options and the generator; returns ``(θ, ω, history,
 diagnostics)``."""
 

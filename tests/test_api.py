@@ -14,7 +14,7 @@ import pytest
 import pycore
 from pycore.data.house_price import load_house_price
 from pycore.evaluate import EvaluationReference, evaluate_linear, immunized_def31
-from pycore.immunize import (
+from pycore.immunization import (
     METHODS,
     PRESETS,
     CertifiedOptions,
@@ -66,11 +66,23 @@ def test_readme_library_section_runs_as_written():
 
 
 def test_public_names():
+    import importlib
+    import types
+
     assert (pycore.LinearTask, pycore.immunize, pycore.evaluate_linear) == (
         LinearTask,
         immunize,
         evaluate_linear,
     )
+    # one name, one meaning: pycore.immunize is the function, its module has another name
+    import pycore.immunization as module
+
+    assert isinstance(module, types.ModuleType) and module.immunize is pycore.immunize
+    assert callable(pycore.immunize) and not isinstance(pycore.immunize, types.ModuleType)
+    for name in pycore.__all__:
+        assert not isinstance(getattr(pycore, name), types.ModuleType), name
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("pycore.immunize")
     assert set(METHODS) == {
         "identity",
         "r_ill_only",

@@ -13,7 +13,7 @@ import pycore
 from pycore import attacks, probe
 from pycore import precondition as P
 from pycore import regularizers as R
-from pycore.immunize import METHODS, IMMAOptions, immunize, immunize_certified
+from pycore.immunization import METHODS, IMMAOptions, immunize, immunize_certified
 from pycore.losses import best_probe_loss
 from pycore.methods import imma_objective
 from pycore.evaluate import EvaluationReference

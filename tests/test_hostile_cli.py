@@ -114,10 +114,10 @@ def test_every_count_is_bounded_and_its_bound_is_in_help(mod):
 
 
 def test_a_library_error_names_the_flag_that_sets_it(capsys, tmp_path, monkeypatch):
-    """DivergenceError(parameter="lambda_h") → exit 1 naming --lambda-h, also from a worker process
+    """DivergenceError("lambda_h", ...) → exit 1 naming --lambda-h, also from a worker process
     (the exception crosses the pickle with .parameter); ParameterError → exit 2; a parameter no
     flag sets still gives one line."""
-    module = importlib.import_module("pycore.immunize")  # pycore.immunize is also the function
+    module = importlib.import_module("pycore.immunization")
 
     def raiser(exc):
         def immunize(*a, **k):

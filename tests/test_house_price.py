@@ -9,7 +9,7 @@ import pytest
 from experiments import house_price
 from pycore.data.house_price import load_house_price
 from pycore.evaluate import evaluate_linear
-from pycore.immunize import immunize
+from pycore.immunization import immunize
 from pycore.metrics import rir, rir_ceiling
 from pycore.report import pm, read_json
 from tests.cli_helpers import call, one_line
