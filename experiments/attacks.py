@@ -144,9 +144,11 @@ def prepare(args, parser) -> None:
         parser, args, args.methods, "strict" if args.protocol == "strict" else "house_price"
     )
     args.mnist_methods = ["identity"] + [m for m in args.mnist_methods if m != "identity"]
-    has = {m: {f.name for f in dataclasses.fields(options_of(m))} for m in args.mnist_methods}
-    # preset "mnist"
-    epochs = {m: {"epochs": args.mnist_epochs} if "epochs" in has[m] else {} for m in has}
+    # the preset "mnist" with --mnist-epochs for the methods that have epochs
+    epochs = {
+        m: {"epochs": args.mnist_epochs} if "epochs" in options_of(m).names() else {}
+        for m in args.mnist_methods
+    }
     args.mnist_immunizer = common.Immunizer("mnist", epochs, args.certified, args.harden)
     common.check_out(args.out, OUTPUTS)
 
@@ -248,7 +250,7 @@ def run(args) -> dict:
         "dataset": "house_prices",
         "source": data.source,
         "protocol": args.protocol,
-        "strict_protocol": None if strict is None else strict.as_dict(),
+        "strict_protocol": None if strict is None else strict.to_dict(),
         "seeds": args.seeds,
         "methods": args.methods,
         "hardened_methods": args.hardened_methods,
@@ -256,8 +258,8 @@ def run(args) -> dict:
         "eps": sorted(args.eps, reverse=True),
         "step_cap": args.max_steps,
         "quick_grid": args.quick,
-        "grid": [c.as_dict() for c in grid],
-        "immunize": args.immunizer.as_dict(),
+        "grid": [c.to_dict() for c in grid],
+        "immunize": args.immunizer.to_dict(),
         "loss": "0.5*||Zw - y||^2 (Hessian Z^T Z = H(theta)); every attacker starts at w = 0",
         "n_rows": {
             rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])}
@@ -381,13 +383,13 @@ def run_mnist(args, t_start):
     )
     out = {
         "pairs": {},
-        "grid": [c.as_dict() for c in grid],
+        "grid": [c.to_dict() for c in grid],
         "step_cap": args.mnist_max_steps,
         "ridge_rel": args.logistic_ridge,
         "n_train": args.mnist_n_train,
         "seeds": args.mnist_seeds,
         "methods": args.mnist_methods,
-        "immunize": args.mnist_immunizer.as_dict(),
+        "immunize": args.mnist_immunizer.to_dict(),
         "source": digits.source,
     }
     archive = {}

@@ -201,7 +201,7 @@ def run(args) -> dict:
         windows[prot] = (
             None
             if w is None
-            else {**w.as_dict(), "ceiling_range_restricted": ceiling.range_restricted}
+            else {**w.to_dict(), "ceiling_range_restricted": ceiling.range_restricted}
         )
         closed[prot] = closed_form_frontier(train, held, args.exponents)
     _STATE["tasks"] = tasks

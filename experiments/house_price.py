@@ -236,7 +236,7 @@ def run(args) -> dict:
         train, heldout, strict = strict_protocol(train, heldout, data.feature_names)
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
-    settings = args.immunizer.as_dict()
+    settings = args.immunizer.to_dict()
     if "closed_form" in settings["options"]:  # the exponent as used ("auto": docs/theory.md §10)
         a = settings["options"]["closed_form"]["exponent"]
         settings["closed_form_exponent"] = auto_exponent(train, ceiling)[0] if a == "auto" else a
@@ -282,7 +282,7 @@ def run(args) -> dict:
     return {
         "experiment": "house_price",
         "protocol": args.protocol,
-        "strict_protocol": None if strict is None else strict.as_dict(),
+        "strict_protocol": None if strict is None else strict.to_dict(),
         "data": {
             "source": data.source,
             "paper": args.target_p is None,
@@ -302,9 +302,9 @@ def run(args) -> dict:
         "immunize": settings,
         "ceiling": ceiling.exact,
         "ceiling_range_restricted": ceiling.range_restricted,
-        "ceiling_detail": ceiling.as_dict(),
-        "closed_form_exponent_window": None if window is None else window.as_dict(),
-        "heldout_ceiling_detail": None if held_ceiling is None else held_ceiling.as_dict(),
+        "ceiling_detail": ceiling.to_dict(),
+        "closed_form_exponent_window": None if window is None else window.to_dict(),
+        "heldout_ceiling_detail": None if held_ceiling is None else held_ceiling.to_dict(),
         "methods": methods,
         "norm_ratio_curves": {"seed": args.seeds[0], "steps": args.probe_steps, "curves": curves},
         **environment(),

@@ -225,7 +225,7 @@ def run(args) -> dict:
         },
         "pairs": [list(pr) for pr in args.pairs],
         "seeds": args.seeds,
-        "immunize": args.immunizer.as_dict(),
+        "immunize": args.immunizer.to_dict(),
         "methods": summarise_methods(rows, args.methods),
         **environment(),
         "wall_seconds": time.perf_counter() - t_start,

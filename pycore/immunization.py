@@ -6,7 +6,7 @@ Methods: :data:`METHODS` (docs/theory.md §6, §7, §10), options: :func:`option
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
@@ -15,11 +15,12 @@ from pycore import methods
 from pycore.evaluate import immunized_def31
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.optim import OPTIMIZERS
+from pycore.options import Options
 from pycore.precondition import PRECONDITIONERS
 from pycore.spectral import SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, check_betas, check_choice, check_number, check_rng
+from pycore.validation import ParameterError, check_betas, check_choice, check_rng
 
 # Bounds of the counts (epochs=10**23 fails at once instead of running until killed): 100× the
 # paper's largest epoch count (Table 4: 1000), ~300× IMMA's 3 unrolled steps.
@@ -41,43 +42,40 @@ OPTION_RULES = {
     "inner_steps": dict(low=0, high=MAX_INNER_STEPS, integer=True),
     "inner_lr": dict(low=0.0, high=2.0, high_open=True),
     "safety": dict(low=0.0, high=1.0, low_open=True, high_open=True),
+    "exponent": dict(),  # any finite number
 }
 OPTION_CHOICES = {
     "optimizer": OPTIMIZERS,
     "precond": PRECONDITIONERS,
     "init": ("identity", "random"),
-    "log": (False, True),
 }
+# options that also take a word: "auto" λ's (the adaptive Algorithm 1), the "auto" exponent
+OPTION_WORDS = {"lambda_p": ("auto",), "lambda_h": ("auto",), "exponent": ("auto",)}
 
 
 @dataclass(frozen=True)
-class Options:
-    """Base of the per-method options: every field is checked by the rule of its name."""
+class LinearOptions(Options):
+    """Base of the per-method options (:func:`options_of`): the rules of :data:`OPTION_RULES`,
+    :data:`OPTION_CHOICES` and :data:`OPTION_WORDS`, Adam's ``betas`` a pair in [0, 1)."""
+
+    RULES = OPTION_RULES
+    CHOICES = OPTION_CHOICES
+    CHECKS = {"betas": check_betas}
+    WORDS = OPTION_WORDS
 
     def __post_init__(self):
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value == "auto" and f.name in ("lambda_p", "lambda_h"):
-                continue
-            if f.name in OPTION_RULES:
-                check_number(value, f.name, **OPTION_RULES[f.name])
-            elif f.name in OPTION_CHOICES:
-                check_choice(value, f.name, OPTION_CHOICES[f.name])
-            elif f.name == "exponent" and value != "auto":
-                check_number(value, "exponent")
-            elif f.name == "betas":
-                check_betas(value)
+        super().__post_init__()
         if getattr(self, "precond", None) == "ridge" and not self.ridge > 0:
             raise ParameterError("ridge", f"precond 'ridge' needs ridge > 0, got {self.ridge!r}")
 
 
 @dataclass(frozen=True)
-class IdentityOptions(Options):
+class IdentityOptions(LinearOptions):
     """θ = I: no options."""
 
 
 @dataclass(frozen=True)
-class ClosedFormOptions(Options):
+class ClosedFormOptions(LinearOptions):
     """Exponent a of s² = λ_C^a (docs/theory.md §10): a number, or "auto"
     (:func:`auto_exponent`)."""
 
@@ -85,7 +83,7 @@ class ClosedFormOptions(Options):
 
 
 @dataclass(frozen=True)
-class _LoopOptions(Options):
+class _LoopOptions(LinearOptions):
     epochs: int = 100  # paper Sec. 5.1 text (Table 4 says 1000)
     lr: float = 0.02  # paper 0.005; docs/findings.md §1
     batch_size: int | None = 64  # D_P mini-batch of the loss term (paper: 64); None = full batch
@@ -105,9 +103,8 @@ class OursOptions(_AdamOptions):
     :func:`pycore.methods.algorithm1_auto`; numbers give the paper's fixed-λ loop (``PRESETS``)."""
 
     lambda_p: float | str = "auto"  # λ_P, weight of R_well(H_P); the paper's: 100
-    lambda_h: float | str = (
-        "auto"  # λ_H, weight of R_ill(H_H); paper 1e7 leaves R_ill inert under Adam
-    )
+    # λ_H, weight of R_ill(H_H); the paper's 1e7 leaves R_ill inert under Adam
+    lambda_h: float | str = "auto"
     precond: str = "pinv"  # K⁺ (K is singular on real data, docs/theory.md §5)
     ridge: float = 0.0  # λ of precond "ridge", (K + λI)⁻¹
     patience: int = 300  # "auto": steps without progress before lr/3 (twice), then stop
@@ -236,26 +233,28 @@ PRESETS = MappingProxyType(
 )
 
 
-def options_of(method: str) -> type[Options]:
+def options_of(method: str) -> type[LinearOptions]:
+    """The options class of ``method`` (one of :data:`METHODS`)."""
     return _OPTIONS[check_choice(method, "method", METHODS)]
 
 
-def resolve_options(method: str, preset: str | None = None, **options) -> Options:
-    """``method``'s options: the preset's values it has, then ``options`` (one it lacks is
-    refused)."""
-    return _resolve(options_of(method), method, preset, options)
+def resolve_options(
+    method: str, preset: str | None = None, /, *, certified: bool = False, **options
+) -> LinearOptions:
+    """``method``'s options: the values of ``PRESETS[preset]`` it has, then ``options``.
 
-
-def _resolve(cls, method, preset, options):
-    names = [f.name for f in fields(cls)]
-    for key in options:
-        if key not in names:
-            raise ParameterError(
-                key,
-                f"{method} has no option {key!r}; its options are: {', '.join(names) or 'none'}",
-            )
-    base = {} if preset is None else PRESETS[check_choice(preset, "preset", tuple(PRESETS))]
-    return cls(**{**{k: v for k, v in base.items() if k in names}, **options})
+    The one place a preset meets the options a caller gives (:func:`immunize`,
+    :func:`immunize_certified` and the command lines all come here). ``certified``: the options
+    of :func:`immunize_certified` (method "ours" only). An option the method lacks is refused,
+    naming it and the method.
+    """
+    if certified and method != "ours":
+        raise ParameterError("certified", f"certified mode is a mode of 'ours', not of {method!r}")
+    cls, what = (
+        (CertifiedOptions, "ours (certified)") if certified else (options_of(method), method)
+    )
+    base = None if preset is None else PRESETS[check_choice(preset, "preset", tuple(PRESETS))]
+    return cls.build(base, what, **options)
 
 
 @dataclass
@@ -266,7 +265,7 @@ class ImmunizationResult:
     method: str
     theta: np.ndarray
     omega: np.ndarray | None
-    options: Options
+    options: LinearOptions
     harmful_ratio: float  # (i)  κ(H_H(θ))/κ(H_H(I))
     pretrain_ratio: float  # (ii) κ(H_P(θ))/κ(H_P(I))
     rir: float
@@ -300,7 +299,7 @@ def immunize_certified(
     """Algorithm 1 with each regularizer step clipped to ``safety`` × its docs/theory.md §5 bound
     and κ checked after it; ``diagnostics["certified"]`` counts the checks, clips and
     violations."""
-    return _run(task, "ours", _resolve(CertifiedOptions, "ours (certified)", preset, options), rng)
+    return _run(task, "ours", resolve_options("ours", preset, certified=True, **options), rng)
 
 
 def _run(task, method, opts, rng):

@@ -135,7 +135,7 @@ class Ceiling:
     basis: np.ndarray | None = None  # D×r: U_r Λ_r^{-½} Q_C, columns ordered by λ_C (desc)
     lambda_C: np.ndarray | None = None  # the r eigenvalues of C, descending (exact 0 past rank_C)
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("basis", "lambda_C")}
 
 
@@ -198,7 +198,7 @@ class ExponentWindow:
     balanced: float
     empty: bool
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return dict(self.__dict__)
 
 

@@ -127,6 +127,17 @@ def _interval(low, high, low_open, high_open) -> str:
     )
 
 
+def describe_number(
+    *, low=None, high=None, low_open=False, high_open=False, integer=False, none_ok=False
+) -> str:
+    """What :func:`check_number` accepts with these bounds, in words ("an integer in [0, 10]")."""
+    return (
+        ("an integer" if integer else "a finite number")
+        + _interval(low, high, low_open, high_open)
+        + (" or None" if none_ok else "")
+    )
+
+
 def check_number(
     value,
     name: str,
@@ -142,10 +153,13 @@ def check_number(
     :class:`ParameterError` naming ``name``; ``None`` passes through when ``none_ok``."""
     if value is None and none_ok:
         return None
-    want = (
-        ("an integer" if integer else "a finite number")
-        + _interval(low, high, low_open, high_open)
-        + (" or None" if none_ok else "")
+    want = describe_number(
+        low=low,
+        high=high,
+        low_open=low_open,
+        high_open=high_open,
+        integer=integer,
+        none_ok=none_ok,
     )
     ok = (
         isinstance(value, numbers.Real)

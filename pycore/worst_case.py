@@ -91,7 +91,7 @@ class AttackerConfig:
         inner = ", ".join(f"{k}={_short(v)}" for k, v in self.params)
         return f"{self.attacker}({inner})" if inner else self.attacker
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {
             "family": self.family,
             "attacker": self.attacker,

@@ -140,10 +140,10 @@ def test_presets_and_typed_options_reach_the_library(data, own_csv):
             "0.3",
         ]
     )
-    assert run.immunizer.options == {"imma": {"lr": 0.1}, "closed_form": {"exponent": 0.3}}
+    assert run.immunizer.given == {"imma": {"lr": 0.1}, "closed_form": {"exponent": 0.3}}
     run = parse(["--methods", "ours", "--init", "random", "--epochs", "0", "--batch-size", "none"])
     # a value
-    assert run.immunizer.options == {"ours": {"init": "random", "epochs": 0, "batch_size": None}}
+    assert run.immunizer.given == {"ours": {"init": "random", "epochs": 0, "batch_size": None}}
     a, b, c = (
         run.immunizer(data.train, "ours", np.random.default_rng(s)).theta for s in (3, 3, 4)
     )
