@@ -257,24 +257,51 @@ def resolve_options(
     return cls.build(base, what, **options)
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class ImmunizationResult:
     """θ_I, what happened on the way there, and Definition 3.1 on the task's rows
-    (docs/theory.md §8)."""
+    (docs/theory.md §8).
+
+    Attributes
+    ----------
+    method : str
+        One of :data:`METHODS`.
+    theta : ndarray, shape (D, D)
+        The immunized feature extractor; features are ``Xθ``.
+    omega : ndarray or None
+        The D_P head the loop trained with θ (None for the methods that train none).
+    options : LinearOptions
+        The method's options as run (:func:`resolve_options`).
+    harmful_ratio, pretrain_ratio : float
+        (i) = κ(H_H(θ))/κ(H_H(I)) and (ii) = κ(H_P(θ))/κ(H_P(I)) on the task's rows; NaN when θ
+        collapsed a task's features.
+    rir : float
+        (i)/(ii), paper Eq. (15).
+    immunized : bool
+        Definition 3.1: (i) > 1 and (ii) < 1.
+    reason : str
+        One sentence: how the run stopped, which exponent, whether Definition 3.1 holds.
+    history, diagnostics : dict
+        Per-epoch traces and the run's own measurements (step bounds, clips, exponent, ...).
+    wall_seconds : float
+        Time the run took.
+    theta_unhardened, rotation : ndarray or None
+        Set by :func:`pycore.harden.harden_result`: θ = θ_unhardened · rotation.
+    """
 
     method: str
     theta: np.ndarray
     omega: np.ndarray | None
     options: LinearOptions
-    harmful_ratio: float  # (i)  κ(H_H(θ))/κ(H_H(I))
-    pretrain_ratio: float  # (ii) κ(H_P(θ))/κ(H_P(I))
+    harmful_ratio: float
+    pretrain_ratio: float
     rir: float
-    immunized: bool  # Definition 3.1: (i) > 1 and (ii) < 1
-    reason: str  # one sentence: how it stopped, which exponent, Definition 3.1
+    immunized: bool
+    reason: str
     history: dict = field(default_factory=dict)
     diagnostics: dict = field(default_factory=dict)
     wall_seconds: float = 0.0
-    theta_unhardened: np.ndarray | None = None  # pycore.harden.harden_result: θ = θ_unhardened Q
+    theta_unhardened: np.ndarray | None = None
     rotation: np.ndarray | None = None
 
 
@@ -335,7 +362,18 @@ def _run(task, method, opts, rng):
         f"(i) = {hr:.4g}, (ii) = {pr:.4g}."
     )
     return ImmunizationResult(
-        method, theta, omega, opts, hr, pr, value, ok, why, hist, diag, time.perf_counter() - t0
+        method=method,
+        theta=theta,
+        omega=omega,
+        options=opts,
+        harmful_ratio=hr,
+        pretrain_ratio=pr,
+        rir=value,
+        immunized=ok,
+        reason=why,
+        history=hist,
+        diagnostics=diag,
+        wall_seconds=time.perf_counter() - t0,
     )
 
 

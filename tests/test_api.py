@@ -59,7 +59,7 @@ def test_readme_library_section_runs_as_written():
     for source in blocks:  # a failure's traceback names the block's line
         exec(compile(source, "README.md (library section)", "exec"), scope)
     assert isinstance(scope["res"].immunized, bool) and np.isfinite(scope["res"].rir)
-    assert np.isfinite(scope["row"]["rir"]) and scope["row"]["dp_loss_after"] >= 0
+    assert np.isfinite(scope["ev"].train.rir) and scope["ev"].train.dp_loss_after >= 0
     assert scope["attack"].worst.slowdown > 0
     assert np.isfinite([scope["out"].harmful_ratio, scope["out"].pretrain_ratio]).all()
     assert 0 <= scope["acc"]["model"]["adam"][1] <= 100
@@ -279,10 +279,12 @@ def test_evaluate_linear_refuses_mismatched_heldout_ceiling_and_reference():
         evaluate_linear(theta, t, reference=EvaluationReference(other))
     assert e.value.parameter == "reference"
     # the same rows: accepted
-    row = evaluate_linear(theta, t, other, ceiling=rir_ceiling(t.X_P, t.X_H))
-    assert row["rir"] == pytest.approx(1.0) and row["fraction_of_ceiling"] == pytest.approx(
+    ev = evaluate_linear(theta, t, other, ceiling=rir_ceiling(t.X_P, t.X_H))
+    assert ev.train.rir == pytest.approx(1.0) and ev.fraction_of_ceiling == pytest.approx(
         1 / rir_ceiling(t.X_P, t.X_H).range_restricted
     )
+    # the held-out rows are evaluated as the training rows are (their own θ = I reference)
+    assert ev.heldout == evaluate_linear(theta, other).train
 
 
 @pytest.mark.parametrize("c", [1e-3, 1.0, 1e3])
@@ -294,8 +296,8 @@ def test_bce_definition_31c_check_does_not_depend_on_the_scale_of_theta(c):
     rng = np.random.default_rng(0)
     X_P, X_H = rng.standard_normal((20, 30)), rng.standard_normal((20, 30))
     t = LinearTask(X_P, (X_P[:, 0] > 0).astype(float), X_H, rng.standard_normal(20), loss="bce")
-    base = evaluate_linear(np.eye(30), t)["dp_loss_after"]
-    assert evaluate_linear(c * np.eye(30), t)["dp_loss_after"] == pytest.approx(base, rel=1e-9)
+    base = evaluate_linear(np.eye(30), t).train.dp_loss_after
+    assert evaluate_linear(c * np.eye(30), t).train.dp_loss_after == pytest.approx(base, rel=1e-9)
 
 
 @pytest.mark.parametrize(

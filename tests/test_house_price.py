@@ -51,7 +51,7 @@ def test_closed_form_reaches_the_ceiling_and_ours_acts_on_null_KP(data):
         data.heldout,
         ceiling=c,
     )
-    assert e["null_part_fraction"] > 0.9 and e["rir_range_part"] < 0.1 * e["rir"]
+    assert e.null_part_fraction > 0.9 and e.train.rir_range_part < 0.1 * e.train.rir
 
 
 def test_bad_csv_is_refused_naming_the_column(tmp_path, data):
@@ -103,9 +103,11 @@ def test_the_experiment_end_to_end(capsys, tmp_path):
         list(res["methods"]) == list(methods) and res["seeds"] == [0, 1] and res["data"]["D"] == 79
     )
     for e in res["methods"].values():
-        for key in ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "rir_null_part"):
-            assert len(e[key]["per_seed"]) == 2 and all(np.isfinite(e[key]["per_seed"]))
-        assert e["immunized"]["runs"] == e["heldout_immunized"]["runs"] == 2
+        for split in ("train", "heldout"):
+            for key in ("rir", "harmful_ratio", "pretrain_ratio", "rir_null_part"):
+                assert len(e[split][key]["per_seed"]) == 2
+                assert all(np.isfinite(e[split][key]["per_seed"]))
+            assert e[split]["immunized"]["runs"] == 2
     assert res["methods"]["closed_form"]["fraction_of_ceiling"]["mean"] >= 0.99
     assert res["methods"]["ours"]["paper"]["rir"]["mean"] == 356.2
     header = next(

@@ -272,7 +272,7 @@ def test_theta_archives_round_trip_bit_exact_and_house_price_writes_every_theta(
             np.testing.assert_array_equal(plain @ arrays[f"{m}+haar/seed{run['seed']}/Q"], hard)
             assert rir(
                 hard, arrays["data/train/X_P"], arrays["data/train/X_H"]
-            ).value == pytest.approx(run["rir"], rel=1e-12)
+            ).value == pytest.approx(run["train"]["rir"], rel=1e-12)
 
 
 def test_regularizer_product_and_the_closed_form_frontier():
