@@ -17,7 +17,6 @@ from pycore.evaluate import EvaluationReference, evaluate_linear, immunized_def3
 from pycore.immunization import (
     METHODS,
     PRESETS,
-    CertifiedOptions,
     auto_exponent,
     immunize,
     immunize_certified,
@@ -317,9 +316,21 @@ def test_linear_task_names_the_bad_argument(change, name):
     assert e.value.parameter == name
 
 
-def test_certified_options_extend_algorithm_1():
-    ours = {f.name for f in fields(options_of("ours"))}
-    assert {f.name for f in fields(CertifiedOptions)} == ours | {"safety"}
+def test_certified_mode_takes_every_option_of_algorithm_1_and_its_safety():
+    """Any option of "ours" reaches certified mode as given, and ``safety`` is certified mode's
+    alone: plain Algorithm 1 refuses it by name."""
+    t = pair(2)
+    given = {**resolve_options("ours", "house_price").to_dict(), "epochs": 3, "lr": 0.01}
+    res = immunize_certified(t, rng=np.random.default_rng(0), safety=0.5, **given)
+    assert res.options == resolve_options("ours", certified=True, safety=0.5, **given)
+    assert res.options.safety == 0.5 and res.options.lr == 0.01 and res.options.epochs == 3
+    assert res.diagnostics["certified"]["checked"] > 0
+    with pytest.raises(ParameterError) as e:
+        immunize(t, "ours", rng=np.random.default_rng(0), preset="house_price", safety=0.5)
+    assert e.value.parameter == "safety"
+    with pytest.raises(ParameterError) as e:
+        resolve_options("imma", certified=True)
+    assert e.value.parameter == "certified"
 
 
 def test_a_task_keeps_its_own_read_only_copy_of_the_callers_arrays():
