@@ -426,11 +426,62 @@ def attack_evaluation(
     max_steps: int = 20000,
     ridge_rel: float = 1e-4,
 ):
-    """Every family of :func:`attacker_grid` probing D_H of ``task`` through θ and through θ = I to
-    relative suboptimality ``eps`` (least squares for "mse", ridge-logistic for "bce").  ``rows``:
-    the rows of D_H the attacker holds (default all); ``rng`` draws each "half" whitening's rows,
-    the
-    same for θ and I; ``quick``: the small grid."""
+    """Judge θ by what its attackers feel: every attacker family probing D_H through θ and
+    through θ = I (docs/findings.md §4).
+
+    Each configuration of :func:`attacker_grid` (GD, momentum, Adam, Adagrad, CG, L-BFGS,
+    Jacobi-PCG, whitening, a solve) trains a linear probe on the features ``Xθ`` of D_H, from
+    ``w = 0`` to a relative suboptimality ``eps`` (least squares for a "mse" task, ridge-logistic
+    for "bce"); a family counts with its best configuration, the defender with the fastest
+    attacker of all.
+
+    Parameters
+    ----------
+    theta : array_like, shape (D, D)
+        The feature extractor under attack.
+    task : LinearTask
+        Its ``X_H``, ``Y_H`` are the attacker's data.
+    rng : numpy.random.Generator
+        Draws each "half" whitening's rows, the same for θ and for I.
+    rows : index, optional
+        The rows of D_H the attacker holds (default all): a slice, indices or a mask.
+    eps : float, default 1e-4
+        Relative suboptimality ``(L(w) − L*)/(L(0) − L*)`` an attacker must reach, in (0, 1).
+    quick : bool, default False
+        A few configurations per family instead of the stated grid.
+    max_steps : int, default 20000
+        Step cap of every configuration (a capped run gives a bound, ``kind`` ">=" or "<=").
+    ridge_rel : float, default 1e-4
+        The logistic probe's ridge, relative to ‖Z‖₂²/4 (a "bce" task).
+
+    Returns
+    -------
+    AttackEvaluation
+        ``families[f]`` (:class:`FamilyResult`: the best configuration's steps on θ and on I,
+        their ``slowdown`` and ``kind``, the κ ``bound``) and the ``worst`` case.
+
+    Raises
+    ------
+    ParameterError
+        θ of another width (``"theta"``), rows that select nothing of D_H (``"rows"``), ``eps``
+        outside (0, 1), an ``rng`` that is not a Generator.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import LinearTask, attack_evaluation, immunize
+    >>> rng = np.random.default_rng(0)
+    >>> X_P = rng.standard_normal((50, 4)) * [1.0, 0.5, 0.2, 0.1]
+    >>> X_H = rng.standard_normal((40, 4)) @ rng.standard_normal((4, 4))
+    >>> task = LinearTask(X_P, rng.standard_normal(50), X_H, rng.standard_normal(40))
+    >>> theta = immunize(task, "closed_form", rng=rng).theta
+    >>> ev = attack_evaluation(theta, task, rng=rng, quick=True, max_steps=500)
+    >>> ev.worst.slowdown, ev.worst.kind  # an attacker who solves is not slowed at all
+    (1.0, '=')
+    >>> list(ev.families)
+    ['gd', 'heavy_ball', 'nesterov', 'adam', 'adagrad', 'cg', 'lbfgs', 'pcg_jacobi', 'whiten',
+     'closed_form']
+    """
     check_rng(rng)
     theta = as_float_matrix(theta, "theta")
     X, Y = task.X_H, task.Y_H
