@@ -155,7 +155,7 @@ def prepare(args, parser) -> None:
     common.check_out(args.out, OUTPUTS)
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Variant:
     """An attacked θ: a ``method``'s, hardened by ``harden`` or not; ``name`` is its label in
     results.json and the θ archive (:func:`pycore.thetas.run_name`: ``ours+haar``)."""
