@@ -17,6 +17,7 @@ finetune.png (Fig. 3), attacks.png, the first seed's extractor_<row>.safetensors
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +30,6 @@ from experiments.deep_pipeline import RunOptions, run_config
 from pycore.deep import DEEP_METHODS, DeepOptions, create_model, options, save_model
 from pycore.deep.data import model_normalization
 from pycore.deep.distributed import init_from_env, shutdown
-from pycore.deep.train import OPTION_CHOICES, OPTION_RULES
 from pycore.report import dumps_json
 
 FILES = ("results.json", "table.md", "finetune.png", "attacks.png", "tradeoff.png")
@@ -78,18 +78,7 @@ def build_parser() -> common.Parser:
     p.add_argument(
         "--ill-balances", type=real, help="R_ill's balances b_ill, crossed with --balances"
     )
-    common.add_options(
-        p,
-        [DeepOptions],
-        title="immunization options (default: the configuration's)",
-        rules=OPTION_RULES,
-        choices=OPTION_CHOICES,
-        help={
-            "harden": "also measure every row hardened this way",
-            "scope": "layer: the "
-            "immunization layer alone; tail: also the backbone's last --stages stages",
-        },
-    )
+    add_deep_options(p)
     p.add_argument(
         "--seeds",
         type=common.seeds,
@@ -105,6 +94,66 @@ def build_parser() -> common.Parser:
     common.add_out(p, "results/deepnet")
     p.add_argument("--quiet", action="store_true")
     return p
+
+
+def add_deep_options(parser) -> None:
+    """A flag per field of :class:`pycore.deep.DeepOptions` (``--lambda-h`` sets ``lambda_h``),
+    absent unless typed: the configuration's options stay the default of every one."""
+    g = parser.add_argument_group("immunization options (default: the configuration's)")
+
+    def option(flag, **kwargs):
+        common.add_option(g, flag, DeepOptions, **kwargs)
+
+    flag = argparse.BooleanOptionalAction
+    option("--epochs", type=int, metavar="N", help="epochs of the paired D_P/D_H loader")
+    option("--max-steps", type=common.int_or_none, metavar="N|none", help="step cap")
+    option("--batch-size", type=int, metavar="N", help="samples per task and step, per rank")
+    option("--lr", type=float, metavar="X", help="SGD learning rate")
+    option("--momentum", type=float, metavar="X", help="SGD momentum")
+    option("--nesterov", action=flag, help="Nesterov momentum")
+    option("--weight-decay-extractor", type=float, metavar="X", help="weight decay of θ")
+    option("--weight-decay-classifier", type=float, metavar="X", help="of the classifier")
+    option("--label-smoothing", type=float, metavar="X", help="of the D_P cross-entropy")
+    option("--lambda-p", type=float, metavar="X", help="R_well weight (with --balance none)")
+    option("--lambda-h", type=float, metavar="X", help="R_ill weight (with --balance none)")
+    option("--lambda-kappa", type=float, metavar="X", help="Opt κ weight")
+    option("--lambda-imma", type=float, metavar="X", help="IMMA harmful-loss weight")
+    option(
+        "--balance",
+        type=common.float_or_none,
+        metavar="X|none",
+        help="λ = b·‖∇CE‖/‖∇term‖ (App. C.2); none: the fixed --lambda-* values",
+    )
+    option(
+        "--balance-every", type=int, metavar="N", help="steps between balances (0: step 0 only)"
+    )
+    option(
+        "--balance-ill",
+        type=common.float_or_none,
+        metavar="X|none",
+        help="the balance of the R_ill term alone (the trade-off sweep)",
+    )
+    option("--imma-inner-steps", type=int, metavar="N", help="IMMA: unrolled attacker steps")
+    option("--imma-inner-lr", type=float, metavar="X", help="IMMA: attacker step (1/λ_max units)")
+    option(
+        "--ridge-rel", type=float, metavar="X", help="preconditioner ridge, relative to tr(XᵀX)/N"
+    )
+    option(
+        "--scope",
+        metavar="WORD",
+        help="layer: the immunization layer alone; tail: also the backbone's last --stages stages",
+    )
+    option("--stages", type=int, metavar="N", help="--scope tail: the backbone's last stages")
+    option("--virtual-ranks", type=int, metavar="N", help="reproduce N ranks' objective in one")
+    option("--harden", metavar="WORD", help="also measure every row hardened this way")
+    option("--harden-scale", type=float, metavar="X", help="strength of --harden")
+    option("--normalize", action=flag, help="steps in unit-scale features")
+    option(
+        "--dp-tolerance",
+        type=common.float_or_none,
+        metavar="X|none",
+        help="end on the last state within this many %% of D_P's top-1",
+    )
 
 
 def _first_image_size(root: Path) -> "tuple[int, int] | None":
@@ -242,7 +291,7 @@ def plan(args) -> list:
             rc,
             theta0_epochs=epochs,
             methods=tuple(args.methods or rc.methods),
-            options=options(rc.options, **common.given_options(args, [DeepOptions])),
+            options=options(rc.options, **common.given_options(args, DeepOptions.names())),
         )
         if args.balances:  # a sweep: the linear probes only
             sweep = tuple((b, bi) for b in args.balances for bi in (args.ill_balances or [None]))

@@ -153,8 +153,50 @@ def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = N
 
 
 def harden(theta, Q, omega=None):
-    """``(θQ, Qᵀω)``: the hardened extractor and the head that predicts as before; ``omega``
-    may be None."""
+    """Harden θ by an orthogonal Q: ``(θQ, Qᵀω)``, the rotated extractor and the head that
+    predicts as before (docs/findings.md §5).
+
+    Every Hessian becomes ``QᵀH(θ)Q``: the same spectra, so the same κ's, RIR and best D_P loss;
+    only the coordinate basis changes, which coordinate-wise attackers (Adam, Adagrad, Jacobi
+    preconditioning) feel.
+
+    Parameters
+    ----------
+    theta : array_like, shape (D, D)
+        The extractor to harden.
+    Q : array_like, shape (D, D)
+        An orthogonal matrix (:func:`haar_rotation`, :func:`equalizing_rotation`), checked to
+        :data:`ORTHOGONALITY_RTOL`.
+    omega : array_like, shape (D,) or (D, m), optional
+        A linear head on θ's features; None gives None back.
+
+    Returns
+    -------
+    theta_hardened : ndarray, shape (D, D)
+    omega_hardened : ndarray or None
+
+    Raises
+    ------
+    ParameterError
+        Q not square, not orthogonal, or of another size than θ's columns.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.metrics import rir
+    >>> rng = np.random.default_rng(0)
+    >>> X_P, X_H = rng.standard_normal((20, 3)), rng.standard_normal((20, 3))
+    >>> theta, omega = np.diag([1.0, 2.0, 3.0]), np.ones(3)
+    >>> hard, head = harden(theta, haar_rotation(3, rng), omega)
+    >>> np.allclose(X_P @ hard @ head, X_P @ theta @ omega)  # the same predictions
+    True
+    >>> bool(np.isclose(rir(hard, X_P, X_H).value, rir(theta, X_P, X_H).value, rtol=1e-12))
+    True
+    >>> harden(theta, np.diag([1.0, 2.0, 1.0]))
+    Traceback (most recent call last):
+    ...
+    pycore.validation.ParameterError: Q is not orthogonal: ...
+    """
     theta = as_float_matrix(theta, "theta")
     Q = check_orthogonal(Q)
     if Q.shape[0] != theta.shape[1]:

@@ -1,4 +1,4 @@
-"""The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize.immunize`: each
+"""The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize`: each
 takes a task, the method's resolved options and the generator; returns ``(θ, ω, history,
 diagnostics)``."""
 
@@ -273,8 +273,7 @@ def r_ill_only(task, method, o, rng):
             _log(hist, diag["steps"], kP, kH, r, eta)
         if not np.all(np.isfinite(theta)):
             raise DivergenceError(
-                f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h",
-                parameter="lambda_h",
+                "lambda_h", f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h"
             )
     diag["kappa_end"] = (kP0, kH0) if not diag["steps"] else (kP, kH)
     return theta, None, hist, diag
@@ -494,9 +493,9 @@ def closed_form(task, exponent: float, ceiling):
     theta[:, :r] = ceiling.basis * s
     if not np.all(np.isfinite(theta)):
         raise DivergenceError(
+            "exponent",
             f"closed_form: λ_C^(a/2) overflows float64 at exponent a = {exponent:g} "
             f"(κ(C) = {ceiling.kappa_C:.3e})",
-            parameter="exponent",
         )
     return theta, {
         "exponent": exponent,

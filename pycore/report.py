@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 import math
 import platform
 import sys
@@ -76,9 +77,11 @@ NONFINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
 
 
 def to_json(obj):
-    """``obj`` as strict JSON values: NumPy → Python, paths → str, tuples → lists, non-finite →
-    strings."""
-    if isinstance(obj, dict):
+    """``obj`` as strict JSON values: a result object → its ``to_dict()``, NumPy → Python, paths
+    → str, tuples → lists, non-finite → strings."""
+    if callable(getattr(obj, "to_dict", None)):
+        return to_json(obj.to_dict())
+    if isinstance(obj, Mapping):
         return {(k if isinstance(k, str) else str(to_json(k))): to_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_json(v) for v in obj]

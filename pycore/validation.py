@@ -24,9 +24,22 @@ class PicklableError:
         return _rebuild_error, (type(self), self.args, dict(self.__dict__))
 
 
+# Every exception of this package that carries ``.parameter`` takes it FIRST, then the message:
+# ``ParameterError("lr", "lr must be > 0")``, ``DivergenceError("lambda_h", "θ overflowed")``,
+# ``pycore.ops.CondRegError("Z", ...)``, ``pycore.deep.NonFiniteLossError("lr", ..., step)``.
+
+
 class ParameterError(PicklableError, ValueError):
-    """A parameter value the library cannot use; ``parameter`` names the argument or option, so
-    that a command line can name the flag the user typed."""
+    """A parameter value the library cannot use.
+
+    Parameters
+    ----------
+    parameter : str
+        The argument or option at fault, kept as ``.parameter`` so that a command line can name
+        the flag the user typed.
+    message : str
+        One line saying what is wrong (``str(exc)``).
+    """
 
     def __init__(self, parameter: str, message: str):
         super().__init__(message)
@@ -34,10 +47,17 @@ class ParameterError(PicklableError, ValueError):
 
 
 class DivergenceError(PicklableError, FloatingPointError):
-    """A run became non-finite; ``parameter`` names the setting most likely responsible, or
-    None."""
+    """A run became non-finite.
 
-    def __init__(self, message: str, parameter: str | None = None):
+    Parameters
+    ----------
+    parameter : str or None
+        The setting most likely responsible (``.parameter``), or None when none is.
+    message : str
+        One line saying where and how it diverged.
+    """
+
+    def __init__(self, parameter: str | None, message: str):
         super().__init__(message)
         self.parameter = parameter
 
@@ -61,8 +81,8 @@ def check_dense_size(shape, what: str) -> None:
 # Largest float64 working set one method or evaluation sets out to use on a task of D inputs:
 # its D×D arrays (θ, K_P, K_H, preconditioners, Adam's moments, SVD factors) and its N×D row
 # blocks (features Xθ, left singular vectors), counted per entry point from tracemalloc peaks
-# (pycore.immunize.WORK).  Each array may pass MAX_DENSE_BYTES while the set does not: a 2 × 30,000
-# task is 480 KB, and Algorithm 1 on it needs ~150 GiB.
+# (pycore.immunization.WORK).  Each array may pass MAX_DENSE_BYTES while the set does not: a
+# 2 × 30,000 task is 480 KB, and Algorithm 1 on it needs ~141 GiB.
 MAX_WORK_BYTES = 4 << 30  # 4 GiB
 
 
@@ -135,6 +155,17 @@ def _interval(low, high, low_open, high_open) -> str:
     )
 
 
+def describe_number(
+    *, low=None, high=None, low_open=False, high_open=False, integer=False, none_ok=False
+) -> str:
+    """What :func:`check_number` accepts with these bounds, in words ("an integer in [0, 10]")."""
+    return (
+        ("an integer" if integer else "a finite number")
+        + _interval(low, high, low_open, high_open)
+        + (" or None" if none_ok else "")
+    )
+
+
 def check_number(
     value,
     name: str,
@@ -150,10 +181,13 @@ def check_number(
     :class:`ParameterError` naming ``name``; ``None`` passes through when ``none_ok``."""
     if value is None and none_ok:
         return None
-    want = (
-        ("an integer" if integer else "a finite number")
-        + _interval(low, high, low_open, high_open)
-        + (" or None" if none_ok else "")
+    want = describe_number(
+        low=low,
+        high=high,
+        low_open=low_open,
+        high_open=high_open,
+        integer=integer,
+        none_ok=none_ok,
     )
     ok = (
         isinstance(value, numbers.Real)
