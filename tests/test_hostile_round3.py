@@ -17,6 +17,7 @@ from pycore import LinearTask, evaluate_linear, immunize, validation
 from pycore.harden import harden_result
 from pycore.metrics import rir_ceiling
 from pycore.worst_case import attack_evaluation
+from tests.helpers import added_peak_rss
 
 
 def _peak(fn, exc=ValueError):
@@ -421,8 +422,6 @@ def test_a_gzipped_mnist_file_loads_in_a_small_multiple_of_its_size(tmp_path):
     the file read whole, then astype(float64), / 255 and one mask per digit.  Here 20k images
     (15.7 MB decompressed): the load must add less than 11× that (its float64 copy is 8×)."""
     import gzip
-    import subprocess
-    import sys
 
     n = 20_000
     labels = (np.arange(n) % 10).astype(np.uint8)
@@ -431,18 +430,12 @@ def test_a_gzipped_mnist_file_loads_in_a_small_multiple_of_its_size(tmp_path):
         fh.write(bytes(n * 784))
     with gzip.open(tmp_path / "train-labels-idx1-ubyte.gz", "wb") as fh:
         fh.write((2049).to_bytes(4, "big") + n.to_bytes(4, "big") + labels.tobytes())
-    code = (
-        "import resource, sys\nfrom pycore.data.mnist import load_mnist_idx\n"
-        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "d = load_mnist_idx(sys.argv[1])\n"
-        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024, d.count(3))\n"
+    added, threes = added_peak_rss(
+        "from pycore.data.mnist import load_mnist_idx",
+        "load_mnist_idx(sys.argv[1]).count(3)",
+        str(tmp_path),
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    added, threes = map(int, out.stdout.split())
-    assert threes == n // 10 and added < 11 * n * 784, added / (n * 784)
+    assert int(threes) == n // 10 and added < 11 * n * 784, added / (n * 784)
 
 
 # ---- deep side: checkpoints, image folders, labels ----------------------------------------
