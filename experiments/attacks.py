@@ -274,7 +274,6 @@ def _grid_job(unit) -> W.GridRun:
 
 def run(args) -> tuple[dict, dict]:
     """The experiment: ``(results, archive)``, the archive the θ's and inputs for thetas.npz."""
-    from pycore.data.house_price import load_house_price
     from pycore.protocol import strict_protocol
 
     t_start = time.perf_counter()
@@ -295,7 +294,7 @@ def run(args) -> tuple[dict, dict]:
             "wall_seconds": time.perf_counter() - t_start,
         }
         return res, archive
-    data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
+    data = common.load_house_price_data(args)
     if data.heldout is None:
         raise common.UsageError("leaves no held-out rows (lower it)", "--n-train")
     train, held, strict = data.train, data.heldout, None
@@ -322,6 +321,7 @@ def run(args) -> tuple[dict, dict]:
         "experiment": "attacks",
         "dataset": "house_prices",
         "source": data.source,
+        "data_changes": data.changes(),
         "protocol": args.protocol,
         "strict_protocol": None if strict is None else strict.to_dict(),
         "seeds": args.seeds,

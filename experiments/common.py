@@ -233,8 +233,33 @@ def add_house_price_data(
         help="a cell > 1e6 × its column's median magnitude: warn or refuse the file",
     )
     parser.add_argument(
+        "--on-missing",
+        choices=("fill", "error"),
+        default="fill",
+        help="an empty input cell: set it to 0 (counted in one line and in results.json) or "
+        "refuse the file",
+    )
+    parser.add_argument(
         "--n-train", type=count(2, 1_000_000), default=200, help="training rows per split"
     )
+
+
+def load_house_price_data(args):
+    """The paper's House Prices tasks from ``--data``, ``--n-train``, ``--on-outlier`` and
+    ``--on-missing``, with the line that counts what was changed in the data."""
+    from pycore.data.house_price import load_house_price
+
+    data = load_house_price(
+        args.data, n_train=args.n_train, on_outlier=args.on_outlier, on_missing=args.on_missing
+    )
+    say_changes(data)
+    return data
+
+
+def say_changes(data) -> None:
+    """Print the one line counting what a loader changed in the data (nothing when nothing was)."""
+    if data.changes_line():
+        print(data.changes_line(), flush=True)
 
 
 def pyplot():
@@ -251,6 +276,19 @@ def usable_cores() -> int:
     return (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     )
+
+
+def thread_count(asked: int, prog: str) -> int:
+    """``--threads`` capped at the usable cores (more threads than cores only contend; a result is
+    recorded with the count it ran with), saying so when it caps."""
+    cores = usable_cores()
+    if asked > cores:
+        print(
+            f"{prog}: warning: --threads {asked} capped at the {cores} usable core(s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return min(asked, cores)
 
 
 # ---------------------------------------------------------------- library options as flags
@@ -295,13 +333,13 @@ def given_options(args, names) -> dict:
     return {name: getattr(args, name) for name in names if hasattr(args, name)}
 
 
-def add_immunize_options(parser, preset: str | None) -> None:
-    """A flag per option of the linear methods (``--help`` shows ``preset``'s values),
-    ``--certified`` and ``--harden``."""
+def add_immunize_options(parser, preset: str | None, *, own_table: bool = False) -> None:
+    """A flag per option of every linear method (``--help`` shows ``preset``'s values, and with
+    ``own_table`` the values a table of one's own runs), ``--certified`` and ``--harden``."""
     from pycore.harden import HARDENINGS
     from pycore.immunization import PRESETS, LinearOptions
 
-    shown = PRESETS[preset] if preset else {}
+    shown = (_shown_defaults(preset) if own_table else PRESETS[preset]) if preset else {}
     g = parser.add_argument_group(
         "immunization options (pycore.immunization; each one typed beats the preset)"
     )
@@ -359,6 +397,35 @@ def add_immunize_options(parser, preset: str | None) -> None:
         default="none",
         help="θ → θQ after the method (pycore.harden.harden_result, docs/findings.md §5)",
     )
+
+
+def _shown_defaults(preset: str) -> dict:
+    """``--help``'s default of each option: the preset's value, and where a table of one's own
+    runs another (the library's defaults, e.g. "auto" λ's), that one too, per method."""
+    from pycore.immunization import METHODS, PRESETS, resolve_options
+
+    def text(v):
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    own: dict = {}  # option → {method: its value with the library's defaults}
+    for m in METHODS:
+        defaults = resolve_options(m)  # resolved: ours' epochs None → 5000 with "auto" λ's
+        for f in dataclasses.fields(defaults):
+            own.setdefault(f.name, {})[m] = text(getattr(defaults, f.name))
+    shown = dict(PRESETS[preset])
+    for name, per_method in own.items():
+        values = list(per_method.values())
+        common = max(values, key=values.count)
+        odd = [f"{m} {v}" for m, v in per_method.items() if v != common]
+        mine = common + (f" ({', '.join(odd)})" if odd else "")
+        if name not in shown:
+            shown[name] = mine
+        elif odd or common != text(shown[name]):
+            shown[name] = (
+                f"{text(shown[name])} on the paper's data (preset {preset}), {mine} on a table "
+                "of one's own"
+            )
+    return shown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -520,8 +587,8 @@ def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
 
 
 def check_out(out, names=()) -> Path:
-    """Before any compute: ``out`` is (or can be made) a writable folder with no folder in
-    ``names``."""
+    """Before any compute: ``out`` is (or can be made) a writable folder with no folder and no
+    symbolic link (dangling or not) in ``names``."""
     out = Path(out).expanduser()
     # out, or where it will be made
     first = next(p for p in (out, *out.parents) if os.path.lexists(p))
@@ -529,10 +596,22 @@ def check_out(out, names=()) -> Path:
         raise UsageError(
             f"{first} is {'not a folder' if not first.is_dir() else 'not writable'}", "--out"
         )
-    held = [n for n in names if (out / n).is_dir()]
-    if held:
-        raise UsageError(f"{out / held[0]} is a folder, where this run writes a file", "--out")
+    blocked = _blocked(out, names)
+    if blocked:
+        raise UsageError(blocked, "--out")
     return out
+
+
+def _blocked(out: Path, names) -> str | None:
+    """Why an output name cannot be replaced, or None: a folder, or a symbolic link (replacing
+    it would drop the link the user made; following it would write over its target)."""
+    for n in names:
+        p = out / n
+        if p.is_symlink():
+            return f"{p} is a symbolic link (to {os.readlink(p)}), where this run writes a file"
+        if p.is_dir():
+            return f"{p} is a folder, where this run writes a file"
+    return None
 
 
 def write_run(out, table: str, result: dict, files: dict) -> None:
@@ -551,25 +630,44 @@ def write_run(out, table: str, result: dict, files: dict) -> None:
 def write_outputs(out, files) -> list[Path]:
     """Write ``files`` (name → str, bytes, or a function writing the file at the path it is given)
     into ``out`` in order, each under a temporary name then ``os.replace``d over ``out/name``: a
-    reader never sees half a file, and nothing is deleted but this call's own failed temporary."""
+    reader never sees half a file, and nothing is deleted but this call's own failed temporary.
+    A folder or symbolic link at any name is refused before the first file is written; an error
+    names the output, never the temporary file."""
     out = Path(out)
+    blocked = _blocked(out, files)
+    if blocked:
+        raise RunError(f"{blocked}; nothing was written")
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, content in files.items():
         final = out / name
         tmp = final.with_name(f".{final.stem}.{os.getpid()}-{secrets.token_hex(4)}{final.suffix}")
-        with open(tmp, "xb") as fh:  # exclusive: never another run's file
-            if not callable(content):
-                fh.write(content.encode() if isinstance(content, str) else content)
         try:
+            with open(tmp, "xb") as fh:  # exclusive: never another run's file
+                if not callable(content):
+                    fh.write(content.encode() if isinstance(content, str) else content)
             if callable(content):
                 content(tmp)
             os.replace(tmp, final)
-        except BaseException:
+        except BaseException as exc:
             tmp.unlink(missing_ok=True)
+            _raise_for_output(exc, tmp, final)
             raise
         written.append(final)
     return written
+
+
+def _raise_for_output(exc: BaseException, tmp: Path, final: Path) -> None:
+    """Raise ``exc`` again naming ``final`` where it named the temporary file ``tmp`` (nothing
+    when it did not: interrupts and unrelated errors go on as they are)."""
+    if (
+        isinstance(exc, OSError)
+        and exc.filename is not None
+        and os.fspath(exc.filename) == str(tmp)
+    ):
+        raise OSError(exc.errno, exc.strerror, str(final)) from None
+    if isinstance(exc, Exception) and str(tmp) in str(exc):
+        raise RunError(f"{final}: " + str(exc).replace(str(tmp), str(final))) from None
 
 
 def _raise_terminated(signum, frame):
@@ -602,7 +700,7 @@ def main(parser: Parser, body, argv=None) -> int:
     """``body(parser.parse_args(argv))`` (None: 0) under the exit-code policy of docs/cli.md.
     SIGINT is never touched (an inherited SIG_IGN stays); SIGTERM raises :class:`Terminated` unless
     ignored."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    as_script, argv = argv is None, sys.argv[1:] if argv is None else list(argv)
     term = (
         signal.getsignal(signal.SIGTERM)
         if threading.current_thread() is threading.main_thread()
@@ -636,4 +734,21 @@ def main(parser: Parser, body, argv=None) -> int:
         if "--debug" in argv:
             traceback.print_exception(err)
         print(f"{prog}: {line}", file=sys.stderr, flush=True)
+    if as_script and code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        _stop_past_threads(code)
     return code
+
+
+def _stop_past_threads(code: int) -> None:
+    """After a signal, end the process even if a thread is stuck in a system call (an image
+    decoder reading from a network file): the interpreter would wait for it at exit, after
+    "interrupted" was printed, until SIGKILL.  Nothing is left to clean up: outputs are written
+    only at the end and their temporary files were removed as the exception passed."""
+    current = threading.current_thread()
+    if any(t is not current and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, ValueError, OSError):
+                pass
+        os._exit(code)

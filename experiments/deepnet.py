@@ -45,9 +45,17 @@ def build_parser() -> common.Parser:
         "--model", help="any timm model name (timm.list_models()); replaces the configuration's"
     )
     p.add_argument("--img-size", type=common.count(8, 4096), help="input side in pixels")
-    p.add_argument("--dp-root", type=common.existing("folder"), help="ImageFolder root of D_P")
-    p.add_argument("--dh-root", type=common.existing("folder"), help="ImageFolder root of D_H")
-    p.add_argument("--val-split", default="val", help="validation split folder of both roots")
+    p.add_argument(
+        "--dp-root",
+        type=common.existing("folder"),
+        help="D_P's images: ROOT/train/<class>/<image> and ROOT/<val-split>/<class>/<image>",
+    )
+    p.add_argument(
+        "--dh-root", type=common.existing("folder"), help="D_H's images, laid out as --dp-root"
+    )
+    p.add_argument(
+        "--val-split", default="val", help="the second split folder of both roots (D_H: its test)"
+    )
     p.add_argument(
         "--checkpoint", type=common.existing("file"), help="θ₀ (safetensors or torch state_dict)"
     )
@@ -148,20 +156,74 @@ def add_deep_options(parser) -> None:
     )
 
 
-def _image_side(root: Path, rc) -> int:
-    """The shorter side of D_P's first training image (by name), at most the model's own input
-    side."""
+def _first_image_size(root: Path) -> "tuple[int, int] | None":
+    """The size of D_P's first training image (by name), None when it cannot be read
+    (image_folder then reports the bad file or folder)."""
     from PIL import Image  # noqa: PLC0415
 
-    own = model_normalization(create_model(rc.model, 1, seed=0, **rc.model_kwargs))["input_size"][
-        -1
-    ]
     first = min((p for p in (root / "train").rglob("*") if p.is_file()), default=None)
     try:
         with Image.open(first) as img:
-            return max(8, min(own, *img.size))
-    except (OSError, TypeError, ValueError):
-        return own  # image_folder reports the bad file or folder
+            return img.size
+    except (OSError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _own_side(rc) -> int:
+    kwargs = {k: v for k, v in rc.model_kwargs.items() if k != "img_size"}
+    return model_normalization(create_model(rc.model, 1, seed=0, **kwargs))["input_size"][-1]
+
+
+def _image_side(root: Path, rc) -> int:
+    """The shorter side of D_P's first training image (by name), at most the model's own input
+    side."""
+    size = _first_image_size(root)
+    return _own_side(rc) if size is None else max(8, min(_own_side(rc), *size))
+
+
+def _check_roots(args) -> None:
+    """Each root holds train/ and the --val-split folder (a root with training/ failed later on
+    an AttributeError)."""
+    for flag, root in (("--dp-root", args.dp_root), ("--dh-root", args.dh_root)):
+        missing = [s for s in ("train", args.val_split) if root and not (root / s).is_dir()]
+        if missing:
+            found = sorted(d.name + "/" for d in root.iterdir() if d.is_dir())
+            raise common.UsageError(
+                f"{root} has no {missing[0]}/ folder; expected {root}/train/<class>/<image> and "
+                f"{root}/{args.val_split}/<class>/<image> (--val-split names the second); it "
+                f"holds {', '.join(found[:10]) or 'no folder'}",
+                flag,
+            )
+
+
+def _check_input_size(rc, args) -> None:
+    """The model takes its inputs at the side it will see (convnext_atto cannot take 28 px: a raw
+    RuntimeError deep in the first step), and a side far above the images' is said, with what
+    one image costs."""
+    net = create_model(rc.model, 2, seed=0, **rc.model_kwargs).eval()
+    side = model_normalization(net)["input_size"][-1]
+    try:
+        if side < _own_side(rc):  # below its own side a network may run out of pixels
+            with torch.no_grad():
+                net(torch.zeros(1, 3, side, side))
+    except RuntimeError as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise common.UsageError(
+            f"{rc.model} cannot take {side}-px inputs ({first}): pass a larger --img-size "
+            f"(its own input side is {_own_side(rc)} px)",
+            "--img-size",
+        ) from None
+    size = _first_image_size(args.dp_root) if args.img_size and args.dp_root else None
+    if size is not None and args.img_size > 4 * max(size):
+        one = 3 * 4 * args.img_size**2
+        print(
+            f"deepnet.py: warning: --img-size {args.img_size} upsamples D_P's "
+            f"{size[0]}x{size[1]}-px images {args.img_size / max(size):.0f}×: each takes "
+            f"{one / 2**20:.0f} MiB as float32, a batch of {rc.options.batch_size} "
+            f"{rc.options.batch_size * one / 2**30:.1f} GiB",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def plan(args) -> list:
@@ -209,6 +271,8 @@ def plan(args) -> list:
                 f"{key} reads ImageFolder roots: pass --dp-root and --dh-root",
                 "--dh-root" if args.dp_root else "--dp-root",
             )
+        if rc.data == "folders":
+            _check_roots(args)
         epochs = rc.theta0_epochs if args.theta0_epochs is None else args.theta0_epochs
         if not (epochs or args.checkpoint or args.pretrained):
             raise common.UsageError(
@@ -232,8 +296,45 @@ def plan(args) -> list:
         if args.balances:  # a sweep: the linear probes only
             sweep = tuple((b, bi) for b in args.balances for bi in (args.ill_balances or [None]))
             rc = replace(rc, name=f"{rc.name}-sweep", sweep=sweep, finetune=False)
+        if rc.data == "folders":
+            _check_input_size(rc, args)
         runs.append(rc)
     return runs
+
+
+def theta0_warning(result: dict, args) -> "dict | None":
+    """θ₀ near chance on D_P's validation split, on any seed: accuracy below
+    ``min(1.5·chance, (chance + 100)/2)``, chance the majority class's share (an imbalanced D_P's
+    constant predictor scores it, not 1/classes); the advice fits where θ₀ came from."""
+    low = []
+    for s in result["per_seed"]:
+        if "init" not in s["rows"]:
+            continue
+        chance = s.get("dp_chance", 100.0 / s["classes"][0])
+        acc = s["rows"]["init"]["dp_top1"]
+        if acc < min(1.5 * chance, 0.5 * (chance + 100.0)):
+            low.append({"seed": s["seed"], "dp_top1": acc, "chance": chance})
+    if not low:
+        return None
+    if args.checkpoint:
+        advice = (
+            f"the --checkpoint {args.checkpoint} is not a classifier of D_P's classes: train it "
+            "on them first (or give the checkpoint of one)"
+        )
+    elif args.pretrained:
+        advice = (
+            "the pretrained θ₀'s classifier is new for D_P's classes and untrained: pass "
+            "--checkpoint with a model trained on D_P"
+        )
+    else:
+        advice = "train it longer (--theta0-epochs N), or pass --checkpoint or --pretrained"
+    worst = min(low, key=lambda x: x["dp_top1"] - x["chance"])
+    message = (
+        f"θ₀ scores {worst['dp_top1']:.1f}% on D_P's validation split (seed {worst['seed']}; "
+        f"chance, its largest class, is {worst['chance']:.1f}%) on {len(low)} of "
+        f"{len(result['per_seed'])} seed(s): {advice}"
+    )
+    return {"seeds": low, "message": message}
 
 
 def _writer(folder: Path, first_seed: int, config: str):
@@ -258,7 +359,7 @@ def main(argv=None) -> int:
         for rc in runs:
             common.check_out(Path(args.out) / rc.name, FILES)
         if args.threads:
-            torch.set_num_threads(args.threads)
+            torch.set_num_threads(common.thread_count(args.threads, "deepnet.py"))
         ctx = init_from_env(args.device)
         roots = (r and str(r) for r in (args.dp_root, args.dh_root))
         opts = RunOptions(
@@ -277,6 +378,8 @@ def main(argv=None) -> int:
                 )
                 if not ctx.is_main:
                     continue
+                warning = theta0_warning(result, args)
+                result["theta0_near_chance"] = warning
                 table = deep_report.table_markdown(
                     result, PAPER_TABLE3.get(tuple(rc.name.split("-", 1)))
                 )
@@ -292,19 +395,9 @@ def main(argv=None) -> int:
                     {"table.md": table, "results.json": dumps_json(result, indent=1), **files},
                 )
                 print(*([table] if not args.quiet else []), f"[{rc.name}] outputs in {folder}")
-                classes, acc = (
-                    result["per_seed"][0]["classes"][0],
-                    result["rows"]["init"]["dp_top1"]["mean"],
-                )
-                if acc < 150.0 / classes:
+                if warning:
                     print(
-                        f"deepnet.py: warning: θ₀ scores {acc:.1f}% on D_P's validation "
-                        "split, chance is "
-                        f"{100 / classes:.1f}%: train it longer (--theta0-epochs), or "
-                        "pass --checkpoint or "
-                        "--pretrained",
-                        file=sys.stderr,
-                        flush=True,
+                        f"deepnet.py: warning: {warning['message']}", file=sys.stderr, flush=True
                     )
                 failed += [
                     f"{rc.name} {s} {m}: {e['message']}"

@@ -179,12 +179,11 @@ def _run_job(job):
 
 
 def run(args) -> dict:
-    from pycore.data.house_price import load_house_price
     from pycore.metrics import def31_exponent_window, rir_ceiling
     from pycore.protocol import strict_protocol
 
     t_start = time.perf_counter()
-    data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
+    data = common.load_house_price_data(args)
     if data.heldout is None:
         raise ValueError(
             f"House Prices: --n-train {args.n_train} leaves no held-out rows (lower it)"
@@ -249,6 +248,7 @@ def run(args) -> dict:
         "experiment": "frontier",
         "dataset": "house_prices",
         "source": data.source,
+        "data_changes": data.changes(),
         "protocols": args.protocols,
         "seeds": args.seeds,
         "confirm_seeds": args.confirm_seeds,

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from experiments import common
-from pycore.data.house_price import load_house_price
 from pycore.data.table import load_table
 from pycore.evaluate import EvaluationReference, evaluate_linear, norm_ratio_curves
-from pycore.immunization import METHODS, auto_exponent
+from pycore.harden import invariant_change, loss_floor
+from pycore.immunization import METHODS, auto_exponent, check_method_work
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.probe import MAX_PROBE_STEPS
 from pycore.protocol import strict_protocol
@@ -97,6 +97,13 @@ def build_parser() -> common.Parser:
     own.add_argument("--target-p", help="D_P's target column")
     own.add_argument("--target-h", help="D_H's target column (default: --target-p)")
     own.add_argument(
+        "--loss",
+        choices=("mse", "bce"),
+        default="mse",
+        help="D_P's loss: the squared loss on the z-scored target, or the logistic loss on its "
+        "0/1 labels (D_H is probed with the squared loss either way)",
+    )
+    own.add_argument(
         "--inputs",
         type=common.comma_list(),
         help="input columns (default: every other numeric column)",
@@ -118,7 +125,7 @@ def build_parser() -> common.Parser:
         help="exact-line-search probing steps of Figure 1",
     )
     p.add_argument("--no-plot", action="store_true", help="skip norm_ratio.png")
-    common.add_immunize_options(p, "house_price")
+    common.add_immunize_options(p, "house_price", own_table=True)
     return p
 
 
@@ -133,6 +140,7 @@ def prepare(parser, args) -> None:
                 ("--inputs", args.inputs),
                 ("--split", args.split),
                 ("--harmful-data", args.harmful_path),
+                ("--loss", args.loss != "mse"),
             )
             if v
         ]
@@ -190,12 +198,17 @@ def _one_run(job):
             ceiling=st["ceiling"],
             reference=st["reference"],
         )
-        pairs = [(ev.train, plain.train), (ev.heldout, plain.heldout)]
+        # a best loss below its floor is an exact fit's round-off
+        floors = [
+            {"dp_loss_after": loss_floor(t.loss, t.Y_P)} if t is not None else {}
+            for t in (st["train"], st["heldout"])
+        ]
+        pairs = [(ev.train, plain.train, floors[0]), (ev.heldout, plain.heldout, floors[1])]
         row["hardening"] = {
             "kind": harden,
             "max_rel_diff_vs_unhardened": max(
-                abs(getattr(a, k) - getattr(b, k)) / abs(getattr(b, k))
-                for a, b in pairs
+                invariant_change(getattr(a, k), getattr(b, k), floor.get(k, 0.0))
+                for a, b, floor in pairs
                 if b is not None
                 for k in HARDENING_INVARIANTS
             ),
@@ -225,7 +238,7 @@ def summarize_method(rows: list[dict]) -> dict:
 def run(args) -> dict:
     t_start = time.perf_counter()
     if args.target_p is None:  # the paper's data (the Kaggle column set, checked by the loader)
-        data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
+        data = common.load_house_price_data(args)
     else:
         data = load_table(
             args.data,
@@ -236,10 +249,21 @@ def run(args) -> dict:
             harmful_path=args.harmful_path,
             n_train=args.n_train,
             on_outlier=args.on_outlier,
+            on_missing=args.on_missing,
+            loss=args.loss,
         )
+        if args.loss == "mse" and data.binary_target_p:
+            print(
+                f"D_P's target {args.target_p!r} holds only 0 and 1: running the squared loss on "
+                "its z-scores (--loss bce runs the logistic loss on the labels)",
+                flush=True,
+            )
+        common.say_changes(data)
     train, heldout, strict = data.train, data.heldout, None
     if args.protocol == "strict":
         train, heldout, strict = strict_protocol(train, heldout, data.feature_names)
+    for method in args.methods:  # in this process, before any worker starts
+        check_method_work(train, method)
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
     settings = args.immunizer.to_dict()
@@ -299,6 +323,8 @@ def run(args) -> dict:
             "rows_H": data.n_rows_H,
             "D": train.D,
             "D_input": data.train.D,
+            "loss": train.loss,
+            "changes": data.changes(),
             "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
             "heldout_rows_H": None if heldout is None else heldout.X_H.shape[0],
         },
@@ -349,6 +375,7 @@ def table_markdown(result: dict) -> str:
                 else f"D_H = the rows of {data['files'][-1]}"
             )
             + f", {data['D_input']} input columns"
+            + (f", D_P's loss {data['loss']}" if data.get("loss", "mse") != "mse" else "")
         )
     )
     lines = [

@@ -14,7 +14,7 @@ from pycore.probe import gd_exact_line_search
 from pycore.spectral import EPS, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, check_theta
+from pycore.validation import ParameterError, check_theta, check_work
 
 
 def immunized_def31(harmful_ratio: float, pretrain_ratio: float) -> bool:
@@ -52,6 +52,8 @@ class EvaluationReference:
                 f"the held-out task has {heldout.D} input columns but the "
                 f"training task {train.D}: θ acts on one input space",
             )
+        rows = sum(t.X_P.shape[0] + t.X_H.shape[0] for t in (train, heldout) if t is not None)
+        check_work(train.D, rows, 4, 7, "evaluate_linear")
         self.train, self.heldout = train, heldout
         self.V = row_space_basis(train.X_P)
         self.rows = {

@@ -18,6 +18,7 @@ from pycore.validation import (
     check_choice,
     check_number,
     check_rng,
+    check_work,
 )
 
 HARDENINGS = ("none", "haar", "equalize")
@@ -25,6 +26,23 @@ HARDENINGS = ("none", "haar", "equalize")
 # Rotations built here are orthogonal to ~D·eps (≈ 2e-13 at D = 784); 1e-10 is far above that and
 # far below any matrix that is not a rotation.
 ORTHOGONALITY_RTOL = 1e-10
+
+
+def invariant_change(hardened: float, plain: float, floor: float = 0.0) -> float:
+    """``|hardened − plain| / max(|plain|, floor)``: the relative change of a number hardening
+    keeps (κ ratios, RIR, best D_P loss).  ``floor`` is the size below which the number is
+    round-off: a best loss of an exact fit (N ≤ D) is ~1e-31 with θ and ~9e-31 with θQ, and
+    without a floor their "change" reads 900 %."""
+    return abs(hardened - plain) / max(abs(plain), floor) if hardened != plain else 0.0
+
+
+def loss_floor(loss: str, Y) -> float:
+    """:func:`invariant_change`'s floor for a best loss on targets ``Y``: √eps × the loss of the
+    zero head (a best loss below it is an exact fit's round-off)."""
+    from pycore.losses import residual
+
+    Y = np.asarray(Y, dtype=np.float64)
+    return float(np.sqrt(np.finfo(np.float64).eps) * residual(loss, np.zeros_like(Y), Y)[0])
 
 
 def orthogonality_defect(Q) -> float:
@@ -120,6 +138,8 @@ def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = N
     check_choice(kind, "harden", HARDENINGS)
     if kind == "none":
         return None
+    rows = 0 if Z is None else np.shape(Z)[0]
+    check_work(D, rows, *((5, 0) if kind == "haar" else (8, 1)), f"harden {kind!r}")
     if kind == "haar":
         if rng is None:
             raise ParameterError("rng", "harden 'haar' draws Q from the run's generator: pass rng")

@@ -20,7 +20,7 @@ from pycore.precondition import PRECONDITIONERS
 from pycore.spectral import SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, check_betas, check_choice, check_rng
+from pycore.validation import ParameterError, check_betas, check_choice, check_rng, check_work
 
 # Bounds of the counts (epochs=10**23 fails at once instead of running until killed): 100× the
 # paper's largest epoch count (Table 4: 1000), ~300× IMMA's 3 unrolled steps.
@@ -117,10 +117,14 @@ class OursOptions(_AdamOptions):
         super().__post_init__()
         auto = [name for name in ("lambda_p", "lambda_h") if getattr(self, name) == "auto"]
         if len(auto) == 1:
+            # named: the λ that was set to a number (both default to "auto", so it is the one a
+            # caller gave), not the one left at its default
+            given = "lambda_h" if auto[0] == "lambda_p" else "lambda_p"
             raise ParameterError(
-                auto[0],
-                f"{auto[0]} = 'auto' needs the other λ 'auto' too: the adaptive "
-                "default sets both (give both numbers for the fixed-λ loop)",
+                given,
+                f"{given} = {getattr(self, given)!r} picks the fixed-λ loop, which needs "
+                f"{auto[0]} as a number too (it is 'auto', the adaptive default's setting of "
+                "both λ's)",
             )
         if auto and (self.optimizer != "adam" or self.init != "identity"):
             bad = "optimizer" if self.optimizer != "adam" else "init"
@@ -229,6 +233,22 @@ PRESETS = MappingProxyType(
             "mnist": {**_MNIST, "lr": 0.002, "lambda_h": 1e12},
             "mnist_paper": {**_MNIST, "lr": 0.001, "lambda_h": 5e7, "precond": "ridge"},
         }.items()
+    }
+)
+
+
+# Working set per method (pycore.validation.check_work): (D×D arrays, N×D blocks per row of both
+# tasks) at its peak, from tracemalloc on random tasks (D = 300-400, N = 25-600) rounded up, the
+# task's K_P and K_H included; certified "ours" and the fixed-λ loop are the larger of its modes.
+WORK = MappingProxyType(
+    {
+        "identity": (2, 1),
+        "closed_form": (2, 3),
+        "ours": (21, 7),
+        "imma": (13, 1),
+        "r_ill_only": (6, 4),
+        "opt_kappa": (21, 5),
+        "opt_kappa_balanced": (21, 5),
     }
 )
 
@@ -418,6 +438,7 @@ def _run(task, method, opts, rng):
             "task", f"task must be a pycore.LinearTask, got {type(task).__name__}"
         )
     check_rng(rng)
+    check_method_work(task, method)
     t0 = time.perf_counter()
     if method == "closed_form":
         ceiling = rir_ceiling(task.X_P, task.X_H)
@@ -458,6 +479,14 @@ def _run(task, method, opts, rng):
         diagnostics=diag,
         wall_seconds=time.perf_counter() - t0,
     )
+
+
+def check_method_work(task: LinearTask, method: str) -> int:
+    """The bytes ``method`` sets out to hold on ``task`` (:data:`WORK`), or the ``ValueError`` of
+    :func:`pycore.validation.check_work` naming D and the bytes (checked before workers start)."""
+    squares, blocks = WORK[check_choice(method, "method", METHODS)]
+    rows = task.X_P.shape[0] + task.X_H.shape[0]
+    return check_work(task.D, rows, squares, blocks, f"immunize({method!r})")
 
 
 def _ratios(task, theta, diag) -> tuple[float, float]:

@@ -16,6 +16,7 @@ from pycore.validation import (
     check_dense_size,
     check_number,
     check_theta,
+    check_work,
 )
 
 
@@ -222,6 +223,7 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     """
     check_number(null_rtol, "null_rtol", low=0.0, high=1.0, high_open=True)
     X_P, X_H = _check_pair(X_P, X_H)
+    check_work(X_P.shape[1], X_P.shape[0] + X_H.shape[0], 2, 3, "rir_ceiling")
     sP = gram_spectrum(X_P, vectors=False, name="X_P")
     s, Vt = right_singular_vectors(X_P, "X_P")  # K_P's eigenvectors; the last D − r span null(K_P)
     sH = gram_spectrum(X_H, vectors=False, name="X_H")
@@ -267,7 +269,9 @@ class ExponentWindow:
     """Closed-form exponents a ≥ 0 (s² = λ_C^a) that satisfy Definition 3.1 (docs/theory.md §10):
     (i) > 1 ⇔ a > ln κ(K_H)/ln κ(C) − 1 (``low``, clamped at 0), (ii) < 1 ⇔ a < ``high`` =
     ln κ(K_P)/ln κ(C); ``balanced`` is the middle of the unclamped window, where (i) = 1/(ii) =
-    √ceiling; ``empty`` when no a ≥ 0 satisfies both."""
+    √ceiling; ``empty`` when no a ≥ 0 satisfies both, or when the window exists only by
+    round-off: its width is ln(ceiling)/ln κ(C), and a ceiling within
+    :func:`ceiling_round_off` of 1 (both tasks of the same rows: κ(C) = 1 + 3e-15) opens none."""
 
     low: float
     high: float
@@ -276,6 +280,14 @@ class ExponentWindow:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+def ceiling_round_off(ceiling: Ceiling) -> float:
+    """The log-ceiling ln(κ(C)κ(K_P)/κ(K_H)) that round-off alone can produce: each κ = κ(Z)² from
+    an SVD errs by ≲ 2p·eps·√κ relative (p = 4, as :func:`pycore.methods.rir_change_tolerance`),
+    so ``max(1e-9, 8·eps·Σ√κ)`` over the three."""
+    kappas = (ceiling.kappa_C, ceiling.kappa_K_P, ceiling.kappa_K_H)
+    return max(1e-9, 8.0 * float(np.finfo(np.float64).eps) * sum(np.sqrt(k) for k in kappas))
 
 
 def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
@@ -287,11 +299,12 @@ def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
         )
     raw_low = np.log(ceiling.kappa_K_H) / lc - 1.0
     high = np.log(ceiling.kappa_K_P) / lc
+    log_ceiling = lc + np.log(ceiling.kappa_K_P) - np.log(ceiling.kappa_K_H)
     return ExponentWindow(
         float(max(raw_low, 0.0)),
         float(high),
         float(0.5 * (raw_low + high)),
-        bool(max(raw_low, 0.0) >= high),
+        bool(max(raw_low, 0.0) >= high or log_ceiling <= ceiling_round_off(ceiling)),
     )
 
 

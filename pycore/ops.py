@@ -188,7 +188,24 @@ class CondDiagnostics:
     eigvec_method: str  # "inverse_iteration", "eigh" or "none" (no gradient requested)
 
 
+def _check_default_rtol(Z, rtol, where: str) -> None:
+    """The default rank tolerance ``D·eps`` cuts λ_max itself once it reaches 1 (float32 from D ≈
+    8.4 million columns): every eigenvalue would count as zero and a 1 × 10⁸ batch read as "zero or
+    underflowing".  Refused naming ``rtol``, the setting that makes such a batch readable."""
+    if rtol is not None or getattr(Z, "ndim", 0) != 2 or not Z.is_floating_point():
+        return
+    eps = torch.finfo(Z.dtype).eps
+    if Z.shape[1] * eps >= 1.0:
+        raise CondRegError(
+            "rtol",
+            f"{where}: Z has D = {Z.shape[1]} columns, so the default rank tolerance D·eps = "
+            f"{Z.shape[1] * eps:.3g} of {Z.dtype} is ≥ 1 and no eigenvalue of ZᵀZ could count "
+            "as nonzero: pass an explicit rtol < 1, or float64 features",
+        )
+
+
 def _cond_reg(Z, kind, rtol, tie_rtol, where):
+    _check_default_rtol(Z, rtol, where)
     with_grad = torch.is_grad_enabled() and getattr(Z, "requires_grad", False)
     return _run(where, "Z", torch.ops.pycore.cond_reg, Z, kind, rtol, tie_rtol, with_grad)
 
@@ -300,6 +317,7 @@ def reference_cond_regularizer(
         raise CondRegError("kind", f"{where}: kind must be 'ill' or 'well', got {kind!r}")
     if rtol is not None and not 0 <= rtol < 1:
         raise CondRegError("rtol", f"{where}: rtol must be a number in [0, 1), got {rtol!r}")
+    _check_default_rtol(Z, rtol, where)
     H = Z.T @ Z
     D = H.shape[0]
     lam = torch.linalg.eigvalsh(H)

@@ -136,11 +136,20 @@ def read_json(path: Path):
     return from_json(json.loads(Path(path).read_text()))
 
 
+def _is_terminal(stream) -> bool:
+    """Whether ``stream`` is an open terminal: False for a closed stderr (``2>&-`` makes
+    ``sys.stderr`` None) or a closed file."""
+    try:
+        return stream is not None and bool(stream.isatty())
+    except (ValueError, OSError):
+        return False
+
+
 def progress(iterable=None, **kw):
     """tqdm that stays silent when stderr is not a terminal (CI, pipes)."""
     from tqdm.auto import tqdm
 
-    kw.setdefault("disable", not sys.stderr.isatty())
+    kw.setdefault("disable", not _is_terminal(sys.stderr))
     kw.setdefault("leave", False)
     return tqdm(iterable, **kw)
 

@@ -78,6 +78,34 @@ def check_dense_size(shape, what: str) -> None:
         )
 
 
+# Largest float64 working set one method or evaluation sets out to use on a task of D inputs:
+# its D×D arrays (θ, K_P, K_H, preconditioners, Adam's moments, SVD factors) and its N×D row
+# blocks (features Xθ, left singular vectors), counted per entry point from tracemalloc peaks
+# (pycore.immunization.WORK).  Each array may pass MAX_DENSE_BYTES while the set does not: a
+# 2 × 30,000 task is 480 KB, and Algorithm 1 on it needs ~141 GiB.
+MAX_WORK_BYTES = 4 << 30  # 4 GiB
+
+
+def check_work(D: int, rows: int, squares: float, row_blocks: float, what: str) -> int:
+    """The bytes ``8·D·(squares·D + row_blocks·rows)`` of the D×D and N×D float64 arrays ``what``
+    holds at once, or a ``ValueError`` naming ``what``, D and the bytes when they exceed
+    :data:`MAX_WORK_BYTES` (read at call time): refused before the first array is allocated."""
+    D, rows = int(D), int(rows)
+    nbytes = int(8 * D * (squares * D + row_blocks * rows))
+    if nbytes > MAX_WORK_BYTES:
+        raise ValueError(
+            f"{what}: a task of D = {D} input columns and {rows} rows needs about "
+            f"{_size(nbytes)} of float64 work (about {squares:g} D×D arrays and {row_blocks:g} "
+            f"N×D blocks at once), more than the {_size(MAX_WORK_BYTES)} budget "
+            "(pycore.validation.MAX_WORK_BYTES); use fewer input columns"
+        )
+    return nbytes
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
 def as_float_matrix(A, name: str = "matrix", *, ndim: int = 2) -> np.ndarray:
     """``A`` as a C-contiguous float64 array of ``ndim`` dims, or a ``ValueError`` naming ``name``
     (size checked before copying: a broadcast view is never expanded first)."""

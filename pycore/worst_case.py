@@ -27,6 +27,7 @@ from pycore.validation import (
     check_choice,
     check_number,
     check_rng,
+    check_work,
 )
 
 __all__ = [
@@ -396,13 +397,15 @@ class AttackEvaluation:
     """What :func:`attack_evaluation` found: per attacker family (``families``, in grid order) its
     :class:`FamilyResult` against θ = I, and the defender's ``worst`` case (the fastest
     configuration of any family on θ against the fastest on I); ``eps``, the step ``cap`` and the
-    ``n_rows`` of D_H the attacker held."""
+    ``n_rows`` of D_H the attacker held; ``loss``, the loss D_H was probed with ("mse" or
+    "bce")."""
 
     eps: float
     cap: int
     n_rows: int
     families: Mapping[str, FamilyResult] = field(hash=False)
     worst: FamilyResult
+    loss: str = "mse"
 
     def to_dict(self) -> dict:
         return {
@@ -411,6 +414,7 @@ class AttackEvaluation:
             "n_rows": self.n_rows,
             "families": {f: r.to_dict() for f, r in self.families.items()},
             "worst": self.worst.to_dict(),
+            "loss": self.loss,
         }
 
 
@@ -431,9 +435,10 @@ def attack_evaluation(
 
     Each configuration of :func:`attacker_grid` (GD, momentum, Adam, Adagrad, CG, L-BFGS,
     Jacobi-PCG, whitening, a solve) trains a linear probe on the features ``Xθ`` of D_H, from
-    ``w = 0`` to a relative suboptimality ``eps`` (least squares for a "mse" task, ridge-logistic
-    for "bce"); a family counts with its best configuration, the defender with the fastest
-    attacker of all.
+    ``w = 0`` to a relative suboptimality ``eps``: least squares, as
+    :class:`~pycore.tasks.LinearTask` probes D_H, or ridge-logistic when a "bce" task's D_H targets
+    are one column of 0/1 labels (MNIST's ink labels); a family counts with its best
+    configuration, the defender with the fastest attacker of all.
 
     Parameters
     ----------
@@ -498,12 +503,15 @@ def attack_evaluation(
     if idx.ndim != 1 or idx.size == 0:
         raise ParameterError("rows", "rows must select at least one row of D_H")
     X, Y = X[idx], Y[idx]
+    check_work(X.shape[1], X.shape[0], 12, 4, "attack_evaluation")
     eps = check_number(eps, "eps", low=0.0, high=1.0, low_open=True, high_open=True)
-    grid = attacker_grid("lsq" if task.loss == "mse" else "logistic", quick=quick)
+    labels = task.loss == "bce" and task.Y_H.shape[1] == 1 and np.isin(task.Y_H, (0, 1)).all()
+    loss = "bce" if labels else "mse"  # a continuous D_H target: the squared loss
+    grid = attacker_grid("logistic" if labels else "lsq", quick=quick)
     pairs = ((theta, rng), (np.eye(X.shape[1]), copy.deepcopy(rng)))
     run, ref = (
         run_grid(
-            A.make_problem(X @ t, Y, task.loss, ridge_rel=ridge_rel),
+            A.make_problem(X @ t, Y, loss, ridge_rel=ridge_rel),
             grid,
             eps=(eps,),
             max_steps=max_steps,
@@ -525,4 +533,5 @@ def attack_evaluation(
         n_rows=X.shape[0],
         families=MappingProxyType(families),
         worst=best(None),
+        loss=loss,
     )
