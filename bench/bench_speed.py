@@ -35,7 +35,7 @@ import scipy.sparse.linalg  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pycore.batch import GramStack  # noqa: E402
-from pycore.immunize import immunize, immunize_batch  # noqa: E402
+from pycore.immunization import immunize, immunize_batch  # noqa: E402
 from pycore.regularizers import hessian_regularizer  # noqa: E402
 from pycore.spectral import SymmetricEigen  # noqa: E402
 

@@ -411,6 +411,10 @@ def run_seed(
             "errors": errors,
             "phase_seconds": seconds,
             "classes": [ncp, nch],
+            # D_P's majority class share (%): the accuracy of a θ₀ that learned nothing
+            "dp_chance": 100.0
+            * float(np.bincount(ev["y"]["p_val"]).max())
+            / len(ev["y"]["p_val"]),
         }
         if ctx.is_main
         else None

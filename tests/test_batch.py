@@ -13,7 +13,7 @@ import pytest
 import pycore.optim as optim
 from pycore import losses
 from pycore.batch import GramStack
-from pycore.immunize import (
+from pycore.immunization import (
     draws_random,
     immunize,
     immunize_batch,
@@ -74,7 +74,7 @@ def test_runs_that_draw_nothing_are_one_run():
     assert not draws_random("r_ill_only", resolve_options("r_ill_only"))
     assert draws_random("r_ill_only", resolve_options("r_ill_only", init="random"))
     assert not draws_random("ours", resolve_options("ours"))  # the adaptive default, from θ = I
-    assert draws_random("ours", resolve_options("ours", preset="strict"))
+    assert draws_random("ours", resolve_options("ours", "strict"))
 
 
 @pytest.mark.parametrize("method", ["ours", "opt_kappa", "imma", "r_ill_only"])

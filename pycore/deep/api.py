@@ -10,7 +10,7 @@ import numpy as np
 from torch.utils.data import Subset
 
 from pycore.deep.attacks import ADAM_LRS, feature_attacks, finetune_attack
-from pycore.deep.data import as_dataset, dataset_labels
+from pycore.deep.data import as_dataset, dataset_labels, label_count
 from pycore.deep.features import extract, prelogits_dataset
 from pycore.deep.models import ImmunizedNet, as_immunized
 from pycore.deep.train import DeepOptions, immunize, options
@@ -53,10 +53,12 @@ def immunize_model(
     naming the option to change."""
     o = options(**opts)
     p, h = as_dataset(dp, "dp"), as_dataset(dh, "dh")
+    classes_h = label_count(dataset_labels(h), "dh")  # before the harmful head is sized by it
     out = as_immunized(model).eval()
     cached = o.scope == "layer"
     if cached:
         p, h = prelogits_dataset(out, p), prelogits_dataset(out, h)
+    label_count(dataset_labels(p), "dp", out.classifier.out_features)
     before = [extract(out, d, cached=cached) for d in (p, h)]
     t0 = time.perf_counter()
     res = immunize(
@@ -66,7 +68,7 @@ def immunize_model(
         method,
         o,
         seed=seed,
-        num_classes_h=int(dataset_labels(h).max()) + 1,
+        num_classes_h=classes_h,
         cached=cached,
         device=next(out.parameters()).device,
     )
@@ -128,7 +130,7 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     else:
         test = as_dataset(dh_test, "dh_test")
     yt, yv = dataset_labels(train), dataset_labels(test)
-    classes = int(max(yt.max(), yv.max())) + 1
+    classes = max(label_count(yt, "dh"), label_count(yv, "dh_test"))
     out = {}
     for name, m in (("model", model), ("reference", reference)):
         net = as_immunized(m).eval()
