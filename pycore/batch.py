@@ -45,6 +45,8 @@ class GramStack:
     zeros exact, rank cut with H's shape D×D)."""
 
     def __init__(self, F: np.ndarray, D: int, *, what: str = "ZᵀZ"):
+        if F.shape[1] == 0:  # the task's inputs are zero: rank 0
+            raise SpectrumError(f"{what} is zero: its condition number is undefined")
         self.F, self.D = F, D
         self.W = F @ F.mT
         self.eig = [SymmetricEigen(w, symmetric=True) for w in self.W]  # FFᵀ by syrk

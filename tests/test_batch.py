@@ -193,3 +193,14 @@ def test_house_price_batches_keep_seed_free_methods_whole_and_split_the_rest():
     assert jobs[0] == ("ours", (0, 1, 2))  # the costliest first
     seeds = sorted(s for m, ss in jobs if m == "imma" for s in ss)
     assert seeds == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("method", LOOPS)
+def test_a_task_with_zero_inputs_is_a_spectrum_error(method):
+    from pycore.spectral import SpectrumError
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((30, 4))
+    task = LinearTask(X, rng.standard_normal(30), np.zeros((30, 4)), rng.standard_normal(30))
+    with pytest.raises(SpectrumError, match="zero"):
+        immunize(task, method, rng=rng, preset="house_price", epochs=2)
