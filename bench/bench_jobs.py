@@ -1,5 +1,7 @@
 """The linear jobs at reduced size, each method's time as a RATIO to the job's arithmetic floor
 measured in the same run (:func:`floor_step`): a regression shows as a larger ratio on any machine.
+The methods run one seed at a time here (``immunize``); ``bench/bench_speed.py`` measures the
+stacked seeds.
 
     python bench/bench_jobs.py [--repeat 5]                   # the ratio table
     python -m pytest bench/bench_jobs.py --benchmark-only -s  # the same, through pytest-benchmark
@@ -56,26 +58,22 @@ JOBS = {
 
 def floor_step(task):
     """One step of the bare arithmetic every step of the job must do, with the same LAPACK/BLAS
-    calls: House Prices (D ≤ 79, 200 rows) the feature products ``Xθ``, the Hessians ``ZᵀZ`` and
-    their eigenvalues (``dsytrd`` + ``dsterf``); MNIST (D = 784, 100 rows) the feature products,
-    the two N×N Gram eigensolves and one 784×100×784 product."""
-    X_P, X_H, theta = task.X_P, task.X_H, np.eye(task.D)
-    if X_P.shape[0] >= task.D:  # D×D Hessians, eigenvalues by dsytrd + dsterf
+    calls: the two small-side feature products ``F = Aθ`` (``A = diag(s)Vᵀ`` of X, r×D), their
+    r×r Grams ``W = FFᵀ`` and the eigenvalues of each (``dsytrd`` + ``dsterf``); on MNIST (D = 784)
+    also one D×r×D product, the least a D×D gradient costs."""
+    theta = np.eye(task.D)
+    factors = (task.factor_P, task.factor_H)
+    big = task.D > 2 * max(f.rank for f in factors)
+    V = task.factor_H.V
 
-        def step():
-            for X in (X_P, X_H):
-                Z = X @ theta
-                _, d, e, _, _ = lapack.dsytrd(Z.T @ Z, lower=1)
-                lapack.dsterf(d, e)
-
-        return step
-    V = np.linalg.svd(X_H, full_matrices=False)[2].T  # D×N
-
-    def step():  # N×N Gram spectra and one dense D×D update
-        for X in (X_P, X_H):
-            Z = X @ theta
-            np.linalg.eigh(Z @ Z.T)
-        V @ V.T
+    def step():
+        for f in factors:
+            F = f.features(theta)
+            W = F @ F.T
+            _, d, e, _, _ = lapack.dsytrd(W.T, lower=1)
+            lapack.dsterf(d, e)
+        if big:
+            V @ V.T
 
     return step
 

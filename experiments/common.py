@@ -448,16 +448,26 @@ class Immunizer:
         )
 
     def __call__(self, task, method: str, rng):
+        return self.batch(task, method, [rng])[0]
+
+    def batch(self, task, method: str, rngs) -> list:
+        """One result per generator, the runs stepped together (``immunize_batch``; certified
+        runs one at a time), each then hardened with its own generator."""
         from pycore.harden import harden_result
-        from pycore.immunization import immunize, immunize_certified
+        from pycore.immunization import immunize_batch, immunize_certified
 
         kw = dict(preset=self.preset, **self.given.get(method, {}))
-        res = (
-            immunize_certified(task, rng=rng, **kw)
-            if self.certified and method == "ours"
-            else immunize(task, method, rng=rng, **kw)
-        )
-        return harden_result(res, task, self.harden, rng=rng)
+        if self.certified and method == "ours":
+            results = [immunize_certified(task, rng=rng, **kw) for rng in rngs]
+        else:
+            results = immunize_batch(task, method, rngs=rngs, **kw)
+        return [harden_result(r, task, self.harden, rng=rng) for r, rng in zip(results, rngs)]
+
+    def draws_random(self, method: str) -> bool:
+        """Whether ``method``'s runs use their generator (else every seed gives the same run)."""
+        from pycore.immunization import draws_random
+
+        return draws_random(method, self.options(method))
 
     def to_dict(self) -> dict:
         """For results.json: the settings and every method's options as run."""
@@ -543,37 +553,48 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _worker_init(parent: int) -> None:
+# What pool_map's ``shared`` argument is in a worker: set once by the pool's initializer.
+_SHARED = None
+
+
+def _worker_init(parent: int, shared) -> None:
+    global _SHARED
+    _SHARED = shared
     # Ctrl-C reaches the group: the parent stops the pool
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (forked)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
 
-def _task(fn, item):
+def _task(fn, with_shared, item):
     from pycore.threads import task_threads
 
     # one BLAS thread per task, in a worker or not: results never depend on --jobs
     with task_threads():
-        return fn(item)
+        return fn(_SHARED, item) if with_shared else fn(item)
 
 
-def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
+def pool_map(fn, items, jobs: int, desc: str | None = None, *, shared=None) -> list:
     """``[fn(x) for x in items]`` over at most ``jobs`` forked workers (none for one task); on any
     exception, Ctrl-C or SIGTERM every worker is killed first; a worker's exception arrives as
-    itself."""
+    itself.  With ``shared``: ``[fn(shared, x) for x in items]``, ``shared`` (the data every item
+    needs) handed to each worker once by the pool's initializer, not once per item."""
     from pycore.report import progress
 
-    items, task = list(items), functools.partial(_task, fn)
+    items = list(items)
     n = max(1, min(jobs, len(items), usable_cores()))
     if n == 1:
-        return [task(x) for x in progress(items, desc=desc)]
+        return [
+            _task(functools.partial(fn, shared) if shared is not None else fn, False, x)
+            for x in progress(items, desc=desc)
+        ]
     ex = ProcessPoolExecutor(
         n,
         mp_context=multiprocessing.get_context("fork"),
         initializer=_worker_init,
-        initargs=(os.getpid(),),
+        initargs=(os.getpid(), shared),
     )
+    task = functools.partial(_task, fn, shared is not None)
     try:
         out = list(progress(ex.map(task, items), total=len(items), desc=desc))
     except BaseException:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -168,8 +169,8 @@ def parse_args(argv=None):
     return args
 
 
-_STATE: dict = {}  # what every run shares, inherited by the forked workers (never pickled)
-# Relative cost of one run (CPU seconds, measured): the longest runs go first, so none starts last.
+# Relative cost of one run (CPU seconds, measured): the longest batches go first, so none starts
+# last.
 _COST = {
     "r_ill_only": 5.0,
     "opt_kappa": 4.0,
@@ -181,39 +182,73 @@ _COST = {
 }
 
 
-def _one_run(job):
-    method, seed = job
-    st, harden = _STATE, _STATE["immunize"].harden
-    res = st["immunize"](st["train"], method, np.random.default_rng(seed))
-    ev = evaluate_linear(
-        res.theta, st["train"], st["heldout"], ceiling=st["ceiling"], reference=st["reference"]
+@dataclass(frozen=True)
+class Shared:
+    """What every batch of runs needs, handed to each worker once (``common.pool_map``)."""
+
+    train: object
+    heldout: object
+    immunize: common.Immunizer
+    ceiling: object
+    reference: EvaluationReference
+
+
+def run_batch(shared: Shared, job) -> list:
+    """``(row, θ, archive entries)`` of each seed of ``job = (method, seeds)``: the seeds' runs
+    stepped together (``Immunizer.batch``), then each evaluated (a run equal to the one before,
+    e.g. a method that draws nothing from its generator, once)."""
+    method, seeds = job
+    st, harden = shared, shared.immunize.harden
+    results = st.immunize.batch(st.train, method, [np.random.default_rng(s) for s in seeds])
+    out, last = [], None  # (θ, its evaluation)
+    for seed, res in zip(seeds, results):
+        if last is None or not np.array_equal(last[0], res.theta):
+            last = res.theta, evaluate(st, res.theta)
+        ev = last[1]
+        row = {"seed": seed, "wall_seconds": res.wall_seconds, **ev.to_dict()}
+        row["diagnostics"] = res.diagnostics
+        if res.theta_unhardened is not None:  # hardening must leave every number unchanged
+            plain = evaluate(st, res.theta_unhardened)
+            # a best loss below its floor is an exact fit's round-off
+            floors = [
+                {"dp_loss_after": loss_floor(t.loss, t.Y_P)} if t is not None else {}
+                for t in (st.train, st.heldout)
+            ]
+            pairs = [(ev.train, plain.train, floors[0]), (ev.heldout, plain.heldout, floors[1])]
+            row["hardening"] = {
+                "kind": harden,
+                "max_rel_diff_vs_unhardened": max(
+                    invariant_change(getattr(a, k), getattr(b, k), floor.get(k, 0.0))
+                    for a, b, floor in pairs
+                    if b is not None
+                    for k in HARDENING_INVARIANTS
+                ),
+            }
+        out.append((row, res.theta, run_thetas(res, method, seed, harden)))
+    return out
+
+
+def evaluate(shared: Shared, theta):
+    """:func:`pycore.evaluate.evaluate_linear` of θ on the shared tasks, ceiling and reference."""
+    return evaluate_linear(
+        theta, shared.train, shared.heldout, ceiling=shared.ceiling, reference=shared.reference
     )
-    row = {"seed": seed, "wall_seconds": res.wall_seconds, **ev.to_dict()}
-    row["diagnostics"] = res.diagnostics
-    if res.theta_unhardened is not None:  # hardening must leave every number of the row unchanged
-        plain = evaluate_linear(
-            res.theta_unhardened,
-            st["train"],
-            st["heldout"],
-            ceiling=st["ceiling"],
-            reference=st["reference"],
-        )
-        # a best loss below its floor is an exact fit's round-off
-        floors = [
-            {"dp_loss_after": loss_floor(t.loss, t.Y_P)} if t is not None else {}
-            for t in (st["train"], st["heldout"])
-        ]
-        pairs = [(ev.train, plain.train, floors[0]), (ev.heldout, plain.heldout, floors[1])]
-        row["hardening"] = {
-            "kind": harden,
-            "max_rel_diff_vs_unhardened": max(
-                invariant_change(getattr(a, k), getattr(b, k), floor.get(k, 0.0))
-                for a, b, floor in pairs
-                if b is not None
-                for k in HARDENING_INVARIANTS
-            ),
-        }
-    return row, res.theta, run_thetas(res, method, seed, harden)
+
+
+def batches(methods, seeds, immunizer, jobs: int) -> list:
+    """The ``(method, seeds)`` batches of a run, longest first: a method whose runs draw nothing
+    from their generator is one batch (its seeds are one run, computed once); the others are
+    split in ``jobs`` near-equal batches, so that every worker gets a share of every method."""
+    out = []
+    for m in methods:
+        if not immunizer.draws_random(m):
+            out.append(((m, tuple(seeds)), _COST.get(m, 1.0)))
+            continue
+        k = -(-len(seeds) // max(1, min(jobs, len(seeds))))
+        for i in range(0, len(seeds), k):
+            out.append(((m, tuple(seeds[i : i + k])), _COST.get(m, 1.0) * len(seeds[i : i + k])))
+    out.sort(key=lambda job: -job[1])  # stable: methods and seeds in order among equals
+    return [job for job, _ in out]
 
 
 def def31_summary(flags) -> dict:
@@ -235,7 +270,8 @@ def summarize_method(rows: list[dict]) -> dict:
     return entry
 
 
-def run(args) -> dict:
+def run(args) -> tuple[dict, dict]:
+    """``(results, θ archive)``: every method and seed on the data of ``args``."""
     t_start = time.perf_counter()
     if args.target_p is None:  # the paper's data (the Kaggle column set, checked by the loader)
         data = common.load_house_price_data(args)
@@ -277,24 +313,17 @@ def run(args) -> dict:
             f"rows; rank K_P = {strict.rank_K_P} of {strict.D_after_drop}",
             flush=True,
         )
-    jobs = [(m, s) for m in args.methods for s in args.seeds]
-    _STATE.update(
-        train=train,
-        heldout=heldout,
-        immunize=args.immunizer,
-        ceiling=ceiling,
-        reference=EvaluationReference(train, heldout),
-    )
-    # stable: seeds in order
-    order = sorted(range(len(jobs)), key=lambda i: -_COST.get(jobs[i][0], 1.0))
-    done = common.pool_map(_one_run, [jobs[i] for i in order], args.jobs, desc="immunizing")
-    outs = dict(zip(order, done))
+    shared = Shared(train, heldout, args.immunizer, ceiling, EvaluationReference(train, heldout))
+    jobs = batches(args.methods, args.seeds, args.immunizer, args.jobs)
+    done = common.pool_map(run_batch, jobs, args.jobs, desc="immunizing", shared=shared)
+    outs = {(m, s): o for (m, seeds), batch in zip(jobs, done) for s, o in zip(seeds, batch)}
     per_method, thetas, archive = {m: [] for m in args.methods}, {}, {}
-    for i, (method, _) in enumerate(jobs):
-        row, theta, saved = outs[i]
-        per_method[method].append(row)
-        thetas.setdefault(method, theta)  # the first seed drives Figure 1
-        archive.update(saved)
+    for method in args.methods:
+        for seed in args.seeds:
+            row, theta, saved = outs[method, seed]
+            per_method[method].append(row)
+            thetas.setdefault(method, theta)  # the first seed drives Figure 1
+            archive.update(saved)
     archive.update(task_arrays({"train": train, "heldout": heldout}))
     methods = {}
     for m, rows in per_method.items():
@@ -339,8 +368,7 @@ def run(args) -> dict:
         "norm_ratio_curves": {"seed": args.seeds[0], "steps": args.probe_steps, "curves": curves},
         **environment(),
         "wall_seconds": time.perf_counter() - t_start,
-        "_thetas": archive,
-    }
+    }, archive
 
 
 def data_name(data: dict) -> str:
@@ -554,8 +582,7 @@ def main(argv=None) -> int:
 
     def body(args):
         prepare(parser, args)
-        result = run(args)
-        archive = result.pop("_thetas")
+        result, archive = run(args)
         common.write_run(
             args.out,
             table_markdown(result),

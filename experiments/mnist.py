@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,7 +54,6 @@ SUMMARISED = (
     "wall_seconds",
 )
 OUTPUTS = ("table.md", "heatmap.png", "thetas.npz", "results.json")
-_STATE: dict = {}  # data shared with forked workers (never pickled per job)
 
 
 def build_parser() -> common.Parser:
@@ -119,12 +119,25 @@ def probe_accuracy(Z_tr, y_tr, Z_te, y_te) -> float:
     return float(np.mean(pred == (y_te > 0.5)))
 
 
-def _one_pair(pair):
-    """Every (method, seed) run of one ordered pair; returns plain rows (θ stays in the worker)."""
-    st, (p, h) = _STATE, pair
-    harden, at = st["immunize"].harden, f"{p}-{h}/"
-    train = pair_task(st["digits"], st["split"], p, h)
-    held = pair_task(st["digits"], st["split"], p, h, heldout=True)
+@dataclass(frozen=True)
+class Shared:
+    """What every pair needs, handed to each worker once (``common.pool_map``)."""
+
+    digits: object
+    split: object
+    immunize: common.Immunizer
+    methods: tuple
+    seeds: tuple
+    save: bool
+
+
+def run_pair(shared: Shared, pair):
+    """Every (method, seed) run of one ordered pair, each method's seeds stepped together
+    (``Immunizer.batch``); returns plain rows and, with ``--save-thetas``, the archive entries."""
+    st, (p, h) = shared, pair
+    harden, at = st.immunize.harden, f"{p}-{h}/"
+    train = pair_task(st.digits, st.split, p, h)
+    held = pair_task(st.digits, st.split, p, h, heldout=True)
     ceiling = rir_ceiling(train.X_P, train.X_H)
     acc_before = probe_accuracy(train.X_P, train.Y_P, held.X_P, held.Y_P)
     ref = EvaluationReference(train, held)  # what every run of the pair shares, computed once
@@ -140,11 +153,14 @@ def _one_pair(pair):
             ref.rir(g[("theta", "P")], g[("theta", "H")], "heldout"),
         )
 
-    rows, saved = [], task_arrays({"train": train, "heldout": held}, at) if st["save"] else {}
-    for method in st["methods"]:
-        for seed in st["seeds"]:
-            res = st["immunize"](train, method, np.random.default_rng([seed, p, h]))
-            f, g, r, rh = measure(res.theta)
+    rows, saved = [], task_arrays({"train": train, "heldout": held}, at) if st.save else {}
+    for method in st.methods:
+        rngs = [np.random.default_rng([seed, p, h]) for seed in st.seeds]
+        last = None  # (θ, its measurement): a run equal to the one before is measured once
+        for seed, res in zip(st.seeds, st.immunize.batch(train, method, rngs)):
+            if last is None or not np.array_equal(last[0], res.theta):
+                last = res.theta, measure(res.theta)
+            f, g, r, rh = last[1]
             extra = {}
             # hardening keeps RIR, (i), (ii) (docs/findings.md §5)
             if res.theta_unhardened is not None:
@@ -157,7 +173,7 @@ def _one_pair(pair):
                         for k in ("value", "harmful_ratio", "pretrain_ratio")
                     ),
                 }
-            if st["save"]:
+            if st.save:
                 saved.update(run_thetas(res, method, seed, harden, at))
             rows.append(
                 {
@@ -196,21 +212,17 @@ def _one_pair(pair):
     return rows, saved
 
 
-def run(args) -> dict:
+def run(args) -> tuple[dict, dict]:
+    """``(results, θ archive)``: every pair, method and seed of ``args``."""
     t_start = time.perf_counter()
     digits = load_mnist(args.mnist_dir)
     split = split_digits(
         digits, args.n_train, np.random.default_rng(args.split_seed), args.n_heldout
     )
-    _STATE.update(
-        digits=digits,
-        split=split,
-        immunize=args.immunizer,
-        methods=args.methods,
-        seeds=args.seeds,
-        save=args.save_thetas,
+    shared = Shared(
+        digits, split, args.immunizer, tuple(args.methods), tuple(args.seeds), args.save_thetas
     )
-    outs = common.pool_map(_one_pair, args.pairs, args.jobs, desc="pairs")
+    outs = common.pool_map(run_pair, args.pairs, args.jobs, desc="pairs", shared=shared)
     rows = [r for out, _ in outs for r in out]
     return {
         "experiment": "mnist",
@@ -229,8 +241,7 @@ def run(args) -> dict:
         "methods": summarise_methods(rows, args.methods),
         **environment(),
         "wall_seconds": time.perf_counter() - t_start,
-        "_thetas": {k: v for _, saved in outs for k, v in saved.items()},
-    }
+    }, {k: v for _, saved in outs for k, v in saved.items()}
 
 
 def summarise_methods(rows: list[dict], method_list) -> dict:
@@ -418,8 +429,7 @@ def main(argv=None) -> int:
 
     def body(args):
         prepare(parser, args)
-        result = run(args)
-        archive = result.pop("_thetas")
+        result, archive = run(args)
         meta = {
             "experiment": "mnist",
             "seeds": result["seeds"],

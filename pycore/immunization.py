@@ -277,6 +277,19 @@ def resolve_options(
     return cls.build(base, what, **options)
 
 
+def draws_random(method: str, options: LinearOptions) -> bool:
+    """Whether a run of ``method`` with ``options`` draws from its generator.  One that does not
+    gives the same θ for every seed: θ = I, the closed form, R_ill only from θ = I and the adaptive
+    Algorithm 1 (:func:`immunize_batch` computes such runs once)."""
+    if method in ("identity", "closed_form"):
+        return False
+    if method == "ours":
+        return not options.auto
+    if method == "r_ill_only":
+        return options.init != "identity"
+    return True
+
+
 @dataclass(frozen=True, eq=False)
 class ImmunizationResult:
     """θ_I, what happened on the way there, and Definition 3.1 on the task's rows
@@ -403,7 +416,56 @@ def immunize(
     ...
     pycore.validation.ParameterError: imma has no option 'lambda_h'; its options are: ...
     """
-    return _run(task, method, resolve_options(method, preset, **options), rng)
+    return _run(task, method, resolve_options(method, preset, **options), [rng])[0]
+
+
+@bounded_blas
+def immunize_batch(
+    task: LinearTask,
+    method: str = "ours",
+    *,
+    rngs,
+    preset: str | None = None,
+    **options,
+) -> list[ImmunizationResult]:
+    """:func:`immunize` once per generator of ``rngs``, the runs stepped together as one stack.
+
+    The runs of one table (its seeds) are independent and of one size: the loops step them as a
+    B×D×D stack (docs/design.md §6), and a run that draws nothing from its generator (θ = I, the
+    closed form, R_ill only from θ = I, the adaptive Algorithm 1) is computed once.
+
+    Parameters
+    ----------
+    task, method, preset, **options
+        As for :func:`immunize`.
+    rngs : iterable of numpy.random.Generator
+        One generator per run (e.g. one per seed).
+
+    Returns
+    -------
+    list of ImmunizationResult
+        One per generator, in order: each the result :func:`immunize` gives with that generator,
+        bit for bit on this machine (tests/test_batch.py); ``wall_seconds`` is the stack's time
+        shared equally.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import LinearTask, immunize
+    >>> from pycore.immunization import immunize_batch
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.standard_normal((40, 5))
+    >>> task = LinearTask(X, X[:, 0], X @ rng.standard_normal((5, 5)), X[:, 1])
+    >>> rngs = [np.random.default_rng(s) for s in (0, 1)]
+    >>> runs = immunize_batch(task, "imma", rngs=rngs, epochs=3)
+    >>> one = immunize(task, "imma", rng=np.random.default_rng(1), epochs=3)
+    >>> bool(np.array_equal(runs[1].theta, one.theta))
+    True
+    """
+    rngs = list(rngs)
+    if not rngs:
+        raise ParameterError("rngs", "rngs must hold at least one numpy.random.Generator")
+    return _run(task, method, resolve_options(method, preset, **options), rngs)
 
 
 @bounded_blas
@@ -429,15 +491,17 @@ def immunize_certified(
     >>> res.options.safety, res.diagnostics["certified"]["checked"] > 0
     (0.5, True)
     """
-    return _run(task, "ours", resolve_options("ours", preset, certified=True, **options), rng)
+    opts = resolve_options("ours", preset, certified=True, **options)
+    return _run(task, "ours", opts, [rng])[0]
 
 
-def _run(task, method, opts, rng):
+def _run(task, method, opts, rngs) -> list[ImmunizationResult]:
     if not isinstance(task, LinearTask):
         raise ParameterError(
             "task", f"task must be a pycore.LinearTask, got {type(task).__name__}"
         )
-    check_rng(rng)
+    for rng in rngs:
+        check_rng(rng)
     check_method_work(task, method)
     t0 = time.perf_counter()
     if method == "closed_form":
@@ -448,12 +512,20 @@ def _run(task, method, opts, rng):
             else (float(opts.exponent), f"exponent {float(opts.exponent):.4g} as given")
         )
         theta, diag = methods.closed_form(task, a, ceiling)
-        omega, hist = None, {}
+        runs = [(theta.copy(), None, {}, dict(diag)) for _ in rngs]
+        whys = [why] * len(rngs)
     elif method == "identity":
-        theta, omega, hist, diag, why = np.eye(task.D), None, {}, {}, "θ = I, the reference"
+        runs = [(np.eye(task.D), None, {}, {}) for _ in rngs]
+        whys = ["θ = I, the reference"] * len(rngs)
     else:
-        theta, omega, hist, diag = methods.RUNNERS[method](task, method, opts, rng)
-        why = diag.get("stop", f"ran the {opts.epochs} epochs asked for")
+        runs = methods.RUNNERS[method](task, method, opts, rngs)
+        whys = [d.get("stop", f"ran the {opts.epochs} epochs asked for") for *_, d in runs]
+    seconds = (time.perf_counter() - t0) / len(rngs)
+    return [_result(task, method, opts, run, why, seconds) for run, why in zip(runs, whys)]
+
+
+def _result(task, method, opts, run, why, seconds) -> ImmunizationResult:
+    theta, omega, hist, diag = run
     try:
         hr, pr = _ratios(task, theta, diag)
         value = hr / pr
@@ -477,7 +549,7 @@ def _run(task, method, opts, rng):
         reason=why,
         history=hist,
         diagnostics=diag,
-        wall_seconds=time.perf_counter() - t0,
+        wall_seconds=seconds,
     )
 
 

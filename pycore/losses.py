@@ -13,25 +13,29 @@ from pycore.optim import damped_newton
 
 def residual(loss: str, P, Y):
     """``(L, R = ∂L/∂P)``: the mean squared error of predictions P (``"mse"``) or the mean BCE
-    ``log(1+eᴾ) − Y·P`` of logits P (``"bce"``), against Y."""
+    ``log(1+eᴾ) − Y·P`` of logits P (``"bce"``), against Y.  P may be a stack (B×n×m) of runs: L
+    is then one mean per run (over each run's own n×m entries)."""
+    n = P.shape[-2] * P.shape[-1]
     if loss == "mse":
         E = P - Y
-        return float(np.sum(E * E) / E.size), (2.0 / E.size) * E
-    return float(np.mean(np.logaddexp(0.0, P) - Y * P)), (expit(P) - Y) / Y.size
+        L = np.sum(E * E, axis=(-2, -1)) / n
+        return (float(L) if P.ndim == 2 else L), (2.0 / n) * E
+    L = np.mean(np.logaddexp(0.0, P) - Y * P, axis=(-2, -1))
+    return (float(L) if P.ndim == 2 else L), (expit(P) - Y) / n
 
 
 def mse(X, theta, omega, Y, *, grad_theta: bool = True):
     """L = ‖Xθω − Y‖²/(N·m), ∇_ω and ∇_θ (None unless ``grad_theta``: a D×D product)."""
     loss, R = residual("mse", X @ (theta @ omega), Y)
-    XtR = X.T @ R
-    return loss, theta.T @ XtR, XtR @ omega.T if grad_theta else None
+    XtR = X.mT @ R
+    return loss, theta.mT @ XtR, XtR @ omega.mT if grad_theta else None
 
 
 def bce(X, theta, omega, Y, bias, *, grad_theta: bool = True):
     """Mean BCE of logits ``Xθω + b`` against Y ∈ {0,1}; grads for ω, θ (or None), b."""
     loss, R = residual("bce", X @ (theta @ omega) + bias, Y)
-    XtR = X.T @ R
-    return loss, theta.T @ XtR, XtR @ omega.T if grad_theta else None, R.sum(axis=0)
+    XtR = X.mT @ R
+    return loss, theta.mT @ XtR, XtR @ omega.mT if grad_theta else None, R.sum(axis=-2)
 
 
 def best_probe_loss(loss: str, Z: np.ndarray, Y: np.ndarray) -> float:

@@ -1,21 +1,28 @@
 """The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize`: each
-takes a task, the method's resolved options and the generator; returns ``(θ, ω, history,
-diagnostics)``."""
+takes a task, the method's resolved options and ONE GENERATOR PER RUN, steps the runs together as
+a stack (docs/design.md §6: θ is B×D×D, every Hessian from its small side, :mod:`pycore.batch`) and
+returns one ``(θ, ω, history, diagnostics)`` per generator.  A run's numbers do not depend on the
+other runs of its stack; runs that draw nothing from their generator (θ = I, deterministic) are one
+run, computed once."""
 
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import numpy as np
 
 from pycore import losses
+from pycore.batch import GramStack
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.optim import check_scale, make_optimizer
-from pycore.precondition import Preconditioner
+from pycore.precondition import FactorPreconditioner, Preconditioner
 from pycore.regularizers import (
     hessian_regularizer,
     preconditioned_r_ill_step_bound,
     preconditioned_r_well_step_bound,
 )
-from pycore.spectral import ProductGramSpectrum, SpectrumError, gram_spectrum
+from pycore.spectral import ProductGramSpectrum, RowFactor, SpectrumError, gram_spectrum
 from pycore.validation import DivergenceError
 
 
@@ -40,18 +47,12 @@ def _batches(n, batch_size, rng):
         yield perm[s : s + batch_size]
 
 
-def _loss_grads(task, X, Y, theta, omega, bias, grad_theta=True):
-    if task.loss == "mse":
-        return (*losses.mse(X, theta, omega, Y, grad_theta=grad_theta), None)
-    return losses.bce(X, theta, omega, Y, bias, grad_theta=grad_theta)
-
-
-def _loss_grads_from_Z(task, X, Z, Y, omega, bias):
-    """:func:`_loss_grads` on all of D_P with ``Z = Xθ`` formed (the regularizers need it): ``ZᵀR``
-    from Z, ∇_θL = ``(XᵀR)ωᵀ`` through the head (equal to round-off)."""
-    mse = task.loss == "mse"
-    loss, R = losses.residual(task.loss, Z @ omega if mse else Z @ omega + bias, Y)
-    return loss, Z.T @ R, (X.T @ R) @ omega.T, None if mse else R.sum(axis=0)
+def _epoch_steps(n, batch_size, rngs):
+    """One epoch's D_P rows for every run: a B×b index array per step, or None for all rows (full
+    batch); each run draws its own permutation, as it would alone."""
+    if batch_size is None or batch_size >= n:
+        return [None]
+    return [np.stack(rows) for rows in zip(*(_batches(n, batch_size, rng) for rng in rngs))]
 
 
 def _log(hist: dict, *values):  # one entry per key of hist, in order
@@ -61,6 +62,115 @@ def _log(hist: dict, *values):  # one entry per key of hist, in order
 
 def _x_norm(task):  # max_i ‖x_i‖₁ over both tasks: |Xθ| ≤ it × max|θ| (optim.check_scale)
     return max(np.max(np.sum(np.abs(task.X_P), axis=1)), np.max(np.sum(np.abs(task.X_H), axis=1)))
+
+
+@dataclass(frozen=True, eq=False)
+class _Inputs:
+    """A task's inputs at the input ``rows`` of θ that a step can change (None: all of them).
+
+    An input column that is zero in every row of both tasks (a pixel no training image of either
+    digit inks) has a zero row in every θ-gradient of the methods here (``Xᵀ(·)``, ``K(·)`` and
+    the K-preconditioners all vanish on it), so Adam and GD leave θ's row there as it started:
+    the loops step ``θ[rows]`` (L×D) only, with X, K and the factors restricted to those columns
+    (docs/design.md §6).  The features ``Xθ`` are unchanged: X is zero on the other columns."""
+
+    X_P: np.ndarray
+    Y_P: np.ndarray
+    X_H: np.ndarray
+    Y_H: np.ndarray
+    loss: str
+    factor_P: RowFactor
+    factor_H: RowFactor
+    norm2_X_H: float
+    rows: np.ndarray | None
+    task: object
+
+    @classmethod
+    def of(cls, task, restrict: bool = True) -> _Inputs:
+        live = task.factor_P.live | task.factor_H.live
+        rows = np.flatnonzero(live) if restrict and not live.all() else None
+        if rows is None:
+            return cls(*(getattr(task, k) for k in _INPUT_FIELDS), None, task)
+        return cls(
+            task.X_P[:, rows],
+            task.Y_P,
+            task.X_H[:, rows],
+            task.Y_H,
+            task.loss,
+            task.factor_P.restricted(rows),
+            task.factor_H.restricted(rows),
+            task.norm2_X_H,
+            rows,
+            task,
+        )
+
+    @functools.cached_property
+    def K_H(self) -> np.ndarray:
+        return self.task.K_H if self.rows is None else self.X_H.T @ self.X_H
+
+    def take(self, theta: np.ndarray) -> np.ndarray:
+        """The rows of a θ stack the loop steps."""
+        return theta if self.rows is None else theta[:, self.rows, :]
+
+    def put(self, theta0: np.ndarray, theta_rows: np.ndarray) -> np.ndarray:
+        """Full θ's: ``theta0`` with the stepped rows replaced."""
+        if self.rows is None:
+            return theta_rows
+        out = theta0.copy()
+        out[:, self.rows, :] = theta_rows
+        return out
+
+
+_INPUT_FIELDS = ("X_P", "Y_P", "X_H", "Y_H", "loss", "factor_P", "factor_H", "norm2_X_H")
+
+
+def _head_bias(bias):
+    """A stack's biases (B×m) as B×1×m, to add to B×n×m logits."""
+    return None if bias is None else bias[:, None, :]
+
+
+def _loss_parts(task, rows, theta, omega, bias, F_P):
+    """D_P's loss of every run on its ``rows`` (B×b indices; None: all rows, through the features
+    ``F_P = A_Pθ``, ``Xθω = U(F_Pω)``), ∇_ω, ∇_bias (None for MSE) and ∇_θL = (XᵀR)ωᵀ as its two
+    factors: a rank-m term, never formed D×D."""
+    if rows is None:
+        f = task.factor_P
+        X, Y, P = task.X_P, task.Y_P, f.U @ (F_P @ omega)
+    else:
+        X, Y = task.X_P[rows], task.Y_P[rows]
+        P = X @ (theta @ omega)
+    if task.loss == "bce":
+        P = P + _head_bias(bias)
+    loss, R = losses.residual(task.loss, P, Y)
+    XtR = X.mT @ R
+    g_w = F_P.mT @ (f.U.T @ R) if rows is None else theta.mT @ XtR
+    return loss, g_w, XtR, omega.mT, None if task.loss == "mse" else R.sum(axis=-2)
+
+
+def _sum_of_products(parts):
+    """``Σ Lᵢ @ Rᵢ`` for low-rank factor pairs (B×D×kᵢ, B×kᵢ×D) as ONE product of the joined
+    factors: the θ-gradient of a step without a D×D temporary per term."""
+    if len(parts) == 1:
+        return parts[0][0] @ parts[0][1]
+    return np.concatenate([L for L, _ in parts], axis=2) @ np.concatenate(
+        [R for _, R in parts], axis=1
+    )
+
+
+def _kappa_parts(gram, f, weight, log):
+    """``weight ×`` the θ-gradient of κ(H) (or log κ) of every run as (L, R) factors
+    (docs/theory.md §7): ``∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ`` and ``∇_θ = 2Kθ(∂κ/∂H)``, with
+    ``Kθv = V diag(s) (Fv)``: O(r·D) work per vector, no D×D product."""
+    if log:
+        a, b = 1.0 / gram.sigma_max, 1.0 / gram.sigma_min
+    else:
+        a, b = 1.0 / gram.sigma_min, gram.kappa / gram.sigma_min
+    v1, vk = gram.v(0), gram.v(gram.rank - 1)
+    V = np.stack([v1, vk], axis=2)  # B×D×2
+    KtV = f.V @ (f.s[:, None] * (gram.F @ V))
+    w = 2.0 * np.asarray(weight, dtype=np.float64)
+    coef = np.stack([w * a, -w * b], axis=1)  # B×2
+    return KtV * coef[:, None, :], V.mT
 
 
 def _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log):
@@ -91,112 +201,157 @@ def opt_kappa_objective(theta, X_P, X_H, *, weights=(1.0, 1.0), log: bool = Fals
     return float(value), weights[0] * g_P - weights[1] * g_H, (g_P, g_H)
 
 
-def algorithm1(task, method, o, rng):
-    """Algorithm 1 with fixed λ's (certified when ``o`` has ``safety``) and Opt κ, one loop; ω and
-    θ step from gradients at the same point.  Opt κ puts ``λ_κ(w_Pκ(H_P) − w_Hκ(H_H))`` in place of
-    the regularizers (docs/theory.md §7), balanced: w_H = ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial
-    θ."""
-    D = task.D
+def _exact_kappas(task, theta):
+    """(κ(H_P), κ(H_H)) of one θ from the SVDs of the features (docs/theory.md §2)."""
+    return tuple(gram_spectrum(X @ theta, vectors=False).kappa for X in (task.X_P, task.X_H))
+
+
+def _spectra(inp, theta, method, epoch, step):
+    """The :class:`GramStack` of H_P and H_H for every run (θ's stepped rows ``theta``); a run
+    whose spectrum is undefined is a :class:`SpectrumError` naming the method, epoch and step."""
+    D = theta.shape[-1]
+    try:
+        return (
+            GramStack(inp.factor_P.features(theta), D),
+            GramStack(inp.factor_H.features(theta), D),
+        )
+    except SpectrumError as exc:
+        raise SpectrumError(f"{method}: epoch {epoch}, step {step}: {exc}") from None
+
+
+def algorithm1(task, method, o, rngs):
+    """Algorithm 1 with fixed λ's (certified when ``o`` has ``safety``) and Opt κ, one loop for a
+    stack of runs; ω and θ step from gradients at the same point.  Opt κ puts ``λ_κ(w_Pκ(H_P) −
+    w_Hκ(H_H))`` in place of the regularizers (docs/theory.md §7), balanced: w_H =
+    ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial θ.  Every θ-gradient term is a low-rank product, summed
+    by one product per step (:func:`_sum_of_products`)."""
+    D, B = task.D, len(rngs)
     opt_kappa = method.startswith("opt_kappa")
     certified = getattr(o, "safety", None) is not None
-    theta = _init_theta(D, o, rng)
-    omega, bias = _init_head(task, rng)
+    theta0 = np.stack([_init_theta(D, o, rng) for rng in rngs])
+    inp = _Inputs.of(task, restrict=not certified and (opt_kappa or o.precond != "exact"))
+    theta = inp.take(theta0)
+    heads = [_init_head(task, rng) for rng in rngs]
+    omega, bias = np.stack([h[0] for h in heads]), np.stack([h[1] for h in heads])
     opt_t, opt_w, opt_b = (
         make_optimizer(o.optimizer, o.lr, o.betas, o.adam_eps, param=p) for p in ("θ", "ω", "bias")
     )
     if not opt_kappa:
-        pre_P = Preconditioner(task.K_P, o.precond, o.ridge, task.X_P)
-        pre_H = Preconditioner(task.K_H, o.precond, o.ridge, task.X_H)
-    hist = {"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []}
-    diag = {"steps": 0, "ties_P": 0, "ties_H": 0}
-    cert = dict.fromkeys(
-        (
-            "violations_P",
-            "violations_H",
-            "clipped_P",
-            "clipped_H",
-            "skipped_P",
-            "skipped_H",
-            "checked",
-        ),
-        0,
-    )
-    XP, YP, XH = task.X_P, task.Y_P, task.X_H
-    x_norm = _x_norm(task)
-    w_P = w_H = 1.0
-    if opt_kappa:
-        _, _, (g_P0, g_H0) = opt_kappa_objective(theta, XP, XH, log=o.log)
-        ratio = float(np.linalg.norm(g_H0) / np.linalg.norm(g_P0))
-        diag["kappa_grad_ratio_H_over_P_at_init"] = ratio
-        if method == "opt_kappa_balanced":
-            w_H = 1.0 / ratio
-        diag["kappa_weights"] = [w_P, w_H]
-
-    def record(epoch, loss, kP=None, kH=None):  # in-loop κ's from the step's spectra, ends by SVD
-        _log(
-            hist,
-            epoch,
-            loss,
-            kP if kP is not None else gram_spectrum(XP @ theta, vectors=False).kappa,
-            kH if kH is not None else gram_spectrum(XH @ theta, vectors=False).kappa,
+        pre_P = FactorPreconditioner(inp.factor_P, o.precond, o.ridge)
+        pre_H = FactorPreconditioner(inp.factor_H, o.precond, o.ridge)
+    if certified:  # the certified steps check κ on the D×D path, one run at a time
+        cpre_P = Preconditioner(task.K_P, o.precond, o.ridge, task.X_P)
+        cpre_H = Preconditioner(task.K_H, o.precond, o.ridge, task.X_H)
+    hists = [{"epoch": [], "loss_P": [], "kappa_P": [], "kappa_H": []} for _ in rngs]
+    diags = [{"steps": 0, "ties_P": 0, "ties_H": 0} for _ in rngs]
+    certs = [
+        dict.fromkeys(
+            (
+                "violations_P",
+                "violations_H",
+                "clipped_P",
+                "clipped_H",
+                "skipped_P",
+                "skipped_H",
+                "checked",
+            ),
+            0,
         )
+        for _ in rngs
+    ]
+    XP, YP = inp.X_P, inp.Y_P
+    x_norm = _x_norm(task)
+    w_P, w_H = 1.0, np.ones(B)
+    if opt_kappa:
+        for b, (th, d) in enumerate(zip(theta0, diags)):
+            _, _, (g_P0, g_H0) = opt_kappa_objective(th, task.X_P, task.X_H, log=o.log)
+            ratio = float(np.linalg.norm(g_H0) / np.linalg.norm(g_P0))
+            d["kappa_grad_ratio_H_over_P_at_init"] = ratio
+            if method == "opt_kappa_balanced":
+                w_H[b] = 1.0 / ratio
+            d["kappa_weights"] = [w_P, float(w_H[b])]
 
-    record(0, _loss_grads(task, XP, YP, theta, omega, bias)[0])
+    def record(epoch, loss, spectra=None):  # in-loop κ's from the step's spectra, ends by SVD
+        for b in range(B):
+            kP, kH = (
+                _exact_kappas(inp, theta[b])
+                if spectra is None
+                else (float(spectra[0].kappa[b]), float(spectra[1].kappa[b]))
+            )
+            _log(hists[b], epoch, float(loss[b]), kP, kH)
+
+    record(0, losses.residual(task.loss, _logits(inp, XP, theta, omega, bias), YP)[0])
+    steps = 0
     for epoch in range(1, o.epochs + 1):
-        ep_loss, n_seen = 0.0, 0
-        for idx in _batches(XP.shape[0], o.batch_size, rng):
-            Z_P, Z_H = XP @ theta, XH @ theta
-            if len(idx) == XP.shape[0]:  # full batch: reuse Z_P (idx is arange(n), see _batches)
-                loss, g_w, g_t, g_b = _loss_grads_from_Z(task, XP, Z_P, YP, omega, bias)
-            else:
-                loss, g_w, g_t, g_b = _loss_grads(task, XP[idx], YP[idx], theta, omega, bias)
-            ep_loss += loss * len(idx)
-            n_seen += len(idx)
-            try:  # D×D H and G only for the certified mode (and always formed when N ≥ D)
-                reg_P = hessian_regularizer(Z_P, "well", matrices=certified)
-                reg_H = hessian_regularizer(
-                    Z_H, "well" if opt_kappa else "ill", matrices=certified
-                )
+        ep_loss, n_seen = np.zeros(B), 0
+        for rows in _epoch_steps(XP.shape[0], o.batch_size, rngs):
+            gram_P, gram_H = _spectra(inp, theta, method, epoch, steps)
+            n = XP.shape[0] if rows is None else rows.shape[1]
+            loss, g_w, XtR, omT, g_b = _loss_parts(inp, rows, theta, omega, bias, gram_P.F)
+            ep_loss += loss * n
+            n_seen += n
+            try:
+                term_P = None if opt_kappa else gram_P.term("well")
+                term_H = None if opt_kappa else gram_H.term("ill")
             except SpectrumError as exc:
-                raise SpectrumError(
-                    f"{method}: epoch {epoch}, step {diag['steps']}: {exc}"
-                ) from None
-            diag["ties_P"] += reg_P.tie
-            diag["ties_H"] += reg_H.info.tie_min
+                raise SpectrumError(f"{method}: epoch {epoch}, step {steps}: {exc}") from None
+            for d, tP, tH in zip(diags, gram_P.tie_max, gram_H.tie_min):
+                d["ties_P"] += bool(tP)
+                d["ties_H"] += bool(tH)
             omega = opt_w.step(omega, g_w, blame="lr")
             if g_b is not None:
                 bias = opt_b.step(bias, g_b, blame="lr")
+            parts = [(XtR, omT)]
             if opt_kappa:
-                g_P, g_H = _kappa_theta_grads(reg_P, reg_H, XP, XH, Z_P, Z_H, o.log)
-                d_k = o.lambda_kappa * (w_P * g_P - w_H * g_H)
-                blame = {"lr": g_t, "lambda_kappa": d_k}
-                theta = opt_t.step(theta, g_t + d_k, blame=blame)
-            elif certified:
-                blame = "lr"
-                theta = opt_t.step(theta, g_t, blame=blame)
-                check_scale(theta, x_norm, f"{method}: epoch {epoch}", o.optimizer, o.lr, blame)
-                theta = _certified_steps(theta, task, o, pre_P, pre_H, cert)
+                lk = o.lambda_kappa
+                parts += [
+                    _kappa_parts(gram_P, inp.factor_P, lk * w_P, o.log),
+                    _kappa_parts(gram_H, inp.factor_H, -lk * w_H, o.log),
+                ]
+                names = ("lr", "lambda_kappa", "lambda_kappa")
+            elif not certified:
+                parts.append(pre_H.parts(theta, gram_H, term_H, o.lambda_h))
+                names = ("lr", "lambda_h")
+                if o.lambda_p:
+                    parts.append(pre_P.parts(theta, gram_P, term_P, o.lambda_p))
+                    names += ("lambda_p",)
             else:
-                d_H = o.lambda_h * pre_H.direction(theta, reg_H, Z_H)
-                d_P = o.lambda_p * pre_P.direction(theta, reg_P, Z_P) if o.lambda_p else None
-                blame = {"lr": g_t, "lambda_h": d_H, "lambda_p": d_P}
-                theta = opt_t.step(
-                    theta, g_t + d_H if d_P is None else g_t + d_H + d_P, blame=blame
-                )
+                names = ("lr",)
+
+            def blame(parts=parts, names=names):  # the terms by name, only if a step diverges
+                out: dict = {}
+                for name, (L, R) in zip(names, parts):
+                    out[name] = out.get(name, 0.0) + L @ R
+                return out
+
+            theta = opt_t.step(theta, _sum_of_products(parts), blame=blame)
             check_scale(theta, x_norm, f"{method}: epoch {epoch}", o.optimizer, o.lr, blame)
-            diag["steps"] += 1
+            if certified:
+                theta = np.stack(
+                    [
+                        _certified_steps(th, task, o, cpre_P, cpre_H, c)
+                        for th, c in zip(theta, certs)
+                    ]
+                )
+                check_scale(theta, x_norm, f"{method}: epoch {epoch}", o.optimizer, o.lr, "lr")
+            steps += 1
         last = epoch == o.epochs
-        record(
-            epoch,
-            ep_loss / max(n_seen, 1),
-            None if last else reg_P.info.kappa,
-            None if last else reg_H.info.kappa,
-        )
-    if certified:
-        diag["certified"] = cert
-    # exact (SVD) at the last record
-    diag["kappa_end"] = (hist["kappa_P"][-1], hist["kappa_H"][-1])
-    return theta, omega, hist, diag
+        record(epoch, ep_loss / max(n_seen, 1), None if last else (gram_P, gram_H))
+    theta = inp.put(theta0, theta)
+    out = []
+    for b in range(B):
+        diags[b]["steps"] = steps
+        if certified:
+            diags[b]["certified"] = certs[b]
+        # exact (SVD) at the last record
+        diags[b]["kappa_end"] = (hists[b]["kappa_P"][-1], hists[b]["kappa_H"][-1])
+        out.append((theta[b], omega[b], hists[b], diags[b]))
+    return out
+
+
+def _logits(task, X, theta, omega, bias):
+    P = X @ (theta @ omega)
+    return P if task.loss == "mse" else P + _head_bias(bias)
 
 
 def _certified_steps(theta, task, o, pre_P, pre_H, cert):
@@ -237,54 +392,86 @@ def rir_change_tolerance(
     return max(1e-9, 8.0 * np.finfo(np.float64).eps * float(total))
 
 
-def r_ill_only(task, method, o, rng):
+def r_ill_only(task, method, o, rngs):
     """R_ill only (docs/theory.md §7): ``θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ))`` by GD, no D_P loss or
     head, ``epochs × ⌈N_P/batch_size⌉`` steps; RIR falls beyond :func:`rir_change_tolerance` are
-    counted."""
-    XP, XH = task.X_P, task.X_H
-    theta = _init_theta(task.D, o, rng)
-    pre_H = Preconditioner(task.K_H, o.precond, o.ridge, XH)
-    n_batches = 1 if o.batch_size is None else -(-XP.shape[0] // o.batch_size)
-    hist = {"step": [], "kappa_P": [], "kappa_H": [], "rir": [], "eta": []}
-    diag = {"steps": 0, "ties_H": 0, "clipped": 0, "rir_decreases": 0, "optimizer": "gd"}
-    spec_P, spec_H = ProductGramSpectrum(XP), ProductGramSpectrum(XH)  # exact κ's, X factored once
-    kP0, kH0 = spec_P(theta).kappa, spec_H(theta).kappa
-    prev, prev_kappas = 1.0, (kP0, kH0)
-    _log(hist, 0, kP0, kH0, 1.0)
+    counted.  From θ = I it draws nothing from the generators: every run is the same run."""
+    if o.init == "identity":
+        theta, omega, hist, diag = _r_ill_only(task, o, np.eye(task.D)[None])[0]
+        return [
+            (theta.copy(), omega, {k: list(v) for k, v in hist.items()}, dict(diag)) for _ in rngs
+        ]
+    return _r_ill_only(task, o, np.stack([_init_theta(task.D, o, rng) for rng in rngs]))
+
+
+def _r_ill_only(task, o, theta0):
+    B, D = theta0.shape[0], task.D
+    inp = _Inputs.of(task, restrict=o.precond != "exact")
+    theta = inp.take(theta0)
+    n_batches = 1 if o.batch_size is None else -(-task.X_P.shape[0] // o.batch_size)
+    hists = [{"step": [], "kappa_P": [], "kappa_H": [], "rir": [], "eta": []} for _ in range(B)]
+    diags = [
+        {"steps": 0, "ties_H": 0, "clipped": 0, "rir_decreases": 0, "optimizer": "gd"}
+        for _ in range(B)
+    ]
+    pre_H = FactorPreconditioner(inp.factor_H, o.precond, o.ridge)
+    # exact κ's, X factored once
+    spec_P, spec_H = ProductGramSpectrum(inp.X_P), ProductGramSpectrum(inp.X_H)
+    k0 = [(spec_P(th).kappa, spec_H(th).kappa) for th in theta]
+    prev, prev_kappas = [1.0] * B, list(k0)
+    for b in range(B):
+        _log(hists[b], 0, *k0[b], 1.0)
+    step_max = o.lr * o.lambda_h
+    kappas = list(k0)
     for epoch in range(1, o.epochs + 1):
         for _ in range(n_batches):
-            Z_H = XH @ theta
             try:
-                reg = hessian_regularizer(Z_H, "ill", matrices=False)
+                gram = GramStack(inp.factor_H.features(theta), D)
+                term = gram.term("ill")
             except SpectrumError as exc:
                 raise SpectrumError(
-                    f"r_ill_only: epoch {epoch}, step {diag['steps']}: {exc}"
+                    f"r_ill_only: epoch {epoch}, step {diags[0]['steps']}: {exc}"
                 ) from None
-            diag["ties_H"] += reg.info.tie_min
             # Thm 4.3(2)
-            eta = min(o.lr * o.lambda_h, o.safety * preconditioned_r_ill_step_bound(reg.info))
-            diag["clipped"] += eta < o.lr * o.lambda_h
-            theta = theta - eta * pre_H.direction(theta, reg, Z_H)
-            diag["steps"] += 1
-            kP, kH = spec_P(theta).kappa, spec_H(theta).kappa
-            r = (kH / kH0) / (kP / kP0)
-            diag["rir_decreases"] += r < prev * (1 - rir_change_tolerance(prev_kappas, (kP, kH)))
-            prev, prev_kappas = r, (kP, kH)
-            _log(hist, diag["steps"], kP, kH, r, eta)
+            eta = np.array(
+                [
+                    min(step_max, o.safety * preconditioned_r_ill_step_bound(gram.info(b)))
+                    for b in range(B)
+                ]
+            )
+            L, R = pre_H.parts(theta, gram, term, eta)
+            theta = theta - L @ R
+            for b in range(B):
+                d, h = diags[b], hists[b]
+                d["ties_H"] += bool(gram.tie_min[b])
+                d["clipped"] += bool(eta[b] < step_max)
+                d["steps"] += 1
+                kappas[b] = (spec_P(theta[b]).kappa, spec_H(theta[b]).kappa)
+                kP, kH = kappas[b]
+                r = (kH / k0[b][1]) / (kP / k0[b][0])
+                tol = rir_change_tolerance(prev_kappas[b], kappas[b])
+                d["rir_decreases"] += bool(r < prev[b] * (1 - tol))
+                prev[b], prev_kappas[b] = r, kappas[b]
+                _log(h, d["steps"], kP, kH, r, float(eta[b]))
         if not np.all(np.isfinite(theta)):
             raise DivergenceError(
                 "lambda_h", f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h"
             )
-    diag["kappa_end"] = (kP0, kH0) if not diag["steps"] else (kP, kH)
-    return theta, None, hist, diag
+    theta = inp.put(theta0, theta)
+    for b in range(B):
+        diags[b]["kappa_end"] = kappas[b]
+    return [(theta[b], None, hists[b], diags[b]) for b in range(B)]
 
 
-def imma_inner_step_size(task, w: np.ndarray, o) -> float:
-    """``inner_lr / L``, L = (2/N)λ_max(K_H)‖w‖² the Lipschitz constant of θ ↦ ∇_θL_H(w, θ)."""
+def imma_inner_step_size(task, w: np.ndarray, o):
+    """``inner_lr / L``, L = (2/N)λ_max(K_H)‖w‖² the Lipschitz constant of θ ↦ ∇_θL_H(w, θ); one
+    per run for a stack of heads w (B×D×m)."""
     n = task.Y_H.size
     # ‖X_H‖₂ (an SVD) is a constant of the task, cached on it: once, not once per step
-    L = 2.0 / n * task.norm2_X_H**2 * float(np.sum(w * w))
-    return o.inner_lr / L if L > 0 else 0.0
+    L = 2.0 / n * task.norm2_X_H**2 * np.sum(w * w, axis=(-2, -1))
+    if np.ndim(L) == 0:
+        return o.inner_lr / float(L) if L > 0 else 0.0
+    return np.where(L > 0, o.inner_lr / np.where(L > 0, L, 1.0), 0.0)
 
 
 def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
@@ -292,12 +479,15 @@ def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
     from θ, and ∇_θF; L_P on ``batch_P = (X, Y)`` (default all of D_P).  Each attacker step is
     affine in θ and subtracts a matrix (·)wᵀ, so θ_J = θ − S wᵀ (S D×m) and the adjoint (reverse
     mode by hand) only changes the factor of wᵀ: O(J·D²·m) work, equal to the unrolled matrices to
-    round-off."""
+    round-off.  Every argument may carry a leading run axis (θ B×D×D, w, ω B×D×m, bias B×m, the
+    batch B×b×D): F is then one value per run."""
     n = task.Y_H.size
     c = imma_inner_step_size(task, w, o) * 2.0 / n
+    if np.ndim(c):
+        c = c[:, None, None]
     b = task.X_H.T @ task.Y_H  # D×m: B = b wᵀ
     KH = task.K_H
-    ww = w.T @ w  # m×m
+    ww = w.mT @ w  # m×m
     tw = theta @ w  # θw (D×m)
     S = np.zeros_like(tw)  # θ_j = θ − S wᵀ
     for _ in range(o.inner_steps):
@@ -306,47 +496,68 @@ def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
     lh, R = losses.residual("mse", task.X_H @ (tw - S @ ww), task.Y_H)
     a = task.X_H.T @ R  # g_h = a wᵀ
     X_P, Y_P = (task.X_P, task.Y_P) if batch_P is None else batch_P
-    Z_P = X_P @ (theta @ omega - S @ (w.T @ omega))  # X_P θ_J ω
-    if task.loss == "bce":
-        Z_P = Z_P + (0.0 if bias is None else bias)
+    Z_P = X_P @ (theta @ omega - S @ (w.mT @ omega))  # X_P θ_J ω
+    if task.loss == "bce" and bias is not None:
+        Z_P = Z_P + (bias if np.ndim(bias) <= 1 else _head_bias(bias))
     lp, R = losses.residual(task.loss, Z_P, Y_P)
-    p = X_P.T @ R  # g_p = p ωᵀ
-    pw = p @ (omega.T @ w)  # adjoint of Ḡ = a wᵀ − p ωᵀ, through Ḡw
+    p = X_P.mT @ R  # g_p = p ωᵀ
+    pw = p @ (omega.mT @ w)  # adjoint of Ḡ = a wᵀ − p ωᵀ, through Ḡw
     for _ in range(o.inner_steps):
         a = a - c * (KH @ (a @ ww - pw))
-    return lh - lp, a @ w.T - p @ omega.T
+    return lh - lp, a @ w.mT - p @ omega.mT
 
 
-def imma(task, method, o, rng):
+def imma(task, method, o, rngs):
     """IMMA (docs/theory.md §7): ascent on :func:`imma_objective`; heads w and ω descend their
-    losses."""
-    D = task.D
-    theta = _init_theta(D, o, rng)
-    omega, bias = _init_head(task, rng)
-    w = rng.normal(0.0, 1.0 / np.sqrt(D), size=(D, task.Y_H.shape[1]))
+    losses.  The per-epoch κ's come from the small-side spectra, the last from the SVDs."""
+    D, B = task.D, len(rngs)
+    theta, omega, bias, w = [], [], [], []
+    for rng in rngs:  # each run's draws in the order of a run alone
+        theta.append(_init_theta(D, o, rng))
+        om, bi = _init_head(task, rng)
+        omega.append(om)
+        bias.append(bi)
+        w.append(rng.normal(0.0, 1.0 / np.sqrt(D), size=(D, task.Y_H.shape[1])))
+    theta0, omega, bias, w = (np.stack(a) for a in (theta, omega, bias, w))
+    inp = _Inputs.of(task)
+    theta = inp.take(theta0)
     opt_t, opt_w, opt_o, opt_b = (
         make_optimizer(o.optimizer, o.lr, o.betas, o.adam_eps, param=p)
         for p in ("θ", "w", "ω", "bias")
     )
-    hist = {"epoch": [], "objective": [], "kappa_P": [], "kappa_H": []}
-    spec_P, spec_H = ProductGramSpectrum(task.X_P), ProductGramSpectrum(task.X_H)
-    n_P = task.X_P.shape[0]
+    hists = [{"epoch": [], "objective": [], "kappa_P": [], "kappa_H": []} for _ in rngs]
+    n_P = inp.X_P.shape[0]
     x_norm = _x_norm(task)
     for epoch in range(1, o.epochs + 1):
-        for idx in _batches(n_P, o.batch_size, rng):
-            X_b, Y_b = (task.X_P, task.Y_P) if len(idx) == n_P else (task.X_P[idx], task.Y_P[idx])
-            F, gF = imma_objective(theta, w, omega, task, o, bias, batch_P=(X_b, Y_b))
-            _, g_w, _ = losses.mse(task.X_H, theta, w, task.Y_H, grad_theta=False)
-            _, g_o, _, g_b = _loss_grads(task, X_b, Y_b, theta, omega, bias, grad_theta=False)
+        for rows in _epoch_steps(n_P, o.batch_size, rngs):
+            X_b, Y_b = (inp.X_P, inp.Y_P) if rows is None else (inp.X_P[rows], inp.Y_P[rows])
+            F, gF = imma_objective(theta, w, omega, inp, o, bias, batch_P=(X_b, Y_b))
+            _, g_w, _ = losses.mse(inp.X_H, theta, w, inp.Y_H, grad_theta=False)
+            P = X_b @ (theta @ omega)
+            if task.loss == "bce":
+                P = P + _head_bias(bias)
+            _, R = losses.residual(task.loss, P, Y_b)
+            g_o, g_b = theta.mT @ (X_b.mT @ R), R.sum(axis=-2)
             theta = opt_t.step(theta, -gF, blame="lr")  # ascent on F
             check_scale(theta, x_norm, f"imma: epoch {epoch}", o.optimizer, o.lr, "lr")
             w = opt_w.step(w, g_w, blame="lr")
             omega = opt_o.step(omega, g_o, blame="lr")
-            if g_b is not None:
+            if task.loss == "bce":
                 bias = opt_b.step(bias, g_b, blame="lr")
-        _log(hist, epoch, F, spec_P(theta).kappa, spec_H(theta).kappa)
-    end = {"kappa_end": (hist["kappa_P"][-1], hist["kappa_H"][-1])} if hist["epoch"] else {}
-    return theta, omega, hist, end
+        if epoch < o.epochs:
+            gram_P, gram_H = _spectra(inp, theta, "imma", epoch, epoch)
+            kappas = [(float(a), float(b)) for a, b in zip(gram_P.kappa, gram_H.kappa)]
+        else:
+            kappas = [_exact_kappas(inp, th) for th in theta]
+        for b in range(B):
+            _log(hists[b], epoch, float(F[b]), *kappas[b])
+    theta = inp.put(theta0, theta)
+    out = []
+    for b in range(B):
+        h = hists[b]
+        end = {"kappa_end": (h["kappa_P"][-1], h["kappa_H"][-1])} if h["epoch"] else {}
+        out.append((theta[b], omega[b], h, end))
+    return out
 
 
 def _unit(a):
@@ -466,8 +677,16 @@ def _not_reached(stop: str, ceiling, *, budget: bool) -> tuple[str, str | None]:
     return stop, advice
 
 
-def ours(task, method, o, rng):
-    return (algorithm1_auto if o.auto else algorithm1)(task, method, o, rng)
+def ours(task, method, o, rngs):
+    """Algorithm 1: the adaptive default (:func:`algorithm1_auto`, θ = I and no random draw: the
+    runs are one run, computed once) or the fixed-λ loop (:func:`algorithm1`)."""
+    if not o.auto:
+        return algorithm1(task, method, o, rngs)
+    theta, omega, hist, diag = algorithm1_auto(task, method, o, rngs[0])
+    return [
+        (theta.copy(), omega.copy(), {k: list(v) for k, v in hist.items()}, dict(diag))
+        for _ in rngs
+    ]
 
 
 RUNNERS = {

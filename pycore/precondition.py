@@ -115,3 +115,43 @@ class Preconditioner:
             Q, f = self.factor
             return 2.0 * Q @ (f[:, None] * (Q.T @ M))
         return 2.0 * self.K @ M
+
+
+class FactorPreconditioner:
+    """Algorithm 1's preconditioned regularizer directions for a stack of runs, from the task's
+    :class:`pycore.spectral.RowFactor` (``K = V diag(s²) Vᵀ``, ``F = diag(s)Vᵀθ``), as a low-rank
+    product ``L @ R`` (:meth:`parts`): with ``FG = EF`` (:class:`pycore.batch.GramTerm`),
+
+    - ``"pinv"``: ``K⁺∇_θR = 2VVᵀθG = 2(V diag(1/s) E) F``;
+    - ``"ridge"``: ``(K + λI)⁻¹∇_θR = 2(V diag(s/(s² + λ)) E) F`` (exactly zero on null(K));
+    - ``"none"``: ``∇_θR = 2KθG = 2(V diag(s) E) F``;
+    - ``"exact"``: ``K⁻¹∇_θR = 2θG = 2a(θv)vᵀ − 2b(θFᵀ)F`` (docs/theory.md §4).
+
+    No D×D×N product and no D×D H or G: the direction costs two products with r inner columns."""
+
+    def __init__(self, factor, mode: str, ridge: float = 0.0):
+        self.mode = check_choice(mode, "precond", PRECONDITIONERS)
+        s = factor.s
+        c = {"pinv": 1.0 / s, "ridge": s / (s * s + ridge), "none": s}.get(self.mode)
+        self.Vc = None if c is None else factor.V * c
+        self._scaled = (None, None)  # (weight, 2·weight·Vc) of the last scalar weight
+
+    def parts(self, theta, gram, term, weight) -> tuple[np.ndarray, np.ndarray]:
+        """``(L, R)`` with ``weight ×`` the direction ``= L @ R`` for every run (B×D×k, B×k×D);
+        ``weight`` a number or one per run."""
+        if self.mode != "exact" and np.ndim(weight) == 0:  # a fixed λ: Vc scaled once
+            if self._scaled[0] != weight:
+                self._scaled = (weight, self.Vc * (2.0 * float(weight)))
+            return self._scaled[1] @ term.E, gram.F
+        w = 2.0 * np.broadcast_to(np.asarray(weight, dtype=np.float64), (len(gram),))
+        if self.mode != "exact":
+            return (self.Vc * w[:, None, None]) @ term.E, gram.F
+        v = gram.v(term.index)
+        L = np.concatenate(
+            [
+                (w * term.a)[:, None, None] * (theta @ v[:, :, None]),
+                -(w * term.b)[:, None, None] * (theta @ gram.F.mT),
+            ],
+            axis=2,
+        )
+        return L, np.concatenate([v[:, None, :], gram.F], axis=1)

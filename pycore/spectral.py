@@ -228,6 +228,76 @@ class ProductGramSpectrum:
         return _gram_info(np.linalg.svd(F, compute_uv=False), None, self.shape, None, self.name)
 
 
+@dataclass(frozen=True, eq=False)
+class RowFactor:
+    """``X ≈ U diag(s) Vᵀ`` over the ``r`` singular values with ``s² > rank_tolerance(s₁², (D,))``
+    (the rank rule of ``K = XᵀX``, docs/theory.md §2), computed once per data matrix.
+
+    ``A = diag(s) Vᵀ`` (r×D) gives the small side of every Gram matrix of the features: ``Xθ =
+    U(Aθ)``, so ``(Xθ)ᵀ(Xθ) = FᵀF`` and its nonzero spectrum is that of the r×r ``FFᵀ``, ``F =
+    Aθ`` (docs/design.md §6); ``K = V diag(s²) Vᵀ``.  ``V``'s rows at the columns of X that are
+    exactly zero (``live`` False) are set to exact zeros: LAPACK leaves ~1e-16 there, which Adam
+    turns into full-size steps of kernel-dependent sign (docs/design.md §7).
+    """
+
+    U: np.ndarray  # N×r
+    s: np.ndarray  # r, descending
+    V: np.ndarray  # D×r
+    A: np.ndarray  # r×D, diag(s) Vᵀ
+    live: np.ndarray  # D booleans: the columns of X that are not all zero
+    shape: tuple[int, int]
+
+    @classmethod
+    def of(cls, X: np.ndarray) -> RowFactor:
+        X = as_float_matrix(X, "X")
+        U, s, Vt = np.linalg.svd(X, full_matrices=False)
+        r = int(np.count_nonzero(s * s > rank_tolerance(s[0] ** 2, (X.shape[1],)))) if s[0] else 0
+        live = np.any(X != 0, axis=0)
+        V = Vt[:r].T.copy()
+        V[~live] = 0.0
+        U, s = U[:, :r].copy(), s[:r].copy()
+        A = np.ascontiguousarray(s[:, None] * V.T)
+        for a in (U, s, V, A, live):
+            a.setflags(write=False)
+        return cls(U, s, V, A, live, X.shape)
+
+    @property
+    def rank(self) -> int:
+        return self.s.size
+
+    @functools.cached_property
+    def _live_A(self):
+        # A on the live columns only when enough columns are dead to pay for the copy of θ's live
+        # rows that the product then needs (at D = 784, from ~40% dead on)
+        idx = np.flatnonzero(self.live)
+        if idx.size >= 0.6 * self.live.size:
+            return None
+        return idx, np.ascontiguousarray(self.A[:, idx])
+
+    def restricted(self, cols) -> RowFactor:
+        """The factor of ``X[:, cols]`` (the same U and s when X is zero off ``cols``)."""
+        out = RowFactor(
+            self.U,
+            self.s,
+            self.V[cols],
+            np.ascontiguousarray(self.A[:, cols]),
+            self.live[cols],
+            (self.shape[0], len(cols)),
+        )
+        for a in (out.V, out.A, out.live):
+            a.setflags(write=False)
+        return out
+
+    def features(self, theta: np.ndarray) -> np.ndarray:
+        """``F = Aθ`` for one θ (D×D) or a stack (B×D×D): ``Xθ = UF``.  A's columns at X's zero
+        columns are exact zeros, so only θ's rows at the live columns are read."""
+        live = self._live_A
+        if live is None:
+            return self.A @ theta
+        idx, A = live
+        return A @ theta[..., idx, :]
+
+
 @functools.lru_cache(maxsize=None)
 def _evr_workspace(n: int) -> tuple[int, int]:
     """(lwork, liwork) that ``scipy.linalg.eigh(driver="evr")`` passes to LAPACK ``dsyevr``."""
@@ -250,14 +320,23 @@ class SymmetricEigen:
 
     __slots__ = ("_H", "_c", "_d", "_e", "_tau", "_lwork", "values")
 
-    def __init__(self, H: np.ndarray):
+    def __init__(self, H: np.ndarray, *, symmetric: bool = False):
         self._H, self._c = H, None
         n = H.shape[0]
         anrm = float(np.max(np.abs(H))) if n else 0.0
         if n >= 2 and _EVR_SAFE_LOW < anrm < _EVR_SAFE_HIGH:
             lwork, _ = _evr_workspace(n)
-            # dsyevr hands dsytrd the workspace after its 5n of bookkeeping
-            c, d, e, tau, info = scipy.linalg.lapack.dsytrd(H, lower=1, lwork=lwork - 5 * n)
+            # dsyevr hands dsytrd the workspace after its 5n of bookkeeping.  An exactly symmetric
+            # C-ordered H (``symmetric``: the caller formed it with syrk, as numpy does ZᵀZ and
+            # FFᵀ) goes in as its Fortran-ordered transpose, the same matrix that f2py would
+            # otherwise copy: 30% faster at n = 73
+            flip = (
+                H.flags.c_contiguous
+                and not H.flags.f_contiguous
+                and (symmetric or np.array_equal(H, H.T))
+            )
+            Hf = H.T if flip else H
+            c, d, e, tau, info = scipy.linalg.lapack.dsytrd(Hf, lower=1, lwork=lwork - 5 * n)
             if info == 0:
                 w, info = scipy.linalg.lapack.dsterf(d, e)
                 if info == 0:
@@ -265,6 +344,26 @@ class SymmetricEigen:
                     self.values = w
                     return
         self.values = scipy.linalg.eigh(H, eigvals_only=True, driver="evr", check_finite=False)
+
+    def vector_at_value(self, j: int) -> np.ndarray:
+        """Unit eigenvector for the j-th smallest eigenvalue by inverse iteration (``dstein``) at
+        the ``dsterf`` eigenvalue already in :attr:`values`, without dsyevr's bisection
+        (``dstebz``) for it: half the cost of :meth:`vector`, equal to it to round-off (both
+        eigenvalues are accurate to eps·‖H‖)."""
+        if self._c is not None:
+            n, lapack = self._d.size, scipy.linalg.lapack
+            iblock, isplit = np.ones(n, dtype=np.int32), np.zeros(n, dtype=np.int32)
+            isplit[0] = n  # one block: dstein iterates on the whole tridiagonal
+            w = np.zeros(n)
+            w[0] = self.values[j]
+            z, info = lapack.dstein(self._d, self._e, w[:1], iblock, isplit)
+            if info == 0:
+                cq, _, info = lapack.dormqr(
+                    b"L", b"N", self._c[1:, : n - 1], self._tau, z[1:, :], self._lwork - 2 * n
+                )
+                if info == 0:
+                    return np.concatenate([z[:1, 0], cq[:, 0]])
+        return self.vector(j)
 
     def vector(self, j: int) -> np.ndarray:
         """Unit eigenvector for the j-th smallest eigenvalue (0-based, ascending)."""

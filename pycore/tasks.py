@@ -131,6 +131,21 @@ class LinearTask:
         """``‖X_H‖₂``, the largest singular value of D_H's inputs (IMMA's attacker step)."""
         return float(np.linalg.norm(self.X_H, 2))
 
+    @cached_property
+    def factor_P(self):
+        """:class:`pycore.spectral.RowFactor` of ``X_P``: thin SVD with K_P's rank rule, once per
+        task (the small side of every ``H_P(θ)`` and K_P's preconditioner)."""
+        from pycore.spectral import RowFactor
+
+        return RowFactor.of(self.X_P)
+
+    @cached_property
+    def factor_H(self):
+        """:class:`pycore.spectral.RowFactor` of ``X_H`` (see :attr:`factor_P`)."""
+        from pycore.spectral import RowFactor
+
+        return RowFactor.of(self.X_H)
+
 
 def _read_only(a: np.ndarray) -> np.ndarray:
     a.setflags(write=False)

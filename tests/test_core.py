@@ -189,7 +189,7 @@ def test_imma_upper_level_uses_the_dp_mini_batches(monkeypatch):
     seen, real = [], M.imma_objective
 
     def spy(*args, batch_P=None, **kw):
-        seen.append(batch_P[0].shape[0])
+        seen.append(batch_P[0].shape[-2])  # rows of the mini-batch (a stack of runs: B×b×D)
         return real(*args, batch_P=batch_P, **kw)
 
     monkeypatch.setattr(M, "imma_objective", spy)

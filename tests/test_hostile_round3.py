@@ -236,7 +236,7 @@ def test_a_table_whose_methods_exceed_the_budget_is_refused_before_any_run(
     def boom(*a, **k):
         raise AssertionError("COMPUTED")
 
-    monkeypatch.setattr(house_price, "_one_run", boom)
+    monkeypatch.setattr(house_price, "run_batch", boom)
     monkeypatch.setattr(validation, "MAX_WORK_BYTES", 1 << 20)
     p = _numeric_csv(tmp_path / "wide.csv", 200, 40, np.random.default_rng(0))
     argv = ["--data", str(p), "--target-p", "t", "--split", "g=b", "--n-train", "10"]

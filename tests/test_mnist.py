@@ -251,25 +251,31 @@ def test_success_counts_use_pair_seed_means_and_both_criteria():
 
 
 @pytest.mark.parametrize("loss", ["bce", "mse"])
-def test_full_batch_loss_from_Z_matches_losses_module(loss):
-    from pycore.methods import _loss_grads, _loss_grads_from_Z
+def test_full_batch_loss_through_the_features_matches_losses_module(loss):
+    """The loops' full-batch D_P loss goes through the small-side features ``F = Aθ`` (``Xθω =
+    U(Fω)``); a stack of runs gets each run's own loss and gradients."""
+    from pycore.methods import _Inputs, _loss_parts
 
     rng = np.random.default_rng(6)
     X = _low_rank_rows(rng, n=30, D=40)
     Y = ink_targets(X)
     task = LinearTask(X, Y, X, Y, loss=loss)
-    theta, omega, bias = (
-        rng.standard_normal((40, 40)),
-        rng.standard_normal((40, 1)),
-        np.array([0.3]),
-    )
-    ref = _loss_grads(task, X, Y, theta, omega, bias)
-    got = _loss_grads_from_Z(task, X, X @ theta, Y, omega, bias)
-    # Same quantities, products associated differently (Z formed vs through the head):
-    # agreement to a few ulps of the largest entry, far below anything an optimiser sees.
-    assert got[0] == pytest.approx(ref[0], rel=1e-13)
-    for a, b in zip(got[1:], ref[1:]):
-        if b is None:
-            assert a is None
+    theta = rng.standard_normal((3, 40, 40))
+    omega, bias = rng.standard_normal((3, 40, 1)), rng.standard_normal((3, 1))
+    inp = _Inputs.of(task, restrict=False)
+    got = _loss_parts(inp, None, theta, omega, bias, task.factor_P.features(theta))
+    for b in range(3):
+        if loss == "mse":
+            ref = (*losses.mse(X, theta[b], omega[b], Y), None)
         else:
-            np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * np.abs(b).max())
+            ref = losses.bce(X, theta[b], omega[b], Y, bias[b])
+        # Same quantities, products associated differently (through U and F, X's rank cut):
+        # agreement to a few ulps of the largest entry, far below anything an optimiser sees.
+        assert got[0][b] == pytest.approx(ref[0], rel=1e-13)
+        np.testing.assert_allclose(got[1][b], ref[1], rtol=0, atol=1e-12 * np.abs(ref[1]).max())
+        g_t = got[2][b] @ got[3][b]
+        np.testing.assert_allclose(g_t, ref[2], rtol=0, atol=1e-12 * np.abs(ref[2]).max())
+        if loss == "bce":
+            np.testing.assert_allclose(got[4][b], ref[3], rtol=0, atol=1e-12 * abs(ref[3]).max())
+        else:
+            assert got[4] is None
