@@ -54,6 +54,7 @@ def _paper(name, model, lam_p, lam_h, epochs, stages):
         max_steps=None,
         balance=None,
         balance_every=0,
+        rule="sgd",
         scope="tail",
         stages=stages,
         normalize=False,
@@ -70,9 +71,11 @@ def _paper(name, model, lam_p, lam_h, epochs, stages):
 _DEMO = {
     "options": DeepOptions(harden="label_subspace", normalize=False, dp_tolerance=None),
     "per_digit": 250,
-    "rir_pool": 500,
+    "rir_pool": None,
     "probe_epochs": 60,
-    "attack_epochs": (1, 5, 10),
+    "attack_epochs": (1, 2),
+    "attack_train": 128,
+    "attack_val": 64,
 }
 _VIT32 = {"img_size": 32, "patch_size": 8, "depth": 4}
 
@@ -110,7 +113,7 @@ CONFIGS: dict[str, RunConfig] = {
         "folders",
         theta0_epochs=3,
         theta0_lr=2e-3,
-        attack_epochs=(1, 5, 10),
+        attack_epochs=(1, 3),
         probe_epochs=60,
     ),
 }

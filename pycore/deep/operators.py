@@ -85,8 +85,9 @@ class AttackData:
 @dataclass(frozen=True)
 class OperatorCurve:
     """One operator against one model: the chosen setting, D_H test accuracy (%) after each of
-    ``epochs`` (0 = before training), the validation accuracy the setting was chosen by, and every
-    setting tried with its validation accuracy."""
+    ``epochs`` (the probes also at 0, before training; a deep operator's new head starts at
+    chance), the validation accuracy the setting was chosen by, and every setting tried with its
+    validation accuracy."""
 
     operator: str
     setting: str
@@ -166,45 +167,51 @@ def _width(mod: nn.Module) -> int:
     return min(mod.in_channels * k, mod.out_channels)
 
 
-def lora_targets(attacked: nn.Module, rank: int) -> list[str]:
-    """The modules LoRA adapts: every ``nn.Linear`` and ungrouped ``nn.Conv2d`` of the backbone
-    and the layer (not the heads). A rank above a target's width (``min(out, in·k·k)``) or a model
-    without one is a ParameterError."""
+def lora_targets(attacked: nn.Module, rank: int) -> dict[str, int]:
+    """The modules LoRA adapts, each with its adapter's rank: every ``nn.Linear`` and ungrouped
+    ``nn.Conv2d`` of the backbone and the layer (not the heads), at ``min(rank, width)`` with
+    ``width = min(out, in·kernel)`` (a wider adapter adds no rank). A rank above the width of every
+    target, or a model without one, is a ParameterError."""
     skip = {id(attacked.head), id(attacked.net.get_classifier())}
-    names = [
-        n
+    widths = {
+        n: _width(mod)
         for n, mod in attacked.named_modules()
         if id(mod) not in skip
         and (isinstance(mod, nn.Linear) or (isinstance(mod, nn.Conv2d) and mod.groups == 1))
-    ]
-    if not names:
+    }
+    if not widths:
         raise ParameterError(
             "model", f"{type(attacked.net).__name__} has no linear or convolution layer for LoRA"
         )
-    narrow = min(names, key=lambda n: _width(attacked.get_submodule(n)))
-    w = _width(attacked.get_submodule(narrow))
-    if rank > w:
+    widest = max(widths, key=widths.get)
+    if rank > widths[widest]:
         raise ParameterError(
             "lora_ranks",
-            f"LoRA rank {rank} exceeds the width {w} of layer {narrow!r} "
-            f"(min(out, in·kernel)); use a rank ≤ {w}",
+            f"LoRA rank {rank} exceeds the width of every layer, the widest being {widest!r} "
+            f"(min(out, in·kernel) = {widths[widest]})",
         )
-    return names
+    return {n: min(rank, w) for n, w in widths.items()}
 
 
 def _with_lora(attacked: _Attacked, rank: int, seed: int) -> _Attacked:
-    """peft LoRA adapters of ``rank`` (α = r: the update is BA) on :func:`lora_targets`; only the
-    adapters and the head train."""
+    """peft LoRA adapters (α = r: the update is BA) on :func:`lora_targets`; only the adapters
+    and the head train."""
     from peft import LoraConfig, inject_adapter_in_model  # noqa: PLC0415  (peft imports slowly)
 
-    names = lora_targets(attacked, rank)
-    pattern = "^(" + "|".join(re.escape(n) for n in names) + ")$"
+    ranks = lora_targets(attacked, rank)
+    pattern = "^(" + "|".join(re.escape(n) for n in ranks) + ")$"
+    narrow = {n: r for n, r in ranks.items() if r < rank}
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=rank,
+        lora_dropout=0.0,
+        target_modules=pattern,
+        rank_pattern={f"^{re.escape(n)}$": r for n, r in narrow.items()},
+        alpha_pattern={f"^{re.escape(n)}$": r for n, r in narrow.items()},
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # peft draws A from torch's global generator
-        attacked = inject_adapter_in_model(
-            LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=pattern),
-            attacked,
-        )
+        attacked = inject_adapter_in_model(config, attacked)
     for n, p in attacked.named_parameters():
         p.requires_grad_("lora_" in n or n.startswith("head."))
     return attacked.eval()
@@ -235,7 +242,7 @@ def _deep_run(model, data: AttackData, op: str, lr: float, epochs, seed: int, ba
             hits += int((logits.argmax(1).cpu() == y[s : s + 256]).sum())
         return 100.0 * hits / n
 
-    acc = [accuracy(data.test)] if 0 in epochs else []
+    acc = []  # epoch 0 is a random new head: chance, not scored
     for e in range(max(epochs)):
         for (idx,) in batches.epoch(e):
             opt.zero_grad(set_to_none=True)
@@ -306,13 +313,14 @@ def run_operators(
         else:
             grid = LR_GRIDS["lora" if n.startswith("lora_r") else n]
             runs = {
-                f"lr {lr:g}": _deep_run(net, data, n, lr, scored, seed, batch_size) for lr in grid
+                f"lr {lr:g}": _deep_run(net, data, n, lr, scored[1:], seed, batch_size)
+                for lr in grid
             }
         best = max(runs, key=lambda k: runs[k][1])  # first of the best (grids ascend)
         out[n] = OperatorCurve(
             n,
             best,
-            scored,
+            scored if len(runs[best][0]) == len(scored) else scored[1:],
             tuple(float(a) for a in runs[best][0]),
             float(runs[best][1]),
             tuple((k, float(v)) for k, (_, v) in runs.items()),
