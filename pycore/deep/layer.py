@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pycore.adaptive import adaptive_descent, kappa_log_ratios, regularizer_directions
+from pycore.adaptive import adaptive_descent, kappa_log_ratios
 from pycore import LinearTask, immunize
 from pycore.metrics import ExponentWindow, def31_exponent_window, rir_ceiling
-from pycore.spectral import numerical_rank
+from pycore.precondition import Preconditioner
+from pycore.regularizers import hessian_regularizer
+from pycore.spectral import SpectrumError, gram_spectrum, numerical_rank
 from pycore.threads import bounded_blas
 
 __all__ = [
@@ -96,20 +98,64 @@ def _ratios(theta, X_P, X_H) -> tuple[float, float]:
     return float(np.exp(a)), float(np.exp(b))
 
 
+class _Problem:
+    """The layer's linear problem for :func:`pycore.adaptive.adaptive_descent`, one evaluation
+    per θ: the eigen-decompositions of ``H_P``, ``H_H`` that the step's directions need also give
+    the margin's κ's (relative error ≤ eps·κ(H), checked: above :data:`EIG_KAPPA_LIMIT` the κ's
+    come from the SVD of ``Xθ``, as in the linear core); the denominators are exact."""
+
+    def __init__(self, X_P, X_H, precond: str):
+        self.X = (X_P, X_H)
+        self.pre = tuple(Preconditioner(X.T @ X, precond, 0.0, X) for X in self.X)
+        self.exact = kappa_log_ratios(X_P, X_H, np.eye(X_P.shape[1]))
+        self.ref = tuple(
+            gram_spectrum(X, vectors=False).kappa for X in self.X
+        )  # κ(H_P(I)), κ(H_H(I))
+        self._at, self._regs = None, None
+
+    def _evaluate(self, theta):
+        if self._at is not theta:
+            Z = tuple(X @ theta for X in self.X)
+            regs = (
+                hessian_regularizer(Z[0], "well", matrices=False),
+                hessian_regularizer(Z[1], "ill", matrices=False),
+            )
+            self._at, self._regs = theta, (Z, regs)
+        return self._regs
+
+    def log_ratios(self, theta):
+        try:
+            _, (rP, rH) = self._evaluate(theta)
+        except SpectrumError:
+            return self.exact(theta)
+        if max(rP.info.kappa, rH.info.kappa) > EIG_KAPPA_LIMIT:
+            return self.exact(theta)
+        return np.log(rH.info.kappa / self.ref[1]), np.log(rP.info.kappa / self.ref[0])
+
+    def directions(self, theta):
+        (Z_P, Z_H), (rP, rH) = self._evaluate(theta)
+        return self.pre[0].direction(theta, rP, Z_P), self.pre[1].direction(theta, rH, Z_H)
+
+
+# κ(H) from eigenvalues of H resolves λ_min to ~eps·λ_max: 1e11 keeps the margin's error < 1e-4.
+EIG_KAPPA_LIMIT = 1e11
+
+
 @bounded_blas
 def adaptive_layer(X_P, X_H, *, steps: int, patience: int, lr: "float | None" = None):
-    """θ by the adaptive rule of the linear default on the layer's inputs (all rows, float64,
-    exact κ's), from θ = I (θ₀'s layer), at ``lr`` (default :func:`relative_step_lr`)."""
+    """θ by the adaptive rule of the linear default on the layer's inputs (all rows, float64),
+    from θ = I (θ₀'s layer), at ``lr`` (default :func:`relative_step_lr`); the kept θ's (i) and
+    (ii) are exact (SVD)."""
     XP, XH = _rows(X_P), _rows(X_H)
     D = XP.shape[1]
     ceiling, window, why = attainability(XP, XH)
-    theta = np.eye(D)
     # a full-rank K: K⁺ = K⁻¹, the exact preconditioner 2θG (docs/theory.md §4), no projector
     full = all(numerical_rank(np.linalg.svd(X, compute_uv=False), X.shape) == D for X in (XP, XH))
+    problem = _Problem(XP, XH, "exact" if full else "pinv")
     run = adaptive_descent(
-        theta,
-        kappa_log_ratios(XP, XH, theta),
-        regularizer_directions(XP, XH, precond="exact" if full else "pinv"),
+        np.eye(D),
+        problem.log_ratios,
+        problem.directions,
         lr=relative_step_lr(D) if lr is None else lr,
         epochs=steps,
         patience=patience,
