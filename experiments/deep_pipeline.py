@@ -285,14 +285,16 @@ def eval_sets(data: dict, images: dict, cached: bool, rc: RunConfig, seed: int, 
         "cached": cached,
     }
     # the attacker's images: train and validation rows of D_H's training split, the test split
+    # (a D_H of fewer images: a quarter for validation, the rest to train on)
     perm = np.random.default_rng([seed, 5]).permutation(len(data["h_train"]))
-    n_tr = len(perm) - rc.attack_val if rc.attack_train is None else rc.attack_train
-    if n_tr < 2 or rc.attack_val < 2 or n_tr + rc.attack_val > len(perm):
+    n_va = min(rc.attack_val, len(perm) // 4)
+    n_tr = min(len(perm) - n_va, rc.attack_train or len(perm))
+    if n_va < 1 or n_tr < 2:
         raise DataError(
-            f"D_H has {len(perm)} training images; the operators need attack_train "
-            f"({rc.attack_train}) + attack_val ({rc.attack_val}) of them, at least 2 each"
+            f"D_H has {len(perm)} training images; the operators need at least 2 to train on "
+            "and 1 to validate on"
         )
-    tr, va = np.sort(perm[:n_tr]), np.sort(perm[n_tr : n_tr + rc.attack_val])
+    tr, va = np.sort(perm[:n_tr]), np.sort(perm[n_tr : n_tr + n_va])
     n_te = len(data["h_test"])
     te = np.sort(np.random.default_rng([seed, 6]).permutation(n_te)[: rc.attack_test or n_te])
     img = images["h_train"]

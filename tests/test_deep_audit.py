@@ -70,17 +70,17 @@ def folders(tmp_path_factory):
 def test_own_image_folders_run_end_to_end_with_the_defaults(folders):
     res, out = folders["result"], folders["out"]
     assert (
-        set(res["rows"]) == {"init", "ours", "r_ill_only", "imma", "opt_kappa"}
+        set(res["rows"]) == {"init", "ours", "closed_form", "r_ill_only", "imma", "opt_kappa"}
         and not res["errors"]
     )
     assert res["run_config"]["model_kwargs"] == {"img_size": 32}  # θ₀ trained at the images' size
     for row in res["rows"].values():
-        assert np.isfinite(row["rir_theta0"]["mean"]) and len(row["attacks"]) == 4
+        assert np.isfinite(row["rir_theta0"]["mean"]) and len(row["operators"]) == 7
     assert res["rows"]["init"]["dp_top1"]["mean"] > 75  # a θ₀ that learned D_P
     for name in (
         "table.md",
         "finetune.png",
-        "attacks.png",
+        "operators.png",
         "extractor_init.safetensors",
         "extractor_ours.safetensors",
     ):
@@ -116,9 +116,7 @@ def test_audit_reproduces_the_pipeline(folders, tmp_path):
     # float32 rounding of the features (κ ratios: 1e-4 relative).
     for row, ref in (("model", "ours"), ("init", "init")):
         assert got[row]["dp_top1"] == pipe[ref]["dp_top1"]
-        assert got[row]["rir"]["value"]["mean"] == pytest.approx(
-            pipe[ref]["rir"]["value"]["mean"], rel=1e-4
-        )
+        assert got[row]["rir"]["value"] == pytest.approx(pipe[ref]["rir"]["value"], rel=1e-4)
     assert res["rows"]["init"]["rir_theta0"]["per_seed"] == [1.0]  # θ₀ against itself: exactly 1
     assert (tmp_path / "audit.png").stat().st_size > 1000 and (
         tmp_path / "table.md"
@@ -153,7 +151,7 @@ def test_audit_errors_name_the_flag(folders, tmp_path, capsys):
 
 
 def test_deepnet_refuses_bad_flags_before_any_compute(folders, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(deepnet, "run_config", lambda *a, **k: pytest.fail("computed"))
+    monkeypatch.setattr(deepnet, "run_configs", lambda *a, **k: pytest.fail("computed"))
     roots = ["--dp-root", str(folders["dp"]), "--dh-root", str(folders["dh"])]
     init = str(folders["out"] / "extractor_init.safetensors")
     cases = [
@@ -191,7 +189,7 @@ def test_a_method_that_failed_is_named_in_the_outputs_and_exit_1(
             }
         }
     }
-    monkeypatch.setattr(deepnet, "run_config", lambda *a, **k: res)
+    monkeypatch.setattr(deepnet, "run_configs", lambda *a, **k: [res])
     rc = deepnet.main(
         [
             "--dp-root",
@@ -219,7 +217,7 @@ CI = RunConfig(
     "ci",
     "test_resnet",
     "mnist",
-    DeepOptions(epochs=1, max_steps=6, batch_size=16, harden="label_subspace"),
+    DeepOptions(epochs=1, max_steps=6, batch_size=16, adaptive_steps=200, harden="label_subspace"),
     model_kwargs={"img_size": 32},
     methods=("ours",),
     theta0_epochs=1,
@@ -230,8 +228,9 @@ CI = RunConfig(
     probe_epochs=5,
     eval_batch=128,
     attack_epochs=(1, 3),
-    adam_lrs=(1e-2, 1e-1),
-    finetune=False,
+    operators=("gd", "adam", "adam_whitened"),
+    attack_train=48,
+    attack_val=24,
 )
 
 
@@ -263,11 +262,16 @@ def test_pipeline_aggregates_every_row_over_seeds(pipeline):
     for k, seed_run in enumerate(res["per_seed"]):
         for m, row in seed_run["rows"].items():
             r = row["rir"]
-            assert row["immunized"] == (
-                r["harmful_ratio"]["mean"] > 1 > r["pretrain_ratio"]["mean"]
+            assert row["immunized"] == (r["harmful_ratio"] > 1 > r["pretrain_ratio"])
+            assert rows[m]["rir_theta0"]["per_seed"][k] == row["rir"]["value"]
+            adam = row["audit"]["operators"]["adam"]
+            assert (
+                rows[m]["operators"]["adam"]["mean_deficit"]["per_seed"][k] == adam["mean_deficit"]
             )
-            assert rows[m]["rir_theta0"]["per_seed"][k] == row["rir"]["value"]["mean"]
-            assert rows[m]["attacks"]["adam"]["epoch3"]["per_seed"][k] == row["attacks"]["adam"][3]
+            assert (
+                adam["reference"]
+                == seed_run["rows"]["init"]["audit"]["operators"]["adam"]["model"]
+            )
     for m, r in rows.items():
         assert r["immunized_count"] == sum(s["rows"][m]["immunized"] for s in res["per_seed"])
         per = r["dp_top1"]["per_seed"]
