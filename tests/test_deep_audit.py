@@ -315,3 +315,38 @@ def test_the_balance_sweep_is_one_row_per_point_and_a_seed_gives_every_number_ag
     assert (tmp_path / "t.png").stat().st_size > 1000 and "b = 1/2" in deep_report.table_markdown(
         res
     )
+
+
+def test_an_interrupted_rerun_leaves_every_earlier_output_as_it_was(
+    folders, tmp_path, monkeypatch, capsys
+):
+    """Outputs are written under temporary names and moved into place together at the end: a rerun
+    interrupted after it wrote an extractor leaves the previous run's files byte for byte, and no
+    temporary behind; a folder where any output goes (an extractor too) is refused before
+    compute."""
+    import shutil
+
+    from pycore.deep import load_model
+
+    out = tmp_path / "out"
+    shutil.copytree(folders["out"], out / "folders")
+    before = {p.name: p.read_bytes() for p in (out / "folders").iterdir()}
+    model = load_model(out / "folders" / "extractor_ours.safetensors")[0]
+
+    def interrupted(rcs, seeds, opts, ctx, *, on_extractor, jobs):
+        with torch.no_grad():
+            model.layer.weight.mul_(2.0)  # other weights than the earlier run's
+        assert on_extractor(rcs[0])(model, "ours", seeds[0], "immunized")
+        assert [p for p in (out / "folders").iterdir() if p.name.endswith(".tmp")]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(deepnet, "run_configs", interrupted)
+    roots = ["--dp-root", str(folders["dp"]), "--dh-root", str(folders["dh"]), "--model"]
+    argv = [*roots, "test_resnet", "--out", str(out), "--quiet"]
+    assert deepnet.main(argv) == 130
+    assert {p.name: p.read_bytes() for p in (out / "folders").iterdir()} == before
+    monkeypatch.setattr(deepnet, "run_configs", lambda *a, **k: pytest.fail("computed"))
+    (out / "folders" / "extractor_imma.safetensors").unlink()
+    (out / "folders" / "extractor_imma.safetensors").mkdir()
+    rc, err = _one_line_error(capsys, deepnet, argv)
+    assert rc == 2 and "error: --out:" in err and "extractor_imma" in err
