@@ -62,7 +62,7 @@ def test_readme_library_section_runs_as_written():
     assert np.isfinite(scope["row"]["rir"]) and scope["row"]["dp_loss_after"] >= 0
     assert scope["attack"].worst.slowdown > 0
     assert np.isfinite([scope["out"].harmful_ratio, scope["out"].pretrain_ratio]).all()
-    assert 0 <= scope["acc"]["model"]["adam"][1] <= 100
+    assert 0 <= scope["audit"]["adam"].model[0] <= 100
 
 
 def test_public_names():
