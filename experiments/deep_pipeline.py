@@ -305,14 +305,15 @@ def eval_sets(data: dict, images: dict, cached: bool, rc: RunConfig, seed: int, 
 
 
 def _variants(rc: RunConfig) -> list[tuple[str, str, DeepOptions]]:
-    """(row, method, options) of every immunization of a seed: each method, at each sweep point."""
+    """(row, method, options) of every immunization of a seed: each method, at each sweep point
+    (the balance b of the paper's loop, ``rule="sgd"``)."""
     if not rc.sweep:
         return [(m, m, rc.options) for m in rc.methods]
     return [
         (
             f"{m}@{b:g}" + ("" if bi is None else f"/{bi:g}"),
             m,
-            replace(rc.options, balance=b, balance_ill=bi),
+            replace(rc.options, balance=b, balance_ill=bi, rule="sgd"),
         )
         for m in rc.methods
         for b, bi in rc.sweep

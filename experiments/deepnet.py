@@ -203,8 +203,9 @@ def plan(args) -> list:
 
 
 def _staged(path: Path, token: str) -> Path:
-    """The temporary name of the output ``path`` in this run (``token``): hidden, same folder."""
-    return path.with_name(f".{path.name}.{token}.tmp")
+    """The temporary name of the output ``path`` in this run (``token``): hidden, in the same
+    folder, with the same suffix (matplotlib picks the format by it)."""
+    return path.with_name(f".{path.stem}.{token}{path.suffix}")
 
 
 def _output_names(rc) -> list[str]:
@@ -278,18 +279,14 @@ def main(argv=None) -> int:
             for rc, result in zip(runs, results or ()):
                 folder = folders[rc.name]
                 result["cpu_seconds"] = sum(os.times()[:4]) - cpu0  # this process + workers
-                staged += [
-                    Path(r["extractor"])
-                    for s in result["per_seed"]
-                    for r in s["rows"].values()
-                    if r.get("extractor")
+                models = [
+                    r.get("extractor") for s in result["per_seed"] for r in s["rows"].values()
                 ]
-                staged += [
-                    Path(e["checkpoint"])
-                    for errs in result["errors"].values()
-                    for e in errs.values()
-                    if e.get("checkpoint")
+                models += [
+                    e.get("checkpoint") for v in result["errors"].values() for e in v.values()
                 ]
+                # the models this run staged (a worker wrote each under its temporary name)
+                staged += [Path(p) for p in models if p and _staged(Path(p), token).exists()]
                 table = deep_report.table_markdown(
                     result, PAPER_TABLE3.get(tuple(rc.name.split("-", 1)))
                 )
@@ -336,7 +333,7 @@ def main(argv=None) -> int:
         finally:
             shutdown()
             for folder in folders.values():  # this run's temporaries, whatever happened
-                for tmp in folder.glob(f".*.{token}.tmp") if folder.is_dir() else ():
+                for tmp in folder.glob(f".*.{token}.*") if folder.is_dir() else ():
                     tmp.unlink(missing_ok=True)
         if failed:
             raise common.RunError(
