@@ -470,22 +470,25 @@ def immunize_in_place(
             _rescale(model, 1.0 / scale)
     steps = kept if stopped else len(history["loss"])
     # every rank computes the same map from the same seeded inputs
-    hardening = (
-        None
-        if opts.harden == "none"
-        else harden(
-            model,
-            h_train,
-            opts.harden,
-            num_classes=num_classes_h,
-            scale=opts.harden_scale,
-            rng=np.random.default_rng([seed, 99]),
-            cached=cached,
-        )
-    )
+    hardening = _harden(model, h_train, opts, seed, num_classes_h, cached)
     lambdas["ridge"] = ridge
     return TrainResult(
         method, steps, time.perf_counter() - t0, lambdas, history, hardening, stopped
+    )
+
+
+def _harden(model, h_train, opts, seed, num_classes_h, cached) -> "dict | None":
+    """``opts.harden`` applied to the trained model, from the seed's generator (None: none)."""
+    if opts.harden == "none":
+        return None
+    return harden(
+        model,
+        h_train,
+        opts.harden,
+        num_classes=num_classes_h,
+        scale=opts.harden_scale,
+        rng=np.random.default_rng([seed, 99]),
+        cached=cached,
     )
 
 
@@ -505,19 +508,7 @@ def _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, de
             Z_P, Z_H, steps=opts.adaptive_steps, patience=opts.patience, lr=opts.adaptive_lr
         )
     kappa_theta = set_layer(model, sol.theta)
-    hardening = (
-        None
-        if opts.harden == "none"
-        else harden(
-            model,
-            h_train,
-            opts.harden,
-            num_classes=num_classes_h,
-            scale=opts.harden_scale,
-            rng=np.random.default_rng([seed, 99]),
-            cached=True,
-        )
-    )
+    hardening = _harden(model, h_train, opts, seed, num_classes_h, True)
     lambdas = {"kappa_theta": kappa_theta}
     return TrainResult(
         method, sol.steps, time.perf_counter() - t0, lambdas, sol.history, hardening, sol.reason
