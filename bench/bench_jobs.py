@@ -24,7 +24,7 @@ import scipy.linalg.lapack as lapack  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pycore.immunize import PRESETS, immunize  # noqa: E402
+from pycore.immunization import PRESETS, immunize  # noqa: E402
 
 METHODS = ("ours", "opt_kappa", "r_ill_only", "imma")
 

@@ -4,8 +4,8 @@ much, and what the condition number alone could have forced.
 
 Every attacker family of :func:`pycore.worst_case.attacker_grid` probes ``Z = Xθ`` of D_H and D_P
 (training and held-out rows) for identity and each of ``--methods`` (``--hardened-methods`` also
-hardened, :mod:`pycore.harden`) and counts its steps to each ε; :func:`pycore.worst_case.analyse`
-names each family's best configuration, the defender's worst case and what κ alone can force.
+hardened, :mod:`pycore.harden`) and counts its steps to each ε; :func:`analyse` names each
+family's best configuration, the defender's worst case and what κ alone can force.
 
     python experiments/attacks.py                        # strict, 5 seeds, closed form, Alg. 1
     python experiments/attacks.py --quick --seeds 1      # CI smoke test (small grid)
@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from experiments import common
 from pycore import worst_case as W
 from pycore.data.mnist import parse_pairs
-from pycore.immunize import MAX_EPOCHS, METHODS
+from pycore.immunization import MAX_EPOCHS, METHODS
 from pycore.report import METHOD_LABELS, environment, save_figure
 from pycore.thetas import run_name, task_arrays, theta_key
 
@@ -34,7 +37,6 @@ MAX_STEPS = (
 TASKS = ("D_H", "D_P")
 OUTPUTS = ("table.md", "best_so_far.png", "thetas.npz", "results.json")
 LSQ_FAMILIES = tuple(f for f in W.FAMILIES if f != "newton")
-_STATE: dict = {}  # data shared with forked workers (never pickled per job)
 
 
 def build_parser() -> common.Parser:
@@ -132,7 +134,7 @@ def build_parser() -> common.Parser:
 
 def prepare(args, parser) -> None:
     """The checks that involve several flags, before any compute."""
-    from pycore.immunize import options_of
+    from pycore.immunization import options_of
 
     if args.mnist_only and not args.mnist_pairs:
         raise common.UsageError("needs --mnist-pairs", "--mnist-only")
@@ -144,84 +146,141 @@ def prepare(args, parser) -> None:
         parser, args, args.methods, "strict" if args.protocol == "strict" else "house_price"
     )
     args.mnist_methods = ["identity"] + [m for m in args.mnist_methods if m != "identity"]
-    has = {m: {f.name for f in dataclasses.fields(options_of(m))} for m in args.mnist_methods}
-    # preset "mnist"
-    epochs = {m: {"epochs": args.mnist_epochs} if "epochs" in has[m] else {} for m in has}
+    # the preset "mnist" with --mnist-epochs for the methods that have epochs
+    epochs = {
+        m: {"epochs": args.mnist_epochs} if "epochs" in options_of(m).names() else {}
+        for m in args.mnist_methods
+    }
     args.mnist_immunizer = common.Immunizer("mnist", epochs, args.certified, args.harden)
     common.check_out(args.out, OUTPUTS)
 
 
-def variant_label(variant: str) -> str:
-    """``ours+haar`` → ``Ours (Alg. 1) + haar`` (pycore.report.METHOD_LABELS)."""
-    method, _, harden = variant.partition("+")
-    return METHOD_LABELS[method] + (f" + {harden}" if harden else "")
+@dataclass(frozen=True)
+class Variant:
+    """An attacked θ: a ``method``'s, hardened by ``harden`` or not; ``name`` is its label in
+    results.json and the θ archive (:func:`pycore.thetas.run_name`: ``ours+haar``)."""
+
+    method: str
+    harden: str = "none"
+
+    @property
+    def name(self) -> str:
+        return run_name(self.method, self.harden)
+
+    @property
+    def hardened(self) -> bool:
+        return self.harden != "none"
+
+    @property
+    def label(self) -> str:
+        """``Ours (Alg. 1) + haar`` (pycore.report.METHOD_LABELS)."""
+        return METHOD_LABELS[self.method] + (f" + {self.harden}" if self.hardened else "")
+
+    def unhardened(self) -> Variant:
+        return Variant(self.method)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "method": self.method, "harden": self.harden}
+
+
+@dataclass(frozen=True)
+class VariantRun:
+    """One variant of one immunization seed: its θ (by digest), the numbers hardening must keep
+    on each row set (``numbers[rows]``: RIR, (i), (ii), best D_P loss), and the attacker grid on
+    each problem (``problems[rows][task]``, task "D_H" or "D_P")."""
+
+    seed: int
+    variant: Variant
+    theta_digest: str
+    numbers: Mapping[str, Mapping[str, float]]
+    immunize_seconds: float
+    diagnostics: Mapping[str, float]
+    problems: Mapping[str, Mapping[str, W.GridRun]]
+    orthogonality_defect: float | None = None
+    # hardened variants: the largest relative change of ``numbers`` against the unhardened θ
+    invariance: Mapping[str, float] | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "seed": self.seed,
+            "method": self.variant.method,
+            "variant": self.variant.name,
+            "theta_digest": self.theta_digest,
+            "numbers": self.numbers,
+            "immunize_seconds": self.immunize_seconds,
+            "diagnostics": self.diagnostics,
+            "orthogonality_defect": self.orthogonality_defect,
+            "invariance": self.invariance,
+            "problems": {
+                rows: {task: run.to_dict() for task, run in per.items()}
+                for rows, per in self.problems.items()
+            },
+        }
 
 
 def _digest(theta: np.ndarray) -> str:
     return hashlib.sha1(np.ascontiguousarray(theta).tobytes()).hexdigest()[:16]
 
 
-def _immunize_job(job):
-    """One (method, seed): θ as immunized and, if asked, hardened, with the numbers hardening must
-    keep (RIR, (i), (ii) on both row sets, the best D_P loss: docs/findings.md §5)."""
+def _numbers(theta, splits) -> dict:
+    """Per row set: what hardening must leave unchanged (docs/findings.md §5)."""
     from pycore.losses import best_probe_loss
     from pycore.metrics import rir
 
-    method, seed, hardened = job
-    run = (
-        _STATE["immunize"] if hardened else dataclasses.replace(_STATE["immunize"], harden="none")
-    )
-    res = run(_STATE["splits"]["train"], method, np.random.default_rng(seed))
-
-    def numbers(theta):
-        return {
-            rows: {
-                "rir": (r := rir(theta, t.X_P, t.X_H)).value,
-                "harmful_ratio": r.harmful_ratio,
-                "pretrain_ratio": r.pretrain_ratio,
-                "dp_loss": best_probe_loss(t.loss, t.X_P @ theta, t.Y_P),
-            }
-            for rows, t in _STATE["splits"].items()
-        }
-
-    plain = res.theta if res.theta_unhardened is None else res.theta_unhardened
-    variants = {run_name(method): {"theta": plain, "numbers": numbers(plain)}}
-    if res.theta_unhardened is not None:
-        variants[run_name(method, run.harden)] = {
-            "theta": res.theta,
-            "Q": res.rotation,
-            "numbers": numbers(res.theta),
-            "orthogonality_defect": res.diagnostics["harden"]["orthogonality_defect"],
-        }
     return {
-        "method": method,
-        "seed": seed,
-        "wall_seconds": res.wall_seconds,
-        "variants": variants,
-        "diagnostics": {k: v for k, v in res.diagnostics.items() if np.isscalar(v)},
+        rows: {
+            "rir": (r := rir(theta, t.X_P, t.X_H)).value,
+            "harmful_ratio": r.harmful_ratio,
+            "pretrain_ratio": r.pretrain_ratio,
+            "dp_loss": best_probe_loss(t.loss, t.X_P @ theta, t.Y_P),
+        }
+        for rows, t in splits.items()
     }
 
 
-def _grid_job(unit):
-    """Every attacker configuration on one (θ, rows, task) problem."""
+def _immunize_job(job) -> dict:
+    """One (method, seed) on ``splits["train"]``: θ as immunized and, if ``hardened``, hardened,
+    each with its :func:`_numbers` (a worker task: everything it needs comes in ``job``)."""
+    immunizer, splits, method, seed, hardened = job
+    run = immunizer if hardened else dataclasses.replace(immunizer, harden="none")
+    res = run(splits["train"], method, np.random.default_rng(seed))
+    plain = res.theta if res.theta_unhardened is None else res.theta_unhardened
+    out = {
+        "thetas": {Variant(method): plain},
+        "numbers": {Variant(method): _numbers(plain, splits)},
+        "rotation": None,
+        "orthogonality_defect": None,
+        "wall_seconds": res.wall_seconds,
+        "diagnostics": {k: v for k, v in res.diagnostics.items() if np.isscalar(v)},
+    }
+    if res.theta_unhardened is not None:
+        v = Variant(method, run.harden)
+        out["thetas"][v], out["numbers"][v] = res.theta, _numbers(res.theta, splits)
+        out["rotation"] = res.rotation
+        out["orthogonality_defect"] = res.diagnostics["harden"]["orthogonality_defect"]
+    return out
+
+
+def _grid_job(unit) -> W.GridRun:
+    """Every attacker configuration of ``grid`` probing ``Z = Xθ`` against ``Y`` (a worker task:
+    everything it needs comes in ``unit``)."""
     from pycore.probe import make_problem
 
-    digest, rows, task = unit
-    st, t = _STATE, _STATE["splits"][rows]
-    X, Y = (t.X_H, t.Y_H) if task == "D_H" else (t.X_P, t.Y_P)
-    prob = make_problem(X @ st["thetas"][digest], Y, st["loss"], ridge_rel=st["ridge_rel"])
-    return W.run_grid(prob, st["grid"], eps=st["eps"], max_steps=st["cap"])
+    theta, X, Y, loss, ridge_rel, grid, eps, cap = unit
+    return W.run_grid(
+        make_problem(X @ theta, Y, loss, ridge_rel=ridge_rel), grid, eps=eps, max_steps=cap
+    )
 
 
-def run(args) -> dict:
-    from pycore.data.house_price import load_house_price
+def run(args) -> tuple[dict, dict]:
+    """The experiment: ``(results, archive)``, the archive the θ's and inputs for thetas.npz."""
     from pycore.protocol import strict_protocol
 
     t_start = time.perf_counter()
     if args.mnist_only:
-        mnist, thetas = run_mnist(args, t_start)
+        mnist, archive = run_mnist(args, t_start)
         first = next(iter(mnist["pairs"].values()))
-        return {
+        res = {
             "experiment": "attacks",
             "dataset": "mnist",
             "protocol": "mnist",
@@ -229,13 +288,13 @@ def run(args) -> dict:
             "harden": args.harden,
             "seeds": mnist["seeds"],
             "eps": sorted(args.eps, reverse=True),
-            "_thetas": thetas,
             "variants": first["variants"],
             "best_so_far": first["best_so_far"],
             **environment(),
             "wall_seconds": time.perf_counter() - t_start,
         }
-    data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
+        return res, archive
+    data = common.load_house_price_data(args)
     if data.heldout is None:
         raise common.UsageError("leaves no held-out rows (lower it)", "--n-train")
     train, held, strict = data.train, data.heldout, None
@@ -243,12 +302,28 @@ def run(args) -> dict:
         train, held, strict = strict_protocol(train, held, data.feature_names)
     splits = {"train": train, "heldout": held}
     grid = tuple(c for c in W.attacker_grid("lsq", quick=args.quick) if c.family in args.attackers)
+    found, archive = evaluate(
+        splits,
+        args.methods,
+        args.hardened_methods,
+        args.seeds,
+        args.immunizer,
+        grid,
+        "lsq",
+        args.max_steps,
+        args.eps,
+        args,
+        "house prices",
+        t_start,
+    )
+    archive.update(task_arrays(splits))
     res = {
         "experiment": "attacks",
         "dataset": "house_prices",
         "source": data.source,
+        "data_changes": data.changes(),
         "protocol": args.protocol,
-        "strict_protocol": None if strict is None else strict.as_dict(),
+        "strict_protocol": None if strict is None else strict.to_dict(),
         "seeds": args.seeds,
         "methods": args.methods,
         "hardened_methods": args.hardened_methods,
@@ -256,121 +331,98 @@ def run(args) -> dict:
         "eps": sorted(args.eps, reverse=True),
         "step_cap": args.max_steps,
         "quick_grid": args.quick,
-        "grid": [c.as_dict() for c in grid],
-        "immunize": args.immunizer.as_dict(),
+        "grid": [c.to_dict() for c in grid],
+        "immunize": args.immunizer.to_dict(),
         "loss": "0.5*||Zw - y||^2 (Hessian Z^T Z = H(theta)); every attacker starts at w = 0",
         "n_rows": {
             rows: {"D_P": int(t.X_P.shape[0]), "D_H": int(t.X_H.shape[0])}
             for rows, t in splits.items()
         },
-        **evaluate(
-            splits,
-            args.methods,
-            args.hardened_methods,
-            args.seeds,
-            args.immunizer,
-            grid,
-            "lsq",
-            args.max_steps,
-            args.eps,
-            args,
-            "house prices",
-            t_start,
-        ),
+        **found,
     }
-    res["_thetas"].update(task_arrays(splits))
     if args.mnist_pairs:
-        res["mnist"], mnist_thetas = run_mnist(args, t_start)
-        res["_thetas"].update(mnist_thetas)
-    return {**res, **environment(), "wall_seconds": time.perf_counter() - t_start}
+        res["mnist"], mnist_archive = run_mnist(args, t_start)
+        archive.update(mnist_archive)
+    return {**res, **environment(), "wall_seconds": time.perf_counter() - t_start}, archive
 
 
 def evaluate(
     splits, methods, hardened, seeds, immunizer, grid, loss, cap, eps, args, label, t_start
-):
+) -> tuple[dict, dict]:
     """Immunize ``splits['train']`` per (method, seed) (``hardened`` and identity also hardened),
-    the grid on both tasks of every split per θ: runs, analysis, best-so-far, θ's (``_thetas``)."""
+    then the grid on both tasks of every split per distinct θ: ``({"runs", "variants",
+    "analysis", "best_so_far"}, archive)``."""
     harden = immunizer.harden
     jobs = [
-        (m, s, harden != "none" and (m in hardened or m == "identity"))
+        (immunizer, splits, m, s, harden != "none" and (m in hardened or m == "identity"))
         for s in seeds
         for m in methods
     ]
-    _STATE.update(
-        splits=splits,
-        immunize=immunizer,
-        loss=loss,
-        ridge_rel=args.logistic_ridge,
-        grid=grid,
-        eps=tuple(eps),
-        cap=cap,
-    )
     entries = common.pool_map(_immunize_job, jobs, args.jobs, desc=f"{label}: immunizing")
-    thetas, runs, archive = {}, [], {}
-    for e in entries:
-        for v, blob in e["variants"].items():
-            d = _digest(blob["theta"])
-            thetas[d] = blob["theta"]
-            archive[theta_key(v, e["seed"])] = blob["theta"]
-            if "Q" in blob:
-                archive[theta_key(v, e["seed"], part="Q")] = blob["Q"]
-            runs.append(
-                {
-                    "seed": e["seed"],
-                    "method": e["method"],
-                    "variant": v,
-                    "theta_digest": d,
-                    "numbers": blob["numbers"],
-                    "immunize_seconds": e["wall_seconds"],
-                    "diagnostics": e["diagnostics"],
-                    "orthogonality_defect": blob.get("orthogonality_defect"),
-                }
-            )
-        # hardening must leave every number as it was (exact invariants)
-        if len(e["variants"]) == 2:
-            (pv, pb), (_, hb) = e["variants"].items()
-            keys = ("rir", "harmful_ratio", "pretrain_ratio", "dp_loss")
-            runs[-1].update(
-                invariance_vs=pv,
-                invariance={
-                    rows: max(abs(hb["numbers"][rows][k] - n[k]) / abs(n[k]) for k in keys)
-                    for rows, n in pb["numbers"].items()
-                },
-            )
+    thetas, archive = {}, {}
+    for (_, _, method, seed, _), e in zip(jobs, entries):
+        for v, theta in e["thetas"].items():
+            thetas[_digest(theta)] = theta
+            archive[theta_key(v.method, seed, v.harden)] = theta
+        if e["rotation"] is not None:
+            archive[theta_key(method, seed, harden, "Q")] = e["rotation"]
     print(
         f"{label}: immunized {len(entries)} runs, {len(thetas)} distinct θ "
         f"({time.perf_counter() - t_start:.0f}s)",
         flush=True,
     )
-    _STATE["thetas"] = thetas
+    eps = tuple(eps)
     units = [(d, rows, task) for d in thetas for rows in splits for task in TASKS]
+    work = []
+    for d, rows, task in units:
+        t = splits[rows]
+        X, Y = (t.X_H, t.Y_H) if task == "D_H" else (t.X_P, t.Y_P)
+        work.append((thetas[d], X, Y, loss, args.logistic_ridge, grid, eps, cap))
     by_unit = dict(
-        zip(units, common.pool_map(_grid_job, units, args.jobs, desc=f"{label}: attacking"))
+        zip(units, common.pool_map(_grid_job, work, args.jobs, desc=f"{label}: attacking"))
     )
-    for r in runs:
-        r["problems"] = {
-            f"{rows}/{task}": by_unit[(r["theta_digest"], rows, task)].compact()
-            for rows in splits
-            for task in TASKS
-        }
     print(
         f"{label}: {len(units)} problems attacked ({time.perf_counter() - t_start:.0f}s)",
         flush=True,
     )
+    runs = []
+    for (_, _, method, seed, _), e in zip(jobs, entries):
+        plain = e["numbers"][Variant(method)]
+        for v, theta in e["thetas"].items():
+            d, numbers = _digest(theta), e["numbers"][v]
+            runs.append(
+                VariantRun(
+                    seed=seed,
+                    variant=v,
+                    theta_digest=d,
+                    numbers=numbers,
+                    immunize_seconds=e["wall_seconds"],
+                    diagnostics=e["diagnostics"],
+                    problems={
+                        rows: {task: by_unit[(d, rows, task)] for task in TASKS} for rows in splits
+                    },
+                    orthogonality_defect=e["orthogonality_defect"] if v.hardened else None,
+                    # hardening must leave every number as it was (exact invariants)
+                    invariance={
+                        rows: max(abs(numbers[rows][k] - n[k]) / abs(n[k]) for k in n)
+                        for rows, n in plain.items()
+                    }
+                    if v.hardened
+                    else None,
+                )
+            )
+    rotated = Variant("identity", harden)
     return {
         "runs": runs,
-        "variants": list(dict.fromkeys(r["variant"] for r in runs)),
-        "analysis": W.analyse(
-            runs, grid, sorted(eps, reverse=True), cap, rotated=run_name("identity", harden)
-        ),
-        "best_so_far": W.best_so_far_curves(runs, grid, min(eps), cap, args.orders),
-        "_thetas": archive,
-    }
+        "variants": list(dict.fromkeys(r.variant for r in runs)),
+        "analysis": analyse(runs, grid, sorted(eps, reverse=True), cap, rotated=rotated),
+        "best_so_far": best_so_far_curves(runs, grid, min(eps), cap, args.orders),
+    }, archive
 
 
-def run_mnist(args, t_start):
+def run_mnist(args, t_start) -> tuple[dict, dict]:
     """MNIST ordered pairs with logistic probing, immunized with the preset "mnist" (as
-    experiments/mnist.py) and hardened like House Prices."""
+    experiments/mnist.py) and hardened like House Prices: ``(results, archive)``."""
     from pycore.data.mnist import load_mnist, pair_task, split_digits
 
     digits = load_mnist()
@@ -381,13 +433,13 @@ def run_mnist(args, t_start):
     )
     out = {
         "pairs": {},
-        "grid": [c.as_dict() for c in grid],
+        "grid": [c.to_dict() for c in grid],
         "step_cap": args.mnist_max_steps,
         "ridge_rel": args.logistic_ridge,
         "n_train": args.mnist_n_train,
         "seeds": args.mnist_seeds,
         "methods": args.mnist_methods,
-        "immunize": args.mnist_immunizer.as_dict(),
+        "immunize": args.mnist_immunizer.to_dict(),
         "source": digits.source,
     }
     archive = {}
@@ -397,7 +449,7 @@ def run_mnist(args, t_start):
             "train": pair_task(digits, split, p, h),
             "heldout": pair_task(digits, split, p, h, heldout=True),
         }
-        res = evaluate(
+        res, thetas = evaluate(
             splits,
             args.mnist_methods,
             args.mnist_methods,
@@ -411,13 +463,252 @@ def run_mnist(args, t_start):
             f"mnist {p}-{h}",
             t_start,
         )
-        archive.update({f"mnist/{p}-{h}/{k}": v for k, v in res.pop("_thetas").items()})
+        archive.update({f"mnist/{p}-{h}/{k}": v for k, v in thetas.items()})
         out["pairs"][f"{p}-{h}"] = res
     return out, archive
 
 
-# --- tables
-# ----------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- over seeds, for the tables
+
+
+@dataclass(frozen=True)
+class FamilyCell:
+    """One attacker family on one (variant, problem, ε), one entry per seed: its best slow-down
+    against identity (``slowdown``) beside its κ ``bound``, the best configuration on θ and on
+    identity; for a hardened variant also against the rotated identity (``*_vs_rotated``)."""
+
+    slowdown: tuple[W.Slowdown, ...]
+    bound: tuple[float, ...]
+    best: tuple[W.Best, ...]
+    reference_best: tuple[W.Best, ...]
+    slowdown_vs_rotated: tuple[W.Slowdown, ...] | None = None
+    bound_vs_rotated: tuple[float, ...] | None = None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A variant on one problem (``rows``, ``task``) at one ``eps``, per seed: every family
+    (``families``) and the defender's worst case over all families and over the first-order
+    ones."""
+
+    variant: Variant
+    rows: str
+    task: str
+    eps: float
+    families: Mapping[str, FamilyCell]
+    worst_all: tuple[W.FamilyResult, ...]
+    worst_first_order: tuple[W.FamilyResult, ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "variant": self.variant.name,
+            "rows": self.rows,
+            "task": self.task,
+            "eps": self.eps,
+            "families": {f: c.to_dict() for f, c in self.families.items()},
+            "worst_all": [w.to_dict() for w in self.worst_all],
+            "worst_first_order": [w.to_dict() for w in self.worst_first_order],
+        }
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Every :class:`Cell` by ``(variant, rows, task, eps)``; results.json keeps a list."""
+
+    cells: Mapping[tuple[Variant, str, str, float], Cell]
+
+    def __call__(self, variant: Variant, rows: str, task: str, eps: float) -> Cell | None:
+        return self.cells.get((variant, rows, task, eps))
+
+    @property
+    def variants(self) -> list[Variant]:
+        return list(dict.fromkeys(v for v, *_ in self.cells))
+
+    def to_dict(self) -> list[dict]:
+        return [c.to_dict() for c in self.cells.values()]
+
+
+def _by_seed(runs) -> tuple[dict, list[Variant], list[int]]:
+    by = {(r.seed, r.variant): r for r in runs}
+    return (
+        by,
+        list(dict.fromkeys(r.variant for r in runs)),
+        list(dict.fromkeys(r.seed for r in runs)),
+    )
+
+
+def analyse(runs, grid, eps_list, cap: int, *, rotated: Variant | None = None) -> Analysis:
+    """Per variant (≠ identity), problem, ε and seed: each family's best slow-down against
+    identity (a hardened variant: also against ``rotated``, identity hardened alike) beside its κ
+    bound, and the worst cases over all families and over the first-order ones."""
+    by, variants, seeds = _by_seed(runs)
+    families = list(dict.fromkeys(c.family for c in grid))
+    first = [f for f in families if f in W.FIRST_ORDER]
+    problems = [(rows, task) for rows, per in runs[0].problems.items() for task in per]
+    cells = {}
+    identity = Variant("identity")
+    for v in (v for v in variants if v != identity):
+        for (rows, task), e in itertools.product(problems, eps_list):
+            per = {f: {k.name: [] for k in dataclasses.fields(FamilyCell)} for f in families}
+            worst_all, worst_first = [], []
+            for s in seeds:
+                run = by[(s, v)].problems[rows][task]
+                ref = by[(s, identity)].problems[rows][task]
+                twin = by.get((s, rotated)) if v.hardened else None  # the rotated identity
+                rot = None if twin is None else twin.problems[rows][task]
+                fb, fr = W.family_best(run, e), W.family_best(ref, e)
+                bounds = W.kappa_bounds(run.kappa, ref.kappa)
+                for f, c in per.items():
+                    c["slowdown"].append(W.slowdown(fb[f].steps, fr[f].steps, cap))
+                    c["bound"].append(bounds[f])
+                    c["best"].append(fb[f])
+                    c["reference_best"].append(fr[f])
+                if rot is not None:
+                    fo, bo = W.family_best(rot, e), W.kappa_bounds(run.kappa, rot.kappa)
+                    for f, c in per.items():
+                        c["slowdown_vs_rotated"].append(W.slowdown(fb[f].steps, fo[f].steps, cap))
+                        c["bound_vs_rotated"].append(bo[f])
+                worst_all.append(W.worst_case(run, ref, e, families))
+                worst_first.append(W.worst_case(run, ref, e, first))
+            cells[(v, rows, task, e)] = Cell(
+                variant=v,
+                rows=rows,
+                task=task,
+                eps=e,
+                families={
+                    f: FamilyCell(**{k: tuple(x) if x else None for k, x in c.items()})
+                    for f, c in per.items()
+                },
+                worst_all=tuple(worst_all),
+                worst_first_order=tuple(worst_first),
+            )
+    return Analysis(cells)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Best-so-far on D_H of one variant on one row set, over the configurations of a ``pool``
+    ("all" or "first_order"): after k configurations tried in a random order, the fewest steps on
+    θ over the best of the WHOLE grid on identity; median and 10/90 % quantiles over orders and
+    seeds."""
+
+    variant: Variant
+    rows: str
+    pool: str
+    median: np.ndarray
+    q10: np.ndarray
+    q90: np.ndarray
+    n_configs: int
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "variant": self.variant.name}
+
+
+@dataclass(frozen=True)
+class BestSoFar:
+    """Every :class:`Curve` at ``eps``, ``orders_per_seed`` random orders per seed."""
+
+    eps: float
+    orders_per_seed: int
+    curves: tuple[Curve, ...]
+
+    def curve(self, variant: Variant, rows: str, pool: str) -> Curve | None:
+        return next(
+            (c for c in self.curves if (c.variant, c.rows, c.pool) == (variant, rows, pool)), None
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "eps": self.eps,
+            "orders_per_seed": self.orders_per_seed,
+            "curves": [c.to_dict() for c in self.curves],
+        }
+
+
+def best_so_far_curves(runs, grid, eps: float, cap: int, orders: int) -> BestSoFar:
+    """:class:`BestSoFar` of every variant and row set, ``orders`` orders per seed from
+    ``default_rng([0, seed])`` (:func:`pycore.worst_case.best_so_far`)."""
+    by, variants, seeds = _by_seed(runs)
+    first = [i for i, c in enumerate(grid) if c.family in W.FIRST_ORDER]
+    curves = []
+    identity = Variant("identity")
+    for v in variants:
+        for rows in runs[0].problems:
+            for pool, idx in (("all", list(range(len(grid)))), ("first_order", first)):
+                ratios = []
+                for s in seeds if idx else ():
+                    run = by[(s, v)].problems[rows]["D_H"]
+                    ref = by[(s, identity)].problems[rows]["D_H"]
+                    rs = [x for i in idx if (x := ref.steps_of(i, eps)) is not None]
+                    tried = W.best_so_far(
+                        [run.steps_of(i, eps) for i in idx],
+                        n_orders=orders,
+                        rng=np.random.default_rng([0, s]),
+                        cap=cap,
+                    )
+                    ratios.append(tried / (min(rs) if rs else cap + 1))
+                if ratios:
+                    R = np.concatenate(ratios)
+                    curves.append(
+                        Curve(
+                            variant=v,
+                            rows=rows,
+                            pool=pool,
+                            median=np.median(R, axis=0),
+                            q10=np.quantile(R, 0.1, axis=0),
+                            q90=np.quantile(R, 0.9, axis=0),
+                            n_configs=len(idx),
+                        )
+                    )
+    return BestSoFar(eps, orders, tuple(curves))
+
+
+# The hardening targets of docs/findings.md §5, training rows, ε = 1e-4: the best Adam slowed
+# ≥ 10× on D_H on every seed, ≤ 1.2× on D_P, the invariants kept to 1e-10 relative.
+TARGET_EPS, TARGET_SLOWDOWN, TARGET_DP, TARGET_RTOL = 1e-4, 10.0, 1.2, 1e-10
+
+
+@dataclass(frozen=True)
+class Target:
+    """A hardened variant against the targets: Adam's per-seed slow-downs on D_H and D_P, the
+    largest change of an invariant, and whether each target is met (None: undecided, a cap)."""
+
+    variant: Variant
+    adam_dh: tuple[W.Slowdown, ...]
+    adam_dp: tuple[W.Slowdown, ...]
+    invariance: float
+    dh_ok: bool | None
+    dp_ok: bool | None
+    inv_ok: bool
+
+
+def targets(runs, analysis: Analysis) -> list[Target]:
+    """The :class:`Target` of each hardened variant but identity's."""
+    out = []
+    for v in (v for v in analysis.variants if v.hardened and v.method != "identity"):
+        dh = analysis(v, "train", "D_H", TARGET_EPS)
+        dp = analysis(v, "train", "D_P", TARGET_EPS)
+        if dh is None or dp is None or "adam" not in dh.families:
+            continue
+        inv = max(max(r.invariance.values()) for r in runs if r.variant == v)
+        out.append(
+            Target(
+                variant=v,
+                adam_dh=dh.families["adam"].slowdown,
+                adam_dp=dp.families["adam"].slowdown,
+                invariance=inv,
+                dh_ok=W.within(dh.families["adam"].slowdown, low=TARGET_SLOWDOWN),
+                dp_ok=W.within(dp.families["adam"].slowdown, high=TARGET_DP),
+                inv_ok=inv <= TARGET_RTOL,
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------- tables
 
 
 def _fmt_one(v, kind="="):
@@ -500,19 +791,15 @@ def table_markdown(res: dict) -> str:
 
 
 def _slowdowns(ws) -> str:
-    return fmt_factors([(w["slowdown"], w["kind"]) for w in ws])
+    return fmt_factors([(w.slowdown, w.kind) for w in ws])
 
 
 def _sections(res, h) -> list[str]:
     """Hardening invariants and targets, the worst case per row set and ε, Adam and whitening."""
-    L, inv = [], [r for r in res["runs"] if "invariance" in r]
+    L, inv = [], [r for r in res["runs"] if r.invariance is not None]
     if inv:
-        od = max(
-            r["orthogonality_defect"]
-            for r in res["runs"]
-            if r.get("orthogonality_defect") is not None
-        )
-        worst = max(max(r["invariance"].values()) for r in inv)
+        od = max(r.orthogonality_defect for r in inv)
+        worst = max(max(r.invariance.values()) for r in inv)
         L.append(
             f"Hardening leaves every spectrum unchanged: over {len(inv)} hardened runs "
             "the largest "
@@ -520,7 +807,7 @@ def _sections(res, h) -> list[str]:
             f"training and held-out rows, is {worst:.2e}; ‖QᵀQ − I‖_max ≤ {od:.1e}.\n"
         )
     yes = {True: "yes", False: "NO", None: "undecided (cap)"}
-    if targets := W.targets(res):
+    if found := targets(res["runs"], res["analysis"]):
         L += [
             f"{h} Hardening targets (training rows, ε = 1e-4)\n",
             "Best Adam of the grid on D_H slowed ≥ 10× against identity on every seed; "
@@ -533,60 +820,55 @@ def _sections(res, h) -> list[str]:
             "|---|---|---|---|---|---|---|",
         ]
         L += [
-            f"| {variant_label(t['variant'])} | {', '.join(_fmt_one(*x) for x in t['adam_dh'])} | "
-            f"{yes[t['dh_ok']]} | {', '.join(_fmt_one(*x) for x in t['adam_dp'])} | "
-            f"{yes[t['dp_ok']]} | "
-            f"{t['invariance']:.1e} | {yes[t['inv_ok']]} |"
-            for t in targets
+            f"| {t.variant.label} | {', '.join(_fmt_one(*x) for x in t.adam_dh)} | "
+            f"{yes[t.dh_ok]} | {', '.join(_fmt_one(*x) for x in t.adam_dp)} | "
+            f"{yes[t.dp_ok]} | "
+            f"{t.invariance:.1e} | {yes[t.inv_ok]} |"
+            for t in found
         ] + [""]
     fams, an = list(dict.fromkeys(c["family"] for c in res["grid"])), res["analysis"]
-    for rows, ek in ((rows, W._ekey(e)) for rows in ("train", "heldout") for e in res["eps"]):
+    for rows, e in ((rows, e) for rows in ("train", "heldout") for e in res["eps"]):
         L += [
-            f"{h} Worst case, {rows} rows, ε = {ek} (D_H: slowed is good for the defender)\n",
+            f"{h} Worst case, {rows} rows, ε = {e:g} (D_H: slowed is good for the defender)\n",
             "| θ | worst case, all attackers | worst first-order attacker (on θ) | "
             "first-order slow-down | " + " | ".join(fams) + " |",
             "|---|---|---|---|" + "---|" * len(fams),
         ]
-        for v, per in an.items():
-            c = per[f"{rows}/D_H"][ek]
-            wa, wf = c["worst_all"], c["worst_first_order"]
+        for v in an.variants:
+            c = an(v, rows, "D_H", e)
+            wa, wf = c.worst_all, c.worst_first_order
             steps = _mode(
-                f"{w['attacker']}: {'>cap' if w['steps'] is None else w['steps']} steps"
-                for w in wf
+                f"{w.attacker}: {'>cap' if w.steps is None else w.steps} steps" for w in wf
             )
             fam = [
-                f"{fmt_factors(x['slowdown'])} [{_fmt_one(np.median(x['bound']))}]"
-                for x in (c["families"][f] for f in fams)
+                f"{fmt_factors(x.slowdown)} [{_fmt_one(np.median(x.bound))}]"
+                for x in (c.families[f] for f in fams)
             ]
             L.append(
-                f"| {variant_label(v)} | {_slowdowns(wa)} ({_mode(w['attacker'] for w in wa)}) | "
+                f"| {v.label} | {_slowdowns(wa)} ({_mode(w.attacker for w in wa)}) | "
                 f"{steps} | {_slowdowns(wf)} | " + " | ".join(fam) + " |"
             )
         L += [
             "",
-            f"D_P ({rows} rows, ε = {ek}; ≤ 1 is good: pre-training probing not slowed), "
+            f"D_P ({rows} rows, ε = {e:g}; ≤ 1 is good: pre-training probing not slowed), "
             "per family:\n",
             "| θ | " + " | ".join(fams) + " |",
             "|---|" + "---|" * len(fams),
         ]
         L += [
-            f"| {variant_label(v)} | "
-            + " | ".join(
-                fmt_factors(per[f"{rows}/D_P"][ek]["families"][f]["slowdown"]) for f in fams
-            )
+            f"| {v.label} | "
+            + " | ".join(fmt_factors(an(v, rows, "D_P", e).families[f].slowdown) for f in fams)
             + " |"
-            for v, per in an.items()
+            for v in an.variants
         ] + [""]
     return L + _adam_decomposition(res, h)
 
 
 def _adam_decomposition(res, h) -> list[str]:
-    an, hv = (
-        res["analysis"],
-        [v for v in res["variants"] if "+" in v and not v.startswith("identity+")],
-    )
-    rot = run_name("identity", res["harden"])
-    if not hv and rot not in an:
+    an = res["analysis"]
+    hardened = [v for v in an.variants if v.hardened and v.method != "identity"]
+    rot = Variant("identity", res["harden"])
+    if not hardened and rot not in an.variants:
         return []
     L = [
         f"{h} What hardening buys against diagonal preconditioners, and what an attacker "
@@ -601,18 +883,17 @@ def _adam_decomposition(res, h) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def cell(c, f, key="slowdown"):
-        if key not in c.get(f, {}):
+    def cell(families, f, key="slowdown"):
+        values = getattr(families[f], key) if f in families else None
+        if values is None:
             return "—"
-        return (
-            _fmt_one(np.median(c[f][key])) if key.startswith("bound") else fmt_factors(c[f][key])
-        )
+        return _fmt_one(np.median(values)) if key.startswith("bound") else fmt_factors(values)
 
-    for v, ek in ((v, W._ekey(e)) for v in hv for e in res["eps"]):
-        for name in (v.split("+")[0], v):
-            c = an[name]["train/D_H"][ek]["families"]
+    for v, e in ((v, e) for v in hardened for e in res["eps"]):
+        for name in (v.unhardened(), v):
+            c = an(name, "train", "D_H", e).families
             L.append(
-                f"| {variant_label(name)} | {ek} | {cell(c, 'adam')} "
+                f"| {name.label} | {e:g} | {cell(c, 'adam')} "
                 f"[{cell(c, 'adam', 'bound')}] | "
                 f"{cell(c, 'adam', 'slowdown_vs_rotated')} "
                 f"[{cell(c, 'adam', 'bound_vs_rotated')}] | "
@@ -621,10 +902,10 @@ def _adam_decomposition(res, h) -> list[str]:
                 f"{cell(c, 'pcg_jacobi', 'slowdown_vs_rotated')} | {cell(c, 'whiten')} | "
                 f"{cell(c, 'whiten', 'slowdown_vs_rotated')} |"
             )
-    for ek in map(W._ekey, res["eps"]) if rot in an else ():
-        c = an[rot]["train/D_H"][ek]["families"]
+    for e in res["eps"] if rot in an.variants else ():
+        c = an(rot, "train", "D_H", e).families
         L.append(
-            f"| {variant_label(rot)} (reference) | {ek} | {cell(c, 'adam')} "
+            f"| {rot.label} (reference) | {e:g} | {cell(c, 'adam')} "
             f"[{cell(c, 'adam', 'bound')}] | — | {cell(c, 'adagrad')} | "
             f"{cell(c, 'pcg_jacobi')} | — | "
             f"{cell(c, 'whiten')} | — |"
@@ -634,36 +915,43 @@ def _adam_decomposition(res, h) -> list[str]:
 
 def _transfer_lines(res) -> list[str]:
     """Held-out vs training rows: the worst first-order slow-down and Adam's, per variant."""
-    an, e = res["analysis"], W._ekey(min(res["eps"]))
+    an, e = res["analysis"], min(res["eps"])
     L = [
-        f"## What transfers to held-out rows (D_H, ε = {e})\n",
+        f"## What transfers to held-out rows (D_H, ε = {e:g})\n",
         "| θ | RIR train → held-out | (i) train → held-out | first-order worst case "
         "train | held-out | "
         "Adam train | held-out | D_P best-attacker slow-down train | held-out |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for v, per in ((v, per) for v, per in an.items() if "heldout/D_H" in per):
-        n = [r["numbers"] for r in res["runs"] if r["variant"] == v]
+    problems = [("train", "D_H"), ("heldout", "D_H"), ("train", "D_P"), ("heldout", "D_P")]
+    for v in (v for v in an.variants if an(v, "heldout", "D_H", e) is not None):
+        n = [r.numbers for r in res["runs"] if r.variant == v]
         med = {
             (rows, k): np.median([x[rows][k] for x in n])
             for rows in ("train", "heldout")
             for k in ("rir", "harmful_ratio")
         }
-        worst = {
-            k: _slowdowns(per[k][e]["worst_first_order"])
-            for k in ("train/D_H", "heldout/D_H", "train/D_P", "heldout/D_P")
-        }
+        worst = {p: _slowdowns(an(v, *p, e).worst_first_order) for p in problems}
         adam = {
-            k: fmt_factors(per[k][e]["families"]["adam"]["slowdown"])
-            if "adam" in per[k][e]["families"]
+            p: fmt_factors(an(v, *p, e).families["adam"].slowdown)
+            if "adam" in an(v, *p, e).families
             else "—"
-            for k in ("train/D_H", "heldout/D_H")
+            for p in problems[:2]
         }
         L.append(
-            f"| {variant_label(v)} | {med['train', 'rir']:.4g} → {med['heldout', 'rir']:.4g} | "
+            f"| {v.label} | {med['train', 'rir']:.4g} → {med['heldout', 'rir']:.4g} | "
             f"{med['train', 'harmful_ratio']:.4g} → {med['heldout', 'harmful_ratio']:.4g} | "
-            f"{worst['train/D_H']} | {worst['heldout/D_H']} | {adam['train/D_H']} | "
-            f"{adam['heldout/D_H']} | {worst['train/D_P']} | {worst['heldout/D_P']} |"
+            + " | ".join(
+                [
+                    worst["train", "D_H"],
+                    worst["heldout", "D_H"],
+                    adam["train", "D_H"],
+                    adam["heldout", "D_H"],
+                    worst["train", "D_P"],
+                    worst["heldout", "D_P"],
+                ]
+            )
+            + " |"
         )
     return L + [""]
 
@@ -672,10 +960,9 @@ def plot_best_so_far(res: dict, path) -> None:
     """A panel per attacked θ (columns) and row set (rows): each family's median best-so-far
     slow-down over orders and seeds, its 10–90 % band, and that of the first-order families."""
     plt = common.pyplot()
-    C, sofar = res["best_so_far"]["curves"], res["best_so_far"]
-    variants = [
-        v for v in res["variants"] if v != "identity" and any(k.startswith(v + "|") for k in C)
-    ]
+    sofar = res["best_so_far"]
+    variants = [v for v in res["variants"] if v.method != "identity" or v.hardened]
+    variants = [v for v in variants if any(c.variant == v for c in sofar.curves)]
     fig, axes = plt.subplots(
         2, len(variants), figsize=(3.4 * len(variants) + 1, 6.4), squeeze=False, sharey=True
     )
@@ -686,15 +973,15 @@ def plot_best_so_far(res: dict, path) -> None:
             ("all", "tab:blue", "every family: median, 10–90 % band"),
             ("first_order", "tab:orange", "first-order families: median"),
         ):
-            if (c := C.get(f"{v}|{rows}|{pool}")) is not None:
-                x = np.arange(1, len(c["median"]) + 1)
-                ax.plot(x, c["median"], color=color, lw=1.6, label=label)
+            if (c := sofar.curve(v, rows, pool)) is not None:
+                x = np.arange(1, len(c.median) + 1)
+                ax.plot(x, c.median, color=color, lw=1.6, label=label)
                 if pool == "all":
-                    ax.fill_between(x, c["q10"], c["q90"], color=color, alpha=0.2, lw=0)
+                    ax.fill_between(x, c.q10, c.q90, color=color, alpha=0.2, lw=0)
         ax.set(xscale="log", yscale="log")
         ax.axhline(1.0, color="0.5", lw=0.8)
         ax.set_title(
-            f"{variant_label(v)}, {'training' if rows == 'train' else 'held-out'} rows", fontsize=9
+            f"{v.label}, {'training' if rows == 'train' else 'held-out'} rows", fontsize=9
         )
         ax.set_xlabel("configurations tried (random order)", fontsize=8)
         if col == 0:
@@ -709,8 +996,8 @@ def plot_best_so_far(res: dict, path) -> None:
     mnist = res.get("dataset") == "mnist"
     where = "MNIST, first pair" if mnist else f"House Prices, {res['protocol']} protocol"
     fig.suptitle(
-        f"{where}, linear θ: best-so-far slow-down of the attackers on D_H, ε = {sofar['eps']:g} "
-        f"({sofar['orders_per_seed']} orders × {len(res['seeds'])} seeds)",
+        f"{where}, linear θ: best-so-far slow-down of the attackers on D_H, ε = {sofar.eps:g} "
+        f"({sofar.orders_per_seed} orders × {len(res['seeds'])} seeds)",
         fontsize=10,
         x=0.02,
         ha="left",
@@ -725,8 +1012,7 @@ def main(argv=None) -> int:
 
     def body(args):
         prepare(args, parser)
-        res = run(args)
-        archive = res.pop("_thetas")
+        res, archive = run(args)
         meta = {
             "protocol": res["protocol"],
             "seeds": res["seeds"],

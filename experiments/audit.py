@@ -40,7 +40,11 @@ def build_parser() -> common.Parser:
     )
     p.add_argument("--backbone", help="timm model name of checkpoints without pycore metadata")
     p.add_argument("--img-size", type=common.count(8, 4096), help="input side of --backbone")
-    p.add_argument("--dp-root", type=common.existing("folder"), help="ImageFolder root of D_P")
+    p.add_argument(
+        "--dp-root",
+        type=common.existing("folder"),
+        help="D_P's images: ROOT/train/<class>/<image> and ROOT/<val-split>/<class>/<image>",
+    )
     p.add_argument("--dh-root", type=common.existing("folder"), help="ImageFolder root of D_H")
     p.add_argument("--val-split", default="val", help="validation split folder name")
     p.add_argument(
@@ -89,7 +93,7 @@ def main(argv=None) -> int:
                 "--dh-root" if args.dh_root is None else "--dp-root",
             )
         if args.threads:
-            torch.set_num_threads(args.threads)
+            torch.set_num_threads(common.thread_count(args.threads, "audit.py"))
         models = []
         for flag in ("--model", "--reference"):
             try:

@@ -1,5 +1,6 @@
 """What every experiment command line shares (docs/cli.md), in plain argparse: bounded flag types,
-flags from options dataclasses, :func:`pool_map`, :func:`write_outputs` and :func:`main`."""
+the linear immunization options as flags (the library checks their values), :func:`pool_map`,
+:func:`write_outputs` and :func:`main`."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ import sys
 import threading
 import time
 import traceback
-import types
-import typing
 import warnings
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -151,11 +151,12 @@ def existing(kind: str = "file"):
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
-    """Each flag's help ends with its bound (its type's ``bound``) and default."""
+    """Each flag's help ends with its bound (the action's or its type's ``bound``) and default
+    (the action's ``shown``, else its default)."""
 
     def _get_help_string(self, action):
         default = getattr(action, "shown", action.default)
-        notes = [getattr(action.type, "bound", None)]
+        notes = [getattr(action, "bound", None) or getattr(action.type, "bound", None)]
         if not any(default is x for x in (None, False, argparse.SUPPRESS)):
             notes.append(
                 f"default {default:g}" if isinstance(default, float) else f"default {default}"
@@ -232,8 +233,33 @@ def add_house_price_data(
         help="a cell > 1e6 × its column's median magnitude: warn or refuse the file",
     )
     parser.add_argument(
+        "--on-missing",
+        choices=("fill", "error"),
+        default="fill",
+        help="an empty input cell: set it to 0 (counted in one line and in results.json) or "
+        "refuse the file",
+    )
+    parser.add_argument(
         "--n-train", type=count(2, 1_000_000), default=200, help="training rows per split"
     )
+
+
+def load_house_price_data(args):
+    """The paper's House Prices tasks from ``--data``, ``--n-train``, ``--on-outlier`` and
+    ``--on-missing``, with the line that counts what was changed in the data."""
+    from pycore.data.house_price import load_house_price
+
+    data = load_house_price(
+        args.data, n_train=args.n_train, on_outlier=args.on_outlier, on_missing=args.on_missing
+    )
+    say_changes(data)
+    return data
+
+
+def say_changes(data) -> None:
+    """Print the one line counting what a loader changed in the data (nothing when nothing was)."""
+    if data.changes_line():
+        print(data.changes_line(), flush=True)
 
 
 def pyplot():
@@ -252,102 +278,117 @@ def usable_cores() -> int:
     )
 
 
-def _converter(hint, rule: dict):
-    """(type, metavar) of a field's type hint within ``rule`` (check_number's low, high, low_open,
-    high_open); None for a field that is not a number or a word."""
-    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    args = set(typing.get_args(hint) if union else (hint,))
-    lo, hi, lo_open, hi_open = (rule.get(k) for k in ("low", "high", "low_open", "high_open"))
-    if args - {type(None)} == {int}:
-        base = count(
-            0 if lo is None else lo + bool(lo_open), None if hi is None else hi - bool(hi_open)
+def thread_count(asked: int, prog: str) -> int:
+    """``--threads`` capped at the usable cores (more threads than cores only contend; a result is
+    recorded with the count it ran with), saying so when it caps."""
+    cores = usable_cores()
+    if asked > cores:
+        print(
+            f"{prog}: warning: --threads {asked} capped at the {cores} usable core(s)",
+            file=sys.stderr,
+            flush=True,
         )
-        metavar = "N"
-    elif args - {type(None)} in ({float}, {float, str}):
-        base, metavar = real(lo, hi, lo_open=bool(lo_open), hi_open=bool(hi_open)), "X"
-        if str in args:  # a number or a word such as "auto", which the library checks
-            base = flag_type("real", base.bound, lambda t, num=base: t if t.isalpha() else num(t))
-            metavar = "X|WORD"
-    elif args == {str}:
-        base, metavar = str, "WORD"
-    else:
-        return None
-    if type(None) in args:
-        base = flag_type(
-            base.__name__,
-            getattr(base, "bound", None),
-            lambda t, b=base: None if t == "none" else b(t),
-        )
-        metavar += "|none"
-    return base, metavar
+    return min(asked, cores)
 
 
-def add_options(
-    parser, classes, *, title: str, rules=None, choices=None, help=None, shown=None
-) -> None:
-    """One flag per scalar field of the dataclasses ``classes`` (``lambda_h`` → ``--lambda-h``),
-    absent from ``args`` unless typed, so the library's defaults or preset stay the one source of
-    values; ``rules`` (check_number's bounds), ``choices`` and ``shown`` (the default) are for
-    ``--help``."""
-    rules, choices, help, shown = rules or {}, choices or {}, help or {}, shown or {}
-    group, done = parser.add_argument_group(title), set()
-    for cls in classes:
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            conv = _converter(hints[f.name], rules.get(f.name, {}))
-            if f.name in done or not (hints[f.name] is bool or f.name in choices or conv):
-                continue
-            kw = dict(
-                dest=f.name,
-                default=argparse.SUPPRESS,
-                help=help.get(f.name) or f"{cls.__name__}.{f.name}",
-            )
-            if hints[f.name] is bool:
-                kw["action"] = argparse.BooleanOptionalAction
-            elif f.name in choices:
-                kw["choices"] = tuple(choices[f.name])
-            else:
-                kw["type"], kw["metavar"] = conv
-            group.add_argument("--" + f.name.replace("_", "-"), **kw).shown = shown.get(f.name)
-            done.add(f.name)
+# ---------------------------------------------------------------- library options as flags
+#
+# Every option flag is written out (timm's train.py style) and only converts its text to a Python
+# value: the library checks each value once, when the command builds its options before any
+# compute, and its refusal names the option, hence the flag (:func:`describe`). A flag is absent
+# from ``args`` unless typed (``default=SUPPRESS``), so the preset or the library's default stays
+# the one source of every value.
 
 
-def given_options(args, classes) -> dict:
-    """``{field: value}`` of the generated flags the user typed (``none`` too: a value, not a
-    gap)."""
-    names = {f.name for cls in classes for f in dataclasses.fields(cls)}
-    return {k: v for k, v in vars(args).items() if k in names}
+def int_or_none(text: str) -> int | None:
+    """An int, or None for ``none``."""
+    return None if text == "none" else int(text)
 
 
-def _options_class(method: str, certified: bool):
-    from pycore.immunize import CertifiedOptions, options_of
+def float_or_none(text: str) -> float | None:
+    """A float, or None for ``none``."""
+    return None if text == "none" else float(text)
 
-    return CertifiedOptions if certified and method == "ours" else options_of(method)
+
+def float_or_word(text: str) -> float | str:
+    """A float, or a word such as ``auto`` (the library says which words an option takes)."""
+    return text if text.isalpha() else float(text)
 
 
-def _options(cls, preset, given):
-    """``cls`` from ``preset``'s values it has and the ``given`` ones (its own checks run here)."""
-    from pycore.immunize import PRESETS
+def add_option(group, flag: str, options, *, shown=None, **kwargs) -> argparse.Action:
+    """``group.add_argument(flag, **kwargs)`` for the option that ``flag`` names (``--lambda-h``
+    sets ``lambda_h``) of the :class:`pycore.options.Options` class ``options``, absent unless
+    typed; ``--help`` adds the library's rule and ``shown``, the default it prints."""
+    dest = flag.removeprefix("--").replace("-", "_")
+    action = group.add_argument(flag, dest=dest, default=argparse.SUPPRESS, **kwargs)
+    action.shown = shown
+    if not isinstance(action, argparse.BooleanOptionalAction):  # --x/--no-x says it already
+        action.bound = options.describe(dest)
+    return action
 
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(
-        **{**{k: v for k, v in (PRESETS[preset] if preset else {}).items() if k in names}, **given}
+
+def given_options(args, names) -> dict:
+    """``{option: value}`` of the option flags among ``names`` the user typed (``none`` too: a
+    value, not a gap)."""
+    return {name: getattr(args, name) for name in names if hasattr(args, name)}
+
+
+def add_immunize_options(parser, preset: str | None, *, own_table: bool = False) -> None:
+    """A flag per option of every linear method (``--help`` shows ``preset``'s values, and with
+    ``own_table`` the values a table of one's own runs), ``--certified`` and ``--harden``."""
+    from pycore.harden import HARDENINGS
+    from pycore.immunization import PRESETS, LinearOptions
+
+    shown = (_shown_defaults(preset) if own_table else PRESETS[preset]) if preset else {}
+    g = parser.add_argument_group(
+        "immunization options (pycore.immunization; each one typed beats the preset)"
     )
 
+    def option(flag, **kwargs):
+        dest = flag.removeprefix("--").replace("-", "_")
+        add_option(g, flag, LinearOptions, shown=shown.get(dest), **kwargs)
 
-def add_immunize_options(parser, preset: str | None) -> None:
-    """A flag per option of every linear method (``--help`` shows ``preset``'s values),
-    ``--certified`` and ``--harden``."""
-    from pycore.harden import HARDENINGS
-    from pycore.immunize import METHODS, OPTION_CHOICES, OPTION_RULES, PRESETS
-
-    add_options(
-        parser,
-        dict.fromkeys(_options_class(m, True) for m in METHODS),
-        title="immunization options (pycore.immunize; given ones beat the preset)",
-        rules=OPTION_RULES,
-        choices=OPTION_CHOICES,
-        shown=PRESETS[preset] if preset else {},
+    option("--epochs", type=int, metavar="N", help="epochs (the adaptive Algorithm 1: steps)")
+    option("--lr", type=float, metavar="X", help="learning rate of Adam or GD")
+    option(
+        "--batch-size",
+        type=int_or_none,
+        metavar="N|none",
+        help="D_P mini-batch of the loss term (none: the full batch)",
+    )
+    option("--init", metavar="WORD", help="θ's start: identity, or random (nn.Linear's)")
+    option("--optimizer", metavar="WORD", help="adam, or gd (Algorithm 1 as printed)")
+    option("--adam-eps", type=float, metavar="X", help="Adam's ε")
+    option(
+        "--lambda-p",
+        type=float_or_word,
+        metavar="X|auto",
+        help="λ_P, weight of R_well(H_P); auto with --lambda-h auto: the adaptive Algorithm 1",
+    )
+    option("--lambda-h", type=float_or_word, metavar="X|auto", help="λ_H, weight of R_ill(H_H)")
+    option("--precond", metavar="WORD", help="preconditioner of the regularizer gradients")
+    option("--ridge", type=float, metavar="X", help="λ of --precond ridge: (K + λI)⁻¹")
+    option(
+        "--patience",
+        type=int,
+        metavar="N",
+        help="adaptive Algorithm 1: steps without progress before lr/3 (twice), then stop",
+    )
+    option(
+        "--safety",
+        type=float,
+        metavar="X",
+        help="R_ill only and --certified: the fraction of each step bound taken",
+    )
+    option("--inner-steps", type=int, metavar="N", help="IMMA: unrolled attacker steps")
+    option("--inner-lr", type=float, metavar="X", help="IMMA: attacker step in units of 1/L")
+    option("--lambda-kappa", type=float, metavar="X", help="Opt κ: weight of κ(H_P) − κ(H_H)")
+    option("--log", action=argparse.BooleanOptionalAction, help="Opt κ: on log κ")
+    option(
+        "--exponent",
+        type=float_or_word,
+        metavar="X|auto",
+        help="closed form: s² = λ_C^a; auto: the balanced exponent of the Definition 3.1 window",
     )
     parser.add_argument("--certified", action="store_true", help="ours in certified-monotone mode")
     parser.add_argument(
@@ -358,21 +399,59 @@ def add_immunize_options(parser, preset: str | None) -> None:
     )
 
 
+def _shown_defaults(preset: str) -> dict:
+    """``--help``'s default of each option: the preset's value, and where a table of one's own
+    runs another (the library's defaults, e.g. "auto" λ's), that one too, per method."""
+    from pycore.immunization import METHODS, PRESETS, resolve_options
+
+    def text(v):
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    own: dict = {}  # option → {method: its value with the library's defaults}
+    for m in METHODS:
+        defaults = resolve_options(m)  # resolved: ours' epochs None → 5000 with "auto" λ's
+        for f in dataclasses.fields(defaults):
+            own.setdefault(f.name, {})[m] = text(getattr(defaults, f.name))
+    shown = dict(PRESETS[preset])
+    for name, per_method in own.items():
+        values = list(per_method.values())
+        common = max(values, key=values.count)
+        odd = [f"{m} {v}" for m, v in per_method.items() if v != common]
+        mine = common + (f" ({', '.join(odd)})" if odd else "")
+        if name not in shown:
+            shown[name] = mine
+        elif odd or common != text(shown[name]):
+            shown[name] = (
+                f"{text(shown[name])} on the paper's data (preset {preset}), {mine} on a table "
+                "of one's own"
+            )
+    return shown
+
+
 @dataclasses.dataclass(frozen=True)
 class Immunizer:
     """``immunize`` (``immunize_certified`` for certified "ours") with a preset and each method's
     typed options, then ``harden_result`` with the same generator."""
 
     preset: str | None
-    options: dict  # method → {option: value typed on the command line}
+    given: Mapping[str, Mapping]  # method → {option: value typed on the command line}
     certified: bool = False
     harden: str = "none"
 
+    def options(self, method: str):
+        """``method``'s options as run: :func:`pycore.immunization.resolve_options`."""
+        from pycore.immunization import resolve_options
+
+        certified = self.certified and method == "ours"
+        return resolve_options(
+            method, self.preset, certified=certified, **self.given.get(method, {})
+        )
+
     def __call__(self, task, method: str, rng):
         from pycore.harden import harden_result
-        from pycore.immunize import immunize, immunize_certified
+        from pycore.immunization import immunize, immunize_certified
 
-        kw = dict(preset=self.preset, **self.options.get(method, {}))
+        kw = dict(preset=self.preset, **self.given.get(method, {}))
         res = (
             immunize_certified(task, rng=rng, **kw)
             if self.certified and method == "ours"
@@ -380,24 +459,20 @@ class Immunizer:
         )
         return harden_result(res, task, self.harden, rng=rng)
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         """For results.json: the settings and every method's options as run."""
-        run = {
-            m: _options(_options_class(m, self.certified), self.preset, o)
-            for m, o in self.options.items()
-        }
         return {
             "preset": self.preset,
             "certified": self.certified,
             "harden": self.harden,
-            "given": self.options,
-            "options": {m: dataclasses.asdict(o) for m, o in run.items()},
+            "given": {m: dict(o) for m, o in self.given.items()},
+            "options": {m: self.options(m).to_dict() for m in self.given},
         }
 
 
 def immunize_lines(result: dict, invariants: str) -> list[str]:
     """A table's last lines: the hardening check over its runs (``invariants``: what it compared)
-    and the immunization settings (``result["immunize"]``, :meth:`Immunizer.as_dict`)."""
+    and the immunization settings (``result["immunize"]``, :meth:`Immunizer.to_dict`)."""
     settings = result["immunize"]
     hard = [
         r["hardening"]["max_rel_diff_vs_unhardened"]
@@ -429,30 +504,36 @@ def immunize_lines(result: dict, invariants: str) -> list[str]:
 
 
 def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
-    """The :class:`Immunizer` of the typed flags, every method's options built (so checked) before
-    any compute; a typed option that none of ``methods`` has is a :class:`UsageError` naming its
-    flag."""
-    from pycore.immunize import METHODS
+    """The :class:`Immunizer` of the typed flags, every method's options built (so checked by the
+    library) before any compute; a typed option that none of ``methods`` has is a
+    :class:`UsageError` naming its flag."""
+    from pycore.immunization import METHODS, CertifiedOptions, options_of
 
     if args.certified and "ours" not in methods:
         raise UsageError(
             "certified mode is a mode of ours, which is not among --methods", "--certified"
         )
-    classes = {m: _options_class(m, args.certified) for m in methods}
-    given = given_options(args, {_options_class(m, True) for m in METHODS})
-    options = {
-        m: {k: v for k, v in given.items() if k in {f.name for f in dataclasses.fields(c)}}
-        for m, c in classes.items()
+    every = {*CertifiedOptions.names(), *(n for m in METHODS for n in options_of(m).names())}
+    given = given_options(args, every)
+    has = {
+        m: (CertifiedOptions if args.certified and m == "ours" else options_of(m)).names()
+        for m in methods
     }
-    unused = [k for k in given if not any(k in o for o in options.values())]
+    unused = [k for k in given if not any(k in names for names in has.values())]
     if unused:
         raise UsageError(
             f"none of the chosen methods ({','.join(methods)}) has this option",
             parser.flag_for(unused[0]),
         )
-    for m, o in options.items():
-        _options(classes[m], preset, o)
-    return Immunizer(preset, options, args.certified, args.harden)
+    run = Immunizer(
+        preset,
+        {m: {k: v for k, v in given.items() if k in names} for m, names in has.items()},
+        args.certified,
+        args.harden,
+    )
+    for m in methods:
+        run.options(m)
+    return run
 
 
 def _watch_parent(parent: int) -> None:
@@ -506,8 +587,8 @@ def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
 
 
 def check_out(out, names=()) -> Path:
-    """Before any compute: ``out`` is (or can be made) a writable folder with no folder in
-    ``names``."""
+    """Before any compute: ``out`` is (or can be made) a writable folder with no folder and no
+    symbolic link (dangling or not) in ``names``."""
     out = Path(out).expanduser()
     # out, or where it will be made
     first = next(p for p in (out, *out.parents) if os.path.lexists(p))
@@ -515,10 +596,22 @@ def check_out(out, names=()) -> Path:
         raise UsageError(
             f"{first} is {'not a folder' if not first.is_dir() else 'not writable'}", "--out"
         )
-    held = [n for n in names if (out / n).is_dir()]
-    if held:
-        raise UsageError(f"{out / held[0]} is a folder, where this run writes a file", "--out")
+    blocked = _blocked(out, names)
+    if blocked:
+        raise UsageError(blocked, "--out")
     return out
+
+
+def _blocked(out: Path, names) -> str | None:
+    """Why an output name cannot be replaced, or None: a folder, or a symbolic link (replacing
+    it would drop the link the user made; following it would write over its target)."""
+    for n in names:
+        p = out / n
+        if p.is_symlink():
+            return f"{p} is a symbolic link (to {os.readlink(p)}), where this run writes a file"
+        if p.is_dir():
+            return f"{p} is a folder, where this run writes a file"
+    return None
 
 
 def write_run(out, table: str, result: dict, files: dict) -> None:
@@ -537,25 +630,44 @@ def write_run(out, table: str, result: dict, files: dict) -> None:
 def write_outputs(out, files) -> list[Path]:
     """Write ``files`` (name → str, bytes, or a function writing the file at the path it is given)
     into ``out`` in order, each under a temporary name then ``os.replace``d over ``out/name``: a
-    reader never sees half a file, and nothing is deleted but this call's own failed temporary."""
+    reader never sees half a file, and nothing is deleted but this call's own failed temporary.
+    A folder or symbolic link at any name is refused before the first file is written; an error
+    names the output, never the temporary file."""
     out = Path(out)
+    blocked = _blocked(out, files)
+    if blocked:
+        raise RunError(f"{blocked}; nothing was written")
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, content in files.items():
         final = out / name
         tmp = final.with_name(f".{final.stem}.{os.getpid()}-{secrets.token_hex(4)}{final.suffix}")
-        with open(tmp, "xb") as fh:  # exclusive: never another run's file
-            if not callable(content):
-                fh.write(content.encode() if isinstance(content, str) else content)
         try:
+            with open(tmp, "xb") as fh:  # exclusive: never another run's file
+                if not callable(content):
+                    fh.write(content.encode() if isinstance(content, str) else content)
             if callable(content):
                 content(tmp)
             os.replace(tmp, final)
-        except BaseException:
+        except BaseException as exc:
             tmp.unlink(missing_ok=True)
+            _raise_for_output(exc, tmp, final)
             raise
         written.append(final)
     return written
+
+
+def _raise_for_output(exc: BaseException, tmp: Path, final: Path) -> None:
+    """Raise ``exc`` again naming ``final`` where it named the temporary file ``tmp`` (nothing
+    when it did not: interrupts and unrelated errors go on as they are)."""
+    if (
+        isinstance(exc, OSError)
+        and exc.filename is not None
+        and os.fspath(exc.filename) == str(tmp)
+    ):
+        raise OSError(exc.errno, exc.strerror, str(final)) from None
+    if isinstance(exc, Exception) and str(tmp) in str(exc):
+        raise RunError(f"{final}: " + str(exc).replace(str(tmp), str(final))) from None
 
 
 def _raise_terminated(signum, frame):
@@ -588,7 +700,7 @@ def main(parser: Parser, body, argv=None) -> int:
     """``body(parser.parse_args(argv))`` (None: 0) under the exit-code policy of docs/cli.md.
     SIGINT is never touched (an inherited SIG_IGN stays); SIGTERM raises :class:`Terminated` unless
     ignored."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    as_script, argv = argv is None, sys.argv[1:] if argv is None else list(argv)
     term = (
         signal.getsignal(signal.SIGTERM)
         if threading.current_thread() is threading.main_thread()
@@ -622,4 +734,21 @@ def main(parser: Parser, body, argv=None) -> int:
         if "--debug" in argv:
             traceback.print_exception(err)
         print(f"{prog}: {line}", file=sys.stderr, flush=True)
+    if as_script and code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        _stop_past_threads(code)
     return code
+
+
+def _stop_past_threads(code: int) -> None:
+    """After a signal, end the process even if a thread is stuck in a system call (an image
+    decoder reading from a network file): the interpreter would wait for it at exit, after
+    "interrupted" was printed, until SIGKILL.  Nothing is left to clean up: outputs are written
+    only at the end and their temporary files were removed as the exception passed."""
+    current = threading.current_thread()
+    if any(t is not current and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, ValueError, OSError):
+                pass
+        os._exit(code)

@@ -448,6 +448,10 @@ def run_seed(
             "phase_seconds": seconds,
             "classes": [ncp, nch],
             "attainability": reach,
+            # D_P's majority class share (%): the accuracy of a θ₀ that learned nothing
+            "dp_chance": 100.0
+            * float(np.bincount(ev["y"]["p_val"]).max())
+            / len(ev["y"]["p_val"]),
         }
         if ctx.is_main
         else None

@@ -17,6 +17,7 @@ finetune.png (Fig. 3), attacks.png, the first seed's extractor_<row>.safetensors
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import secrets
@@ -32,7 +33,6 @@ from experiments.deep_pipeline import RunOptions, _variants, run_configs
 from pycore.deep import DEEP_METHODS, DeepOptions, create_model, options, save_model
 from pycore.deep.data import model_normalization
 from pycore.deep.distributed import init_from_env, shutdown
-from pycore.deep.train import OPTION_CHOICES, OPTION_RULES
 from pycore.report import dumps_json
 
 FILES = ("results.json", "table.md", "finetune.png", "operators.png", "tradeoff.png")
@@ -48,9 +48,17 @@ def build_parser() -> common.Parser:
         "--model", help="any timm model name (timm.list_models()); replaces the configuration's"
     )
     p.add_argument("--img-size", type=common.count(8, 4096), help="input side in pixels")
-    p.add_argument("--dp-root", type=common.existing("folder"), help="ImageFolder root of D_P")
-    p.add_argument("--dh-root", type=common.existing("folder"), help="ImageFolder root of D_H")
-    p.add_argument("--val-split", default="val", help="validation split folder of both roots")
+    p.add_argument(
+        "--dp-root",
+        type=common.existing("folder"),
+        help="D_P's images: ROOT/train/<class>/<image> and ROOT/<val-split>/<class>/<image>",
+    )
+    p.add_argument(
+        "--dh-root", type=common.existing("folder"), help="D_H's images, laid out as --dp-root"
+    )
+    p.add_argument(
+        "--val-split", default="val", help="the second split folder of both roots (D_H: its test)"
+    )
     p.add_argument(
         "--checkpoint", type=common.existing("file"), help="θ₀ (safetensors or torch state_dict)"
     )
@@ -73,18 +81,7 @@ def build_parser() -> common.Parser:
     p.add_argument(
         "--ill-balances", type=real, help="R_ill's balances b_ill, crossed with --balances"
     )
-    common.add_options(
-        p,
-        [DeepOptions],
-        title="immunization options (default: the configuration's)",
-        rules=OPTION_RULES,
-        choices=OPTION_CHOICES,
-        help={
-            "harden": "also measure every row hardened this way",
-            "scope": "layer: the "
-            "immunization layer alone; tail: also the backbone's last --stages stages",
-        },
-    )
+    add_deep_options(p)
     p.add_argument(
         "--seeds",
         type=common.seeds,
@@ -109,20 +106,147 @@ def build_parser() -> common.Parser:
     return p
 
 
-def _image_side(root: Path, rc) -> int:
-    """The shorter side of D_P's first training image (by name), at most the model's own input
-    side."""
+def add_deep_options(parser) -> None:
+    """A flag per field of :class:`pycore.deep.DeepOptions` (``--lambda-h`` sets ``lambda_h``),
+    absent unless typed: the configuration's options stay the default of every one."""
+    g = parser.add_argument_group("immunization options (default: the configuration's)")
+
+    def option(flag, **kwargs):
+        common.add_option(g, flag, DeepOptions, **kwargs)
+
+    flag = argparse.BooleanOptionalAction
+    option(
+        "--rule",
+        metavar="WORD",
+        help="ours: adaptive (the linear default's rule on the layer) or sgd (the paper's loop)",
+    )
+    option("--adaptive-steps", type=int, metavar="N", help="the adaptive rule's step budget")
+    option("--patience", type=int, metavar="N", help="the adaptive rule's patience (steps)")
+    option(
+        "--adaptive-lr",
+        type=common.float_or_none,
+        metavar="X|none",
+        help="the adaptive rule's Adam lr (none: 0.27/√D)",
+    )
+    option("--epochs", type=int, metavar="N", help="epochs of the paired D_P/D_H loader")
+    option("--max-steps", type=common.int_or_none, metavar="N|none", help="step cap")
+    option("--batch-size", type=int, metavar="N", help="samples per task and step, per rank")
+    option("--lr", type=float, metavar="X", help="SGD learning rate")
+    option("--momentum", type=float, metavar="X", help="SGD momentum")
+    option("--nesterov", action=flag, help="Nesterov momentum")
+    option("--weight-decay-extractor", type=float, metavar="X", help="weight decay of θ")
+    option("--weight-decay-classifier", type=float, metavar="X", help="of the classifier")
+    option("--label-smoothing", type=float, metavar="X", help="of the D_P cross-entropy")
+    option("--lambda-p", type=float, metavar="X", help="R_well weight (with --balance none)")
+    option("--lambda-h", type=float, metavar="X", help="R_ill weight (with --balance none)")
+    option("--lambda-kappa", type=float, metavar="X", help="Opt κ weight")
+    option("--lambda-imma", type=float, metavar="X", help="IMMA harmful-loss weight")
+    option(
+        "--balance",
+        type=common.float_or_none,
+        metavar="X|none",
+        help="λ = b·‖∇CE‖/‖∇term‖ (App. C.2); none: the fixed --lambda-* values",
+    )
+    option(
+        "--balance-every", type=int, metavar="N", help="steps between balances (0: step 0 only)"
+    )
+    option(
+        "--balance-ill",
+        type=common.float_or_none,
+        metavar="X|none",
+        help="the balance of the R_ill term alone (the trade-off sweep)",
+    )
+    option("--imma-inner-steps", type=int, metavar="N", help="IMMA: unrolled attacker steps")
+    option("--imma-inner-lr", type=float, metavar="X", help="IMMA: attacker step (1/λ_max units)")
+    option(
+        "--ridge-rel", type=float, metavar="X", help="preconditioner ridge, relative to tr(XᵀX)/N"
+    )
+    option(
+        "--scope",
+        metavar="WORD",
+        help="layer: the immunization layer alone; tail: also the backbone's last --stages stages",
+    )
+    option("--stages", type=int, metavar="N", help="--scope tail: the backbone's last stages")
+    option("--virtual-ranks", type=int, metavar="N", help="reproduce N ranks' objective in one")
+    option("--harden", metavar="WORD", help="also measure every row hardened this way")
+    option("--harden-scale", type=float, metavar="X", help="strength of --harden")
+    option("--normalize", action=flag, help="steps in unit-scale features")
+    option(
+        "--dp-tolerance",
+        type=common.float_or_none,
+        metavar="X|none",
+        help="end on the last state within this many %% of D_P's top-1",
+    )
+
+
+def _first_image_size(root: Path) -> "tuple[int, int] | None":
+    """The size of D_P's first training image (by name), None when it cannot be read
+    (image_folder then reports the bad file or folder)."""
     from PIL import Image  # noqa: PLC0415
 
-    own = model_normalization(create_model(rc.model, 1, seed=0, **rc.model_kwargs))["input_size"][
-        -1
-    ]
     first = min((p for p in (root / "train").rglob("*") if p.is_file()), default=None)
     try:
         with Image.open(first) as img:
-            return max(8, min(own, *img.size))
-    except (OSError, TypeError, ValueError):
-        return own  # image_folder reports the bad file or folder
+            return img.size
+    except (OSError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _own_side(rc) -> int:
+    kwargs = {k: v for k, v in rc.model_kwargs.items() if k != "img_size"}
+    return model_normalization(create_model(rc.model, 1, seed=0, **kwargs))["input_size"][-1]
+
+
+def _image_side(root: Path, rc) -> int:
+    """The shorter side of D_P's first training image (by name), at most the model's own input
+    side."""
+    size = _first_image_size(root)
+    return _own_side(rc) if size is None else max(8, min(_own_side(rc), *size))
+
+
+def _check_roots(args) -> None:
+    """Each root holds train/ and the --val-split folder (a root with training/ failed later on
+    an AttributeError)."""
+    for flag, root in (("--dp-root", args.dp_root), ("--dh-root", args.dh_root)):
+        missing = [s for s in ("train", args.val_split) if root and not (root / s).is_dir()]
+        if missing:
+            found = sorted(d.name + "/" for d in root.iterdir() if d.is_dir())
+            raise common.UsageError(
+                f"{root} has no {missing[0]}/ folder; expected {root}/train/<class>/<image> and "
+                f"{root}/{args.val_split}/<class>/<image> (--val-split names the second); it "
+                f"holds {', '.join(found[:10]) or 'no folder'}",
+                flag,
+            )
+
+
+def _check_input_size(rc, args) -> None:
+    """The model takes its inputs at the side it will see (convnext_atto cannot take 28 px: a raw
+    RuntimeError deep in the first step), and a side far above the images' is said, with what
+    one image costs."""
+    net = create_model(rc.model, 2, seed=0, **rc.model_kwargs).eval()
+    side = model_normalization(net)["input_size"][-1]
+    try:
+        if side < _own_side(rc):  # below its own side a network may run out of pixels
+            with torch.no_grad():
+                net(torch.zeros(1, 3, side, side))
+    except RuntimeError as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise common.UsageError(
+            f"{rc.model} cannot take {side}-px inputs ({first}): pass a larger --img-size "
+            f"(its own input side is {_own_side(rc)} px)",
+            "--img-size",
+        ) from None
+    size = _first_image_size(args.dp_root) if args.img_size and args.dp_root else None
+    if size is not None and args.img_size > 4 * max(size):
+        one = 3 * 4 * args.img_size**2
+        print(
+            f"deepnet.py: warning: --img-size {args.img_size} upsamples D_P's "
+            f"{size[0]}x{size[1]}-px images {args.img_size / max(size):.0f}×: each takes "
+            f"{one / 2**20:.0f} MiB as float32, a batch of {rc.options.batch_size} "
+            f"{rc.options.batch_size * one / 2**30:.1f} GiB",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def plan(args) -> list:
@@ -170,6 +294,8 @@ def plan(args) -> list:
                 f"{key} reads ImageFolder roots: pass --dp-root and --dh-root",
                 "--dh-root" if args.dp_root else "--dp-root",
             )
+        if rc.data == "folders":
+            _check_roots(args)
         epochs = rc.theta0_epochs if args.theta0_epochs is None else args.theta0_epochs
         if not (epochs or args.checkpoint or args.pretrained):
             raise common.UsageError(
@@ -188,7 +314,7 @@ def plan(args) -> list:
             rc,
             theta0_epochs=epochs,
             methods=tuple(args.methods or rc.methods),
-            options=options(rc.options, **common.given_options(args, [DeepOptions])),
+            options=options(rc.options, **common.given_options(args, DeepOptions.names())),
         )
         if args.balances:  # a sweep: the linear probes only
             sweep = tuple((b, bi) for b in args.balances for bi in (args.ill_balances or [None]))
@@ -198,8 +324,45 @@ def plan(args) -> list:
                 sweep=sweep,
                 operators=("gd", "adam", "adam_whitened"),
             )
+        if rc.data == "folders":
+            _check_input_size(rc, args)
         runs.append(rc)
     return runs
+
+
+def theta0_warning(result: dict, args) -> "dict | None":
+    """θ₀ near chance on D_P's validation split, on any seed: accuracy below
+    ``min(1.5·chance, (chance + 100)/2)``, chance the majority class's share (an imbalanced D_P's
+    constant predictor scores it, not 1/classes); the advice fits where θ₀ came from."""
+    low = []
+    for s in result["per_seed"]:
+        if "init" not in s["rows"]:
+            continue
+        chance = s.get("dp_chance", 100.0 / s["classes"][0])
+        acc = s["rows"]["init"]["dp_top1"]
+        if acc < min(1.5 * chance, 0.5 * (chance + 100.0)):
+            low.append({"seed": s["seed"], "dp_top1": acc, "chance": chance})
+    if not low:
+        return None
+    if args.checkpoint:
+        advice = (
+            f"the --checkpoint {args.checkpoint} is not a classifier of D_P's classes: train it "
+            "on them first (or give the checkpoint of one)"
+        )
+    elif args.pretrained:
+        advice = (
+            "the pretrained θ₀'s classifier is new for D_P's classes and untrained: pass "
+            "--checkpoint with a model trained on D_P"
+        )
+    else:
+        advice = "train it longer (--theta0-epochs N), or pass --checkpoint or --pretrained"
+    worst = min(low, key=lambda x: x["dp_top1"] - x["chance"])
+    message = (
+        f"θ₀ scores {worst['dp_top1']:.1f}% on D_P's validation split (seed {worst['seed']}; "
+        f"chance, its largest class, is {worst['chance']:.1f}%) on {len(low)} of "
+        f"{len(result['per_seed'])} seed(s): {advice}"
+    )
+    return {"seeds": low, "message": message}
 
 
 def _staged(path: Path, token: str) -> Path:
@@ -251,7 +414,7 @@ def main(argv=None) -> int:
         for rc in runs:  # every destination checked before any compute
             common.check_out(Path(args.out) / rc.name, _output_names(rc))
         if args.threads:
-            torch.set_num_threads(args.threads)
+            torch.set_num_threads(common.thread_count(args.threads, "deepnet.py"))
         ctx = init_from_env(args.device)
         roots = (r and str(r) for r in (args.dp_root, args.dh_root))
         opts = RunOptions(
@@ -279,6 +442,7 @@ def main(argv=None) -> int:
             for rc, result in zip(runs, results or ()):
                 folder = folders[rc.name]
                 result["cpu_seconds"] = sum(os.times()[:4]) - cpu0  # this process + workers
+                result["theta0_near_chance"] = theta0_warning(result, args)
                 models = [
                     r.get("extractor") for s in result["per_seed"] for r in s["rows"].values()
                 ]
@@ -310,15 +474,9 @@ def main(argv=None) -> int:
                     staged.append(folder / name)
                 if not args.quiet:
                     print(table)
-                classes, acc = (
-                    result["per_seed"][0]["classes"][0],
-                    result["rows"]["init"]["dp_top1"]["mean"],
-                )
-                if acc < 150.0 / classes:
+                if result["theta0_near_chance"]:
                     print(
-                        f"deepnet.py: warning: θ₀ scores {acc:.1f}% on D_P's validation "
-                        f"split, chance is {100 / classes:.1f}%: train it longer "
-                        "(--theta0-epochs), or pass --checkpoint or --pretrained",
+                        f"deepnet.py: warning: {result['theta0_near_chance']['message']}",
                         file=sys.stderr,
                         flush=True,
                     )

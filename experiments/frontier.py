@@ -17,7 +17,7 @@ import numpy as np
 
 from experiments import common
 from pycore.frontier import closed_form_frontier, ratios, regularizer_product, target_progress
-from pycore.immunize import MAX_EPOCHS, METHODS
+from pycore.immunization import MAX_EPOCHS, METHODS
 from pycore.report import METHOD_LABELS, environment, fmt, save_figure
 
 OUTPUTS = ("table.md", "frontier.png", "results.json")
@@ -27,7 +27,8 @@ TARGET = (10.0, 0.1)
 MAX_GRID = 20  # values of --lambda-h-grid and --lr-grid
 MAX_EXPONENTS = 100  # closed-form exponents
 MAX_RUNS = 10_000  # immunization runs of one invocation
-_STATE: dict = {}
+# what the tables print of each run's options (a method that lacks one prints "—")
+CONFIG_KEYS = ("optimizer", "lambda_h", "lambda_p", "lr", "epochs", "batch_size", "precond")
 
 
 def build_parser() -> common.Parser:
@@ -136,21 +137,19 @@ def grid_options(optimizer, lambda_h, lr, epochs, gd_lambda_p) -> dict:
 
 
 def _run_job(job):
-    """Immunize one (protocol, method, config, seed); ratios on both row sets, the training-row
-    path from the history, the regularizer product, or the error that stopped it."""
-    from pycore.immunize import PRESETS, immunize
+    """Immunize one (protocol, method, config, seed) (a worker task: the tasks come in ``job``);
+    ratios on both row sets, the training-row path from the history, the regularizer product, or
+    the error that stopped it."""
+    from pycore.immunization import immunize, resolve_options
 
-    protocol, method, kw, seed, tag = job
-    train, held = _STATE["tasks"][protocol]
+    protocol, method, kw, seed, tag, (train, held) = job
+    options = resolve_options(method, PRESET[protocol], **kw).to_dict()
     out = {
         "protocol": protocol,
         "method": method,
         "seed": seed,
         "tag": tag,
-        "config": {
-            k: {**PRESETS[PRESET[protocol]], **kw}[k]
-            for k in ("optimizer", "lambda_h", "lambda_p", "lr", "epochs", "batch_size", "precond")
-        },
+        "config": {k: options.get(k) for k in CONFIG_KEYS},
     }
     t0 = time.perf_counter()
     try:
@@ -180,12 +179,11 @@ def _run_job(job):
 
 
 def run(args) -> dict:
-    from pycore.data.house_price import load_house_price
     from pycore.metrics import def31_exponent_window, rir_ceiling
     from pycore.protocol import strict_protocol
 
     t_start = time.perf_counter()
-    data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
+    data = common.load_house_price_data(args)
     if data.heldout is None:
         raise ValueError(
             f"House Prices: --n-train {args.n_train} leaves no held-out rows (lower it)"
@@ -201,10 +199,9 @@ def run(args) -> dict:
         windows[prot] = (
             None
             if w is None
-            else {**w.as_dict(), "ceiling_range_restricted": ceiling.range_restricted}
+            else {**w.to_dict(), "ceiling_range_restricted": ceiling.range_restricted}
         )
         closed[prot] = closed_form_frontier(train, held, args.exponents)
-    _STATE["tasks"] = tasks
     seed0 = args.seeds[0]
     jobs = []
     for prot in args.protocols:
@@ -215,6 +212,7 @@ def run(args) -> dict:
                 grid_options(opt, lh, lr, args.grid_epochs, args.gd_lambda_p),
                 s,
                 "grid",
+                tasks[prot],
             )
             for opt in args.optimizers
             for lh in args.lambda_h_grid
@@ -222,7 +220,7 @@ def run(args) -> dict:
             for s in args.seeds
         ]
         jobs += [
-            (prot, m, {}, s, "baseline")
+            (prot, m, {}, s, "baseline", tasks[prot])
             for m in (() if args.no_baselines else BASELINES)
             for s in args.seeds
         ]
@@ -244,12 +242,13 @@ def run(args) -> dict:
     if selected is not None:
         c = selected["config"]
         kw = grid_options(c["optimizer"], c["lambda_h"], c["lr"], c["epochs"], args.gd_lambda_p)
-        jobs = [(sel_prot, "ours", kw, s, "confirm") for s in args.confirm_seeds]
+        jobs = [(sel_prot, "ours", kw, s, "confirm", tasks[sel_prot]) for s in args.confirm_seeds]
         confirm = common.pool_map(_run_job, jobs, args.jobs, desc="confirming")
     return {
         "experiment": "frontier",
         "dataset": "house_prices",
         "source": data.source,
+        "data_changes": data.changes(),
         "protocols": args.protocols,
         "seeds": args.seeds,
         "confirm_seeds": args.confirm_seeds,
@@ -295,6 +294,11 @@ def path_best(r) -> tuple[float, int, float, float] | None:
         for e, a, b in zip(p["epoch"], p["harmful_ratio"], p["pretrain_ratio"])
     ]
     return max(pts, key=lambda x: x[0])
+
+
+def _setting(value) -> str:
+    """An option as run; "—" for one the method does not have."""
+    return "—" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _ratios(r, rows="train") -> list[str]:
@@ -356,11 +360,8 @@ def table_markdown(res: dict) -> str:
         for r in (r for r in res["runs"] if r["protocol"] == prot):
             c = r["config"]
             name = METHOD_LABELS[r["method"]] if r["tag"] == "baseline" else "Alg. 1 grid"
-            head = (
-                f"| {name} | {r['seed']} | {c['optimizer']} | {c['lambda_h']:g} | "
-                f"{c['lambda_p']:g} | "
-                f"{c['lr']:g} | {c['epochs']} | "
-            )
+            cfg = [_setting(c[k]) for k in ("optimizer", "lambda_h", "lambda_p", "lr", "epochs")]
+            head = f"| {name} | {r['seed']} | " + " | ".join(cfg) + " | "
             if "error" in r:
                 L.append(head + f"failed: {r['error'][:80]} | | | | | | | |")
                 continue

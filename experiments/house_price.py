@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from experiments import common
-from pycore.data.house_price import load_house_price
 from pycore.data.table import load_table
-from pycore.evaluate import EvaluationReference, def31_summary, evaluate_linear, norm_ratio_curves
-from pycore.immunize import METHODS, auto_exponent
+from pycore.evaluate import EvaluationReference, evaluate_linear, norm_ratio_curves
+from pycore.harden import invariant_change, loss_floor
+from pycore.immunization import METHODS, auto_exponent, check_method_work
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.probe import MAX_PROBE_STEPS
 from pycore.protocol import strict_protocol
@@ -53,38 +53,20 @@ PAPER_TABLE1 = {
         "rir": (356.2, 5.49),
     },
 }
-SUMMARISED = (
+# over seeds, per method and row set (pycore.evaluate.SplitEvaluation's numbers)
+SPLIT_SUMMARISED = (
     "rir",
     "harmful_ratio",
     "pretrain_ratio",
-    "heldout_rir",
-    "heldout_harmful_ratio",
-    "heldout_pretrain_ratio",
-    "fraction_of_ceiling",
     "dp_loss_before",
     "dp_loss_after",
-    "heldout_dp_loss_before",
-    "heldout_dp_loss_after",
-    "wall_seconds",
     "rir_range_part",
     "rir_null_part",
-    "heldout_rir_range_part",
-    "heldout_rir_null_part",
-    "null_part_fraction",
 )
-# Definition 3.1 per run → {"count", "runs", "per_seed"}
-DEF31 = ("immunized", "heldout_immunized")
-# the numbers hardening must leave unchanged (docs/findings.md §5)
-HARDENING_INVARIANTS = (
-    "rir",
-    "harmful_ratio",
-    "pretrain_ratio",
-    "heldout_rir",
-    "heldout_harmful_ratio",
-    "heldout_pretrain_ratio",
-    "dp_loss_after",
-    "heldout_dp_loss_after",
-)
+# over seeds, per method
+SUMMARISED = ("fraction_of_ceiling", "null_part_fraction", "wall_seconds")
+# the numbers hardening must leave unchanged on every row set (docs/findings.md §5)
+HARDENING_INVARIANTS = ("rir", "harmful_ratio", "pretrain_ratio", "dp_loss_after")
 OUTPUTS = ("table.md", "norm_ratio.png", "thetas.npz", "results.json")
 
 
@@ -115,6 +97,13 @@ def build_parser() -> common.Parser:
     own.add_argument("--target-p", help="D_P's target column")
     own.add_argument("--target-h", help="D_H's target column (default: --target-p)")
     own.add_argument(
+        "--loss",
+        choices=("mse", "bce"),
+        default="mse",
+        help="D_P's loss: the squared loss on the z-scored target, or the logistic loss on its "
+        "0/1 labels (D_H is probed with the squared loss either way)",
+    )
+    own.add_argument(
         "--inputs",
         type=common.comma_list(),
         help="input columns (default: every other numeric column)",
@@ -136,7 +125,7 @@ def build_parser() -> common.Parser:
         help="exact-line-search probing steps of Figure 1",
     )
     p.add_argument("--no-plot", action="store_true", help="skip norm_ratio.png")
-    common.add_immunize_options(p, "house_price")
+    common.add_immunize_options(p, "house_price", own_table=True)
     return p
 
 
@@ -151,6 +140,7 @@ def prepare(parser, args) -> None:
                 ("--inputs", args.inputs),
                 ("--split", args.split),
                 ("--harmful-data", args.harmful_path),
+                ("--loss", args.loss != "mse"),
             )
             if v
         ]
@@ -195,10 +185,11 @@ def _one_run(job):
     method, seed = job
     st, harden = _STATE, _STATE["immunize"].harden
     res = st["immunize"](st["train"], method, np.random.default_rng(seed))
-    row = evaluate_linear(
+    ev = evaluate_linear(
         res.theta, st["train"], st["heldout"], ceiling=st["ceiling"], reference=st["reference"]
     )
-    row.update(seed=seed, wall_seconds=res.wall_seconds, diagnostics=res.diagnostics)
+    row = {"seed": seed, "wall_seconds": res.wall_seconds, **ev.to_dict()}
+    row["diagnostics"] = res.diagnostics
     if res.theta_unhardened is not None:  # hardening must leave every number of the row unchanged
         plain = evaluate_linear(
             res.theta_unhardened,
@@ -207,19 +198,47 @@ def _one_run(job):
             ceiling=st["ceiling"],
             reference=st["reference"],
         )
+        # a best loss below its floor is an exact fit's round-off
+        floors = [
+            {"dp_loss_after": loss_floor(t.loss, t.Y_P)} if t is not None else {}
+            for t in (st["train"], st["heldout"])
+        ]
+        pairs = [(ev.train, plain.train, floors[0]), (ev.heldout, plain.heldout, floors[1])]
         row["hardening"] = {
             "kind": harden,
             "max_rel_diff_vs_unhardened": max(
-                abs(row[k] - plain[k]) / abs(plain[k]) for k in HARDENING_INVARIANTS if k in plain
+                invariant_change(getattr(a, k), getattr(b, k), floor.get(k, 0.0))
+                for a, b, floor in pairs
+                if b is not None
+                for k in HARDENING_INVARIANTS
             ),
         }
     return row, res.theta, run_thetas(res, method, seed, harden)
 
 
+def def31_summary(flags) -> dict:
+    """How many runs satisfy Definition 3.1: ``{"count", "runs", "per_seed"}`` (a table prints
+    k/n)."""
+    flags = [bool(f) for f in flags]
+    return {"count": sum(flags), "runs": len(flags), "per_seed": flags}
+
+
+def summarize_method(rows: list[dict]) -> dict:
+    """A method's runs summarised over seeds: :data:`SUMMARISED`, per row set
+    :data:`SPLIT_SUMMARISED` and Definition 3.1's count, then the runs themselves."""
+    entry = {k: summarize(r[k] for r in rows) for k in SUMMARISED}
+    for split in ("train", "heldout"):
+        if rows[0][split] is not None:
+            entry[split] = {k: summarize(r[split][k] for r in rows) for k in SPLIT_SUMMARISED}
+            entry[split]["immunized"] = def31_summary(r[split]["immunized"] for r in rows)
+    entry["runs"] = rows
+    return entry
+
+
 def run(args) -> dict:
     t_start = time.perf_counter()
     if args.target_p is None:  # the paper's data (the Kaggle column set, checked by the loader)
-        data = load_house_price(args.data, n_train=args.n_train, on_outlier=args.on_outlier)
+        data = common.load_house_price_data(args)
     else:
         data = load_table(
             args.data,
@@ -230,13 +249,24 @@ def run(args) -> dict:
             harmful_path=args.harmful_path,
             n_train=args.n_train,
             on_outlier=args.on_outlier,
+            on_missing=args.on_missing,
+            loss=args.loss,
         )
+        if args.loss == "mse" and data.binary_target_p:
+            print(
+                f"D_P's target {args.target_p!r} holds only 0 and 1: running the squared loss on "
+                "its z-scores (--loss bce runs the logistic loss on the labels)",
+                flush=True,
+            )
+        common.say_changes(data)
     train, heldout, strict = data.train, data.heldout, None
     if args.protocol == "strict":
         train, heldout, strict = strict_protocol(train, heldout, data.feature_names)
+    for method in args.methods:  # in this process, before any worker starts
+        check_method_work(train, method)
     ceiling = rir_ceiling(train.X_P, train.X_H)
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
-    settings = args.immunizer.as_dict()
+    settings = args.immunizer.to_dict()
     if "closed_form" in settings["options"]:  # the exponent as used ("auto": docs/theory.md §10)
         a = settings["options"]["closed_form"]["exponent"]
         settings["closed_form_exponent"] = auto_exponent(train, ceiling)[0] if a == "auto" else a
@@ -268,9 +298,7 @@ def run(args) -> dict:
     archive.update(task_arrays({"train": train, "heldout": heldout}))
     methods = {}
     for m, rows in per_method.items():
-        entry = {k: summarize(r[k] for r in rows) for k in SUMMARISED if k in rows[0]}
-        entry.update({k: def31_summary(r[k] for r in rows) for k in DEF31 if k in rows[0]})
-        entry["runs"] = rows
+        entry = summarize_method(rows)
         if m in PAPER_TABLE1 and args.target_p is None:
             entry["paper"] = {k: {"mean": v[0], "std": v[1]} for k, v in PAPER_TABLE1[m].items()}
         methods[m] = entry
@@ -282,7 +310,7 @@ def run(args) -> dict:
     return {
         "experiment": "house_price",
         "protocol": args.protocol,
-        "strict_protocol": None if strict is None else strict.as_dict(),
+        "strict_protocol": None if strict is None else strict.to_dict(),
         "data": {
             "source": data.source,
             "paper": args.target_p is None,
@@ -295,6 +323,8 @@ def run(args) -> dict:
             "rows_H": data.n_rows_H,
             "D": train.D,
             "D_input": data.train.D,
+            "loss": train.loss,
+            "changes": data.changes(),
             "heldout_rows_P": None if heldout is None else heldout.X_P.shape[0],
             "heldout_rows_H": None if heldout is None else heldout.X_H.shape[0],
         },
@@ -302,9 +332,9 @@ def run(args) -> dict:
         "immunize": settings,
         "ceiling": ceiling.exact,
         "ceiling_range_restricted": ceiling.range_restricted,
-        "ceiling_detail": ceiling.as_dict(),
-        "closed_form_exponent_window": None if window is None else window.as_dict(),
-        "heldout_ceiling_detail": None if held_ceiling is None else held_ceiling.as_dict(),
+        "ceiling_detail": ceiling.to_dict(),
+        "closed_form_exponent_window": None if window is None else window.to_dict(),
+        "heldout_ceiling_detail": None if held_ceiling is None else held_ceiling.to_dict(),
         "methods": methods,
         "norm_ratio_curves": {"seed": args.seeds[0], "steps": args.probe_steps, "curves": curves},
         **environment(),
@@ -320,8 +350,10 @@ def data_name(data: dict) -> str:
     return " + ".join(Path(f).name for f in data["files"])
 
 
-def _count(e: dict, key: str) -> str:
-    return f"{e[key]['count']}/{e[key]['runs']}" if key in e else "n/a"
+def _count(e: dict, split: str) -> str:
+    """Definition 3.1 on ``split``'s rows: k of n seeds."""
+    d = e[split]["immunized"] if split in e else None
+    return "n/a" if d is None else f"{d['count']}/{d['runs']}"
 
 
 def table_markdown(result: dict) -> str:
@@ -343,6 +375,7 @@ def table_markdown(result: dict) -> str:
                 else f"D_H = the rows of {data['files'][-1]}"
             )
             + f", {data['D_input']} input columns"
+            + (f", D_P's loss {data['loss']}" if data.get("loss", "mse") != "mse" else "")
         )
     )
     lines = [
@@ -393,11 +426,11 @@ def table_markdown(result: dict) -> str:
             if paper_data
             else []
         )
-        held = pm(e["heldout_rir"]) if "heldout_rir" in e else "n/a"
+        t, held = e["train"], pm(e["heldout"]["rir"]) if "heldout" in e else "n/a"
         lines.append(
-            f"| {LABELS[m]} | {pm(e['harmful_ratio'])} | {pm(e['pretrain_ratio'])} | "
-            f"{pm(e['rir'])} | "
-            f"{_count(e, 'immunized')} | {held} | {_count(e, 'heldout_immunized')} | "
+            f"| {LABELS[m]} | {pm(t['harmful_ratio'])} | {pm(t['pretrain_ratio'])} | "
+            f"{pm(t['rir'])} | "
+            f"{_count(e, 'train')} | {held} | {_count(e, 'heldout')} | "
             f"{fmt(e['fraction_of_ceiling']['mean'])} |" + "".join(f" {c} |" for c in pcols)
         )
     lines += [
@@ -412,17 +445,11 @@ def table_markdown(result: dict) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for m, e in result["methods"].items():
-        if "rir_range_part" in e:
+        if "train" in e:
             cells = [
-                pm(e[k]) if k in e else "n/a"
-                for k in (
-                    "rir",
-                    "rir_range_part",
-                    "rir_null_part",
-                    "heldout_rir",
-                    "heldout_rir_range_part",
-                    "heldout_rir_null_part",
-                )
+                pm(e[split][k]) if split in e else "n/a"
+                for split in ("train", "heldout")
+                for k in ("rir", "rir_range_part", "rir_null_part")
             ]
             share = fmt(e["null_part_fraction"]["mean"])
             lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + f" | {share} |")
@@ -455,9 +482,8 @@ def table_markdown(result: dict) -> str:
             f"{fmt(hc['range_restricted'])}."
         )
     dp = [
-        f"{LABELS[m]} {fmt(e['dp_loss_before']['mean'])} → {fmt(e['dp_loss_after']['mean'])}"
-        for m, e in result["methods"].items()
-        if "dp_loss_after" in e
+        f"{LABELS[m]} {fmt(t['dp_loss_before']['mean'])} → {fmt(t['dp_loss_after']['mean'])}"
+        for m, t in ((m, e["train"]) for m, e in result["methods"].items() if "train" in e)
     ]
     if dp:
         lines += [

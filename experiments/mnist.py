@@ -15,7 +15,7 @@ import numpy as np
 from experiments import common
 from pycore.data.mnist import load_mnist, pair_task, parse_pairs, split_digits
 from pycore.evaluate import EvaluationReference, immunized_def31
-from pycore.immunize import METHODS
+from pycore.immunization import METHODS
 from pycore.metrics import rir_ceiling
 from pycore.report import METHOD_LABELS as LABELS
 from pycore.report import environment, fmt, pm, save_figure, summarize
@@ -225,7 +225,7 @@ def run(args) -> dict:
         },
         "pairs": [list(pr) for pr in args.pairs],
         "seeds": args.seeds,
-        "immunize": args.immunizer.as_dict(),
+        "immunize": args.immunizer.to_dict(),
         "methods": summarise_methods(rows, args.methods),
         **environment(),
         "wall_seconds": time.perf_counter() - t_start,

@@ -15,7 +15,7 @@ from pycore.regularizers import (
 from pycore.precondition import preconditioned_grad_theta
 from pycore.metrics import rir, rir_ceiling
 from pycore.tasks import LinearTask
-from pycore.immunize import immunize
+from pycore.immunization import immunize
 from pycore.evaluate import evaluate_linear
 from pycore.worst_case import attack_evaluation
 

@@ -3,6 +3,9 @@ needs; what does not depend on θ is computed once per task pair (:class:`Evalua
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 
 from pycore.losses import best_probe_loss
@@ -11,7 +14,7 @@ from pycore.probe import gd_exact_line_search
 from pycore.spectral import EPS, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, check_theta
+from pycore.validation import ParameterError, check_theta, check_work
 
 
 def immunized_def31(harmful_ratio: float, pretrain_ratio: float) -> bool:
@@ -49,6 +52,8 @@ class EvaluationReference:
                 f"the held-out task has {heldout.D} input columns but the "
                 f"training task {train.D}: θ acts on one input space",
             )
+        rows = sum(t.X_P.shape[0] + t.X_H.shape[0] for t in (train, heldout) if t is not None)
+        check_work(train.D, rows, 4, 7, "evaluate_linear")
         self.train, self.heldout = train, heldout
         self.V = row_space_basis(train.X_P)
         self.rows = {
@@ -99,6 +104,67 @@ class EvaluationReference:
         return float(np.sum(N**2)) / total
 
 
+@dataclass(frozen=True)
+class SplitEvaluation:
+    """The numbers of one θ on one set of rows (the training rows, or the held-out ones).
+
+    Attributes
+    ----------
+    rir, harmful_ratio, pretrain_ratio : float
+        RIR = (i)/(ii) with (i) = κ(H_H(θ))/κ(H_H(I)) and (ii) = κ(H_P(θ))/κ(H_P(I)) on these rows
+        (docs/theory.md §8).
+    immunized : bool
+        Definition 3.1 on these rows: (i) > 1 and (ii) < 1 (:func:`immunized_def31`).
+    kappa_H, kappa_P : float
+        κ(H_H(θ)) and κ(H_P(θ)), over the nonzero spectrum.
+    rank_H, rank_P : int
+        The numerical ranks of the features ``X_Hθ`` and ``X_Pθ``.
+    rir_range_part, rir_null_part : float
+        The RIR of θ_range = P_N + P_Rθ (what D_P's training rows see) and of θ_null = P_R + P_Nθ,
+        P_R the projector onto range(K_P) of the TRAINING rows.
+    dp_loss_before, dp_loss_after : float
+        The best D_P loss of a linear head on ``X_P`` (θ = I) and on ``X_Pθ``: Definition 3.1(c)
+        asks them equal.
+    """
+
+    rir: float
+    harmful_ratio: float
+    pretrain_ratio: float
+    immunized: bool
+    kappa_H: float
+    kappa_P: float
+    rank_H: int
+    rank_P: int
+    rir_range_part: float
+    rir_null_part: float
+    dp_loss_before: float
+    dp_loss_after: float
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class LinearEvaluation:
+    """What :func:`evaluate_linear` measures of one θ: the numbers on the training rows
+    (``train``) and on the held-out rows (``heldout``, None without a held-out task), the
+    ``fraction_of_ceiling`` (training RIR / the range-restricted ceiling, docs/theory.md §10)
+    and the ``null_part_fraction`` ‖P_N(θ − I)‖_F²/‖θ − I‖_F² (NaN at θ = I)."""
+
+    train: SplitEvaluation
+    heldout: SplitEvaluation | None
+    fraction_of_ceiling: float
+    null_part_fraction: float
+
+    def to_dict(self) -> dict:
+        return {
+            "train": self.train.to_dict(),
+            "heldout": None if self.heldout is None else self.heldout.to_dict(),
+            "fraction_of_ceiling": self.fraction_of_ceiling,
+            "null_part_fraction": self.null_part_fraction,
+        }
+
+
 @bounded_blas
 def evaluate_linear(
     theta: np.ndarray,
@@ -107,11 +173,59 @@ def evaluate_linear(
     *,
     ceiling: Ceiling | None = None,
     reference: EvaluationReference | None = None,
-) -> dict:
-    """RIR, (i), (ii), Definition 3.1 and the best D_P loss of a linear head with θ vs with I on
-    the training and (``heldout_`` prefix) held-out rows, the fraction of the ceiling and the RIR
-    of the range/null parts P_N + P_Rθ, P_R + P_Nθ (docs/theory.md §8).  ``ceiling`` and
-    ``reference`` are computed when not given; those of other data are refused."""
+) -> LinearEvaluation:
+    """Every number a table row needs of a linear extractor θ (docs/theory.md §8, §10).
+
+    Parameters
+    ----------
+    theta : array_like, shape (D, D)
+        The feature extractor; features are ``Xθ``.
+    train : LinearTask
+        The task θ was immunized on: its rows give (i), (ii), RIR, Definition 3.1 and the
+        range/null projectors.
+    heldout : LinearTask, optional
+        Rows of the same tasks not used for training (same width D), evaluated alike.
+    ceiling : Ceiling, optional
+        :func:`pycore.metrics.rir_ceiling` of ``train`` (computed when not given; one of other
+        data is refused).
+    reference : EvaluationReference, optional
+        What every θ of these tasks shares, computed once (an experiment evaluating many θ's
+        passes it); it must have been built for ``train`` and ``heldout``.
+
+    Returns
+    -------
+    LinearEvaluation
+        ``.train`` and ``.heldout`` (:class:`SplitEvaluation`: RIR, (i), (ii), Definition 3.1,
+        the κ's and ranks, the RIR of the range and null parts, the best D_P loss before and
+        after), ``.fraction_of_ceiling`` and ``.null_part_fraction``.
+
+    Raises
+    ------
+    ParameterError
+        A held-out task of another width (``"heldout"``), a ceiling computed on other rows
+        (``"ceiling"``), a reference built for other tasks (``"reference"``), or a task that is
+        not a :class:`~pycore.tasks.LinearTask`.
+    ValueError
+        θ not D×D, or not finite.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import LinearTask, evaluate_linear
+    >>> rng = np.random.default_rng(0)
+    >>> X_P = rng.standard_normal((40, 3)) * [1.0, 0.5, 0.1]
+    >>> X_H = rng.standard_normal((30, 3))
+    >>> task = LinearTask(X_P, rng.standard_normal(40), X_H, rng.standard_normal(30))
+    >>> ev = evaluate_linear(np.eye(3), task)  # θ = I is the reference: every ratio is 1
+    >>> ev.train.rir, ev.train.immunized, ev.heldout
+    (1.0, False, None)
+    >>> theta = np.diag([1.0, 2.0, 10.0])  # whitens D_P: (ii) < 1
+    >>> ev = evaluate_linear(theta, task)
+    >>> bool(ev.train.pretrain_ratio < 1)
+    True
+    >>> round(ev.train.dp_loss_after / ev.train.dp_loss_before, 9)  # Definition 3.1(c)
+    1.0
+    """
     if reference is not None and (
         reference.train is not train or reference.heldout is not heldout
     ):
@@ -134,34 +248,32 @@ def evaluate_linear(
                 f"{mine:.6g}, the training rows' {k:.6g}",
             )
     theta = check_theta(theta, train.D)
-    out = {}
-    for rows, t, pre in (("train", train, ""), ("heldout", heldout, "heldout_")):
+    splits = {}
+    for rows, t in (("train", train), ("heldout", heldout)):
         if t is None:
             continue
         f = ref.features(theta, rows)
         r = ref.rir(f[("theta", "P")], f[("theta", "H")], rows)
-        out.update(
-            {
-                pre + "rir": r.value,
-                pre + "harmful_ratio": r.harmful_ratio,
-                pre + "pretrain_ratio": r.pretrain_ratio,
-                pre + "immunized": immunized_def31(r.harmful_ratio, r.pretrain_ratio),
-                pre + "rir_range_part": ref.rir(f[("range", "P")], f[("range", "H")], rows).value,
-                pre + "rir_null_part": ref.rir(f[("null", "P")], f[("null", "H")], rows).value,
-                pre + "dp_loss_before": ref.dp_loss_before(rows),
-                pre + "dp_loss_after": best_probe_loss(t.loss, f[("theta", "P")], t.Y_P),
-            }
+        splits[rows] = SplitEvaluation(
+            rir=r.value,
+            harmful_ratio=r.harmful_ratio,
+            pretrain_ratio=r.pretrain_ratio,
+            immunized=immunized_def31(r.harmful_ratio, r.pretrain_ratio),
+            kappa_H=r.kappa_H,
+            kappa_P=r.kappa_P,
+            rank_H=r.rank_H,
+            rank_P=r.rank_P,
+            rir_range_part=ref.rir(f[("range", "P")], f[("range", "H")], rows).value,
+            rir_null_part=ref.rir(f[("null", "P")], f[("null", "H")], rows).value,
+            dp_loss_before=ref.dp_loss_before(rows),
+            dp_loss_after=best_probe_loss(t.loss, f[("theta", "P")], t.Y_P),
         )
-        if rows == "train":
-            out.update(
-                kappa_H=r.kappa_H,
-                kappa_P=r.kappa_P,
-                rank_H=r.rank_H,
-                rank_P=r.rank_P,
-                fraction_of_ceiling=r.value / ceiling.range_restricted,
-                null_part_fraction=ref.null_part_fraction(theta),
-            )
-    return out
+    return LinearEvaluation(
+        train=splits["train"],
+        heldout=splits.get("heldout"),
+        fraction_of_ceiling=splits["train"].rir / ceiling.range_restricted,
+        null_part_fraction=ref.null_part_fraction(theta),
+    )
 
 
 @bounded_blas
@@ -171,10 +283,3 @@ def norm_ratio_curves(theta: np.ndarray, task: LinearTask, steps: int) -> dict:
         "D_P": gd_exact_line_search(task.X_P @ theta, task.Y_P, steps).norm_ratio,
         "D_H": gd_exact_line_search(task.X_H @ theta, task.Y_H, steps).norm_ratio,
     }
-
-
-def def31_summary(flags) -> dict:
-    """How many runs satisfy Definition 3.1: ``{"count", "runs", "per_seed"}`` (a table prints
-    k/n)."""
-    flags = [bool(f) for f in flags]
-    return {"count": sum(flags), "runs": len(flags), "per_seed": flags}

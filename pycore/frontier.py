@@ -30,7 +30,7 @@ def ratios(theta, train: LinearTask, heldout: LinearTask | None = None) -> dict:
 
 def closed_form_frontier(train: LinearTask, heldout: LinearTask | None, exponents) -> list[dict]:
     """The closed form (docs/theory.md §10) at each exponent a: the best (ii) for every (i)."""
-    from pycore.immunize import immunize
+    from pycore.immunization import immunize
 
     out = []
     for a in exponents:

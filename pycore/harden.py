@@ -18,6 +18,7 @@ from pycore.validation import (
     check_choice,
     check_number,
     check_rng,
+    check_work,
 )
 
 HARDENINGS = ("none", "haar", "equalize")
@@ -25,6 +26,23 @@ HARDENINGS = ("none", "haar", "equalize")
 # Rotations built here are orthogonal to ~D·eps (≈ 2e-13 at D = 784); 1e-10 is far above that and
 # far below any matrix that is not a rotation.
 ORTHOGONALITY_RTOL = 1e-10
+
+
+def invariant_change(hardened: float, plain: float, floor: float = 0.0) -> float:
+    """``|hardened − plain| / max(|plain|, floor)``: the relative change of a number hardening
+    keeps (κ ratios, RIR, best D_P loss).  ``floor`` is the size below which the number is
+    round-off: a best loss of an exact fit (N ≤ D) is ~1e-31 with θ and ~9e-31 with θQ, and
+    without a floor their "change" reads 900 %."""
+    return abs(hardened - plain) / max(abs(plain), floor) if hardened != plain else 0.0
+
+
+def loss_floor(loss: str, Y) -> float:
+    """:func:`invariant_change`'s floor for a best loss on targets ``Y``: √eps × the loss of the
+    zero head (a best loss below it is an exact fit's round-off)."""
+    from pycore.losses import residual
+
+    Y = np.asarray(Y, dtype=np.float64)
+    return float(np.sqrt(np.finfo(np.float64).eps) * residual(loss, np.zeros_like(Y), Y)[0])
 
 
 def orthogonality_defect(Q) -> float:
@@ -120,6 +138,8 @@ def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = N
     check_choice(kind, "harden", HARDENINGS)
     if kind == "none":
         return None
+    rows = 0 if Z is None else np.shape(Z)[0]
+    check_work(D, rows, *((5, 0) if kind == "haar" else (8, 1)), f"harden {kind!r}")
     if kind == "haar":
         if rng is None:
             raise ParameterError("rng", "harden 'haar' draws Q from the run's generator: pass rng")
@@ -133,8 +153,50 @@ def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = N
 
 
 def harden(theta, Q, omega=None):
-    """``(θQ, Qᵀω)``: the hardened extractor and the head that predicts as before; ``omega``
-    may be None."""
+    """Harden θ by an orthogonal Q: ``(θQ, Qᵀω)``, the rotated extractor and the head that
+    predicts as before (docs/findings.md §5).
+
+    Every Hessian becomes ``QᵀH(θ)Q``: the same spectra, so the same κ's, RIR and best D_P loss;
+    only the coordinate basis changes, which coordinate-wise attackers (Adam, Adagrad, Jacobi
+    preconditioning) feel.
+
+    Parameters
+    ----------
+    theta : array_like, shape (D, D)
+        The extractor to harden.
+    Q : array_like, shape (D, D)
+        An orthogonal matrix (:func:`haar_rotation`, :func:`equalizing_rotation`), checked to
+        :data:`ORTHOGONALITY_RTOL`.
+    omega : array_like, shape (D,) or (D, m), optional
+        A linear head on θ's features; None gives None back.
+
+    Returns
+    -------
+    theta_hardened : ndarray, shape (D, D)
+    omega_hardened : ndarray or None
+
+    Raises
+    ------
+    ParameterError
+        Q not square, not orthogonal, or of another size than θ's columns.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.metrics import rir
+    >>> rng = np.random.default_rng(0)
+    >>> X_P, X_H = rng.standard_normal((20, 3)), rng.standard_normal((20, 3))
+    >>> theta, omega = np.diag([1.0, 2.0, 3.0]), np.ones(3)
+    >>> hard, head = harden(theta, haar_rotation(3, rng), omega)
+    >>> np.allclose(X_P @ hard @ head, X_P @ theta @ omega)  # the same predictions
+    True
+    >>> bool(np.isclose(rir(hard, X_P, X_H).value, rir(theta, X_P, X_H).value, rtol=1e-12))
+    True
+    >>> harden(theta, np.diag([1.0, 2.0, 1.0]))
+    Traceback (most recent call last):
+    ...
+    pycore.validation.ParameterError: Q is not orthogonal: ...
+    """
     theta = as_float_matrix(theta, "theta")
     Q = check_orthogonal(Q)
     if Q.shape[0] != theta.shape[1]:

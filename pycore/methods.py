@@ -1,4 +1,4 @@
-"""The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize.immunize`: each
+"""The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize`: each
 takes a task, the method's resolved options and the generator; returns ``(θ, ω, history,
 diagnostics)``."""
 
@@ -8,7 +8,7 @@ import numpy as np
 
 from pycore import losses
 from pycore.adaptive import adaptive_descent, kappa_log_ratios, regularizer_directions
-from pycore.metrics import rir_ceiling
+from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.optim import check_scale, make_optimizer
 from pycore.precondition import Preconditioner
 from pycore.regularizers import (
@@ -274,8 +274,7 @@ def r_ill_only(task, method, o, rng):
             _log(hist, diag["steps"], kP, kH, r, eta)
         if not np.all(np.isfinite(theta)):
             raise DivergenceError(
-                f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h",
-                parameter="lambda_h",
+                "lambda_h", f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h"
             )
     diag["kappa_end"] = (kP0, kH0) if not diag["steps"] else (kP, kH)
     return theta, None, hist, diag
@@ -384,14 +383,12 @@ def algorithm1_auto(task, method, o, rng):
         betas=o.betas,
         adam_eps=o.adam_eps,
     )
-    best, best_m, stop = run.theta, run.margin, run.stop
+    best, best_m, stop, advice = run.theta, run.margin, run.stop, None
     if best_m <= 0:
-        stop += (
-            f"; Definition 3.1 was not reached though the RIR ceiling is {ceiling.exact:.4g} > 1: "
-            "more epochs or a larger patience may reach it"
-        )
+        stop, advice = _not_reached(stop, ceiling, budget=run.steps == o.epochs)
     omega, bias = losses.best_head(task.loss, XP @ best, task.Y_P)
     diag = {
+        "advice": advice,
         "steps": run.steps,
         "best_step": run.best_step,
         "restarts": run.restarts,
@@ -399,6 +396,30 @@ def algorithm1_auto(task, method, o, rng):
         "bias": None if bias is None else bias.tolist(),
     }
     return best, omega, run.history, diag
+
+
+def _not_reached(stop: str, ceiling, *, budget: bool) -> tuple[str, str | None]:
+    """``stop`` with what is true about a run that never had (i) > 1 > (ii), and the method to try:
+    ``"closed_form"`` when its window is not empty (it attains the range-restricted ceiling)."""
+    window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
+    root = float(np.sqrt(ceiling.range_restricted))
+    stop += f"; Definition 3.1 was not reached though the RIR ceiling is {ceiling.exact:.4g} > 1"
+    if window is not None and not window.empty:
+        stop += (
+            f": the closed form (method 'closed_form') meets it at the exponents "
+            f"[{window.low:.4g}, {window.high:.4g}), where (i) and 1/(ii) share the ceiling "
+            f"{ceiling.range_restricted:.4g} (each ≈ {root:.4g} at the balanced exponent)"
+        )
+        advice = "closed_form"
+    else:
+        stop += (
+            f": the closed form cannot (its range-restricted ceiling is "
+            f"{ceiling.range_restricted:.4g}); only θ that rescale null(K_P) raise the RIR"
+        )
+        advice = None
+    if budget and ceiling.range_restricted > 2.0:  # a wide window, and the run was cut short
+        stop += "; a larger epochs budget may also reach it"
+    return stop, advice
 
 
 def ours(task, method, o, rng):
@@ -428,9 +449,9 @@ def closed_form(task, exponent: float, ceiling):
     theta[:, :r] = ceiling.basis * s
     if not np.all(np.isfinite(theta)):
         raise DivergenceError(
+            "exponent",
             f"closed_form: λ_C^(a/2) overflows float64 at exponent a = {exponent:g} "
             f"(κ(C) = {ceiling.kappa_C:.3e})",
-            parameter="exponent",
         )
     return theta, {
         "exponent": exponent,

@@ -16,6 +16,7 @@ from pycore.validation import (
     check_dense_size,
     check_number,
     check_theta,
+    check_work,
 )
 
 
@@ -79,8 +80,49 @@ def _ratio(**features) -> RIR:
 
 @bounded_blas
 def rir(theta, X_P, X_H, *, theta_ref=None) -> RIR:
-    """RIR = [κ(H_H(θ))/κ(H_H(θ_ref))] / [κ(H_P(θ))/κ(H_P(θ_ref))], θ_ref = I by default (paper
-    Eq. (15)); with ``theta_ref = θ₀`` the deep-net RIR_θ₀."""
+    """The relative immunization ratio of θ (paper Eq. (15), docs/theory.md §8).
+
+    RIR = [κ(H_H(θ))/κ(H_H(θ_ref))] / [κ(H_P(θ))/κ(H_P(θ_ref))] with ``H(θ) = θᵀXᵀXθ``: above 1
+    when θ makes the harmful task's probing worse conditioned relative to the pre-training
+    task's. Every κ is κ(Xθ)² from an SVD of the features, over the nonzero spectrum.
+
+    Parameters
+    ----------
+    theta : array_like, shape (D, D)
+        The feature extractor.
+    X_P, X_H : array_like, shape (N_P, D) and (N_H, D)
+        Inputs of the pre-training and the harmful task.
+    theta_ref : array_like, shape (D, D), optional
+        The reference extractor (default I); the deep nets' RIR_θ₀ passes θ₀.
+
+    Returns
+    -------
+    RIR
+        ``value``, (i) ``harmful_ratio``, (ii) ``pretrain_ratio``, and the κ's and ranks behind
+        them; ``float(r)`` is the value.
+
+    Raises
+    ------
+    ParameterError
+        X_P and X_H of different widths.
+    ValueError
+        θ not D×D, an input not finite.
+    SpectrumError
+        Features that are zero, or a spectrum beyond float64.
+
+    Examples
+    --------
+    Shared eigenvectors, opposite eigenvalue order: θ = K_P^{-½} whitens D_P and reaches the
+    ceiling κ(C)κ(K_P)/κ(K_H) = 9 (docs/theory.md §10).
+
+    >>> import numpy as np
+    >>> X_P, X_H = np.diag(np.sqrt([1.0, 2.0, 3.0])), np.diag(np.sqrt([3.0, 2.0, 1.0]))
+    >>> r = rir(np.diag(1 / np.sqrt([1.0, 2.0, 3.0])), X_P, X_H)
+    >>> round(r.value, 9), round(r.harmful_ratio, 9), round(r.pretrain_ratio, 9)
+    (9.0, 3.0, 0.333333333)
+    >>> float(rir(np.eye(3), X_P, X_H))
+    1.0
+    """
     X_P, X_H = _check_pair(X_P, X_H)
     theta = check_theta(theta, X_P.shape[1])
     if theta_ref is None:
@@ -135,17 +177,53 @@ class Ceiling:
     basis: np.ndarray | None = None  # D×r: U_r Λ_r^{-½} Q_C, columns ordered by λ_C (desc)
     lambda_C: np.ndarray | None = None  # the r eigenvalues of C, descending (exact 0 past rank_C)
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("basis", "lambda_C")}
 
 
 @bounded_blas
 def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
     """The supremum of RIR over linear θ, exact and restricted to range(K_P) (docs/theory.md §10).
-    null(K_P) ⊆ null(K_H) holds when ``null_leak ≤ null_rtol``: far above round-off (~1e-15), far
-    below any real leak (House Prices: ~1e-2).  C is formed from ``W = X_H U_r Λ_r^{-½}``."""
+
+    With ``C = K_P^{+½} K_H K_P^{+½}`` on range(K_P), no θ has RIR above κ(C)κ(K_P)/κ(K_H), and
+    the closed form attains it. When some direction is constant on D_P's rows but not on D_H's
+    (null(K_P) ⊄ null(K_H)), θ can rescale it freely and the exact supremum is infinite; the
+    range-restricted ceiling is then the one the strict protocol measures against.
+
+    Parameters
+    ----------
+    X_P, X_H : array_like, shape (N_P, D) and (N_H, D)
+        Inputs of the pre-training and the harmful task.
+    null_rtol : float, default 1e-10
+        null(K_P) ⊆ null(K_H) holds when ``null_leak`` ≤ this: far above round-off (~1e-15), far
+        below any real leak (House Prices: ~1e-2).
+
+    Returns
+    -------
+    Ceiling
+        ``exact`` (inf when null(K_P) leaks into K_H), ``range_restricted``, κ(C), κ(K_P),
+        κ(K_H), their ranks, ``null_leak``, the ``reason`` in one sentence, and the closed form's
+        ``basis`` and ``lambda_C``.
+
+    Raises
+    ------
+    ParameterError
+        X_P and X_H of different widths, or ``null_rtol`` outside [0, 1).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X_P, X_H = np.diag(np.sqrt([1.0, 2.0, 3.0])), np.diag(np.sqrt([3.0, 2.0, 1.0]))
+    >>> c = rir_ceiling(X_P, X_H)
+    >>> round(c.exact, 9), round(c.range_restricted, 9)
+    (9.0, 9.0)
+    >>> leaky = rir_ceiling(X_P * [1.0, 1.0, 0.0], X_H)  # D_P never sees the third input
+    >>> leaky.exact, round(leaky.range_restricted, 9)
+    (inf, 2.0)
+    """
     check_number(null_rtol, "null_rtol", low=0.0, high=1.0, high_open=True)
     X_P, X_H = _check_pair(X_P, X_H)
+    check_work(X_P.shape[1], X_P.shape[0] + X_H.shape[0], 2, 3, "rir_ceiling")
     sP = gram_spectrum(X_P, vectors=False, name="X_P")
     s, Vt = right_singular_vectors(X_P, "X_P")  # K_P's eigenvectors; the last D − r span null(K_P)
     sH = gram_spectrum(X_H, vectors=False, name="X_H")
@@ -191,15 +269,25 @@ class ExponentWindow:
     """Closed-form exponents a ≥ 0 (s² = λ_C^a) that satisfy Definition 3.1 (docs/theory.md §10):
     (i) > 1 ⇔ a > ln κ(K_H)/ln κ(C) − 1 (``low``, clamped at 0), (ii) < 1 ⇔ a < ``high`` =
     ln κ(K_P)/ln κ(C); ``balanced`` is the middle of the unclamped window, where (i) = 1/(ii) =
-    √ceiling; ``empty`` when no a ≥ 0 satisfies both."""
+    √ceiling; ``empty`` when no a ≥ 0 satisfies both, or when the window exists only by
+    round-off: its width is ln(ceiling)/ln κ(C), and a ceiling within
+    :func:`ceiling_round_off` of 1 (both tasks of the same rows: κ(C) = 1 + 3e-15) opens none."""
 
     low: float
     high: float
     balanced: float
     empty: bool
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+def ceiling_round_off(ceiling: Ceiling) -> float:
+    """The log-ceiling ln(κ(C)κ(K_P)/κ(K_H)) that round-off alone can produce: each κ = κ(Z)² from
+    an SVD errs by ≲ 2p·eps·√κ relative (p = 4, as :func:`pycore.methods.rir_change_tolerance`),
+    so ``max(1e-9, 8·eps·Σ√κ)`` over the three."""
+    kappas = (ceiling.kappa_C, ceiling.kappa_K_P, ceiling.kappa_K_H)
+    return max(1e-9, 8.0 * float(np.finfo(np.float64).eps) * sum(np.sqrt(k) for k in kappas))
 
 
 def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
@@ -211,11 +299,12 @@ def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
         )
     raw_low = np.log(ceiling.kappa_K_H) / lc - 1.0
     high = np.log(ceiling.kappa_K_P) / lc
+    log_ceiling = lc + np.log(ceiling.kappa_K_P) - np.log(ceiling.kappa_K_H)
     return ExponentWindow(
         float(max(raw_low, 0.0)),
         float(high),
         float(0.5 * (raw_low + high)),
-        bool(max(raw_low, 0.0) >= high),
+        bool(max(raw_low, 0.0) >= high or log_ceiling <= ceiling_round_off(ceiling)),
     )
 
 

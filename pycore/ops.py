@@ -51,10 +51,18 @@ _EIGVEC_METHODS = ("inverse_iteration", "eigh", "none")
 
 
 class CondRegError(PicklableError, ValueError):
-    """Input the op cannot handle; ``parameter`` names the argument (``"Z"``, ``"kind"``,
-    ``"X"``, ...)."""
+    """Input the op cannot handle.
 
-    def __init__(self, message: str, parameter: str):
+    Parameters
+    ----------
+    parameter : str
+        The argument at fault (``"Z"``, ``"kind"``, ``"rtol"``, ``"lambda_reg"``, ...), kept as
+        ``.parameter`` (the same order as :class:`~pycore.validation.ParameterError`).
+    message : str
+        One line saying what is wrong.
+    """
+
+    def __init__(self, parameter: str, message: str):
         super().__init__(message)
         self.parameter = parameter
 
@@ -93,13 +101,13 @@ def _run(where: str, name: str, op, *args):
         return op(*args)
     except ValueError as exc:
         msg = str(exc).splitlines()[0]
-        raise CondRegError(f"{where}: {msg}", msg.split(maxsplit=1)[0]) from None
+        raise CondRegError(msg.split(maxsplit=1)[0], f"{where}: {msg}") from None
     except NotImplementedError:
         t = args[0]
         raise CondRegError(
+            name,
             f"{where}: {name} is a {t.layout} {t.dtype} tensor on {t.device}; the op takes "
             "dense float32/float64 tensors on the CPU (CUDA if built)",
-            name,
         ) from None
 
 
@@ -180,7 +188,24 @@ class CondDiagnostics:
     eigvec_method: str  # "inverse_iteration", "eigh" or "none" (no gradient requested)
 
 
+def _check_default_rtol(Z, rtol, where: str) -> None:
+    """The default rank tolerance ``D·eps`` cuts λ_max itself once it reaches 1 (float32 from D ≈
+    8.4 million columns): every eigenvalue would count as zero and a 1 × 10⁸ batch read as "zero or
+    underflowing".  Refused naming ``rtol``, the setting that makes such a batch readable."""
+    if rtol is not None or getattr(Z, "ndim", 0) != 2 or not Z.is_floating_point():
+        return
+    eps = torch.finfo(Z.dtype).eps
+    if Z.shape[1] * eps >= 1.0:
+        raise CondRegError(
+            "rtol",
+            f"{where}: Z has D = {Z.shape[1]} columns, so the default rank tolerance D·eps = "
+            f"{Z.shape[1] * eps:.3g} of {Z.dtype} is ≥ 1 and no eigenvalue of ZᵀZ could count "
+            "as nonzero: pass an explicit rtol < 1, or float64 features",
+        )
+
+
 def _cond_reg(Z, kind, rtol, tie_rtol, where):
+    _check_default_rtol(Z, rtol, where)
     with_grad = torch.is_grad_enabled() and getattr(Z, "requires_grad", False)
     return _run(where, "Z", torch.ops.pycore.cond_reg, Z, kind, rtol, tie_rtol, with_grad)
 
@@ -188,10 +213,52 @@ def _cond_reg(Z, kind, rtol, tie_rtol, where):
 def cond_regularizer(
     Z: torch.Tensor, kind: str, *, rtol: float | None = None, tie_rtol: float | None = None
 ) -> torch.Tensor:
-    """R_ill (``kind="ill"``) or R_well (``"well"``) of ``H = ZᵀZ``, 0-dim (docs/theory.md §3).
-    ``rtol``: relative rank tolerance on the eigenvalues of H (default ``D·eps`` of Z's dtype);
-    ``tie_rtol``: relative gap at which the extreme eigenvalue counts as tied (default
-    ``sqrt(eps)``)."""
+    """The condition-number regularizer R_ill or R_well of ``H = ZᵀZ`` (docs/theory.md §3), fused.
+
+    ``R_well(H) = ½λ_max² − ‖H‖_F²/(2D)`` is small when H is well conditioned; ``R_ill(H) =
+    1/(‖H‖_F²/(2k) − ½λ_k²)``, k = rank H, is small when H is ill conditioned. The value is
+    differentiable in Z (autograd through the op's own closed-form gradient ``2Z∇_H R``); with
+    the compiled extension one fused kernel works in the N×N Gram space when N < D (docs/design.md
+    §2), without it the plain definition runs (:func:`reference_cond_regularizer`).
+
+    Parameters
+    ----------
+    Z : torch.Tensor, shape (N, D)
+        Features, float32 or float64, dense, on the CPU (CUDA when built with it).
+    kind : {"ill", "well"}
+        Which regularizer.
+    rtol : float, optional
+        Relative rank tolerance on the eigenvalues of H (default ``D·eps`` of Z's dtype).
+    tie_rtol : float, optional
+        Relative gap at which the extreme eigenvalue counts as tied (default ``sqrt(eps)``).
+
+    Returns
+    -------
+    torch.Tensor
+        A 0-dim tensor of Z's dtype; scalars are computed in float64.
+
+    Raises
+    ------
+    CondRegError
+        A bad ``kind`` or ``rtol``, a NaN, sparse or wrong-device Z, or a batch where R has no
+        value (ZᵀZ = 0, rank ≤ 1 or κ = 1 for R_ill, overflow); ``.parameter`` names the
+        argument.
+
+    Examples
+    --------
+    >>> import torch
+    >>> Z = torch.tensor([[2.0, 0.0], [0.0, 1.0], [0.0, 0.0]], dtype=torch.float64)
+    >>> Z.requires_grad_(True)  # doctest: +ELLIPSIS
+    tensor(...)
+    >>> R = cond_regularizer(Z, "ill")  # H = diag(4, 1): 1/(17/4 − 1/2)
+    >>> round(R.item(), 12)
+    0.266666666667
+    >>> R.backward()
+    >>> [round(g, 6) for g in Z.grad.diagonal().tolist()]  # ∂R/∂Z = 2Z∇_H R
+    [-0.568889, 0.071111]
+    >>> round(cond_regularizer(Z.detach(), "well").item(), 12)  # ½·16 − 17/4
+    3.75
+    """
     if not _HAS_EXTENSION:
         return reference_cond_regularizer(Z, kind, rtol=rtol)
     return _cond_reg(Z, kind, rtol, tie_rtol, "cond_regularizer")[0]
@@ -213,7 +280,7 @@ def cond_regularizer_with_diagnostics(
         )
     where = "cond_regularizer_with_diagnostics"
     if getattr(Z, "is_meta", False):
-        raise CondRegError(f"{where}: Z is a meta tensor; diagnostics need data", "Z")
+        raise CondRegError("Z", f"{where}: Z is a meta tensor; diagnostics need data")
     value, _, diag = _cond_reg(Z, kind, rtol, tie_rtol, where)
     v = dict(zip(_DIAG_FIELDS, diag.tolist()))
     d = CondDiagnostics(
@@ -247,9 +314,10 @@ def reference_cond_regularizer(
     domain)."""
     where = "reference_cond_regularizer"
     if kind not in KINDS:
-        raise CondRegError(f"{where}: kind must be 'ill' or 'well', got {kind!r}", "kind")
+        raise CondRegError("kind", f"{where}: kind must be 'ill' or 'well', got {kind!r}")
     if rtol is not None and not 0 <= rtol < 1:
-        raise CondRegError(f"{where}: rtol must be a number in [0, 1), got {rtol!r}", "rtol")
+        raise CondRegError("rtol", f"{where}: rtol must be a number in [0, 1), got {rtol!r}")
+    _check_default_rtol(Z, rtol, where)
     H = Z.T @ Z
     D = H.shape[0]
     lam = torch.linalg.eigvalsh(H)
@@ -259,7 +327,7 @@ def reference_cond_regularizer(
     k = int((lam.detach() > (D * eps if rtol is None else rtol) * lmax).sum()) if lmax > 0 else 0
     if k == 0 or not math.isfinite(lmax * lmax):
         raise CondRegError(
-            f"{where}: Z gives ZᵀZ = 0, NaN or eigenvalues whose squares overflow", "Z"
+            "Z", f"{where}: Z gives ZᵀZ = 0, NaN or eigenvalues whose squares overflow"
         )
     if kind == "well":
         value = 0.5 * lam[-1] ** 2 - fro2 / (2 * D)
@@ -269,12 +337,12 @@ def reference_cond_regularizer(
         if k < 2 or not float(d.detach()) > 4 * k * eps * lmax * lmax:
             kappa = lmax / float(lam[-k].detach())
             raise CondRegError(
-                f"{where}: Z gives an undefined R_ill (rank {k}, κ = {kappa:.3g})", "Z"
+                "Z", f"{where}: Z gives an undefined R_ill (rank {k}, κ = {kappa:.3g})"
             )
         value = 1.0 / d
     if not math.isfinite(float(value.detach())):
         raise CondRegError(
-            f"{where}: R_{kind} of Z overflows {Z.dtype}: rescale the features", "Z"
+            "Z", f"{where}: R_{kind} of Z overflows {Z.dtype}: rescale the features"
         )
     return value
 
@@ -287,9 +355,9 @@ def _precondition_right(X: torch.Tensor, lambda_reg: float, grad_W: torch.Tensor
     )
     if int(info):
         raise CondRegError(
+            "lambda_reg",
             f"ImmunizationHead: XᵀX + λI is not positive definite in float64 (lambda_reg="
             f"{lambda_reg}): use a larger lambda_reg",
-            "lambda_reg",
         )
     return torch.cholesky_solve(grad_W.double().T, L).T.to(grad_W.dtype)
 
@@ -332,7 +400,7 @@ class ImmunizationHead(nn.Module):
     ):
         super().__init__()
         if not (isinstance(dim, int) and dim >= 1):
-            raise CondRegError(f"ImmunizationHead: dim must be a positive int, got {dim!r}", "dim")
+            raise CondRegError("dim", f"ImmunizationHead: dim must be a positive int, got {dim!r}")
         self.dim, self.lambda_reg, self.precondition = dim, float(lambda_reg), bool(precondition)
         self.weight = nn.Parameter(torch.eye(dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype)) if bias else None

@@ -23,8 +23,8 @@ def _diverged(what: str, name: str, t: int, g: np.ndarray, blame) -> DivergenceE
         gmax = float(np.max(np.abs(g))) if g.size else 0.0
     hint = f"; lower {parameter}" if parameter else ""
     return DivergenceError(
+        parameter,
         f"{what} for {name} became non-finite at step {t} (max |gradient| {gmax:.3e}){hint}",
-        parameter=parameter,
     )
 
 
@@ -124,9 +124,9 @@ def check_scale(
             else (largest_term(lr, **blame) if isinstance(blame, dict) else blame)
         )
         raise DivergenceError(
+            parameter,
             f"{where}: θ diverged (max |θ| {x_max:.3e}: the features Xθ overflow float64); "
             f"lower {parameter}",
-            parameter=parameter,
         )
 
 

@@ -40,7 +40,7 @@ class StrictReport:
     inclusion_holds: bool  # null(K_P) ⊆ null(K_H) after the protocol
     heldout_null_leak_after_drop: float | None = None  # held-out D_H's weight on that null space
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return dict(self.__dict__)
 
 

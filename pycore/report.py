@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 import math
 import platform
 import sys
@@ -76,9 +77,11 @@ NONFINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
 
 
 def to_json(obj):
-    """``obj`` as strict JSON values: NumPy → Python, paths → str, tuples → lists, non-finite →
-    strings."""
-    if isinstance(obj, dict):
+    """``obj`` as strict JSON values: a result object → its ``to_dict()``, NumPy → Python, paths
+    → str, tuples → lists, non-finite → strings."""
+    if callable(getattr(obj, "to_dict", None)):
+        return to_json(obj.to_dict())
+    if isinstance(obj, Mapping):
         return {(k if isinstance(k, str) else str(to_json(k))): to_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_json(v) for v in obj]
@@ -133,11 +136,20 @@ def read_json(path: Path):
     return from_json(json.loads(Path(path).read_text()))
 
 
+def _is_terminal(stream) -> bool:
+    """Whether ``stream`` is an open terminal: False for a closed stderr (``2>&-`` makes
+    ``sys.stderr`` None) or a closed file."""
+    try:
+        return stream is not None and bool(stream.isatty())
+    except (ValueError, OSError):
+        return False
+
+
 def progress(iterable=None, **kw):
     """tqdm that stays silent when stderr is not a terminal (CI, pipes)."""
     from tqdm.auto import tqdm
 
-    kw.setdefault("disable", not sys.stderr.isatty())
+    kw.setdefault("disable", not _is_terminal(sys.stderr))
     kw.setdefault("leave", False)
     return tqdm(iterable, **kw)
 

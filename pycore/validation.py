@@ -24,9 +24,22 @@ class PicklableError:
         return _rebuild_error, (type(self), self.args, dict(self.__dict__))
 
 
+# Every exception of this package that carries ``.parameter`` takes it FIRST, then the message:
+# ``ParameterError("lr", "lr must be > 0")``, ``DivergenceError("lambda_h", "θ overflowed")``,
+# ``pycore.ops.CondRegError("Z", ...)``, ``pycore.deep.NonFiniteLossError("lr", ..., step)``.
+
+
 class ParameterError(PicklableError, ValueError):
-    """A parameter value the library cannot use; ``parameter`` names the argument or option, so
-    that a command line can name the flag the user typed."""
+    """A parameter value the library cannot use.
+
+    Parameters
+    ----------
+    parameter : str
+        The argument or option at fault, kept as ``.parameter`` so that a command line can name
+        the flag the user typed.
+    message : str
+        One line saying what is wrong (``str(exc)``).
+    """
 
     def __init__(self, parameter: str, message: str):
         super().__init__(message)
@@ -34,10 +47,17 @@ class ParameterError(PicklableError, ValueError):
 
 
 class DivergenceError(PicklableError, FloatingPointError):
-    """A run became non-finite; ``parameter`` names the setting most likely responsible, or
-    None."""
+    """A run became non-finite.
 
-    def __init__(self, message: str, parameter: str | None = None):
+    Parameters
+    ----------
+    parameter : str or None
+        The setting most likely responsible (``.parameter``), or None when none is.
+    message : str
+        One line saying where and how it diverged.
+    """
+
+    def __init__(self, parameter: str | None, message: str):
         super().__init__(message)
         self.parameter = parameter
 
@@ -56,6 +76,34 @@ def check_dense_size(shape, what: str) -> None:
             f"{nbytes / 2**30:.1f} GiB, more than the {limit / 2**30:g} GiB this library "
             "allocates at once (pycore.validation.MAX_DENSE_BYTES); use fewer rows or columns"
         )
+
+
+# Largest float64 working set one method or evaluation sets out to use on a task of D inputs:
+# its D×D arrays (θ, K_P, K_H, preconditioners, Adam's moments, SVD factors) and its N×D row
+# blocks (features Xθ, left singular vectors), counted per entry point from tracemalloc peaks
+# (pycore.immunization.WORK).  Each array may pass MAX_DENSE_BYTES while the set does not: a
+# 2 × 30,000 task is 480 KB, and Algorithm 1 on it needs ~141 GiB.
+MAX_WORK_BYTES = 4 << 30  # 4 GiB
+
+
+def check_work(D: int, rows: int, squares: float, row_blocks: float, what: str) -> int:
+    """The bytes ``8·D·(squares·D + row_blocks·rows)`` of the D×D and N×D float64 arrays ``what``
+    holds at once, or a ``ValueError`` naming ``what``, D and the bytes when they exceed
+    :data:`MAX_WORK_BYTES` (read at call time): refused before the first array is allocated."""
+    D, rows = int(D), int(rows)
+    nbytes = int(8 * D * (squares * D + row_blocks * rows))
+    if nbytes > MAX_WORK_BYTES:
+        raise ValueError(
+            f"{what}: a task of D = {D} input columns and {rows} rows needs about "
+            f"{_size(nbytes)} of float64 work (about {squares:g} D×D arrays and {row_blocks:g} "
+            f"N×D blocks at once), more than the {_size(MAX_WORK_BYTES)} budget "
+            "(pycore.validation.MAX_WORK_BYTES); use fewer input columns"
+        )
+    return nbytes
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def as_float_matrix(A, name: str = "matrix", *, ndim: int = 2) -> np.ndarray:
@@ -107,6 +155,17 @@ def _interval(low, high, low_open, high_open) -> str:
     )
 
 
+def describe_number(
+    *, low=None, high=None, low_open=False, high_open=False, integer=False, none_ok=False
+) -> str:
+    """What :func:`check_number` accepts with these bounds, in words ("an integer in [0, 10]")."""
+    return (
+        ("an integer" if integer else "a finite number")
+        + _interval(low, high, low_open, high_open)
+        + (" or None" if none_ok else "")
+    )
+
+
 def check_number(
     value,
     name: str,
@@ -122,10 +181,13 @@ def check_number(
     :class:`ParameterError` naming ``name``; ``None`` passes through when ``none_ok``."""
     if value is None and none_ok:
         return None
-    want = (
-        ("an integer" if integer else "a finite number")
-        + _interval(low, high, low_open, high_open)
-        + (" or None" if none_ok else "")
+    want = describe_number(
+        low=low,
+        high=high,
+        low_open=low_open,
+        high_open=high_open,
+        integer=integer,
+        none_ok=none_ok,
     )
     ok = (
         isinstance(value, numbers.Real)

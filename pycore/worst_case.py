@@ -7,10 +7,13 @@ evaluates one θ."""
 from __future__ import annotations
 
 import copy
-import itertools
+import dataclasses
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,6 +27,7 @@ from pycore.validation import (
     check_choice,
     check_number,
     check_rng,
+    check_work,
 )
 
 __all__ = [
@@ -33,17 +37,16 @@ __all__ = [
     "attacker_grid",
     "GridRun",
     "run_grid",
+    "Best",
     "family_best",
+    "Slowdown",
     "slowdown",
+    "FamilyResult",
     "worst_case",
     "kappa_reference",
     "kappa_bounds",
     "best_so_far",
     "within",
-    "analyse",
-    "best_so_far_curves",
-    "targets",
-    "FamilyResult",
     "AttackEvaluation",
     "attack_evaluation",
 ]
@@ -91,7 +94,7 @@ class AttackerConfig:
         inner = ", ".join(f"{k}={_short(v)}" for k, v in self.params)
         return f"{self.attacker}({inner})" if inner else self.attacker
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {
             "family": self.family,
             "attacker": self.attacker,
@@ -140,34 +143,53 @@ def attacker_grid(loss: str = "lsq", *, quick: bool = False) -> tuple[AttackerCo
     return tuple(g)
 
 
-def _ekey(e: float) -> str:
-    return f"{e:g}"
-
-
-@dataclass
+@dataclass(frozen=True)
 class GridRun:
-    """Per configuration on one problem: ``steps`` to each of ``eps`` (None = not within the
-    ``cap``), the final relative suboptimality, divergence, and :func:`kappa_reference`;
-    :meth:`compact` is what results.json keeps."""
+    """Every configuration of an attacker grid on one problem.
+
+    Per configuration ``i`` (in grid order): ``steps[i][k]`` to ``eps[k]`` (None: not within the
+    ``cap``), ``final_rel_subopt[i]`` and ``diverged[i]``; ``kappa`` is
+    :func:`kappa_reference` of the problem. :meth:`to_dict` is what results.json keeps (the grid
+    and the cap are the experiment's, stored once).
+    """
 
     configs: tuple[AttackerConfig, ...]
     cap: int
     kappa: dict
     wall_seconds: float
-    steps: list[list]
-    final_rel_subopt: list[float]
-    diverged: list[bool]
-    eps: list[float]
+    steps: tuple[tuple[int | None, ...], ...]
+    final_rel_subopt: tuple[float, ...]
+    diverged: tuple[bool, ...]
+    eps: tuple[float, ...]
 
     def steps_of(self, i: int, eps: float) -> int | None:
-        return self.steps[i][[_ekey(e) for e in self.eps].index(_ekey(eps))]
+        """Steps of configuration ``i`` to ``eps`` (one of :attr:`eps`), None if not within the
+        cap."""
+        return self.steps[i][self.eps.index(float(eps))]
 
-    def compact(self) -> dict:
-        return {k: v for k, v in vars(self).items() if k not in ("configs", "cap")}
+    def to_dict(self) -> dict:
+        return {
+            "kappa": self.kappa,
+            "wall_seconds": self.wall_seconds,
+            "steps": self.steps,
+            "final_rel_subopt": self.final_rel_subopt,
+            "diverged": self.diverged,
+            "eps": self.eps,
+        }
 
     @classmethod
-    def from_compact(cls, p: dict, grid, cap: int) -> GridRun:
-        return cls(tuple(grid), cap, **p)
+    def from_dict(cls, d: dict, grid, cap: int) -> GridRun:
+        """The inverse of :meth:`to_dict`, given the grid and the cap the run used."""
+        return cls(
+            tuple(grid),
+            cap,
+            dict(d["kappa"]),
+            d["wall_seconds"],
+            tuple(map(tuple, d["steps"])),
+            tuple(d["final_rel_subopt"]),
+            tuple(d["diverged"]),
+            tuple(map(float, d["eps"])),
+        )
 
 
 @bounded_blas
@@ -203,44 +225,79 @@ def run_grid(
         second_order_max_steps=second_order_max_steps,
     )
     return GridRun(
-        grid,
-        max_steps,
-        kappa_reference(problem),
-        time.perf_counter() - t0,
-        [[t.steps_to(e) for e in eps] for t in traj],
-        [t.final_rel_subopt for t in traj],
-        [t.info["diverged"] or not math.isfinite(t.final_rel_subopt) for t in traj],
-        list(eps),
+        configs=grid,
+        cap=max_steps,
+        kappa=kappa_reference(problem),
+        wall_seconds=time.perf_counter() - t0,
+        steps=tuple(tuple(t.steps_to(e) for e in eps) for t in traj),
+        final_rel_subopt=tuple(t.final_rel_subopt for t in traj),
+        diverged=tuple(
+            bool(t.info["diverged"] or not math.isfinite(t.final_rel_subopt)) for t in traj
+        ),
+        eps=eps,
     )
 
 
-def family_best(run: GridRun, eps: float) -> dict[str, tuple[int | None, str | None]]:
-    """Per family: ``(fewest steps to eps, that configuration's label)``, (None, None) if none
-    did."""
-    out: dict[str, tuple[int | None, str | None]] = {}
+class Best(NamedTuple):
+    """The fewest ``steps`` a set of configurations took to ε and the ``attacker`` (its label)
+    that took them; ``(None, None)`` when none was within the cap."""
+
+    steps: int | None
+    attacker: str | None
+
+
+def family_best(run: GridRun, eps: float) -> dict[str, Best]:
+    """Per family of ``run``'s grid: its :class:`Best` configuration to ``eps`` (ties: the earlier
+    one)."""
+    out: dict[str, Best] = {}
     for i, c in enumerate(run.configs):
         s = run.steps_of(i, eps)
-        best = out.get(c.family, (None, None))
-        out[c.family] = (
-            (s, c.label) if s is not None and (best[0] is None or s < best[0]) else best
-        )
+        best = out.get(c.family, Best(None, None))
+        better = s is not None and (best.steps is None or s < best.steps)
+        out[c.family] = Best(s, c.label) if better else best
     return out
 
 
-def slowdown(s_theta: int | None, s_ref: int | None, cap: int) -> tuple[float | None, str]:
-    """``steps(θ)/steps(reference)`` as ``(value, kind)``: ``"="`` exact, ``">="`` when θ's
-    attacker hit the cap (a lower bound), ``"<="`` when the reference's did, ``"n/a"`` when both
-    did."""
+class Slowdown(NamedTuple):
+    """``steps(θ)/steps(reference)``: ``value`` and its ``kind``, ``"="`` exact, ``">="`` a lower
+    bound (θ's attacker hit the cap), ``"<="`` an upper bound (the reference's did), ``"n/a"``
+    (both did; ``value`` None)."""
+
+    value: float | None
+    kind: str
+
+
+def slowdown(s_theta: int | None, s_ref: int | None, cap: int) -> Slowdown:
+    """The :class:`Slowdown` of ``s_theta`` steps against ``s_ref`` (None: not within ``cap``)."""
     if s_theta is not None and s_ref is not None:
-        return s_theta / s_ref, "="
+        return Slowdown(s_theta / s_ref, "=")
     if s_ref is not None:
-        return (cap + 1) / s_ref, ">="
+        return Slowdown((cap + 1) / s_ref, ">=")
     if s_theta is not None:
-        return s_theta / (cap + 1), "<="
-    return None, "n/a"
+        return Slowdown(s_theta / (cap + 1), "<=")
+    return Slowdown(None, "n/a")
 
 
-def worst_case(run: GridRun, ref: GridRun, eps: float, families=None) -> dict:
+@dataclass(frozen=True)
+class FamilyResult:
+    """The fastest configuration on θ among some attacker families against the fastest on the
+    reference: steps to ε (None = not within the cap), the :func:`slowdown` θ/reference with its
+    ``kind``, and the :func:`kappa_bounds` ``bound`` of the ``family`` (None where not given)."""
+
+    family: str | None
+    attacker: str | None
+    steps: int | None
+    reference_attacker: str | None
+    reference_steps: int | None
+    slowdown: float | None
+    kind: str
+    bound: float | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def worst_case(run: GridRun, ref: GridRun, eps: float, families=None) -> FamilyResult:
     """The defender's worst case at ``eps`` over ``families`` (default all): the fewest steps on θ
     (named), the best on the reference and their :func:`slowdown`; ties go to the earlier one."""
     fams = set(FAMILIES if families is None else families)
@@ -255,15 +312,15 @@ def worst_case(run: GridRun, ref: GridRun, eps: float, families=None) -> dict:
 
     (s_t, i_t), (s_r, i_r) = best(run), best(ref)
     value, kind = slowdown(s_t, s_r, run.cap)
-    return {
-        "steps": s_t,
-        "attacker": None if i_t is None else run.configs[i_t].label,
-        "family": None if i_t is None else run.configs[i_t].family,
-        "reference_steps": s_r,
-        "reference_attacker": None if i_r is None else ref.configs[i_r].label,
-        "slowdown": value,
-        "kind": kind,
-    }
+    return FamilyResult(
+        family=None if i_t is None else run.configs[i_t].family,
+        attacker=None if i_t is None else run.configs[i_t].label,
+        steps=s_t,
+        reference_attacker=None if i_r is None else ref.configs[i_r].label,
+        reference_steps=s_r,
+        slowdown=value,
+        kind=kind,
+    )
 
 
 def _restricted_kappa(Hm: np.ndarray, basis: np.ndarray) -> float:  # κ of Hm on range(basis)
@@ -335,156 +392,30 @@ def within(items, *, low: float | None = None, high: float | None = None) -> boo
     return True if all(lo >= low and hi <= high for lo, hi in bounds) else None
 
 
-# over seeds: ``runs`` are dicts with "seed", "variant" and "problems" ({"<rows>/<task>":
-# GridRun.compact()})
-def _index(runs):
-    by = {(r["seed"], r["variant"]): r for r in runs}
-    keys = list(runs[0]["problems"])
-    return (
-        by,
-        list(dict.fromkeys(r["variant"] for r in runs)),
-        list(dict.fromkeys(r["seed"] for r in runs)),
-        keys,
-        list(dict.fromkeys(k.split("/")[0] for k in keys)),
-    )
-
-
-def analyse(runs, grid, eps_list, cap: int, *, rotated: str | None = None) -> dict:
-    """Per variant (≠ "identity"), problem, ε and seed: each family's best slow-down against
-    identity (hardened "m+h": also against ``rotated``) beside its κ bound, and the worst cases
-    over all families and over the first-order ones."""
-    by, variants, seeds, keys, _ = _index(runs)
-    families = list(dict.fromkeys(c.family for c in grid))
-    first = [f for f in families if f in FIRST_ORDER]
-    out: dict = {}
-    for v, key, e in itertools.product([v for v in variants if v != "identity"], keys, eps_list):
-        cell = {
-            "families": {
-                f: {k: [] for k in ("slowdown", "bound", "best", "reference_best")}
-                for f in families
-            },
-            "worst_all": [],
-            "worst_first_order": [],
-        }
-        for s in seeds:
-            run, ref = (
-                GridRun.from_compact(by[(s, x)]["problems"][key], grid, cap)
-                for x in (v, "identity")
-            )
-            rot = by.get((s, rotated)) if "+" in v else None
-            rot = GridRun.from_compact(rot["problems"][key], grid, cap) if rot else None
-            fb, fr, bounds = (
-                family_best(run, e),
-                family_best(ref, e),
-                kappa_bounds(run.kappa, ref.kappa),
-            )
-            fo, bo = (
-                (family_best(rot, e), kappa_bounds(run.kappa, rot.kappa)) if rot else (None, None)
-            )
-            for f, c in cell["families"].items():
-                c["slowdown"].append(slowdown(fb[f][0], fr[f][0], cap))
-                c["bound"].append(bounds[f])
-                c["best"].append([fb[f][1], fb[f][0]])
-                c["reference_best"].append([fr[f][1], fr[f][0]])
-                if rot is not None:
-                    c.setdefault("slowdown_vs_rotated", []).append(
-                        slowdown(fb[f][0], fo[f][0], cap)
-                    )
-                    c.setdefault("bound_vs_rotated", []).append(bo[f])
-            cell["worst_all"].append(worst_case(run, ref, e, families))
-            cell["worst_first_order"].append(worst_case(run, ref, e, first))
-        out.setdefault(v, {}).setdefault(key, {})[_ekey(e)] = cell
-    return out
-
-
-def best_so_far_curves(runs, grid, eps: float, cap: int, orders: int) -> dict:
-    """Best-so-far on D_H: after k configurations in a random order, the fewest steps on θ over the
-    best of the WHOLE grid on identity, ``orders`` orders per seed from ``default_rng([0, seed])``;
-    median and 10/90 % quantiles, for every family and for the first-order ones."""
-    by, variants, seeds, _, rows_list = _index(runs)
-    fo_idx = [i for i, c in enumerate(grid) if c.family in FIRST_ORDER]
-    out = {"eps": eps, "orders_per_seed": orders, "curves": {}}
-    for v in variants:
-        for rows in rows_list:
-            for pool, idx in (("all", list(range(len(grid)))), ("first_order", fo_idx)):
-                ratios = []
-                for s in seeds if idx else ():
-                    run, ref = (
-                        GridRun.from_compact(by[(s, x)]["problems"][f"{rows}/D_H"], grid, cap)
-                        for x in (v, "identity")
-                    )
-                    rs = [x for i in idx if (x := ref.steps_of(i, eps)) is not None]
-                    curves = best_so_far(
-                        [run.steps_of(i, eps) for i in idx],
-                        n_orders=orders,
-                        rng=np.random.default_rng([0, s]),
-                        cap=cap,
-                    )
-                    ratios.append(curves / (min(rs) if rs else cap + 1))
-                if ratios:
-                    R = np.concatenate(ratios)
-                    out["curves"][f"{v}|{rows}|{pool}"] = {
-                        "median": np.median(R, axis=0),
-                        "q10": np.quantile(R, 0.1, axis=0),
-                        "q90": np.quantile(R, 0.9, axis=0),
-                        "n_configs": len(idx),
-                    }
-    return out
-
-
-TARGET_EPS, TARGET_SLOWDOWN, TARGET_DP, TARGET_RTOL = 1e-4, 10.0, 1.2, 1e-10
-
-
-def targets(res: dict) -> list[dict]:
-    """The hardening targets of docs/findings.md §5 per hardened variant, training rows, ε = 1e-4:
-    the best Adam slowed ≥ 10× on D_H on every seed, ≤ 1.2× on D_P, invariants kept to 1e-10."""
-    out, ek = [], _ekey(TARGET_EPS)
-    for v in (v for v in res["variants"] if "+" in v and not v.startswith("identity+")):
-        an = res["analysis"][v]
-        if ek not in an["train/D_H"] or "adam" not in an["train/D_H"][ek]["families"]:
-            continue
-        dh = an["train/D_H"][ek]["families"]["adam"]["slowdown"]
-        dp = an["train/D_P"][ek]["families"]["adam"]["slowdown"]
-        inv = max(max(r["invariance"].values()) for r in res["runs"] if r["variant"] == v)
-        out.append(
-            {
-                "variant": v,
-                "adam_dh": dh,
-                "adam_dp": dp,
-                "invariance": inv,
-                "dh_ok": within(dh, low=TARGET_SLOWDOWN),
-                "dp_ok": within(dp, high=TARGET_DP),
-                "inv_ok": inv <= TARGET_RTOL,
-            }
-        )
-    return out
-
-
-@dataclass(frozen=True)
-class FamilyResult:
-    """A family's best configuration on θ and on θ = I (steps to ε; None = not within the cap), the
-    :func:`slowdown` θ/I with its ``kind``, and the :func:`kappa_bounds` ``bound``."""
-
-    family: str | None
-    attacker: str | None
-    steps: int | None
-    reference_attacker: str | None
-    reference_steps: int | None
-    slowdown: float | None
-    kind: str
-    bound: float | None
-
-
 @dataclass(frozen=True)
 class AttackEvaluation:
-    """Per family (``families``) and the worst case (``worst``: the fastest of any family on θ
-    vs on I)."""
+    """What :func:`attack_evaluation` found: per attacker family (``families``, in grid order) its
+    :class:`FamilyResult` against θ = I, and the defender's ``worst`` case (the fastest
+    configuration of any family on θ against the fastest on I); ``eps``, the step ``cap`` and the
+    ``n_rows`` of D_H the attacker held; ``loss``, the loss D_H was probed with ("mse" or
+    "bce")."""
 
     eps: float
     cap: int
     n_rows: int
-    families: dict = field(hash=False)
+    families: Mapping[str, FamilyResult] = field(hash=False)
     worst: FamilyResult
+    loss: str = "mse"
+
+    def to_dict(self) -> dict:
+        return {
+            "eps": self.eps,
+            "cap": self.cap,
+            "n_rows": self.n_rows,
+            "families": {f: r.to_dict() for f, r in self.families.items()},
+            "worst": self.worst.to_dict(),
+            "loss": self.loss,
+        }
 
 
 @bounded_blas
@@ -499,11 +430,63 @@ def attack_evaluation(
     max_steps: int = 20000,
     ridge_rel: float = 1e-4,
 ):
-    """Every family of :func:`attacker_grid` probing D_H of ``task`` through θ and through θ = I to
-    relative suboptimality ``eps`` (least squares for "mse", ridge-logistic for "bce").  ``rows``:
-    the rows of D_H the attacker holds (default all); ``rng`` draws each "half" whitening's rows,
-    the
-    same for θ and I; ``quick``: the small grid."""
+    """Judge θ by what its attackers feel: every attacker family probing D_H through θ and
+    through θ = I (docs/findings.md §4).
+
+    Each configuration of :func:`attacker_grid` (GD, momentum, Adam, Adagrad, CG, L-BFGS,
+    Jacobi-PCG, whitening, a solve) trains a linear probe on the features ``Xθ`` of D_H, from
+    ``w = 0`` to a relative suboptimality ``eps``: least squares, as
+    :class:`~pycore.tasks.LinearTask` probes D_H, or ridge-logistic when a "bce" task's D_H targets
+    are one column of 0/1 labels (MNIST's ink labels); a family counts with its best
+    configuration, the defender with the fastest attacker of all.
+
+    Parameters
+    ----------
+    theta : array_like, shape (D, D)
+        The feature extractor under attack.
+    task : LinearTask
+        Its ``X_H``, ``Y_H`` are the attacker's data.
+    rng : numpy.random.Generator
+        Draws each "half" whitening's rows, the same for θ and for I.
+    rows : index, optional
+        The rows of D_H the attacker holds (default all): a slice, indices or a mask.
+    eps : float, default 1e-4
+        Relative suboptimality ``(L(w) − L*)/(L(0) − L*)`` an attacker must reach, in (0, 1).
+    quick : bool, default False
+        A few configurations per family instead of the stated grid.
+    max_steps : int, default 20000
+        Step cap of every configuration (a capped run gives a bound, ``kind`` ">=" or "<=").
+    ridge_rel : float, default 1e-4
+        The logistic probe's ridge, relative to ‖Z‖₂²/4 (a "bce" task).
+
+    Returns
+    -------
+    AttackEvaluation
+        ``families[f]`` (:class:`FamilyResult`: the best configuration's steps on θ and on I,
+        their ``slowdown`` and ``kind``, the κ ``bound``) and the ``worst`` case.
+
+    Raises
+    ------
+    ParameterError
+        θ of another width (``"theta"``), rows that select nothing of D_H (``"rows"``), ``eps``
+        outside (0, 1), an ``rng`` that is not a Generator.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import LinearTask, attack_evaluation, immunize
+    >>> rng = np.random.default_rng(0)
+    >>> X_P = rng.standard_normal((50, 4)) * [1.0, 0.5, 0.2, 0.1]
+    >>> X_H = rng.standard_normal((40, 4)) @ rng.standard_normal((4, 4))
+    >>> task = LinearTask(X_P, rng.standard_normal(50), X_H, rng.standard_normal(40))
+    >>> theta = immunize(task, "closed_form", rng=rng).theta
+    >>> ev = attack_evaluation(theta, task, rng=rng, quick=True, max_steps=500)
+    >>> ev.worst.slowdown, ev.worst.kind  # an attacker who solves is not slowed at all
+    (1.0, '=')
+    >>> list(ev.families)
+    ['gd', 'heavy_ball', 'nesterov', 'adam', 'adagrad', 'cg', 'lbfgs', 'pcg_jacobi', 'whiten',
+     'closed_form']
+    """
     check_rng(rng)
     theta = as_float_matrix(theta, "theta")
     X, Y = task.X_H, task.Y_H
@@ -520,12 +503,15 @@ def attack_evaluation(
     if idx.ndim != 1 or idx.size == 0:
         raise ParameterError("rows", "rows must select at least one row of D_H")
     X, Y = X[idx], Y[idx]
+    check_work(X.shape[1], X.shape[0], 12, 4, "attack_evaluation")
     eps = check_number(eps, "eps", low=0.0, high=1.0, low_open=True, high_open=True)
-    grid = attacker_grid("lsq" if task.loss == "mse" else "logistic", quick=quick)
+    labels = task.loss == "bce" and task.Y_H.shape[1] == 1 and np.isin(task.Y_H, (0, 1)).all()
+    loss = "bce" if labels else "mse"  # a continuous D_H target: the squared loss
+    grid = attacker_grid("logistic" if labels else "lsq", quick=quick)
     pairs = ((theta, rng), (np.eye(X.shape[1]), copy.deepcopy(rng)))
     run, ref = (
         run_grid(
-            A.make_problem(X @ t, Y, task.loss, ridge_rel=ridge_rel),
+            A.make_problem(X @ t, Y, loss, ridge_rel=ridge_rel),
             grid,
             eps=(eps,),
             max_steps=max_steps,
@@ -535,11 +521,17 @@ def attack_evaluation(
     )
     bounds = kappa_bounds(run.kappa, ref.kappa)
 
-    def best(fams, family=None):  # worst_case over the given families, as a FamilyResult
+    def best(fams, family=None):  # worst_case over the given families, with its bound
         w = worst_case(run, ref, eps, fams)
-        return FamilyResult(
-            **{**w, "family": family or w["family"]}, bound=bounds.get(family or w["family"])
-        )
+        family = family or w.family
+        return dataclasses.replace(w, family=family, bound=bounds.get(family))
 
     families = {f: best([f], f) for f in dict.fromkeys(c.family for c in grid)}
-    return AttackEvaluation(eps, max_steps, X.shape[0], families, best(None))
+    return AttackEvaluation(
+        eps=eps,
+        cap=max_steps,
+        n_rows=X.shape[0],
+        families=MappingProxyType(families),
+        worst=best(None),
+        loss=loss,
+    )

@@ -46,3 +46,25 @@ def central_diff(f, X: np.ndarray, h: float = 1e-6) -> np.ndarray:
 
 def rel_err(A, B) -> float:
     return float(np.linalg.norm(A - B) / max(np.linalg.norm(B), 1e-300))
+
+
+def added_peak_rss(imports: str, expression: str, *argv: str) -> tuple[int, str]:
+    """``(bytes, printed)``: how much ``expression`` (evaluated after ``imports``, with ``argv`` as
+    ``sys.argv[1:]``) raises a fresh interpreter's peak RSS, and what ``print`` makes of its
+    value; a failure is an AssertionError with the child's stderr."""
+    import subprocess
+    import sys
+
+    code = (
+        f"import resource, sys\n{imports}\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        f"value = {expression}\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)\n"
+        "print(value)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    added, printed = out.stdout.split("\n", 1)
+    return int(added), printed.strip()

@@ -14,10 +14,9 @@ import pytest
 import pycore
 from pycore.data.house_price import load_house_price
 from pycore.evaluate import EvaluationReference, evaluate_linear, immunized_def31
-from pycore.immunize import (
+from pycore.immunization import (
     METHODS,
     PRESETS,
-    CertifiedOptions,
     auto_exponent,
     immunize,
     immunize_certified,
@@ -59,18 +58,30 @@ def test_readme_library_section_runs_as_written():
     for source in blocks:  # a failure's traceback names the block's line
         exec(compile(source, "README.md (library section)", "exec"), scope)
     assert isinstance(scope["res"].immunized, bool) and np.isfinite(scope["res"].rir)
-    assert np.isfinite(scope["row"]["rir"]) and scope["row"]["dp_loss_after"] >= 0
+    assert np.isfinite(scope["ev"].train.rir) and scope["ev"].train.dp_loss_after >= 0
     assert scope["attack"].worst.slowdown > 0
     assert np.isfinite([scope["out"].harmful_ratio, scope["out"].pretrain_ratio]).all()
     assert 0 <= scope["audit"]["adam"].model[0] <= 100
 
 
 def test_public_names():
+    import importlib
+    import types
+
     assert (pycore.LinearTask, pycore.immunize, pycore.evaluate_linear) == (
         LinearTask,
         immunize,
         evaluate_linear,
     )
+    # one name, one meaning: pycore.immunize is the function, its module has another name
+    import pycore.immunization as module
+
+    assert isinstance(module, types.ModuleType) and module.immunize is pycore.immunize
+    assert callable(pycore.immunize) and not isinstance(pycore.immunize, types.ModuleType)
+    for name in pycore.__all__:
+        assert not isinstance(getattr(pycore, name), types.ModuleType), name
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("pycore.immunize")
     assert set(METHODS) == {
         "identity",
         "r_ill_only",
@@ -267,10 +278,12 @@ def test_evaluate_linear_refuses_mismatched_heldout_ceiling_and_reference():
         evaluate_linear(theta, t, reference=EvaluationReference(other))
     assert e.value.parameter == "reference"
     # the same rows: accepted
-    row = evaluate_linear(theta, t, other, ceiling=rir_ceiling(t.X_P, t.X_H))
-    assert row["rir"] == pytest.approx(1.0) and row["fraction_of_ceiling"] == pytest.approx(
+    ev = evaluate_linear(theta, t, other, ceiling=rir_ceiling(t.X_P, t.X_H))
+    assert ev.train.rir == pytest.approx(1.0) and ev.fraction_of_ceiling == pytest.approx(
         1 / rir_ceiling(t.X_P, t.X_H).range_restricted
     )
+    # the held-out rows are evaluated as the training rows are (their own θ = I reference)
+    assert ev.heldout == evaluate_linear(theta, other).train
 
 
 @pytest.mark.parametrize("c", [1e-3, 1.0, 1e3])
@@ -282,8 +295,8 @@ def test_bce_definition_31c_check_does_not_depend_on_the_scale_of_theta(c):
     rng = np.random.default_rng(0)
     X_P, X_H = rng.standard_normal((20, 30)), rng.standard_normal((20, 30))
     t = LinearTask(X_P, (X_P[:, 0] > 0).astype(float), X_H, rng.standard_normal(20), loss="bce")
-    base = evaluate_linear(np.eye(30), t)["dp_loss_after"]
-    assert evaluate_linear(c * np.eye(30), t)["dp_loss_after"] == pytest.approx(base, rel=1e-9)
+    base = evaluate_linear(np.eye(30), t).train.dp_loss_after
+    assert evaluate_linear(c * np.eye(30), t).train.dp_loss_after == pytest.approx(base, rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -303,9 +316,21 @@ def test_linear_task_names_the_bad_argument(change, name):
     assert e.value.parameter == name
 
 
-def test_certified_options_extend_algorithm_1():
-    ours = {f.name for f in fields(options_of("ours"))}
-    assert {f.name for f in fields(CertifiedOptions)} == ours | {"safety"}
+def test_certified_mode_takes_every_option_of_algorithm_1_and_its_safety():
+    """Any option of "ours" reaches certified mode as given, and ``safety`` is certified mode's
+    alone: plain Algorithm 1 refuses it by name."""
+    t = pair(2)
+    given = {**resolve_options("ours", "house_price").to_dict(), "epochs": 3, "lr": 0.01}
+    res = immunize_certified(t, rng=np.random.default_rng(0), safety=0.5, **given)
+    assert res.options == resolve_options("ours", certified=True, safety=0.5, **given)
+    assert res.options.safety == 0.5 and res.options.lr == 0.01 and res.options.epochs == 3
+    assert res.diagnostics["certified"]["checked"] > 0
+    with pytest.raises(ParameterError) as e:
+        immunize(t, "ours", rng=np.random.default_rng(0), preset="house_price", safety=0.5)
+    assert e.value.parameter == "safety"
+    with pytest.raises(ParameterError) as e:
+        resolve_options("imma", certified=True)
+    assert e.value.parameter == "certified"
 
 
 def test_a_task_keeps_its_own_read_only_copy_of_the_callers_arrays():

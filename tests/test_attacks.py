@@ -310,7 +310,7 @@ def test_the_experiment_end_to_end(tmp_path):
         == 0
     )
     saved, (arrays, _) = read_json(out / "results.json"), load_thetas(out / "thetas.npz")
-    assert set(saved["variants"]) == {
+    assert {v["name"] for v in saved["variants"]} == {
         "identity",
         "identity+haar",
         "closed_form",
@@ -318,11 +318,14 @@ def test_the_experiment_end_to_end(tmp_path):
     }
     for r in saved["runs"]:
         assert E._digest(arrays[f"{r['variant']}/seed{r['seed']}"]) == r["theta_digest"]
-    by = {r["variant"]: r["problems"]["train/D_H"]["steps"] for r in saved["runs"]}
-    e, cell = (
-        saved["eps"].index(1e-4),
-        saved["analysis"]["closed_form+haar"]["train/D_H"]["0.0001"],
-    )
+    by = {r["variant"]: r["problems"]["train"]["D_H"]["steps"] for r in saved["runs"]}
+    e = saved["eps"].index(1e-4)
+    [cell] = [
+        c
+        for c in saved["analysis"]
+        if (c["variant"], c["rows"], c["task"], c["eps"])
+        == ("closed_form+haar", "train", "D_H", 1e-4)
+    ]
     for fam in ("adam", "cg", "closed_form"):
         idx = [i for i, c in enumerate(saved["grid"]) if c["family"] == fam]
         best = [

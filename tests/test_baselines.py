@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import pycore.methods as M
-from pycore.immunize import RIllOnlyOptions, immunize
+from pycore.immunization import RIllOnlyOptions, immunize
 from pycore.methods import opt_kappa_objective
 from pycore.metrics import rir
 from pycore.tasks import LinearTask

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import audit, deep_report, deepnet
+from experiments import audit, common, deep_report, deepnet
 from experiments.deep_pipeline import RunConfig, RunOptions, run_config
-from pycore.deep import DeepOptions, ImmunizedNet, create_model, save_model
+from pycore.deep import DeepOptions, ImmunizedNet, create_model, options, save_model
 from pycore.deep.distributed import init_from_env
 
 torch.set_num_threads(1)
@@ -148,6 +148,16 @@ def test_audit_errors_name_the_flag(folders, tmp_path, capsys):
     ):
         rc, err = _one_line_error(capsys, audit, [*argv, *out])
         assert rc == 2 and f"error: {flag}:" in err, err
+
+
+def test_deepnet_has_a_flag_per_deep_option():
+    parser = deepnet.build_parser()
+    dests = {a.dest for a in parser._actions if a.option_strings}
+    assert set(DeepOptions.names()) <= dests
+    args = parser.parse_args(["--demo", "--balance", "none", "--no-nesterov", "--max-steps", "7"])
+    given = common.given_options(args, DeepOptions.names())
+    assert given == {"balance": None, "nesterov": False, "max_steps": 7}
+    assert options(**given) == DeepOptions(balance=None, nesterov=False, max_steps=7)
 
 
 def test_deepnet_refuses_bad_flags_before_any_compute(folders, tmp_path, capsys, monkeypatch):

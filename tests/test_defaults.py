@@ -129,8 +129,9 @@ def test_unattainable_task_stops_at_once_and_says_so():
 @pytest.mark.parametrize(
     "options, parameter",
     [
-        (dict(lambda_p="auto", lambda_h=1e7), "lambda_p"),
-        (dict(lambda_p=100.0), "lambda_h"),
+        # the λ set to a number is named, never the one left at its default "auto"
+        (dict(lambda_p="auto", lambda_h=1e7), "lambda_h"),
+        (dict(lambda_p=100.0), "lambda_p"),
         (dict(optimizer="gd"), "optimizer"),
         (dict(init="random"), "init"),
         (dict(patience=0), "patience"),

@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 # Every module whose public docstrings carry an Examples section.
-MODULES = ["pycore.tasks"]
+MODULES = [
+    "pycore.tasks",
+    "pycore.options",
+    "pycore.immunization",
+    "pycore.evaluate",
+    "pycore.metrics",
+    "pycore.worst_case",
+    "pycore.harden",
+    "pycore.ops",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -15,7 +15,7 @@ from pycore.harden import (
     hardening_rotation,
     orthogonality_defect,
 )
-from pycore.immunize import immunize
+from pycore.immunization import immunize
 from pycore.losses import best_probe_loss
 from pycore.metrics import rir
 from pycore.tasks import LinearTask

@@ -455,15 +455,39 @@ def test_regularizers_outside_float64_are_errors_not_nan_or_inf(S, f):
         f(S)
 
 
+def _deep_error():
+    from pycore.deep import NonFiniteLossError
+
+    return NonFiniteLossError("lr", "loss is NaN", 7)
+
+
+def _op_error():
+    from pycore.ops import CondRegError
+
+    return CondRegError("Z", "Z is sparse")
+
+
 @pytest.mark.parametrize(
-    "exc",
+    "make",
     [
-        ParameterError("lambda_h", "too large"),
-        DivergenceError("θ is NaN", "lr"),
-        SpectrumError("X_P is zero"),
+        lambda: ParameterError("lambda_h", "too large"),
+        lambda: DivergenceError("lr", "θ is NaN"),
+        lambda: SpectrumError("X_P is zero"),
+        _deep_error,
+        _op_error,
     ],
-    ids=lambda e: type(e).__name__,
+    ids=[
+        "ParameterError",
+        "DivergenceError",
+        "SpectrumError",
+        "NonFiniteLossError",
+        "CondRegError",
+    ],
 )
-def test_exceptions_cross_process_boundaries_as_themselves(exc):
+def test_exceptions_cross_process_boundaries_as_themselves(make):
+    """Every error that carries ``.parameter`` takes it first and keeps it through a pickle."""
+    exc = make()
     back = pickle.loads(pickle.dumps(exc))
     assert type(back) is type(exc) and back.args == exc.args and back.__dict__ == exc.__dict__
+    if hasattr(exc, "parameter"):
+        assert back.parameter == exc.parameter != str(exc)

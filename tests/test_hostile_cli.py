@@ -93,7 +93,25 @@ def test_an_option_no_chosen_method_has_is_refused(tripwire, capsys, tmp_path):
         rc, err, _ = call(capsys, house_price, [*argv, "--out", str(tmp_path / "o")])
         assert rc == 2 and one_line(err, flag)
     args = house_price.parse_args(["--methods", "imma,ours", "--inner-steps", "5", "--lr", "0.01"])
-    assert args.immunizer.options == {"imma": {"inner_steps": 5, "lr": 0.01}, "ours": {"lr": 0.01}}
+    assert args.immunizer.given == {"imma": {"inner_steps": 5, "lr": 0.01}, "ours": {"lr": 0.01}}
+
+
+@pytest.mark.parametrize("mod", (house_price, mnist, attacks), ids=lambda m: m.__name__)
+def test_every_linear_option_has_its_flag_and_the_library_checks_it(mod, tmp_path):
+    """A flag per option of every method (Adam's betas pair aside), each reaching the library as
+    typed: a value the library refuses is a usage error naming that flag."""
+    from pycore.immunization import METHODS, CertifiedOptions, options_of
+
+    parser = mod.build_parser()
+    dests = {a.dest for a in parser._actions if a.option_strings}
+    names = {*CertifiedOptions.names(), *(n for m in METHODS for n in options_of(m).names())}
+    assert names - {"betas"} <= dests
+    args = parser.parse_args(["--lambda-h", "2.5", "--batch-size", "none", "--no-log"])
+    assert common.given_options(args, names) == {
+        "lambda_h": 2.5,
+        "batch_size": None,
+        "log": False,
+    }
 
 
 @pytest.mark.parametrize("mod", SCRIPTS, ids=lambda m: m.__name__)
@@ -114,10 +132,10 @@ def test_every_count_is_bounded_and_its_bound_is_in_help(mod):
 
 
 def test_a_library_error_names_the_flag_that_sets_it(capsys, tmp_path, monkeypatch):
-    """DivergenceError(parameter="lambda_h") → exit 1 naming --lambda-h, also from a worker process
+    """DivergenceError("lambda_h", ...) → exit 1 naming --lambda-h, also from a worker process
     (the exception crosses the pickle with .parameter); ParameterError → exit 2; a parameter no
     flag sets still gives one line."""
-    module = importlib.import_module("pycore.immunize")  # pycore.immunize is also the function
+    module = importlib.import_module("pycore.immunization")
 
     def raiser(exc):
         def immunize(*a, **k):
@@ -126,9 +144,9 @@ def test_a_library_error_names_the_flag_that_sets_it(capsys, tmp_path, monkeypat
         return immunize
 
     for exc, code, flag in (
-        (DivergenceError("θ non-finite", parameter="lambda_h"), 1, "--lambda-h"),
+        (DivergenceError("lambda_h", "θ non-finite"), 1, "--lambda-h"),
         (ParameterError("inner_lr", "too large"), 2, "--inner-lr"),
-        (DivergenceError("θ became non-finite", parameter="betas"), 1, "betas"),
+        (DivergenceError("betas", "θ became non-finite"), 1, "betas"),
     ):
         monkeypatch.setattr(module, "immunize", raiser(exc))
         for jobs in ("1", "2") if code == 1 and flag != "betas" else ("1",):

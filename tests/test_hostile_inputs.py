@@ -3,8 +3,6 @@ cells, bad arguments named, and bounded memory on large files."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -15,6 +13,7 @@ from pycore.data.house_price import INPUTS, default_path, load_house_price
 from pycore.data.table import load_table
 from pycore.metrics import rir_ceiling
 from pycore.validation import OutlierWarning, ParameterError
+from tests.helpers import added_peak_rss
 
 
 def _csv(path, header, rows):
@@ -160,18 +159,10 @@ def test_a_tall_csv_loads_in_a_small_multiple_of_its_size(tmp_path):
     lines = default_path().read_text().splitlines()
     p = tmp_path / "tall.csv"
     p.write_text("\n".join([lines[0], *(lines[1:] * 40)]) + "\n")
-    code = (
-        "import resource, sys, warnings\nfrom pycore.data.table import load_table\n"
-        "import pandas, numpy\nbase = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "d = load_table(sys.argv[1], target_p='LotArea', target_h='SalePrice', "
-        f"inputs={INPUTS!r}, "
-        "split='MSZoning=RL', on_outlier='ignore')\n"
-        "added = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024\n"
-        "print(added, d.n_rows_P + d.n_rows_H)\n"
+    added, rows = added_peak_rss(
+        "import pandas, numpy\nfrom pycore.data.table import load_table",
+        "(lambda d: d.n_rows_P + d.n_rows_H)(load_table(sys.argv[1], target_p='LotArea', "
+        f"target_h='SalePrice', inputs={INPUTS!r}, split='MSZoning=RL', on_outlier='ignore'))",
+        str(p),
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    added, rows = map(int, out.stdout.split())
-    assert rows == 40 * 1460 and added < 6 * p.stat().st_size
+    assert int(rows) == 40 * 1460 and added < 6 * p.stat().st_size

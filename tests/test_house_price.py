@@ -9,7 +9,7 @@ import pytest
 from experiments import house_price
 from pycore.data.house_price import load_house_price
 from pycore.evaluate import evaluate_linear
-from pycore.immunize import immunize
+from pycore.immunization import immunize
 from pycore.metrics import rir, rir_ceiling
 from pycore.report import pm, read_json
 from tests.cli_helpers import call, one_line
@@ -51,7 +51,7 @@ def test_closed_form_reaches_the_ceiling_and_ours_acts_on_null_KP(data):
         data.heldout,
         ceiling=c,
     )
-    assert e["null_part_fraction"] > 0.9 and e["rir_range_part"] < 0.1 * e["rir"]
+    assert e.null_part_fraction > 0.9 and e.train.rir_range_part < 0.1 * e.train.rir
 
 
 def test_bad_csv_is_refused_naming_the_column(tmp_path, data):
@@ -103,9 +103,11 @@ def test_the_experiment_end_to_end(capsys, tmp_path):
         list(res["methods"]) == list(methods) and res["seeds"] == [0, 1] and res["data"]["D"] == 79
     )
     for e in res["methods"].values():
-        for key in ("rir", "harmful_ratio", "pretrain_ratio", "heldout_rir", "rir_null_part"):
-            assert len(e[key]["per_seed"]) == 2 and all(np.isfinite(e[key]["per_seed"]))
-        assert e["immunized"]["runs"] == e["heldout_immunized"]["runs"] == 2
+        for split in ("train", "heldout"):
+            for key in ("rir", "harmful_ratio", "pretrain_ratio", "rir_null_part"):
+                assert len(e[split][key]["per_seed"]) == 2
+                assert all(np.isfinite(e[split][key]["per_seed"]))
+            assert e[split]["immunized"]["runs"] == 2
     assert res["methods"]["closed_form"]["fraction_of_ceiling"]["mean"] >= 0.99
     assert res["methods"]["ours"]["paper"]["rir"]["mean"] == 356.2
     header = next(
@@ -140,10 +142,10 @@ def test_presets_and_typed_options_reach_the_library(data, own_csv):
             "0.3",
         ]
     )
-    assert run.immunizer.options == {"imma": {"lr": 0.1}, "closed_form": {"exponent": 0.3}}
+    assert run.immunizer.given == {"imma": {"lr": 0.1}, "closed_form": {"exponent": 0.3}}
     run = parse(["--methods", "ours", "--init", "random", "--epochs", "0", "--batch-size", "none"])
     # a value
-    assert run.immunizer.options == {"ours": {"init": "random", "epochs": 0, "batch_size": None}}
+    assert run.immunizer.given == {"ours": {"init": "random", "epochs": 0, "batch_size": None}}
     a, b, c = (
         run.immunizer(data.train, "ours", np.random.default_rng(s)).theta for s in (3, 3, 4)
     )

@@ -157,24 +157,6 @@ def test_install_wrote_nothing_outside_pips_record():
     assert _recorded(site)[1].get(DIST), f"{DIST}'s RECORD is empty"
 
 
-def test_unrecorded_finds_a_stray_import_hook(tmp_path):
-    site = tmp_path / "site"
-    info = site / "model_immunization-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DIST}\nVersion: 0.1.0\n")
-    (site / "model_immunization_torchvision.pth").write_text(
-        "import _model_immunization_torchvision\n"
-    )
-    (info / "RECORD").write_text(
-        "model_immunization_torchvision.pth,,\n"
-        + "".join(f"model_immunization-0.1.0.dist-info/{n},,\n" for n in ("METADATA", "RECORD"))
-    )
-    assert unrecorded(site) == []
-    # an old hook
-    (site / "_pycore_torchvision_hook.pth").write_text("import _pycore_torchvision_hook\n")
-    assert len(unrecorded(site)) == 2  # in no RECORD, and not in ours
-
-
 @pytest.mark.slow
 def test_fresh_venv_install_then_uninstall_leaves_no_trace(tmp_path):
     """The README's set-up in a new venv: `python -c "import timm"` works, and after `pip

@@ -18,7 +18,7 @@ from pycore.data.mnist import (
     parse_pairs,
     split_digits,
 )
-from pycore.immunize import IMMAOptions
+from pycore.immunization import IMMAOptions
 from pycore.methods import imma_inner_step_size, imma_objective
 from pycore import losses
 from pycore.precondition import G_parts, Preconditioner, precondition, theta_G

@@ -155,6 +155,6 @@ def test_range_null_split_separates_what_D_P_sees():
         (only_null, "rir_null_part", "rir_range_part"),
         (only_range, "rir_range_part", "rir_null_part"),
     ):
-        e = evaluate_linear(theta, t)
-        assert e[still] == pytest.approx(1.0, rel=1e-9) != e["rir"]
-        assert e[moved] == pytest.approx(e["rir"], rel=1e-9)
+        e = evaluate_linear(theta, t).train
+        assert getattr(e, still) == pytest.approx(1.0, rel=1e-9) != e.rir
+        assert getattr(e, moved) == pytest.approx(e.rir, rel=1e-9)

@@ -243,38 +243,25 @@ def test_preconditioned_r_ill_printed_bound_admits_a_rank_drop():
 # ---------------------------------------------------------------- Proposition 3.2 and Sec. 3.1
 
 
-def _prop32_formula(theta, K):
-    U, s, _ = np.linalg.svd(theta)
-    return np.array([s[i] ** 2 * U[:, i] @ K @ U[:, i] for i in range(len(s))])
+def test_prop32_counterexample_the_library_gives_the_true_spectrum():
+    """Proposition 3.2 is false in general (docs/theory.md §3): for K = diag(2, 1), θ = [[1, 1],
+    [0, 1]] the spectrum of θᵀKθ is (4.5616, 0.4384), the proposition's formula sᵢ²·uᵢᵀKuᵢ gives
+    (4.5125, 0.4875) and so UNDERestimates κ (9.256 against 10.405). Every κ the library reports
+    (of H, of the features through the SVD, and the RIR built on them) is the true one."""
+    from pycore.metrics import rir
+    from pycore.spectral import gram_spectrum
 
-
-def test_prop32_counterexample():
     K, theta = np.diag([2.0, 1.0]), np.array([[1.0, 1.0], [0.0, 1.0]])
-    np.testing.assert_allclose(
-        np.linalg.eigvalsh(theta.T @ K @ theta)[::-1], [4.5616, 0.4384], atol=1e-4
-    )
-    np.testing.assert_allclose(
-        np.sort(_prop32_formula(theta, K))[::-1], [4.5125, 0.4875], atol=1e-4
-    )
-
-
-@pytest.mark.parametrize("seed", SEEDS[:20])
-def test_prop32_what_holds(seed):
-    """Formula = diag(V_θᵀHV_θ): same trace, majorized by the spectrum (κ underestimated)."""
-    rng = np.random.default_rng(seed)
-    D = int(rng.integers(2, 7))
-    K = psd_with_spectrum(rng.uniform(0.1, 5, D), rng)
-    theta = rng.standard_normal((D, D))
-    lam = np.sort(np.linalg.eigvalsh(theta.T @ K @ theta))[::-1]
-    f = np.sort(_prop32_formula(theta, K))[::-1]
-    assert f.sum() == pytest.approx(lam.sum(), rel=1e-10)
-    assert np.all(np.cumsum(f) <= np.cumsum(lam) * (1 + 1e-10))
-    assert f[0] / f[-1] <= lam[0] / lam[-1] * (1 + 1e-9)
-    # exact when U_θᵀKU_θ is diagonal: θ with left singular vectors = K's eigenvectors
-    theta2 = np.linalg.eigh(K)[1] @ np.diag(rng.uniform(0.5, 2, D)) @ orthogonal(D, rng)
-    np.testing.assert_allclose(
-        np.sort(_prop32_formula(theta2, K)), np.linalg.eigvalsh(theta2.T @ K @ theta2), rtol=1e-9
-    )
+    true = (5 + np.sqrt(17.0)) / (5 - np.sqrt(17.0))  # θᵀKθ = [[2, 2], [2, 3]]: (5 ± √17)/2
+    formula = 4.5125 / 0.4875
+    X = np.sqrt(K)  # XᵀX = K: H(θ) = θᵀXᵀXθ
+    info = spectrum_info(theta.T @ K @ theta)
+    np.testing.assert_allclose(info.sigma, [4.5616, 0.4384], atol=1e-4)  # H is symmetric PSD
+    for kappa in (_kappa(theta.T @ K @ theta), gram_spectrum(X @ theta).kappa):
+        assert kappa == pytest.approx(true, rel=1e-12) and kappa > 1.1 * formula
+    # the harmful ratio of θ against I on these rows is the true κ's ratio, not the formula's
+    r = rir(theta, X, X)
+    assert r.harmful_ratio == pytest.approx(true / 2.0, rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS[:20])
@@ -310,20 +297,29 @@ def test_aligned_eigenvectors_do_not_rule_out_immunization():
 
 
 @pytest.mark.parametrize("seed", SEEDS[:20])
-def test_gd_rate_with_step_one_over_L(seed):
+def test_the_gd_attacker_contracts_at_the_rate_of_eq_2(seed):
+    """Eq. (2): GD with step 1/L on ½‖Zw − y‖² (pycore.attacks' ``gd_constant``) shrinks the
+    suboptimality by at least (1 − 1/κ)² a step, κ = κ(ZᵀZ); with w* along the smallest
+    eigenvector, by exactly that. A step of 1.9/L must still converge (any c < 2 does)."""
+    from pycore.attacks import attack, make_problem
+
     rng = np.random.default_rng(seed)
     D = int(rng.integers(2, 8))
-    A = psd_with_spectrum(separated_spectrum(D, rng, 0.1, 10), rng)
-    b, x = rng.standard_normal(D), rng.standard_normal(D)
-    x_star, lam = np.linalg.solve(A, b), np.linalg.eigvalsh(A)
-    L, kappa, e0 = lam[-1], lam[-1] / lam[0], np.sum((x - x_star) ** 2)
-    for t in range(1, 30):
-        x = x - (A @ x - b) / L
-        assert np.sum((x - x_star) ** 2) <= (1 - 1 / kappa) ** t * e0 * (1 + 1e-9)
-    # the rate holds iff ηL ∈ [1/(1+c), 1+c], c = √(1−1/κ): a larger step breaks it
-    A, kappa, x = np.diag([1.0, 0.5]), 2.0, np.array([1.0, 0.0])
-    eta = 1.05 * (1 + np.sqrt(1 - 1 / kappa))  # L = 1
-    assert np.sum((x - eta * (A @ x)) ** 2) > (1 - 1 / kappa) * np.sum(x**2)
+    sigma = separated_spectrum(D, rng, 0.3, 3.0)
+    Z = with_spectrum(sigma, rng, shape=(D + 3, D))
+    kappa, steps = (sigma[0] / sigma[-1]) ** 2, 25
+    rate = (1 - 1 / kappa) ** (2 * np.arange(steps + 1))
+    generic = make_problem(Z, rng.standard_normal(D + 3))
+    tr = attack(generic, "gd_constant", step_factor=1.0, max_steps=steps, tol=0.0)
+    # the relative suboptimality resolves ~1e-15 (L(w) − L* cancels): compare above 1e-10
+    seen = rate > 1e-10
+    assert np.all(tr.rel_subopt[: steps + 1][seen] <= rate[seen] * (1 + 1e-6))
+    v_min = np.linalg.svd(Z)[2][-1]  # the smallest eigenvector of ZᵀZ
+    worst = make_problem(Z, Z @ v_min)
+    tr = attack(worst, "gd_constant", step_factor=1.0, max_steps=steps, tol=0.0)
+    np.testing.assert_allclose(tr.rel_subopt[: steps + 1][seen], rate[seen], rtol=1e-6)
+    fast = attack(generic, "gd_constant", step_factor=1.9, max_steps=2000, tol=1e-10)
+    assert fast.steps_to(1e-10) is not None
 
 
 def test_exact_line_search_step_minimises_along_gradient():

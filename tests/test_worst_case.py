@@ -1,6 +1,8 @@
 """Worst-case evaluation (pycore.worst_case, docs/findings.md §4), θ archives and the (i)/(ii)
 frontier."""
 
+import dataclasses
+import json
 import math
 
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 
 from pycore import attack_evaluation, attacks as A, worst_case as W
 from pycore.frontier import closed_form_frontier, regularizer_product, target_progress
+from pycore.report import dumps_json
 from pycore.tasks import LinearTask
 from pycore.thetas import load_thetas, save_thetas, theta_key
 from pycore.validation import ParameterError
@@ -41,7 +44,7 @@ def test_run_grid_is_the_engine_and_the_worst_case_on_known_kappa():
     traj = A.run_attackers(
         Q, [dict(c.params, attacker=c.attacker) for c in grid], max_steps=5000, tol=1e-4
     )
-    assert run.steps == [[t.steps_to(1e-2), t.steps_to(1e-4)] for t in traj]
+    assert run.steps == tuple((t.steps_to(1e-2), t.steps_to(1e-4)) for t in traj)
     assert (ref.kappa["kappa"], run.kappa["kappa"]) == pytest.approx((10, 1e3), rel=1e-9)
     b = W.kappa_bounds(run.kappa, ref.kappa)
     assert (b["gd"], b["cg"], b["nesterov"], b["whiten"]) == pytest.approx((100, 10, 10, 1))
@@ -56,12 +59,12 @@ def test_run_grid_is_the_engine_and_the_worst_case_on_known_kappa():
     gd = W.slowdown(fb["gd"][0], fr["gd"][0], 5000)
     assert gd[1] == "=" and math.sqrt(100) < gd[0] <= 1.5 * 100  # GD pays ~κ: measured 60
     wc = W.worst_case(run, ref, 1e-4)  # whitening is affine invariant: nothing slows it
-    assert (wc["family"], wc["steps"], wc["slowdown"], wc["kind"]) == ("whiten", 1, 1.0, "=")
+    assert (wc.family, wc.steps, wc.slowdown, wc.kind) == ("whiten", 1, 1.0, "=")
     fo = W.worst_case(run, ref, 1e-4, W.FIRST_ORDER)
     steps = [
         s for i, c in enumerate(grid) if c.family in W.FIRST_ORDER and (s := run.steps_of(i, 1e-4))
     ]
-    assert fo["steps"] == min(steps) and 1 < fo["slowdown"] <= b[fo["family"]]  # CG: 19/7 ≤ √r
+    assert fo.steps == min(steps) and 1 < fo.slowdown <= b[fo.family]  # CG: 19/7 ≤ √r
 
 
 def test_slowdown_kinds_and_the_interval_helper():
@@ -121,49 +124,58 @@ def test_best_so_far_is_a_bounded_running_minimum():
 
 
 def test_analysis_over_seeds_agrees_with_the_grid_runs():
+    from experiments.attacks import Variant, VariantRun, analyse, best_so_far_curves, targets
+
     X, theta, y = known_kappa(1)
     grid = W.attacker_grid("lsq", quick=True)
     Qr = np.linalg.qr(np.random.default_rng(2).standard_normal((X.shape[1],) * 2))[0]
-    thetas = {
-        "identity": np.eye(X.shape[1]),
-        "identity+haar": Qr,
-        "m": theta,
-        "m+haar": theta @ Qr,
-    }
+    identity, rotated, m, hardened = (
+        Variant("identity"),
+        Variant("identity", "haar"),
+        Variant("m"),
+        Variant("m", "haar"),
+    )
+    thetas = {identity: np.eye(X.shape[1]), rotated: Qr, m: theta, hardened: theta @ Qr}
     problems = {
         v: {
-            f"train/{t}": W.run_grid(
-                A.make_problem(X[r] @ th, y[r]), grid, eps=(1e-4,), max_steps=1000
-            ).compact()
-            for t, r in (("D_H", slice(0, 30)), ("D_P", slice(20, 50)))
+            "train": {
+                t: W.run_grid(A.make_problem(X[r] @ th, y[r]), grid, eps=(1e-4,), max_steps=1000)
+                for t, r in (("D_H", slice(0, 30)), ("D_P", slice(20, 50)))
+            }
         }
         for v, th in thetas.items()
     }
     runs = [
-        {"seed": s, "variant": v, "problems": p, "invariance": {"train": 1e-13}}
+        VariantRun(
+            seed=s,
+            variant=v,
+            theta_digest="",
+            numbers={},
+            immunize_seconds=0.0,
+            diagnostics={},
+            problems=p,
+            invariance={"train": 1e-13} if v.hardened else None,
+        )
         for s in (0, 1)
         for v, p in problems.items()
     ]
-    an = W.analyse(runs, grid, [1e-4], 1000, rotated="identity+haar")
-    assert set(an) == {"identity+haar", "m", "m+haar"}
-    cell = an["m+haar"]["train/D_H"]["0.0001"]
-    run, ref, rot = (
-        W.GridRun.from_compact(problems[v]["train/D_H"], grid, 1000)
-        for v in ("m+haar", "identity", "identity+haar")
-    )
+    an = analyse(runs, grid, [1e-4], 1000, rotated=rotated)
+    assert an.variants == [rotated, m, hardened]
+    cell = an(hardened, "train", "D_H", 1e-4)
+    run, ref, rot = (problems[v]["train"]["D_H"] for v in (hardened, identity, rotated))
     fb, fr, fo = (W.family_best(r, 1e-4) for r in (run, ref, rot))
     for fam in ("adam", "cg", "closed_form"):
-        c = cell["families"][fam]
-        assert c["slowdown"] == [W.slowdown(fb[fam][0], fr[fam][0], 1000)] * 2
-        assert c["slowdown_vs_rotated"][0] == W.slowdown(fb[fam][0], fo[fam][0], 1000)
-    assert "slowdown_vs_rotated" not in an["m"]["train/D_H"]["0.0001"]["families"]["adam"]
-    assert cell["worst_all"][0] == W.worst_case(run, ref, 1e-4)
-    curves = W.best_so_far_curves(runs, grid, 1e-4, 1000, 20)["curves"]["m+haar|train|all"]
+        c = cell.families[fam]
+        assert c.slowdown == (W.slowdown(fb[fam].steps, fr[fam].steps, 1000),) * 2
+        assert c.slowdown_vs_rotated[0] == W.slowdown(fb[fam].steps, fo[fam].steps, 1000)
+    assert an(m, "train", "D_H", 1e-4).families["adam"].slowdown_vs_rotated is None
+    assert cell.worst_all[0] == W.worst_case(run, ref, 1e-4)
+    curves = best_so_far_curves(runs, grid, 1e-4, 1000, 20).curve(hardened, "train", "all")
     # ends at the worst case
-    assert curves["median"][-1] == pytest.approx(cell["worst_all"][0]["slowdown"])
-    [t] = W.targets({"variants": list(thetas), "analysis": an, "runs": runs})
-    assert t["variant"] == "m+haar" and t["inv_ok"] is True
-    assert t["dh_ok"] == W.within(cell["families"]["adam"]["slowdown"], low=10)
+    assert curves.median[-1] == pytest.approx(cell.worst_all[0].slowdown)
+    [t] = targets(runs, an)
+    assert t.variant == hardened and t.inv_ok is True
+    assert t.dh_ok == W.within(cell.families["adam"].slowdown, low=10)
 
 
 def test_the_facade_gives_the_grids_numbers():
@@ -195,9 +207,12 @@ def test_the_facade_gives_the_grids_numbers():
             *fb[f],
             *fr[f],
         )
-        assert (r.slowdown, r.kind, r.bound) == (*W.slowdown(fb[f][0], fr[f][0], 500), b[f])
+        assert (r.slowdown, r.kind, r.bound) == (*W.slowdown(fb[f].steps, fr[f].steps, 500), b[f])
     wc = W.worst_case(run, ref, 1e-4)
-    assert ev.worst == W.FamilyResult(**wc, bound=b[wc["family"]])
+    assert ev.worst == dataclasses.replace(wc, bound=b[wc.family])
+    saved = json.loads(dumps_json(ev))  # results.json keeps every family's numbers
+    assert list(saved["families"]) == list(ev.families) and saved["n_rows"] == 40
+    assert saved["worst"] == {**dataclasses.asdict(ev.worst), "bound": ev.worst.bound}
     cases = [
         ({"theta": np.eye(7)}, "theta"),
         ({"rows": [0, 99]}, "rows"),
@@ -257,7 +272,7 @@ def test_theta_archives_round_trip_bit_exact_and_house_price_writes_every_theta(
             np.testing.assert_array_equal(plain @ arrays[f"{m}+haar/seed{run['seed']}/Q"], hard)
             assert rir(
                 hard, arrays["data/train/X_P"], arrays["data/train/X_H"]
-            ).value == pytest.approx(run["rir"], rel=1e-12)
+            ).value == pytest.approx(run["train"]["rir"], rel=1e-12)
 
 
 def test_regularizer_product_and_the_closed_form_frontier():

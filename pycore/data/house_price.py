@@ -47,7 +47,11 @@ def _names(cols) -> str:
 
 
 def load_house_price(
-    path: str | Path | None = None, *, n_train: int = 200, on_outlier: str = "warn"
+    path: str | Path | None = None,
+    *,
+    n_train: int = 200,
+    on_outlier: str = "warn",
+    on_missing: str = "fill",
 ) -> TableData:
     """The paper's tasks from the Kaggle train.csv (default: the packaged copy); other columns
     refused."""
@@ -71,5 +75,6 @@ def load_house_price(
         split=SPLIT,
         n_train=n_train,
         on_outlier=on_outlier,
+        on_missing=on_missing,
         name="house_price",
     )

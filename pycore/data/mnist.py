@@ -61,6 +61,9 @@ def load_mnist_5k() -> MnistDigits:
 
 
 def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
+    """An IDX file's uint8 array: the header first, the size it declares checked against
+    MAX_DATA_FILE_BYTES (decompressed), then the body read straight into one array of that size,
+    so the peak is the data itself (a gzip member may inflate far beyond its size on disk)."""
     p = next((directory / n for n in (stem, stem + ".gz") if os.path.lexists(directory / n)), None)
     if p is None:
         raise FileNotFoundError(f"{directory}: neither {stem} nor {stem}.gz found")
@@ -69,22 +72,39 @@ def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
     cap = validation.MAX_DATA_FILE_BYTES
     try:
         with fh:
-            data = fh.read(cap + 1)  # a gzip member may inflate far beyond its size on disk
+            head = fh.read(4)
+            if len(head) < 4 or int.from_bytes(head, "big") != magic:
+                raise ValueError(
+                    f"{p}: not an IDX file with magic {magic} (is it the right MNIST file?)"
+                )
+            ndim = head[3]
+            raw = fh.read(4 * ndim)
+            if len(raw) < 4 * ndim:
+                raise ValueError(
+                    f"{p}: IDX header declares {ndim} dimensions but the file ends first "
+                    "(truncated file?)"
+                )
+            dims = [int.from_bytes(raw[4 * i : 4 * i + 4], "big") for i in range(ndim)]
+            size = math.prod(dims)
+            if 4 + 4 * ndim + size > cap:
+                raise ValueError(
+                    f"{p}: its header declares {dims} ({size} bytes), more than the {cap} byte "
+                    "limit (decompressed)"
+                )
+            body = np.empty(size, dtype=np.uint8)
+            got, view = 0, memoryview(body)
+            while got < size:
+                n = fh.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+            if got != size or fh.read(1):
+                more = "" if got != size else " or more"
+                raise ValueError(
+                    f"{p}: header says {dims} but holds {got}{more} bytes (truncated file?)"
+                )
     except (OSError, EOFError, zlib.error) as exc:
         raise ValueError(f"{p}: cannot be read ({type(exc).__name__}: {exc})") from None
-    if len(data) > cap:
-        raise ValueError(f"{p}: holds more than the {cap} byte limit (decompressed)")
-    if len(data) < 8 or int.from_bytes(data[:4], "big") != magic:
-        raise ValueError(f"{p}: not an IDX file with magic {magic} (is it the right MNIST file?)")
-    ndim = data[3]
-    if len(data) < 4 + 4 * ndim:
-        raise ValueError(
-            f"{p}: IDX header declares {ndim} dimensions but the file ends first (truncated file?)"
-        )
-    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
-    if body.size != math.prod(dims):
-        raise ValueError(f"{p}: header says {dims} but holds {body.size} bytes (truncated file?)")
     return body.reshape(dims)
 
 
@@ -101,9 +121,7 @@ def load_mnist_idx(directory) -> MnistDigits:
             f"but {labels.shape[0]} labels (expected N×28×28 and N labels)"
         )
     return _split_by_digit(
-        images.reshape(-1, D_MNIST).astype(np.float64),
-        labels.astype(np.int64),
-        f"MNIST IDX ({directory})",
+        images.reshape(-1, D_MNIST), labels.astype(np.int64), f"MNIST IDX ({directory})"
     )
 
 
@@ -112,13 +130,20 @@ def load_mnist(mnist_dir=None) -> MnistDigits:
 
 
 def _split_by_digit(pixels: np.ndarray, labels: np.ndarray, source: str) -> MnistDigits:
-    if not np.all(np.isfinite(pixels)) or pixels.min() < 0 or pixels.max() > 255:
+    """Pixels (uint8, or floats in [0, 255]) per digit as float64 / 255, one digit at a time: the
+    peak is the input plus its float64 copy (8 bytes a pixel), never a full-size temporary."""
+    if pixels.dtype != np.uint8 and (
+        not np.all(np.isfinite(pixels)) or pixels.min() < 0 or pixels.max() > 255
+    ):
         raise ValueError(f"{source}: pixels must be finite and in [0, 255]")
     present = set(np.unique(labels).tolist())
     if present != set(range(10)):
         raise ValueError(f"{source}: expected labels 0..9, found {sorted(present)}")
-    X = pixels / 255.0
-    return MnistDigits({d: np.ascontiguousarray(X[labels == d]) for d in range(10)}, source)
+    by_digit = {}
+    for d in range(10):
+        rows = pixels[labels == d]
+        by_digit[d] = np.divide(rows, 255.0, out=np.empty(rows.shape), dtype=np.float64)
+    return MnistDigits(by_digit, source)
 
 
 def ink_targets(X: np.ndarray) -> np.ndarray:

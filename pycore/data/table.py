@@ -2,18 +2,23 @@
 §9.
 
 D_H = the rows whose column has a given text (``split="COLUMN=VALUE"``), D_P = the others; or two
-files.  Per split: empty input cells → 0 (counted), text inputs label-encoded (code-point order, as
-scikit-learn's LabelEncoder), z-scores with the population std (a constant column → 0); training
-rows the first ``n_train`` in file order (the authors' code) or drawn with ``rng``.  Memory: the
+files.  Per split: empty input cells → 0 (counted per column; ``on_missing="error"`` refuses
+them), text inputs label-encoded (code-point order, as scikit-learn's LabelEncoder; named ones
+only, listed), z-scores with the population std (a constant column → 0); training rows the first
+``n_train`` in file order (the authors' code) or drawn with ``rng``.  D_P's target is z-scored
+for the squared loss and kept as its 0/1 labels for ``loss="bce"``.  Every change to the user's
+data is recorded in :class:`TableData` (``missing``, ``encoded``, ``dropped``).  Memory: the
 header's width is capped before pandas pads every row to it; columns are read as categoricals.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import warnings
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,17 +36,21 @@ from pycore.validation import (
     outliers,
 )
 
-# θ is D×D: at 10,000 inputs it is 800 MB and one eigensolve takes minutes; the paper's table has
-# 79.
-MAX_COLUMNS = 10_000
+# θ is D×D: at 4,096 inputs one D×D array is 134 MB and the largest method holds ~21 of them (2.8
+# GB, inside pycore.validation.MAX_WORK_BYTES); at 10,000 a 5 MB file asked for more than 6 GB and
+# pandas alone took a minute.  The paper's table has 79.
+MAX_COLUMNS = 4096
 MAX_HEADER_BYTES = 1 << 20
 ON_OUTLIER = ("warn", "error", "ignore")
+ON_MISSING = ("fill", "error")
 
 
 @dataclass(frozen=True)
 class TableData:
-    """The tasks (``heldout``: None below two rows), inputs in θ's order, empty input cells
-    filled."""
+    """The tasks (``heldout``: None below two rows), inputs in θ's order, and what was changed in
+    the user's data before use: ``filled`` empty input cells per split and ``missing`` per column
+    (set to 0), ``encoded`` the text columns label-encoded, ``dropped`` the non-numeric columns
+    left out of the default inputs; ``binary_target_p``: D_P's target holds only 0 and 1."""
 
     train: LinearTask
     heldout: LinearTask | None
@@ -50,21 +59,60 @@ class TableData:
     n_rows_P: int
     n_rows_H: int
     filled: dict
+    missing: dict = field(default_factory=dict)
+    encoded: tuple = ()
+    dropped: tuple = ()
+    binary_target_p: bool = False
+
+    def changes(self) -> dict:
+        """What was changed in the data before use (results.json's record)."""
+        return {
+            "missing_cells_filled_with_0": dict(self.missing),
+            "filled_per_split": dict(self.filled),
+            "label_encoded_text_columns": list(self.encoded),
+            "dropped_non_numeric_columns": list(self.dropped),
+        }
+
+    def changes_line(self) -> str | None:
+        """One line counting the changes (None when the data was used as it is)."""
+        n, items = sum(self.missing.values()), list(self.missing.items())
+        parts = (
+            [
+                f"{n} empty input cell(s) set to 0 ("
+                + ", ".join(f"{c!r}: {k}" for c, k in items[:8])
+                + (f", … {len(items)} columns in all" if len(items) > 8 else "")
+                + ")"
+            ]
+            if n
+            else []
+        )
+        for cols, what in (
+            (self.encoded, "text column(s) label-encoded"),
+            (self.dropped, "non-numeric column(s) left out of the inputs"),
+        ):
+            if cols:
+                shown = ", ".join(map(repr, cols[:8])) + (" …" if len(cols) > 8 else "")
+                parts.append(f"{len(cols)} {what} ({shown})")
+        return f"{self.source}: " + "; ".join(parts) if parts else None
 
 
 def read_header(path) -> list[str]:
-    """The column names of a CSV file's first non-blank line; a ``ValueError`` naming the file when
-    it is binary, wider than :data:`MAX_COLUMNS` or repeats a name (pandas would read a second
-    ``SalePrice`` as the input ``SalePrice.1``)."""
+    """The column names of a CSV file's first non-blank record (a quoted name may hold a line
+    break, as pandas reads it); a ``ValueError`` naming the file when it is binary, wider than
+    :data:`MAX_COLUMNS` or repeats a name (pandas would read a second ``SalePrice`` as the input
+    ``SalePrice.1``)."""
     check_regular_file(path, "expected a CSV table")
     try:
         with open(path, "rb") as fh:
-            raw = fh.readline(MAX_HEADER_BYTES + 1)
-            while raw.endswith(b"\n") and not raw.strip():  # pandas skips blank lines too
-                raw = fh.readline(MAX_HEADER_BYTES + 1)
-        if b"\x00" in raw:
+            raw = fh.read(MAX_HEADER_BYTES + 1)
+        # a multi-byte character cut at the end of the buffer is not an error
+        text = codecs.getincrementaldecoder("utf-8-sig")().decode(raw, final=False)
+        lines = io.StringIO(text, newline="").readlines()  # split at \n, \r, \r\n only
+        reader = csv.reader(lines)
+        names = next((row for row in reader if row), [])  # pandas skips blank lines too
+        used = "".join(lines[: reader.line_num])
+        if "\x00" in used:
             raise ValueError("binary data (NUL bytes) in the header line")
-        names = next(csv.reader([raw.decode("utf-8-sig").rstrip("\r\n")]), [])
     except (OSError, csv.Error, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise ValueError(f"{path}: cannot be read as CSV ({type(exc).__name__}: {exc})") from None
     if len(names) > MAX_COLUMNS:
@@ -72,7 +120,7 @@ def read_header(path) -> list[str]:
             f"{path}: the header has more than {MAX_COLUMNS} columns "
             "(pycore.data.table.MAX_COLUMNS), refused before reading the rows"
         )
-    if len(raw) > MAX_HEADER_BYTES:
+    if len(raw) > MAX_HEADER_BYTES and reader.line_num >= len(lines):
         raise ValueError(f"{path}: the header line is longer than {MAX_HEADER_BYTES} bytes")
     if not any(n.strip() for n in names):
         raise ValueError(f"{path}: is empty (no header line)")
@@ -176,9 +224,13 @@ class _Column:
         return lut[c]
 
 
+_TINY_STD = float(np.sqrt(np.finfo(np.float64).tiny))
+
+
 def _zscore(A: np.ndarray) -> np.ndarray:
     """Column z-scores in place (docs/theory.md §9); a constant column (``ptp == 0``: a rounded
-    mean would leave ±1 from std ~1e-17) becomes exactly 0; columns whose sums overflow use
+    mean would leave ±1 from std ~1e-17) becomes exactly 0; columns whose sums overflow, or whose
+    squares underflow (std below √tiny ≈ 1.5e-154: cells near 1e-310 gave std 0), use
     ``A/max|A|``."""
     constant = np.ptp(A, axis=0) == 0
     mean, std = np.empty(A.shape[1]), np.empty(A.shape[1])
@@ -188,7 +240,7 @@ def _zscore(A: np.ndarray) -> np.ndarray:
                 A[:, a : a + 16].mean(axis=0),
                 A[:, a : a + 16].std(axis=0),
             )
-    huge = ~(np.isfinite(mean) & np.isfinite(std))
+    huge = ~(np.isfinite(mean) & np.isfinite(std)) | (~constant & (std < _TINY_STD))
     if huge.any():
         As = A[:, huge] / np.max(np.abs(A[:, huge]), axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):  # a constant column is zeroed below
@@ -233,14 +285,21 @@ def load_table(
     n_train: int = 200,
     rng: np.random.Generator | None = None,
     on_outlier: str = "warn",
+    on_missing: str = "fill",
+    loss: str = "mse",
     name: str | None = None,
 ) -> TableData:
     """The module docstring's :class:`TableData`.  ``inputs`` (θ's column order): default every
-    all-numeric column but the targets and the split column (a text column only when named).  Bad
-    arguments: :class:`ParameterError`; bad files: ``ValueError`` naming file, column, line."""
+    all-numeric column but the targets and the split column (a text column only when named).
+    ``split``'s VALUE matches a cell's text, or its number in an all-numeric column (``1`` finds
+    ``1.0``).  ``loss`` is D_P's (:class:`~pycore.tasks.LinearTask`).  Bad arguments (a split
+    that matches no row, a split smaller than ``n_train``): :class:`ParameterError`; bad files:
+    ``ValueError`` naming file, column, line."""
     target_h = target_p if target_h is None else target_h
     check_number(n_train, "n_train", low=2, integer=True)
     check_choice(on_outlier, "on_outlier", ON_OUTLIER)
+    check_choice(on_missing, "on_missing", ON_MISSING)
+    check_choice(loss, "loss", ("mse", "bce"))
     check_rng(rng, none_ok=True)
     if (split is None) == (harmful_path is None):
         raise ParameterError("split", "give exactly one of split='COLUMN=VALUE' and harmful_path")
@@ -300,9 +359,9 @@ def load_table(
                 f"{files[0]}: no numeric column besides the targets and the split "
                 "column; name the inputs",
             )
+    dropped = [c for c in headers[0] if c not in (target_p, target_h, split_col, *inputs)]
     if split_col is not None:
-        col = column(0, split_col)
-        is_h = np.isin(col.codes, np.flatnonzero(col.texts == split_value))
+        is_h = _split_rows(column(0, split_col), split_value)
         parts = [("P", 0, np.flatnonzero(~is_h)), ("H", 0, np.flatnonzero(is_h))]
         where = {"P": f"{split_col} ≠ {split_value!r}", "H": f"{split_col} = {split_value!r}"}
     else:
@@ -312,12 +371,14 @@ def load_table(
         check_dense_size((len(df), len(inputs)), f"{files[f]}: the inputs of its {len(df)} rows")
     for s, f, rows in parts:
         if rows.size < n_train:
-            raise ValueError(
-                f"{files[f]}: split D_{s} has {rows.size} rows, fewer than n_train={n_train}"
+            raise ParameterError(
+                "n_train",
+                f"{files[f]}: D_{s} ({where[s]}) has {rows.size} rows, fewer than the "
+                f"n_train = {n_train} training rows asked for per split",
             )
     if rng is not None:
         parts = [(s, f, rows[rng.permutation(rows.size)]) for s, f, rows in parts]
-    X, y, filled = {}, {}, {}
+    X, y, filled, missing, encoded = {}, {}, {}, {}, []
     for s, f, rows in parts:
         y[s] = column(f, target_p if s == "P" else target_h, numbers=True).values()[rows]
         if np.isnan(y[s]).any():
@@ -326,19 +387,38 @@ def load_table(
                 f"(line {rows[np.flatnonzero(np.isnan(y[s]))[0]] + 2})"
             )
         X[s], filled[s] = np.empty((rows.size, len(inputs))), 0
+    binary = bool(np.isin(y["P"], (0.0, 1.0)).all() and np.unique(y["P"]).size == 2)
+    if loss == "bce" and not binary:
+        raise ParameterError(
+            "loss",
+            f"{files[0]}: loss 'bce' needs D_P's target {target_p!r} to hold the labels 0 and "
+            f"1 only; it holds {', '.join(f'{v:g}' for v in np.unique(y['P'])[:6])}",
+        )
     for j, c in enumerate(inputs):
         for f in range(len(files)):  # each column of a file is parsed once for both splits
             # a defaulted input must be numeric
             text = not column(f, c).check_input() and not defaulted
             v = None if text else column(f, c, numbers=True).values()
+            if text and c not in encoded:
+                encoded.append(c)
+            used = np.concatenate([rows for _, g, rows in parts if g == f])
+            if on_missing == "error" and (cache[f, c].codes[used] < 0).any():
+                raise ValueError(
+                    f"{files[f]}: input column {c!r} is empty at line "
+                    f"{used[cache[f, c].codes[used] < 0].min() + 2} (on_missing='error'; "
+                    "'fill' sets empty input cells to 0)"
+                )
             for s, _, rows in (part for part in parts if part[1] == f):
-                vs = cache[f, c].labels(rows) if text else v[rows]
-                empty = np.isnan(vs)
+                # an empty text cell is the text "0" (the authors' fillna(0) before encoding)
+                empty = cache[f, c].codes[rows] < 0
                 filled[s] += int(empty.sum())
-                X[s][:, j] = np.where(empty, 0.0, vs)
+                missing[c] = missing.get(c, 0) + int(empty.sum())
+                X[s][:, j] = cache[f, c].labels(rows) if text else np.where(empty, 0.0, v[rows])
             del cache[f, c]  # one column's numbers at a time
     for s, f, rows in parts:
-        X[s], y[s] = _zscore(X[s]), _zscore(y[s][:, None])
+        # D_P's 0/1 labels stay labels for the logistic loss; every other target is z-scored
+        keep = s == "P" and loss == "bce"
+        X[s], y[s] = _zscore(X[s]), y[s][:, None] if keep else _zscore(y[s][:, None])
         for part, block in (("training", X[s][:n_train]), ("held-out", X[s][n_train:])):
             if block.shape[0] > 1 and not np.any(block):
                 raise ValueError(
@@ -350,11 +430,42 @@ def load_table(
 
     def task(rows: slice, suffix: str = "") -> LinearTask:
         return LinearTask(
-            X["P"][rows], y["P"][rows], X["H"][rows], y["H"][rows], "mse", name + suffix
+            X["P"][rows], y["P"][rows], X["H"][rows], y["H"][rows], loss, name + suffix
         )
 
     nP, nH = len(X["P"]), len(X["H"])
     heldout = task(slice(n_train, None), "_heldout") if min(nP, nH) > n_train + 1 else None
     return TableData(
-        task(slice(n_train)), heldout, list(inputs), ", ".join(map(str, files)), nP, nH, filled
+        task(slice(n_train)),
+        heldout,
+        list(inputs),
+        ", ".join(map(str, files)),
+        nP,
+        nH,
+        filled,
+        {c: k for c, k in missing.items() if k},
+        tuple(encoded),
+        tuple(dropped) if defaulted else (),
+        binary,
     )
+
+
+def _split_rows(col: _Column, value: str) -> np.ndarray:
+    """Rows whose cell reads ``value``: its text, else (an all-numeric column) its number; a
+    :class:`ParameterError` listing the column's values when none does."""
+    hit = col.texts == value
+    if not hit.any() and col.numeric:
+        try:
+            hit = col.numbers == float(value)
+        except ValueError:
+            pass
+    if not hit.any():
+        counts = np.bincount(col.codes[col.codes >= 0], minlength=col.texts.size)
+        order = np.argsort(-counts, kind="stable")[:10]
+        shown = ", ".join(f"{col.texts[i]!r} ({counts[i]} rows)" for i in order)
+        raise ParameterError(
+            "split",
+            f"{col.path}: no row has {col.name} = {value!r}; its values: {shown}"
+            + (f" and {col.texts.size - 10} more" if col.texts.size > 10 else ""),
+        )
+    return np.isin(col.codes, np.flatnonzero(hit))

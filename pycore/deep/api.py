@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 from torch.utils.data import Subset
 
-from pycore.deep.data import as_dataset, dataset_labels
+from pycore.deep.data import as_dataset, dataset_labels, label_count
 from pycore.deep.features import extract, prelogits_dataset
 from pycore.deep.layer import attainability
 from pycore.deep.models import ImmunizedNet, as_immunized
@@ -93,10 +93,12 @@ def immunize_model(
     :class:`~pycore.deep.train.NonFiniteLossError` naming the option to change."""
     o = options(**opts)
     p, h = as_dataset(dp, "dp"), as_dataset(dh, "dh")
+    classes_h = label_count(dataset_labels(h), "dh")  # before the harmful head is sized by it
     out = as_immunized(model).eval()
     cached = o.scope == "layer"
     if cached:
         p, h = prelogits_dataset(out, p), prelogits_dataset(out, h)
+    label_count(dataset_labels(p), "dp", out.classifier.out_features)
     before = [extract(out, d, cached=cached) for d in (p, h)]
     t0 = time.perf_counter()
     res = immunize_in_place(
@@ -106,7 +108,7 @@ def immunize_model(
         method,
         o,
         seed=seed,
-        num_classes_h=int(dataset_labels(h).max()) + 1,
+        num_classes_h=classes_h,
         cached=cached,
         device=next(out.parameters()).device,
     )
@@ -191,8 +193,9 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
         test = as_dataset(dh_test, "dh_test")
     perm = rng.permutation(len(train)).tolist()
     k = max(1, int(round(o["val_fraction"] * len(train))))
+    # labels bounded before the attacker's heads are sized by them (data.label_count)
+    classes = max(label_count(dataset_labels(d), n) for d, n in ((train, "dh"), (test, "dh_test")))
     train, val = Subset(train, sorted(perm[k:])), Subset(train, sorted(perm[:k]))
-    classes = int(max(dataset_labels(d).max() for d in (train, val, test))) + 1
     data = AttackData(train, val, test, classes)
     kw = dict(operators=o["operators"], epochs=epochs, lora_ranks=o["lora_ranks"], seed=seed)
     return compare(run_operators(model, data, **kw), run_operators(reference, data, **kw))

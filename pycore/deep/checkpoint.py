@@ -19,7 +19,12 @@ import struct
 import torch
 
 from pycore import ops
-from pycore.deep.models import ImmunizedNet, _classifier_width as _width, create_model
+from pycore.deep.models import (
+    ImmunizedNet,
+    _classifier_width as _width,
+    create_model,
+    linear_classifier,
+)
 from pycore.validation import ParameterError, check_regular_file
 
 __all__ = [
@@ -154,8 +159,37 @@ def save_model(model: ImmunizedNet, path: "str | os.PathLike", extra: "dict | No
     return path
 
 
-def _load_into(module, sd: dict, what: str, path: str) -> None:
-    own = module.state_dict()
+def _check_metadata(path: str, name: str, kwargs: dict, num_classes: int, sd: dict) -> None:
+    """The architecture a checkpoint's metadata asks for, checked against its tensors before any
+    real weight exists: options that set a count (``depth``) may not exceed what the file's
+    names hold (a 232-byte file asked for ``depth`` 100000: 5-24 GB), then the network is built on
+    the meta device (shapes, no storage) and its names, count and shapes must be the file's."""
+    indices = [int(part) for k in sd for part in k.split(".") if part.isdigit()]
+    depth = kwargs.get("depth")
+    if isinstance(depth, int) and depth > min(len(sd), 1 + max(indices, default=-1)):
+        raise CheckpointMismatchError(
+            f"checkpoint {path}: its metadata asks for depth {depth}, but its {len(sd)} tensors "
+            f"name {1 + max(indices, default=-1)} numbered blocks at most"
+        )
+    try:
+        with torch.device("meta"):
+            net = create_model(name, num_classes, **kwargs)
+            shell = ImmunizedNet(
+                net, ops.ImmunizationHead(_width(net), bias=True) if "layer.bias" in sd else None
+            )
+    except ParameterError as exc:
+        raise CheckpointError(f"{path}: cannot build {name!r} {kwargs}: {exc}") from None
+    full = sd if "layer.weight" in sd else {**sd, **_layer_of(shell)}
+    _check_fits(shell.state_dict(), full, f"{name} with {num_classes} classes", path)
+
+
+def _layer_of(model) -> dict:
+    return {f"layer.{k}": v for k, v in model.layer.state_dict().items()}
+
+
+def _check_fits(own: dict, sd: dict, what: str, path: str) -> None:
+    """A :class:`CheckpointMismatchError` unless ``sd`` has exactly ``own``'s names, shapes and
+    kinds of dtype (``own`` may hold meta tensors: only shapes and dtypes are read)."""
     kind = lambda t: "complex" if t.is_complex() else "float" if t.is_floating_point() else "int"  # noqa: E731
     problems = [
         f"{len(v)} {name} (e.g. {v[0]})"
@@ -185,6 +219,10 @@ def _load_into(module, sd: dict, what: str, path: str) -> None:
         raise CheckpointMismatchError(
             f"checkpoint {path} does not match {what}: " + "; ".join(problems)
         )
+
+
+def _load_into(module, sd: dict, what: str, path: str) -> None:
+    _check_fits(module.state_dict(), sd, what, path)
     module.load_state_dict(sd, strict=True)
 
 
@@ -216,12 +254,16 @@ def load_model(
         num_classes = int(n)
         if model is not None and model != name:
             raise CheckpointMismatchError(f"{path} holds a {name}, not a {model}")
+        if isinstance(name, str):  # a bad name or option is create_model's error, below
+            _check_metadata(path, name, kwargs, num_classes, sd)
     elif model is None:
         raise CheckpointError(f"{path} carries no pycore metadata: name its timm architecture")
     else:
         name, kwargs = model, model_kwargs
         probe = create_model(model, 1, **kwargs)
         head = probe.get_classifier()
+        head = head[0] if isinstance(head, (tuple, list)) and head else head
+        head = getattr(head, "linear", head)  # LeViT's NormLinear: BatchNorm1d, then Linear
         key = next((f"{n}.weight" for n, m in probe.named_modules() if m is head), None)
         w = sd.get(key) if key else None
         if w is None or w.ndim != 2:
@@ -229,15 +271,19 @@ def load_model(
                 f"checkpoint {path} does not match {model}: no classifier {key!r}"
             )
         num_classes = int(w.shape[0])
-        sd = {f"net.{k}": v for k, v in sd.items()}
-    try:
+        # timm's own keys load into timm's own model, before the layer is put in
         net = create_model(name, num_classes, **kwargs)
+        _load_into(net, sd, f"{name} with {num_classes} classes", path)
+        linear_classifier(net)  # LeViT's heads folded into the one the layer feeds
+        sd = {f"net.{k}": v for k, v in net.state_dict().items()}
+    try:
+        net = create_model(name, num_classes, **kwargs) if meta.get("format") == FORMAT else net
     except ParameterError as exc:
         raise CheckpointError(f"{path}: cannot build {name!r} {kwargs}: {exc}") from None
     out = ImmunizedNet(
         net, ops.ImmunizationHead(_width(net), bias=True) if "layer.bias" in sd else None
     )
     if "layer.weight" not in sd:
-        sd = {**sd, **{f"layer.{k}": v for k, v in out.layer.state_dict().items()}}
+        sd = {**sd, **_layer_of(out)}
     _load_into(out, sd, f"{name} with {num_classes} classes", path)
     return out.eval().requires_grad_(False), meta

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 from itertools import chain, count, islice
 from typing import Iterator, Sequence
 
@@ -31,11 +32,16 @@ __all__ = [
     "PairedBatches",
     "MAX_IMAGE_PIXELS",
     "MAX_ASPECT",
+    "MAX_CLASSES",
+    "label_count",
 ]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 MAX_IMAGE_PIXELS = 40_000_000  # 160 MB as float32 RGB before resizing
 MAX_ASPECT = 20  # longer side / shorter side: a resize of the short side stays bounded
+# A task's classes are max(label) + 1, and a classifier is sized by them: one label of 5,000,000
+# among 16 samples asked for a 20.5 GB head.  timm's num_classes bound (create_model) is the same.
+MAX_CLASSES = 100_000
 
 
 class DataError(ValueError):
@@ -49,13 +55,30 @@ def model_normalization(model) -> dict:
     return timm.data.resolve_data_config({}, model=getattr(model, "net", model))
 
 
+def _open_regular(path: str):
+    """``path`` opened for reading, or a :class:`DataError` unless it is a regular file: opened
+    non-blocking and checked on the descriptor, so a named pipe called ``x.png`` (even one put
+    there after the folder was listed) is refused at once instead of blocking a decoder thread
+    for ever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be opened ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError(f"{path}: is not a regular file (a named pipe or device?), not an image")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def _decode(path: str) -> torch.Tensor:
     """An image file as float32 RGB (3, H, W) in [0, 1]: size and aspect bounded from the header
     before decoding, 16-bit and float images scaled, never clipped."""
     from PIL import Image, UnidentifiedImageError  # noqa: PLC0415
 
+    fh = _open_regular(path)
     try:
-        with Image.open(path) as img:
+        with fh, Image.open(fh) as img:
             w, h = img.size
             if w * h > MAX_IMAGE_PIXELS or max(w, h) > MAX_ASPECT * min(w, h):
                 raise DataError(
@@ -132,6 +155,9 @@ def image_folder(root: "str | os.PathLike", split: str, model) -> ImageFolder:
                 for f in sorted(names)
                 if f.lower().endswith(IMG_EXTENSIONS)
             ]
+        for f in files:  # reading a named pipe or a device would block
+            if not os.path.isfile(f):
+                raise DataError(f"{f}: is not a regular file (a named pipe or device?)")
         if len(files) < 2:
             raise DataError(
                 f"{os.path.join(path, name)}: {len(files)} image(s); a class needs at least 2"
@@ -242,6 +268,26 @@ def dataset_labels(ds: Dataset) -> np.ndarray:
     if hasattr(ds, "indices") and hasattr(ds.dataset, "targets"):
         return np.asarray(ds.dataset.targets)[np.asarray(ds.indices)]
     return np.asarray([int(ds[i][1]) for i in range(len(ds))])
+
+
+def label_count(y, name: str, classes: "int | None" = None) -> int:
+    """The classes ``max(label) + 1`` of the labels ``y`` (:func:`dataset_labels`), or a
+    :class:`DataError` naming ``name``, the label and its sample when one is negative, or not below
+    ``classes`` (the model's classifier) or :data:`MAX_CLASSES` (before any classifier is sized by
+    it)."""
+    y = np.asarray(y).reshape(-1)
+    top = MAX_CLASSES if classes is None else classes
+    bad = np.flatnonzero((y < 0) | (y >= top))
+    if bad.size:
+        i = int(bad[0])
+        limit = f"the model's {classes} classes" if classes is not None else f"{MAX_CLASSES}"
+        raise DataError(
+            f"{name}: sample {i} has label {y[i]}; labels must be in [0, {top}) "
+            f"({limit}; a task's classes are its largest label + 1"
+            + (", and each sizes the attacker's classifier" if classes is None else "")
+            + ")"
+        )
+    return int(y.max()) + 1
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,6 +16,7 @@ from pycore.validation import ParameterError
 
 __all__ = [
     "ImmunizedNet",
+    "linear_classifier",
     "PretrainedUnavailableError",
     "create_model",
     "as_immunized",
@@ -32,20 +33,43 @@ class PretrainedUnavailableError(RuntimeError):
     """``pretrained=True`` could not fetch weights (offline, hub unreachable, no cache)."""
 
 
-def _classifier_width(net: nn.Module) -> int:
+def linear_classifier(net: nn.Module) -> nn.Linear:
+    """timm's classifier of ``net`` as the one ``nn.Linear`` on its pre-logits that the
+    immunization layer feeds.  An ``nn.Linear`` as it is.  LeViT's heads (``NormLinear``: a
+    BatchNorm1d before the Linear; in the distilled models a second such head on the same
+    pre-logits, the logits their mean) are folded into one with timm's own ``NormLinear.fuse``,
+    exact in eval mode, and installed in ``net`` (both heads become the one module, so its own
+    forward gives the same logits).  Any other classifier, e.g. DeiT's and PiT's distilled pair
+    (its heads read two different tokens, no one head on the pre-logits equals it), is a
+    :class:`ParameterError`."""
     head = net.get_classifier()
-    width = (
-        getattr(head, "in_features", None)
-        or getattr(net, "head_hidden_size", None)
-        or net.num_features
+    heads = tuple(head) if isinstance(head, (tuple, list)) else (head,)
+    if heads and isinstance(heads[0], nn.Linear) and all(h is heads[0] for h in heads):
+        return heads[0]
+    from timm.models.levit import Levit, NormLinear  # noqa: PLC0415
+
+    if isinstance(net, Levit) and heads and all(isinstance(h, NormLinear) for h in heads):
+        fused = [h.fuse() for h in heads]
+        w = heads[0].linear.weight
+        merged = nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            merged.weight.copy_(torch.stack([f.weight for f in fused]).mean(0))
+            merged.bias.copy_(torch.stack([f.bias for f in fused]).mean(0))
+        net.head = merged
+        if hasattr(net, "head_dist"):
+            net.head_dist = merged
+        return merged
+    kind = " and ".join(type(h).__name__ for h in heads)
+    raise ParameterError(
+        "model",
+        f"{type(net).__name__}'s classifier is {kind}, not one linear layer on the pre-logits "
+        "(supported: nn.Linear, LeViT's NormLinear heads; a model made with num_classes=0 has "
+        "none, a DeiT or PiT distilled pair reads two tokens)",
     )
-    if not isinstance(head, nn.Linear):
-        raise ParameterError(
-            "model",
-            f"{type(net).__name__}'s classifier is {type(head).__name__}, not a "
-            "linear layer (a model made with num_classes=0 has none)",
-        )
-    return int(width)
+
+
+def _classifier_width(net: nn.Module) -> int:
+    return int(linear_classifier(net).in_features)
 
 
 class ImmunizedNet(nn.Module):
@@ -84,19 +108,20 @@ class ImmunizedNet(nn.Module):
         return int(self.layer.weight.shape[0])
 
     def get_classifier(self) -> nn.Module:
-        return self.net.get_classifier()
+        return linear_classifier(self.net)
 
     classifier = property(get_classifier)
 
     def reset_classifier(self, num_classes: int, *args, **kwargs) -> None:
         self.net.reset_classifier(num_classes, *args, **kwargs)
+        linear_classifier(self.net)  # LeViT's new heads folded again
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.net.forward_features(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         z = self.layer(self.net.forward_head(x, pre_logits=True))
-        return z if pre_logits else self.net.get_classifier()(z)
+        return z if pre_logits else self.get_classifier()(z)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
@@ -136,9 +161,10 @@ def tail_modules(net: nn.Module, stages: int = 1) -> list[nn.Module]:
             f"feature_info; cannot train its last {stages}",
         )
     children, head = list(net.named_children()), net.get_classifier()
+    heads = tuple(head) if isinstance(head, (tuple, list)) else (head,)
     start = [n for n, _ in children].index(names[-1].split(".")[0]) + 1
     # m itself included
-    after = [m for _, m in children[start:] if not any(q is head for q in m.modules())]
+    after = [m for _, m in children[start:] if not any(q is h for q in m.modules() for h in heads)]
     return [net.get_submodule(n) for n in names[-stages:]] + after
 
 

@@ -15,7 +15,6 @@ objective in one process."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import math
 import time
@@ -32,8 +31,9 @@ from pycore import ops
 from pycore.deep.data import PairedBatches, ShardedBatches, fetch
 from pycore.deep.harden import HARDENINGS, harden
 from pycore.deep.objectives import DEEP_METHODS, LAMBDA_OF_TERM, combine_terms, loss_terms
+from pycore.options import Options
 from pycore.report import progress as progress_bar
-from pycore.validation import DivergenceError, ParameterError, check_choice, check_number
+from pycore.validation import DivergenceError, ParameterError
 
 __all__ = [
     "DEEP_METHODS",
@@ -46,70 +46,6 @@ __all__ = [
     "OPTION_RULES",
     "OPTION_CHOICES",
 ]
-
-
-@dataclass(frozen=True)
-class DeepOptions:
-    """Options of deep immunization. ``ours`` defaults to the adaptive rule of the linear default
-    on the layer's frozen features (``rule``, ``adaptive_steps``, ``patience``, ``adaptive_lr``;
-    docs/design.md §4). ``rule="sgd"`` and the baselines run the paper's loop: the layer (and with
-    ``scope="tail"`` the backbone's last stages) by SGD lr 0.1, ≤ 400 steps of 64 + 64 samples,
-    every term re-balanced every step; the paper's Table 4 uses fixed λ's, ``lr=1e-5``,
-    ``scope="tail"`` (experiments/deep_configs.py)."""
-
-    rule: str = "adaptive"  # ours: "adaptive" (pycore.adaptive on the layer) or "sgd" (Eq. (11))
-    adaptive_steps: int = 5000  # the adaptive rule's step budget (the linear default's)
-    patience: int = 300  # the adaptive rule's patience (the linear default's)
-    adaptive_lr: "float | None" = None  # None: pycore.deep.layer.relative_step_lr(D)
-
-    epochs: int = 100  # epochs of the paired loader (the longer task sets the length)
-    max_steps: "int | None" = 400
-    batch_size: int = 64  # per rank; capped at the smaller task's size
-    lr: float = 0.1
-    momentum: float = 0.9
-    nesterov: bool = True
-    weight_decay_extractor: float = 0.0
-    weight_decay_classifier: float = 2e-5
-    label_smoothing: float = 0.1
-    lambda_p: float = 5e-5  # R_well weight (fixed λ's: balance=None)
-    lambda_h: float = 2e6  # R_ill weight
-    lambda_kappa: float = 1.0  # Opt-κ weight
-    lambda_imma: float = 1.0  # IMMA harmful-loss weight
-    balance: "float | None" = (
-        1.0  # λ := balance·‖∇CE‖/‖∇term‖ (App. C.2); None: the lambda_* above
-    )
-    balance_every: int = 1  # 0: balance at step 0 only
-    balance_ill: "float | None" = None  # balance of the R_ill term alone (the trade-off sweep)
-    imma_inner_steps: int = 3
-    imma_inner_lr: float = 1.0  # in units of 1/λ_max(AᵀA/N)
-    ridge_rel: float = 1e-6  # preconditioner ridge relative to tr(XᵀX)/N of the first D_P batch
-    scope: str = "layer"  # "layer": the layer alone; "tail": also the backbone's last stages
-    stages: int = 1  # scope "tail": how many of the backbone's last stages
-    virtual_ranks: int = 1
-    harden: str = "none"  # pycore.deep.harden, applied after training
-    harden_scale: float = 0.01
-    normalize: bool = True  # steps in unit-scale features (False: the features' own scale)
-    dp_tolerance: "float | None" = 2.0  # end on the last state within this many % of D_P's top-1
-
-    def __post_init__(self):
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name in OPTION_RULES:
-                check_number(v, f.name, **OPTION_RULES[f.name])
-            elif f.name in OPTION_CHOICES:
-                check_choice(v, f.name, OPTION_CHOICES[f.name])
-            elif not isinstance(v, bool):
-                raise ParameterError(f.name, f"{f.name} must be True or False, got {v!r}")
-        if self.balance_ill is not None and self.balance is None:
-            raise ParameterError(
-                "balance_ill", "balance_ill re-weights the balanced R_ill term: set balance"
-            )
-        if self.rule == "adaptive" and self.scope != "layer":
-            raise ParameterError(
-                "rule",
-                "the adaptive rule solves the layer on frozen features (scope 'layer'); "
-                "scope 'tail' trains the backbone too: pass rule='sgd'",
-            )
 
 
 def _count(low: int, high: int, none_ok: bool = False) -> dict:
@@ -162,16 +98,72 @@ OPTION_RULES = {
 OPTION_CHOICES = {"scope": ("layer", "tail"), "harden": HARDENINGS, "rule": ("adaptive", "sgd")}
 
 
+@dataclass(frozen=True)
+class DeepOptions(Options):
+    """Options of deep immunization. ``ours`` defaults to the adaptive rule of the linear default
+    on the layer's frozen features (``rule``, ``adaptive_steps``, ``patience``, ``adaptive_lr``;
+    docs/design.md §4). ``rule="sgd"`` and the baselines run the paper's loop: the layer (and with
+    ``scope="tail"`` the backbone's last stages) by SGD lr 0.1, ≤ 400 steps of 64 + 64 samples,
+    every term re-balanced every step; the paper's Table 4 uses fixed λ's, ``lr=1e-5``,
+    ``scope="tail"`` (experiments/deep_configs.py). Every option is checked by
+    :data:`OPTION_RULES` or :data:`OPTION_CHOICES`, or is a bool
+    (:class:`pycore.options.Options`)."""
+
+    RULES = OPTION_RULES
+    CHOICES = OPTION_CHOICES
+
+    rule: str = "adaptive"  # ours: "adaptive" (pycore.adaptive on the layer) or "sgd" (Eq. (11))
+    adaptive_steps: int = 5000  # the adaptive rule's step budget (the linear default's)
+    patience: int = 300  # the adaptive rule's patience (the linear default's)
+    adaptive_lr: "float | None" = None  # None: pycore.deep.layer.relative_step_lr(D)
+
+    epochs: int = 100  # epochs of the paired loader (the longer task sets the length)
+    max_steps: "int | None" = 400
+    batch_size: int = 64  # per rank; capped at the smaller task's size
+    lr: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay_extractor: float = 0.0
+    weight_decay_classifier: float = 2e-5
+    label_smoothing: float = 0.1
+    lambda_p: float = 5e-5  # R_well weight (fixed λ's: balance=None)
+    lambda_h: float = 2e6  # R_ill weight
+    lambda_kappa: float = 1.0  # Opt-κ weight
+    lambda_imma: float = 1.0  # IMMA harmful-loss weight
+    balance: "float | None" = (
+        1.0  # λ := balance·‖∇CE‖/‖∇term‖ (App. C.2); None: the lambda_* above
+    )
+    balance_every: int = 1  # 0: balance at step 0 only
+    balance_ill: "float | None" = None  # balance of the R_ill term alone (the trade-off sweep)
+    imma_inner_steps: int = 3
+    imma_inner_lr: float = 1.0  # in units of 1/λ_max(AᵀA/N)
+    ridge_rel: float = 1e-6  # preconditioner ridge relative to tr(XᵀX)/N of the first D_P batch
+    scope: str = "layer"  # "layer": the layer alone; "tail": also the backbone's last stages
+    stages: int = 1  # scope "tail": how many of the backbone's last stages
+    virtual_ranks: int = 1
+    harden: str = "none"  # pycore.deep.harden, applied after training
+    harden_scale: float = 0.01
+    normalize: bool = True  # steps in unit-scale features (False: the features' own scale)
+    dp_tolerance: "float | None" = 2.0  # end on the last state within this many % of D_P's top-1
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.balance_ill is not None and self.balance is None:
+            raise ParameterError(
+                "balance_ill", "balance_ill re-weights the balanced R_ill term: set balance"
+            )
+        if self.rule == "adaptive" and self.scope != "layer":
+            raise ParameterError(
+                "rule",
+                "the adaptive rule solves the layer on frozen features (scope 'layer'); "
+                "scope 'tail' trains the backbone too: pass rule='sgd'",
+            )
+
+
 def options(base: "DeepOptions | None" = None, **given) -> DeepOptions:
     """``base`` (default :class:`DeepOptions`) with ``given`` replaced; an unknown or bad option is
     a :class:`~pycore.validation.ParameterError` whose ``.parameter`` names it."""
-    names = [f.name for f in dataclasses.fields(DeepOptions)]
-    for k in given:
-        if k not in names:
-            raise ParameterError(
-                k, f"unknown option {k!r} of deep immunization; options: {', '.join(names)}"
-            )
-    return dataclasses.replace(base or DeepOptions(), **given)
+    return DeepOptions.build(base or DeepOptions(), "deep immunization", **given)
 
 
 class NonFiniteLossError(DivergenceError):
@@ -179,8 +171,8 @@ class NonFiniteLossError(DivergenceError):
     failed step (not applied: the model keeps its last good step, which only experiments/ write to
     a file)."""
 
-    def __init__(self, message: str, parameter: str, step: int):
-        super().__init__(message, parameter)
+    def __init__(self, parameter: str, message: str, step: int):
+        super().__init__(parameter, message)
         self.step = step
 
 
@@ -586,8 +578,8 @@ def _stop(method, opts, step, reason):
         + ("" if opts.balance is not None else " or the fixed λ's")
     )
     raise NonFiniteLossError(
+        param,
         f"[{method}] non-finite loss or gradient at step {step} ({reason}); the model "
         f"keeps its state after step {step - 1}: {advice}",
-        param,
         step,
     )

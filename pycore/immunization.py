@@ -6,7 +6,7 @@ Methods: :data:`METHODS` (docs/theory.md §6, §7, §10), options: :func:`option
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
@@ -15,11 +15,12 @@ from pycore import methods
 from pycore.evaluate import immunized_def31
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.optim import OPTIMIZERS
+from pycore.options import Options
 from pycore.precondition import PRECONDITIONERS
 from pycore.spectral import SpectrumError, gram_spectrum
 from pycore.tasks import LinearTask
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError, check_betas, check_choice, check_number, check_rng
+from pycore.validation import ParameterError, check_betas, check_choice, check_rng, check_work
 
 # Bounds of the counts (epochs=10**23 fails at once instead of running until killed): 100× the
 # paper's largest epoch count (Table 4: 1000), ~300× IMMA's 3 unrolled steps.
@@ -41,43 +42,40 @@ OPTION_RULES = {
     "inner_steps": dict(low=0, high=MAX_INNER_STEPS, integer=True),
     "inner_lr": dict(low=0.0, high=2.0, high_open=True),
     "safety": dict(low=0.0, high=1.0, low_open=True, high_open=True),
+    "exponent": dict(),  # any finite number
 }
 OPTION_CHOICES = {
     "optimizer": OPTIMIZERS,
     "precond": PRECONDITIONERS,
     "init": ("identity", "random"),
-    "log": (False, True),
 }
+# options that also take a word: "auto" λ's (the adaptive Algorithm 1), the "auto" exponent
+OPTION_WORDS = {"lambda_p": ("auto",), "lambda_h": ("auto",), "exponent": ("auto",)}
 
 
 @dataclass(frozen=True)
-class Options:
-    """Base of the per-method options: every field is checked by the rule of its name."""
+class LinearOptions(Options):
+    """Base of the per-method options (:func:`options_of`): the rules of :data:`OPTION_RULES`,
+    :data:`OPTION_CHOICES` and :data:`OPTION_WORDS`, Adam's ``betas`` a pair in [0, 1)."""
+
+    RULES = OPTION_RULES
+    CHOICES = OPTION_CHOICES
+    CHECKS = {"betas": check_betas}
+    WORDS = OPTION_WORDS
 
     def __post_init__(self):
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value == "auto" and f.name in ("lambda_p", "lambda_h"):
-                continue
-            if f.name in OPTION_RULES:
-                check_number(value, f.name, **OPTION_RULES[f.name])
-            elif f.name in OPTION_CHOICES:
-                check_choice(value, f.name, OPTION_CHOICES[f.name])
-            elif f.name == "exponent" and value != "auto":
-                check_number(value, "exponent")
-            elif f.name == "betas":
-                check_betas(value)
+        super().__post_init__()
         if getattr(self, "precond", None) == "ridge" and not self.ridge > 0:
             raise ParameterError("ridge", f"precond 'ridge' needs ridge > 0, got {self.ridge!r}")
 
 
 @dataclass(frozen=True)
-class IdentityOptions(Options):
+class IdentityOptions(LinearOptions):
     """θ = I: no options."""
 
 
 @dataclass(frozen=True)
-class ClosedFormOptions(Options):
+class ClosedFormOptions(LinearOptions):
     """Exponent a of s² = λ_C^a (docs/theory.md §10): a number, or "auto"
     (:func:`auto_exponent`)."""
 
@@ -85,7 +83,7 @@ class ClosedFormOptions(Options):
 
 
 @dataclass(frozen=True)
-class _LoopOptions(Options):
+class _LoopOptions(LinearOptions):
     epochs: int = 100  # paper Sec. 5.1 text (Table 4 says 1000)
     lr: float = 0.02  # paper 0.005; docs/findings.md §1
     batch_size: int | None = 64  # D_P mini-batch of the loss term (paper: 64); None = full batch
@@ -105,9 +103,8 @@ class OursOptions(_AdamOptions):
     :func:`pycore.methods.algorithm1_auto`; numbers give the paper's fixed-λ loop (``PRESETS``)."""
 
     lambda_p: float | str = "auto"  # λ_P, weight of R_well(H_P); the paper's: 100
-    lambda_h: float | str = (
-        "auto"  # λ_H, weight of R_ill(H_H); paper 1e7 leaves R_ill inert under Adam
-    )
+    # λ_H, weight of R_ill(H_H); the paper's 1e7 leaves R_ill inert under Adam
+    lambda_h: float | str = "auto"
     precond: str = "pinv"  # K⁺ (K is singular on real data, docs/theory.md §5)
     ridge: float = 0.0  # λ of precond "ridge", (K + λI)⁻¹
     patience: int = 300  # "auto": steps without progress before lr/3 (twice), then stop
@@ -120,10 +117,14 @@ class OursOptions(_AdamOptions):
         super().__post_init__()
         auto = [name for name in ("lambda_p", "lambda_h") if getattr(self, name) == "auto"]
         if len(auto) == 1:
+            # named: the λ that was set to a number (both default to "auto", so it is the one a
+            # caller gave), not the one left at its default
+            given = "lambda_h" if auto[0] == "lambda_p" else "lambda_p"
             raise ParameterError(
-                auto[0],
-                f"{auto[0]} = 'auto' needs the other λ 'auto' too: the adaptive "
-                "default sets both (give both numbers for the fixed-λ loop)",
+                given,
+                f"{given} = {getattr(self, given)!r} picks the fixed-λ loop, which needs "
+                f"{auto[0]} as a number too (it is 'auto', the adaptive default's setting of "
+                "both λ's)",
             )
         if auto and (self.optimizer != "adam" or self.init != "identity"):
             bad = "optimizer" if self.optimizer != "adam" else "init"
@@ -236,46 +237,91 @@ PRESETS = MappingProxyType(
 )
 
 
-def options_of(method: str) -> type[Options]:
+# Working set per method (pycore.validation.check_work): (D×D arrays, N×D blocks per row of both
+# tasks) at its peak, from tracemalloc on random tasks (D = 300-400, N = 25-600) rounded up, the
+# task's K_P and K_H included; certified "ours" and the fixed-λ loop are the larger of its modes.
+WORK = MappingProxyType(
+    {
+        "identity": (2, 1),
+        "closed_form": (2, 3),
+        "ours": (21, 7),
+        "imma": (13, 1),
+        "r_ill_only": (6, 4),
+        "opt_kappa": (21, 5),
+        "opt_kappa_balanced": (21, 5),
+    }
+)
+
+
+def options_of(method: str) -> type[LinearOptions]:
+    """The options class of ``method`` (one of :data:`METHODS`)."""
     return _OPTIONS[check_choice(method, "method", METHODS)]
 
 
-def resolve_options(method: str, preset: str | None = None, **options) -> Options:
-    """``method``'s options: the preset's values it has, then ``options`` (one it lacks is
-    refused)."""
-    return _resolve(options_of(method), method, preset, options)
+def resolve_options(
+    method: str, preset: str | None = None, /, *, certified: bool = False, **options
+) -> LinearOptions:
+    """``method``'s options: the values of ``PRESETS[preset]`` it has, then ``options``.
+
+    The one place a preset meets the options a caller gives (:func:`immunize`,
+    :func:`immunize_certified` and the command lines all come here). ``certified``: the options
+    of :func:`immunize_certified` (method "ours" only). An option the method lacks is refused,
+    naming it and the method.
+    """
+    if certified and method != "ours":
+        raise ParameterError("certified", f"certified mode is a mode of 'ours', not of {method!r}")
+    cls, what = (
+        (CertifiedOptions, "ours (certified)") if certified else (options_of(method), method)
+    )
+    base = None if preset is None else PRESETS[check_choice(preset, "preset", tuple(PRESETS))]
+    return cls.build(base, what, **options)
 
 
-def _resolve(cls, method, preset, options):
-    names = [f.name for f in fields(cls)]
-    for key in options:
-        if key not in names:
-            raise ParameterError(
-                key,
-                f"{method} has no option {key!r}; its options are: {', '.join(names) or 'none'}",
-            )
-    base = {} if preset is None else PRESETS[check_choice(preset, "preset", tuple(PRESETS))]
-    return cls(**{**{k: v for k, v in base.items() if k in names}, **options})
-
-
-@dataclass
+@dataclass(frozen=True, eq=False)
 class ImmunizationResult:
     """θ_I, what happened on the way there, and Definition 3.1 on the task's rows
-    (docs/theory.md §8)."""
+    (docs/theory.md §8).
+
+    Attributes
+    ----------
+    method : str
+        One of :data:`METHODS`.
+    theta : ndarray, shape (D, D)
+        The immunized feature extractor; features are ``Xθ``.
+    omega : ndarray or None
+        The D_P head the loop trained with θ (None for the methods that train none).
+    options : LinearOptions
+        The method's options as run (:func:`resolve_options`).
+    harmful_ratio, pretrain_ratio : float
+        (i) = κ(H_H(θ))/κ(H_H(I)) and (ii) = κ(H_P(θ))/κ(H_P(I)) on the task's rows; NaN when θ
+        collapsed a task's features.
+    rir : float
+        (i)/(ii), paper Eq. (15).
+    immunized : bool
+        Definition 3.1: (i) > 1 and (ii) < 1.
+    reason : str
+        One sentence: how the run stopped, which exponent, whether Definition 3.1 holds.
+    history, diagnostics : dict
+        Per-epoch traces and the run's own measurements (step bounds, clips, exponent, ...).
+    wall_seconds : float
+        Time the run took.
+    theta_unhardened, rotation : ndarray or None
+        Set by :func:`pycore.harden.harden_result`: θ = θ_unhardened · rotation.
+    """
 
     method: str
     theta: np.ndarray
     omega: np.ndarray | None
-    options: Options
-    harmful_ratio: float  # (i)  κ(H_H(θ))/κ(H_H(I))
-    pretrain_ratio: float  # (ii) κ(H_P(θ))/κ(H_P(I))
+    options: LinearOptions
+    harmful_ratio: float
+    pretrain_ratio: float
     rir: float
-    immunized: bool  # Definition 3.1: (i) > 1 and (ii) < 1
-    reason: str  # one sentence: how it stopped, which exponent, Definition 3.1
+    immunized: bool
+    reason: str
     history: dict = field(default_factory=dict)
     diagnostics: dict = field(default_factory=dict)
     wall_seconds: float = 0.0
-    theta_unhardened: np.ndarray | None = None  # pycore.harden.harden_result: θ = θ_unhardened Q
+    theta_unhardened: np.ndarray | None = None
     rotation: np.ndarray | None = None
 
 
@@ -288,8 +334,75 @@ def immunize(
     preset: str | None = None,
     **options,
 ) -> ImmunizationResult:
-    """Immunize ``task`` with ``method``; ``options`` (:func:`options_of`) on top of
-    ``PRESETS[preset]``."""
+    """Immunize a linear feature extractor θ against ``task``'s harmful rows.
+
+    Parameters
+    ----------
+    task : LinearTask
+        The pre-training task D_P and the harmful task D_H (docs/theory.md §1).
+    method : str, default "ours"
+        One of :data:`METHODS`: ``"ours"`` (Algorithm 1; by default the adaptive variant of
+        docs/design.md §4), ``"closed_form"`` (the optimal θ of docs/theory.md §10), the
+        baselines ``"r_ill_only"``, ``"imma"``, ``"opt_kappa"``, ``"opt_kappa_balanced"``, or
+        ``"identity"`` (θ = I).
+    rng : numpy.random.Generator
+        Every random draw of the run (mini-batches, a random start); the library never seeds.
+    preset : str, optional
+        Named settings, :data:`PRESETS` (``"house_price"``, ``"paper"``, ``"strict"``,
+        ``"mnist"``, ``"mnist_paper"``); each applies the values the method has.
+    **options
+        The method's options (:func:`options_of`), on top of the preset: ``epochs``, ``lr``,
+        ``lambda_p``, ``lambda_h``, ``exponent``, ...
+
+    Returns
+    -------
+    ImmunizationResult
+        ``theta``, ``omega``, ``options`` as run, (i) ``harmful_ratio``, (ii) ``pretrain_ratio``,
+        ``rir``, ``immunized`` (Definition 3.1 on the task's rows) and the ``reason`` in one
+        sentence.
+
+    Raises
+    ------
+    ParameterError
+        An unknown method or preset, an option the method lacks or a value out of its bounds, a
+        ``task`` that is not a :class:`LinearTask`, an ``rng`` that is not a Generator;
+        ``.parameter`` names it. Raised before any compute.
+    DivergenceError
+        The run became non-finite; ``.parameter`` names the setting to lower.
+
+    See Also
+    --------
+    immunize_certified : Algorithm 1 with every step within its proven bound.
+    pycore.evaluate_linear : every number of a table row, held-out rows included.
+    pycore.attack_evaluation : what attackers feel.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import LinearTask, immunize, rir_ceiling
+    >>> rng = np.random.default_rng(0)
+    >>> X_P = rng.standard_normal((50, 4)) * [1.0, 0.5, 0.2, 0.1]
+    >>> X_H = rng.standard_normal((40, 4)) @ rng.standard_normal((4, 4))
+    >>> task = LinearTask(X_P, rng.standard_normal(50), X_H, rng.standard_normal(40))
+    >>> res = immunize(task, rng=np.random.default_rng(0))
+    >>> res.immunized, bool(res.harmful_ratio > 1), bool(res.pretrain_ratio < 1)
+    (True, True, True)
+
+    The closed form reaches the ceiling of RIR over linear θ:
+
+    >>> best = immunize(task, "closed_form", rng=np.random.default_rng(0))
+    >>> round(best.rir / rir_ceiling(task.X_P, task.X_H).range_restricted, 9)
+    1.0
+
+    A preset gives the documented tables' settings; keywords override it:
+
+    >>> immunize(task, "imma", rng=rng, preset="house_price", epochs=5).options.epochs
+    5
+    >>> immunize(task, "imma", rng=rng, lambda_h=1.0)
+    Traceback (most recent call last):
+    ...
+    pycore.validation.ParameterError: imma has no option 'lambda_h'; its options are: ...
+    """
     return _run(task, method, resolve_options(method, preset, **options), rng)
 
 
@@ -298,9 +411,25 @@ def immunize_certified(
     task: LinearTask, *, rng: np.random.Generator, preset: str | None = None, **options
 ) -> ImmunizationResult:
     """Algorithm 1 with each regularizer step clipped to ``safety`` × its docs/theory.md §5 bound
-    and κ checked after it; ``diagnostics["certified"]`` counts the checks, clips and
-    violations."""
-    return _run(task, "ours", _resolve(CertifiedOptions, "ours (certified)", preset, options), rng)
+    and κ checked after it.
+
+    Takes the options of ``"ours"`` with numbers for both λ's (a preset such as
+    ``"house_price"`` gives them), a K⁻¹ or K⁺ preconditioner, and ``safety`` in (0, 1).
+    ``diagnostics["certified"]`` counts the checks, clips and violations; the rest is
+    :func:`immunize`'s.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import LinearTask
+    >>> rng = np.random.default_rng(0)
+    >>> X_P, X_H = rng.standard_normal((30, 3)), rng.standard_normal((30, 3))
+    >>> task = LinearTask(X_P, rng.standard_normal(30), X_H, rng.standard_normal(30))
+    >>> res = immunize_certified(task, rng=rng, preset="house_price", epochs=3, safety=0.5)
+    >>> res.options.safety, res.diagnostics["certified"]["checked"] > 0
+    (0.5, True)
+    """
+    return _run(task, "ours", resolve_options("ours", preset, certified=True, **options), rng)
 
 
 def _run(task, method, opts, rng):
@@ -309,6 +438,7 @@ def _run(task, method, opts, rng):
             "task", f"task must be a pycore.LinearTask, got {type(task).__name__}"
         )
     check_rng(rng)
+    check_method_work(task, method)
     t0 = time.perf_counter()
     if method == "closed_form":
         ceiling = rir_ceiling(task.X_P, task.X_H)
@@ -336,8 +466,27 @@ def _run(task, method, opts, rng):
         f"(i) = {hr:.4g}, (ii) = {pr:.4g}."
     )
     return ImmunizationResult(
-        method, theta, omega, opts, hr, pr, value, ok, why, hist, diag, time.perf_counter() - t0
+        method=method,
+        theta=theta,
+        omega=omega,
+        options=opts,
+        harmful_ratio=hr,
+        pretrain_ratio=pr,
+        rir=value,
+        immunized=ok,
+        reason=why,
+        history=hist,
+        diagnostics=diag,
+        wall_seconds=time.perf_counter() - t0,
     )
+
+
+def check_method_work(task: LinearTask, method: str) -> int:
+    """The bytes ``method`` sets out to hold on ``task`` (:data:`WORK`), or the ``ValueError`` of
+    :func:`pycore.validation.check_work` naming D and the bytes (checked before workers start)."""
+    squares, blocks = WORK[check_choice(method, "method", METHODS)]
+    rows = task.X_P.shape[0] + task.X_H.shape[0]
+    return check_work(task.D, rows, squares, blocks, f"immunize({method!r})")
 
 
 def _ratios(task, theta, diag) -> tuple[float, float]:
