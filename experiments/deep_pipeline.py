@@ -363,7 +363,7 @@ def run_seed(
     }
     rows, errors = {}, {}
     ceiling, window, why = attainability(ref["p_pool"], ref["h_train"][ev["h_pool_idx"]])
-    reach = {"ceiling": ceiling, "window": window and window.as_dict(), "why": why}
+    reach = {"ceiling": ceiling, "window": window and window.to_dict(), "why": why}
 
     def measure(row, model):
         variants = {row: (model, None)}

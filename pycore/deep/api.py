@@ -76,7 +76,7 @@ class DeepImmunization:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         del out["model"], out["history"]
         out["grouped"] = {**self.grouped.__dict__, "immunized": self.grouped.immunized}
-        out["window"] = None if self.window is None else self.window.as_dict()
+        out["window"] = None if self.window is None else self.window.to_dict()
         out["options"] = self.options.__dict__
         return out
 
