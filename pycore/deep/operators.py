@@ -217,8 +217,22 @@ def _with_lora(attacked: _Attacked, rank: int, seed: int) -> _Attacked:
     return attacked.eval()
 
 
+def _accuracy_of(m, ds) -> float:
+    """D_H accuracy (%) of the attacked model ``m`` on ``ds``."""
+    dev = next(m.parameters()).device
+    y = torch.as_tensor(dataset_labels(ds), dtype=torch.int64)
+    n, hits = len(ds), 0
+    with torch.no_grad():
+        for s in range(0, n, 256):
+            logits = m(fetch(ds, torch.arange(s, min(s + 256, n)))[0].to(dev))
+            hits += int((logits.argmax(1).cpu() == y[s : s + 256]).sum())
+    return 100.0 * hits / n
+
+
 def _deep_run(model, data: AttackData, op: str, lr: float, epochs, seed: int, batch_size: int):
-    """Train one deep operator at ``lr``: (test accuracy per scored epoch, validation accuracy)."""
+    """Train one deep operator at ``lr``: ``(model, its trained parameters after each scored
+    epoch, validation accuracy after the last)``; only the chosen setting is then scored on the
+    test split (:func:`_scored`)."""
     m = attack_copy(model, data.classes, seed=seed)
     if op.startswith("lora_r"):
         m = _with_lora(m, int(op[6:]), seed)
@@ -228,29 +242,31 @@ def _deep_run(model, data: AttackData, op: str, lr: float, epochs, seed: int, ba
             mod.requires_grad_(True)
     m.head.requires_grad_(True)
     dev = next(m.parameters()).device
-    params = [p for p in m.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=lr)
+    params = dict((n, p) for n, p in m.named_parameters() if p.requires_grad)
+    opt = torch.optim.Adam(params.values(), lr=lr)
     ytr = torch.as_tensor(dataset_labels(data.train), dtype=torch.int64)
     batches = ShardedBatches(len(data.train), min(batch_size, len(data.train)), seed=seed)
-
-    @torch.no_grad()
-    def accuracy(ds) -> float:
-        y = torch.as_tensor(dataset_labels(ds), dtype=torch.int64)
-        n, hits = len(ds), 0
-        for s in range(0, n, 256):
-            logits = m(fetch(ds, torch.arange(s, min(s + 256, n)))[0].to(dev))
-            hits += int((logits.argmax(1).cpu() == y[s : s + 256]).sum())
-        return 100.0 * hits / n
-
-    acc = []  # epoch 0 is a random new head: chance, not scored
+    snaps = []  # epoch 0 is a random new head: chance, not scored
     for e in range(max(epochs)):
         for (idx,) in batches.epoch(e):
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(m(fetch(data.train, idx)[0].to(dev)), ytr[idx].to(dev)).backward()
             opt.step()
         if e + 1 in epochs:
-            acc.append(accuracy(data.test))
-    return acc, accuracy(data.val)
+            snaps.append({n: p.detach().clone() for n, p in params.items()})
+    return m, snaps, _accuracy_of(m, data.val)
+
+
+def _scored(m, snaps, test) -> list[float]:
+    """Test accuracy of ``m`` at each of its snapshots (the chosen setting's epochs)."""
+    params = dict(m.named_parameters())
+    out = []
+    with torch.no_grad():
+        for snap in snaps:
+            for n, v in snap.items():
+                params[n].copy_(v)
+            out.append(_accuracy_of(m, test))
+    return out
 
 
 def _probe_runs(op, Z, y, epochs, seed, classes):
@@ -312,10 +328,14 @@ def run_operators(
             runs = {k: ([t[e] for e in scored], v) for k, (t, v) in runs.items()}
         else:
             grid = LR_GRIDS["lora" if n.startswith("lora_r") else n]
-            runs = {
+            trained = {
                 f"lr {lr:g}": _deep_run(net, data, n, lr, scored[1:], seed, batch_size)
                 for lr in grid
             }
+            pick = max(trained, key=lambda k: trained[k][2])  # first of the best (grids ascend)
+            runs = {k: ([], v) for k, (_, _, v) in trained.items()}
+            runs[pick] = (_scored(*trained[pick][:2], data.test), trained[pick][2])
+            del trained
         best = max(runs, key=lambda k: runs[k][1])  # first of the best (grids ascend)
         out[n] = OperatorCurve(
             n,
