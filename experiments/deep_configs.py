@@ -64,10 +64,10 @@ def _paper(name, model, lam_p, lam_h, epochs, stages):
 
 
 # The CPU demo: MNIST 0-4 (D_P) vs 5-9 (D_H) at 32 px, θ₀ trained here on D_P; Ours by the
-# adaptive rule on the layer, the closed-form layer, the baselines by the paper's loop (DeepOptions'
-# defaults, in the features' own scale and without the D_P guard); every row also measured
-# hardened; (i)/(ii) on all training rows (≥ D: the linear problem's κ's); the operators on 128 D_H
-# images, tuned on 64 more, scored after 1 and 2 epochs (the budget: docs/findings.md §7).
+# adaptive rule on the layer, the closed-form layer, the baselines by the paper's loop
+# (DeepOptions' defaults, in the features' own scale, without the D_P guard); every row also
+# hardened; (i)/(ii) on all training rows (≥ D: the linear problem's κ's); the operators on 128
+# D_H images, tuned on 64 more, scored after 1 and 2 epochs (the budget: docs/findings.md §7).
 _DEMO = {
     "options": DeepOptions(harden="label_subspace", normalize=False, dp_tolerance=None),
     "per_digit": 250,
