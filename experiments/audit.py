@@ -23,6 +23,7 @@ import torch
 from experiments import common, deep_report
 from experiments.deep_pipeline import RunConfig, RunOptions, audit, load_data
 from pycore.deep import CheckpointError, load_model
+from pycore.deep.operators import LORA_RANKS, OPERATORS, operator_names
 from pycore.report import dumps_json
 
 
@@ -56,7 +57,22 @@ def build_parser() -> common.Parser:
         "--rir-group-size", type=common.count(2, 100_000), default=100, help="RIR_θ₀: group size"
     )
     p.add_argument(
-        "--epochs", type=common.count(5, 200), default=20, help="attacker epochs (scored 1, 5, N)"
+        "--epochs",
+        type=common.count(1, 200),
+        default=5,
+        help="epochs of every operator (scored after 1 and N) and of the GD probe curve",
+    )
+    p.add_argument(
+        "--operators",
+        type=common.comma_list(choices=OPERATORS),
+        default=list(OPERATORS),
+        help="operators to attack with (pycore.deep.operators; default: all)",
+    )
+    p.add_argument(
+        "--lora-ranks",
+        type=common.comma_list(common.count(1, 100_000)),
+        default=list(LORA_RANKS),
+        help="ranks of the LoRA operator, one operator each",
     )
     common.add_seeds(p, "1")
     p.add_argument(
@@ -70,6 +86,7 @@ def build_parser() -> common.Parser:
 def main(argv=None) -> int:
     def body(args):
         out = common.check_out(args.out, ("results.json", "table.md", "audit.png"))
+        operator_names(args.operators, args.lora_ranks)  # a bad name or rank: before compute
         if (args.dp_root is None) != (args.dh_root is None):
             raise common.UsageError(
                 "pass both --dp-root and --dh-root, or neither (the demo digits)",
@@ -107,8 +124,10 @@ def main(argv=None) -> int:
             rir_pool=500,
             rir_groups=args.rir_groups,
             rir_group_size=args.rir_group_size,
-            probe_epochs=max(60, args.epochs),
-            attack_epochs=tuple(sorted({1, 5, args.epochs})),
+            probe_epochs=args.epochs,
+            attack_epochs=tuple(sorted({1, args.epochs})),
+            operators=tuple(args.operators),
+            lora_ranks=tuple(args.lora_ranks),
         )
         roots = (r and str(r) for r in (args.dp_root, args.dh_root))
         opts = RunOptions(*roots, args.val_split, quiet=args.quiet)
@@ -132,7 +151,7 @@ def main(argv=None) -> int:
             {
                 "table.md": table,
                 "results.json": dumps_json(result, indent=1),
-                "audit.png": lambda p: deep_report.plot_attacks(result, p),
+                "audit.png": lambda p: deep_report.plot_operators(result, p),
             },
         )
         print(table, f"wrote {out}/results.json, table.md, audit.png", sep="\n")

@@ -28,10 +28,18 @@ from pycore.deep import (
     NonFiniteLossError,
     create_model,
     harden,
-    immunize,
+    immunize_in_place,
     load_model,
 )
-from pycore.deep.attacks import ADAM_LRS, feature_attacks, finetune_attack
+from pycore.deep.attacks import linear_probe_curve
+from pycore.deep.operators import (
+    LORA_RANKS,
+    OPERATORS,
+    AttackData,
+    OperatorCurve,
+    compare,
+    run_operators,
+)
 from pycore.deep.data import (
     DataError,
     ShardedBatches,
@@ -40,15 +48,14 @@ from pycore.deep.data import (
     image_folder,
     mnist_demo_tasks,
 )
-from pycore.deep.distributed import barrier, broadcast_module
+from pycore.deep.distributed import barrier, broadcast_module, init_from_env
 from pycore.deep.features import extract, prelogits_dataset
+from pycore.deep.layer import attainability
 from pycore.evaluate import immunized_def31
-from pycore.metrics import grouped_feature_rir
+from pycore.metrics import feature_rir, grouped_feature_rir
 from pycore.report import environment, summarize
 from pycore.spectral import gram_spectrum
 from pycore.threads import bounded_blas
-
-ATTACKERS = ("gd", "adam", "adam_whitened", "finetune")
 
 
 @dataclass
@@ -71,12 +78,12 @@ class RunConfig:
     rir_pool: "int | None" = None  # samples per task the RIR groups are drawn from
     probe_epochs: int = 50
     eval_batch: int = 256
-    attack_epochs: tuple = (1, 5, 20)
-    adam_lrs: tuple = ADAM_LRS  # empty: no Adam attackers
-    finetune_lr: float = 1e-4
-    finetune_pool: "int | None" = 256  # D_H training images of the fine-tuning attacker
-    finetune_test: "int | None" = 500  # D_H test images it is scored on
-    finetune: bool = True
+    attack_epochs: tuple = (1, 5)
+    operators: tuple = OPERATORS  # pycore.deep.operators, each tuned on the attacker's val split
+    lora_ranks: tuple = LORA_RANKS
+    attack_train: "int | None" = 256  # D_H training images of every operator
+    attack_val: int = 128  # further D_H training images: the attacker's validation split
+    attack_test: "int | None" = None  # D_H test images the operators are scored on (None: all)
 
 
 @dataclass
@@ -163,6 +170,13 @@ def load_data(rc: RunConfig, opts: RunOptions, rng) -> tuple[dict, int, int]:
     return sets, len(sets["p_train"].classes), len(sets["h_train"].classes)
 
 
+def _take(ds, idx: np.ndarray):
+    """Rows ``idx`` of ``ds``: a TensorDataset of them, or a Subset of an image folder."""
+    if isinstance(ds, TensorDataset):
+        return TensorDataset(*(t[torch.from_numpy(idx)] for t in ds.tensors))
+    return Subset(ds, idx.tolist())
+
+
 def _subset(ds, n, rng):
     if n is None or n >= len(ds):
         return ds
@@ -191,7 +205,9 @@ def spectrum_spread(Z, Z_ref, *, rng, groups: int, group_size: int) -> dict:
 
 @bounded_blas
 def evaluate_extractor(model, ref: dict, ev: dict, rc: RunConfig, seed: int, phase) -> dict:
-    """D_P top-1, RIR_θ₀ against θ₀'s features ``ref``, Definition 3.1 and the attackers."""
+    """D_P top-1, (i), (ii) and RIR_θ₀ against θ₀'s features ``ref`` on the whole pools (exact
+    κ's: the linear problem the layer is) and by the paper's groups, Definition 3.1 on each, the
+    probe curve of Figure 3 and every operator of :mod:`pycore.deep.operators`."""
     with phase("features_rir"):
         f = {
             k: extract(model, d, cached=ev["cached"], batch_size=rc.eval_batch)
@@ -204,61 +220,57 @@ def evaluate_extractor(model, ref: dict, ev: dict, rc: RunConfig, seed: int, pha
             ).cpu()
         acc = 100.0 * float((logits.argmax(1).numpy() == ev["y"]["p_val"]).mean())
         hp, kw = ev["h_pool_idx"], {"groups": rc.rir_groups, "group_size": rc.rir_group_size}
-        rir = grouped_feature_rir(
-            f["p_pool"],
-            f["h_train"][hp],
-            ref["p_pool"],
-            ref["h_train"][hp],
-            rng=np.random.default_rng([seed, 17]),
-            **kw,
-        )
+        pools = (f["p_pool"], f["h_train"][hp], ref["p_pool"], ref["h_train"][hp])
+        r = feature_rir(*pools)
+        rir = {
+            "value": r.value,
+            "harmful_ratio": r.harmful_ratio,
+            "pretrain_ratio": r.pretrain_ratio,
+        }
+        groups = grouped_feature_rir(*pools, rng=np.random.default_rng([seed, 17]), **kw)
         spread = spectrum_spread(
             f["h_train"][hp], ref["h_train"][hp], rng=np.random.default_rng([seed, 18]), **kw
         )
-    last, nch = max(rc.attack_epochs), ev["classes_h"]
-    with phase("probes"):
-        attacks = feature_attacks(
+    with phase("probe_curve"):
+        curve = linear_probe_curve(
             f["h_train"],
             ev["y"]["h_train"],
             f["h_test"],
             ev["y"]["h_test"],
-            epochs=last,
-            gd_epochs=max(rc.probe_epochs, last),
-            adam_lrs=rc.adam_lrs,
+            epochs=rc.probe_epochs,
+            num_classes=ev["classes_h"],
+        ).test_accuracy
+    tr, va = ev["attack_idx"]
+    with phase("operators"):
+        ops = run_operators(
+            model,
+            ev["attack"],
+            rc.operators,
+            epochs=rc.attack_epochs,
+            lora_ranks=rc.lora_ranks,
             seed=seed,
-            num_classes=nch,
+            features=(f["h_train"][tr], f["h_train"][va], f["h_test"][ev["attack_test_idx"]]),
         )
-    curve, attacks["gd"] = attacks["gd"][: rc.probe_epochs + 1], attacks["gd"][: last + 1]
-    if rc.finetune:
-        with phase("finetune"):
-            ft = finetune_attack(
-                model,
-                ev["ft_train"],
-                ev["ft_test"],
-                num_classes=nch,
-                epochs=last,
-                seed=seed,
-                lr=rc.finetune_lr,
-                eval_batch=rc.eval_batch,
-                eval_epochs=rc.attack_epochs,
-            )
-            attacks["finetune"] = ft.test_accuracy
-    i, ii = rir["harmful_ratio"]["mean"], rir["pretrain_ratio"]["mean"]
     return {
         "dp_top1": acc,
         "rir": rir,
-        "immunized": immunized_def31(i, ii),
+        "rir_groups": groups,
+        "immunized": immunized_def31(r.harmful_ratio, r.pretrain_ratio),
+        "immunized_groups": immunized_def31(
+            groups["harmful_ratio"]["mean"], groups["pretrain_ratio"]["mean"]
+        ),
         "harmful_spread": spread,
         "probe": curve,
         "probe_acc_epoch10": curve[min(10, len(curve) - 1)],
         "probe_acc_last": curve[-1],
-        "attacks": attacks,
+        "operators": {k: v.to_dict() for k, v in ops.items()},
     }
 
 
 def eval_sets(data: dict, images: dict, cached: bool, rc: RunConfig, seed: int, nch: int) -> dict:
     """The RIR pools (D_P training rows; D_H indices into the probe's training rows), D_P
-    validation, D_H train/test with labels, and the fine-tuning attacker's D_H images."""
+    validation, D_H train/test with labels, and the operators' D_H images (train, validation,
+    test) with their row indices."""
     rng = np.random.default_rng([seed, 3])
     n_h = len(data["h_train"]) if rc.rir_pool is None else min(rc.rir_pool, len(data["h_train"]))
     ev = {
@@ -271,22 +283,37 @@ def eval_sets(data: dict, images: dict, cached: bool, rc: RunConfig, seed: int, 
         "h_pool_idx": np.sort(rng.choice(len(data["h_train"]), size=n_h, replace=False)),
         "classes_h": nch,
         "cached": cached,
-        "ft_train": _subset(images["h_train"], rc.finetune_pool, np.random.default_rng([seed, 5])),
-        "ft_test": _subset(images["h_test"], rc.finetune_test, np.random.default_rng([seed, 6])),
     }
+    # the attacker's images: train and validation rows of D_H's training split, the test split
+    # (a D_H of fewer images: a quarter for validation, the rest to train on)
+    perm = np.random.default_rng([seed, 5]).permutation(len(data["h_train"]))
+    n_va = min(rc.attack_val, len(perm) // 4)
+    n_tr = min(len(perm) - n_va, rc.attack_train or len(perm))
+    if n_va < 1 or n_tr < 2:
+        raise DataError(
+            f"D_H has {len(perm)} training images; the operators need at least 2 to train on "
+            "and 1 to validate on"
+        )
+    tr, va = np.sort(perm[:n_tr]), np.sort(perm[n_tr : n_tr + n_va])
+    n_te = len(data["h_test"])
+    te = np.sort(np.random.default_rng([seed, 6]).permutation(n_te)[: rc.attack_test or n_te])
+    img = images["h_train"]
+    ev["attack_idx"], ev["attack_test_idx"] = (tr, va), te
+    ev["attack"] = AttackData(_take(img, tr), _take(img, va), _take(images["h_test"], te), nch)
     ev["y"] = {k: dataset_labels(ev["sets"][k]) for k in ("p_val", "h_train", "h_test")}
     return ev
 
 
 def _variants(rc: RunConfig) -> list[tuple[str, str, DeepOptions]]:
-    """(row, method, options) of every immunization of a seed: each method, at each sweep point."""
+    """(row, method, options) of every immunization of a seed: each method, at each sweep point
+    (the balance b of the paper's loop, ``rule="sgd"``)."""
     if not rc.sweep:
         return [(m, m, rc.options) for m in rc.methods]
     return [
         (
             f"{m}@{b:g}" + ("" if bi is None else f"/{bi:g}"),
             m,
-            replace(rc.options, balance=b, balance_ill=bi),
+            replace(rc.options, balance=b, balance_ill=bi, rule="sgd"),
         )
         for m in rc.methods
         for b, bi in rc.sweep
@@ -335,6 +362,8 @@ def run_seed(
         for k, d in ev["sets"].items()
     }
     rows, errors = {}, {}
+    ceiling, window, why = attainability(ref["p_pool"], ref["h_train"][ev["h_pool_idx"]])
+    reach = {"ceiling": ceiling, "window": window and window.to_dict(), "why": why}
 
     def measure(row, model):
         variants = {row: (model, None)}
@@ -357,9 +386,8 @@ def run_seed(
                 rows[key]["extractor"] = path
             r = rows[key]["rir"]
             say(
-                f"[{rc.name} seed {seed}] {key:24s} RIR_θ₀ {r['value']['mean']:.4g}  (i) "
-                f"{r['harmful_ratio']['mean']:.4g}  (ii) "
-                f"{r['pretrain_ratio']['mean']:.4g}  D_P top-1 "
+                f"[{rc.name} seed {seed}] {key:24s} RIR_θ₀ {r['value']:.4g}  (i) "
+                f"{r['harmful_ratio']:.4g}  (ii) {r['pretrain_ratio']:.4g}  D_P top-1 "
                 f"{rows[key]['dp_top1']:.2f}%"
             )
 
@@ -369,7 +397,7 @@ def run_seed(
         model = copy.deepcopy(theta0)
         try:
             with phase("immunize"):
-                res = immunize(
+                res = immunize_in_place(
                     model,
                     data["p_train"],
                     data["h_train"],
@@ -402,8 +430,16 @@ def run_seed(
             measure(row, model)
             for key in (row, f"{row}+{kind}"):
                 if key in rows:
-                    rows[key]["train"] = {"steps": res.steps, "lambdas": res.lambdas}
+                    rows[key]["train"] = {
+                        "steps": res.steps,
+                        "lambdas": res.lambdas,
+                        "reason": res.stopped,
+                    }
     barrier()
+    if ctx.is_main and "init" in rows:  # every operator against the same operator on θ₀
+        ref_ops = _curves(rows["init"])
+        for r in rows.values():
+            r["audit"] = compare(_curves(r), ref_ops).to_dict()
     return (
         {
             "seed": seed,
@@ -411,6 +447,7 @@ def run_seed(
             "errors": errors,
             "phase_seconds": seconds,
             "classes": [ncp, nch],
+            "attainability": reach,
             # D_P's majority class share (%): the accuracy of a θ₀ that learned nothing
             "dp_chance": 100.0
             * float(np.bincount(ev["y"]["p_val"]).max())
@@ -421,6 +458,21 @@ def run_seed(
     )
 
 
+def _curves(row: dict) -> dict:
+    """A measured row's operators as ``{name: OperatorCurve}``."""
+    return {
+        k: OperatorCurve(
+            **{
+                **v,
+                "epochs": tuple(v["epochs"]),
+                "test_accuracy": tuple(v["test_accuracy"]),
+                "grid": tuple(map(tuple, v["grid"])),
+            }
+        )
+        for k, v in row["operators"].items()
+    }
+
+
 def _curve(curves) -> dict:
     a = np.asarray(curves, dtype=float)
     return {k: getattr(np, k)(a, 0).tolist() for k in ("mean", "std", "min", "max")}
@@ -428,26 +480,35 @@ def _curve(curves) -> dict:
 
 # Each headline number of a row: its path in a seed's row.
 HEADLINE = {
-    "rir_theta0": ("rir", "value", "mean"),
-    "harmful_ratio": ("rir", "harmful_ratio", "mean"),
-    "pretrain_ratio": ("rir", "pretrain_ratio", "mean"),
+    "rir_theta0": ("rir", "value"),
+    "harmful_ratio": ("rir", "harmful_ratio"),
+    "pretrain_ratio": ("rir", "pretrain_ratio"),
+    "groups_rir_theta0": ("rir_groups", "value", "mean"),
+    "groups_harmful_ratio": ("rir_groups", "harmful_ratio", "mean"),
+    "groups_pretrain_ratio": ("rir_groups", "pretrain_ratio", "mean"),
     "dp_top1": ("dp_top1",),
     "probe_acc_epoch10": ("probe_acc_epoch10",),
     "probe_acc_last": ("probe_acc_last",),
     "harmful_top_ratio": ("harmful_spread", "top"),
     "harmful_bottom_ratio": ("harmful_spread", "bottom"),
+    "worst_deficit": ("audit", "worst_deficit"),
+    "worst_signed_rfd": ("audit", "worst_signed_rfd"),
 }
+# Per operator of a row's audit: each number's key in an OperatorComparison.
+OPERATOR_NUMBERS = ("mean_deficit", "signed_rfd", "rfd")
 
 
-def aggregate(per_seed: list[dict], order: list[str], attack_epochs) -> dict:
+def aggregate(per_seed: list[dict], order: list[str]) -> dict:
     """Per row, over the seeds that have it: each headline number's ``{mean, std, per_seed}``, the
-    count meeting Definition 3.1, per attacker its curve and its accuracy after each of
-    ``attack_epochs``."""
+    counts meeting Definition 3.1 (whole pools; the paper's groups), the probe curve, and per
+    operator the accuracy curves of model and θ₀ and the signed deficit, signed RFD and RFD;
+    the worst operator of each seed."""
     rows = {}
     for m in order:
         runs = [s["rows"][m] for s in per_seed if m in s["rows"]]
         if not runs:
             continue
+        audits = [r["audit"]["operators"] for r in runs]
         rows[m] = {
             "seeds": [s["seed"] for s in per_seed if m in s["rows"]],
             **{
@@ -455,17 +516,19 @@ def aggregate(per_seed: list[dict], order: list[str], attack_epochs) -> dict:
                 for k, path in HEADLINE.items()
             },
             "immunized_count": sum(bool(r["immunized"]) for r in runs),
+            "immunized_groups_count": sum(bool(r["immunized_groups"]) for r in runs),
             "probe_curve": _curve([r["probe"] for r in runs]),
-            "attacks": {
-                a: {
-                    "curve": _curve([r["attacks"][a] for r in runs]),
-                    **{
-                        f"epoch{e}": summarize(r["attacks"][a][e] for r in runs)
-                        for e in attack_epochs
-                    },
+            "worst": [r["audit"]["worst"] for r in runs],
+            "operators": {
+                op: {
+                    "epochs": audits[0][op]["epochs"],
+                    "model": _curve([a[op]["model"] for a in audits]),
+                    "reference": _curve([a[op]["reference"] for a in audits]),
+                    "best_so_far_model": _curve([a[op]["best_so_far_model"] for a in audits]),
+                    "settings": [a[op]["model_setting"] for a in audits],
+                    **{k: summarize(a[op][k] for a in audits) for k in OPERATOR_NUMBERS},
                 }
-                for a in ATTACKERS
-                if all(a in r["attacks"] for r in runs)
+                for op in audits[0]
             },
         }
     return rows
@@ -489,7 +552,7 @@ def _result(rc: RunConfig, opts: RunOptions, seeds, per_seed, order, t0, **extra
         "seeds": list(seeds),
         "threads": torch.get_num_threads(),
         "run_config": asdict(rc),
-        "rows": aggregate(per_seed, order, rc.attack_epochs),
+        "rows": aggregate(per_seed, order),
         "per_seed": per_seed,
         "errors": {f"seed{s['seed']}": s["errors"] for s in per_seed if s["errors"]},
         "wall_seconds": time.perf_counter() - t0,
@@ -499,22 +562,58 @@ def _result(rc: RunConfig, opts: RunOptions, seeds, per_seed, order, t0, **extra
     }
 
 
+def _seed_job(job) -> dict:
+    """One (configuration, seed) in a worker process of :func:`run_configs` (world size 1)."""
+    rc, seed, opts, device, threads, on_extractor = job
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    say = (lambda *a, **k: None) if opts.quiet else print
+    return run_seed(rc, seed, opts, init_from_env(device), say, on_extractor)
+
+
+def run_configs(
+    rcs: list, seeds: list[int], opts: RunOptions, ctx, *, on_extractor=None, jobs: int = 1
+) -> "list | None":
+    """Every seed of every configuration in ``rcs``; rank 0 returns per configuration ``rows``
+    (:func:`aggregate`), ``per_seed``, ``errors``, the wall and per-phase seconds (wall, CPU) and
+    the provenance, the other ranks None. With ``jobs > 1`` (one process, no torchrun) the
+    (configuration, seed) runs go to that many worker processes, each with this process's torch
+    thread count: every number is the same as with ``jobs = 1``. ``on_extractor(rc)`` gives each
+    configuration's callback ``(model, row, seed, status) -> path or None``."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    t0, threads = time.perf_counter(), torch.get_num_threads()
+    say = print if ctx.is_main and not opts.quiet else (lambda *a, **k: None)
+    for rc in rcs:
+        say(
+            f"[{rc.name}] model={rc.model} scope={rc.options.scope} seeds={seeds} "
+            f"world={ctx.world} threads={threads} device={ctx.device} jobs={jobs}"
+        )
+    hook = (lambda rc: None) if on_extractor is None else on_extractor
+    if jobs > 1 and ctx.world == 1:
+        from experiments.common import pool_map  # noqa: PLC0415
+
+        todo = [(rc, s, opts, str(ctx.device), threads, hook(rc)) for rc in rcs for s in seeds]
+        done = pool_map(_seed_job, todo, jobs)
+        per = [done[i * len(seeds) : (i + 1) * len(seeds)] for i in range(len(rcs))]
+    else:
+        per = [[run_seed(rc, s, opts, ctx, say, hook(rc)) for s in seeds] for rc in rcs]
+    if not ctx.is_main:
+        return None
+    out = []
+    for rc, per_seed in zip(rcs, per):
+        rows = ["init", *(row for row, _, _ in _variants(rc))]
+        rows += [f"{r}+{rc.options.harden}" for r in rows] if rc.options.harden != "none" else []
+        out.append(_result(rc, opts, seeds, per_seed, rows, t0, world=ctx.world, jobs=jobs))
+    return out
+
+
 def run_config(
     rc: RunConfig, seeds: list[int], opts: RunOptions, ctx, *, on_extractor=None
 ) -> "dict | None":
-    """Every seed of ``rc``; rank 0 returns ``rows`` (:func:`aggregate`), ``per_seed``, ``errors``,
-    the wall and per-phase seconds and the provenance, the other ranks None."""
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    t0 = time.perf_counter()
-    say = print if ctx.is_main and not opts.quiet else (lambda *a, **k: None)
-    say(
-        f"[{rc.name}] model={rc.model} scope={rc.options.scope} seeds={seeds} world={ctx.world} "
-        f"threads={torch.get_num_threads()} device={ctx.device}"
-    )
-    per_seed = [run_seed(rc, s, opts, ctx, say, on_extractor) for s in seeds]
-    rows = ["init", *(row for row, _, _ in _variants(rc))]
-    rows += [f"{r}+{rc.options.harden}" for r in rows] if rc.options.harden != "none" else []
-    return _result(rc, opts, seeds, per_seed, rows, t0, world=ctx.world) if ctx.is_main else None
+    """:func:`run_configs` of one configuration, in this process."""
+    hook = None if on_extractor is None else (lambda _: on_extractor)
+    res = run_configs([rc], seeds, opts, ctx, on_extractor=hook)
+    return None if res is None else res[0]
 
 
 def audit(
@@ -540,9 +639,11 @@ def audit(
             k: evaluate_extractor(m, ref, ev, rc, seed, clock(seconds))
             for k, m in (("init", reference), ("model", model))
         }
+        for r in rows.values():
+            r["audit"] = compare(_curves(r), _curves(rows["init"])).to_dict()
         if not opts.quiet:
             print(
-                f"[audit seed {seed}] RIR_θ₀ {rows['model']['rir']['value']['mean']:.4g} "
+                f"[audit seed {seed}] RIR_θ₀ {rows['model']['rir']['value']:.4g} "
                 " D_P top-1 "
                 f"{rows['model']['dp_top1']:.2f}% (θ₀ {rows['init']['dp_top1']:.2f}%)"
             )

@@ -18,6 +18,9 @@ finetune.png (Fig. 3), attacks.png, the first seed's extractor_<row>.safetensors
 from __future__ import annotations
 
 import argparse
+import functools
+import os
+import secrets
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -26,13 +29,13 @@ import torch
 
 from experiments import common, deep_report
 from experiments.deep_configs import CONFIGS, DEMO_CONFIGS, PAPER_TABLE3, with_model
-from experiments.deep_pipeline import RunOptions, run_config
+from experiments.deep_pipeline import RunOptions, _variants, run_configs
 from pycore.deep import DEEP_METHODS, DeepOptions, create_model, options, save_model
 from pycore.deep.data import model_normalization
 from pycore.deep.distributed import init_from_env, shutdown
 from pycore.report import dumps_json
 
-FILES = ("results.json", "table.md", "finetune.png", "attacks.png", "tradeoff.png")
+FILES = ("results.json", "table.md", "finetune.png", "operators.png", "tradeoff.png")
 
 
 def build_parser() -> common.Parser:
@@ -91,6 +94,13 @@ def build_parser() -> common.Parser:
         help="torch threads (recorded; a result is reproducible for a seed AND a thread count)",
     )
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument(
+        "--jobs",
+        type=common.count(1, common.MAX_JOBS),
+        default=common.usable_cores(),
+        help="worker processes over the (configuration, seed) runs, capped at the usable cores "
+        "(default: all of them); every number is the same for any --jobs",
+    )
     common.add_out(p, "results/deepnet")
     p.add_argument("--quiet", action="store_true")
     return p
@@ -105,6 +115,19 @@ def add_deep_options(parser) -> None:
         common.add_option(g, flag, DeepOptions, **kwargs)
 
     flag = argparse.BooleanOptionalAction
+    option(
+        "--rule",
+        metavar="WORD",
+        help="ours: adaptive (the linear default's rule on the layer) or sgd (the paper's loop)",
+    )
+    option("--adaptive-steps", type=int, metavar="N", help="the adaptive rule's step budget")
+    option("--patience", type=int, metavar="N", help="the adaptive rule's patience (steps)")
+    option(
+        "--adaptive-lr",
+        type=common.float_or_none,
+        metavar="X|none",
+        help="the adaptive rule's Adam lr (none: 0.27/√D)",
+    )
     option("--epochs", type=int, metavar="N", help="epochs of the paired D_P/D_H loader")
     option("--max-steps", type=common.int_or_none, metavar="N|none", help="step cap")
     option("--batch-size", type=int, metavar="N", help="samples per task and step, per rank")
@@ -295,7 +318,12 @@ def plan(args) -> list:
         )
         if args.balances:  # a sweep: the linear probes only
             sweep = tuple((b, bi) for b in args.balances for bi in (args.ill_balances or [None]))
-            rc = replace(rc, name=f"{rc.name}-sweep", sweep=sweep, finetune=False)
+            rc = replace(
+                rc,
+                name=f"{rc.name}-sweep",
+                sweep=sweep,
+                operators=("gd", "adam", "adam_whitened"),
+            )
         if rc.data == "folders":
             _check_input_size(rc, args)
         runs.append(rc)
@@ -337,27 +365,54 @@ def theta0_warning(result: dict, args) -> "dict | None":
     return {"seeds": low, "message": message}
 
 
-def _writer(folder: Path, first_seed: int, config: str):
-    """on_extractor: the first seed's extractors and every last good model, each written whole."""
+def _staged(path: Path, token: str) -> Path:
+    """The temporary name of the output ``path`` in this run (``token``): hidden, in the same
+    folder, with the same suffix (matplotlib picks the format by it)."""
+    return path.with_name(f".{path.stem}.{token}{path.suffix}")
 
-    def write(model, row, seed, status):
-        if status == "immunized" and seed != first_seed:
-            return None
-        # a sweep row "ours@b/b_ill" names a file, not a folder
-        kind = "extractor" if status == "immunized" else "last_good"
-        name = f"{kind}_{row.replace('/', '_')}.safetensors"
-        extra = {"config": config, "row": row, "seed": seed, "status": status}
-        return str(common.write_outputs(folder, {name: lambda p: save_model(model, p, extra)})[0])
 
-    return write
+def _output_names(rc) -> list[str]:
+    """Every file a configuration's run can write: the tables and figures, and per row its
+    extractor and (should the row fail) its last good model."""
+    rows = ["init", *(row for row, _, _ in _variants(rc))]
+    rows += [f"{r}+{rc.options.harden}" for r in rows] if rc.options.harden != "none" else []
+    models = [
+        f"{kind}_{row.replace('/', '_')}.safetensors"
+        for row in rows
+        for kind in ("extractor", "last_good")
+    ]
+    return [*FILES, *models]
+
+
+def stage_extractor(folder, token, first_seed, config, model, row, seed, status):
+    """on_extractor: the first seed's extractors and every last good model, each written whole
+    under its temporary name (moved into place with the run's other outputs at its end); returns
+    the final path."""
+    if status == "immunized" and seed != first_seed:
+        return None
+    # a sweep row "ours@b/b_ill" names a file, not a folder
+    kind = "extractor" if status == "immunized" else "last_good"
+    final = Path(folder) / f"{kind}_{row.replace('/', '_')}.safetensors"
+    extra = {"config": config, "row": row, "seed": seed, "status": status}
+    final.parent.mkdir(parents=True, exist_ok=True)
+    save_model(model, _staged(final, token), extra)
+    return str(final)
+
+
+def _write_all(staged: list, token: str) -> None:
+    """Move every staged output into place, results.json files last; any failure or interruption
+    before that removes this run's temporaries and leaves every earlier output as it was."""
+    staged = sorted(staged, key=lambda p: p.name == "results.json")
+    for final in staged:
+        os.replace(_staged(final, token), final)
 
 
 def main(argv=None) -> int:
     def body(args):
         runs = plan(args)
         seeds = args.seeds if args.seeds is not None else list(range(3 if args.demo else 1))
-        for rc in runs:
-            common.check_out(Path(args.out) / rc.name, FILES)
+        for rc in runs:  # every destination checked before any compute
+            common.check_out(Path(args.out) / rc.name, _output_names(rc))
         if args.threads:
             torch.set_num_threads(common.thread_count(args.threads, "deepnet.py"))
         ctx = init_from_env(args.device)
@@ -369,43 +424,75 @@ def main(argv=None) -> int:
             args.pretrained,
             args.quiet,
         )
-        failed = []
+        token = f"{os.getpid()}-{secrets.token_hex(4)}"
+        folders = {rc.name: Path(args.out) / rc.name for rc in runs}
+        failed, staged = [], []
+        cpu0 = sum(os.times()[:4])
         try:
-            for rc in runs:
-                folder = Path(args.out) / rc.name
-                result = run_config(
-                    rc, seeds, opts, ctx, on_extractor=_writer(folder, seeds[0], rc.name)
-                )
-                if not ctx.is_main:
-                    continue
-                warning = theta0_warning(result, args)
-                result["theta0_near_chance"] = warning
+            results = run_configs(
+                runs,
+                seeds,
+                opts,
+                ctx,
+                on_extractor=lambda rc: functools.partial(
+                    stage_extractor, str(folders[rc.name]), token, seeds[0], rc.name
+                ),
+                jobs=args.jobs,
+            )
+            for rc, result in zip(runs, results or ()):
+                folder = folders[rc.name]
+                result["cpu_seconds"] = sum(os.times()[:4]) - cpu0  # this process + workers
+                result["theta0_near_chance"] = theta0_warning(result, args)
+                models = [
+                    r.get("extractor") for s in result["per_seed"] for r in s["rows"].values()
+                ]
+                models += [
+                    e.get("checkpoint") for v in result["errors"].values() for e in v.values()
+                ]
+                # the models this run staged (a worker wrote each under its temporary name)
+                staged += [Path(p) for p in models if p and _staged(Path(p), token).exists()]
                 table = deep_report.table_markdown(
                     result, PAPER_TABLE3.get(tuple(rc.name.split("-", 1)))
                 )
                 plots = (
                     deep_report.plot_probing,
-                    deep_report.plot_attacks,
+                    deep_report.plot_operators,
                     deep_report.plot_tradeoff,
-                )
-                plots = plots[: 2 + bool(rc.sweep)]
-                files = {n: lambda p, f=f: f(result, p) for n, f in zip(FILES[2:], plots)}
-                common.write_outputs(
-                    folder,
-                    {"table.md": table, "results.json": dumps_json(result, indent=1), **files},
-                )
-                print(*([table] if not args.quiet else []), f"[{rc.name}] outputs in {folder}")
-                if warning:
+                )[: 2 + bool(rc.sweep)]
+                files = {
+                    "table.md": table,
+                    **{n: (lambda p, f=f: f(result, p)) for n, f in zip(FILES[2:], plots)},
+                    "results.json": dumps_json(result, indent=1),
+                }
+                for name, content in files.items():
+                    path = _staged(folder / name, token)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    if callable(content):
+                        content(path)
+                    else:
+                        path.write_text(content)
+                    staged.append(folder / name)
+                if not args.quiet:
+                    print(table)
+                if result["theta0_near_chance"]:
                     print(
-                        f"deepnet.py: warning: {warning['message']}", file=sys.stderr, flush=True
+                        f"deepnet.py: warning: {result['theta0_near_chance']['message']}",
+                        file=sys.stderr,
+                        flush=True,
                     )
                 failed += [
                     f"{rc.name} {s} {m}: {e['message']}"
                     for s, errs in result["errors"].items()
                     for m, e in errs.items()
                 ]
+            _write_all(staged, token)
+            for rc in runs:
+                print(f"[{rc.name}] outputs in {folders[rc.name]}")
         finally:
             shutdown()
+            for folder in folders.values():  # this run's temporaries, whatever happened
+                for tmp in folder.glob(f".*.{token}.*") if folder.is_dir() else ():
+                    tmp.unlink(missing_ok=True)
         if failed:
             raise common.RunError(
                 f"{len(failed)} run(s) failed (in results.json): " + "; ".join(failed)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pycore import losses
+from pycore.adaptive import adaptive_descent, kappa_log_ratios, regularizer_directions
 from pycore.batch import GramStack
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.optim import check_scale, make_optimizer
@@ -560,26 +561,12 @@ def imma(task, method, o, rngs):
     return out
 
 
-def _unit(a):
-    n = np.linalg.norm(a)
-    return a / n if n > 0 else a
-
-
-# The adaptive default's constants: the gain of the balance (w moves from 0.5 to 0.98 when ln(i)
-# and
-# −ln(ii) differ by 0.5), the margin gain that counts as progress, the lr divisions before
-# stopping.
-BALANCE_GAIN, PROGRESS_TOL, RESTARTS = 8.0, 1e-3, 2
-
-
 def algorithm1_auto(task, method, o, rng):
-    """Algorithm 1 (docs/theory.md §6) with its λ's measured on the task (docs/design.md §4): Adam
-    on ``g = λ_P K_P⁺∇_θR_well(H_P) + λ_H K_H⁺∇_θR_ill(H_H)``, at every step ``λ_P = (1 −
-    w)/‖K_P⁺∇_θR_well‖_F``, ``λ_H = w/‖K_H⁺∇_θR_ill‖_F``, ``w = σ(−γ(ln(i) + ln(ii)))``:
-    scale-free, aiming at ln(i) = −ln(ii). No D_P loss term (its θ-gradient vanishes at the optimal
-    head, solved at the end).  The iterate of largest margin ``min(ln(i), −ln(ii))`` is kept; once
-    positive, ``patience`` steps without a gain of ``PROGRESS_TOL`` restart Adam from it at lr/3,
-    ``RESTARTS`` times, then the run stops."""
+    """Algorithm 1 (docs/theory.md §6) with its λ's measured on the task (docs/design.md §4): the
+    adaptive rule of :func:`pycore.adaptive.adaptive_descent` from θ = I on the task's exact κ's,
+    ``λ_P = (1 − w)/‖K_P⁺∇_θR_well‖_F``, ``λ_H = w/‖K_H⁺∇_θR_ill‖_F``, ``w = σ(−γ(ln(i) +
+    ln(ii)))``: scale-free, aiming at ln(i) = −ln(ii). No D_P loss term (its θ-gradient vanishes at
+    the optimal head, solved at the end)."""
     XP, XH = task.X_P, task.X_H
     theta = np.eye(task.D)
     ceiling = rir_ceiling(XP, XH)
@@ -595,62 +582,31 @@ def algorithm1_auto(task, method, o, rng):
                 f"ceiling is {ceiling.exact:.4g} ≤ 1 (docs/theory.md §10)",
             },
         )
-    pre_P = Preconditioner(task.K_P, o.precond, o.ridge, XP)
-    pre_H = Preconditioner(task.K_H, o.precond, o.ridge, XH)
-    spec_P, spec_H = ProductGramSpectrum(XP), ProductGramSpectrum(XH)
-    kP0, kH0 = spec_P(theta).kappa, spec_H(theta).kappa
-    make = lambda lr: make_optimizer("adam", lr, o.betas, o.adam_eps, param="θ")  # noqa: E731
-    opt, lr = make(o.lr), o.lr
-    best, best_m, best_step, since, left = theta, 0.0, 0, 0, RESTARTS
-    hist = {"step": [], "harmful_ratio": [], "pretrain_ratio": [], "weight_h": []}
-    stop = f"used the budget of {o.epochs} steps"
-    for step in range(o.epochs + 1):
-        a, b = np.log(spec_H(theta).kappa / kH0), -np.log(spec_P(theta).kappa / kP0)
-        if min(a, b) > best_m + PROGRESS_TOL:
-            best, best_m, best_step, since = theta, min(a, b), step, 0
-        else:
-            since += 1
-            if best_m <= 0 and since > 4 * o.patience:
-                stop = f"stopped at step {step}: no θ with (i) > 1 and (ii) < 1 in {since} steps"
-                break
-            if best_m > 0 and since > o.patience:
-                if not left:
-                    stop = (
-                        f"stopped at step {step}: no margin gain in {o.patience} steps at lr "
-                        f"{lr:.3g}"
-                    )
-                    break
-                left, since, theta, lr = left - 1, 0, best, lr / 3
-                opt = make(lr)
-                continue
-        if step == o.epochs:
-            break
-        Z_P, Z_H = XP @ theta, XH @ theta
-        try:
-            reg_P = hessian_regularizer(Z_P, "well", matrices=False)
-            reg_H = hessian_regularizer(Z_H, "ill", matrices=False)
-        except SpectrumError as exc:
-            stop = f"stopped at step {step}: {exc}"
-            break
-        w = 1.0 / (1.0 + np.exp(np.clip(BALANCE_GAIN * (a - b), -50.0, 50.0)))
-        _log(hist, *(float(v) for v in (step, np.exp(a), np.exp(-b), w)))
-        g = (1 - w) * _unit(pre_P.direction(theta, reg_P, Z_P)) + w * _unit(
-            pre_H.direction(theta, reg_H, Z_H)
-        )
-        theta = opt.step(theta, g, blame="lr")
-    advice = None
+    run = adaptive_descent(
+        theta,
+        kappa_log_ratios(XP, XH, theta),
+        regularizer_directions(
+            XP, XH, precond=o.precond, ridge=o.ridge, K_P=task.K_P, K_H=task.K_H
+        ),
+        lr=o.lr,
+        epochs=o.epochs,
+        patience=o.patience,
+        betas=o.betas,
+        adam_eps=o.adam_eps,
+    )
+    best, best_m, stop, advice = run.theta, run.margin, run.stop, None
     if best_m <= 0:
-        stop, advice = _not_reached(stop, ceiling, budget=step == o.epochs)
+        stop, advice = _not_reached(stop, ceiling, budget=run.steps == o.epochs)
     omega, bias = losses.best_head(task.loss, XP @ best, task.Y_P)
     diag = {
         "advice": advice,
-        "steps": step,
-        "best_step": best_step,
-        "restarts": RESTARTS - left,
+        "steps": run.steps,
+        "best_step": run.best_step,
+        "restarts": run.restarts,
         "stop": stop,
         "bias": None if bias is None else bias.tolist(),
     }
-    return best, omega, hist, diag
+    return best, omega, run.history, diag
 
 
 def _not_reached(stop: str, ceiling, *, budget: bool) -> tuple[str, str | None]:

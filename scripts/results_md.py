@@ -80,9 +80,9 @@ EXPERIMENTS = [
     Experiment(
         "Deep nets: timm ResNet18 and a small ViT (paper Table 3, Figure 3)",
         "θ₀ trained on digits 0–4 at 32 px (D_P), immunized against digits 5–9 (D_H) on "
-        "CPU, 3 seeds, "
-        "every method and each row also hardened, attacked by GD, Adam, whitened Adam "
-        "and fine-tuning.",
+        "CPU, 3 seeds, every method (the closed-form layer too) and each row also hardened, "
+        "attacked by every operator: linear probes, LoRA at two ranks, upper-stage and full "
+        "fine-tuning, each tuned on the attacker's validation split.",
         "python experiments/deepnet.py --demo --threads 1",
         "results/deepnet",
         files=("demo-resnet18/table.md", "demo-vit/table.md"),

@@ -61,7 +61,7 @@ def test_readme_library_section_runs_as_written():
     assert np.isfinite(scope["ev"].train.rir) and scope["ev"].train.dp_loss_after >= 0
     assert scope["attack"].worst.slowdown > 0
     assert np.isfinite([scope["out"].harmful_ratio, scope["out"].pretrain_ratio]).all()
-    assert 0 <= scope["acc"]["model"]["adam"][1] <= 100
+    assert 0 <= scope["audit"]["adam"].model[0] <= 100
 
 
 def test_public_names():

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from pycore.deep import DeepOptions, ImmunizedNet, create_model, immunize
+from pycore.deep import DeepOptions, ImmunizedNet, create_model, immunize_in_place
 from pycore.deep.features import extract, prelogits_dataset
 from pycore.deep.harden import haar_rotation, harden, hardening_map, label_subspace
 from pycore.metrics import grouped_feature_rir
@@ -96,10 +96,12 @@ def test_label_subspace_squashes_the_class_means_and_keeps_dp_predictions():
 
 def test_immunize_applies_the_hardening_option_last():
     m, dp, dh = _layer_model()
-    opts = DeepOptions(max_steps=2, batch_size=16, lr=1e-2)
-    assert immunize(m, dp, dh, "ours", opts, num_classes_h=3, cached=True).hardening is None
+    opts = DeepOptions(rule="sgd", max_steps=2, batch_size=16, lr=1e-2)
+    assert (
+        immunize_in_place(m, dp, dh, "ours", opts, num_classes_h=3, cached=True).hardening is None
+    )
     m2, dp2, dh2 = _layer_model()
-    res = immunize(
+    res = immunize_in_place(
         m2,
         dp2,
         dh2,
@@ -114,5 +116,7 @@ def test_immunize_applies_the_hardening_option_last():
     for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
         torch.testing.assert_close(a, b, msg=k)
     with pytest.raises(ParameterError) as e:
-        immunize(m, dp, dh, "ours", DeepOptions(harden="shuffle"), num_classes_h=3, cached=True)
+        immunize_in_place(
+            m, dp, dh, "ours", DeepOptions(harden="shuffle"), num_classes_h=3, cached=True
+        )
     assert e.value.parameter == "harden"

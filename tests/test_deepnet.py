@@ -26,18 +26,14 @@ from pycore.deep import (
     audit_model,
     create_model,
     image_folder,
-    immunize,
+    immunize_in_place,
     immunize_model,
     load_model,
     read_weights,
     save_model,
 )
-from pycore.deep.attacks import (
-    adam_probe_curve,
-    best_adam_probe,
-    finetune_attack,
-    linear_probe_curve,
-)
+from pycore.deep.attacks import adam_probe_curve, linear_probe_curve, preprocess_features
+from pycore.deep.operators import AttackData, run_operators
 from pycore.deep.data import _decode, fetch
 from pycore.deep.features import prelogits_dataset
 from pycore.deep.models import tail_modules
@@ -94,20 +90,18 @@ def test_the_layer_sits_between_timms_prelogits_and_classifier(name, kw):
 def test_immunize_model_and_audit_model_on_any_timm_model(name):
     model = create_model(name, 3, seed=0)  # seeded: the D_P guard may keep step 0 of a random one
     before = copy.deepcopy(model.state_dict())
-    out = immunize_model(model, _data(48, 1), TensorDataset(*_data(48, 2)), max_steps=4)
-    assert out.steps == 4 and np.isfinite(out.history["loss"]).all()
+    out = immunize_model(model, _data(48, 1), TensorDataset(*_data(48, 2)), adaptive_steps=20)
+    assert out.steps <= 20 and out.reason
     assert out.immunized == (out.harmful_ratio > 1 > out.pretrain_ratio > 0)
     # a copy was immunized
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     assert out.model(_data(2, 3)[0]).shape == (2, 3)
-    acc = audit_model(out.model, reference=model, dh=_data(30, 4), epochs=(1, 2), adam_lrs=(1e-2,))
-    assert set(acc) == {"model", "reference"} and set(acc["model"]) == {
-        "gd",
-        "adam",
-        "adam_whitened",
-        "finetune",
-    }
-    assert all(0 <= v <= 100 for a in acc.values() for c in a.values() for v in c.values())
+    sgd = immunize_model(model, _data(48, 1), _data(48, 2), rule="sgd", max_steps=4)
+    assert sgd.steps == 4 and np.isfinite(sgd.history["loss"]).all()
+    ops = ("gd", "adam", "adam_whitened", "finetune_upper")
+    acc = audit_model(out.model, reference=model, dh=_data(30, 4), epochs=(1, 2), operators=ops)
+    assert [c.operator for c in acc.operators] == list(ops) and acc.worst in ops
+    assert all(0 <= v <= 100 for c in acc.operators for v in (*c.model, *c.reference))
 
 
 def test_the_d_p_guard_ends_on_a_state_that_kept_d_p():
@@ -155,7 +149,7 @@ def test_facade_errors_name_the_option(monkeypatch):
             immunize_model(model, _data(8, 1), _data(8, 2), **opts)
         assert e.value.parameter == param
     with pytest.raises(NonFiniteLossError) as e:
-        immunize_model(model, _data(32, 1), _data(32, 2), lr=1e30, max_steps=20)
+        immunize_model(model, _data(32, 1), _data(32, 2), rule="sgd", lr=1e30, max_steps=20)
     assert e.value.parameter == "lr" and e.value.step >= 1
     with pytest.raises(ParameterError) as e:
         audit_model(model, reference=model, dh=_data(8, 1), epoch=3)
@@ -366,8 +360,8 @@ def test_log_kappa_and_the_imma_lower_level():
 def test_layer_scope_moves_only_the_layer_and_the_classifier_and_balances_every_step():
     m, dp, dh = _layer_setup()
     before = copy.deepcopy(m.state_dict())
-    opts = DeepOptions(max_steps=3, batch_size=16, dp_tolerance=None)
-    res = immunize(m, dp, dh, "ours", opts, num_classes_h=3, cached=True)
+    opts = DeepOptions(rule="sgd", max_steps=3, batch_size=16, dp_tolerance=None)
+    res = immunize_in_place(m, dp, dh, "ours", opts, num_classes_h=3, cached=True)
     assert {k for k in before if not torch.equal(before[k], m.state_dict()[k])} == {
         "layer.weight",
         "net.fc.weight",
@@ -389,7 +383,7 @@ def test_a_non_finite_step_is_not_applied():
     m, dp, dh = _layer_setup()
     opts = DeepOptions(max_steps=30, batch_size=16, lr=1e8, balance=None, lambda_h=1e12)
     with pytest.raises(NonFiniteLossError) as e:
-        immunize(m, dp, dh, "r_ill_only", opts, num_classes_h=3, cached=True)
+        immunize_in_place(m, dp, dh, "r_ill_only", opts, num_classes_h=3, cached=True)
     step = e.value.step
     assert (
         step >= 1
@@ -397,7 +391,7 @@ def test_a_non_finite_step_is_not_applied():
         and all(torch.isfinite(p).all() for p in m.parameters())
     )
     m2, dp2, dh2 = _layer_setup()
-    immunize(
+    immunize_in_place(
         m2, dp2, dh2, "r_ill_only", replace(opts, max_steps=step), num_classes_h=3, cached=True
     )
     for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
@@ -413,12 +407,12 @@ def test_tail_scope_trains_the_papers_stages_from_images():
     ]
     m = ImmunizedNet(create_model("resnet10t", 3, seed=0)).eval()  # the same stage names, smaller
     before = copy.deepcopy(m.state_dict())
-    immunize(
+    immunize_in_place(
         m,
         TensorDataset(*_data(16, 1)),
         TensorDataset(*_data(16, 2)),
         "ours",
-        DeepOptions(max_steps=2, batch_size=8, lr=1e-3, scope="tail", stages=2),
+        DeepOptions(rule="sgd", max_steps=2, batch_size=8, lr=1e-3, scope="tail", stages=2),
         num_classes_h=3,
     )
     assert {k.split(".")[1] for k in before if not torch.equal(before[k], m.state_dict()[k])} == {
@@ -439,10 +433,16 @@ def test_probes_are_scale_free_and_whitening_undoes_a_linear_map():
     split = lambda A: (A[:200], y[:200], A[200:], y[200:])  # noqa: E731
     a, b = (linear_probe_curve(*split(s * Z), epochs=10) for s in (1.0, 100.0))
     assert a.test_accuracy == pytest.approx(b.test_accuracy)  # rescaling cannot fake immunity
-    kw = dict(epochs=4, lrs=(1e-2, 1e-1), num_classes=3)
-    assert best_adam_probe(*split(Z), **kw)["test_accuracy"] == pytest.approx(
-        best_adam_probe(*split(1e-3 * Z), **kw)["test_accuracy"]
-    )
+
+    def best(A, prep):  # the best Adam probe over two lrs, per epoch, on preprocessed features
+        a, b = preprocess_features(A[:200], A[200:], prep)
+        curves = [
+            adam_probe_curve(a, y[:200], b, y[200:], epochs=4, lr=lr, num_classes=3).test_accuracy
+            for lr in (1e-2, 1e-1)
+        ]
+        return np.max(curves, axis=0)
+
+    assert best(Z, "scale") == pytest.approx(best(1e-3 * Z, "scale"))
     raw = [
         max(
             adam_probe_curve(*split(s * Z), epochs=4, lr=lr).test_accuracy[1]
@@ -452,20 +452,17 @@ def test_probes_are_scale_free_and_whitening_undoes_a_linear_map():
     ]
     assert raw[1] < raw[0] - 10  # a raw probe is fooled by scale
     M = rng.standard_normal((6, 6)) @ np.diag([1e-3, 1, 1, 1, 1, 1e2])
-    w = [
-        best_adam_probe(*split(A), preprocessing=("whiten",), **kw)["test_accuracy"]
-        for A in (Z, Z @ M)
-    ]
+    w = [best(A, "whiten") for A in (Z, Z @ M)]
     assert w[0] == pytest.approx(w[1], abs=3.0) and w[1][-1] > 80  # equal up to a rotation
 
 
-def test_finetune_attack_learns_and_leaves_the_model_alone():
+def test_fine_tuning_learns_and_leaves_the_model_alone():
     m = ImmunizedNet(create_model("resnet10t", 3, seed=0)).eval()
     state = copy.deepcopy(m.state_dict())
     h = TensorDataset(*_data(24, 12))
-    c = finetune_attack(m, h, h, num_classes=3, epochs=4, lr=1e-3, batch_size=8, eval_epochs=(4,))
-    # 2: not scored
-    assert c.test_accuracy[-1] > c.test_accuracy[0] + 20 and np.isnan(c.test_accuracy[2])
+    c = run_operators(m, AttackData(h, h, h, 3), ("finetune_upper",), epochs=(4,), batch_size=8)
+    # chance is 33 %
+    assert c["finetune_upper"].test_accuracy[-1] > 60
     assert all(torch.equal(v, m.state_dict()[k]) for k, v in state.items())
 
 
@@ -474,12 +471,14 @@ def test_finetune_attack_learns_and_leaves_the_model_alone():
 
 def _ddp_run(**kw):
     m = ImmunizedNet(create_model("resnet10t", 3, seed=0))
-    res = immunize(
+    res = immunize_in_place(
         m,
         TensorDataset(*_data(32, 10)),
         TensorDataset(*_data(32, 11)),
         "ours",
-        DeepOptions(max_steps=2, batch_size=4, lr=1e-3, scope="tail", **kw.pop("opts", {})),
+        DeepOptions(
+            rule="sgd", max_steps=2, batch_size=4, lr=1e-3, scope="tail", **kw.pop("opts", {})
+        ),
         num_classes_h=3,
         **kw,
     )

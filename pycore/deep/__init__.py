@@ -3,7 +3,7 @@
 The public API is :func:`immunize_model` and :func:`audit_model` (docs/design.md §3). The library
 computes and returns; the experiments (``experiments/deepnet.py``, ``audit.py``) write."""
 
-from pycore.deep.api import DeepImmunization, audit_model, immunize_model
+from pycore.deep.api import DeepImmunization, GroupedRIR, audit_model, immunize_model
 from pycore.deep.checkpoint import (
     CheckpointError,
     CheckpointMismatchError,
@@ -14,16 +14,27 @@ from pycore.deep.checkpoint import (
 from pycore.deep.data import DataError, image_folder
 from pycore.deep.harden import HARDENINGS, harden
 from pycore.deep.models import ImmunizedNet, PretrainedUnavailableError, create_model
-from pycore.deep.train import DEEP_METHODS, DeepOptions, NonFiniteLossError, immunize, options
+from pycore.deep.operators import OPERATORS, AuditResult, OperatorComparison
+from pycore.deep.train import (
+    DEEP_METHODS,
+    DeepOptions,
+    NonFiniteLossError,
+    immunize_in_place,
+    options,
+)
 
 __all__ = [
     "immunize_model",
     "audit_model",
     "DeepImmunization",
+    "GroupedRIR",
+    "AuditResult",
+    "OperatorComparison",
+    "OPERATORS",
     "DEEP_METHODS",
     "DeepOptions",
     "options",
-    "immunize",
+    "immunize_in_place",
     "NonFiniteLossError",
     "ImmunizedNet",
     "create_model",

@@ -4,28 +4,55 @@ timm classifier and data given as an ``(X, y)`` tensor pair, a ``Dataset`` or a 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 from torch.utils.data import Subset
 
-from pycore.deep.attacks import ADAM_LRS, feature_attacks, finetune_attack
 from pycore.deep.data import as_dataset, dataset_labels, label_count
 from pycore.deep.features import extract, prelogits_dataset
+from pycore.deep.layer import attainability
 from pycore.deep.models import ImmunizedNet, as_immunized
-from pycore.deep.train import DeepOptions, immunize, options
+from pycore.deep.operators import (
+    LORA_RANKS,
+    OPERATORS,
+    AttackData,
+    AuditResult,
+    compare,
+    run_operators,
+)
+from pycore.deep.train import DeepOptions, immunize_in_place, options
 from pycore.evaluate import immunized_def31
-from pycore.metrics import grouped_feature_rir
+from pycore.metrics import ExponentWindow, feature_rir, grouped_feature_rir
 from pycore.validation import ParameterError, check_number
 
-__all__ = ["DeepImmunization", "immunize_model", "audit_model", "AUDIT_OPTIONS"]
+__all__ = ["DeepImmunization", "GroupedRIR", "immunize_model", "audit_model", "AUDIT_OPTIONS"]
 
 
-@dataclass
+@dataclass(frozen=True)
+class GroupedRIR:
+    """RIR_θ₀ by the paper's protocol (docs/theory.md §8): means over ``groups`` random groups of
+    ``group_size`` rows of (i), (ii) and RIR, and Definition 3.1 on those means."""
+
+    harmful_ratio: float
+    pretrain_ratio: float
+    rir: float
+    groups: int
+    group_size: int
+
+    @property
+    def immunized(self) -> bool:
+        return immunized_def31(self.harmful_ratio, self.pretrain_ratio)
+
+
+@dataclass(frozen=True)
 class DeepImmunization:
-    """:func:`immunize_model`'s result: the immunized copy, (i) ``harmful_ratio``, (ii)
-    ``pretrain_ratio`` and ``rir`` of its features against the given model's (docs/theory.md §8),
-    Definition 3.1."""
+    """:func:`immunize_model`'s result: the immunized copy; (i) ``harmful_ratio``, (ii)
+    ``pretrain_ratio`` and ``rir`` of its features against the given model's on ALL given rows
+    (exact κ's, the quantities of the linear problem the layer is, docs/theory.md §8, §10),
+    Definition 3.1 on them; the paper's grouped RIR_θ₀; the RIR ceiling of the given model's
+    features and the closed form's Definition 3.1 window on them (``None``: κ(C) = 1); ``reason``:
+    how training ended and, when Definition 3.1 fails, why."""
 
     model: ImmunizedNet
     method: str
@@ -33,13 +60,25 @@ class DeepImmunization:
     pretrain_ratio: float
     rir: float
     immunized: bool
+    grouped: GroupedRIR
+    ceiling: float
+    window: "ExponentWindow | None"
     steps: int
-    lambdas: dict
-    history: dict
     options: DeepOptions
-    hardening: "dict | None"
+    reason: str
     wall_seconds: float
-    reason: str  # why training ended before its last step ("": it did not)
+    hardening: "dict | None" = None
+    lambdas: dict = field(default_factory=dict)
+    history: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """Every field but the model (and the per-step history), JSON-ready."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        del out["model"], out["history"]
+        out["grouped"] = {**self.grouped.__dict__, "immunized": self.grouped.immunized}
+        out["window"] = None if self.window is None else self.window.to_dict()
+        out["options"] = self.options.__dict__
+        return out
 
 
 def immunize_model(
@@ -48,9 +87,10 @@ def immunize_model(
     """Immunize a copy of ``model`` (a timm classifier, or a module with timm's
     ``forward_features`` / ``forward_head(pre_logits=True)`` / ``get_classifier()``) against ``dh``
     while it keeps ``dp``. ``opts`` are the fields of :class:`~pycore.deep.train.DeepOptions` (a
-    bad one is a ParameterError naming it); scope ``"layer"`` trains on the frozen backbone's
-    features computed once. A non-finite loss raises :class:`~pycore.deep.train.NonFiniteLossError`
-    naming the option to change."""
+    bad one is a ParameterError naming it). The default, ``ours`` with scope ``"layer"``, solves
+    the layer on the frozen backbone's features computed once by the linear default's adaptive
+    rule (docs/design.md §4). A non-finite loss of the SGD loop raises
+    :class:`~pycore.deep.train.NonFiniteLossError` naming the option to change."""
     o = options(**opts)
     p, h = as_dataset(dp, "dp"), as_dataset(dh, "dh")
     classes_h = label_count(dataset_labels(h), "dh")  # before the harmful head is sized by it
@@ -61,7 +101,7 @@ def immunize_model(
     label_count(dataset_labels(p), "dp", out.classifier.out_features)
     before = [extract(out, d, cached=cached) for d in (p, h)]
     t0 = time.perf_counter()
-    res = immunize(
+    res = immunize_in_place(
         out,
         p,
         h,
@@ -73,42 +113,62 @@ def immunize_model(
         device=next(out.parameters()).device,
     )
     after = [extract(out, d, cached=cached) for d in (p, h)]
-    r = grouped_feature_rir(
+    r = feature_rir(*after, *before)
+    g = grouped_feature_rir(
         *after, *before, rng=np.random.default_rng(seed), groups=20, group_size=100
     )
-    i, ii = r["harmful_ratio"]["mean"], r["pretrain_ratio"]["mean"]
+    grouped = GroupedRIR(
+        g["harmful_ratio"]["mean"],
+        g["pretrain_ratio"]["mean"],
+        g["value"]["mean"],
+        g["groups"],
+        g["group_size"],
+    )
+    ceiling, window, why = attainability(*before)
+    ok = immunized_def31(r.harmful_ratio, r.pretrain_ratio)
+    reason = res.stopped or f"trained {res.steps} steps"
+    if not ok and why not in reason:
+        reason += (
+            f"; Definition 3.1 does not hold on the given rows ((i) = {r.harmful_ratio:.4g}, "
+            f"(ii) = {r.pretrain_ratio:.4g}): {why}"
+        )
     return DeepImmunization(
         out.eval(),
         method,
-        i,
-        ii,
-        r["value"]["mean"],
-        immunized_def31(i, ii),
+        r.harmful_ratio,
+        r.pretrain_ratio,
+        r.value,
+        ok,
+        grouped,
+        ceiling,
+        window,
         res.steps,
+        o,
+        reason,
+        time.perf_counter() - t0,
+        res.hardening,
         res.lambdas,
         res.history,
-        o,
-        res.hardening,
-        time.perf_counter() - t0,
-        res.stopped,
     )
 
 
 AUDIT_OPTIONS = {
-    "epochs": (1, 5, 20),
-    "adam_lrs": ADAM_LRS,
-    "finetune": True,
-    "finetune_lr": 1e-4,
+    "epochs": (1, 5),
+    "operators": OPERATORS,
+    "lora_ranks": LORA_RANKS,
     "test_fraction": 0.2,
+    "val_fraction": 0.2,
 }
 
 
-def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) -> dict:
-    """The attackers of :mod:`pycore.deep.attacks` (``gd``, ``adam``, ``adam_whitened``,
-    ``finetune``) on the harmful task against ``model`` and against ``reference`` (θ₀), trained on
-    ``dh`` and tested on ``dh_test`` or a seeded ``test_fraction`` of ``dh``; options
-    :data:`AUDIT_OPTIONS`. Returns ``{"model": {attacker: {epoch: D_H test accuracy %}},
-    "reference": {...}}``."""
+def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) -> AuditResult:
+    """Every operator of :mod:`pycore.deep.operators` (linear probes, LoRA at each of
+    ``lora_ranks``, upper-stage and full fine-tuning) on the harmful task against ``model`` and
+    against ``reference`` (θ₀), each tuned on a seeded ``val_fraction`` of the attacker's data and
+    scored on ``dh_test`` (default: a seeded ``test_fraction`` of ``dh``) after each of
+    ``epochs``; options :data:`AUDIT_OPTIONS`. Returns an
+    :class:`~pycore.deep.operators.AuditResult`: per operator the accuracies, the signed deficit,
+    RFD, best-so-far, and the worst case over operators."""
     bad = [k for k in opts if k not in AUDIT_OPTIONS]
     if bad:
         raise ParameterError(
@@ -116,48 +176,26 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
             f"unknown option {bad[0]!r} of audit_model; options: {', '.join(AUDIT_OPTIONS)}",
         )
     o = {**AUDIT_OPTIONS, **opts}
-    epochs = sorted({o["epochs"]} if isinstance(o["epochs"], int) else set(o["epochs"]))
+    epochs = tuple(sorted({o["epochs"]} if isinstance(o["epochs"], int) else set(o["epochs"])))
     if not (epochs and all(isinstance(e, int) and 1 <= e <= 1000 for e in epochs)):
         raise ParameterError(
             "epochs", f"epochs must be integers in [1, 1000], got {o['epochs']!r}"
         )
-    check_number(o["test_fraction"], "test_fraction", low=0, high=1, low_open=True, high_open=True)
+    for k in ("test_fraction", "val_fraction"):
+        check_number(o[k], k, low=0, high=1, low_open=True, high_open=True)
     train = as_dataset(dh, "dh")
+    rng = np.random.default_rng([seed, 4])
     if dh_test is None:
-        perm = np.random.default_rng([seed, 4]).permutation(len(train)).tolist()
+        perm = rng.permutation(len(train)).tolist()
         k = max(1, int(round(o["test_fraction"] * len(train))))
         train, test = Subset(train, sorted(perm[k:])), Subset(train, sorted(perm[:k]))
     else:
         test = as_dataset(dh_test, "dh_test")
-    yt, yv = dataset_labels(train), dataset_labels(test)
-    classes = max(label_count(yt, "dh"), label_count(yv, "dh_test"))
-    out = {}
-    for name, m in (("model", model), ("reference", reference)):
-        net = as_immunized(m).eval()
-        curves = feature_attacks(
-            extract(net, train),
-            yt,
-            extract(net, test),
-            yv,
-            epochs=epochs[-1],
-            adam_lrs=o["adam_lrs"],
-            seed=seed,
-            num_classes=classes,
-        )
-        if o["finetune"]:
-            curves["finetune"] = finetune_attack(
-                net,
-                train,
-                test,
-                num_classes=classes,
-                epochs=epochs[-1],
-                lr=o["finetune_lr"],
-                seed=seed,
-                eval_epochs=tuple(epochs),
-            ).test_accuracy
-        out[name] = {
-            a: {e: float(c[e]) for e in epochs}
-            for a, c in curves.items()
-            if not a.endswith("_best")
-        }
-    return out
+    perm = rng.permutation(len(train)).tolist()
+    k = max(1, int(round(o["val_fraction"] * len(train))))
+    # labels bounded before the attacker's heads are sized by them (data.label_count)
+    classes = max(label_count(dataset_labels(d), n) for d, n in ((train, "dh"), (test, "dh_test")))
+    train, val = Subset(train, sorted(perm[k:])), Subset(train, sorted(perm[:k]))
+    data = AttackData(train, val, test, classes)
+    kw = dict(operators=o["operators"], epochs=epochs, lora_ranks=o["lora_ranks"], seed=seed)
+    return compare(run_operators(model, data, **kw), run_operators(reference, data, **kw))

@@ -32,7 +32,8 @@ __all__ = [
     "combine_terms",
 ]
 
-DEEP_METHODS = ("ours", "r_ill_only", "imma", "opt_kappa")
+# "closed_form" has no objective: the layer is set to the linear closed form (pycore.deep.layer)
+DEEP_METHODS = ("ours", "closed_form", "imma", "opt_kappa", "r_ill_only")
 
 # Sign of each regularizer term in the minimised objective and the config field weighting it.
 _SIGN = {"r_well": 1.0, "r_ill": 1.0, "log_kappa_gap": 1.0, "imma_harm": -1.0}

@@ -1,13 +1,17 @@
-"""The deep immunization loop (paper Eq. (11), Algorithm 1 on deep nets, §5.2; docs/theory.md §9).
+"""Deep immunization of an :class:`~pycore.deep.models.ImmunizedNet` in place (paper Eq. (11),
+Algorithm 1 on deep nets, §5.2; docs/theory.md §9; docs/design.md §4).
 
-Per step: a D_P and a D_H batch (the paired loader of App. C.2), the method's terms
-(:mod:`pycore.deep.objectives`), the λ's (fixed, or balanced: ``λ = b·‖∇CE‖/‖∇term‖`` on the
-extractor parameters, App. C.2's rule automated, every ``balance_every`` steps: R_ill's gradient
-grows like ``1/d²`` as it works, §3, so one balance at step 0 soon swamps or fades), one backward
-and one SGD step. The model stays in eval mode: its normalisation statistics belong to θ₀, so the
-regularizers shape exactly the features RIR_θ₀ measures. Under ``torchrun`` each rank evaluates the
-regularizers on its own batch (DDP averages gradients; balancing all-reduces the term gradients);
-``virtual_ranks=W`` reproduces that objective in one process."""
+With ``rule="adaptive"`` (the default of ``ours``) and for ``closed_form`` the layer is set from
+the linear problem on the frozen features (:mod:`pycore.deep.layer`). Otherwise (``rule="sgd"``,
+the paper's loop, and every baseline), per step: a D_P and a D_H batch (the paired loader of App.
+C.2), the method's terms (:mod:`pycore.deep.objectives`), the λ's (fixed, or balanced: ``λ =
+b·‖∇CE‖/‖∇term‖`` on the extractor parameters, App. C.2's rule automated, every
+``balance_every`` steps: R_ill's gradient grows like ``1/d²`` as it works, §3, so one balance at
+step 0 soon swamps or fades), one backward and one SGD step. The model stays in eval mode: its
+normalisation statistics belong to θ₀, so the regularizers shape exactly the features RIR_θ₀
+measures. Under ``torchrun`` each rank evaluates the regularizers on its own batch (DDP averages
+gradients; balancing all-reduces the term gradients); ``virtual_ranks=W`` reproduces that
+objective in one process."""
 
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ __all__ = [
     "options",
     "TrainResult",
     "NonFiniteLossError",
-    "immunize",
+    "immunize_in_place",
     "balanced_lambdas",
     "OPTION_RULES",
     "OPTION_CHOICES",
@@ -52,6 +56,8 @@ def _count(low: int, high: int, none_ok: bool = False) -> dict:
 # unbounded.
 OPTION_RULES = {
     "epochs": _count(1, 100_000),
+    "adaptive_steps": _count(0, 100_000),
+    "patience": _count(1, 100_000),
     "max_steps": _count(1, 10_000_000, True),
     "batch_size": _count(1, 65_536),
     "balance_every": _count(0, 10_000_000),
@@ -59,7 +65,11 @@ OPTION_RULES = {
     "stages": _count(1, 1_000),
     "virtual_ranks": _count(1, 1_024),
     **{
-        k: dict(low=0.0, low_open=True, none_ok=k in ("balance", "balance_ill", "dp_tolerance"))
+        k: dict(
+            low=0.0,
+            low_open=True,
+            none_ok=k in ("balance", "balance_ill", "dp_tolerance", "adaptive_lr"),
+        )
         for k in (
             "lr",
             "lambda_p",
@@ -71,6 +81,7 @@ OPTION_RULES = {
             "imma_inner_lr",
             "ridge_rel",
             "dp_tolerance",
+            "adaptive_lr",
         )
     },
     "harden_scale": dict(low=0.0, high=1.0, low_open=True),
@@ -84,19 +95,27 @@ OPTION_RULES = {
         )
     },
 }
-OPTION_CHOICES = {"scope": ("layer", "tail"), "harden": HARDENINGS}
+OPTION_CHOICES = {"scope": ("layer", "tail"), "harden": HARDENINGS, "rule": ("adaptive", "sgd")}
 
 
 @dataclass(frozen=True)
 class DeepOptions(Options):
-    """Options of deep immunization; the defaults are the CPU demo's rule (docs/findings.md §7):
-    the layer alone by SGD lr 0.1, ≤ 400 steps of 64 + 64 samples, every term re-balanced every
-    step. The paper's Table 4 uses fixed λ's, ``lr=1e-5``, ``scope="tail"``
-    (experiments/deep_configs.py). Every option is checked by :data:`OPTION_RULES` or
-    :data:`OPTION_CHOICES`, or is a bool (:class:`pycore.options.Options`)."""
+    """Options of deep immunization. ``ours`` defaults to the adaptive rule of the linear default
+    on the layer's frozen features (``rule``, ``adaptive_steps``, ``patience``, ``adaptive_lr``;
+    docs/design.md §4). ``rule="sgd"`` and the baselines run the paper's loop: the layer (and with
+    ``scope="tail"`` the backbone's last stages) by SGD lr 0.1, ≤ 400 steps of 64 + 64 samples,
+    every term re-balanced every step; the paper's Table 4 uses fixed λ's, ``lr=1e-5``,
+    ``scope="tail"`` (experiments/deep_configs.py). Every option is checked by
+    :data:`OPTION_RULES` or :data:`OPTION_CHOICES`, or is a bool
+    (:class:`pycore.options.Options`)."""
 
     RULES = OPTION_RULES
     CHOICES = OPTION_CHOICES
+
+    rule: str = "adaptive"  # ours: "adaptive" (pycore.adaptive on the layer) or "sgd" (Eq. (11))
+    adaptive_steps: int = 5000  # the adaptive rule's step budget (the linear default's)
+    patience: int = 300  # the adaptive rule's patience (the linear default's)
+    adaptive_lr: "float | None" = None  # None: pycore.deep.layer.relative_step_lr(D)
 
     epochs: int = 100  # epochs of the paired loader (the longer task sets the length)
     max_steps: "int | None" = 400
@@ -133,6 +152,12 @@ class DeepOptions(Options):
             raise ParameterError(
                 "balance_ill", "balance_ill re-weights the balanced R_ill term: set balance"
             )
+        if self.rule == "adaptive" and self.scope != "layer":
+            raise ParameterError(
+                "rule",
+                "the adaptive rule solves the layer on frozen features (scope 'layer'); "
+                "scope 'tail' trains the backbone too: pass rule='sgd'",
+            )
 
 
 def options(base: "DeepOptions | None" = None, **given) -> DeepOptions:
@@ -153,8 +178,8 @@ class NonFiniteLossError(DivergenceError):
 
 @dataclass
 class TrainResult:
-    """What :func:`immunize` did: the λ's in force at the end (and the ridge), the per-step
-    history."""
+    """What :func:`immunize_in_place` did: the λ's in force at the end (and the ridge), the
+    per-step history."""
 
     method: str
     steps: int
@@ -267,7 +292,7 @@ def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
     return accuracy
 
 
-def immunize(
+def immunize_in_place(
     model,
     p_train,
     h_train,
@@ -297,6 +322,12 @@ def immunize(
         raise ParameterError(
             "virtual_ranks", "virtual_ranks emulates a multi-rank run in ONE process"
         )
+    if method == "closed_form" or (method == "ours" and opts.rule == "adaptive"):
+        if not cached:
+            raise ParameterError(
+                "scope", f"{method} solves the layer on frozen features: pass cached features"
+            )
+        return _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, device)
     model.to(device)
     ext, cls = model.set_trainable(opts.scope, opts.stages)
     model.eval()
@@ -431,22 +462,48 @@ def immunize(
             _rescale(model, 1.0 / scale)
     steps = kept if stopped else len(history["loss"])
     # every rank computes the same map from the same seeded inputs
-    hardening = (
-        None
-        if opts.harden == "none"
-        else harden(
-            model,
-            h_train,
-            opts.harden,
-            num_classes=num_classes_h,
-            scale=opts.harden_scale,
-            rng=np.random.default_rng([seed, 99]),
-            cached=cached,
-        )
-    )
+    hardening = _harden(model, h_train, opts, seed, num_classes_h, cached)
     lambdas["ridge"] = ridge
     return TrainResult(
         method, steps, time.perf_counter() - t0, lambdas, history, hardening, stopped
+    )
+
+
+def _harden(model, h_train, opts, seed, num_classes_h, cached) -> "dict | None":
+    """``opts.harden`` applied to the trained model, from the seed's generator (None: none)."""
+    if opts.harden == "none":
+        return None
+    return harden(
+        model,
+        h_train,
+        opts.harden,
+        num_classes=num_classes_h,
+        scale=opts.harden_scale,
+        rng=np.random.default_rng([seed, 99]),
+        cached=cached,
+    )
+
+
+def _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, device):
+    """The layer as the linear problem (:mod:`pycore.deep.layer`) on the features of all given
+    rows, the D_P head solved exactly; hardening as in the loop."""
+    from pycore.deep.features import extract  # noqa: PLC0415
+    from pycore.deep.layer import adaptive_layer, closed_form_layer, set_layer  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    model.to(device).eval().requires_grad_(False)
+    Z_P, Z_H = (extract(model, d, cached=True) for d in (p_train, h_train))
+    if method == "closed_form":
+        sol = closed_form_layer(Z_P, Z_H)
+    else:
+        sol = adaptive_layer(
+            Z_P, Z_H, steps=opts.adaptive_steps, patience=opts.patience, lr=opts.adaptive_lr
+        )
+    kappa_theta = set_layer(model, sol.theta)
+    hardening = _harden(model, h_train, opts, seed, num_classes_h, True)
+    lambdas = {"kappa_theta": kappa_theta}
+    return TrainResult(
+        method, sol.steps, time.perf_counter() - t0, lambdas, sol.history, hardening, sol.reason
     )
 
 

@@ -1,0 +1,148 @@
+"""The adaptive rule of Algorithm 1 (docs/design.md §4), one implementation for the linear default
+(:func:`pycore.methods.algorithm1_auto`) and the deep immunization layer
+(:mod:`pycore.deep.layer`, whose D×D map on frozen features IS the linear problem).
+
+Adam from a given θ on ``(1 − w)·d_P/‖d_P‖_F + w·d_H/‖d_H‖_F``, with ``d_P = K_P⁺∇_θR_well(H_P)``
+and ``d_H = K_H⁺∇_θR_ill(H_H)`` (docs/theory.md §4, §6) and ``w = σ(−γ(ln(i) + ln(ii)))``
+re-measured at every step, so the run aims at ln(i) = −ln(ii) in the units of neither task. The
+iterate of largest margin ``min(ln(i), −ln(ii))`` is kept; once the margin is positive,
+``patience`` steps without a gain of :data:`PROGRESS_TOL` restart Adam from it at lr/3,
+:data:`RESTARTS` times, then the run stops. Who calls it decides what (i) and (ii) are measured on
+(``log_ratios``): the linear core's exact κ's of all rows, or the deep table's grouped RIR_θ₀."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from pycore.optim import make_optimizer
+from pycore.precondition import Preconditioner
+from pycore.regularizers import hessian_regularizer
+from pycore.spectral import ProductGramSpectrum, SpectrumError
+
+__all__ = [
+    "BALANCE_GAIN",
+    "PROGRESS_TOL",
+    "RESTARTS",
+    "AdaptiveRun",
+    "adaptive_descent",
+    "kappa_log_ratios",
+    "regularizer_directions",
+]
+
+# The rule's constants: the gain of the balance (w moves from 0.5 to 0.98 when ln(i) and −ln(ii)
+# differ by 0.5), the margin gain that counts as progress, the lr divisions before stopping.
+BALANCE_GAIN, PROGRESS_TOL, RESTARTS = 8.0, 1e-3, 2
+
+
+@dataclass(frozen=True)
+class AdaptiveRun:
+    """What :func:`adaptive_descent` did: the kept θ, its margin ``min(ln(i), −ln(ii))`` (≤ 0: no
+    iterate met Definition 3.1), the step it was found at, the steps taken, the restarts, why the
+    run stopped, and per step (i), (ii) and the weight of the R_ill term."""
+
+    theta: np.ndarray
+    margin: float
+    best_step: int
+    steps: int
+    restarts: int
+    stop: str
+    history: dict = field(default_factory=dict)
+
+
+def kappa_log_ratios(X_P: np.ndarray, X_H: np.ndarray, theta_ref: np.ndarray) -> Callable:
+    """``θ ↦ (ln(i), ln(ii))`` from the exact κ's of ``X_Hθ`` and ``X_Pθ`` (one QR of each X,
+    :class:`pycore.spectral.ProductGramSpectrum`) against those at ``theta_ref``."""
+    spec_P, spec_H = ProductGramSpectrum(X_P), ProductGramSpectrum(X_H)
+    kP0, kH0 = spec_P(theta_ref).kappa, spec_H(theta_ref).kappa
+
+    def log_ratios(theta):
+        return np.log(spec_H(theta).kappa / kH0), np.log(spec_P(theta).kappa / kP0)
+
+    return log_ratios
+
+
+def regularizer_directions(
+    X_P: np.ndarray,
+    X_H: np.ndarray,
+    *,
+    precond: str = "pinv",
+    ridge: float = 0.0,
+    K_P: "np.ndarray | None" = None,
+    K_H: "np.ndarray | None" = None,
+) -> Callable:
+    """``θ ↦ (K_P⁺∇_θR_well(H_P), K_H⁺∇_θR_ill(H_H))`` (docs/theory.md §4; ``precond`` as
+    :class:`pycore.precondition.Preconditioner`, ``K = XᵀX`` unless given); raises
+    ``SpectrumError`` where R has no value."""
+    pre_P = Preconditioner(X_P.T @ X_P if K_P is None else K_P, precond, ridge, X_P)
+    pre_H = Preconditioner(X_H.T @ X_H if K_H is None else K_H, precond, ridge, X_H)
+
+    def directions(theta):
+        Z_P, Z_H = X_P @ theta, X_H @ theta
+        reg_P = hessian_regularizer(Z_P, "well", matrices=False)
+        reg_H = hessian_regularizer(Z_H, "ill", matrices=False)
+        return pre_P.direction(theta, reg_P, Z_P), pre_H.direction(theta, reg_H, Z_H)
+
+    return directions
+
+
+def _unit(a):
+    n = np.linalg.norm(a)
+    return a / n if n > 0 else a
+
+
+def adaptive_descent(
+    theta: np.ndarray,
+    log_ratios: Callable,
+    directions: Callable,
+    *,
+    lr: float,
+    epochs: int,
+    patience: int,
+    betas=(0.9, 0.999),
+    adam_eps: float = 1e-8,
+) -> AdaptiveRun:
+    """The adaptive rule (module docstring) from ``theta``: ``log_ratios(θ)`` gives ``(ln(i),
+    ln(ii))`` (exact: they choose the kept iterate), ``directions(θ)`` the two preconditioned
+    regularizer directions; at most ``epochs`` steps. A margin that stays ≤ 0 for ``4·patience``
+    steps ends the run; a ``SpectrumError`` of ``directions`` ends it at that step."""
+    make = lambda lr: make_optimizer("adam", lr, betas, adam_eps, param="θ")  # noqa: E731
+    opt = make(lr)
+    best, best_m, best_step, since, left = theta, 0.0, 0, 0, RESTARTS
+    hist = {"step": [], "harmful_ratio": [], "pretrain_ratio": [], "weight_h": []}
+    stop = f"used the budget of {epochs} steps"
+    step = 0
+    for step in range(epochs + 1):
+        a, neg_b = log_ratios(theta)
+        b = -neg_b
+        if min(a, b) > best_m + PROGRESS_TOL:
+            best, best_m, best_step, since = theta, min(a, b), step, 0
+        else:
+            since += 1
+            if best_m <= 0 and since > 4 * patience:
+                stop = f"stopped at step {step}: no θ with (i) > 1 and (ii) < 1 in {since} steps"
+                break
+            if best_m > 0 and since > patience:
+                if not left:
+                    stop = (
+                        f"stopped at step {step}: no margin gain in {patience} steps at lr "
+                        f"{lr:.3g}"
+                    )
+                    break
+                left, since, theta, lr = left - 1, 0, best, lr / 3
+                opt = make(lr)
+                continue
+        if step == epochs:
+            break
+        try:
+            d_P, d_H = directions(theta)
+        except SpectrumError as exc:
+            stop = f"stopped at step {step}: {exc}"
+            break
+        w = 1.0 / (1.0 + np.exp(np.clip(BALANCE_GAIN * (a - b), -50.0, 50.0)))
+        for key, v in zip(hist, (step, np.exp(a), np.exp(-b), w)):
+            hist[key].append(float(v))
+        theta = opt.step(theta, (1 - w) * _unit(d_P) + w * _unit(d_H), blame="lr")
+    return AdaptiveRun(best, float(best_m), best_step, step, RESTARTS - left, stop, hist)
