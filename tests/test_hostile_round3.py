@@ -584,7 +584,7 @@ def test_one_huge_label_is_refused_before_a_classifier_is_sized_by_it():
         immunize_model(model, (X, y), (X, huge), epochs=1)
     assert str(e.value).startswith("dh") and "sample 5" in str(e.value)
     with pytest.raises(DataError, match="5000000"):
-        audit_model(model, reference=model, dh=(X, huge), finetune=False)
+        audit_model(model, reference=model, dh=(X, huge), operators="gd")
     with pytest.raises(DataError, match="dp"):  # D_P's labels must be the model's classes
         immunize_model(model, (X, y + 1), (X, y), epochs=1)
     assert time.perf_counter() - t0 < 30
@@ -602,7 +602,7 @@ def _no_compute(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("COMPUTED")
 
-    monkeypatch.setattr(deepnet, "run_config", boom)
+    monkeypatch.setattr(deepnet, "run_configs", boom)
 
 
 def test_a_root_without_train_names_the_layout(capsys, tmp_path, monkeypatch):
