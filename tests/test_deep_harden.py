@@ -1,4 +1,4 @@
-"""Hardening of the immunization layer (pycore/deep/harden.py, docs/findings.md §7)."""
+"""Hardening of the immunization layer (pycore/deep/hardening.py, docs/findings.md §7)."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from torch.utils.data import TensorDataset
 
 from pycore.deep import DeepOptions, ImmunizedNet, create_model, immunize_in_place
 from pycore.deep.features import extract, prelogits_dataset
-from pycore.deep.harden import haar_rotation, harden, hardening_map, label_subspace
+from pycore.deep.hardening import haar_rotation, harden, hardening_map, label_subspace
 from pycore.metrics import grouped_feature_rir
 from pycore.threads import blas_threads
 from pycore.validation import ParameterError

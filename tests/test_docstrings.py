@@ -18,6 +18,8 @@ MODULES = [
     "pycore.worst_case",
     "pycore.harden",
     "pycore.ops",
+    "pycore.deep.api",
+    "pycore.deep.hardening",
 ]
 
 

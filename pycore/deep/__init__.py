@@ -12,7 +12,7 @@ from pycore.deep.checkpoint import (
     save_model,
 )
 from pycore.deep.data import DataError, image_folder
-from pycore.deep.harden import HARDENINGS, harden
+from pycore.deep.hardening import HARDENINGS, harden
 from pycore.deep.models import ImmunizedNet, PretrainedUnavailableError, create_model
 from pycore.deep.operators import OPERATORS, AuditResult, OperatorComparison
 from pycore.deep.train import (

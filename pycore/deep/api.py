@@ -84,13 +84,56 @@ class DeepImmunization:
 def immunize_model(
     model, dp, dh, *, method: str = "ours", seed: int = 0, **opts
 ) -> DeepImmunization:
-    """Immunize a copy of ``model`` (a timm classifier, or a module with timm's
-    ``forward_features`` / ``forward_head(pre_logits=True)`` / ``get_classifier()``) against ``dh``
-    while it keeps ``dp``. ``opts`` are the fields of :class:`~pycore.deep.train.DeepOptions` (a
-    bad one is a ParameterError naming it). The default, ``ours`` with scope ``"layer"``, solves
-    the layer on the frozen backbone's features computed once by the linear default's adaptive
-    rule (docs/design.md §4). A non-finite loss of the SGD loop raises
-    :class:`~pycore.deep.train.NonFiniteLossError` naming the option to change."""
+    """Immunize a copy of ``model`` against ``dh`` while it keeps ``dp`` (paper §5.2).
+
+    The default, ``method="ours"`` with scope ``"layer"``, inserts an immunization layer between
+    the frozen backbone and the head and trains it on the backbone's features, computed once, by
+    the adaptive rule of the linear default (docs/design.md §4): the layer is the linear problem
+    of docs/theory.md §10, so its ceiling and the closed form's window on the same features say
+    whether a miss is the method's or the features'. The paper's fixed-λ SGD loop is
+    ``rule="sgd"``; ``"imma"``, ``"opt_kappa"``, ``"r_ill_only"`` are the baselines.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A timm classifier, or any module with timm's ``forward_features``,
+        ``forward_head(pre_logits=True)`` and ``get_classifier()``. Left as it is.
+    dp, dh : tuple of tensors, Dataset or DataLoader
+        The pre-training task D_P (labels are ``model``'s classes) and the harmful task D_H
+        (``(X, y)`` with integer labels).
+    method : str
+        One of :data:`~pycore.deep.train.DEEP_METHODS`.
+    seed : int
+        Seeds the training and the paper's grouped RIR_θ₀.
+    **opts
+        Fields of :class:`~pycore.deep.train.DeepOptions`.
+
+    Returns
+    -------
+    DeepImmunization
+        The immunized copy and, on ALL given rows, (i), (ii), RIR and Definition 3.1 against the
+        given model's features; the grouped RIR_θ₀; the ceiling and window; ``reason``.
+
+    Raises
+    ------
+    ParameterError
+        An unknown or out-of-range option, named.
+    DataError
+        Labels of ``dp`` outside the model's classes, or unbounded labels of ``dh``.
+    NonFiniteLossError
+        The SGD loop's loss became non-finite; names the option to change.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pycore.deep import create_model, immunize_model
+    >>> net = create_model("resnet10t", 2, seed=0)
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X, y = torch.randn(96, 3, 32, 32, generator=g), torch.arange(96) % 2
+    >>> res = immunize_model(net, (X[:48], y[:48]), (X[48:], y[48:]), adaptive_steps=200)
+    >>> res.method, res.model is net, res.immunized == (res.harmful_ratio > 1 > res.pretrain_ratio)
+    ('ours', False, True)
+    """
     o = options(**opts)
     p, h = as_dataset(dp, "dp"), as_dataset(dh, "dh")
     classes_h = label_count(dataset_labels(h), "dh")  # before the harmful head is sized by it
@@ -162,13 +205,56 @@ AUDIT_OPTIONS = {
 
 
 def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) -> AuditResult:
-    """Every operator of :mod:`pycore.deep.operators` (linear probes, LoRA at each of
-    ``lora_ranks``, upper-stage and full fine-tuning) on the harmful task against ``model`` and
-    against ``reference`` (θ₀), each tuned on a seeded ``val_fraction`` of the attacker's data and
-    scored on ``dh_test`` (default: a seeded ``test_fraction`` of ``dh``) after each of
-    ``epochs``; options :data:`AUDIT_OPTIONS`. Returns an
-    :class:`~pycore.deep.operators.AuditResult`: per operator the accuracies, the signed deficit,
-    RFD, best-so-far, and the worst case over operators."""
+    """Attack ``model`` and ``reference`` (θ₀) on the harmful task with every operator and
+    compare what the attacker gets from each (docs/design.md §3).
+
+    The operators of :mod:`pycore.deep.operators`: linear probes (GD at 1/L, Adam, whitened
+    Adam), LoRA adapters at each of ``lora_ranks`` on the backbone's linear and convolution
+    layers, fine-tuning of the upper stages and of the whole network. Each picks its setting from
+    its grid (:data:`~pycore.deep.operators.LR_GRIDS`) on a seeded ``val_fraction`` of the
+    attacker's data, as an attacker who tunes would, and is scored on ``dh_test`` after each of
+    ``epochs``.
+
+    Parameters
+    ----------
+    model, reference : torch.nn.Module
+        The defended model and the model it came from (θ₀); neither is changed.
+    dh : tuple of tensors, Dataset or DataLoader
+        The attacker's labelled D_H data.
+    dh_test : same, optional
+        D_H test data (default: a seeded ``test_fraction`` of ``dh``, held out).
+    seed : int
+        Seeds the splits and every operator.
+    **opts
+        ``epochs`` (an int or a tuple, default ``(1, 5)``), ``operators`` (a subset of
+        :data:`~pycore.deep.operators.OPERATORS`), ``lora_ranks``, ``test_fraction``,
+        ``val_fraction`` (:data:`AUDIT_OPTIONS`).
+
+    Returns
+    -------
+    AuditResult
+        Per operator the D_H test accuracies of both models at each epoch, the signed deficit
+        (``reference − model`` in points; > 0: the defense slowed the attacker), the signed and the
+        absolute RFD, best-so-far accuracies; and the worst case over operators.
+
+    Raises
+    ------
+    ParameterError
+        An unknown option or a bad value, named.
+    DataError
+        Unbounded labels of ``dh`` or ``dh_test``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pycore.deep import audit_model, create_model
+    >>> net = create_model("resnet10t", 2, seed=0)
+    >>> g = torch.Generator().manual_seed(0)
+    >>> dh = (torch.randn(40, 3, 32, 32, generator=g), torch.arange(40) % 2)
+    >>> audit = audit_model(net, reference=net, dh=dh, epochs=1, operators=("gd", "adam"))
+    >>> [c.operator for c in audit.operators], audit["gd"].mean_deficit
+    (['gd', 'adam'], 0.0)
+    """
     bad = [k for k in opts if k not in AUDIT_OPTIONS]
     if bad:
         raise ParameterError(

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pycore import ops
 from pycore.deep.data import PairedBatches, ShardedBatches, fetch
-from pycore.deep.harden import HARDENINGS, harden
+from pycore.deep.hardening import HARDENINGS, harden
 from pycore.deep.objectives import DEEP_METHODS, LAMBDA_OF_TERM, combine_terms, loss_terms
 from pycore.options import Options
 from pycore.report import progress as progress_bar
@@ -141,7 +141,7 @@ class DeepOptions(Options):
     scope: str = "layer"  # "layer": the layer alone; "tail": also the backbone's last stages
     stages: int = 1  # scope "tail": how many of the backbone's last stages
     virtual_ranks: int = 1
-    harden: str = "none"  # pycore.deep.harden, applied after training
+    harden: str = "none"  # pycore.deep.hardening, applied after training
     harden_scale: float = 0.01
     normalize: bool = True  # steps in unit-scale features (False: the features' own scale)
     dp_tolerance: "float | None" = 2.0  # end on the last state within this many % of D_P's top-1

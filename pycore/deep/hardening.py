@@ -103,9 +103,46 @@ def harden(
     cached: bool = False,
     batch_size: int = 256,
 ) -> dict:
-    """Harden ``model`` in place with ``kind`` from its own features of the labelled D_H set
-    ``data_h``; returns the kind, the scale, the squashed dimension and the largest relative change
-    of the logits on those features (the compensation's float32 check)."""
+    """Harden ``model``'s immunization layer in place: features ``Z → ZM`` with the D_P head
+    compensated, so that D_P's logits are unchanged (module docstring; docs/findings.md §7).
+
+    Parameters
+    ----------
+    model : ImmunizedNet
+        The model whose layer is changed.
+    data_h : Dataset
+        Labelled D_H samples (images, or the backbone's features when ``cached``).
+    kind : {"rotate", "label_subspace"}
+        The map: a Haar rotation, or the span of D_H's class means scaled by ``scale``, rotated.
+    num_classes : int
+        D_H's classes.
+    rng : numpy.random.Generator
+        Draws the rotation.
+    scale : float
+        ``s`` of ``label_subspace``.
+    cached, batch_size
+        As :func:`pycore.deep.features.extract`.
+
+    Returns
+    -------
+    dict
+        ``kind``, ``scale``, ``subspace_dim`` and ``logit_change``: the largest change of the
+        D_P logits on those features relative to their largest magnitude (float32 round-off when
+        the compensation holds).
+
+    Examples
+    --------
+    >>> import numpy as np, torch
+    >>> from torch.utils.data import TensorDataset
+    >>> from pycore.deep import create_model, harden
+    >>> from pycore.deep.models import as_immunized
+    >>> net = as_immunized(create_model("resnet10t", 2, seed=0)).eval()
+    >>> g = torch.Generator().manual_seed(0)
+    >>> dh = TensorDataset(torch.randn(32, 3, 32, 32, generator=g), torch.arange(32) % 4)
+    >>> info = harden(net, dh, "label_subspace", num_classes=4, rng=np.random.default_rng(0))
+    >>> info["subspace_dim"], info["logit_change"] < 1e-4
+    (3, True)
+    """
     Z, head = extract(model, data_h, batch_size=batch_size, cached=cached), model.classifier
     M, r = hardening_map(
         kind, Z, dataset_labels(data_h), num_classes=num_classes, rng=rng, scale=scale
