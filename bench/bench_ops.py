@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -23,6 +22,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.timing import interleaved_best  # noqa: E402
 from pycore import ops  # noqa: E402
 
 SHAPES = [(64, 512), (256, 512), (100, 768), (256, 768), (2048, 512)]
@@ -47,19 +47,6 @@ def calls(N, D, dtype, kind):
         "gemms": gemms,
         "eigvalsh": lambda: torch.linalg.eigvalsh(M64),
     }
-
-
-def interleaved_best(fns: dict, repeat: int) -> dict:
-    """Best-of-``repeat`` seconds of each callable, run in rotation so that load hits all alike."""
-    for f in fns.values():
-        f()
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeat):
-        for name, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best
 
 
 def _id(case):

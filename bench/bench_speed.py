@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -34,6 +33,7 @@ import scipy.sparse.linalg  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import interleaved_best  # noqa: E402
 from pycore.batch import GramStack  # noqa: E402
 from pycore.immunization import immunize, immunize_batch  # noqa: E402
 from pycore.regularizers import hessian_regularizer  # noqa: E402
@@ -55,19 +55,6 @@ def mnist_task():
 
     digits = load_mnist_5k()
     return pair_task(digits, split_digits(digits, 100, np.random.default_rng(0), 100), 0, 1)
-
-
-def interleaved_best(fns: dict, repeat: int) -> dict:
-    """Best-of-``repeat`` seconds of each callable, run in rotation (load hits all alike)."""
-    for f in fns.values():
-        f()
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeat):
-        for name, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best
 
 
 def batched_calls(task, method, epochs=10):
