@@ -160,7 +160,9 @@ def _run_job(job):
     except (ValueError, FloatingPointError) as exc:
         out.update(error=f"{type(exc).__name__}: {exc}", wall_seconds=time.perf_counter() - t0)
         return out
-    out.update(ratios(res.theta, train, held))
+    out["train"] = ratios(res.theta, train).to_dict()
+    if held is not None:
+        out["heldout"] = ratios(res.theta, held).to_dict()
     out["regularizer_product"] = regularizer_product(res.theta, train)
     h = res.history
     if h.get("kappa_P") and h.get("kappa_H"):
@@ -201,7 +203,7 @@ def run(args) -> dict:
             if w is None
             else {**w.to_dict(), "ceiling_range_restricted": ceiling.range_restricted}
         )
-        closed[prot] = closed_form_frontier(train, held, args.exponents)
+        closed[prot] = [p.to_dict() for p in closed_form_frontier(train, held, args.exponents)]
     seed0 = args.seeds[0]
     jobs = []
     for prot in args.protocols:

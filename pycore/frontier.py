@@ -4,6 +4,7 @@ trade-off, it is maximal for ANY θ that whitens D_P, even with (i) < 1 (docs/th
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -13,22 +14,47 @@ from pycore.tasks import LinearTask
 from pycore.validation import ParameterError
 
 
-def ratios(theta, train: LinearTask, heldout: LinearTask | None = None) -> dict:
-    """Per row set (``"train"``, ``"heldout"``): (i), (ii) and the RIR of θ against θ = I."""
-    out = {}
-    for name, t in (("train", train), ("heldout", heldout)):
-        if t is None:
-            continue
-        r = rir(theta, t.X_P, t.X_H)
-        out[name] = {
-            "harmful_ratio": r.harmful_ratio,
-            "pretrain_ratio": r.pretrain_ratio,
-            "rir": r.value,
-        }
-    return out
+@dataclass(frozen=True)
+class FrontierRatios:
+    """(i) ``harmful_ratio``, (ii) ``pretrain_ratio`` and ``rir`` of θ against θ = I on one set of
+    rows (docs/theory.md §8)."""
+
+    harmful_ratio: float
+    pretrain_ratio: float
+    rir: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
-def closed_form_frontier(train: LinearTask, heldout: LinearTask | None, exponents) -> list[dict]:
+@dataclass(frozen=True)
+class FrontierPoint:
+    """The closed form at one exponent: its ratios on the training rows and, when given, on the
+    held-out rows, and :func:`regularizer_product` (what Algorithm 1's objective prefers)."""
+
+    exponent: float
+    train: FrontierRatios
+    heldout: "FrontierRatios | None"
+    regularizer_product: float
+
+    def to_dict(self) -> dict:
+        """``{"exponent", "train", "heldout" (only when measured), "regularizer_product"}``."""
+        out = {"exponent": self.exponent, "train": self.train.to_dict()}
+        if self.heldout is not None:
+            out["heldout"] = self.heldout.to_dict()
+        out["regularizer_product"] = self.regularizer_product
+        return out
+
+
+def ratios(theta, task: LinearTask) -> FrontierRatios:
+    """(i), (ii) and the RIR of θ against θ = I on ``task``'s rows."""
+    r = rir(theta, task.X_P, task.X_H)
+    return FrontierRatios(r.harmful_ratio, r.pretrain_ratio, r.value)
+
+
+def closed_form_frontier(
+    train: LinearTask, heldout: LinearTask | None, exponents
+) -> list[FrontierPoint]:
     """The closed form (docs/theory.md §10) at each exponent a: the best (ii) for every (i)."""
     from pycore.immunization import immunize
 
@@ -38,11 +64,12 @@ def closed_form_frontier(train: LinearTask, heldout: LinearTask | None, exponent
             train, "closed_form", rng=np.random.default_rng(0), exponent=float(a)
         ).theta
         out.append(
-            {
-                "exponent": float(a),
-                **ratios(theta, train, heldout),
-                "regularizer_product": regularizer_product(theta, train),
-            }
+            FrontierPoint(
+                float(a),
+                ratios(theta, train),
+                None if heldout is None else ratios(theta, heldout),
+                regularizer_product(theta, train),
+            )
         )
     return out
 

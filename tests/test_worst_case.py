@@ -291,10 +291,12 @@ def test_regularizer_product_and_the_closed_form_frontier():
     ]
     assert min(objective) == pytest.approx(2 * math.sqrt(3.0 * 5e4 * p), rel=1e-4)
     # keeps RIR, trades (i)/(ii)
-    fr = [f["train"] for f in closed_form_frontier(t, None, [0.0, 0.2, 0.5])]
-    assert [f["rir"] for f in fr] == pytest.approx([fr[0]["rir"]] * 3, rel=1e-8)
-    assert fr[0]["harmful_ratio"] < fr[1]["harmful_ratio"] < fr[2]["harmful_ratio"]
-    assert fr[0]["pretrain_ratio"] < fr[1]["pretrain_ratio"]
+    points = closed_form_frontier(t, None, [0.0, 0.2, 0.5])
+    assert all(p.heldout is None and "heldout" not in p.to_dict() for p in points)
+    fr = [p.train for p in points]
+    assert [f.rir for f in fr] == pytest.approx([fr[0].rir] * 3, rel=1e-8)
+    assert fr[0].harmful_ratio < fr[1].harmful_ratio < fr[2].harmful_ratio
+    assert fr[0].pretrain_ratio < fr[1].pretrain_ratio
     assert target_progress(10.0, 0.1) == pytest.approx(1.0) == target_progress(100.0, 0.1)
     assert target_progress(100.0, 0.01) == pytest.approx(2.0) and target_progress(0.5, 0.01) < 0
     with pytest.raises(ParameterError):
