@@ -351,39 +351,41 @@ class SymmetricEigen:
         (``dstebz``) for it: half the cost of :meth:`vector`, equal to it to round-off (both
         eigenvalues are accurate to eps·‖H‖)."""
         if self._c is not None:
-            n, lapack = self._d.size, scipy.linalg.lapack
+            n = self._d.size
             iblock, isplit = np.ones(n, dtype=np.int32), np.zeros(n, dtype=np.int32)
             isplit[0] = n  # one block: dstein iterates on the whole tridiagonal
             w = np.zeros(n)
             w[0] = self.values[j]
-            z, info = lapack.dstein(self._d, self._e, w[:1], iblock, isplit)
-            if info == 0:
-                cq, _, info = lapack.dormqr(
-                    b"L", b"N", self._c[1:, : n - 1], self._tau, z[1:, :], self._lwork - 2 * n
-                )
-                if info == 0:
-                    return np.concatenate([z[:1, 0], cq[:, 0]])
+            v = self._vector_at(w[:1], iblock, isplit)
+            if v is not None:
+                return v
         return self.vector(j)
 
     def vector(self, j: int) -> np.ndarray:
         """Unit eigenvector for the j-th smallest eigenvalue (0-based, ascending)."""
         if self._c is not None:
-            n, lapack = self._d.size, scipy.linalg.lapack
             # range "I" (3) for one index, order "B" (by block), abstol 0: dsyevr's call for a
             # vector
-            m, w, iblock, isplit, info = lapack.dstebz(
+            m, w, iblock, isplit, info = scipy.linalg.lapack.dstebz(
                 self._d, self._e, 3, 0.0, 1.0, j + 1, j + 1, 0.0, b"B"
             )
             if info == 0 and m == 1:
-                z, info = lapack.dstein(self._d, self._e, w[:1], iblock, isplit)
-                if info == 0:
-                    # dormtr (lower) = dormqr on rows 2..n with the reflectors below the
-                    # subdiagonal,
-                    # with the workspace dsyevr passes it (lwork − 2n)
-                    cq, _, info = lapack.dormqr(
-                        b"L", b"N", self._c[1:, : n - 1], self._tau, z[1:, :], self._lwork - 2 * n
-                    )
-                    if info == 0:
-                        return np.concatenate([z[:1, 0], cq[:, 0]])
+                v = self._vector_at(w[:1], iblock, isplit)
+                if v is not None:
+                    return v
         _, v = scipy.linalg.eigh(self._H, subset_by_index=[j, j], driver="evr", check_finite=False)
         return v[:, 0]
+
+    def _vector_at(self, w, iblock, isplit) -> "np.ndarray | None":
+        """The eigenvector of H at the eigenvalue ``w[0]``: inverse iteration on the tridiagonal
+        (``dstein``), then back to H's basis by dsyevr's own ``dormtr`` (lower), which is
+        ``dormqr`` on rows 2..n with the reflectors below the subdiagonal and the workspace
+        dsyevr passes it (lwork − 2n). None where LAPACK reports a failure."""
+        n, lapack = self._d.size, scipy.linalg.lapack
+        z, info = lapack.dstein(self._d, self._e, w, iblock, isplit)
+        if info != 0:
+            return None
+        cq, _, info = lapack.dormqr(
+            b"L", b"N", self._c[1:, : n - 1], self._tau, z[1:, :], self._lwork - 2 * n
+        )
+        return np.concatenate([z[:1, 0], cq[:, 0]]) if info == 0 else None
