@@ -158,14 +158,19 @@ def _sum_of_products(parts):
     )
 
 
+def _kappa_weights(sigma_max, sigma_min, kappa, log):
+    """``(a, b)`` of ``∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ`` (docs/theory.md §7), or of ∂ log κ/∂H with
+    ``log``; numbers or one per run."""
+    if log:
+        return 1.0 / sigma_max, 1.0 / sigma_min
+    return 1.0 / sigma_min, kappa / sigma_min
+
+
 def _kappa_parts(gram, f, weight, log):
     """``weight ×`` the θ-gradient of κ(H) (or log κ) of every run as (L, R) factors
     (docs/theory.md §7): ``∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ`` and ``∇_θ = 2Kθ(∂κ/∂H)``, with
     ``Kθv = V diag(s) (Fv)``: O(r·D) work per vector, no D×D product."""
-    if log:
-        a, b = 1.0 / gram.sigma_max, 1.0 / gram.sigma_min
-    else:
-        a, b = 1.0 / gram.sigma_min, gram.kappa / gram.sigma_min
+    a, b = _kappa_weights(gram.sigma_max, gram.sigma_min, gram.kappa, log)
     v1, vk = gram.v(0), gram.v(gram.rank - 1)
     V = np.stack([v1, vk], axis=2)  # B×D×2
     KtV = f.V @ (f.s[:, None] * (gram.F @ V))
@@ -181,11 +186,7 @@ def _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log):
     def grad(reg, X, Z):
         i = reg.info
         v1, vk = reg.vector(0), reg.vector(i.rank - 1)
-        a, b = (
-            (1.0 / i.sigma_max, 1.0 / i.sigma_min)
-            if log
-            else (1.0 / i.sigma_min, i.kappa / i.sigma_min)
-        )
+        a, b = _kappa_weights(i.sigma_max, i.sigma_min, i.kappa, log)
         return 2.0 * (a * np.outer(X.T @ (Z @ v1), v1) - b * np.outer(X.T @ (Z @ vk), vk))
 
     return grad(reg_P, X_P, Z_P), grad(reg_H, X_H, Z_H)
