@@ -18,7 +18,8 @@ import time
 import traceback
 import warnings
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from pathlib import Path
 
 from pycore.validation import ParameterError
@@ -574,6 +575,31 @@ def _task(fn, with_shared, item):
         return fn(_SHARED, item) if with_shared else fn(item)
 
 
+def _pool_size(jobs: int, tasks: int) -> int:
+    return max(1, min(jobs, tasks, usable_cores()))
+
+
+@contextmanager
+def _workers(n: int, shared=None):
+    """A fork pool of ``n`` workers; on any exception, Ctrl-C or SIGTERM in the block every worker
+    is killed first."""
+    ex = ProcessPoolExecutor(
+        n,
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=_worker_init,
+        initargs=(os.getpid(), shared),
+    )
+    try:
+        yield ex
+    except BaseException:
+        ex.shutdown(wait=False, cancel_futures=True)
+        for p in multiprocessing.active_children():
+            p.kill()
+            p.join()
+        raise
+    ex.shutdown()
+
+
 def pool_map(fn, items, jobs: int, desc: str | None = None, *, shared=None) -> list:
     """``[fn(x) for x in items]`` over at most ``jobs`` forked workers (none for one task); on any
     exception, Ctrl-C or SIGTERM every worker is killed first; a worker's exception arrives as
@@ -582,29 +608,46 @@ def pool_map(fn, items, jobs: int, desc: str | None = None, *, shared=None) -> l
     from pycore.report import progress
 
     items = list(items)
-    n = max(1, min(jobs, len(items), usable_cores()))
+    n = _pool_size(jobs, len(items))
     if n == 1:
         return [
             _task(functools.partial(fn, shared) if shared is not None else fn, False, x)
             for x in progress(items, desc=desc)
         ]
-    ex = ProcessPoolExecutor(
-        n,
-        mp_context=multiprocessing.get_context("fork"),
-        initializer=_worker_init,
-        initargs=(os.getpid(), shared),
-    )
     task = functools.partial(_task, fn, shared is not None)
-    try:
-        out = list(progress(ex.map(task, items), total=len(items), desc=desc))
-    except BaseException:
-        ex.shutdown(wait=False, cancel_futures=True)
-        for p in multiprocessing.active_children():
-            p.kill()
-            p.join()
-        raise
-    ex.shutdown()
-    return out
+    with _workers(n, shared) as ex:
+        return list(progress(ex.map(task, items), total=len(items), desc=desc))
+
+
+def pool_chain(first, then, items, jobs: int) -> list:
+    """Two stages in one pool: ``first(x)`` returns ``(result, follow_ups)`` and every follow-up
+    ``y`` runs as ``then(y)`` as soon as its ``first`` has returned, on whichever worker is free
+    (a long ``first`` no longer holds its follow-ups on one worker).  Returns ``[(result,
+    [then(y) for y in follow_ups]), ...]`` in the order of ``items``; errors and interrupts as
+    :func:`pool_map`."""
+    items = list(items)
+    n = min(jobs, usable_cores())
+    if n < 2 or not items:
+        out = []
+        for x in items:
+            result, follow = _task(first, False, x)
+            out.append((result, [_task(then, False, y) for y in follow]))
+        return out
+    results, followed = [None] * len(items), [None] * len(items)
+    with _workers(n) as ex:
+        pending = {ex.submit(_task, first, False, x): (i, None) for i, x in enumerate(items)}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                i, j = pending.pop(fut)
+                if j is None:
+                    results[i], follow = fut.result()
+                    followed[i] = [None] * len(follow)
+                    for j, y in enumerate(follow):
+                        pending[ex.submit(_task, then, False, y)] = (i, j)
+                else:
+                    followed[i][j] = fut.result()
+    return list(zip(results, followed))
 
 
 def check_out(out, names=()) -> Path:

@@ -10,6 +10,7 @@ the seed, torch runs deterministic algorithms: one seed and thread count give on
 from __future__ import annotations
 
 import copy
+import io
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -204,10 +205,13 @@ def spectrum_spread(Z, Z_ref, *, rng, groups: int, group_size: int) -> dict:
 
 
 @bounded_blas
-def evaluate_extractor(model, ref: dict, ev: dict, rc: RunConfig, seed: int, phase) -> dict:
+def evaluate_extractor(
+    model, ref: dict, ev: dict, rc: RunConfig, seed: int, phase, *, operators: bool = True
+) -> dict:
     """D_P top-1, (i), (ii) and RIR_θ₀ against θ₀'s features ``ref`` on the whole pools (exact
     κ's: the linear problem the layer is) and by the paper's groups, Definition 3.1 on each, the
-    probe curve of Figure 3 and every operator of :mod:`pycore.deep.operators`."""
+    probe curve of Figure 3 and every operator of :mod:`pycore.deep.operators` (with ``operators
+    = False`` the row has ``"operator_features"`` instead: :func:`row_operators` adds them)."""
     with phase("features_rir"):
         f = {
             k: extract(model, d, cached=ev["cached"], batch_size=rc.eval_batch)
@@ -241,17 +245,8 @@ def evaluate_extractor(model, ref: dict, ev: dict, rc: RunConfig, seed: int, pha
             num_classes=ev["classes_h"],
         ).test_accuracy
     tr, va = ev["attack_idx"]
-    with phase("operators"):
-        ops = run_operators(
-            model,
-            ev["attack"],
-            rc.operators,
-            epochs=rc.attack_epochs,
-            lora_ranks=rc.lora_ranks,
-            seed=seed,
-            features=(f["h_train"][tr], f["h_train"][va], f["h_test"][ev["attack_test_idx"]]),
-        )
-    return {
+    features = (f["h_train"][tr], f["h_train"][va], f["h_test"][ev["attack_test_idx"]])
+    row = {
         "dp_top1": acc,
         "rir": rir,
         "rir_groups": groups,
@@ -263,8 +258,26 @@ def evaluate_extractor(model, ref: dict, ev: dict, rc: RunConfig, seed: int, pha
         "probe": curve,
         "probe_acc_epoch10": curve[min(10, len(curve) - 1)],
         "probe_acc_last": curve[-1],
-        "operators": {k: v.to_dict() for k, v in ops.items()},
     }
+    if not operators:
+        return {**row, "operator_features": features}
+    with phase("operators"):
+        return {**row, "operators": row_operators(model, ev["attack"], rc, seed, features)}
+
+
+def row_operators(model, attack: AttackData, rc: RunConfig, seed: int, features) -> dict:
+    """Every operator of ``rc`` against ``model`` (:func:`pycore.deep.operators.run_operators`),
+    as a row stores them."""
+    ops = run_operators(
+        model,
+        attack,
+        rc.operators,
+        epochs=rc.attack_epochs,
+        lora_ranks=rc.lora_ranks,
+        seed=seed,
+        features=features,
+    )
+    return {k: v.to_dict() for k, v in ops.items()}
 
 
 def eval_sets(data: dict, images: dict, cached: bool, rc: RunConfig, seed: int, nch: int) -> dict:
@@ -321,9 +334,12 @@ def _variants(rc: RunConfig) -> list[tuple[str, str, DeepOptions]]:
 
 
 def run_seed(
-    rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=None
+    rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=None, *, defer=None
 ) -> "dict | None":
-    """θ₀, every immunization and every measurement of one seed; rank 0 returns the rows."""
+    """θ₀, every immunization and every measurement of one seed; rank 0 returns the rows.  With a
+    list ``defer`` the operators are not run: each row appends its :class:`OperatorJob` to it
+    and the caller runs them (:func:`run_operator_job`) and completes the seed
+    (:func:`complete_seed`)."""
     seconds, rng = {}, np.random.default_rng(seed)
     phase = clock(seconds)
     torch.manual_seed(seed)
@@ -365,7 +381,10 @@ def run_seed(
     ceiling, window, why = attainability(ref["p_pool"], ref["h_train"][ev["h_pool_idx"]])
     reach = {"ceiling": ceiling, "window": window and window.to_dict(), "why": why}
 
+    blob = None  # θ₀ saved once for every deferred row
+
     def measure(row, model):
+        nonlocal blob
         variants = {row: (model, None)}
         if kind != "none":
             h = copy.deepcopy(model)
@@ -381,7 +400,23 @@ def run_seed(
             )
             variants[f"{row}+{kind}"] = (h, info)
         for key, (m, hardening) in variants.items():
-            rows[key] = {**evaluate_extractor(m, ref, ev, rc, seed, phase), "hardening": hardening}
+            rows[key] = {
+                **evaluate_extractor(m, ref, ev, rc, seed, phase, operators=defer is None),
+                "hardening": hardening,
+            }
+            if defer is not None:
+                blob = blob or _saved(theta0)
+                defer.append(
+                    OperatorJob(
+                        rc,
+                        seed,
+                        key,
+                        blob,
+                        None if m is theta0 else _changed(m, theta0),
+                        ev["attack"],
+                        rows[key].pop("operator_features"),
+                    )
+                )
             if on_extractor and (path := on_extractor(m, key, seed, "immunized")):
                 rows[key]["extractor"] = path
             r = rows[key]["rir"]
@@ -436,11 +471,7 @@ def run_seed(
                         "reason": res.stopped,
                     }
     barrier()
-    if ctx.is_main and "init" in rows:  # every operator against the same operator on θ₀
-        ref_ops = _curves(rows["init"])
-        for r in rows.values():
-            r["audit"] = compare(_curves(r), ref_ops).to_dict()
-    return (
+    result = (
         {
             "seed": seed,
             "rows": rows,
@@ -456,6 +487,67 @@ def run_seed(
         if ctx.is_main
         else None
     )
+    return result if defer is not None or result is None else complete_seed(result)
+
+
+def complete_seed(result: dict) -> dict:
+    """The seed's audits, once every row has its operators: each operator against the same
+    operator on θ₀."""
+    rows = result["rows"]
+    if "init" in rows:
+        ref_ops = _curves(rows["init"])
+        for r in rows.values():
+            r["audit"] = compare(_curves(r), ref_ops).to_dict()
+    return result
+
+
+@dataclass(frozen=True)
+class OperatorJob:
+    """One row's operators, to run in another process: θ₀ (``torch.save``'s bytes, shared by the
+    seed's rows and sent as bytes, not as shared-memory tensors) and the row's tensors that differ
+    from it (``None``: the row is θ₀), the attacker's images and the row's features."""
+
+    rc: RunConfig
+    seed: int
+    row: str
+    theta0: bytes
+    changed: "dict | None"
+    attack: AttackData
+    features: tuple
+
+    def model(self) -> torch.nn.Module:
+        """The row's model, bit for bit."""
+        m = torch.load(io.BytesIO(self.theta0), weights_only=False)
+        if self.changed is not None:
+            m.load_state_dict(self.changed, strict=False)
+        return m
+
+
+def _saved(model) -> bytes:
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    return buf.getvalue()
+
+
+def _changed(model, theta0) -> dict:
+    """The tensors of ``model`` that differ from ``theta0``'s (θ₀ plus these is ``model``); the
+    immunizations change values, never the structure (checked)."""
+    mine, base = model.state_dict(), theta0.state_dict()
+    if type(model) is not type(theta0) or mine.keys() != base.keys():
+        raise TypeError(f"{type(model).__name__} differs from θ₀ in structure")
+    return {
+        k: v.clone()
+        for k, v in mine.items()
+        if v.shape != base[k].shape or v.dtype != base[k].dtype or not torch.equal(v, base[k])
+    }
+
+
+def run_operator_job(job: OperatorJob) -> tuple[str, dict, dict]:
+    """``(row, its operators, {"wall", "cpu"} seconds)`` of :class:`OperatorJob` ``job``."""
+    seconds = {}
+    with clock(seconds)("operators"):
+        ops = row_operators(job.model(), job.attack, job.rc, job.seed, job.features)
+    return job.row, ops, seconds["operators"]
 
 
 def _curves(row: dict) -> dict:
@@ -562,13 +654,37 @@ def _result(rc: RunConfig, opts: RunOptions, seeds, per_seed, order, t0, **extra
     }
 
 
-def _seed_job(job) -> dict:
-    """One (configuration, seed) in a worker process of :func:`run_configs` (world size 1)."""
-    rc, seed, opts, device, threads, on_extractor = job
+def _worker_torch(threads: int) -> None:
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _seed_job(job) -> tuple[dict, list]:
+    """One (configuration, seed) in a worker process of :func:`run_configs` (world size 1), its
+    rows' operators left to the pool: ``(seed result, [(OperatorJob, threads), ...])``."""
+    rc, seed, opts, device, threads, on_extractor = job
+    _worker_torch(threads)
     say = (lambda *a, **k: None) if opts.quiet else print
-    return run_seed(rc, seed, opts, init_from_env(device), say, on_extractor)
+    deferred = []
+    result = run_seed(rc, seed, opts, init_from_env(device), say, on_extractor, defer=deferred)
+    return result, [(d, threads) for d in deferred]
+
+
+def _operator_job(job) -> tuple[str, dict, dict]:
+    """One row's operators in a worker process of :func:`run_configs`."""
+    job, threads = job
+    _worker_torch(threads)
+    return run_operator_job(job)
+
+
+def _with_operators(result: dict, done: list) -> dict:
+    """A deferred seed ``result`` with its rows' operators and their seconds, audited."""
+    total = result["phase_seconds"].setdefault("operators", {"wall": 0.0, "cpu": 0.0})
+    for row, ops, seconds in done:
+        result["rows"][row]["operators"] = ops
+        total["wall"] += seconds["wall"]
+        total["cpu"] += seconds["cpu"]
+    return complete_seed(result)
 
 
 def run_configs(
@@ -578,8 +694,10 @@ def run_configs(
     (:func:`aggregate`), ``per_seed``, ``errors``, the wall and per-phase seconds (wall, CPU) and
     the provenance, the other ranks None. With ``jobs > 1`` (one process, no torchrun) the
     (configuration, seed) runs go to that many worker processes, each with this process's torch
-    thread count: every number is the same as with ``jobs = 1``. ``on_extractor(rc)`` gives each
-    configuration's callback ``(model, row, seed, status) -> path or None``."""
+    thread count, and each row's operators to whichever worker is free once its seed has
+    immunized (one seed's rows no longer wait on one worker): every number is the same as with
+    ``jobs = 1``. ``on_extractor(rc)`` gives each configuration's callback ``(model, row, seed,
+    status) -> path or None``."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     t0, threads = time.perf_counter(), torch.get_num_threads()
     say = print if ctx.is_main and not opts.quiet else (lambda *a, **k: None)
@@ -590,10 +708,12 @@ def run_configs(
         )
     hook = (lambda rc: None) if on_extractor is None else on_extractor
     if jobs > 1 and ctx.world == 1:
-        from experiments.common import pool_map  # noqa: PLC0415
+        from experiments.common import pool_chain  # noqa: PLC0415
 
         todo = [(rc, s, opts, str(ctx.device), threads, hook(rc)) for rc in rcs for s in seeds]
-        done = pool_map(_seed_job, todo, jobs)
+        done = [
+            _with_operators(r, ops) for r, ops in pool_chain(_seed_job, _operator_job, todo, jobs)
+        ]
         per = [done[i * len(seeds) : (i + 1) * len(seeds)] for i in range(len(rcs))]
     else:
         per = [[run_seed(rc, s, opts, ctx, say, hook(rc)) for s in seeds] for rc in rcs]

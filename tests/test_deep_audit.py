@@ -361,3 +361,35 @@ def test_an_interrupted_rerun_leaves_every_earlier_output_as_it_was(
     (out / "folders" / "extractor_imma.safetensors").mkdir()
     rc, err = _one_line_error(capsys, deepnet, argv)
     assert rc == 2 and "error: --out:" in err and "extractor_imma" in err
+
+
+def test_rows_operators_on_any_free_worker_give_every_number_again(pipeline):
+    """``jobs = 2``: each seed immunizes in a worker and its rows' operators go to whichever
+    worker is free, the model rebuilt there from θ₀ and the tensors that differ: the same
+    numbers as in one process (seed 1 differs from seed 0, so the comparison can fail)."""
+    from experiments.deep_pipeline import run_configs
+
+    (res,) = run_configs([CI], [0, 1], RunOptions(quiet=True), init_from_env("cpu"), jobs=2)
+    drop = lambda seed: json.dumps(  # noqa: E731
+        {k: v for k, v in seed.items() if k != "phase_seconds"}, sort_keys=True, default=str
+    )
+    mine, ref = [drop(s) for s in res["per_seed"]], [drop(s) for s in pipeline[0]["per_seed"]]
+    assert mine == ref and mine[0] != mine[1]
+    assert res["phase_seconds"]["operators"]["cpu"] > 0
+
+
+def test_an_operator_job_rebuilds_the_row_bit_for_bit():
+    from experiments.deep_pipeline import OperatorJob, _changed, _saved
+
+    theta0 = ImmunizedNet(create_model("test_resnet", 3, seed=0, img_size=32)).eval()
+    row = ImmunizedNet(create_model("test_resnet", 3, seed=0, img_size=32)).eval()
+    row.load_state_dict(theta0.state_dict())
+    with torch.no_grad():
+        row.layer.weight.mul_(1.5)
+        row.classifier.bias.add_(0.25)
+    changed = _changed(row, theta0)
+    assert len(changed) == 2 and "layer.weight" in changed  # the head's bias is the other
+    job = OperatorJob(CI, 0, "ours", _saved(theta0), changed, None, ())
+    rebuilt = job.model().state_dict()
+    assert all(torch.equal(rebuilt[k], v) for k, v in row.state_dict().items())
+    assert not torch.equal(rebuilt["layer.weight"], theta0.state_dict()["layer.weight"])

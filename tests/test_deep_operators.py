@@ -197,6 +197,35 @@ def test_operators_pick_their_setting_on_the_validation_split():
     assert out["gd"].epochs == (0, 1, 2) and out["finetune_upper"].epochs == (1, 2)
 
 
+
+@pytest.mark.parametrize("op", ["finetune_full", "finetune_upper", "lora_r4"])
+def test_a_setting_trains_as_it_would_alone_in_its_grid(op):
+    """The grid's settings share their first step's gradient: each setting's parameters after
+    every scored epoch, and its validation accuracy, are bit for bit those of a grid holding only
+    that setting; the two settings end apart, so the check can fail."""
+    from pycore.deep.data import ShardedBatches
+    from pycore.deep.operators import _attacker, _deep_grid
+
+    net = create_model("test_resnet", 3, seed=0)
+    data = AttackData(_images(24, 1), _images(12, 2), _images(12, 3), 3)
+    both = _deep_grid(net, data, op, (1e-3, 1e-2), epochs=(1, 2), seed=0, batch_size=8)
+    last = [snaps[-1] for _, snaps, _ in both.values()]
+    assert any(not torch.equal(last[0][n], last[1][n]) for n in last[0])
+    x, y = data.train.tensors
+    for lr, (_, snaps, _) in both.items():
+        # the plain loop: a fresh copy, Adam at lr, three batches an epoch, two epochs
+        m = _attacker(net, data, op, seed=0)
+        params = {n: p for n, p in m.named_parameters() if p.requires_grad}
+        opt, alone = torch.optim.Adam(params.values(), lr=lr), []
+        for e in range(2):
+            for (idx,) in ShardedBatches(24, 8, seed=0).epoch(e):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(m(x[idx]), y[idx]).backward()
+                opt.step()
+            alone.append({n: p.detach().clone() for n, p in params.items()})
+        for a, b in zip(alone, snaps, strict=True):
+            assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
 # --- the adaptive default -----------------------------------------------------------------------
 
 

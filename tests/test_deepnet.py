@@ -540,3 +540,29 @@ def test_ddp_gloo_two_processes_match_virtual_ranks_and_stop_together(tmp_path):
     assert got[0]["loss"] == pytest.approx(res.history["loss"], rel=1e-5)
     for k, v in m.state_dict().items():
         torch.testing.assert_close(got[0]["state"][k], v, rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_fetch_decodes_in_a_forked_child_after_the_parent_has_decoded():
+    """A forked worker (``--jobs``) inherits the decoding thread pool without its threads; it
+    gets a pool of its own instead of waiting forever."""
+    import multiprocessing
+
+    from pycore.deep.data import fetch
+
+    class Decoded(torch.utils.data.Dataset):  # not a TensorDataset: fetch uses its pool
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return torch.full((2,), float(i)), i % 3
+
+    ds = Decoded()
+    assert fetch(ds, torch.arange(6))[1].tolist() == [0, 1, 2, 0, 1, 2]
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=lambda: queue.put(fetch(ds, torch.arange(6))[1].tolist()))
+    child.start()
+    child.join(60)
+    hung = child.is_alive()
+    child.kill()
+    assert not hung and queue.get(timeout=10) == [0, 1, 2, 0, 1, 2]

@@ -297,6 +297,10 @@ def _pool():
     return ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 2)))
 
 
+# A forked child inherits the pool but none of its threads: its first map would wait forever.
+os.register_at_fork(after_in_child=_pool.cache_clear)
+
+
 def fetch(ds: Dataset, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``ds[idx]`` as ``(inputs, labels)``, images decoded by a thread pool (decoding releases
     the GIL)."""

@@ -24,6 +24,7 @@ split after the last scored epoch; its test accuracies are reported."""
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import asdict, dataclass
 
@@ -218,21 +219,24 @@ def _with_lora(attacked: _Attacked, rank: int, seed: int) -> _Attacked:
 
 
 def _accuracy_of(m, ds) -> float:
-    """D_H accuracy (%) of the attacked model ``m`` on ``ds``."""
+    """D_H accuracy (%) of the attacked model ``m`` on ``ds``; ``m`` trains no more, so it is
+    put in channels-last memory format, in which CPU convolutions infer ~1.7× faster (a
+    network without 4-D weights is unchanged)."""
     dev = next(m.parameters()).device
+    m.to(memory_format=torch.channels_last)
     y = torch.as_tensor(dataset_labels(ds), dtype=torch.int64)
     n, hits = len(ds), 0
     with torch.no_grad():
         for s in range(0, n, 256):
-            logits = m(fetch(ds, torch.arange(s, min(s + 256, n)))[0].to(dev))
-            hits += int((logits.argmax(1).cpu() == y[s : s + 256]).sum())
+            x = fetch(ds, torch.arange(s, min(s + 256, n)))[0].to(dev)
+            if x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            hits += int((m(x).argmax(1).cpu() == y[s : s + 256]).sum())
     return 100.0 * hits / n
 
 
-def _deep_run(model, data: AttackData, op: str, lr: float, epochs, seed: int, batch_size: int):
-    """Train one deep operator at ``lr``: ``(model, its trained parameters after each scored
-    epoch, validation accuracy after the last)``; only the chosen setting is then scored on the
-    test split (:func:`_scored`)."""
+def _attacker(model, data: AttackData, op: str, seed: int) -> _Attacked:
+    """The attack copy ``op`` trains, with its trainable parameters marked."""
     m = attack_copy(model, data.classes, seed=seed)
     if op.startswith("lora_r"):
         m = _with_lora(m, int(op[6:]), seed)
@@ -241,20 +245,45 @@ def _deep_run(model, data: AttackData, op: str, lr: float, epochs, seed: int, ba
         for mod in mods:
             mod.requires_grad_(True)
     m.head.requires_grad_(True)
-    dev = next(m.parameters()).device
-    params = dict((n, p) for n, p in m.named_parameters() if p.requires_grad)
-    opt = torch.optim.Adam(params.values(), lr=lr)
+    return m
+
+
+def _deep_grid(model, data: AttackData, op: str, grid, epochs, seed: int, batch_size: int):
+    """Train one deep operator at each lr of ``grid``: ``{lr: (model, its trained parameters
+    after each scored epoch, validation accuracy after the last)}``; only the chosen setting is
+    then scored on the test split (:func:`_scored`).
+
+    Every lr starts from the same copy and the same first batch, so the first step's gradient is
+    computed once and each lr's Adam takes its first step from it: bit for bit the run of that
+    lr alone (Adam's state starts empty), one forward and backward fewer per further lr."""
+    first = _attacker(model, data, op, seed)
+    dev = next(first.parameters()).device
     ytr = torch.as_tensor(dataset_labels(data.train), dtype=torch.int64)
     batches = ShardedBatches(len(data.train), min(batch_size, len(data.train)), seed=seed)
-    snaps = []  # epoch 0 is a random new head: chance, not scored
-    for e in range(max(epochs)):
-        for (idx,) in batches.epoch(e):
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(m(fetch(data.train, idx)[0].to(dev)), ytr[idx].to(dev)).backward()
+
+    def loss(m, idx):
+        return F.cross_entropy(m(fetch(data.train, idx)[0].to(dev)), ytr[idx].to(dev))
+
+    steps = [idx for e in range(max(epochs)) for (idx,) in batches.epoch(e)]
+    loss(first, steps[0]).backward()
+    out = {}
+    for lr in grid:
+        m = copy.deepcopy(first)
+        params = {n: p for n, p in m.named_parameters() if p.requires_grad}
+        for n, p in first.named_parameters():
+            if p.grad is not None:  # (a parameter the loss does not reach has none)
+                params[n].grad = p.grad.clone()
+        opt = torch.optim.Adam(params.values(), lr=lr)
+        snaps = []  # epoch 0 is a random new head: chance, not scored
+        for k, idx in enumerate(steps, start=1):
+            if k > 1:
+                opt.zero_grad(set_to_none=True)
+                loss(m, idx).backward()
             opt.step()
-        if e + 1 in epochs:
-            snaps.append({n: p.detach().clone() for n, p in params.items()})
-    return m, snaps, _accuracy_of(m, data.val)
+            if k % len(batches) == 0 and k // len(batches) in epochs:
+                snaps.append({n: p.detach().clone() for n, p in params.items()})
+        out[lr] = (m, snaps, _accuracy_of(m, data.val))
+    return out
 
 
 def _scored(m, snaps, test) -> list[float]:
@@ -329,8 +358,8 @@ def run_operators(
         else:
             grid = LR_GRIDS["lora" if n.startswith("lora_r") else n]
             trained = {
-                f"lr {lr:g}": _deep_run(net, data, n, lr, scored[1:], seed, batch_size)
-                for lr in grid
+                f"lr {lr:g}": run
+                for lr, run in _deep_grid(net, data, n, grid, scored[1:], seed, batch_size).items()
             }
             pick = max(trained, key=lambda k: trained[k][2])  # first of the best (grids ascend)
             runs = {k: ([], v) for k, (_, _, v) in trained.items()}
