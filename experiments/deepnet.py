@@ -98,8 +98,9 @@ def build_parser() -> common.Parser:
         "--jobs",
         type=common.count(1, common.MAX_JOBS),
         default=common.usable_cores(),
-        help="worker processes over the (configuration, seed) runs, capped at the usable cores "
-        "(default: all of them); every number is the same for any --jobs",
+        help="worker processes over the (configuration, seed) runs and then each row's "
+        "operators, capped at the usable cores (default: all of them); every number is the same "
+        "for any --jobs",
     )
     common.add_out(p, "results/deepnet")
     p.add_argument("--quiet", action="store_true")

@@ -197,7 +197,6 @@ def test_operators_pick_their_setting_on_the_validation_split():
     assert out["gd"].epochs == (0, 1, 2) and out["finetune_upper"].epochs == (1, 2)
 
 
-
 @pytest.mark.parametrize("op", ["finetune_full", "finetune_upper", "lora_r4"])
 def test_a_setting_trains_as_it_would_alone_in_its_grid(op):
     """The grid's settings share their first step's gradient: each setting's parameters after
@@ -225,6 +224,7 @@ def test_a_setting_trains_as_it_would_alone_in_its_grid(op):
             alone.append({n: p.detach().clone() for n, p in params.items()})
         for a, b in zip(alone, snaps, strict=True):
             assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
 
 # --- the adaptive default -----------------------------------------------------------------------
 
@@ -255,6 +255,38 @@ def test_the_adaptive_default_says_when_no_layer_can_meet_definition_3_1():
     out = immunize_model(_Features(D, 3), _task(X_P), _task(X_H, seed=1), seed=0)
     assert out.window is not None and out.window.empty and not out.immunized
     assert "empty" in out.reason and "no θ of this layer" in out.reason
+
+
+def test_features_with_a_round_off_direction_report_no_window():
+    """Float32 features whose rows sum to zero (a LayerNorm without bias): the smallest
+    direction is float32 round-off, so κ is round-off's and no Definition 3.1 window is claimed,
+    by the library call and by the layer; the same features in float64, and well-resolved
+    float32 ones, keep their window (so the check can fail)."""
+    from pycore.deep.layer import adaptive_layer, attainability, resolution
+
+    rng = np.random.default_rng(3)
+    D = 24
+    scales = np.linspace(1.0, 3.0, D)
+
+    def centred(n, dtype):
+        X = (rng.standard_normal((n, D)) * scales).astype(dtype)
+        return X - X.mean(axis=1, keepdims=True)  # each row sums to zero, up to round-off
+
+    X_P, X_H = centred(200, np.float32), centred(200, np.float32) @ np.diag(scales[::-1])
+    X_H = X_H.astype(np.float32)
+    floor = resolution(torch.float32, X_P, X_H)
+    stable = max(np.linalg.norm(X) / np.linalg.norm(X.astype(float), 2) for X in (X_P, X_H))
+    assert floor == pytest.approx(np.finfo(np.float32).eps * stable, rel=1e-6)
+    assert attainability(X_P, X_H)[1] is not None  # float64's rule sees a full-rank pair
+    assert attainability(X_P, X_H, floor=floor)[1] is None
+    sol = adaptive_layer(X_P, X_H, steps=3, patience=3, floor=floor)
+    assert sol.window is None and not sol.reason.endswith("the miss is the method's")
+    out = immunize_model(_Features(D, 3), _task(X_P), _task(X_H, seed=1), seed=0)
+    assert out.window is None
+    # resolved features: float32 rows that do not sum to zero
+    Y_P = (rng.standard_normal((200, D)) * scales).astype(np.float32)
+    Y_H = (rng.standard_normal((200, D)) * scales[::-1]).astype(np.float32)
+    assert attainability(Y_P, Y_H, floor=resolution(torch.float32, Y_P, Y_H))[1] is not None
 
 
 def test_audit_model_returns_every_operator_and_the_worst_case():

@@ -30,6 +30,7 @@ __all__ = [
     "adaptive_layer",
     "closed_form_layer",
     "attainability",
+    "resolution",
     "set_layer",
     "relative_step_lr",
 ]
@@ -72,10 +73,43 @@ def _rows(X: np.ndarray) -> np.ndarray:
     return np.linalg.qr(X, mode="r") if X.shape[0] > X.shape[1] else X
 
 
-def attainability(X_P, X_H) -> tuple[float, "ExponentWindow | None", str]:
+def resolution(dtype, *features) -> float:
+    """The σ_min/σ_max below which features stored in ``dtype`` (a torch or NumPy float type)
+    resolve no direction: ``eps(dtype)·‖Z‖_F/‖Z‖₂``, the largest over the given feature matrices.
+
+    Rounding each entry of Z to ``dtype`` is a perturbation E with ``‖E‖₂ ≤ ‖E‖_F ≤
+    (eps/2)‖Z‖_F``, and by Weyl's inequality it moves every singular value of Z by at most that:
+    a direction whose σ lies below ``eps·‖Z‖_F`` may be rounding alone (the arithmetic inside the
+    network may have lost more; this is the floor no computation in ``dtype`` gets under)."""
+    eps = torch.finfo(dtype).eps if isinstance(dtype, torch.dtype) else np.finfo(dtype).eps
+    ratios = []
+    for Z in features:
+        Z = np.asarray(Z, dtype=np.float64)
+        ratios.append(np.linalg.norm(Z) / np.linalg.norm(Z, 2))
+    return float(eps * max(ratios))
+
+
+def attainability(
+    X_P, X_H, *, floor: "float | None" = None
+) -> tuple[float, "ExponentWindow | None", str]:
     """The range-restricted RIR ceiling of the layer's features, the closed form's Definition 3.1
-    window, and a sentence saying whether Definition 3.1 is attainable by any θ of the layer."""
+    window, and a sentence saying whether Definition 3.1 is attainable by any θ of the layer.
+
+    ``floor`` (:func:`resolution`): features computed in float32 carry their round-off into
+    float64; a task whose σ_min/σ_max lies below ``floor`` has a direction that is round-off (a
+    LayerNorm without bias leaves every feature row summing to zero), its κ is that round-off's,
+    and no window is reported (``None``, the sentence says why)."""
     c = rir_ceiling(X_P, X_H)
+    for task, kappa in (("D_P", c.kappa_K_P), ("D_H", c.kappa_K_H)):
+        if floor is not None and kappa * floor * floor > 1:
+            return (
+                c.range_restricted,
+                None,
+                f"{task}'s features have σ_min/σ_max = {kappa**-0.5:.2g}, below what the "
+                f"precision they were computed in resolves ({floor:.2g}): their smallest "
+                "direction is round-off, so their κ's, and any Definition 3.1 window on them, "
+                "say nothing about the model",
+            )
     if not c.kappa_C > 1 + 1e-8:
         return c.range_restricted, None, "κ(C) ≈ 1: no θ of this layer changes the κ ratio"
     w = def31_exponent_window(c)
@@ -142,13 +176,21 @@ EIG_KAPPA_LIMIT = 1e11
 
 
 @bounded_blas
-def adaptive_layer(X_P, X_H, *, steps: int, patience: int, lr: "float | None" = None):
+def adaptive_layer(
+    X_P,
+    X_H,
+    *,
+    steps: int,
+    patience: int,
+    lr: "float | None" = None,
+    floor: "float | None" = None,
+):
     """θ by the adaptive rule of the linear default on the layer's inputs (all rows, float64),
     from θ = I (θ₀'s layer), at ``lr`` (default :func:`relative_step_lr`); the kept θ's (i) and
-    (ii) are exact (SVD)."""
+    (ii) are exact (SVD); ``floor`` as in :func:`attainability`."""
     XP, XH = _rows(X_P), _rows(X_H)
     D = XP.shape[1]
-    ceiling, window, why = attainability(XP, XH)
+    ceiling, window, why = attainability(XP, XH, floor=floor)
     # a full-rank K: K⁺ = K⁻¹, the exact preconditioner 2θG (docs/theory.md §4), no projector
     full = all(numerical_rank(np.linalg.svd(X, compute_uv=False), X.shape) == D for X in (XP, XH))
     problem = _Problem(XP, XH, "exact" if full else "pinv")
@@ -169,15 +211,18 @@ def adaptive_layer(X_P, X_H, *, steps: int, patience: int, lr: "float | None" = 
         reason += f" ((i) = {i:.4g}, (ii) = {ii:.4g}): {why}" + (
             "; the miss is the method's" if window is not None and not window.empty else ""
         )
+    elif window is None:  # met, on κ's that round-off may have made
+        reason += f"; but {why}"
     return LayerSolution(run.theta, i, ii, ceiling, window, reason, run.steps, run.history)
 
 
 @bounded_blas
-def closed_form_layer(X_P, X_H) -> LayerSolution:
+def closed_form_layer(X_P, X_H, *, floor: "float | None" = None) -> LayerSolution:
     """The closed form (docs/theory.md §10) on the layer's inputs at its default exponent (the
-    linear core's ``closed_form``: the balanced one of the window, clamped into it)."""
+    linear core's ``closed_form``: the balanced one of the window, clamped into it); ``floor`` as
+    in :func:`attainability`."""
     XP, XH = _rows(X_P), _rows(X_H)
-    ceiling, window, why = attainability(XP, XH)
+    ceiling, window, why = attainability(XP, XH, floor=floor)
     task = LinearTask(XP, np.zeros(len(XP)), XH, np.zeros(len(XH)), name="layer features")
     res = immunize(task, "closed_form", rng=np.random.default_rng(0))
     return LayerSolution(
