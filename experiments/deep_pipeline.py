@@ -409,13 +409,14 @@ def run_seed(
             }
             if defer is not None:
                 blob = blob or _saved(theta0)
+                changed = _changed(m, theta0)
                 defer.append(
                     OperatorJob(
                         rc,
                         seed,
                         key,
-                        blob,
-                        None if m is theta0 else _changed(m, theta0),
+                        blob if changed is not None else _saved(m),
+                        changed or {},
                         ev["attack"],
                         rows[key].pop("operator_features"),
                     )
@@ -506,23 +507,23 @@ def complete_seed(result: dict) -> dict:
 
 @dataclass(frozen=True)
 class OperatorJob:
-    """One row's operators, to run in another process: θ₀ (``torch.save``'s bytes, shared by the
-    seed's rows and sent as bytes, not as shared-memory tensors) and the row's tensors that differ
-    from it (``None``: the row is θ₀), the attacker's images and the row's features."""
+    """One row's operators, to run in another process: a base model as ``torch.save``'s bytes (θ₀,
+    shared by the seed's rows and sent as bytes, not as shared-memory tensors; the row itself
+    when it differs from θ₀ in structure) and the row's tensors that differ from it (on the CPU),
+    the attacker's images and the row's features."""
 
     rc: RunConfig
     seed: int
     row: str
-    theta0: bytes
-    changed: "dict | None"
+    base: bytes
+    changed: dict
     attack: AttackData
     features: tuple
 
     def model(self) -> torch.nn.Module:
         """The row's model, bit for bit."""
-        m = torch.load(io.BytesIO(self.theta0), weights_only=False)
-        if self.changed is not None:
-            m.load_state_dict(self.changed, strict=False)
+        m = torch.load(io.BytesIO(self.base), weights_only=False)
+        m.load_state_dict(self.changed, strict=False)
         return m
 
 
@@ -532,17 +533,17 @@ def _saved(model) -> bytes:
     return buf.getvalue()
 
 
-def _changed(model, theta0) -> dict:
-    """The tensors of ``model`` that differ from ``theta0``'s (θ₀ plus these is ``model``); the
-    immunizations change values, never the structure (checked)."""
+def _changed(model, theta0) -> "dict | None":
+    """The tensors of ``model`` that differ from ``theta0``'s, on the CPU (θ₀ plus these is
+    ``model``); None when the two differ in structure."""
     mine, base = model.state_dict(), theta0.state_dict()
-    if type(model) is not type(theta0) or mine.keys() != base.keys():
-        raise TypeError(f"{type(model).__name__} differs from θ₀ in structure")
-    return {
-        k: v.clone()
-        for k, v in mine.items()
-        if v.shape != base[k].shape or v.dtype != base[k].dtype or not torch.equal(v, base[k])
-    }
+    if (
+        type(model) is not type(theta0)
+        or mine.keys() != base.keys()
+        or any(v.shape != base[k].shape or v.dtype != base[k].dtype for k, v in mine.items())
+    ):
+        return None
+    return {k: v.detach().cpu().clone() for k, v in mine.items() if not torch.equal(v, base[k])}
 
 
 def run_operator_job(job: OperatorJob) -> tuple[str, dict, dict]:

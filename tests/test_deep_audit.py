@@ -393,3 +393,6 @@ def test_an_operator_job_rebuilds_the_row_bit_for_bit():
     rebuilt = job.model().state_dict()
     assert all(torch.equal(rebuilt[k], v) for k, v in row.state_dict().items())
     assert not torch.equal(rebuilt["layer.weight"], theta0.state_dict()["layer.weight"])
+    assert _changed(theta0, theta0) == {}
+    # another structure: no difference to send, the row is sent whole
+    assert _changed(ImmunizedNet(create_model("test_resnet", 4, seed=0)), theta0) is None
