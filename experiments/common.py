@@ -575,10 +575,6 @@ def _task(fn, with_shared, item):
         return fn(_SHARED, item) if with_shared else fn(item)
 
 
-def _pool_size(jobs: int, tasks: int) -> int:
-    return max(1, min(jobs, tasks, usable_cores()))
-
-
 @contextmanager
 def _workers(n: int, shared=None):
     """A fork pool of ``n`` workers; on any exception, Ctrl-C or SIGTERM in the block every worker
@@ -608,7 +604,7 @@ def pool_map(fn, items, jobs: int, desc: str | None = None, *, shared=None) -> l
     from pycore.report import progress
 
     items = list(items)
-    n = _pool_size(jobs, len(items))
+    n = max(1, min(jobs, len(items), usable_cores()))
     if n == 1:
         return [
             _task(functools.partial(fn, shared) if shared is not None else fn, False, x)

@@ -51,7 +51,7 @@ from pycore.deep.data import (
 )
 from pycore.deep.distributed import barrier, broadcast_module, init_from_env
 from pycore.deep.features import extract, prelogits_dataset
-from pycore.deep.layer import attainability, resolution
+from pycore.deep.layer import attainability
 from pycore.evaluate import immunized_def31
 from pycore.metrics import feature_rir, grouped_feature_rir
 from pycore.report import environment, summarize
@@ -378,9 +378,8 @@ def run_seed(
         for k, d in ev["sets"].items()
     }
     rows, errors = {}, {}
-    pools = (ref["p_pool"], ref["h_train"][ev["h_pool_idx"]])
     ceiling, window, why = attainability(
-        *pools, floor=resolution(theta0.layer.weight.dtype, *pools)
+        ref["p_pool"], ref["h_train"][ev["h_pool_idx"]], precision=theta0.layer.weight.dtype
     )
     reach = {"ceiling": ceiling, "window": window and window.to_dict(), "why": why}
 

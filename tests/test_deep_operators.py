@@ -278,15 +278,15 @@ def test_features_with_a_round_off_direction_report_no_window():
     stable = max(np.linalg.norm(X) / np.linalg.norm(X.astype(float), 2) for X in (X_P, X_H))
     assert floor == pytest.approx(np.finfo(np.float32).eps * stable, rel=1e-6)
     assert attainability(X_P, X_H)[1] is not None  # float64's rule sees a full-rank pair
-    assert attainability(X_P, X_H, floor=floor)[1] is None
-    sol = adaptive_layer(X_P, X_H, steps=3, patience=3, floor=floor)
+    assert attainability(X_P, X_H, precision=torch.float32)[1] is None
+    sol = adaptive_layer(X_P, X_H, steps=3, patience=3, precision=torch.float32)
     assert sol.window is None and not sol.reason.endswith("the miss is the method's")
     out = immunize_model(_Features(D, 3), _task(X_P), _task(X_H, seed=1), seed=0)
     assert out.window is None
     # resolved features: float32 rows that do not sum to zero
     Y_P = (rng.standard_normal((200, D)) * scales).astype(np.float32)
     Y_H = (rng.standard_normal((200, D)) * scales[::-1]).astype(np.float32)
-    assert attainability(Y_P, Y_H, floor=resolution(torch.float32, Y_P, Y_H))[1] is not None
+    assert attainability(Y_P, Y_H, precision=torch.float32)[1] is not None
 
 
 def test_audit_model_returns_every_operator_and_the_worst_case():

@@ -11,7 +11,7 @@ from torch.utils.data import Subset
 
 from pycore.deep.data import as_dataset, dataset_labels, label_count
 from pycore.deep.features import extract, prelogits_dataset
-from pycore.deep.layer import attainability, resolution
+from pycore.deep.layer import attainability
 from pycore.deep.models import ImmunizedNet, as_immunized
 from pycore.deep.operators import (
     LORA_RANKS,
@@ -167,9 +167,7 @@ def immunize_model(
         g["groups"],
         g["group_size"],
     )
-    ceiling, window, why = attainability(
-        *before, floor=resolution(out.layer.weight.dtype, *before)
-    )
+    ceiling, window, why = attainability(*before, precision=out.layer.weight.dtype)
     ok = immunized_def31(r.harmful_ratio, r.pretrain_ratio)
     reason = res.stopped or f"trained {res.steps} steps"
     if not ok and why not in reason:

@@ -89,26 +89,25 @@ def resolution(dtype, *features) -> float:
     return float(eps * max(ratios))
 
 
-def attainability(
-    X_P, X_H, *, floor: "float | None" = None
-) -> tuple[float, "ExponentWindow | None", str]:
+def attainability(X_P, X_H, *, precision=None) -> tuple[float, "ExponentWindow | None", str]:
     """The range-restricted RIR ceiling of the layer's features, the closed form's Definition 3.1
     window, and a sentence saying whether Definition 3.1 is attainable by any θ of the layer.
 
-    ``floor`` (:func:`resolution`): features computed in float32 carry their round-off into
-    float64; a task whose σ_min/σ_max lies below ``floor`` has a direction that is round-off (a
-    LayerNorm without bias leaves every feature row summing to zero), its κ is that round-off's,
-    and no window is reported (``None``, the sentence says why)."""
+    ``precision``: the float type the features were computed in (float32 for a float32 network;
+    None: exact). A task whose σ_min/σ_max lies below :func:`resolution` has a direction that is
+    round-off (a LayerNorm without bias leaves every feature row summing to zero), its κ is that
+    round-off's, and no window is reported (``None``, the sentence says why). The R factor of X
+    has X's singular values, so the floor is the same on either."""
     c = rir_ceiling(X_P, X_H)
+    floor = None if precision is None else resolution(precision, X_P, X_H)
     for task, kappa in (("D_P", c.kappa_K_P), ("D_H", c.kappa_K_H)):
         if floor is not None and kappa * floor * floor > 1:
             return (
                 c.range_restricted,
                 None,
-                f"{task}'s features have σ_min/σ_max = {kappa**-0.5:.2g}, below what the "
-                f"precision they were computed in resolves ({floor:.2g}): their smallest "
-                "direction is round-off, so their κ's, and any Definition 3.1 window on them, "
-                "say nothing about the model",
+                f"{task}'s features have σ_min/σ_max = {kappa**-0.5:.2g}, below what {precision} "
+                f"storage resolves ({floor:.2g}): their smallest direction is round-off, so "
+                "their κ's, and any Definition 3.1 window on them, say nothing about the model",
             )
     if not c.kappa_C > 1 + 1e-8:
         return c.range_restricted, None, "κ(C) ≈ 1: no θ of this layer changes the κ ratio"
@@ -183,14 +182,14 @@ def adaptive_layer(
     steps: int,
     patience: int,
     lr: "float | None" = None,
-    floor: "float | None" = None,
+    precision=None,
 ):
     """θ by the adaptive rule of the linear default on the layer's inputs (all rows, float64),
     from θ = I (θ₀'s layer), at ``lr`` (default :func:`relative_step_lr`); the kept θ's (i) and
-    (ii) are exact (SVD); ``floor`` as in :func:`attainability`."""
+    (ii) are exact (SVD); ``precision`` as in :func:`attainability`."""
     XP, XH = _rows(X_P), _rows(X_H)
     D = XP.shape[1]
-    ceiling, window, why = attainability(XP, XH, floor=floor)
+    ceiling, window, why = attainability(XP, XH, precision=precision)
     # a full-rank K: K⁺ = K⁻¹, the exact preconditioner 2θG (docs/theory.md §4), no projector
     full = all(numerical_rank(np.linalg.svd(X, compute_uv=False), X.shape) == D for X in (XP, XH))
     problem = _Problem(XP, XH, "exact" if full else "pinv")
@@ -217,12 +216,12 @@ def adaptive_layer(
 
 
 @bounded_blas
-def closed_form_layer(X_P, X_H, *, floor: "float | None" = None) -> LayerSolution:
+def closed_form_layer(X_P, X_H, *, precision=None) -> LayerSolution:
     """The closed form (docs/theory.md §10) on the layer's inputs at its default exponent (the
-    linear core's ``closed_form``: the balanced one of the window, clamped into it); ``floor`` as
-    in :func:`attainability`."""
+    linear core's ``closed_form``: the balanced one of the window, clamped into it);
+    ``precision`` as in :func:`attainability`."""
     XP, XH = _rows(X_P), _rows(X_H)
-    ceiling, window, why = attainability(XP, XH, floor=floor)
+    ceiling, window, why = attainability(XP, XH, precision=precision)
     task = LinearTask(XP, np.zeros(len(XP)), XH, np.zeros(len(XH)), name="layer features")
     res = immunize(task, "closed_form", rng=np.random.default_rng(0))
     return LayerSolution(

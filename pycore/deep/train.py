@@ -488,19 +488,14 @@ def _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, de
     """The layer as the linear problem (:mod:`pycore.deep.layer`) on the features of all given
     rows, the D_P head solved exactly; hardening as in the loop."""
     from pycore.deep.features import extract  # noqa: PLC0415
-    from pycore.deep.layer import (  # noqa: PLC0415
-        adaptive_layer,
-        closed_form_layer,
-        resolution,
-        set_layer,
-    )
+    from pycore.deep.layer import adaptive_layer, closed_form_layer, set_layer  # noqa: PLC0415
 
     t0 = time.perf_counter()
     model.to(device).eval().requires_grad_(False)
     Z_P, Z_H = (extract(model, d, cached=True) for d in (p_train, h_train))
-    floor = resolution(model.layer.weight.dtype, Z_P, Z_H)
+    precision = model.layer.weight.dtype
     if method == "closed_form":
-        sol = closed_form_layer(Z_P, Z_H, floor=floor)
+        sol = closed_form_layer(Z_P, Z_H, precision=precision)
     else:
         sol = adaptive_layer(
             Z_P,
@@ -508,7 +503,7 @@ def _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, de
             steps=opts.adaptive_steps,
             patience=opts.patience,
             lr=opts.adaptive_lr,
-            floor=floor,
+            precision=precision,
         )
     kappa_theta = set_layer(model, sol.theta)
     hardening = _harden(model, h_train, opts, seed, num_classes_h, True)
