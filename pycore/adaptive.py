@@ -6,9 +6,12 @@ Adam from a given θ on ``(1 − w)·d_P/‖d_P‖_F + w·d_H/‖d_H‖_F``, wit
 and ``d_H = K_H⁺∇_θR_ill(H_H)`` (docs/theory.md §4, §6) and ``w = σ(−γ(ln(i) + ln(ii)))``
 re-measured at every step, so the run aims at ln(i) = −ln(ii) in the units of neither task. The
 iterate of largest margin ``min(ln(i), −ln(ii))`` is kept; once the margin is positive,
-``patience`` steps without a gain of :data:`PROGRESS_TOL` restart Adam from it at lr/3,
-:data:`RESTARTS` times, then the run stops. Who calls it decides what (i) and (ii) are measured on
-(``log_ratios``): the linear core's exact κ's of all rows, or the deep table's grouped RIR_θ₀."""
+``patience`` steps without a gain of :data:`PROGRESS_TOL` restart Adam from it at lr/3; before
+that, ``4·patience`` steps with no iterate of positive margin restart it from the starting θ at
+lr/3 (a step too large for the features' conditioning makes both κ's jump and the run never
+recovers). :data:`RESTARTS` restarts in all, then the run stops. Who calls it decides what (i)
+and (ii) are measured on (``log_ratios``): the linear core's exact κ's of all rows, or the deep
+table's grouped RIR_θ₀."""
 
 from __future__ import annotations
 
@@ -107,7 +110,8 @@ def adaptive_descent(
     """The adaptive rule (module docstring) from ``theta``: ``log_ratios(θ)`` gives ``(ln(i),
     ln(ii))`` (exact: they choose the kept iterate), ``directions(θ)`` the two preconditioned
     regularizer directions; at most ``epochs`` steps. A margin that stays ≤ 0 for ``4·patience``
-    steps ends the run; a ``SpectrumError`` of ``directions`` ends it at that step."""
+    steps restarts the run from ``theta`` at lr/3 (one of the :data:`RESTARTS`), or ends it when
+    none is left; a ``SpectrumError`` of ``directions`` ends it at that step."""
     make = lambda lr: make_optimizer("adam", lr, betas, adam_eps, param="θ")  # noqa: E731
     opt = make(lr)
     best, best_m, best_step, since, left = theta, 0.0, 0, 0, RESTARTS
@@ -122,8 +126,15 @@ def adaptive_descent(
         else:
             since += 1
             if best_m <= 0 and since > 4 * patience:
-                stop = f"stopped at step {step}: no θ with (i) > 1 and (ii) < 1 in {since} steps"
-                break
+                if not left:
+                    stop = (
+                        f"stopped at step {step}: no θ with (i) > 1 and (ii) < 1 in {since} "
+                        f"steps at lr {lr:.3g}"
+                    )
+                    break
+                left, since, theta, lr = left - 1, 0, best, lr / 3
+                opt = make(lr)
+                continue
             if best_m > 0 and since > patience:
                 if not left:
                     stop = (

@@ -14,6 +14,7 @@ import pytest
 from sklearn import datasets
 
 from pycore import LinearTask, immunize
+from pycore.adaptive import RESTARTS, adaptive_descent
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.validation import ParameterError
 
@@ -141,3 +142,39 @@ def test_adaptive_options_are_checked(options, parameter):
     with pytest.raises(ParameterError) as e:
         immunize(TASKS["iris std"], rng=np.random.default_rng(0), **options)
     assert e.value.parameter == parameter
+
+
+def _band_problem(band_low, band_high):
+    """A one-entry θ that Adam walks down by exactly lr a step (a constant direction), with a
+    positive margin only inside ``(band_low, band_high)``: a step larger than the band jumps it."""
+
+    def log_ratios(theta):
+        t = float(theta[0, 0])
+        m = min(t - band_low, band_high - t)
+        return m, -m
+
+    def directions(theta):
+        return np.ones_like(theta), np.ones_like(theta)
+
+    return log_ratios, directions
+
+
+def test_a_step_too_large_for_the_margin_is_retried_at_a_third():
+    # lr 1 visits -1, -2, -3, ...: never inside (-2.45, -2.2); lr 1/3 reaches -7/3
+    log_ratios, directions = _band_problem(-2.45, -2.2)
+    run = adaptive_descent(
+        np.zeros((1, 1)), log_ratios, directions, lr=1.0, epochs=400, patience=20
+    )
+    assert run.margin > 0
+    assert run.theta[0, 0] == pytest.approx(-7 / 3, abs=1e-6)
+    assert run.best_step > 4 * 20
+
+
+def test_a_margin_that_no_lr_reaches_stops_after_the_restarts():
+    log_ratios, directions = _band_problem(-2.45 + 1e-9, -2.45)  # an empty band
+    run = adaptive_descent(
+        np.zeros((1, 1)), log_ratios, directions, lr=1.0, epochs=10_000, patience=20
+    )
+    assert run.margin == 0 and run.theta[0, 0] == 0
+    assert run.restarts == RESTARTS
+    assert run.steps < 10_000

@@ -39,6 +39,7 @@ from pycore.deep.attacks import (
     linear_probe_curve,
     preprocess_features,
 )
+from pycore.deep.convs import one_position_convs
 from pycore.deep.data import ShardedBatches, dataset_labels, fetch
 from pycore.deep.models import as_immunized, tail_modules
 from pycore.threads import bounded_blas
@@ -245,7 +246,7 @@ def _attacker(model, data: AttackData, op: str, seed: int) -> _Attacked:
         for mod in mods:
             mod.requires_grad_(True)
     m.head.requires_grad_(True)
-    return m
+    return one_position_convs(m)
 
 
 def _deep_grid(model, data: AttackData, op: str, grid, epochs, seed: int, batch_size: int):
