@@ -125,22 +125,15 @@ def adaptive_descent(
             best, best_m, best_step, since = theta, min(a, b), step, 0
         else:
             since += 1
-            if best_m <= 0 and since > 4 * patience:
+            # before any iterate of positive margin the run waits 4·patience steps
+            if since > (patience if best_m > 0 else 4 * patience):
                 if not left:
-                    stop = (
-                        f"stopped at step {step}: no θ with (i) > 1 and (ii) < 1 in {since} "
-                        f"steps at lr {lr:.3g}"
+                    stop = f"stopped at step {step}: " + (
+                        f"no margin gain in {patience} steps"
+                        if best_m > 0
+                        else f"no θ with (i) > 1 and (ii) < 1 in {since} steps"
                     )
-                    break
-                left, since, theta, lr = left - 1, 0, best, lr / 3
-                opt = make(lr)
-                continue
-            if best_m > 0 and since > patience:
-                if not left:
-                    stop = (
-                        f"stopped at step {step}: no margin gain in {patience} steps at lr "
-                        f"{lr:.3g}"
-                    )
+                    stop += f" at lr {lr:.3g}"
                     break
                 left, since, theta, lr = left - 1, 0, best, lr / 3
                 opt = make(lr)
