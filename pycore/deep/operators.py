@@ -239,7 +239,7 @@ def _accuracy_of(m, ds) -> float:
 def _attacker(model, data: AttackData, op: str, seed: int) -> _Attacked:
     """The attack copy ``op`` trains, with its trainable parameters marked and its convolutions
     with one output position computed as products (:mod:`pycore.deep.convs`: the same values up
-    to round-off, ~8× less CPU time on a ResNet's 1×1 maps)."""
+    to round-off, ~10× less CPU time on a ResNet's 1×1 maps)."""
     m = attack_copy(model, data.classes, seed=seed)
     if op.startswith("lora_r"):
         m = _with_lora(m, int(op[6:]), seed)
