@@ -22,9 +22,9 @@ __all__ = ["OnePositionConv2d", "one_position_convs"]
 def _window(size: int, kernel: int, padding: int) -> tuple[slice, slice]:
     """The input rows (or columns) the one output position reads, and the kernel taps that
     read them: tap ``t`` reads input row ``t - padding`` (stride and dilation 1 for the one
-    position; rows outside ``[0, size)`` are padding)."""
-    first, last = max(0, -padding), min(size, kernel - padding)
-    return slice(first, last), slice(first + padding, last + padding)
+    position; rows outside ``[0, size)`` are padding, and padding is never negative)."""
+    last = min(size, kernel - padding)
+    return slice(0, last), slice(padding, last + padding)
 
 
 class OnePositionConv2d(nn.Conv2d):
