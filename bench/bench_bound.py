@@ -13,8 +13,8 @@ is those calls and nothing else, on a near-identity θ.  Each method row times t
 stacked loop (``immunize_batch``, the command's seeds) and its floor, and gives their ratio.  The
 command rows add each floor times the command's run-steps, and IMMA's and R_ill only's loops as
 they run, over the command's workers: the "bound", which leaves out starting, the evaluations and
-the outputs; then the command's own wall time and its ratio to the bound, the most that any
-layout of these calls could still gain on it.
+the outputs; then the command's own wall time and its ratio to the bound: the most that a layout
+of these calls could still gain on it while IMMA and R_ill only stay as they are.
 
     python bench/bench_bound.py [--repeat 3] [--no-commands]
     python -m pytest bench/bench_bound.py --benchmark-only -s
@@ -64,14 +64,21 @@ class Command:
 # per digit, rank 100): the four-pair command stands for the 90.
 COMMANDS = (
     Command(
-        ("experiments/house_price.py", "--protocol", "strict"),
-        "house_price_strict",
-        5,
-        1000,
-        50,
-        1,
+        argv=("experiments/house_price.py", "--protocol", "strict"),
+        job="house_price_strict",
+        seeds=5,
+        epochs=1000,
+        loop_epochs=50,
+        tasks=1,
     ),
-    Command(("experiments/mnist.py", "--pairs", "0-1,3-8,7-2,1-7"), "mnist", 3, 30, 30, 4),
+    Command(
+        argv=("experiments/mnist.py", "--pairs", "0-1,3-8,7-2,1-7"),
+        job="mnist",
+        seeds=3,
+        epochs=30,
+        loop_epochs=30,
+        tasks=4,
+    ),
 )
 METHODS = ("ours", "opt_kappa", "opt_kappa_balanced")
 OTHERS = ("imma", "r_ill_only")  # the command's other loops, timed as they run
