@@ -122,18 +122,22 @@ def floor_step(task, method: str, preset: str):
     return step
 
 
+def steps_per_epoch(task, preset: str) -> int:
+    """Steps per epoch of the preset's D_P mini-batches (one with the full batch)."""
+    batch = PRESETS[preset]["batch_size"]
+    return 1 if batch is None else -(-task.X_P.shape[0] // batch)
+
+
 def loop_step(task, method: str, preset: str, seeds: int, epochs: int):
     """The method's stacked loop over ``seeds`` runs for ``epochs`` epochs, and its run-steps
     (R_ill only from θ = I draws nothing: its seeds are one run, as the runners compute it)."""
-    batch = PRESETS[preset]["batch_size"]
-    per_epoch = 1 if batch is None else -(-task.X_P.shape[0] // batch)
     runs = 1 if method == "r_ill_only" else seeds
 
     def run():
         rngs = [np.random.default_rng(s) for s in range(runs)]
         immunize_batch(task, method, rngs=rngs, preset=preset, epochs=epochs)
 
-    return run, runs * epochs * per_epoch
+    return run, runs * epochs * steps_per_epoch(task, preset)
 
 
 def measure(job: str, seeds: int, epochs: int, repeat: int) -> dict:
@@ -156,8 +160,7 @@ def bound(command: Command, rows: dict) -> tuple[float, float]:
     """Seconds, over the command's workers, of its Algorithm 1 loops at their floor and of its
     other loops as they run (``rows`` from :func:`measure`)."""
     task, preset, _ = JOBS[command.job]()
-    batch = PRESETS[preset]["batch_size"]
-    per_epoch = 1 if batch is None else -(-task.X_P.shape[0] // batch)
+    per_epoch = steps_per_epoch(task, preset)
     floors = others = 0.0
     for method, (loop, floor) in rows.items():
         runs = 1 if method == "r_ill_only" else command.seeds
