@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+for _var in THREAD_VARS:
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
@@ -42,7 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_jobs import JOBS  # noqa: E402
 from bench.timing import interleaved_best  # noqa: E402
-from pycore.immunization import PRESETS, immunize_batch  # noqa: E402
+from pycore.immunization import (  # noqa: E402
+    PRESETS,
+    draws_random,
+    immunize_batch,
+    resolve_options,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,21 +101,23 @@ def floor_step(task, method: str, preset: str):
     rng = np.random.default_rng(0)
     theta = np.eye(task.D) + 1e-3 * rng.standard_normal((task.D, task.D))
     factors = (task.factor_P, task.factor_H)
+    # dsyevr's workspace per W size, as pycore.spectral caches it: once, not once per step
+    lworks = [int(lapack.dsyevr_lwork(f.A.shape[0], lower=1)[0]) for f in factors]
     live = np.flatnonzero(task.factor_P.live | task.factor_H.live)
     m = task.Y_P.shape[1]
     if method == "ours":
-        k = m + task.factor_H.rank + (task.factor_P.rank if PRESETS[preset]["lambda_p"] else 0)
+        lambda_p = resolve_options("ours", preset).lambda_p
+        k = m + task.factor_H.rank + (task.factor_P.rank if lambda_p else 0)
     else:
         k = m + 4
     L, R = rng.standard_normal((live.size, k)), rng.standard_normal((k, task.D))
     n_vec = _vectors(method)
 
     def step():
-        for f in factors:
+        for f, lwork in zip(factors, lworks):
             F = f.features(theta)
             W = F @ F.T
             n = W.shape[0]
-            lwork = int(lapack.dsyevr_lwork(n, lower=1)[0])  # dsyevr's, as pycore.spectral
             c, d, e, tau, _ = lapack.dsytrd(W.T, lower=1, lwork=lwork - 5 * n)
             w, _ = lapack.dsterf(d, e)
             iblock, isplit = np.ones(n, dtype=np.int32), np.zeros(n, dtype=np.int32)
@@ -128,22 +136,26 @@ def steps_per_epoch(task, preset: str) -> int:
     return 1 if batch is None else -(-task.X_P.shape[0] // batch)
 
 
+def run_steps(task, method: str, preset: str, seeds: int, epochs: int) -> int:
+    """Run-steps of ``seeds`` runs of ``method`` for ``epochs`` epochs: a method whose runs draw
+    nothing (R_ill only from θ = I) is one run, as the runners compute it."""
+    runs = seeds if draws_random(method, resolve_options(method, preset)) else 1
+    return runs * epochs * steps_per_epoch(task, preset)
+
+
 def loop_step(task, method: str, preset: str, seeds: int, epochs: int):
-    """The method's stacked loop over ``seeds`` runs for ``epochs`` epochs, and its run-steps
-    (R_ill only from θ = I draws nothing: its seeds are one run, as the runners compute it)."""
-    runs = 1 if method == "r_ill_only" else seeds
+    """The method's stacked loop over ``seeds`` runs for ``epochs`` epochs, and its run-steps."""
 
     def run():
-        rngs = [np.random.default_rng(s) for s in range(runs)]
+        rngs = [np.random.default_rng(s) for s in range(seeds)]
         immunize_batch(task, method, rngs=rngs, preset=preset, epochs=epochs)
 
-    return run, runs * epochs * steps_per_epoch(task, preset)
+    return run, run_steps(task, method, preset, seeds, epochs)
 
 
-def measure(job: str, seeds: int, epochs: int, repeat: int) -> dict:
+def measure(task, preset: str, seeds: int, epochs: int, repeat: int) -> dict:
     """``{method: (loop seconds per run-step, floor seconds per run-step or None)}`` in one run:
     the Algorithm 1 methods against their floors, the command's other loops as they run."""
-    task, preset, _ = JOBS[job]()
     out = {}
     for method in METHODS + OTHERS:
         run, n = loop_step(task, method, preset, seeds, epochs)
@@ -156,29 +168,22 @@ def measure(job: str, seeds: int, epochs: int, repeat: int) -> dict:
     return out
 
 
-def bound(command: Command, rows: dict) -> tuple[float, float]:
+def bound(command: Command, task, preset: str, rows: dict) -> tuple[float, float]:
     """Seconds, over the command's workers, of its Algorithm 1 loops at their floor and of its
-    other loops as they run (``rows`` from :func:`measure`)."""
-    task, preset, _ = JOBS[command.job]()
-    per_epoch = steps_per_epoch(task, preset)
+    other loops as they run (``rows`` from :func:`measure` on ``task``)."""
     floors = others = 0.0
     for method, (loop, floor) in rows.items():
-        runs = 1 if method == "r_ill_only" else command.seeds
-        run_steps = command.tasks * runs * command.epochs * per_epoch
+        n = command.tasks * run_steps(task, method, preset, command.seeds, command.epochs)
         if floor is None:
-            others += run_steps * loop
+            others += n * loop
         else:
-            floors += run_steps * floor
+            floors += n * floor
     return floors / command.workers, others / command.workers
 
 
 def run_command(command: Command) -> float:
     """Wall seconds of the command, as the README runs it (its outputs to a scratch folder)."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}  # its own threads
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
         subprocess.run(
@@ -200,8 +205,9 @@ def test_loops_against_their_floor(benchmark, command):
     """pytest-benchmark's record of one command's method rows; every loop does its floor's work
     and more, so each ratio is above 1 (a floor that counted work the loop skips would not be)."""
     benchmark.group = f"exact Algorithm 1 against its floor: {name(command)}"
+    task, preset, _ = JOBS[command.job]()
     rows = benchmark.pedantic(
-        lambda: measure(command.job, command.seeds, command.loop_epochs, 1),
+        lambda: measure(task, preset, command.seeds, command.loop_epochs, 1),
         rounds=1,
         iterations=1,
         warmup_rounds=0,
@@ -224,13 +230,14 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|")
     bounds = {}
     for command in COMMANDS:
-        rows = measure(command.job, command.seeds, command.loop_epochs, args.repeat)
+        task, preset, _ = JOBS[command.job]()
+        rows = measure(task, preset, command.seeds, command.loop_epochs, args.repeat)
         for method, (loop, floor) in rows.items():
             row = f"{loop * 1e6:.0f} | " + (
                 "|" if floor is None else f"{floor * 1e6:.0f} | {loop / floor:.2f}"
             )
             print(f"| {name(command)} | {method} | {row} |", flush=True)
-        bounds[command] = bound(command, rows)
+        bounds[command] = bound(command, task, preset, rows)
     print(
         "\n| command | Algorithm 1 loops at their floor (s) | IMMA and R_ill only as they run (s) "
         "| bound (s) | the command (s) | command / bound |\n|---|---|---|---|---|---|"
