@@ -6,6 +6,7 @@ batches split into per-rank shards, so ``torchrun`` and ``virtual_ranks`` see th
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 import stat
 from itertools import chain, count, islice
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from pycore.data.mnist import read_mnist_5k
+from pycore.validation import PicklableError
 
 __all__ = [
     "DataError",
@@ -44,9 +46,25 @@ MAX_ASPECT = 20  # longer side / shorter side: a resize of the short side stays 
 MAX_CLASSES = 100_000
 
 
-class DataError(ValueError):
+class DataError(PicklableError, ValueError):
     """A data root, image or data file is missing, degenerate or malformed (the message names
-    it)."""
+    it).
+
+    Parameters
+    ----------
+    message : str
+        One line saying what is wrong.
+    argument : str, optional
+        The argument that holds the data (``"dp"``, ``"dh"``, ``"dh_test"``), as ``.argument``.
+    sample : int, optional
+        The index of the first bad sample in it, as ``.sample``.
+    """
+
+    def __init__(
+        self, message: str, *, argument: "str | None" = None, sample: "int | None" = None
+    ):
+        super().__init__(message)
+        self.argument, self.sample = argument, sample
 
 
 def model_normalization(model) -> dict:
@@ -232,42 +250,123 @@ def mnist_demo_tasks(
 
 
 def as_dataset(data, name: str) -> Dataset:
-    """An ``(X, y)`` tensor pair, a ``Dataset`` or a ``DataLoader`` as a Dataset of ``(x, y)``."""
+    """An ``(X, y)`` tensor pair, a ``Dataset`` or a ``DataLoader`` (its dataset) as a Dataset of
+    ``(x, y)``: at least 2 samples, each an input tensor and an integer label
+    (:func:`dataset_labels`); a tensor's inputs finite. Anything else is a :class:`DataError`
+    naming ``name`` (and the first bad sample), before any sample is used."""
     if isinstance(data, DataLoader):
         data = data.dataset
     if isinstance(data, (tuple, list)) and len(data) == 2:
         x, y = (torch.as_tensor(v) for v in data)
-        if (
-            x.ndim < 2
-            or y.ndim != 1
-            or len(x) != len(y)
-            or not x.is_floating_point()
-            or y.is_floating_point()
-        ):
+        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y) or not x.is_floating_point():
             raise DataError(
                 f"{name}: expected (X, y) with X a float tensor of N inputs and y N integer "
-                f"labels, got shapes {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype}"
+                f"labels, got shapes {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype}",
+                argument=name,
             )
-        data = TensorDataset(x, y.long())
+        data = TensorDataset(x, torch.from_numpy(_integer_labels(y.cpu().numpy(), name)))
     if not isinstance(data, Dataset) or not hasattr(data, "__len__"):
         raise DataError(
             f"{name}: expected an (X, y) pair, a Dataset or a DataLoader, "
-            f"not {type(data).__name__}"
+            f"not {type(data).__name__}",
+            argument=name,
         )
     if len(data) < 2:
-        raise DataError(f"{name}: {len(data)} sample(s); at least 2 are needed")
+        raise DataError(f"{name}: {len(data)} sample(s); at least 2 are needed", argument=name)
+    if isinstance(data, TensorDataset):
+        x = data.tensors[0]
+        if x.is_floating_point() or x.is_complex():
+            bad = ~torch.isfinite(x.reshape(len(x), -1)).all(1)
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0])
+                raise DataError(
+                    f"{name}: sample {i}'s input contains NaN or inf", argument=name, sample=i
+                )
+    else:
+        _check_sample(data[0], name)
     return data
 
 
-def dataset_labels(ds: Dataset) -> np.ndarray:
-    """The labels of ``ds`` without decoding images where the dataset knows them."""
+def _check_sample(item, name: str) -> None:
+    """A :class:`DataError` naming ``name`` unless ``item`` (a Dataset's first sample) is an
+    ``(input tensor, label)`` pair: a dict (Hugging Face's ``{"image": ..., "label": ...}``) or
+    a bare tensor is not."""
+    what = (
+        f"a dict (keys {', '.join(map(repr, list(item)[:4]))})"
+        if isinstance(item, dict)
+        else f"a {type(item).__name__}"
+        if not isinstance(item, (tuple, list))
+        else f"a {len(item)}-item {type(item).__name__}"
+        if len(item) != 2
+        else f"a pair whose input is a {type(item[0]).__name__}"
+        if not isinstance(item[0], (torch.Tensor, np.ndarray))
+        else None
+    )
+    if what is not None:
+        raise DataError(
+            f"{name}: sample 0 is {what}; expected (input tensor, integer label) pairs: an (X, y) "
+            "pair of tensors, a Dataset of (x, y) pairs, or a DataLoader over one (map a dict "
+            "dataset to pairs first, e.g. lambda s: (s['image'], s['label']))",
+            argument=name,
+            sample=0,
+        )
+
+
+def _integer_labels(y, name: str) -> np.ndarray:
+    """``y`` (one label per sample) as int64, or a :class:`DataError` naming ``name`` and the
+    first sample whose label is not an integer (0.7, NaN, a text, a vector): a label is a class
+    index, and truncating 0.7 to class 0 would train on labels nobody gave."""
+    a = np.asarray(y)
+    if a.ndim != 1 or a.dtype.kind not in "biuf":
+        raise DataError(
+            f"{name}: labels must be one integer per sample, got an array of shape "
+            f"{a.shape} and dtype {a.dtype}",
+            argument=name,
+        )
+    if a.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            bad = np.flatnonzero(~np.isfinite(a) | (a != np.round(a)) | (np.abs(a) > 2.0**62))
+        if bad.size:
+            i = int(bad[0])
+            raise DataError(
+                f"{name}: sample {i} has label {float(a[i])!r}; labels must be integers (class "
+                "indices)",
+                argument=name,
+                sample=i,
+            )
+    return a.astype(np.int64)
+
+
+def _label(v, name: str, i: int):
+    """One sample's label as a scalar, or a :class:`DataError` naming ``name`` and sample ``i``."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.item()
+    elif isinstance(v, np.ndarray) and v.size == 1:
+        v = v.item()
+    if not isinstance(v, (numbers.Real, np.bool_)):
+        raise DataError(
+            f"{name}: sample {i}'s label is a {type(v).__name__} ({str(v)[:40]}); labels must "
+            "be integers (class indices)",
+            argument=name,
+            sample=i,
+        )
+    return v
+
+
+def dataset_labels(ds: Dataset, name: str = "data") -> np.ndarray:
+    """The int64 labels of ``ds`` without decoding images where the dataset knows them; a label
+    that is not an integer is a :class:`DataError` naming ``name`` and its sample."""
     if isinstance(ds, TensorDataset):
-        return ds.tensors[1].cpu().numpy()
-    if hasattr(ds, "targets"):
-        return np.asarray(ds.targets)
-    if hasattr(ds, "indices") and hasattr(ds.dataset, "targets"):
-        return np.asarray(ds.dataset.targets)[np.asarray(ds.indices)]
-    return np.asarray([int(ds[i][1]) for i in range(len(ds))])
+        y = ds.tensors[1].cpu().numpy()
+    elif hasattr(ds, "targets"):
+        y = np.asarray(ds.targets)
+    elif hasattr(ds, "indices") and hasattr(ds.dataset, "targets"):
+        y = np.asarray(ds.dataset.targets)[np.asarray(ds.indices)]
+    elif hasattr(ds, "indices") and isinstance(ds.dataset, TensorDataset):
+        y = ds.dataset.tensors[1].cpu().numpy()[np.asarray(ds.indices)]
+    else:
+        y = np.asarray([_label(ds[i][1], name, i) for i in range(len(ds))])
+    return _integer_labels(y, name)
 
 
 def label_count(y, name: str, classes: "int | None" = None) -> int:
