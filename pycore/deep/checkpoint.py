@@ -25,7 +25,7 @@ from pycore.deep.models import (
     create_model,
     linear_classifier,
 )
-from pycore.validation import ParameterError, check_regular_file
+from pycore.validation import ParameterError, PicklableError, check_regular_file
 
 __all__ = [
     "CheckpointError",
@@ -41,8 +41,13 @@ FORMAT = "pycore.deep.immunized/2"
 MAX_CHECKPOINT_BYTES = 8 << 30  # read whole into memory: ViT-g in float32 is ~4 GB
 
 
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, unreadable, changed while read, or not a weights-only file."""
+class CheckpointError(PicklableError, ValueError):
+    """A checkpoint file is missing, unreadable, changed while read, or not a weights-only file;
+    ``.path`` the file and ``.tensor`` the tensor at fault, where one is."""
+
+    def __init__(self, message: str, *, path: "str | None" = None, tensor: "str | None" = None):
+        super().__init__(message)
+        self.path, self.tensor = path, tensor
 
 
 class CheckpointMismatchError(CheckpointError):
@@ -123,7 +128,9 @@ def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], di
     floats = {k: v for k, v in sd.items() if v.is_floating_point()}
     for k, v in floats.items():
         if not bool(torch.isfinite(v).all()):
-            raise CheckpointError(f"checkpoint {path}: tensor {k!r} contains NaN or inf")
+            raise CheckpointError(
+                f"checkpoint {path}: tensor {k!r} contains NaN or inf", path=path, tensor=k
+            )
     if floats and not any(bool(v.any()) for v in floats.values()):
         raise CheckpointError(
             f"checkpoint {path}: every weight tensor is zero (an untrained or blank file)"
@@ -217,13 +224,23 @@ def _check_fits(own: dict, sd: dict, what: str, path: str) -> None:
     ]
     if problems:
         raise CheckpointMismatchError(
-            f"checkpoint {path} does not match {what}: " + "; ".join(problems)
+            f"checkpoint {path} does not match {what}: " + "; ".join(problems), path=path
         )
 
 
 def _load_into(module, sd: dict, what: str, path: str) -> None:
+    """``sd`` into ``module`` (names, shapes and kinds checked first); a tensor that is finite in
+    the file but not in the module's dtype (1e300 in a float64 file, float32 model) is refused."""
     _check_fits(module.state_dict(), sd, what, path)
     module.load_state_dict(sd, strict=True)
+    for k, v in module.state_dict().items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise CheckpointError(
+                f"checkpoint {path}: tensor {k!r} is finite in the file ({sd[k].dtype}) but "
+                f"overflows the model's {v.dtype} to inf",
+                path=path,
+                tensor=k,
+            )
 
 
 def load_model(
@@ -235,10 +252,23 @@ def load_model(
     A :func:`save_model` file carries its architecture (``model`` must agree or be None); a plain
     timm state dict needs ``model`` and its ``model_kwargs``, its classes are read from its
     classifier and an identity layer is inserted. Every failure is one line:
-    :class:`CheckpointError`, or
-    :class:`CheckpointMismatchError` for tensors that do not fit the architecture."""
+    :class:`CheckpointError` (``.path``; ``.tensor`` for a tensor that is not finite in the file
+    or overflows the model's float32), or :class:`CheckpointMismatchError` for tensors that do
+    not fit the architecture (``.tensor`` the first peft adapter tensor of a model saved with
+    unmerged LoRA adapters)."""
     path = os.fspath(path)
     sd, meta = read_weights(path)
+    adapters = [
+        k for k in sd if any(p == "base_layer" or p.startswith("lora_") for p in k.split("."))
+    ]
+    if adapters:
+        raise CheckpointMismatchError(
+            f"checkpoint {path} holds peft adapter tensors ({adapters[0]!r} and "
+            f"{len(adapters) - 1} more): merge the adapters into the weights (merge_and_unload()) "
+            "before saving, or load the model and its adapters with peft",
+            path=path,
+            tensor=adapters[0],
+        )
     if meta.get("format") == FORMAT:
         name, kwargs, n = (
             meta.get("model"),

@@ -22,6 +22,10 @@ __all__ = [
     "as_immunized",
     "tail_modules",
     "MODEL_KWARGS",
+    "UnmergedAdaptersError",
+    "check_model",
+    "copy_model",
+    "uncached_attention_biases",
 ]
 
 # The timm keyword arguments a model may be created with here (and a checkpoint may name): the
@@ -31,6 +35,88 @@ MODEL_KWARGS = ("img_size", "patch_size", "depth", "embed_dim", "num_heads")
 
 class PretrainedUnavailableError(RuntimeError):
     """``pretrained=True`` could not fetch weights (offline, hub unreachable, no cache)."""
+
+
+class UnmergedAdaptersError(ParameterError):
+    """A model carries peft (LoRA) adapter layers, so it has no one linear classifier on its
+    pre-logits: ``.modules`` names the adapted modules; merge them first."""
+
+    def __init__(self, parameter: str, message: str, modules: tuple = ()):
+        super().__init__(parameter, message)
+        self.modules = tuple(modules)
+
+
+# Floating dtype of every parameter and buffer a model given to the library may have: the op and
+# the immunization layer run float32 (or float64), the data and the layer are float32.
+MODEL_DTYPE = torch.float32
+
+
+def check_model(model, name: str = "model") -> None:
+    """A :class:`ParameterError` naming ``name`` unless ``model`` is an ``nn.Module`` whose
+    floating parameters and buffers are all float32 on a real device (CPU or CUDA): half,
+    bfloat16 and float64 models, and models on the meta device (shapes only), are refused before
+    any work, with what is supported."""
+    if not isinstance(model, nn.Module):
+        raise ParameterError(
+            name,
+            f"{name} must be a torch.nn.Module (a timm classifier), got {type(model).__name__}",
+        )
+    tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+    meta = next((t for t in tensors if t.device.type == "meta"), None)
+    if meta is not None:
+        raise ParameterError(
+            name,
+            f"{name} is on the meta device (shapes, no weights): load its weights first "
+            "(pycore.deep.load_model, or to_empty() and load_state_dict()); supported: float32 "
+            "on a CPU or CUDA device",
+        )
+    dtypes = sorted(
+        {str(t.dtype).removeprefix("torch.") for t in tensors if t.dtype != MODEL_DTYPE}
+    )
+    if dtypes:
+        raise ParameterError(
+            name,
+            f"{name} has {', '.join(dtypes)} parameters; supported: float32 on a CPU or CUDA "
+            f"device (convert it with {name}.float())",
+        )
+    devices = {str(t.device) for t in tensors}
+    if len(devices) > 1:
+        raise ParameterError(
+            name, f"{name} is spread over devices {sorted(devices)}; supported: one device"
+        )
+
+
+def _bias_caches(model: nn.Module) -> list:
+    """The modules of ``model`` that cache their attention biases (timm's LeViT, EfficientFormer,
+    EfficientViT (MSRA), TinyViT: ``attention_bias_cache``, filled by an eval-mode forward)."""
+    return [
+        m for m in model.modules() if isinstance(getattr(m, "attention_bias_cache", None), dict)
+    ]
+
+
+def _drop_bias_cache(module, args, output) -> None:
+    # timm refills the cache at the next eval-mode forward from the biases as they are then
+    module.attention_bias_cache = {}
+
+
+def uncached_attention_biases(model: nn.Module) -> nn.Module:
+    """``model`` with every attention-bias cache (:func:`_bias_caches`) emptied after each
+    forward, so each forward reads the biases as they are: the library trains models in eval
+    mode (θ₀'s normalisation statistics), where timm would keep the biases of the first forward
+    (stale once they train, and a graph that a second backward cannot pass) and a cached tensor
+    that is no graph leaf makes ``copy.deepcopy`` fail. Idempotent; returns ``model``."""
+    for m in _bias_caches(model):
+        m.attention_bias_cache = {}
+        if _drop_bias_cache not in m._forward_hooks.values():
+            m.register_forward_hook(_drop_bias_cache)
+    return model
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    """``copy.deepcopy(model)`` with its attention-bias caches left out (the copy's are empty;
+    ``model`` is not changed): a cache filled by a forward with gradients holds a tensor that is
+    no graph leaf, which ``deepcopy`` refuses."""
+    return copy.deepcopy(model, {id(m.attention_bias_cache): {} for m in _bias_caches(model)})
 
 
 def linear_classifier(net: nn.Module) -> nn.Linear:
@@ -46,6 +132,16 @@ def linear_classifier(net: nn.Module) -> nn.Linear:
     heads = tuple(head) if isinstance(head, (tuple, list)) else (head,)
     if heads and isinstance(heads[0], nn.Linear) and all(h is heads[0] for h in heads):
         return heads[0]
+    adapted = [n for n, m in net.named_modules() if type(m).__module__.startswith("peft.")]
+    if adapted:
+        raise UnmergedAdaptersError(
+            "model",
+            f"{type(net).__name__} carries peft adapters (on {', '.join(adapted[:3])}"
+            f"{' …' * (len(adapted) > 3)}): merge them into the weights first "
+            "(merge_and_unload() of the PeftModel, or of each adapted layer) and use the merged "
+            "model, or keep them in peft and load them there",
+            tuple(adapted),
+        )
     from timm.models.levit import Levit, NormLinear  # noqa: PLC0415
 
     if isinstance(net, Levit) and heads and all(isinstance(h, NormLinear) for h in heads):
@@ -97,6 +193,7 @@ class ImmunizedNet(nn.Module):
             dev = getattr(next(net.parameters(), None), "device", None)
             layer = ops.ImmunizationHead(_classifier_width(net), lambda_reg=lambda_reg, device=dev)
         self.layer = layer
+        uncached_attention_biases(net)  # trained in eval mode: no stale biases (LeViT)
 
     @property
     def pretrained_cfg(self) -> dict:
@@ -241,6 +338,6 @@ def create_model(
 
 def as_immunized(model: nn.Module, *, lambda_reg: float = 1e-7) -> ImmunizedNet:
     """A deep copy of ``model`` as an :class:`ImmunizedNet` (an identity layer inserted unless
-    it is one)."""
-    model = copy.deepcopy(model)
+    it is one), made by :func:`copy_model`."""
+    model = copy_model(model)
     return model if isinstance(model, ImmunizedNet) else ImmunizedNet(model, lambda_reg=lambda_reg)

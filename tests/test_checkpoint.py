@@ -1,0 +1,75 @@
+"""Checkpoints (pycore/deep/checkpoint.py): what a file may hold, and the tensor and file an error
+names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from pycore.deep import (
+    CheckpointError,
+    CheckpointMismatchError,
+    create_model,
+    load_model,
+    save_model,
+)
+from pycore.deep.checkpoint import FORMAT
+from pycore.deep.models import ImmunizedNet, UnmergedAdaptersError
+
+torch.set_num_threads(1)
+
+
+def test_a_weight_that_overflows_float32_is_refused_naming_tensor_and_file(tmp_path):
+    sd = {
+        k: v.double() if v.is_floating_point() else v
+        for k, v in create_model("resnet10t", 2, seed=0).state_dict().items()
+    }
+    sd["fc.weight"][0, 0] = 1e300  # finite in the file, inf as float32
+    path = tmp_path / "big.pt"
+    torch.save(sd, path)
+    with pytest.raises(CheckpointError) as e:
+        load_model(path, "resnet10t")
+    assert (e.value.tensor, e.value.path) == ("fc.weight", str(path))
+    sd["fc.weight"][0, 0] = 1e30  # within float32: loads
+    torch.save(sd, path)
+    assert load_model(path, "resnet10t")[0].net.fc.weight[0, 0] == pytest.approx(1e30, rel=1e-6)
+
+
+def test_a_non_finite_weight_is_refused_naming_tensor_and_file(tmp_path):
+    m = ImmunizedNet(create_model("resnet10t", 2, seed=0))
+    with torch.no_grad():
+        m.layer.weight[1, 2] = float("nan")
+    path = save_model(m, tmp_path / "nan.safetensors")
+    with pytest.raises(CheckpointError) as e:
+        load_model(path)
+    assert (e.value.tensor, e.value.path) == ("layer.weight", path)
+
+
+def _with_lora(m):
+    from peft import LoraConfig, inject_adapter_in_model
+
+    return inject_adapter_in_model(LoraConfig(r=4, target_modules=["fc"]), m)
+
+
+def test_a_model_with_unmerged_lora_adapters_is_refused_naming_them(tmp_path):
+    m = _with_lora(ImmunizedNet(create_model("resnet10t", 2, seed=0)))
+    with pytest.raises(UnmergedAdaptersError) as e:
+        save_model(m, tmp_path / "lora.safetensors")
+    assert e.value.parameter == "model" and e.value.modules == ("fc",)
+    assert not (tmp_path / "lora.safetensors").exists()
+
+
+@pytest.mark.parametrize("kind", ["pycore", "timm"])
+def test_a_file_of_unmerged_lora_adapters_is_refused_naming_one(tmp_path, kind):
+    if kind == "pycore":
+        m = _with_lora(ImmunizedNet(create_model("resnet10t", 2, seed=0)))
+        meta = {"format": FORMAT, "model": "resnet10t", "num_classes": "2"}
+    else:
+        m, meta = _with_lora(create_model("resnet10t", 2, seed=0)), None
+    path = tmp_path / "lora.safetensors"
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, path, metadata=meta)
+    with pytest.raises(CheckpointMismatchError) as e:
+        load_model(path, None if kind == "pycore" else "resnet10t")
+    adapters = {k for k in m.state_dict() if ".lora_" in k or ".base_layer." in k}
+    assert e.value.tensor in adapters and e.value.path == str(path)
