@@ -52,7 +52,7 @@ from pycore.deep.data import (
 from pycore.deep.distributed import barrier, broadcast_module, init_from_env
 from pycore.deep.features import extract, prelogits_dataset
 from pycore.deep.layer import attainability
-from pycore.evaluate import immunized_def31
+from pycore.evaluate import chance_accuracy, immunized_def31
 from pycore.metrics import feature_rir, grouped_feature_rir
 from pycore.report import environment, summarize
 from pycore.spectral import gram_spectrum
@@ -206,15 +206,31 @@ def spectrum_spread(Z, Z_ref, *, rng, groups: int, group_size: int) -> dict:
 
 @bounded_blas
 def evaluate_extractor(
-    model, ref: dict, ev: dict, rc: RunConfig, seed: int, phase, *, operators: bool = True
+    model,
+    ref: dict,
+    ev: dict,
+    rc: RunConfig,
+    seed: int,
+    phase,
+    *,
+    operators: bool = True,
+    name: "str | None" = None,
 ) -> dict:
     """D_P top-1, (i), (ii) and RIR_θ₀ against θ₀'s features ``ref`` on the whole pools (exact
     κ's: the linear problem the layer is) and by the paper's groups, Definition 3.1 on each, the
     probe curve of Figure 3 and every operator of :mod:`pycore.deep.operators` (with ``operators
-    = False`` the row has ``"operator_features"`` instead: :func:`row_operators` adds them)."""
+    = False`` the row has ``"operator_features"`` instead: :func:`row_operators` adds them).
+    ``name``: the argument that gave ``model``, named by a non-finite feature's error."""
     with phase("features_rir"):
         f = {
-            k: extract(model, d, cached=ev["cached"], batch_size=rc.eval_batch)
+            k: extract(
+                model,
+                d,
+                cached=ev["cached"],
+                batch_size=rc.eval_batch,
+                data_name=k,
+                model_name=name,
+            )
             for k, d in ev["sets"].items()
         }
         head = model.classifier
@@ -483,9 +499,7 @@ def run_seed(
             "classes": [ncp, nch],
             "attainability": reach,
             # D_P's majority class share (%): the accuracy of a θ₀ that learned nothing
-            "dp_chance": 100.0
-            * float(np.bincount(ev["y"]["p_val"]).max())
-            / len(ev["y"]["p_val"]),
+            "dp_chance": chance_accuracy(ev["y"]["p_val"]),
         }
         if ctx.is_main
         else None
@@ -757,10 +771,13 @@ def audit(
     for seed in seeds:
         seconds = {}
         ev = eval_sets(data, data, False, rc, seed, classes_h)
-        ref = {k: extract(reference, d, batch_size=rc.eval_batch) for k, d in ev["sets"].items()}
+        ref = {
+            k: extract(reference, d, batch_size=rc.eval_batch, data_name=k, model_name="reference")
+            for k, d in ev["sets"].items()
+        }
         rows = {
-            k: evaluate_extractor(m, ref, ev, rc, seed, clock(seconds))
-            for k, m in (("init", reference), ("model", model))
+            k: evaluate_extractor(m, ref, ev, rc, seed, clock(seconds), name=name)
+            for k, m, name in (("init", reference, "reference"), ("model", model, "model"))
         }
         for r in rows.values():
             r["audit"] = compare(_curves(r), _curves(rows["init"])).to_dict()

@@ -32,8 +32,11 @@ from experiments.deep_configs import CONFIGS, DEMO_CONFIGS, PAPER_TABLE3, with_m
 from experiments.deep_pipeline import RunOptions, _variants, run_configs
 from pycore.deep import DEEP_METHODS, DeepOptions, create_model, options, save_model
 from pycore.deep.data import model_normalization
+from pycore.deep.models import linear_classifier
 from pycore.deep.distributed import init_from_env, shutdown
+from pycore.evaluate import near_chance
 from pycore.report import dumps_json
+from pycore.validation import ParameterError
 
 FILES = ("results.json", "table.md", "finetune.png", "operators.png", "tradeoff.png")
 
@@ -250,6 +253,16 @@ def _check_input_size(rc, args) -> None:
         )
 
 
+def _check_classifier(rc, flag: str) -> None:
+    """The model has the one linear classifier the layer feeds (a DeiT distilled pair has not):
+    checked on the meta device (shapes, no weights), before any compute."""
+    try:
+        with torch.device("meta"):
+            linear_classifier(create_model(rc.model, 2, **rc.model_kwargs))
+    except ParameterError as exc:
+        raise common.UsageError(str(exc), flag) from None
+
+
 def plan(args) -> list:
     """The configurations to run with the flags applied, every combination checked before
     compute."""
@@ -275,6 +288,7 @@ def plan(args) -> list:
     runs = []
     for key in DEMO_CONFIGS if args.demo else (name,):
         rc = with_model(CONFIGS[key], args.model, args.img_size)
+        _check_classifier(rc, "--model" if args.model else "--config")
         given = [
             f
             for f, v in (
@@ -332,16 +346,15 @@ def plan(args) -> list:
 
 
 def theta0_warning(result: dict, args) -> "dict | None":
-    """θ₀ near chance on D_P's validation split, on any seed: accuracy below
-    ``min(1.5·chance, (chance + 100)/2)``, chance the majority class's share (an imbalanced D_P's
-    constant predictor scores it, not 1/classes); the advice fits where θ₀ came from."""
+    """θ₀ near chance on D_P's validation split, on any seed (:func:`pycore.evaluate.near_chance`,
+    chance the majority class's share); the advice fits where θ₀ came from."""
     low = []
     for s in result["per_seed"]:
         if "init" not in s["rows"]:
             continue
         chance = s.get("dp_chance", 100.0 / s["classes"][0])
         acc = s["rows"]["init"]["dp_top1"]
-        if acc < min(1.5 * chance, 0.5 * (chance + 100.0)):
+        if near_chance(acc, chance):
             low.append({"seed": s["seed"], "dp_top1": acc, "chance": chance})
     if not low:
         return None

@@ -22,6 +22,20 @@ def immunized_def31(harmful_ratio: float, pretrain_ratio: float) -> bool:
     return bool(harmful_ratio > 1.0 and pretrain_ratio < 1.0)
 
 
+def chance_accuracy(labels) -> float:
+    """The top-1 (%) of a classifier that learned nothing: the share of the most frequent label
+    (an imbalanced task's constant predictor scores it, not 100/classes)."""
+    y = np.asarray(labels).reshape(-1)
+    return 100.0 * float(np.unique(y, return_counts=True)[1].max()) / y.size
+
+
+def near_chance(top1: float, chance: float) -> bool:
+    """Whether a top-1 of ``top1`` % is near the ``chance`` % of :func:`chance_accuracy`: below
+    ``min(1.5·chance, (chance + 100)/2)`` (a model that scores there has barely learned its task:
+    no immunization of it means anything)."""
+    return bool(top1 < min(1.5 * chance, 0.5 * (chance + 100.0)))
+
+
 class _Rows:
     """One input matrix X with what every θ reuses: the spectrum of XᵀX and ``XV``, V of
     range(K_P)."""

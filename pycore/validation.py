@@ -208,6 +208,24 @@ def check_number(
     return x
 
 
+def check_counts(value, name: str, *, low: int = 1, high=None) -> tuple[int, ...]:
+    """``value``, one integer (any ``numbers.Integral`` but a bool: NumPy's too) or a non-empty
+    list, tuple, range, set or array of them, as a tuple of ints each in ``[low, high]``;
+    anything else (a float, None, a string, an empty list) is a :class:`ParameterError` naming
+    ``name``."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()  # one int, or a list of them
+    items = (value,) if isinstance(value, numbers.Integral) else value
+    want = describe_number(low=low, high=high, integer=True)
+    if isinstance(items, (range, set, frozenset)):
+        items = tuple(items)
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ParameterError(
+            name, f"{name} must be {want} or a non-empty list of them, got {value!r}"
+        )
+    return tuple(check_number(v, name, low=low, high=high, integer=True) for v in items)
+
+
 def check_choice(value, name: str, choices) -> str:
     if value not in tuple(choices):
         raise ParameterError(name, f"{name} must be one of {tuple(choices)}, got {value!r}")

@@ -150,6 +150,23 @@ def test_audit_errors_name_the_flag(folders, tmp_path, capsys):
         assert rc == 2 and f"error: {flag}:" in err, err
 
 
+def test_audit_names_the_model_whose_features_are_not_finite(folders, tmp_path, capsys):
+    from pycore.deep import load_model
+
+    init = str(folders["out"] / "extractor_init.safetensors")
+    m, _ = load_model(init)
+    with torch.no_grad():
+        m.layer.weight.fill_(3e38)  # finite weights, features that overflow float32
+    bad = save_model(m, tmp_path / "overflow.safetensors")
+    roots = ["--dp-root", str(folders["dp"]), "--dh-root", str(folders["dh"])]
+    for argv, flag in (
+        (["--model", bad, "--reference", init], "--model"),
+        (["--model", init, "--reference", bad], "--reference"),
+    ):
+        rc, err = _one_line_error(capsys, audit, [*argv, *roots, "--out", str(tmp_path / "o")])
+        assert rc == 1 and f"error: {flag}:" in err, err
+
+
 def test_deepnet_has_a_flag_per_deep_option():
     parser = deepnet.build_parser()
     dests = {a.dest for a in parser._actions if a.option_strings}
@@ -170,6 +187,7 @@ def test_deepnet_refuses_bad_flags_before_any_compute(folders, tmp_path, capsys,
         (["--lr", "0"], "--lr"),
         (["--max-steps", "1e15"], "--max-steps"),
         (["--model", "no_such_net"], "--model"),
+        (["--model", "deit_tiny_distilled_patch16_224"], "--model"),  # two tokens, two heads
         (["--img-size", "5"], "--img-size"),
         (["--config", "resnet18-cars"], "--checkpoint"),  # no θ₀
         (["--config", "resnet18-cars", "--pretrained", "--balance-ill", "2"], "--balance-ill"),

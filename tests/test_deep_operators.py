@@ -139,6 +139,39 @@ def test_bad_operators_and_ranks_are_one_line_errors_naming_them():
     assert lora_targets(attacked, 20)["net.conv1.0"] == 16  # a narrower layer: its own width
 
 
+def test_counts_take_numpy_integers_and_name_what_is_not_an_integer():
+    assert operator_names(("gd", "lora"), np.int64(4)) == ("gd", "lora_r4")
+    assert operator_names(("lora",), [np.int32(2), 8]) == ("lora_r2", "lora_r8")
+    for ranks in (None, 2.5, True, "8"):
+        with pytest.raises(ParameterError) as e:
+            operator_names(("lora",), ranks)
+        assert e.value.parameter == "lora_ranks"
+    net, data = (
+        create_model("test_resnet", 3, seed=0),
+        AttackData(*map(_images, (8, 6, 6), (1, 2, 3)), 3),
+    )
+    for epochs in (1.5, None, (1, None)):
+        with pytest.raises(ParameterError) as e:
+            run_operators(net, data, ("gd",), epochs=epochs)
+        assert e.value.parameter == "epochs"
+    curve = run_operators(net, data, ("gd",), epochs=np.int64(2))["gd"]
+    assert curve.epochs == (0, 2)
+
+
+def test_lora_without_peft_is_refused_before_any_operator_runs(monkeypatch):
+    import sys
+
+    from pycore.deep import operators
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # as if not installed
+    ran = []
+    monkeypatch.setattr(operators, "_probe_runs", lambda *a, **k: ran.append(1))
+    data = AttackData(*map(_images, (8, 6, 6), (1, 2, 3)), 3)
+    with pytest.raises(ParameterError) as e:
+        run_operators(create_model("test_resnet", 3, seed=0), data, ("gd", "lora"), epochs=1)
+    assert e.value.parameter == "operators" and not ran
+
+
 class _NoLayer(_Features):
     """Pre-logits straight from the input: nothing but the (replaced) head and the layer."""
 

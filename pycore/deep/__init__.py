@@ -3,7 +3,13 @@
 The public API is :func:`immunize_model` and :func:`audit_model` (docs/design.md §3). The library
 computes and returns; the experiments (``experiments/deepnet.py``, ``audit.py``) write."""
 
-from pycore.deep.api import DeepImmunization, GroupedRIR, audit_model, immunize_model
+from pycore.deep.api import (
+    DeepImmunization,
+    GroupedRIR,
+    NearChanceWarning,
+    audit_model,
+    immunize_model,
+)
 from pycore.deep.checkpoint import (
     CheckpointError,
     CheckpointMismatchError,
@@ -28,6 +34,7 @@ __all__ = [
     "audit_model",
     "DeepImmunization",
     "GroupedRIR",
+    "NearChanceWarning",
     "AuditResult",
     "OperatorComparison",
     "OPERATORS",

@@ -3,7 +3,9 @@ timm classifier and data given as an ``(X, y)`` tensor pair, a ``Dataset`` or a 
 
 from __future__ import annotations
 
+import numbers
 import time
+import warnings
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -12,21 +14,55 @@ from torch.utils.data import Subset
 from pycore.deep.data import as_dataset, dataset_labels, label_count
 from pycore.deep.features import extract, prelogits_dataset
 from pycore.deep.layer import attainability
-from pycore.deep.models import ImmunizedNet, as_immunized
+from pycore.deep.models import ImmunizedNet, as_immunized, check_model
 from pycore.deep.operators import (
     LORA_RANKS,
     OPERATORS,
     AttackData,
     AuditResult,
     compare,
+    operator_names,
     run_operators,
 )
 from pycore.deep.train import DeepOptions, immunize_in_place, options
-from pycore.evaluate import immunized_def31
+from pycore.evaluate import chance_accuracy, immunized_def31, near_chance
 from pycore.metrics import ExponentWindow, feature_rir, grouped_feature_rir
-from pycore.validation import ParameterError, check_number
+from pycore.validation import ParameterError, check_counts, check_number
 
-__all__ = ["DeepImmunization", "GroupedRIR", "immunize_model", "audit_model", "AUDIT_OPTIONS"]
+__all__ = [
+    "DeepImmunization",
+    "GroupedRIR",
+    "NearChanceWarning",
+    "immunize_model",
+    "audit_model",
+    "AUDIT_OPTIONS",
+    "MIN_SPLIT",
+]
+
+# torch.Generator.manual_seed takes seeds below 2**64, numpy's default_rng any non-negative one
+MAX_SEED = 2**63 - 1
+
+
+class NearChanceWarning(UserWarning):
+    """The model given to :func:`immunize_model` scores near chance on D_P's given rows
+    (:func:`pycore.evaluate.near_chance`): ``.parameter`` names it (``"model"``), ``.top1`` and
+    ``.chance`` are the two accuracies (%)."""
+
+    def __init__(self, parameter: str, message: str, top1: float, chance: float):
+        super().__init__(message)
+        self.parameter, self.top1, self.chance = parameter, top1, chance
+
+
+def _check_seed(seed) -> int:
+    """``seed`` as an int, or a :class:`ParameterError` naming it (before any work: a negative
+    seed failed in numpy's generator after the training)."""
+    if (
+        isinstance(seed, bool)
+        or not isinstance(seed, numbers.Integral)
+        or not 0 <= seed <= MAX_SEED
+    ):
+        raise ParameterError("seed", f"seed must be an integer in [0, 2**63 - 1], got {seed!r}")
+    return int(seed)
 
 
 @dataclass(frozen=True)
@@ -50,9 +86,12 @@ class DeepImmunization:
     """:func:`immunize_model`'s result: the immunized copy; (i) ``harmful_ratio``, (ii)
     ``pretrain_ratio`` and ``rir`` of its features against the given model's on ALL given rows
     (exact κ's, the quantities of the linear problem the layer is, docs/theory.md §8, §10),
-    Definition 3.1 on them; the paper's grouped RIR_θ₀; the RIR ceiling of the given model's
-    features and the closed form's Definition 3.1 window on them (``None``: κ(C) = 1); ``reason``:
-    how training ended and, when Definition 3.1 fails, why."""
+    Definition 3.1 on them (``immunized``); the paper's grouped RIR_θ₀ (``grouped``: means over
+    20 groups of 100 rows, the quantity the paper's tables report, with its own Definition 3.1
+    verdict ``grouped.immunized``; the two can disagree, docs/design.md §4); the RIR ceiling of
+    the given model's features and the closed form's Definition 3.1 window on them (``None``:
+    κ(C) = 1); ``reason``: how training ended, when Definition 3.1 fails why, and the grouped
+    verdict when it differs from the all-rows one."""
 
     model: ImmunizedNet
     method: str
@@ -97,14 +136,16 @@ def immunize_model(
     ----------
     model : torch.nn.Module
         A timm classifier, or any module with timm's ``forward_features``,
-        ``forward_head(pre_logits=True)`` and ``get_classifier()``. Left as it is.
+        ``forward_head(pre_logits=True)`` and ``get_classifier()``, float32 on a CPU or CUDA
+        device. Left as it is.
     dp, dh : tuple of tensors, Dataset or DataLoader
-        The pre-training task D_P (labels are ``model``'s classes) and the harmful task D_H
-        (``(X, y)`` with integer labels).
+        The pre-training task D_P (labels are ``model``'s classes) and the harmful task D_H: an
+        ``(X, y)`` pair, or a Dataset (a DataLoader's) of ``(input tensor, label)`` pairs; labels
+        are integers (class indices), inputs finite.
     method : str
         One of :data:`~pycore.deep.train.DEEP_METHODS`.
     seed : int
-        Seeds the training and the paper's grouped RIR_θ₀.
+        Seeds the training and the paper's grouped RIR_θ₀; an integer in [0, 2**63 − 1].
     **opts
         Fields of :class:`~pycore.deep.train.DeepOptions`.
 
@@ -112,16 +153,27 @@ def immunize_model(
     -------
     DeepImmunization
         The immunized copy and, on ALL given rows, (i), (ii), RIR and Definition 3.1 against the
-        given model's features; the grouped RIR_θ₀; the ceiling and window; ``reason``.
+        given model's features (``immunized``); the paper's grouped RIR_θ₀ with its own verdict
+        (``grouped.immunized``: what the paper reports, docs/theory.md §8); the ceiling and
+        window; ``reason``.
 
     Raises
     ------
     ParameterError
-        An unknown or out-of-range option, named.
+        An unknown or out-of-range option or ``seed``, named; a ``model`` that is not float32 on
+        a CPU or CUDA device (half, bfloat16, float64, the meta device).
     DataError
-        Labels of ``dp`` outside the model's classes, or unbounded labels of ``dh``.
+        ``.argument`` names ``dp`` or ``dh`` (``.sample`` the first bad sample): labels of
+        ``dp`` outside the model's classes, unbounded or non-integer labels, inputs with NaN or
+        inf, samples that are not ``(input, label)`` pairs.
     NonFiniteLossError
         The SGD loop's loss became non-finite; names the option to change.
+
+    Warns
+    -----
+    NearChanceWarning
+        The given model's D_P top-1 on ``dp`` is near chance (:func:`pycore.evaluate.near_chance`):
+        it has not learned D_P, so keeping D_P (Definition 3.1(c)) means little.
 
     Examples
     --------
@@ -134,15 +186,20 @@ def immunize_model(
     >>> res.method, res.model is net, res.immunized == (res.harmful_ratio > 1 > res.pretrain_ratio)
     ('ours', False, True)
     """
+    check_model(model, "model")
+    seed = _check_seed(seed)
     o = options(**opts)
     p, h = as_dataset(dp, "dp"), as_dataset(dh, "dh")
-    classes_h = label_count(dataset_labels(h), "dh")  # before the harmful head is sized by it
+    classes_h = label_count(dataset_labels(h, "dh"), "dh")  # before the harmful head is sized
+    y_p = dataset_labels(p, "dp")
     out = as_immunized(model).eval()
+    label_count(y_p, "dp", out.classifier.out_features)
     cached = o.scope == "layer"
     if cached:
-        p, h = prelogits_dataset(out, p), prelogits_dataset(out, h)
-    label_count(dataset_labels(p), "dp", out.classifier.out_features)
-    before = [extract(out, d, cached=cached) for d in (p, h)]
+        p = prelogits_dataset(out, p, data_name="dp")
+        h = prelogits_dataset(out, h, data_name="dh")
+    before = [extract(out, d, cached=cached, data_name=n) for d, n in ((p, "dp"), (h, "dh"))]
+    _warn_near_chance(out, before[0], y_p)
     t0 = time.perf_counter()
     res = immunize_in_place(
         out,
@@ -175,6 +232,15 @@ def immunize_model(
             f"; Definition 3.1 does not hold on the given rows ((i) = {r.harmful_ratio:.4g}, "
             f"(ii) = {r.pretrain_ratio:.4g}): {why}"
         )
+    if grouped.immunized != ok:
+        reason += (
+            f"; by the paper's grouped RIR_θ₀ (means over {grouped.groups} groups of "
+            f"{grouped.group_size} rows, docs/theory.md §8: (i) = {grouped.harmful_ratio:.4g}, "
+            f"(ii) = {grouped.pretrain_ratio:.4g}) Definition 3.1 "
+            f"{'holds' if grouped.immunized else 'does not hold'}, unlike on all rows "
+            f"((i) = {r.harmful_ratio:.4g}, (ii) = {r.pretrain_ratio:.4g}): the groups measure "
+            "the conditioning of low-dimensional projections, another quantity (docs/design.md §4)"
+        )
     return DeepImmunization(
         out.eval(),
         method,
@@ -194,6 +260,32 @@ def immunize_model(
         res.history,
     )
 
+
+def _warn_near_chance(model: ImmunizedNet, Z_P: np.ndarray, y_p: np.ndarray) -> None:
+    """A :class:`NearChanceWarning` when ``model``'s own head on its D_P features ``Z_P`` (all
+    given rows) scores near chance (the rule deepnet.py applies to θ₀)."""
+    head = model.classifier
+    W = head.weight.detach().double().cpu().numpy()
+    b = 0.0 if head.bias is None else head.bias.detach().double().cpu().numpy()
+    top1 = 100.0 * float(np.mean(np.argmax(Z_P @ W.T + b, axis=1) == y_p))
+    chance = chance_accuracy(y_p)
+    if near_chance(top1, chance):
+        warnings.warn(
+            NearChanceWarning(
+                "model",
+                f"model scores {top1:.1f}% on dp's {len(y_p)} rows, near chance ({chance:.1f}%, "
+                "its largest class): it has not learned D_P, so what immunization keeps of D_P "
+                "means little; train it on D_P first (or pass the model that was)",
+                top1,
+                chance,
+            ),
+            stacklevel=3,
+        )
+
+
+# The fewest samples in each of the attacker's splits of D_H (training, validation, test): an
+# accuracy on one sample is 0 or 100 %, and a split of none cannot be trained or scored.
+MIN_SPLIT = 2
 
 AUDIT_OPTIONS = {
     "epochs": (1, 5),
@@ -218,17 +310,23 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     Parameters
     ----------
     model, reference : torch.nn.Module
-        The defended model and the model it came from (θ₀); neither is changed.
+        The defended model and the model it came from (θ₀), float32 on a CPU or CUDA device;
+        neither is changed.
     dh : tuple of tensors, Dataset or DataLoader
-        The attacker's labelled D_H data.
+        The attacker's labelled D_H data (as :func:`immunize_model`'s ``dh``). It is split into
+        the attacker's training, validation and (without ``dh_test``) test splits of at least
+        :data:`MIN_SPLIT` (2) samples each: ``dh`` needs 6 samples (4 with ``dh_test``).
     dh_test : same, optional
-        D_H test data (default: a seeded ``test_fraction`` of ``dh``, held out).
+        D_H test data (default: a seeded ``test_fraction`` of ``dh``, at least 2 samples, held
+        out).
     seed : int
-        Seeds the splits and every operator.
+        Seeds the splits and every operator; an integer in [0, 2**63 − 1].
     **opts
-        ``epochs`` (an int or a tuple, default ``(1, 5)``), ``operators`` (a subset of
-        :data:`~pycore.deep.operators.OPERATORS`), ``lora_ranks``, ``test_fraction``,
-        ``val_fraction`` (:data:`AUDIT_OPTIONS`).
+        ``epochs`` (an integer or a list of integers in [1, 1000], default ``(1, 5)``),
+        ``operators`` (a subset of :data:`~pycore.deep.operators.OPERATORS`), ``lora_ranks``
+        (positive integers), ``test_fraction``, ``val_fraction`` (in (0, 1); the held-out
+        split has max(2, round(fraction·n)) samples and must leave the splits their 2)
+        (:data:`AUDIT_OPTIONS`).
 
     Returns
     -------
@@ -240,9 +338,14 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     Raises
     ------
     ParameterError
-        An unknown option or a bad value, named.
+        An unknown option or a bad value, named, before any work: a ``model`` or ``reference``
+        that is not a float32 module on a CPU or CUDA device; ``dh`` too small for the three
+        splits, or a ``test_fraction`` or ``val_fraction`` that leaves a split below 2 samples;
+        a LoRA operator without peft installed (``operators``).
     DataError
-        Unbounded labels of ``dh`` or ``dh_test``.
+        ``.argument`` names ``dh`` or ``dh_test`` (``.sample`` the first bad sample): unbounded
+        or non-integer labels, inputs with NaN or inf, samples that are not ``(input, label)``
+        pairs.
 
     Examples
     --------
@@ -255,6 +358,9 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     >>> [c.operator for c in audit.operators], audit["gd"].mean_deficit
     (['gd', 'adam'], 0.0)
     """
+    check_model(model, "model")
+    check_model(reference, "reference")
+    seed = _check_seed(seed)
     bad = [k for k in opts if k not in AUDIT_OPTIONS]
     if bad:
         raise ParameterError(
@@ -262,25 +368,44 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
             f"unknown option {bad[0]!r} of audit_model; options: {', '.join(AUDIT_OPTIONS)}",
         )
     o = {**AUDIT_OPTIONS, **opts}
-    epochs = tuple(sorted({o["epochs"]} if isinstance(o["epochs"], int) else set(o["epochs"])))
-    if not (epochs and all(isinstance(e, int) and 1 <= e <= 1000 for e in epochs)):
-        raise ParameterError(
-            "epochs", f"epochs must be integers in [1, 1000], got {o['epochs']!r}"
-        )
+    epochs = tuple(sorted(set(check_counts(o["epochs"], "epochs", low=1, high=1000))))
+    operator_names(o["operators"], o["lora_ranks"])  # names, ranks, peft: before any work
     for k in ("test_fraction", "val_fraction"):
         check_number(o[k], k, low=0, high=1, low_open=True, high_open=True)
     train = as_dataset(dh, "dh")
+    test = None if dh_test is None else as_dataset(dh_test, "dh_test")
+    n = len(train)
+    if n < MIN_SPLIT * (2 if test is not None else 3):
+        raise ParameterError(
+            "dh",
+            f"dh has {n} samples; the attacker's training and validation splits"
+            + (" and its test split" if test is None else "")
+            + f" need at least {MIN_SPLIT} each",
+        )
     rng = np.random.default_rng([seed, 4])
-    if dh_test is None:
-        perm = rng.permutation(len(train)).tolist()
-        k = max(1, int(round(o["test_fraction"] * len(train))))
+    if test is None:
+        perm = rng.permutation(n).tolist()
+        k = max(MIN_SPLIT, int(round(o["test_fraction"] * n)))
+        if n - k < 2 * MIN_SPLIT:
+            raise ParameterError(
+                "test_fraction",
+                f"test_fraction {o['test_fraction']:g} holds out {k} of dh's {n} samples, "
+                f"leaving {n - k}; the attacker's training and validation splits need at least "
+                f"{MIN_SPLIT} each",
+            )
         train, test = Subset(train, sorted(perm[k:])), Subset(train, sorted(perm[:k]))
-    else:
-        test = as_dataset(dh_test, "dh_test")
-    perm = rng.permutation(len(train)).tolist()
-    k = max(1, int(round(o["val_fraction"] * len(train))))
+    m = len(train)
+    perm = rng.permutation(m).tolist()
+    k = max(MIN_SPLIT, int(round(o["val_fraction"] * m)))
+    if m - k < MIN_SPLIT:
+        raise ParameterError(
+            "val_fraction",
+            f"val_fraction {o['val_fraction']:g} keeps {k} of the attacker's {m} samples to "
+            f"validate on, leaving {m - k} to train on; at least {MIN_SPLIT} are needed",
+        )
     # labels bounded before the attacker's heads are sized by them (data.label_count)
-    classes = max(label_count(dataset_labels(d), n) for d, n in ((train, "dh"), (test, "dh_test")))
+    names = ((train, "dh"), (test, "dh" if dh_test is None else "dh_test"))
+    classes = max(label_count(dataset_labels(d, name), name) for d, name in names)
     train, val = Subset(train, sorted(perm[k:])), Subset(train, sorted(perm[:k]))
     data = AttackData(train, val, test, classes)
     kw = dict(operators=o["operators"], epochs=epochs, lora_ranks=o["lora_ranks"], seed=seed)

@@ -25,6 +25,7 @@ split after the last scored epoch; its test accuracies are reported."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import re
 from dataclasses import asdict, dataclass
 
@@ -43,7 +44,7 @@ from pycore.deep.convs import one_position_convs
 from pycore.deep.data import ShardedBatches, dataset_labels, fetch
 from pycore.deep.models import as_immunized, tail_modules
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError
+from pycore.validation import ParameterError, check_counts
 
 __all__ = [
     "OPERATORS",
@@ -104,7 +105,8 @@ class OperatorCurve:
 
 def operator_names(operators=OPERATORS, lora_ranks=LORA_RANKS) -> tuple:
     """The operator names ``operators`` expand to (``lora`` → ``lora_r<r>`` per rank); an unknown
-    name or a rank that is not a positive integer is a ParameterError naming it."""
+    name, a rank that is not a positive integer (``numbers.Integral``, not bool) or ``lora``
+    without peft installed is a ParameterError naming it."""
     if isinstance(operators, str):
         operators = (operators,)
     bad = [o for o in operators if o not in OPERATORS]
@@ -116,12 +118,12 @@ def operator_names(operators=OPERATORS, lora_ranks=LORA_RANKS) -> tuple:
             else "operators is empty",
         )
     if "lora" in operators:
-        ranks = (lora_ranks,) if isinstance(lora_ranks, int) else tuple(lora_ranks)
-        if not ranks or any(
-            isinstance(r, bool) or not isinstance(r, int) or r <= 0 for r in ranks
-        ):
+        ranks = check_counts(lora_ranks, "lora_ranks", low=1)
+        if importlib.util.find_spec("peft") is None:  # before the other operators compute
             raise ParameterError(
-                "lora_ranks", f"LoRA ranks must be positive integers, got {lora_ranks!r}"
+                "operators",
+                "the lora operator needs peft, which is not installed: pip install "
+                "'model-immunization[deep]' (or leave lora out of operators)",
             )
     out = []
     for o in operators:
@@ -340,9 +342,7 @@ def run_operators(
     each of ``epochs``. ``features`` = ``(Z_train, Z_val, Z_test)`` of the model's immunized
     features when already extracted (else they are, from the images)."""
     names = operator_names(operators, lora_ranks)
-    epochs = (epochs,) if isinstance(epochs, int) else tuple(epochs)
-    if not epochs or any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in epochs):
-        raise ParameterError("epochs", f"epochs must be positive integers, got {epochs!r}")
+    epochs = check_counts(epochs, "epochs", low=1)
     scored = tuple(sorted({0, *epochs}))
     net = as_immunized(model).eval()
     for n in names:  # a bad rank is refused before any training

@@ -68,7 +68,7 @@ OPTION_RULES = {
         k: dict(
             low=0.0,
             low_open=True,
-            none_ok=k in ("balance", "balance_ill", "dp_tolerance", "adaptive_lr"),
+            none_ok=k in ("balance", "balance_ill", "dp_tolerance"),
         )
         for k in (
             "lr",
@@ -81,9 +81,11 @@ OPTION_RULES = {
             "imma_inner_lr",
             "ridge_rel",
             "dp_tolerance",
-            "adaptive_lr",
         )
     },
+    # Adam moves every entry of θ (from I, entries ≤ 1) by about lr per step: above 1 one step
+    # outweighs the identity itself (the default is 0.27/√D, docs/design.md §4)
+    "adaptive_lr": dict(low=0.0, high=1.0, low_open=True, none_ok=True),
     "harden_scale": dict(low=0.0, high=1.0, low_open=True),
     **{
         k: dict(low=0.0, high=1.0, high_open=True)

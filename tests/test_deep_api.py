@@ -1,0 +1,211 @@
+"""The public deep API (pycore/deep/api.py): what immunize_model and audit_model check before any
+work, the warning about a θ₀ near chance, the grouped verdict in the reason, LeViT."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from pycore.deep import NearChanceWarning, api, audit_model, create_model, immunize_model
+from pycore.validation import ParameterError
+
+torch.set_num_threads(1)
+
+
+def _data(n, seed, classes=2, side=32):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % classes
+    return torch.randn(n, 3, side, side, generator=g) + 0.5 * y.view(-1, 1, 1, 1).float(), y
+
+
+class _Reached(Exception):
+    """What a spy raises once the checks are behind: the work would start here."""
+
+
+@pytest.fixture(scope="module")
+def net():
+    return create_model("resnet10t", 2, seed=0).eval()
+
+
+@pytest.fixture
+def operators_spy(monkeypatch):
+    """Counts the operator runs audit_model starts (and stops at the first)."""
+    calls = []
+
+    def spy(model, data, **kw):
+        calls.append(data)
+        raise _Reached
+
+    monkeypatch.setattr(api, "run_operators", spy)
+    return calls
+
+
+@pytest.fixture
+def work_spy(monkeypatch):
+    """Counts the copies immunize_model makes of the model (its first piece of work)."""
+    calls = []
+    real = api.as_immunized
+
+    def spy(model, **kw):
+        calls.append(model)
+        return real(model, **kw)
+
+    monkeypatch.setattr(api, "as_immunized", spy)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "n,kw,parameter",
+    [
+        (2, {}, "dh"),
+        (5, {}, "dh"),
+        (40, {"test_fraction": 0.99}, "test_fraction"),
+        (40, {"test_fraction": 0.95}, "test_fraction"),
+        (40, {"val_fraction": 0.99}, "val_fraction"),
+        (3, {"dh_test": _data(4, 9)}, "dh"),
+    ],
+)
+def test_audit_refuses_attacker_splits_below_two_samples_before_any_operator(
+    net, operators_spy, n, kw, parameter
+):
+    with pytest.raises(ParameterError) as e:
+        audit_model(net, reference=net, dh=_data(n, 1), epochs=1, operators=("gd",), **kw)
+    assert e.value.parameter == parameter and not operators_spy
+
+
+@pytest.mark.parametrize("n,kw", [(6, {}), (4, {"dh_test": _data(2, 9)})])
+def test_audit_splits_the_smallest_dh_into_splits_of_two(net, operators_spy, n, kw):
+    with pytest.raises(_Reached):
+        audit_model(net, reference=net, dh=_data(n, 1), epochs=1, operators=("gd",), **kw)
+    (data,) = operators_spy
+    assert (len(data.train), len(data.val), len(data.test)) == (2, 2, 2)
+
+
+def test_audit_names_the_reference_that_is_not_a_model(net, operators_spy):
+    with pytest.raises(ParameterError) as e:
+        audit_model(net, reference=None, dh=_data(20, 1), epochs=1, operators=("gd",))
+    assert e.value.parameter == "reference" and not operators_spy
+
+
+def _converted(kind):
+    net = create_model("resnet10t", 2, seed=0).eval()
+    if kind == "meta":
+        with torch.device("meta"):
+            return create_model("resnet10t", 2)
+    return net.to(
+        {"half": torch.float16, "bfloat16": torch.bfloat16, "double": torch.float64}[kind]
+    )
+
+
+@pytest.mark.parametrize("kind", ["half", "bfloat16", "double", "meta"])
+def test_models_not_float32_on_a_device_are_refused_naming_them(
+    net, kind, work_spy, operators_spy
+):
+    bad = _converted(kind)
+    with pytest.raises(ParameterError) as e:
+        immunize_model(bad, _data(8, 1), _data(8, 2), adaptive_steps=5)
+    assert e.value.parameter == "model" and not work_spy
+    with pytest.raises(ParameterError) as e:
+        audit_model(net, reference=bad, dh=_data(20, 1), epochs=1, operators=("gd",))
+    assert e.value.parameter == "reference" and not operators_spy
+
+
+@pytest.mark.parametrize(
+    "kw,parameter",
+    [
+        ({"epochs": 1.5}, "epochs"),
+        ({"epochs": None}, "epochs"),
+        ({"epochs": True}, "epochs"),
+        ({"epochs": ()}, "epochs"),
+        ({"epochs": (1, 2.0)}, "epochs"),
+        ({"operators": ("lora",), "lora_ranks": 2.5}, "lora_ranks"),
+        ({"operators": ("lora",), "lora_ranks": None}, "lora_ranks"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 1.0}, "seed"),
+    ],
+)
+def test_audit_options_that_are_not_integers_are_named(net, operators_spy, kw, parameter):
+    kw = {"operators": ("gd",), "epochs": 1, **kw}
+    with pytest.raises(ParameterError) as e:
+        audit_model(net, reference=net, dh=_data(20, 1), **kw)
+    assert e.value.parameter == parameter and not operators_spy
+
+
+def test_audit_takes_numpy_integers(net, operators_spy):
+    with pytest.raises(_Reached):
+        audit_model(
+            net,
+            reference=net,
+            dh=_data(20, 1),
+            epochs=np.int64(2),
+            operators=("gd", "lora"),
+            lora_ranks=(np.int32(4),),
+            seed=np.int64(3),
+        )
+    assert len(operators_spy) == 1
+
+
+def test_a_lora_operator_without_peft_is_refused_before_any_operator(
+    net, operators_spy, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "peft", None)  # as if not installed
+    with pytest.raises(ParameterError) as e:
+        audit_model(net, reference=net, dh=_data(20, 1), epochs=1, operators=("gd", "lora"))
+    assert e.value.parameter == "operators" and not operators_spy
+
+
+def test_a_negative_seed_is_refused_before_any_work(net, work_spy):
+    with pytest.raises(ParameterError) as e:
+        immunize_model(net, _data(16, 1), _data(16, 2), seed=-1, adaptive_steps=5)
+    assert e.value.parameter == "seed" and not work_spy
+
+
+def test_a_model_near_chance_on_dp_is_warned_about_naming_it(net):
+    X, y = _data(48, 1)
+    with pytest.warns(NearChanceWarning) as w:  # a random network: about half of 2 classes
+        immunize_model(net, (X, y), _data(48, 2), adaptive_steps=5)
+    warning = next(r.message for r in w if isinstance(r.message, NearChanceWarning))
+    assert warning.parameter == "model" and warning.top1 < 75.0 and warning.chance == 50.0
+    sure = create_model("resnet10t", 2, seed=0).eval()
+    with torch.no_grad():
+        sure.fc.weight.normal_(generator=torch.Generator().manual_seed(0))
+        own = sure(X).argmax(1)  # D_P's labels the model's own predictions: top-1 100 %
+    assert own.unique().numel() == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NearChanceWarning)
+        immunize_model(sure, (X, own), _data(48, 2), adaptive_steps=5)
+
+
+def test_the_reason_gives_the_grouped_verdict_when_it_differs(net, monkeypatch):
+    dp, dh = _data(48, 1), _data(48, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NearChanceWarning)
+        first = immunize_model(net, dp, dh, adaptive_steps=50)
+        # the groups' (i) and (ii) made to disagree with the verdict on all rows
+        i, ii = (0.5, 2.0) if first.immunized else (2.0, 0.5)
+
+        def grouped(*a, **k):
+            mean = lambda v: {"mean": v, "std": 0.0, "per_group": [v]}  # noqa: E731
+            out = {"harmful_ratio": mean(i), "pretrain_ratio": mean(ii), "value": mean(i / ii)}
+            return {**out, "groups": 20, "group_size": 48}
+
+        monkeypatch.setattr(api, "grouped_feature_rir", grouped)
+        res = immunize_model(net, dp, dh, adaptive_steps=50)
+    assert res.immunized == first.immunized and res.grouped.immunized != res.immunized
+    assert f"{i:.4g}" in res.reason and f"{ii:.4g}" in res.reason
+    assert f"{i:.4g}" not in first.reason or first.grouped.immunized == first.immunized
+
+
+def test_levit_is_audited_by_every_deep_operator():
+    """LeViT caches its attention biases in eval mode, where the attacker's copies train: the
+    copies are made and trained without the cache."""
+    net = create_model("levit_128s", 2, seed=0, img_size=32).eval()
+    ops = ("finetune_upper", "finetune_full")
+    audit = audit_model(net, reference=net, dh=_data(24, 1), epochs=(1, 2), operators=ops)
+    for op in ops:
+        assert audit[op].model == audit[op].reference and len(audit[op].model) == 2
+        assert all(0.0 <= a <= 100.0 for a in audit[op].model)
