@@ -1,0 +1,40 @@
+"""The linear loops (pycore/methods.py): what the adaptive Algorithm 1 says of where it ended."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn import datasets
+
+from pycore import LinearTask, immunize, rir_ceiling
+from pycore.methods import SMALL_FRACTION
+
+
+def _wine(std: bool) -> LinearTask:
+    """Wine, class 0 (D_P) against class 1 (D_H), raw or z-scored columns (tests/test_defaults.py):
+    raw, D_P's column scales span 3,800×."""
+    w = datasets.load_wine()
+    s = w.target < 2
+    X, harmful = w.data[s], w.target[s] == 1
+    keep = [c for c in range(X.shape[1]) if c not in (0, 9)]
+    parts = [(X[~harmful][:, keep], X[~harmful][:, 0]), (X[harmful][:, keep], X[harmful][:, 9])]
+    if std:
+        z = lambda a: (a - a.mean(axis=0)) / a.std(axis=0)  # noqa: E731
+        parts = [(z(A), z(y)) for A, y in parts]
+    (XP, yP), (XH, yH) = parts
+    return LinearTask(XP, yP, XH, yH)
+
+
+@pytest.mark.parametrize("std", [False, True])
+def test_the_adaptive_default_says_its_fraction_of_the_ceiling(std):
+    task = _wine(std)
+    res = immunize(task, rng=np.random.default_rng(0))
+    ceiling = rir_ceiling(task.X_P, task.X_H).range_restricted
+    assert res.immunized
+    assert res.diagnostics["fraction_of_ceiling"] == pytest.approx(res.rir / ceiling, rel=1e-9)
+    small = res.diagnostics["fraction_of_ceiling"] < SMALL_FRACTION
+    assert small == (not std)  # raw columns: far below; z-scored: not
+    assert res.diagnostics["advice"] == ("closed_form" if small else None)
+    if small:  # what the advice points to gets the ceiling
+        best = immunize(task, res.diagnostics["advice"], rng=np.random.default_rng(0))
+        assert best.immunized and best.rir == pytest.approx(ceiling, rel=1e-6)
