@@ -74,11 +74,17 @@ def environment() -> dict:
 # Strict JSON has no NaN or infinity, yet an infinite RIR ceiling is an answer: every results.json
 # spells non-finite floats as these strings, and read_json turns them back into floats.
 NONFINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+# A string value that reads like one of them (a column named "NaN"), or starts with this mark, is
+# written with the mark in front and read back without it: every value survives a round trip.
+# The mark is U+0000, which no string of an older file began with (argv, paths and CSV headers
+# cannot hold it), so older files read as they always did.
+STRING_MARK = "\x00"
 
 
 def to_json(obj):
     """``obj`` as strict JSON values: a result object → its ``to_dict()``, NumPy → Python, paths
-    → str, tuples → lists, non-finite → strings."""
+    → str, tuples → lists, non-finite floats → strings, a string that reads like one of those
+    (or starts with :data:`STRING_MARK`) → marked."""
     if callable(getattr(obj, "to_dict", None)):
         return to_json(obj.to_dict())
     if isinstance(obj, Mapping):
@@ -102,19 +108,25 @@ def to_json(obj):
         )
     if isinstance(obj, Path):
         return str(obj)
-    if obj is None or isinstance(obj, str):
+    if isinstance(obj, str):
+        return STRING_MARK + obj if obj in NONFINITE or obj.startswith(STRING_MARK) else obj
+    if obj is None:
         return obj
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
 def from_json(obj):
-    """Inverse of :func:`to_json` for the non-finite floats: ``"Infinity"`` → ``inf`` etc."""
+    """Inverse of :func:`to_json` for the non-finite floats (``"Infinity"`` → ``inf`` etc.) and
+    the strings it marked (:data:`STRING_MARK`)."""
     if isinstance(obj, dict):
         return {k: from_json(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [from_json(v) for v in obj]
-    if isinstance(obj, str) and obj in NONFINITE:
-        return NONFINITE[obj]
+    if isinstance(obj, str):
+        if obj in NONFINITE:
+            return NONFINITE[obj]
+        if obj.startswith(STRING_MARK):
+            return obj[len(STRING_MARK) :]
     return obj
 
 
