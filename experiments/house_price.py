@@ -406,11 +406,24 @@ def table_markdown(result: dict) -> str:
             + (f", D_P's loss {data['loss']}" if data.get("loss", "mse") != "mse" else "")
         )
     )
+    heading = (
+        f"# {title}, {protocol} protocol"
+        if paper_data
+        else f"# {title}" + (", strict protocol" if protocol == "strict" else "")
+    )
+    rows = (
+        ""
+        if paper_data
+        else f" Training rows: the first {data['n_train_per_split']} of each split in file "
+        "order, the same for every seed: ± is the spread of a method's own randomness (0 for "
+        "one that draws nothing at random); "
+        "each split z-scored with the mean and std of all its rows, empty cells 0 before."
+    )
     lines = [
-        f"# {title}, {protocol} protocol",
+        heading,
         "",
         f"Data {data['source']} ({where}); seeds {result['seeds']}; mean ± std "
-        "(population) over seeds. "
+        "(population) over seeds." + rows + " "
         "(i) = κ(H_H(θ))/κ(H_H(I)) ↑, (ii) = κ(H_P(θ))/κ(H_P(I)) ↓, RIR = (i)/(ii) ↑, "
         "on the training rows "
         "as in the paper; held-out RIR on the rows not used for training; Def. 3.1 = "

@@ -208,7 +208,10 @@ def test_own_table_end_to_end(capsys, tmp_path, own_csv, how):
     # the numeric columns; not 'note', nor 'group'
     assert res["data"]["features"] == list("abcdef")
     table = (tmp_path / "o" / "table.md").read_text()
-    assert own_csv.name in table.splitlines()[0]  # the title names the file
+    title, caption = table.splitlines()[0], table.splitlines()[2]
+    assert own_csv.name in title and "paper" not in title  # the file, not the paper's protocol
+    said = caption.replace(str(own_csv), "").replace(str(tmp_path), "")  # the paths aside
+    assert "60" in said  # the training rows: the first --n-train of each split
     assert "paper" not in next(line for line in table.splitlines() if line.startswith("| method"))
     assert "paper" not in res["methods"]["closed_form"]
     capsys.readouterr()

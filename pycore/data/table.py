@@ -1,14 +1,18 @@
 """A CSV table of the user's own as the two tasks of docs/theory.md §1, preprocessed per split as
 §9.
 
-D_H = the rows whose column has a given text (``split="COLUMN=VALUE"``), D_P = the others; or two
-files.  Per split: empty input cells → 0 (counted per column; ``on_missing="error"`` refuses
-them), text inputs label-encoded (code-point order, as scikit-learn's LabelEncoder; named ones
-only, listed), z-scores with the population std (a constant column → 0); training rows the first
-``n_train`` in file order (the authors' code) or drawn with ``rng``.  D_P's target is z-scored
-for the squared loss and kept as its 0/1 labels for ``loss="bce"``.  Every change to the user's
-data is recorded in :class:`TableData` (``missing``, ``encoded``, ``dropped``).  Memory: the
-header's width is capped before pandas pads every row to it; columns are read as categoricals.
+D_H = the rows whose column has a given text (``split="COLUMN=VALUE"``), D_P = the others (a row
+whose split cell is empty among them, counted); or two files.  Per split: empty input cells
+(empty, or one of :data:`MISSING_MARKS` such as ``NA``) → 0 on the raw scale (counted per column;
+``on_missing="error"`` refuses them), text inputs label-encoded (code-point order, as
+scikit-learn's LabelEncoder; named ones only, listed), then every column z-scored with the mean
+and population std of ALL the split's rows, training and held-out alike (the paper's protocol,
+docs/theory.md §9; a constant column → 0); training rows the first ``n_train`` of each split in
+file order (the authors' code: the same rows for every seed) or drawn with ``rng``.  D_P's target
+is z-scored for the squared loss and kept as its 0/1 labels for ``loss="bce"``.  A cell reading
+``nan`` or ``inf`` is refused, not filled.  Every change to the user's data is recorded in
+:class:`TableData` (``missing``, ``encoded``, ``dropped``, ``blank_split``).  Memory: the header's
+width is capped before pandas pads every row to it; columns are read as categoricals.
 """
 
 from __future__ import annotations
@@ -41,6 +45,26 @@ from pycore.validation import (
 # pandas alone took a minute.  The paper's table has 79.
 MAX_COLUMNS = 4096
 MAX_HEADER_BYTES = 1 << 20
+# The cells read as empty (pandas' default missing-value marks but its spellings of NaN): the
+# Kaggle file marks missing values "NA" (and "None"); a "nan" cell is a non-finite number, refused
+# as "inf" is, not an empty cell set to 0.
+MISSING_MARKS = (
+    "",
+    "#N/A",
+    "#N/A N/A",
+    "#NA",
+    "-1.#IND",
+    "-1.#QNAN",
+    "1.#IND",
+    "1.#QNAN",
+    "<NA>",
+    "N/A",
+    "NA",
+    "NULL",
+    "None",
+    "n/a",
+    "null",
+)
 ON_OUTLIER = ("warn", "error", "ignore")
 ON_MISSING = ("fill", "error")
 
@@ -50,7 +74,9 @@ class TableData:
     """The tasks (``heldout``: None below two rows), inputs in θ's order, and what was changed in
     the user's data before use: ``filled`` empty input cells per split and ``missing`` per column
     (set to 0), ``encoded`` the text columns label-encoded, ``dropped`` the non-numeric columns
-    left out of the default inputs; ``binary_target_p``: D_P's target holds only 0 and 1."""
+    left out of the default inputs, ``blank_split`` the rows whose split column is empty (they are
+    D_P's: their cell does not read the split's value); ``binary_target_p``: D_P's target holds
+    only 0 and 1."""
 
     train: LinearTask
     heldout: LinearTask | None
@@ -63,6 +89,8 @@ class TableData:
     encoded: tuple = ()
     dropped: tuple = ()
     binary_target_p: bool = False
+    blank_split: int = 0
+    split_column: str | None = None
 
     def changes(self) -> dict:
         """What was changed in the data before use (results.json's record)."""
@@ -71,6 +99,7 @@ class TableData:
             "filled_per_split": dict(self.filled),
             "label_encoded_text_columns": list(self.encoded),
             "dropped_non_numeric_columns": list(self.dropped),
+            "empty_split_cells_in_D_P": self.blank_split,
         }
 
     def changes_line(self) -> str | None:
@@ -86,6 +115,10 @@ class TableData:
             if n
             else []
         )
+        if self.blank_split:
+            parts.append(
+                f"{self.blank_split} row(s) with an empty {self.split_column!r} cell put in D_P"
+            )
         for cols, what in (
             (self.encoded, "text column(s) label-encoded"),
             (self.dropped, "non-numeric column(s) left out of the inputs"),
@@ -130,6 +163,13 @@ def read_header(path) -> list[str]:
                 f"{path}: the header has a single column; the file looks {sep!r}-separated, "
                 "expected a comma-separated CSV"
             )
+    empty = [i for i, n in enumerate(names) if not n.strip()]
+    if empty:
+        raise ValueError(
+            f"{path}: column {empty[0] + 1} of the header has an empty name"
+            + (f" ({len(empty)} columns in all)" if len(empty) > 1 else "")
+            + "; every column needs a name (a CSV written with pandas' index: index=False)"
+        )
     dups = sorted({n for n in names if names.count(n) > 1}, key=names.index)
     if dups:
         raise ValueError(
@@ -150,7 +190,13 @@ def _read(path, names, text_column=None):
             dtype = defaultdict(
                 lambda: "category", {} if text_column is None else {text_column: str}
             )
-            df = pd.read_csv(path, dtype=dtype, index_col=False)
+            df = pd.read_csv(
+                path,
+                dtype=dtype,
+                index_col=False,
+                keep_default_na=False,
+                na_values=list(MISSING_MARKS),
+            )
     except Exception as exc:  # pandas raises several types for unreadable files
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ValueError(
@@ -178,7 +224,9 @@ class _Column:
         self.name, self.path, self.codes, self._values = name, path, cat.codes.to_numpy(), None
         self.texts = np.asarray(cat.categories, dtype=object)
         self.numbers = pd.to_numeric(self.texts, errors="coerce").astype(np.float64)
-        self.junk = np.isnan(self.numbers)
+        # "nan" is a number, a non-finite one (values() refuses it as it refuses "inf")
+        spelled_nan = np.array([str(t).strip().lstrip("+-").lower() == "nan" for t in self.texts])
+        self.junk = np.isnan(self.numbers) & ~spelled_nan.astype(bool)
         counts = np.bincount(self.codes[self.codes >= 0], minlength=self.texts.size)
         self.numeric = not self.junk.any()
         # mostly numbers with some text: a corrupt numeric column, not a category
@@ -294,7 +342,9 @@ def load_table(
     ``split``'s VALUE matches a cell's text, or its number in an all-numeric column (``1`` finds
     ``1.0``).  ``loss`` is D_P's (:class:`~pycore.tasks.LinearTask`).  Bad arguments (a split
     that matches no row, a split smaller than ``n_train``): :class:`ParameterError`; bad files:
-    ``ValueError`` naming file, column, line."""
+    ``ValueError`` naming file, column, line.  Splits below ``n_train`` and every target's
+    first bad or empty cell are reported together, in one error (a ``ParameterError`` naming
+    ``n_train`` when a split is too small)."""
     target_h = target_p if target_h is None else target_h
     check_number(n_train, "n_train", low=2, integer=True)
     check_choice(on_outlier, "on_outlier", ON_OUTLIER)
@@ -360,8 +410,10 @@ def load_table(
                 "column; name the inputs",
             )
     dropped = [c for c in headers[0] if c not in (target_p, target_h, split_col, *inputs)]
+    blank_split = 0
     if split_col is not None:
         is_h = _split_rows(column(0, split_col), split_value)
+        blank_split = int((column(0, split_col).codes < 0).sum())  # counted in D_P, and said
         parts = [("P", 0, np.flatnonzero(~is_h)), ("H", 0, np.flatnonzero(is_h))]
         where = {"P": f"{split_col} ≠ {split_value!r}", "H": f"{split_col} = {split_value!r}"}
     else:
@@ -369,24 +421,33 @@ def load_table(
         where = {"P": f"file {files[0]}", "H": f"file {files[1]}"}
     for f, df in enumerate(frames):
         check_dense_size((len(df), len(inputs)), f"{files[f]}: the inputs of its {len(df)} rows")
-    for s, f, rows in parts:
-        if rows.size < n_train:
-            raise ParameterError(
-                "n_train",
-                f"{files[f]}: D_{s} ({where[s]}) has {rows.size} rows, fewer than the "
-                f"n_train = {n_train} training rows asked for per split",
-            )
+    # every problem of the splits and targets in one error (a file fixed for one then failed on
+    # the next): a split below n_train, and per target its first bad or empty cell
+    problems = {
+        f"{files[f]}: D_{s} ({where[s]}) has {rows.size} rows, fewer than the "
+        f"n_train = {n_train} training rows asked for per split": "n_train"
+        for s, f, rows in parts
+        if rows.size < n_train
+    }
     if rng is not None:
         parts = [(s, f, rows[rng.permutation(rows.size)]) for s, f, rows in parts]
     X, y, filled, missing, encoded = {}, {}, {}, {}, []
     for s, f, rows in parts:
-        y[s] = column(f, target_p if s == "P" else target_h, numbers=True).values()[rows]
+        target = target_p if s == "P" else target_h
+        try:
+            y[s] = column(f, target, numbers=True).values()[rows]
+        except ValueError as exc:
+            problems.setdefault(str(exc), None)
+            continue
         if np.isnan(y[s]).any():
-            raise ValueError(
-                f"{files[f]}: target column {target_p if s == 'P' else target_h!r} is empty "
-                f"(line {rows[np.flatnonzero(np.isnan(y[s]))[0]] + 2})"
-            )
+            line = rows[np.flatnonzero(np.isnan(y[s]))[0]] + 2
+            problems.setdefault(f"{files[f]}: target column {target!r} is empty (line {line})")
         X[s], filled[s] = np.empty((rows.size, len(inputs))), 0
+    if problems:
+        message = "; ".join(problems)
+        if "n_train" in problems.values():
+            raise ParameterError("n_train", message)
+        raise ValueError(message)
     binary = bool(np.isin(y["P"], (0.0, 1.0)).all() and np.unique(y["P"]).size == 2)
     if loss == "bce" and not binary:
         raise ParameterError(
@@ -447,6 +508,8 @@ def load_table(
         tuple(encoded),
         tuple(dropped) if defaulted else (),
         binary,
+        blank_split,
+        split_col,
     )
 
 
