@@ -19,6 +19,7 @@ import traceback
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,6 +41,16 @@ class UsageError(Exception):
 
 class RunError(Exception):
     """A run that finished but must not count as a success (exit 1), e.g. a method that failed."""
+
+
+class WorkerDiedError(RunError):
+    """A worker process died (killed, out of memory, a crash in a native library) while it ran
+    a task: ``.tasks`` the indices of the tasks it was running, in the order they were
+    submitted."""
+
+    def __init__(self, message: str, tasks: tuple = ()):
+        super().__init__(message)
+        self.tasks = tuple(tasks)
 
 
 class Terminated(BaseException):
@@ -556,11 +567,19 @@ def _watch_parent(parent: int) -> None:
 
 # What pool_map's ``shared`` argument is in a worker: set once by the pool's initializer.
 _SHARED = None
+# In a worker: (the pool's shared array of running tasks, this worker's slot in it), so that the
+# parent can name the task of a worker that died.
+_SLOT = None
 
 
-def _worker_init(parent: int, shared) -> None:
-    global _SHARED
+def _worker_init(parent: int, shared, slots=None) -> None:
+    global _SHARED, _SLOT
     _SHARED = shared
+    if slots is not None:
+        running, pids, taken = slots
+        with taken.get_lock():
+            slot, taken.value = taken.value, taken.value + 1
+        pids[slot], _SLOT = os.getpid(), (running, slot)
     # Ctrl-C reaches the group: the parent stops the pool
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (forked)
@@ -575,25 +594,79 @@ def _task(fn, with_shared, item):
         return fn(_SHARED, item) if with_shared else fn(item)
 
 
+def _tracked(fn, with_shared, task: int, item):
+    """:func:`_task` with ``task`` marked as running in this worker's slot while it runs."""
+    if _SLOT is not None:
+        _SLOT[0][_SLOT[1]] = task + 1
+    try:
+        return _task(fn, with_shared, item)
+    finally:
+        if _SLOT is not None:
+            _SLOT[0][_SLOT[1]] = 0
+
+
+def _label(item) -> str:
+    text = repr(item)
+    return text if len(text) <= 100 else f"{text[:100]}…"
+
+
 @contextmanager
-def _workers(n: int, shared=None):
+def _workers(n: int, shared=None, tasks=None):
     """A fork pool of ``n`` workers; on any exception, Ctrl-C or SIGTERM in the block every worker
-    is killed first."""
+    is killed first. A task submitted through :func:`_tracked` with its index in ``tasks`` (the
+    items, as submitted) is named when the worker running it dies (:class:`WorkerDiedError`)."""
+    ctx = multiprocessing.get_context("fork")
+    slots = (ctx.Array("q", n, lock=False), ctx.Array("q", n, lock=False), ctx.Value("i", 0))
     ex = ProcessPoolExecutor(
-        n,
-        mp_context=multiprocessing.get_context("fork"),
-        initializer=_worker_init,
-        initargs=(os.getpid(), shared),
+        n, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(), shared, slots)
     )
     try:
         yield ex
-    except BaseException:
+    except BaseException as exc:
+        died = _died(ex, slots, tasks) if isinstance(exc, BrokenProcessPool) else None
         ex.shutdown(wait=False, cancel_futures=True)
         for p in multiprocessing.active_children():
             p.kill()
             p.join()
+        if died is not None:
+            raise died from None
         raise
     ex.shutdown()
+
+
+def _ending(code: int) -> str:
+    """How a process with exit code ``code`` ended, in words."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def _died(ex, slots, items) -> "WorkerDiedError | None":
+    """What a dead worker was running, from the slots its tasks marked: the workers that ended
+    other than by the pool's own SIGTERM (the pool stops the healthy ones that way once one
+    died) and the task each had marked; None when none can be told."""
+    running, pids, _ = slots
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    for p in procs:
+        p.join(timeout=5)
+    codes = {p.pid: p.exitcode for p in procs if p.exitcode not in (None, -signal.SIGTERM)}
+    dead = [(k, codes[pid]) for k, pid in enumerate(pids) if pid in codes and running[k] > 0]
+    if not dead:
+        return None
+    tasks = tuple(running[k] - 1 for k, _ in dead)
+    how = ", ".join(_ending(code) for _, code in dead)
+    named = "; ".join(
+        f"task {t + 1} ({_label(items[t])})" if items and t < len(items) else f"task {t + 1}"
+        for t in tasks
+    )
+    return WorkerDiedError(
+        f"a worker process died ({how}{'; out of memory?' * ('SIGKILL' in how)}) while it ran "
+        f"{named}; the other tasks were stopped",
+        tasks,
+    )
 
 
 def pool_map(fn, items, jobs: int, desc: str | None = None, *, shared=None) -> list:
@@ -610,9 +683,10 @@ def pool_map(fn, items, jobs: int, desc: str | None = None, *, shared=None) -> l
             _task(functools.partial(fn, shared) if shared is not None else fn, False, x)
             for x in progress(items, desc=desc)
         ]
-    task = functools.partial(_task, fn, shared is not None)
-    with _workers(n, shared) as ex:
-        return list(progress(ex.map(task, items), total=len(items), desc=desc))
+    task = functools.partial(_tracked, fn, shared is not None)
+    with _workers(n, shared, items) as ex:
+        results = ex.map(task, range(len(items)), items)
+        return list(progress(results, total=len(items), desc=desc))
 
 
 def pool_chain(first, then, items, jobs: int) -> list:
@@ -630,8 +704,14 @@ def pool_chain(first, then, items, jobs: int) -> list:
             out.append((result, [_task(then, False, y) for y in follow]))
         return out
     results, followed = [None] * len(items), [None] * len(items)
-    with _workers(n) as ex:
-        pending = {ex.submit(_task, first, False, x): (i, None) for i, x in enumerate(items)}
+    tasks = list(items)  # then each follow-up, as it is submitted
+
+    def submit(fn, x):
+        tasks.append(x)
+        return ex.submit(_tracked, fn, False, len(tasks) - 1, x)
+
+    with _workers(n, tasks=tasks) as ex:
+        pending = {ex.submit(_tracked, first, False, i, x): (i, None) for i, x in enumerate(items)}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
@@ -640,7 +720,7 @@ def pool_chain(first, then, items, jobs: int) -> list:
                     results[i], follow = fut.result()
                     followed[i] = [None] * len(follow)
                     for j, y in enumerate(follow):
-                        pending[ex.submit(_task, then, False, y)] = (i, j)
+                        pending[submit(then, y)] = (i, j)
                 else:
                     followed[i][j] = fut.result()
     return list(zip(results, followed))
