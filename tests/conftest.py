@@ -16,3 +16,19 @@ def tripwire(monkeypatch):
 
     for mod in (house_price, mnist, attacks, frontier):
         monkeypatch.setattr(mod, "run", boom)
+
+
+@pytest.fixture
+def work_spy(monkeypatch):
+    """The models ``pycore.deep.immunize_model`` copied (its first piece of work), so a test can
+    show that a check came before any work."""
+    from pycore.deep import api
+
+    calls, real = [], api.as_immunized
+
+    def spy(model, **kw):
+        calls.append(model)
+        return real(model, **kw)
+
+    monkeypatch.setattr(api, "as_immunized", spy)
+    return calls

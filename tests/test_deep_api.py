@@ -44,20 +44,6 @@ def operators_spy(monkeypatch):
     return calls
 
 
-@pytest.fixture
-def work_spy(monkeypatch):
-    """Counts the copies immunize_model makes of the model (its first piece of work)."""
-    calls = []
-    real = api.as_immunized
-
-    def spy(model, **kw):
-        calls.append(model)
-        return real(model, **kw)
-
-    monkeypatch.setattr(api, "as_immunized", spy)
-    return calls
-
-
 @pytest.mark.parametrize(
     "n,kw,parameter",
     [

@@ -52,20 +52,6 @@ def net():
     return create_model("resnet10t", 2, seed=0).eval()
 
 
-@pytest.fixture
-def work_spy(monkeypatch):
-    """Counts the copies immunize_model makes of the model (its first piece of work)."""
-    calls = []
-    real = api.as_immunized
-
-    def spy(model, **kw):
-        calls.append(model)
-        return real(model, **kw)
-
-    monkeypatch.setattr(api, "as_immunized", spy)
-    return calls
-
-
 def _forms(X, labels):
     """Every form the API takes, holding ``labels`` (a list of Python numbers)."""
     y = torch.tensor(labels)
