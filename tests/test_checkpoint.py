@@ -3,6 +3,8 @@ names."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -31,6 +33,8 @@ def test_a_weight_that_overflows_float32_is_refused_naming_tensor_and_file(tmp_p
     with pytest.raises(CheckpointError) as e:
         load_model(path, "resnet10t")
     assert (e.value.tensor, e.value.path) == ("fc.weight", str(path))
+    again = pickle.loads(pickle.dumps(e.value))  # from a worker process, as itself
+    assert (type(again), again.tensor) == (CheckpointError, "fc.weight")
     sd["fc.weight"][0, 0] = 1e30  # within float32: loads
     torch.save(sd, path)
     assert load_model(path, "resnet10t")[0].net.fc.weight[0, 0] == pytest.approx(1e30, rel=1e-6)

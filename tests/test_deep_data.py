@@ -3,6 +3,8 @@ labels and samples, the first bad sample named with the argument that holds it."
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -103,6 +105,8 @@ def test_the_first_non_finite_input_of_a_tensor_pair_is_named_before_any_work(ne
     with pytest.raises(DataError) as e:
         immunize_model(net, (X, y), _data(16, 2), adaptive_steps=5)
     assert (e.value.argument, e.value.sample) == ("dp", 7) and not work_spy
+    again = pickle.loads(pickle.dumps(e.value))  # from a worker process, as itself
+    assert (type(again), again.argument, again.sample) == (DataError, "dp", 7)
 
 
 def test_the_first_non_finite_input_of_a_dataset_is_named(net, monkeypatch):
