@@ -17,11 +17,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
+import time
+from dataclasses import replace
+
 import torch
 
 from experiments import common, deep_report
-from experiments.deep_pipeline import RunConfig, RunOptions, audit, load_data
+from experiments.deep_configs import CONFIGS
+from experiments.deep_pipeline import Row, RunOptions, audit_seed, result_of
+from pycore.deep.operators import Schedule
 from pycore.deep import CheckpointError, load_model
 from pycore.deep.operators import LORA_RANKS, OPERATORS, operator_names
 from pycore.report import dumps_json
@@ -48,19 +52,16 @@ def build_parser() -> common.Parser:
     p.add_argument("--dh-root", type=common.existing("folder"), help="ImageFolder root of D_H")
     p.add_argument("--val-split", default="val", help="validation split folder name")
     p.add_argument(
-        "--per-digit", type=common.count(10, 500), default=250, help="demo: images per digit"
-    )
-    p.add_argument(
         "--rir-groups", type=common.count(1, 1000), default=20, help="RIR_θ₀: random groups"
     )
     p.add_argument(
         "--rir-group-size", type=common.count(2, 100_000), default=100, help="RIR_θ₀: group size"
     )
     p.add_argument(
-        "--epochs",
-        type=common.count(1, 200),
-        default=5,
-        help="epochs of every operator (scored after 1 and N) and of the GD probe curve",
+        "--max-epochs",
+        type=common.count(1, 10_000),
+        default=Schedule.deep_max_epochs,
+        help="the longest a deep operator runs on θ₀ to find its plateau (epochs)",
     )
     p.add_argument(
         "--operators",
@@ -115,30 +116,37 @@ def main(argv=None) -> int:
                 "against its own θ₀",
                 "--reference",
             )
-        rc = RunConfig(
-            "audit",
-            arch["name"],
-            "folders" if args.dp_root else "mnist",
+        base = CONFIGS["folders" if args.dp_root else "demo-resnet18"]
+        rc = replace(
+            base,
+            name="audit",
+            model=arch["name"],
             model_kwargs={k: v for k, v in arch.items() if k != "name"},
-            per_digit=args.per_digit,
-            rir_pool=500,
+            rows=(),
             rir_groups=args.rir_groups,
             rir_group_size=args.rir_group_size,
-            probe_epochs=args.epochs,
-            attack_epochs=tuple(sorted({1, args.epochs})),
             operators=tuple(args.operators),
             lora_ranks=tuple(args.lora_ranks),
+            schedule=replace(base.schedule, deep_max_epochs=args.max_epochs),
+            more_data_seeds=(),
         )
         roots = (r and str(r) for r in (args.dp_root, args.dh_root))
         opts = RunOptions(*roots, args.val_split, quiet=args.quiet)
-        data, ncp, nch = load_data(rc, opts, np.random.default_rng(args.seeds[0]))
-        if ncp != classes:
-            raise common.UsageError(
-                f"{args.dp_root or 'the demo digits 0-4'} hold {ncp} D_P classes, the "
-                f"models classify {classes}: D_P must be their task",
-                "--dp-root" if args.dp_root else "--model",
-            )
-        result = audit(model, ref, data, rc, args.seeds, opts, classes_h=nch)
+        say = (lambda *a, **k: None) if args.quiet else print
+        t0 = time.perf_counter()
+        per_seed = []
+        for seed in args.seeds:
+            sp_classes = audit_seed(model, ref, rc, seed, opts, say)
+            if sp_classes.classes[0] != classes:
+                raise common.UsageError(
+                    f"{args.dp_root or 'the demo digits 0-4'} hold {sp_classes.classes[0]} D_P "
+                    f"classes, the models classify {classes}: D_P must be their task",
+                    "--dp-root" if args.dp_root else "--model",
+                )
+            per_seed.append(sp_classes)
+        result = result_of(
+            rc, opts, args.seeds, per_seed, t0, rows=(Row("model", "audit", label="the model"),)
+        )
         result["inputs"] = {
             "model": str(Path(args.model).resolve()),
             "model_metadata": meta,

@@ -1,11 +1,18 @@
 """The deep-net experiment over seeds on pycore.deep (docs/findings.md §7; paper §5.2, Table 3,
-Fig. 3).
+Figure 3).
 
-Per seed: θ₀ (trained on D_P here, loaded, or pretrained), every method (at each balance of a
-sweep) immunizing a copy, and every row -- θ₀ included, each also hardened as ``"<row>+<kind>"`` --
-measured: D_P top-1, RIR_θ₀ with (i) and (ii), Definition 3.1, the attackers. Everything random is
-seeded from
-the seed, torch runs deterministic algorithms: one seed and thread count give one set of digits."""
+Per seed: the images split so that the attacker's are disjoint from every image the defense saw
+(:class:`Sizes`); θ₀ (trained on D_P here, loaded, or pretrained); θ₀'s budget for every operator
+(:mod:`pycore.deep.slowdown`); then every row of the configuration immunizes a copy of θ₀ and is
+measured: D_P top-1; (i), (ii), RIR_θ₀ and Definition 3.1 on the defense's rows (exact κ's) and by
+the paper's groups; the GD probe curve of Figure 3 on the attacker's images; every operator's
+slowdown under θ₀'s budget; full fine-tuning on fresh D_P images (the deep (ii),
+``dp_finetune``); and, on the seeds asked, the operators again with several times the attacker's
+images. Everything random is seeded from the seed, torch runs deterministic algorithms: one seed
+and thread count give one set of digits.
+
+The measurements are frozen dataclasses (:class:`RowResult`, :class:`SeedResult`,
+:class:`RowSummary`) with ``to_dict()``; results.json is their JSON."""
 
 from __future__ import annotations
 
@@ -14,8 +21,6 @@ import io
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from functools import reduce
-from operator import getitem
 
 import numpy as np
 import torch
@@ -23,23 +28,13 @@ import torch.nn.functional as F
 from torch.utils.data import Subset, TensorDataset
 
 from pycore.deep import (
-    DEEP_METHODS,
     DeepOptions,
+    GroupedRIR,
     ImmunizedNet,
     NonFiniteLossError,
     create_model,
-    harden,
     immunize_in_place,
     load_model,
-)
-from pycore.deep.attacks import linear_probe_curve
-from pycore.deep.operators import (
-    LORA_RANKS,
-    OPERATORS,
-    AttackData,
-    OperatorCurve,
-    compare,
-    run_operators,
 )
 from pycore.deep.data import (
     DataError,
@@ -47,44 +42,95 @@ from pycore.deep.data import (
     dataset_labels,
     fetch,
     image_folder,
-    mnist_demo_tasks,
+    mnist_digits,
 )
 from pycore.deep.distributed import barrier, broadcast_module, init_from_env
 from pycore.deep.features import extract, prelogits_dataset
 from pycore.deep.layer import attainability
+from pycore.deep.models import tail_modules
+from pycore.deep.operators import (
+    LORA_RANKS,
+    OPERATORS,
+    AttackData,
+    AuditResult,
+    Schedule,
+    audit_result,
+    budgets,
+    retrain_scope,
+    slowdowns,
+)
+from pycore.deep.probes import linear_probe_curve
+from pycore.deep.slowdown import SLOWDOWN_CAP, Budget, Slowdown
 from pycore.evaluate import chance_accuracy, immunized_def31
 from pycore.metrics import feature_rir, grouped_feature_rir
+from pycore.options import Options
 from pycore.report import environment, summarize
 from pycore.spectral import gram_spectrum
 from pycore.threads import bounded_blas
 
 
+@dataclass(frozen=True)
+class Row:
+    """One immunization of every seed: its key in the results, the method and its options (the
+    method's own option set: :class:`~pycore.deep.DeepOptions`, or
+    :class:`~pycore.deep.simulated.SimulatedOptions`), and how tables label it."""
+
+    name: str
+    method: str
+    options: Options = field(default_factory=DeepOptions)
+    label: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "method": self.method,
+            "options": self.options.to_dict(),
+            "label": self.label,
+        }
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Images per split. ``defense``: per task, the images θ₀ trains on (D_P) and the defense
+    immunizes with; ``dp_val``: D_P's validation images (D_P top-1); the attacker's D_H splits
+    (``attack_*``, disjoint from the defense's) and, with ``dp_attack``, the same three splits of
+    fresh D_P images for the D_P fine-tuning check; ``more_data``: the second attacker's training
+    images as a multiple of ``attack_train`` (1: none)."""
+
+    defense: int = 960
+    dp_val: int = 250
+    attack_train: int = 256
+    attack_val: int = 256
+    attack_test: int = 256
+    more_data: int = 4
+    dp_attack: bool = True
+
+
 @dataclass
 class RunConfig:
-    """One experiment: the timm model, the data, the immunization options and the evaluation
-    sizes."""
+    """One experiment: the timm model, the data, the rows and the evaluation sizes."""
 
     name: str
     model: str  # a timm model name
     data: str  # "folders" | "mnist"
-    options: DeepOptions = field(default_factory=DeepOptions)
+    rows: tuple = ()
     model_kwargs: dict = field(default_factory=dict)
-    methods: tuple = DEEP_METHODS
-    sweep: tuple = ()  # (b, b_ill or None) balances: one row per method and point
     theta0_epochs: int = 0  # θ₀ trained here on D_P (no checkpoint, not pretrained)
     theta0_lr: float = 1e-3
-    per_digit: "int | None" = None  # MNIST demo: images per digit
+    sizes: Sizes = field(default_factory=Sizes)
     rir_groups: int = 20
     rir_group_size: int = 100
-    rir_pool: "int | None" = None  # samples per task the RIR groups are drawn from
-    probe_epochs: int = 50
+    probe_epochs: int = 60
     eval_batch: int = 256
-    attack_epochs: tuple = (1, 5)
-    operators: tuple = OPERATORS  # pycore.deep.operators, each tuned on the attacker's val split
+    operators: tuple = OPERATORS  # pycore.deep.operators, each under θ₀'s budget
     lora_ranks: tuple = LORA_RANKS
-    attack_train: "int | None" = 256  # D_H training images of every operator
-    attack_val: int = 128  # further D_H training images: the attacker's validation split
-    attack_test: "int | None" = None  # D_H test images the operators are scored on (None: all)
+    schedule: Schedule = field(default_factory=Schedule)
+    more_data_seeds: tuple = (0,)  # the seeds the attacker with more images is run on
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["rows"] = [r.to_dict() for r in self.rows]
+        return out
 
 
 @dataclass
@@ -154,23 +200,6 @@ def train_classifier(
     net.eval().requires_grad_(False)
 
 
-def load_data(rc: RunConfig, opts: RunOptions, rng) -> tuple[dict, int, int]:
-    """The images by split (p_train, p_val, h_train, h_test), decoded for the model, and the
-    class counts."""
-    probe = create_model(rc.model, 1, seed=0, **rc.model_kwargs)  # its data config only
-    if rc.data == "mnist":
-        return mnist_demo_tasks(rng, probe, per_digit=rc.per_digit), 5, 5
-    sets = {
-        f"{t}_{s}": image_folder(root, split, probe)
-        for t, root in (("p", opts.dp_root), ("h", opts.dh_root))
-        for s, split in (("train", "train"), ("val" if t == "p" else "test", opts.val_split))
-    }
-    for root, tr, va in ((opts.dp_root, "p_train", "p_val"), (opts.dh_root, "h_train", "h_test")):
-        if sets[tr].classes != sets[va].classes:
-            raise DataError(f"{root}: train/ and {opts.val_split}/ hold different class folders")
-    return sets, len(sets["p_train"].classes), len(sets["h_train"].classes)
-
-
 def _take(ds, idx: np.ndarray):
     """Rows ``idx`` of ``ds``: a TensorDataset of them, or a Subset of an image folder."""
     if isinstance(ds, TensorDataset):
@@ -178,13 +207,79 @@ def _take(ds, idx: np.ndarray):
     return Subset(ds, idx.tolist())
 
 
-def _subset(ds, n, rng):
-    if n is None or n >= len(ds):
-        return ds
-    idx = np.sort(rng.choice(len(ds), size=n, replace=False))
-    if isinstance(ds, TensorDataset):
-        return TensorDataset(*(t[torch.from_numpy(idx)] for t in ds.tensors))
-    return Subset(ds, idx.tolist())
+def _parts(ds, sizes: list[int], rng, name: str) -> list:
+    """Consecutive parts of one seeded permutation of ``ds`` with ``sizes`` images each."""
+    need = sum(sizes)
+    if need > len(ds):
+        raise DataError(
+            f"{name} has {len(ds)} images; this configuration's splits need {need} "
+            f"({' + '.join(map(str, sizes))})"
+        )
+    perm = rng.permutation(len(ds))
+    cuts = np.cumsum([0, *sizes])
+    return [_take(ds, np.sort(perm[a:b])) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+@dataclass(frozen=True)
+class Splits:
+    """One seed's images: θ₀'s and the defense's (``p_train``, ``h_train``), D_P's validation
+    split, the attacker's D_H data (and with more images), fresh D_P data to fine-tune on."""
+
+    p_train: object
+    p_val: object
+    h_train: object
+    attack: AttackData
+    attack_more: "AttackData | None"
+    dp_attack: "AttackData | None"
+    classes: tuple
+
+
+def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
+    """The images of every split (:class:`Sizes`), decoded for the model: MNIST digits 0-4 (D_P)
+    and 5-9 (D_H), or the ImageFolder roots (D_H's ``val`` split is the attacker's test split)."""
+    probe = create_model(rc.model, 1, seed=0, **rc.model_kwargs)  # its data config only
+    z = rc.sizes
+    more = z.attack_train * max(z.more_data, 1)
+    dp_sizes = [
+        z.defense,
+        z.dp_val,
+        *([z.attack_train, z.attack_val, z.attack_test] * z.dp_attack),
+    ]
+    if rc.data == "mnist":
+        p_all, h_all = mnist_digits(probe, (0, 1, 2, 3, 4)), mnist_digits(probe, (5, 6, 7, 8, 9))
+        h_sizes = [z.defense, more, z.attack_val, z.attack_test]
+        ncp = nch = 5
+        h_test = None
+    else:
+        sets = {
+            f"{t}_{s}": image_folder(root, split, probe)
+            for t, root in (("p", opts.dp_root), ("h", opts.dh_root))
+            for s, split in (("train", "train"), ("val", opts.val_split))
+        }
+        for root, tr, va in (
+            (opts.dp_root, "p_train", "p_val"),
+            (opts.dh_root, "h_train", "h_val"),
+        ):
+            if sets[tr].classes != sets[va].classes:
+                raise DataError(
+                    f"{root}: train/ and {opts.val_split}/ hold different class folders"
+                )
+        p_all, h_all, h_test = sets["p_train"], sets["h_train"], sets["h_val"]
+        h_sizes = [z.defense, more, z.attack_val]
+        ncp, nch = len(sets["p_train"].classes), len(sets["h_train"].classes)
+    p = _parts(p_all, dp_sizes, np.random.default_rng([seed, 1]), "D_P")
+    h = _parts(h_all, h_sizes, np.random.default_rng([seed, 2]), "D_H")
+    if h_test is None:
+        h_test = h[3]
+    elif len(h_test) > z.attack_test:
+        h_test = _parts(h_test, [z.attack_test], np.random.default_rng([seed, 3]), "D_H test")[0]
+    more_train = h[1]  # the attacker with more images has these; the other a seeded part
+    pick = np.random.default_rng([seed, 4]).permutation(len(more_train))[: z.attack_train]
+    attack_train = _take(more_train, np.sort(pick))
+    attack = AttackData(attack_train, h[2], h_test, nch)
+    attack_more = AttackData(more_train, h[2], h_test, nch) if z.more_data > 1 else None
+    dp_attack = AttackData(p[2], p[3], p[4], ncp) if z.dp_attack else None
+    return Splits(p[0], p[1], h[0], attack, attack_more, dp_attack, (ncp, nch))
 
 
 def spectrum_spread(Z, Z_ref, *, rng, groups: int, group_size: int) -> dict:
@@ -204,162 +299,204 @@ def spectrum_spread(Z, Z_ref, *, rng, groups: int, group_size: int) -> dict:
     return {"top": float(top), "bottom": float(bottom)}
 
 
+@dataclass(frozen=True)
+class RowResult:
+    """One row of one seed (module docstring): D_P top-1 (%); (i), (ii), RIR_θ₀ on the defense's
+    rows and by the paper's groups, Definition 3.1 on each; where (i) comes from; the GD probe's
+    D_H test accuracy per epoch (Figure 3); the operators under θ₀'s budget (``audit``), full
+    fine-tuning on fresh D_P images (``dp_finetune``), the operators with more images
+    (``more_data``); how training went."""
+
+    row: str
+    method: str
+    dp_top1: float
+    harmful_ratio: float
+    pretrain_ratio: float
+    rir: float
+    grouped: GroupedRIR
+    immunized: bool
+    harmful_spread: dict
+    probe: tuple
+    audit: "AuditResult | None" = None
+    dp_finetune: "Slowdown | None" = None
+    more_data: "AuditResult | None" = None
+    train: dict = field(default_factory=dict)
+    retrain_scope: "tuple | None" = None
+    extractor: "str | None" = None
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["grouped"] = {**asdict(self.grouped), "immunized": self.grouped.immunized}
+        out["immunized_groups"] = self.grouped.immunized
+        for k in ("audit", "more_data", "dp_finetune"):
+            out[k] = None if getattr(self, k) is None else getattr(self, k).to_dict()
+        out["operators"] = out["audit"]["operators"] if out["audit"] else {}
+        return out
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    """One seed: θ₀'s own row and its budgets (D_H, D_P fine-tuning, more images), every row,
+    the rows that failed, what any θ of the layer can do on θ₀'s features, the classes, chance on
+    D_P, and the seconds per phase."""
+
+    seed: int
+    theta0: RowResult
+    budgets: dict
+    dp_budget: "Budget | None"
+    more_budgets: "dict | None"
+    rows: dict
+    errors: dict
+    attainability: dict
+    classes: tuple
+    dp_chance: float
+    phase_seconds: dict
+
+    def to_dict(self) -> dict:
+        return _chosen_traces(
+            {
+                "seed": self.seed,
+                "theta0": self.theta0.to_dict(),
+                "budgets": {k: b.to_dict() for k, b in self.budgets.items()},
+                "dp_budget": self.dp_budget and self.dp_budget.to_dict(),
+                "more_budgets": self.more_budgets
+                and {k: b.to_dict() for k, b in self.more_budgets.items()},
+                "rows": {k: r.to_dict() for k, r in self.rows.items()},
+                "errors": self.errors,
+                "attainability": self.attainability,
+                "classes": list(self.classes),
+                "dp_chance": self.dp_chance,
+                "phase_seconds": self.phase_seconds,
+            }
+        )
+
+
+def _chosen_traces(d):
+    """``d`` with every budget's and slowdown's traces cut to the setting it chose (results.json
+    keeps the curve each number was read from, not every setting's)."""
+    if isinstance(d, dict):
+        out = {k: _chosen_traces(v) for k, v in d.items()}
+        if "traces" in out and isinstance(out["traces"], (list, tuple)) and "setting" in out:
+            out["traces"] = [t for t in out["traces"] if t["label"] == out["setting"]]
+        return out
+    if isinstance(d, (list, tuple)):
+        return [_chosen_traces(v) for v in d]
+    return d
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What every row of a seed is measured against: the defense's pools and θ₀'s features of
+    them, D_P's validation split, the attacker's data, θ₀'s budgets."""
+
+    pools: dict
+    reference: dict
+    splits: Splits
+    budgets: dict
+    dp_budget: "Budget | None"
+    more_budgets: "dict | None"
+    rc: RunConfig
+    seed: int
+
+
 @bounded_blas
-def evaluate_extractor(
-    model,
-    ref: dict,
-    ev: dict,
-    rc: RunConfig,
-    seed: int,
-    phase,
-    *,
-    operators: bool = True,
-    name: "str | None" = None,
-) -> dict:
-    """D_P top-1, (i), (ii) and RIR_θ₀ against θ₀'s features ``ref`` on the whole pools (exact
-    κ's: the linear problem the layer is) and by the paper's groups, Definition 3.1 on each, the
-    probe curve of Figure 3 and every operator of :mod:`pycore.deep.operators` (with ``operators
-    = False`` the row has ``"operator_features"`` instead: :func:`row_operators` adds them).
-    ``name``: the argument that gave ``model``, named by a non-finite feature's error."""
+def measure(model, ev: Evaluation, row: Row, phase, *, audit: bool = True, name=None) -> RowResult:
+    """Every number of one row (:class:`RowResult`) for ``model`` against θ₀ (``ev``); ``name``:
+    the argument a non-finite feature's error names (``model``)."""
+    rc, seed, sp = ev.rc, ev.seed, ev.splits
     with phase("features_rir"):
         f = {
-            k: extract(
-                model,
-                d,
-                cached=ev["cached"],
-                batch_size=rc.eval_batch,
-                data_name=k,
-                model_name=name,
-            )
-            for k, d in ev["sets"].items()
+            k: extract(model, d, batch_size=rc.eval_batch, data_name=k, model_name=name)
+            for k, d in ev.pools.items()
         }
         head = model.classifier
         with torch.no_grad():
-            logits = head(
-                torch.from_numpy(f["p_val"]).to(head.weight.device, head.weight.dtype)
-            ).cpu()
-        acc = 100.0 * float((logits.argmax(1).numpy() == ev["y"]["p_val"]).mean())
-        hp, kw = ev["h_pool_idx"], {"groups": rc.rir_groups, "group_size": rc.rir_group_size}
-        pools = (f["p_pool"], f["h_train"][hp], ref["p_pool"], ref["h_train"][hp])
+            X = torch.from_numpy(f["p_val"]).to(head.weight.device, head.weight.dtype)
+            logits = head(X).cpu()
+        y_val = dataset_labels(sp.p_val)
+        acc = 100.0 * float((logits.argmax(1).numpy() == y_val).mean())
+        ref = ev.reference
+        pools = (f["p_train"], f["h_train"], ref["p_train"], ref["h_train"])
         r = feature_rir(*pools)
-        rir = {
-            "value": r.value,
-            "harmful_ratio": r.harmful_ratio,
-            "pretrain_ratio": r.pretrain_ratio,
-        }
-        groups = grouped_feature_rir(*pools, rng=np.random.default_rng([seed, 17]), **kw)
+        kw = {"groups": rc.rir_groups, "group_size": rc.rir_group_size}
+        g = grouped_feature_rir(*pools, rng=np.random.default_rng([seed, 17]), **kw)
+        grouped = GroupedRIR(
+            g["harmful_ratio"]["mean"],
+            g["pretrain_ratio"]["mean"],
+            g["value"]["mean"],
+            g["groups"],
+            g["group_size"],
+        )
         spread = spectrum_spread(
-            f["h_train"][hp], ref["h_train"][hp], rng=np.random.default_rng([seed, 18]), **kw
+            f["h_train"], ref["h_train"], rng=np.random.default_rng([seed, 18]), **kw
         )
+    a = sp.attack
     with phase("probe_curve"):
+        Za = {
+            k: extract(model, getattr(a, k), batch_size=rc.eval_batch) for k in ("train", "test")
+        }
         curve = linear_probe_curve(
-            f["h_train"],
-            ev["y"]["h_train"],
-            f["h_test"],
-            ev["y"]["h_test"],
+            Za["train"],
+            dataset_labels(a.train),
+            Za["test"],
+            dataset_labels(a.test),
             epochs=rc.probe_epochs,
-            num_classes=ev["classes_h"],
+            num_classes=a.classes,
         ).test_accuracy
-    tr, va = ev["attack_idx"]
-    features = (f["h_train"][tr], f["h_train"][va], f["h_test"][ev["attack_test_idx"]])
-    row = {
-        "dp_top1": acc,
-        "rir": rir,
-        "rir_groups": groups,
-        "immunized": immunized_def31(r.harmful_ratio, r.pretrain_ratio),
-        "immunized_groups": immunized_def31(
-            groups["harmful_ratio"]["mean"], groups["pretrain_ratio"]["mean"]
-        ),
-        "harmful_spread": spread,
-        "probe": curve,
-        "probe_acc_epoch10": curve[min(10, len(curve) - 1)],
-        "probe_acc_last": curve[-1],
-    }
-    if not operators:
-        return {**row, "operator_features": features}
-    with phase("operators"):
-        return {**row, "operators": row_operators(model, ev["attack"], rc, seed, features)}
-
-
-def row_operators(model, attack: AttackData, rc: RunConfig, seed: int, features) -> dict:
-    """Every operator of ``rc`` against ``model`` (:func:`pycore.deep.operators.run_operators`),
-    as a row stores them."""
-    ops = run_operators(
-        model,
-        attack,
-        rc.operators,
-        epochs=rc.attack_epochs,
-        lora_ranks=rc.lora_ranks,
-        seed=seed,
-        features=features,
+    out = RowResult(
+        row.name,
+        row.method,
+        acc,
+        r.harmful_ratio,
+        r.pretrain_ratio,
+        r.value,
+        grouped,
+        immunized_def31(r.harmful_ratio, r.pretrain_ratio),
+        spread,
+        tuple(curve),
     )
-    return {k: v.to_dict() for k, v in ops.items()}
+    return attack_row(model, ev, out, phase) if audit else out
 
 
-def eval_sets(data: dict, images: dict, cached: bool, rc: RunConfig, seed: int, nch: int) -> dict:
-    """The RIR pools (D_P training rows; D_H indices into the probe's training rows), D_P
-    validation, D_H train/test with labels, and the operators' D_H images (train, validation,
-    test) with their row indices."""
-    rng = np.random.default_rng([seed, 3])
-    n_h = len(data["h_train"]) if rc.rir_pool is None else min(rc.rir_pool, len(data["h_train"]))
-    ev = {
-        "sets": {
-            "p_pool": _subset(data["p_train"], rc.rir_pool, rng),
-            "p_val": data["p_val"],
-            "h_train": data["h_train"],
-            "h_test": data["h_test"],
-        },
-        "h_pool_idx": np.sort(rng.choice(len(data["h_train"]), size=n_h, replace=False)),
-        "classes_h": nch,
-        "cached": cached,
-    }
-    # the attacker's images: train and validation rows of D_H's training split, the test split
-    # (a D_H of fewer images: a quarter for validation, the rest to train on)
-    perm = np.random.default_rng([seed, 5]).permutation(len(data["h_train"]))
-    n_va = min(rc.attack_val, len(perm) // 4)
-    n_tr = min(len(perm) - n_va, rc.attack_train or len(perm))
-    if n_va < 1 or n_tr < 2:
-        raise DataError(
-            f"D_H has {len(perm)} training images; the operators need at least 2 to train on "
-            "and 1 to validate on"
-        )
-    tr, va = np.sort(perm[:n_tr]), np.sort(perm[n_tr : n_tr + n_va])
-    n_te = len(data["h_test"])
-    te = np.sort(np.random.default_rng([seed, 6]).permutation(n_te)[: rc.attack_test or n_te])
-    img = images["h_train"]
-    ev["attack_idx"], ev["attack_test_idx"] = (tr, va), te
-    ev["attack"] = AttackData(_take(img, tr), _take(img, va), _take(images["h_test"], te), nch)
-    ev["y"] = {k: dataset_labels(ev["sets"][k]) for k in ("p_val", "h_train", "h_test")}
-    return ev
+def attack_row(model, ev: Evaluation, result: RowResult, phase) -> RowResult:
+    """``result`` with every operator's slowdown under θ₀'s budgets (:mod:`pycore.deep.slowdown`),
+    the D_P fine-tuning check and, where θ₀ has them, the budgets with more images; the retrain
+    re-initialises ``result.retrain_scope``."""
+    rc, seed, sp = ev.rc, ev.seed, ev.splits
+    scope = result.retrain_scope
+    kw = dict(seed=seed, schedule=rc.schedule, scope=scope)
+    with phase("operators"):
+        audit = audit_result(slowdowns(model, sp.attack, _with_retrain(ev, scope), **kw))
+    dp = more = None
+    if ev.dp_budget is not None:
+        with phase("dp_finetune"):
+            dp = slowdowns(model, sp.dp_attack, {"finetune_full": ev.dp_budget}, **kw)
+            dp = dp["finetune_full"]
+    if ev.more_budgets is not None:
+        with phase("more_data"):
+            more = audit_result(slowdowns(model, sp.attack_more, ev.more_budgets, **kw))
+    return replace(result, audit=audit, dp_finetune=dp, more_data=more)
 
 
-def _variants(rc: RunConfig) -> list[tuple[str, str, DeepOptions]]:
-    """(row, method, options) of every immunization of a seed: each method, at each sweep point
-    (the balance b of the paper's loop, ``rule="sgd"``)."""
-    if not rc.sweep:
-        return [(m, m, rc.options) for m in rc.methods]
-    return [
-        (
-            f"{m}@{b:g}" + ("" if bi is None else f"/{bi:g}"),
-            m,
-            replace(rc.options, balance=b, balance_ill=bi, rule="sgd"),
-        )
-        for m in rc.methods
-        for b, bi in rc.sweep
-    ]
+def _with_retrain(ev: Evaluation, scope) -> dict:
+    """θ₀'s budgets with the retrain's of ``scope`` (when there is one) under ``retrain_tail``."""
+    out = {k: v for k, v in ev.budgets.items() if not k.startswith("retrain_tail")}
+    if scope is not None and _retrain_key(scope) in ev.budgets:
+        out["retrain_tail"] = ev.budgets[_retrain_key(scope)]
+    return out
 
 
-def run_seed(
-    rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=None, *, defer=None
-) -> "dict | None":
-    """θ₀, every immunization and every measurement of one seed; rank 0 returns the rows.  With a
-    list ``defer`` the operators are not run: each row appends its :class:`OperatorJob` to it
-    and the caller runs them (:func:`run_operator_job`) and completes the seed
-    (:func:`complete_seed`)."""
-    seconds, rng = {}, np.random.default_rng(seed)
-    phase = clock(seconds)
+def _retrain_key(scope: tuple) -> str:
+    return "retrain_tail:" + ",".join(scope)
+
+
+def seed_setup(rc: RunConfig, seed: int, opts: RunOptions, ctx, phase, say):
+    """θ₀ and its :class:`Evaluation` for one seed: the splits, θ₀ (trained, loaded or
+    pretrained), then :func:`evaluation`, with the retrain budgets of the scopes ``rc``'s rows
+    may change. Returns ``(θ₀, evaluation, θ₀'s row, attainability)``."""
     torch.manual_seed(seed)
-    images, ncp, nch = load_data(rc, opts, rng)
+    sp = load_splits(rc, opts, seed)
+    ncp = sp.classes[0]
     if opts.checkpoint:
         net, _ = load_model(opts.checkpoint, rc.model, **rc.model_kwargs)
         if net.classifier.out_features != ncp:
@@ -373,7 +510,7 @@ def run_seed(
             if ctx.is_main:
                 train_classifier(
                     net,
-                    images["p_train"],
+                    sp.p_train,
                     epochs=rc.theta0_epochs,
                     lr=rc.theta0_lr,
                     seed=seed,
@@ -382,162 +519,210 @@ def run_seed(
             broadcast_module(net)
     theta0 = net if isinstance(net, ImmunizedNet) else ImmunizedNet(net)
     theta0.to(ctx.device).eval().requires_grad_(False)
-    cached, kind = rc.options.scope == "layer", rc.options.harden
-    with phase("cache"):
-        data = {
-            k: prelogits_dataset(theta0, d, batch_size=rc.eval_batch) if cached else d
-            for k, d in images.items()
-        }
-    ev = eval_sets(data, images, cached, rc, seed, nch)
-    ref = {
-        k: extract(theta0, d, cached=cached, batch_size=rc.eval_batch)
-        for k, d in ev["sets"].items()
+    scopes = {s for s in (_planned_scope(r, theta0) for r in rc.rows) if s}
+    ev, row0, reach = evaluation(theta0, sp, rc, seed, phase, say, scopes)
+    return theta0, ev, row0, reach
+
+
+def evaluation(theta0, sp: Splits, rc: RunConfig, seed: int, phase, say, scopes=(), name=None):
+    """What every row of a seed is measured against (:class:`Evaluation`): θ₀'s features of the
+    defense's pools, what any θ of the layer can do on them, θ₀'s budget of every operator (a
+    retrain for each of ``scopes``), of D_P fine-tuning and, on the seeds asked, with more
+    images; θ₀'s own row (``name``: the argument a non-finite feature's error names). Returns
+    ``(evaluation, θ₀'s row, attainability)``."""
+    pools = {"p_train": sp.p_train, "h_train": sp.h_train, "p_val": sp.p_val}
+    reference = {
+        k: extract(theta0, d, batch_size=rc.eval_batch, data_name=k, model_name=name)
+        for k, d in pools.items()
     }
-    rows, errors = {}, {}
     ceiling, window, why = attainability(
-        ref["p_pool"], ref["h_train"][ev["h_pool_idx"]], precision=theta0.layer.weight.dtype
+        reference["p_train"], reference["h_train"], precision=theta0.layer.weight.dtype
     )
     reach = {"ceiling": ceiling, "window": window and window.to_dict(), "why": why}
+    kw = dict(seed=seed, schedule=rc.schedule, lora_ranks=rc.lora_ranks)
+    say(f"[{rc.name} seed {seed}] θ₀'s budgets")
+    with phase("budgets"):
+        ops = [o for o in rc.operators if o != "retrain_tail"]
+        b = budgets(theta0, sp.attack, ops, **kw)
+        if "retrain_tail" in rc.operators:
+            upper = tuple(_names(theta0.net, tail_modules(theta0.net, 1)))
+            for scope in sorted(scopes):
+                # fine-tuning θ₀'s last stage is the retrain's reference when that is its scope
+                b[_retrain_key(scope)] = (
+                    replace(b["finetune_upper"], operator="retrain_tail")
+                    if scope == upper and "finetune_upper" in b
+                    else budgets(theta0, sp.attack, ("retrain_tail",), scope=scope, **kw)[
+                        "retrain_tail"
+                    ]
+                )
+        dp_b = (
+            budgets(theta0, sp.dp_attack, ("finetune_full",), **kw)["finetune_full"]
+            if sp.dp_attack is not None
+            else None
+        )
+        more = (
+            budgets(theta0, sp.attack_more, ops, **kw)
+            if sp.attack_more is not None and seed in rc.more_data_seeds
+            else None
+        )
+    ev = Evaluation(pools, reference, sp, b, dp_b, more, rc, seed)
+    row0 = measure(theta0, ev, Row("init", "init"), phase, audit=False)
+    return ev, row0, reach
 
-    blob = None  # θ₀ saved once for every deferred row
 
-    def measure(row, model):
-        nonlocal blob
-        variants = {row: (model, None)}
-        if kind != "none":
-            h = copy.deepcopy(model)
-            info = harden(
+def _names(net, modules) -> list[str]:
+    names = {id(m): n for n, m in net.named_modules()}
+    return [names[id(m)] for m in modules]
+
+
+def _planned_scope(row: Row, theta0) -> "tuple | None":
+    """The modules a row's method may change, known from its options before it runs (for θ₀'s
+    retrain budgets): the tail stages and whatever follows them, or the whole backbone."""
+    o = row.options
+    scope = getattr(o, "scope", "layer")
+    if scope == "layer":
+        return None
+    net = theta0.net
+    if scope == "backbone":
+        head = net.get_classifier()
+        return tuple(n for n, m in net.named_children() if m is not head)
+    return tuple(_names(net, tail_modules(net, o.stages)))
+
+
+def immunize_row(theta0, ev: Evaluation, row: Row, ctx, phase, say, on_extractor=None):
+    """Immunize a copy of θ₀ by ``row`` and measure it: ``(RowResult or None, error or None,
+    the model)``."""
+    rc, seed, sp = ev.rc, ev.seed, ev.splits
+    model = copy.deepcopy(theta0)
+    o = row.options
+    cached = getattr(o, "scope", None) == "layer"
+    p, h = sp.p_train, sp.h_train
+    if cached:
+        p, h = (prelogits_dataset(theta0, d, batch_size=rc.eval_batch) for d in (p, h))
+    try:
+        with phase("immunize"):
+            res = immunize_in_place(
+                model,
+                p,
                 h,
-                data["h_train"],
-                kind,
-                num_classes=nch,
-                rng=np.random.default_rng([seed, 99]),
-                scale=rc.options.harden_scale,
+                row.method,
+                o,
+                seed=seed,
+                num_classes_h=sp.classes[1],
                 cached=cached,
-                batch_size=rc.eval_batch,
+                device=ctx.device,
+                rank=ctx.rank,
+                world=ctx.world,
+                ddp=ctx.world > 1,
             )
-            variants[f"{row}+{kind}"] = (h, info)
-        for key, (m, hardening) in variants.items():
-            rows[key] = {
-                **evaluate_extractor(m, ref, ev, rc, seed, phase, operators=defer is None),
-                "hardening": hardening,
-            }
-            if defer is not None:
-                blob = blob or _saved(theta0)
-                changed = _changed(m, theta0)
-                defer.append(
-                    OperatorJob(
-                        rc,
-                        seed,
-                        key,
-                        blob if changed is not None else _saved(m),
-                        changed or {},
-                        ev["attack"],
-                        rows[key].pop("operator_features"),
-                    )
-                )
-            if on_extractor and (path := on_extractor(m, key, seed, "immunized")):
-                rows[key]["extractor"] = path
-            r = rows[key]["rir"]
-            say(
-                f"[{rc.name} seed {seed}] {key:24s} RIR_θ₀ {r['value']:.4g}  (i) "
-                f"{r['harmful_ratio']:.4g}  (ii) {r['pretrain_ratio']:.4g}  D_P top-1 "
-                f"{rows[key]['dp_top1']:.2f}%"
-            )
-
-    if ctx.is_main:
-        measure("init", theta0)
-    for row, method, o in _variants(rc):
-        model = copy.deepcopy(theta0)
-        try:
-            with phase("immunize"):
-                res = immunize_in_place(
-                    model,
-                    data["p_train"],
-                    data["h_train"],
-                    method,
-                    replace(o, harden="none"),
-                    seed=seed,
-                    num_classes_h=nch,
-                    cached=cached,
-                    device=ctx.device,
-                    rank=ctx.rank,
-                    world=ctx.world,
-                    ddp=ctx.world > 1,
-                    progress=not opts.quiet,
-                )
-        except NonFiniteLossError as exc:
-            say(f"[{rc.name} seed {seed}] {exc}")
-            path = (
-                on_extractor(model, row, seed, "last_good")
-                if on_extractor and ctx.is_main
-                else None
-            )
-            errors[row] = {
-                "message": str(exc),
-                "step": exc.step,
-                "checkpoint": path,
-                "parameter": exc.parameter,
-            }
-            continue
-        if ctx.is_main:
-            measure(row, model)
-            for key in (row, f"{row}+{kind}"):
-                if key in rows:
-                    rows[key]["train"] = {
-                        "steps": res.steps,
-                        "lambdas": res.lambdas,
-                        "reason": res.stopped,
-                    }
-    barrier()
-    result = (
-        {
-            "seed": seed,
-            "rows": rows,
-            "errors": errors,
-            "phase_seconds": seconds,
-            "classes": [ncp, nch],
-            "attainability": reach,
-            # D_P's majority class share (%): the accuracy of a θ₀ that learned nothing
-            "dp_chance": chance_accuracy(ev["y"]["p_val"]),
+    except NonFiniteLossError as exc:
+        say(f"[{rc.name} seed {seed}] {row.name}: {exc}")
+        path = on_extractor(model, row.name, seed, "last_good") if on_extractor else None
+        error = {
+            "message": str(exc),
+            "step": exc.step,
+            "checkpoint": path,
+            "parameter": exc.parameter,
         }
-        if ctx.is_main
-        else None
+        return None, error, model
+    if not ctx.is_main:
+        return None, None, model
+    # the retrain re-initialises every module the row's method may change (a change outside
+    # them would be a bug of the method: refused here)
+    scope = _planned_scope(row, theta0)
+    changed = retrain_scope(model, theta0)
+    if changed is not None and not set(changed) <= set(scope or ()):
+        raise RuntimeError(f"{row.name} changed {changed}, outside its scope {scope}")
+    result = measure(model, ev, row, phase, audit=False)
+    train = {
+        "steps": res.steps,
+        "lambdas": res.lambdas,
+        "reason": res.stopped,
+        "seconds": res.wall_seconds,
+        "hardening": res.hardening,
+    }
+    result = replace(result, train=train, retrain_scope=scope)
+    if on_extractor and (path := on_extractor(model, row.name, seed, "immunized")):
+        result = replace(result, extractor=path)
+    say(
+        f"[{rc.name} seed {seed}] {row.name:18s} (i) {result.harmful_ratio:.4g}  (ii) "
+        f"{result.pretrain_ratio:.4g}  D_P top-1 {result.dp_top1:.2f}%"
     )
-    return result if defer is not None or result is None else complete_seed(result)
+    return result, None, model
 
 
-def complete_seed(result: dict) -> dict:
-    """The seed's audits, once every row has its operators: each operator against the same
-    operator on θ₀."""
-    rows = result["rows"]
-    if "init" in rows:
-        ref_ops = _curves(rows["init"])
-        for r in rows.values():
-            r["audit"] = compare(_curves(r), ref_ops).to_dict()
-    return result
+def audit_seed(model, reference, rc: RunConfig, seed: int, opts: RunOptions, say) -> SeedResult:
+    """Any extractor ``model`` against a θ₀ ``reference`` (both ImmunizedNet) on the images of
+    ``rc`` for one seed: θ₀'s budgets, and the row ``"model"`` measured and attacked (a retrain
+    re-initialises what ``model`` changed)."""
+    seconds = {}
+    phase = clock(seconds)
+    torch.manual_seed(seed)
+    sp = load_splits(rc, opts, seed)
+    scope = retrain_scope(model, reference)
+    ev, row0, reach = evaluation(reference, sp, rc, seed, phase, say, {scope} if scope else ())
+    row = replace(
+        measure(model, ev, Row("model", "audit"), phase, audit=False), retrain_scope=scope
+    )
+    return seed_result(ev, row0, {"model": attack_row(model, ev, row, phase)}, {}, reach, seconds)
+
+
+def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=None):
+    """θ₀, its budgets, every row and every measurement of one seed, in this process (every
+    rank under torchrun: the ranks immunize together, rank 0 measures); rank 0 returns the
+    :class:`SeedResult`."""
+    seconds = {}
+    phase = clock(seconds)
+    theta0, ev, row0, reach = seed_setup(rc, seed, opts, ctx, phase, say)
+    rows, errors = {}, {}
+    for row in rc.rows:
+        result, error, model = immunize_row(theta0, ev, row, ctx, phase, say, on_extractor)
+        if error:
+            errors[row.name] = error
+        elif result is not None:
+            rows[row.name] = attack_row(model, ev, result, phase)
+    barrier()
+    if not ctx.is_main:
+        return None
+    return seed_result(ev, row0, rows, errors, reach, seconds)
+
+
+def seed_result(ev: Evaluation, row0, rows, errors, reach, seconds) -> SeedResult:
+    return SeedResult(
+        ev.seed,
+        row0,
+        ev.budgets,
+        ev.dp_budget,
+        ev.more_budgets,
+        rows,
+        errors,
+        reach,
+        ev.splits.classes,
+        chance_accuracy(dataset_labels(ev.splits.p_val)),
+        seconds,
+    )
+
+
+# --------------------------------------------------------------------------- worker processes
 
 
 @dataclass(frozen=True)
-class OperatorJob:
-    """One row's operators, to run in another process: a base model as ``torch.save``'s bytes (θ₀,
-    shared by the seed's rows and sent as bytes, not as shared-memory tensors; the row itself
-    when it differs from θ₀ in structure) and the row's tensors that differ from it (on the CPU),
-    the attacker's images and the row's features."""
+class RowJob:
+    """One row of one seed, to run in another process after its seed's θ₀ and budgets: θ₀ as
+    ``torch.save``'s bytes, the seed's :class:`Evaluation` (θ₀'s budgets included)."""
 
     rc: RunConfig
     seed: int
-    row: str
-    base: bytes
-    changed: dict
-    attack: AttackData
-    features: tuple
+    row: Row
+    theta0: bytes
+    evaluation: Evaluation
+    opts: RunOptions
+    device: str
+    threads: int
+    on_extractor: object = None
 
-    def model(self) -> torch.nn.Module:
-        """The row's model, bit for bit."""
-        m = torch.load(io.BytesIO(self.base), weights_only=False)
-        m.load_state_dict(self.changed, strict=False)
-        return m
+    def model(self):
+        return torch.load(io.BytesIO(self.theta0), weights_only=False)
 
 
 def _saved(model) -> bytes:
@@ -546,40 +731,98 @@ def _saved(model) -> bytes:
     return buf.getvalue()
 
 
-def _changed(model, theta0) -> "dict | None":
-    """The tensors of ``model`` that differ from ``theta0``'s, on the CPU (θ₀ plus these is
-    ``model``); None when the two differ in structure."""
-    mine, base = model.state_dict(), theta0.state_dict()
-    if (
-        type(model) is not type(theta0)
-        or mine.keys() != base.keys()
-        or any(v.shape != base[k].shape or v.dtype != base[k].dtype for k, v in mine.items())
-    ):
-        return None
-    return {k: v.detach().cpu().clone() for k, v in mine.items() if not torch.equal(v, base[k])}
+def _worker_torch(threads: int) -> None:
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def run_operator_job(job: OperatorJob) -> tuple[str, dict, dict]:
-    """``(row, its operators, {"wall", "cpu"} seconds)`` of :class:`OperatorJob` ``job``."""
+def _seed_job(job) -> tuple:
+    """θ₀ and its budgets of one (configuration, seed), its rows left to the pool: ``((seed,
+    θ₀'s row, attainability, budgets' seconds), [RowJob, ...])``."""
+    rc, seed, opts, device, threads, on_extractor = job
+    _worker_torch(threads)
+    say = (lambda *a, **k: None) if opts.quiet else print
     seconds = {}
-    with clock(seconds)("operators"):
-        ops = row_operators(job.model(), job.attack, job.rc, job.seed, job.features)
-    return job.row, ops, seconds["operators"]
+    ctx = init_from_env(device)
+    theta0, ev, row0, reach = seed_setup(rc, seed, opts, ctx, clock(seconds), say)
+    blob, light = _saved(theta0), replace(ev, splits=None)  # a worker loads the images again
+    jobs = [RowJob(rc, seed, r, blob, light, opts, device, threads, on_extractor) for r in rc.rows]
+    return (light, row0, reach, seconds), jobs
 
 
-def _curves(row: dict) -> dict:
-    """A measured row's operators as ``{name: OperatorCurve}``."""
-    return {
-        k: OperatorCurve(
-            **{
-                **v,
-                "epochs": tuple(v["epochs"]),
-                "test_accuracy": tuple(v["test_accuracy"]),
-                "grid": tuple(map(tuple, v["grid"])),
-            }
-        )
-        for k, v in row["operators"].items()
-    }
+def _row_job(job: RowJob) -> tuple:
+    """One row of a seed in a worker: ``(row name, RowResult or None, error or None, seconds)``."""
+    _worker_torch(job.threads)
+    say = (lambda *a, **k: None) if job.opts.quiet else print
+    seconds = {}
+    phase = clock(seconds)
+    theta0 = job.model()
+    ctx = init_from_env(job.device)
+    ev = replace(job.evaluation, splits=load_splits(job.rc, job.opts, job.seed))
+    result, error, model = immunize_row(theta0, ev, job.row, ctx, phase, say, job.on_extractor)
+    if result is not None:
+        result = attack_row(model, ev, result, phase)
+    return job.row.name, result, error, seconds
+
+
+def _add_seconds(total: dict, more: dict) -> dict:
+    for k, v in more.items():
+        t = total.setdefault(k, {"wall": 0.0, "cpu": 0.0})
+        t["wall"], t["cpu"] = t["wall"] + v["wall"], t["cpu"] + v["cpu"]
+    return total
+
+
+# --------------------------------------------------------------------------- over seeds
+
+
+@dataclass(frozen=True)
+class RowSummary:
+    """One row over the seeds that have it: each headline number's ``{mean, std, per_seed}``,
+    the Definition 3.1 counts, the GD probe curve, and per operator the slowdown per seed (with
+    its censoring and setting), its minimum over seeds and the deficit at θ₀'s budget; the worst
+    case over operators per seed (``worst_slowdown``) and its minimum; the D_P fine-tuning
+    slowdown per seed and its maximum; the same with more images."""
+
+    row: str
+    method: str
+    label: str
+    seeds: tuple
+    numbers: dict
+    immunized_count: int
+    immunized_groups_count: int
+    probe_curve: dict
+    operators: dict
+    worst_slowdown: dict
+    worst: dict
+    dp_finetune_slowdown: dict
+    more_data: dict
+    train: dict
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(self.numbers)
+        del out["numbers"]
+        return out
+
+
+# each headline number of a row: its attribute path on a RowResult
+HEADLINE = {
+    "rir_theta0": ("rir",),
+    "harmful_ratio": ("harmful_ratio",),
+    "pretrain_ratio": ("pretrain_ratio",),
+    "groups_rir_theta0": ("grouped", "rir"),
+    "groups_harmful_ratio": ("grouped", "harmful_ratio"),
+    "groups_pretrain_ratio": ("grouped", "pretrain_ratio"),
+    "dp_top1": ("dp_top1",),
+    "harmful_top_ratio": ("harmful_spread", "top"),
+    "harmful_bottom_ratio": ("harmful_spread", "bottom"),
+}
+
+
+def _get(obj, path):
+    for p in path:
+        obj = obj[p] if isinstance(obj, dict) else getattr(obj, p)
+    return obj
 
 
 def _curve(curves) -> dict:
@@ -587,69 +830,114 @@ def _curve(curves) -> dict:
     return {k: getattr(np, k)(a, 0).tolist() for k in ("mean", "std", "min", "max")}
 
 
-# Each headline number of a row: its path in a seed's row.
-HEADLINE = {
-    "rir_theta0": ("rir", "value"),
-    "harmful_ratio": ("rir", "harmful_ratio"),
-    "pretrain_ratio": ("rir", "pretrain_ratio"),
-    "groups_rir_theta0": ("rir_groups", "value", "mean"),
-    "groups_harmful_ratio": ("rir_groups", "harmful_ratio", "mean"),
-    "groups_pretrain_ratio": ("rir_groups", "pretrain_ratio", "mean"),
-    "dp_top1": ("dp_top1",),
-    "probe_acc_epoch10": ("probe_acc_epoch10",),
-    "probe_acc_last": ("probe_acc_last",),
-    "harmful_top_ratio": ("harmful_spread", "top"),
-    "harmful_bottom_ratio": ("harmful_spread", "bottom"),
-    "worst_deficit": ("audit", "worst_deficit"),
-    "worst_signed_rfd": ("audit", "worst_signed_rfd"),
-}
-# Per operator of a row's audit: each number's key in an OperatorComparison.
-OPERATOR_NUMBERS = ("mean_deficit", "signed_rfd", "rfd")
-
-
-def aggregate(per_seed: list[dict], order: list[str]) -> dict:
-    """Per row, over the seeds that have it: each headline number's ``{mean, std, per_seed}``, the
-    counts meeting Definition 3.1 (whole pools; the paper's groups), the probe curve, and per
-    operator the accuracy curves of model and θ₀ and the signed deficit, signed RFD and RFD;
-    the worst operator of each seed."""
-    rows = {}
-    for m in order:
-        runs = [s["rows"][m] for s in per_seed if m in s["rows"]]
-        if not runs:
-            continue
-        audits = [r["audit"]["operators"] for r in runs]
-        rows[m] = {
-            "seeds": [s["seed"] for s in per_seed if m in s["rows"]],
-            **{
-                k: summarize(reduce(getitem, path, r) for r in runs)
-                for k, path in HEADLINE.items()
-            },
-            "immunized_count": sum(bool(r["immunized"]) for r in runs),
-            "immunized_groups_count": sum(bool(r["immunized_groups"]) for r in runs),
-            "probe_curve": _curve([r["probe"] for r in runs]),
-            "worst": [r["audit"]["worst"] for r in runs],
-            "operators": {
-                op: {
-                    "epochs": audits[0][op]["epochs"],
-                    "model": _curve([a[op]["model"] for a in audits]),
-                    "reference": _curve([a[op]["reference"] for a in audits]),
-                    "best_so_far_model": _curve([a[op]["best_so_far_model"] for a in audits]),
-                    "settings": [a[op]["model_setting"] for a in audits],
-                    **{k: summarize(a[op][k] for a in audits) for k in OPERATOR_NUMBERS},
-                }
-                for op in audits[0]
-            },
+def _operators(audits: list) -> dict:
+    """Per operator over seeds: slowdown, censoring, setting, edge, deficit at B₀."""
+    if not audits or audits[0] is None:
+        return {}
+    names = [s.operator for s in audits[0].operators]
+    out = {}
+    for op in names:
+        per = [a[op] if any(s.operator == op for s in a.operators) else None for a in audits]
+        got = [s for s in per if s is not None]
+        out[op] = {
+            "slowdown": [s.slowdown if s else None for s in per],
+            "censored": [s.censored if s else None for s in per],
+            "setting": [s.setting if s else None for s in per],
+            "edge": [s.edge if s else None for s in per],
+            "min_slowdown": min(s.slowdown for s in got),
+            # a minimum that is a censored cap is a lower bound
+            "min_censored": min((s.slowdown, s.censored) for s in got)[1],
+            "deficit": summarize(s.deficit for s in got),
+            "test_at_budget": summarize(s.test_at_budget for s in got),
         }
-    return rows
+    return out
 
 
-def _result(rc: RunConfig, opts: RunOptions, seeds, per_seed, order, t0, **extra) -> dict:
+def _worst(audits: list) -> dict:
+    if not audits or audits[0] is None:
+        return {}
+    per = [a.worst_slowdown for a in audits]
+    return {
+        "per_seed": per,
+        "operator": [a.worst_slowdown_operator for a in audits],
+        "censored": [a.worst_slowdown_censored for a in audits],
+        "min": min(per),
+    }
+
+
+def summarize_row(row: Row, seeds: list, results: list, theta0s: list) -> RowSummary:
+    """:class:`RowSummary` of ``results`` (one :class:`RowResult` per seed of ``seeds``), θ₀'s
+    rows of the same seeds beside them."""
+    numbers = {k: summarize(_get(r, p) for r in results) for k, p in HEADLINE.items()}
+    numbers["dp_top1_delta"] = summarize(r.dp_top1 - t.dp_top1 for r, t in zip(results, theta0s))
+    for e in (10, len(results[0].probe) - 1):
+        e = min(e, len(results[0].probe) - 1)
+        numbers[f"probe_epoch{e}"] = summarize(r.probe[e] for r in results)
+        numbers[f"probe_epoch{e}_delta"] = summarize(
+            r.probe[e] - t.probe[e] for r, t in zip(results, theta0s)
+        )
+    audits = [r.audit for r in results]
+    dps = [r.dp_finetune for r in results]
+    mores = [r.more_data for r in results if r.more_data is not None]
+    return RowSummary(
+        row.name,
+        row.method,
+        row.label,
+        tuple(int(s) for s in seeds),
+        numbers,
+        sum(bool(r.immunized) for r in results),
+        sum(bool(r.grouped.immunized) for r in results),
+        _curve([r.probe for r in results]),
+        _operators(audits),
+        _worst(audits),
+        {
+            "operator": [a.worst for a in audits] if audits[0] is not None else [],
+            "deficit": [a.worst_deficit for a in audits] if audits[0] is not None else [],
+        },
+        {
+            "per_seed": [d.slowdown for d in dps] if dps[0] is not None else [],
+            "censored": [d.censored for d in dps] if dps[0] is not None else [],
+            "max": max(d.slowdown for d in dps) if dps[0] is not None else None,
+        },
+        {"operators": _operators(mores), "worst_slowdown": _worst(mores)} if mores else {},
+        {k: [r.train.get(k) for r in results] for k in ("steps", "reason", "seconds")},
+    )
+
+
+def _budget_table(seeds: list[SeedResult], key: str) -> dict:
+    """θ₀'s budgets of every operator over seeds (for the tables)."""
+    out = {}
+    for s in seeds:
+        src = {
+            "budgets": s.budgets,
+            "more": s.more_budgets or {},
+            "dp": {"finetune_full": s.dp_budget} if s.dp_budget else {},
+        }[key]
+        for op, b in src.items():
+            out.setdefault(op, []).append({**b.to_dict(), "traces": None, "seed": s.seed})
+    return out
+
+
+def result_of(
+    rc: RunConfig, opts: RunOptions, seeds, per_seed: list, t0, rows=None, **extra
+) -> dict:
+    """results.json of one configuration over ``seeds``: per row its :class:`RowSummary` (θ₀'s
+    first; ``rows`` default ``rc.rows``), θ₀'s budgets, every seed's results, the seconds."""
     phases = {}
     for s in per_seed:
-        for k, v in s["phase_seconds"].items():
-            t = phases.setdefault(k, {"wall": 0.0, "cpu": 0.0})
-            t["wall"], t["cpu"] = t["wall"] + v["wall"], t["cpu"] + v["cpu"]
+        _add_seconds(phases, s.phase_seconds)
     shape = ", ".join(f"{k} {v}" for k, v in rc.model_kwargs.items())
+    rows = {}
+    theta_rows = [s.theta0 for s in per_seed]
+    all_seeds = [s.seed for s in per_seed]
+    rows["init"] = summarize_row(
+        Row("init", "init", label="Init. θ₀"), all_seeds, theta_rows, theta_rows
+    )
+    for r in rc.rows if rows is None else rows:
+        have = [(s.seed, s.rows[r.name], s.theta0) for s in per_seed if r.name in s.rows]
+        if have:
+            ss, res, t0s = zip(*have)
+            rows[r.name] = summarize_row(r, list(ss), list(res), list(t0s))
     return {
         "config": rc.name,
         "model": rc.model,
@@ -657,62 +945,30 @@ def _result(rc: RunConfig, opts: RunOptions, seeds, per_seed, order, t0, **extra
         "data": "MNIST digits 0-4 (D_P) vs 5-9 (D_H)"
         if rc.data == "mnist"
         else f"D_P {opts.dp_root} vs D_H {opts.dh_root}",
-        "scope": rc.options.scope,
         "seeds": list(seeds),
         "threads": torch.get_num_threads(),
-        "run_config": asdict(rc),
-        "rows": aggregate(per_seed, order),
-        "per_seed": per_seed,
-        "errors": {f"seed{s['seed']}": s["errors"] for s in per_seed if s["errors"]},
+        "run_config": rc.to_dict(),
+        "rows": {k: v.to_dict() for k, v in rows.items()},
+        "budgets": _budget_table(per_seed, "budgets"),
+        "dp_budgets": _budget_table(per_seed, "dp"),
+        "more_budgets": _budget_table(per_seed, "more"),
+        "per_seed": [s.to_dict() for s in per_seed],
+        "errors": {f"seed{s.seed}": s.errors for s in per_seed if s.errors},
         "wall_seconds": time.perf_counter() - t0,
         "phase_seconds": phases,
         "environment": environment(),
+        "slowdown_cap": SLOWDOWN_CAP,
         **extra,
     }
-
-
-def _worker_torch(threads: int) -> None:
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-def _seed_job(job) -> tuple[dict, list]:
-    """One (configuration, seed) in a worker process of :func:`run_configs` (world size 1), its
-    rows' operators left to the pool: ``(seed result, [(OperatorJob, threads), ...])``."""
-    rc, seed, opts, device, threads, on_extractor = job
-    _worker_torch(threads)
-    say = (lambda *a, **k: None) if opts.quiet else print
-    deferred = []
-    result = run_seed(rc, seed, opts, init_from_env(device), say, on_extractor, defer=deferred)
-    return result, [(d, threads) for d in deferred]
-
-
-def _operator_job(job) -> tuple[str, dict, dict]:
-    """One row's operators in a worker process of :func:`run_configs`."""
-    job, threads = job
-    _worker_torch(threads)
-    return run_operator_job(job)
-
-
-def _with_operators(result: dict, done: list) -> dict:
-    """A deferred seed ``result`` with its rows' operators and their seconds, audited."""
-    total = result["phase_seconds"].setdefault("operators", {"wall": 0.0, "cpu": 0.0})
-    for row, ops, seconds in done:
-        result["rows"][row]["operators"] = ops
-        total["wall"] += seconds["wall"]
-        total["cpu"] += seconds["cpu"]
-    return complete_seed(result)
 
 
 def run_configs(
     rcs: list, seeds: list[int], opts: RunOptions, ctx, *, on_extractor=None, jobs: int = 1
 ) -> "list | None":
-    """Every seed of every configuration in ``rcs``; rank 0 returns per configuration ``rows``
-    (:func:`aggregate`), ``per_seed``, ``errors``, the wall and per-phase seconds (wall, CPU) and
-    the provenance, the other ranks None. With ``jobs > 1`` (one process, no torchrun) the
-    (configuration, seed) runs go to that many worker processes, each with this process's torch
-    thread count, and each row's operators to whichever worker is free once its seed has
-    immunized (one seed's rows no longer wait on one worker): every number is the same as with
+    """Every seed of every configuration in ``rcs``; rank 0 returns per configuration its
+    results (:func:`_result`), the other ranks None. With ``jobs > 1`` (one process, no
+    torchrun) each (configuration, seed)'s θ₀ and budgets run in a worker process, and each of
+    its rows in whichever worker is free once they are done: every number is the same as with
     ``jobs = 1``. ``on_extractor(rc)`` gives each configuration's callback ``(model, row, seed,
     status) -> path or None``."""
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -720,7 +976,7 @@ def run_configs(
     say = print if ctx.is_main and not opts.quiet else (lambda *a, **k: None)
     for rc in rcs:
         say(
-            f"[{rc.name}] model={rc.model} scope={rc.options.scope} seeds={seeds} "
+            f"[{rc.name}] model={rc.model} seeds={seeds} rows={[r.name for r in rc.rows]} "
             f"world={ctx.world} threads={threads} device={ctx.device} jobs={jobs}"
         )
     hook = (lambda rc: None) if on_extractor is None else on_extractor
@@ -728,20 +984,26 @@ def run_configs(
         from experiments.common import pool_chain  # noqa: PLC0415
 
         todo = [(rc, s, opts, str(ctx.device), threads, hook(rc)) for rc in rcs for s in seeds]
-        done = [
-            _with_operators(r, ops) for r, ops in pool_chain(_seed_job, _operator_job, todo, jobs)
-        ]
+        done = []
+        for (ev, row0, reach, seconds), row_outs in pool_chain(_seed_job, _row_job, todo, jobs):
+            rows, errors = {}, {}
+            for name, result, error, secs in row_outs:
+                _add_seconds(seconds, secs)
+                if error:
+                    errors[name] = error
+                elif result is not None:
+                    rows[name] = result
+            ev = replace(ev, splits=load_splits(ev.rc, opts, ev.seed))
+            done.append(seed_result(ev, row0, rows, errors, reach, seconds))
         per = [done[i * len(seeds) : (i + 1) * len(seeds)] for i in range(len(rcs))]
     else:
         per = [[run_seed(rc, s, opts, ctx, say, hook(rc)) for s in seeds] for rc in rcs]
     if not ctx.is_main:
         return None
-    out = []
-    for rc, per_seed in zip(rcs, per):
-        rows = ["init", *(row for row, _, _ in _variants(rc))]
-        rows += [f"{r}+{rc.options.harden}" for r in rows] if rc.options.harden != "none" else []
-        out.append(_result(rc, opts, seeds, per_seed, rows, t0, world=ctx.world, jobs=jobs))
-    return out
+    return [
+        result_of(rc, opts, seeds, per_seed, t0, world=ctx.world, jobs=jobs)
+        for rc, per_seed in zip(rcs, per)
+    ]
 
 
 def run_config(
@@ -751,41 +1013,3 @@ def run_config(
     hook = None if on_extractor is None else (lambda _: on_extractor)
     res = run_configs([rc], seeds, opts, ctx, on_extractor=hook)
     return None if res is None else res[0]
-
-
-def audit(
-    model,
-    reference,
-    data: dict,
-    rc: RunConfig,
-    seeds: list[int],
-    opts: RunOptions,
-    *,
-    classes_h: int,
-) -> dict:
-    """Any extractor ``model`` against a θ₀ ``reference`` (both ImmunizedNet, each run end to end
-    on the images ``data``): :func:`run_config`'s result with the rows ``"init"`` (θ₀) and
-    ``"model"``."""
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    t0, per_seed = time.perf_counter(), []
-    for seed in seeds:
-        seconds = {}
-        ev = eval_sets(data, data, False, rc, seed, classes_h)
-        ref = {
-            k: extract(reference, d, batch_size=rc.eval_batch, data_name=k, model_name="reference")
-            for k, d in ev["sets"].items()
-        }
-        rows = {
-            k: evaluate_extractor(m, ref, ev, rc, seed, clock(seconds), name=name)
-            for k, m, name in (("init", reference, "reference"), ("model", model, "model"))
-        }
-        for r in rows.values():
-            r["audit"] = compare(_curves(r), _curves(rows["init"])).to_dict()
-        if not opts.quiet:
-            print(
-                f"[audit seed {seed}] RIR_θ₀ {rows['model']['rir']['value']:.4g} "
-                " D_P top-1 "
-                f"{rows['model']['dp_top1']:.2f}% (θ₀ {rows['init']['dp_top1']:.2f}%)"
-            )
-        per_seed.append({"seed": seed, "rows": rows, "errors": {}, "phase_seconds": seconds})
-    return _result(rc, opts, seeds, per_seed, ["init", "model"], t0)

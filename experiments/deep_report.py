@@ -1,50 +1,61 @@
 """Tables and figures of the deep-net experiments from experiments/deep_pipeline.py's results
-(nothing here computes a metric). Figures keep the legend beside the axes, name the data and the
-model in their title and a method that failed; attackers scored at a few epochs are markers at
-those epochs."""
+(nothing here computes a metric). The tables lead with whether each row slows each attacker:
+the worst-case slowdown over operators, per seed, beside Definition 3.1 (docs/findings.md §7)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from pycore.report import METHOD_LABELS, fmt, pm, save_figure
 
-HARDENING_LABELS = {"rotate": "rotated", "label_subspace": "label-subspace hardened"}
-DEEP_LABELS = {"closed_form": "Closed-form layer (theory §10)"}
 OPERATOR_LABELS = {
     "gd": "linear probe, GD step 1/L (paper)",
     "adam": "linear probe, Adam (lr × {scaled, standardised})",
     "adam_whitened": "linear probe, Adam on whitened features",
+    "remove_layer": "layer removed, then the Adam probe",
     "finetune_upper": "fine-tune last stage + layer + new head",
     "finetune_full": "fine-tune the whole network + new head",
+    "retrain_tail": "changed stages re-initialised and retrained + new head",
 }
 SHORT = {
     "gd": "GD 1/L",
     "adam": "Adam",
     "adam_whitened": "whitened",
+    "remove_layer": "layer removed",
     "finetune_upper": "FT upper",
     "finetune_full": "FT full",
+    "retrain_tail": "retrain",
 }
 
 
 def operator_label(op: str, short: bool = False) -> str:
-    """``lora_r8`` → "LoRA r = 8" (every other operator by its table)."""
+    """``lora_r8`` → "LoRA r8" (every other operator by its table)."""
     if op.startswith("lora_r"):
         return f"LoRA r{op[6:]}" if short else f"LoRA rank {op[6:]} (peft) + new head"
     return (SHORT if short else OPERATOR_LABELS).get(op, op)
 
 
-def label(key: str) -> str:
-    """Label of a row key ``<method>[@<b>[/<b_ill>]][+<hardening>]``."""
-    row, _, kind = key.partition("+")
-    method, _, point = row.partition("@")
-    text = DEEP_LABELS.get(method, METHOD_LABELS.get(method, method))
-    text += f", b = {point}" if point else ""
-    return f"{text}, {HARDENING_LABELS.get(kind, kind)}" if kind else text
+def label(result: dict, key: str) -> str:
+    """The row's label from the run's configuration (its method's otherwise)."""
+    if key == "init":
+        return "Init. θ₀"
+    for r in result["run_config"]["rows"]:
+        if r["name"] == key and r["label"]:
+            return r["label"]
+    return METHOD_LABELS.get(key, key)
 
 
-def _bold(key: str) -> str:
-    return f"**{label(key)}**" if key.startswith("ours") else label(key)
+def _slow(x: "float | None", censored: "bool | None", cap: float) -> str:
+    if x is None:
+        return "—"
+    return f"≥{fmt(cap, 3)}" if censored else fmt(x, 3)
+
+
+def _per_seed(op: dict, cap: float) -> str:
+    """``a / b / c`` per seed."""
+    return " / ".join(_slow(x, c, cap) for x, c in zip(op["slowdown"], op["censored"]))
 
 
 def _failures(result: dict) -> dict:
@@ -55,90 +66,185 @@ def _failures(result: dict) -> dict:
     return out
 
 
-def _delta(result: dict, key: str, get) -> str:
-    """``get(row) − get(θ₀'s row)`` per seed, mean ± std over the seeds that have both."""
-    per = [
-        get(s["rows"][key]) - get(s["rows"]["init"])
-        for s in result["per_seed"]
-        if key in s["rows"]
-    ]
-    return f"{np.mean(per):+.1f} ± {np.std(per):.1f}" if per else ""
-
-
-def _signed(summary: dict, scale: float = 1.0, digits: int = 1) -> str:
-    m, sd = summary["mean"] * scale, summary["std"] * scale
-    return f"{m:+.{digits}f} ± {sd:.{digits}f}"
-
-
-def _worst(r: dict) -> str:
-    """The worst operator of a row: the one most seeds name, its signed deficit over seeds."""
-    names = r["worst"]
-    top = max(dict.fromkeys(names), key=names.count)
-    n = f" ({names.count(top)}/{len(names)} seeds)" if len(names) > 1 else ""
-    return f"{_signed(r['worst_deficit'])} ({operator_label(top, True)}{n})"
+def _operators(result: dict, key: str = "operators") -> list[str]:
+    seen = []
+    for r in result["rows"].values():
+        src = r[key] if key == "operators" else r[key].get("operators", {})
+        seen += [o for o in src if o not in seen]
+    return seen
 
 
 def table_markdown(result: dict, paper: "dict | None" = None) -> str:
-    """Table 3's layout (beside the paper's numbers when given; failed runs listed) with (i),
-    (ii) on the whole pools and by the paper's groups, the closed form's window per seed, the (i)
-    decomposition, the operator-transfer matrix (signed deficit, signed RFD, RFD, worst case) and
-    each operator's D_H accuracy at each scored epoch."""
+    """The headline (whether each row slows each attacker, beside Definition 3.1), the slowdown
+    matrix per seed, the deficits at θ₀'s budget, θ₀'s budgets, the attacker with more images,
+    the D_P fine-tuning check, Table 3's κ columns (with the paper's numbers when given), the
+    layer's attainable window and where (i) comes from."""
     rows, rc, n = result["rows"], result["run_config"], len(result["seeds"])
-    p_cols = " paper RIR_θ₀ | paper D_P % |" if paper else ""
-    pool = "all" if rc["rir_pool"] is None else str(rc["rir_pool"])
-    # the GD probe's columns: epochs it was run to (10, or fewer, and its last)
-    probe = sorted({min(10, rc["probe_epochs"]), rc["probe_epochs"]})
-    probe_keys = ["probe_acc_epoch10", "probe_acc_last"][-len(probe) :]
+    cap = result["slowdown_cap"]
+    z, sch = rc["sizes"], rc["schedule"]
+    rows_ = {k: r for k, r in rows.items() if k != "init"}
+    ops = _operators(result)
     lines = [
         f"# Deep-net immunization: {result['config']} — {result['model_text']} on "
         f"{result['data']}",
         "",
-        f"Immunized: {result['scope']}; seeds {result['seeds']}; {result['threads']} threads. "
-        f"Mean ± std over seeds. (i), (ii), RIR_θ₀ and Def. 3.1 ((i) > 1 and (ii) < 1): exact κ's "
-        f"of the features of the pools ({pool} training rows per task), the linear problem the "
-        f"layer is; 'groups': the paper's protocol, means over {rc['rir_groups']} groups of "
-        f"{rc['rir_group_size']} rows of the same pools. D_P top-1 on D_P's validation split.",
+        f"Seeds {result['seeds']}; {result['threads']} thread(s). The attacker's D_H images "
+        f"({z['attack_train']} to train on, {z['attack_val']} to watch, {z['attack_test']} to be "
+        "scored on) are disjoint from every image the defense saw. **Slowdown**: the steps an "
+        "operator needs to reach 90 % of θ₀'s gain over chance, over the steps it needs on θ₀, "
+        f"its learning-rate grid widened per model until the best rate is inside it; ≥{fmt(cap)}: "
+        "censored (it never got there within that many times θ₀'s steps). The worst case of a "
+        "row is its smallest slowdown over operators: the attacker's best way around it.",
         "",
-        "| method | (i) κ ratio on D_H ↑ | (ii) κ ratio on D_P ↓ | RIR_θ₀ ↑ | Def. 3.1 "
-        "| groups (i) | groups (ii) | groups Def. 3.1 | D_P top-1 % | "
-        + " | ".join(f"GD probe on D_H, epoch {e} ↓" for e in probe)
-        + f" |{p_cols}",
-        "|---|---|---|---|---|---|---|---|---|"
-        + "---|" * len(probe)
-        + ("---|---|" if paper else ""),
     ]
-    lines += [f"| {label(m)} | failed: {'; '.join(f)} |" for m, f in _failures(result).items()]
+    lines += [
+        f"- {label(result, m)}: failed: {'; '.join(f)}" for m, f in _failures(result).items()
+    ]
+    lines += [
+        "| row | worst-case slowdown per seed (operator) | worst case, min over seeds | Def. 3.1 "
+        "| (i) ↑ | (ii) ↓ | D_P top-1 − θ₀ | D_P fine-tuning slowdown (max) | GD probe @10 − θ₀ "
+        "(points) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m, r in rows_.items():
+        w = r["worst_slowdown"]
+        per = (
+            " / ".join(
+                f"{_slow(x, c, cap)} ({operator_label(o, True)})"
+                for x, c, o in zip(w["per_seed"], w["censored"], w["operator"])
+            )
+            if w
+            else "—"
+        )
+        low = (
+            _slow(
+                w["min"],
+                all(c for x, c in zip(w["per_seed"], w["censored"]) if x == w["min"]),
+                cap,
+            )
+            if w
+            else "—"
+        )
+        dp = r["dp_finetune_slowdown"]
+        dps = _slow(dp["max"], False, cap) if dp["per_seed"] else "—"
+        probe = next((k for k in r if k.startswith("probe_epoch10_delta")), None)
+        lines.append(
+            f"| {label(result, m)} | {per} | {low} | {r['immunized_count']}/{n} | "
+            f"{pm(r['harmful_ratio'])} | {pm(r['pretrain_ratio'])} | "
+            f"{_signed(r['dp_top1_delta'])} | {dps} | "
+            f"{_signed(r[probe]) if probe else '—'} |"
+        )
+    head = "| row | " + " | ".join(operator_label(o, True) for o in ops) + " |"
+    rule = "|---|" + "---|" * len(ops)
+    lines += [
+        "",
+        "Slowdown per operator, per seed (a / b / c); < 1: the defense helped the attacker.",
+        "",
+        head,
+        rule,
+    ]
+    for m, r in rows_.items():
+        cells = [_per_seed(r["operators"][o], cap) if o in r["operators"] else "—" for o in ops]
+        lines.append(f"| {label(result, m)} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Signed deficit at θ₀'s budget B₀: θ₀'s D_H test accuracy at B₀ minus the model's "
+        "(points, mean ± std over seeds; > 0: the defense slowed the attacker).",
+        "",
+        head,
+        rule,
+    ]
+    for m, r in rows_.items():
+        cells = [
+            _signed(r["operators"][o]["deficit"]) if o in r["operators"] else "—" for o in ops
+        ]
+        lines.append(f"| {label(result, m)} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "θ₀'s budget per operator: its plateau on the validation split (%, a trailing mean of 3 "
+        "evaluations), chance, B₀ (the first step within 1 point of the plateau), s₀ (θ₀'s steps "
+        "to the target, 90 % of the plateau's gain over chance), θ₀'s test accuracy at B₀ and its "
+        "best setting per seed; the plateau confirmed by a run of 3·B₀ steps (seeds), the best "
+        "rate at an end of the widened grid (seeds).",
+    ]
+    lines += _budget_lines(result["budgets"], "D_H", z, sch)
+    if result.get("more_budgets"):
+        more = _operators(result, "more_data")
+        seeds = sorted({b["seed"] for v in result["more_budgets"].values() for b in v})
+        lines += [
+            "",
+            f"The attacker with {z['more_data']}× the images ({z['more_data'] * z['attack_train']}"
+            f" to train on; seed(s) {seeds}): slowdown per operator.",
+            "",
+            "| row | " + " | ".join(operator_label(o, True) for o in more) + " | worst case |",
+            "|---|" + "---|" * (len(more) + 1),
+        ]
+        for m, r in rows_.items():
+            md = r["more_data"]
+            if not md:
+                continue
+            cells = [
+                _per_seed(md["operators"][o], cap) if o in md["operators"] else "—" for o in more
+            ]
+            w = md["worst_slowdown"]
+            lines.append(
+                f"| {label(result, m)} | "
+                + " | ".join(cells)
+                + f" | {_slow(w['min'], False, cap)} |"
+            )
+        lines += _budget_lines(result["more_budgets"], "D_H with more images", z, sch)
+    if result.get("dp_budgets"):
+        lines += _budget_lines(
+            result["dp_budgets"],
+            "Full fine-tuning on fresh D_P images (the deep (ii): D_P must stay as easy to "
+            "fine-tune as on θ₀)",
+            z,
+            sch,
+        )
+    p_cols = " paper RIR_θ₀ | paper D_P % |" if paper else ""
+    lines += [
+        "",
+        "Table 3's columns: (i), (ii), RIR_θ₀ and Def. 3.1 on exact κ's of the features of the "
+        f"defense's rows ({z['defense']} per task), the linear problem the layer is; 'groups': "
+        f"the paper's protocol, means over {rc['rir_groups']} groups of {rc['rir_group_size']} "
+        "of the same rows. D_P top-1 on D_P's validation split; the GD probe (Figure 3) trains "
+        "on the attacker's images.",
+        "",
+        "| row | (i) ↑ | (ii) ↓ | RIR_θ₀ ↑ | Def. 3.1 | groups (i) | groups (ii) | "
+        f"groups Def. 3.1 | D_P top-1 % | GD probe @10 ↓ |{p_cols}",
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if paper else ""),
+    ]
     for m, r in rows.items():
         p = (paper or {}).get(m)
+        probe = next((k for k in r if k.startswith("probe_epoch10") and "delta" not in k), None)
         lines.append(
-            f"| {_bold(m)} | {pm(r['harmful_ratio'])} | {pm(r['pretrain_ratio'])} | "
+            f"| {label(result, m)} | {pm(r['harmful_ratio'])} | {pm(r['pretrain_ratio'])} | "
             f"{pm(r['rir_theta0'])} | {r['immunized_count']}/{n} | "
             f"{pm(r['groups_harmful_ratio'])} | {pm(r['groups_pretrain_ratio'])} | "
             f"{r['immunized_groups_count']}/{n} | {pm(r['dp_top1'])} | "
-            + " | ".join(pm(r[k]) for k in probe_keys)
-            + " |"
+            f"{pm(r[probe]) if probe else '—'} |"
             + ((f" {p[2]} | {p[3]} |" if p else " | |") if paper else "")
         )
     windows = [s.get("attainability") for s in result["per_seed"] if s.get("attainability")]
     if windows:
         lines += [
             "",
-            "What any θ of the layer can do on θ₀'s pool features (docs/theory.md §10): the "
+            "What any θ of the layer can do on θ₀'s features (docs/theory.md §10): the "
             "range-restricted RIR ceiling and the closed form's Definition 3.1 window of "
-            "exponents (empty: no linear layer meets Definition 3.1 on these features).",
+            "exponents.",
             "",
-            "| seed | RIR ceiling | window | |",
-            "|---|---|---|---|",
+            "| seed | RIR ceiling | window |",
+            "|---|---|---|",
         ]
         lines += [
             f"| {s['seed']} | {fmt(w['ceiling'])} | "
             + (
-                "κ(C) = 1"
+                "none: " + w["why"]
                 if w["window"] is None
                 else f"[{fmt(w['window']['low'])}, {fmt(w['window']['high'])})"
                 + (" empty" if w["window"]["empty"] else "")
             )
-            + f" | {w['why']} |"
+            + " |"
             for s, w in zip(result["per_seed"], windows)
         ]
     lines += [
@@ -147,115 +253,82 @@ def table_markdown(result: dict, paper: "dict | None" = None) -> str:
         "median, each divided by θ₀'s (geometric means over the groups; their quotient is the "
         "groups' κ ratio).",
         "",
-        "| method | groups (i) ↑ | top ratio | bottom ratio |",
+        "| row | groups (i) ↑ | top ratio | bottom ratio |",
         "|---|---|---|---|",
     ]
     lines += [
-        f"| {_bold(m)} | {pm(r['groups_harmful_ratio'])} | {pm(r['harmful_top_ratio'])} | "
-        f"{pm(r['harmful_bottom_ratio'])} |"
-        for m, r in rows.items()
-    ]
-    ops = list(next(iter(rows.values()))["operators"]) if rows else []
-    epochs = rc["attack_epochs"]
-    head = "| method | " + " | ".join(operator_label(o, True) for o in ops)
-    rule = "|---|" + "---|" * len(ops)
-    grid = _grids(result)
-    lines += [
-        "",
-        "Operator-transfer matrix: the signed deficit, D_H test accuracy of the operator on θ₀ "
-        f"minus on the row's model, in points, averaged over epochs {', '.join(map(str, epochs))} "
-        "(> 0: the defense slowed that attacker; < 0: it helped). Worst case: the operator of "
-        "highest accuracy against the row's model, and its deficit. Each operator trains on "
-        f"{rc['attack_train']} D_H images at the best setting on {rc['attack_val']} more "
-        f"(its validation split): {grid}.",
-        "",
-        head + " | worst case |",
-        rule + "---|",
-    ]
-    lines += [
-        f"| {_bold(m)} | "
-        + " | ".join(_signed(r["operators"][o]["mean_deficit"]) for o in ops)
-        + f" | {_worst(r)} |"
-        for m, r in rows.items()
-        if m != "init"
-    ]
-    lines += [
-        "",
-        "Signed relative deficit (%): per epoch (θ₀ − model)/θ₀, averaged over the epochs (RFD "
-        "without the absolute value); RFD (with it) in brackets.",
-        "",
-        head + " |",
-        rule,
-    ]
-    lines += [
-        f"| {_bold(m)} | "
-        + " | ".join(
-            f"{_signed(r['operators'][o]['signed_rfd'], 100)} "
-            f"[{r['operators'][o]['rfd']['mean'] * 100:.1f}]"
-            for o in ops
-        )
-        + " |"
-        for m, r in rows.items()
-        if m != "init"
-    ]
-    lines += [
-        "",
-        f"D_H test accuracy (%) of each operator after epochs {' / '.join(map(str, epochs))} "
-        "(mean over seeds; ↓ = harder for the attacker):",
-        "",
-        head + " |",
-        rule,
-    ]
-    at = lambda c: " / ".join(fmt(v, 3) for v in c["mean"])  # noqa: E731
-    lines += [
-        f"| {_bold(m)} | " + " | ".join(at(r["operators"][o]["model"]) for o in ops) + " |"
-        for m, r in rows.items()
-    ]
-    lines += [
-        "",
-        "Each row minus θ₀ on the same seed (mean ± std over seeds):",
-        "",
-        f"| method | Def. 3.1 | D_P top-1 | GD probe @{probe[0]} |",
-        "|---|---|---|---|",
-    ]
-    lines += [
-        f"| {_bold(m)} | {r['immunized_count']}/{n} | "
-        f"{_delta(result, m, lambda r: r['dp_top1'])} | "
-        f"{_delta(result, m, lambda r: r[probe_keys[0]])} |"
-        for m, r in rows.items()
-        if m != "init"
+        f"| {label(result, m)} | {pm(r['groups_harmful_ratio'])} | {pm(r['harmful_top_ratio'])} "
+        f"| {pm(r['harmful_bottom_ratio'])} |"
+        for m, r in rows_.items()
     ]
     return "\n".join(lines) + "\n"
 
 
-def _grids(result: dict) -> str:
-    """Each operator's grid as run (from the first row of the first seed)."""
-    seed = result["per_seed"][0]["rows"]
-    first = next(iter(seed.values()))["operators"]
-    return "; ".join(
-        f"{operator_label(o, True)} {{{', '.join(k for k, _ in c['grid'])}}}"
-        for o, c in first.items()
-    )
+def _signed(summary: dict, digits: int = 1) -> str:
+    return f"{summary['mean']:+.{digits}f} ± {summary['std']:.{digits}f}"
 
 
-def _figure(result: dict, panels: int, what: str):
-    """``panels`` axes and a last column without axes for the legend and the failed methods."""
+def _budget_lines(budgets: dict, title: str, z: dict, sch: dict) -> list[str]:
+    """θ₀'s budgets over seeds: plateau (validation %), chance, B₀ and s₀ (steps), θ₀'s best
+    setting per seed, whether the plateau was confirmed (a run 3·B₀ long) and whether the best
+    rate sat at an end of the widened grid."""
+    out = [
+        "",
+        f"{title} (steps: optimizer steps of batches of {sch['batch_size']}, full-batch for GD):",
+        "",
+        "| operator | plateau % | chance % | B₀ | s₀ | test at B₀ % | setting | confirmed "
+        "| at an end |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for op, per in budgets.items():
+        name = "retrain (" + op.split(":", 1)[1] + ")" if op.startswith("retrain_tail:") else op
+
+        def col(k):
+            return pm(
+                {
+                    "mean": float(np.mean([b[k] for b in per])),
+                    "std": float(np.std([b[k] for b in per])),
+                },
+                3,
+            )
+
+        out.append(
+            f"| {operator_label(name, True)} | {col('plateau')} | {col('chance')} | "
+            f"{' / '.join(str(b['budget_steps']) for b in per)} | "
+            f"{' / '.join(str(b['reference_steps']) for b in per)} | {col('test_at_budget')} | "
+            f"{' / '.join(b['setting'] for b in per)} | "
+            f"{sum(b['plateau_reached'] for b in per)}/{len(per)} | "
+            f"{sum(b['edge'] for b in per)}/{len(per)} |"
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------- figures
+
+
+def _figure(result: dict, panels: int, what: str, rows: int = 1):
+    """``panels`` axes and a last column without axes for the legend and the failed rows."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
+    cols = math.ceil(panels / rows)
     fig, axes = plt.subplots(
-        1,
-        panels + 1,
-        figsize=(4.4 * panels + 3.2, 4.2),
+        rows,
+        cols + 1,
+        figsize=(4.0 * cols + 3.2, 3.8 * rows),
         squeeze=False,
-        gridspec_kw={"width_ratios": [3] * panels + [2.2]},
+        gridspec_kw={"width_ratios": [3] * cols + [2.2]},
     )
     side = axes[0][-1]
-    side.axis("off")
+    for r in range(rows):
+        axes[r][-1].axis("off")
+    flat = [axes[r][c] for r in range(rows) for c in range(cols)]
+    for ax in flat[panels:]:
+        ax.axis("off")
     if failed := _failures(result):
-        text = "\n".join(f"{label(m)} ({len(v)} seed(s))" for m, v in failed.items())
+        text = "\n".join(f"{label(result, m)} ({len(v)} seed(s))" for m, v in failed.items())
         side.text(
             0,
             0.02,
@@ -266,11 +339,10 @@ def _figure(result: dict, panels: int, what: str):
             transform=side.transAxes,
         )
     fig.suptitle(
-        f"{what}: {result['model_text']}, {result['data']}, {len(result['seeds'])} seed(s), band "
-        "min–max",
+        f"{what}: {result['model_text']}, {result['data']}, {len(result['seeds'])} seed(s)",
         fontsize=9,
     )
-    return fig, list(axes[0][:-1]), side
+    return fig, flat[:panels], side
 
 
 def _finish(fig, axes, side, path) -> None:
@@ -282,20 +354,16 @@ def _finish(fig, axes, side, path) -> None:
 
 
 def _style(m: str) -> dict:
-    base = m.split("+")[0]
-    return {
-        "lw": 2.2 if base in ("ours", "init") else 1.3,
-        "ls": "--" if base == "init" else (":" if "+" in m else "-"),
-    }
+    return {"lw": 2.2 if m in ("ours", "init") else 1.3, "ls": "--" if m == "init" else "-"}
 
 
 def plot_probing(result: dict, path) -> None:
-    """Figure 3: seed-mean D_H test accuracy of the paper's probe per epoch, band = min..max
-    over seeds."""
+    """Figure 3: seed-mean D_H test accuracy of the paper's probe per epoch on the attacker's
+    images, band = min..max over seeds."""
     fig, (ax,), side = _figure(result, 1, "Linear probing on D_H (full-batch GD, step 1/L)")
     for m, r in result["rows"].items():
         c = r["probe_curve"]
-        (line,) = ax.plot(range(len(c["mean"])), c["mean"], label=label(m), **_style(m))
+        (line,) = ax.plot(range(len(c["mean"])), c["mean"], label=label(result, m), **_style(m))
         if len(r["seeds"]) > 1:
             ax.fill_between(
                 range(len(c["mean"])), c["min"], c["max"], color=line.get_color(), alpha=0.12, lw=0
@@ -305,38 +373,43 @@ def plot_probing(result: dict, path) -> None:
 
 
 def plot_operators(result: dict, path) -> None:
-    """One panel per operator: the best-so-far D_H test accuracy of each row per scored epoch
-    (the attacker keeps its best epoch), seed means, bars min..max over seeds."""
-    rows = result["rows"]
-    ops = list(next(iter(rows.values()))["operators"]) if rows else []
-    fig, axes, side = _figure(result, len(ops), "Operators on D_H (best so far)")
+    """One panel per operator: each row's slowdown per seed (markers) and its minimum (bar), on a
+    log scale; 1 = as fast as on θ₀, the cap marks a censored run."""
+    rows = {k: r for k, r in result["rows"].items() if k != "init"}
+    ops = _operators(result)
+    cap = result["slowdown_cap"]
+    fig, axes, side = _figure(result, len(ops), "Slowdown per operator (≥ cap: censored)", 2)
     for ax, op in zip(axes, ops):
-        for m, r in rows.items():
-            c, x = r["operators"][op]["best_so_far_model"], r["operators"][op]["epochs"]
-            (line,) = ax.plot(x, c["mean"], marker="o", label=label(m), **_style(m))
-            if len(r["seeds"]) > 1:
-                ax.vlines(x, c["min"], c["max"], color=line.get_color(), alpha=0.4, lw=2)
-        ax.set_title(operator_label(op), fontsize=8)
-        ax.set_xlabel("epoch")
+        for i, (m, r) in enumerate(rows.items()):
+            o = r["operators"].get(op)
+            if not o:
+                continue
+            ys = [y for y in o["slowdown"] if y is not None]
+            bar = ax.bar(i, o["min_slowdown"], color=f"C{i}", alpha=0.35, label=label(result, m))
+            ax.plot([i] * len(ys), ys, "o", color=bar.patches[0].get_facecolor()[:3], ms=3)
+        ax.axhline(1, color="k", lw=0.8)
+        ax.axhline(cap, color="firebrick", lw=0.8, ls=":")
+        ax.set(yscale="log", title=operator_label(op), xticks=[])
+        ax.title.set_fontsize(8)
     if axes:
-        axes[0].set_ylabel("D_H test accuracy (%)  ↓ better")
+        axes[0].set_ylabel("slowdown (×θ₀'s steps)  ↑ slower attacker")
     _finish(fig, axes, side, path)
 
 
-def plot_tradeoff(result: dict, path) -> None:
-    """The balance sweep: (i) against (ii) and D_P top-1 against (i), seed means, one marker per
-    row (θ₀ at (1, 1)); Definition 3.1 holds right of (i) = 1 and below (ii) = 1."""
-    fig, axes, side = _figure(result, 2, "(i)/(ii) trade-off over the balance b / b_ill")
+def plot_frontier(result: dict, path) -> None:
+    """Each row's worst-case slowdown (min over seeds) against its D_P top-1 cost (θ₀ − row,
+    points): the frontier of a defense over its strength."""
+    fig, (ax,), side = _figure(result, 1, "Worst-case slowdown against D_P top-1 cost")
     for m, r in result["rows"].items():
-        kw = {"marker": "s" if "+" in m else "o", "ls": "none", "label": label(m)}
-        (line,) = axes[0].plot(r["harmful_ratio"]["mean"], r["pretrain_ratio"]["mean"], **kw)
-        axes[1].plot(
-            r["harmful_ratio"]["mean"], r["dp_top1"]["mean"], **{**kw, "color": line.get_color()}
+        if m == "init" or not r["worst_slowdown"]:
+            continue
+        ax.plot(
+            -r["dp_top1_delta"]["mean"], r["worst_slowdown"]["min"], "o", label=label(result, m)
         )
-    for v in (axes[0].axvline, axes[0].axhline):
-        v(1, color="k", lw=0.8)
-    axes[0].set(
-        xscale="log", yscale="log", xlabel="(i) κ ratio on D_H ↑", ylabel="(ii) κ ratio on D_P ↓"
+    ax.axhline(1, color="k", lw=0.8)
+    ax.set(
+        yscale="log",
+        xlabel="D_P top-1 cost (points)  ← better",
+        ylabel="worst-case slowdown  ↑ better",
     )
-    axes[1].set(xscale="log", xlabel="(i) κ ratio on D_H ↑", ylabel="D_P top-1 %")
-    _finish(fig, axes, side, path)
+    _finish(fig, [ax], side, path)

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from experiments import common, deep_report
-from experiments.deep_configs import CONFIGS, DEMO_CONFIGS, PAPER_TABLE3, with_model
-from experiments.deep_pipeline import RunOptions, _variants, run_configs
+from experiments.deep_configs import CONFIGS, GROUPS, PAPER_TABLE3, with_model
+from experiments.deep_pipeline import Row, RunOptions, run_configs
 from pycore.deep import DEEP_METHODS, DeepOptions, create_model, options, save_model
 from pycore.deep.data import model_normalization
 from pycore.deep.models import linear_classifier
@@ -38,15 +38,18 @@ from pycore.evaluate import near_chance
 from pycore.report import dumps_json
 from pycore.validation import ParameterError
 
-FILES = ("results.json", "table.md", "finetune.png", "operators.png", "tradeoff.png")
+FILES = ("results.json", "table.md", "finetune.png", "operators.png", "frontier.png")
 
 
 def build_parser() -> common.Parser:
     p = common.Parser("deepnet.py", __doc__.split("\n\n")[0])
     p.add_argument(
-        "--config", choices=sorted(CONFIGS), help="named configuration (folders with --dp-root)"
+        "--config",
+        choices=sorted({*CONFIGS, *GROUPS}),
+        help="named configuration (folders with --dp-root); "
+        + "; ".join(f"{g}: {', '.join(c)}" for g, c in GROUPS.items()),
     )
-    p.add_argument("--demo", action="store_true", help="CPU demo: " + ", ".join(DEMO_CONFIGS))
+    p.add_argument("--demo", action="store_true", help="CPU demo: " + ", ".join(GROUPS["demo"]))
     p.add_argument(
         "--model", help="any timm model name (timm.list_models()); replaces the configuration's"
     )
@@ -72,17 +75,14 @@ def build_parser() -> common.Parser:
         "--theta0-epochs", type=common.count(0, 1000), help="train θ₀ on D_P this many epochs"
     )
     p.add_argument(
-        "--methods", type=common.comma_list(choices=DEEP_METHODS), help="methods to run"
-    )
-    real = common.comma_list(common.real(0.0, lo_open=True), max_items=50)
-    p.add_argument(
-        "--balances",
-        type=real,
-        help="the (i)/(ii) trade-off: each method at each balance b "
-        "(λ = b·‖∇CE‖/‖∇term‖), written to OUT/<config>-sweep with tradeoff.png",
+        "--rows",
+        type=common.comma_list(),
+        help="the configuration's rows to run, by name (default: all of them)",
     )
     p.add_argument(
-        "--ill-balances", type=real, help="R_ill's balances b_ill, crossed with --balances"
+        "--methods",
+        type=common.comma_list(choices=DEEP_METHODS),
+        help="with --dp-root/--dh-root: one row per method on the layer (default: ours)",
     )
     add_deep_options(p)
     p.add_argument(
@@ -281,12 +281,15 @@ def plan(args) -> list:
         raise common.UsageError(
             "torch sees no CUDA device here; use --device cpu or auto", "--device"
         )
-    if args.ill_balances and not args.balances:
+    if args.methods and (args.demo or (args.config and args.config != "folders")):
         raise common.UsageError(
-            "--ill-balances is crossed with --balances: pass both", "--balances"
+            "--methods makes the rows of --dp-root/--dh-root runs; a named configuration "
+            "has its rows: choose among them with --rows",
+            "--methods",
         )
     runs = []
-    for key in DEMO_CONFIGS if args.demo else (name,):
+    keys = GROUPS["demo"] if args.demo else GROUPS.get(name, (name,))
+    for key in keys:
         rc = with_model(CONFIGS[key], args.model, args.img_size)
         _check_classifier(rc, "--model" if args.model else "--config")
         given = [
@@ -325,20 +328,26 @@ def plan(args) -> list:
         ):
             # θ₀ trained here: the images' size
             rc = with_model(rc, None, _image_side(args.dp_root, rc))
-        rc = replace(
-            rc,
-            theta0_epochs=epochs,
-            methods=tuple(args.methods or rc.methods),
-            options=options(rc.options, **common.given_options(args, DeepOptions.names())),
+        rows = rc.rows
+        if args.methods:
+            rows = tuple(Row(m, m, rows[0].options) for m in args.methods)
+        if args.rows:
+            unknown = [r for r in args.rows if r not in {x.name for x in rows}]
+            if unknown:
+                raise common.UsageError(
+                    f"{key} has no row {unknown[0]!r}; its rows: "
+                    + ", ".join(r.name for r in rows),
+                    "--rows",
+                )
+            rows = tuple(r for r in rows if r.name in args.rows)
+        given = common.given_options(args, DeepOptions.names())
+        rows = tuple(
+            replace(r, options=options(r.options, **given))
+            if isinstance(r.options, DeepOptions)
+            else r
+            for r in rows
         )
-        if args.balances:  # a sweep: the linear probes only
-            sweep = tuple((b, bi) for b in args.balances for bi in (args.ill_balances or [None]))
-            rc = replace(
-                rc,
-                name=f"{rc.name}-sweep",
-                sweep=sweep,
-                operators=("gd", "adam", "adam_whitened"),
-            )
+        rc = replace(rc, theta0_epochs=epochs, rows=rows)
         if rc.data == "folders":
             _check_input_size(rc, args)
         runs.append(rc)
@@ -350,10 +359,8 @@ def theta0_warning(result: dict, args) -> "dict | None":
     chance the majority class's share); the advice fits where θ₀ came from."""
     low = []
     for s in result["per_seed"]:
-        if "init" not in s["rows"]:
-            continue
         chance = s.get("dp_chance", 100.0 / s["classes"][0])
-        acc = s["rows"]["init"]["dp_top1"]
+        acc = s["theta0"]["dp_top1"]
         if near_chance(acc, chance):
             low.append({"seed": s["seed"], "dp_top1": acc, "chance": chance})
     if not low:
@@ -388,8 +395,7 @@ def _staged(path: Path, token: str) -> Path:
 def _output_names(rc) -> list[str]:
     """Every file a configuration's run can write: the tables and figures, and per row its
     extractor and (should the row fail) its last good model."""
-    rows = ["init", *(row for row, _, _ in _variants(rc))]
-    rows += [f"{r}+{rc.options.harden}" for r in rows] if rc.options.harden != "none" else []
+    rows = ["init", *(r.name for r in rc.rows)]
     models = [
         f"{kind}_{row.replace('/', '_')}.safetensors"
         for row in rows
@@ -404,7 +410,7 @@ def stage_extractor(folder, token, first_seed, config, model, row, seed, status)
     the final path."""
     if status == "immunized" and seed != first_seed:
         return None
-    # a sweep row "ours@b/b_ill" names a file, not a folder
+    # a row's name is a file name's part, never a folder
     kind = "extractor" if status == "immunized" else "last_good"
     final = Path(folder) / f"{kind}_{row.replace('/', '_')}.safetensors"
     extra = {"config": config, "row": row, "seed": seed, "status": status}
@@ -471,8 +477,8 @@ def main(argv=None) -> int:
                 plots = (
                     deep_report.plot_probing,
                     deep_report.plot_operators,
-                    deep_report.plot_tradeoff,
-                )[: 2 + bool(rc.sweep)]
+                    deep_report.plot_frontier,
+                )
                 files = {
                     "table.md": table,
                     **{n: (lambda p, f=f: f(result, p)) for n, f in zip(FILES[2:], plots)},

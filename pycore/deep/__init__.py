@@ -20,7 +20,8 @@ from pycore.deep.checkpoint import (
 from pycore.deep.data import DataError, image_folder
 from pycore.deep.hardening import HARDENINGS, harden
 from pycore.deep.models import ImmunizedNet, PretrainedUnavailableError, create_model
-from pycore.deep.operators import OPERATORS, AuditResult, OperatorComparison
+from pycore.deep.operators import OPERATORS, AuditResult
+from pycore.deep.slowdown import Budget, Slowdown
 from pycore.deep.train import (
     DEEP_METHODS,
     DeepOptions,
@@ -36,7 +37,8 @@ __all__ = [
     "GroupedRIR",
     "NearChanceWarning",
     "AuditResult",
-    "OperatorComparison",
+    "Budget",
+    "Slowdown",
     "OPERATORS",
     "DEEP_METHODS",
     "DeepOptions",

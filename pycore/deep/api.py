@@ -20,9 +20,12 @@ from pycore.deep.operators import (
     OPERATORS,
     AttackData,
     AuditResult,
-    compare,
+    Schedule,
+    audit_result,
+    budgets,
     operator_names,
-    run_operators,
+    retrain_scope,
+    slowdowns,
 )
 from pycore.deep.train import DeepOptions, immunize_in_place, options
 from pycore.evaluate import chance_accuracy, immunized_def31, near_chance
@@ -288,24 +291,26 @@ def _warn_near_chance(model: ImmunizedNet, Z_P: np.ndarray, y_p: np.ndarray) -> 
 MIN_SPLIT = 2
 
 AUDIT_OPTIONS = {
-    "epochs": (1, 5),
     "operators": OPERATORS,
     "lora_ranks": LORA_RANKS,
     "test_fraction": 0.2,
     "val_fraction": 0.2,
+    "max_epochs": Schedule.deep_max_epochs,
+    "progress": False,
 }
 
 
 def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) -> AuditResult:
-    """Attack ``model`` and ``reference`` (θ₀) on the harmful task with every operator and
-    compare what the attacker gets from each (docs/design.md §3).
+    """Attack ``model`` and ``reference`` (θ₀) on the harmful task with every operator and say
+    how much the defense slows each (docs/design.md §3).
 
     The operators of :mod:`pycore.deep.operators`: linear probes (GD at 1/L, Adam, whitened
-    Adam), LoRA adapters at each of ``lora_ranks`` on the backbone's linear and convolution
-    layers, fine-tuning of the upper stages and of the whole network. Each picks its setting from
-    its grid (:data:`~pycore.deep.operators.LR_GRIDS`) on a seeded ``val_fraction`` of the
-    attacker's data, as an attacker who tunes would, and is scored on ``dh_test`` after each of
-    ``epochs``.
+    Adam), the layer removed, LoRA adapters at each of ``lora_ranks``, fine-tuning of the last
+    stage and of the whole network, and (when ``model``'s backbone differs from the reference's)
+    a retrain of the changed stages. Each runs on ``reference`` first, until its validation
+    accuracy plateaus (θ₀'s budget B₀); then on ``model``, its learning-rate grid widened until
+    the best setting is inside it, and is scored by the slowdown: the steps it needs to reach
+    90 % of θ₀'s gain over chance, over θ₀'s steps (:mod:`pycore.deep.slowdown`).
 
     Parameters
     ----------
@@ -322,18 +327,18 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     seed : int
         Seeds the splits and every operator; an integer in [0, 2**63 − 1].
     **opts
-        ``epochs`` (an integer or a list of integers in [1, 1000], default ``(1, 5)``),
         ``operators`` (a subset of :data:`~pycore.deep.operators.OPERATORS`), ``lora_ranks``
         (positive integers), ``test_fraction``, ``val_fraction`` (in (0, 1); the held-out
-        split has max(2, round(fraction·n)) samples and must leave the splits their 2)
+        split has max(2, round(fraction·n)) samples and must leave the splits their 2),
+        ``max_epochs`` (the longest a deep operator runs on θ₀, in epochs of the training
+        split), ``progress`` (print each operator as it starts)
         (:data:`AUDIT_OPTIONS`).
 
     Returns
     -------
     AuditResult
-        Per operator the D_H test accuracies of both models at each epoch, the signed deficit
-        (``reference − model`` in points; > 0: the defense slowed the attacker), the signed and the
-        absolute RFD, best-so-far accuracies; and the worst case over operators.
+        Per operator its :class:`~pycore.deep.slowdown.Slowdown` (θ₀'s budget inside), the
+        worst-case slowdown over operators and the operator of highest accuracy at θ₀'s budget.
 
     Raises
     ------
@@ -353,10 +358,10 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     >>> from pycore.deep import audit_model, create_model
     >>> net = create_model("resnet10t", 2, seed=0)
     >>> g = torch.Generator().manual_seed(0)
-    >>> dh = (torch.randn(40, 3, 32, 32, generator=g), torch.arange(40) % 2)
-    >>> audit = audit_model(net, reference=net, dh=dh, epochs=1, operators=("gd", "adam"))
-    >>> [c.operator for c in audit.operators], audit["gd"].mean_deficit
-    (['gd', 'adam'], 0.0)
+    >>> dh = (torch.randn(60, 3, 32, 32, generator=g), torch.arange(60) % 2)
+    >>> audit = audit_model(net, reference=net, dh=dh, operators=("gd", "adam"))
+    >>> [s.operator for s in audit.operators], audit["gd"].slowdown, audit.worst_slowdown
+    (['gd', 'adam'], 1.0, 1.0)
     """
     check_model(model, "model")
     check_model(reference, "reference")
@@ -368,10 +373,10 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
             f"unknown option {bad[0]!r} of audit_model; options: {', '.join(AUDIT_OPTIONS)}",
         )
     o = {**AUDIT_OPTIONS, **opts}
-    epochs = tuple(sorted(set(check_counts(o["epochs"], "epochs", low=1, high=1000))))
     operator_names(o["operators"], o["lora_ranks"])  # names, ranks, peft: before any work
     for k in ("test_fraction", "val_fraction"):
         check_number(o[k], k, low=0, high=1, low_open=True, high_open=True)
+    (max_epochs,) = check_counts(o["max_epochs"], "max_epochs", low=1, high=10_000)
     train = as_dataset(dh, "dh")
     test = None if dh_test is None else as_dataset(dh_test, "dh_test")
     n = len(train)
@@ -408,5 +413,9 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     classes = max(label_count(dataset_labels(d, name), name) for d, name in names)
     train, val = Subset(train, sorted(perm[k:])), Subset(train, sorted(perm[:k]))
     data = AttackData(train, val, test, classes)
-    kw = dict(operators=o["operators"], epochs=epochs, lora_ranks=o["lora_ranks"], seed=seed)
-    return compare(run_operators(model, data, **kw), run_operators(reference, data, **kw))
+    schedule = Schedule(deep_max_epochs=max_epochs)
+    say = (lambda n: print(f"audit_model: {n}", flush=True)) if o["progress"] else (lambda n: None)
+    scope = retrain_scope(model, reference)
+    kw = dict(seed=seed, schedule=schedule, scope=scope)
+    ref = budgets(reference, data, o["operators"], lora_ranks=o["lora_ranks"], progress=say, **kw)
+    return audit_result(slowdowns(model, data, ref, progress=say, **kw))

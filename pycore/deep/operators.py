@@ -1,33 +1,42 @@
-"""Every operator an attacker has against a released extractor, each tuned on the attacker's own
-validation split (docs/design.md §3, docs/findings.md §7).
+"""Every operator an attacker has against a released extractor, and the audit that runs them
+against θ₀'s budget (docs/design.md §3, docs/findings.md §7).
 
-An operator learns D_H from the model it is given and is scored by D_H test accuracy (%) after
-each scored epoch:
+An operator learns D_H from the model it is given, at each setting of its grid
+(:data:`LR_GRIDS`, widened per model by :mod:`pycore.deep.slowdown`):
 
-* ``gd``: linear probe on frozen features, full-batch GD with step 1/L (the paper's threat model,
-  Eq. (4)); no setting to tune.
-* ``adam``: linear probe by Adam on features scaled to unit RMS row norm or standardised, the
-  learning rate and the preprocessing picked from :data:`LR_GRIDS`.
+* ``gd``: linear probe on the frozen features, full-batch GD with step 1/L (the paper's threat
+  model, Eq. (4)); nothing to tune.
+* ``adam``: the Adam probe on features scaled to unit RMS row norm or standardised.
 * ``adam_whitened``: the Adam probe on features whitened with the attacker's own covariance (it
   undoes every invertible linear map of the features).
-* ``lora``: LoRA adapters (peft) of rank ``r`` on every linear and (non-grouped) convolution layer
-  of the backbone and the immunization layer, plus a new head; one operator per rank,
-  ``lora_r<r>``.
+* ``remove_layer``: the immunization layer replaced by the identity (folded into the new head),
+  then the Adam probe: what an attacker holding the weights gets by taking a layer-only defense
+  off. On a model whose backbone is θ₀'s it is θ₀'s ``adam``, number for number.
+* ``lora``: LoRA adapters (peft) of rank ``r`` on every linear and ungrouped convolution layer of
+  the backbone and the layer, plus a new head; one operator per rank, ``lora_r<r>``.
 * ``finetune_upper``: the backbone's last stage (timm's ``feature_info``), the layer and a new
   head.
 * ``finetune_full``: the whole network and a new head.
+* ``retrain_tail``: the stages the defense changed (:func:`retrain_scope`) re-initialised and
+  trained from the frozen earlier stages with the layer (reset to the identity) and a new head:
+  the attacker's fallback when fine-tuning is slowed. On θ₀ (its reference) the same modules
+  are fine-tuned from θ₀'s weights.
 
-Deep operators attack a copy in eval mode (θ's normalisation statistics, no dropout: a seed gives
-one result), with the immunization layer as a plain ``nn.Linear`` (a released model's layer has no
-preconditioner) and Adam. Each operator's setting is the one of best accuracy on the validation
-split after the last scored epoch; its test accuracies are reported."""
+Deep operators train a copy with Adam on seeded mini-batches, the modules whose parameters train
+in train mode (BatchNorm on batch statistics, the usual fine-tuning recipe: no defense can hide
+behind normalisation statistics the attacker re-estimates), the frozen ones in eval mode (θ₀'s
+statistics), the layer as a plain ``nn.Linear`` (a released model's layer has no
+preconditioner); they are evaluated in eval mode. A setting whose loss or logits become
+non-finite is marked diverged and left out of the best-of-grid."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -35,72 +44,99 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from pycore.deep.attacks import (
-    adam_probe_curve,
-    linear_probe_curve,
-    preprocess_features,
-)
+from pycore.deep import slowdown
 from pycore.deep.convs import one_position_convs
 from pycore.deep.data import ShardedBatches, dataset_labels, fetch
 from pycore.deep.models import as_immunized, tail_modules
+from pycore.deep.probes import AdamProbe, GDProbe, preprocess_features, probe_inputs
+from pycore.deep.slowdown import Budget, Eval, Slowdown
+from pycore.deep.tail import TailRunner, stage_names
 from pycore.threads import bounded_blas
 from pycore.validation import ParameterError, check_counts
 
 __all__ = [
     "OPERATORS",
+    "PROBES",
     "LR_GRIDS",
     "LORA_RANKS",
     "AttackData",
-    "OperatorCurve",
+    "Schedule",
     "operator_names",
     "lora_targets",
     "attack_copy",
-    "run_operators",
-    "OperatorComparison",
+    "retrain_scope",
+    "Operator",
+    "operator",
+    "budgets",
+    "slowdowns",
     "AuditResult",
-    "compare",
+    "audit_result",
 ]
 
-OPERATORS = ("gd", "adam", "adam_whitened", "lora", "finetune_upper", "finetune_full")
-# Each operator's grid, stated once (docs/design.md §3): Adam probes over lr × preprocessing,
-# the deep operators over the lr of Adam (new head included).
+OPERATORS = (
+    "gd",
+    "adam",
+    "adam_whitened",
+    "remove_layer",
+    "lora",
+    "finetune_upper",
+    "finetune_full",
+    "retrain_tail",
+)
+PROBES = ("gd", "adam", "adam_whitened", "remove_layer")
+_ROOT10 = math.sqrt(10.0)
+
+
+def _rates(low: float, n: int) -> tuple:
+    """``n`` learning rates from ``low`` a factor √10 apart (the grid's own widening ratio)."""
+    return tuple(float(f"{low * _ROOT10**k:.3g}") for k in range(n))
+
+
+# Each operator's starting grid ({variant: learning rates}); every grid is widened per model
+# while its best setting sits at an end (pycore.deep.slowdown). GD's step is 1/L.
 LR_GRIDS = {
-    "adam": (1e-3, 1e-2, 1e-1),
-    "adam_whitened": (1e-3, 1e-2, 1e-1),
-    "lora": (1e-3, 1e-2),
-    "finetune_upper": (1e-4, 1e-3),
-    "finetune_full": (1e-4, 1e-3),
+    "gd": {"": (1.0,)},
+    "adam": {"scale": _rates(1e-3, 5), "standardize": _rates(1e-3, 5)},
+    "adam_whitened": {"whiten": _rates(1e-3, 5)},
+    "remove_layer": {"scale": _rates(1e-3, 5), "standardize": _rates(1e-3, 5)},
+    "lora": {"": _rates(1e-4, 3)},
+    "finetune_upper": {"": _rates(1e-4, 3)},
+    "finetune_full": {"": _rates(3.16e-5, 3)},
+    "retrain_tail": {"": _rates(1e-4, 3)},
 }
 LORA_RANKS = (8, 32)  # the ranks of the operator-transfer report cited in docs/findings.md §7
 
 
 @dataclass(frozen=True)
 class AttackData:
-    """The attacker's D_H data: images to train on, a validation split to tune on, a test split to
-    be scored on, and the number of classes."""
+    """The attacker's data: images to train on, a validation split to watch, a test split to be
+    scored on, and the number of classes."""
 
     train: Dataset
     val: Dataset
     test: Dataset
     classes: int
 
+    @property
+    def chance(self) -> float:
+        """The accuracy (%) of always answering the validation split's most frequent class."""
+        y = dataset_labels(self.val)
+        return 100.0 * float(np.bincount(y).max()) / len(y)
+
 
 @dataclass(frozen=True)
-class OperatorCurve:
-    """One operator against one model: the chosen setting, D_H test accuracy (%) after each of
-    ``epochs`` (the probes also at 0, before training; a deep operator's new head starts at
-    chance), the validation accuracy the setting was chosen by, and every setting tried with its
-    validation accuracy."""
+class Schedule:
+    """How long operators run (in optimizer steps) and how often they are evaluated: probes
+    every step, from ``probe_min_steps`` to ``probe_max_steps``; deep operators every
+    ``deep_eval_every`` steps (0: half an epoch of the training split), from
+    ``deep_min_epochs`` to ``deep_max_epochs`` epochs; mini-batches of ``batch_size``."""
 
-    operator: str
-    setting: str
-    epochs: tuple
-    test_accuracy: tuple
-    validation_accuracy: float
-    grid: tuple  # ((setting, validation accuracy), ...)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    batch_size: int = 64
+    probe_min_steps: int = 40
+    probe_max_steps: int = 3000
+    deep_eval_every: int = 0
+    deep_min_epochs: int = 4
+    deep_max_epochs: int = 60
 
 
 def operator_names(operators=OPERATORS, lora_ranks=LORA_RANKS) -> tuple:
@@ -221,254 +257,394 @@ def _with_lora(attacked: _Attacked, rank: int, seed: int) -> _Attacked:
     return attacked.eval()
 
 
-def _accuracy_of(m, ds) -> float:
-    """D_H accuracy (%) of the attacked model ``m`` on ``ds``; ``m`` trains no more, so it is
-    put in channels-last memory format, in which CPU convolutions infer ~1.7× faster (a
-    network without 4-D weights is unchanged)."""
-    dev = next(m.parameters()).device
-    m.to(memory_format=torch.channels_last)
-    y = torch.as_tensor(dataset_labels(ds), dtype=torch.int64)
-    n, hits = len(ds), 0
-    with torch.no_grad():
-        for s in range(0, n, 256):
-            x = fetch(ds, torch.arange(s, min(s + 256, n)))[0].to(dev)
-            if x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            hits += int((m(x).argmax(1).cpu() == y[s : s + 256]).sum())
-    return 100.0 * hits / n
+def retrain_scope(model, reference) -> "tuple[str, ...] | None":
+    """The modules of the backbone a removal by retraining re-initialises: the fewest last stages
+    (timm's ``feature_info``, with the modules after them but the classifier:
+    :func:`~pycore.deep.models.tail_modules`) that hold every tensor ``model`` changed against
+    ``reference``; every top-level module but the classifier when no tail holds them all (the
+    stem changed). None when the backbones are equal (a layer-only defense, which
+    ``remove_layer`` takes off)."""
+    net, ref = as_immunized(model).net, as_immunized(reference).net
+    mine, base = net.state_dict(), ref.state_dict()
+    if mine.keys() != base.keys() or any(v.shape != base[k].shape for k, v in mine.items()):
+        raise ParameterError("reference", "the model and its reference differ in structure")
+    names = {id(m): n for n, m in net.named_modules()}
+    head = names.get(id(net.get_classifier()), "")
+    changed = [
+        k
+        for k, v in mine.items()
+        if not torch.equal(v, base[k]) and not (head and k.startswith(head + "."))
+    ]
+    if not changed:
+        return None
+    for k in range(1, len(stage_names(net)) + 1):
+        scope = tuple(_module_names(tail_modules(net, k), net))
+        if all(any(c.startswith(n + ".") for n in scope) for c in changed):
+            return scope
+    return tuple(n for n, _ in net.named_children() if n != head)
 
 
-def _attacker(model, data: AttackData, op: str, seed: int) -> _Attacked:
-    """The attack copy ``op`` trains, with its trainable parameters marked and its convolutions
-    with one output position computed as products (:mod:`pycore.deep.convs`: the same values up
-    to round-off, ~10× less CPU time on a ResNet's 1×1 maps)."""
+@torch.no_grad()
+def _reinitialise(modules, seed: int) -> None:
+    """PyTorch's default initialisation of every layer in ``modules`` (``reset_parameters``),
+    BatchNorm statistics reset, drawn from ``seed`` without touching the global generator."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for mod in modules:
+            for m in mod.modules():
+                if hasattr(m, "reset_running_stats"):
+                    m.reset_running_stats()
+                if hasattr(m, "reset_parameters"):
+                    m.reset_parameters()
+
+
+def _attacker(model, data: AttackData, op: str, seed: int, scope=None, reinit=False) -> _Attacked:
+    """The copy operator ``op`` trains: its trainable parameters marked, convolutions with one
+    output position computed as products (:mod:`pycore.deep.convs`: the same values up to
+    round-off, ~10× less CPU time on a ResNet's 1×1 maps)."""
     m = attack_copy(model, data.classes, seed=seed)
     if op.startswith("lora_r"):
         m = _with_lora(m, int(op[6:]), seed)
     else:
-        mods = [m] if op == "finetune_full" else [*tail_modules(m.net, 1), m.layer, m.head]
+        if op == "finetune_full":
+            mods = [m]
+        elif op == "retrain_tail":
+            mods = [m.net.get_submodule(n) for n in scope] + [m.layer, m.head]
+            if reinit:
+                _reinitialise(mods[:-2], seed)
+                with torch.no_grad():
+                    m.layer.weight.copy_(torch.eye(*m.layer.weight.shape))
+                    if m.layer.bias is not None:
+                        m.layer.bias.zero_()
+        else:
+            mods = [*tail_modules(m.net, 1), m.layer, m.head]
         for mod in mods:
             mod.requires_grad_(True)
     m.head.requires_grad_(True)
-    return one_position_convs(m)
+    # channels-last: CPU convolutions train ~1.2x and infer ~1.2-1.7x faster in it
+    return one_position_convs(m).to(memory_format=torch.channels_last)
 
 
-def _deep_grid(model, data: AttackData, op: str, grid, epochs, seed: int, batch_size: int):
-    """Train one deep operator at each lr of ``grid``: ``{lr: (model, its trained parameters
-    after each scored epoch, validation accuracy after the last)}``; only the chosen setting is
-    then scored on the test split (:func:`_scored`).
-
-    Every lr starts from the same copy and the same first batch, so the first step's gradient is
-    computed once and each lr's Adam takes its first step from it: bit for bit the run of that
-    lr alone (Adam's state starts empty), one forward and backward fewer per further lr."""
-    first = _attacker(model, data, op, seed)
-    dev = next(first.parameters()).device
-    ytr = torch.as_tensor(dataset_labels(data.train), dtype=torch.int64)
-    batches = ShardedBatches(len(data.train), min(batch_size, len(data.train)), seed=seed)
-
-    def loss(m, idx):
-        return F.cross_entropy(m(fetch(data.train, idx)[0].to(dev)), ytr[idx].to(dev))
-
-    steps = [idx for e in range(max(epochs)) for (idx,) in batches.epoch(e)]
-    loss(first, steps[0]).backward()
-    out = {}
-    for lr in grid:
-        m = copy.deepcopy(first)
-        params = {n: p for n, p in m.named_parameters() if p.requires_grad}
-        for n, p in first.named_parameters():
-            if p.grad is not None:  # (a parameter the loss does not reach has none)
-                params[n].grad = p.grad.clone()
-        opt = torch.optim.Adam(params.values(), lr=lr)
-        snaps = []  # epoch 0 is a random new head: chance, not scored
-        for k, idx in enumerate(steps, start=1):
-            if k > 1:
-                opt.zero_grad(set_to_none=True)
-                loss(m, idx).backward()
-            opt.step()
-            if k % len(batches) == 0 and k // len(batches) in epochs:
-                snaps.append({n: p.detach().clone() for n, p in params.items()})
-        out[lr] = (m, snaps, _accuracy_of(m, data.val))
-    return out
+def _inputs(x: torch.Tensor, dev) -> torch.Tensor:
+    x = x.to(dev)
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
 
 
-def _scored(m, snaps, test) -> list[float]:
-    """Test accuracy of ``m`` at each of its snapshots (the chosen setting's epochs)."""
-    params = dict(m.named_parameters())
-    out = []
+def _accuracy(m: nn.Module, ds: Dataset) -> "float | str":
+    """Accuracy (%) of ``m`` (eval mode) on ``ds``; a string when a logit is non-finite."""
+    dev = next(m.parameters()).device
+    y = torch.as_tensor(dataset_labels(ds), dtype=torch.int64)
+    hits = 0
     with torch.no_grad():
-        for snap in snaps:
-            for n, v in snap.items():
-                params[n].copy_(v)
-            out.append(_accuracy_of(m, test))
-    return out
+        for s in range(0, len(ds), 256):
+            logits = m(_inputs(fetch(ds, torch.arange(s, min(s + 256, len(ds))))[0], dev))
+            if not bool(torch.isfinite(logits).all()):
+                return "non-finite logits"
+            hits += int((logits.argmax(1).cpu() == y[s : s + 256]).sum())
+    return 100.0 * hits / len(ds)
 
 
-def _probe_runs(op, Z, y, epochs, seed, classes):
-    """A feature operator's settings: ``{setting: (test accuracy per epoch, validation accuracy at
-    the last epoch)}``."""
-    (Zt, Zv, Zs), (yt, yv, ys) = Z, y
-    last = max(epochs)
-    if op == "gd":
-        c = linear_probe_curve(
-            Zt, yt, Zs, ys, epochs=last, num_classes=classes, validation=(Zv, yv)
+class _DeepRuns:
+    """:class:`pycore.deep.slowdown.Runs` of one deep operator: one attack copy and one Adam per
+    learning rate, every copy on the same seeded mini-batches."""
+
+    def __init__(self, build: Callable, lrs, data: AttackData, *, seed, batch_size, eval_every):
+        self.models = [build() for _ in lrs]
+        self.trainable = [[p for p in m.parameters() if p.requires_grad] for m in self.models]
+        self.opts = [torch.optim.Adam(ps, lr=lr) for ps, lr in zip(self.trainable, lrs)]
+        # the modules that own a trainable parameter run in train mode while training
+        self.owners = [
+            [
+                mod
+                for mod in m.modules()
+                if any(p.requires_grad for p in mod.parameters(recurse=False))
+            ]
+            for m in self.models
+        ]
+        self.data, self.eval_every = data, eval_every
+        self.y = torch.as_tensor(dataset_labels(data.train), dtype=torch.int64)
+        self.batches = ShardedBatches(len(data.train), batch_size, seed=seed)
+        self.steps = [0] * len(lrs)
+
+    def _batch(self, step: int) -> torch.Tensor:
+        epoch, k = divmod(step, len(self.batches))
+        if k == 0 or not hasattr(self, "_order") or self._order[0] != epoch:
+            self._order = (epoch, [idx for (idx,) in self.batches.epoch(epoch)])
+        return self._order[1][k]
+
+    def _train(self, g: int) -> "str | None":
+        m, opt = self.models[g], self.opts[g]
+        dev = next(m.parameters()).device
+        m.eval()
+        for mod in self.owners[g]:
+            mod.train()
+        try:
+            for _ in range(self.eval_every):
+                idx = self._batch(self.steps[g])
+                loss = F.cross_entropy(
+                    m(_inputs(fetch(self.data.train, idx)[0], dev)), self.y[idx].to(dev)
+                )
+                if not bool(torch.isfinite(loss)):
+                    return f"non-finite loss at step {self.steps[g] + 1}"
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                self.steps[g] += 1
+        finally:
+            m.eval()
+        return None
+
+    def advance(self, active: list[bool], test: bool) -> list:
+        out = []
+        for g, on in enumerate(active):
+            if not on:
+                out.append(None)
+                continue
+            why = self._train(g)
+            if why is None:
+                val = _accuracy(self.models[g], self.data.val)
+                tst = _accuracy(self.models[g], self.data.test) if test else float("nan")
+                why = next((a for a in (val, tst) if isinstance(a, str)), None)
+            out.append(why or Eval(self.steps[g], val, tst))
+        return out
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One operator against one model, ready to run: its run factory, grid and schedule."""
+
+    name: str
+    make: Callable
+    grid: dict
+    min_steps: int
+    max_steps: int
+    labels: "Callable | None" = None
+
+
+def _features(model, data: AttackData, what: str) -> tuple:
+    from pycore.deep.features import extract  # noqa: PLC0415
+
+    return tuple(extract(model, d, what=what) for d in (data.train, data.val, data.test))
+
+
+def operator(
+    model,
+    data: AttackData,
+    name: str,
+    *,
+    seed: int = 0,
+    schedule: Schedule = Schedule(),
+    features: "dict | None" = None,
+    scope: "tuple | None" = None,
+    reinit: bool = False,
+) -> Operator:
+    """Operator ``name`` (one of :func:`operator_names`) against ``model`` on ``data``.
+    ``features``: ``{"Z": (train, val, test), "X": ...}`` of the model when already extracted
+    (the immunized features, and the layer's inputs for ``remove_layer``); ``scope`` the module
+    names ``retrain_tail`` trains (:func:`retrain_scope`), re-initialised when ``reinit``."""
+    net = as_immunized(model).eval()
+    y = [dataset_labels(d) for d in (data.train, data.val, data.test)]
+    base = name.split("_r")[0] if name.startswith("lora_r") else name
+    grid = LR_GRIDS["lora" if name.startswith("lora_r") else base]
+    if name in PROBES:
+        what = "X" if name == "remove_layer" else "Z"
+        Zt, Zv, Zs = (features or {}).get(what) or _features(net, data, what)
+        prep = {}
+
+        def make(variant: str, lrs: tuple):
+            if name == "gd":
+                A, Av, As = probe_inputs(Zt, Zv, Zs)
+                return GDProbe(A, y[0], (Av, y[1]), (As, y[2]), classes=data.classes)
+            if variant not in prep:
+                a, b = preprocess_features(Zt, np.concatenate([Zv, Zs]), variant)
+                prep[variant] = probe_inputs(a, b[: len(Zv)], b[len(Zv) :])
+            A, Av, As = prep[variant]
+            return AdamProbe(
+                A,
+                y[0],
+                (Av, y[1]),
+                (As, y[2]),
+                lrs=lrs,
+                classes=data.classes,
+                batch_size=schedule.batch_size,
+                seed=seed,
+            )
+
+        labels = (lambda v, lr: "step 1/L") if name == "gd" else None
+        return Operator(
+            name, make, grid, schedule.probe_min_steps, schedule.probe_max_steps, labels
         )
-        return {"step 1/L": (c.test_accuracy, c.validation_accuracy[-1])}
-    preps = ("whiten",) if op == "adam_whitened" else ("scale", "standardize")
-    out = {}
-    for prep in preps:
-        a, b = preprocess_features(Zt, np.concatenate([Zv, Zs]), prep)
-        av, at = b[: len(Zv)], b[len(Zv) :]
-        for lr in LR_GRIDS[op]:
-            kw = dict(epochs=last, lr=lr, seed=seed, num_classes=classes)
-            c = adam_probe_curve(a, yt, at, ys, validation=(av, yv), **kw)
-            out[f"{prep}@{lr:g}"] = (c.test_accuracy, c.validation_accuracy[-1])
+    if name == "retrain_tail" and not scope:
+        raise ParameterError("scope", "retrain_tail needs the modules to retrain (retrain_scope)")
+    bs = min(schedule.batch_size, len(data.train))
+    per_epoch = len(data.train) // bs
+    every = schedule.deep_eval_every or max(1, per_epoch // 2)
+    build = lambda: _attacker(net, data, name, seed, scope, reinit)  # noqa: E731
+    k = _tail_stages(net.net, name, scope)
+    if k:  # the frozen earlier stages' outputs, once per image (pycore.deep.tail)
+        runner = TailRunner(net.net, k)
+        shape = tuple(fetch(data.train, torch.arange(1))[0].shape[1:])
+        images = data
+        data = AttackData(
+            *(runner.dataset(net.net, d) for d in (images.train, images.val, images.test)),
+            images.classes,
+        )
+
+        def build():
+            m = _attacker(net, images, name, seed, scope, reinit)
+            m.net = runner.attach(m.net, shape)
+            return m
+
+        first = fetch(images.train, torch.arange(min(8, len(images.train))))[0]
+        runner.check(net.net, runner.attach(copy.deepcopy(net.net), shape), first)
+
+    def make(variant: str, lrs: tuple):
+        return _DeepRuns(build, lrs, data, seed=seed, batch_size=bs, eval_every=every)
+
+    return Operator(
+        name,
+        make,
+        grid,
+        _whole(schedule.deep_min_epochs * per_epoch, every),
+        _whole(schedule.deep_max_epochs * per_epoch, every),
+    )
+
+
+def _tail_stages(net: nn.Module, name: str, scope) -> int:
+    """How many last stages operator ``name`` trains with every earlier stage frozen (0: it
+    trains more, or the network has no stages)."""
+    stages = stage_names(net)
+    if not stages:
+        return 0
+    if name == "finetune_upper":
+        return 1
+    if name == "retrain_tail":
+        k = sum(s in scope for s in stages)
+        return k if set(scope) == {n for n in _module_names(tail_modules(net, k), net)} else 0
+    return 0
+
+
+def _module_names(mods, net) -> list[str]:
+    names = {id(m): n for n, m in net.named_modules()}
+    return [names[id(m)] for m in mods]
+
+
+def _whole(steps: int, every: int) -> int:
+    return max(every, every * math.ceil(steps / every))
+
+
+@bounded_blas
+def budgets(
+    reference,
+    data: AttackData,
+    operators=OPERATORS,
+    *,
+    lora_ranks=LORA_RANKS,
+    seed: int = 0,
+    schedule: Schedule = Schedule(),
+    scope: "tuple | None" = None,
+    features: "dict | None" = None,
+    progress: Callable = lambda name: None,
+) -> dict[str, Budget]:
+    """θ₀'s :class:`~pycore.deep.slowdown.Budget` of every operator of ``operators`` against
+    ``reference`` (``retrain_tail`` only with a ``scope``: θ₀'s own modules of that scope
+    fine-tuned, the reference of a retrain)."""
+    names = operator_names(operators, lora_ranks)
+    chance, out = data.chance, {}
+    for n in names:
+        if n == "retrain_tail" and not scope:
+            continue
+        progress(n)
+        op = operator(
+            reference, data, n, seed=seed, schedule=schedule, scope=scope, features=features
+        )
+        out[n] = slowdown.budget(
+            n,
+            op.make,
+            op.grid,
+            chance=chance,
+            min_steps=op.min_steps,
+            max_steps=op.max_steps,
+            labels=op.labels,
+        )
     return out
 
 
 @bounded_blas
-def run_operators(
+def slowdowns(
     model,
     data: AttackData,
-    operators=OPERATORS,
+    reference_budgets: dict[str, Budget],
     *,
-    epochs=(1, 5),
-    lora_ranks=LORA_RANKS,
     seed: int = 0,
-    features=None,
-    batch_size: int = 64,
-) -> dict[str, OperatorCurve]:
-    """Every operator of ``operators`` (:func:`operator_names`) against ``model`` on ``data``,
-    each at its best setting on ``data.val``: ``{name: OperatorCurve}``, test accuracy after 0 and
-    each of ``epochs``. ``features`` = ``(Z_train, Z_val, Z_test)`` of the model's immunized
-    features when already extracted (else they are, from the images)."""
-    names = operator_names(operators, lora_ranks)
-    epochs = check_counts(epochs, "epochs", low=1)
-    scored = tuple(sorted({0, *epochs}))
-    net = as_immunized(model).eval()
-    for n in names:  # a bad rank is refused before any training
-        if n.startswith("lora_r"):
-            lora_targets(attack_copy(net, data.classes, seed=seed), int(n[6:]))
-    y = tuple(dataset_labels(d) for d in (data.train, data.val, data.test))
-    if any(n in ("gd", "adam", "adam_whitened") for n in names) and features is None:
-        from pycore.deep.features import extract  # noqa: PLC0415
-
-        features = tuple(extract(net, d) for d in (data.train, data.val, data.test))
+    schedule: Schedule = Schedule(),
+    scope: "tuple | None" = None,
+    features: "dict | None" = None,
+    progress: Callable = lambda name: None,
+) -> dict[str, Slowdown]:
+    """Every operator of ``reference_budgets`` against ``model``: its
+    :class:`~pycore.deep.slowdown.Slowdown` under θ₀'s budget (``retrain_tail`` re-initialises
+    ``scope``; left out when there is none)."""
     out = {}
-    for n in names:
-        if n in ("gd", "adam", "adam_whitened"):
-            runs = _probe_runs(n, features, y, scored[1:], seed, data.classes)
-            runs = {k: ([t[e] for e in scored], v) for k, (t, v) in runs.items()}
-        else:
-            grid = LR_GRIDS["lora" if n.startswith("lora_r") else n]
-            trained = {
-                f"lr {lr:g}": run
-                for lr, run in _deep_grid(net, data, n, grid, scored[1:], seed, batch_size).items()
-            }
-            pick = max(trained, key=lambda k: trained[k][2])  # first of the best (grids ascend)
-            runs = {k: ([], v) for k, (_, _, v) in trained.items()}
-            runs[pick] = (_scored(*trained[pick][:2], data.test), trained[pick][2])
-            del trained
-        best = max(runs, key=lambda k: runs[k][1])  # first of the best (grids ascend)
-        out[n] = OperatorCurve(
+    for n, ref in reference_budgets.items():
+        if n == "retrain_tail" and not scope:
+            continue
+        progress(n)
+        op = operator(
+            model,
+            data,
             n,
-            best,
-            scored if len(runs[best][0]) == len(scored) else scored[1:],
-            tuple(float(a) for a in runs[best][0]),
-            float(runs[best][1]),
-            tuple((k, float(v)) for k, (_, v) in runs.items()),
+            seed=seed,
+            schedule=schedule,
+            scope=scope,
+            reinit=True,
+            features=features,
         )
+        out[n] = slowdown.attack(n, op.make, ref, labels=op.labels)
     return out
 
 
 @dataclass(frozen=True)
-class OperatorComparison:
-    """One operator against the defended model and against θ₀, per scored epoch ≥ 1: D_H test
-    accuracies, the signed deficit ``reference − model`` in points (> 0: the defense slowed the
-    attacker) and relative to the reference, their means over the epochs (``signed_rfd``: RFD of
-    Sarker et al. without the absolute value), ``rfd`` (with it, for comparison), and the
-    best-so-far accuracy of each (the attacker keeps its best epoch)."""
-
-    operator: str
-    epochs: tuple
-    model: tuple
-    reference: tuple
-    model_setting: str
-    reference_setting: str
-    deficit: tuple
-    relative_deficit: tuple
-    mean_deficit: float
-    signed_rfd: float
-    rfd: float
-    best_so_far_model: tuple
-    best_so_far_reference: tuple
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
 class AuditResult:
-    """:func:`compare` / :func:`pycore.deep.audit_model`: every operator's comparison, and the
-    worst case: the operator of highest mean D_H accuracy against the defended model (the one
-    that recovers D_H fastest), with its signed deficit against the same operator on θ₀."""
+    """Every operator's :class:`~pycore.deep.slowdown.Slowdown` against one model, and the two
+    worst cases: ``worst_slowdown``, the smallest slowdown over operators (the attacker's best
+    way around the defense; ``worst_slowdown_censored`` when even that one is a censored lower
+    bound), and ``worst``, the operator that reaches the highest test accuracy at θ₀'s budget,
+    with its deficit."""
 
-    epochs: tuple
-    operators: tuple  # OperatorComparison, in the order run
+    operators: tuple  # Slowdown, in the order run
+    worst_slowdown: float
+    worst_slowdown_operator: str
+    worst_slowdown_censored: bool
     worst: str
     worst_deficit: float
-    worst_signed_rfd: float
+    extra: dict = field(default_factory=dict)
 
-    def __getitem__(self, name: str) -> OperatorComparison:
-        for c in self.operators:
-            if c.operator == name:
-                return c
+    def __getitem__(self, name: str) -> Slowdown:
+        for s in self.operators:
+            if s.operator == name:
+                return s
         raise KeyError(name)
 
     def to_dict(self) -> dict:
         return {
-            "epochs": list(self.epochs),
-            "operators": {c.operator: c.to_dict() for c in self.operators},
+            "operators": {s.operator: s.to_dict() for s in self.operators},
+            "worst_slowdown": self.worst_slowdown,
+            "worst_slowdown_operator": self.worst_slowdown_operator,
+            "worst_slowdown_censored": self.worst_slowdown_censored,
             "worst": self.worst,
             "worst_deficit": self.worst_deficit,
-            "worst_signed_rfd": self.worst_signed_rfd,
+            **self.extra,
         }
 
 
-def compare(model: dict, reference: dict) -> AuditResult:
-    """:class:`AuditResult` of two ``{name: OperatorCurve}`` of the same operators and epochs
-    (:func:`run_operators` against the defended model and against θ₀)."""
-    if list(model) != list(reference):
-        raise ParameterError(
-            "reference", f"operators differ: {list(model)} against {list(reference)}"
-        )
-    rows = []
-    for name, m in model.items():
-        r = reference[name]
-        if m.epochs != r.epochs:
-            raise ParameterError("reference", f"{name}: epochs {m.epochs} against {r.epochs}")
-        keep = [i for i, e in enumerate(m.epochs) if e >= 1]
-        a, b = np.array(m.test_accuracy)[keep], np.array(r.test_accuracy)[keep]
-        d = b - a
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.where(b > 0, d / b, np.nan)
-        rows.append(
-            OperatorComparison(
-                name,
-                tuple(m.epochs[i] for i in keep),
-                tuple(a.tolist()),
-                tuple(b.tolist()),
-                m.setting,
-                r.setting,
-                tuple(d.tolist()),
-                tuple(rel.tolist()),
-                float(d.mean()),
-                float(np.mean(rel)),
-                float(np.mean(np.abs(rel))),
-                tuple(np.maximum.accumulate(np.array(m.test_accuracy))[keep].tolist()),
-                tuple(np.maximum.accumulate(np.array(r.test_accuracy))[keep].tolist()),
-            )
-        )
-    worst = max(rows, key=lambda c: np.mean(c.model))
+def audit_result(results: dict[str, Slowdown]) -> AuditResult:
+    """:class:`AuditResult` of ``{operator: Slowdown}`` (one model's)."""
+    if not results:
+        raise ParameterError("operators", "no operator was run")
+    rows = tuple(results.values())
+    slow = min(rows, key=lambda s: (s.slowdown, s.censored))
+    worst = max(rows, key=lambda s: s.test_at_budget)
     return AuditResult(
-        rows[0].epochs, tuple(rows), worst.operator, worst.mean_deficit, worst.signed_rfd
+        rows, slow.slowdown, slow.operator, slow.censored, worst.operator, worst.deficit
     )

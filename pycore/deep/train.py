@@ -30,7 +30,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from pycore import ops
 from pycore.deep.data import PairedBatches, ShardedBatches, fetch
 from pycore.deep.hardening import HARDENINGS, harden
-from pycore.deep.objectives import DEEP_METHODS, LAMBDA_OF_TERM, combine_terms, loss_terms
+from pycore.deep.objectives import (
+    DEEP_METHODS,
+    LAMBDA_OF_TERM,
+    SIMULATED_METHODS,
+    combine_terms,
+    loss_terms,
+)
+from pycore.deep.simulated import SimulatedOptions, immunize_simulated
+from pycore.deep.tail import TailRunner
 from pycore.options import Options
 from pycore.report import progress as progress_bar
 from pycore.validation import DivergenceError, ParameterError
@@ -97,7 +105,12 @@ OPTION_RULES = {
         )
     },
 }
-OPTION_CHOICES = {"scope": ("layer", "tail"), "harden": HARDENINGS, "rule": ("adaptive", "sgd")}
+OPTION_CHOICES = {
+    "scope": ("layer", "tail"),
+    "harden": HARDENINGS,
+    "rule": ("adaptive", "sgd"),
+    "optimizer": ("sgd", "adam"),
+}
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,7 @@ class DeepOptions(Options):
     max_steps: "int | None" = 400
     batch_size: int = 64  # per rank; capped at the smaller task's size
     lr: float = 0.1
+    optimizer: str = "sgd"  # the loop's optimizer: SGD (momentum, Nesterov; the paper's) or Adam
     momentum: float = 0.9
     nesterov: bool = True
     weight_decay_extractor: float = 0.0
@@ -318,6 +332,10 @@ def immunize_in_place(
     loss or gradient raises :class:`NonFiniteLossError`, ``model`` left at its last good step."""
     if method not in DEEP_METHODS:
         raise ParameterError("method", f"unknown method {method!r}; choose one of {DEEP_METHODS}")
+    if method in SIMULATED_METHODS:
+        return _simulated(model, p_train, h_train, method, opts, seed, num_classes_h, cached)
+    if not isinstance(opts, DeepOptions):
+        raise ParameterError("opts", f"{method} takes DeepOptions, got {type(opts).__name__}")
     if cached and opts.scope != "layer":
         raise ParameterError("scope", "cached features fix the backbone: scope must be 'layer'")
     if world > 1 and opts.virtual_ranks > 1:
@@ -333,6 +351,14 @@ def immunize_in_place(
     model.to(device)
     ext, cls = model.set_trainable(opts.scope, opts.stages)
     model.eval()
+    tail, h_images = None, h_train
+    if opts.scope == "tail" and world == 1:
+        # the frozen earlier stages' outputs once per image; the tail runs from them
+        runner_ = TailRunner(model.net, opts.stages)
+        shape = tuple(fetch(p_train, torch.arange(1))[0].shape[1:])
+        p_train, h_train = (runner_.dataset(model.net, d) for d in (p_train, h_train))
+        tail = runner_.attach(model.net, shape)
+        model.net = tail
     shards = max(world, opts.virtual_ranks)
     bs = min(opts.batch_size, len(p_train) // shards, len(h_train) // shards)
     paired = PairedBatches(
@@ -381,14 +407,14 @@ def immunize_in_place(
         )
         dev = torch.device(device)
         runner = DDP(runner, device_ids=[dev.index] if dev.type == "cuda" else None, **sync)
-    opt = torch.optim.SGD(
-        [
-            {"params": ext, "weight_decay": opts.weight_decay_extractor},
-            {"params": cls, "weight_decay": opts.weight_decay_classifier},
-        ],
-        lr=opts.lr,
-        momentum=opts.momentum,
-        nesterov=opts.nesterov,
+    groups = [
+        {"params": ext, "weight_decay": opts.weight_decay_extractor},
+        {"params": cls, "weight_decay": opts.weight_decay_classifier},
+    ]
+    opt = (
+        torch.optim.SGD(groups, lr=opts.lr, momentum=opts.momentum, nesterov=opts.nesterov)
+        if opts.optimizer == "sgd"
+        else torch.optim.Adam(groups, lr=opts.lr)
     )
     mine = [rank] if world > 1 else list(range(shards))
     lambdas = {
@@ -462,12 +488,26 @@ def immunize_in_place(
         model.requires_grad_(False)
         with torch.no_grad():
             _rescale(model, 1.0 / scale)
+        if tail is not None:
+            model.net = tail.detach()
     steps = kept if stopped else len(history["loss"])
     # every rank computes the same map from the same seeded inputs
-    hardening = _harden(model, h_train, opts, seed, num_classes_h, cached)
+    hardening = _harden(model, h_images, opts, seed, num_classes_h, cached)
     lambdas["ridge"] = ridge
     return TrainResult(
         method, steps, time.perf_counter() - t0, lambdas, history, hardening, stopped
+    )
+
+
+def _simulated(model, p_train, h_train, method, opts, seed, num_classes_h, cached):
+    """:func:`pycore.deep.simulated.immunize_simulated` as a :class:`TrainResult`."""
+    if cached:
+        raise ParameterError("scope", f"{method} trains the backbone: pass images, not features")
+    if not isinstance(opts, SimulatedOptions):
+        raise ParameterError("opts", f"{method} takes SimulatedOptions, got {type(opts).__name__}")
+    out = immunize_simulated(model, p_train, h_train, opts, seed=seed, num_classes_h=num_classes_h)
+    return TrainResult(
+        method, out["kept"], out["seconds"], {}, out["history"], None, out["reason"]
     )
 
 
