@@ -128,7 +128,7 @@ class AttackData:
 class Schedule:
     """How long operators run (in optimizer steps) and how often they are evaluated: probes
     every step, from ``probe_min_steps`` to ``probe_max_steps``; deep operators every
-    ``deep_eval_every`` steps (0: half an epoch of the training split), from
+    ``deep_eval_every`` steps (0: once an epoch of the training split), from
     ``deep_min_epochs`` to ``deep_max_epochs`` epochs; mini-batches of ``batch_size``."""
 
     batch_size: int = 64
@@ -478,7 +478,7 @@ def operator(
         raise ParameterError("scope", "retrain_tail needs the modules to retrain (retrain_scope)")
     bs = min(schedule.batch_size, len(data.train))
     per_epoch = len(data.train) // bs
-    every = schedule.deep_eval_every or max(1, per_epoch // 2)
+    every = schedule.deep_eval_every or per_epoch
     build = lambda: _attacker(net, data, name, seed, scope, reinit)  # noqa: E731
     k = _tail_stages(net.net, name, scope)
     if k:  # the frozen earlier stages' outputs, once per image (pycore.deep.tail)
