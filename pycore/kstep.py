@@ -187,13 +187,17 @@ def _design_back(Abar, Z, c, n):
     return Abar[:, :-1] + (float(Abar[:, -1].sum()) / (n * c)) * Z
 
 
-def _inputs(Z, Y, steps):
-    Z = as_float_matrix(Z, "Z")
+def _targets(Y, n_rows: int) -> np.ndarray:
+    """Y as an N×C matrix, or a ParameterError naming ``"Y"``."""
     try:
-        Y = as_target(Y, Z.shape[0], "Y")
+        return as_target(Y, n_rows, "Y")
     except ValueError as exc:
         raise ParameterError("Y", str(exc)) from None
-    return Z, Y, _check_steps(steps)
+
+
+def _inputs(Z, Y, steps):
+    Z = as_float_matrix(Z, "Z")
+    return Z, _targets(Y, Z.shape[0]), _check_steps(steps)
 
 
 def kstep_remaining(Z, Y, *, steps: int = DEFAULT_STEPS, bias: bool = False) -> KStepRemaining:
@@ -287,10 +291,7 @@ class KStepProbe:
 
     def __init__(self, X, Y, *, steps: int = DEFAULT_STEPS, bias: bool = False, factor=None):
         X = as_float_matrix(X, "X")
-        try:
-            Y = as_target(Y, X.shape[0], "Y")
-        except ValueError as exc:
-            raise ParameterError("Y", str(exc)) from None
+        Y = _targets(Y, X.shape[0])
         self.steps = _check_steps(steps)
         self.factor = RowFactor.of(X) if factor is None else factor
         if self.factor.rank == 0:
