@@ -18,6 +18,7 @@ from pycore.tasks import LinearTask
 from pycore.immunization import immunize
 from pycore.evaluate import evaluate_linear
 from pycore.worst_case import attack_evaluation
+from pycore.kstep import kstep_remaining
 
 __all__ = [
     "condition_number",
@@ -36,5 +37,6 @@ __all__ = [
     "immunize",
     "evaluate_linear",
     "attack_evaluation",
+    "kstep_remaining",
 ]
 __version__ = "0.1.0"

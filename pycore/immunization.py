@@ -1,7 +1,7 @@
 """Immunize a linear feature extractor θ ∈ R^{D×D}: one entry point, per-method options (scipy
 style), ``immunize(task, "imma", rng=rng, preset="strict", inner_steps=5)`` (docs/design.md §3).
-Methods: :data:`METHODS` (docs/theory.md §6, §7, §10), options: :func:`options_of`, settings:
-:data:`PRESETS`."""
+Methods: :data:`METHODS` (docs/theory.md §6, §7, §10) and :data:`EXTRA_METHODS` (§11), options:
+:func:`options_of`, settings: :data:`PRESETS`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from pycore import kstep as kstep_core
 from pycore import methods
 from pycore.evaluate import immunized_def31
 from pycore.metrics import def31_exponent_window, rir_ceiling
@@ -27,6 +28,9 @@ from pycore.validation import ParameterError, check_betas, check_choice, check_r
 MAX_EPOCHS = 100_000
 MAX_INNER_STEPS = 1_000
 MAX_BATCH = 10**6
+MAX_KSTEP_STEPS = kstep_core.MAX_STEPS
+# the k-step immunizer's directions: the θ-gradient, or K⁺ times it (pycore.kstep.KStepProbe)
+KSTEP_PRECONDITIONERS = ("none", "pinv")
 # option → check_number bounds; NaN fails every bound (each is checked positively)
 # the attacker's step inner_lr/L is stable below 2
 OPTION_RULES = {
@@ -43,6 +47,7 @@ OPTION_RULES = {
     "inner_lr": dict(low=0.0, high=2.0, high_open=True),
     "safety": dict(low=0.0, high=1.0, low_open=True, high_open=True),
     "exponent": dict(),  # any finite number
+    "steps": dict(low=1, high=MAX_KSTEP_STEPS, integer=True),
 }
 OPTION_CHOICES = {
     "optimizer": OPTIMIZERS,
@@ -189,6 +194,30 @@ class OptKappaOptions(_AdamOptions):
     log: bool = False
 
 
+@dataclass(frozen=True)
+class KStepOptions(LinearOptions):
+    """The k-step immunizer (docs/theory.md §11): the adaptive rule on the k-step ratios of a GD
+    probe of ``steps`` steps (the deep demo's GD-probe epoch), with a bias column when ``bias``;
+    ``lr``, ``epochs``, ``patience`` as for the adaptive "ours". ``precond``: the θ-gradients as
+    they are ("none", the default: Adam scales each entry itself) or K⁺-preconditioned ("pinv",
+    Algorithm 1's; docs/findings.md §2 measures both)."""
+
+    steps: int = kstep_core.DEFAULT_STEPS
+    lr: float = 0.03
+    epochs: int = 5000
+    patience: int = 300
+    bias: bool = False
+    precond: str = "none"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.precond not in KSTEP_PRECONDITIONERS:
+            raise ParameterError(
+                "precond",
+                f"kstep's precond must be one of {KSTEP_PRECONDITIONERS}, got {self.precond!r}",
+            )
+
+
 _OPTIONS = {
     "identity": IdentityOptions,
     "r_ill_only": RIllOnlyOptions,
@@ -198,7 +227,13 @@ _OPTIONS = {
     "ours": OursOptions,
     "closed_form": ClosedFormOptions,
 }
+# The methods of the documented tables: every command's default list.
 METHODS = tuple(_OPTIONS)
+# Methods no command runs by default (their numbers are in docs/findings.md, not in the tables):
+# the k-step immunizer.
+EXTRA_METHODS = ("kstep",)
+_OPTIONS["kstep"] = KStepOptions
+ALL_METHODS = METHODS + EXTRA_METHODS
 
 # Named settings (docs/design.md §3), each option applied to every method that has it: MNIST's λ_H
 # from the paper's rule of balancing the two preconditioned gradient norms (docs/findings.md §1).
@@ -249,13 +284,14 @@ WORK = MappingProxyType(
         "r_ill_only": (6, 4),
         "opt_kappa": (21, 5),
         "opt_kappa_balanced": (21, 5),
+        "kstep": (18, 5),
     }
 )
 
 
 def options_of(method: str) -> type[LinearOptions]:
-    """The options class of ``method`` (one of :data:`METHODS`)."""
-    return _OPTIONS[check_choice(method, "method", METHODS)]
+    """The options class of ``method`` (one of :data:`ALL_METHODS`)."""
+    return _OPTIONS[check_choice(method, "method", ALL_METHODS)]
 
 
 def resolve_options(
@@ -279,9 +315,9 @@ def resolve_options(
 
 def draws_random(method: str, options: LinearOptions) -> bool:
     """Whether a run of ``method`` with ``options`` draws from its generator.  One that does not
-    gives the same θ for every seed: θ = I, the closed form, R_ill only from θ = I and the adaptive
-    Algorithm 1 (:func:`immunize_batch` computes such runs once)."""
-    if method in ("identity", "closed_form"):
+    gives the same θ for every seed: θ = I, the closed form, R_ill only from θ = I, the adaptive
+    Algorithm 1 and the k-step immunizer (:func:`immunize_batch` computes such runs once)."""
+    if method in ("identity", "closed_form", "kstep"):
         return False
     if method == "ours":
         return not options.auto
@@ -298,7 +334,7 @@ class ImmunizationResult:
     Attributes
     ----------
     method : str
-        One of :data:`METHODS`.
+        One of :data:`ALL_METHODS`.
     theta : ndarray, shape (D, D)
         The immunized feature extractor; features are ``Xθ``.
     omega : ndarray or None
@@ -354,10 +390,11 @@ def immunize(
     task : LinearTask
         The pre-training task D_P and the harmful task D_H (docs/theory.md §1).
     method : str, default "ours"
-        One of :data:`METHODS`: ``"ours"`` (Algorithm 1; by default the adaptive variant of
+        One of :data:`ALL_METHODS`: ``"ours"`` (Algorithm 1; by default the adaptive variant of
         docs/design.md §4), ``"closed_form"`` (the optimal θ of docs/theory.md §10), the
-        baselines ``"r_ill_only"``, ``"imma"``, ``"opt_kappa"``, ``"opt_kappa_balanced"``, or
-        ``"identity"`` (θ = I).
+        baselines ``"r_ill_only"``, ``"imma"``, ``"opt_kappa"``, ``"opt_kappa_balanced"``,
+        ``"identity"`` (θ = I), or ``"kstep"`` (the k-step immunizer of docs/theory.md §11,
+        :data:`EXTRA_METHODS`).
     rng : numpy.random.Generator
         Every random draw of the run (mini-batches, a random start); the library never seeds.
     preset : str, optional
@@ -556,7 +593,7 @@ def _result(task, method, opts, run, why, seconds) -> ImmunizationResult:
 def check_method_work(task: LinearTask, method: str) -> int:
     """The bytes ``method`` sets out to hold on ``task`` (:data:`WORK`), or the ``ValueError`` of
     :func:`pycore.validation.check_work` naming D and the bytes (checked before workers start)."""
-    squares, blocks = WORK[check_choice(method, "method", METHODS)]
+    squares, blocks = WORK[check_choice(method, "method", ALL_METHODS)]
     rows = task.X_P.shape[0] + task.X_H.shape[0]
     return check_work(task.D, rows, squares, blocks, f"immunize({method!r})")
 

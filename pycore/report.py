@@ -22,6 +22,7 @@ METHOD_LABELS = {
     "opt_kappa_balanced": "Opt κ (balanced)",
     "ours": "Ours (Alg. 1)",
     "closed_form": "Closed form (docs/theory.md §10)",
+    "kstep": "k-step (docs/theory.md §11)",
 }
 
 

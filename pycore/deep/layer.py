@@ -4,6 +4,8 @@ samples) and ``W = θᵀ``, the features are ``Z = Xθ`` and every quantity of t
 
 * :func:`adaptive_layer` trains θ by the linear default's adaptive rule
   (:func:`pycore.adaptive.adaptive_descent`, the same code) on the layer's features;
+* :func:`kstep_layer` trains θ by the linear core's k-step immunizer (docs/theory.md §11, the
+  same code) on the layer's features and the tasks' class labels;
 * :func:`closed_form_layer` is the closed form at its balanced exponent (the linear core's
   ``closed_form``): the best any θ of this layer can do, with its Definition 3.1 window;
 * :func:`set_layer` writes θ into an :class:`~pycore.deep.models.ImmunizedNet` and solves the D_P
@@ -24,10 +26,12 @@ from pycore.precondition import Preconditioner
 from pycore.regularizers import hessian_regularizer
 from pycore.spectral import SpectrumError, gram_spectrum, numerical_rank
 from pycore.threads import bounded_blas
+from pycore.validation import ParameterError
 
 __all__ = [
     "LayerSolution",
     "adaptive_layer",
+    "kstep_layer",
     "closed_form_layer",
     "attainability",
     "resolution",
@@ -213,6 +217,79 @@ def adaptive_layer(
     elif window is None:  # met, on κ's that round-off may have made
         reason += f"; but {why}"
     return LayerSolution(run.theta, i, ii, ceiling, window, reason, run.steps, run.history)
+
+
+def _one_hot(y, n_rows: int, name: str, num_classes) -> np.ndarray:
+    """Integer class labels ``y`` (N,) as an N×C one-hot matrix (C = ``num_classes`` or the
+    largest label + 1), or a ParameterError naming ``name``."""
+    y = np.asarray(y)
+    if y.ndim != 1 or y.shape[0] != n_rows or y.dtype.kind not in "iu" or (y.size and y.min() < 0):
+        raise ParameterError(
+            name,
+            f"{name} must be {n_rows} non-negative integer class labels (one per feature row), "
+            f"got shape {y.shape}, dtype {y.dtype}",
+        )
+    C = int(y.max()) + 1 if num_classes is None else int(num_classes)
+    if y.max() >= C:
+        raise ParameterError(name, f"{name} has label {int(y.max())} ≥ num_classes = {C}")
+    out = np.zeros((n_rows, C))
+    out[np.arange(n_rows), y] = 1.0
+    return out
+
+
+@bounded_blas
+def kstep_layer(
+    X_P,
+    y_P,
+    X_H,
+    y_H,
+    *,
+    steps: int = 10,
+    epochs: int = 5000,
+    patience: int = 300,
+    lr: "float | None" = None,
+    num_classes: "tuple[int | None, int | None]" = (None, None),
+    precision=None,
+) -> LayerSolution:
+    """θ by the k-step immunizer (``immunize(task, "kstep")``, docs/theory.md §11) on the layer's
+    inputs and the tasks' integer class labels (one-hot targets, the bias column of the deep
+    probe), from θ = I at ``lr`` (default :func:`relative_step_lr`), at most ``epochs`` steps of
+    the adaptive rule; ``steps`` is k, the GD probe's steps. ``num_classes`` gives (C_P, C_H)
+    (None: the largest label + 1); ``precision`` as in :func:`attainability`.
+
+    E_k depends on the targets, so the R factor of :func:`_rows` (which keeps only XᵀX) does not
+    suffice: the immunizer works on X's thin SVD ``X = U diag(s) Vᵀ`` with the targets kept as
+    ``UᵀY`` and the part of the bias column outside range(U) (:class:`pycore.kstep.KStepProbe`);
+    the residual ``‖(I − UUᵀ)Y‖`` enters L(W_k) and L* alike and cancels from E_k. The returned
+    (i), (ii) are the exact κ ratios of all rows; the k-step ratios are in ``reason`` and in
+    ``history`` (``kstep_harmful_ratio``, ``kstep_pretrain_ratio`` per step)."""
+    X_P = np.asarray(X_P, dtype=np.float64)
+    X_H = np.asarray(X_H, dtype=np.float64)
+    Y_P = _one_hot(y_P, X_P.shape[0], "y_P", num_classes[0])
+    Y_H = _one_hot(y_H, X_H.shape[0], "y_H", num_classes[1])
+    D = X_P.shape[1]
+    task = LinearTask(X_P, Y_P, X_H, Y_H, name="layer features")
+    res = immunize(
+        task,
+        "kstep",
+        rng=np.random.default_rng(0),
+        steps=steps,
+        epochs=epochs,
+        patience=patience,
+        lr=relative_step_lr(D) if lr is None else lr,
+        bias=True,
+    )
+    ceiling, window, why = attainability(_rows(X_P), _rows(X_H), precision=precision)
+    return LayerSolution(
+        res.theta,
+        res.harmful_ratio,
+        res.pretrain_ratio,
+        ceiling,
+        window,
+        f"k-step immunizer: {res.reason} {why}",
+        res.diagnostics["steps"],
+        res.history,
+    )
 
 
 @bounded_blas

@@ -29,6 +29,7 @@ __all__ = [
     "LAMBDA_OF_TERM",
     "log_kappa",
     "imma_harmful_loss",
+    "kstep_loss",
     "loss_terms",
     "combine_terms",
 ]
@@ -78,6 +79,40 @@ def imma_harmful_loss(
     for _ in range(steps):
         W = W - eta * (A.T @ (torch.softmax(A @ W, 1) - Y)) / n
     return F.cross_entropy(A @ W, y)
+
+
+def kstep_loss(
+    Z: torch.Tensor, y: torch.Tensor, *, steps: int, num_classes: int, bias: bool = True
+) -> torch.Tensor:
+    """E_k, the k-step remaining fraction of a GD probe on ``(Z, y)`` (docs/theory.md §11), in
+    float64 and differentiable in ``Z`` by autograd: the torch twin of
+    :func:`pycore.kstep.kstep_remaining` (one-hot targets of ``num_classes``; with ``bias`` the
+    column ``c·1``, c the RMS row norm of Z, part of the graph).
+
+    ``k`` unrolled GD steps of step ``1/s_1²`` (``s_1 = ‖A‖₂``, through ``svdvals``; N cancels),
+    and ``E_k = [L(W_k) − L(W*)]/[L(0) − L(W*)]`` with the least-squares solution W* detached:
+    by the envelope theorem its derivative is that of ``L* = min_W L``, and both differences are
+    written so that the small term ``A(W_k − W*)`` is formed directly. Where Z is rank-deficient
+    the gradient is that of E_k at fixed rank; at a λ_max tie that of one of its eigenvectors."""
+    A = Z.double()
+    n = A.shape[0]
+    if bias:
+        c = A.pow(2).sum(1).mean().sqrt()
+        A = torch.cat([A, c.expand(n, 1)], 1)
+    Y = F.one_hot(y, num_classes).to(A.dtype)
+    with torch.no_grad():  # W* = A⁺Y over the rank of docs/theory.md §2
+        U, s, Vh = torch.linalg.svd(A, full_matrices=False)
+        r = int((s > s[0] * max(A.shape) * torch.finfo(A.dtype).eps).sum())
+        W_star = Vh[:r].T @ ((U[:, :r].T @ Y) / s[:r, None])
+    eta = 1.0 / torch.linalg.matrix_norm(A, ord=2) ** 2
+    W = torch.zeros_like(W_star)
+    for _ in range(steps):
+        W = W - eta * (A.T @ (A @ W - Y))
+    AW_star = A @ W_star
+    Ae = A @ W - AW_star  # A(W_k − W*)
+    excess = 0.5 * (Ae * (Ae + 2.0 * (AW_star - Y))).sum()  # L(W_k) − L(W*), ×N
+    initial = 0.5 * (AW_star * (2.0 * Y - AW_star)).sum()  # L(0) − L(W*), ×N
+    return excess / initial
 
 
 def _cond(Z: torch.Tensor, kind: str) -> torch.Tensor:
