@@ -107,8 +107,27 @@ def demo_rows(stages: int) -> tuple:
 
 def defense_rows(stages: int) -> tuple:
     """The defenses aimed at the attacker's progress (docs/findings.md §7), on a backbone whose
-    tail is its last ``stages`` stages."""
+    tail is its last ``stages`` stages: the k-step immunizer on the layer (the adaptive rule, as
+    Ours) and on the tail (Adam on CE + balanced ±log E_k of each task's batch of 256, 200 steps,
+    ending on the last state within 1 point of D_P's top-1), the simulated attackers, SOPHON."""
     return (
+        Row("kstep", "kstep", _LAYER, "k-step (layer)"),
+        Row(
+            "kstep_tail",
+            "kstep",
+            DeepOptions(
+                rule="sgd",
+                scope="tail",
+                stages=stages,
+                optimizer="adam",
+                lr=1e-4,
+                batch_size=256,
+                max_steps=200,
+                normalize=False,
+                dp_tolerance=1.0,
+            ),
+            "k-step (tail)",
+        ),
         Row(
             "simulated",
             "simulated",

@@ -99,8 +99,8 @@ class Sizes:
 
     defense: int = 960
     dp_val: int = 250
-    attack_train: int = 256
-    attack_val: int = 256
+    attack_train: int = 128
+    attack_val: int = 128
     attack_test: int = 256
     more_data: int = 4
     dp_attack: bool = True

@@ -37,15 +37,32 @@ __all__ = [
 # "closed_form" has no objective: the layer is set to the linear closed form (pycore.deep.layer);
 # the simulated-attacker methods train by pycore.deep.simulated
 SIMULATED_METHODS = ("simulated", "sophon")
-DEEP_METHODS = ("ours", "closed_form", "imma", "opt_kappa", "r_ill_only", *SIMULATED_METHODS)
+DEEP_METHODS = (
+    "ours",
+    "closed_form",
+    "kstep",
+    "imma",
+    "opt_kappa",
+    "r_ill_only",
+    *SIMULATED_METHODS,
+)
 
 # Sign of each regularizer term in the minimised objective and the config field weighting it.
-_SIGN = {"r_well": 1.0, "r_ill": 1.0, "log_kappa_gap": 1.0, "imma_harm": -1.0}
+_SIGN = {
+    "r_well": 1.0,
+    "r_ill": 1.0,
+    "log_kappa_gap": 1.0,
+    "imma_harm": -1.0,
+    "kstep_p": 1.0,
+    "kstep_h": -1.0,
+}
 LAMBDA_OF_TERM = {
     "r_well": "lambda_p",
     "r_ill": "lambda_h",
     "log_kappa_gap": "lambda_kappa",
     "imma_harm": "lambda_imma",
+    "kstep_p": "lambda_p",
+    "kstep_h": "lambda_h",
 }
 
 
@@ -136,9 +153,12 @@ def loss_terms(
     label_smoothing: float = 0.1,
     imma_inner_steps: int = 3,
     imma_inner_lr: float = 1.0,
+    kstep_steps: int = 10,
 ) -> dict[str, torch.Tensor]:
     """The unweighted terms of ``method``'s objective on one (rank-local) batch pair of the layer's
-    inputs ``XP`` / ``XH``: ``"ce"`` and the keys of :data:`LAMBDA_OF_TERM` the method has."""
+    inputs ``XP`` / ``XH``: ``"ce"`` and the keys of :data:`LAMBDA_OF_TERM` the method has
+    (``kstep``: ``log E_k`` of each task's batch, docs/theory.md §11, driven down on D_P and up on
+    D_H)."""
     layer = model.layer
     ZP = F.linear(XP, layer.weight, layer.bias)  # CE path: no preconditioning
     terms = {"ce": F.cross_entropy(model.classifier(ZP), yP, label_smoothing=label_smoothing)}
@@ -148,6 +168,12 @@ def loss_terms(
         terms["r_ill"] = _cond(layer(XH), "ill")
     elif method == "opt_kappa":
         terms["log_kappa_gap"] = log_kappa(ZP) - log_kappa(F.linear(XH, layer.weight, layer.bias))
+    elif method == "kstep":
+        kw = dict(steps=kstep_steps, bias=True)
+        C = model.classifier.out_features
+        terms["kstep_p"] = torch.log(kstep_loss(ZP, yP, num_classes=C, **kw))
+        ZH = F.linear(XH, layer.weight, layer.bias)
+        terms["kstep_h"] = torch.log(kstep_loss(ZH, yH, num_classes=num_classes_h, **kw))
     elif method == "imma":
         terms["imma_harm"] = imma_harmful_loss(
             F.linear(XH, layer.weight, layer.bias),

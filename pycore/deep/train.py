@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pycore import ops
-from pycore.deep.data import PairedBatches, ShardedBatches, fetch
+from pycore.deep.data import PairedBatches, ShardedBatches, dataset_labels, fetch
 from pycore.deep.hardening import HARDENINGS, harden
 from pycore.deep.objectives import (
     DEEP_METHODS,
@@ -71,6 +71,7 @@ OPTION_RULES = {
     "balance_every": _count(0, 10_000_000),
     "imma_inner_steps": _count(0, 1_000),
     "stages": _count(1, 1_000),
+    "kstep_steps": _count(1, 10_000),
     "virtual_ranks": _count(1, 1_024),
     **{
         k: dict(
@@ -135,6 +136,7 @@ class DeepOptions(Options):
     epochs: int = 100  # epochs of the paired loader (the longer task sets the length)
     max_steps: "int | None" = 400
     batch_size: int = 64  # per rank; capped at the smaller task's size
+    kstep_steps: int = 10  # kstep: the GD probe's steps k of E_k (docs/theory.md §11)
     lr: float = 0.1
     optimizer: str = "sgd"  # the loop's optimizer: SGD (momentum, Nesterov; the paper's) or Adam
     momentum: float = 0.9
@@ -227,6 +229,7 @@ class _Objective(nn.Module):
                 label_smoothing=o.label_smoothing,
                 imma_inner_steps=o.imma_inner_steps,
                 imma_inner_lr=o.imma_inner_lr,
+                kstep_steps=o.kstep_steps,
             )
             for k, v in t.items():
                 mean[k] = mean.get(k, 0.0) + v.double() / len(shards)
@@ -342,7 +345,7 @@ def immunize_in_place(
         raise ParameterError(
             "virtual_ranks", "virtual_ranks emulates a multi-rank run in ONE process"
         )
-    if method == "closed_form" or (method == "ours" and opts.rule == "adaptive"):
+    if method == "closed_form" or (method in ("ours", "kstep") and opts.rule == "adaptive"):
         if not cached:
             raise ParameterError(
                 "scope", f"{method} solves the layer on frozen features: pass cached features"
@@ -530,7 +533,12 @@ def _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, de
     """The layer as the linear problem (:mod:`pycore.deep.layer`) on the features of all given
     rows, the D_P head solved exactly; hardening as in the loop."""
     from pycore.deep.features import extract  # noqa: PLC0415
-    from pycore.deep.layer import adaptive_layer, closed_form_layer, set_layer  # noqa: PLC0415
+    from pycore.deep.layer import (  # noqa: PLC0415
+        adaptive_layer,
+        closed_form_layer,
+        kstep_layer,
+        set_layer,
+    )
 
     t0 = time.perf_counter()
     model.to(device).eval().requires_grad_(False)
@@ -538,6 +546,19 @@ def _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, de
     precision = model.layer.weight.dtype
     if method == "closed_form":
         sol = closed_form_layer(Z_P, Z_H, precision=precision)
+    elif method == "kstep":
+        sol = kstep_layer(
+            Z_P,
+            dataset_labels(p_train),
+            Z_H,
+            dataset_labels(h_train),
+            steps=opts.kstep_steps,
+            epochs=opts.adaptive_steps,
+            patience=opts.patience,
+            lr=opts.adaptive_lr,
+            num_classes=(model.classifier.out_features, num_classes_h),
+            precision=precision,
+        )
     else:
         sol = adaptive_layer(
             Z_P,
