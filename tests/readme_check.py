@@ -20,8 +20,9 @@ replaced by ``#`` is equal and
   moved is printed with the documented digits (Definition 3.1's ``k/n`` among them), a number that
   moved is documented inside its range and checked by where it stands: for every other row whose
   number in that column is apart from it, the printed pair is in the documented order.  Two
-  numbers are apart when their ranges, each widened by its own width ``hi − lo`` on both sides,
-  are disjoint (a stable number's range is a point).
+  numbers are apart when their ranges, each widened by its own spread on both sides, are disjoint
+  (a stable number's range is a point): by the factor ``hi/lo`` when ``lo > 0`` (the tables'
+  numbers are ratios, shares and fractions; ``[lo²/hi, hi²/lo]``), else by ``hi − lo``.
 
 A marked row that never moved, or a moving number in an unmarked row, fails (the marks must say
 what was measured); so does a cell with no measurement.
@@ -186,13 +187,16 @@ def compare_cell(doc: str, printed: str, measured: list[str], kernel_dependent: 
 
 
 def _first(cell: str, measured: list[str]) -> tuple[float, float, float] | None:
-    """The first number of a cell and its measured range widened by its width (None: none)."""
+    """The first number of a cell and its measured range widened by its spread (None: none)."""
     ranges = measured_range(measured) if measured else None
     token = NUMBER.search(cell)
     if token is None or not ranges:
         return None
     lo, hi = ranges[0]
-    return value(token.group()), lo - (hi - lo), hi + (hi - lo)
+    if lo == hi:
+        return value(token.group()), lo, hi
+    wide = (lo * lo / hi, hi * hi / lo) if lo > 0 else (lo - (hi - lo), hi + (hi - lo))
+    return value(token.group()), *wide
 
 
 def order_problems(doc_table, printed_table, measured) -> list[str]:
