@@ -18,8 +18,9 @@ replaced by ``#`` is equal and
   printed with the documented digits;
 - in a row marked :data:`MARK` (kernel-dependent: its digits are not a result), a number that never
   moved is printed with the documented digits (Definition 3.1's ``k/n`` among them), a number that
-  moved is documented inside its range and checked by where it stands: for every other row whose
-  number in that column is apart from it, the printed pair is in the documented order.  Two
+  moved is documented inside its range, and a cell's first number (the mean) that moved is checked
+  by where it stands: for every other row whose first number in that column is apart from it, the
+  printed pair is in the documented order.  Two
   numbers are apart when their ranges, each widened by its own spread on both sides, are disjoint
   (a stable number's range is a point): by the factor ``hi/lo`` when ``lo > 0`` (the tables'
   numbers are ratios, shares and fractions; ``[lo²/hi, hi²/lo]``), else by ``hi − lo``.
@@ -186,39 +187,44 @@ def compare_cell(doc: str, printed: str, measured: list[str], kernel_dependent: 
     return f"{doc!r} vs printed {printed!r}: " + "; ".join(problems) if problems else None
 
 
-def _first(cell: str, measured: list[str]) -> tuple[float, float, float] | None:
-    """The first number of a cell and its measured range widened by its spread (None: none)."""
+def _widened(measured: list[str]) -> tuple[float, float] | None:
+    """The range of a cell's first number over the measured runs, widened by its spread (None: no
+    number)."""
     ranges = measured_range(measured) if measured else None
-    token = NUMBER.search(cell)
-    if token is None or not ranges:
+    if not ranges:
         return None
     lo, hi = ranges[0]
     if lo == hi:
-        return value(token.group()), lo, hi
-    wide = (lo * lo / hi, hi * hi / lo) if lo > 0 else (lo - (hi - lo), hi + (hi - lo))
-    return value(token.group()), *wide
+        return lo, hi
+    return (lo * lo / hi, hi * hi / lo) if lo > 0 else (lo - (hi - lo), hi + (hi - lo))
+
+
+def _number(cell: str) -> float | None:
+    token = NUMBER.search(cell)
+    return None if token is None else value(token.group())
 
 
 def order_problems(doc_table, printed_table, measured) -> list[str]:
-    """Each kernel-dependent number printed on the wrong side of a number apart from it."""
+    """Each kernel-dependent cell whose first number is printed on the wrong side of a number apart
+    from it."""
     (dh, drows), (ph, prows) = doc_table, printed_table
     problems = []
     for j, column in enumerate(dh[1:], 1):
-        cells = {}
+        cells = {}  # label: (documented, printed, widened range) of the first numbers
         for label, row in drows.items():
-            m = measured.get(label, {}).get(column, [])
-            doc, printed = _first(row[j], m), _first(prows[label][ph.index(column)], m)
-            if doc and printed:
-                cells[label] = doc, printed[0]
-        for a, ((da, lo_a, hi_a), pa) in cells.items():
+            span = _widened(measured.get(label, {}).get(column, []))
+            d, p = _number(row[j]), _number(prows[label][ph.index(column)])
+            if span and d is not None and p is not None:
+                cells[label] = d, p, span
+        for a, (da, pa, (lo_a, hi_a)) in cells.items():
             if not (marked(a) and lo_a < hi_a):
                 continue
-            for b, ((db, lo_b, hi_b), pb) in cells.items():
+            for b, (db, pb, (lo_b, hi_b)) in cells.items():
                 apart = hi_a < lo_b or hi_b < lo_a
                 if b != a and apart and (pa < pb) != (da < db):
                     problems.append(
                         f"{a} / {column}: printed {pa:g} against {b}'s {pb:g}, documented "
-                        f"{da:g} {'<' if da < db else '>'} {db:g} (apart on every kernel)"
+                        f"{da:g} {'<' if da < db else '>'} {db:g} (apart over the measured runs)"
                     )
     return problems
 
