@@ -7,8 +7,9 @@ little progress, which no reparameterization of the features undoes. Per outer s
 
 1. an attacker is drawn: an operator of ``operators`` (``finetune``: the defended parameters and
    a new head; ``lora``: rank-``lora_rank`` adapters on the defended linear and convolution
-   layers, ``W + BA``, and a new head; ``probe``: a new head alone), a learning rate log-uniform
-   in that operator's range (:data:`INNER_LRS`), a new head drawn at random;
+   layers, ``W + BA``, and a new head; ``probe``: a new head alone, on features scaled or
+   standardised as the audit's Adam probe does), a learning rate log-uniform in that operator's
+   range (:data:`INNER_LRS`), a new head drawn at random;
 2. it takes ``inner_steps`` steps of its optimizer on D_H batches, each on one half of its batch;
    after each step the suppression loss of its model on the other half (``kl_uniform``: the KL
    divergence of the uniform distribution from its predictions; ``inverse_ce``: ``−log(1 −
@@ -306,20 +307,39 @@ def _trajectory(feats, scope, H, yH, stream, op, lr, opts, classes, gen) -> floa
             out[n] = weights[n] + (B @ A).view_as(weights[n])
         return out
 
+    # the probe preprocesses as the audit's Adam probe does (pycore.deep.probes), with statistics
+    # of its own first batch, held fixed
+    prep = ("scale", "standardize")[int(torch.randint(2, (1,), generator=gen))]
+    stats = None
+
+    def features(params, x):
+        nonlocal stats
+        z = functional_call(feats, params, (x,), strict=False)
+        if op != "probe":
+            return z
+        if stats is None:
+            d = z.detach()
+            stats = (
+                (torch.zeros_like(d[0]), d.pow(2).sum(1).mean().sqrt().clamp_min(1e-12))
+                if prep == "scale"
+                else (d.mean(0), d.std(0).clamp_min(1e-12))
+            )
+        return (z - stats[0]) / stats[1]
+
     losses = []
     for _ in range(opts.inner_steps):
         idx = next(stream)
         half = len(idx) // 2
         x, y = fetch(H, idx)
         # the attacker's step on one half
-        z = functional_call(feats, effective(), (x[:half],), strict=False)
+        z = features(effective(), x[:half])
         loss = F.cross_entropy(F.linear(z, *head), y[:half])
         inner.zero_grad(set_to_none=True)
         loss.backward()
         inner.step()
         # the suppression loss at the attacker's new weights, on the other half
         eff = {n: w.detach().requires_grad_(True) for n, w in effective().items()}
-        z = functional_call(feats, eff, (x[half:],), strict=False)
+        z = features(eff, x[half:])
         s = suppression_loss(F.linear(z, *(h.detach() for h in head)), y[half:], opts.suppression)
         grads = torch.autograd.grad(s, list(eff.values()), allow_unused=True)
         for (n, p), g in zip(scope.items(), grads):
