@@ -267,3 +267,10 @@ def test_a_plateau_below_chance_is_its_own_target():
     )
     assert ref.target == ref.plateau == 15.0 and not ref.learns
     assert S.attack("op", _factory(lambda lr, s: 15.0), ref).slowdown == 1.0
+
+
+def test_a_run_never_exceeds_max_steps_even_below_min_steps():
+    make = _factory(INTERIOR)
+    ref = S.budget("op", make, GRID, chance=CHANCE, min_steps=50, max_steps=8)
+    assert ref.run_steps == 8 and max(make.log["steps"].values()) == 8
+    assert not ref.plateau_reached

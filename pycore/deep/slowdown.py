@@ -314,7 +314,7 @@ def budget(
     (``{variant: learning rates}``) run at least ``min_steps`` and until ``BUDGET_FACTOR·B₀``
     steps, at most ``max_steps``; the grid widened while its best setting sits at an end."""
     race = _Race(make, grid, labels)
-    length, keep = min_steps, None
+    length, keep = min(min_steps, max_steps), None  # at most max_steps, whatever min_steps
     while True:
         race.run_to(length, keep)
         traces = race.all()
