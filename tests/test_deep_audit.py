@@ -188,15 +188,17 @@ def test_audit_errors_name_the_flag_before_any_compute(
     init = str(pipeline[2] / "init.safetensors")
     vit = ImmunizedNet(create_model("vit_tiny_patch16_224", 5, img_size=32, patch_size=8, depth=1))
     plain = tmp_path / "plain.safetensors"
-    save_file({k: v.contiguous() for k, v in create_model("test_resnet", 5).state_dict().items()},
-              str(plain))  # fmt: skip
+    save_file(
+        {k: v.contiguous() for k, v in create_model("test_resnet", 5).state_dict().items()},
+        str(plain),
+    )
     two = save_model(ImmunizedNet(create_model("test_resnet", 2, seed=0)), tmp_path / "two.st")
     out = ["--out", str(tmp_path / "o"), "--quiet"]
     for argv, flag in (
         (
             ["--model", save_model(vit, tmp_path / "vit.safetensors"), "--reference", init],
             "--reference",
-        ),  # fmt: skip
+        ),
         (["--model", str(plain), "--reference", init], "--model"),  # no metadata, no name
         (["--model", init, "--reference", init, "--dh-root", str(tmp_path)], "--dp-root"),
         (["--model", two, "--reference", two], "--model"),  # 2 classes; the digits: 5
@@ -247,14 +249,19 @@ def folders(tmp_path_factory):
     small = replace(
         deep_configs.CONFIGS["folders"],
         sizes=Sizes(
-            defense=8, dp_val=4, attack_train=4, attack_val=4, attack_test=4, more_data=1,
+            defense=8,
+            dp_val=4,
+            attack_train=4,
+            attack_val=4,
+            attack_test=4,
+            more_data=1,
             dp_attack=False,
         ),
         rir_groups=2,
         rir_group_size=8,
         schedule=SCHEDULE,
         operators=("gd", "adam"),
-    )  # fmt: skip
+    )
     mp = pytest.MonkeyPatch()
     mp.setitem(deep_configs.CONFIGS, "folders", small)
     dp, dh, out = tmp / "dp", tmp / "dh", tmp / "out"

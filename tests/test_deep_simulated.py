@@ -99,8 +99,9 @@ def test_d_p_top1_is_kept_within_its_tolerance_on_the_check_set(theta0, tasks):
     itself, step 0: every tensor as it was)."""
     harsh = dict(lr=0.3, dp_lr=1e-5, **QUICK)
     free = copy.deepcopy(theta0)
-    immunize_simulated(free, *tasks, SimulatedOptions(dp_tolerance=None, **harsh), seed=0,
-                       num_classes_h=3)  # fmt: skip
+    immunize_simulated(
+        free, *tasks, SimulatedOptions(dp_tolerance=None, **harsh), seed=0, num_classes_h=3
+    )
     assert _top1(free, tasks[0]) < 100.0 - 30
     guarded = copy.deepcopy(theta0)
     out = immunize_simulated(
@@ -117,8 +118,9 @@ def test_a_seed_gives_the_same_model_again(theta0, tasks):
     runs = []
     for _ in range(2):
         m = copy.deepcopy(theta0)
-        immunize_simulated(m, *tasks, SimulatedOptions(dp_tolerance=None, **QUICK), seed=3,
-                           num_classes_h=3)  # fmt: skip
+        immunize_simulated(
+            m, *tasks, SimulatedOptions(dp_tolerance=None, **QUICK), seed=3, num_classes_h=3
+        )
         runs.append(m.state_dict())
     assert all(torch.equal(v, runs[1][k]) for k, v in runs[0].items())
 
@@ -148,8 +150,13 @@ def test_options_errors_name_the_option(kw, parameter):
 
 def test_more_stages_than_the_network_has_are_named(theta0, tasks):
     with pytest.raises(ParameterError) as e:
-        immunize_simulated(copy.deepcopy(theta0), *tasks, SimulatedOptions(stages=9, **QUICK),
-                           seed=0, num_classes_h=3)  # fmt: skip
+        immunize_simulated(
+            copy.deepcopy(theta0),
+            *tasks,
+            SimulatedOptions(stages=9, **QUICK),
+            seed=0,
+            num_classes_h=3,
+        )
     assert e.value.parameter == "stages"
 
 
@@ -184,9 +191,13 @@ def test_immunize_in_place_dispatches_the_simulated_methods_by_their_options(the
     option set, or cached features, is refused naming what is wrong."""
     model = copy.deepcopy(theta0)
     res = immunize_in_place(
-        model, *tasks, "sophon", SimulatedOptions(**{**SOPHON.to_dict(), **QUICK}), seed=0,
+        model,
+        *tasks,
+        "sophon",
+        SimulatedOptions(**{**SOPHON.to_dict(), **QUICK}),
+        seed=0,
         num_classes_h=3,
-    )  # fmt: skip
+    )
     assert res.method == "sophon" and len(res.history["suppression"]) == 4
     assert res.steps <= 4 and _top1(model, tasks[0]) >= 100.0 - SOPHON.dp_tolerance
     for method, opts, cached, parameter in (

@@ -247,8 +247,9 @@ def test_the_plateau_and_b0_are_read_through_the_trailing_mean():
     assert ref.test_at_budget == 75.0 - 1.0
     run = {t.lr: t.steps[-1] for t in ref.traces}
     assert run == {0.001: S.BUDGET_FACTOR * 8, 0.01: S.BUDGET_FACTOR * 8, 0.1: 5}
-    short = S.budget("op", _factory(lambda lr, s: curve[lr](s)), GRID, chance=CHANCE,
-                     min_steps=5, max_steps=20)  # fmt: skip
+    short = S.budget(
+        "op", _factory(lambda lr, s: curve[lr](s)), GRID, chance=CHANCE, min_steps=5, max_steps=20
+    )
     assert short.run_steps == 20 and not short.plateau_reached
 
 
