@@ -162,6 +162,7 @@ def add_deep_options(parser) -> None:
         help="the balance of the R_ill term alone (the trade-off sweep)",
     )
     option("--imma-inner-steps", type=int, metavar="N", help="IMMA: unrolled attacker steps")
+    option("--kstep-steps", type=int, metavar="N", help="kstep: the GD probe's steps k of E_k")
     option("--imma-inner-lr", type=float, metavar="X", help="IMMA: attacker step (1/λ_max units)")
     option(
         "--ridge-rel", type=float, metavar="X", help="preconditioner ridge, relative to tr(XᵀX)/N"
