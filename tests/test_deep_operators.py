@@ -230,8 +230,9 @@ def test_deep_operators_train_what_they_update_in_train_mode_and_score_in_eval_m
     for n, b in bns.items():
         b.register_forward_hook(lambda mod, i, o, n=n: seen.append((n, mod.training)))
     runs.advance([True], True)
-    k = len(bns)  # the first forward pass is the training step, then validation and test
+    k = len(bns) * runs.eval_every  # the training steps' forward passes, then the evaluations
     assert {n: t for n, t in seen[:k]} == {n: n in trained for n in bns}
+    assert all(t == (n in trained) for n, t in seen[:k])
     assert len(seen) > k and not any(t for _, t in seen[k:])
     assert not m.training
     moved = {n for n, b in bns.items() if not torch.equal(b.running_mean, before[n])}
