@@ -651,18 +651,23 @@ def immunize_row(theta0, ev: Evaluation, row: Row, ctx, phase, say, on_extractor
     return result, None, model
 
 
-def audit_seed(model, reference, rc: RunConfig, seed: int, opts: RunOptions, say) -> SeedResult:
+def audit_seed(
+    model, reference, rc: RunConfig, seed: int, opts: RunOptions, say, splits=None
+) -> SeedResult:
     """Any extractor ``model`` against a θ₀ ``reference`` (both ImmunizedNet) on the images of
-    ``rc`` for one seed: θ₀'s budgets, and the row ``"model"`` measured and attacked (a retrain
-    re-initialises what ``model`` changed)."""
+    ``rc`` for one seed (``splits``: :func:`load_splits`'s, when already loaded): θ₀'s budgets,
+    and the row ``"model"`` measured and attacked (a retrain re-initialises what ``model``
+    changed); a feature that is not finite names the model it came from."""
     seconds = {}
     phase = clock(seconds)
     torch.manual_seed(seed)
-    sp = load_splits(rc, opts, seed)
+    sp = load_splits(rc, opts, seed) if splits is None else splits
     scope = retrain_scope(model, reference)
-    ev, row0, reach = evaluation(reference, sp, rc, seed, phase, say, {scope} if scope else ())
+    scopes = {scope} if scope else ()
+    ev, row0, reach = evaluation(reference, sp, rc, seed, phase, say, scopes, name="reference")
     row = replace(
-        measure(model, ev, Row("model", "audit"), phase, audit=False), retrain_scope=scope
+        measure(model, ev, Row("model", "audit"), phase, audit=False, name="model"),
+        retrain_scope=scope,
     )
     return seed_result(ev, row0, {"model": attack_row(model, ev, row, phase)}, {}, reach, seconds)
 
@@ -674,6 +679,7 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
     seconds = {}
     phase = clock(seconds)
     theta0, ev, row0, reach = seed_setup(rc, seed, opts, ctx, phase, say)
+    row0 = _with_extractor(row0, theta0, seed, on_extractor if ctx.is_main else None)
     rows, errors = {}, {}
     for row in rc.rows:
         result, error, model = immunize_row(theta0, ev, row, ctx, phase, say, on_extractor)
@@ -685,6 +691,13 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
     if not ctx.is_main:
         return None
     return seed_result(ev, row0, rows, errors, reach, seconds)
+
+
+def _with_extractor(row0: RowResult, theta0, seed: int, on_extractor) -> RowResult:
+    """θ₀'s row with the path ``on_extractor`` saved θ₀ to (row ``"init"``: the reference
+    audit.py takes), if it did."""
+    path = on_extractor and on_extractor(theta0, "init", seed, "immunized")
+    return replace(row0, extractor=path) if path else row0
 
 
 def seed_result(ev: Evaluation, row0, rows, errors, reach, seconds) -> SeedResult:
@@ -745,6 +758,7 @@ def _seed_job(job) -> tuple:
     seconds = {}
     ctx = init_from_env(device)
     theta0, ev, row0, reach = seed_setup(rc, seed, opts, ctx, clock(seconds), say)
+    row0 = _with_extractor(row0, theta0, seed, on_extractor)
     blob, light = _saved(theta0), replace(ev, splits=None)  # a worker loads the images again
     jobs = [RowJob(rc, seed, r, blob, light, opts, device, threads, on_extractor) for r in rc.rows]
     return (light, row0, reach, seconds), jobs

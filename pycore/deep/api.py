@@ -30,7 +30,7 @@ from pycore.deep.operators import (
 from pycore.deep.train import DeepOptions, immunize_in_place, options
 from pycore.evaluate import chance_accuracy, immunized_def31, near_chance
 from pycore.metrics import ExponentWindow, feature_rir, grouped_feature_rir
-from pycore.validation import ParameterError, check_counts, check_number
+from pycore.validation import ParameterError, check_number
 
 __all__ = [
     "DeepImmunization",
@@ -376,7 +376,7 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     operator_names(o["operators"], o["lora_ranks"])  # names, ranks, peft: before any work
     for k in ("test_fraction", "val_fraction"):
         check_number(o[k], k, low=0, high=1, low_open=True, high_open=True)
-    (max_epochs,) = check_counts(o["max_epochs"], "max_epochs", low=1, high=10_000)
+    max_epochs = check_number(o["max_epochs"], "max_epochs", low=1, high=10_000, integer=True)
     train = as_dataset(dh, "dh")
     test = None if dh_test is None else as_dataset(dh_test, "dh_test")
     n = len(train)

@@ -644,7 +644,11 @@ def audit_result(results: dict[str, Slowdown]) -> AuditResult:
         raise ParameterError("operators", "no operator was run")
     rows = tuple(results.values())
     slow = min(rows, key=lambda s: (s.slowdown, s.censored))
-    worst = max(rows, key=lambda s: s.test_at_budget)
+    # an operator with no test accuracy at B₀ (NaN: its run diverged on the way) is never the
+    # worst; max() over NaN keys depends on the order
+    worst = max(
+        rows, key=lambda s: -math.inf if math.isnan(s.test_at_budget) else s.test_at_budget
+    )
     return AuditResult(
         rows, slow.slowdown, slow.operator, slow.censored, worst.operator, worst.deficit
     )
