@@ -584,7 +584,8 @@ def slowdowns(
 ) -> dict[str, Slowdown]:
     """Every operator of ``reference_budgets`` against ``model``: its
     :class:`~pycore.deep.slowdown.Slowdown` under θ₀'s budget (``retrain_tail`` re-initialises
-    ``scope``; left out when there is none)."""
+    ``scope``; left out when there is none). An operator every setting of which diverged on
+    ``model`` raises ``FloatingPointError`` naming it and them."""
     out = {}
     for n, ref in reference_budgets.items():
         if n == "retrain_tail" and not scope:

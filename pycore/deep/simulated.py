@@ -166,19 +166,19 @@ def _lora_factors(params: dict, rank: int, gen: torch.Generator) -> dict:
         fan_in = int(np.prod(w.shape[1:]))
         r = min(rank, w.shape[0], fan_in)
         bound = 1.0 / math.sqrt(fan_in)
-        A = (torch.rand(r, fan_in, generator=gen, dtype=w.dtype) * 2 - 1) * bound
+        A = ((torch.rand(r, fan_in, generator=gen, dtype=w.dtype) * 2 - 1) * bound).to(w.device)
         out[n] = (
             A.requires_grad_(True),
-            torch.zeros(w.shape[0], r, dtype=w.dtype).requires_grad_(True),
+            torch.zeros(w.shape[0], r, dtype=w.dtype, device=w.device).requires_grad_(True),
         )
     return out
 
 
-def _dp_checker(model, data, seed: int):
+def _dp_checker(model, data, seed: int, device):
     idx = torch.from_numpy(
         np.sort(np.random.default_rng([seed, 11]).permutation(len(data))[:1024])
     )
-    x, y = fetch(data, idx)
+    x, y = (t.to(device) for t in fetch(data, idx))
 
     @torch.no_grad()
     def accuracy() -> float:
@@ -223,11 +223,11 @@ def immunize_simulated(
     bs = min(opts.batch_size, len(H), len(P))
     hb = ShardedBatches(len(H), bs, seed=seed + 1)
     pb = ShardedBatches(len(P), bs, seed=seed)
-    yH = torch.as_tensor(dataset_labels(H), dtype=torch.int64)
     yP = torch.as_tensor(dataset_labels(P), dtype=torch.int64)
     h_stream = (idx for e in range(1 << 30) for (idx,) in hb.epoch(e))
     p_stream = (idx for e in range(1 << 30) for (idx,) in pb.epoch(e))
-    accuracy = _dp_checker(model, P, seed) if opts.dp_tolerance is not None else None
+    dev = next(model.parameters()).device
+    accuracy = _dp_checker(model, P, seed, dev) if opts.dp_tolerance is not None else None
     start = accuracy() if accuracy else None
     kept_state = {n: p.detach().clone() for n, p in model.state_dict().items()}
     kept = 0
@@ -238,7 +238,7 @@ def immunize_simulated(
             op = opts.operators[int(rng.integers(len(opts.operators)))]
             lo, hi = INNER_LRS[op]
             lr = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
-            sup = _trajectory(feats, scope, H, yH, h_stream, op, lr, opts, num_classes_h, gen)
+            sup = _trajectory(feats, scope, H, h_stream, op, lr, opts, num_classes_h, gen, dev)
             total = torch.nn.utils.clip_grad_norm_(list(scope.values()), opts.clip)
             if not bool(torch.isfinite(total)):
                 reason = f"non-finite suppression gradient at step {step}"
@@ -248,7 +248,7 @@ def immunize_simulated(
             dp_loss = 0.0
             for _ in range(opts.dp_steps):
                 idx = next(p_stream)
-                loss = F.cross_entropy(model(fetch(P, idx)[0]), yP[idx])
+                loss = F.cross_entropy(model(fetch(P, idx)[0].to(dev)), yP[idx].to(dev))
                 dp_opt.zero_grad(set_to_none=True)
                 loss.backward()
                 dp_opt.step()
@@ -283,15 +283,15 @@ def immunize_simulated(
     }
 
 
-def _trajectory(feats, scope, H, yH, stream, op, lr, opts, classes, gen) -> float:
+def _trajectory(feats, scope, H, stream, op, lr, opts, classes, gen, dev) -> float:
     """One simulated attacker's trajectory (module docstring, steps 1-2): accumulates the summed
     suppression gradient into ``.grad`` of the defended parameters ``scope``; returns the mean
     suppression loss."""
     dim = feats.model.layer.weight.shape[0]
     bound = 1.0 / math.sqrt(dim)
     head = [
-        ((torch.rand(classes, dim, generator=gen) * 2 - 1) * bound).requires_grad_(True),
-        ((torch.rand(classes, generator=gen) * 2 - 1) * bound).requires_grad_(True),
+        ((torch.rand(classes, dim, generator=gen) * 2 - 1) * bound).to(dev).requires_grad_(True),
+        ((torch.rand(classes, generator=gen) * 2 - 1) * bound).to(dev).requires_grad_(True),
     ]
     weights = {n: p.detach().clone().requires_grad_(op == "finetune") for n, p in scope.items()}
     factors = _lora_factors(weights, opts.lora_rank, gen) if op == "lora" else {}
@@ -330,7 +330,7 @@ def _trajectory(feats, scope, H, yH, stream, op, lr, opts, classes, gen) -> floa
     for _ in range(opts.inner_steps):
         idx = next(stream)
         half = len(idx) // 2
-        x, y = fetch(H, idx)
+        x, y = (t.to(dev) for t in fetch(H, idx))
         # the attacker's step on one half
         z = features(effective(), x[:half])
         loss = F.cross_entropy(F.linear(z, *head), y[:half])

@@ -269,7 +269,7 @@ class _Race:
         end = -1 if best.lr == lrs[0] else 1 if best.lr == lrs[-1] else 0
         if not end or r is None or self.widened[(v, end)] >= MAX_WIDEN:
             return None
-        lr = float(f"{(lrs[0] / r if end < 0 else lrs[-1] * r):.3g}")
+        lr = _snap(lrs[0] / r if end < 0 else lrs[-1] * r, r)
         self.widened[(v, end)] += 1
         self.grid[v] = sorted([*lrs, lr])
         self.add(v, (lr,))
@@ -278,6 +278,15 @@ class _Race:
     def at_edge(self, best: Trace) -> bool:
         lrs = self.grid[best.variant]
         return len(lrs) > 1 and best.lr in (lrs[0], lrs[-1])
+
+
+def _snap(lr: float, ratio: float) -> float:
+    """``lr`` to three significant digits; on a grid of ratio √10 (half decades: 1e-3, 3.16e-3,
+    0.01, ...) snapped to the half decade, so that products of rounded rates do not drift
+    (3.16e-3·√10 is 0.01, not 0.00999)."""
+    if abs(ratio - math.sqrt(10.0)) < 1e-2:
+        lr = 10.0 ** (round(2.0 * math.log10(lr)) / 2.0)
+    return float(f"{lr:.3g}")
 
 
 def _diverged(operator: str, traces: list[Trace]) -> FloatingPointError:
