@@ -520,7 +520,7 @@ def _tail_stages(net: nn.Module, name: str, scope) -> int:
         return 1
     if name == "retrain_tail":
         k = sum(s in scope for s in stages)
-        return k if set(scope) == {n for n in _module_names(tail_modules(net, k), net)} else 0
+        return k if k and set(scope) == set(_module_names(tail_modules(net, k), net)) else 0
     return 0
 
 
