@@ -210,6 +210,10 @@ def immunize_simulated(
         P, H, tail = p_train, h_train, None
     head_params = {id(p) for p in model.classifier.parameters()}
     defended = {id(p): p for m in mods for p in m.parameters() if id(p) not in head_params}
+    # plain gradients everywhere: the layer's preconditioner belongs to Algorithm 1's regularizers
+    precondition = getattr(model.layer, "precondition", None)
+    if precondition is not None:
+        model.layer.precondition = False
     feats = _Features(model)
     names = {id(p): n for n, p in feats.named_parameters()}
     scope = {names[i]: p for i, p in defended.items()}
@@ -272,6 +276,8 @@ def immunize_simulated(
         if accuracy is not None:
             model.load_state_dict(kept_state)
         model.requires_grad_(False)
+        if precondition is not None:
+            model.layer.precondition = precondition
         if tail is not None:
             model.net = tail.detach()
     return {
