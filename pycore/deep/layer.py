@@ -59,19 +59,19 @@ def relative_step_lr(D: int) -> float:
 class LayerSolution:
     """A θ for the layer and what is known about it on the rows it was computed from: (i), (ii)
     (exact κ's of all rows, docs/theory.md §8), the RIR ceiling, the closed form's Definition 3.1
-    window (``None`` when κ(C) = 1) and why the run ended."""
+    window (``None`` when κ(C) = 1, or with a NaN ceiling when the features are float32
+    round-off's, :func:`attainability`), why the run ended, and where it started."""
 
     theta: np.ndarray
     harmful_ratio: float
     pretrain_ratio: float
-    ceiling: float  # sup RIR over θ restricted to range(K_P) (docs/theory.md §10)
+    ceiling: float  # sup RIR over θ restricted to range(K_P) (docs/theory.md §10); NaN: unresolved
     window: "ExponentWindow | None"
     reason: str
     steps: int = 0
     history: dict = field(default_factory=dict)
-    start: str = (
-        "closed_form"  # where the adaptive rule started: "closed_form", "identity", "none"
-    )
+    # where the adaptive rule started: "closed_form", "identity", or "none" (no step: refused)
+    start: str = "closed_form"
 
     @property
     def immunized(self) -> bool:
