@@ -122,9 +122,10 @@ class HeldOutProbe:
 @dataclass(frozen=True)
 class DeepImmunization:
     """:func:`immunize_model`'s result: the immunized copy; (i) ``harmful_ratio``, (ii)
-    ``pretrain_ratio`` and ``rir`` of its features against the given model's on ALL given rows
-    (exact κ's, the quantities of the linear problem the layer is, docs/theory.md §8, §10),
-    Definition 3.1 on them (``immunized``); the paper's grouped RIR_θ₀ (``grouped``: means over
+    ``pretrain_ratio`` and ``rir`` of its features against the given model's on ALL rows it was
+    immunized on (``dp``, and ``dh`` less the held-out rows; exact κ's, the quantities of the
+    linear problem the layer is, docs/theory.md §8, §10), Definition 3.1 on them
+    (``immunized``); the paper's grouped RIR_θ₀ (``grouped``: means over
     20 groups of 100 rows, the quantity the paper's tables report, with its own Definition 3.1
     verdict ``grouped.immunized``; the two can disagree, docs/design.md §4); the RIR ceiling of
     the given model's features and the closed form's Definition 3.1 window on them (``None``:
@@ -308,8 +309,8 @@ def immunize_model(
     reason = res.stopped or f"trained {res.steps} steps"
     if not ok and why not in reason:
         reason += (
-            f"; Definition 3.1 does not hold on the given rows ((i) = {r.harmful_ratio:.4g}, "
-            f"(ii) = {r.pretrain_ratio:.4g}): {why}"
+            "; Definition 3.1 does not hold on the immunization's rows "
+            f"((i) = {r.harmful_ratio:.4g}, (ii) = {r.pretrain_ratio:.4g}): {why}"
         )
     if grouped.immunized != ok:
         reason += (
