@@ -219,7 +219,7 @@ EIG_KAPPA_LIMIT = 1e11
 
 # A window of ``patience`` steps whose margin min(ln(i), −ln(ii)) gains less than this a step
 # counts as one without gain (a restart at lr/3, or the end): 1e-4 a step is 3 % of (i) or
-# 1/(ii) over the default 300 steps, a gain the 5000-step budget could multiply by at most 1.6.
+# 1/(ii) over the default 300 steps; at that rate the 5000-step budget gains at most e^0.5 = 1.65×.
 MIN_GAIN_RATE = 1e-4
 
 # Where the adaptive rule starts: the closed form at its window's balanced exponent (when the
