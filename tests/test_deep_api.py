@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pycore.deep import NearChanceWarning, api, audit_model, create_model, immunize_model
+from pycore.deep.probes import ProbeCurve
 from pycore.validation import ParameterError
 
 torch.set_num_threads(1)
@@ -201,3 +202,85 @@ def test_levit_is_audited_by_every_deep_operator(monkeypatch):
     for op in ops:
         assert (audit[op].slowdown, audit[op].deficit, audit[op].censored) == (1.0, 0.0, False)
         assert 0.0 <= audit[op].test_at_budget <= 100.0
+
+
+# --- the held-out GD probe and the progress bar -------------------------------------------------
+
+
+def test_the_held_out_probe_keeps_its_rows_out_of_the_immunization_and_signs_its_deficit(
+    net, monkeypatch
+):
+    """A quarter of dh's 48 rows (12) is held out: the layer sees 36, the GD probe trains on 6
+    and scores 6, on θ₀'s features first, then the model's; deficit = θ₀'s accuracy − the
+    model's, negative when the attacker got faster."""
+    seen, real = [], api.immunize_in_place
+    monkeypatch.setattr(
+        api,
+        "immunize_in_place",
+        lambda m, p, h, *a, **k: seen.append(len(h)) or real(m, p, h, *a, **k),
+    )
+    curves = {}
+
+    def probe(Z_fit, y_fit, Z_score, y_score, *, epochs, num_classes):
+        acc = curves.pop(0) if 0 in curves else curves.pop(1)
+        assert len(Z_fit) == len(Z_score) == 6 and num_classes == 2 and epochs == 60
+        return ProbeCurve([acc + t for t in range(epochs + 1)])
+
+    monkeypatch.setattr(api, "linear_probe_curve", probe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NearChanceWarning)
+        for ref, model, faster in ((20.0, 35.0, True), (40.0, 10.0, False)):
+            curves.update({0: ref, 1: model})
+            res = immunize_model(net, _data(48, 1), _data(48, 2), adaptive_steps=5)
+            assert seen.pop() == 36 and res.probe.rows == (6, 6) and res.probe.steps == (10, 60)
+            assert res.probe.reference == (ref + 10, ref + 60)
+            assert res.probe.deficit == (ref - model, ref - model)
+            assert res.probe.faster is faster and res.to_dict()["probe"]["faster"] is faster
+
+
+def test_no_probe_without_rows_to_spare_or_with_heldout_zero(net, monkeypatch):
+    seen, real = [], api.immunize_in_place
+    monkeypatch.setattr(
+        api,
+        "immunize_in_place",
+        lambda m, p, h, *a, **k: seen.append(len(h)) or real(m, p, h, *a, **k),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NearChanceWarning)
+        off = immunize_model(net, _data(16, 1), _data(16, 2), heldout=0, adaptive_steps=5)
+        small = immunize_model(net, _data(16, 1), _data(9, 2), adaptive_steps=5)
+        real_probe = immunize_model(net, _data(16, 1), _data(16, 2), adaptive_steps=5)
+    assert seen == [16, 9, 8] and off.probe is None and small.probe is None
+    assert off.to_dict()["probe"] is None
+    p = real_probe.probe  # the paper's GD probe itself: 4 rows to fit, 4 to score
+    assert p.rows == (4, 4) and all(0 <= a <= 100 for a in p.reference + p.model)
+
+
+@pytest.mark.parametrize("heldout", [1.0, -0.1, float("nan"), "a quarter"])
+def test_a_bad_heldout_is_refused_naming_it_before_any_work(net, work_spy, heldout):
+    with pytest.raises(ParameterError) as e:
+        immunize_model(net, _data(16, 1), _data(16, 2), heldout=heldout)
+    assert e.value.parameter == "heldout" and not work_spy
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_progress_false_shows_no_bar(net, monkeypatch, progress):
+    from pycore import adaptive
+
+    bars = []
+    monkeypatch.setattr(adaptive, "progress_bar", lambda **kw: bars.append(kw) or _NoBar())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NearChanceWarning)
+        immunize_model(net, _data(16, 1), _data(16, 2), adaptive_steps=5, progress=progress)
+    assert len(bars) == int(progress)
+
+
+class _NoBar:
+    def update(self, n=1):
+        pass
+
+    def set_postfix(self, **kw):
+        pass
+
+    def close(self):
+        pass

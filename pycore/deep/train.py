@@ -350,7 +350,9 @@ def immunize_in_place(
             raise ParameterError(
                 "scope", f"{method} solves the layer on frozen features: pass cached features"
             )
-        return _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, device)
+        return _linear_layer(
+            model, p_train, h_train, method, opts, seed, num_classes_h, device, progress
+        )
     model.to(device)
     ext, cls = model.set_trainable(opts.scope, opts.stages)
     model.eval()
@@ -529,9 +531,12 @@ def _harden(model, h_train, opts, seed, num_classes_h, cached) -> "dict | None":
     )
 
 
-def _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, device):
+def _linear_layer(
+    model, p_train, h_train, method, opts, seed, num_classes_h, device, progress=False
+):
     """The layer as the linear problem (:mod:`pycore.deep.layer`) on the features of all given
-    rows, the D_P head solved exactly; hardening as in the loop."""
+    rows, the D_P head solved exactly; hardening as in the loop; ``progress``: the adaptive
+    rule's bar on a terminal."""
     from pycore.deep.features import extract  # noqa: PLC0415
     from pycore.deep.layer import (  # noqa: PLC0415
         adaptive_layer,
@@ -567,6 +572,7 @@ def _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, de
             patience=opts.patience,
             lr=opts.adaptive_lr,
             precision=precision,
+            progress=progress,
         )
     kappa_theta = set_layer(model, sol.theta)
     hardening = _harden(model, h_train, opts, seed, num_classes_h, True)
