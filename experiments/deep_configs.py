@@ -136,6 +136,7 @@ def defense_rows(stages: int) -> tuple:
                 max_steps=200,
                 normalize=False,
                 dp_tolerance=1.0,
+                fold_batchnorm=True,
             ),
             "k-step (tail)",
         ),

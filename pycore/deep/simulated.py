@@ -23,7 +23,9 @@ D_P top-1 on up to 1024 of the given D_P rows is checked every ``check_every`` o
 the model ends on the last checked state within ``dp_tolerance`` points of where it started.
 ``scope="tail"`` defends the backbone's last ``stages`` stages and the immunization layer (run
 from their stored inputs, :mod:`pycore.deep.tail`); ``"backbone"`` every backbone parameter.
-The model stays in eval mode, as in :func:`pycore.deep.immunize_in_place`."""
+The model stays in eval mode, as in :func:`pycore.deep.immunize_in_place`, its defended
+BatchNorms folded into their convolutions first (``fold_batchnorm``; the function unchanged,
+:func:`pycore.deep.models.fold_batchnorm`)."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from torch import nn
 from torch.func import functional_call
 
 from pycore.deep.data import ShardedBatches, dataset_labels, fetch
-from pycore.deep.models import tail_modules
+from pycore.deep.models import fold_batchnorm_checked, tail_modules
 from pycore.deep.tail import TailRunner
 from pycore.options import Options
 from pycore.validation import ParameterError
@@ -89,6 +91,7 @@ class SimulatedOptions(Options):
         "stages": _count(1, 1000),
         "check_every": _count(1, 100_000),
         **{k: dict(low=0.0, low_open=True) for k in ("lr", "dp_lr", "clip")},
+        "inner_lr": dict(low=0.0, low_open=True, none_ok=True),
         "dp_tolerance": dict(low=0.0, none_ok=True),
     }
     CHOICES = {
@@ -102,12 +105,14 @@ class SimulatedOptions(Options):
     inner_steps: int = 8
     operators: tuple = SIMULATED_OPERATORS
     inner_optimizer: str = "adam"
+    inner_lr: "float | None" = None  # None: drawn log-uniformly from INNER_LRS per attacker
     lora_rank: int = 8
     suppression: str = "kl_uniform"
     lr: float = 1e-4
     dp_lr: float = 1e-4
     dp_steps: int = 1
     clip: float = 1.0
+    fold_batchnorm: bool = True  # the defended BatchNorms folded first (docs/design.md §4)
     batch_size: int = 64
     scope: str = "tail"
     stages: int = 1
@@ -116,13 +121,14 @@ class SimulatedOptions(Options):
 
 
 # SOPHON's published classification settings (its inverse-loss script: fine-tuning simulated by
-# first-order MAML with SGD at 1e-4, 50 adaptation batches per outer loop, the suppression step
-# Adam at 3·1e-4 and the D_P step at 5·1e-4, one of each per loop, gradients clipped to 0.5), with
-# the demo's scale: 8 adaptation steps instead of 50 and 100 outer loops instead of 1000 (a CPU
-# budget), batches of 64 split in halves instead of 150 split 90/10.
+# first-order MAML with SGD at a fixed 1e-4, 50 adaptation batches per outer loop, the
+# suppression step Adam at 3·1e-4 and the D_P step at 5·1e-4, one of each per loop, gradients
+# clipped to 0.5), with the demo's scale: 8 adaptation steps instead of 50 and 100 outer loops
+# instead of 1000 (a CPU budget), batches of 64 split in halves instead of 150 split 90/10.
 SOPHON = SimulatedOptions(
     operators=("finetune",),
     inner_optimizer="sgd",
+    inner_lr=1e-4,
     suppression="inverse_ce",
     lr=3e-4,
     dp_lr=5e-4,
@@ -197,16 +203,23 @@ def immunize_simulated(
     rng = np.random.default_rng([seed, 21])
     gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
     model.eval().requires_grad_(False)
+    mods = (
+        [*tail_modules(model.net, opts.stages), model.layer]
+        if opts.scope == "tail"
+        else [model.net, model.layer]
+    )
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    if opts.fold_batchnorm:
+        x0 = fetch(p_train, torch.arange(min(16, len(p_train))))[0]
+        fold_batchnorm_checked(model, mods, x0.to(next(model.parameters()).device))
     # the defended parameters, and the data the defense trains from
     if opts.scope == "tail":
-        mods = [*tail_modules(model.net, opts.stages), model.layer]
         runner = TailRunner(model.net, opts.stages)
         shape = tuple(fetch(p_train, torch.arange(1))[0].shape[1:])
         P, H = (runner.dataset(model.net, d) for d in (p_train, h_train))
         tail = runner.attach(model.net, shape)
         model.net = tail
     else:
-        mods = [model.net, model.layer]
         P, H, tail = p_train, h_train, None
     head_params = {id(p) for p in model.classifier.parameters()}
     defended = {id(p): p for m in mods for p in m.parameters() if id(p) not in head_params}
@@ -242,6 +255,7 @@ def immunize_simulated(
             op = opts.operators[int(rng.integers(len(opts.operators)))]
             lo, hi = INNER_LRS[op]
             lr = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+            lr = opts.inner_lr or lr
             sup = _trajectory(feats, scope, H, h_stream, op, lr, opts, num_classes_h, gen, dev)
             total = torch.nn.utils.clip_grad_norm_(list(scope.values()), opts.clip)
             if not bool(torch.isfinite(total)):
@@ -280,6 +294,8 @@ def immunize_simulated(
             model.layer.precondition = precondition
         if tail is not None:
             model.net = tail.detach()
+        if accuracy is not None and kept == 0:  # back to the start: every tensor as it was
+            model.load_state_dict(original)
     return {
         "steps": len(history["suppression"]),
         "kept": kept,
@@ -340,6 +356,8 @@ def _trajectory(feats, scope, H, stream, op, lr, opts, classes, gen, dev) -> flo
         # the attacker's step on one half
         z = features(effective(), x[:half])
         loss = F.cross_entropy(F.linear(z, *head), y[:half])
+        if not bool(torch.isfinite(loss)):  # this attacker diverged: nothing more to suppress
+            break
         inner.zero_grad(set_to_none=True)
         loss.backward()
         inner.step()
@@ -347,6 +365,8 @@ def _trajectory(feats, scope, H, stream, op, lr, opts, classes, gen, dev) -> flo
         eff = {n: w.detach().requires_grad_(True) for n, w in effective().items()}
         z = features(eff, x[half:])
         s = suppression_loss(F.linear(z, *(h.detach() for h in head)), y[half:], opts.suppression)
+        if not bool(torch.isfinite(s)):
+            break
         grads = torch.autograd.grad(s, list(eff.values()), allow_unused=True)
         for (n, p), g in zip(scope.items(), grads):
             if g is None:
@@ -354,4 +374,4 @@ def _trajectory(feats, scope, H, stream, op, lr, opts, classes, gen, dev) -> flo
             g = g / opts.inner_steps
             p.grad = g.clone() if p.grad is None else p.grad + g
         losses.append(float(s.detach()))
-    return float(np.mean(losses))
+    return float(np.mean(losses)) if losses else float("nan")
