@@ -345,12 +345,12 @@ def test_deepnet_runs_a_group_of_configurations_and_the_rows_asked_for(tmp_path,
     monkeypatch.setattr(deepnet, "run_configs", spy)
     out = ["--out", str(tmp_path), "--quiet"]
     assert deepnet.main(["--config", "demo-defense", *out]) == 130
-    assert deepnet.main(["--demo", "--rows", "paper,simulated", "--seeds", "2", *out]) == 130
+    assert deepnet.main(["--demo", "--rows", "paper,ours", "--seeds", "2", *out]) == 130
     defense = deep_configs.GROUPS["demo-defense"]
     rows = [[r.name for r in deep_configs.CONFIGS[c].rows] for c in defense]
     assert asked == [
         (list(defense), rows, [0]),
-        (list(deep_configs.GROUPS["demo"]), [["paper", "simulated"]] * 2, [0, 1]),
+        (list(deep_configs.GROUPS["demo"]), [["ours", "paper"]] * 2, [0, 1]),
     ]
     assert {"simulated", "sophon"} <= set(rows[0])
 
