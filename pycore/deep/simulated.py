@@ -15,7 +15,10 @@ little progress, which no reparameterization of the features undoes. Per outer s
    divergence of the uniform distribution from its predictions; ``inverse_ce``: ``−log(1 −
    p_y)``) is differentiated with respect to the defended weights as the attacker holds them
    then (``W + BA`` for LoRA) and summed over the trajectory: first order, no second
-   derivatives, so it fits a CPU;
+   derivatives, so it fits a CPU. The probe, whose run costs only its head, trains
+   ``probe_steps`` steps on the features of ``inner_steps`` half-batches and is scored at four
+   points of that longer run (:func:`_probe_trajectory`): the horizon at which the real probe
+   reaches θ₀'s target is tens of steps, not eight;
 3. the defender takes an Adam step (lr ``lr``) along that sum, clipped to norm ``clip``;
 4. ``dp_steps`` Adam steps (lr ``dp_lr``) on D_P's cross-entropy with the model's own head.
 
@@ -85,6 +88,7 @@ class SimulatedOptions(Options):
     RULES = {
         "steps": _count(1, 100_000),
         "inner_steps": _count(1, 10_000),
+        "probe_steps": _count(4, 100_000),
         "lora_rank": _count(1, 4096),
         "dp_steps": _count(0, 1000),
         "batch_size": _count(2, 65_536),
@@ -103,6 +107,7 @@ class SimulatedOptions(Options):
 
     steps: int = 100
     inner_steps: int = 8
+    probe_steps: int = 64  # the probe attacker's head steps (its run is cheap: docs above)
     operators: tuple = SIMULATED_OPERATORS
     inner_optimizer: str = "adam"
     inner_lr: "float | None" = None  # None: drawn log-uniformly from INNER_LRS per attacker
@@ -305,16 +310,76 @@ def immunize_simulated(
     }
 
 
+def _accumulate(scope: dict, params: dict, loss: torch.Tensor, weight: float) -> None:
+    """``weight·∂loss/∂params`` added to ``.grad`` of the defended parameters ``scope`` (the
+    attacker's copies ``params`` of them, by name: first order)."""
+    grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+    for (n, p), g in zip(scope.items(), grads):
+        if g is not None:
+            p.grad = weight * g if p.grad is None else p.grad + weight * g
+
+
+def _new_head(classes: int, dim: int, gen, dev) -> list:
+    """A linear head as ``nn.Linear`` draws it (uniform in ±1/√dim), from ``gen``."""
+    bound = 1.0 / math.sqrt(dim)
+    return [
+        ((torch.rand(classes, dim, generator=gen) * 2 - 1) * bound).to(dev).requires_grad_(True),
+        ((torch.rand(classes, generator=gen) * 2 - 1) * bound).to(dev).requires_grad_(True),
+    ]
+
+
+def _probe_trajectory(feats, scope, H, stream, lr, opts, classes, gen, dev) -> float:
+    """The probe attacker (module docstring): its head alone trains, so its whole run is cheap.
+    The features of ``inner_steps`` batches' first halves, computed once, are scaled or
+    standardised (statistics of them, as the audit's Adam probe does); a new head takes
+    ``probe_steps`` Adam steps on them (mini-batches of half a batch); the suppression loss of the
+    head at four points of that run (a quarter, half, three quarters, the end), on the batches'
+    other halves, is differentiated with respect to the defended weights (the head held fixed:
+    first order). Returns the mean suppression loss."""
+    xs, ys = zip(*((t.to(dev) for t in fetch(H, next(stream))) for _ in range(opts.inner_steps)))
+    half = len(xs[0]) // 2
+    xa, ya = torch.cat([x[:half] for x in xs]), torch.cat([y[:half] for y in ys])
+    xe, ye = torch.cat([x[half:] for x in xs]), torch.cat([y[half:] for y in ys])
+    with torch.no_grad():
+        za = functional_call(feats, scope, (xa,), strict=False)
+    scale_ = (
+        (za.mean(0), za.std(0).clamp_min(1e-12))
+        if int(torch.randint(2, (1,), generator=gen))
+        else (torch.zeros_like(za[0]), za.pow(2).sum(1).mean().sqrt().clamp_min(1e-12))
+    )
+    za = (za - scale_[0]) / scale_[1]
+    head = _new_head(classes, za.shape[1], gen, dev)
+    inner = torch.optim.Adam(head, lr=lr)
+    marks = {opts.probe_steps * k // 4 for k in (1, 2, 3, 4)}
+    snaps = []
+    for t in range(1, opts.probe_steps + 1):
+        idx = torch.randint(len(za), (half,), generator=gen)
+        loss = F.cross_entropy(F.linear(za[idx], *head), ya[idx])
+        if not bool(torch.isfinite(loss)):
+            break
+        inner.zero_grad(set_to_none=True)
+        loss.backward()
+        inner.step()
+        if t in marks:
+            snaps.append([h.detach().clone() for h in head])
+    if not snaps:
+        return float("nan")
+    eff = {n: p.detach().requires_grad_(True) for n, p in scope.items()}
+    ze = (functional_call(feats, eff, (xe,), strict=False) - scale_[0]) / scale_[1]
+    s = sum(suppression_loss(F.linear(ze, *h), ye, opts.suppression) for h in snaps) / len(snaps)
+    if not bool(torch.isfinite(s)):
+        return float("nan")
+    _accumulate(scope, eff, s, 1.0)
+    return float(s.detach())
+
+
 def _trajectory(feats, scope, H, stream, op, lr, opts, classes, gen, dev) -> float:
     """One simulated attacker's trajectory (module docstring, steps 1-2): accumulates the summed
     suppression gradient into ``.grad`` of the defended parameters ``scope``; returns the mean
     suppression loss."""
-    dim = feats.model.layer.weight.shape[0]
-    bound = 1.0 / math.sqrt(dim)
-    head = [
-        ((torch.rand(classes, dim, generator=gen) * 2 - 1) * bound).to(dev).requires_grad_(True),
-        ((torch.rand(classes, generator=gen) * 2 - 1) * bound).to(dev).requires_grad_(True),
-    ]
+    if op == "probe":
+        return _probe_trajectory(feats, scope, H, stream, lr, opts, classes, gen, dev)
+    head = _new_head(classes, feats.model.layer.weight.shape[0], gen, dev)
     weights = {n: p.detach().clone().requires_grad_(op == "finetune") for n, p in scope.items()}
     factors = _lora_factors(weights, opts.lora_rank, gen) if op == "lora" else {}
     trainable = head + (
@@ -329,32 +394,13 @@ def _trajectory(feats, scope, H, stream, op, lr, opts, classes, gen, dev) -> flo
             out[n] = weights[n] + (B @ A).view_as(weights[n])
         return out
 
-    # the probe preprocesses as the audit's Adam probe does (pycore.deep.probes), with statistics
-    # of its own first batch, held fixed
-    prep = ("scale", "standardize")[int(torch.randint(2, (1,), generator=gen))]
-    stats = None
-
-    def features(params, x):
-        nonlocal stats
-        z = functional_call(feats, params, (x,), strict=False)
-        if op != "probe":
-            return z
-        if stats is None:
-            d = z.detach()
-            stats = (
-                (torch.zeros_like(d[0]), d.pow(2).sum(1).mean().sqrt().clamp_min(1e-12))
-                if prep == "scale"
-                else (d.mean(0), d.std(0).clamp_min(1e-12))
-            )
-        return (z - stats[0]) / stats[1]
-
     losses = []
     for _ in range(opts.inner_steps):
         idx = next(stream)
         half = len(idx) // 2
         x, y = (t.to(dev) for t in fetch(H, idx))
         # the attacker's step on one half
-        z = features(effective(), x[:half])
+        z = functional_call(feats, effective(), (x[:half],), strict=False)
         loss = F.cross_entropy(F.linear(z, *head), y[:half])
         if not bool(torch.isfinite(loss)):  # this attacker diverged: nothing more to suppress
             break
@@ -363,15 +409,10 @@ def _trajectory(feats, scope, H, stream, op, lr, opts, classes, gen, dev) -> flo
         inner.step()
         # the suppression loss at the attacker's new weights, on the other half
         eff = {n: w.detach().requires_grad_(True) for n, w in effective().items()}
-        z = features(eff, x[half:])
+        z = functional_call(feats, eff, (x[half:],), strict=False)
         s = suppression_loss(F.linear(z, *(h.detach() for h in head)), y[half:], opts.suppression)
         if not bool(torch.isfinite(s)):
             break
-        grads = torch.autograd.grad(s, list(eff.values()), allow_unused=True)
-        for (n, p), g in zip(scope.items(), grads):
-            if g is None:
-                continue
-            g = g / opts.inner_steps
-            p.grad = g.clone() if p.grad is None else p.grad + g
+        _accumulate(scope, eff, s, 1.0 / opts.inner_steps)
         losses.append(float(s.detach()))
     return float(np.mean(losses)) if losses else float("nan")
