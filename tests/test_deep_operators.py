@@ -30,6 +30,7 @@ from pycore.deep.operators import (
     retrain_scope,
     slowdowns,
 )
+from pycore.deep.models import tail_modules
 from pycore.deep.slowdown import Budget, Slowdown
 from pycore.validation import DivergenceError, ParameterError
 
@@ -218,23 +219,45 @@ def test_each_setting_of_a_deep_grid_trains_as_it_would_alone(op, theta0, data):
     assert any(not torch.equal(a[k], b[k]) for k in a)
 
 
-def test_deep_operators_train_what_they_update_in_train_mode_and_score_in_eval_mode(theta0, data):
-    """Fine-tuning the last stage: its BatchNorm layers train on batch statistics (and re-estimate
-    their running ones), the frozen stem's stays on θ₀'s; every evaluation runs in eval mode."""
-    runs = operator(theta0, data, "finetune_upper", schedule=TINY).make("", (1e-3,))
+def _names(net, mods) -> list[str]:
+    names = {id(m): n for n, m in net.named_modules()}
+    return [names[id(m)] for m in mods]
+
+
+def _bn_modes(runs) -> tuple[dict, list, dict]:
+    """One training period and its evaluations of ``runs``' first model: its BatchNorm layers,
+    every BatchNorm forward's (name, training flag) in order, and their running means before."""
     m = runs.models[0]
     bns = {n: b for n, b in m.named_modules() if isinstance(b, nn.BatchNorm2d)}
-    trained = {n for n, b in bns.items() if b.weight.requires_grad}
-    assert trained and trained != set(bns)
     seen, before = [], {n: b.running_mean.clone() for n, b in bns.items()}
     for n, b in bns.items():
         b.register_forward_hook(lambda mod, i, o, n=n: seen.append((n, mod.training)))
     runs.advance([True], True)
+    return bns, seen, before
+
+
+def test_fine_tuning_trains_and_scores_in_eval_mode_on_the_released_statistics(theta0, data):
+    """Fine-tuning the last stage: every BatchNorm forward, training or scoring, in eval mode, and
+    no running statistic moves (the released model's)."""
+    runs = operator(theta0, data, "finetune_upper", schedule=TINY).make("", (1e-3,))
+    bns, seen, before = _bn_modes(runs)
+    assert seen and not any(t for _, t in seen) and not runs.models[0].training
+    assert all(torch.equal(b.running_mean, before[n]) for n, b in bns.items())
+    assert any(b.weight.requires_grad for b in bns.values())  # it does train some of them
+
+
+def test_a_retrain_learns_its_new_statistics_and_scores_in_eval_mode(theta0, data):
+    """The retrain's re-initialised BatchNorms train on batch statistics (their running ones
+    move), the frozen stages' stay in eval mode; every evaluation runs in eval mode."""
+    scope = tuple(_names(theta0.net, tail_modules(theta0.net, 1)))
+    op = operator(theta0, data, "retrain_tail", schedule=TINY, scope=scope, reinit=True)
+    runs = op.make("", (1e-3,))
+    bns, seen, before = _bn_modes(runs)
+    trained = {n for n, b in bns.items() if b.weight.requires_grad}
+    assert trained and trained != set(bns)
     k = len(bns) * runs.eval_every  # the training steps' forward passes, then the evaluations
-    assert {n: t for n, t in seen[:k]} == {n: n in trained for n in bns}
     assert all(t == (n in trained) for n, t in seen[:k])
     assert len(seen) > k and not any(t for _, t in seen[k:])
-    assert not m.training
     moved = {n for n, b in bns.items() if not torch.equal(b.running_mean, before[n])}
     assert moved == trained
 

@@ -22,12 +22,13 @@ An operator learns D_H from the model it is given, at each setting of its grid
   the attacker's fallback when fine-tuning is slowed. On θ₀ (its reference) the same modules
   are fine-tuned from θ₀'s weights.
 
-Deep operators train a copy with Adam on seeded mini-batches, the modules whose parameters train
-in train mode (BatchNorm on batch statistics, the usual fine-tuning recipe: no defense can hide
-behind normalisation statistics the attacker re-estimates), the frozen ones in eval mode (θ₀'s
-statistics), the layer as a plain ``nn.Linear`` (a released model's layer has no
-preconditioner); they are evaluated in eval mode. A setting whose loss or logits become
-non-finite is marked diverged and left out of the best-of-grid."""
+Deep operators train a copy with Adam on seeded mini-batches in eval mode (the released model's
+normalisation statistics: on the demo's ResNet18 full fine-tuning in train mode reached about 50 %
+where eval mode reached 83 %, after 20 steps at lr 1e-4), the layer as a plain ``nn.Linear`` (a
+released model's layer has no preconditioner); the retrain trains its re-initialised modules in
+train mode (their BatchNorm statistics are new and must be learned). Every copy is evaluated in
+eval mode. A setting whose loss or logits become non-finite is marked diverged and left out of
+the best-of-grid."""
 
 from __future__ import annotations
 
@@ -348,16 +349,18 @@ class _DeepRuns:
     """:class:`pycore.deep.slowdown.Runs` of one deep operator: one attack copy and one Adam per
     learning rate, every copy on the same seeded mini-batches."""
 
-    def __init__(self, build: Callable, lrs, data: AttackData, *, seed, batch_size, eval_every):
+    def __init__(
+        self, build: Callable, lrs, data: AttackData, *, seed, batch_size, eval_every, fresh=False
+    ):
         self.models = [build() for _ in lrs]
         self.trainable = [[p for p in m.parameters() if p.requires_grad] for m in self.models]
         self.opts = [torch.optim.Adam(ps, lr=lr) for ps, lr in zip(self.trainable, lrs)]
-        # the modules that own a trainable parameter run in train mode while training
+        # with ``fresh`` (a retrain) the modules that own a trainable parameter run in train mode
         self.owners = [
             [
                 mod
                 for mod in m.modules()
-                if any(p.requires_grad for p in mod.parameters(recurse=False))
+                if fresh and any(p.requires_grad for p in mod.parameters(recurse=False))
             ]
             for m in self.models
         ]
@@ -499,7 +502,15 @@ def operator(
         runner.check(net.net, runner.attach(copy.deepcopy(net.net), shape), first)
 
     def make(variant: str, lrs: tuple):
-        return _DeepRuns(build, lrs, data, seed=seed, batch_size=bs, eval_every=every)
+        return _DeepRuns(
+            build,
+            lrs,
+            data,
+            seed=seed,
+            batch_size=bs,
+            eval_every=every,
+            fresh=reinit and name == "retrain_tail",
+        )
 
     return Operator(
         name,
