@@ -348,7 +348,7 @@ def given_options(args, names) -> dict:
 def add_immunize_options(parser, preset: str | None, *, own_table: bool = False) -> None:
     """A flag per option of every linear method (``--help`` shows ``preset``'s values, and with
     ``own_table`` the values a table of one's own runs), ``--certified`` and ``--harden``."""
-    from pycore.harden import HARDENINGS
+    from pycore.hardening import HARDENINGS
     from pycore.immunization import PRESETS, LinearOptions
 
     shown = (_shown_defaults(preset) if own_table else PRESETS[preset]) if preset else {}
@@ -407,7 +407,7 @@ def add_immunize_options(parser, preset: str | None, *, own_table: bool = False)
         "--harden",
         choices=HARDENINGS,
         default="none",
-        help="θ → θQ after the method (pycore.harden.harden_result, docs/findings.md §5)",
+        help="θ → θQ after the method (pycore.hardening.harden_result, docs/findings.md §5)",
     )
 
 
@@ -465,7 +465,7 @@ class Immunizer:
     def batch(self, task, method: str, rngs) -> list:
         """One result per generator, the runs stepped together (``immunize_batch``; certified
         runs one at a time), each then hardened with its own generator."""
-        from pycore.harden import harden_result
+        from pycore.hardening import harden_result
         from pycore.immunization import immunize_batch, immunize_certified
 
         kw = dict(preset=self.preset, **self.given.get(method, {}))

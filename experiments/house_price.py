@@ -22,7 +22,7 @@ import numpy as np
 from experiments import common
 from pycore.data.table import load_table
 from pycore.evaluate import EvaluationReference, evaluate_linear, norm_ratio_curves
-from pycore.harden import invariant_change, loss_floor
+from pycore.hardening import invariant_change, loss_floor
 from pycore.immunization import METHODS, auto_exponent, check_method_work
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.probe import MAX_PROBE_STEPS

@@ -355,7 +355,7 @@ class ImmunizationResult:
     wall_seconds : float
         Time the run took.
     theta_unhardened, rotation : ndarray or None
-        Set by :func:`pycore.harden.harden_result`: θ = θ_unhardened · rotation.
+        Set by :func:`pycore.hardening.harden_result`: θ = θ_unhardened · rotation.
     """
 
     method: str

@@ -105,7 +105,7 @@ def test_library_entry_points_are_bounded(monkeypatch, clean_env):
     from pycore.tasks import LinearTask
 
     from pycore.evaluate import EvaluationReference
-    from pycore.harden import hardening_rotation
+    from pycore.hardening import hardening_rotation
     from pycore.protocol import strict_protocol
 
     seen = []
