@@ -12,6 +12,7 @@ strict``: docs/theory.md §10.  Your own CSV (:func:`pycore.data.table.load_tabl
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from dataclasses import dataclass
@@ -184,7 +185,7 @@ _COST = {
 
 @dataclass(frozen=True)
 class Shared:
-    """What every batch of runs needs, handed to each worker once (``common.pool_map``)."""
+    """What every batch of runs needs (bound to :func:`run_batch`, it travels with each batch)."""
 
     train: object
     heldout: object
@@ -315,7 +316,9 @@ def run(args) -> tuple[dict, dict]:
         )
     shared = Shared(train, heldout, args.immunizer, ceiling, EvaluationReference(train, heldout))
     jobs = batches(args.methods, args.seeds, args.immunizer, args.jobs)
-    done = common.pool_map(run_batch, jobs, args.jobs, desc="immunizing", shared=shared)
+    done = common.pool_map(
+        functools.partial(run_batch, shared), jobs, args.jobs, desc="immunizing"
+    )
     outs = {(m, s): o for (m, seeds), batch in zip(jobs, done) for s, o in zip(seeds, batch)}
     per_method, thetas, archive = {m: [] for m in args.methods}, {}, {}
     for method in args.methods:

@@ -1,6 +1,7 @@
-"""The command lines' guarantees (experiments/common.py, docs/cli.md): a usage error is exit 2 and
-one stderr line naming the flag, before any compute; every count is bounded and its bound is in
---help; a library error names the flag that sets it; signals end the run and every worker.
+"""The command lines' guarantees (experiments/flags.py, outputs.py, pool.py; docs/cli.md): a
+usage error is exit 2 and one stderr line naming the flag, before any compute; every count is
+bounded and its bound is in --help; a library error names the flag that sets it; signals end the
+run and every worker.
 
 Each case checks the exit code and that the flag is in the one line, never the message's wording.
 """
