@@ -19,6 +19,10 @@ import dataclasses
 import hashlib
 import sys
 import time
+from pathlib import Path
+
+if not __package__:  # run as a file: the checkout's root first on sys.path, not experiments/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import numpy as np
 
