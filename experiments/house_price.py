@@ -31,8 +31,7 @@ from pycore.immunization import METHODS, auto_exponent, check_method_work
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.probe import MAX_PROBE_STEPS
 from pycore.protocol import strict_protocol
-from pycore.report import METHOD_LABELS as LABELS
-from pycore.report import environment, fmt, pm, save_figure, summarize
+from pycore.report import METHOD_LABELS as LABELS, environment, fmt, pm, save_figure, summarize
 from pycore.thetas import run_thetas, save_thetas, task_arrays
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.

@@ -23,8 +23,7 @@ from pycore.data.mnist import MnistDigits, load_mnist, pair_task, parse_pairs, s
 from pycore.evaluate import EvaluationReference, immunized_def31
 from pycore.immunization import METHODS
 from pycore.metrics import rir_ceiling
-from pycore.report import METHOD_LABELS as LABELS
-from pycore.report import environment, fmt, pm, save_figure, summarize
+from pycore.report import METHOD_LABELS as LABELS, environment, fmt, pm, save_figure, summarize
 from pycore.thetas import run_thetas, save_thetas, task_arrays
 
 # Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts: successes_def31 from the

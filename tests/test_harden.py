@@ -9,9 +9,9 @@ from pycore.hardening import (
     HARDENINGS,
     check_orthogonal,
     equalizing_rotation,
+    haar_rotation,
     harden,
     harden_result,
-    haar_rotation,
     hardening_rotation,
     orthogonality_defect,
 )

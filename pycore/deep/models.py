@@ -174,7 +174,7 @@ class ImmunizedNet(nn.Module):
     :meth:`prelogits` ``X``."""
 
     def __init__(
-        self, net: nn.Module, layer: "nn.Module | None" = None, *, lambda_reg: float = 1e-7
+        self, net: nn.Module, layer: nn.Module | None = None, *, lambda_reg: float = 1e-7
     ):
         super().__init__()
         missing = [
@@ -266,7 +266,7 @@ def tail_modules(net: nn.Module, stages: int = 1) -> list[nn.Module]:
 
 
 def create_model(
-    name: str, num_classes: int, *, pretrained: bool = False, seed: "int | None" = None, **kwargs
+    name: str, num_classes: int, *, pretrained: bool = False, seed: int | None = None, **kwargs
 ) -> nn.Module:
     """``timm.create_model`` with one-line errors, the initialisation drawn from ``seed`` without
     touching the global RNG. ``img_size`` goes to models that take it (ViTs); for size-agnostic
