@@ -139,16 +139,21 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         per_seed = []
         for seed in args.seeds:
-            sp_classes = audit_seed(model, ref, rc, seed, opts, say)
-            if sp_classes.classes[0] != classes:
+            result = audit_seed(model, ref, rc, seed, opts, say)
+            if result.classes[0] != classes:
                 raise common.UsageError(
-                    f"{args.dp_root or 'the demo digits 0-4'} hold {sp_classes.classes[0]} D_P "
+                    f"{args.dp_root or 'the demo digits 0-4'} hold {result.classes[0]} D_P "
                     f"classes, the models classify {classes}: D_P must be their task",
                     "--dp-root" if args.dp_root else "--model",
                 )
-            per_seed.append(sp_classes)
+            per_seed.append(result)
         result = result_of(
-            rc, opts, args.seeds, per_seed, t0, rows=(Row("model", "audit", label="the model"),)
+            rc,
+            opts,
+            args.seeds,
+            per_seed,
+            t0,
+            row_specs=(Row("model", "audit", label="the model"),),
         )
         result["inputs"] = {
             "model": str(Path(args.model).resolve()),

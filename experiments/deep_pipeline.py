@@ -919,10 +919,11 @@ def _budget_table(seeds: list[SeedResult], key: str) -> dict:
 
 
 def result_of(
-    rc: RunConfig, opts: RunOptions, seeds, per_seed: list, t0, rows=None, **extra
+    rc: RunConfig, opts: RunOptions, seeds, per_seed: list, t0, row_specs=None, **extra
 ) -> dict:
     """results.json of one configuration over ``seeds``: per row its :class:`RowSummary` (θ₀'s
-    first; ``rows`` default ``rc.rows``), θ₀'s budgets, every seed's results, the seconds."""
+    first; ``row_specs`` default ``rc.rows``), θ₀'s budgets, every seed's results, the
+    seconds."""
     phases = {}
     for s in per_seed:
         _add_seconds(phases, s.phase_seconds)
@@ -933,7 +934,7 @@ def result_of(
     rows["init"] = summarize_row(
         Row("init", "init", label="Init. θ₀"), all_seeds, theta_rows, theta_rows
     )
-    for r in rc.rows if rows is None else rows:
+    for r in rc.rows if row_specs is None else row_specs:
         have = [(s.seed, s.rows[r.name], s.theta0) for s in per_seed if r.name in s.rows]
         if have:
             ss, res, t0s = zip(*have)

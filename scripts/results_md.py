@@ -113,8 +113,9 @@ HEADER = """# Results
 Each section gives what the experiment is, the command that wrote its tables (from the repository
 root, after `bash scripts/install.sh`), and the tables as the command printed them. The commands
 after a `readme-check` marker are re-run by `tests/test_readme_numbers.py`, which compares every
-cell within the measured cross-kernel spread (tests/readme_check.py). The columns are defined in
-[theory.md](theory.md).
+cell to the digit but those of rows marked † (kernel-dependent: their digits differ between CPUs),
+read by their Definition 3.1 counts and their order against the other rows (tests/readme_check.py,
+docs/design.md §7). The columns are defined in [theory.md](theory.md).
 """
 
 

@@ -159,6 +159,32 @@ def test_table_prints_round_off_spread_as_zero():
     assert pm({"mean": 2261.0, "std": 720.0}) == "2261 ± 720"
 
 
+def test_null_share_at_round_off_prints_as_zero():
+    cell = house_price.null_share_cell
+    assert [cell(3.1e-29), cell(9.469e-4), cell(float("nan"))] == ["0", "9.469e-04", "n/a"]
+
+
+def test_kernel_dependent_rows_are_those_measured():
+    """The † rows: the listed methods on the paper's data under the protocol's own preset, not a
+    method given options of its own, not a certified run, not one's own table."""
+
+    def result(protocol="strict", preset="strict", paper=True, certified=False, given=None):
+        methods = ["identity", "imma", "opt_kappa", "ours", "closed_form"]
+        return {
+            "protocol": protocol,
+            "data": {"paper": paper},
+            "methods": dict.fromkeys(methods),
+            "immunize": {"preset": preset, "certified": certified, "given": given or {}},
+        }
+
+    marked = house_price.kernel_dependent
+    assert marked(result()) == {"imma", "opt_kappa", "ours"}
+    assert marked(result("paper", "house_price")) == {"opt_kappa"}
+    assert marked(result(given={"imma": {"lr": 0.1}, "ours": {}})) == {"opt_kappa", "ours"}
+    assert marked(result(paper=False)) == marked(result(certified=True)) == set()
+    assert marked(result("strict", "paper")) == set()
+
+
 @pytest.fixture(scope="module")
 def own_csv(tmp_path_factory):
     """A table the project never saw: 6 numeric inputs, a text column, a group column, two
