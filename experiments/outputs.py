@@ -137,7 +137,8 @@ def _raise_terminated(signum, frame):
 
 
 def describe(exc: BaseException, parser) -> str:
-    """One line for ``exc``, led by the flag that sets its ``.parameter`` where there is one."""
+    """One line for ``exc``, led by the flag that sets its ``.parameter`` where there is one
+    (``parser``: the command's :class:`experiments.flags.Parser`, which knows its flags)."""
     # "No space left on device: PATH", not "[Errno 28] ..."
     if isinstance(exc, OSError) and exc.strerror:
         msg = exc.strerror + (f": {exc.filename}" if exc.filename else "")
@@ -158,9 +159,9 @@ def describe(exc: BaseException, parser) -> str:
 
 
 def main(parser, body, argv=None) -> int:
-    """``body(parser.parse_args(argv))`` (None: 0) under the exit-code policy of docs/cli.md.
-    SIGINT is never touched (an inherited SIG_IGN stays); SIGTERM raises :class:`Terminated` unless
-    ignored."""
+    """``body(parser.parse_args(argv))`` (None: 0) under the exit-code policy of docs/cli.md
+    (``parser``: an :class:`experiments.flags.Parser`). SIGINT is never touched (an inherited
+    SIG_IGN stays); SIGTERM raises :class:`Terminated` unless ignored."""
     as_script, argv = argv is None, sys.argv[1:] if argv is None else list(argv)
     term = (
         signal.getsignal(signal.SIGTERM)
