@@ -27,7 +27,7 @@ import torch
 
 from experiments import common, deep_report
 from experiments.deep_configs import CONFIGS
-from experiments.deep_pipeline import Row, RunOptions, audit_seed, result_of
+from experiments.deep_pipeline import Row, RunOptions, audit_seed, load_splits, result_of
 from pycore.deep.operators import Schedule
 from pycore.deep import CheckpointError, load_model
 from pycore.deep.operators import LORA_RANKS, OPERATORS, operator_names
@@ -139,14 +139,14 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         per_seed = []
         for seed in args.seeds:
-            result = audit_seed(model, ref, rc, seed, opts, say)
-            if result.classes[0] != classes:
+            splits = load_splits(rc, opts, seed)
+            if splits.classes[0] != classes:  # before any compute
                 raise common.UsageError(
-                    f"{args.dp_root or 'the demo digits 0-4'} hold {result.classes[0]} D_P "
+                    f"{args.dp_root or 'the demo digits 0-4'} hold {splits.classes[0]} D_P "
                     f"classes, the models classify {classes}: D_P must be their task",
                     "--dp-root" if args.dp_root else "--model",
                 )
-            per_seed.append(result)
+            per_seed.append(audit_seed(model, ref, rc, seed, opts, say, splits))
         result = result_of(
             rc,
             opts,

@@ -207,6 +207,26 @@ def _take(ds, idx: np.ndarray):
     return Subset(ds, idx.tolist())
 
 
+# the fewest images a split is shrunk to (an attacker's validation split of 8 reads accuracies in
+# steps of 12.5 points: below that no plateau means anything)
+MIN_SPLIT_IMAGES = 8
+
+
+def _fit(sizes: list[int], n: int, name: str) -> list[int]:
+    """``sizes`` scaled by one factor so that their sum fits in ``n`` images (unchanged when it
+    does); a split that would fall below :data:`MIN_SPLIT_IMAGES` is a DataError naming the
+    task."""
+    if sum(sizes) <= n:
+        return list(sizes)
+    out = [int(k * n / sum(sizes)) for k in sizes]
+    if min(out) < MIN_SPLIT_IMAGES:
+        raise DataError(
+            f"{name}'s training folder has {n} images; this configuration's {len(sizes)} splits "
+            f"need at least {MIN_SPLIT_IMAGES} each in proportion to {sizes}"
+        )
+    return out
+
+
 def _parts(ds, sizes: list[int], rng, name: str) -> list:
     """Consecutive parts of one seeded permutation of ``ds`` with ``sizes`` images each."""
     need = sum(sizes)
@@ -267,6 +287,8 @@ def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
         p_all, h_all, h_test = sets["p_train"], sets["h_train"], sets["h_val"]
         h_sizes = [z.defense, more, z.attack_val]
         ncp, nch = len(sets["p_train"].classes), len(sets["h_train"].classes)
+    if rc.data != "mnist":  # your own folders: every split shrunk alike to the images there are
+        dp_sizes, h_sizes = _fit(dp_sizes, len(p_all), "D_P"), _fit(h_sizes, len(h_all), "D_H")
     p = _parts(p_all, dp_sizes, np.random.default_rng([seed, 1]), "D_P")
     h = _parts(h_all, h_sizes, np.random.default_rng([seed, 2]), "D_H")
     if h_test is None:
@@ -474,8 +496,18 @@ def attack_row(model, ev: Evaluation, result: RowResult, phase) -> RowResult:
             dp = dp["finetune_full"]
     if ev.more_budgets is not None:
         with phase("more_data"):
-            more = audit_result(slowdowns(model, sp.attack_more, ev.more_budgets, **kw))
+            more_b = _with_retrain(replace(ev, budgets=ev.more_budgets), scope)
+            more = audit_result(slowdowns(model, sp.attack_more, more_b, **kw))
     return replace(result, audit=audit, dp_finetune=dp, more_data=more)
+
+
+def _attacked(model, ev: Evaluation, result: RowResult, phase):
+    """``(attack_row(...), None)``, or ``(None, error)`` when every setting of an operator
+    diverged on the row's model (the row is reported as failed, the seed goes on)."""
+    try:
+        return attack_row(model, ev, result, phase), None
+    except FloatingPointError as exc:
+        return None, {"message": str(exc), "step": None, "checkpoint": None, "parameter": None}
 
 
 def _with_retrain(ev: Evaluation, scope) -> dict:
@@ -542,32 +574,37 @@ def evaluation(theta0, sp: Splits, rc: RunConfig, seed: int, phase, say, scopes=
     kw = dict(seed=seed, schedule=rc.schedule, lora_ranks=rc.lora_ranks)
     say(f"[{rc.name} seed {seed}] θ₀'s budgets")
     with phase("budgets"):
-        ops = [o for o in rc.operators if o != "retrain_tail"]
-        b = budgets(theta0, sp.attack, ops, **kw)
-        if "retrain_tail" in rc.operators:
-            upper = tuple(_names(theta0.net, tail_modules(theta0.net, 1)))
-            for scope in sorted(scopes):
-                # fine-tuning θ₀'s last stage is the retrain's reference when that is its scope
-                b[_retrain_key(scope)] = (
-                    replace(b["finetune_upper"], operator="retrain_tail")
-                    if scope == upper and "finetune_upper" in b
-                    else budgets(theta0, sp.attack, ("retrain_tail",), scope=scope, **kw)[
-                        "retrain_tail"
-                    ]
-                )
+        b = _budgets(theta0, sp.attack, rc, scopes, kw)
         dp_b = (
             budgets(theta0, sp.dp_attack, ("finetune_full",), **kw)["finetune_full"]
             if sp.dp_attack is not None
             else None
         )
         more = (
-            budgets(theta0, sp.attack_more, ops, **kw)
+            _budgets(theta0, sp.attack_more, rc, scopes, kw)
             if sp.attack_more is not None and seed in rc.more_data_seeds
             else None
         )
     ev = Evaluation(pools, reference, sp, b, dp_b, more, rc, seed)
     row0 = measure(theta0, ev, Row("init", "init"), phase, audit=False)
     return ev, row0, reach
+
+
+def _budgets(theta0, data: AttackData, rc: RunConfig, scopes, kw) -> dict:
+    """θ₀'s budget of every operator of ``rc`` on ``data``, the retrain's once per scope (keyed
+    by :func:`_retrain_key`)."""
+    ops = [o for o in rc.operators if o != "retrain_tail"]
+    b = budgets(theta0, data, ops, **kw)
+    if "retrain_tail" in rc.operators:
+        upper = tuple(_names(theta0.net, tail_modules(theta0.net, 1)))
+        for scope in sorted(scopes):
+            # fine-tuning θ₀'s last stage is the retrain's reference when that is its scope
+            b[_retrain_key(scope)] = (
+                replace(b["finetune_upper"], operator="retrain_tail")
+                if scope == upper and "finetune_upper" in b
+                else budgets(theta0, data, ("retrain_tail",), scope=scope, **kw)["retrain_tail"]
+            )
+    return b
 
 
 def _names(net, modules) -> list[str]:
@@ -651,18 +688,23 @@ def immunize_row(theta0, ev: Evaluation, row: Row, ctx, phase, say, on_extractor
     return result, None, model
 
 
-def audit_seed(model, reference, rc: RunConfig, seed: int, opts: RunOptions, say) -> SeedResult:
+def audit_seed(
+    model, reference, rc: RunConfig, seed: int, opts: RunOptions, say, splits=None
+) -> SeedResult:
     """Any extractor ``model`` against a θ₀ ``reference`` (both ImmunizedNet) on the images of
-    ``rc`` for one seed: θ₀'s budgets, and the row ``"model"`` measured and attacked (a retrain
-    re-initialises what ``model`` changed)."""
+    ``rc`` for one seed (``splits``: :func:`load_splits`'s, when already loaded): θ₀'s budgets,
+    and the row ``"model"`` measured and attacked (a retrain re-initialises what ``model``
+    changed); a feature that is not finite names the model it came from."""
     seconds = {}
     phase = clock(seconds)
     torch.manual_seed(seed)
-    sp = load_splits(rc, opts, seed)
+    sp = load_splits(rc, opts, seed) if splits is None else splits
     scope = retrain_scope(model, reference)
-    ev, row0, reach = evaluation(reference, sp, rc, seed, phase, say, {scope} if scope else ())
+    scopes = {scope} if scope else ()
+    ev, row0, reach = evaluation(reference, sp, rc, seed, phase, say, scopes, name="reference")
     row = replace(
-        measure(model, ev, Row("model", "audit"), phase, audit=False), retrain_scope=scope
+        measure(model, ev, Row("model", "audit"), phase, audit=False, name="model"),
+        retrain_scope=scope,
     )
     return seed_result(ev, row0, {"model": attack_row(model, ev, row, phase)}, {}, reach, seconds)
 
@@ -674,17 +716,27 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
     seconds = {}
     phase = clock(seconds)
     theta0, ev, row0, reach = seed_setup(rc, seed, opts, ctx, phase, say)
+    row0 = _with_extractor(row0, theta0, seed, on_extractor if ctx.is_main else None)
     rows, errors = {}, {}
     for row in rc.rows:
         result, error, model = immunize_row(theta0, ev, row, ctx, phase, say, on_extractor)
+        if result is not None:
+            result, error = _attacked(model, ev, result, phase)
         if error:
             errors[row.name] = error
         elif result is not None:
-            rows[row.name] = attack_row(model, ev, result, phase)
+            rows[row.name] = result
     barrier()
     if not ctx.is_main:
         return None
     return seed_result(ev, row0, rows, errors, reach, seconds)
+
+
+def _with_extractor(row0: RowResult, theta0, seed: int, on_extractor) -> RowResult:
+    """θ₀'s row with the path ``on_extractor`` saved θ₀ to (row ``"init"``: the reference
+    audit.py takes), if it did."""
+    path = on_extractor and on_extractor(theta0, "init", seed, "immunized")
+    return replace(row0, extractor=path) if path else row0
 
 
 def seed_result(ev: Evaluation, row0, rows, errors, reach, seconds) -> SeedResult:
@@ -745,6 +797,7 @@ def _seed_job(job) -> tuple:
     seconds = {}
     ctx = init_from_env(device)
     theta0, ev, row0, reach = seed_setup(rc, seed, opts, ctx, clock(seconds), say)
+    row0 = _with_extractor(row0, theta0, seed, on_extractor)
     blob, light = _saved(theta0), replace(ev, splits=None)  # a worker loads the images again
     jobs = [RowJob(rc, seed, r, blob, light, opts, device, threads, on_extractor) for r in rc.rows]
     return (light, row0, reach, seconds), jobs
@@ -761,7 +814,7 @@ def _row_job(job: RowJob) -> tuple:
     ev = replace(job.evaluation, splits=load_splits(job.rc, job.opts, job.seed))
     result, error, model = immunize_row(theta0, ev, job.row, ctx, phase, say, job.on_extractor)
     if result is not None:
-        result = attack_row(model, ev, result, phase)
+        result, error = _attacked(model, ev, result, phase)
     return job.row.name, result, error, seconds
 
 

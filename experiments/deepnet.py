@@ -138,7 +138,8 @@ def add_deep_options(parser) -> None:
     option("--epochs", type=int, metavar="N", help="epochs of the paired D_P/D_H loader")
     option("--max-steps", type=common.int_or_none, metavar="N|none", help="step cap")
     option("--batch-size", type=int, metavar="N", help="samples per task and step, per rank")
-    option("--lr", type=float, metavar="X", help="SGD learning rate")
+    option("--lr", type=float, metavar="X", help="the loop's learning rate")
+    option("--optimizer", metavar="WORD", help="the loop's optimizer: sgd (the paper's) or adam")
     option("--momentum", type=float, metavar="X", help="SGD momentum")
     option("--nesterov", action=flag, help="Nesterov momentum")
     option("--weight-decay-extractor", type=float, metavar="X", help="weight decay of θ")
@@ -164,6 +165,7 @@ def add_deep_options(parser) -> None:
         help="the balance of the R_ill term alone (the trade-off sweep)",
     )
     option("--imma-inner-steps", type=int, metavar="N", help="IMMA: unrolled attacker steps")
+    option("--kstep-steps", type=int, metavar="N", help="kstep: the GD probe's steps k of E_k")
     option("--imma-inner-lr", type=float, metavar="X", help="IMMA: attacker step (1/λ_max units)")
     option(
         "--ridge-rel", type=float, metavar="X", help="preconditioner ridge, relative to tr(XᵀX)/N"
@@ -246,11 +248,15 @@ def _check_input_size(rc, args) -> None:
     size = _first_image_size(args.dp_root) if args.img_size and args.dp_root else None
     if size is not None and args.img_size > 4 * max(size):
         one = 3 * 4 * args.img_size**2
+        # the largest batch any row's training or any operator takes
+        batch = max(
+            [getattr(r.options, "batch_size", 0) for r in rc.rows] + [rc.schedule.batch_size]
+        )
         print(
             f"deepnet.py: warning: --img-size {args.img_size} upsamples D_P's "
             f"{size[0]}x{size[1]}-px images {args.img_size / max(size):.0f}×: each takes "
-            f"{one / 2**20:.0f} MiB as float32, a batch of {rc.options.batch_size} "
-            f"{rc.options.batch_size * one / 2**30:.1f} GiB",
+            f"{one / 2**20:.0f} MiB as float32, a batch of {batch} "
+            f"{batch * one / 2**30:.1f} GiB",
             file=sys.stderr,
             flush=True,
         )
@@ -467,7 +473,9 @@ def main(argv=None) -> int:
                 result["cpu_seconds"] = sum(os.times()[:4]) - cpu0  # this process + workers
                 result["theta0_near_chance"] = theta0_warning(result, args)
                 models = [
-                    r.get("extractor") for s in result["per_seed"] for r in s["rows"].values()
+                    r.get("extractor")
+                    for s in result["per_seed"]
+                    for r in (s["theta0"], *s["rows"].values())
                 ]
                 models += [
                     e.get("checkpoint") for v in result["errors"].values() for e in v.values()

@@ -268,10 +268,14 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
 class ExponentWindow:
     """Closed-form exponents a ≥ 0 (s² = λ_C^a) that satisfy Definition 3.1 (docs/theory.md §10):
     (i) > 1 ⇔ a > ln κ(K_H)/ln κ(C) − 1 (``low``, clamped at 0), (ii) < 1 ⇔ a < ``high`` =
-    ln κ(K_P)/ln κ(C); ``balanced`` is the middle of the unclamped window, where (i) = 1/(ii) =
-    √ceiling; ``empty`` when no a ≥ 0 satisfies both, or when the window exists only by
-    round-off: its width is ln(ceiling)/ln κ(C), and a ceiling within
-    :func:`ceiling_round_off` of 1 (both tasks of the same rows: κ(C) = 1 + 3e-15) opens none."""
+    ln κ(K_P)/ln κ(C). ``balanced`` is the exponent of largest margin min(ln(i), −ln(ii)),
+    always in ``[low, high)`` when the window is not empty: the middle of the unclamped window
+    ``m = (ln κ(K_H)/ln κ(C) − 1 + high)/2``, where (i) = 1/(ii) = √ceiling, when m ≥ ``low``;
+    else ``low`` (= 0: with m < 0, (i) > 1/(ii) at every a ≥ 0, and a = 0 gives H_P = I, the
+    smallest (ii), 1/κ(K_P)). ``empty`` when no a ≥ 0 satisfies both, or when the window exists
+    only by round-off: its width is ln(ceiling)/ln κ(C), and a ceiling within
+    :func:`ceiling_round_off` of 1 (both tasks of the same rows: κ(C) = 1 + 3e-15) opens
+    none."""
 
     low: float
     high: float
@@ -300,11 +304,14 @@ def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
     raw_low = np.log(ceiling.kappa_K_H) / lc - 1.0
     high = np.log(ceiling.kappa_K_P) / lc
     log_ceiling = lc + np.log(ceiling.kappa_K_P) - np.log(ceiling.kappa_K_H)
+    low = max(raw_low, 0.0)
+    # the middle of the unclamped window lies below 0 when κ(C)/κ(K_H) > κ(K_P): there (i) and
+    # (ii) both grow with a, so the margin −ln(ii) is largest at the window's low end
     return ExponentWindow(
-        float(max(raw_low, 0.0)),
+        float(low),
         float(high),
-        float(0.5 * (raw_low + high)),
-        bool(max(raw_low, 0.0) >= high or log_ceiling <= ceiling_round_off(ceiling)),
+        float(max(0.5 * (raw_low + high), low)),
+        bool(low >= high or log_ceiling <= ceiling_round_off(ceiling)),
     )
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pycore.deep import NearChanceWarning, api, audit_model, create_model, immunize_model
+from pycore.deep.probes import ProbeCurve
 from pycore.validation import ParameterError
 
 torch.set_num_threads(1)
@@ -33,14 +34,14 @@ def net():
 
 @pytest.fixture
 def operators_spy(monkeypatch):
-    """Counts the operator runs audit_model starts (and stops at the first)."""
+    """Counts the operator runs audit_model starts (θ₀'s budgets first; stops there)."""
     calls = []
 
-    def spy(model, data, **kw):
+    def spy(reference, data, *a, **kw):
         calls.append(data)
         raise _Reached
 
-    monkeypatch.setattr(api, "run_operators", spy)
+    monkeypatch.setattr(api, "budgets", spy)
     return calls
 
 
@@ -59,21 +60,21 @@ def test_audit_refuses_attacker_splits_below_two_samples_before_any_operator(
     net, operators_spy, n, kw, parameter
 ):
     with pytest.raises(ParameterError) as e:
-        audit_model(net, reference=net, dh=_data(n, 1), epochs=1, operators=("gd",), **kw)
+        audit_model(net, reference=net, dh=_data(n, 1), max_epochs=1, operators=("gd",), **kw)
     assert e.value.parameter == parameter and not operators_spy
 
 
 @pytest.mark.parametrize("n,kw", [(6, {}), (4, {"dh_test": _data(2, 9)})])
 def test_audit_splits_the_smallest_dh_into_splits_of_two(net, operators_spy, n, kw):
     with pytest.raises(_Reached):
-        audit_model(net, reference=net, dh=_data(n, 1), epochs=1, operators=("gd",), **kw)
+        audit_model(net, reference=net, dh=_data(n, 1), max_epochs=1, operators=("gd",), **kw)
     (data,) = operators_spy
     assert (len(data.train), len(data.val), len(data.test)) == (2, 2, 2)
 
 
 def test_audit_names_the_reference_that_is_not_a_model(net, operators_spy):
     with pytest.raises(ParameterError) as e:
-        audit_model(net, reference=None, dh=_data(20, 1), epochs=1, operators=("gd",))
+        audit_model(net, reference=None, dh=_data(20, 1), max_epochs=1, operators=("gd",))
     assert e.value.parameter == "reference" and not operators_spy
 
 
@@ -96,18 +97,19 @@ def test_models_not_float32_on_a_device_are_refused_naming_them(
         immunize_model(bad, _data(8, 1), _data(8, 2), adaptive_steps=5)
     assert e.value.parameter == "model" and not work_spy
     with pytest.raises(ParameterError) as e:
-        audit_model(net, reference=bad, dh=_data(20, 1), epochs=1, operators=("gd",))
+        audit_model(net, reference=bad, dh=_data(20, 1), max_epochs=1, operators=("gd",))
     assert e.value.parameter == "reference" and not operators_spy
 
 
 @pytest.mark.parametrize(
     "kw,parameter",
     [
-        ({"epochs": 1.5}, "epochs"),
-        ({"epochs": None}, "epochs"),
-        ({"epochs": True}, "epochs"),
-        ({"epochs": ()}, "epochs"),
-        ({"epochs": (1, 2.0)}, "epochs"),
+        ({"max_epochs": 1.5}, "max_epochs"),
+        ({"max_epochs": None}, "max_epochs"),
+        ({"max_epochs": True}, "max_epochs"),
+        ({"max_epochs": 0}, "max_epochs"),
+        ({"max_epochs": (1, 2)}, "max_epochs"),
+        ({"epochs": 1}, "epochs"),  # the old option: unknown, named
         ({"operators": ("lora",), "lora_ranks": 2.5}, "lora_ranks"),
         ({"operators": ("lora",), "lora_ranks": None}, "lora_ranks"),
         ({"seed": -1}, "seed"),
@@ -115,7 +117,7 @@ def test_models_not_float32_on_a_device_are_refused_naming_them(
     ],
 )
 def test_audit_options_that_are_not_integers_are_named(net, operators_spy, kw, parameter):
-    kw = {"operators": ("gd",), "epochs": 1, **kw}
+    kw = {"operators": ("gd",), "max_epochs": 1, **kw}
     with pytest.raises(ParameterError) as e:
         audit_model(net, reference=net, dh=_data(20, 1), **kw)
     assert e.value.parameter == parameter and not operators_spy
@@ -127,7 +129,7 @@ def test_audit_takes_numpy_integers(net, operators_spy):
             net,
             reference=net,
             dh=_data(20, 1),
-            epochs=np.int64(2),
+            max_epochs=np.int64(2),
             operators=("gd", "lora"),
             lora_ranks=(np.int32(4),),
             seed=np.int64(3),
@@ -140,7 +142,7 @@ def test_a_lora_operator_without_peft_is_refused_before_any_operator(
 ):
     monkeypatch.setitem(sys.modules, "peft", None)  # as if not installed
     with pytest.raises(ParameterError) as e:
-        audit_model(net, reference=net, dh=_data(20, 1), epochs=1, operators=("gd", "lora"))
+        audit_model(net, reference=net, dh=_data(20, 1), max_epochs=1, operators=("gd", "lora"))
     assert e.value.parameter == "operators" and not operators_spy
 
 
@@ -186,12 +188,99 @@ def test_the_reason_gives_the_grouped_verdict_when_it_differs(net, monkeypatch):
     assert f"{i:.4g}" not in first.reason or first.grouped.immunized == first.immunized
 
 
-def test_levit_is_audited_by_every_deep_operator():
-    """LeViT caches its attention biases in eval mode, where the attacker's copies train: the
-    copies are made and trained without the cache."""
+def test_levit_is_audited_by_every_deep_operator(monkeypatch):
+    """LeViT caches its attention biases in eval mode, where the attacker's copies are scored: the
+    copies are made and trained without the cache, and LeViT against itself is slowed by 1 and
+    loses nothing (one learning rate per operator: the grid is not what is tested here)."""
+    from pycore.deep import operators
+
     net = create_model("levit_128s", 2, seed=0, img_size=32).eval()
     ops = ("finetune_upper", "finetune_full")
-    audit = audit_model(net, reference=net, dh=_data(24, 1), epochs=(1, 2), operators=ops)
     for op in ops:
-        assert audit[op].model == audit[op].reference and len(audit[op].model) == 2
-        assert all(0.0 <= a <= 100.0 for a in audit[op].model)
+        monkeypatch.setitem(operators.LR_GRIDS, op, {"": (1e-3,)})
+    audit = audit_model(net, reference=net, dh=_data(12, 1), max_epochs=2, operators=ops)
+    for op in ops:
+        assert (audit[op].slowdown, audit[op].deficit, audit[op].censored) == (1.0, 0.0, False)
+        assert 0.0 <= audit[op].test_at_budget <= 100.0
+
+
+# --- the held-out GD probe and the progress bar -------------------------------------------------
+
+
+def test_the_held_out_probe_keeps_its_rows_out_of_the_immunization_and_signs_its_deficit(
+    net, monkeypatch
+):
+    """A quarter of dh's 48 rows (12) is held out: the layer sees 36, the GD probe trains on 6
+    and scores 6, on θ₀'s features first, then the model's; deficit = θ₀'s accuracy − the
+    model's, negative when the attacker got faster."""
+    seen, real = [], api.immunize_in_place
+    monkeypatch.setattr(
+        api,
+        "immunize_in_place",
+        lambda m, p, h, *a, **k: seen.append(len(h)) or real(m, p, h, *a, **k),
+    )
+    curves = {}
+
+    def probe(Z_fit, y_fit, Z_score, y_score, *, epochs, num_classes):
+        acc = curves.pop(0) if 0 in curves else curves.pop(1)
+        assert len(Z_fit) == len(Z_score) == 6 and num_classes == 2 and epochs == 60
+        return ProbeCurve([acc + t for t in range(epochs + 1)])
+
+    monkeypatch.setattr(api, "linear_probe_curve", probe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NearChanceWarning)
+        for ref, model, faster in ((20.0, 35.0, True), (40.0, 10.0, False)):
+            curves.update({0: ref, 1: model})
+            res = immunize_model(net, _data(48, 1), _data(48, 2), adaptive_steps=5)
+            assert seen.pop() == 36 and res.probe.rows == (6, 6) and res.probe.steps == (10, 60)
+            assert res.probe.reference == (ref + 10, ref + 60)
+            assert res.probe.deficit == (ref - model, ref - model)
+            assert res.probe.faster is faster and res.to_dict()["probe"]["faster"] is faster
+
+
+def test_no_probe_without_rows_to_spare_or_with_heldout_zero(net, monkeypatch):
+    seen, real = [], api.immunize_in_place
+    monkeypatch.setattr(
+        api,
+        "immunize_in_place",
+        lambda m, p, h, *a, **k: seen.append(len(h)) or real(m, p, h, *a, **k),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NearChanceWarning)
+        off = immunize_model(net, _data(16, 1), _data(16, 2), heldout=0, adaptive_steps=5)
+        small = immunize_model(net, _data(16, 1), _data(9, 2), adaptive_steps=5)
+        real_probe = immunize_model(net, _data(16, 1), _data(16, 2), adaptive_steps=5)
+    assert seen == [16, 9, 8] and off.probe is None and small.probe is None
+    assert off.to_dict()["probe"] is None
+    p = real_probe.probe  # the paper's GD probe itself: 4 rows to fit, 4 to score
+    assert p.rows == (4, 4) and all(0 <= a <= 100 for a in p.reference + p.model)
+
+
+@pytest.mark.parametrize("heldout", [1.0, -0.1, float("nan"), "a quarter"])
+def test_a_bad_heldout_is_refused_naming_it_before_any_work(net, work_spy, heldout):
+    with pytest.raises(ParameterError) as e:
+        immunize_model(net, _data(16, 1), _data(16, 2), heldout=heldout)
+    assert e.value.parameter == "heldout" and not work_spy
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_progress_false_shows_no_bar(net, monkeypatch, progress):
+    from pycore import adaptive
+
+    bars = []
+    monkeypatch.setattr(adaptive, "progress_bar", lambda **kw: bars.append(kw) or _NoBar())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NearChanceWarning)
+        immunize_model(net, _data(16, 1), _data(16, 2), adaptive_steps=5, progress=progress)
+    assert len(bars) == int(progress)
+
+
+class _NoBar:
+    def update(self, n=1):
+        pass
+
+    def set_postfix(self, **kw):
+        pass
+
+    def close(self):
+        pass

@@ -1,6 +1,7 @@
-"""The deep-net experiments (deepnet.py, deep_pipeline.py, audit.py; docs/findings.md §7): one's
-own ImageFolder roots at 32 px with the defaults, the bounds checked before compute, the pipeline
-over seeds, the audit."""
+"""The deep-net experiments (deep_pipeline.py, deep_report.py, deepnet.py, audit.py;
+docs/findings.md §7) at test size: a tiny configuration end to end over the bundled digits, in one
+process and in worker processes; one's own ImageFolder roots through deepnet.py; audit.py on the
+pipeline's own extractors; the flags checked before compute."""
 
 import json
 import os
@@ -11,12 +12,47 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import audit, common, deep_report, deepnet
-from experiments.deep_pipeline import RunConfig, RunOptions, run_config
-from pycore.deep import DeepOptions, ImmunizedNet, create_model, options, save_model
+from experiments import audit, common, deep_configs, deep_report, deepnet
+from experiments.deep_pipeline import Row, RunConfig, RunOptions, Sizes, run_configs
+from pycore.deep import DeepOptions, ImmunizedNet, create_model, load_model, options, save_model
 from pycore.deep.distributed import init_from_env
+from pycore.deep.operators import Schedule
+from pycore.deep.simulated import SimulatedOptions
+from pycore.report import dumps_json
 
 torch.set_num_threads(1)
+
+SCHEDULE = Schedule(
+    batch_size=8, probe_min_steps=5, probe_max_steps=20, deep_min_epochs=1, deep_max_epochs=2
+)
+# MNIST 0-4 vs 5-9 at 32 px on timm's test ResNet: a layer-only row and a tail row, three
+# operators (a probe, the layer's removal, the retrain of what the tail row changed), the D_P
+# fine-tuning check and the attacker with twice the images
+TINY = RunConfig(
+    "tiny",
+    "test_resnet",
+    "mnist",
+    rows=(
+        Row("closed_form", "closed_form", DeepOptions(normalize=False), "Closed-form layer"),
+        Row(
+            "simulated",
+            "simulated",
+            SimulatedOptions(steps=2, inner_steps=1, batch_size=8, check_every=1),
+            "Simulated attackers",
+        ),
+    ),
+    model_kwargs={"img_size": 32},
+    theta0_epochs=1,
+    theta0_lr=2e-3,
+    sizes=Sizes(defense=32, dp_val=16, attack_train=16, attack_val=8, attack_test=8, more_data=2),
+    rir_groups=2,
+    rir_group_size=16,
+    probe_epochs=5,
+    eval_batch=64,
+    operators=("gd", "remove_layer", "retrain_tail"),
+    schedule=SCHEDULE,
+)
+OPS = ",".join(TINY.operators)
 
 
 def _one_line_error(capsys, module, argv):
@@ -26,145 +62,236 @@ def _one_line_error(capsys, module, argv):
     return rc, err
 
 
+def _json(result):
+    """``result`` as results.json holds it (NaN written as a marked string)."""
+    return json.loads(dumps_json(result))
+
+
+def _timeless(seed: dict) -> str:
+    """A seed's results without what the clock measured and where extractors were saved."""
+    out = {k: v for k, v in _json(seed).items() if k != "phase_seconds"}
+    for r in (out["theta0"], *out["rows"].values()):
+        r["train"] = {k: v for k, v in r.get("train", {}).items() if k != "seconds"}
+        r["extractor"] = None
+    return json.dumps(out, sort_keys=True)
+
+
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """deepnet.py with nothing but two ImageFolder roots of 32 px PNGs (two classes each, 4 + 2
-    images a class; a colour channel tells the classes apart), --out and timm's small test network
-    as --model."""
-    from PIL import Image
+def pipeline(tmp_path_factory):
+    """TINY over seed 0 in this process; the extractors it hands out are saved (for audit.py)."""
+    folder, seen, cwd = tmp_path_factory.mktemp("extractors"), [], os.getcwd()
 
-    tmp, rng = tmp_path_factory.mktemp("own"), np.random.default_rng(0)
-    for root, shift in (("dp", 0), ("dh", 1)):
-        for split, n in (("train", 4), ("val", 2)):
-            for c in range(2):
-                (tmp / root / split / f"class{c}").mkdir(parents=True)
-                for i in range(n):
-                    a = rng.integers(0, 120, (32, 32, 3), dtype=np.uint8)
-                    a[..., c + shift] += 120
-                    Image.fromarray(a).save(tmp / root / split / f"class{c}" / f"{i}.png")
-    dp, dh, out = tmp / "dp", tmp / "dh", tmp / "out"
-    assert (
-        deepnet.main(
-            [
-                "--dp-root",
-                str(dp),
-                "--dh-root",
-                str(dh),
-                "--out",
-                str(out),
-                "--quiet",
-                "--model",
-                "test_resnet",
-            ]
+    def keep(model, row, seed, status):
+        seen.append((row, seed, status))
+        return save_model(model, folder / f"{row}.safetensors")
+
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    try:
+        (res,) = run_configs(
+            [TINY],
+            [0],
+            RunOptions(quiet=True),
+            init_from_env("cpu"),
+            on_extractor=lambda rc: keep,
         )
-        == 0
-    )
-    return {
-        "dp": dp,
-        "dh": dh,
-        "out": out / "folders",
-        "result": json.loads((out / "folders" / "results.json").read_text()),
-    }
+        assert not list(Path().iterdir())  # the library wrote no file
+    finally:
+        os.chdir(cwd)
+    return res, seen, folder
 
 
-def test_own_image_folders_run_end_to_end_with_the_defaults(folders):
-    res, out = folders["result"], folders["out"]
-    assert (
-        set(res["rows"]) == {"init", "ours", "closed_form", "r_ill_only", "imma", "opt_kappa"}
-        and not res["errors"]
-    )
-    assert res["run_config"]["model_kwargs"] == {"img_size": 32}  # θ₀ trained at the images' size
-    for row in res["rows"].values():
-        assert np.isfinite(row["rir_theta0"]["mean"]) and len(row["operators"]) == 7
-    assert res["rows"]["init"]["dp_top1"]["mean"] > 75  # a θ₀ that learned D_P
-    for name in (
-        "table.md",
-        "finetune.png",
-        "operators.png",
-        "extractor_init.safetensors",
-        "extractor_ours.safetensors",
-    ):
-        assert (out / name).stat().st_size > 500, name
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+def test_results_hold_every_operators_slowdown_per_seed_and_its_minimum(pipeline, tmp_path):
+    res, seen, _ = pipeline
+    assert list(res["rows"]) == ["init", "closed_form", "simulated"] and not res["errors"]
+    assert sorted(seen) == [(r, 0, "immunized") for r in ("closed_form", "init", "simulated")]
+    (seed,) = res["per_seed"]
+    for name in ("closed_form", "simulated"):
+        row, mine = res["rows"][name], seed["rows"][name]
+        per_op = mine["audit"]["operators"]
+        assert set(row["operators"]) == set(per_op)
+        for op, s in row["operators"].items():
+            assert s["slowdown"] == [per_op[op]["slowdown"]]
+            assert s["censored"] == [per_op[op]["censored"]]
+            assert s["min_slowdown"] == min(s["slowdown"])
+            assert s["deficit"]["per_seed"] == [per_op[op]["deficit"]]
+        slow = {op: s["slowdown"] for op, s in per_op.items()}
+        assert row["worst_slowdown"]["per_seed"] == [min(slow.values())]
+        assert row["worst_slowdown"]["min"] == min(slow.values())
+        assert row["worst_slowdown"]["operator"] == [mine["audit"]["worst_slowdown_operator"]]
+        assert row["dp_top1"]["per_seed"] == [mine["dp_top1"]]
+        assert row["dp_finetune_slowdown"]["per_seed"] == [mine["dp_finetune"]["slowdown"]]
+        assert set(row["more_data"]["operators"]) == set(per_op)
+    # the layer-only row: no stage to retrain, and the layer's removal gives θ₀'s own probe
+    assert list(res["rows"]["closed_form"]["operators"]) == ["gd", "remove_layer"]
+    removed = res["rows"]["closed_form"]["operators"]["remove_layer"]
+    assert (removed["slowdown"], removed["deficit"]["per_seed"]) == ([1.0], [0.0])
+    # the tail row: its changed stage retrained, against θ₀'s fine-tuning of the same modules
+    assert seed["rows"]["simulated"]["retrain_scope"] == ["layer4", "global_pool"]
+    assert "retrain_tail" in res["rows"]["simulated"]["operators"]
+    assert set(res["budgets"]) == {"gd", "remove_layer", "retrain_tail:layer4,global_pool"}
+    assert res["rows"]["init"]["rir_theta0"]["per_seed"] == [1.0]  # θ₀ against itself
+    assert json.loads(dumps_json(res))["slowdown_cap"] == res["slowdown_cap"]
+    table = deep_report.table_markdown(res)
+    assert all(deep_report.label(res, m) in table for m in res["rows"])
+    for plot in (deep_report.plot_probing, deep_report.plot_operators, deep_report.plot_frontier):
+        plot(res, tmp_path / "p.png")
+        assert (tmp_path / "p.png").stat().st_size > 1000
 
 
-def test_audit_reproduces_the_pipeline(folders, tmp_path):
-    assert (
-        audit.main(
-            [
-                "--model",
-                str(folders["out"] / "extractor_ours.safetensors"),
-                "--reference",
-                str(folders["out"] / "extractor_init.safetensors"),
-                "--out",
-                str(tmp_path),
-                "--quiet",
-                "--dp-root",
-                str(folders["dp"]),
-                "--dh-root",
-                str(folders["dh"]),
-                "--epochs",
-                "5",
-            ]
-        )
-        == 0
-    )
+def test_worker_processes_give_every_number_again(pipeline):
+    """``jobs = 2``: θ₀ and its budgets in one worker, each row in whichever worker is free: the
+    same numbers as in one process."""
+    (res,) = run_configs([TINY], [0], RunOptions(quiet=True), init_from_env("cpu"), jobs=2)
+    assert [_timeless(s) for s in res["per_seed"]] == [
+        _timeless(s) for s in pipeline[0]["per_seed"]
+    ]
+    assert res["rows"].keys() == pipeline[0]["rows"].keys()
+    assert res["phase_seconds"]["operators"]["cpu"] > 0
+
+
+# --- audit.py -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_demo(monkeypatch):
+    """audit.py's images without roots are the demo's: at TINY's sizes here."""
+    monkeypatch.setitem(deep_configs.CONFIGS, "demo-resnet18", TINY)
+
+
+def test_audit_reproduces_the_pipeline(pipeline, tiny_demo, tmp_path):
+    """The simulated row's extractor against θ₀'s: the same splits, budgets and slowdowns as the
+    pipeline measured, the features computed end to end (κ ratios to float32 round-off)."""
+    _, _, folder = pipeline
+    argv = ["--model", str(folder / "simulated.safetensors")]
+    argv += ["--reference", str(folder / "init.safetensors"), "--operators", OPS]
+    argv += ["--max-epochs", str(SCHEDULE.deep_max_epochs), "--out", str(tmp_path), "--quiet"]
+    assert audit.main(argv) == 0
     res = json.loads((tmp_path / "results.json").read_text())
-    pipe, got = folders["result"]["per_seed"][0]["rows"], res["per_seed"][0]["rows"]
-    # The pipeline measured features computed once, the audit runs each model end to end: equal up
-    # to
-    # float32 rounding of the features (κ ratios: 1e-4 relative).
-    for row, ref in (("model", "ours"), ("init", "init")):
-        assert got[row]["dp_top1"] == pipe[ref]["dp_top1"]
-        assert got[row]["rir"]["value"] == pytest.approx(pipe[ref]["rir"]["value"], rel=1e-4)
-    assert res["rows"]["init"]["rir_theta0"]["per_seed"] == [1.0]  # θ₀ against itself: exactly 1
-    assert (tmp_path / "audit.png").stat().st_size > 1000 and (
-        tmp_path / "table.md"
-    ).stat().st_size > 1000
+    assert list(res["rows"]) == ["init", "model"]
+    (got,), (want,) = res["per_seed"], _json(pipeline[0]["per_seed"])
+    assert got["budgets"] == want["budgets"]
+    model, row = got["rows"]["model"], want["rows"]["simulated"]
+    assert model["audit"]["operators"] == row["audit"]["operators"]
+    assert model["dp_top1"] == row["dp_top1"] and model["retrain_scope"] == row["retrain_scope"]
+    assert model["rir"] == pytest.approx(row["rir"], rel=1e-4)
+    simulated = _json(pipeline[0]["rows"]["simulated"])
+    assert res["rows"]["model"]["worst_slowdown"] == simulated["worst_slowdown"]
+    assert (tmp_path / "audit.png").stat().st_size > 1000
 
 
-def test_audit_errors_name_the_flag(folders, tmp_path, capsys):
+def test_audit_errors_name_the_flag_before_any_compute(
+    pipeline, tiny_demo, tmp_path, capsys, monkeypatch
+):
     from safetensors.torch import save_file
 
-    vit = ImmunizedNet(create_model("vit_tiny_patch16_224", 2, img_size=32, patch_size=8, depth=2))
+    monkeypatch.setattr(audit, "audit_seed", lambda *a, **k: pytest.fail("computed"))
+    init = str(pipeline[2] / "init.safetensors")
+    vit = ImmunizedNet(create_model("vit_tiny_patch16_224", 5, img_size=32, patch_size=8, depth=1))
     plain = tmp_path / "plain.safetensors"
     save_file(
-        {k: v.contiguous() for k, v in create_model("resnet10t", 2).state_dict().items()},
+        {k: v.contiguous() for k, v in create_model("test_resnet", 5).state_dict().items()},
         str(plain),
     )
-    init, out = (
-        str(folders["out"] / "extractor_init.safetensors"),
-        ["--out", str(tmp_path / "o"), "--quiet"],
-    )
+    two = save_model(ImmunizedNet(create_model("test_resnet", 2, seed=0)), tmp_path / "two.st")
+    out = ["--out", str(tmp_path / "o"), "--quiet"]
     for argv, flag in (
         (
             ["--model", save_model(vit, tmp_path / "vit.safetensors"), "--reference", init],
             "--reference",
         ),
         (["--model", str(plain), "--reference", init], "--model"),  # no metadata, no name
-        (["--model", init, "--reference", init, "--dh-root", str(folders["dh"])], "--dp-root"),
-        (["--model", init, "--reference", init], "--model"),  # 2 classes; the digits: 5
-        (["--model", init, "--reference", init, "--epochs", "1e9"], "--epochs"),
+        (["--model", init, "--reference", init, "--dh-root", str(tmp_path)], "--dp-root"),
+        (["--model", two, "--reference", two], "--model"),  # 2 classes; the digits: 5
+        (["--model", init, "--reference", init, "--max-epochs", "1e9"], "--max-epochs"),
+        (["--model", init, "--reference", init, "--operators", "gd,lbfgs"], "--operators"),
+        (["--model", init, "--reference", init, "--epochs", "3"], "--epochs"),  # gone
     ):
         rc, err = _one_line_error(capsys, audit, [*argv, *out])
-        assert rc == 2 and f"error: {flag}:" in err, err
+        assert rc == 2 and flag in err, err
 
 
-def test_audit_names_the_model_whose_features_are_not_finite(folders, tmp_path, capsys):
-    from pycore.deep import load_model
-
-    init = str(folders["out"] / "extractor_init.safetensors")
+def test_audit_names_the_model_whose_features_are_not_finite(
+    pipeline, tiny_demo, tmp_path, capsys
+):
+    init = str(pipeline[2] / "init.safetensors")
     m, _ = load_model(init)
     with torch.no_grad():
         m.layer.weight.fill_(3e38)  # finite weights, features that overflow float32
     bad = save_model(m, tmp_path / "overflow.safetensors")
-    roots = ["--dp-root", str(folders["dp"]), "--dh-root", str(folders["dh"])]
     for argv, flag in (
         (["--model", bad, "--reference", init], "--model"),
         (["--model", init, "--reference", bad], "--reference"),
     ):
-        rc, err = _one_line_error(capsys, audit, [*argv, *roots, "--out", str(tmp_path / "o")])
+        argv += ["--operators", "gd", "--out", str(tmp_path / "o")]
+        rc, err = _one_line_error(capsys, audit, argv)
         assert rc == 1 and f"error: {flag}:" in err, err
+
+
+# --- deepnet.py on one's own ImageFolder roots --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """deepnet.py with nothing but two ImageFolder roots of 32 px PNGs (two classes each; a colour
+    channel tells the classes apart), timm's test ResNet as --model, two methods, and the
+    "folders" configuration's sizes and schedule cut to the images there are."""
+    from PIL import Image
+
+    tmp, rng = tmp_path_factory.mktemp("own"), np.random.default_rng(0)
+    for root, shift, n_train in (("dp", 0, 6), ("dh", 1, 8)):
+        for split, n in (("train", n_train), ("val", 2)):
+            for c in range(2):
+                (tmp / root / split / f"class{c}").mkdir(parents=True)
+                for i in range(n):
+                    a = rng.integers(0, 120, (32, 32, 3), dtype=np.uint8)
+                    a[..., c + shift] += 120
+                    Image.fromarray(a).save(tmp / root / split / f"class{c}" / f"{i}.png")
+    small = replace(
+        deep_configs.CONFIGS["folders"],
+        sizes=Sizes(
+            defense=8,
+            dp_val=4,
+            attack_train=4,
+            attack_val=4,
+            attack_test=4,
+            more_data=1,
+            dp_attack=False,
+        ),
+        rir_groups=2,
+        rir_group_size=8,
+        schedule=SCHEDULE,
+        operators=("gd", "adam"),
+    )
+    mp = pytest.MonkeyPatch()
+    mp.setitem(deep_configs.CONFIGS, "folders", small)
+    dp, dh, out = tmp / "dp", tmp / "dh", tmp / "out"
+    argv = ["--dp-root", str(dp), "--dh-root", str(dh), "--out", str(out), "--quiet"]
+    argv += ["--model", "test_resnet", "--methods", "ours,closed_form", "--jobs", "1"]
+    try:
+        assert deepnet.main(argv) == 0
+    finally:
+        mp.undo()
+    return {
+        "dp": dp,
+        "dh": dh,
+        "out": out / "folders",
+        "result": json.loads((out / "folders" / "results.json").read_text()),
+        "config": small,
+    }
+
+
+def test_own_image_folders_run_end_to_end(folders):
+    res, out = folders["result"], folders["out"]
+    assert list(res["rows"]) == ["init", "ours", "closed_form"] and not res["errors"]
+    assert res["run_config"]["model_kwargs"] == {"img_size": 32}  # θ₀ trained at the images' size
+    for row in ("ours", "closed_form"):
+        assert np.isfinite(res["rows"][row]["rir_theta0"]["mean"])
+        assert list(res["rows"][row]["operators"]) == ["gd", "adam"]
+    for name in (*deepnet.FILES, "extractor_init.safetensors", "extractor_ours.safetensors"):
+        assert (out / name).stat().st_size > 500, name
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+    theta0, _ = load_model(out / "extractor_init.safetensors")
+    assert theta0.classifier.out_features == 2
 
 
 def test_deepnet_has_a_flag_per_deep_option():
@@ -191,15 +318,41 @@ def test_deepnet_refuses_bad_flags_before_any_compute(folders, tmp_path, capsys,
         (["--img-size", "5"], "--img-size"),
         (["--config", "resnet18-cars"], "--checkpoint"),  # no θ₀
         (["--config", "resnet18-cars", "--pretrained", "--balance-ill", "2"], "--balance-ill"),
+        (["--methods", "ours,no_such_method"], "--methods"),
+        (["--rows", "ours,sophon"], "--rows"),  # the folders' rows: ours
     ]
     for argv, flag in [([*roots, *a], f) for a, f in cases] + [
         (["--demo", "--dp-root", str(folders["dp"])], "--dp-root"),
         (["--config", "folders"], "--dp-root"),
         (["--demo", "--checkpoint", init], "--checkpoint"),
+        (["--demo", "--methods", "ours"], "--methods"),  # a named configuration has its rows
+        (["--config", "demo-defense", "--methods", "simulated"], "--methods"),
+        (["--config", "demo-defense", "--rows", "ours"], "--rows"),
+        (["--demo", "--rows", "imma"], "--rows"),  # the baselines are demo-baselines' rows
     ]:
         rc, err = _one_line_error(capsys, deepnet, [*argv, "--out", str(tmp_path)])
         assert rc == 2 and f"error: {flag}:" in err, err
     assert not list(tmp_path.iterdir())
+
+
+def test_deepnet_runs_a_group_of_configurations_and_the_rows_asked_for(tmp_path, monkeypatch):
+    asked = []
+
+    def spy(rcs, seeds, opts, ctx, *, on_extractor, jobs):
+        asked.append(([rc.name for rc in rcs], [[r.name for r in rc.rows] for rc in rcs], seeds))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(deepnet, "run_configs", spy)
+    out = ["--out", str(tmp_path), "--quiet"]
+    assert deepnet.main(["--config", "demo-defense", *out]) == 130
+    assert deepnet.main(["--demo", "--rows", "paper,ours", "--seeds", "2", *out]) == 130
+    defense = deep_configs.GROUPS["demo-defense"]
+    rows = [[r.name for r in deep_configs.CONFIGS[c].rows] for c in defense]
+    assert asked == [
+        (list(defense), rows, [0]),
+        (list(deep_configs.GROUPS["demo"]), [["ours", "paper"]] * 2, [0, 1]),
+    ]
+    assert {"simulated", "sophon"} <= set(rows[0])
 
 
 def test_a_method_that_failed_is_named_in_the_outputs_and_exit_1(
@@ -218,130 +371,16 @@ def test_a_method_that_failed_is_named_in_the_outputs_and_exit_1(
         }
     }
     monkeypatch.setattr(deepnet, "run_configs", lambda *a, **k: [res])
-    rc = deepnet.main(
-        [
-            "--dp-root",
-            str(folders["dp"]),
-            "--dh-root",
-            str(folders["dh"]),
-            "--quiet",
-            "--out",
-            str(tmp_path),
-        ]
-    )
+    monkeypatch.setitem(deep_configs.CONFIGS, "folders", folders["config"])
+    argv = ["--dp-root", str(folders["dp"]), "--dh-root", str(folders["dh"]), "--quiet"]
+    rc = deepnet.main([*argv, "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and "ours" in err
-    assert "| Ours (Alg. 1) | failed" in (tmp_path / "folders" / "table.md").read_text()
+    table = (tmp_path / "folders" / "table.md").read_text().splitlines()
+    label = deep_report.label(res, "ours")
+    assert [line for line in table if label in line and "failed" in line]
     assert (
         json.loads((tmp_path / "folders" / "results.json").read_text())["errors"] == res["errors"]
-    )
-
-
-# --- the pipeline over seeds (the demo's, at CI size)
-# ---------------------------------------------------
-
-# fine-tuning: the folder run
-CI = RunConfig(
-    "ci",
-    "test_resnet",
-    "mnist",
-    DeepOptions(epochs=1, max_steps=6, batch_size=16, adaptive_steps=200, harden="label_subspace"),
-    model_kwargs={"img_size": 32},
-    methods=("ours",),
-    theta0_epochs=1,
-    theta0_lr=2e-3,
-    per_digit=30,
-    rir_groups=4,
-    rir_group_size=30,
-    probe_epochs=5,
-    eval_batch=128,
-    attack_epochs=(1, 3),
-    operators=("gd", "adam", "adam_whitened"),
-    attack_train=48,
-    attack_val=24,
-)
-
-
-@pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    seen, cwd = [], os.getcwd()
-    os.chdir(tmp_path_factory.mktemp("cwd"))
-    try:
-        res = run_config(
-            CI,
-            [0, 1],
-            RunOptions(quiet=True),
-            init_from_env("cpu"),
-            on_extractor=lambda m, row, seed, status: seen.append((row, seed)),
-        )
-        assert not list(Path().iterdir())  # the library wrote no file
-    finally:
-        os.chdir(cwd)
-    return res, seen
-
-
-def test_pipeline_aggregates_every_row_over_seeds(pipeline):
-    res, seen = pipeline
-    rows = res["rows"]
-    assert list(rows) == ["init", "ours", "init+label_subspace", "ours+label_subspace"], res[
-        "errors"
-    ]
-    assert set(seen) == {(r, s) for r in rows for s in (0, 1)}
-    for k, seed_run in enumerate(res["per_seed"]):
-        for m, row in seed_run["rows"].items():
-            r = row["rir"]
-            assert row["immunized"] == (r["harmful_ratio"] > 1 > r["pretrain_ratio"])
-            assert rows[m]["rir_theta0"]["per_seed"][k] == row["rir"]["value"]
-            adam = row["audit"]["operators"]["adam"]
-            assert (
-                rows[m]["operators"]["adam"]["mean_deficit"]["per_seed"][k] == adam["mean_deficit"]
-            )
-            assert (
-                adam["reference"]
-                == seed_run["rows"]["init"]["audit"]["operators"]["adam"]["model"]
-            )
-    for m, r in rows.items():
-        assert r["immunized_count"] == sum(s["rows"][m]["immunized"] for s in res["per_seed"])
-        per = r["dp_top1"]["per_seed"]
-        assert (r["dp_top1"]["mean"], r["dp_top1"]["std"]) == pytest.approx(
-            (np.mean(per), np.std(per))
-        )
-    assert rows["init"]["rir_theta0"]["per_seed"] == pytest.approx([1.0, 1.0], abs=1e-9)
-    # hardening keeps D_P top-1
-    assert rows["init+label_subspace"]["dp_top1"] == rows["init"]["dp_top1"]
-    assert abs(rows["ours"]["rir_theta0"]["mean"] - 1) > 1e-6
-    assert all(deep_report.label(m) in deep_report.table_markdown(res) for m in rows)
-
-
-def test_the_balance_sweep_is_one_row_per_point_and_a_seed_gives_every_number_again(
-    pipeline, tmp_path
-):
-    """A sweep point is the paper's loop at balance b; the sweep's seed 0 repeats the pipeline's
-    seed 0 for θ₀ (trained, measured and attacked again): the same seed and thread count give
-    every number again; seed 1 gives other numbers, so the comparison can fail."""
-    res = run_config(
-        replace(CI, sweep=((1.0, None), (1.0, 2.0))),
-        [0],
-        RunOptions(quiet=True),
-        init_from_env("cpu"),
-    )
-    hard = ("", "+label_subspace")
-    assert list(res["rows"]) == [r + h for h in hard for r in ("init", "ours@1", "ours@1/2")]
-    assert res["rows"]["ours@1"]["rir_theta0"] != res["rows"]["ours@1/2"]["rir_theta0"]
-    same = {"init" + h: "init" + h for h in hard}
-    strip = lambda seed, names: json.dumps(
-        [
-            {k: v for k, v in seed["rows"][m].items() if k != "train"}  # noqa: E731
-            for m in names
-        ],
-        sort_keys=True,
-        default=str,
-    )
-    (s0, s1), again = pipeline[0]["per_seed"], res["per_seed"][0]
-    assert strip(again, same.values()) == strip(s0, same) != strip(s1, same)
-    deep_report.plot_tradeoff(res, tmp_path / "t.png")
-    assert (tmp_path / "t.png").stat().st_size > 1000 and "b = 1/2" in deep_report.table_markdown(
-        res
     )
 
 
@@ -353,8 +392,6 @@ def test_an_interrupted_rerun_leaves_every_earlier_output_as_it_was(
     temporary behind; a folder where any output goes (an extractor too) is refused before
     compute."""
     import shutil
-
-    from pycore.deep import load_model
 
     out = tmp_path / "out"
     shutil.copytree(folders["out"], out / "folders")
@@ -375,42 +412,7 @@ def test_an_interrupted_rerun_leaves_every_earlier_output_as_it_was(
     assert "interrupted" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in (out / "folders").iterdir()} == before
     monkeypatch.setattr(deepnet, "run_configs", lambda *a, **k: pytest.fail("computed"))
-    (out / "folders" / "extractor_imma.safetensors").unlink()
-    (out / "folders" / "extractor_imma.safetensors").mkdir()
+    (out / "folders" / "extractor_ours.safetensors").unlink()
+    (out / "folders" / "extractor_ours.safetensors").mkdir()
     rc, err = _one_line_error(capsys, deepnet, argv)
-    assert rc == 2 and "error: --out:" in err and "extractor_imma" in err
-
-
-def test_rows_operators_on_any_free_worker_give_every_number_again(pipeline):
-    """``jobs = 2``: each seed immunizes in a worker and its rows' operators go to whichever
-    worker is free, the model rebuilt there from θ₀ and the tensors that differ: the same
-    numbers as in one process (seed 1 differs from seed 0, so the comparison can fail)."""
-    from experiments.deep_pipeline import run_configs
-
-    (res,) = run_configs([CI], [0, 1], RunOptions(quiet=True), init_from_env("cpu"), jobs=2)
-    drop = lambda seed: json.dumps(  # noqa: E731
-        {k: v for k, v in seed.items() if k != "phase_seconds"}, sort_keys=True, default=str
-    )
-    mine, ref = [drop(s) for s in res["per_seed"]], [drop(s) for s in pipeline[0]["per_seed"]]
-    assert mine == ref and mine[0] != mine[1]
-    assert res["phase_seconds"]["operators"]["cpu"] > 0
-
-
-def test_an_operator_job_rebuilds_the_row_bit_for_bit():
-    from experiments.deep_pipeline import OperatorJob, _changed, _saved
-
-    theta0 = ImmunizedNet(create_model("test_resnet", 3, seed=0, img_size=32)).eval()
-    row = ImmunizedNet(create_model("test_resnet", 3, seed=0, img_size=32)).eval()
-    row.load_state_dict(theta0.state_dict())
-    with torch.no_grad():
-        row.layer.weight.mul_(1.5)
-        row.classifier.bias.add_(0.25)
-    changed = _changed(row, theta0)
-    assert len(changed) == 2 and "layer.weight" in changed  # the head's bias is the other
-    job = OperatorJob(CI, 0, "ours", _saved(theta0), changed, None, ())
-    rebuilt = job.model().state_dict()
-    assert all(torch.equal(rebuilt[k], v) for k, v in row.state_dict().items())
-    assert not torch.equal(rebuilt["layer.weight"], theta0.state_dict()["layer.weight"])
-    assert _changed(theta0, theta0) == {}
-    # another structure: no difference to send, the row is sent whole
-    assert _changed(ImmunizedNet(create_model("test_resnet", 4, seed=0)), theta0) is None
+    assert rc == 2 and "error: --out:" in err and "extractor_ours" in err

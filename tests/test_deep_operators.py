@@ -1,9 +1,13 @@
 """Every operator an attacker has (pycore/deep/operators.py) and the deep default's adaptive layer
 (pycore/deep/layer.py; docs/design.md §3-4, docs/findings.md §7): LoRA adapters change what they
-should and nothing else, the worst case is the attacker's best operator, the adaptive default
-meets Definition 3.1 where the closed form's window is not empty and says so where it is."""
+should and nothing else, each setting of a grid trains as it would alone, the layer's removal is
+θ₀'s own probe on a layer-only defense, the retrain re-initialises what the defense changed, a
+model whose logits are not finite is never scored, the worst cases are the attacker's best
+operator; the adaptive default meets Definition 3.1 where the closed form's window is not empty
+and says so where it is."""
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -11,20 +15,30 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from pycore.deep import audit_model, create_model, immunize_model
+from pycore.deep import ImmunizedNet, audit_model, create_model, immunize_model
+from pycore.deep import operators as O
 from pycore.deep.operators import (
     AttackData,
-    OperatorCurve,
+    Schedule,
     _with_lora,
     attack_copy,
-    compare,
+    audit_result,
+    budgets,
     lora_targets,
+    operator,
     operator_names,
-    run_operators,
+    retrain_scope,
+    slowdowns,
 )
-from pycore.validation import ParameterError
+from pycore.deep.slowdown import Budget, Slowdown
+from pycore.validation import DivergenceError, ParameterError
 
 torch.set_num_threads(1)
+
+# the operators' runs at test size: probes for a few dozen steps, deep operators an epoch or two
+TINY = Schedule(
+    batch_size=8, probe_min_steps=5, probe_max_steps=40, deep_min_epochs=1, deep_max_epochs=2
+)
 
 
 def _images(n, seed, classes=3):
@@ -57,6 +71,17 @@ class _Features(nn.Module):
 def _task(X, classes=3, seed=0):
     y = torch.from_numpy(np.random.default_rng(seed).integers(0, classes, len(X)))
     return torch.as_tensor(X, dtype=torch.float32), y
+
+
+@pytest.fixture(scope="module")
+def theta0():
+    """timm's small test ResNet as θ₀, with its (identity) immunization layer."""
+    return ImmunizedNet(create_model("test_resnet", 3, seed=0)).eval()
+
+
+@pytest.fixture(scope="module")
+def data():
+    return AttackData(_images(24, 1), _images(12, 2), _images(12, 3), 3)
 
 
 # --- LoRA ---------------------------------------------------------------------------------------
@@ -139,36 +164,23 @@ def test_bad_operators_and_ranks_are_one_line_errors_naming_them():
     assert lora_targets(attacked, 20)["net.conv1.0"] == 16  # a narrower layer: its own width
 
 
-def test_counts_take_numpy_integers_and_name_what_is_not_an_integer():
+def test_operator_names_take_numpy_integers_and_name_what_is_not_an_integer():
     assert operator_names(("gd", "lora"), np.int64(4)) == ("gd", "lora_r4")
     assert operator_names(("lora",), [np.int32(2), 8]) == ("lora_r2", "lora_r8")
     for ranks in (None, 2.5, True, "8"):
         with pytest.raises(ParameterError) as e:
             operator_names(("lora",), ranks)
         assert e.value.parameter == "lora_ranks"
-    net, data = (
-        create_model("test_resnet", 3, seed=0),
-        AttackData(*map(_images, (8, 6, 6), (1, 2, 3)), 3),
-    )
-    for epochs in (1.5, None, (1, None)):
-        with pytest.raises(ParameterError) as e:
-            run_operators(net, data, ("gd",), epochs=epochs)
-        assert e.value.parameter == "epochs"
-    curve = run_operators(net, data, ("gd",), epochs=np.int64(2))["gd"]
-    assert curve.epochs == (0, 2)
 
 
-def test_lora_without_peft_is_refused_before_any_operator_runs(monkeypatch):
+def test_lora_without_peft_is_refused_before_any_operator_runs(monkeypatch, theta0, data):
     import sys
-
-    from pycore.deep import operators
 
     monkeypatch.setitem(sys.modules, "peft", None)  # as if not installed
     ran = []
-    monkeypatch.setattr(operators, "_probe_runs", lambda *a, **k: ran.append(1))
-    data = AttackData(*map(_images, (8, 6, 6), (1, 2, 3)), 3)
+    monkeypatch.setattr(O, "operator", lambda *a, **k: ran.append(1))
     with pytest.raises(ParameterError) as e:
-        run_operators(create_model("test_resnet", 3, seed=0), data, ("gd", "lora"), epochs=1)
+        budgets(theta0, data, ("gd", "lora"), schedule=TINY)
     assert e.value.parameter == "operators" and not ran
 
 
@@ -188,75 +200,175 @@ def test_a_model_without_a_lora_layer_is_named(monkeypatch):
     assert e.value.parameter == "model" and "_NoLayer" in str(e.value)
 
 
-# --- summaries ----------------------------------------------------------------------------------
+# --- each operator's runs -----------------------------------------------------------------------
 
 
-def _curve(op, accs):
-    return OperatorCurve(op, "s", (0, 1, 2), tuple(accs), 50.0, (("s", 50.0),))
+@pytest.mark.parametrize("op", ["finetune_upper", "finetune_full", "lora_r4"])
+def test_each_setting_of_a_deep_grid_trains_as_it_would_alone(op, theta0, data):
+    """The settings of one grid are separate copies on the same seeded batches: the second
+    setting's evaluations and weights are bit for bit those of a grid holding only it; the two
+    settings end apart, so the check can fail."""
+    make = operator(theta0, data, op, seed=0, schedule=TINY).make
+    both, alone = make("", (1e-3, 1e-2)), make("", (1e-2,))
+    for _ in range(3):
+        (_, two), (one,) = both.advance([True, True], True), alone.advance([True], True)
+        assert (two.step, two.validation, two.test) == (one.step, one.validation, one.test)
+    a, b, c = (m.state_dict() for m in (*both.models, alone.models[0]))
+    assert all(torch.equal(b[k], c[k]) for k in c)
+    assert any(not torch.equal(a[k], b[k]) for k in a)
 
 
-def test_the_worst_case_is_the_operator_of_highest_accuracy_and_deficits_are_signed():
-    model = {
-        "gd": _curve("gd", (20, 30, 40)),  # slowed: +20, +30 points against θ₀
-        "adam": _curve("adam", (20, 80, 90)),  # the attacker's best against the model
-        "finetune_full": _curve("finetune_full", (20, 70, 75)),  # helped: −10, −5
+def test_deep_operators_train_what_they_update_in_train_mode_and_score_in_eval_mode(theta0, data):
+    """Fine-tuning the last stage: its BatchNorm layers train on batch statistics (and re-estimate
+    their running ones), the frozen stem's stays on θ₀'s; every evaluation runs in eval mode."""
+    runs = operator(theta0, data, "finetune_upper", schedule=TINY).make("", (1e-3,))
+    m = runs.models[0]
+    bns = {n: b for n, b in m.named_modules() if isinstance(b, nn.BatchNorm2d)}
+    trained = {n for n, b in bns.items() if b.weight.requires_grad}
+    assert trained and trained != set(bns)
+    seen, before = [], {n: b.running_mean.clone() for n, b in bns.items()}
+    for n, b in bns.items():
+        b.register_forward_hook(lambda mod, i, o, n=n: seen.append((n, mod.training)))
+    runs.advance([True], True)
+    k = len(bns) * runs.eval_every  # the training steps' forward passes, then the evaluations
+    assert {n: t for n, t in seen[:k]} == {n: n in trained for n in bns}
+    assert all(t == (n in trained) for n, t in seen[:k])
+    assert len(seen) > k and not any(t for _, t in seen[k:])
+    assert not m.training
+    moved = {n for n, b in bns.items() if not torch.equal(b.running_mean, before[n])}
+    assert moved == trained
+
+
+@pytest.fixture(scope="module")
+def layer_only(theta0):
+    """θ₀ with only its immunization layer changed (an ill-conditioning map)."""
+    m = copy.deepcopy(theta0)
+    D = m.layer.weight.shape[0]
+    Q, _ = torch.linalg.qr(torch.randn(D, D, generator=torch.Generator().manual_seed(2)))
+    with torch.no_grad():
+        m.layer.weight.copy_(Q @ torch.diag(torch.logspace(-3, 0, D)) @ Q.T)
+    return m
+
+
+def test_remove_layer_on_a_layer_only_defense_is_theta0s_own_probe(theta0, layer_only, data):
+    """The layer taken off, the attacker probes θ₀'s own pre-logits: slowdown 1 and deficit 0
+    exactly, every evaluation θ₀'s; on θ₀ itself (identity layer) it is its Adam probe, number
+    for number; the layer does change the Adam probe, so the check can fail."""
+    ref = budgets(theta0, data, ("adam", "remove_layer"), schedule=TINY)
+    assert {k: v for k, v in ref["remove_layer"].to_dict().items() if k != "operator"} == {
+        k: v for k, v in ref["adam"].to_dict().items() if k != "operator"
     }
-    ref = {
-        "gd": _curve("gd", (20, 50, 70)),
-        "adam": _curve("adam", (20, 85, 95)),
-        "finetune_full": _curve("finetune_full", (20, 60, 70)),
+    got = slowdowns(layer_only, data, ref, schedule=TINY)
+    removed = got["remove_layer"]
+    assert (removed.slowdown, removed.censored, removed.deficit) == (1.0, False, 0.0)
+    own = slowdowns(theta0, data, {"remove_layer": ref["remove_layer"]}, schedule=TINY)
+    assert removed.traces == own["remove_layer"].traces
+    assert [t.validation for t in got["adam"].traces] != [t.validation for t in removed.traces]
+
+
+def test_retrain_scope_names_the_stages_the_defense_changed(theta0):
+    """The fewest last stages (with what follows them but the head) holding every changed tensor,
+    buffers included; every top-level module but the head when the stem changed; None when only
+    the layer or the head changed; another structure is refused naming the reference."""
+
+    def changed(*names, scale=1.5):
+        m = copy.deepcopy(theta0)
+        with torch.no_grad():
+            for n in names:
+                m.get_parameter(n).mul_(scale) if "running" not in n else m.get_buffer(n).add_(1)
+        return retrain_scope(m, theta0)
+
+    assert changed("layer.weight") is None and changed("net.fc.weight", "net.fc.bias") is None
+    assert retrain_scope(theta0, theta0) is None
+    assert changed("net.layer4.0.conv1.weight") == ("layer4", "global_pool")
+    assert changed("net.layer3.0.bn1.running_mean", "layer.weight") == (
+        "layer3",
+        "layer4",
+        "global_pool",
+    )
+    everything = tuple(n for n, _ in theta0.net.named_children() if n != "fc")
+    assert changed("net.conv1.0.weight", "net.layer4.0.conv1.weight") == everything
+    with pytest.raises(ParameterError) as e:
+        retrain_scope(ImmunizedNet(create_model("test_resnet", 4, seed=0)), theta0)
+    assert e.value.parameter == "reference"
+
+
+def test_retrain_tail_reinitialises_its_scope_on_the_model_and_fine_tunes_it_on_theta0(
+    theta0, data
+):
+    model = copy.deepcopy(theta0)
+    with torch.no_grad():
+        model.net.layer4[0].conv1.weight.mul_(3.0)
+        model.layer.weight.mul_(2.0)
+    scope = retrain_scope(model, theta0)
+    conv = "net.net.layer4.0.conv1.weight"  # the attack copy: backbone → tail runner → network
+
+    def first(m, reinit):
+        runs = operator(m, data, "retrain_tail", schedule=TINY, scope=scope, reinit=reinit)
+        return runs.make("", (1e-3,)).models[0].state_dict()
+
+    fresh, again, kept = first(model, True), first(model, True), first(theta0, False)
+    assert torch.equal(fresh[conv], again[conv])  # seeded
+    assert not torch.equal(fresh[conv], model.net.layer4[0].conv1.weight)
+    assert not torch.equal(fresh[conv], theta0.net.layer4[0].conv1.weight)
+    assert torch.equal(fresh["layer.weight"], torch.eye(*model.layer.weight.shape))
+    assert torch.equal(kept[conv], theta0.net.layer4[0].conv1.weight)
+    with pytest.raises(ParameterError) as e:
+        operator(model, data, "retrain_tail", schedule=TINY)
+    assert e.value.parameter == "scope"
+
+
+def test_a_model_whose_features_or_logits_are_not_finite_is_never_scored(theta0, data):
+    """Features that overflow float32: the probes refuse the model, every fine-tuning setting
+    diverges at its first step (an error naming the operator, not an accuracy); non-finite
+    logits at an evaluation are a divergence, not an argmax."""
+    bad = copy.deepcopy(theta0)
+    with torch.no_grad():
+        bad.layer.weight.fill_(3e38)
+    ref = budgets(theta0, data, ("gd", "finetune_upper"), schedule=TINY)
+    with pytest.raises(DivergenceError):
+        slowdowns(bad, data, {"gd": ref["gd"]}, schedule=TINY)
+    with pytest.raises(FloatingPointError, match="finetune_upper"):
+        slowdowns(bad, data, {"finetune_upper": ref["finetune_upper"]}, schedule=TINY)
+
+    class NaNs(nn.Linear):
+        def forward(self, x):
+            return super().forward(x.flatten(1)) * float("nan")
+
+    assert isinstance(O._accuracy(NaNs(3 * 32 * 32, 3), data.val), str)
+
+
+# --- the worst cases ----------------------------------------------------------------------------
+
+
+def _slowdown(op, slowdown, test, *, censored=False, theta0_test=80.0):
+    ref = Budget(op, 20.0, 90.0, 83.0, 100, 10, "lr 0.01", theta0_test, 300, True, False)
+    return Slowdown(op, slowdown, censored, None, "lr 0.01", test, theta0_test - test, False, ref)
+
+
+def test_the_worst_cases_are_the_smallest_slowdown_and_the_highest_accuracy_at_b0():
+    rows = {
+        "lora_r8": _slowdown("lora_r8", 2.0, math.nan),  # no test accuracy at B₀
+        "gd": _slowdown("gd", 10.0, 40.0, censored=True),
+        "adam": _slowdown("adam", 1.5, 70.0),
+        "finetune_full": _slowdown("finetune_full", 3.0, 85.0),  # helped: deficit −5
     }
-    a = compare(model, ref)
-    assert a.worst == "adam" and a.worst_deficit == pytest.approx(5.0)
-    ft = a["finetune_full"]
-    assert ft.deficit == (-10.0, -5.0) and ft.mean_deficit == pytest.approx(-7.5)
-    assert ft.signed_rfd == pytest.approx(np.mean([-10 / 60, -5 / 70]))
-    assert ft.rfd == pytest.approx(np.mean([10 / 60, 5 / 70]))  # |·| counts help as protection
-    assert a["gd"].best_so_far_model == (30.0, 40.0) and a.epochs == (1, 2)
-    assert a.to_dict()["operators"]["gd"]["deficit"] == (20.0, 30.0)
-    with pytest.raises(ParameterError):
-        compare(model, {"gd": ref["gd"]})
-
-
-def test_operators_pick_their_setting_on_the_validation_split():
-    net = create_model("test_resnet", 3, seed=0)
-    data = AttackData(_images(24, 1), _images(12, 2), _images(12, 3), 3)
-    out = run_operators(net, data, ("gd", "adam", "finetune_upper"), epochs=(1, 2), seed=0)
-    assert list(out) == ["gd", "adam", "finetune_upper"]
-    for c in out.values():
-        assert c.validation_accuracy == max(v for _, v in c.grid)
-        assert c.setting == next(k for k, v in c.grid if v == c.validation_accuracy)
-        assert all(0 <= a <= 100 for a in c.test_accuracy)
-    assert out["gd"].epochs == (0, 1, 2) and out["finetune_upper"].epochs == (1, 2)
-
-
-@pytest.mark.parametrize("op", ["finetune_full", "finetune_upper", "lora_r4"])
-def test_a_setting_trains_as_it_would_alone_in_its_grid(op):
-    """The grid's settings share their first step's gradient: each setting's parameters after
-    every scored epoch, and its validation accuracy, are bit for bit those of a grid holding only
-    that setting; the two settings end apart, so the check can fail."""
-    from pycore.deep.data import ShardedBatches
-    from pycore.deep.operators import _attacker, _deep_grid
-
-    net = create_model("test_resnet", 3, seed=0)
-    data = AttackData(_images(24, 1), _images(12, 2), _images(12, 3), 3)
-    both = _deep_grid(net, data, op, (1e-3, 1e-2), epochs=(1, 2), seed=0, batch_size=8)
-    last = [snaps[-1] for _, snaps, _ in both.values()]
-    assert any(not torch.equal(last[0][n], last[1][n]) for n in last[0])
-    x, y = data.train.tensors
-    for lr, (_, snaps, _) in both.items():
-        # the plain loop: a fresh copy, Adam at lr, three batches an epoch, two epochs
-        m = _attacker(net, data, op, seed=0)
-        params = {n: p for n, p in m.named_parameters() if p.requires_grad}
-        opt, alone = torch.optim.Adam(params.values(), lr=lr), []
-        for e in range(2):
-            for (idx,) in ShardedBatches(24, 8, seed=0).epoch(e):
-                opt.zero_grad(set_to_none=True)
-                torch.nn.functional.cross_entropy(m(x[idx]), y[idx]).backward()
-                opt.step()
-            alone.append({n: p.detach().clone() for n, p in params.items()})
-        for a, b in zip(alone, snaps, strict=True):
-            assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    a = audit_result(rows)
+    assert (a.worst_slowdown, a.worst_slowdown_operator, a.worst_slowdown_censored) == (
+        1.5,
+        "adam",
+        False,
+    )
+    assert a.worst == "finetune_full" and a.worst_deficit == pytest.approx(-5.0)
+    assert a["gd"] is rows["gd"] and set(a.to_dict()["operators"]) == set(rows)
+    with pytest.raises(KeyError):
+        a["retrain_tail"]
+    # a censored cap is the worst slowdown only when every operator is censored
+    capped = audit_result({"gd": rows["gd"], "adam": _slowdown("adam", 10.0, 30.0)})
+    assert (capped.worst_slowdown_operator, capped.worst_slowdown_censored) == ("adam", False)
+    with pytest.raises(ParameterError) as e:
+        audit_result({})
+    assert e.value.parameter == "operators"
 
 
 # --- the adaptive default -----------------------------------------------------------------------
@@ -323,18 +435,22 @@ def test_features_with_a_round_off_direction_report_no_window():
 
 
 def test_audit_model_returns_every_operator_and_the_worst_case():
+    """A layer-only defense (the closed form) against θ₀: every operator but the retrain (nothing
+    of the backbone changed), the layer's removal exactly θ₀'s, the worst cases over operators."""
     net = create_model("test_resnet", 3, seed=0)
     out = immunize_model(net, _images(48, 1), _images(48, 2), method="closed_form")
-    a = audit_model(out.model, reference=net, dh=_images(60, 4), epochs=(1,), lora_ranks=(2, 4))
-    names = [c.operator for c in a.operators]
+    a = audit_model(out.model, reference=net, dh=_images(30, 4), max_epochs=1, lora_ranks=(2,))
+    names = [s.operator for s in a.operators]
     assert names == [
         "gd",
         "adam",
         "adam_whitened",
+        "remove_layer",
         "lora_r2",
-        "lora_r4",
         "finetune_upper",
         "finetune_full",
     ]
-    assert a.worst == max(a.operators, key=lambda c: np.mean(c.model)).operator
+    assert (a["remove_layer"].slowdown, a["remove_layer"].deficit) == (1.0, 0.0)
+    assert a.worst_slowdown == min(s.slowdown for s in a.operators) <= 1.0
+    assert a.worst == max(a.operators, key=lambda s: s.test_at_budget).operator
     assert set(a.to_dict()["operators"]) == set(names)

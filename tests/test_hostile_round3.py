@@ -651,7 +651,7 @@ def test_theta0_near_chance_is_flagged_by_its_majority_class_and_source():
 
     def result(*accs, chance=90.0):
         seeds = [
-            {"seed": s, "rows": {"init": {"dp_top1": a}}, "classes": [2, 2], "dp_chance": chance}
+            {"seed": s, "theta0": {"dp_top1": a}, "classes": [2, 2], "dp_chance": chance}
             for s, a in enumerate(accs)
         ]
         return {"per_seed": seeds}

@@ -17,14 +17,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.linalg
 import torch
 
-from pycore.adaptive import adaptive_descent, kappa_log_ratios
+from pycore.adaptive import adaptive_descent
 from pycore import LinearTask, immunize
+from pycore.immunization import auto_exponent
+from pycore.methods import closed_form
+from pycore.validation import check_choice
 from pycore.metrics import ExponentWindow, def31_exponent_window, rir_ceiling
-from pycore.precondition import Preconditioner
-from pycore.regularizers import hessian_regularizer
-from pycore.spectral import SpectrumError, gram_spectrum, numerical_rank
+from pycore.batch import GramStack
+from pycore.precondition import FactorPreconditioner
+from pycore.spectral import (
+    ProductGramSpectrum,
+    RowFactor,
+    SpectrumError,
+    numerical_rank,
+)
 from pycore.threads import bounded_blas
 from pycore.validation import ParameterError
 
@@ -54,16 +63,19 @@ def relative_step_lr(D: int) -> float:
 class LayerSolution:
     """A θ for the layer and what is known about it on the rows it was computed from: (i), (ii)
     (exact κ's of all rows, docs/theory.md §8), the RIR ceiling, the closed form's Definition 3.1
-    window (``None`` when κ(C) = 1) and why the run ended."""
+    window (``None`` when κ(C) = 1, or with a NaN ceiling when the features are float32
+    round-off's, :func:`attainability`), why the run ended, and where it started."""
 
     theta: np.ndarray
     harmful_ratio: float
     pretrain_ratio: float
-    ceiling: float  # sup RIR over θ restricted to range(K_P) (docs/theory.md §10)
+    ceiling: float  # sup RIR over θ restricted to range(K_P) (docs/theory.md §10); NaN: unresolved
     window: "ExponentWindow | None"
     reason: str
     steps: int = 0
     history: dict = field(default_factory=dict)
+    # where the adaptive rule started: "closed_form", "identity", or "none" (no step: refused)
+    start: str = "closed_form"
 
     @property
     def immunized(self) -> bool:
@@ -84,12 +96,16 @@ def resolution(dtype, *features) -> float:
     Rounding each entry of Z to ``dtype`` is a perturbation E with ``‖E‖₂ ≤ ‖E‖_F ≤
     (eps/2)‖Z‖_F``, and by Weyl's inequality it moves every singular value of Z by at most that:
     a direction whose σ lies below ``eps·‖Z‖_F`` may be rounding alone (the arithmetic inside the
-    network may have lost more; this is the floor no computation in ``dtype`` gets under)."""
+    network may have lost more; this is the floor no computation in ``dtype`` gets under).
+    ``‖Z‖₂²`` is the largest eigenvalue of the smaller Gram matrix of Z (to ~n·eps relative, far
+    inside what a floor needs; a full SVD of a 500×2048 Z costs 20× more)."""
     eps = torch.finfo(dtype).eps if isinstance(dtype, torch.dtype) else np.finfo(dtype).eps
     ratios = []
     for Z in features:
         Z = np.asarray(Z, dtype=np.float64)
-        ratios.append(np.linalg.norm(Z) / np.linalg.norm(Z, 2))
+        G = Z @ Z.T if Z.shape[0] <= Z.shape[1] else Z.T @ Z
+        top = scipy.linalg.eigvalsh(G, subset_by_index=[len(G) - 1, len(G) - 1])[0]
+        ratios.append(np.linalg.norm(Z) / np.sqrt(top))
     return float(eps * max(ratios))
 
 
@@ -100,21 +116,30 @@ def attainability(X_P, X_H, *, precision=None) -> tuple[float, "ExponentWindow |
     ``precision``: the float type the features were computed in (float32 for a float32 network;
     None: exact). A task whose σ_min/σ_max lies below :func:`resolution` has a direction that is
     round-off (a LayerNorm without bias leaves every feature row summing to zero), its κ is that
-    round-off's, and no window is reported (``None``, the sentence says why). The R factor of X
-    has X's singular values, so the floor is the same on either."""
+    round-off's: no window is reported (``None``), the ceiling is NaN (a ratio of round-off κ's
+    is no ceiling), and the sentence says why. The R factor of X has X's singular values, so the
+    floor is the same on either."""
+    c, window, why, resolved = _reach(X_P, X_H, precision)
+    return (c.range_restricted if resolved else float("nan")), window, why
+
+
+def _reach(X_P, X_H, precision):
+    """:func:`attainability`'s answer with the whole :class:`~pycore.metrics.Ceiling` and whether
+    the features are resolved in ``precision``."""
     c = rir_ceiling(X_P, X_H)
     floor = None if precision is None else resolution(precision, X_P, X_H)
     for task, kappa in (("D_P", c.kappa_K_P), ("D_H", c.kappa_K_H)):
         if floor is not None and kappa * floor * floor > 1:
             return (
-                c.range_restricted,
+                c,
                 None,
                 f"{task}'s features have σ_min/σ_max = {kappa**-0.5:.2g}, below what {precision} "
                 f"storage resolves ({floor:.2g}): their smallest direction is round-off, so "
                 "their κ's, and any Definition 3.1 window on them, say nothing about the model",
+                False,
             )
     if not c.kappa_C > 1 + 1e-8:
-        return c.range_restricted, None, "κ(C) ≈ 1: no θ of this layer changes the κ ratio"
+        return c, None, "κ(C) ≈ 1: no θ of this layer changes the κ ratio", True
     w = def31_exponent_window(c)
     if w.empty:
         why = (
@@ -127,55 +152,97 @@ def attainability(X_P, X_H, *, precision=None) -> tuple[float, "ExponentWindow |
             f"the closed form's Definition 3.1 window on these features is [{w.low:.3g}, "
             f"{w.high:.3g}) (RIR ceiling {c.range_restricted:.4g}): some θ of this layer meets it"
         )
-    return c.range_restricted, w, why
+    return c, w, why, True
 
 
-def _ratios(theta, X_P, X_H) -> tuple[float, float]:
-    a, b = kappa_log_ratios(X_P, X_H, np.eye(X_P.shape[1]))(theta)
-    return float(np.exp(a)), float(np.exp(b))
+def _ratios(theta, X_P, X_H, ceiling) -> tuple[float, float]:
+    """(i), (ii) of θ from the SVDs of the features (docs/theory.md §8), against the κ's of
+    ``ceiling`` (the features' own, θ = I); θ's columns that are exactly zero (the closed form's
+    past rank K_P) add only zero singular values and are left out."""
+    live = np.flatnonzero(np.any(theta != 0, axis=0))
+    kP, kH = (ProductGramSpectrum(X)(theta[:, live]).kappa for X in (X_P, X_H))
+    return float(kH / ceiling.kappa_K_H), float(kP / ceiling.kappa_K_P)
 
 
 class _Problem:
-    """The layer's linear problem for :func:`pycore.adaptive.adaptive_descent`, one evaluation
-    per θ: the eigen-decompositions of ``H_P``, ``H_H`` that the step's directions need also give
-    the margin's κ's (relative error ≤ eps·κ(H), checked: above :data:`EIG_KAPPA_LIMIT` the κ's
-    come from the SVD of ``Xθ``, as in the linear core); the denominators are exact."""
+    """The layer's linear problem for :func:`pycore.adaptive.adaptive_descent` from the small side
+    of every Gram matrix (docs/design.md §6): per task ``X = U diag(s) Vᵀ`` once
+    (:class:`pycore.spectral.RowFactor`), ``F = diag(s)Vᵀθ`` (r×width), H's nonzero spectrum from
+    the r×r ``W = FFᵀ`` (:class:`pycore.batch.GramStack`) and the preconditioned directions as
+    low-rank products (:class:`pycore.precondition.FactorPreconditioner`): no D×D H, G or
+    eigendecomposition. One evaluation per θ; the margin's κ's come from W's eigenvalues
+    (relative error ≤ eps·κ(H), checked: above :data:`EIG_KAPPA_LIMIT` they come from the SVD of
+    ``Xθ``, as in the linear core). ``ref``: κ(H_P), κ(H_H) of the given model's features, the
+    denominators of (i) and (ii). Both K's of full rank: K⁺ = K⁻¹, the exact preconditioner 2θG
+    (docs/theory.md §4), no projector; else K⁺ for both."""
 
-    def __init__(self, X_P, X_H, precond: str):
-        self.X = (X_P, X_H)
-        self.pre = tuple(Preconditioner(X.T @ X, precond, 0.0, X) for X in self.X)
-        self.exact = kappa_log_ratios(X_P, X_H, np.eye(X_P.shape[1]))
-        self.ref = tuple(
-            gram_spectrum(X, vectors=False).kappa for X in self.X
-        )  # κ(H_P(I)), κ(H_H(I))
-        self._at, self._regs = None, None
+    def __init__(self, X_P, X_H, ref):
+        self.width = X_P.shape[1]
+        self.factors = tuple(RowFactor.of(X) for X in (X_P, X_H))
+        full = all(f.rank == self.width for f in self.factors)
+        self.pre = tuple(
+            FactorPreconditioner(f, "exact" if full else "pinv") for f in self.factors
+        )
+        self.spectra = tuple(ProductGramSpectrum(X) for X in (X_P, X_H))
+        self.log_ref = tuple(float(np.log(k)) for k in ref)
+        self._at, self._grams = None, None
 
-    def _evaluate(self, theta):
+    def grams(self, theta):
         if self._at is not theta:
-            Z = tuple(X @ theta for X in self.X)
-            regs = (
-                hessian_regularizer(Z[0], "well", matrices=False),
-                hessian_regularizer(Z[1], "ill", matrices=False),
-            )
-            self._at, self._regs = theta, (Z, regs)
-        return self._regs
+            self._at, self._grams = None, None
+            grams = tuple(GramStack(f.features(theta)[None], self.width) for f in self.factors)
+            self._at, self._grams = theta, grams
+        return self._grams
+
+    def exact(self, theta):
+        """(ln(i), ln(ii)) from the SVDs of the features (docs/theory.md §2)."""
+        kP, kH = (spec(theta).kappa for spec in self.spectra)
+        return np.log(kH) - self.log_ref[1], np.log(kP) - self.log_ref[0]
 
     def log_ratios(self, theta):
         try:
-            _, (rP, rH) = self._evaluate(theta)
+            gP, gH = self.grams(theta)
         except SpectrumError:
             return self.exact(theta)
-        if max(rP.info.kappa, rH.info.kappa) > EIG_KAPPA_LIMIT:
+        kP, kH = float(gP.kappa[0]), float(gH.kappa[0])
+        if max(kP, kH) > EIG_KAPPA_LIMIT:
             return self.exact(theta)
-        return np.log(rH.info.kappa / self.ref[1]), np.log(rP.info.kappa / self.ref[0])
+        return np.log(kH) - self.log_ref[1], np.log(kP) - self.log_ref[0]
 
     def directions(self, theta):
-        (Z_P, Z_H), (rP, rH) = self._evaluate(theta)
-        return self.pre[0].direction(theta, rP, Z_P), self.pre[1].direction(theta, rH, Z_H)
+        out = []
+        for pre, gram, kind in zip(self.pre, self.grams(theta), ("well", "ill")):
+            L, R = pre.parts(theta[None], gram, gram.term(kind), 1.0)
+            out.append((L @ R)[0])
+        return tuple(out)
 
 
 # κ(H) from eigenvalues of H resolves λ_min to ~eps·λ_max: 1e11 keeps the margin's error < 1e-4.
 EIG_KAPPA_LIMIT = 1e11
+
+
+# A window of ``patience`` steps whose margin min(ln(i), −ln(ii)) gains less than this a step
+# counts as one without gain (a restart at lr/3, or the end): 1e-4 a step is 3 % of (i) or
+# 1/(ii) over the default 300 steps; at that rate the 5000-step budget gains at most e^0.5 = 1.65×.
+MIN_GAIN_RATE = 1e-4
+
+# Where the adaptive rule starts: the closed form at its window's balanced exponent (when the
+# window is open), or θ = I (θ₀'s layer).
+STARTS = ("closed_form", "identity")
+
+
+def _closed_form(XP, XH, ceiling) -> tuple[np.ndarray, str]:
+    """The linear core's closed form on the layer's features at its default exponent
+    (:func:`pycore.immunization.auto_exponent`: the window's balanced one), and why that one."""
+    task = LinearTask(XP, np.zeros(len(XP)), XH, np.zeros(len(XH)), name="layer features")
+    a, how = auto_exponent(task, ceiling)
+    return closed_form(task, a, ceiling)[0], how
+
+
+def _verdict(i: float, ii: float) -> str:
+    return f"Definition 3.1 {'holds' if i > 1 > ii else 'does not hold'} on these rows: " + (
+        f"(i) = {i:.4g}, (ii) = {ii:.4g}"
+    )
 
 
 @bounded_blas
@@ -187,36 +254,71 @@ def adaptive_layer(
     patience: int,
     lr: "float | None" = None,
     precision=None,
-):
-    """θ by the adaptive rule of the linear default on the layer's inputs (all rows, float64),
-    from θ = I (θ₀'s layer), at ``lr`` (default :func:`relative_step_lr`); the kept θ's (i) and
-    (ii) are exact (SVD); ``precision`` as in :func:`attainability`."""
+    start: str = "closed_form",
+    min_rate: "float | None" = MIN_GAIN_RATE,
+    progress: bool = False,
+) -> LayerSolution:
+    """θ by the adaptive rule of the linear default (:func:`pycore.adaptive.adaptive_descent`) on
+    the layer's inputs (all rows, float64; docs/design.md §4).
+
+    Before any step: features that ``precision`` does not resolve (:func:`attainability`) are
+    refused, θ = I with no window and a NaN ceiling. ``start="closed_form"`` (when the closed
+    form's window is open) starts from the closed form at the window's balanced exponent, ``S``
+    (D×r, r = rank K_P): the rule runs on the closed form's features ``XS`` from θ' = I and
+    ``θ = Sθ'`` (its D − r other columns zero, as the closed form's). Such a θ reads only
+    range(K_P), so no θ of this form has a margin min(ln(i), −ln(ii)) above ``min(½ ln ceiling,
+    ln κ(K_P))`` (docs/theory.md §10; (ii) ≥ 1/κ(K_P) for every θ), and the run ends once it is
+    within :data:`pycore.adaptive.PROGRESS_TOL` of that bound: from the balanced exponent, at
+    step 0. Otherwise (``"identity"``, or no open window) the rule runs from θ = I, its bound
+    ``min(½ ln exact ceiling, ln κ(K_P))`` (the exact ceiling is infinite when D_H varies where
+    D_P does not). Every step works on the small side of the Gram matrices (:class:`_Problem`);
+    ``min_rate`` as in :func:`~pycore.adaptive.adaptive_descent` (default
+    :data:`MIN_GAIN_RATE`); ``lr`` default :func:`relative_step_lr` of θ's width; ``progress``:
+    a bar on a terminal. The kept θ's (i) and (ii) are exact (SVD)."""
+    check_choice(start, "start", STARTS)
     XP, XH = _rows(X_P), _rows(X_H)
     D = XP.shape[1]
-    ceiling, window, why = attainability(XP, XH, precision=precision)
-    # a full-rank K: K⁺ = K⁻¹, the exact preconditioner 2θG (docs/theory.md §4), no projector
-    full = all(numerical_rank(np.linalg.svd(X, compute_uv=False), X.shape) == D for X in (XP, XH))
-    problem = _Problem(XP, XH, "exact" if full else "pinv")
+    c, window, why, resolved = _reach(XP, XH, precision)
+    if not resolved:
+        return LayerSolution(
+            np.eye(D), 1.0, 1.0, float("nan"), None, f"no step taken: {why}", 0, {}, "none"
+        )
+    log_kP = float(np.log(c.kappa_K_P))
+    if start == "closed_form" and window is not None and not window.empty:
+        theta, how = _closed_form(XP, XH, c)
+        S = theta[:, : c.rank_K_P]
+        Xs, bound = (XP @ S, XH @ S), min(0.5 * float(np.log(c.range_restricted)), log_kP)
+        begin = f"from the closed form at {how}"
+    else:
+        S, start, Xs = None, "identity", (XP, XH)
+        bound, begin = min(0.5 * float(np.log(c.exact)), log_kP), "from θ = I"
+    width = Xs[0].shape[1]
+    problem = _Problem(*Xs, (c.kappa_K_P, c.kappa_K_H))
     run = adaptive_descent(
-        np.eye(D),
+        np.eye(width),
         problem.log_ratios,
         problem.directions,
-        lr=relative_step_lr(D) if lr is None else lr,
+        lr=relative_step_lr(width) if lr is None else lr,
         epochs=steps,
         patience=patience,
+        bound=bound,
+        min_rate=min_rate,
+        progress=progress,
     )
-    i, ii = _ratios(run.theta, XP, XH)
+    theta = run.theta if S is None else np.pad(S @ run.theta, ((0, 0), (0, D - width)))
+    i, ii = _ratios(theta, XP, XH, c)
     met = i > 1 > ii
-    reason = f"adaptive rule: {run.stop}; best margin at step {run.best_step}; Definition 3.1 " + (
-        f"holds on these rows: (i) = {i:.4g}, (ii) = {ii:.4g}" if met else "does not hold"
-    )
+    reason = f"adaptive rule {begin}: {run.stop}; best margin at step {run.best_step}; "
+    reason += _verdict(i, ii)
     if not met:
-        reason += f" ((i) = {i:.4g}, (ii) = {ii:.4g}): {why}" + (
+        reason += f": {why}" + (
             "; the miss is the method's" if window is not None and not window.empty else ""
         )
-    elif window is None:  # met, on κ's that round-off may have made
+    elif window is None:  # met where the closed form's window says nothing
         reason += f"; but {why}"
-    return LayerSolution(run.theta, i, ii, ceiling, window, reason, run.steps, run.history)
+    return LayerSolution(
+        theta, i, ii, c.range_restricted, window, reason, run.steps, run.history, start
+    )
 
 
 def _one_hot(y, n_rows: int, name: str, num_classes) -> np.ndarray:
@@ -295,15 +397,15 @@ def kstep_layer(
 @bounded_blas
 def closed_form_layer(X_P, X_H, *, precision=None) -> LayerSolution:
     """The closed form (docs/theory.md §10) on the layer's inputs at its default exponent (the
-    linear core's ``closed_form``: the balanced one of the window, clamped into it);
-    ``precision`` as in :func:`attainability`."""
+    linear core's ``closed_form``: the window's balanced one); ``precision`` as in
+    :func:`attainability` (features it does not resolve: the closed form still, on their κ's,
+    with a NaN ceiling and no window)."""
     XP, XH = _rows(X_P), _rows(X_H)
-    ceiling, window, why = attainability(XP, XH, precision=precision)
-    task = LinearTask(XP, np.zeros(len(XP)), XH, np.zeros(len(XH)), name="layer features")
-    res = immunize(task, "closed_form", rng=np.random.default_rng(0))
-    return LayerSolution(
-        res.theta, res.harmful_ratio, res.pretrain_ratio, ceiling, window, f"{res.reason} {why}"
-    )
+    c, window, why, resolved = _reach(XP, XH, precision)
+    theta, how = _closed_form(XP, XH, c)
+    i, ii = _ratios(theta, XP, XH, c)
+    ceiling = c.range_restricted if resolved else float("nan")
+    return LayerSolution(theta, i, ii, ceiling, window, f"{how}; {_verdict(i, ii)}. {why}")
 
 
 @torch.no_grad()

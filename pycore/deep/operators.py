@@ -520,7 +520,7 @@ def _tail_stages(net: nn.Module, name: str, scope) -> int:
         return 1
     if name == "retrain_tail":
         k = sum(s in scope for s in stages)
-        return k if set(scope) == {n for n in _module_names(tail_modules(net, k), net)} else 0
+        return k if k and set(scope) == set(_module_names(tail_modules(net, k), net)) else 0
     return 0
 
 
@@ -584,7 +584,8 @@ def slowdowns(
 ) -> dict[str, Slowdown]:
     """Every operator of ``reference_budgets`` against ``model``: its
     :class:`~pycore.deep.slowdown.Slowdown` under θ₀'s budget (``retrain_tail`` re-initialises
-    ``scope``; left out when there is none)."""
+    ``scope``; left out when there is none). An operator every setting of which diverged on
+    ``model`` raises ``FloatingPointError`` naming it and them."""
     out = {}
     for n, ref in reference_budgets.items():
         if n == "retrain_tail" and not scope:
@@ -644,7 +645,11 @@ def audit_result(results: dict[str, Slowdown]) -> AuditResult:
         raise ParameterError("operators", "no operator was run")
     rows = tuple(results.values())
     slow = min(rows, key=lambda s: (s.slowdown, s.censored))
-    worst = max(rows, key=lambda s: s.test_at_budget)
+    # an operator with no test accuracy at B₀ (NaN: its run diverged on the way) is never the
+    # worst; max() over NaN keys depends on the order
+    worst = max(
+        rows, key=lambda s: -math.inf if math.isnan(s.test_at_budget) else s.test_at_budget
+    )
     return AuditResult(
         rows, slow.slowdown, slow.operator, slow.censored, worst.operator, worst.deficit
     )

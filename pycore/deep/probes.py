@@ -197,8 +197,10 @@ class AdamProbe(_Probe):
     def advance(self, active: list[bool], test: bool = True) -> list:
         on = np.flatnonzero(active)
         for _ in range(self.eval_every):
-            for t in np.unique(self.steps[on]):
-                self._step(on[self.steps[on] == t])
+            # the groups of heads at one step count, fixed before any of them steps (a head
+            # that steps from t to t + 1 is not in the group at t + 1 of this round)
+            for g in [on[self.steps[on] == t] for t in np.unique(self.steps[on])]:
+                self._step(g)
         return self._report(self.W, active, self.steps, test)
 
 

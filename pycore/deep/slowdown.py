@@ -11,8 +11,10 @@ plateau nor reaches a target.
   first evaluated step at which that setting is within :data:`PLATEAU_TOLERANCE` points of ``p``,
   and the run is extended until it lasts at least :data:`BUDGET_FACTOR`·B₀ steps (a run several
   times longer than B₀ shows the plateau is one); settings more than :data:`PRUNE_GAP` points
-  below the best are not extended. The target is ``chance + TARGET_SHARE·(p − chance)``, ``s₀``
-  the first step at which any setting reaches it.
+  below the best are not extended; a setting that diverged is never the best. The target is
+  ``chance + TARGET_SHARE·(p − chance)`` (``p`` itself when ``p`` is below chance), ``s₀`` the
+  first step at which any setting reaches it in the race :func:`attack` runs, run on θ₀ from the
+  same grid (so θ₀ against itself has slowdown 1 and deficit 0 exactly).
 * **The slowdown** (:func:`attack`). On a defended model the grid runs until some setting reaches
   the target, or until the slowdown is known to be at least :data:`SLOWDOWN_CAP`; the one that got
   there first runs on to B₀. The slowdown is ``s / s₀``, ``s`` the fewest steps any setting needs;
@@ -22,8 +24,8 @@ plateau nor reaches a target.
   list, the next rate beyond that end (the grid's own ratio) runs too, up to :data:`MAX_WIDEN`
   times per end (``edge=True`` if the best is still at an end then): a defense that only moves the
   attacker's best learning rate does not count as one.
-* **The deficit at B₀**: θ₀'s test accuracy at B₀ (its best setting) minus the model's (the
-  setting of best validation accuracy among those still running at B₀).
+* **The deficit at B₀**: θ₀'s test accuracy at B₀ minus the model's, each the test accuracy of
+  the setting of best validation accuracy among those still running at B₀ in the race on it.
 
 Runs are supplied by a factory ``make(variant, lrs) -> runs`` (:class:`Runs`); this module only
 schedules them, so it is tested with synthetic runs and serves every operator alike."""
@@ -127,7 +129,8 @@ class Trace:
 class Budget:
     """θ₀'s budget for one operator (module docstring): the plateau (%, smoothed validation)
     reached by ``setting``, ``budget_steps`` B₀, the target and ``reference_steps`` s₀ (the first
-    step any setting reaches it), the run's length, θ₀'s test accuracy at B₀, whether the plateau
+    step any setting reaches it), the run's length, θ₀'s test accuracy at B₀ (in the race
+    :func:`attack` runs, on θ₀), whether the plateau
     was confirmed within the step limit, whether the best setting was still at an end of the
     widened grid, the grid as widened on θ₀ (every model's race starts from it) and every
     setting's trace."""
@@ -266,7 +269,7 @@ class _Race:
         end = -1 if best.lr == lrs[0] else 1 if best.lr == lrs[-1] else 0
         if not end or r is None or self.widened[(v, end)] >= MAX_WIDEN:
             return None
-        lr = float(f"{(lrs[0] / r if end < 0 else lrs[-1] * r):.3g}")
+        lr = _snap(lrs[0] / r if end < 0 else lrs[-1] * r, r)
         self.widened[(v, end)] += 1
         self.grid[v] = sorted([*lrs, lr])
         self.add(v, (lr,))
@@ -277,6 +280,15 @@ class _Race:
         return len(lrs) > 1 and best.lr in (lrs[0], lrs[-1])
 
 
+def _snap(lr: float, ratio: float) -> float:
+    """``lr`` to three significant digits; on a grid of ratio √10 (half decades: 1e-3, 3.16e-3,
+    0.01, ...) snapped to the half decade, so that products of rounded rates do not drift
+    (3.16e-3·√10 is 0.01, not 0.00999)."""
+    if abs(ratio - math.sqrt(10.0)) < 1e-2:
+        lr = 10.0 ** (round(2.0 * math.log10(lr)) / 2.0)
+    return float(f"{lr:.3g}")
+
+
 def _diverged(operator: str, traces: list[Trace]) -> FloatingPointError:
     return FloatingPointError(
         f"{operator}: every setting diverged "
@@ -284,9 +296,16 @@ def _diverged(operator: str, traces: list[Trace]) -> FloatingPointError:
     )
 
 
+def _live(traces: list[Trace]) -> list[Trace]:
+    """The settings that were evaluated and did not diverge (the only ones a best is taken
+    from)."""
+    return [t for t in traces if t.steps and not t.diverged]
+
+
 def _plateau(traces: list[Trace]) -> tuple[Trace, float, int]:
-    """The trace of the highest smoothed validation accuracy, that accuracy, and B₀ on it."""
-    best = max((t for t in traces if t.steps), key=lambda t: (t.best, -t.steps[0], -t.lr))
+    """The live trace of the highest smoothed validation accuracy, that accuracy, and B₀ on
+    it."""
+    best = max(_live(traces), key=lambda t: (t.best, -t.steps[0], -t.lr))
     return best, best.best, best.first_reaching(best.best - PLATEAU_TOLERANCE)
 
 
@@ -304,11 +323,11 @@ def budget(
     (``{variant: learning rates}``) run at least ``min_steps`` and until ``BUDGET_FACTOR·B₀``
     steps, at most ``max_steps``; the grid widened while its best setting sits at an end."""
     race = _Race(make, grid, labels)
-    length, keep = min_steps, None
+    length, keep = min(min_steps, max_steps), None  # at most max_steps, whatever min_steps
     while True:
         race.run_to(length, keep)
         traces = race.all()
-        if not any(t.steps for t in traces):
+        if not _live(traces):
             raise _diverged(operator, traces)
         best, top, b0 = _plateau(traces)
         if race.at_edge(best) and race.widen(best) is not None:
@@ -317,49 +336,58 @@ def budget(
         if length >= BUDGET_FACTOR * b0 or length >= max_steps:
             break
         length = min(max_steps, max(BUDGET_FACTOR * b0, length + min_steps))
-        keep = {(t.variant, t.lr) for t in traces if t.steps and t.best >= top - PRUNE_GAP}
-    target = chance + TARGET_SHARE * (top - chance)
-    reach = [s for s in (t.first_reaching(target) for t in traces) if s is not None]
-    # θ₀'s test accuracy at B₀: its best setting again, alone, scored there (runs repeat bit for
-    # bit, so this costs B₀ steps instead of a test evaluation at every step of every setting)
-    again = _Race(make, {best.variant: (best.lr,)}, labels, budget_step=b0)
-    again.run_to(b0)
-    test = again.trace((best.variant, best.lr)).test_at_budget
+        keep = {(t.variant, t.lr) for t in _live(traces) if t.best >= top - PRUNE_GAP}
+    # a plateau below chance (an operator that does not learn) is its own target
+    target = min(chance + TARGET_SHARE * (top - chance), top)
+    start = {v: tuple(lrs) for v, lrs in race.grid.items()}
+    # s₀ and θ₀'s test accuracy at B₀ by the race attack() runs on every model, on θ₀ from the
+    # same grid: the pruned settings race too, the grid is widened by the fastest setting as on a
+    # model, and the setting run on to B₀ is the one a model's race would run on. θ₀ against
+    # itself then has slowdown 1 and deficit 0 exactly. The best setting's own run reaches the
+    # target by the step it did here (runs repeat bit for bit), so this race ends by then.
+    limit = min(s for s in (t.first_reaching(target) for t in _live(traces)) if s is not None)
+    _, s0, test, _ = _race(operator, make, start, labels, b0=b0, limit=limit, target=target)
     return Budget(
         operator,
         float(chance),
         float(top),
         float(target),
         int(b0),
-        int(min(reach)),
+        int(s0),
         best.label,
         float(test),
         int(max(race.step(k) for k in race.state)),
         bool(length >= BUDGET_FACTOR * b0),
         race.at_edge(best),
-        {v: tuple(lrs) for v, lrs in race.grid.items()},
+        start,
         tuple(traces),
     )
 
 
 def _fastest(traces: list[Trace], target: float) -> tuple["Trace | None", "int | None"]:
-    reach = [(t.first_reaching(target), t) for t in traces]
-    reach = [(s, t) for s, t in reach if s is not None]
+    """The live setting that first reached ``target`` (of several at the same step, the one of
+    highest smoothed validation accuracy there, then the lowest rate: a choice that does not
+    depend on how far the settings ran after it) and that step; ``(None, None)`` when none
+    did."""
+    reach = []
+    for t in _live(traces):
+        s = t.first_reaching(target)
+        if s is not None:
+            reach.append((s, -float(smoothed(t.validation)[t.steps.index(s)]), t.lr, t))
     if not reach:
         return None, None
-    s, t = min(reach, key=lambda st: (st[0], -st[1].best))
+    s, _, _, t = min(reach, key=lambda r: r[:3])
     return t, s
 
 
-def attack(
-    operator: str, make: Factory, reference: Budget, *, labels: "Callable | None" = None
-) -> Slowdown:
-    """The :class:`Slowdown` of ``operator`` on a model (``make`` builds its runs) against θ₀'s
-    ``reference`` budget of the same operator (module docstring); the race starts from the grid
-    as widened on θ₀."""
-    b0, s0, target = reference.budget_steps, reference.reference_steps, reference.target
-    cap = max(b0, math.ceil(SLOWDOWN_CAP * s0))
-    race = _Race(make, reference.grid, labels, budget_step=b0)
+def _race(operator, make, grid, labels, *, b0, limit, target):
+    """Every setting of ``grid`` until one reaches ``target`` (then it alone on to ``b0``) or
+    until ``limit``; then, while the fastest setting (the best live one when none got there) sits
+    at an end of its learning-rate list, the next rate beyond it (:meth:`_Race.widen`), raced to
+    the step to beat. Returns ``(race, steps to the target or None, test accuracy at b0, the
+    chosen setting)``: the test accuracy is the one of the setting of best validation accuracy at
+    ``b0`` among those still running there."""
+    race = _Race(make, grid, labels, budget_step=b0)
 
     def race_to(limit, keys=None):
         """The settings ``keys`` (default all) until one of them reaches the target (then only
@@ -372,15 +400,15 @@ def attack(
             else:
                 win = (best.variant, best.lr)
                 want = lambda k: k == win and race.step(k) < b0  # noqa: E731
-            if not race.advance(want):
-                return
+            if not race.advance(want) and (s is None or race.live(win)):
+                return  # (a winner that diverged on its way to B₀ is no longer one)
 
-    race_to(cap)
+    race_to(limit)
     while True:
         traces = race.all()
         best, s = _fastest(traces, target)
         if best is None:  # censored: the best validation accuracy seen
-            live = [t for t in traces if t.steps]
+            live = _live(traces)
             if not live:
                 raise _diverged(operator, traces)
             best = max(live, key=lambda t: (t.best, -t.lr))
@@ -388,14 +416,27 @@ def attack(
         if key is None:
             break
         # the new rate matters only if it reaches the target sooner (or if none did)
-        race_to(cap if s is None else s, keys={key})
+        race_to(limit if s is None else s, keys={key})
     traces = race.all()
     best_t, s = _fastest(traces, target)
-    censored = s is None or s >= SLOWDOWN_CAP * s0
     at_b0 = [t for t in traces if not math.isnan(t.test_at_budget)]
     pick = max(at_b0, key=lambda t: t.validation[t.steps.index(b0)]) if at_b0 else None
     test = pick.test_at_budget if pick is not None else math.nan
-    chosen = best_t or best
+    return race, s, test, best_t or best
+
+
+def attack(
+    operator: str, make: Factory, reference: Budget, *, labels: "Callable | None" = None
+) -> Slowdown:
+    """The :class:`Slowdown` of ``operator`` on a model (``make`` builds its runs) against θ₀'s
+    ``reference`` budget of the same operator (module docstring); the race starts from the grid
+    as widened on θ₀."""
+    b0, s0, target = reference.budget_steps, reference.reference_steps, reference.target
+    cap = max(b0, math.ceil(SLOWDOWN_CAP * s0))
+    race, s, test, chosen = _race(
+        operator, make, reference.grid, labels, b0=b0, limit=cap, target=target
+    )
+    censored = s is None or s >= SLOWDOWN_CAP * s0
     return Slowdown(
         operator,
         SLOWDOWN_CAP if censored else float(s / s0),
@@ -406,5 +447,5 @@ def attack(
         float(reference.test_at_budget - test),
         race.at_edge(chosen),
         reference,
-        tuple(traces),
+        tuple(race.all()),
     )

@@ -75,9 +75,9 @@ class TailRunner:
         dev = next(net.parameters()).device
         try:
             hs = [
-                self.inputs(net, fetch(data, torch.arange(s, min(s + batch_size, len(data))))[0])
-                .to(dev)
-                .cpu()
+                self.inputs(
+                    net, fetch(data, torch.arange(s, min(s + batch_size, len(data))))[0].to(dev)
+                ).cpu()
                 for s in range(0, len(data), batch_size)
             ]
         finally:
@@ -100,6 +100,7 @@ class TailRunner:
     def check(self, full: nn.Module, tail: nn.Module, x: torch.Tensor, rtol=1e-4) -> None:
         """``tail`` (from :meth:`attach` on a copy of ``full``) gives ``full``'s pre-logits on
         ``x`` to float round-off; otherwise a ParameterError naming ``model``."""
+        x = x.to(next(full.parameters()).device)
         with torch.no_grad():
             want = full.forward_head(full.forward_features(x), pre_logits=True)
             got = tail.forward_head(tail.forward_features(self.inputs(full, x)), pre_logits=True)

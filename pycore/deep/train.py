@@ -38,6 +38,7 @@ from pycore.deep.objectives import (
     loss_terms,
 )
 from pycore.deep.simulated import SimulatedOptions, immunize_simulated
+from pycore.deep.models import fold_batchnorm_checked, tail_modules
 from pycore.deep.tail import TailRunner
 from pycore.options import Options
 from pycore.report import progress as progress_bar
@@ -162,6 +163,7 @@ class DeepOptions(Options):
     harden: str = "none"  # pycore.deep.hardening, applied after training
     harden_scale: float = 0.01
     normalize: bool = True  # steps in unit-scale features (False: the features' own scale)
+    fold_batchnorm: bool = False  # scope tail: the trained BatchNorms folded first (design §4)
     dp_tolerance: "float | None" = 2.0  # end on the last state within this many % of D_P's top-1
 
     def __post_init__(self):
@@ -350,11 +352,16 @@ def immunize_in_place(
             raise ParameterError(
                 "scope", f"{method} solves the layer on frozen features: pass cached features"
             )
-        return _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, device)
+        return _linear_layer(
+            model, p_train, h_train, method, opts, seed, num_classes_h, device, progress
+        )
     model.to(device)
     ext, cls = model.set_trainable(opts.scope, opts.stages)
     model.eval()
     tail, h_images = None, h_train
+    if opts.scope == "tail" and opts.fold_batchnorm:
+        x0 = fetch(p_train, torch.arange(min(16, len(p_train))))[0].to(device)
+        fold_batchnorm_checked(model, tail_modules(model.net, opts.stages), x0)
     if opts.scope == "tail" and world == 1:
         # the frozen earlier stages' outputs once per image; the tail runs from them
         runner_ = TailRunner(model.net, opts.stages)
@@ -529,9 +536,12 @@ def _harden(model, h_train, opts, seed, num_classes_h, cached) -> "dict | None":
     )
 
 
-def _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, device):
+def _linear_layer(
+    model, p_train, h_train, method, opts, seed, num_classes_h, device, progress=False
+):
     """The layer as the linear problem (:mod:`pycore.deep.layer`) on the features of all given
-    rows, the D_P head solved exactly; hardening as in the loop."""
+    rows, the D_P head solved exactly; hardening as in the loop; ``progress``: the adaptive
+    rule's bar on a terminal."""
     from pycore.deep.features import extract  # noqa: PLC0415
     from pycore.deep.layer import (  # noqa: PLC0415
         adaptive_layer,
@@ -567,6 +577,7 @@ def _linear_layer(model, p_train, h_train, method, opts, seed, num_classes_h, de
             patience=opts.patience,
             lr=opts.adaptive_lr,
             precision=precision,
+            progress=progress,
         )
     kappa_theta = set_layer(model, sol.theta)
     hardening = _harden(model, h_train, opts, seed, num_classes_h, True)

@@ -1,0 +1,149 @@
+"""The immunization layer as the linear problem (pycore/deep/layer.py; docs/design.md §4): its
+steps from the small side of the Gram matrices equal the D×D ones, the default starts from the
+closed form at its window's balanced exponent (whose margin no step improves), that exponent lies
+inside the window, and features float32 does not resolve are refused before any step."""
+
+import numpy as np
+import pytest
+import torch
+
+from pycore.adaptive import adaptive_descent
+from pycore.deep import layer
+from pycore.deep.layer import (
+    _closed_form,
+    _Problem,
+    _reach,
+    adaptive_layer,
+    attainability,
+    closed_form_layer,
+    relative_step_lr,
+)
+from pycore.metrics import def31_exponent_window, rir, rir_ceiling
+from pycore.precondition import precondition
+from pycore.regularizers import grad_theta_and_regularizer
+from pycore.validation import ParameterError
+
+
+def _pair(seed, N_P, N_H, D):
+    """Two tasks whose column scales run opposite ways: an open Definition 3.1 window."""
+    rng = np.random.default_rng(seed)
+    scales = np.geomspace(1.0, 0.05, D)
+    X_P = rng.standard_normal((N_P, D)) * scales
+    X_H = rng.standard_normal((N_H, D)) * scales[::-1] + 0.1 * rng.standard_normal((N_H, D))
+    return X_P, X_H
+
+
+def _margin(theta, X_P, X_H):
+    r = rir(theta, X_P, X_H)
+    return min(np.log(r.harmful_ratio), -np.log(r.pretrain_ratio))
+
+
+@pytest.mark.parametrize("N,D", [(12, 20), (40, 9)])
+def test_the_small_side_equals_the_dxd_computation(N, D):
+    """The layer's κ's and preconditioned directions from the r×r W = FFᵀ (N < D: r = N; N > D:
+    the exact preconditioner) equal those of the D×D H = θᵀKθ, its eigen-decomposition, G and
+    K⁺, to round-off."""
+    X_P, X_H = _pair(1, N, N + 3, D)
+    theta = np.eye(D) + 0.1 * np.random.default_rng(2).standard_normal((D, D))
+    ref = tuple(np.linalg.cond(X) ** 2 for X in (X_P, X_H))
+    problem = _Problem(X_P, X_H, ref)
+    log_i, log_ii = problem.log_ratios(theta)
+    d_P, d_H = problem.directions(theta)
+    mode = "pinv" if N < D else "exact"
+    for X, kind, log_ratio, d, k_ref in (
+        (X_P, "well", log_ii, d_P, ref[0]),
+        (X_H, "ill", log_i, d_H, ref[1]),
+    ):
+        K = X.T @ X
+        _, reg = grad_theta_and_regularizer(theta, K, kind)  # D×D: H, its eigh, G
+        assert log_ratio == pytest.approx(np.log(reg.info.kappa / k_ref), abs=1e-9)
+        dense = precondition(theta, reg.G, K, mode)  # K⁺ (or K⁻¹) times ∇_θR = 2KθG
+        assert np.linalg.norm(d - dense) <= 1e-9 * np.linalg.norm(dense)
+
+
+def test_the_default_starts_from_the_closed_form_and_no_step_gains_margin():
+    """From the closed form at the window's balanced exponent the margin is min(½ ln ceiling,
+    ln κ(K_P)), a bound no θ reading range(K_P) exceeds: the default takes no step, and 200 steps
+    of the rule without the bound find no larger margin."""
+    X_P, X_H = _pair(3, 30, 40, 12)
+    sol = adaptive_layer(X_P, X_H, steps=5000, patience=300)
+    c, window, _, _ = _reach(X_P, X_H, None)
+    bound = min(0.5 * np.log(c.range_restricted), np.log(c.kappa_K_P))
+    assert window is not None and not window.empty and window.balanced > window.low
+    assert sol.start == "closed_form" and sol.steps == 0 and sol.immunized
+    assert _margin(sol.theta, X_P, X_H) == pytest.approx(bound, rel=1e-8)
+    # at the middle of the window (i) = 1/(ii) = √ceiling, the closed form's own θ
+    assert sol.harmful_ratio == pytest.approx(1 / sol.pretrain_ratio, rel=1e-8)
+    np.testing.assert_allclose(sol.theta, closed_form_layer(X_P, X_H).theta, rtol=0, atol=0)
+    theta, _ = _closed_form(X_P, X_H, c)
+    S = theta[:, : c.rank_K_P]
+    problem = _Problem(X_P @ S, X_H @ S, (c.kappa_K_P, c.kappa_K_H))
+    run = adaptive_descent(
+        np.eye(S.shape[1]),
+        problem.log_ratios,
+        problem.directions,
+        lr=relative_step_lr(S.shape[1]),
+        epochs=200,
+        patience=1000,
+    )
+    h = run.history
+    margins = np.minimum(np.log(h["harmful_ratio"]), -np.log(h["pretrain_ratio"]))
+    assert run.steps == 200 and run.best_step == 0 and margins.max() <= bound + 1e-9
+
+
+def test_the_rule_from_identity_meets_definition_3_1_where_the_window_is_open():
+    X_P, X_H = _pair(4, 60, 60, 6)
+    sol = adaptive_layer(X_P, X_H, steps=2000, patience=300, start="identity")
+    assert sol.start == "identity" and 0 < sol.steps and sol.immunized
+    assert sol.harmful_ratio == pytest.approx(rir(sol.theta, X_P, X_H).harmful_ratio, rel=1e-9)
+    with pytest.raises(ParameterError) as e:
+        adaptive_layer(X_P, X_H, steps=5, patience=3, start="I")
+    assert e.value.parameter == "start"
+
+
+def test_the_balanced_exponent_lies_inside_the_window_and_has_the_largest_margin():
+    """D_P sees two of three inputs; D_H's nonzero spectrum is flat (κ(K_H) = 1) but it is nearly
+    singular on D_P's inputs, so κ(C) > κ(K_H)·κ(K_P) and the middle of the unclamped window is
+    below 0: the balanced exponent is then the window's low end, 0 (H_P = I), where the margin
+    −ln(ii) = ln κ(K_P) is the largest any exponent has."""
+    X_P = np.array([[1.0, 0.0, 0.0], [0.0, np.sqrt(2.0), 0.0]])
+    X_H = np.array([[1.0, 0.0, 0.0], [0.0, 0.1, np.sqrt(1 - 0.01)]])
+    c = rir_ceiling(X_P, X_H)
+    assert c.kappa_C > c.kappa_K_H * c.kappa_K_P  # the middle of the unclamped window is < 0
+    w = def31_exponent_window(c)
+    assert not w.empty and w.low <= w.balanced < w.high and w.balanced == 0.0
+    assert attainability(X_P, X_H)[1] == w
+
+    def margin(a):
+        from pycore.methods import closed_form
+        from pycore.tasks import LinearTask
+
+        task = LinearTask(X_P, np.zeros(2), X_H, np.zeros(2))
+        return _margin(closed_form(task, a, c)[0], X_P, X_H)
+
+    best = margin(w.balanced)
+    assert best == pytest.approx(np.log(c.kappa_K_P), rel=1e-9)
+    assert all(margin(a) < best for a in np.linspace(w.low, w.high, 7)[1:-1])
+
+
+def test_unresolved_features_are_refused_before_any_step(monkeypatch):
+    """Float32 features whose rows sum to zero (a LayerNorm without bias): no step, no window,
+    no ceiling (NaN), θ = I; counted by the rule's calls, not by time."""
+    rng = np.random.default_rng(3)
+    D = 24
+    X = (rng.standard_normal((200, D)) * np.linspace(1.0, 3.0, D)).astype(np.float32)
+    X_P = X - X.mean(axis=1, keepdims=True)
+    X_H = (X_P[::-1] * np.linspace(3.0, 1.0, D)).astype(np.float32)
+    X_H = X_H - X_H.mean(axis=1, keepdims=True)
+    calls = []
+    real = layer.adaptive_descent
+    monkeypatch.setattr(
+        layer, "adaptive_descent", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    sol = adaptive_layer(X_P, X_H, steps=5000, patience=300, precision=torch.float32)
+    assert not calls and sol.steps == 0 and sol.start == "none" and not sol.immunized
+    assert sol.window is None and np.isnan(sol.ceiling) and np.array_equal(sol.theta, np.eye(D))
+    assert np.isnan(attainability(X_P, X_H, precision=torch.float32)[0])
+    # the same features, exact: resolved, so the rule runs
+    adaptive_layer(X_P, X_H, steps=2, patience=300)
+    assert calls

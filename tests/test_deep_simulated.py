@@ -1,0 +1,212 @@
+"""The simulated-attacker immunizer (pycore/deep/simulated.py; docs/theory.md §12, docs/design.md
+§4) and its dispatch by ``immunize_in_place``: what it moves, the D_P guard, its options, the
+suppression losses."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+from pycore.deep import DeepOptions, ImmunizedNet, create_model, immunize_in_place
+from pycore.deep.simulated import (
+    SOPHON,
+    SimulatedOptions,
+    immunize_simulated,
+    suppression_loss,
+)
+from pycore.validation import ParameterError
+
+torch.set_num_threads(1)
+
+QUICK = dict(steps=4, inner_steps=2, batch_size=8, check_every=1)
+
+
+def _images(n, seed, classes=3):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % classes
+    x = torch.randn(n, 3, 32, 32, generator=g) + 0.5 * y.view(-1, 1, 1, 1).float()
+    return TensorDataset(x, y)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return _images(32, 1), _images(32, 2)
+
+
+@pytest.fixture(scope="module")
+def theta0(tasks):
+    """timm's test ResNet whose head has learned D_P (top-1 100 % on its 32 images)."""
+    m = ImmunizedNet(create_model("test_resnet", 3, seed=0)).eval()
+    x, y = tasks[0].tensors
+    with torch.no_grad():
+        f = m.prelogits(x)
+    opt = torch.optim.Adam(m.classifier.parameters(), lr=1e-2)
+    for _ in range(200):
+        opt.zero_grad()
+        F.cross_entropy(m.classifier(f), y).backward()
+        opt.step()
+    m.requires_grad_(False)
+    assert _top1(m, tasks[0]) == 100.0
+    return m
+
+
+def _top1(model, data) -> float:
+    x, y = data.tensors
+    with torch.no_grad():
+        return 100.0 * float((model(x).argmax(1) == y).double().mean())
+
+
+def _moved(model, before) -> set:
+    """The top-level parts (``net.layer4``, ``layer.weight``) whose tensors changed."""
+    now = model.state_dict()
+    return {".".join(k.split(".")[:2]) for k, v in before.items() if not torch.equal(v, now[k])}
+
+
+@pytest.mark.parametrize("operators", [("finetune",), ("lora",), ("probe",)])
+def test_the_tail_scope_moves_only_the_last_stages_the_layer_and_the_head(
+    theta0, tasks, operators
+):
+    """Scope ``tail`` (the last stage): the defended parameters and the head (D_P's steps) move,
+    the stem and the earlier stages keep θ₀'s tensors bit for bit, and the network is given back
+    whole (its earlier stages in place)."""
+    model = copy.deepcopy(theta0)
+    before = copy.deepcopy(model.state_dict())
+    opts = SimulatedOptions(operators=operators, dp_tolerance=None, **QUICK)
+    out = immunize_simulated(model, *tasks, opts, seed=0, num_classes_h=3)
+    assert out["steps"] == out["kept"] == 4 and not out["reason"]
+    assert _moved(model, before) == {"net.layer4", "layer.weight", "net.fc"}
+    assert type(model.net) is type(theta0.net) and not model.training
+    assert dict(model.named_modules()).keys() == dict(theta0.named_modules()).keys()
+    assert out["history"]["operator"] == list(operators) * 4
+
+
+def test_the_backbone_scope_moves_the_stem_too(theta0, tasks):
+    model = copy.deepcopy(theta0)
+    before = copy.deepcopy(model.state_dict())
+    opts = SimulatedOptions(scope="backbone", dp_tolerance=None, **QUICK)
+    immunize_simulated(model, *tasks, opts, seed=0, num_classes_h=3)
+    assert {"net.conv1", "net.layer1", "net.layer4", "layer.weight"} <= _moved(model, before)
+
+
+def test_d_p_top1_is_kept_within_its_tolerance_on_the_check_set(theta0, tasks):
+    """Suppression steps far too large take D_P to chance without the guard; with it the model
+    ends on the last checked state within ``dp_tolerance`` points of θ₀'s D_P top-1 (here θ₀
+    itself, step 0: every tensor as it was)."""
+    harsh = dict(lr=0.3, dp_lr=1e-5, **QUICK)
+    free = copy.deepcopy(theta0)
+    immunize_simulated(
+        free, *tasks, SimulatedOptions(dp_tolerance=None, **harsh), seed=0, num_classes_h=3
+    )
+    assert _top1(free, tasks[0]) < 100.0 - 30
+    guarded = copy.deepcopy(theta0)
+    out = immunize_simulated(
+        guarded, *tasks, SimulatedOptions(dp_tolerance=1.0, **harsh), seed=0, num_classes_h=3
+    )
+    assert _top1(guarded, tasks[0]) >= 100.0 - 1.0 and out["kept"] < out["steps"]
+    assert out["reason"] and all(not math.isnan(a) for a in out["history"]["dp_top1"])
+    if out["kept"] == 0:
+        ref = theta0.state_dict()
+        assert all(torch.equal(v, ref[k]) for k, v in guarded.state_dict().items())
+
+
+def test_a_seed_gives_the_same_model_again(theta0, tasks):
+    runs = []
+    for _ in range(2):
+        m = copy.deepcopy(theta0)
+        immunize_simulated(
+            m, *tasks, SimulatedOptions(dp_tolerance=None, **QUICK), seed=3, num_classes_h=3
+        )
+        runs.append(m.state_dict())
+    assert all(torch.equal(v, runs[1][k]) for k, v in runs[0].items())
+
+
+@pytest.mark.parametrize(
+    "kw,parameter",
+    [
+        ({"steps": 0}, "steps"),
+        ({"inner_steps": 1.5}, "inner_steps"),
+        ({"operators": ("finetune", "retrain")}, "operators"),
+        ({"operators": ()}, "operators"),
+        ({"operators": "finetune"}, "operators"),
+        ({"suppression": "entropy"}, "suppression"),
+        ({"inner_optimizer": "lbfgs"}, "inner_optimizer"),
+        ({"lr": 0.0}, "lr"),
+        ({"clip": -1.0}, "clip"),
+        ({"scope": "layer"}, "scope"),
+        ({"batch_size": 1}, "batch_size"),
+        ({"dp_tolerance": -1.0}, "dp_tolerance"),
+    ],
+)
+def test_options_errors_name_the_option(kw, parameter):
+    with pytest.raises(ParameterError) as e:
+        SimulatedOptions(**kw)
+    assert e.value.parameter == parameter
+
+
+def test_more_stages_than_the_network_has_are_named(theta0, tasks):
+    with pytest.raises(ParameterError) as e:
+        immunize_simulated(
+            copy.deepcopy(theta0),
+            *tasks,
+            SimulatedOptions(stages=9, **QUICK),
+            seed=0,
+            num_classes_h=3,
+        )
+    assert e.value.parameter == "stages"
+
+
+def test_suppression_losses_on_known_logits():
+    """``kl_uniform``: KL(u ‖ softmax) — 0 on uniform logits, log(C) − log(C) + … on a known
+    one; ``inverse_ce``: −log(1 − p_y) — about 0 when the prediction is surely wrong, large
+    when it is surely right."""
+    y = torch.tensor([0, 1])
+    uniform = torch.zeros(2, 4)
+    assert float(suppression_loss(uniform, y, "kl_uniform")) == pytest.approx(0.0, abs=1e-15)
+    logits = torch.tensor([[2.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    logp = torch.log_softmax(logits.double(), 1)
+    want = float((-math.log(4) - logp.mean(1)).mean())
+    assert float(suppression_loss(logits, y, "kl_uniform")) == pytest.approx(want, rel=1e-12)
+    assert want > 0
+    wrong = torch.tensor([[0.0, 50.0, 0.0], [50.0, 0.0, 0.0]])  # class 1, then 0: never y
+    assert float(suppression_loss(wrong, y, "inverse_ce")) == pytest.approx(0.0, abs=1e-15)
+    right = torch.tensor([[50.0, 0.0, 0.0], [0.0, 50.0, 0.0]])
+    assert float(suppression_loss(right, y, "inverse_ce")) > 20
+    p_y = torch.softmax(logits.double(), 1)[[0, 1], [0, 1]]
+    assert float(suppression_loss(logits, y, "inverse_ce")) == pytest.approx(
+        float(-torch.log1p(-p_y).mean()), rel=1e-12
+    )
+    assert suppression_loss(logits, y, "kl_uniform").dtype == torch.float64
+    with pytest.raises(ParameterError) as e:
+        suppression_loss(logits, y, "entropy")
+    assert e.value.parameter == "suppression"
+
+
+def test_immunize_in_place_dispatches_the_simulated_methods_by_their_options(theta0, tasks):
+    """``simulated`` and ``sophon`` train with :class:`SimulatedOptions` on images; any other
+    option set, or cached features, is refused naming what is wrong."""
+    model = copy.deepcopy(theta0)
+    res = immunize_in_place(
+        model,
+        *tasks,
+        "sophon",
+        SimulatedOptions(**{**SOPHON.to_dict(), **QUICK}),
+        seed=0,
+        num_classes_h=3,
+    )
+    assert res.method == "sophon" and len(res.history["suppression"]) == 4
+    assert res.steps <= 4 and _top1(model, tasks[0]) >= 100.0 - SOPHON.dp_tolerance
+    for method, opts, cached, parameter in (
+        ("simulated", DeepOptions(), False, "opts"),
+        ("ours", SimulatedOptions(), False, "opts"),
+        ("simulated", SimulatedOptions(), True, "scope"),
+    ):
+        with pytest.raises(ParameterError) as e:
+            immunize_in_place(
+                copy.deepcopy(theta0), *tasks, method, opts, num_classes_h=3, cached=cached
+            )
+        assert e.value.parameter == parameter
