@@ -1,7 +1,10 @@
 """Lets ``import torchvision`` (hence ``import timm``) work beside a CPU-only torch (docs/design.md
 §5).
 
-Installed top-level by the model-immunization wheel with ``model_immunization_torchvision.pth``,
+Installed only where it is needed: ``scripts/install.sh`` runs this file (``python
+_model_immunization_torchvision.py --needed``: exit status 0 when torchvision is installed and its
+own import fails) and only then builds the model-immunization wheel with it
+(``PYCORE_TORCHVISION_HOOK=1``, setup.py), top-level, with ``model_immunization_torchvision.pth``,
 whose one line imports this module at interpreter start. All it does then is put a finder at the
 front of ``sys.meta_path``; it imports nothing else. On the first ``import torchvision`` the finder
 removes itself and checks whether torchvision's own ``_C`` library loads: PyPI's torchvision 0.28
@@ -73,5 +76,27 @@ class TorchvisionFinder:
         return None
 
 
-if TorchvisionFinder not in sys.meta_path and "torchvision" not in sys.modules:
+def needed() -> bool:
+    """Whether this environment needs the hook: torchvision is installed and ``import
+    torchvision`` fails without the hook (an installed copy of it is taken off first)."""
+    import importlib.util
+
+    sys.meta_path[:] = [
+        f for f in sys.meta_path if getattr(f, "__name__", None) != TorchvisionFinder.__name__
+    ]
+    if importlib.util.find_spec("torchvision") is None:
+        return False
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001  (any failure of its own import)
+        return True
+    return False
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--needed"]:
+        print(f"usage: python {sys.argv[0]} --needed", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(0 if needed() else 1)
+elif TorchvisionFinder not in sys.meta_path and "torchvision" not in sys.modules:
     sys.meta_path.insert(0, TorchvisionFinder)

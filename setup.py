@@ -10,9 +10,11 @@ built with CUDA and a toolkit is found (`CUDA_HOME`); override with the environm
 PYCORE_NO_CUDA=1 (CPU op only) or PYCORE_FORCE_CUDA=1 (fail loudly if CUDA cannot be built).
 PYCORE_NO_EXTENSION=1 installs the pure-Python package (pycore.ops then falls back to PyTorch).
 
-The wheel (editable or not) also carries, top-level, ``_model_immunization_torchvision.py`` and
-the ``.pth`` line that imports it at interpreter start, so pip records both and ``pip uninstall``
-removes them (docs/design.md §5).
+With PYCORE_TORCHVISION_HOOK=1 the wheel (editable or not) also carries, top-level,
+``_model_immunization_torchvision.py`` and the ``.pth`` line that imports it at interpreter start,
+so pip records both and ``pip uninstall`` removes them. scripts/install.sh sets it only where
+torchvision's own import fails beside the installed torch (docs/design.md §5); without it the
+wheel holds the package alone.
 """
 
 import os
@@ -25,13 +27,16 @@ HOOK = "_model_immunization_torchvision"
 
 
 class build_py_with_hook(build_py):
-    """build_py that also puts the torchvision hook and its ``.pth`` at the root of the wheel.
+    """build_py that also puts the torchvision hook and its ``.pth`` at the root of the wheel when
+    PYCORE_TORCHVISION_HOOK=1.
 
     In an editable build setuptools keeps only the wheel's root folder (``install_lib``) from
     what the build writes, so the two files go there; otherwise into ``build_lib`` as usual."""
 
     def run(self):
         super().run()
+        if not _flag("PYCORE_TORCHVISION_HOOK"):
+            return
         root = (
             self.get_finalized_command("install").install_lib
             if getattr(self, "editable_mode", False)

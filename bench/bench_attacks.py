@@ -16,8 +16,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pycore import attacks as A  # noqa: E402
-from pycore import worst_case as W  # noqa: E402
+from pycore import (
+    attacks as A,  # noqa: E402
+    worst_case as W,  # noqa: E402
+)
 
 
 def main(argv=None):

@@ -20,6 +20,9 @@ from pathlib import Path
 import time
 from dataclasses import replace
 
+if not __package__:  # run as a file: the checkout's root first on sys.path, not experiments/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import torch
 
 from experiments import common, deep_report

@@ -25,6 +25,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+if not __package__:  # run as a file: the checkout's root first on sys.path, not experiments/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 import torch
 
 from experiments import common, deep_report

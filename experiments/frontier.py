@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
+
+if not __package__:  # run as a file: the checkout's root first on sys.path, not experiments/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import numpy as np
 

@@ -12,23 +12,26 @@ strict``: docs/theory.md §10.  Your own CSV (:func:`pycore.data.table.load_tabl
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+if not __package__:  # run as a file: the checkout's root first on sys.path, not experiments/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import numpy as np
 
 from experiments import common
 from pycore.data.table import load_table
 from pycore.evaluate import EvaluationReference, evaluate_linear, norm_ratio_curves
-from pycore.harden import invariant_change, loss_floor
+from pycore.hardening import invariant_change, loss_floor
 from pycore.immunization import METHODS, auto_exponent, check_method_work
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.probe import MAX_PROBE_STEPS
 from pycore.protocol import strict_protocol
-from pycore.report import METHOD_LABELS as LABELS
-from pycore.report import environment, fmt, pm, save_figure, summarize
+from pycore.report import METHOD_LABELS as LABELS, environment, fmt, pm, save_figure, summarize
 from pycore.thetas import run_thetas, save_thetas, task_arrays
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.
@@ -198,7 +201,7 @@ _COST = {
 
 @dataclass(frozen=True)
 class Shared:
-    """What every batch of runs needs, handed to each worker once (``common.pool_map``)."""
+    """What every batch of runs needs (bound to :func:`run_batch`, it travels with each batch)."""
 
     train: object
     heldout: object
@@ -329,7 +332,9 @@ def run(args) -> tuple[dict, dict]:
         )
     shared = Shared(train, heldout, args.immunizer, ceiling, EvaluationReference(train, heldout))
     jobs = batches(args.methods, args.seeds, args.immunizer, args.jobs)
-    done = common.pool_map(run_batch, jobs, args.jobs, desc="immunizing", shared=shared)
+    done = common.pool_map(
+        functools.partial(run_batch, shared), jobs, args.jobs, desc="immunizing"
+    )
     outs = {(m, s): o for (m, seeds), batch in zip(jobs, done) for s, o in zip(seeds, batch)}
     per_method, thetas, archive = {m: [] for m in args.methods}, {}, {}
     for method in args.methods:

@@ -7,19 +7,23 @@ method; D_P = digit P, D_H = digit H, pixels/255, θ ∈ R^{784×784}, BCE on D_
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if not __package__:  # run as a file: the checkout's root first on sys.path, not experiments/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import numpy as np
 
 from experiments import common
-from pycore.data.mnist import load_mnist, pair_task, parse_pairs, split_digits
+from pycore.data.mnist import MnistDigits, load_mnist, pair_task, parse_pairs, split_digits
 from pycore.evaluate import EvaluationReference, immunized_def31
 from pycore.immunization import METHODS
 from pycore.metrics import rir_ceiling
-from pycore.report import METHOD_LABELS as LABELS
-from pycore.report import environment, fmt, pm, save_figure, summarize
+from pycore.report import METHOD_LABELS as LABELS, environment, fmt, pm, save_figure, summarize
 from pycore.thetas import run_thetas, save_thetas, task_arrays
 
 # Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts: successes_def31 from the
@@ -121,9 +125,8 @@ def probe_accuracy(Z_tr, y_tr, Z_te, y_te) -> float:
 
 @dataclass(frozen=True)
 class Shared:
-    """What every pair needs, handed to each worker once (``common.pool_map``)."""
+    """What every pair needs (bound to :func:`run_pair`, it travels with each pair's task)."""
 
-    digits: object
     split: object
     immunize: common.Immunizer
     methods: tuple
@@ -131,13 +134,27 @@ class Shared:
     save: bool
 
 
-def run_pair(shared: Shared, pair):
+@dataclass(frozen=True)
+class Pair:
+    """An ordered pair (P, H) with the images of its two digits: a pair's task carries those, not
+    every digit's."""
+
+    p: int
+    h: int
+    digits: MnistDigits = field(repr=False)
+
+    @classmethod
+    def of(cls, digits: MnistDigits, p: int, h: int) -> Pair:
+        return cls(p, h, MnistDigits({d: digits.by_digit[d] for d in (p, h)}, digits.source))
+
+
+def run_pair(shared: Shared, pair: Pair):
     """Every (method, seed) run of one ordered pair, each method's seeds stepped together
     (``Immunizer.batch``); returns plain rows and, with ``--save-thetas``, the archive entries."""
-    st, (p, h) = shared, pair
+    st, p, h = shared, pair.p, pair.h
     harden, at = st.immunize.harden, f"{p}-{h}/"
-    train = pair_task(st.digits, st.split, p, h)
-    held = pair_task(st.digits, st.split, p, h, heldout=True)
+    train = pair_task(pair.digits, st.split, p, h)
+    held = pair_task(pair.digits, st.split, p, h, heldout=True)
     ceiling = rir_ceiling(train.X_P, train.X_H)
     acc_before = probe_accuracy(train.X_P, train.Y_P, held.X_P, held.Y_P)
     ref = EvaluationReference(train, held)  # what every run of the pair shares, computed once
@@ -220,9 +237,10 @@ def run(args) -> tuple[dict, dict]:
         digits, args.n_train, np.random.default_rng(args.split_seed), args.n_heldout
     )
     shared = Shared(
-        digits, split, args.immunizer, tuple(args.methods), tuple(args.seeds), args.save_thetas
+        split, args.immunizer, tuple(args.methods), tuple(args.seeds), args.save_thetas
     )
-    outs = common.pool_map(run_pair, args.pairs, args.jobs, desc="pairs", shared=shared)
+    pairs = [Pair.of(digits, p, h) for p, h in args.pairs]
+    outs = common.pool_map(functools.partial(run_pair, shared), pairs, args.jobs, desc="pairs")
     rows = [r for out, _ in outs for r in out]
     return {
         "experiment": "mnist",

@@ -3,22 +3,22 @@ The linear core is float64 ground truth and never imports torch (:mod:`pycore.op
 :mod:`pycore.deep` do).
 """
 
-from pycore.spectral import condition_number, SpectrumInfo, spectrum_info
+from pycore.evaluate import evaluate_linear
+from pycore.immunization import immunize
+from pycore.kstep import kstep_remaining
+from pycore.metrics import rir, rir_ceiling
+from pycore.precondition import preconditioned_grad_theta
 from pycore.regularizers import (
     r_ill,
-    r_well,
     r_ill_grad,
-    r_well_grad,
     r_ill_grad_theta,
+    r_well,
+    r_well_grad,
     r_well_grad_theta,
 )
-from pycore.precondition import preconditioned_grad_theta
-from pycore.metrics import rir, rir_ceiling
+from pycore.spectral import SpectrumInfo, condition_number, spectrum_info
 from pycore.tasks import LinearTask
-from pycore.immunization import immunize
-from pycore.evaluate import evaluate_linear
 from pycore.worst_case import attack_evaluation
-from pycore.kstep import kstep_remaining
 
 __all__ = [
     "condition_number",

@@ -34,7 +34,7 @@ class FrontierPoint:
 
     exponent: float
     train: FrontierRatios
-    heldout: "FrontierRatios | None"
+    heldout: FrontierRatios | None
     regularizer_product: float
 
     def to_dict(self) -> dict:

@@ -11,8 +11,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from pycore import kstep as kstep_core
-from pycore import methods
+from pycore import kstep as kstep_core, methods
 from pycore.evaluate import immunized_def31
 from pycore.metrics import def31_exponent_window, rir_ceiling
 from pycore.optim import OPTIMIZERS
@@ -355,7 +354,7 @@ class ImmunizationResult:
     wall_seconds : float
         Time the run took.
     theta_unhardened, rotation : ndarray or None
-        Set by :func:`pycore.harden.harden_result`: θ = θ_unhardened · rotation.
+        Set by :func:`pycore.hardening.harden_result`: θ = θ_unhardened · rotation.
     """
 
     method: str

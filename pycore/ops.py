@@ -19,6 +19,7 @@ import torch  # must precede pycore._C: the extension links against libc10/libto
 from torch import nn
 from torch.nn import functional as F
 
+from pycore.regularizers import KINDS
 from pycore.validation import PicklableError
 
 __all__ = [
@@ -33,7 +34,6 @@ __all__ = [
     "extension_available",
 ]
 
-KINDS = ("ill", "well")
 # The op's float64 `diag` output, in the order of enum SummaryIndex (csrc/spectral_summary.h).
 _DIAG_FIELDS = (
     "sigma_max",

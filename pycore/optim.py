@@ -7,7 +7,7 @@ term}`` whose largest term is named (:func:`largest_term`).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import scipy.linalg

@@ -27,7 +27,6 @@ from pycore.validation import (
     check_number,
 )
 
-
 LOSSES = ("lsq", "logistic")
 _LOSS_ALIASES = {"mse": "lsq", "bce": "logistic"}  # pycore.tasks.LinearTask's names
 # Upper bound on the steps of one probe (3 floats a step in results.json; Figure 1 uses 100).

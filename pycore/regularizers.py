@@ -30,6 +30,8 @@ from pycore.validation import (
     check_theta,
 )
 
+# The two regularizers, R_ill (k = rank) and R_well (p = D), by name: the ``kind`` argument here
+# and of the fused op (pycore.ops, csrc/), which checks its own input against the same names.
 KINDS = ("ill", "well")
 
 

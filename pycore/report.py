@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 import math
 import platform
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-
 
 # The one label table of the methods (linear, deep, and the deep tables' reference row "init").
 METHOD_LABELS = {
@@ -54,6 +53,7 @@ def pm(summary: dict, digits: int = 4) -> str:
 def environment() -> dict:
     """Versions and the command line, recorded in every results.json."""
     import scipy
+
     from pycore import __version__
 
     versions = {

@@ -298,7 +298,7 @@ class RowFactor:
         return A @ theta[..., idx, :]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _evr_workspace(n: int) -> tuple[int, int]:
     """(lwork, liwork) that ``scipy.linalg.eigh(driver="evr")`` passes to LAPACK ``dsyevr``."""
     lwork, liwork, _ = scipy.linalg.lapack.dsyevr_lwork(n, lower=1)
@@ -376,7 +376,7 @@ class SymmetricEigen:
         _, v = scipy.linalg.eigh(self._H, subset_by_index=[j, j], driver="evr", check_finite=False)
         return v[:, 0]
 
-    def _vector_at(self, w, iblock, isplit) -> "np.ndarray | None":
+    def _vector_at(self, w, iblock, isplit) -> np.ndarray | None:
         """The eigenvector of H at the eigenvalue ``w[0]``: inverse iteration on the tridiagonal
         (``dstein``), then back to H's basis by dsyevr's own ``dormtr`` (lower), which is
         ``dormqr`` on rows 2..n with the reflectors below the subdiagonal and the workspace

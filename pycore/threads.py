@@ -44,7 +44,7 @@ _USER_THREAD_VARS = (
 _local = threading.local()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ctl():  # created on first use, after NumPy/SciPy have loaded their BLAS
     from threadpoolctl import ThreadpoolController
 

@@ -68,3 +68,11 @@ def added_peak_rss(imports: str, expression: str, *argv: str) -> tuple[int, str]
     assert out.returncode == 0, out.stderr[-2000:]
     added, printed = out.stdout.split("\n", 1)
     return int(added), printed.strip()
+
+
+def known_kappa(seed=0, N=50, D=20):
+    """X with κ(XᵀX) = 10 and θ with κ(θᵀXᵀXθ) = 1000 exactly (the singular values multiply)."""
+    rng = np.random.default_rng(seed)
+    U, V, Q = (np.linalg.qr(rng.standard_normal((n, D)))[0] for n in (N, D, D))
+    X = (U * np.sqrt(np.logspace(0, -1, D))) @ V.T
+    return X, V @ np.diag(np.logspace(0, -1, D)) @ Q.T, rng.standard_normal(N)

@@ -4,7 +4,6 @@ gradient can reach stay as they started; runs that draw nothing from their gener
 
 from __future__ import annotations
 
-import os
 from dataclasses import fields
 
 import numpy as np
@@ -167,20 +166,6 @@ def test_adam_in_chunks_is_the_whole_array_step(monkeypatch):
             y = opt.step(y, g)
         out.append(y)
     np.testing.assert_array_equal(*out)
-
-
-def _with_shared(shared, item):
-    return shared["offset"] + item, os.getpid()
-
-
-@pytest.mark.parametrize("jobs", [1, 2])
-def test_pool_map_hands_shared_data_to_each_worker(jobs):
-    """``shared`` reaches the workers through the pool's initializer, not with every item."""
-    from experiments import common
-
-    out = common.pool_map(_with_shared, range(5), jobs, shared={"offset": 10})
-    assert [v for v, _ in out] == [10, 11, 12, 13, 14]
-    assert (os.getpid() in {p for _, p in out}) == (min(jobs, common.usable_cores()) == 1)
 
 
 def test_house_price_batches_keep_seed_free_methods_whole_and_split_the_rest():

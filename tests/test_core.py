@@ -10,13 +10,11 @@ import scipy.optimize
 from scipy.special import expit
 
 import pycore
-from pycore import attacks, probe
-from pycore import precondition as P
-from pycore import regularizers as R
+from pycore import attacks, precondition as P, probe, regularizers as R
+from pycore.evaluate import EvaluationReference
 from pycore.immunization import METHODS, IMMAOptions, immunize, immunize_certified
 from pycore.losses import best_probe_loss
 from pycore.methods import imma_objective
-from pycore.evaluate import EvaluationReference
 from pycore.metrics import rir, rir_ceiling
 from pycore.optim import damped_newton
 from pycore.spectral import SpectrumError, gram_spectrum, spectrum_info

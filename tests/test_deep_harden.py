@@ -44,10 +44,10 @@ def test_rotation_keeps_every_spectrum_and_the_dp_predictions():
     m, dp, dh = _layer_model()
     before, Zp = _logits(m, dp)
     Zh = extract(m, dh, cached=True)
-    info = harden(m, dh, "rotate", num_classes=3, rng=np.random.default_rng(0), cached=True)
+    info = harden(m, dh, "haar", num_classes=3, rng=np.random.default_rng(0), cached=True)
     after, Zp2 = _logits(m, dp)
     Zh2 = extract(m, dh, cached=True)
-    assert info["kind"] == "rotate" and info["subspace_dim"] == 0 and info["logit_change"] < 1e-4
+    assert info["kind"] == "haar" and info["subspace_dim"] == 0 and info["logit_change"] < 1e-4
     np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-4 * np.abs(before).max())
     assert not np.allclose(Zp2, Zp, atol=1e-3)  # the features did move
     for a, b in ((Zp, Zp2), (Zh, Zh2)):

@@ -16,7 +16,7 @@ MODULES = [
     "pycore.evaluate",
     "pycore.metrics",
     "pycore.worst_case",
-    "pycore.harden",
+    "pycore.hardening",
     "pycore.ops",
     "pycore.deep.api",
     "pycore.deep.hardening",

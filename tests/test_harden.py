@@ -1,17 +1,17 @@
-"""Hardening θ → θQ (pycore.harden, docs/findings.md §5) keeps every κ, RIR and the best D_P
+"""Hardening θ → θQ (pycore.hardening, docs/findings.md §5) keeps every κ, RIR and the best D_P
 loss."""
 
 import numpy as np
 import pytest
 
 from pycore.attacks import attack, jacobi_scaling, make_problem, run_attackers
-from pycore.harden import (
+from pycore.hardening import (
     HARDENINGS,
     check_orthogonal,
     equalizing_rotation,
+    haar_rotation,
     harden,
     harden_result,
-    haar_rotation,
     hardening_rotation,
     orthogonality_defect,
 )

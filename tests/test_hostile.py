@@ -14,8 +14,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from pycore import regularizers as R
-from pycore import thetas, validation
+from pycore import regularizers as R, thetas, validation
 from pycore.data import table
 from pycore.data.house_price import default_path, load_house_price
 from pycore.data.mnist import MnistDigits, load_mnist_idx, split_digits

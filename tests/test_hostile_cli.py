@@ -1,6 +1,7 @@
-"""The command lines' guarantees (experiments/common.py, docs/cli.md): a usage error is exit 2 and
-one stderr line naming the flag, before any compute; every count is bounded and its bound is in
---help; a library error names the flag that sets it; signals end the run and every worker.
+"""The command lines' guarantees (experiments/flags.py, outputs.py, pool.py; docs/cli.md): a
+usage error is exit 2 and one stderr line naming the flag, before any compute; every count is
+bounded and its bound is in --help; a library error names the flag that sets it; signals end the
+run and every worker.
 
 Each case checks the exit code and that the flag is in the one line, never the message's wording.
 """
@@ -299,14 +300,23 @@ def test_a_killed_run_leaves_no_worker_and_no_output(tmp_path, sig):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_module_and_path_invocations(tmp_path):
-    for cmd in (["-m", "experiments.mnist"], [str(ROOT / "experiments" / "mnist.py")]):
+def test_scripts_run_from_the_checkout_as_files_and_as_modules(tmp_path):
+    """No PYTHONPATH and no installed ``experiments``: ``python -m experiments.X`` from the root
+    and ``python experiments/X.py`` from any folder run this checkout's code (the traceback that
+    --debug prints shows the file that raised)."""
+    env = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}
+    for cmd, cwd in (
+        (["-m", "experiments.mnist"], ROOT),
+        ([str(ROOT / "experiments" / "mnist.py")], tmp_path),
+    ):
         proc = subprocess.run(
-            [sys.executable, *cmd, "--seeds", "4-2"],
-            cwd=tmp_path,
-            env=ENV,
+            [sys.executable, *cmd, "--seeds", "4-2", "--debug"],
+            cwd=cwd,
+            env=env,
             capture_output=True,
             text=True,
             timeout=120,
         )
-        assert proc.returncode == 2 and one_line(proc.stderr, "--seeds")
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "--seeds" in proc.stderr.splitlines()[-1]
+        assert str(ROOT / "experiments" / "flags.py") in proc.stderr

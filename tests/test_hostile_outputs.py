@@ -1,4 +1,4 @@
-"""Outputs of the command lines (experiments/common.py, docs/cli.md "Outputs"): nothing of the
+"""Outputs of the command lines (experiments/outputs.py, docs/cli.md "Outputs"): nothing of the
 user's or of another run is ever deleted, an interrupted or failed run leaves the previous
 outputs as they were, ``--out`` is checked before any compute, results.json is strict JSON."""
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pycore import LinearTask, evaluate_linear, immunize, validation
-from pycore.harden import harden_result
+from pycore.hardening import harden_result
 from pycore.metrics import rir_ceiling
 from pycore.worst_case import attack_evaluation
 from tests.helpers import added_peak_rss

@@ -1,5 +1,6 @@
-"""The installed environment (docs/design.md §5): declared dependencies, the pins, the torchvision
-hook the wheel carries (``import timm`` with nothing imported first), nothing outside pip's record.
+"""The installed environment (docs/design.md §5): declared dependencies, the pins, the wheel's
+contents (the library; the torchvision hook only where torchvision's own import fails), ``import
+timm`` with nothing imported first, nothing outside pip's record.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,19 @@ OURS = (
 )
 RUNTIME = {"numpy", "scipy", "threadpoolctl", "pandas", "matplotlib", "tqdm"}
 DEEP = {"torch", "torchvision", "timm", "safetensors"}
+HOOK = "_model_immunization_torchvision"
+# A copy of the checkout: what is neither source nor needed to build.
+NOT_SOURCE = (
+    ".venv",
+    ".git",
+    "build",
+    "results",
+    "*.so",
+    "__pycache__",
+    "*.egg-info",
+    ".pytest_cache",
+)
+BARE_ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1"}
 
 
 def _name(requirement: str) -> str:
@@ -103,28 +118,85 @@ def test_installed_metadata_lists_the_dependencies():
     assert _installed().metadata["Requires-Python"] == ">=3.10"
 
 
+# ---------------------------------------------------------------- the wheel
+
+
+@pytest.mark.parametrize("hook", [False, True], ids=["without-hook", "with-hook"])
+def test_the_wheel_holds_the_library_and_the_hook_only_when_asked(tmp_path, hook):
+    """The wheel of a checkout (``experiments/`` in it) holds ``pycore`` alone: ``experiments`` is
+    not installed; with PYCORE_TORCHVISION_HOOK=1 (what scripts/install.sh sets where
+    torchvision's own import fails) also the hook and its ``.pth``."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*NOT_SOURCE, "tests", "docs"))
+    env = {
+        **os.environ,
+        "PYCORE_NO_EXTENSION": "1",  # the op's build is not what this checks
+        "PYCORE_TORCHVISION_HOOK": str(int(hook)),
+    }
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+        + ["--no-index", str(src), "-w", str(tmp_path / "wheel")],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    [wheel] = (tmp_path / "wheel").glob("*.whl")
+    top = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    hook_files = {f"{HOOK}.py", "model_immunization_torchvision.pth"}
+    assert top - {n for n in top if n.endswith(".dist-info")} == {"pycore"} | (
+        hook_files if hook else set()
+    )
+
+
 # ---------------------------------------------------------------- the torchvision hook
 
 
+def _hook_needed(cwd: Path, path: Path | None = None) -> bool:
+    """What scripts/install.sh asks: does torchvision fail to import here without the hook?
+    ``path``: a folder put first on the import path."""
+    env = {**BARE_ENV, **({"PYTHONPATH": str(path)} if path else {})}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / f"{HOOK}.py"), "--needed"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode in (0, 1), out.stderr[-2000:]
+    return out.returncode == 0
+
+
+def test_the_hook_is_needed_only_where_torchvision_fails_to_import(tmp_path):
+    for failing in (False, True):
+        stub = tmp_path / str(failing) / "torchvision"
+        stub.mkdir(parents=True)
+        body = "raise RuntimeError('operator torchvision::nms does not exist')" if failing else ""
+        (stub / "__init__.py").write_text(body + "\n")
+        assert _hook_needed(tmp_path, stub.parent) is failing
+
+
 def test_import_timm_works_with_nothing_imported_first(tmp_path):
-    """The wheel's hook: cheap at start (torch is not imported), and `import timm` then works;
-    where torchvision's own library cannot load (the CPU torch beside PyPI's CUDA torchvision) it
-    defined the two schemas, else nothing."""
+    """`import timm` works in a fresh interpreter whose start imported no torch; the hook is
+    installed exactly where torchvision's own import fails, and there it defined the two
+    schemas."""
     _installed()
     code = (
-        "import sys\nstart = 'torch' in sys.modules\n"
-        "import timm, torch, _model_immunization_torchvision as h\n"
+        "import importlib.util, sys\nstart = 'torch' in sys.modules\n"
+        f"hook = importlib.util.find_spec({HOOK!r}) is not None\n"
+        "import timm, torch\n"
         "m = timm.create_model('resnet10t', num_classes=2)\ntorch.ops.torchvision.nms\n"
-        "print(start, h.LIBRARY is not None, any('vision' in p for p in "
-        "torch.ops.loaded_libraries))"
+        f"shim = hook and sys.modules[{HOOK!r}].LIBRARY is not None\n"
+        "print(start, hook, shim)"
     )
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=BARE_ENV
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    start, shim, own = out.stdout.split()
-    assert start == "False" and shim == str(own == "False")
+    start, hook, shim = out.stdout.split()
+    needed = str(_hook_needed(tmp_path))
+    assert start == "False" and hook == needed and shim == needed
 
 
 def test_the_hook_defines_nothing_where_the_schemas_exist():
@@ -177,20 +249,7 @@ def test_fresh_venv_install_then_uninstall_leaves_no_trace(tmp_path):
     )
     # A checkout of its own, so the editable install and the build do not touch this one.
     src = tmp_path / "src"
-    shutil.copytree(
-        ROOT,
-        src,
-        ignore=shutil.ignore_patterns(
-            ".venv",
-            ".git",
-            "build",
-            "results",
-            "*.so",
-            "__pycache__",
-            "*.egg-info",
-            ".pytest_cache",
-        ),
-    )
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*NOT_SOURCE))
     run = subprocess.run(
         ["bash", "scripts/install.sh"],
         cwd=src,
@@ -203,11 +262,29 @@ def test_fresh_venv_install_then_uninstall_leaves_no_trace(tmp_path):
     for code, out in (
         ("import timm", ""),
         ("import pycore.ops as o; print(o.extension_available())", "True"),
+        ("import importlib.util as u; print(u.find_spec('experiments'))", "None"),
     ):
         ok = subprocess.run(
             [str(py), "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
         )
         assert ok.returncode == 0 and ok.stdout.strip() == out, ok.stderr[-2000:]
+    # the scripts run from the checkout, as files and as modules
+    for cmd in (["experiments/mnist.py"], ["-m", "experiments.mnist"]):
+        usage = subprocess.run(
+            [str(py), *cmd, "--seeds", "4-2"], cwd=src, env=env, capture_output=True, text=True
+        )
+        assert usage.returncode == 2 and "--seeds" in usage.stderr, usage.stderr[-2000:]
+    hook = subprocess.run(
+        [str(py), "-c", f"import importlib.util as u; print(u.find_spec({HOOK!r}) is not None)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    needed = subprocess.run(
+        [str(py), f"{HOOK}.py", "--needed"], cwd=src, env=env, capture_output=True
+    ).returncode
+    assert hook.stdout.strip() == str(needed == 0)  # installed exactly where needed
     check = (
         "import json, pathlib, tests.test_install as t; "
         f"print(json.dumps(t.unrecorded(pathlib.Path({str(site)!r}))))"

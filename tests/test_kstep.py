@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from helpers import central_diff, orthogonal, rel_err, with_spectrum
 
 import pycore.kstep
 from pycore import LinearTask, immunize
@@ -22,8 +23,6 @@ from pycore.losses import best_probe_loss
 from pycore.regularizers import TieWarning
 from pycore.spectral import SpectrumError
 from pycore.validation import ParameterError
-
-from helpers import central_diff, orthogonal, rel_err, with_spectrum
 
 EPS = np.finfo(np.float64).eps
 

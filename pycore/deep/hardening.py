@@ -1,12 +1,14 @@
 """Hardening of the immunization layer (docs/theory.md §10, docs/findings.md §7): a feature map
 ``Z → ZM`` after immunization, the D_P classifier compensated (``W' = MᵀW``, ``V' = VM⁻ᵀ``).
 
-* ``"rotate"``: ``M = Q`` Haar-random orthogonal: every spectrum (κ, RIR_θ₀, the GD probe) is kept;
-  it removes the alignment with the coordinate axes that a per-coordinate optimiser (Adam)
-  exploits.
-* ``"label_subspace"``: ``M = (I − (1 − s)·P_U)·Q``, the span ``U`` of D_H's centred class means
-  scaled by ``s``, rotated. Not conditioning: it usually LOWERS (i); whitening or fine-tuning
-  undoes it."""
+* ``"haar"``: ``M = Q`` Haar-random orthogonal (:func:`pycore.hardening.haar_rotation`, the linear
+  side's ``"haar"``): every spectrum (κ, RIR_θ₀, the GD probe) is kept; it removes the alignment
+  with the coordinate axes that a per-coordinate optimiser (Adam) exploits.
+* ``"label_subspace"`` (deep only): ``M = (I − (1 − s)·P_U)·Q``, the span ``U`` of D_H's centred
+  class means scaled by ``s``, rotated. Not conditioning: it usually LOWERS (i); whitening or
+  fine-tuning undoes it.
+
+Which kind exists on which side, and why: :mod:`pycore.hardening`."""
 
 from __future__ import annotations
 
@@ -16,25 +18,18 @@ from torch.utils.data import Dataset
 
 from pycore.deep.data import dataset_labels
 from pycore.deep.features import extract
+from pycore.hardening import haar_rotation
 from pycore.threads import bounded_blas
 
 __all__ = [
     "HARDENINGS",
-    "haar_rotation",
     "label_subspace",
     "hardening_map",
     "apply_feature_map",
     "harden",
 ]
 
-HARDENINGS = ("none", "rotate", "label_subspace")
-
-
-def haar_rotation(dim: int, rng: np.random.Generator) -> np.ndarray:
-    """A Haar-distributed orthogonal matrix: QR of a Gaussian one, R's diagonal signs moved
-    into Q."""
-    q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
-    return q * np.sign(np.diag(r))
+HARDENINGS = ("none", "haar", "label_subspace")
 
 
 def label_subspace(Z: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray:
@@ -70,7 +65,7 @@ def hardening_map(
         raise ValueError(f"scale must be in (0, 1], got {scale}")
     d = np.asarray(Z_H).shape[1]
     Q = haar_rotation(d, rng)
-    if kind == "rotate":
+    if kind == "haar":
         return Q, 0
     U = label_subspace(Z_H, y_H, num_classes)
     return (np.eye(d) - (1.0 - scale) * (U @ U.T)) @ Q, U.shape[1]
@@ -112,7 +107,7 @@ def harden(
         The model whose layer is changed.
     data_h : Dataset
         Labelled D_H samples (images, or the backbone's features when ``cached``).
-    kind : {"rotate", "label_subspace"}
+    kind : {"haar", "label_subspace"}
         The map: a Haar rotation, or the span of D_H's class means scaled by ``scale``, rotated.
     num_classes : int
         D_H's classes.

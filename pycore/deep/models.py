@@ -176,7 +176,7 @@ class ImmunizedNet(nn.Module):
     :meth:`prelogits` ``X``."""
 
     def __init__(
-        self, net: nn.Module, layer: "nn.Module | None" = None, *, lambda_reg: float = 1e-7
+        self, net: nn.Module, layer: nn.Module | None = None, *, lambda_reg: float = 1e-7
     ):
         super().__init__()
         missing = [
@@ -327,7 +327,7 @@ def fold_batchnorm_checked(model: nn.Module, modules, x: torch.Tensor, rtol=1e-4
 
 
 def create_model(
-    name: str, num_classes: int, *, pretrained: bool = False, seed: "int | None" = None, **kwargs
+    name: str, num_classes: int, *, pretrained: bool = False, seed: int | None = None, **kwargs
 ) -> nn.Module:
     """``timm.create_model`` with one-line errors, the initialisation drawn from ``seed`` without
     touching the global RNG. ``img_size`` goes to models that take it (ViTs); for size-agnostic

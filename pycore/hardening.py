@@ -1,7 +1,22 @@
-"""Spectrum-preserving hardening: θ → θQ with Q orthogonal (docs/findings.md §5).  Every Hessian
-becomes ``QᵀH(θ)Q`` (same κ's, RIR and best D_P loss with ω → Qᵀω); only the basis changes, which
-coordinate-wise attackers see.  ``"haar"``: a Haar draw on O(D); ``"equalize"``: an equal diagonal
-of the harmful Hessian (Schur–Horn; Bendel & Mickey 1978, Davies & Higham 2000).
+"""Spectrum-preserving hardening of a linear θ: θ → θQ with Q orthogonal (docs/findings.md §5).
+Every Hessian becomes ``QᵀH(θ)Q`` (same κ's, RIR and best D_P loss with ω → Qᵀω); only the basis
+changes, which coordinate-wise attackers see.
+
+The kinds of hardening, linear (:data:`HARDENINGS`) and deep
+(:data:`pycore.deep.hardening.HARDENINGS`); a name means one operation on both sides:
+
+* ``"haar"`` (both): Q a Haar draw on O(D) from the run's generator, :func:`haar_rotation`, the
+  one implementation both sides use.
+* ``"equalize"`` (linear only): Q deterministic, giving the harmful Hessian θᵀK_Hθ an equal
+  diagonal (:func:`equalizing_rotation`; Schur–Horn; Bendel & Mickey 1978, Davies & Higham 2000).
+  The deep layer has no equalizing kind.
+* ``"label_subspace"`` (deep only): not a rotation and not spectrum-preserving; the span of D_H's
+  centred class means squashed, then a Haar rotation
+  (:func:`pycore.deep.hardening.label_subspace`). It needs D_H's class labels and changes the
+  spectra, which every linear kind keeps.
+
+Here :func:`harden` applies a given Q to (θ, ω) and :func:`harden_result` a kind to a result; on
+the deep side :func:`pycore.deep.hardening.harden` applies a kind to a model's immunization layer.
 """
 
 from __future__ import annotations
