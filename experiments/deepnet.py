@@ -181,6 +181,11 @@ def add_deep_options(parser) -> None:
     option("--harden-scale", type=float, metavar="X", help="strength of --harden")
     option("--normalize", action=flag, help="steps in unit-scale features")
     option(
+        "--fold-batchnorm",
+        action=flag,
+        help="scope tail: fold the trained BatchNorms into their convolutions first",
+    )
+    option(
         "--dp-tolerance",
         type=common.float_or_none,
         metavar="X|none",
