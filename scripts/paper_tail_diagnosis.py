@@ -12,7 +12,7 @@ Prints, for the θ₀ the demo trains (experiments/deep_configs.py ``demo-resnet
   the cross-entropy, and what the step does to the features (their RMS row norm, columns left at
   zero); then whether the second step is finite;
 - the same at the loop's defaults (``DeepOptions(rule="sgd", scope="tail", stages=2)``: lr 0.1,
-  λ's balanced every step);
+  λ's balanced every step; its D_P guard, which would return to step 0, off);
 - the run the demo's row makes: Table 4 with its λ's set once by the paper's own balancing rule
   (App. C.2) at the first step, 3 epochs of the D_H loader: its (i), (ii) on the defense's rows.
 """
