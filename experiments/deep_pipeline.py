@@ -91,11 +91,12 @@ class Row:
 
 @dataclass(frozen=True)
 class Sizes:
-    """Images per split. ``defense``: per task, the images θ₀ trains on (D_P) and the defense
-    immunizes with; ``dp_val``: D_P's validation images (D_P top-1); the attacker's D_H splits
-    (``attack_*``, disjoint from the defense's) and, with ``dp_attack``, the same three splits of
-    fresh D_P images for the D_P fine-tuning check; ``more_data``: the second attacker's training
-    images as a multiple of ``attack_train`` (1: none)."""
+    """Images per split. ``defense``: per task, the images the defense immunizes with (θ₀ trains
+    on D_P's and on every D_P image no other split holds); ``dp_val``: D_P's validation images
+    (D_P top-1); the attacker's D_H splits (``attack_*``, disjoint from the defense's) and, with
+    ``dp_attack``, the same three splits of fresh D_P images for the D_P fine-tuning check;
+    ``more_data``: the second attacker's training images as a multiple of ``attack_train`` (1:
+    none)."""
 
     defense: int = 960
     dp_val: int = 250
@@ -193,8 +194,10 @@ def train_classifier(
         for m in bns:
             m.reset_running_stats()
             m.momentum = None
-        for s in range(0, len(data) - batches.batch_size + 1, batches.batch_size) if bns else ():
-            net(fetch(data, torch.arange(s, s + batches.batch_size))[0].to(device))
+        # shuffled batches: the splits are stored in class order, and batches of one class
+        # would average within-class variances only (eval-mode BatchNorm then over-amplifies)
+        for (idx,) in batches.epoch(epochs) if bns else ():
+            net(fetch(data, idx)[0].to(device))
         for m, momentum in bns.items():
             m.momentum = momentum
     net.eval().requires_grad_(False)
@@ -242,8 +245,10 @@ def _parts(ds, sizes: list[int], rng, name: str) -> list:
 
 @dataclass(frozen=True)
 class Splits:
-    """One seed's images: θ₀'s and the defense's (``p_train``, ``h_train``), D_P's validation
-    split, the attacker's D_H data (and with more images), fresh D_P data to fine-tune on."""
+    """One seed's images: the defense's (``p_train``, ``h_train``), D_P's validation split, the
+    attacker's D_H data (and with more images), fresh D_P data to fine-tune on, and θ₀'s training
+    images (``theta0_train``: the defense's D_P images and every D_P image no other split holds,
+    so that θ₀ is trained as a released model is, on all the pre-training data there is)."""
 
     p_train: object
     p_val: object
@@ -252,6 +257,14 @@ class Splits:
     attack_more: "AttackData | None"
     dp_attack: "AttackData | None"
     classes: tuple
+    theta0_train: object
+
+
+def _join(a, b):
+    """The images of two parts of one data set."""
+    if isinstance(a, TensorDataset):
+        return TensorDataset(*(torch.cat(t) for t in zip(a.tensors, b.tensors)))
+    return Subset(a.dataset, sorted([*a.indices, *b.indices]))
 
 
 def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
@@ -289,7 +302,9 @@ def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
         ncp, nch = len(sets["p_train"].classes), len(sets["h_train"].classes)
     if rc.data != "mnist":  # your own folders: every split shrunk alike to the images there are
         dp_sizes, h_sizes = _fit(dp_sizes, len(p_all), "D_P"), _fit(h_sizes, len(h_all), "D_H")
-    p = _parts(p_all, dp_sizes, np.random.default_rng([seed, 1]), "D_P")
+    # the rest of D_P last, so the other parts do not depend on how many images there are
+    rest = max(len(p_all) - sum(dp_sizes), 0)
+    p = _parts(p_all, [*dp_sizes, rest], np.random.default_rng([seed, 1]), "D_P")
     h = _parts(h_all, h_sizes, np.random.default_rng([seed, 2]), "D_H")
     if h_test is None:
         h_test = h[3]
@@ -301,7 +316,7 @@ def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
     attack = AttackData(attack_train, h[2], h_test, nch)
     attack_more = AttackData(more_train, h[2], h_test, nch) if z.more_data > 1 else None
     dp_attack = AttackData(p[2], p[3], p[4], ncp) if z.dp_attack else None
-    return Splits(p[0], p[1], h[0], attack, attack_more, dp_attack, (ncp, nch))
+    return Splits(p[0], p[1], h[0], attack, attack_more, dp_attack, (ncp, nch), _join(p[0], p[-1]))
 
 
 def spectrum_spread(Z, Z_ref, *, rng, groups: int, group_size: int) -> dict:
@@ -542,7 +557,7 @@ def seed_setup(rc: RunConfig, seed: int, opts: RunOptions, ctx, phase, say):
             if ctx.is_main:
                 train_classifier(
                     net,
-                    sp.p_train,
+                    sp.theta0_train,
                     epochs=rc.theta0_epochs,
                     lr=rc.theta0_lr,
                     seed=seed,

@@ -71,7 +71,9 @@ def main(argv=None) -> None:
     sp = load_splits(rc, RunOptions(quiet=True), args.seed)
     torch.manual_seed(args.seed)
     net = create_model(rc.model, 5, seed=args.seed, **rc.model_kwargs)
-    train_classifier(net, sp.p_train, epochs=rc.theta0_epochs, lr=rc.theta0_lr, seed=args.seed)
+    train_classifier(
+        net, sp.theta0_train, epochs=rc.theta0_epochs, lr=rc.theta0_lr, seed=args.seed
+    )
     theta0 = ImmunizedNet(net).eval()
     print(f"θ₀: {rc.model} trained {rc.theta0_epochs} epochs on D_P (seed {args.seed})")
     gains = []

@@ -80,9 +80,9 @@ EXPERIMENTS = [
     Experiment(
         "Deep nets: timm ResNet18 and a small ViT (paper Table 3, Figure 3)",
         "θ₀ trained on digits 0–4 at 32 px (D_P), immunized against digits 5–9 (D_H) on "
-        "CPU, 3 seeds, every method (the closed-form layer too) and each row also hardened, "
-        "attacked by every operator: linear probes, LoRA at two ranks, upper-stage and full "
-        "fine-tuning, each tuned on the attacker's validation split.",
+        "CPU, 3 seeds: the library's default on the inserted layer, the same hardened, and the "
+        "paper's own deep method (§5.2, the backbone's last stages); each attacked by every "
+        "operator under θ₀'s own budget and judged by its slowdown (docs/theory.md §12).",
         "python experiments/deepnet.py --demo --threads 1",
         "results/deepnet",
         files=("demo-resnet18/table.md", "demo-vit/table.md"),
@@ -102,6 +102,15 @@ EXPERIMENTS = [
         "protocols.",
         "python experiments/frontier.py",
         "results/frontier",
+    ),
+    Experiment(
+        "Deep nets: the defenses aimed at the attacker's progress",
+        "The same θ₀'s and splits, 3 seeds: the k-step immunizer on the layer and on the "
+        "backbone's tail, the simulated attackers on the whole backbone, SOPHON on the tail "
+        "(docs/design.md §4), judged as above.",
+        "python experiments/deepnet.py --config demo-defense --threads 1",
+        "results/deepnet",
+        files=("demo-defense-resnet18/table.md", "demo-defense-vit/table.md"),
     ),
 ]
 
