@@ -416,3 +416,23 @@ def test_an_interrupted_rerun_leaves_every_earlier_output_as_it_was(
     (out / "folders" / "extractor_ours.safetensors").mkdir()
     rc, err = _one_line_error(capsys, deepnet, argv)
     assert rc == 2 and "error: --out:" in err and "extractor_ours" in err
+
+
+def test_theta0_batchnorm_statistics_are_those_of_the_whole_training_set():
+    """θ₀'s images are stored in class order; BatchNorm's running statistics must still be the
+    whole set's (batches of one class would keep only the within-class variance)."""
+    from experiments.deep_pipeline import train_classifier
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(128, 2, generator=g) - 3, torch.randn(128, 2, generator=g) + 3])
+    y = torch.repeat_interleave(torch.arange(2), 128)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2), torch.nn.Linear(2, 2)
+    )
+    train_classifier(net, torch.utils.data.TensorDataset(x, y), epochs=1, lr=1e-12, seed=0)
+    with torch.no_grad():
+        a = net[0](x)
+    pooled = a.var(0)
+    within = torch.stack([a[y == c].var(0) for c in (0, 1)]).mean(0)
+    assert torch.all(pooled > 4 * within)  # the data separate the two
+    torch.testing.assert_close(net[1].running_var, pooled, rtol=0.1, atol=0)
