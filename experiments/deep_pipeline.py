@@ -137,10 +137,10 @@ class RunConfig:
 class RunOptions:
     """What is not a hyper-parameter: data roots, the θ₀ source."""
 
-    dp_root: "str | None" = None
-    dh_root: "str | None" = None
+    dp_root: str | None = None
+    dh_root: str | None = None
     val_split: str = "val"
-    checkpoint: "str | None" = None
+    checkpoint: str | None = None
     pretrained: bool = False
     quiet: bool = False
 
@@ -249,8 +249,8 @@ class Splits:
     p_val: object
     h_train: object
     attack: AttackData
-    attack_more: "AttackData | None"
-    dp_attack: "AttackData | None"
+    attack_more: AttackData | None
+    dp_attack: AttackData | None
     classes: tuple
 
 
@@ -339,12 +339,12 @@ class RowResult:
     immunized: bool
     harmful_spread: dict
     probe: tuple
-    audit: "AuditResult | None" = None
-    dp_finetune: "Slowdown | None" = None
-    more_data: "AuditResult | None" = None
+    audit: AuditResult | None = None
+    dp_finetune: Slowdown | None = None
+    more_data: AuditResult | None = None
     train: dict = field(default_factory=dict)
-    retrain_scope: "tuple | None" = None
-    extractor: "str | None" = None
+    retrain_scope: tuple | None = None
+    extractor: str | None = None
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -365,8 +365,8 @@ class SeedResult:
     seed: int
     theta0: RowResult
     budgets: dict
-    dp_budget: "Budget | None"
-    more_budgets: "dict | None"
+    dp_budget: Budget | None
+    more_budgets: dict | None
     rows: dict
     errors: dict
     attainability: dict
@@ -415,8 +415,8 @@ class Evaluation:
     reference: dict
     splits: Splits
     budgets: dict
-    dp_budget: "Budget | None"
-    more_budgets: "dict | None"
+    dp_budget: Budget | None
+    more_budgets: dict | None
     rc: RunConfig
     seed: int
 
@@ -612,7 +612,7 @@ def _names(net, modules) -> list[str]:
     return [names[id(m)] for m in modules]
 
 
-def _planned_scope(row: Row, theta0) -> "tuple | None":
+def _planned_scope(row: Row, theta0) -> tuple | None:
     """The modules a row's method may change, known from its options before it runs (for θ₀'s
     retrain budgets): the tail stages and whatever follows them, or the whole backbone."""
     o = row.options
@@ -1018,7 +1018,7 @@ def result_of(
 
 def run_configs(
     rcs: list, seeds: list[int], opts: RunOptions, ctx, *, on_extractor=None, jobs: int = 1
-) -> "list | None":
+) -> list | None:
     """Every seed of every configuration in ``rcs``; rank 0 returns per configuration its
     results (:func:`_result`), the other ranks None. With ``jobs > 1`` (one process, no
     torchrun) each (configuration, seed)'s θ₀ and budgets run in a worker process, and each of
@@ -1062,7 +1062,7 @@ def run_configs(
 
 def run_config(
     rc: RunConfig, seeds: list[int], opts: RunOptions, ctx, *, on_extractor=None
-) -> "dict | None":
+) -> dict | None:
     """:func:`run_configs` of one configuration, in this process."""
     hook = None if on_extractor is None else (lambda _: on_extractor)
     res = run_configs([rc], seeds, opts, ctx, on_extractor=hook)

@@ -35,8 +35,8 @@ from experiments.deep_configs import CONFIGS, GROUPS, PAPER_TABLE3, with_model
 from experiments.deep_pipeline import Row, RunOptions, run_configs
 from pycore.deep import DEEP_METHODS, DeepOptions, create_model, options, save_model
 from pycore.deep.data import model_normalization
-from pycore.deep.models import linear_classifier
 from pycore.deep.distributed import init_from_env, shutdown
+from pycore.deep.models import linear_classifier
 from pycore.evaluate import near_chance
 from pycore.report import dumps_json
 from pycore.validation import ParameterError
@@ -193,7 +193,7 @@ def add_deep_options(parser) -> None:
     )
 
 
-def _first_image_size(root: Path) -> "tuple[int, int] | None":
+def _first_image_size(root: Path) -> tuple[int, int] | None:
     """The size of D_P's first training image (by name), None when it cannot be read
     (image_folder then reports the bad file or folder)."""
     from PIL import Image  # noqa: PLC0415
@@ -368,7 +368,7 @@ def plan(args) -> list:
     return runs
 
 
-def theta0_warning(result: dict, args) -> "dict | None":
+def theta0_warning(result: dict, args) -> dict | None:
     """θ₀ near chance on D_P's validation split, on any seed (:func:`pycore.evaluate.near_chance`,
     chance the majority class's share); the advice fits where θ₀ came from."""
     low = []

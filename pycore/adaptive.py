@@ -18,8 +18,8 @@ without gain: restart, or stop). Who calls it decides what (i) and (ii) are meas
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -77,8 +77,8 @@ def regularizer_directions(
     *,
     precond: str = "pinv",
     ridge: float = 0.0,
-    K_P: "np.ndarray | None" = None,
-    K_H: "np.ndarray | None" = None,
+    K_P: np.ndarray | None = None,
+    K_H: np.ndarray | None = None,
 ) -> Callable:
     """``θ ↦ (K_P⁺∇_θR_well(H_P), K_H⁺∇_θR_ill(H_H))`` (docs/theory.md §4; ``precond`` as
     :class:`pycore.precondition.Preconditioner`, ``K = XᵀX`` unless given); raises
@@ -111,7 +111,7 @@ def adaptive_descent(
     betas=(0.9, 0.999),
     adam_eps: float = 1e-8,
     bound: float = np.inf,
-    min_rate: "float | None" = None,
+    min_rate: float | None = None,
     progress: bool = False,
 ) -> AdaptiveRun:
     """The adaptive rule (module docstring) from ``theta``: ``log_ratios(θ)`` gives ``(ln(i),

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from pycore.deep import ImmunizedNet, audit_model, create_model, immunize_model
-from pycore.deep import operators as O
+from pycore.deep import ImmunizedNet, audit_model, create_model, immunize_model, operators as O
+from pycore.deep.models import tail_modules
 from pycore.deep.operators import (
     AttackData,
     Schedule,
@@ -30,7 +30,6 @@ from pycore.deep.operators import (
     retrain_scope,
     slowdowns,
 )
-from pycore.deep.models import tail_modules
 from pycore.deep.slowdown import Budget, Slowdown
 from pycore.validation import DivergenceError, ParameterError
 

@@ -32,11 +32,11 @@ from pycore.deep import (
     read_weights,
     save_model,
 )
-from pycore.deep.operators import AttackData, Schedule, budgets
 from pycore.deep.data import _decode, fetch
 from pycore.deep.features import prelogits_dataset
 from pycore.deep.models import tail_modules
 from pycore.deep.objectives import imma_harmful_loss, log_kappa, loss_terms
+from pycore.deep.operators import AttackData, Schedule, budgets
 from pycore.deep.train import balanced_lambdas
 from pycore.validation import ParameterError
 

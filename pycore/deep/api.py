@@ -12,7 +12,6 @@ import numpy as np
 import torch
 from torch.utils.data import Subset, TensorDataset
 
-from pycore.deep.probes import linear_probe_curve
 from pycore.deep.data import as_dataset, dataset_labels, label_count
 from pycore.deep.features import extract, prelogits_dataset
 from pycore.deep.layer import attainability
@@ -29,6 +28,7 @@ from pycore.deep.operators import (
     retrain_scope,
     slowdowns,
 )
+from pycore.deep.probes import linear_probe_curve
 from pycore.deep.train import DeepOptions, immunize_in_place, options
 from pycore.evaluate import chance_accuracy, immunized_def31, near_chance
 from pycore.metrics import ExponentWindow, feature_rir, grouped_feature_rir
@@ -147,15 +147,15 @@ class DeepImmunization:
     immunized: bool
     grouped: GroupedRIR
     ceiling: float
-    window: "ExponentWindow | None"
+    window: ExponentWindow | None
     steps: int
     options: DeepOptions
     reason: str
     wall_seconds: float
-    hardening: "dict | None" = None
+    hardening: dict | None = None
     lambdas: dict = field(default_factory=dict)
     history: dict = field(default_factory=dict)
-    probe: "HeldOutProbe | None" = None
+    probe: HeldOutProbe | None = None
 
     def to_dict(self) -> dict:
         """Every field but the model (and the per-step history), JSON-ready."""

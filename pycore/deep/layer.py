@@ -20,13 +20,12 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from pycore.adaptive import adaptive_descent
 from pycore import LinearTask, immunize
+from pycore.adaptive import adaptive_descent
+from pycore.batch import GramStack
 from pycore.immunization import auto_exponent
 from pycore.methods import closed_form
-from pycore.validation import check_choice
 from pycore.metrics import ExponentWindow, def31_exponent_window, rir_ceiling
-from pycore.batch import GramStack
 from pycore.precondition import FactorPreconditioner
 from pycore.spectral import (
     ProductGramSpectrum,
@@ -35,7 +34,7 @@ from pycore.spectral import (
     numerical_rank,
 )
 from pycore.threads import bounded_blas
-from pycore.validation import ParameterError
+from pycore.validation import ParameterError, check_choice
 
 __all__ = [
     "LayerSolution",
@@ -70,7 +69,7 @@ class LayerSolution:
     harmful_ratio: float
     pretrain_ratio: float
     ceiling: float  # sup RIR over θ restricted to range(K_P) (docs/theory.md §10); NaN: unresolved
-    window: "ExponentWindow | None"
+    window: ExponentWindow | None
     reason: str
     steps: int = 0
     history: dict = field(default_factory=dict)
@@ -109,7 +108,7 @@ def resolution(dtype, *features) -> float:
     return float(eps * max(ratios))
 
 
-def attainability(X_P, X_H, *, precision=None) -> tuple[float, "ExponentWindow | None", str]:
+def attainability(X_P, X_H, *, precision=None) -> tuple[float, ExponentWindow | None, str]:
     """The range-restricted RIR ceiling of the layer's features, the closed form's Definition 3.1
     window, and a sentence saying whether Definition 3.1 is attainable by any θ of the layer.
 
@@ -252,10 +251,10 @@ def adaptive_layer(
     *,
     steps: int,
     patience: int,
-    lr: "float | None" = None,
+    lr: float | None = None,
     precision=None,
     start: str = "closed_form",
-    min_rate: "float | None" = MIN_GAIN_RATE,
+    min_rate: float | None = MIN_GAIN_RATE,
     progress: bool = False,
 ) -> LayerSolution:
     """θ by the adaptive rule of the linear default (:func:`pycore.adaptive.adaptive_descent`) on
@@ -349,8 +348,8 @@ def kstep_layer(
     steps: int = 10,
     epochs: int = 5000,
     patience: int = 300,
-    lr: "float | None" = None,
-    num_classes: "tuple[int | None, int | None]" = (None, None),
+    lr: float | None = None,
+    num_classes: tuple[int | None, int | None] = (None, None),
     precision=None,
 ) -> LayerSolution:
     """θ by the k-step immunizer (``immunize(task, "kstep")``, docs/theory.md §11) on the layer's

@@ -36,8 +36,8 @@ import copy
 import importlib.util
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -258,7 +258,7 @@ def _with_lora(attacked: _Attacked, rank: int, seed: int) -> _Attacked:
     return attacked.eval()
 
 
-def retrain_scope(model, reference) -> "tuple[str, ...] | None":
+def retrain_scope(model, reference) -> tuple[str, ...] | None:
     """The modules of the backbone a removal by retraining re-initialises: the fewest last stages
     (timm's ``feature_info``, with the modules after them but the classifier:
     :func:`~pycore.deep.models.tail_modules`) that hold every tensor ``model`` changed against
@@ -331,7 +331,7 @@ def _inputs(x: torch.Tensor, dev) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
 
 
-def _accuracy(m: nn.Module, ds: Dataset) -> "float | str":
+def _accuracy(m: nn.Module, ds: Dataset) -> float | str:
     """Accuracy (%) of ``m`` (eval mode) on ``ds``; a string when a logit is non-finite."""
     dev = next(m.parameters()).device
     y = torch.as_tensor(dataset_labels(ds), dtype=torch.int64)
@@ -375,7 +375,7 @@ class _DeepRuns:
             self._order = (epoch, [idx for (idx,) in self.batches.epoch(epoch)])
         return self._order[1][k]
 
-    def _train(self, g: int) -> "str | None":
+    def _train(self, g: int) -> str | None:
         m, opt = self.models[g], self.opts[g]
         dev = next(m.parameters()).device
         m.eval()
@@ -421,7 +421,7 @@ class Operator:
     grid: dict
     min_steps: int
     max_steps: int
-    labels: "Callable | None" = None
+    labels: Callable | None = None
 
 
 def _features(model, data: AttackData, what: str) -> tuple:
@@ -437,8 +437,8 @@ def operator(
     *,
     seed: int = 0,
     schedule: Schedule = Schedule(),
-    features: "dict | None" = None,
-    scope: "tuple | None" = None,
+    features: dict | None = None,
+    scope: tuple | None = None,
     reinit: bool = False,
 ) -> Operator:
     """Operator ``name`` (one of :func:`operator_names`) against ``model`` on ``data``.
@@ -553,8 +553,8 @@ def budgets(
     lora_ranks=LORA_RANKS,
     seed: int = 0,
     schedule: Schedule = Schedule(),
-    scope: "tuple | None" = None,
-    features: "dict | None" = None,
+    scope: tuple | None = None,
+    features: dict | None = None,
     progress: Callable = lambda name: None,
 ) -> dict[str, Budget]:
     """θ₀'s :class:`~pycore.deep.slowdown.Budget` of every operator of ``operators`` against
@@ -589,8 +589,8 @@ def slowdowns(
     *,
     seed: int = 0,
     schedule: Schedule = Schedule(),
-    scope: "tuple | None" = None,
-    features: "dict | None" = None,
+    scope: tuple | None = None,
+    features: dict | None = None,
     progress: Callable = lambda name: None,
 ) -> dict[str, Slowdown]:
     """Every operator of ``reference_budgets`` against ``model``: its

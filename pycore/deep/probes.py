@@ -211,7 +211,7 @@ def linear_probe_curve(
     y_test,
     *,
     epochs: int = 50,
-    num_classes: "int | None" = None,
+    num_classes: int | None = None,
     validation=None,
 ) -> ProbeCurve:
     """The paper's probe (Eq. (4), Figure 3): :class:`GDProbe` on ``Z_train``, test (and

@@ -110,7 +110,7 @@ class SimulatedOptions(Options):
     probe_steps: int = 64  # the probe attacker's head steps (its run is cheap: docs above)
     operators: tuple = SIMULATED_OPERATORS
     inner_optimizer: str = "adam"
-    inner_lr: "float | None" = None  # None: drawn log-uniformly from INNER_LRS per attacker
+    inner_lr: float | None = None  # None: drawn log-uniformly from INNER_LRS per attacker
     lora_rank: int = 8
     suppression: str = "kl_uniform"
     lr: float = 1e-4
@@ -122,7 +122,7 @@ class SimulatedOptions(Options):
     scope: str = "tail"
     stages: int = 1
     check_every: int = 10
-    dp_tolerance: "float | None" = 1.0
+    dp_tolerance: float | None = 1.0
 
 
 # SOPHON's published classification settings (its inverse-loss script: fine-tuning simulated by

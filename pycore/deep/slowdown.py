@@ -33,8 +33,9 @@ schedules them, so it is tested with synthetic runs and serves every operator al
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -80,7 +81,7 @@ class Runs(Protocol):
 
     eval_every: int
 
-    def advance(self, active: list[bool], test: bool) -> list["Eval | str | None"]:
+    def advance(self, active: list[bool], test: bool) -> list[Eval | str | None]:
         """Train each active setting to its next evaluation: an :class:`Eval` (with the test
         accuracy when ``test``), or a string saying why the setting diverged (it is never
         advanced again); inactive settings give None."""
@@ -112,7 +113,7 @@ class Trace:
     test_at_budget: float = math.nan
     diverged: str = ""  # why the run stopped early ("" when it did not)
 
-    def first_reaching(self, level: float) -> "int | None":
+    def first_reaching(self, level: float) -> int | None:
         """The first evaluated step whose smoothed validation accuracy is ≥ ``level``."""
         hit = np.flatnonzero(smoothed(self.validation) >= level)
         return int(self.steps[hit[0]]) if hit.size else None
@@ -172,7 +173,7 @@ class Slowdown:
     operator: str
     slowdown: float
     censored: bool
-    steps_to_target: "int | None"
+    steps_to_target: int | None
     setting: str
     test_at_budget: float
     deficit: float
@@ -193,7 +194,7 @@ def _label(variant: str, lr: float) -> str:
 class _Race:
     """Every setting of one operator, stepped in lock step; settings can be added (widening)."""
 
-    def __init__(self, make: Factory, grid: dict, labels: "Callable | None", budget_step=None):
+    def __init__(self, make: Factory, grid: dict, labels: Callable | None, budget_step=None):
         self.make, self.label, self.budget_step = make, labels or _label, budget_step
         self.grid = {v: sorted(lrs) for v, lrs in grid.items()}
         self.ratio = {v: (lrs[1] / lrs[0] if len(lrs) > 1 else None) for v, lrs in grid.items()}
@@ -261,7 +262,7 @@ class _Race:
     def all(self) -> list[Trace]:
         return [self.trace(k) for k in sorted(self.state)]
 
-    def widen(self, best: Trace) -> "tuple | None":
+    def widen(self, best: Trace) -> tuple | None:
         """The setting beyond ``best``'s end of its learning-rate list, added to the race; None
         when ``best`` is inside the list, the list has one rate, or that end was widened
         :data:`MAX_WIDEN` times."""
@@ -317,7 +318,7 @@ def budget(
     chance: float,
     min_steps: int,
     max_steps: int,
-    labels: "Callable | None" = None,
+    labels: Callable | None = None,
 ) -> Budget:
     """θ₀'s :class:`Budget` for ``operator`` (module docstring): every setting of ``grid``
     (``{variant: learning rates}``) run at least ``min_steps`` and until ``BUDGET_FACTOR·B₀``
@@ -364,7 +365,7 @@ def budget(
     )
 
 
-def _fastest(traces: list[Trace], target: float) -> tuple["Trace | None", "int | None"]:
+def _fastest(traces: list[Trace], target: float) -> tuple[Trace | None, int | None]:
     """The live setting that first reached ``target`` (of several at the same step, the one of
     highest smoothed validation accuracy there, then the lowest rate: a choice that does not
     depend on how far the settings ran after it) and that step; ``(None, None)`` when none
@@ -426,7 +427,7 @@ def _race(operator, make, grid, labels, *, b0, limit, target):
 
 
 def attack(
-    operator: str, make: Factory, reference: Budget, *, labels: "Callable | None" = None
+    operator: str, make: Factory, reference: Budget, *, labels: Callable | None = None
 ) -> Slowdown:
     """The :class:`Slowdown` of ``operator`` on a model (``make`` builds its runs) against θ₀'s
     ``reference`` budget of the same operator (module docstring); the race starts from the grid

@@ -84,7 +84,7 @@ class TailRunner:
             net.train(was)
         return TensorDataset(torch.cat(hs), torch.as_tensor(dataset_labels(data)))
 
-    def attach(self, net: nn.Module, image_shape: tuple) -> "_FromTail":
+    def attach(self, net: nn.Module, image_shape: tuple) -> _FromTail:
         """Make ``net`` take stored tail inputs (in place, until :meth:`_FromTail.detach`): its
         earlier stages become ``nn.Identity``, and the returned module's
         ``forward_features(h)`` runs the stem on zeros shaped ``image_shape`` and the tail from

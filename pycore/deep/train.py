@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from pycore import ops
 from pycore.deep.data import PairedBatches, ShardedBatches, dataset_labels, fetch
 from pycore.deep.hardening import HARDENINGS, harden
+from pycore.deep.models import fold_batchnorm_checked, tail_modules
 from pycore.deep.objectives import (
     DEEP_METHODS,
     LAMBDA_OF_TERM,
@@ -38,7 +39,6 @@ from pycore.deep.objectives import (
     loss_terms,
 )
 from pycore.deep.simulated import SimulatedOptions, immunize_simulated
-from pycore.deep.models import fold_batchnorm_checked, tail_modules
 from pycore.deep.tail import TailRunner
 from pycore.options import Options
 from pycore.report import progress as progress_bar
@@ -132,10 +132,10 @@ class DeepOptions(Options):
     rule: str = "adaptive"  # ours: "adaptive" (pycore.adaptive on the layer) or "sgd" (Eq. (11))
     adaptive_steps: int = 5000  # the adaptive rule's step budget (the linear default's)
     patience: int = 300  # the adaptive rule's patience (the linear default's)
-    adaptive_lr: "float | None" = None  # None: pycore.deep.layer.relative_step_lr(D)
+    adaptive_lr: float | None = None  # None: pycore.deep.layer.relative_step_lr(D)
 
     epochs: int = 100  # epochs of the paired loader (the longer task sets the length)
-    max_steps: "int | None" = 400
+    max_steps: int | None = 400
     batch_size: int = 64  # per rank; capped at the smaller task's size
     kstep_steps: int = 10  # kstep: the GD probe's steps k of E_k (docs/theory.md §11)
     lr: float = 0.1
@@ -149,11 +149,9 @@ class DeepOptions(Options):
     lambda_h: float = 2e6  # R_ill weight
     lambda_kappa: float = 1.0  # Opt-κ weight
     lambda_imma: float = 1.0  # IMMA harmful-loss weight
-    balance: "float | None" = (
-        1.0  # λ := balance·‖∇CE‖/‖∇term‖ (App. C.2); None: the lambda_* above
-    )
+    balance: float | None = 1.0  # λ := balance·‖∇CE‖/‖∇term‖ (App. C.2); None: the lambda_* above
     balance_every: int = 1  # 0: balance at step 0 only
-    balance_ill: "float | None" = None  # balance of the R_ill term alone (the trade-off sweep)
+    balance_ill: float | None = None  # balance of the R_ill term alone (the trade-off sweep)
     imma_inner_steps: int = 3
     imma_inner_lr: float = 1.0  # in units of 1/λ_max(AᵀA/N)
     ridge_rel: float = 1e-6  # preconditioner ridge relative to tr(XᵀX)/N of the first D_P batch
@@ -164,7 +162,7 @@ class DeepOptions(Options):
     harden_scale: float = 0.01
     normalize: bool = True  # steps in unit-scale features (False: the features' own scale)
     fold_batchnorm: bool = False  # scope tail: the trained BatchNorms folded first (design §4)
-    dp_tolerance: "float | None" = 2.0  # end on the last state within this many % of D_P's top-1
+    dp_tolerance: float | None = 2.0  # end on the last state within this many % of D_P's top-1
 
     def __post_init__(self):
         super().__post_init__()
@@ -180,7 +178,7 @@ class DeepOptions(Options):
             )
 
 
-def options(base: "DeepOptions | None" = None, **given) -> DeepOptions:
+def options(base: DeepOptions | None = None, **given) -> DeepOptions:
     """``base`` (default :class:`DeepOptions`) with ``given`` replaced; an unknown or bad option is
     a :class:`~pycore.validation.ParameterError` whose ``.parameter`` names it."""
     return DeepOptions.build(base or DeepOptions(), "deep immunization", **given)
@@ -206,7 +204,7 @@ class TrainResult:
     wall_seconds: float
     lambdas: dict
     history: dict = field(default_factory=dict)
-    hardening: "dict | None" = None
+    hardening: dict | None = None
     stopped: str = ""  # why training stopped before its last step ("" when it did not)
 
 
@@ -244,8 +242,8 @@ def balanced_lambdas(
     balance: float,
     *,
     world: int = 1,
-    previous: "dict | None" = None,
-    weights: "dict | None" = None,
+    previous: dict | None = None,
+    weights: dict | None = None,
 ) -> dict[str, float]:
     """``λ_term = balance·‖∇CE‖/‖∇term‖`` on ``params`` (``weights`` replaces ``balance`` for the
     λ's it names), gradients averaged over ranks, no ``.grad`` touched. A term whose gradient norm
@@ -521,7 +519,7 @@ def _simulated(model, p_train, h_train, method, opts, seed, num_classes_h, cache
     )
 
 
-def _harden(model, h_train, opts, seed, num_classes_h, cached) -> "dict | None":
+def _harden(model, h_train, opts, seed, num_classes_h, cached) -> dict | None:
     """``opts.harden`` applied to the trained model, from the seed's generator (None: none)."""
     if opts.harden == "none":
         return None
