@@ -43,12 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_jobs import JOBS  # noqa: E402
 from bench.timing import interleaved_best  # noqa: E402
-from pycore.immunization import (  # noqa: E402
-    PRESETS,
-    draws_random,
-    immunize_batch,
-    resolve_options,
-)
+from pycore import PRESETS, draws_random, immunize_batch, resolve_options  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,8 +27,14 @@ import torch
 from experiments import common, deep_report
 from experiments.deep_configs import CONFIGS
 from experiments.deep_pipeline import Row, RunOptions, audit_seed, load_splits, result_of
-from pycore.deep import CheckpointError, load_model
-from pycore.deep.operators import LORA_RANKS, OPERATORS, Schedule, operator_names
+from pycore.deep import (
+    LORA_RANKS,
+    OPERATORS,
+    CheckpointError,
+    Schedule,
+    load_model,
+    operator_names,
+)
 from pycore.report import dumps_json
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from experiments.deep_pipeline import Row, RunConfig, Sizes
-from pycore.deep import DeepOptions
-from pycore.deep.simulated import SOPHON, SimulatedOptions
+from pycore.deep import SOPHON, DeepOptions, SimulatedOptions
 
 # Paper Table 3 (3 seeds): (i), (ii), RIR_θ₀, D_P top-1 %; θ₀ top-1 68.24 (ResNet18) / 81.78 (ViT).
 # Keyed by the configuration name "<model>-<data>" whose table prints them beside ours.

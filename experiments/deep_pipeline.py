@@ -27,53 +27,58 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Subset, TensorDataset
 
+from pycore import (
+    Options,
+    bounded_blas,
+    chance_accuracy,
+    feature_rir,
+    gram_spectrum,
+    grouped_feature_rir,
+    immunized_def31,
+)
 from pycore.deep import (
+    LORA_RANKS,
+    OPERATORS,
+    SLOWDOWN_CAP,
+    AttackData,
+    AuditResult,
+    Budget,
+    DataError,
     DeepOptions,
     GroupedRIR,
     ImmunizedNet,
     NonFiniteLossError,
-    create_model,
-    immunize_in_place,
-    load_model,
-)
-from pycore.deep.data import (
-    DataError,
+    Schedule,
     ShardedBatches,
+    Slowdown,
+    attainability,
+    audit_result,
+    barrier,
+    broadcast_module,
+    budgets,
+    create_model,
     dataset_labels,
+    extract,
     fetch,
     image_folder,
+    immunize_in_place,
+    init_from_env,
+    linear_probe_curve,
+    load_model,
     mnist_digits,
-)
-from pycore.deep.distributed import barrier, broadcast_module, init_from_env
-from pycore.deep.features import extract, prelogits_dataset
-from pycore.deep.layer import attainability
-from pycore.deep.models import tail_modules
-from pycore.deep.operators import (
-    LORA_RANKS,
-    OPERATORS,
-    AttackData,
-    AuditResult,
-    Schedule,
-    audit_result,
-    budgets,
+    prelogits_dataset,
     retrain_scope,
     slowdowns,
+    tail_modules,
 )
-from pycore.deep.probes import linear_probe_curve
-from pycore.deep.slowdown import SLOWDOWN_CAP, Budget, Slowdown
-from pycore.evaluate import chance_accuracy, immunized_def31
-from pycore.metrics import feature_rir, grouped_feature_rir
-from pycore.options import Options
 from pycore.report import environment, summarize
-from pycore.spectral import gram_spectrum
-from pycore.threads import bounded_blas
 
 
 @dataclass(frozen=True)
 class Row:
     """One immunization of every seed: its key in the results, the method and its options (the
     method's own option set: :class:`~pycore.deep.DeepOptions`, or
-    :class:`~pycore.deep.simulated.SimulatedOptions`), and how tables label it."""
+    :class:`~pycore.deep.SimulatedOptions`), and how tables label it."""
 
     name: str
     method: str

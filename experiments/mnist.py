@@ -19,12 +19,19 @@ if not __package__:  # run as a file: the checkout's root first on sys.path, not
 import numpy as np
 
 from experiments import common
-from pycore.data.mnist import MnistDigits, load_mnist, pair_task, parse_pairs, split_digits
-from pycore.evaluate import EvaluationReference, immunized_def31
-from pycore.immunization import METHODS
-from pycore.metrics import rir_ceiling
-from pycore.report import METHOD_LABELS as LABELS, environment, fmt, pm, save_figure, summarize
-from pycore.thetas import run_thetas, save_thetas, task_arrays
+from pycore import METHODS, EvaluationReference, immunized_def31, rir_ceiling
+from pycore.data import MnistDigits, load_mnist, pair_task, parse_pairs, split_digits
+from pycore.report import (
+    METHOD_LABELS as LABELS,
+    environment,
+    fmt,
+    pm,
+    run_thetas,
+    save_figure,
+    save_thetas,
+    summarize,
+    task_arrays,
+)
 
 # Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts: successes_def31 from the
 # Figure 2 text (Definition 3.1: "R_ill Only fails for all digit pairs, IMMA only succeeds in one

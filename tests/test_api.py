@@ -12,21 +12,25 @@ import numpy as np
 import pytest
 
 import pycore
-from pycore.data.house_price import load_house_price
-from pycore.evaluate import EvaluationReference, evaluate_linear, immunized_def31
-from pycore.immunization import (
+from pycore import (
     METHODS,
     PRESETS,
+    EvaluationReference,
+    LinearTask,
+    ParameterError,
     auto_exponent,
+    def31_exponent_window,
+    evaluate_linear,
     immunize,
     immunize_certified,
+    immunized_def31,
     options_of,
     resolve_options,
+    rir,
+    rir_ceiling,
+    strict_protocol,
 )
-from pycore.metrics import def31_exponent_window, rir, rir_ceiling
-from pycore.protocol import strict_protocol
-from pycore.tasks import LinearTask
-from pycore.validation import ParameterError
+from pycore.data import load_house_price
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = json.loads(
@@ -192,7 +196,7 @@ def test_presets_reproduce_the_reference_thetas(house_prices, preset):
 
 
 def test_mnist_presets_reproduce_the_reference_thetas():
-    from pycore.data.mnist import load_mnist_5k, pair_task, split_digits
+    from pycore.data import load_mnist_5k, pair_task, split_digits
 
     digits = load_mnist_5k()
     task = pair_task(digits, split_digits(digits, 20, np.random.default_rng(0), 10), 0, 1)

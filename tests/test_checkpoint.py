@@ -1,4 +1,4 @@
-"""Checkpoints (pycore/deep/checkpoint.py): what a file may hold, and the tensor and file an error
+"""Checkpoints (pycore/deep/_checkpoint.py): what a file may hold, and the tensor and file an error
 names."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from safetensors.torch import save_file
 from pycore.deep import (
     CheckpointError,
     CheckpointMismatchError,
+    ImmunizedNet,
+    UnmergedAdaptersError,
     create_model,
     load_model,
+    read_weights,
     save_model,
 )
-from pycore.deep.checkpoint import FORMAT
-from pycore.deep.models import ImmunizedNet, UnmergedAdaptersError
 
 torch.set_num_threads(1)
 
@@ -67,8 +68,9 @@ def test_a_model_with_unmerged_lora_adapters_is_refused_naming_them(tmp_path):
 @pytest.mark.parametrize("kind", ["pycore", "timm"])
 def test_a_file_of_unmerged_lora_adapters_is_refused_naming_one(tmp_path, kind):
     if kind == "pycore":
-        m = _with_lora(ImmunizedNet(create_model("resnet10t", 2, seed=0)))
-        meta = {"format": FORMAT, "model": "resnet10t", "num_classes": "2"}
+        plain = ImmunizedNet(create_model("resnet10t", 2, seed=0))
+        meta = read_weights(save_model(plain, tmp_path / "plain.safetensors"))[1]
+        m = _with_lora(plain)
     else:
         m, meta = _with_lora(create_model("resnet10t", 2, seed=0)), None
     path = tmp_path / "lora.safetensors"

@@ -10,15 +10,28 @@ import scipy.optimize
 from scipy.special import expit
 
 import pycore
-from pycore import attacks, precondition as P, probe, regularizers as R
-from pycore.evaluate import EvaluationReference
-from pycore.immunization import METHODS, IMMAOptions, immunize, immunize_certified
-from pycore.losses import best_probe_loss
-from pycore.methods import imma_objective
-from pycore.metrics import rir, rir_ceiling
-from pycore.optim import damped_newton
-from pycore.spectral import SpectrumError, gram_spectrum, spectrum_info
-from pycore.tasks import LinearTask
+from pycore import (
+    METHODS,
+    EvaluationReference,
+    IMMAOptions,
+    LinearTask,
+    SpectrumError,
+    best_probe_loss,
+    gram_spectrum,
+    imma_objective,
+    immunize,
+    immunize_certified,
+    preconditioned_r_well_step_bound,
+    r_ill,
+    r_ill_grad,
+    r_well,
+    r_well_grad,
+    rir,
+    rir_ceiling,
+    spectrum_info,
+)
+from pycore.attacks import attack, exact_line_search_steps, gd_exact_line_search, make_problem
+from pycore.linalg import hessian_regularizer, precondition
 from tests.helpers import central_diff, rel_err, with_spectrum
 
 
@@ -62,9 +75,10 @@ def test_hessian_regularizer_matches_matrix_path_also_with_fewer_rows_than_colum
     for N, D in ((12, 5), (3, 7)):
         Z = rng.standard_normal((N, D))
         for kind in ("ill", "well"):
-            reg, ev = R.hessian_regularizer(Z, kind), R.evaluate(Z.T @ Z, kind, p=D)
-            assert reg.value == pytest.approx(ev.value, rel=1e-9)
-            assert reg.info.rank == min(N, D) and rel_err(reg.G, ev.grad) < 1e-9
+            reg, H = hessian_regularizer(Z, kind), Z.T @ Z
+            value, grad = (r_ill, r_ill_grad) if kind == "ill" else (r_well, r_well_grad)
+            assert reg.value == pytest.approx(value(H), rel=1e-9)
+            assert reg.info.rank == min(N, D) and rel_err(reg.G, grad(H)) < 1e-9
 
 
 @pytest.mark.parametrize(
@@ -87,7 +101,7 @@ def test_r_ill_of_rank_one_and_ties():
         pycore.r_ill(np.outer([1.0, 2.0], [3.0, 1.0]))
     info = spectrum_info(np.diag([2.0, 2.0, 1.0]))
     assert info.tie_max and not info.tie_min
-    assert R.hessian_regularizer(np.diag([3.0, 1.0, 1.0]), "ill").tie
+    assert hessian_regularizer(np.diag([3.0, 1.0, 1.0]), "ill").tie
 
 
 # ---------------------------------------------------------------- metrics and ceiling
@@ -181,22 +195,6 @@ def test_imma_gradient_matches_finite_differences():
     assert rel_err(g0, g) > 1e-3
 
 
-def test_imma_upper_level_uses_the_dp_mini_batches(monkeypatch):
-    import pycore.methods as M
-
-    seen, real = [], M.imma_objective
-
-    def spy(*args, batch_P=None, **kw):
-        seen.append(batch_P[0].shape[-2])  # rows of the mini-batch (a stack of runs: B×b×D)
-        return real(*args, batch_P=batch_P, **kw)
-
-    monkeypatch.setattr(M, "imma_objective", spy)
-    immunize(
-        small_task(3, N=20, D=4), "imma", rng=np.random.default_rng(0), epochs=2, batch_size=8
-    )
-    assert seen == [8, 8, 4, 8, 8, 4]
-
-
 def test_ours_immunizes_a_synthetic_task():
     t = small_task(10, N=60, D=6)
     res = immunize(
@@ -231,9 +229,9 @@ def test_uncapped_regularizer_step_can_violate_monotonicity():
     """The same step without the docs/theory.md §5 cap: a large R_well step raises κ(H_P)."""
     t = small_task(30, N=30, D=5)
     theta = np.eye(t.D)
-    reg = R.hessian_regularizer(t.X_P, "well")
-    bound = R.preconditioned_r_well_step_bound(reg.info, D=t.D)
-    step = P.precondition(theta, reg.G, t.K_P, "exact")
+    reg = hessian_regularizer(t.X_P, "well")
+    bound = preconditioned_r_well_step_bound(reg.info, D=t.D)
+    step = precondition(theta, reg.G, t.K_P, "exact")
     assert any(
         gram_spectrum(t.X_P @ (theta - eta * step)).kappa > reg.info.kappa
         for eta in bound * np.array([2.0, 5.0, 20.0, 100.0])
@@ -271,29 +269,28 @@ def test_closed_form_with_fewer_harmful_rows_than_rank_keeps_dp_loss():
 # ---------------------------------------------------------------- the probes' solvers
 
 
-def test_damped_newton_solves_a_strictly_convex_problem_to_the_floor():
+def test_the_logistic_probing_problem_is_solved_to_the_floor():
+    """w* of the ridge-logistic problem (damped Newton) against a generic solver."""
     rng = np.random.default_rng(1)
     A = rng.standard_normal((60, 5))
     y = (rng.random(60) < 0.5).astype(float)  # not separable: a unique interior minimiser
-    lam = 1e-3
+    problem = make_problem(A, y, "logistic", ridge_rel=1e-3)
+    lam = 1e-3 * np.linalg.norm(A, 2) ** 2 / 4  # λ = ridge_rel·‖Z‖₂²/4
 
     def value(w):
         t = A @ w
         return float(np.sum(np.logaddexp(0.0, t) - y * t) + 0.5 * lam * w @ w)
 
-    def value_grad(w):
-        return value(w), A.T @ (expit(A @ w) - y) + lam * w
+    def grad(w):
+        return A.T @ (expit(A @ w) - y) + lam * w
 
-    def hessian(w):
-        s = expit(A @ w)
-        return (A.T * (s * (1 - s))) @ A + lam * np.eye(5)
-
-    w, info = damped_newton(value_grad, value, hessian, np.zeros(5), tol=1e-13, max_iter=100)
     ref = scipy.optimize.minimize(
-        value, np.zeros(5), jac=lambda w: value_grad(w)[1], method="BFGS", options={"gtol": 1e-12}
+        value, np.zeros(5), jac=grad, method="BFGS", options={"gtol": 1e-12}
     )
-    assert info["grad_norm"] <= 1e-10 and value(w) <= ref.fun + 1e-12
-    np.testing.assert_allclose(w, ref.x, rtol=1e-6, atol=1e-8)
+    assert np.linalg.norm(grad(problem.w_star)) <= 1e-10
+    assert problem.L_star == pytest.approx(value(problem.w_star), rel=1e-14)
+    assert problem.L_star <= ref.fun + 1e-12
+    np.testing.assert_allclose(problem.w_star, ref.x, rtol=1e-6, atol=1e-8)
 
 
 def test_best_bce_probe_loss_matches_a_generic_solver():
@@ -338,56 +335,13 @@ def test_probe_equals_the_unhalved_exact_line_search(case):
             alpha = float(np.sum(g * g)) / curv
             w, E = w - alpha * g, E - alpha * Zg
         ratios.append(float(np.sum((w - w_star) ** 2)) / float(np.sum(w_star**2)))
-    assert np.array_equal(probe.gd_exact_line_search(Z, Y, 25).norm_ratio, np.array(ratios))
+    assert np.array_equal(gd_exact_line_search(Z, Y, 25).norm_ratio, np.array(ratios))
 
 
 def test_attack_gd_exact_uses_the_shared_loop_on_least_squares():
     rng = np.random.default_rng(0)
     Z = rng.standard_normal((50, 8)) @ np.diag(np.logspace(0, -2, 8))
-    P_ = attacks.make_problem(Z, rng.standard_normal(50))
-    tr = attacks.attack(P_, "gd_exact", max_steps=40, tol=0.0)
-    ws = [
-        w for w, _, _ in itertools.islice(probe.exact_line_search_steps(*P_.work, np.zeros(8)), 40)
-    ]
+    P_ = make_problem(Z, rng.standard_normal(50))
+    tr = attack(P_, "gd_exact", max_steps=40, tol=0.0)
+    ws = [w for w, _, _ in itertools.islice(exact_line_search_steps(*P_.work, np.zeros(8)), 40)]
     assert len(ws) == 40 and np.array_equal(tr.w_final, ws[-1]) and tr.rel_subopt.size == 41
-
-
-def test_task_threads_is_the_policy_of_worker_tasks(monkeypatch):
-    """One BLAS thread inside a worker task whatever the matrix size, an entry point inside keeps
-    that decision, the user's count wins. Checked on the limits pycore.threads asks threadpoolctl
-    for, so the test means the same on one core as on many."""
-    import contextlib
-
-    from pycore import threads
-
-    asked = []
-
-    class Controller:  # threadpoolctl's ThreadpoolController, recording what it is asked
-        @contextlib.contextmanager
-        def limit(self, *, limits, user_api):
-            asked.append((limits, user_api))
-            yield
-
-    monkeypatch.setattr(threads, "_ctl", Controller)
-    for v in (
-        "OMP_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "BLIS_NUM_THREADS",
-        "VECLIB_MAXIMUM_THREADS",
-        "PYCORE_BLAS_THREADS",
-    ):
-        monkeypatch.delenv(v, raising=False)
-    big = np.ones((2 * threads.SMALL_MATRIX_DIM, 2))
-    entry = threads.bounded_blas(lambda a: len(asked))
-    with threads.task_threads():
-        assert asked == [(1, "blas")]
-        assert entry(big) == 1  # the task's decision holds: no second limit inside
-    assert entry(big) == 1 and entry(np.ones((3, 3))) == 2 and asked[-1] == (1, "blas")
-    asked.clear()
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice wins: nothing limited
-    with threads.task_threads():
-        assert entry(np.ones((3, 3))) == 0
-    monkeypatch.setenv("PYCORE_BLAS_THREADS", "2")
-    with threads.task_threads():
-        assert asked == [(2, "blas")]

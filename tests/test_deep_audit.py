@@ -14,10 +14,17 @@ import torch
 
 from experiments import audit, common, deep_configs, deep_report, deepnet
 from experiments.deep_pipeline import Row, RunConfig, RunOptions, Sizes, run_configs
-from pycore.deep import DeepOptions, ImmunizedNet, create_model, load_model, options, save_model
-from pycore.deep.distributed import init_from_env
-from pycore.deep.operators import Schedule
-from pycore.deep.simulated import SimulatedOptions
+from pycore.deep import (
+    DeepOptions,
+    ImmunizedNet,
+    Schedule,
+    SimulatedOptions,
+    create_model,
+    init_from_env,
+    load_model,
+    options,
+    save_model,
+)
 from pycore.report import dumps_json
 
 torch.set_num_threads(1)

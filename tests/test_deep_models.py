@@ -1,5 +1,5 @@
-"""Models (pycore/deep/models.py): copies and eval-mode training of models that cache attention
-biases (timm's LeViT family), and the models the library accepts."""
+"""Models (pycore/deep/_models.py): copies and eval-mode training of models that cache attention
+biases (timm's LeViT family). The models the library accepts: tests/test_deep_api.py."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pycore.deep import ImmunizedNet, create_model
-from pycore.deep.models import as_immunized, check_model
-from pycore.validation import ParameterError
+from pycore.deep import ImmunizedNet, attack_copy, create_model
 
 torch.set_num_threads(1)
 
@@ -22,7 +20,7 @@ def levit():
 def test_a_levit_that_cached_its_biases_with_gradients_is_copied(levit):
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     levit(x).sum().backward()  # eval mode with gradients: a cached bias that is no graph leaf
-    copy = as_immunized(levit)
+    copy = attack_copy(levit, 2, seed=0).net  # the attacker's copy of the network
     with torch.no_grad():
         assert torch.allclose(copy(x), levit(x), rtol=0, atol=1e-5)  # LeViT heads fused
 
@@ -42,14 +40,3 @@ def test_a_levit_trained_in_eval_mode_reads_its_biases_as_they_are(levit):
     fresh.load_state_dict(m.state_dict())
     with torch.no_grad():
         assert torch.allclose(m(x), fresh(x), rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
-def test_check_model_refuses_other_dtypes_naming_the_argument(dtype):
-    with pytest.raises(ParameterError) as e:
-        check_model(create_model("resnet10t", 2, seed=0).to(dtype), "reference")
-    assert e.value.parameter == "reference"
-
-
-def test_check_model_takes_a_float32_model():
-    check_model(create_model("resnet10t", 2, seed=0), "model")

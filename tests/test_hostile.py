@@ -14,21 +14,46 @@ import zipfile
 import numpy as np
 import pytest
 
-from pycore import regularizers as R, thetas, validation
-from pycore.data import table
-from pycore.data.house_price import default_path, load_house_price
-from pycore.data.mnist import MnistDigits, load_mnist_idx, split_digits
-from pycore.metrics import feature_rir, grouped_feature_rir, rir, rir_ceiling
-from pycore.spectral import SpectrumError, condition_number, gram_spectrum, spectrum_info
-from pycore.threads import blas_threads
-from pycore.validation import DivergenceError, ParameterError
+from pycore import (
+    DivergenceError,
+    OutlierWarning,
+    ParameterError,
+    SpectrumError,
+    blas_threads,
+    condition_number,
+    feature_rir,
+    gram_spectrum,
+    grouped_feature_rir,
+    limits,
+    preconditioned_r_ill_step_bound,
+    preconditioned_r_well_step_bound,
+    r_ill,
+    r_ill_grad,
+    r_ill_grad_theta,
+    r_well,
+    r_well_grad,
+    r_well_grad_theta,
+    rir,
+    rir_ceiling,
+    spectrum_info,
+)
+from pycore.data import (
+    MnistDigits,
+    default_path,
+    load_house_price,
+    load_mnist_idx,
+    load_table,
+    split_digits,
+)
+from pycore.linalg import hessian_regularizer
+from pycore.report import load_thetas, save_thetas
 
 NAN = float("nan")
 
 
 @pytest.fixture(autouse=True)
 def one_blas_thread():
-    with blas_threads(1):  # the library's own rule at these sizes (pycore/threads.py)
+    with blas_threads(1):  # the library's own rule at these sizes (docs/design.md §5)
         yield
 
 
@@ -103,7 +128,7 @@ def test_csv_not_a_regular_file(tmp_path, monkeypatch, hp_lines):
     ):
         with pytest.raises(ValueError, match=str(path)):
             load_house_price(path)
-    monkeypatch.setattr(validation, "MAX_DATA_FILE_BYTES", 1000)
+    monkeypatch.setattr(limits, "MAX_DATA_FILE_BYTES", 1000)
     with pytest.raises(ValueError, match="train.csv"):
         load_house_price(_write(tmp_path, hp_lines))
 
@@ -122,7 +147,7 @@ def test_csv_not_a_regular_file(tmp_path, monkeypatch, hp_lines):
 def test_csv_malformed_files_name_the_file(tmp_path, content):
     (tmp_path / "bad.csv").write_bytes(content)
     with pytest.raises(ValueError, match="bad.csv"):
-        table.load_table(tmp_path / "bad.csv", target_p="t", split="a=1")
+        load_table(tmp_path / "bad.csv", target_p="t", split="a=1")
 
 
 def test_csv_wide_header_is_refused_before_pandas_reads(tmp_path, hp_lines, monkeypatch):
@@ -136,9 +161,9 @@ def test_csv_wide_header_is_refused_before_pandas_reads(tmp_path, hp_lines, monk
     monkeypatch.setattr(pd, "read_csv", lambda *a, **k: pytest.fail("pandas read a refused file"))
     for load in (
         load_house_price,
-        lambda q: table.load_table(q, target_p="SalePrice", split="MSZoning=RL"),
+        lambda q: load_table(q, target_p="SalePrice", split="MSZoning=RL"),
     ):
-        with pytest.raises(ValueError, match=f"{p}.*{table.MAX_COLUMNS}"):
+        with pytest.raises(ValueError, match=f"{p}.*{limits.MAX_COLUMNS}"):
             load(p)
 
 
@@ -174,7 +199,7 @@ def test_csv_huge_cell_is_not_zeroed_and_other_columns_keep_their_bits(tmp_path,
     """One 1e308 cell used to overflow the column's std to inf and zero the whole column."""
     # training row 5 of D_H
     lines = _set_cell(hp_lines, _harmful_rows(hp_lines)[5], "GrLivArea", value)
-    with pytest.warns(validation.OutlierWarning, match="GrLivArea"):
+    with pytest.warns(OutlierWarning, match="GrLivArea"):
         d = load_house_price(_write(tmp_path, lines))
     j = d.feature_names.index("GrLivArea")
     col = np.concatenate([d.train.X_H[:, j], d.heldout.X_H[:, j]])  # the whole split is z-scored
@@ -209,31 +234,29 @@ def test_csv_bad_cells_name_column_and_line(tmp_path, hp_lines, column, value):
 def test_theta_archive_sizes_are_capped_before_reading(tmp_path, monkeypatch):
     """A 3.9 MB .npz of 500M deflated zeros was read whole (3.97 GB); here 2 MB against a 1 MB cap,
     and a member whose .npy header declares 8 TB (numpy allocates what a header declares)."""
-    thetas.save_thetas(tmp_path / "ok.npz", {"ours/seed0": np.eye(3)}, {"a": 1})
-    assert np.array_equal(thetas.load_thetas(tmp_path / "ok.npz")[0]["ours/seed0"], np.eye(3))
+    save_thetas(tmp_path / "ok.npz", {"ours/seed0": np.eye(3)}, {"a": 1})
+    assert np.array_equal(load_thetas(tmp_path / "ok.npz")[0]["ours/seed0"], np.eye(3))
     np.savez_compressed(tmp_path / "bomb.npz", x=np.zeros(1 << 18))
     assert (tmp_path / "bomb.npz").stat().st_size < 10_000
-    monkeypatch.setattr(thetas, "MAX_ARCHIVE_BYTES", 1 << 20)
-    assert (
-        _peak_bytes(lambda: thetas.load_thetas(tmp_path / "bomb.npz"), match="bomb.npz") < 1 << 20
-    )
-    assert thetas.load_thetas(tmp_path / "bomb.npz", max_bytes=4 << 20)[0]["x"].size == 1 << 18
+    monkeypatch.setattr(limits, "MAX_ARCHIVE_BYTES", 1 << 20)
+    assert _peak_bytes(lambda: load_thetas(tmp_path / "bomb.npz"), match="bomb.npz") < 1 << 20
+    assert load_thetas(tmp_path / "bomb.npz", max_bytes=4 << 20)[0]["x"].size == 1 << 18
     with zipfile.ZipFile(tmp_path / "lie.npz", "w") as zf, zf.open("x.npy", "w") as fh:
         np.lib.format.write_array_header_1_0(
             fh, {"descr": "<f8", "fortran_order": False, "shape": (10**12,)}
         )
         fh.write(bytes(64))
     with pytest.raises(ValueError, match="lie.npz"):
-        thetas.load_thetas(tmp_path / "lie.npz")
+        load_thetas(tmp_path / "lie.npz")
     with pytest.raises(ParameterError) as e:
-        thetas.load_thetas(tmp_path / "ok.npz", max_bytes=-1)
+        load_thetas(tmp_path / "ok.npz", max_bytes=-1)
     assert e.value.parameter == "max_bytes"
 
 
 @pytest.mark.parametrize("key", ["../../evil", "/abs", "a/../b", "a//b", "meta", "a b"])
 def test_save_thetas_refuses_a_path_like_key(tmp_path, key):
     with pytest.raises(ParameterError) as e:
-        thetas.save_thetas(tmp_path / "t.npz", {key: np.eye(2)})
+        save_thetas(tmp_path / "t.npz", {key: np.eye(2)})
     assert e.value.parameter == "arrays" and not (tmp_path / "t.npz").exists()
 
 
@@ -268,7 +291,7 @@ def test_idx_broken_files_name_the_file(tmp_path, monkeypatch, case):
                 "truncated_header": _idx_images()[:8],
             }[case]
         )
-    monkeypatch.setattr(validation, "MAX_DATA_FILE_BYTES", 10_000)
+    monkeypatch.setattr(limits, "MAX_DATA_FILE_BYTES", 10_000)
     with pytest.raises(ValueError, match=name):
         load_mnist_idx(tmp_path)
 
@@ -313,7 +336,7 @@ def test_bad_arrays_name_the_argument(A):
 
 def test_a_broadcast_view_over_the_cap_is_refused_before_it_is_copied(monkeypatch):
     """condition_number copied a 4.47 GiB broadcast view before any size check."""
-    monkeypatch.setattr(validation, "MAX_DENSE_BYTES", 1 << 20)
+    monkeypatch.setattr(limits, "MAX_DENSE_BYTES", 1 << 20)
     view = np.broadcast_to(np.arange(1000.0), (1000, 1000))  # 8 MB if expanded
     assert _peak_bytes(lambda: condition_number(view), match="MAX_DENSE_BYTES") < 1 << 20
 
@@ -337,13 +360,12 @@ def test_metric_parameters_are_named():
     for call, param in (
         (lambda: spectrum_info(S, rtol=NAN), "rtol"),
         (lambda: gram_spectrum(S, rtol=1.0), "rtol"),
-        (lambda: R.evaluate(S, "ill", rtol=-1.0), "rtol"),
-        (lambda: R.hessian_regularizer(S, "well", rtol="1e-9"), "rtol"),
+        (lambda: hessian_regularizer(S, "ill", rtol=-1.0), "rtol"),
+        (lambda: hessian_regularizer(S, "well", rtol="1e-9"), "rtol"),
         (lambda: rir_ceiling(X, X, null_rtol=NAN), "null_rtol"),
         (lambda: grouped_feature_rir(X, X, X, X, rng=rng, groups=0), "groups"),
         (lambda: grouped_feature_rir(X, X, X, X, rng=rng, group_size=NAN), "group_size"),
-        (lambda: R.evaluate(X, "well", p=0), "p"),
-        (lambda: R.evaluate(X, "x"), "kind"),
+        (lambda: hessian_regularizer(X, "x"), "kind"),
         (lambda: rir(np.eye(4), Z, rng.normal(size=(20, 5))), "X_H"),
     ):
         with pytest.raises(ParameterError) as e:
@@ -376,10 +398,10 @@ def test_a_matrix_that_must_be_symmetric_is_checked_with_a_round_off_tolerance()
     X, A = rng.normal(size=(30, 5)), rng.normal(size=(5, 5))
     K, theta = X.T @ X, np.eye(5) + 0.1 * rng.normal(size=(5, 5))
     for call, param in (
-        (lambda M: R.r_well_grad_theta(theta, M), "K"),
-        (lambda M: R.r_ill_grad_theta(theta, M), "K"),
-        (R.preconditioned_r_ill_step_bound, "H"),
-        (R.preconditioned_r_well_step_bound, "H"),
+        (lambda M: r_well_grad_theta(theta, M), "K"),
+        (lambda M: r_ill_grad_theta(theta, M), "K"),
+        (preconditioned_r_ill_step_bound, "H"),
+        (preconditioned_r_well_step_bound, "H"),
     ):
         for bad in (K + 1e-3 * np.abs(K).max() * (A - A.T), X.T @ X[:, :4]):
             with pytest.raises(ParameterError) as e:
@@ -398,7 +420,7 @@ def test_zero_and_tied_spectra():
     for call in (
         lambda: condition_number(np.zeros((3, 3))),
         lambda: gram_spectrum(np.zeros((4, 3))),
-        lambda: R.r_ill(2.0 * np.eye(3)),
+        lambda: r_ill(2.0 * np.eye(3)),
         lambda: gram_spectrum(np.diag([1e200, 1e199])),
         lambda: condition_number(np.full((2, 2), 1e308)),
         lambda: rir(0 * np.eye(3), X, X),
@@ -427,25 +449,25 @@ def test_regularizers_scale_exactly_where_representable(c):
     ∇R_ill(S)/c³, computed on S/max|S| near the float64 limits (∇R_ill(diag(3e-140, 1e-140)) was
     ±inf)."""
     S = np.diag([3.0, 2.0, 1.0])
-    assert R.r_well(c * S) == pytest.approx(c * c * R.r_well(S), rel=1e-12)
-    assert R.r_ill(c * S) == pytest.approx(R.r_ill(S) / c**2, rel=1e-12)
-    assert np.allclose(R.r_well_grad(c * S), c * R.r_well_grad(S), rtol=1e-12, atol=0)
+    assert r_well(c * S) == pytest.approx(c * c * r_well(S), rel=1e-12)
+    assert r_ill(c * S) == pytest.approx(r_ill(S) / c**2, rel=1e-12)
+    assert np.allclose(r_well_grad(c * S), c * r_well_grad(S), rtol=1e-12, atol=0)
     if 1e-100 < c < 1e100:
-        assert np.allclose(R.r_ill_grad(c * S), R.r_ill_grad(S) / c**3, rtol=1e-12, atol=0)
+        assert np.allclose(r_ill_grad(c * S), r_ill_grad(S) / c**3, rtol=1e-12, atol=0)
     elif c > 1:  # |∇R_ill| ~ c⁻³ underflows: 0 is the float answer
-        assert np.all(np.abs(R.r_ill_grad(c * S)) < 1e-300)
+        assert np.all(np.abs(r_ill_grad(c * S)) < 1e-300)
     else:  # ... or overflows: an error, never ±inf
         with pytest.raises(SpectrumError):
-            R.r_ill_grad(c * S)
+            r_ill_grad(c * S)
 
 
 @pytest.mark.parametrize(
     "S,f",
     [
-        (np.diag([1e200, 3e199]), R.r_well),
-        (np.diag([1e308, 1.0]), R.r_well),
-        (np.diag([3e-160, 1e-160]), R.r_ill),
-        (np.diag([1e-170, 1e-171]), R.r_ill),
+        (np.diag([1e200, 3e199]), r_well),
+        (np.diag([1e308, 1.0]), r_well),
+        (np.diag([3e-160, 1e-160]), r_ill),
+        (np.diag([1e-170, 1e-171]), r_ill),
     ],
 )
 def test_regularizers_outside_float64_are_errors_not_nan_or_inf(S, f):

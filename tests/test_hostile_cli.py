@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from experiments import attacks, common, frontier, house_price, mnist
-from pycore.validation import DivergenceError, ParameterError
+from pycore import DivergenceError, ParameterError
 from tests.cli_helpers import call, one_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def test_an_option_no_chosen_method_has_is_refused(tripwire, capsys, tmp_path):
 def test_every_linear_option_has_its_flag_and_the_library_checks_it(mod, tmp_path):
     """A flag per option of every method (Adam's betas pair aside), each reaching the library as
     typed: a value the library refuses is a usage error naming that flag."""
-    from pycore.immunization import METHODS, CertifiedOptions, options_of
+    from pycore import METHODS, CertifiedOptions, options_of
 
     parser = mod.build_parser()
     dests = {a.dest for a in parser._actions if a.option_strings}

@@ -1,4 +1,4 @@
-"""A table of the user's own (pycore.data.table.load_table): splits, inputs, empty cells, absurd
+"""A table of the user's own (pycore.data.load_table): splits, inputs, empty cells, absurd
 cells, bad arguments named, and bounded memory on large files."""
 
 from __future__ import annotations
@@ -8,11 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
-from pycore import validation
-from pycore.data.house_price import INPUTS, default_path, load_house_price
-from pycore.data.table import load_table
-from pycore.metrics import rir_ceiling
-from pycore.validation import OutlierWarning, ParameterError
+from pycore import OutlierWarning, ParameterError, limits, rir_ceiling
+from pycore.data import INPUTS, default_path, load_house_price, load_table
 from tests.helpers import added_peak_rss
 
 
@@ -130,22 +127,33 @@ def test_absurd_cell_warns_or_refuses_naming_column_and_line(tmp_path):
         load_table(p, target_p="t", split="g=1", n_train=5, on_outlier="error")
 
 
-def test_outlier_rule_and_the_real_file():
-    x = np.array([0, 0, 4.0, 4.0, 3.0, 5.0, 0.0])  # median of the nonzero cells: 4
-    assert validation.outliers(x).size == 0
-    assert validation.outliers(np.append(x, 4e6)).size == 0  # 1e6 × the median: not above
-    assert list(validation.outliers(np.append(x, -4.1e6))) == [7]  # magnitude, either sign
-    assert validation.outliers(np.array([0.0, 0.0, 1e300])).size == 0  # one nonzero cell: no scale
+def test_outlier_rule_and_the_real_file(tmp_path):
+    """A cell counts as an outlier beyond 1e6 × the median magnitude of its column's nonzero
+    cells, either sign; a column of one nonzero cell has no scale to be beyond."""
+    base = [0, 0, 4.0, 4.0, 3.0, 5.0, 0.0]  # median of the nonzero cells: 4
+    for column, line in (
+        (base, None),
+        (base + [4e6], None),  # 1e6 × the median: not above
+        (base + [-4.1e6], 9),  # the 8th row, line 9 of the file
+        ([0.0] * 6 + [1e300, 0.0], None),
+    ):
+        rows = [[v, (i * 7) % 5 + 1, i % 2, i + 1] for i, v in enumerate(column)]
+        p = _csv(tmp_path / "o.csv", ["a", "b", "g", "t"], rows)
+        if line is None:
+            load_table(p, target_p="t", split="g=1", n_train=2, on_outlier="error")
+        else:
+            with pytest.raises(ValueError, match=f"'a'.*line {line}"):
+                load_table(p, target_p="t", split="g=1", n_train=2, on_outlier="error")
     with warnings.catch_warnings():
         warnings.simplefilter("error", OutlierWarning)
         load_house_price()
 
 
 def test_sizes_that_cannot_fit_are_refused_up_front_naming_them(monkeypatch):
-    monkeypatch.setattr(validation, "MAX_DENSE_BYTES", 1 << 16)
+    monkeypatch.setattr(limits, "MAX_DENSE_BYTES", 1 << 16)
     with pytest.raises(ValueError, match=f"{default_path()}.*1460 × 79"):
         load_house_price()
-    monkeypatch.setattr(validation, "MAX_DENSE_BYTES", 1 << 20)
+    monkeypatch.setattr(limits, "MAX_DENSE_BYTES", 1 << 20)
     X = np.random.default_rng(0).standard_normal((5000, 40))  # its U alone would be 5000 × 40
     with pytest.raises(ValueError, match="5000 × 40"):
         rir_ceiling(X, X[:100])

@@ -13,10 +13,16 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from pycore import LinearTask, evaluate_linear, immunize, validation
-from pycore.hardening import harden_result
-from pycore.metrics import rir_ceiling
-from pycore.worst_case import attack_evaluation
+from pycore import (
+    LinearTask,
+    ParameterError,
+    attack_evaluation,
+    evaluate_linear,
+    harden_result,
+    immunize,
+    limits,
+    rir_ceiling,
+)
 from tests.helpers import added_peak_rss
 
 
@@ -66,7 +72,7 @@ def test_a_wide_task_is_refused_before_its_dxd_arrays_exist():
 )
 def test_every_entry_point_checks_its_work_budget(monkeypatch, entry):
     task, eye = _task(300), np.eye(300)
-    monkeypatch.setattr(validation, "MAX_WORK_BYTES", 8 * 300 * 300)  # one D×D array
+    monkeypatch.setattr(limits, "MAX_WORK_BYTES", 8 * 300 * 300)  # one D×D array
     err, peak = _peak(lambda: entry(task, eye))
     # θ's own float64 copy is the one D×D array that may exist before the check
     assert "300" in str(err) and "MAX_WORK_BYTES" in str(err) and peak < 1.5 * 8 * 300 * 300
@@ -75,7 +81,7 @@ def test_every_entry_point_checks_its_work_budget(monkeypatch, entry):
 def test_hardening_checks_its_work_budget(monkeypatch):
     task = _task(300)
     res = immunize(task, "identity", rng=np.random.default_rng(0))
-    monkeypatch.setattr(validation, "MAX_WORK_BYTES", 8 * 300 * 300)
+    monkeypatch.setattr(limits, "MAX_WORK_BYTES", 8 * 300 * 300)
     for kind in ("haar", "equalize"):
         err, peak = _peak(lambda: harden_result(res, task, kind, rng=np.random.default_rng(0)))
         assert "300" in str(err) and peak < 8 * 300 * 300, kind
@@ -177,14 +183,14 @@ def test_a_small_split_names_the_flag_and_a_float_split_value_matches(capsys, tm
 
 
 def test_a_zero_one_target_runs_bce_when_asked_and_says_which_loss_runs(capsys, tmp_path):
-    from pycore.data.table import load_table
+    from pycore.data import load_table
     from pycore.report import read_json
 
     csv_path, out = _own_csv(tmp_path / "own.csv"), tmp_path / "out"
     d = load_table(csv_path, target_p="b", target_h="t", split="g=b", n_train=10, loss="bce")
     assert d.train.loss == "bce" and set(np.unique(d.train.Y_P)) == {0.0, 1.0}
     assert d.binary_target_p and not np.isin(d.train.Y_H, (0.0, 1.0)).all()
-    with pytest.raises(validation.ParameterError) as e:  # a continuous target is not a label
+    with pytest.raises(ParameterError) as e:  # a continuous target is not a label
         load_table(csv_path, target_p="t", split="g=b", n_train=10, loss="bce")
     assert e.value.parameter == "loss"
     base = ["--data", str(csv_path), "--target-p", "b", "--target-h", "t", "--split", "g=b"]
@@ -199,7 +205,7 @@ def test_a_zero_one_target_runs_bce_when_asked_and_says_which_loss_runs(capsys, 
 
 
 def test_a_quoted_line_break_in_a_header_is_a_column_name(tmp_path):
-    from pycore.data.table import load_table
+    from pycore.data import load_table
 
     lines = _own_csv(tmp_path / "a.csv").read_text().splitlines()
     p = tmp_path / "q.csv"
@@ -210,7 +216,7 @@ def test_a_quoted_line_break_in_a_header_is_a_column_name(tmp_path):
 
 def test_cells_near_1e_310_are_z_scored_not_called_nan(tmp_path):
     """Their squares underflow: the std was 0 and the task "contained NaN or inf"."""
-    from pycore.data.table import load_table
+    from pycore.data import load_table
 
     rng = np.random.default_rng(0)
     x = [float(v) * 1e-310 for v in rng.normal(size=40)]
@@ -237,7 +243,7 @@ def test_a_table_whose_methods_exceed_the_budget_is_refused_before_any_run(
         raise AssertionError("COMPUTED")
 
     monkeypatch.setattr(house_price, "run_batch", boom)
-    monkeypatch.setattr(validation, "MAX_WORK_BYTES", 1 << 20)
+    monkeypatch.setattr(limits, "MAX_WORK_BYTES", 1 << 20)
     p = _numeric_csv(tmp_path / "wide.csv", 200, 40, np.random.default_rng(0))
     argv = ["--data", str(p), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
     rc, err, _ = _run_hp(capsys, [*argv, "--methods", "ours", "--out", str(tmp_path / "o")])
@@ -257,7 +263,7 @@ def _near_twins(noise, seed=0):
 
 def test_a_window_whose_width_is_round_off_is_empty():
     """Both tasks of the same rows: κ(C) = 1 + 4e-15 opened a window [2.6e14, 2.6e14 + 1)."""
-    from pycore.metrics import def31_exponent_window
+    from pycore import def31_exponent_window
 
     same = rir_ceiling(*(lambda t: (t.X_P, t.X_H))(_near_twins(0.0)))
     assert same.kappa_C > 1 and def31_exponent_window(same).empty
@@ -446,9 +452,8 @@ def _evil_checkpoint(path, **kwargs):
     import json
 
     import torch
-    from safetensors.torch import save_file
-
     from pycore.deep.checkpoint import FORMAT
+    from safetensors.torch import save_file
 
     meta = {"format": FORMAT, "model": "vit_tiny_patch16_224", "num_classes": "2"}
     save_file(
@@ -471,8 +476,7 @@ def test_checkpoint_metadata_is_checked_against_its_tensors_before_building(tmp_
     """Each of these asked for 5-120 GB before a tensor was compared."""
     import resource
 
-    from pycore.deep import load_model
-    from pycore.deep.checkpoint import CheckpointMismatchError
+    from pycore.deep import CheckpointMismatchError, load_model
 
     path = _evil_checkpoint(tmp_path / "evil.safetensors", **kwargs)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -512,7 +516,9 @@ def test_a_named_pipe_called_png_is_refused_not_read(tmp_path):
     import signal
     import types
 
-    from pycore.deep.data import DataError, _decode, image_folder
+    from pycore.deep.data import _decode
+
+    from pycore.deep import DataError, image_folder
 
     _image_root(tmp_path / "dp" / "train")
     fifo = tmp_path / "dp" / "train" / "a" / "x.png"
@@ -571,8 +577,7 @@ def test_one_huge_label_is_refused_before_a_classifier_is_sized_by_it():
     """One label of 5,000,000 among 16 samples sized a 20.5 GB classifier."""
     import torch
 
-    from pycore.deep import audit_model, create_model, immunize_model
-    from pycore.deep.data import DataError
+    from pycore.deep import DataError, audit_model, create_model, immunize_model
 
     model = create_model("resnet10t", 2, seed=0)
     X = torch.randn(16, 3, 32, 32)
@@ -669,10 +674,10 @@ def test_levit_distilled_heads_are_one_linear_head_with_the_same_logits(tmp_path
     into the one linear head the layer feeds, its logits are the model's own; a DeiT distilled
     pair (two tokens) is refused naming the model."""
     import torch
-
-    from pycore.deep import create_model, load_model, save_model
     from pycore.deep.models import as_immunized
-    from pycore.validation import ParameterError
+
+    from pycore import ParameterError
+    from pycore.deep import create_model, load_model, save_model
 
     net = create_model("levit_128s", 3, seed=0, img_size=64).eval()
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))

@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 
 from experiments import house_price
-from pycore.data.house_price import load_house_price
-from pycore.evaluate import evaluate_linear
-from pycore.immunization import immunize
-from pycore.metrics import rir, rir_ceiling
+from pycore import evaluate_linear, immunize, rir, rir_ceiling
+from pycore.data import load_house_price
 from pycore.report import pm, read_json
 from tests.cli_helpers import call, one_line
 

@@ -1,4 +1,5 @@
-"""The linear loops (pycore/methods.py): what the adaptive Algorithm 1 says of where it ended."""
+"""The linear loops (:func:`pycore.immunize`): what the adaptive Algorithm 1 says of where it
+ended."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import pytest
 from sklearn import datasets
 
 from pycore import LinearTask, immunize, rir_ceiling
-from pycore.methods import SMALL_FRACTION
+
+# below this fraction of the ceiling the result advises the closed form (docs/design.md §4)
+SMALL_FRACTION = 0.05
 
 
 def _wine(std: bool) -> LinearTask:

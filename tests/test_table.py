@@ -1,4 +1,4 @@
-"""A CSV table of one's own (pycore/data/table.py): what a cell may hold, what is changed and
+"""A CSV table of one's own (pycore/data/_table.py): what a cell may hold, what is changed and
 said, and every problem of a file in one error."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycore.data.table import load_table, read_header
-from pycore.validation import ParameterError
+from pycore import ParameterError
+from pycore.data import load_table, read_header
 
 
 def _csv(path, rows=40, *, header="a,b,c,y,g", cells=None):
