@@ -98,7 +98,7 @@ def build_parser() -> common.Parser:
         "--seeds",
         type=common.seeds,
         metavar="N|A,B,C|A-B",
-        help="seeds (default 3 with --demo, else 1)",
+        help="seeds (default 3 with --demo and a group of --config, else 1)",
     )
     p.add_argument(
         "--threads",
@@ -450,7 +450,11 @@ def _write_all(staged: list, token: str) -> None:
 def main(argv=None) -> int:
     def body(args):
         runs = plan(args)
-        seeds = args.seeds if args.seeds is not None else list(range(3 if args.demo else 1))
+        seeds = (
+            args.seeds
+            if args.seeds is not None
+            else list(range(3 if args.demo or args.config in GROUPS else 1))
+        )
         for rc in runs:  # every destination checked before any compute
             common.check_out(Path(args.out) / rc.name, _output_names(rc))
         if args.threads:

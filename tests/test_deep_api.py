@@ -240,3 +240,47 @@ class _NoBar:
 
     def close(self):
         pass
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_the_audit_counts_every_operator_run_on_its_bar_only_when_asked(
+    net, monkeypatch, progress
+):
+    """audit_model's bar: one count per operator run, θ₀'s budgets then the model's slowdowns,
+    named as it starts; ``progress=False`` disables it (on a terminal too)."""
+    import io
+
+    import tqdm.auto
+
+    seen = []
+
+    class Bar:
+        def __init__(self, iterable=None, *, total, desc, disable, leave):
+            self.total, self.disable, self.n = total, disable, 0
+            seen.append(self)
+
+        def set_postfix_str(self, name):
+            self.name = name
+
+        def update(self, k=1):
+            self.n += k
+
+        def close(self):
+            pass
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    audit_model(
+        net,
+        reference=net,
+        dh=_data(12, 1),
+        max_epochs=1,
+        operators=("gd", "adam"),
+        progress=progress,
+    )
+    (bar,) = seen
+    assert (bar.total, bar.n, bar.disable) == (4, 4, not progress)

@@ -356,7 +356,7 @@ def test_deepnet_runs_a_group_of_configurations_and_the_rows_asked_for(tmp_path,
     defense = deep_configs.GROUPS["demo-defense"]
     rows = [[r.name for r in deep_configs.CONFIGS[c].rows] for c in defense]
     assert asked == [
-        (list(defense), rows, [0]),
+        (list(defense), rows, [0, 1, 2]),
         (list(deep_configs.GROUPS["demo"]), [["ours", "paper"]] * 2, [0, 1]),
     ]
     assert {"simulated", "sophon"} <= set(rows[0])

@@ -14,6 +14,7 @@ from torch.utils.data import Subset, TensorDataset
 
 from pycore._evaluate import chance_accuracy, immunized_def31, near_chance
 from pycore._metrics import ExponentWindow, feature_rir, grouped_feature_rir
+from pycore._report import progress as progress_bar
 from pycore._validation import ParameterError, check_number
 from pycore.deep._data import as_dataset, dataset_labels, label_count
 from pycore.deep._features import extract, prelogits_dataset
@@ -421,7 +422,7 @@ AUDIT_OPTIONS = {
     "test_fraction": 0.2,
     "val_fraction": 0.2,
     "max_epochs": Schedule.deep_max_epochs,
-    "progress": False,
+    "progress": True,
 }
 
 
@@ -456,7 +457,8 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
         (positive integers), ``test_fraction``, ``val_fraction`` (in (0, 1); the held-out
         split has max(2, round(fraction·n)) samples and must leave the splits their 2),
         ``max_epochs`` (the longest a deep operator runs on θ₀, in epochs of the training
-        split), ``progress`` (print each operator as it starts)
+        split), ``progress`` (a bar over the operators, θ₀'s budgets then the model's, with the
+        time left, on a terminal only: :func:`pycore.report.progress`; False: none)
         (:data:`AUDIT_OPTIONS`).
 
     Returns
@@ -539,8 +541,22 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     train, val = Subset(train, sorted(perm[k:])), Subset(train, sorted(perm[:k]))
     data = AttackData(train, val, test, classes)
     schedule = Schedule(deep_max_epochs=max_epochs)
-    say = (lambda n: print(f"audit_model: {n}", flush=True)) if o["progress"] else (lambda n: None)
     scope = retrain_scope(model, reference)
+    names = operator_names(o["operators"], o["lora_ranks"])
+    runs = 2 * (len(names) - (scope is None and "retrain_tail" in names))
+    bar = progress_bar(
+        total=runs, desc="audit_model", **({} if o["progress"] else {"disable": True})
+    )
+
+    def say(name):  # each operator as it starts: θ₀'s budgets, then the model's slowdowns
+        bar.set_postfix_str(name)
+        bar.update(1)
+
     kw = dict(seed=seed, schedule=schedule, scope=scope)
-    ref = budgets(reference, data, o["operators"], lora_ranks=o["lora_ranks"], progress=say, **kw)
-    return audit_result(slowdowns(model, data, ref, progress=say, **kw))
+    try:
+        ref = budgets(
+            reference, data, o["operators"], lora_ranks=o["lora_ranks"], progress=say, **kw
+        )
+        return audit_result(slowdowns(model, data, ref, progress=say, **kw))
+    finally:
+        bar.close()
