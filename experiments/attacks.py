@@ -167,7 +167,9 @@ def prepare(args, parser) -> None:
     common.check_out(args.out, OUTPUTS)
 
 
-def _digest(theta: np.ndarray) -> str:
+def digest(theta: np.ndarray) -> str:
+    """The ``theta_digest`` results.json records for θ: the first 16 hex digits of the SHA-1 of
+    its C-order float64 bytes; equal θ's of several runs are attacked once."""
     return hashlib.sha1(np.ascontiguousarray(theta).tobytes()).hexdigest()[:16]
 
 
@@ -310,7 +312,7 @@ def evaluate(
     thetas, archive = {}, {}
     for (_, _, method, seed, _), e in zip(jobs, entries):
         for v, theta in e["thetas"].items():
-            thetas[_digest(theta)] = theta
+            thetas[digest(theta)] = theta
             archive[theta_key(v.method, seed, v.harden)] = theta
         if e["rotation"] is not None:
             archive[theta_key(method, seed, harden, "Q")] = e["rotation"]
@@ -337,7 +339,7 @@ def evaluate(
     for (_, _, method, seed, _), e in zip(jobs, entries):
         plain = e["numbers"][Variant(method)]
         for v, theta in e["thetas"].items():
-            d, numbers = _digest(theta), e["numbers"][v]
+            d, numbers = digest(theta), e["numbers"][v]
             runs.append(
                 VariantRun(
                     seed=seed,

@@ -11,7 +11,8 @@ from types import MappingProxyType
 
 import numpy as np
 
-from pycore import _kstep as kstep_core, _methods as methods
+import pycore._kstep as kstep_core
+import pycore._methods as methods
 from pycore._evaluate import immunized_def31
 from pycore._metrics import def31_exponent_window, rir_ceiling
 from pycore._optim import OPTIMIZERS

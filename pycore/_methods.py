@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pycore import _losses as losses
+import pycore._losses as losses
 from pycore._adaptive import adaptive_descent, kappa_log_ratios, regularizer_directions
 from pycore._batch import GramStack
 from pycore._kstep import KStepProbe

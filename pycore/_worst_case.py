@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from pycore import _attacks as A
+import pycore._attacks as A
 from pycore._probe import LOSSES
 from pycore._spectral import gram_spectrum
 from pycore._threads import bounded_blas

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pycore import _worst_case as W
+import pycore._worst_case as W
 from pycore._report import METHOD_LABELS
 from pycore._thetas import run_name
 from pycore._validation import ParameterError

@@ -314,7 +314,7 @@ def test_the_experiment_end_to_end(tmp_path):
         "closed_form+haar",
     }
     for r in saved["runs"]:
-        assert E._digest(arrays[f"{r['variant']}/seed{r['seed']}"]) == r["theta_digest"]
+        assert E.digest(arrays[f"{r['variant']}/seed{r['seed']}"]) == r["theta_digest"]
     by = {r["variant"]: r["problems"]["train"]["D_H"]["steps"] for r in saved["runs"]}
     e = saved["eps"].index(1e-4)
     [cell] = [

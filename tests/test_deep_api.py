@@ -11,8 +11,14 @@ import pytest
 import torch
 
 from pycore import ParameterError
-from pycore.deep import LR_GRIDS, NearChanceWarning, audit_model, create_model, immunize_model
-from tests.conftest import WorkStarted
+from pycore.deep import (
+    LR_GRIDS,
+    AttackData,
+    NearChanceWarning,
+    audit_model,
+    create_model,
+    immunize_model,
+)
 
 torch.set_num_threads(1)
 
@@ -23,16 +29,29 @@ def _data(n, seed, classes=2, side=32):
     return torch.randn(n, 3, side, side, generator=g) + 0.5 * y.view(-1, 1, 1, 1).float(), y
 
 
+class WorkStarted(Exception):
+    """What :func:`operators_spy` raises once audit_model's checks are behind."""
+
+
 @pytest.fixture(scope="module")
 def net():
     return create_model("resnet10t", 2, seed=0).eval()
 
 
 @pytest.fixture
-def operators_spy(work_spy):
-    """audit_model's first copy of a model, the start of its attacks: raises there."""
-    work_spy.stop = True
-    return work_spy
+def operators_spy(monkeypatch):
+    """The attacker's data audit_model splits dh into (:class:`pycore.deep.AttackData`), made
+    once every check is behind and before any model is copied or attacked: raises
+    :class:`WorkStarted` there, after recording it."""
+    calls, real = [], AttackData.__init__
+
+    def spy(self, *args, **kw):
+        real(self, *args, **kw)
+        calls.append(self)
+        raise WorkStarted
+
+    monkeypatch.setattr(AttackData, "__init__", spy)
+    return calls
 
 
 @pytest.mark.parametrize(

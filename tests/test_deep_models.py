@@ -1,13 +1,17 @@
 """Models (pycore/deep/_models.py): copies and eval-mode training of models that cache attention
-biases (timm's LeViT family). The models the library accepts: tests/test_deep_api.py."""
+biases (timm's LeViT family), LeViT's distilled heads as one linear head. The models the library
+accepts: tests/test_deep_api.py."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from pycore.deep import ImmunizedNet, attack_copy, create_model
+from pycore import ParameterError
+from pycore.deep import ImmunizedNet, attack_copy, create_model, load_model, save_model
 
 torch.set_num_threads(1)
 
@@ -40,3 +44,24 @@ def test_a_levit_trained_in_eval_mode_reads_its_biases_as_they_are(levit):
     fresh.load_state_dict(m.state_dict())
     with torch.no_grad():
         assert torch.allclose(m(x), fresh(x), rtol=0, atol=1e-6)
+
+
+def test_levit_distilled_heads_are_one_linear_head_with_the_same_logits(tmp_path):
+    """LeViT's classifier is a pair of BatchNorm + Linear heads on the same pre-logits: folded
+    into the one linear head the layer feeds, its logits are the model's own; a DeiT distilled
+    pair (two tokens) is refused naming the model."""
+    net = create_model("levit_128s", 3, seed=0, img_size=64).eval()
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        own = net(x)
+        wrapped = ImmunizedNet(copy.deepcopy(net)).eval()
+        assert isinstance(wrapped.classifier, torch.nn.Linear)
+        torch.testing.assert_close(wrapped(x), own, rtol=1e-5, atol=1e-5)
+        path = save_model(wrapped, tmp_path / "levit.safetensors")
+        torch.testing.assert_close(load_model(path)[0](x), own, rtol=1e-5, atol=1e-5)
+        torch.save(net.state_dict(), tmp_path / "plain.pt")  # timm's own keys
+        plain = load_model(tmp_path / "plain.pt", "levit_128s", img_size=64)[0]
+        torch.testing.assert_close(plain(x), own, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ParameterError) as e:
+        ImmunizedNet(create_model("deit_tiny_distilled_patch16_224", 2, seed=0))
+    assert e.value.parameter == "model"

@@ -1,17 +1,26 @@
-"""MNIST: data loading, pair tasks, the fast N < D paths of the immunizer, and a CI-sized run of
-``experiments/mnist.py``."""
+"""MNIST: data loading (broken and oversized files named, bounded memory), pair tasks, the fast
+N < D paths of the immunizer, and a CI-sized run of ``experiments/mnist.py``."""
 
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.linalg
 
-from pycore import IMMAOptions, LinearTask, imma_objective, immunize_batch
+from pycore import (
+    IMMAOptions,
+    LinearTask,
+    ParameterError,
+    imma_objective,
+    immunize_batch,
+    limits,
+)
 from pycore.data import (
+    MnistDigits,
     ink_targets,
     load_mnist_5k,
     load_mnist_idx,
@@ -21,6 +30,7 @@ from pycore.data import (
 )
 from pycore.linalg import G_parts, Preconditioner, hessian_regularizer, precondition, theta_G
 from pycore.report import read_json
+from tests.helpers import added_peak_rss, fifo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,6 +160,74 @@ def test_idx_loader_errors(tmp_path):
     _write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(2), 2049, False)
     with pytest.raises(ValueError, match="magic"):
         load_mnist_idx(tmp_path)
+
+
+def _idx_images(n=20) -> bytes:
+    return (
+        (2051).to_bytes(4, "big")
+        + b"".join(d.to_bytes(4, "big") for d in (n, 28, 28))
+        + bytes(n * 784)
+    )
+
+
+@pytest.mark.parametrize(
+    "case", ["fifo", "dev_zero", "truncated_gzip", "gzip_bomb", "truncated_header"]
+)
+def test_a_broken_idx_file_is_refused_naming_the_file(tmp_path, monkeypatch, case):
+    name = "train-images-idx3-ubyte" + (".gz" if "gzip" in case else "")
+    if case == "fifo":
+        fifo(tmp_path / name)
+    elif case == "dev_zero":
+        if not os.path.exists("/dev/zero"):
+            pytest.skip("no /dev/zero")
+        os.symlink("/dev/zero", tmp_path / name)
+    else:
+        (tmp_path / name).write_bytes(
+            {
+                "truncated_gzip": gzip.compress(_idx_images())[:300],
+                "gzip_bomb": gzip.compress(_idx_images(50)),  # inflates to 39 kB
+                "truncated_header": _idx_images()[:8],
+            }[case]
+        )
+    monkeypatch.setattr(limits, "MAX_DATA_FILE_BYTES", 10_000)
+    with pytest.raises(ValueError, match=name):
+        load_mnist_idx(tmp_path)
+
+
+def test_a_gzipped_idx_file_loads_in_a_small_multiple_of_its_size(tmp_path):
+    """20k blank images (15.7 MB decompressed) in a small .gz: the load adds less than 11× the
+    decompressed data to the peak RSS (its float64 copy is 8×; reading the file whole, then
+    astype(float64), / 255 and one mask per digit took 25×)."""
+    n = 20_000
+    labels = (np.arange(n) % 10).astype(np.uint8)
+    with gzip.open(tmp_path / "train-images-idx3-ubyte.gz", "wb") as fh:
+        fh.write((2051).to_bytes(4, "big") + b"".join(v.to_bytes(4, "big") for v in (n, 28, 28)))
+        fh.write(bytes(n * 784))
+    with gzip.open(tmp_path / "train-labels-idx1-ubyte.gz", "wb") as fh:
+        fh.write((2049).to_bytes(4, "big") + n.to_bytes(4, "big") + labels.tobytes())
+    added, threes = added_peak_rss(
+        "from pycore.data import load_mnist_idx",
+        "load_mnist_idx(sys.argv[1]).count(3)",
+        str(tmp_path),
+    )
+    assert int(threes) == n // 10 and added < 11 * n * 784, added / (n * 784)
+
+
+@pytest.mark.parametrize(
+    "kw,param",
+    [
+        (dict(n_train=float("nan")), "n_train"),
+        (dict(n_train=8), "n_train"),
+        (dict(n_train=2, n_heldout=-1), "n_heldout"),
+    ],
+)
+def test_split_digits_names_a_bad_size(kw, param):
+    digits = MnistDigits(
+        {d: np.random.default_rng(d).uniform(0, 1, size=(8, 784)) for d in range(10)}, "s"
+    )
+    with pytest.raises(ParameterError) as e:
+        split_digits(digits, rng=np.random.default_rng(0), **kw)
+    assert e.value.parameter == param
 
 
 def test_parse_pairs():

@@ -216,6 +216,18 @@ def test_refusals_are_one_line_cond_reg_errors_naming_the_argument(
             core_value_and_grad(Z.detach(), kind)
 
 
+def test_a_batch_too_wide_for_the_default_rank_tolerance_names_rtol():
+    """1 × 10⁸ float32: D·eps = 11.9 ≥ 1 would cut λ_max itself (a batch "zero or underflowing");
+    refused naming rtol, before any product (a stride-0 view: no 400 MB)."""
+    Z = torch.ones(1, 1).expand(1, 10**8)
+    for fn in (ops.cond_regularizer, ops.reference_cond_regularizer):
+        with pytest.raises(ops.CondRegError) as e:
+            fn(Z, "well")
+        assert e.value.parameter == "rtol" and "100000000" in str(e.value)
+    # an explicit tolerance reads the same width (on a small batch here: D·eps < 1 is unchanged)
+    assert float(ops.cond_regularizer(torch.randn(4, 8, dtype=torch.float64), "well")) > 0
+
+
 def test_meta_tensors_work_through_the_fake_and_diagnostics_refuse_them():
     Z = torch.empty(8, 5, dtype=F64, device="meta", requires_grad=True)
     v = ops.cond_regularizer(Z, "ill")

@@ -1,9 +1,10 @@
-"""Worst-case evaluation (:mod:`pycore.attacks`, docs/findings.md §4), θ archives and the (i)/(ii)
-frontier."""
+"""Worst-case evaluation (:mod:`pycore.attacks`, :func:`pycore.attack_evaluation`, docs/findings.md
+§4), θ archives (what they hold, their size caps, their keys) and the (i)/(ii) frontier."""
 
 import dataclasses
 import json
 import math
+import zipfile
 
 import numpy as np
 import pytest
@@ -14,11 +15,12 @@ from pycore import (
     attack_evaluation,
     attacks as A,
     closed_form_frontier,
+    limits,
     regularizer_product,
     target_progress,
 )
 from pycore.report import dumps_json, load_thetas, save_thetas, theta_key
-from tests.helpers import known_kappa
+from tests.helpers import known_kappa, traced_peak
 
 
 def test_grid_covers_every_family_as_stated():
@@ -114,7 +116,7 @@ def test_best_so_far_is_a_bounded_running_minimum():
     assert set(curves[:, 0]) <= {50, 1001, 7, 300, 12}
     again = A.best_so_far(steps, n_orders=40, rng=np.random.default_rng(0), cap=1000)
     np.testing.assert_array_equal(curves, again)
-    for n in (0, A.MAX_ORDERS + 1, 10**9, 2.5):  # issue 27: 1e9 orders ran out of memory
+    for n in (0, A.MAX_ORDERS + 1, 10**9, 2.5):  # 1e9 orders: refused before any allocation
         with pytest.raises(ParameterError) as info:
             A.best_so_far(steps, n_orders=n, rng=np.random.default_rng(0), cap=1000)
         assert info.value.parameter == "n_orders"
@@ -215,6 +217,60 @@ def test_theta_archives_round_trip_bit_exact_and_house_price_writes_every_theta(
             assert rir(
                 hard, arrays["data/train/X_P"], arrays["data/train/X_H"]
             ).value == pytest.approx(run["train"]["rir"], rel=1e-12)
+
+
+def test_theta_archive_sizes_are_capped_before_reading(tmp_path, monkeypatch):
+    """A small .npz may inflate to gigabytes (here 2 MB against a 1 MB cap), and a member's .npy
+    header may declare 8 TB (numpy allocates what a header declares): both refused, naming the
+    file, before the memory is asked for."""
+    save_thetas(tmp_path / "ok.npz", {"ours/seed0": np.eye(3)}, {"a": 1})
+    assert np.array_equal(load_thetas(tmp_path / "ok.npz")[0]["ours/seed0"], np.eye(3))
+    np.savez_compressed(tmp_path / "bomb.npz", x=np.zeros(1 << 18))
+    assert (tmp_path / "bomb.npz").stat().st_size < 10_000
+    monkeypatch.setattr(limits, "MAX_ARCHIVE_BYTES", 1 << 20)
+    _, peak = traced_peak(lambda: load_thetas(tmp_path / "bomb.npz"), match="bomb.npz")
+    assert peak < 1 << 20
+    assert load_thetas(tmp_path / "bomb.npz", max_bytes=4 << 20)[0]["x"].size == 1 << 18
+    with zipfile.ZipFile(tmp_path / "lie.npz", "w") as zf, zf.open("x.npy", "w") as fh:
+        np.lib.format.write_array_header_1_0(
+            fh, {"descr": "<f8", "fortran_order": False, "shape": (10**12,)}
+        )
+        fh.write(bytes(64))
+    with pytest.raises(ValueError, match="lie.npz"):
+        load_thetas(tmp_path / "lie.npz")
+    with pytest.raises(ParameterError) as e:
+        load_thetas(tmp_path / "ok.npz", max_bytes=-1)
+    assert e.value.parameter == "max_bytes"
+
+
+@pytest.mark.parametrize("key", ["../../evil", "/abs", "a/../b", "a//b", "meta", "a b"])
+def test_save_thetas_refuses_a_path_like_key(tmp_path, key):
+    with pytest.raises(ParameterError) as e:
+        save_thetas(tmp_path / "t.npz", {key: np.eye(2)})
+    assert e.value.parameter == "arrays" and not (tmp_path / "t.npz").exists()
+
+
+def test_attack_evaluation_probes_a_continuous_d_h_target_of_a_bce_task_with_squares():
+    """LinearTask probes D_H with the squared loss: a BCE task (0/1 D_P labels) with a
+    continuous D_H target attacks exactly as its squared-loss twin."""
+    rng = np.random.default_rng(0)
+    X_P, X_H = rng.normal(size=(40, 5)), rng.normal(size=(30, 5))
+    y_P, y_H = (rng.random(40) > 0.5).astype(float), rng.normal(size=30)
+    theta = np.eye(5) + 0.3 * rng.normal(size=(5, 5))
+    kw = dict(quick=True, max_steps=200)
+    bce = attack_evaluation(
+        theta, LinearTask(X_P, y_P, X_H, y_H, loss="bce"), rng=np.random.default_rng(1), **kw
+    )
+    mse = attack_evaluation(
+        theta, LinearTask(X_P, y_P, X_H, y_H), rng=np.random.default_rng(1), **kw
+    )
+    assert bce.loss == mse.loss == "mse"
+    assert (bce.worst.steps, bce.worst.reference_steps) == (
+        mse.worst.steps,
+        mse.worst.reference_steps,
+    )
+    labels = LinearTask(X_P, y_P, X_H, (y_H > 0).astype(float), loss="bce")
+    assert attack_evaluation(theta, labels, rng=np.random.default_rng(1), **kw).loss == "bce"
 
 
 def test_regularizer_product_and_the_closed_form_frontier():

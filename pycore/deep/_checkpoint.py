@@ -18,7 +18,8 @@ import struct
 
 import torch
 
-from pycore import _ops as ops, limits
+import pycore._ops as ops
+from pycore import limits
 from pycore._validation import ParameterError, PicklableError, check_regular_file
 from pycore.deep._models import (
     ImmunizedNet,

@@ -11,7 +11,7 @@ import timm
 import torch
 from torch import nn
 
-from pycore import _ops as ops
+import pycore._ops as ops
 from pycore._validation import ParameterError
 
 # The timm keyword arguments a model may be created with here (and a checkpoint may name): the

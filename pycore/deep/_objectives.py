@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pycore import _ops as ops
+import pycore._ops as ops
 
 # "closed_form" has no objective: the layer is set to the linear closed form (pycore.deep._layer);
 # the simulated-attacker methods train by pycore.deep._simulated

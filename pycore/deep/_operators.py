@@ -45,9 +45,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+import pycore.deep._slowdown as slowdown
 from pycore._threads import bounded_blas
 from pycore._validation import ParameterError, check_counts
-from pycore.deep import _slowdown as slowdown
 from pycore.deep._convs import one_position_convs
 from pycore.deep._data import ShardedBatches, dataset_labels, fetch
 from pycore.deep._models import as_immunized, tail_modules

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from pycore import _ops as ops
+import pycore._ops as ops
 from pycore._options import Options
 from pycore._report import progress as progress_bar
 from pycore._validation import DivergenceError, ParameterError
