@@ -1,6 +1,8 @@
-"""The adaptive rule of Algorithm 1 (docs/design.md §4), one implementation for the linear default
-(:func:`pycore._methods.algorithm1_auto`) and the deep immunization layer
-(:mod:`pycore.deep._layer`, whose D×D map on frozen features IS the linear problem).
+"""The adaptive rule of Algorithm 1 (docs/design.md §4).
+
+One implementation for the linear default (:func:`pycore._methods.algorithm1_auto`) and the deep
+immunization layer (:mod:`pycore.deep._layer`, whose D×D map on frozen features IS the linear
+problem).
 
 Adam from a given θ on ``(1 − w)·d_P/‖d_P‖_F + w·d_H/‖d_H‖_F``, with ``d_P = K_P⁺∇_θR_well(H_P)``
 and ``d_H = K_H⁺∇_θR_ill(H_H)`` (docs/theory.md §4, §6) and ``w = σ(−γ(ln(i) + ln(ii)))``
@@ -14,7 +16,8 @@ steps by what the margin can still gain: a known ``bound`` on the margin (the ru
 best margin is within :data:`PROGRESS_TOL` of it: no θ can gain more) and a ``min_rate`` (a
 window of ``patience`` steps whose margin gain is below ``min_rate·patience`` counts as a window
 without gain: restart, or stop). Who calls it decides what (i) and (ii) are measured on
-(``log_ratios``): the linear core's exact κ's of all rows, or the deep layer's features."""
+(``log_ratios``): the linear core's exact κ's of all rows, or the deep layer's features.
+"""
 
 from __future__ import annotations
 
@@ -36,9 +39,12 @@ BALANCE_GAIN, PROGRESS_TOL, RESTARTS = 8.0, 1e-3, 2
 
 @dataclass(frozen=True)
 class AdaptiveRun:
-    """What :func:`adaptive_descent` did: the kept θ, its margin ``min(ln(i), −ln(ii))`` (≤ 0: no
-    iterate met Definition 3.1), the step it was found at, the steps taken, the restarts, why the
-    run stopped, and per step (i), (ii) and the weight of the R_ill term."""
+    """What :func:`adaptive_descent` did.
+
+    The kept θ, its margin ``min(ln(i), −ln(ii))`` (≤ 0: no iterate met Definition 3.1), the step
+    it was found at, the steps taken, the restarts, why the run stopped, and per step (i), (ii) and
+    the weight of the R_ill term.
+    """
 
     theta: np.ndarray
     margin: float
@@ -50,8 +56,11 @@ class AdaptiveRun:
 
 
 def kappa_log_ratios(X_P: np.ndarray, X_H: np.ndarray, theta_ref: np.ndarray) -> Callable:
-    """``θ ↦ (ln(i), ln(ii))`` from the exact κ's of ``X_Hθ`` and ``X_Pθ`` (one QR of each X,
-    :class:`pycore.linalg.ProductGramSpectrum`) against those at ``theta_ref``."""
+    """The exact ``(ln(i), ln(ii))`` of a θ of a linear task, as a function.
+
+    ``θ ↦ (ln(i), ln(ii))`` from the exact κ's of ``X_Hθ`` and ``X_Pθ`` (one QR of each X,
+    :class:`pycore.linalg.ProductGramSpectrum`) against those at ``theta_ref``.
+    """
     spec_P, spec_H = ProductGramSpectrum(X_P), ProductGramSpectrum(X_H)
     kP0, kH0 = spec_P(theta_ref).kappa, spec_H(theta_ref).kappa
 
@@ -70,9 +79,12 @@ def regularizer_directions(
     K_P: np.ndarray | None = None,
     K_H: np.ndarray | None = None,
 ) -> Callable:
-    """``θ ↦ (K_P⁺∇_θR_well(H_P), K_H⁺∇_θR_ill(H_H))`` (docs/theory.md §4; ``precond`` as
+    """The two preconditioned regularizer directions of a linear task, as a function.
+
+    ``θ ↦ (K_P⁺∇_θR_well(H_P), K_H⁺∇_θR_ill(H_H))`` (docs/theory.md §4; ``precond`` as
     :class:`pycore.linalg.Preconditioner`, ``K = XᵀX`` unless given); raises
-    ``SpectrumError`` where R has no value."""
+    ``SpectrumError`` where R has no value.
+    """
     pre_P = Preconditioner(X_P.T @ X_P if K_P is None else K_P, precond, ridge, X_P)
     pre_H = Preconditioner(X_H.T @ X_H if K_H is None else K_H, precond, ridge, X_H)
 
@@ -104,19 +116,55 @@ def adaptive_descent(
     min_rate: float | None = None,
     progress: bool = False,
 ) -> AdaptiveRun:
-    """The adaptive rule (module docstring) from ``theta``: ``log_ratios(θ)`` gives ``(ln(i),
-    ln(ii))`` (exact: they choose the kept iterate), ``directions(θ)`` the two preconditioned
-    regularizer directions; at most ``epochs`` steps. A margin that stays ≤ 0 for ``4·patience``
-    steps restarts the run from ``theta`` at lr/3 (one of the :data:`RESTARTS`), or ends it when
-    none is left; a ``SpectrumError`` of ``directions`` ends it at that step.
+    """The adaptive rule (module docstring) from a given θ.
 
-    ``bound``: an upper bound of the margin over every θ the run can reach (the deep layer's,
-    docs/theory.md §10); the run ends, before its next step, once its best margin is within
-    :data:`PROGRESS_TOL` of it (a bound ≤ 0 ends it before the first step). ``min_rate``: the
-    least margin gain per step that counts as progress once the margin is positive, measured over
-    windows of ``patience`` steps; None: only :data:`PROGRESS_TOL` since the best iterate counts.
-    ``progress``: a bar on a terminal (:func:`pycore.report.progress`) over the ``epochs`` steps,
-    its time left an upper bound (the run can stop early)."""
+    At most ``epochs`` steps. A margin that stays ≤ 0 for ``4·patience`` steps restarts the run
+    from ``theta`` at lr/3 (one of the :data:`RESTARTS`), or ends it when none is left; a
+    ``SpectrumError`` of ``directions`` ends it at that step.
+
+    Parameters
+    ----------
+    theta : ndarray
+        The starting θ (any shape ``directions`` and ``log_ratios`` take).
+    log_ratios : callable
+        ``θ ↦ (ln(i), ln(ii))``, exact: they choose the kept iterate
+        (:func:`kappa_log_ratios` for a linear task).
+    directions : callable
+        ``θ ↦ (d_P, d_H)``, the two preconditioned regularizer directions
+        (:func:`regularizer_directions`).
+    lr : float
+        Adam's first learning rate; each restart divides it by 3.
+    epochs : int
+        The most steps.
+    patience : int
+        Steps without margin gain before a restart (``4·patience`` before any positive margin).
+    betas : pair of float, default (0.9, 0.999)
+        Adam's moment decays.
+    adam_eps : float, default 1e-8
+        Adam's ε.
+    bound : float, default inf
+        An upper bound of the margin over every θ the run can reach (the deep layer's,
+        docs/theory.md §10); the run ends, before its next step, once its best margin is within
+        :data:`PROGRESS_TOL` of it (a bound ≤ 0 ends it before the first step).
+    min_rate : float, optional
+        The least margin gain per step that counts as progress once the margin is positive,
+        measured over windows of ``patience`` steps; None: only :data:`PROGRESS_TOL` since the best
+        iterate counts.
+    progress : bool, default False
+        A bar on a terminal (:func:`pycore.report.progress`) over the ``epochs`` steps, its time
+        left an upper bound (the run can stop early).
+
+    Returns
+    -------
+    AdaptiveRun
+        The kept θ (largest margin ``min(ln(i), −ln(ii))``), its margin and step, the steps taken,
+        the restarts, why the run stopped, and per step (i), (ii) and the weight of the R_ill term.
+
+    Raises
+    ------
+    DivergenceError
+        An Adam step became non-finite (``.parameter`` is ``"lr"``).
+    """
     make = lambda lr: make_optimizer("adam", lr, betas, adam_eps, param="θ")  # noqa: E731
     opt = make(lr)
     best, best_m, best_step, since, left = theta, 0.0, 0, 0, RESTARTS

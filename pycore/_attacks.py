@@ -1,9 +1,11 @@
-"""Attackers: linear probing of frozen features ``Z = Xθ`` (a
-:class:`pycore.attacks.ProbingProblem`) by the optimisers a real attacker uses (docs/theory.md §10,
-docs/findings.md §4): GD pays ~κ, momentum and Krylov methods ~√κ, a solve nothing. One engine,
-:func:`run_attackers`: the constant-hyper-parameter families run as the columns of one block, the
-others one by one, all through one recorder of ``(L(w_t) − L*)/(L(w₀) − L*)`` from ``w₀ = 0``;
-:func:`attack` is a one-configuration call."""
+"""Attackers: linear probing of frozen features ``Z = Xθ`` by a real attacker's optimisers.
+
+The problem is a :class:`pycore.attacks.ProbingProblem`; the optimisers are those a real attacker
+uses (docs/theory.md §10, docs/findings.md §4): GD pays ~κ, momentum and Krylov methods ~√κ, a
+solve nothing. One engine, :func:`run_attackers`: the constant-hyper-parameter families run as
+the columns of one block, the others one by one, all through one recorder of
+``(L(w_t) − L*)/(L(w₀) − L*)`` from ``w₀ = 0``; :func:`attack` is a one-configuration call.
+"""
 
 from __future__ import annotations
 
@@ -74,8 +76,11 @@ class AttackTrajectory:
 
 
 class _Recorder:
-    """The relative suboptimality of m columns each step until each reaches ``tol``, diverges
-    (non-finite or ×1e12) or hits the cap, in chunks (no loop over columns)."""
+    """The relative suboptimality of m columns each step, recorded in chunks.
+
+    Each column is recorded until it reaches ``tol``, diverges (non-finite or ×1e12) or hits the
+    cap; the chunks spare a loop over columns.
+    """
 
     _CHUNK = 4096
 
@@ -92,8 +97,10 @@ class _Recorder:
         self.t0 = time.perf_counter()
 
     def push(self, gap, W=None) -> np.ndarray:
-        """Record a step of the active columns (``W``: their iterates); the mask of those
-        that go on."""
+        """Record a step of the active columns (``W``: their iterates).
+
+        The mask of those that go on.
+        """
         self.t += 1
         c, row = divmod(self.t, self._CHUNK)
         if c == len(self.chunks):
@@ -122,8 +129,10 @@ class _Recorder:
         return w
 
     def result(self, names, cap, params, infos, W) -> list[AttackTrajectory]:
-        """One trajectory per column; ``W``: the last iterate (one attacker) or the active
-        columns."""
+        """One trajectory per column.
+
+        ``W``: the last iterate (one attacker) or the active columns.
+        """
         if W.ndim == 1:
             self.w_final[0] = np.array(W)
         else:
@@ -162,12 +171,14 @@ def run_attackers(
     rng=None,
     second_order_max_steps: int = 100,
 ) -> list[AttackTrajectory]:
-    """One :class:`AttackTrajectory` per configuration of ``configs``, in order: dicts with
-    ``attacker`` (a key of :data:`ATTACKERS`) and its keys (defaults there): ``step_factor`` c ∈
-    (0, 2) (GD step c/L) or ``step="2/(L+mu)"``; ``mu_factor`` (tuned to μ̂ = mu_factor·μ);
-    ``lr_factor`` (required) and ``betas``; ``memory``; ``rows`` and ``ridge_rel`` (whitening), all
-    checked before any
-    run.  ``rng`` draws each "half" whitening's rows (default ``default_rng(0)``)."""
+    """One :class:`AttackTrajectory` per configuration of ``configs``, in order.
+
+    Dicts with ``attacker`` (a key of :data:`ATTACKERS`) and its keys (defaults there):
+    ``step_factor`` c ∈ (0, 2) (GD step c/L) or ``step="2/(L+mu)"``; ``mu_factor`` (tuned to μ̂ =
+    mu_factor·μ); ``lr_factor`` (required) and ``betas``; ``memory``; ``rows`` and ``ridge_rel``
+    (whitening), all checked before any run.  ``rng`` draws each "half" whitening's rows (default
+    ``default_rng(0)``).
+    """
     if not isinstance(problem, ProbingProblem):
         raise TypeError(
             f"problem must be a ProbingProblem (see make_problem), got {type(problem).__name__}"
@@ -201,8 +212,10 @@ def attack(
     rng=None,
     **params,
 ) -> AttackTrajectory:
-    """One attacker configuration: :func:`run_attackers` on ``[{"attacker": attacker,
-    **params}]``."""
+    """One attacker configuration.
+
+    :func:`run_attackers` on ``[{"attacker": attacker, **params}]``.
+    """
     return run_attackers(
         problem, [dict(params, attacker=attacker)], max_steps=max_steps, tol=tol, rng=rng
     )[0]
@@ -243,10 +256,13 @@ def _checked(problem: ProbingProblem, c) -> dict:
 
 
 def _momentum_coefficients(problem: ProbingProblem, cfg: dict) -> tuple[float, float, bool]:
-    """``(α, β, convex schedule)`` of ``w⁺ = w − α∇L(v) + β(w − w⁻)``, ``v = w + γ(w − w⁻)`` (γ = β
+    """``(α, β, convex schedule)`` of a momentum method's update.
+
+    ``(α, β, convex schedule)`` of ``w⁺ = w − α∇L(v) + β(w − w⁻)``, ``v = w + γ(w − w⁻)`` (γ = β
     for Nesterov): GD α = c/L (Eq. (2)) or 2/(L+μ); heavy ball Polyak's tuning, rate (√κ−1)/(√κ+1);
     Nesterov α = 1/L, rate 1 − 1/√κ (Thm 2.2.3), both to μ̂ = mu_factor·μ ≤ L; convex: β_t =
-    (t−1)/(t+2)."""
+    (t−1)/(t+2).
+    """
     kind, L = cfg["attacker"], problem.smoothness
     if kind == "gd_constant":
         if "step" in cfg:
@@ -278,9 +294,11 @@ def _block_ops(problem: ProbingProblem):
 def _sweep(
     problem, configs, max_steps, tol, update, n_state, params, infos
 ) -> list[AttackTrajectory]:
-    """The configurations as the columns of one D × m block: ``S = update(t, active, grad, *S)`` a
-    step, ``S[0]`` the iterates, every state from w₀ = 0; a column leaves once recorded as
-    stopped."""
+    """The configurations as the columns of one D × m block.
+
+    ``S = update(t, active, grad, *S)`` a step, ``S[0]`` the iterates, every state from w₀ = 0; a
+    column leaves once recorded as stopped.
+    """
     w0, _, rec = _start(problem, tol, m=len(configs))
     S = [np.repeat(w0[:, None], len(configs), axis=1) for _ in range(n_state)]
     grad, block_gap = _block_ops(problem)
@@ -315,10 +333,13 @@ def _sweep_momentum(problem, configs, max_steps, tol) -> list[AttackTrajectory]:
 
 
 def _sweep_adaptive(problem, configs, max_steps, tol, eps: float = 1e-8) -> list[AttackTrajectory]:
-    """Adam (bias-corrected, ε = 1e-8; β₁ = 0 is RMSprop) and Adagrad ``w ← w − lr·g/(√(Σg²) + ε)``
-    as one block. ``lr = lr_factor·max|w₀ − w*|``: Adam moves a coordinate ~lr a step whatever the
-    gradient's scale, so lr is in units of the distance to w* (oracle: the defender's worst case; θ
-    → cθ invariant)."""
+    """Adam and Adagrad as one block.
+
+    Adam is bias-corrected (ε = 1e-8; β₁ = 0 is RMSprop), Adagrad is
+    ``w ← w − lr·g/(√(Σg²) + ε)``. ``lr = lr_factor·max|w₀ − w*|``: Adam moves a coordinate ~lr a
+    step whatever the gradient's scale, so lr is in units of the distance to w* (oracle: the
+    defender's worst case; θ → cθ invariant).
+    """
     ada = np.array([c["attacker"] == "adagrad" for c in configs])
     b1, b2 = (
         np.array([0.0 if k else c["betas"][i] for k, c in zip(ada, configs)]) for i in (0, 1)
@@ -341,11 +362,13 @@ def _sweep_adaptive(problem, configs, max_steps, tol, eps: float = 1e-8) -> list
 
 
 def _run_single(problem: ProbingProblem, c: dict, max_steps: int, tol: float, rng):
-    """The attackers with no block twin: GD with exact line search (Figure 1), CG (CGLS; logistic:
-    SciPy's Polak–Ribière), L-BFGS (SciPy, its stopping tests off), Jacobi-PCG (CG in u = S⁻¹w),
-    whitening (exact descent along −P∇L: affine invariant, docs/findings.md §4), the closed form
-    (one
-    ``lstsq``, ONE step) and damped Newton (logistic; for lsq the closed form)."""
+    """The attackers with no block twin.
+
+    GD with exact line search (Figure 1), CG (CGLS; logistic: SciPy's Polak–Ribière), L-BFGS
+    (SciPy, its stopping tests off), Jacobi-PCG (CG in u = S⁻¹w), whitening (exact descent along
+    −P∇L: affine invariant, docs/findings.md §4), the closed form (one ``lstsq``, ONE step) and
+    damped Newton (logistic; for lsq the closed form).
+    """
     name = c["attacker"]
     if name == "pcg_jacobi" and problem.loss == "lsq":  # CGLS on ZS: the same objective (ZSu = Zw)
         s = jacobi_scaling(problem.Z)
@@ -451,8 +474,10 @@ def _exact_descent(problem: ProbingProblem, w, g, P):
 
 
 def _logistic_exact_step(problem: ProbingProblem, w: np.ndarray, d: np.ndarray) -> float:
-    """``argmin_α L(w − αd)``: safeguarded Newton on φ' in a sign-change bracket to ``|φ'| ≤
-    1e-12·‖d‖²``."""
+    """The exact line-search step of a logistic loss, ``argmin_α L(w − αd)``.
+
+    Safeguarded Newton on φ' in a sign-change bracket to ``|φ'| ≤ 1e-12·‖d‖²``.
+    """
     z, zd, y, lam = problem.Z @ w, problem.Z @ d, problem.y, problem.ridge
     dd_, wd = float(d @ d), float(w @ d)
 
@@ -484,8 +509,10 @@ def _logistic_exact_step(problem: ProbingProblem, w: np.ndarray, d: np.ndarray) 
 def _scipy(
     problem: ProbingProblem, w, rec: _Recorder, max_steps: int, method: str, options: dict, s=1.0
 ):
-    """``scipy.optimize.minimize`` on ``u ↦ L(s·u)``, recorded at every iteration; ``(w,
-    info)``."""
+    """``scipy.optimize.minimize`` on ``u ↦ L(s·u)``, recorded at every iteration.
+
+    ``(w, info)``.
+    """
 
     def fun(u):
         f, g = problem.value_grad(s * u)
@@ -514,9 +541,12 @@ def _scipy(
 
 
 def jacobi_scaling(Z, *, curvature: float = 1.0, ridge: float = 0.0) -> np.ndarray:
-    """``diag(c·ZᵀZ + λI)^{-½}`` (1 where zero): the Jacobi preconditioner an attacker reads off
+    """The Jacobi preconditioner an attacker reads off their features.
+
+    ``diag(c·ZᵀZ + λI)^{-½}`` (1 where zero): the Jacobi preconditioner an attacker reads off
     their features (logistic: the Hessian at w = 0, c = ¼, plus the ridge, lest a never-inked pixel
-    explode)."""
+    explode).
+    """
     d = curvature * np.sum(np.asarray(Z, dtype=np.float64) ** 2, axis=0) + ridge
     out = np.ones_like(d)
     out[d > 0] = 1.0 / np.sqrt(d[d > 0])
@@ -524,9 +554,12 @@ def jacobi_scaling(Z, *, curvature: float = 1.0, ridge: float = 0.0) -> np.ndarr
 
 
 def whitening_preconditioner(Z_est, ridge_rel: float = 1e-8) -> np.ndarray:
-    """``(Σ̂₊ + δI)⁻¹``, ``Σ̂ = Z_estᵀZ_est/n``, ``δ = ridge_rel·λ_max(Σ̂)``; Σ̂₊ raises the
+    """The whitening preconditioner of an attacker's own rows.
+
+    ``(Σ̂₊ + δI)⁻¹``, ``Σ̂ = Z_estᵀZ_est/n``, ``δ = ridge_rel·λ_max(Σ̂)``; Σ̂₊ raises the
     numerically zero eigenvalues to the smallest nonzero one, lest round-off there be amplified by
-    1/δ."""
+    1/δ.
+    """
     Z_est = as_float_matrix(Z_est, "Z_est")
     check_number(ridge_rel, "ridge_rel", low=0.0, low_open=True)
     S = Z_est.T @ Z_est / Z_est.shape[0]

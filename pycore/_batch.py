@@ -1,5 +1,7 @@
-"""Same-size runs stepped together (docs/design.md §6): the spectra and regularizer terms of a
-stack of B runs on ONE task, from the small side of every Gram matrix.
+"""Same-size runs stepped together (docs/design.md §6).
+
+The spectra and regularizer terms of a stack of B runs on ONE task, from the small side of every
+Gram matrix.
 
 θ is a B×D×D stack and a task's features are ``F = Aθ`` (B×r×D, ``A = diag(s)Vᵀ`` of
 :class:`pycore.linalg.RowFactor`): the Hessian ``H = θᵀKθ = FᵀF`` is known through the r×r
@@ -26,9 +28,12 @@ from pycore._spectral import (
 
 @dataclass(frozen=True)
 class GramTerm:
-    """One regularizer's gradient ``G = a·vvᵀ − b·H`` for every run of a stack (docs/theory.md §4),
+    """One regularizer's gradient for every run of a stack, carried on the small side.
+
+    One regularizer's gradient ``G = a·vvᵀ − b·H`` for every run of a stack (docs/theory.md §4),
     carried on the small side: ``FG = EF`` with ``E = a·uuᵀ − b·W`` (r×r), u the unit eigenvector
-    of W with ``v = Fᵀu/‖Fᵀu‖`` (``Fvvᵀ = uuᵀF`` because ``Wu = λu`` and ``‖Fᵀu‖² = λ``)."""
+    of W with ``v = Fᵀu/‖Fᵀu‖`` (``Fvvᵀ = uuᵀF`` because ``Wu = λu`` and ``‖Fᵀu‖² = λ``).
+    """
 
     kind: str
     a: np.ndarray  # (B,)
@@ -39,10 +44,12 @@ class GramTerm:
 
 
 class GramStack:
-    """Spectra of ``H_b = F_bᵀF_b`` for a stack ``F`` (B×r×D) from ``W_b = F_bF_bᵀ``: one dense
-    symmetric reduction per run (:class:`pycore.linalg.SymmetricEigen`, dsyevr's own calls),
-    summarised as :func:`pycore._spectral.summarise` summarises the D eigenvalues of H (its D − r
-    zeros exact, rank cut with H's shape D×D)."""
+    """Spectra of ``H_b = F_bᵀF_b`` for a stack ``F`` (B×r×D) from ``W_b = F_bF_bᵀ``.
+
+    One dense symmetric reduction per run (:class:`pycore.linalg.SymmetricEigen`, dsyevr's own
+    calls), summarised as :func:`pycore._spectral.summarise` summarises the D eigenvalues of H (its
+    D − r zeros exact, rank cut with H's shape D×D).
+    """
 
     def __init__(self, F: np.ndarray, D: int, *, what: str = "ZᵀZ"):
         if F.shape[1] == 0:  # the task's inputs are zero: rank 0
@@ -74,8 +81,11 @@ class GramStack:
         return self.lam.shape[0]
 
     def u(self, index) -> np.ndarray:
-        """Unit eigenvectors of the W's (B×r) for the ``index``-th largest eigenvalue of each run
-        (inverse iteration at the dsterf eigenvalue, :meth:`SymmetricEigen.vector_at_value`)."""
+        """Unit eigenvectors of the W's (B×r) for the ``index``-th largest eigenvalue of each run.
+
+        Unit eigenvectors of the W's (B×r) for the ``index``-th largest eigenvalue of each run
+        (inverse iteration at the dsterf eigenvalue, :meth:`SymmetricEigen.vector_at_value`).
+        """
         index = np.broadcast_to(np.asarray(index), (len(self),))
         key = tuple(int(i) for i in index)
         if key not in self._u:
@@ -86,8 +96,11 @@ class GramStack:
         return self._u[key]
 
     def v(self, index) -> np.ndarray:
-        """Unit eigenvectors of the H's (B×D): ``Fᵀu/‖Fᵀu‖`` (= ``Fᵀu/√λ`` to round-off; exactly
-        zero where F's column is, i.e. on a dead feature of H)."""
+        """Unit eigenvectors of the H's (B×D).
+
+        ``Fᵀu/‖Fᵀu‖`` (= ``Fᵀu/√λ`` to round-off; exactly zero where F's column is, i.e. on a dead
+        feature of H).
+        """
         v = (self.u(index)[:, None, :] @ self.F)[:, 0, :]
         return v / np.sqrt(np.sum(v * v, axis=1))[:, None]
 
@@ -109,9 +122,12 @@ class GramStack:
         )
 
     def term(self, kind: str) -> GramTerm:
-        """R_well (``p = D``, Theorem 4.2) or R_ill (``k`` = rank) of every run: ``a``, ``b`` of
-        ``G = a·vvᵀ − b·H`` and the small-side ``E``; R_ill undefined on a run (κ = 1, rank ≤ 1)
-        is a :class:`SpectrumError`, as :func:`pycore.linalg.hessian_regularizer` raises."""
+        """R_well (``p = D``, Theorem 4.2) or R_ill (``k`` = rank) of every run.
+
+        ``a``, ``b`` of ``G = a·vvᵀ − b·H`` and the small-side ``E``; R_ill undefined on a run (κ =
+        1, rank ≤ 1) is a :class:`SpectrumError`, as :func:`pycore.linalg.hessian_regularizer`
+        raises.
+        """
         from pycore._regularizers import r_ill_denominator
 
         B = len(self)

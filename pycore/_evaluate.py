@@ -1,5 +1,8 @@
-"""Per-run evaluation of an immunized linear extractor (docs/theory.md §8, §10): everything a table
-needs; what does not depend on θ is computed once per task pair (:class:`EvaluationReference`)."""
+"""Per-run evaluation of an immunized linear extractor (docs/theory.md §8, §10).
+
+Everything a table needs; what does not depend on θ is computed once per task pair
+(:class:`EvaluationReference`).
+"""
 
 from __future__ import annotations
 
@@ -18,27 +21,69 @@ from pycore._validation import ParameterError, check_theta, check_work
 
 
 def immunized_def31(harmful_ratio: float, pretrain_ratio: float) -> bool:
-    """Definition 3.1 (docs/theory.md §8): (i) > 1 AND (ii) < 1 (RIR alone cannot decide it)."""
+    """Definition 3.1 (docs/theory.md §8): (i) > 1 AND (ii) < 1 (RIR alone cannot decide it).
+
+    Parameters
+    ----------
+    harmful_ratio : float
+        (i) = κ(H_H(θ))/κ(H_H(I)).
+    pretrain_ratio : float
+        (ii) = κ(H_P(θ))/κ(H_P(I)).
+
+    Returns
+    -------
+    bool
+        Whether θ immunizes: False when either ratio is NaN.
+    """
     return bool(harmful_ratio > 1.0 and pretrain_ratio < 1.0)
 
 
 def chance_accuracy(labels) -> float:
-    """The top-1 (%) of a classifier that learned nothing: the share of the most frequent label
-    (an imbalanced task's constant predictor scores it, not 100/classes)."""
+    """The top-1 (%) of a classifier that learned nothing.
+
+    The share of the most frequent label: an imbalanced task's constant predictor scores it, not
+    100/classes.
+
+    Parameters
+    ----------
+    labels : array_like
+        The labels of the rows scored (any shape; flattened).
+
+    Returns
+    -------
+    float
+        The accuracy in percent of always answering the most frequent label.
+    """
     y = np.asarray(labels).reshape(-1)
     return 100.0 * float(np.unique(y, return_counts=True)[1].max()) / y.size
 
 
 def near_chance(top1: float, chance: float) -> bool:
-    """Whether a top-1 of ``top1`` % is near the ``chance`` % of :func:`chance_accuracy`: below
-    ``min(1.5·chance, (chance + 100)/2)`` (a model that scores there has barely learned its task:
-    no immunization of it means anything)."""
+    """Whether a top-1 accuracy is near chance.
+
+    Near means below ``min(1.5·chance, (chance + 100)/2)``: a model that scores there has barely
+    learned its task, so no immunization of it means anything.
+
+    Parameters
+    ----------
+    top1 : float
+        The accuracy (%) measured.
+    chance : float
+        The accuracy (%) of :func:`chance_accuracy` on the same rows.
+
+    Returns
+    -------
+    bool
+        True when ``top1`` is near ``chance``.
+    """
     return bool(top1 < min(1.5 * chance, 0.5 * (chance + 100.0)))
 
 
 class _Rows:
-    """One input matrix X with what every θ reuses: the spectrum of XᵀX and ``XV``, V of
-    range(K_P)."""
+    """One input matrix X with what every θ reuses.
+
+    The spectrum of XᵀX and ``XV``, V of range(K_P).
+    """
 
     def __init__(self, X: np.ndarray, V: np.ndarray):
         self.X = X
@@ -49,9 +94,12 @@ class _Rows:
 
 
 class EvaluationReference:
-    """What the evaluation of any θ on ``train`` (and ``heldout``) shares.  P_R = VVᵀ projects onto
-    range(K_P) of D_P's TRAINING rows (docs/theory.md §8); with T = Vᵀθ the parts' features are
-    ``X θ_range = X P_N + (XV)T`` and ``X θ_null = X P_R + Xθ − (XV)T``: no D³ products."""
+    """What the evaluation of any θ on ``train`` (and ``heldout``) shares.
+
+    P_R = VVᵀ projects onto range(K_P) of D_P's TRAINING rows (docs/theory.md §8); with T = Vᵀθ the
+    parts' features are ``X θ_range = X P_N + (XV)T`` and ``X θ_null = X P_R + Xθ − (XV)T``: no D³
+    products.
+    """
 
     @bounded_blas  # built once in an experiment's main process, before its workers
     def __init__(self, train: LinearTask, heldout: LinearTask | None = None):
@@ -85,8 +133,11 @@ class EvaluationReference:
         return self._dp_loss_before[rows]
 
     def features(self, theta: np.ndarray, rows: str = "train") -> dict:
-        """``{(part, task): X·θ_part}`` on ``rows``, part in ("theta", "range", "null"),
-        task "P"/"H"."""
+        """The features of θ and of its range and null parts on a set of rows.
+
+        ``{(part, task): X·θ_part}`` on ``rows``, part in ("theta", "range", "null"),
+        task "P"/"H".
+        """
         T = self.V.T @ theta
         out = {}
         for task in ("P", "H"):
@@ -108,8 +159,10 @@ class EvaluationReference:
         )
 
     def null_part_fraction(self, theta: np.ndarray) -> float:
-        """‖P_N(θ − I)‖_F²/‖θ − I‖_F² ∈ [0, 1], the share of θ's change D_P never sees; NaN
-        at θ = I."""
+        """‖P_N(θ − I)‖_F²/‖θ − I‖_F² ∈ [0, 1], the share of θ's change D_P never sees.
+
+        NaN at θ = I.
+        """
         M = theta - np.eye(theta.shape[0])
         total = float(np.sum(M**2))
         if not total > 0:
@@ -160,10 +213,13 @@ class SplitEvaluation:
 
 @dataclass(frozen=True)
 class LinearEvaluation:
-    """What :func:`evaluate_linear` measures of one θ: the numbers on the training rows
-    (``train``) and on the held-out rows (``heldout``, None without a held-out task), the
-    ``fraction_of_ceiling`` (training RIR / the range-restricted ceiling, docs/theory.md §10)
-    and the ``null_part_fraction`` ‖P_N(θ − I)‖_F²/‖θ − I‖_F² (NaN at θ = I)."""
+    """What :func:`evaluate_linear` measures of one θ.
+
+    The numbers on the training rows (``train``) and on the held-out rows (``heldout``, None
+    without a held-out task), the ``fraction_of_ceiling`` (training RIR / the range-restricted
+    ceiling, docs/theory.md §10) and the ``null_part_fraction`` ‖P_N(θ − I)‖_F²/‖θ − I‖_F² (NaN at
+    θ = I).
+    """
 
     train: SplitEvaluation
     heldout: SplitEvaluation | None
@@ -292,7 +348,28 @@ def evaluate_linear(
 
 @bounded_blas
 def norm_ratio_curves(theta: np.ndarray, task: LinearTask, steps: int) -> dict:
-    """Figure 1: ‖w_t − w*‖²/‖w_0 − w*‖² of exact-line-search GD probing on D_P and D_H."""
+    """Figure 1: the distance to the optimum of exact-line-search GD probing on D_P and D_H.
+
+    Parameters
+    ----------
+    theta : ndarray, shape (D, D)
+        The feature extractor; the probes fit heads on ``X_Pθ`` and ``X_Hθ``.
+    task : LinearTask
+        The task whose rows and targets are probed.
+    steps : int
+        GD steps from w₀ = 0, in [0, :data:`pycore.attacks.MAX_PROBE_STEPS`].
+
+    Returns
+    -------
+    dict
+        ``{"D_P": curve, "D_H": curve}``, each an array of ``steps + 1`` ratios
+        ‖w_t − w*‖²/‖w_0 − w*‖² (:func:`pycore.attacks.gd_exact_line_search`).
+
+    Raises
+    ------
+    ParameterError
+        ``steps`` out of its bounds.
+    """
     return {
         "D_P": gd_exact_line_search(task.X_P @ theta, task.Y_P, steps).norm_ratio,
         "D_H": gd_exact_line_search(task.X_H @ theta, task.Y_H, steps).norm_ratio,

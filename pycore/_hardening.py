@@ -1,6 +1,7 @@
-"""Spectrum-preserving hardening of a linear θ: θ → θQ with Q orthogonal (docs/findings.md §5).
-Every Hessian becomes ``QᵀH(θ)Q`` (same κ's, RIR and best D_P loss with ω → Qᵀω); only the basis
-changes, which coordinate-wise attackers see.
+"""Spectrum-preserving hardening of a linear θ.
+
+θ → θQ with Q orthogonal (docs/findings.md §5). Every Hessian becomes ``QᵀH(θ)Q`` (same κ's, RIR
+and best D_P loss with ω → Qᵀω); only the basis changes, which coordinate-wise attackers see.
 
 The kinds of hardening, linear (:data:`HARDENINGS`) and deep
 (:data:`pycore.deep.HARDENINGS`); a name means one operation on both sides:
@@ -44,16 +45,46 @@ ORTHOGONALITY_RTOL = 1e-10
 
 
 def invariant_change(hardened: float, plain: float, floor: float = 0.0) -> float:
-    """``|hardened − plain| / max(|plain|, floor)``: the relative change of a number hardening
-    keeps (κ ratios, RIR, best D_P loss).  ``floor`` is the size below which the number is
-    round-off: a best loss of an exact fit (N ≤ D) is ~1e-31 with θ and ~9e-31 with θQ, and
-    without a floor their "change" reads 900 %."""
+    """The relative change of a number hardening keeps.
+
+    ``|hardened − plain| / max(|plain|, floor)``, for the κ ratios, the RIR and the best D_P loss.
+    ``floor`` is the size below which the number is round-off: a best loss of an exact fit
+    (N ≤ D) is ~1e-31 with θ and ~9e-31 with θQ, and without a floor their "change" reads 900 %.
+
+    Parameters
+    ----------
+    hardened : float
+        The number measured on the hardened θQ.
+    plain : float
+        The same number on θ.
+    floor : float, default 0.0
+        The size below which the number is round-off (:func:`loss_floor` for a best loss).
+
+    Returns
+    -------
+    float
+        The relative change; 0 when the two are equal.
+    """
     return abs(hardened - plain) / max(abs(plain), floor) if hardened != plain else 0.0
 
 
 def loss_floor(loss: str, Y) -> float:
-    """:func:`invariant_change`'s floor for a best loss on targets ``Y``: √eps × the loss of the
-    zero head (a best loss below it is an exact fit's round-off)."""
+    """:func:`invariant_change`'s floor for a best loss on given targets.
+
+    √eps × the loss of the zero head: a best loss below it is an exact fit's round-off.
+
+    Parameters
+    ----------
+    loss : {"mse", "bce"}
+        The loss of the head.
+    Y : array_like
+        The targets.
+
+    Returns
+    -------
+    float
+        The floor.
+    """
     from pycore._losses import residual
 
     Y = np.asarray(Y, dtype=np.float64)
@@ -61,14 +92,27 @@ def loss_floor(loss: str, Y) -> float:
 
 
 def orthogonality_defect(Q) -> float:
-    """``‖QᵀQ − I‖_max``: 0 for an orthogonal matrix (round-off ~D·eps)."""
+    """``‖QᵀQ − I‖_max``: 0 for an orthogonal matrix (round-off ~D·eps).
+
+    Parameters
+    ----------
+    Q : array_like, shape (D, k)
+        The matrix.
+
+    Returns
+    -------
+    float
+        The largest entry of ``|QᵀQ − I|``.
+    """
     Q = np.asarray(Q, dtype=np.float64)
     return float(np.max(np.abs(Q.T @ Q - np.eye(Q.shape[1]))))
 
 
 def check_orthogonal(Q, name: str = "Q", *, tol: float = ORTHOGONALITY_RTOL) -> np.ndarray:
-    """``Q`` as a float64 matrix, or :class:`ParameterError` unless square and orthogonal to
-    ``tol``."""
+    """``Q`` as a float64 matrix, checked square and orthogonal.
+
+    Or :class:`ParameterError` unless square and orthogonal to ``tol``.
+    """
     Q = as_float_matrix(Q, name)
     if Q.shape[0] != Q.shape[1]:
         raise ParameterError(name, f"{name} must be square, got shape {Q.shape}")
@@ -83,8 +127,28 @@ def check_orthogonal(Q, name: str = "Q", *, tol: float = ORTHOGONALITY_RTOL) -> 
 
 
 def haar_rotation(D: int, rng: np.random.Generator) -> np.ndarray:
-    """A Haar-distributed orthogonal D×D matrix: ``QR = G`` Gaussian, Q's columns times ``sign(diag
-    R)`` (LAPACK's sign convention would bias the law; Mezzadri 2007)."""
+    """A Haar-distributed orthogonal D×D matrix.
+
+    ``QR = G`` Gaussian, Q's columns times ``sign(diag R)`` (LAPACK's sign convention would bias
+    the law; Mezzadri 2007).
+
+    Parameters
+    ----------
+    D : int
+        The size, at least 1.
+    rng : numpy.random.Generator
+        The generator of G.
+
+    Returns
+    -------
+    ndarray, shape (D, D)
+        The orthogonal matrix.
+
+    Raises
+    ------
+    ParameterError
+        ``D`` not a positive integer or ``rng`` not a Generator.
+    """
     check_number(D, "D", low=1, integer=True)
     Q, R = np.linalg.qr(check_rng(rng).standard_normal((D, D)))
     s = np.sign(np.diag(R))
@@ -93,9 +157,12 @@ def haar_rotation(D: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _givens_equalize(M: np.ndarray, Q: np.ndarray, target: float) -> tuple[np.ndarray, np.ndarray]:
-    """At most D − 1 Givens rotations of symmetric M (in place, ``GᵀMG``) and Q (``QG``), each in a
+    """At most D − 1 Givens rotations that equalize a symmetric matrix's diagonal.
+
+    At most D − 1 Givens rotations of symmetric M (in place, ``GᵀMG``) and Q (``QG``), each in a
     plane ``M_ii < t < M_jj`` setting ``M_ii = t``: tan is the smaller root of
-    ``(M_jj − t)τ² − 2M_ijτ + (M_ii − t)``, without cancellation."""
+    ``(M_jj − t)τ² − 2M_ijτ + (M_ii − t)``, without cancellation.
+    """
     D = M.shape[0]
     close = (
         4 * D * np.finfo(float).eps * max(float(np.max(np.abs(np.diag(M)))), np.finfo(float).tiny)
@@ -126,9 +193,28 @@ def _givens_equalize(M: np.ndarray, Q: np.ndarray, target: float) -> tuple[np.nd
 
 @bounded_blas
 def equalizing_rotation(H) -> np.ndarray:
-    """A deterministic orthogonal Q with ``diag(QᵀHQ) = (tr H/D)·1``: ``Q = VCᵀG``, V H's
-    eigenvectors (largest entry positive), C the orthonormal DCT-II (spreads them over all
-    coordinates), G Givens."""
+    """A deterministic orthogonal Q with ``diag(QᵀHQ) = (tr H/D)·1``.
+
+    ``Q = VCᵀG``: V H's eigenvectors (largest entry positive), C the orthonormal DCT-II (it spreads
+    them over all coordinates), G Givens rotations.
+
+    Parameters
+    ----------
+    H : array_like, shape (D, D)
+        A symmetric matrix (its symmetric part is used).
+
+    Returns
+    -------
+    ndarray, shape (D, D)
+        The orthogonal Q.
+
+    Raises
+    ------
+    ParameterError
+        ``H`` not square.
+    ValueError
+        ``H`` not a finite real matrix.
+    """
     H = as_float_matrix(H, "H")
     if H.shape[0] != H.shape[1]:
         raise ParameterError("H", f"H must be square, got shape {H.shape}")
@@ -149,7 +235,32 @@ def equalizing_rotation(H) -> np.ndarray:
 
 @bounded_blas
 def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = None, Z=None):
-    """The rotation Q of ``kind`` (None for ``"none"``); ``"equalize"`` equalizes ``ZᵀZ``."""
+    """The rotation Q of a kind of hardening.
+
+    Parameters
+    ----------
+    kind : str
+        One of :data:`HARDENINGS`: ``"none"``, ``"haar"`` (a Haar rotation drawn from ``rng``) or
+        ``"equalize"`` (:func:`equalizing_rotation` of ``ZᵀZ``).
+    D : int
+        The size of θ.
+    rng : numpy.random.Generator, optional
+        Required by ``"haar"``.
+    Z : array_like, shape (N, D), optional
+        The harmful features; required by ``"equalize"``.
+
+    Returns
+    -------
+    ndarray of shape (D, D), or None
+        Q; None for ``"none"``.
+
+    Raises
+    ------
+    ParameterError
+        An unknown kind, or the ``rng`` or ``Z`` the kind needs missing (``.parameter`` names it).
+    ValueError
+        The work would exceed :data:`pycore.limits.MAX_WORK_BYTES`.
+    """
     check_choice(kind, "harden", HARDENINGS)
     if kind == "none":
         return None
@@ -168,8 +279,10 @@ def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = N
 
 
 def harden(theta, Q, omega=None):
-    """Harden θ by an orthogonal Q: ``(θQ, Qᵀω)``, the rotated extractor and the head that
-    predicts as before (docs/findings.md §5).
+    """Harden θ by an orthogonal Q.
+
+    ``(θQ, Qᵀω)``, the rotated extractor and the head that predicts as before (docs/findings.md
+    §5).
 
     Every Hessian becomes ``QᵀH(θ)Q``: the same spectra, so the same κ's, RIR and best D_P loss;
     only the coordinate basis changes, which coordinate-wise attackers (Adam, Adagrad, Jacobi
@@ -224,9 +337,34 @@ def harden(theta, Q, omega=None):
 
 @bounded_blas
 def harden_result(res, task, kind: str, *, rng: np.random.Generator | None = None):
-    """``res`` (an ImmunizationResult of ``task``) hardened: θ → θQ, ω → Qᵀω, keeping
-    ``theta_unhardened`` and ``rotation``.  ``"haar"``: pass the generator the run used, after the
-    run."""
+    """An immunization result hardened: θ → θQ, ω → Qᵀω.
+
+    Every κ, the RIR and the best D_P loss are kept (docs/findings.md §5); only the basis changes.
+
+    Parameters
+    ----------
+    res : ImmunizationResult
+        A result of ``task``.
+    task : LinearTask
+        The task ``res`` was immunized on (``"equalize"`` reads its harmful rows).
+    kind : str
+        One of :data:`HARDENINGS`.
+    rng : numpy.random.Generator, optional
+        For ``"haar"``: the generator the run used, after the run.
+
+    Returns
+    -------
+    ImmunizationResult
+        ``res`` itself for ``"none"``; else a copy with the hardened ``theta`` and ``omega``, the
+        ``theta_unhardened`` and ``rotation`` kept, and ``diagnostics["harden"]``.
+
+    Raises
+    ------
+    ParameterError
+        As :func:`hardening_rotation` raises.
+    ValueError
+        The work would exceed :data:`pycore.limits.MAX_WORK_BYTES`.
+    """
     Q = hardening_rotation(
         kind, task.D, rng=rng, Z=task.X_H @ res.theta if kind == "equalize" else None
     )

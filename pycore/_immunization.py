@@ -1,7 +1,9 @@
-"""Immunize a linear feature extractor θ ∈ R^{D×D}: one entry point, per-method options (scipy
-style), ``immunize(task, "imma", rng=rng, preset="strict", inner_steps=5)`` (docs/design.md §3).
-Methods: :data:`METHODS` (docs/theory.md §6, §7, §10) and :data:`EXTRA_METHODS` (§11), options:
-:func:`options_of`, settings: :data:`PRESETS`."""
+"""Immunize a linear feature extractor θ ∈ R^{D×D}.
+
+One entry point, per-method options (scipy style), ``immunize(task, "imma", rng=rng,
+preset="strict", inner_steps=5)`` (docs/design.md §3). Methods: :data:`METHODS` (docs/theory.md §6,
+§7, §10) and :data:`EXTRA_METHODS` (§11), options: :func:`options_of`, settings: :data:`PRESETS`.
+"""
 
 from __future__ import annotations
 
@@ -60,8 +62,11 @@ OPTION_WORDS = {"lambda_p": ("auto",), "lambda_h": ("auto",), "exponent": ("auto
 
 @dataclass(frozen=True)
 class LinearOptions(Options):
-    """Base of the per-method options (:func:`options_of`): the rules of :data:`OPTION_RULES`,
-    :data:`OPTION_CHOICES` and :data:`OPTION_WORDS`, Adam's ``betas`` a pair in [0, 1)."""
+    """Base of the per-method options (:func:`options_of`).
+
+    The rules of :data:`OPTION_RULES`, :data:`OPTION_CHOICES` and :data:`OPTION_WORDS`, Adam's
+    ``betas`` a pair in [0, 1).
+    """
 
     RULES = OPTION_RULES
     CHOICES = OPTION_CHOICES
@@ -81,8 +86,10 @@ class IdentityOptions(LinearOptions):
 
 @dataclass(frozen=True)
 class ClosedFormOptions(LinearOptions):
-    """Exponent a of s² = λ_C^a (docs/theory.md §10): a number, or "auto"
-    (:func:`auto_exponent`)."""
+    """Exponent a of s² = λ_C^a (docs/theory.md §10).
+
+    A number, or "auto" (:func:`auto_exponent`).
+    """
 
     exponent: float | str = "auto"
 
@@ -104,8 +111,11 @@ class _AdamOptions(_LoopOptions):
 
 @dataclass(frozen=True)
 class OursOptions(_AdamOptions):
-    """Algorithm 1 (docs/theory.md §6): both λ's "auto" (default) is the adaptive rule
-    (docs/design.md §4); numbers give the paper's fixed-λ loop (``PRESETS``)."""
+    """Algorithm 1 (docs/theory.md §6).
+
+    Both λ's "auto" (default) is the adaptive rule (docs/design.md §4); numbers give the paper's
+    fixed-λ loop (``PRESETS``).
+    """
 
     lambda_p: float | str = "auto"  # λ_P, weight of R_well(H_P); the paper's: 100
     # λ_H, weight of R_ill(H_H); the paper's 1e7 leaves R_ill inert under Adam
@@ -178,8 +188,11 @@ class RIllOnlyOptions(_LoopOptions):
 
 @dataclass(frozen=True)
 class IMMAOptions(_AdamOptions):
-    """IMMA: ``inner_steps`` unrolled attacker GD steps of size ``inner_lr``/L (docs/theory.md
-    §7)."""
+    """IMMA (docs/theory.md §7): the unrolled attacker's steps and their size.
+
+    IMMA: ``inner_steps`` unrolled attacker GD steps of size ``inner_lr``/L (docs/theory.md
+    §7).
+    """
 
     inner_steps: int = 3
     inner_lr: float = 0.5
@@ -187,8 +200,11 @@ class IMMAOptions(_AdamOptions):
 
 @dataclass(frozen=True)
 class OptKappaOptions(_AdamOptions):
-    """Opt κ: weight ``lambda_kappa`` of κ(H_P) − κ(H_H), of log κ when ``log`` (docs/theory.md
-    §7)."""
+    """Opt κ (docs/theory.md §7): the weight of κ(H_P) − κ(H_H), on κ or log κ.
+
+    Opt κ: weight ``lambda_kappa`` of κ(H_P) − κ(H_H), of log κ when ``log`` (docs/theory.md
+    §7).
+    """
 
     lambda_kappa: float = 1.0
     log: bool = False
@@ -196,11 +212,14 @@ class OptKappaOptions(_AdamOptions):
 
 @dataclass(frozen=True)
 class KStepOptions(LinearOptions):
-    """The k-step immunizer (docs/theory.md §11): the adaptive rule on the k-step ratios of a GD
-    probe of ``steps`` steps (the deep demo's GD-probe epoch), with a bias column when ``bias``;
-    ``lr``, ``epochs``, ``patience`` as for the adaptive "ours". ``precond``: the θ-gradients as
-    they are ("none", the default: Adam scales each entry itself) or K⁺-preconditioned ("pinv",
-    Algorithm 1's; docs/findings.md §2 measures both)."""
+    """The k-step immunizer (docs/theory.md §11).
+
+    The adaptive rule on the k-step ratios of a GD probe of ``steps`` steps (the deep demo's
+    GD-probe epoch), with a bias column when ``bias``; ``lr``, ``epochs``, ``patience`` as for the
+    adaptive "ours". ``precond``: the θ-gradients as they are ("none", the default: Adam scales
+    each entry itself) or K⁺-preconditioned ("pinv", Algorithm 1's; docs/findings.md §2 measures
+    both).
+    """
 
     steps: int = kstep_core.DEFAULT_STEPS
     lr: float = 0.03
@@ -290,19 +309,59 @@ WORK = MappingProxyType(
 
 
 def options_of(method: str) -> type[LinearOptions]:
-    """The options class of ``method`` (one of :data:`ALL_METHODS`)."""
+    """The options class of a linear method.
+
+    Parameters
+    ----------
+    method : str
+        One of :data:`ALL_METHODS`.
+
+    Returns
+    -------
+    type
+        The :class:`LinearOptions` subclass holding ``method``'s options (e.g.
+        :class:`OursOptions` for ``"ours"``); its ``names()`` are the keywords :func:`immunize`
+        takes for the method.
+
+    Raises
+    ------
+    ParameterError
+        An unknown method (``.parameter`` is ``"method"``).
+    """
     return _OPTIONS[check_choice(method, "method", ALL_METHODS)]
 
 
 def resolve_options(
     method: str, preset: str | None = None, /, *, certified: bool = False, **options
 ) -> LinearOptions:
-    """``method``'s options: the values of ``PRESETS[preset]`` it has, then ``options``.
+    """The options a linear method runs with: a preset's values it has, then the ones given.
 
     The one place a preset meets the options a caller gives (:func:`immunize`,
-    :func:`immunize_certified` and the command lines all come here). ``certified``: the options
-    of :func:`immunize_certified` (method "ours" only). An option the method lacks is refused,
-    naming it and the method.
+    :func:`immunize_certified` and the command lines all come here). An option the method lacks is
+    refused, naming it and the method.
+
+    Parameters
+    ----------
+    method : str
+        One of :data:`ALL_METHODS`.
+    preset : str, optional
+        A name of :data:`PRESETS`; each of its values the method has applies.
+    certified : bool, default False
+        The options of :func:`immunize_certified` (method ``"ours"`` only).
+    **options
+        Options of the method, applied over the preset.
+
+    Returns
+    -------
+    LinearOptions
+        An instance of ``options_of(method)`` (:class:`CertifiedOptions` when ``certified``), each
+        value checked against its bounds.
+
+    Raises
+    ------
+    ParameterError
+        An unknown method or preset, an option the method lacks, a value out of its bounds,
+        ``certified`` with a method other than ``"ours"``; ``.parameter`` names it.
     """
     if certified and method != "ours":
         raise ParameterError("certified", f"certified mode is a mode of 'ours', not of {method!r}")
@@ -314,9 +373,24 @@ def resolve_options(
 
 
 def draws_random(method: str, options: LinearOptions) -> bool:
-    """Whether a run of ``method`` with ``options`` draws from its generator.  One that does not
-    gives the same θ for every seed: θ = I, the closed form, R_ill only from θ = I, the adaptive
-    Algorithm 1 and the k-step immunizer (:func:`immunize_batch` computes such runs once)."""
+    """Whether a run of a method draws from its generator.
+
+    A run that does not gives the same θ for every seed: θ = I, the closed form, R_ill only from
+    θ = I, the adaptive Algorithm 1 and the k-step immunizer (:func:`immunize_batch` computes such
+    runs once).
+
+    Parameters
+    ----------
+    method : str
+        One of :data:`ALL_METHODS`.
+    options : LinearOptions
+        The method's options as run (:func:`resolve_options`).
+
+    Returns
+    -------
+    bool
+        True when the run uses its generator (mini-batches, a random start).
+    """
     if method in ("identity", "closed_form", "kstep"):
         return False
     if method == "ours":
@@ -328,8 +402,9 @@ def draws_random(method: str, options: LinearOptions) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class ImmunizationResult:
-    """θ_I, what happened on the way there, and Definition 3.1 on the task's rows
-    (docs/theory.md §8).
+    """θ_I, what happened on the way there, and Definition 3.1 on the task's rows.
+
+    Definition 3.1 and the ratios (i), (ii) are those of docs/theory.md §8.
 
     Attributes
     ----------
@@ -508,13 +583,37 @@ def immunize_batch(
 def immunize_certified(
     task: LinearTask, *, rng: np.random.Generator, preset: str | None = None, **options
 ) -> ImmunizationResult:
-    """Algorithm 1 with each regularizer step clipped to ``safety`` × its docs/theory.md §5 bound
-    and κ checked after it.
+    """Algorithm 1 with every regularizer step within its proven bound.
 
-    Takes the options of ``"ours"`` with numbers for both λ's (a preset such as
+    Each regularizer step is clipped to ``safety`` × its docs/theory.md §5 bound and κ is checked
+    after it. Takes the options of ``"ours"`` with numbers for both λ's (a preset such as
     ``"house_price"`` gives them), a K⁻¹ or K⁺ preconditioner, and ``safety`` in (0, 1).
-    ``diagnostics["certified"]`` counts the checks, clips and violations; the rest is
-    :func:`immunize`'s.
+
+    Parameters
+    ----------
+    task : LinearTask
+        The pre-training task D_P and the harmful task D_H.
+    rng : numpy.random.Generator
+        Every random draw of the run.
+    preset : str, optional
+        Named settings, :data:`PRESETS`.
+    **options
+        The options of :class:`CertifiedOptions` (those of ``"ours"`` and ``safety``), over the
+        preset.
+
+    Returns
+    -------
+    ImmunizationResult
+        As :func:`immunize` gives; ``diagnostics["certified"]`` counts the checks, clips and
+        violations.
+
+    Raises
+    ------
+    ParameterError
+        As for :func:`immunize`, and an "auto" λ or a preconditioner without a proven bound;
+        ``.parameter`` names it.
+    DivergenceError
+        The run became non-finite; ``.parameter`` names the setting to lower.
 
     Examples
     --------
@@ -590,16 +689,42 @@ def _result(task, method, opts, run, why, seconds) -> ImmunizationResult:
 
 
 def check_method_work(task: LinearTask, method: str) -> int:
-    """The bytes ``method`` sets out to hold on ``task`` (:data:`WORK`), or the ``ValueError`` of
-    :func:`pycore._validation.check_work` naming D and the bytes (checked before workers start)."""
+    """The float64 work a method sets out to hold on a task, checked against the budget.
+
+    Counted from :data:`WORK` (the method's D×D arrays and N×D blocks at its peak) and checked
+    before any of them is allocated (and before worker processes start).
+
+    Parameters
+    ----------
+    task : LinearTask
+        The task the method would run on.
+    method : str
+        One of :data:`ALL_METHODS`.
+
+    Returns
+    -------
+    int
+        The bytes of the method's working set on ``task``.
+
+    Raises
+    ------
+    ParameterError
+        An unknown method.
+    ValueError
+        The working set exceeds :data:`pycore.limits.MAX_WORK_BYTES`; the message names D, the
+        bytes and the limit.
+    """
     squares, blocks = WORK[check_choice(method, "method", ALL_METHODS)]
     rows = task.X_P.shape[0] + task.X_H.shape[0]
     return check_work(task.D, rows, squares, blocks, f"immunize({method!r})")
 
 
 def _ratios(task, theta, diag) -> tuple[float, float]:
-    """(i), (ii) of θ (docs/theory.md §8): κ's at θ = I cached on the task, at θ from the run's own
-    end-of-run SVDs (``diag["kappa_end"]``) when it has them."""
+    """(i), (ii) of θ (docs/theory.md §8).
+
+    κ's at θ = I cached on the task, at θ from the run's own end-of-run SVDs
+    (``diag["kappa_end"]``) when it has them.
+    """
     ref = task.reference_kappas
     kP, kH = diag.get("kappa_end") or tuple(
         gram_spectrum(X @ theta, vectors=False).kappa for X in (task.X_P, task.X_H)
@@ -608,9 +733,25 @@ def _ratios(task, theta, diag) -> tuple[float, float]:
 
 
 def auto_exponent(task: LinearTask, ceiling=None) -> tuple[float, str]:
-    """The closed form's default exponent and why: the balanced one of the Definition 3.1 window
-    ((i) = 1/(ii) = √ceiling) clamped into it, or 0 (H_P = I) when Definition 3.1 is out of
-    reach."""
+    """The closed form's default exponent, and why.
+
+    The balanced exponent of the Definition 3.1 window ((i) = 1/(ii) = √ceiling) clamped into it,
+    or 0 (H_P = I) when Definition 3.1 is out of reach of the closed form.
+
+    Parameters
+    ----------
+    task : LinearTask
+        The task the closed form immunizes.
+    ceiling : Ceiling, optional
+        ``rir_ceiling(task.X_P, task.X_H)`` when already computed.
+
+    Returns
+    -------
+    exponent : float
+        The exponent a of ``s² = λ_C^a`` (docs/theory.md §10).
+    reason : str
+        Why this exponent: the window it lies in, or why Definition 3.1 is not attainable.
+    """
     ceiling = ceiling if ceiling is not None else rir_ceiling(task.X_P, task.X_H)
     no = "exponent 0: Definition 3.1 is not attainable by the closed form"
     if not ceiling.kappa_C > 1 + 1e-8:  # 1e-8: far above κ(C)'s round-off at 1 (~p·eps)

@@ -1,6 +1,7 @@
-"""The k-step remaining fraction of a GD probe (docs/theory.md §11): how much of its excess
-squared loss an attacker's linear probe still has after ``k`` gradient steps, on the attacker's
-own labels.
+"""The k-step remaining fraction of a GD probe (docs/theory.md §11).
+
+How much of its excess squared loss an attacker's linear probe still has after ``k`` gradient
+steps, on the attacker's own labels.
 
 The probe (docs/theory.md §11): ``A = Z`` or, with a bias column, ``A = [Z, c·1]``, ``c`` the RMS
 row norm of Z (the convention of :func:`pycore.deep.attacks.linear_probe_curve`: a rescaling of Z
@@ -75,14 +76,18 @@ def _check_steps(steps) -> int:
 
 
 def _bias_scale(F: np.ndarray, n: int) -> float:
-    """``c = ‖F‖_F/√n``: the RMS row norm of the features (``‖Xθ‖_F = ‖Aθ‖_F`` on the small
-    side)."""
+    """``c = ‖F‖_F/√n``, the RMS row norm of the features.
+
+    On the small side: ``‖Xθ‖_F = ‖Aθ‖_F``.
+    """
     return float(np.linalg.norm(F) / np.sqrt(n))
 
 
 def probe_matrix(Z, bias: bool = False) -> np.ndarray:
-    """The probe's design ``A = Z`` or ``[Z, c·1]``, ``c`` the RMS row norm of Z
-    (docs/theory.md §11)."""
+    """The probe's design ``A = Z`` or ``[Z, c·1]`` (docs/theory.md §11).
+
+    ``c`` is the RMS row norm of Z.
+    """
     Z = as_float_matrix(Z, "Z")
     if not bias:
         return Z
@@ -90,16 +95,22 @@ def probe_matrix(Z, bias: bool = False) -> np.ndarray:
 
 
 def _unseen(part: float, y_norm: float, shape) -> bool:
-    """Whether a projection of the targets of norm ``part`` is round-off: at most
-    ``max(shape)·eps·‖Y‖``, what projecting Y on orthonormal columns leaves of an orthogonal Y."""
+    """Whether a projection of the targets of norm ``part`` is round-off.
+
+    At most ``max(shape)·eps·‖Y‖``, what projecting Y on orthonormal columns leaves of an
+    orthogonal Y.
+    """
     return not part > max(shape) * EPS * y_norm
 
 
 def _core(B, Yt, steps, shape, grad, y_norm):
-    """E_k of the design ``B`` (m×p) and targets ``Yt`` (m×C) and, with ``grad``, ``∂E_k/∂B``
+    """E_k of a design and targets and, with ``grad``, its gradient ``∂E_k/∂B``.
+
+    E_k of the design ``B`` (m×p) and targets ``Yt`` (m×C) and, with ``grad``, ``∂E_k/∂B``
     (docs/theory.md §11); ``shape`` is the full design's, for the rank cut-off, ``y_norm`` the
     full targets' norm. N cancels from E_k and its gradient, so the recursion runs at N = 1:
-    ``η = 1/s_1²``."""
+    ``η = 1/s_1²``.
+    """
     U, s, Vt = np.linalg.svd(B, full_matrices=False)
     if not s[0] > 0:
         raise SpectrumError("the probe's features are zero: E_k is undefined")
@@ -130,12 +141,15 @@ def _core(B, Yt, steps, shape, grad, y_norm):
 
 
 def _adjoint(B, Yt, k, Ur, sr, Vr, P, value, den):
-    """``∂E_k/∂B`` by the adjoint of ``e_{t+1} = (I − ηBᵀB)e_t``, ``e_t = W_t − W*``,
+    """``∂E_k/∂B`` by the adjoint of the GD recursion (docs/theory.md §11).
+
+    ``∂E_k/∂B`` by the adjoint of ``e_{t+1} = (I − ηBᵀB)e_t``, ``e_t = W_t − W*``,
     ``e₀ = −W* = −B⁺Y`` (docs/theory.md §11): ``n = ½‖Be_k‖²``, ``d = ½‖Be₀‖²``, E = n/d. The
     small quantities (``Be_t``) are formed directly, never as a difference of losses. Terms: the
     direct one of n, the iterates' dependence on ``BᵀB`` and on η = 1/s_1² (``∂s_1 = u_1v_1ᵀ``),
     that of W* through ``B⁺`` (fixed rank), and ``∂d = −∂L* = −R*W*ᵀ`` (the envelope theorem),
-    ``R* = BW* − Y``."""
+    ``R* = BW* − Y``.
+    """
     eta = 1.0 / sr[0] ** 2
     W_star = Vr @ (P / sr[:, None])
     full_row_rank = Ur.shape[1] == B.shape[0]
@@ -191,8 +205,9 @@ def _inputs(Z, Y, steps):
 
 
 def kstep_remaining(Z, Y, *, steps: int = DEFAULT_STEPS, bias: bool = False) -> KStepRemaining:
-    """E_k of a GD probe on features ``Z`` with targets ``Y`` (docs/theory.md §11), from the SVD
-    of the probe's design.
+    """E_k of a GD probe on features ``Z`` with targets ``Y`` (docs/theory.md §11).
+
+    Computed from the SVD of the probe's design.
 
     Parameters
     ----------
@@ -239,17 +254,30 @@ def kstep_remaining(Z, Y, *, steps: int = DEFAULT_STEPS, bias: bool = False) -> 
 def kstep_remaining_grad(
     Z, Y, *, steps: int = DEFAULT_STEPS, bias: bool = False, warn_tie: bool = True
 ) -> tuple[KStepRemaining, np.ndarray]:
-    """:func:`kstep_remaining` and ``∂E_k/∂Z`` (N×D), the adjoint of the GD recursion
-    (docs/theory.md §11).
+    """E_k of a GD probe and its gradient ``∂E_k/∂Z``, the adjoint of the GD recursion.
 
     The gradient is that of E_k on the matrices of Z's rank (as R_ill's, docs/theory.md §5 4.1(3)):
-    where Z is rank-deficient E_k jumps when the rank changes. With ``warn_tie``, a λ_max tie
-    (docs/theory.md §3) warns :class:`~pycore.TieWarning`: η = 1/λ_max has no
-    gradient there.
+    where Z is rank-deficient E_k jumps when the rank changes (docs/theory.md §11).
+
+    Parameters
+    ----------
+    Z, Y, steps, bias
+        As for :func:`kstep_remaining`.
+    warn_tie : bool, default True
+        Warn :class:`~pycore.TieWarning` at a λ_max tie (docs/theory.md §3): η = 1/λ_max has no
+        gradient there.
+
+    Returns
+    -------
+    info : KStepRemaining
+        As :func:`kstep_remaining` gives.
+    grad : ndarray, shape (N, D)
+        ``∂E_k/∂Z``.
 
     Raises
     ------
-    As :func:`kstep_remaining`.
+    ParameterError, ValueError, SpectrumError
+        As :func:`kstep_remaining` raises.
     """
     Z, Y, steps = _inputs(Z, Y, steps)
     A = probe_matrix(Z, bias)
@@ -264,7 +292,9 @@ def kstep_remaining_grad(
 
 
 class KStepProbe:
-    """E_k of the features ``Xθ`` for ONE ``X`` (N×D) with targets ``Y`` and many θ, from X's small
+    """E_k of the features ``Xθ`` for ONE ``X`` and many θ, from X's small side.
+
+    E_k of the features ``Xθ`` for ONE ``X`` (N×D) with targets ``Y`` and many θ, from X's small
     side (docs/design.md §6).
 
     With ``X = U diag(s) Vᵀ`` (:class:`pycore.linalg.RowFactor`, X's rank rule) ``Xθ = UF``,
@@ -345,9 +375,11 @@ class KStepProbe:
         return self.from_features(Fbar, precondition=False)
 
     def from_features(self, Fbar: np.ndarray, *, precondition: bool = True) -> np.ndarray:
-        """The θ-gradient of a function of ``F`` from its ``∂/∂F``: ``V diag(1/s) Fbar``
-        preconditioned by K⁺ (docs/theory.md §4: the θ-step whose feature change is ``U Fbar``
-        projected on what θ can reach), or ``V diag(s) Fbar``."""
+        """The θ-gradient of a function of ``F`` from its ``∂/∂F``.
+
+        ``V diag(1/s) Fbar`` preconditioned by K⁺ (docs/theory.md §4: the θ-step whose feature
+        change is ``U Fbar`` projected on what θ can reach), or ``V diag(s) Fbar``.
+        """
         f = self.factor
         return f.V @ ((Fbar / f.s[:, None]) if precondition else (Fbar * f.s[:, None]))
 

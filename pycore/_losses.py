@@ -1,7 +1,9 @@
-"""Losses of a linear model on features ``Z = Xθ`` with head ω, and their closed-form gradients
-``∂L/∂θ = XᵀRωᵀ``, ``∂L/∂ω = θᵀ(XᵀR)``, ``R = ∂L/∂(Zω)``: associated through the head, O(N·D·m +
-D²·m)
-instead of the O(N·D²) of forming Z (on MNIST that product dominated IMMA)."""
+"""Losses of a linear model on features ``Z = Xθ`` with head ω, and their gradients.
+
+The gradients are in closed form, ``∂L/∂θ = XᵀRωᵀ``, ``∂L/∂ω = θᵀ(XᵀR)``, ``R = ∂L/∂(Zω)``,
+associated through the head: O(N·D·m + D²·m) instead of the O(N·D²) of forming Z (on MNIST that
+product dominated IMMA).
+"""
 
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ from pycore._optim import damped_newton
 
 
 def residual(loss: str, P, Y):
-    """``(L, R = ∂L/∂P)``: the mean squared error of predictions P (``"mse"``) or the mean BCE
-    ``log(1+eᴾ) − Y·P`` of logits P (``"bce"``), against Y.  P may be a stack (B×n×m) of runs: L
-    is then one mean per run (over each run's own n×m entries)."""
+    """``(L, R = ∂L/∂P)`` of predictions or logits P against targets Y.
+
+    The mean squared error of predictions P (``"mse"``) or the mean BCE ``log(1+eᴾ) − Y·P`` of
+    logits P (``"bce"``), against Y. P may be a stack (B×n×m) of runs: L is then one mean per run
+    (over each run's own n×m entries).
+    """
     n = P.shape[-2] * P.shape[-1]
     if loss == "mse":
         E = P - Y
@@ -39,10 +44,27 @@ def bce(X, theta, omega, Y, bias, *, grad_theta: bool = True):
 
 
 def best_probe_loss(loss: str, Z: np.ndarray, Y: np.ndarray) -> float:
-    """min_ω L(Z, ω), the best D_P loss of a linear head on features Z (Definition 3.1(c),
-    docs/theory.md §5): least squares by ``lstsq``; BCE (head with a bias) by damped Newton on the
-    mean BCE + ``(1e-8/2)‖w‖²`` on Z scaled to unit RMS row norm (separable data well-posed, Z → cZ
-    the same problem), returning the BCE alone there, an upper bound of the infimum."""
+    """min_ω L(Z, ω), the best D_P loss of a linear head on features Z.
+
+    Definition 3.1(c), docs/theory.md §5. Least squares by ``lstsq``; BCE (a head with a bias)
+    by damped Newton on the mean BCE + ``(1e-8/2)‖w‖²`` on Z scaled to unit RMS row norm
+    (separable data well-posed, Z → cZ the same problem), returning the BCE alone there, an upper
+    bound of the infimum.
+
+    Parameters
+    ----------
+    loss : {"mse", "bce"}
+        The head's loss: the mean squared error, or the mean binary cross-entropy of logits.
+    Z : ndarray, shape (N, D)
+        The features.
+    Y : ndarray, shape (N, m)
+        The targets (0/1 labels for ``"bce"``).
+
+    Returns
+    -------
+    float
+        The best loss.
+    """
     if loss == "mse":
         return residual("mse", Z @ best_head("mse", Z, Y)[0], Y)[0]
     return best_logistic_head(Z, Y)[2]
@@ -59,8 +81,10 @@ def best_head(loss: str, Z: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.n
 def best_logistic_head(
     Z, Y, ridge=1e-8, tol=1e-12, max_iter=100
 ) -> tuple[np.ndarray, float, float]:
-    """``(w, b, BCE)`` of the ridge-regularised logistic fit of :func:`best_probe_loss`, in Z's
-    units."""
+    """``(w, b, BCE)`` of the ridge-regularised logistic fit of :func:`best_probe_loss`.
+
+    ``w`` and ``b`` are in Z's units.
+    """
     n = Z.shape[0]
     Y = np.asarray(Y, dtype=np.float64)
     if Y.size != n:

@@ -1,10 +1,11 @@
-"""The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize`: each
-takes a task, the method's resolved options and ONE GENERATOR PER RUN, steps the runs together as
-a stack (docs/design.md §6: θ is B×D×D, every Hessian from its small side,
-:class:`pycore.linalg.GramStack`) and
-returns one ``(θ, ω, history, diagnostics)`` per generator.  A run's numbers do not depend on the
-other runs of its stack; runs that draw nothing from their generator (θ = I, deterministic) are one
-run, computed once."""
+"""The immunizers' loops (docs/theory.md §6, §7, §10) behind :func:`pycore.immunize`.
+
+Each takes a task, the method's resolved options and ONE GENERATOR PER RUN, steps the runs together
+as a stack (docs/design.md §6: θ is B×D×D, every Hessian from its small side,
+:class:`pycore.linalg.GramStack`) and returns one ``(θ, ω, history, diagnostics)`` per generator.
+A run's numbers do not depend on the other runs of its stack; runs that draw nothing from their
+generator (θ = I, deterministic) are one run, computed once.
+"""
 
 from __future__ import annotations
 
@@ -51,8 +52,11 @@ def _batches(n, batch_size, rng):
 
 
 def _epoch_steps(n, batch_size, rngs):
-    """One epoch's D_P rows for every run: a B×b index array per step, or None for all rows (full
-    batch); each run draws its own permutation, as it would alone."""
+    """One epoch's D_P rows for every run.
+
+    A B×b index array per step, or None for all rows (full batch); each run draws its own
+    permutation, as it would alone.
+    """
     if batch_size is None or batch_size >= n:
         return [None]
     return [np.stack(rows) for rows in zip(*(_batches(n, batch_size, rng) for rng in rngs))]
@@ -75,7 +79,8 @@ class _Inputs:
     digit inks) has a zero row in every θ-gradient of the methods here (``Xᵀ(·)``, ``K(·)`` and
     the K-preconditioners all vanish on it), so Adam and GD leave θ's row there as it started:
     the loops step ``θ[rows]`` (L×D) only, with X, K and the factors restricted to those columns
-    (docs/design.md §6).  The features ``Xθ`` are unchanged: X is zero on the other columns."""
+    (docs/design.md §6).  The features ``Xθ`` are unchanged: X is zero on the other columns.
+    """
 
     X_P: np.ndarray
     Y_P: np.ndarray
@@ -133,9 +138,12 @@ def _head_bias(bias):
 
 
 def _loss_parts(task, rows, theta, omega, bias, F_P):
-    """D_P's loss of every run on its ``rows`` (B×b indices; None: all rows, through the features
+    """D_P's loss of every run on its rows, and its gradients as low-rank factors.
+
+    D_P's loss of every run on its ``rows`` (B×b indices; None: all rows, through the features
     ``F_P = A_Pθ``, ``Xθω = U(F_Pω)``), ∇_ω, ∇_bias (None for MSE) and ∇_θL = (XᵀR)ωᵀ as its two
-    factors: a rank-m term, never formed D×D."""
+    factors: a rank-m term, never formed D×D.
+    """
     if rows is None:
         f = task.factor_P
         X, Y, P = task.X_P, task.Y_P, f.U @ (F_P @ omega)
@@ -151,8 +159,11 @@ def _loss_parts(task, rows, theta, omega, bias, F_P):
 
 
 def _sum_of_products(parts):
-    """``Σ Lᵢ @ Rᵢ`` for low-rank factor pairs (B×D×kᵢ, B×kᵢ×D) as ONE product of the joined
-    factors: the θ-gradient of a step without a D×D temporary per term."""
+    """``Σ Lᵢ @ Rᵢ`` for low-rank factor pairs as ONE product of the joined factors.
+
+    ``Σ Lᵢ @ Rᵢ`` for low-rank factor pairs (B×D×kᵢ, B×kᵢ×D) as ONE product of the joined
+    factors: the θ-gradient of a step without a D×D temporary per term.
+    """
     if len(parts) == 1:
         return parts[0][0] @ parts[0][1]
     return np.concatenate([L for L, _ in parts], axis=2) @ np.concatenate(
@@ -161,17 +172,22 @@ def _sum_of_products(parts):
 
 
 def _kappa_weights(sigma_max, sigma_min, kappa, log):
-    """``(a, b)`` of ``∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ`` (docs/theory.md §7), or of ∂ log κ/∂H with
-    ``log``; numbers or one per run."""
+    """``(a, b)`` of ``∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ`` (docs/theory.md §7).
+
+    With ``log``, those of ∂ log κ/∂H. Numbers, or one per run.
+    """
     if log:
         return 1.0 / sigma_max, 1.0 / sigma_min
     return 1.0 / sigma_min, kappa / sigma_min
 
 
 def _kappa_parts(gram, f, weight, log):
-    """``weight ×`` the θ-gradient of κ(H) (or log κ) of every run as (L, R) factors
+    """``weight ×`` the θ-gradient of κ(H) (or log κ) of every run as (L, R) factors.
+
+    ``weight ×`` the θ-gradient of κ(H) (or log κ) of every run as (L, R) factors
     (docs/theory.md §7): ``∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ`` and ``∇_θ = 2Kθ(∂κ/∂H)``, with
-    ``Kθv = V diag(s) (Fv)``: O(r·D) work per vector, no D×D product."""
+    ``Kθv = V diag(s) (Fv)``: O(r·D) work per vector, no D×D product.
+    """
     a, b = _kappa_weights(gram.sigma_max, gram.sigma_min, gram.kappa, log)
     v1, vk = gram.v(0), gram.v(gram.rank - 1)
     V = np.stack([v1, vk], axis=2)  # B×D×2
@@ -182,8 +198,10 @@ def _kappa_parts(gram, f, weight, log):
 
 
 def _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log):
-    """θ-gradients of κ(H_P), κ(H_H) or of log κ (docs/theory.md §7): ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ,
-    so 2XᵀZ(∂κ/∂H) is O(N·D) work, no D×D product."""
+    """θ-gradients of κ(H_P), κ(H_H) or of log κ (docs/theory.md §7).
+
+    ∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ, so 2XᵀZ(∂κ/∂H) is O(N·D) work, no D×D product.
+    """
 
     def grad(reg, X, Z):
         i = reg.info
@@ -195,7 +213,36 @@ def _kappa_theta_grads(reg_P, reg_H, X_P, X_H, Z_P, Z_H, log):
 
 
 def opt_kappa_objective(theta, X_P, X_H, *, weights=(1.0, 1.0), log: bool = False):
-    """``w_P κ(H_P(θ)) − w_H κ(H_H(θ))`` (or log κ), its θ-gradient and the two unweighted ones."""
+    """Opt κ's objective ``w_P κ(H_P(θ)) − w_H κ(H_H(θ))`` (or on log κ) and its θ-gradients.
+
+    docs/theory.md §7: ``∂κ/∂H = a·v₁v₁ᵀ − b·v_kv_kᵀ``, so each θ-gradient is O(N·D) work past the
+    SVD, no D×D product.
+
+    Parameters
+    ----------
+    theta : array_like, shape (D, D)
+        The feature extractor.
+    X_P, X_H : ndarray, shape (N_P, D) and (N_H, D)
+        The rows of D_P and D_H.
+    weights : pair of float, default (1.0, 1.0)
+        ``(w_P, w_H)``.
+    log : bool, default False
+        On log κ instead of κ.
+
+    Returns
+    -------
+    value : float
+        The objective.
+    grad : ndarray, shape (D, D)
+        Its θ-gradient.
+    parts : tuple of ndarray
+        The unweighted θ-gradients of κ(H_P) and κ(H_H) (or of their logs).
+
+    Raises
+    ------
+    SpectrumError
+        A task's features have no condition number (they are zero).
+    """
     theta = np.asarray(theta, dtype=np.float64)
     Z_P, Z_H = X_P @ theta, X_H @ theta
     reg_P, reg_H = hessian_regularizer(Z_P, "well"), hessian_regularizer(Z_H, "well")
@@ -211,8 +258,11 @@ def _exact_kappas(task, theta):
 
 
 def _spectra(inp, theta, method, epoch, step):
-    """The :class:`GramStack` of H_P and H_H for every run (θ's stepped rows ``theta``); a run
-    whose spectrum is undefined is a :class:`SpectrumError` naming the method, epoch and step."""
+    """The :class:`GramStack` of H_P and H_H for every run (θ's stepped rows ``theta``).
+
+    A run whose spectrum is undefined is a :class:`SpectrumError` naming the method, epoch and
+    step.
+    """
     D = theta.shape[-1]
     try:
         return (
@@ -224,11 +274,13 @@ def _spectra(inp, theta, method, epoch, step):
 
 
 def algorithm1(task, method, o, rngs):
-    """Algorithm 1 with fixed λ's (certified when ``o`` has ``safety``) and Opt κ, one loop for a
-    stack of runs; ω and θ step from gradients at the same point.  Opt κ puts ``λ_κ(w_Pκ(H_P) −
-    w_Hκ(H_H))`` in place of the regularizers (docs/theory.md §7), balanced: w_H =
-    ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial θ.  Every θ-gradient term is a low-rank product, summed
-    by one product per step (:func:`_sum_of_products`)."""
+    """Algorithm 1 with fixed λ's (certified when ``o`` has ``safety``) and Opt κ.
+
+    One loop for a stack of runs; ω and θ step from gradients at the same point.  Opt κ puts
+    ``λ_κ(w_Pκ(H_P) − w_Hκ(H_H))`` in place of the regularizers (docs/theory.md §7), balanced: w_H
+    = ‖∇_θκ(H_P)‖/‖∇_θκ(H_H)‖ at the initial θ.  Every θ-gradient term is a low-rank product,
+    summed by one product per step (:func:`_sum_of_products`).
+    """
     D, B = task.D, len(rngs)
     opt_kappa = method.startswith("opt_kappa")
     certified = getattr(o, "safety", None) is not None
@@ -359,8 +411,11 @@ def _logits(task, X, theta, omega, bias):
 
 
 def _certified_steps(theta, task, o, pre_P, pre_H, cert):
-    """Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5) and κ checked
-    after it; a bound of 0 (a tie) skips the step."""
+    """Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5).
+
+    Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5) and κ checked
+    after it; a bound of 0 (a tie) skips the step.
+    """
     cert["checked"] += 1
     for tag, X, lam, pre in (
         ("P", task.X_P, o.lambda_p, pre_P),
@@ -389,17 +444,22 @@ def _certified_steps(theta, task, o, pre_P, pre_H, cert):
 def rir_change_tolerance(
     kappas_before: tuple[float, float], kappas_after: tuple[float, float]
 ) -> float:
-    """Relative RIR change two measured RIRs cannot resolve, ``max(1e-9, 8·eps·Σ√κ)`` over the four
-    κ's: κ(H) = κ(Z)² from an SVD errs by ≲ 2p·eps·√κ(H), p = 4 (LAPACK's growth factor, the QR of
-    X)."""
+    """Relative RIR change two measured RIRs cannot resolve.
+
+    ``max(1e-9, 8·eps·Σ√κ)`` over the four κ's: κ(H) = κ(Z)² from an SVD errs by ≲ 2p·eps·√κ(H), p
+    = 4 (LAPACK's growth factor, the QR of X).
+    """
     total = sum(np.sqrt(k) for k in (*kappas_before, *kappas_after))
     return max(1e-9, 8.0 * np.finfo(np.float64).eps * float(total))
 
 
 def r_ill_only(task, method, o, rngs):
-    """R_ill only (docs/theory.md §7): ``θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ))`` by GD, no D_P loss or
-    head, ``epochs × ⌈N_P/batch_size⌉`` steps; RIR falls beyond :func:`rir_change_tolerance` are
-    counted.  From θ = I it draws nothing from the generators: every run is the same run."""
+    """R_ill only (docs/theory.md §7).
+
+    ``θ ← θ − η_t K_H⁺∇_θR_ill(H_H(θ))`` by GD, no D_P loss or head, ``epochs × ⌈N_P/batch_size⌉``
+    steps; RIR falls beyond :func:`rir_change_tolerance` are counted.  From θ = I it draws nothing
+    from the generators: every run is the same run.
+    """
     if o.init == "identity":
         theta, omega, hist, diag = _r_ill_only(task, o, np.eye(task.D)[None])[0]
         return [
@@ -468,8 +528,10 @@ def _r_ill_only(task, o, theta0):
 
 
 def imma_inner_step_size(task, w: np.ndarray, o):
-    """``inner_lr / L``, L = (2/N)λ_max(K_H)‖w‖² the Lipschitz constant of θ ↦ ∇_θL_H(w, θ); one
-    per run for a stack of heads w (B×D×m)."""
+    """``inner_lr / L``, L = (2/N)λ_max(K_H)‖w‖² the Lipschitz constant of θ ↦ ∇_θL_H(w, θ).
+
+    One per run for a stack of heads w (B×D×m).
+    """
     n = task.Y_H.size
     # ‖X_H‖₂ (an SVD) is a constant of the task, cached on it: once, not once per step
     L = 2.0 / n * task.norm2_X_H**2 * np.sum(w * w, axis=(-2, -1))
@@ -479,12 +541,38 @@ def imma_inner_step_size(task, w: np.ndarray, o):
 
 
 def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
-    """F(θ) = L_H(w, θ_J) − L_P(ω, θ_J), θ_J = ``o.inner_steps`` attacker GD steps on all of D_H
-    from θ, and ∇_θF; L_P on ``batch_P = (X, Y)`` (default all of D_P).  Each attacker step is
-    affine in θ and subtracts a matrix (·)wᵀ, so θ_J = θ − S wᵀ (S D×m) and the adjoint (reverse
-    mode by hand) only changes the factor of wᵀ: O(J·D²·m) work, equal to the unrolled matrices to
-    round-off.  Every argument may carry a leading run axis (θ B×D×D, w, ω B×D×m, bias B×m, the
-    batch B×b×D): F is then one value per run."""
+    """IMMA's upper-level objective ``F(θ) = L_H(w, θ_J) − L_P(ω, θ_J)`` and its θ-gradient.
+
+    θ_J is θ after ``o.inner_steps`` attacker GD steps on all of D_H (docs/theory.md §7). Each
+    attacker step is affine in θ and subtracts a matrix (·)wᵀ, so θ_J = θ − S wᵀ (S D×m) and the
+    adjoint (reverse mode by hand) only changes the factor of wᵀ: O(J·D²·m) work, equal to the
+    unrolled matrices to round-off. Every argument may carry a leading run axis (θ B×D×D, w, ω
+    B×D×m, bias B×m, the batch B×b×D): F is then one value per run.
+
+    Parameters
+    ----------
+    theta : ndarray, shape (D, D) or (B, D, D)
+        The feature extractor(s).
+    w : ndarray, shape (D, m) or (B, D, m)
+        The attacker's D_H head.
+    omega : ndarray, shape (D, m) or (B, D, m)
+        The D_P head.
+    task : LinearTask
+        The task (D_H's rows and targets, K_H, the loss of D_P).
+    o : IMMAOptions
+        ``inner_steps`` and ``inner_lr`` (the attacker step, in units of 1/L).
+    bias : ndarray, optional
+        The D_P head's bias (BCE tasks).
+    batch_P : pair of ndarray, optional
+        ``(X, Y)``, the D_P rows of L_P (default all of D_P).
+
+    Returns
+    -------
+    F : float or ndarray of shape (B,)
+        The objective (one per run with a run axis).
+    grad : ndarray, shape of ``theta``
+        ∇_θF.
+    """
     n = task.Y_H.size
     c = imma_inner_step_size(task, w, o) * 2.0 / n
     if np.ndim(c):
@@ -512,8 +600,11 @@ def imma_objective(theta, w, omega, task, o, bias=None, batch_P=None):
 
 
 def imma(task, method, o, rngs):
-    """IMMA (docs/theory.md §7): ascent on :func:`imma_objective`; heads w and ω descend their
-    losses.  The per-epoch κ's come from the small-side spectra, the last from the SVDs."""
+    """IMMA (docs/theory.md §7).
+
+    Ascent on :func:`imma_objective`; heads w and ω descend their losses.  The per-epoch κ's come
+    from the small-side spectra, the last from the SVDs.
+    """
     D, B = task.D, len(rngs)
     theta, omega, bias, w = [], [], [], []
     for rng in rngs:  # each run's draws in the order of a run alone
@@ -565,11 +656,13 @@ def imma(task, method, o, rngs):
 
 
 def algorithm1_auto(task, method, o, rng):
-    """Algorithm 1 (docs/theory.md §6) with its λ's measured on the task (docs/design.md §4): the
-    adaptive rule of :func:`pycore._adaptive.adaptive_descent` from θ = I on the task's exact κ's,
-    ``λ_P = (1 − w)/‖K_P⁺∇_θR_well‖_F``, ``λ_H = w/‖K_H⁺∇_θR_ill‖_F``, ``w = σ(−γ(ln(i) +
+    """Algorithm 1 (docs/theory.md §6) with its λ's measured on the task (docs/design.md §4).
+
+    The adaptive rule of :func:`pycore._adaptive.adaptive_descent` from θ = I on the task's exact
+    κ's, ``λ_P = (1 − w)/‖K_P⁺∇_θR_well‖_F``, ``λ_H = w/‖K_H⁺∇_θR_ill‖_F``, ``w = σ(−γ(ln(i) +
     ln(ii)))``: scale-free, aiming at ln(i) = −ln(ii). No D_P loss term (its θ-gradient vanishes at
-    the optimal head, solved at the end)."""
+    the optimal head, solved at the end).
+    """
     XP, XH = task.X_P, task.X_H
     theta = np.eye(task.D)
     ceiling = rir_ceiling(XP, XH)
@@ -626,10 +719,12 @@ SMALL_FRACTION = 0.05
 
 
 def _far_below(stop: str, ceiling, fraction: float, XP: np.ndarray) -> tuple[str, str | None]:
-    """``stop`` of a run that met Definition 3.1 at a small ``fraction`` of the RIR ceiling, with
-    where more is: the closed form (``"closed_form"``, which attains the range-restricted
+    """``stop`` of a run that met Definition 3.1 at a small ``fraction`` of the RIR ceiling.
+
+    With where more is: the closed form (``"closed_form"``, which attains the range-restricted
     ceiling, when its window is not empty), and standardised columns when D_P's column scales
-    differ by more than 100×."""
+    differ by more than 100×.
+    """
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
     stop += (
         f"; its RIR is {fraction:.2%} of the range-restricted RIR ceiling "
@@ -650,8 +745,10 @@ def _far_below(stop: str, ceiling, fraction: float, XP: np.ndarray) -> tuple[str
 
 
 def _not_reached(stop: str, ceiling, *, budget: bool) -> tuple[str, str | None]:
-    """``stop`` with what is true about a run that never had (i) > 1 > (ii), and the method to try:
-    ``"closed_form"`` when its window is not empty (it attains the range-restricted ceiling)."""
+    """``stop`` with what is true about a run that never had (i) > 1 > (ii), and the method to try.
+
+    ``"closed_form"`` when its window is not empty (it attains the range-restricted ceiling).
+    """
     window = def31_exponent_window(ceiling) if ceiling.kappa_C > 1 else None
     root = float(np.sqrt(ceiling.range_restricted))
     stop += f"; Definition 3.1 was not reached though the RIR ceiling is {ceiling.exact:.4g} > 1"
@@ -674,8 +771,11 @@ def _not_reached(stop: str, ceiling, *, budget: bool) -> tuple[str, str | None]:
 
 
 def ours(task, method, o, rngs):
-    """Algorithm 1: the adaptive default (:func:`algorithm1_auto`, θ = I and no random draw: the
-    runs are one run, computed once) or the fixed-λ loop (:func:`algorithm1`)."""
+    """Algorithm 1: the adaptive default or the fixed-λ loop.
+
+    Algorithm 1: the adaptive default (:func:`algorithm1_auto`, θ = I and no random draw: the
+    runs are one run, computed once) or the fixed-λ loop (:func:`algorithm1`).
+    """
     if not o.auto:
         return algorithm1(task, method, o, rngs)
     theta, omega, hist, diag = algorithm1_auto(task, method, o, rngs[0])
@@ -686,12 +786,15 @@ def ours(task, method, o, rngs):
 
 
 class _KStepProblem:
-    """The k-step objective of a task for :func:`pycore._adaptive.adaptive_descent`
+    """The k-step objective of a task for :func:`pycore._adaptive.adaptive_descent`.
+
+    The k-step objective of a task for :func:`pycore._adaptive.adaptive_descent`
     (docs/theory.md §11): ``(ln (i)_k, ln (ii)_k)`` with (i)_k = E_k,H(θ)/E_k,H(I) and (ii)_k =
     E_k,P(θ)/E_k,P(I), and the θ-gradients of ``ln E_k,P`` (descent lowers it) and of
     ``−ln E_k,H`` (descent raises E_k,H), plain (``precond`` "none") or K⁺-preconditioned
     ("pinv"). One SVD per task and θ serves both callables; a λ_max tie (docs/theory.md §3) is
-    counted, not warned."""
+    counted, not warned.
+    """
 
     def __init__(self, task, o):
         probes = []
@@ -751,12 +854,14 @@ class _KStepProblem:
 
 
 def kstep(task, method, o, rngs):
-    """The k-step immunizer (docs/theory.md §11): the adaptive rule of
-    :func:`pycore._adaptive.adaptive_descent` from θ = I on the k-step ratios (i)_k = E_k,H(θ)/
-    E_k,H(I) (raised) and (ii)_k = E_k,P(θ)/E_k,P(I) (lowered), on the θ-gradients of
-    ``−ln E_k,H`` and ``ln E_k,P`` (``o.precond``: "none", or K⁺ as Algorithm 1's); D_P's head
-    solved exactly at the end (Definition 3.1(c)). It draws nothing from the generators: the runs
-    are one run."""
+    """The k-step immunizer (docs/theory.md §11).
+
+    The adaptive rule of :func:`pycore._adaptive.adaptive_descent` from θ = I on the k-step ratios
+    (i)_k = E_k,H(θ)/ E_k,H(I) (raised) and (ii)_k = E_k,P(θ)/E_k,P(I) (lowered), on the
+    θ-gradients of ``−ln E_k,H`` and ``ln E_k,P`` (``o.precond``: "none", or K⁺ as Algorithm 1's);
+    D_P's head solved exactly at the end (Definition 3.1(c)). It draws nothing from the generators:
+    the runs are one run.
+    """
     problem = _KStepProblem(task, o)
     theta = np.eye(task.D)
     ref_P, ref_H = problem.reference
@@ -818,9 +923,11 @@ RUNNERS = {
 
 
 def closed_form(task, exponent: float, ceiling):
-    """θ = [U_r Λ_r^{-½} Q_C diag(s), 0], s² = λ_C^a (docs/theory.md §10): RIR = the
-    range-restricted ``ceiling`` for a ≥ 0.  The zero null(K_P) columns keep D_P's best loss
-    (Definition 3.1(c)); C's null space keeps s = 1 (θ injective on range(K_P))."""
+    """θ = [U_r Λ_r^{-½} Q_C diag(s), 0], s² = λ_C^a (docs/theory.md §10).
+
+    RIR = the range-restricted ``ceiling`` for a ≥ 0.  The zero null(K_P) columns keep D_P's best
+    loss (Definition 3.1(c)); C's null space keeps s = 1 (θ injective on range(K_P)).
+    """
     lam = ceiling.lambda_C
     s = np.ones_like(lam)
     pos = np.arange(lam.size) < ceiling.rank_C

@@ -1,6 +1,9 @@
-"""Immunization metrics: RIR (paper Eq. (15)), its ceiling and exponent window (docs/theory.md
+"""Immunization metrics: RIR (paper Eq. (15)), its ceiling and exponent window, RIR_θ₀.
+
+Immunization metrics: RIR (paper Eq. (15)), its ceiling and exponent window (docs/theory.md
 §10), RIR_θ₀ by group sampling (§8).  Every κ of a Hessian ``θᵀXᵀXθ`` is κ(Xθ)² from the SVD of the
-features (:func:`pycore.gram_spectrum`): RIR multiplies four κ's that reach 1e10."""
+features (:func:`pycore.gram_spectrum`): RIR multiplies four κ's that reach 1e10.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +25,11 @@ from pycore._validation import (
 
 @dataclass(frozen=True)
 class RIR:
-    """Relative immunization ratio (docs/theory.md §8): ``value`` = (i)/(ii) with ``harmful_ratio``
-    (i) = κ(H_H(θ))/κ(H_H(θ_ref)) and ``pretrain_ratio`` (ii) = κ(H_P(θ))/κ(H_P(θ_ref))."""
+    """Relative immunization ratio (docs/theory.md §8).
+
+    ``value`` = (i)/(ii) with ``harmful_ratio`` (i) = κ(H_H(θ))/κ(H_H(θ_ref)) and
+    ``pretrain_ratio`` (ii) = κ(H_P(θ))/κ(H_P(θ_ref)).
+    """
 
     value: float
     harmful_ratio: float
@@ -55,9 +61,12 @@ def _check_pair(X_P, X_H, names=("X_P", "X_H")):
 
 
 def right_singular_vectors(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, np.ndarray]:
-    """``(s, Vt)``: the singular values of ``X`` (N×D) and ALL D right singular vectors
+    """``(s, Vt)``: the singular values of ``X`` (N×D) and ALL D right singular vectors.
+
+    ``(s, Vt)``: the singular values of ``X`` (N×D) and ALL D right singular vectors
     (range(XᵀX), then its complement), sizes checked up front: a full SVD of a tall X forms an N×N
-    U (35k: 10 GB)."""
+    U (35k: 10 GB).
+    """
     N, D = X.shape
     check_dense_size((D, D), f"the {D}×{D} basis of {name}'s row space ({name} is {N}×{D})")
     check_dense_size((N, min(N, D)), f"the left singular vectors of {name} ({N}×{D})")
@@ -73,8 +82,10 @@ def row_space_basis(X: np.ndarray) -> np.ndarray:
 
 
 def _ratio(**features) -> RIR:
-    """The RIR of four named feature matrices (P, H, P_ref, H_ref), κ's from
-    :func:`gram_spectrum`."""
+    """The RIR of four named feature matrices (P, H, P_ref, H_ref).
+
+    κ's from :func:`gram_spectrum`.
+    """
     return RIR.of(*(gram_spectrum(Z, vectors=False, name=n) for n, Z in features.items()))
 
 
@@ -143,7 +154,30 @@ def rir(theta, X_P, X_H, *, theta_ref=None) -> RIR:
 
 @bounded_blas
 def feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref) -> RIR:
-    """RIR from extracted features (deep nets, docs/theory.md §8)."""
+    """RIR from extracted features (deep nets, docs/theory.md §8).
+
+    Parameters
+    ----------
+    Z_P, Z_H : array_like, shape (N_P, D) and (N_H, D)
+        The model's features of D_P's and D_H's rows.
+    Z_P_ref, Z_H_ref : array_like, shape (N_P, D') and (N_H, D')
+        The reference model's features of the same rows.
+
+    Returns
+    -------
+    RIR
+        ``value`` (i)/(ii), ``harmful_ratio`` (i) = κ(Z_HᵀZ_H)/κ(Z_H_refᵀZ_H_ref) and
+        ``pretrain_ratio`` (ii) = κ(Z_PᵀZ_P)/κ(Z_P_refᵀZ_P_ref).
+
+    Raises
+    ------
+    ParameterError
+        Features of mismatched widths, or a reference of other rows; ``.parameter`` names it.
+    ValueError
+        Features that are not finite real matrices.
+    SpectrumError
+        Features with no condition number (zero).
+    """
     return _ratio(**_check_features(Z_P, Z_H, Z_P_ref, Z_H_ref))
 
 
@@ -161,9 +195,12 @@ def _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref) -> dict:
 
 @dataclass(frozen=True)
 class Ceiling:
-    """sup_θ RIR for linear extractors (docs/theory.md §10): ``range_restricted`` =
-    κ(C)κ(K_P)/κ(K_H) with ``C = K_P^{+½}K_HK_P^{+½}`` on range(K_P), attained by the closed form;
-    ``exact`` equals it when null(K_P) ⊆ null(K_H), else inf (``reason`` says which)."""
+    """sup_θ RIR for linear extractors (docs/theory.md §10).
+
+    ``range_restricted`` = κ(C)κ(K_P)/κ(K_H) with ``C = K_P^{+½}K_HK_P^{+½}`` on range(K_P),
+    attained by the closed form; ``exact`` equals it when null(K_P) ⊆ null(K_H), else inf
+    (``reason`` says which).
+    """
 
     exact: float
     range_restricted: float
@@ -268,16 +305,17 @@ def rir_ceiling(X_P, X_H, *, null_rtol: float = 1e-10) -> Ceiling:
 
 @dataclass(frozen=True)
 class ExponentWindow:
-    """Closed-form exponents a ≥ 0 (s² = λ_C^a) that satisfy Definition 3.1 (docs/theory.md §10):
-    (i) > 1 ⇔ a > ln κ(K_H)/ln κ(C) − 1 (``low``, clamped at 0), (ii) < 1 ⇔ a < ``high`` =
-    ln κ(K_P)/ln κ(C). ``balanced`` is the exponent of largest margin min(ln(i), −ln(ii)),
-    always in ``[low, high)`` when the window is not empty: the middle of the unclamped window
-    ``m = (ln κ(K_H)/ln κ(C) − 1 + high)/2``, where (i) = 1/(ii) = √ceiling, when m ≥ ``low``;
-    else ``low`` (= 0: with m < 0, (i) > 1/(ii) at every a ≥ 0, and a = 0 gives H_P = I, the
-    smallest (ii), 1/κ(K_P)). ``empty`` when no a ≥ 0 satisfies both, or when the window exists
-    only by round-off: its width is ln(ceiling)/ln κ(C), and a ceiling within
-    :func:`ceiling_round_off` of 1 (both tasks of the same rows: κ(C) = 1 + 3e-15) opens
-    none."""
+    """Closed-form exponents a ≥ 0 (s² = λ_C^a) that satisfy Definition 3.1 (docs/theory.md §10).
+
+    (i) > 1 ⇔ a > ln κ(K_H)/ln κ(C) − 1 (``low``, clamped at 0), (ii) < 1 ⇔ a < ``high`` = ln
+    κ(K_P)/ln κ(C). ``balanced`` is the exponent of largest margin min(ln(i), −ln(ii)), always in
+    ``[low, high)`` when the window is not empty: the middle of the unclamped window ``m = (ln
+    κ(K_H)/ln κ(C) − 1 + high)/2``, where (i) = 1/(ii) = √ceiling, when m ≥ ``low``; else ``low``
+    (= 0: with m < 0, (i) > 1/(ii) at every a ≥ 0, and a = 0 gives H_P = I, the smallest (ii),
+    1/κ(K_P)). ``empty`` when no a ≥ 0 satisfies both, or when the window exists only by round-off:
+    its width is ln(ceiling)/ln κ(C), and a ceiling within :func:`ceiling_round_off` of 1 (both
+    tasks of the same rows: κ(C) = 1 + 3e-15) opens none.
+    """
 
     low: float
     high: float
@@ -289,15 +327,33 @@ class ExponentWindow:
 
 
 def ceiling_round_off(ceiling: Ceiling) -> float:
-    """The log-ceiling ln(κ(C)κ(K_P)/κ(K_H)) that round-off alone can produce: each κ = κ(Z)² from
-    an SVD errs by ≲ 2p·eps·√κ relative (p = 4, as :func:`pycore._methods.rir_change_tolerance`),
-    so ``max(1e-9, 8·eps·Σ√κ)`` over the three."""
+    """The log-ceiling ln(κ(C)κ(K_P)/κ(K_H)) that round-off alone can produce.
+
+    Each κ = κ(Z)² from an SVD errs by ≲ 2p·eps·√κ relative (p = 4, as
+    :func:`pycore._methods.rir_change_tolerance`), so ``max(1e-9, 8·eps·Σ√κ)`` over the three.
+    """
     kappas = (ceiling.kappa_C, ceiling.kappa_K_P, ceiling.kappa_K_H)
     return max(1e-9, 8.0 * float(np.finfo(np.float64).eps) * sum(np.sqrt(k) for k in kappas))
 
 
 def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
-    """The :class:`ExponentWindow` of a :class:`Ceiling`; undefined when κ(C) = 1."""
+    """The closed form's Definition 3.1 window of exponents (docs/theory.md §10).
+
+    Parameters
+    ----------
+    ceiling : Ceiling
+        The task's :func:`rir_ceiling`.
+
+    Returns
+    -------
+    ExponentWindow
+        ``low``, ``high``, ``balanced`` and ``empty``.
+
+    Raises
+    ------
+    ValueError
+        κ(C) = 1: every exponent gives the same spectra, there is no window.
+    """
     lc = np.log(ceiling.kappa_C)
     if not lc > 0:
         raise ValueError(
@@ -328,8 +384,32 @@ def grouped_feature_rir(
     groups: int = 20,
     group_size: int = 100,
 ) -> dict:
-    """RIR_θ₀ over ``groups`` random groups of rows, the same for model and reference
-    (docs/theory.md §8)."""
+    """RIR_θ₀ over random groups of rows, the same for model and reference (docs/theory.md §8).
+
+    Parameters
+    ----------
+    Z_P, Z_H, Z_P_ref, Z_H_ref
+        As for :func:`feature_rir`.
+    rng : numpy.random.Generator
+        Draws each group's rows (without replacement).
+    groups : int, default 20
+        The number of groups.
+    group_size : int, default 100
+        Rows per group and task, at least 2 (capped at the rows of the smaller task).
+
+    Returns
+    -------
+    dict
+        ``{"value", "harmful_ratio", "pretrain_ratio"}`` each ``{"mean", "std", "per_group"}``, and
+        ``"group_size"`` (as used) and ``"groups"``.
+
+    Raises
+    ------
+    ParameterError
+        ``groups`` or ``group_size`` out of bounds, or features as :func:`feature_rir` refuses.
+    SpectrumError
+        A group's features with no condition number.
+    """
     check_number(groups, "groups", low=1, integer=True)
     check_number(group_size, "group_size", low=2, integer=True)
     Z_P, Z_H, Z_P_ref, Z_H_ref = _check_features(Z_P, Z_H, Z_P_ref, Z_H_ref).values()

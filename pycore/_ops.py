@@ -1,11 +1,14 @@
-"""The fused condition-number regularizer op and the immunization head (docs/theory.md §3-4,
+"""The fused condition-number regularizer op and the immunization head.
+
+The fused condition-number regularizer op and the immunization head (docs/theory.md §3-4,
 docs/design.md §2), as pytorch/extension-cpp does it: ``torch.ops.pycore.*`` are defined, with
 their input checks, in C++ (csrc/; CPU kernels, CUDA when built); this module registers the fake
 implementation and autograd, and turns the C++ refusals into :class:`CondRegError` (under
 ``torch.compile``: its base ValueError). Without the extension (not built, or
 ``PYCORE_DISABLE_EXTENSION=1``; one RuntimeWarning) the entry points run the plain reference,
 :func:`reference_cond_regularizer` and a float64 solve on the weight gradient: the same values and
-refusals of R, no diagnostics, no meta tensors, no ``torch.compile(fullgraph=True)``."""
+refusals of R, no diagnostics, no meta tensors, no ``torch.compile(fullgraph=True)``.
+"""
 
 from __future__ import annotations
 
@@ -83,8 +86,11 @@ def extension_available() -> bool:
 
 
 def _run(where: str, name: str, op, *args):
-    """``op(*args)``, the C++ checks' ValueError (argument name first) and the dispatcher's
-    NotImplementedError (no kernel for this layout or device) as CondRegError."""
+    """``op(*args)``, the C++ refusals as CondRegError.
+
+    ``op(*args)``, the C++ checks' ValueError (argument name first) and the dispatcher's
+    NotImplementedError (no kernel for this layout or device) as CondRegError.
+    """
     try:
         return op(*args)
     except ValueError as exc:
@@ -159,10 +165,12 @@ if _HAS_EXTENSION:
 
 @dataclass(frozen=True)
 class CondDiagnostics:
-    """Spectrum of ``H = ZᵀZ`` (docs/theory.md §2-3): ``sigma_min`` the smallest eigenvalue above
-    ``rtol·λ_max``; ``eigengap`` ``λ₁ − λ₂`` (R_well) or ``λ_{k−1} − λ_k`` (R_ill); ``tie`` a gap ≤
-    ``tie_rtol·λ₁`` (R_well) or ≤ ``max(tie_rtol·λ_k, rtol·λ₁)`` (R_ill): R is not differentiable
-    there."""
+    """Spectrum of ``H = ZᵀZ`` (docs/theory.md §2-3).
+
+    ``sigma_min`` the smallest eigenvalue above ``rtol·λ_max``; ``eigengap`` ``λ₁ − λ₂`` (R_well)
+    or ``λ_{k−1} − λ_k`` (R_ill); ``tie`` a gap ≤ ``tie_rtol·λ₁`` (R_well) or ≤ ``max(tie_rtol·λ_k,
+    rtol·λ₁)`` (R_ill): R is not differentiable there.
+    """
 
     kind: str
     value: float
@@ -177,9 +185,12 @@ class CondDiagnostics:
 
 
 def _check_default_rtol(Z, rtol, where: str) -> None:
-    """The default rank tolerance ``D·eps`` cuts λ_max itself once it reaches 1 (float32 from D ≈
+    """Refuse a batch so wide that the default rank tolerance cuts λ_max itself.
+
+    The default rank tolerance ``D·eps`` cuts λ_max itself once it reaches 1 (float32 from D ≈
     8.4 million columns): every eigenvalue would count as zero and a 1 × 10⁸ batch read as "zero or
-    underflowing".  Refused naming ``rtol``, the setting that makes such a batch readable."""
+    underflowing".  Refused naming ``rtol``, the setting that makes such a batch readable.
+    """
     if rtol is not None or getattr(Z, "ndim", 0) != 2 or not Z.is_floating_point():
         return
     eps = torch.finfo(Z.dtype).eps
@@ -261,8 +272,10 @@ def cond_regularizer_with_diagnostics(
     tie_rtol: float | None = None,
     warn: bool = True,
 ):
-    """``(R, CondDiagnostics)``; a RuntimeWarning at a tie (``warn``).  Needs the extension and
-    data."""
+    """``(R, CondDiagnostics)``; a RuntimeWarning at a tie (``warn``).
+
+    Needs the extension and data.
+    """
     if not _HAS_EXTENSION:
         raise RuntimeError(
             "cond_regularizer_with_diagnostics needs the compiled extension pycore._C"
@@ -298,9 +311,11 @@ def cond_regularizer_with_diagnostics(
 def reference_cond_regularizer(
     Z: torch.Tensor, kind: str, *, rtol: float | None = None
 ) -> torch.Tensor:
-    """R_kind(ZᵀZ) by autograd through ``torch.linalg.eigvalsh`` in Z's dtype (docs/theory.md §3):
-    the definition the op is tested against and the fallback without it (same rank rule and
-    domain)."""
+    """R_kind(ZᵀZ) by autograd through ``torch.linalg.eigvalsh`` in Z's dtype (docs/theory.md §3).
+
+    The definition the op is tested against and the fallback without it (same rank rule and
+    domain).
+    """
     where = "reference_cond_regularizer"
     if kind not in KINDS:
         raise CondRegError("kind", f"{where}: kind must be 'ill' or 'well', got {kind!r}")
@@ -352,8 +367,11 @@ def _precondition_right(X: torch.Tensor, lambda_reg: float, grad_W: torch.Tensor
 
 
 def precond_linear(X, W, bias=None, lambda_reg: float = 1e-7, precondition: bool = True):
-    """``X Wᵀ + b`` whose weight gradient is ``(grad_outᵀX)(XᵀX + λI)⁻¹`` (docs/theory.md §4,
-    right side)."""
+    """``X Wᵀ + b`` whose weight gradient is ``(grad_outᵀX)(XᵀX + λI)⁻¹``.
+
+    ``X Wᵀ + b`` whose weight gradient is ``(grad_outᵀX)(XᵀX + λI)⁻¹`` (docs/theory.md §4,
+    right side).
+    """
     if _HAS_EXTENSION:
         return _run(
             "precond_linear",
@@ -372,10 +390,11 @@ def precond_linear(X, W, bias=None, lambda_reg: float = 1e-7, precondition: bool
 
 
 class ImmunizationHead(nn.Module):
-    """The paper's identity-initialised D×D dummy layer (App. C.3): ``z = x Wᵀ (+ b)``, ``grad_W ←
-    grad_W (XᵀX + λI)⁻¹``, ``K⁻¹∇_θR`` of Algorithm 1 line 6 for ``W = θᵀ`` (docs/theory.md §4: on
-    the
-    right; the authors' code multiplies on the left)."""
+    """The paper's identity-initialised D×D dummy layer (App. C.3).
+
+    ``z = x Wᵀ (+ b)``, ``grad_W ← grad_W (XᵀX + λI)⁻¹``, ``K⁻¹∇_θR`` of Algorithm 1 line 6 for ``W
+    = θᵀ`` (docs/theory.md §4: on the right; the authors' code multiplies on the left).
+    """
 
     def __init__(
         self,

@@ -1,8 +1,9 @@
-"""Update rules on float64 arrays: GD, Adam, and damped Newton for the smooth strictly convex
-problems of the probes and the attackers.  GD and Adam refuse a non-finite state
-or iterate (an overflowing gradient would make Adam's every later step 0) with a
-:class:`pycore.DivergenceError` naming ``blame``: a parameter, or ``{name: gradient
-term}`` whose largest term is named (:func:`largest_term`).
+"""Update rules on float64 arrays.
+
+GD, Adam, and damped Newton for the smooth strictly convex problems of the probes and the
+attackers.  GD and Adam refuse a non-finite state or iterate (an overflowing gradient would make
+Adam's every later step 0) with a :class:`pycore.DivergenceError` naming ``blame``: a parameter, or
+``{name: gradient term}`` whose largest term is named (:func:`largest_term`).
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ class Adam:
         self.t, self.name = 0, name
 
     def step(self, x: np.ndarray, g: np.ndarray, blame=None) -> np.ndarray:
-        """One Adam step of ``x`` (any shape, e.g. a stack of runs) along ``g``; elementwise, so
-        each entry's arithmetic is that of a step on it alone."""
+        """One Adam step of ``x`` (any shape, e.g. a stack of runs) along ``g``.
+
+        Elementwise, so each entry's arithmetic is that of a step on it alone.
+        """
         if self.m is None or self.m.shape != g.shape:
             # C order throughout: the chunks below are views of the flattened arrays
             self.m, self.v = np.zeros(g.shape), np.zeros(g.shape)
@@ -115,8 +118,10 @@ ADAM_CHUNK = 1 << 15
 
 
 def all_finite(a: np.ndarray) -> bool:
-    """``np.all(np.isfinite(a))`` without the boolean temporary: a finite sum means finite
-    entries."""
+    """``np.all(np.isfinite(a))`` without the boolean temporary.
+
+    A finite sum means finite entries.
+    """
     with np.errstate(over="ignore", invalid="ignore"):
         s = a.sum()
     return bool(np.isfinite(s)) or bool(np.isfinite(a).all())
@@ -129,9 +134,12 @@ FEATURE_LIMIT = 1e150
 def check_scale(
     x: np.ndarray, x_norm: float, where: str, optimizer: str, lr: float, blame
 ) -> None:
-    """:class:`DivergenceError` if ``|X x| ≤ x_norm·max|x|`` (``x_norm = max_i ‖X_i‖₁``) can exceed
+    """A :class:`DivergenceError` when the features ``Xx`` can exceed :data:`FEATURE_LIMIT`.
+
+    :class:`DivergenceError` if ``|X x| ≤ x_norm·max|x|`` (``x_norm = max_i ‖X_i‖₁``) can exceed
     :data:`FEATURE_LIMIT`, blaming lr under Adam (every step is ~lr long), else
-    :func:`largest_term`."""
+    :func:`largest_term`.
+    """
     x_max = max(float(x.max()), -float(x.min()))  # max |x| without the |x| temporary
     if not x_max * x_norm < FEATURE_LIMIT:
         if callable(blame):  # the terms, computed only now that they are needed
@@ -149,9 +157,12 @@ def check_scale(
 
 
 def largest_term(step: float | None = None, **terms) -> str:
-    """Name of the largest term (max |entry|; NaN counts as inf) of a divergent gradient, e.g.
+    """The name of the largest term of a divergent gradient.
+
+    Name of the largest term (max |entry|; NaN counts as inf) of a divergent gradient, e.g.
     ``largest_term(lr=loss_grad, lambda_h=reg_term)``; ``"lr"`` when a GD ``step`` outweighs
-    all."""
+    all.
+    """
 
     def size(a):
         with np.errstate(invalid="ignore"):
@@ -181,10 +192,13 @@ def damped_newton(
     max_iter: int,
     callback: Callable[[np.ndarray], bool] | None = None,
 ) -> tuple[np.ndarray, dict]:
-    """Damped Newton: Cholesky solve of ``hessian(w)`` (positive definite: the callers add a
+    """Damped Newton with Armijo backtracking.
+
+    Damped Newton: Cholesky solve of ``hessian(w)`` (positive definite: the callers add a
     ridge), Armijo backtracking (c = 1e-4, halving), until ``‖∇f‖ ≤ tol·max(1, ‖∇f(w₀)‖)``, the
     float64 floor, ``max_iter`` or ``callback(w)``; ``(w, {"iterations", "grad_norm",
-    "message"})``."""
+    "message"})``.
+    """
     w = w0.copy()
     f, g = value_grad(w)
     g0 = max(1.0, float(np.linalg.norm(g)))

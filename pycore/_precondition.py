@@ -1,4 +1,5 @@
-"""Preconditioning of Algorithm 1's regularizer steps ``∇_θR = 2KθG`` (docs/theory.md §4-§6):
+"""Preconditioning of Algorithm 1's regularizer steps ``∇_θR = 2KθG`` (docs/theory.md §4-§6).
+
 ``"exact"`` K⁻¹ → ``2θG``; ``"pinv"`` K⁺ → ``2ΠθG``, Π the projector on range(K) (K is singular on
 real data); ``"ridge"`` the authors' ``(K+λI)⁻¹`` (:func:`ridge_factor`); ``"none"`` ``2KθG``.
 """
@@ -30,10 +31,13 @@ def range_basis(K, rtol: float | None = None) -> np.ndarray:
 
 
 def ridge_factor(K, ridge: float, X=None) -> tuple[np.ndarray, np.ndarray]:
-    """``(Q_r, f)``, ``(K+λI)⁻¹K = Q_r diag(f) Q_rᵀ`` over K's nonzero eigenvalues μ, ``f =
+    """``(Q_r, f)`` with ``(K+λI)⁻¹K = Q_r diag(f) Q_rᵀ`` over K's nonzero eigenvalues.
+
+    ``(Q_r, f)``, ``(K+λI)⁻¹K = Q_r diag(f) Q_rᵀ`` over K's nonzero eigenvalues μ, ``f =
     μ/(μ+λ)`` (from the SVD of ``X``, K = XᵀX, when N < D): exactly zero on null(K), where a
     Cholesky solve divides round-off by λ and Adam carries the noise into the range (docs/design.md
-    §7)."""
+    §7).
+    """
     check_number(ridge, "ridge", low=0.0, low_open=True)
     if X is not None and X.shape[0] < X.shape[1]:
         _, sv, Vt = np.linalg.svd(X, full_matrices=False)
@@ -50,15 +54,44 @@ def ridge_factor(K, ridge: float, X=None) -> tuple[np.ndarray, np.ndarray]:
 def preconditioned_grad_theta(
     theta, K, kind: str, *, mode: str = "exact", ridge: float = 0.0
 ) -> np.ndarray:
-    """Preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6."""
+    """The preconditioned regularizer gradient ``K⁻¹∇_θR(θᵀKθ)`` of Algorithm 1 line 6.
+
+    Parameters
+    ----------
+    theta : array_like, shape (D, D)
+        The feature extractor.
+    K : array_like, shape (D, D)
+        ``XᵀX`` of the task whose Hessian ``θᵀKθ`` is regularized.
+    kind : {"well", "ill"}
+        R_well or R_ill.
+    mode : str, default "exact"
+        The preconditioner (docs/theory.md §4): ``"exact"`` (K⁻¹), ``"pinv"`` (K⁺), ``"ridge"``
+        ((K + λI)⁻¹) or ``"none"``.
+    ridge : float, default 0.0
+        λ of ``"ridge"``.
+
+    Returns
+    -------
+    ndarray, shape (D, D)
+        The step direction.
+
+    Raises
+    ------
+    ParameterError
+        An unknown kind or mode, a K that is not symmetric, a ridge out of bounds.
+    SpectrumError
+        R undefined on ``θᵀKθ`` (zero, or rank ≤ 1 for R_ill).
+    """
     K = as_float_matrix(K, "K")
     _, reg = grad_theta_and_regularizer(theta, K, kind)
     return precondition(np.asarray(theta, dtype=np.float64), reg.G, K, mode, ridge)
 
 
 def G_parts(reg, D):
-    """(a, b, v) with ``G = a·vvᵀ − b·H``: R_well a = σ₁, b = 1/D; R_ill a = σ_k/d², b = 1/(k
-    d²)."""
+    """(a, b, v) with ``G = a·vvᵀ − b·H``.
+
+    R_well a = σ₁, b = 1/D; R_ill a = σ_k/d², b = 1/(k d²).
+    """
     lam = reg.info.sigma
     if reg.kind == "well":
         return lam[0], 1.0 / D, reg.vector(0)
@@ -67,8 +100,10 @@ def G_parts(reg, D):
 
 
 def theta_G(theta, reg, Z):
-    """θG for ``G = ∇_H R(H)``, ``H = ZᵀZ``; when N < D ``θG = a(θv)vᵀ − b(θZᵀ)Z``
-    (:func:`G_parts`)."""
+    """θG for ``G = ∇_H R(H)``, ``H = ZᵀZ``.
+
+    When N < D ``θG = a(θv)vᵀ − b(θZᵀ)Z`` (:func:`G_parts`).
+    """
     N, D = Z.shape
     if N >= D and reg.G is not None:
         return theta @ reg.G
@@ -77,8 +112,11 @@ def theta_G(theta, reg, Z):
 
 
 class Preconditioner:
-    """What preconditioner ``mode`` needs per task, computed once (with the rows ``X`` and N < D
-    from the SVD of X, the same cut-off on s² as :func:`range_basis` on K's eigenvalues)."""
+    """What preconditioner ``mode`` needs per task, computed once.
+
+    What preconditioner ``mode`` needs per task, computed once (with the rows ``X`` and N < D
+    from the SVD of X, the same cut-off on s² as :func:`range_basis` on K's eigenvalues).
+    """
 
     def __init__(self, K, mode, ridge, X=None):
         self.K, self.mode, self.ridge = K, check_choice(mode, "precond", PRECONDITIONERS), ridge
@@ -98,8 +136,11 @@ class Preconditioner:
         return self.apply_theta_G(theta @ G)  # 2(θG) and (2θ)G are the same bits: ×2 is exact
 
     def direction(self, theta, reg, Z):
-        """Step direction ``K⁺∇_θR = 2ΠθG`` (or the other modes), ``Z = Xθ``; pinv with N < D:
-        ``2V_r(TG)``, ``T = V_rᵀθ = S_r⁻¹U_rᵀZ``, ``TG = a(Tv)vᵀ − b(TZᵀ)Z``: no D×D×N product."""
+        """Step direction ``K⁺∇_θR = 2ΠθG`` (or the other modes), ``Z = Xθ``.
+
+        pinv with N < D: ``2V_r(TG)``, ``T = V_rᵀθ = S_r⁻¹U_rᵀZ``, ``TG = a(Tv)vᵀ − b(TZᵀ)Z``: no
+        D×D×N product.
+        """
         if self.gram is None:
             return self.apply_theta_G(theta_G(theta, reg, Z))
         T = self.gram.T @ Z
@@ -118,16 +159,19 @@ class Preconditioner:
 
 
 class FactorPreconditioner:
-    """Algorithm 1's preconditioned regularizer directions for a stack of runs, from the task's
-    :class:`pycore.linalg.RowFactor` (``K = V diag(s²) Vᵀ``, ``F = diag(s)Vᵀθ``), as a low-rank
-    product ``L @ R`` (:meth:`parts`): with ``FG = EF`` (:class:`pycore.linalg.GramTerm`),
+    """Algorithm 1's preconditioned regularizer directions for a stack of runs.
+
+    They come from the task's :class:`pycore.linalg.RowFactor` (``K = V diag(s²) Vᵀ``, ``F =
+    diag(s)Vᵀθ``), as a low-rank product ``L @ R`` (:meth:`parts`): with ``FG = EF``
+    (:class:`pycore.linalg.GramTerm`),
 
     - ``"pinv"``: ``K⁺∇_θR = 2VVᵀθG = 2(V diag(1/s) E) F``;
     - ``"ridge"``: ``(K + λI)⁻¹∇_θR = 2(V diag(s/(s² + λ)) E) F`` (exactly zero on null(K));
     - ``"none"``: ``∇_θR = 2KθG = 2(V diag(s) E) F``;
     - ``"exact"``: ``K⁻¹∇_θR = 2θG = 2a(θv)vᵀ − 2b(θFᵀ)F`` (docs/theory.md §4).
 
-    No D×D×N product and no D×D H or G: the direction costs two products with r inner columns."""
+    No D×D×N product and no D×D H or G: the direction costs two products with r inner columns.
+    """
 
     def __init__(self, factor, mode: str, ridge: float = 0.0):
         self.mode = check_choice(mode, "precond", PRECONDITIONERS)
@@ -137,8 +181,10 @@ class FactorPreconditioner:
         self._scaled = (None, None)  # (weight, 2·weight·Vc) of the last scalar weight
 
     def parts(self, theta, gram, term, weight) -> tuple[np.ndarray, np.ndarray]:
-        """``(L, R)`` with ``weight ×`` the direction ``= L @ R`` for every run (B×D×k, B×k×D);
-        ``weight`` a number or one per run."""
+        """``(L, R)`` with ``weight ×`` the direction ``= L @ R`` for every run (B×D×k, B×k×D).
+
+        ``weight`` a number or one per run.
+        """
         if self.mode != "exact" and np.ndim(weight) == 0:  # a fixed λ: Vc scaled once
             if self._scaled[0] != weight:
                 self._scaled = (weight, self.Vc * (2.0 * float(weight)))

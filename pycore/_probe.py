@@ -1,5 +1,6 @@
-"""Linear probing of frozen features ``Z = Xθ``: the paper's prober and the problem every attacker
-solves.
+"""Linear probing of frozen features ``Z = Xθ``.
+
+The paper's prober and the problem every attacker solves.
 
 :func:`gd_exact_line_search` is Figure 1 (Eq. (16); docs/theory.md §8): GD with exact line search
 on ``‖Zw − Y‖²`` from w₀ = 0.  :func:`make_problem` builds the :class:`ProbingProblem` of
@@ -42,9 +43,12 @@ class ProbeTrace:
 def exact_line_search_steps(
     Z: np.ndarray, Y: np.ndarray, w: np.ndarray, *, g_floor: float = 0.0
 ) -> Iterator[tuple[np.ndarray, np.ndarray, float]]:
-    """GD with exact line search on ``½‖Zw − Y‖²`` from ``w``, the ONE loop (Figure 1 and the
-    ``gd_exact`` attacker): yields ``(w_{t+1}, E_{t+1}, α_t)``, ``g = ZᵀE``, ``α = gᵀg/‖Zg‖²``, the
-    residual ``E = Zw − Y`` by recurrence; stops once ``‖g‖ ≤ g_floor`` or ``Zg = 0``."""
+    """GD with exact line search on ``½‖Zw − Y‖²`` from ``w``, the ONE loop.
+
+    The loop of Figure 1 and of the ``gd_exact`` attacker: it yields ``(w_{t+1}, E_{t+1}, α_t)``,
+    ``g = ZᵀE``, ``α = gᵀg/‖Zg‖²``, the residual ``E = Zw − Y`` by recurrence; stops once ``‖g‖ ≤
+    g_floor`` or ``Zg = 0``.
+    """
     E = Z @ w - Y
     while True:
         g = Z.T @ E
@@ -79,8 +83,11 @@ def gd_exact_line_search(Z, Y, steps: int) -> ProbeTrace:
 
 @dataclass(frozen=True, eq=False)
 class ProbingProblem:
-    """``min_w L(w)``: ``w*``, ``L*``, smoothness L, ``strong_convexity`` μ on ``range(Zᵀ)``,
-    ``rank``, singular values, ``r_star = Zw* − y`` (lsq)."""
+    """``min_w L(w)`` of a linear probe and the constants that bound its attackers.
+
+    ``w*``, ``L*``, smoothness L, ``strong_convexity`` μ on ``range(Zᵀ)``,
+    ``rank``, singular values, ``r_star = Zw* − y`` (lsq).
+    """
 
     Z: np.ndarray
     y: np.ndarray
@@ -113,8 +120,10 @@ class ProbingProblem:
         return (self.Zw, self.yw) if self.Zw is not None else (self.Z, self.y)
 
     def evaluate(self, w: np.ndarray):
-        """``(L(w), ∇L(w), L(w) − L*)``; logistic also for a block ``w`` (D, m).  The lsq gap
-        ``½‖e‖² + eᵀr*``, ``e = Z(w − w*)``, does not cancel against L*."""
+        """``(L(w), ∇L(w), L(w) − L*)``; logistic also for a block ``w`` (D, m).
+
+        The lsq gap ``½‖e‖² + eᵀr*``, ``e = Z(w − w*)``, does not cancel against L*.
+        """
         Zw, yw = self.work
         z = Zw @ w
         if self.loss == "lsq":
@@ -156,9 +165,12 @@ def make_problem(
     newton_tol: float = 1e-13,
     max_newton: int = 200,
 ) -> ProbingProblem:
-    """Validate ``(Z, y)`` (labels {0, 1} for ``"logistic"``/``"bce"``) and compute ``w*`` (lsq:
-    minimum norm; logistic: damped Newton), ``L*``, L and μ, the smallest NONZERO eigenvalue
-    (logistic: at w*, the defender's worst case; rank rule of docs/theory.md §2)."""
+    """Validate ``(Z, y)`` and solve the probing problem.
+
+    Labels are {0, 1} for ``"logistic"``/``"bce"``; computes ``w*`` (lsq: minimum norm; logistic:
+    damped Newton), ``L*``, L and μ, the smallest NONZERO eigenvalue (logistic: at w*, the
+    defender's worst case; rank rule of docs/theory.md §2).
+    """
     loss = _LOSS_ALIASES.get(loss, loss)
     check_choice(loss, "loss", LOSSES)
     check_number(ridge_rel, "ridge_rel", low=0.0)

@@ -1,8 +1,10 @@
-"""The strict evaluation protocol (docs/theory.md §10), decided on D_P's training rows and applied
-with the same maps to both tasks, training and held-out: (1) drop the columns constant on D_P's
-training rows; (2) if null(K_P) is still not empty, restrict every input to range(K_P) = span(V_r),
-as ``X V_r V_rᵀ`` (``"project"``) or ``X V_r`` (``"basis"``; the same κ's, ceiling and closed
-form). Afterwards null(K_P) ⊆ null(K_H): the RIR ceiling is finite.
+"""The strict evaluation protocol (docs/theory.md §10).
+
+It is decided on D_P's training rows and applied with the same maps to both tasks, training and
+held-out: (1) drop the columns constant on D_P's training rows; (2) if null(K_P) is still not
+empty, restrict every input to range(K_P) = span(V_r), as ``X V_r V_rᵀ`` (``"project"``) or ``X
+V_r`` (``"basis"``; the same κ's, ceiling and closed form). Afterwards null(K_P) ⊆ null(K_H): the
+RIR ceiling is finite.
 """
 
 from __future__ import annotations
@@ -65,8 +67,41 @@ def strict_protocol(
     restriction: str = "project",
     null_rtol: float = NULL_RTOL,
 ) -> tuple[LinearTask, LinearTask | None, StrictReport]:
-    """``(train', heldout', report)``: both tasks under the strict protocol, restricted whenever
-    null(K_P) is not empty (held-out rows may vary where both training sets do not)."""
+    """Both tasks under the strict protocol (module docstring).
+
+    Decided on D_P's training rows; the held-out rows get the same maps (they may vary where both
+    training sets do not).
+
+    Parameters
+    ----------
+    train : LinearTask
+        The training rows of D_P and D_H.
+    heldout : LinearTask, optional
+        Held-out rows of the same columns.
+    feature_names : list of str, optional
+        The input columns' names (default ``x0, x1, …``), for the report.
+    restriction : {"project", "basis"}, default "project"
+        How inputs are restricted to range(K_P) when null(K_P) is not empty: ``X V_r V_rᵀ`` or
+        ``X V_r`` (the same κ's, ceiling and closed form).
+    null_rtol : float, default 1e-10
+        The largest relative weight of D_H on null(K_P) that counts as none.
+
+    Returns
+    -------
+    train : LinearTask
+        The training task under the protocol.
+    heldout : LinearTask or None
+        The held-out task under the same maps.
+    report : StrictReport
+        The columns dropped, the ranks and null-space leaks before and after, the restriction.
+
+    Raises
+    ------
+    ParameterError
+        An unknown restriction, a held-out task or names of another width.
+    ValueError
+        Every input column constant on D_P's training rows.
+    """
     check_choice(restriction, "restriction", RESTRICTIONS)
     D0 = train.D
     if heldout is not None and heldout.D != D0:

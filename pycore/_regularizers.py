@@ -1,4 +1,6 @@
-"""Condition-number regularizers R_well and R_ill (docs/theory.md §3), their gradients through θ
+"""Condition-number regularizers R_well and R_ill (docs/theory.md §3), gradients and step bounds.
+
+Condition-number regularizers R_well and R_ill (docs/theory.md §3), their gradients through θ
 (§4, ``∇_θR = 2KθG``, Theorem 4.2) and step-size bounds (§5, corrected): ``‖S‖_F`` and ONE extreme
 singular pair, never a derivative of an eigendecomposition; a (near-)tie there is a
 :class:`TieWarning`.
@@ -57,8 +59,11 @@ class RegularizerEval(_Tie):
 
 
 def r_ill_denominator(sigma: np.ndarray, k: int, fro2: float) -> float:
-    """d = ‖S‖_F²/(2k) − σ_k²/2, or a :class:`SpectrumError` where d = 0 (to round-off): the k
-    nonzero singular values are equal (κ = 1, rank 1 included; docs/theory.md §5, Thm 4.1(1))."""
+    """R_ill's denominator d = ‖S‖_F²/(2k) − σ_k²/2, or a SpectrumError where d = 0 (round-off).
+
+    The k nonzero singular values are equal (κ = 1, rank 1 included; docs/theory.md §5, Thm
+    4.1(1)).
+    """
     d = fro2 / (2 * k) - 0.5 * sigma[k - 1] ** 2
     if k < 2 or d <= 4 * k * EPS * sigma[0] ** 2:
         raise SpectrumError(
@@ -89,9 +94,11 @@ def evaluate(
     p: int | None = None,
     warn_tie: bool = True,
 ) -> RegularizerEval:
-    """R_ill or R_well of a general matrix ``S`` and its gradient (docs/theory.md §3); ``p``
-    overrides R_well's normaliser ``min(S.shape)``.  Entries near the float64 limits are handled on
-    S/max|S|."""
+    """R_ill or R_well of a general matrix ``S`` and its gradient (docs/theory.md §3).
+
+    ``p`` overrides R_well's normaliser ``min(S.shape)``.  Entries near the float64 limits are
+    handled on S/max|S|.
+    """
     check_choice(kind, "kind", KINDS)
     S = as_float_matrix(S, "S")
     check_number(p, "p", low=1, integer=True, none_ok=True)
@@ -125,22 +132,99 @@ def evaluate(
 
 
 def r_well(S) -> float:
-    """R_well(S) = ½σ_max² − ‖S‖_F²/(2p) (Nenov et al. 2024; paper Eq. (3))."""
+    """R_well(S) = ½σ_max² − ‖S‖_F²/(2p), p = min(m, n) (Nenov et al. 2024; paper Eq. (3)).
+
+    Parameters
+    ----------
+    S : array_like, shape (m, n)
+        A real finite matrix.
+
+    Returns
+    -------
+    float
+        R_well(S), computed on S/max|S| near the float64 limits.
+
+    Raises
+    ------
+    ValueError
+        ``S`` not a finite real 2-D array (the message names ``S``).
+    SpectrumError
+        S = 0, or a value outside float64.
+    """
     return evaluate(S, "well", grad=False).value
 
 
 def r_ill(S) -> float:
-    """R_ill(S) = 1/(‖S‖_F²/(2k) − ½σ_min²), k = rank S (paper Sec. 4.1; docs/theory.md §3)."""
+    """R_ill(S) = 1/(‖S‖_F²/(2k) − ½σ_min²), k = rank S (paper Sec. 4.1; docs/theory.md §3).
+
+    Parameters
+    ----------
+    S : array_like, shape (m, n)
+        A real finite matrix.
+
+    Returns
+    -------
+    float
+        R_ill(S).
+
+    Raises
+    ------
+    ValueError
+        ``S`` not a finite real 2-D array (the message names ``S``).
+    SpectrumError
+        S = 0, all k nonzero singular values equal (κ = 1, rank 1 included: the denominator is 0),
+        or a value outside float64.
+    """
     return evaluate(S, "ill", grad=False).value
 
 
 def r_well_grad(S) -> np.ndarray:
-    """∇_S R_well = σ₁u₁v₁ᵀ − S/p (Theorem A.1(3)); warns :class:`TieWarning` at a σ_max tie."""
+    """∇_S R_well = σ₁u₁v₁ᵀ − S/p (Theorem A.1(3)).
+
+    Warns :class:`TieWarning` at a σ_max tie, where R_well is not differentiable.
+
+    Parameters
+    ----------
+    S : array_like, shape (m, n)
+        A real finite matrix.
+
+    Returns
+    -------
+    ndarray, shape (m, n)
+        The gradient.
+
+    Raises
+    ------
+    ValueError
+        ``S`` not a finite real 2-D array (the message names ``S``).
+    SpectrumError
+        S = 0, or a value outside float64.
+    """
     return evaluate(S, "well").grad
 
 
 def r_ill_grad(S) -> np.ndarray:
-    """∇_S R_ill = (σ_k u_k v_kᵀ − S/k)/d² (Theorem 4.1(3)); warns at a σ_min tie."""
+    """∇_S R_ill = (σ_k u_k v_kᵀ − S/k)/d² (Theorem 4.1(3)).
+
+    Warns :class:`TieWarning` at a σ_min tie, where R_ill is not differentiable.
+
+    Parameters
+    ----------
+    S : array_like, shape (m, n)
+        A real finite matrix.
+
+    Returns
+    -------
+    ndarray, shape (m, n)
+        The gradient (0 where it underflows).
+
+    Raises
+    ------
+    ValueError
+        ``S`` not a finite real 2-D array (the message names ``S``).
+    SpectrumError
+        R_ill undefined at S (as :func:`r_ill`), or a gradient that overflows float64.
+    """
     return evaluate(S, "ill").grad
 
 
@@ -158,8 +242,11 @@ class HessianRegularizer(_Tie):
     _eig: SymmetricEigen | None = None  # H's tridiagonal reduction, for further vectors
 
     def vector(self, i: int) -> np.ndarray:
-        """Eigenvector of H for the i-th largest eigenvalue (bit-for-bit one ``evr`` subset
-        call on H)."""
+        """Eigenvector of H for the i-th largest eigenvalue.
+
+        Eigenvector of H for the i-th largest eigenvalue (bit-for-bit one ``evr`` subset
+        call on H).
+        """
         if i not in self._vectors:
             if self._eig is None:  # N < D: the two extreme vectors are all there is
                 raise ValueError(
@@ -172,8 +259,10 @@ class HessianRegularizer(_Tie):
 
 
 def _zero_on_dead_features(v: np.ndarray, H: np.ndarray) -> np.ndarray:
-    """``v`` with ``v_j = 0`` exactly where ``H_jj = 0`` (e_j ∈ null(H)), renormalised: LAPACK's
-    ~1e-17 there became full-size Adam steps of kernel-dependent sign (docs/design.md §7)."""
+    """``v`` with ``v_j = 0`` exactly where ``H_jj = 0`` (e_j ∈ null(H)), renormalised.
+
+    LAPACK's ~1e-17 there became full-size Adam steps of kernel-dependent sign (docs/design.md §7).
+    """
     dead = np.diagonal(H) == 0
     if dead.any() and not dead.all():
         v = v.copy()
@@ -185,14 +274,17 @@ def _zero_on_dead_features(v: np.ndarray, H: np.ndarray) -> np.ndarray:
 def hessian_regularizer(
     Z, kind: str, *, rtol: float | None = None, matrices: bool = True
 ) -> HessianRegularizer:
-    """R_kind(ZᵀZ) and ``G = ∇_H R``, the immunizers' in-loop path (Theorem 4.2: R_well with p =
+    """R_kind(ZᵀZ) and ``G = ∇_H R``, the immunizers' in-loop path.
+
+    R_kind(ZᵀZ) and ``G = ∇_H R``, the immunizers' in-loop path (Theorem 4.2: R_well with p =
     D).
 
     N < D (MNIST): the spectrum of the N×N ``ZZᵀ`` (``v = Zᵀu/√λ``), both extreme vectors kept, and
     ``matrices=False`` skips the D×D ``H`` and ``G``.  Otherwise one reduction of H
     (:class:`pycore.linalg.SymmetricEigen`): 3-7× cheaper than the SVD of Z and exact enough for
     the
-    gradient (λ_min to ``eps·κ(H)``).  Exact metrics use ``gram_spectrum``."""
+    gradient (λ_min to ``eps·κ(H)``).  Exact metrics use ``gram_spectrum``.
+    """
     check_choice(kind, "kind", KINDS)
     Z = as_float_matrix(Z, "Z")
     N, D = Z.shape
@@ -252,12 +344,52 @@ def grad_theta_and_regularizer(theta, K, kind: str):
 
 
 def r_well_grad_theta(theta, K) -> np.ndarray:
-    """∇_θ R_well(θᵀKθ) = 2Kθ(σ₁v₁v₁ᵀ − H/D) (Theorem 4.2(1))."""
+    """∇_θ R_well(θᵀKθ) = 2Kθ(σ₁v₁v₁ᵀ − H/D) (Theorem 4.2(1)).
+
+    Parameters
+    ----------
+    theta : array_like, shape (D, D)
+        The feature extractor.
+    K : array_like, shape (D, D)
+        ``XᵀX``, symmetric positive semi-definite (to round-off).
+
+    Returns
+    -------
+    ndarray, shape (D, D)
+        The gradient.
+
+    Raises
+    ------
+    ParameterError
+        K not symmetric or not positive semi-definite (``"K"``), θ of another size.
+    SpectrumError
+        ``θᵀKθ = 0``.
+    """
     return grad_theta_and_regularizer(theta, K, "well")[0]
 
 
 def r_ill_grad_theta(theta, K) -> np.ndarray:
-    """∇_θ R_ill(θᵀKθ) = 2Kθ(σ_k v_k v_kᵀ − H/k)/d² (Theorem 4.2(2))."""
+    """∇_θ R_ill(θᵀKθ) = 2Kθ(σ_k v_k v_kᵀ − H/k)/d² (Theorem 4.2(2)).
+
+    Parameters
+    ----------
+    theta : array_like, shape (D, D)
+        The feature extractor.
+    K : array_like, shape (D, D)
+        ``XᵀX``, symmetric positive semi-definite (to round-off).
+
+    Returns
+    -------
+    ndarray, shape (D, D)
+        The gradient.
+
+    Raises
+    ------
+    ParameterError
+        K not symmetric or not positive semi-definite (``"K"``), θ of another size.
+    SpectrumError
+        R_ill undefined at ``θᵀKθ`` (zero, or κ = 1).
+    """
     return grad_theta_and_regularizer(theta, K, "ill")[0]
 
 
@@ -271,8 +403,27 @@ def _spec(x, symmetric_name: str | None = None) -> SpectrumInfo:
 
 
 def r_well_step_bound(S, p: int | None = None) -> float:
-    """Largest η with κ(S − η∇R_well(S)) < κ(S) for all 0 < η < η* (Theorem A.1(4), corrected):
-    ``η* = (1−ρ)/(1−(1−ρ)/p)``, ``ρ = σ₂σ_k/σ₁²``."""
+    """The largest η* with κ(S − η∇R_well(S)) < κ(S) for all 0 < η < η*.
+
+    Theorem A.1(4), corrected: ``η* = (1−ρ)/(1−(1−ρ)/p)``, ``ρ = σ₂σ_k/σ₁²``.
+
+    Parameters
+    ----------
+    S : array_like or SpectrumInfo
+        The matrix, or its spectrum.
+    p : int, optional
+        R_well's normaliser (default ``min(S.shape)``).
+
+    Returns
+    -------
+    float
+        η*; 0 when κ cannot drop (rank < 2, or a σ_max tie).
+
+    Raises
+    ------
+    ValueError
+        ``S`` not a finite real 2-D array.
+    """
     info = _spec(S)
     p = (info.sigma.size if isinstance(S, SpectrumInfo) else min(np.shape(S))) if p is None else p
     s, k = info.sigma, info.rank
@@ -283,7 +434,25 @@ def r_well_step_bound(S, p: int | None = None) -> float:
 
 
 def r_ill_step_bound(S) -> float:
-    """Sufficient η for κ(S − η∇R_ill(S)) > κ(S): ``η < k d²/(k−1)`` (Theorem 4.1(4))."""
+    """A sufficient η for κ(S − η∇R_ill(S)) > κ(S): ``η < k d²/(k−1)`` (Theorem 4.1(4)).
+
+    Parameters
+    ----------
+    S : array_like or SpectrumInfo
+        The matrix, or its spectrum.
+
+    Returns
+    -------
+    float
+        The bound ``k d²/(k−1)``.
+
+    Raises
+    ------
+    ValueError
+        ``S`` not a finite real 2-D array.
+    SpectrumError
+        R_ill undefined at S.
+    """
     info = _spec(S)
     s, k = info.sigma, info.rank
     d = r_ill_denominator(s, k, float(np.sum(s * s)))
@@ -291,8 +460,27 @@ def r_ill_step_bound(S) -> float:
 
 
 def preconditioned_r_well_step_bound(H, D: int | None = None) -> float:
-    """Sufficient η for ``θ − ηK⁻¹∇_θR_well`` to lower κ(θᵀKθ) (Theorem 4.3(1) corrected):
-    ``η ≤ (√σ₁ − √σ₂) / (2(1−1/D)σ₁^{3/2} + (2/D)σ₂^{3/2})``, σ the eigenvalues of H."""
+    """A sufficient η for ``θ − ηK⁻¹∇_θR_well`` to lower κ(θᵀKθ) (Theorem 4.3(1), corrected).
+
+    ``η ≤ (√σ₁ − √σ₂) / (2(1−1/D)σ₁^{3/2} + (2/D)σ₂^{3/2})``, σ the eigenvalues of H = θᵀKθ.
+
+    Parameters
+    ----------
+    H : array_like or SpectrumInfo
+        The symmetric Hessian θᵀKθ (to round-off), or its spectrum.
+    D : int, optional
+        R_well's normaliser (default H's size).
+
+    Returns
+    -------
+    float
+        The bound; 0 when κ cannot drop (rank < 2, or a σ₁ tie).
+
+    Raises
+    ------
+    ParameterError
+        H not symmetric (``"H"``).
+    """
     info = _spec(H, "H")
     D = info.sigma.size if D is None else D
     if info.rank < 2 or info.tie_max:
@@ -302,8 +490,27 @@ def preconditioned_r_well_step_bound(H, D: int | None = None) -> float:
 
 
 def preconditioned_r_ill_step_bound(H) -> float:
-    """Strict upper bound on η for ``θ − ηK⁻¹∇_θR_ill`` to raise κ(θᵀKθ) (Thm 4.3(2) corrected):
-    ``min(d²/((1−2/k)σ_min) [k > 2], k d²/(2(k−1)σ_min))``; at the second, σ_min reaches 0."""
+    """A strict upper bound on η for ``θ − ηK⁻¹∇_θR_ill`` to raise κ(θᵀKθ) (Thm 4.3(2), corrected).
+
+    ``min(d²/((1−2/k)σ_min) [k > 2], k d²/(2(k−1)σ_min))``; at the second, σ_min reaches 0.
+
+    Parameters
+    ----------
+    H : array_like or SpectrumInfo
+        The symmetric Hessian θᵀKθ (to round-off), or its spectrum.
+
+    Returns
+    -------
+    float
+        The bound.
+
+    Raises
+    ------
+    ParameterError
+        H not symmetric (``"H"``).
+    SpectrumError
+        R_ill undefined at H.
+    """
     info = _spec(H, "H")
     s, k = info.sigma, info.rank
     d = r_ill_denominator(s, k, float(np.sum(s * s)))

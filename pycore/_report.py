@@ -83,9 +83,12 @@ STRING_MARK = "\x00"
 
 
 def to_json(obj):
-    """``obj`` as strict JSON values: a result object → its ``to_dict()``, NumPy → Python, paths
-    → str, tuples → lists, non-finite floats → strings, a string that reads like one of those
-    (or starts with :data:`STRING_MARK`) → marked."""
+    """``obj`` as strict JSON values.
+
+    A result object → its ``to_dict()``, NumPy → Python, paths → str, tuples → lists, non-finite
+    floats → strings, a string that reads like one of those (or starts with :data:`STRING_MARK`) →
+    marked.
+    """
     if callable(getattr(obj, "to_dict", None)):
         return to_json(obj.to_dict())
     if isinstance(obj, Mapping):
@@ -117,8 +120,11 @@ def to_json(obj):
 
 
 def from_json(obj):
-    """Inverse of :func:`to_json` for the non-finite floats (``"Infinity"`` → ``inf`` etc.) and
-    the strings it marked (:data:`STRING_MARK`)."""
+    """The inverse of :func:`to_json` for non-finite floats and marked strings.
+
+    Inverse of :func:`to_json` for the non-finite floats (``"Infinity"`` → ``inf`` etc.) and
+    the strings it marked (:data:`STRING_MARK`).
+    """
     if isinstance(obj, dict):
         return {k: from_json(v) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -150,8 +156,10 @@ def read_json(path: Path):
 
 
 def _is_terminal(stream) -> bool:
-    """Whether ``stream`` is an open terminal: False for a closed stderr (``2>&-`` makes
-    ``sys.stderr`` None) or a closed file."""
+    """Whether ``stream`` is an open terminal.
+
+    False for a closed stderr (``2>&-`` makes ``sys.stderr`` None) or a closed file.
+    """
     try:
         return stream is not None and bool(stream.isatty())
     except (ValueError, OSError):
@@ -159,7 +167,20 @@ def _is_terminal(stream) -> bool:
 
 
 def progress(iterable=None, **kw):
-    """tqdm that stays silent when stderr is not a terminal (CI, pipes)."""
+    """A tqdm progress bar that stays silent when stderr is not a terminal (CI, pipes).
+
+    Parameters
+    ----------
+    iterable : iterable, optional
+        What the bar iterates over.
+    **kw
+        tqdm's options; ``disable`` defaults to "stderr is not a terminal" and ``leave`` to False.
+
+    Returns
+    -------
+    tqdm.tqdm
+        The bar.
+    """
     from tqdm.auto import tqdm
 
     kw.setdefault("disable", not _is_terminal(sys.stderr))
@@ -168,8 +189,10 @@ def progress(iterable=None, **kw):
 
 
 def save_figure(fig, path: Path, dpi: int = 120, rect=None) -> None:
-    """``tight_layout`` (within ``rect``), save (creating the folder) and close: figures never
-    pile up."""
+    """``tight_layout`` (within ``rect``), save (creating the folder) and close.
+
+    Figures never pile up.
+    """
     import matplotlib.pyplot as plt
 
     fig.tight_layout(rect=rect)

@@ -37,10 +37,12 @@ class SpectrumError(ValueError):
 
 @dataclass(frozen=True)
 class SpectrumInfo:
-    """Nonzero-spectrum summary: ``sigma`` all singular values (descending), ``rank`` of them above
-    ``tol``; ``gap_max = σ₁ − σ₂``, ``gap_min = σ_{k−1} − σ_k`` (inf without a neighbour) and the
-    tie flags of docs/theory.md §3; ``vectors`` the matching right singular vectors /
-    eigenvectors."""
+    """Nonzero-spectrum summary.
+
+    ``sigma`` all singular values (descending), ``rank`` of them above ``tol``; ``gap_max = σ₁ −
+    σ₂``, ``gap_min = σ_{k−1} − σ_k`` (inf without a neighbour) and the tie flags of docs/theory.md
+    §3; ``vectors`` the matching right singular vectors / eigenvectors.
+    """
 
     sigma: np.ndarray
     rank: int
@@ -56,8 +58,30 @@ class SpectrumInfo:
 
 
 def rank_tolerance(sigma_max: float, shape: tuple[int, ...], rtol: float | None = None) -> float:
-    """Cut-off below which a singular value counts as zero: ``σ_max·max(shape)·eps``, or
-    ``σ_max·rtol`` with ``rtol`` in [0, 1) (NaN would keep no value, rtol ≥ 1 would cut σ_max)."""
+    """The cut-off below which a singular value counts as zero (docs/theory.md §2).
+
+    ``σ_max·max(shape)·eps``, or ``σ_max·rtol`` with ``rtol`` in [0, 1) (NaN would keep no value,
+    rtol ≥ 1 would cut σ_max).
+
+    Parameters
+    ----------
+    sigma_max : float
+        The largest singular value.
+    shape : tuple of int
+        The matrix's shape.
+    rtol : float, optional
+        A relative tolerance in [0, 1) in place of ``max(shape)·eps``.
+
+    Returns
+    -------
+    float
+        The cut-off.
+
+    Raises
+    ------
+    ParameterError
+        ``rtol`` outside [0, 1) (``.parameter`` is ``"rtol"``).
+    """
     rtol = (
         max(shape) * EPS
         if rtol is None
@@ -67,8 +91,11 @@ def rank_tolerance(sigma_max: float, shape: tuple[int, ...], rtol: float | None 
 
 
 def numerical_rank(s: np.ndarray, shape) -> int:
-    """How many of the descending singular values ``s`` of a ``shape`` matrix pass
-    :func:`rank_tolerance`."""
+    """How many of the descending singular values of a matrix pass :func:`rank_tolerance`.
+
+    How many of the descending singular values ``s`` of a ``shape`` matrix pass
+    :func:`rank_tolerance`.
+    """
     return int(np.count_nonzero(s > rank_tolerance(s[0], shape)))
 
 
@@ -121,15 +148,19 @@ def check_symmetric(S, name: str) -> np.ndarray:
 
 
 def scale_of(S: np.ndarray, big: float = _BIG) -> float | None:
-    """max|S| when S must be decomposed as S/max|S| (beyond ``big`` or below ``1/big``), else
-    None."""
+    """max|S| when S must be decomposed as S/max|S|, else None.
+
+    S must be when max|S| lies beyond ``big`` or below ``1/big``.
+    """
     scale = float(np.max(np.abs(S)))
     return scale if scale > big or 0.0 < scale < 1 / big else None
 
 
 def singular_parts(S: np.ndarray, vectors: bool = True):
-    """``(σ descending, U, V)`` of ``S`` (U, V None unless ``vectors``): ``|λ|`` from ``eigh`` when
-    S is symmetric (then ``u_i = sign(λ_i) v_i``), else the SVD."""
+    """``(σ descending, U, V)`` of ``S`` (U, V None unless ``vectors``).
+
+    ``|λ|`` from ``eigh`` when S is symmetric (then ``u_i = sign(λ_i) v_i``), else the SVD.
+    """
     if is_symmetric(S):
         S = 0.5 * (S + S.T)
         if not vectors:
@@ -148,7 +179,37 @@ def singular_parts(S: np.ndarray, vectors: bool = True):
 def spectrum_info(
     S, *, rtol: float | None = None, vectors: bool = False, name: str = "S"
 ) -> SpectrumInfo:
-    """Singular values of ``S`` (:func:`singular_parts`), rank, ties and (``vectors``) V."""
+    """The singular values of a matrix, its rank, ties and (``vectors``) right singular vectors.
+
+    Symmetric S from ``eigh`` (``|λ|``), any other from the SVD; entries near the float64 limits
+    are decomposed as S/max|S|.
+
+    Parameters
+    ----------
+    S : array_like, shape (m, n)
+        A real finite matrix.
+    rtol : float, optional
+        The rank cut-off relative to σ_max, in [0, 1) (:func:`rank_tolerance`).
+    vectors : bool, default False
+        Also the right singular vectors (eigenvectors).
+    name : str, default "S"
+        The argument's name in errors.
+
+    Returns
+    -------
+    SpectrumInfo
+        ``sigma`` (descending), ``rank``, ``kappa``, the gaps and tie flags of docs/theory.md §3,
+        and ``vectors``.
+
+    Raises
+    ------
+    ValueError
+        ``S`` not a finite real 2-D array (the message names it).
+    ParameterError
+        ``rtol`` out of bounds.
+    SpectrumError
+        S = 0, or σ_max overflows float64.
+    """
     S = as_float_matrix(S, name)
     check_number(rtol, "rtol", low=0.0, high=1.0, high_open=True, none_ok=True)
     scale = scale_of(S) or 1.0  # singular values scale exactly with S
@@ -164,8 +225,29 @@ def spectrum_info(
 
 
 def condition_number(S, *, rtol: float | None = None) -> float:
-    """κ(S) = σ_max/σ_min over the nonzero spectrum (paper Eq. (1)); :class:`SpectrumError` at
-    S = 0."""
+    """κ(S) = σ_max/σ_min over the nonzero spectrum (paper Eq. (1)).
+
+    Parameters
+    ----------
+    S : array_like, shape (m, n)
+        A real finite matrix.
+    rtol : float, optional
+        The rank cut-off relative to σ_max, in [0, 1) (:func:`rank_tolerance`).
+
+    Returns
+    -------
+    float
+        κ(S) ≥ 1.
+
+    Raises
+    ------
+    ValueError
+        ``S`` not a finite real 2-D array (the message names ``S``).
+    ParameterError
+        ``rtol`` out of bounds.
+    SpectrumError
+        S = 0, or σ_max overflows float64.
+    """
     return spectrum_info(S, rtol=rtol).kappa
 
 
@@ -176,8 +258,36 @@ _SQRT_TINY = float(np.sqrt(np.finfo(np.float64).tiny))
 def gram_spectrum(
     Z, *, rtol: float | None = None, vectors: bool = True, name: str = "Z"
 ) -> SpectrumInfo:
-    """Spectrum of ``H = ZᵀZ`` from the SVD of ``Z``: eigenvalues ``s²``, eigenvectors ``V``, the
-    rank cut-off applied to ``s`` with Z's shape (docs/theory.md §2)."""
+    """The spectrum of ``H = ZᵀZ`` from the SVD of ``Z``.
+
+    Eigenvalues ``s²``, eigenvectors ``V``, the rank cut-off applied to ``s`` with Z's shape
+    (docs/theory.md §2): accurate where forming H is not (κ(H) = 1e14 to ~1e-8).
+
+    Parameters
+    ----------
+    Z : array_like, shape (N, D)
+        The features.
+    rtol : float, optional
+        The rank cut-off relative to σ_max, in [0, 1).
+    vectors : bool, default True
+        Also the eigenvectors of H.
+    name : str, default "Z"
+        The argument's name in errors.
+
+    Returns
+    -------
+    SpectrumInfo
+        The eigenvalues of H (descending), its rank, ``kappa`` = κ(H), gaps, ties, eigenvectors.
+
+    Raises
+    ------
+    ValueError
+        ``Z`` not a finite real 2-D array.
+    ParameterError
+        ``rtol`` out of bounds.
+    SpectrumError
+        Z = 0 (H has no condition number), or a spectrum outside float64.
+    """
     Z = as_float_matrix(Z, name)
     if vectors:
         _, s, Vt = np.linalg.svd(Z, full_matrices=False)
@@ -214,9 +324,12 @@ def _gram_info(s, V, shape, rtol, name) -> SpectrumInfo:
 
 
 class ProductGramSpectrum:
-    """Spectra of ``(Xθ)ᵀ(Xθ)`` for ONE X and many θ, as accurate as :func:`gram_spectrum` of
-    ``Xθ``: for tall X, ``X = QR`` once and ``Xθ = Q(Rθ)`` has the singular values of the D×D
-    ``Rθ`` (to ~eps‖X‖‖θ‖, the rounding of ``Xθ`` itself); the rank cut-off uses X's shape."""
+    """Spectra of ``(Xθ)ᵀ(Xθ)`` for ONE X and many θ.
+
+    As accurate as :func:`gram_spectrum` of ``Xθ``: for tall X, ``X = QR`` once and ``Xθ = Q(Rθ)``
+    has the singular values of the D×D ``Rθ`` (to ~eps‖X‖‖θ‖, the rounding of ``Xθ`` itself); the
+    rank cut-off uses X's shape.
+    """
 
     def __init__(self, X, name: str = "Z"):
         X = as_float_matrix(X, "X")
@@ -230,7 +343,9 @@ class ProductGramSpectrum:
 
 @dataclass(frozen=True, eq=False)
 class RowFactor:
-    """``X ≈ U diag(s) Vᵀ`` over the ``r`` singular values with ``s² > rank_tolerance(s₁², (D,))``
+    """``X ≈ U diag(s) Vᵀ`` over the singular values K = XᵀX's rank rule keeps.
+
+    ``X ≈ U diag(s) Vᵀ`` over the ``r`` singular values with ``s² > rank_tolerance(s₁², (D,))``
     (the rank rule of ``K = XᵀX``, docs/theory.md §2), computed once per data matrix.
 
     ``A = diag(s) Vᵀ`` (r×D) gives the small side of every Gram matrix of the features: ``Xθ =
@@ -289,8 +404,11 @@ class RowFactor:
         return out
 
     def features(self, theta: np.ndarray) -> np.ndarray:
-        """``F = Aθ`` for one θ (D×D) or a stack (B×D×D): ``Xθ = UF``.  A's columns at X's zero
-        columns are exact zeros, so only θ's rows at the live columns are read."""
+        """``F = Aθ`` for one θ (D×D) or a stack (B×D×D).
+
+        ``Xθ = UF``.  A's columns at X's zero columns are exact zeros, so only θ's rows at the live
+        columns are read.
+        """
         live = self._live_A
         if live is None:
             return self.A @ theta
@@ -311,12 +429,15 @@ _EVR_SAFE_LOW, _EVR_SAFE_HIGH = 1e-140, 1e70
 
 
 class SymmetricEigen:
-    """All eigenvalues of a symmetric matrix and any of its eigenvectors from ONE tridiagonal
+    """All eigenvalues of a symmetric matrix and any of its eigenvectors from ONE reduction.
+
+    All eigenvalues of a symmetric matrix and any of its eigenvectors from ONE tridiagonal
     reduction (``eigh(H, driver="evr")`` redoes ``dsytrd``, the O(n³) part, every call): dsyevr's
     own LAPACK calls and workspace sizes, so ``values`` (``dsterf``, ascending) and :meth:`vector`
     are bit-for-bit those of separate ``eigh`` calls (a test checks it).  Matrices dsyevr would
     rescale,
-    size 1 or a LAPACK failure go through ``scipy.linalg.eigh`` itself."""
+    size 1 or a LAPACK failure go through ``scipy.linalg.eigh`` itself.
+    """
 
     __slots__ = ("_H", "_c", "_d", "_e", "_tau", "_lwork", "values")
 
@@ -346,10 +467,13 @@ class SymmetricEigen:
         self.values = scipy.linalg.eigh(H, eigvals_only=True, driver="evr", check_finite=False)
 
     def vector_at_value(self, j: int) -> np.ndarray:
-        """Unit eigenvector for the j-th smallest eigenvalue by inverse iteration (``dstein``) at
+        """Unit eigenvector for the j-th smallest eigenvalue by inverse iteration.
+
+        Unit eigenvector for the j-th smallest eigenvalue by inverse iteration (``dstein``) at
         the ``dsterf`` eigenvalue already in :attr:`values`, without dsyevr's bisection
         (``dstebz``) for it: half the cost of :meth:`vector`, equal to it to round-off (both
-        eigenvalues are accurate to eps·‖H‖)."""
+        eigenvalues are accurate to eps·‖H‖).
+        """
         if self._c is not None:
             n = self._d.size
             iblock, isplit = np.ones(n, dtype=np.int32), np.zeros(n, dtype=np.int32)
@@ -377,10 +501,13 @@ class SymmetricEigen:
         return v[:, 0]
 
     def _vector_at(self, w, iblock, isplit) -> np.ndarray | None:
-        """The eigenvector of H at the eigenvalue ``w[0]``: inverse iteration on the tridiagonal
-        (``dstein``), then back to H's basis by dsyevr's own ``dormtr`` (lower), which is
-        ``dormqr`` on rows 2..n with the reflectors below the subdiagonal and the workspace
-        dsyevr passes it (lwork − 2n). None where LAPACK reports a failure."""
+        """The eigenvector of H at the eigenvalue ``w[0]``.
+
+        Inverse iteration on the tridiagonal (``dstein``), then back to H's basis by dsyevr's own
+        ``dormtr`` (lower), which is ``dormqr`` on rows 2..n with the reflectors below the
+        subdiagonal and the workspace dsyevr passes it (lwork − 2n). None where LAPACK reports a
+        failure.
+        """
         n, lapack = self._d.size, scipy.linalg.lapack
         z, info = lapack.dstein(self._d, self._e, w, iblock, isplit)
         if info != 0:

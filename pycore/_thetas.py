@@ -1,6 +1,8 @@
-"""Archives of immunized extractors: every run's θ in one ``.npz`` (keys :func:`theta_key`, the
-inputs under ``"data/..."``, a ``"meta"`` JSON string), read with ``allow_pickle=False`` and a
-memory cap."""
+"""Archives of immunized extractors.
+
+Every run's θ in one ``.npz`` (keys :func:`theta_key`, the inputs under ``"data/..."``, a
+``"meta"`` JSON string), read with ``allow_pickle=False`` and a memory cap.
+"""
 
 from __future__ import annotations
 
@@ -28,14 +30,18 @@ def run_name(method: str, harden: str = "none") -> str:
 
 
 def theta_key(method: str, seed: int, harden: str = "none", part: str | None = None) -> str:
-    """The archive key of a run: ``"ours/seed0"``, ``"ours+haar/seed0"``,
-    ``"ours+haar/seed0/Q"``."""
+    """The archive key of a run.
+
+    ``"ours/seed0"``, ``"ours+haar/seed0"``, ``"ours+haar/seed0/Q"``.
+    """
     return f"{run_name(method, harden)}/seed{int(seed)}" + (f"/{part}" if part else "")
 
 
 def run_thetas(res, method: str, seed: int, harden: str = "none", prefix: str = "") -> dict:
-    """A result's archive entries: its θ and, when hardened, the unhardened θ and the rotation
-    Q."""
+    """A result's archive entries.
+
+    Its θ and, when hardened, the unhardened θ and the rotation Q.
+    """
     out = {prefix + theta_key(method, seed, harden): res.theta}
     if res.theta_unhardened is not None:
         out[prefix + theta_key(method, seed)] = res.theta_unhardened
@@ -44,8 +50,11 @@ def run_thetas(res, method: str, seed: int, harden: str = "none", prefix: str = 
 
 
 def task_arrays(tasks: dict, prefix: str = "") -> dict:
-    """``{prefix}data/<name>/<X_P|Y_P|X_H|Y_H>``: the inputs the θ's of ``{name: LinearTask}``
-    act on."""
+    """The archive entries of the inputs the θ's of ``{name: LinearTask}`` act on.
+
+    ``{prefix}data/<name>/<X_P|Y_P|X_H|Y_H>``: the inputs the θ's of ``{name: LinearTask}``
+    act on.
+    """
     return {
         f"{prefix}data/{name}/{k}": getattr(t, k)
         for name, t in tasks.items()
@@ -80,8 +89,11 @@ def save_thetas(path, arrays: dict, meta: dict | None = None) -> Path:
 
 
 def _refusal(zf: zipfile.ZipFile, limit: int) -> str | None:
-    """Why the archive is refused before reading: declared sizes over ``limit``, or a member whose
-    .npy header declares more than it holds (numpy would allocate it first)."""
+    """Why the archive is refused before reading.
+
+    Declared sizes over ``limit``, or a member whose .npy header declares more than it holds (numpy
+    would allocate it first).
+    """
     total = sum(i.file_size for i in zf.infolist())
     if total > limit:
         return (

@@ -43,7 +43,27 @@ def _ctl():  # created on first use, after NumPy/SciPy have loaded their BLAS
 
 
 def threads_for(dim: int) -> int | None:
-    """The BLAS thread count for work of largest dimension ``dim`` (None: leave it as it is)."""
+    """The BLAS thread count for work of a given largest dimension.
+
+    First match wins (module docstring): ``PYCORE_BLAS_THREADS`` (n, ``auto`` or ``off``/``0``), an
+    explicit ``OMP_NUM_THREADS`` (or OpenBLAS/MKL/BLIS/vecLib: None), then the size rule (one
+    thread below :data:`SMALL_MATRIX_DIM`).
+
+    Parameters
+    ----------
+    dim : int
+        The largest dimension of the work's arrays.
+
+    Returns
+    -------
+    int or None
+        The count; None: leave it as it is.
+
+    Raises
+    ------
+    ValueError
+        ``PYCORE_BLAS_THREADS`` set to anything else (the message names it).
+    """
     setting = os.environ.get(ENV_VAR, "").strip().lower()
     if setting in ("off", "none", "no", "0"):
         return None
@@ -73,8 +93,21 @@ def _scope(n: int | None):
 
 @contextmanager
 def task_threads():
-    """ONE BLAS thread for the enclosed work unless the user chose otherwise; entry points inside
-    keep it, so a result never depends on the worker count."""
+    """ONE BLAS thread for the enclosed work unless the user chose otherwise.
+
+    A context manager for a worker task of a process pool; entry points inside keep its decision,
+    so a result never depends on the worker count.
+
+    Returns
+    -------
+    contextmanager
+        The bounded region (``with task_threads(): ...``).
+
+    Raises
+    ------
+    ValueError
+        ``PYCORE_BLAS_THREADS`` malformed (:func:`threads_for`).
+    """
     if getattr(_local, "active", False):
         yield
         return
@@ -84,7 +117,25 @@ def task_threads():
 
 @contextmanager
 def blas_threads(n: int):
-    """Run the enclosed library calls with ``n`` BLAS threads, whatever their size."""
+    """Run the enclosed library calls with a given number of BLAS threads, whatever their size.
+
+    Parameters
+    ----------
+    n : int
+        The thread count, at least 1.
+
+    Returns
+    -------
+    contextmanager
+        The bounded region (``with blas_threads(2): ...``).
+
+    Raises
+    ------
+    ParameterError
+        ``n`` not a positive integer (``.parameter`` is ``"n"``).
+    RuntimeError
+        Nested inside another bounded region.
+    """
     n = check_number(n, "n", low=1, integer=True)
     if getattr(_local, "active", False):
         raise RuntimeError("blas_threads cannot be nested inside another bounded region")
@@ -93,8 +144,7 @@ def blas_threads(n: int):
 
 
 def _largest_dim(values) -> int:
-    """Largest dimension of the arrays among ``values`` (tasks' X_P, X_H and problems' Z
-    included)."""
+    """Largest dimension of the arrays among ``values``, tasks' X_P, X_H and problems' Z too."""
     dim = 0
     for v in values:
         arrays = (
@@ -109,8 +159,22 @@ def _largest_dim(values) -> int:
 
 
 def bounded_blas(func):
-    """Entry-point decorator: the count decided once per call from the arguments' largest
-    dimension."""
+    """Entry-point decorator: the BLAS thread count decided once per call.
+
+    The count comes from :func:`threads_for` of the arguments' largest dimension (arrays, a task's
+    ``X_P`` and ``X_H``, a probing problem's ``Z``); calls made inside a bounded region keep that
+    region's count.
+
+    Parameters
+    ----------
+    func : callable
+        The entry point.
+
+    Returns
+    -------
+    callable
+        ``func`` wrapped (:func:`functools.wraps`).
+    """
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):

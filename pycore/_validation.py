@@ -19,8 +19,10 @@ def _rebuild_error(cls, args, state):
 
 
 class PicklableError:
-    """Mixin (first base) for an exception whose ``__init__`` takes more than its message: it
-    crosses a process pool as itself."""
+    """Mixin (first base) for an exception whose ``__init__`` takes more than its message.
+
+    It crosses a process pool as itself.
+    """
 
     def __reduce__(self):
         return _rebuild_error, (type(self), self.args, dict(self.__dict__))
@@ -65,8 +67,11 @@ class DivergenceError(PicklableError, FloatingPointError):
 
 
 def check_dense_size(shape, what: str) -> None:
-    """``ValueError`` naming ``what`` if a float64 ``shape`` exceeds
-    :data:`pycore.limits.MAX_DENSE_BYTES`."""
+    """A ``ValueError`` naming ``what`` if a float64 ``shape`` exceeds the dense limit.
+
+    ``ValueError`` naming ``what`` if a float64 ``shape`` exceeds
+    :data:`pycore.limits.MAX_DENSE_BYTES`.
+    """
     limit, nbytes = limits.MAX_DENSE_BYTES, 8 * math.prod(int(n) for n in shape)
     if nbytes > limit:
         raise ValueError(
@@ -77,10 +82,13 @@ def check_dense_size(shape, what: str) -> None:
 
 
 def check_work(D: int, rows: int, squares: float, row_blocks: float, what: str) -> int:
-    """The bytes ``8·D·(squares·D + row_blocks·rows)`` of the D×D and N×D float64 arrays ``what``
+    """The bytes of the D×D and N×D float64 arrays ``what`` holds at once, checked.
+
+    The bytes ``8·D·(squares·D + row_blocks·rows)`` of the D×D and N×D float64 arrays ``what``
     holds at once, or a ``ValueError`` naming ``what``, D and the bytes when they exceed
     :data:`pycore.limits.MAX_WORK_BYTES` (read at call time): refused before the first array is
-    allocated."""
+    allocated.
+    """
     D, rows = int(D), int(rows)
     nbytes = int(8 * D * (squares * D + row_blocks * rows))
     if nbytes > limits.MAX_WORK_BYTES:
@@ -98,8 +106,11 @@ def _size(nbytes: int) -> str:
 
 
 def as_float_matrix(A, name: str = "matrix", *, ndim: int = 2) -> np.ndarray:
-    """``A`` as a C-contiguous float64 array of ``ndim`` dims, or a ``ValueError`` naming ``name``
-    (size checked before copying: a broadcast view is never expanded first)."""
+    """``A`` as a C-contiguous float64 array of ``ndim`` dims, checked.
+
+    Or a ``ValueError`` naming ``name`` (size checked before copying: a broadcast view is never
+    expanded first).
+    """
     arr = np.asarray(A)
     if arr.dtype.kind not in "biuf":
         raise ValueError(f"{name} must be a real numeric array, got dtype {arr.dtype}")
@@ -168,8 +179,11 @@ def check_number(
     integer: bool = False,
     none_ok: bool = False,
 ):
-    """``value`` as a finite float (an int when ``integer``) in the interval, else a
-    :class:`ParameterError` naming ``name``; ``None`` passes through when ``none_ok``."""
+    """``value`` as a finite float (an int when ``integer``) in the interval, checked.
+
+    ``value`` as a finite float (an int when ``integer``) in the interval, else a
+    :class:`ParameterError` naming ``name``; ``None`` passes through when ``none_ok``.
+    """
     if value is None and none_ok:
         return None
     want = describe_number(
@@ -200,10 +214,13 @@ def check_number(
 
 
 def check_counts(value, name: str, *, low: int = 1, high=None) -> tuple[int, ...]:
-    """``value``, one integer (any ``numbers.Integral`` but a bool: NumPy's too) or a non-empty
+    """``value`` as a tuple of ints each in ``[low, high]``, checked.
+
+    ``value``, one integer (any ``numbers.Integral`` but a bool: NumPy's too) or a non-empty
     list, tuple, range, set or array of them, as a tuple of ints each in ``[low, high]``;
     anything else (a float, None, a string, an empty list) is a :class:`ParameterError` naming
-    ``name``."""
+    ``name``.
+    """
     if isinstance(value, np.ndarray):
         value = value.tolist()  # one int, or a list of them
     items = (value,) if isinstance(value, numbers.Integral) else value
@@ -251,8 +268,11 @@ OUTLIER_FACTOR = 1e6
 
 
 def outliers(values, factor: float = OUTLIER_FACTOR) -> np.ndarray:
-    """Indices of the finite entries beyond ``factor`` × the median magnitude of the nonzero ones
-    (robust to the outlier itself); empty with < 2 nonzero entries."""
+    """Indices of the finite entries beyond ``factor`` × the median magnitude of the nonzero ones.
+
+    Indices of the finite entries beyond ``factor`` × the median magnitude of the nonzero ones
+    (robust to the outlier itself); empty with < 2 nonzero entries.
+    """
     a = np.abs(np.asarray(values, dtype=np.float64))
     nz = a[np.isfinite(a) & (a > 0)]
     if nz.size < 2:
@@ -261,10 +281,13 @@ def outliers(values, factor: float = OUTLIER_FACTOR) -> np.ndarray:
 
 
 def check_regular_file(path, what: str, *, max_bytes: int | None = None, error=ValueError) -> int:
-    """The size of ``path``, an existing regular file of at most ``max_bytes`` (default
+    """The size of ``path``, an existing regular file of at most ``max_bytes``.
+
+    The size of ``path``, an existing regular file of at most ``max_bytes`` (default
     :data:`pycore.limits.MAX_DATA_FILE_BYTES` at call time): a FIFO or device is refused before it
     is opened (reading one could block forever).  Missing: ``FileNotFoundError``; other problems:
-    ``error``."""
+    ``error``.
+    """
     p = os.fspath(path)
     try:
         st = os.stat(p)

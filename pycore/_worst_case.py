@@ -1,8 +1,10 @@
-"""Worst-case attack evaluation of a linear immunizer (docs/findings.md §4), as fine-tuning
-defenses are judged (Qi et al. 2024; TamperBench): a *family* of optimizers is swept over its
-hyper-parameters, its best configuration counts, and the defense is judged by the strongest
-attacker found, named. Cost = iterations to a relative suboptimality ε.  :func:`attack_evaluation`
-evaluates one θ."""
+"""Worst-case attack evaluation of a linear immunizer (docs/findings.md §4).
+
+Judged as fine-tuning defenses are (Qi et al. 2024; TamperBench): a *family* of optimizers is swept
+over its hyper-parameters, its best configuration counts, and the defense is judged by the
+strongest attacker found, named. Cost = iterations to a relative suboptimality ε.
+:func:`attack_evaluation` evaluates one θ.
+"""
 
 from __future__ import annotations
 
@@ -61,8 +63,11 @@ MAX_ORDERS = 10_000  # best_so_far: orders × configurations floats are kept in 
 
 @dataclass(frozen=True)
 class AttackerConfig:
-    """A ``family`` (:data:`FAMILIES`), the ``attacker`` it runs and its ``params`` (sorted
-    pairs)."""
+    """An attacker family's configuration: the attacker it runs and its parameters.
+
+    A ``family`` (:data:`FAMILIES`), the ``attacker`` it runs and its ``params`` (sorted
+    pairs).
+    """
 
     family: str
     attacker: str
@@ -142,8 +147,11 @@ class GridRun:
     eps: tuple[float, ...]
 
     def steps_of(self, i: int, eps: float) -> int | None:
-        """Steps of configuration ``i`` to ``eps`` (one of :attr:`eps`), None if not within the
-        cap."""
+        """Steps of configuration ``i`` to ``eps``, None if not within the cap.
+
+        Steps of configuration ``i`` to ``eps`` (one of :attr:`eps`), None if not within the
+        cap.
+        """
         return self.steps[i][self.eps.index(float(eps))]
 
     def to_dict(self) -> dict:
@@ -218,16 +226,21 @@ def run_grid(
 
 
 class Best(NamedTuple):
-    """The fewest ``steps`` a set of configurations took to ε and the ``attacker`` (its label)
-    that took them; ``(None, None)`` when none was within the cap."""
+    """The fewest ``steps`` a set of configurations took to ε and the attacker that took them.
+
+    The fewest ``steps`` a set of configurations took to ε and the ``attacker`` (its label)
+    that took them; ``(None, None)`` when none was within the cap.
+    """
 
     steps: int | None
     attacker: str | None
 
 
 def family_best(run: GridRun, eps: float) -> dict[str, Best]:
-    """Per family of ``run``'s grid: its :class:`Best` configuration to ``eps`` (ties: the earlier
-    one)."""
+    """Per family of ``run``'s grid.
+
+    Its :class:`Best` configuration to ``eps`` (ties: the earlier one).
+    """
     out: dict[str, Best] = {}
     for i, c in enumerate(run.configs):
         s = run.steps_of(i, eps)
@@ -238,9 +251,11 @@ def family_best(run: GridRun, eps: float) -> dict[str, Best]:
 
 
 class Slowdown(NamedTuple):
-    """``steps(θ)/steps(reference)``: ``value`` and its ``kind``, ``"="`` exact, ``">="`` a lower
-    bound (θ's attacker hit the cap), ``"<="`` an upper bound (the reference's did), ``"n/a"``
-    (both did; ``value`` None)."""
+    """``steps(θ)/steps(reference)``: ``value`` and its ``kind``.
+
+    ``"="`` exact, ``">="`` a lower bound (θ's attacker hit the cap), ``"<="`` an upper bound (the
+    reference's did), ``"n/a"`` (both did; ``value`` None).
+    """
 
     value: float | None
     kind: str
@@ -259,9 +274,12 @@ def slowdown(s_theta: int | None, s_ref: int | None, cap: int) -> Slowdown:
 
 @dataclass(frozen=True)
 class FamilyResult:
-    """The fastest configuration on θ among some attacker families against the fastest on the
+    """The fastest configuration on θ among some attacker families against the reference's.
+
+    The fastest configuration on θ among some attacker families against the fastest on the
     reference: steps to ε (None = not within the cap), the :func:`slowdown` θ/reference with its
-    ``kind``, and the :func:`kappa_bounds` ``bound`` of the ``family`` (None where not given)."""
+    ``kind``, and the :func:`kappa_bounds` ``bound`` of the ``family`` (None where not given).
+    """
 
     family: str | None
     attacker: str | None
@@ -277,8 +295,11 @@ class FamilyResult:
 
 
 def worst_case(run: GridRun, ref: GridRun, eps: float, families=None) -> FamilyResult:
-    """The defender's worst case at ``eps`` over ``families`` (default all): the fewest steps on θ
-    (named), the best on the reference and their :func:`slowdown`; ties go to the earlier one."""
+    """The defender's worst case at ``eps`` over ``families`` (default all).
+
+    The fewest steps on θ (named), the best on the reference and their :func:`slowdown`; ties go to
+    the earlier one.
+    """
     fams = set(FAMILIES if families is None else families)
 
     def best(r):
@@ -310,9 +331,11 @@ def _restricted_kappa(Hm: np.ndarray, basis: np.ndarray) -> float:  # κ of Hm o
 
 @bounded_blas
 def kappa_reference(problem: A.ProbingProblem) -> dict:
-    """The κ's an attacker family feels on ``range(Zᵀ)``: ``kappa`` of the Hessian (lsq: ZᵀZ;
-    logistic: ``∇²L(w*)``) and ``kappa_jacobi`` of ``J^{-½}∇²L J^{-½}``, ``J = diag ∇²L``, what a
-    diagonal preconditioner faces (van der Sluis 1969)."""
+    """The κ's an attacker family feels on ``range(Zᵀ)``.
+
+    ``kappa`` of the Hessian (lsq: ZᵀZ; logistic: ``∇²L(w*)``) and ``kappa_jacobi`` of ``J^{-½}∇²L
+    J^{-½}``, ``J = diag ∇²L``, what a diagonal preconditioner faces (van der Sluis 1969).
+    """
     if problem.loss == "lsq":
         s = A.jacobi_scaling(problem.Z)
         return {
@@ -333,9 +356,11 @@ def kappa_reference(problem: A.ProbingProblem) -> dict:
 
 
 def kappa_bounds(kappa_theta: dict, kappa_ref: dict) -> dict[str, float]:
-    """Per family, the slow-down the κ's alone can force (docs/findings.md §4): ``r =
-    κ(θ)/κ(ref)``, √r, r_J (κ_J's ratio), √r_J or 1 by :data:`FAMILIES`: ratios of worst-case
-    iteration bounds."""
+    """Per family, the slow-down the κ's alone can force (docs/findings.md §4).
+
+    ``r = κ(θ)/κ(ref)``, √r, r_J (κ_J's ratio), √r_J or 1 by :data:`FAMILIES`: ratios of worst-case
+    iteration bounds.
+    """
     r = kappa_theta["kappa"] / kappa_ref["kappa"]
     rj = kappa_theta["kappa_jacobi"] / kappa_ref["kappa_jacobi"]
     kinds = {
@@ -349,9 +374,11 @@ def kappa_bounds(kappa_theta: dict, kappa_ref: dict) -> dict[str, float]:
 
 
 def best_so_far(steps, *, n_orders: int = 200, rng: np.random.Generator, cap: int) -> np.ndarray:
-    """The fewest steps found after trying k configurations, k = 1..n, for ``n_orders`` random
-    orders (TamperBench's best-so-far curves); ``steps`` None (not within the cap) count as ``cap +
-    1``."""
+    """The fewest steps found after trying k configurations, k = 1..n, in random orders.
+
+    For ``n_orders`` random orders (TamperBench's best-so-far curves); ``steps`` None (not within
+    the cap) count as ``cap + 1``.
+    """
     check_number(n_orders, "n_orders", low=1, high=MAX_ORDERS, integer=True)
     s = np.array([cap + 1 if x is None else x for x in steps], dtype=float)
     if s.size == 0:
@@ -360,8 +387,11 @@ def best_so_far(steps, *, n_orders: int = 200, rng: np.random.Generator, cap: in
 
 
 def within(items, *, low: float | None = None, high: float | None = None) -> bool | None:
-    """Does every seed's slow-down ``(value, kind)`` (:func:`slowdown`: a bound on the true ratio)
-    lie in ``[low, high]``? True, False when one lies outside, else None (undecided)."""
+    """Whether every seed's slow-down lies in ``[low, high]``: True, False, or None (undecided).
+
+    Does every seed's slow-down ``(value, kind)`` (:func:`slowdown`: a bound on the true ratio)
+    lie in ``[low, high]``? True, False when one lies outside, else None (undecided).
+    """
     low, high = -math.inf if low is None else low, math.inf if high is None else high
     bounds = [
         (v if k in ("=", ">=") else 0.0, v if k in ("=", "<=") else math.inf) for v, k in items
@@ -373,11 +403,13 @@ def within(items, *, low: float | None = None, high: float | None = None) -> boo
 
 @dataclass(frozen=True)
 class AttackEvaluation:
-    """What :func:`attack_evaluation` found: per attacker family (``families``, in grid order) its
-    :class:`FamilyResult` against θ = I, and the defender's ``worst`` case (the fastest
-    configuration of any family on θ against the fastest on I); ``eps``, the step ``cap`` and the
-    ``n_rows`` of D_H the attacker held; ``loss``, the loss D_H was probed with ("mse" or
-    "bce")."""
+    """What :func:`attack_evaluation` found.
+
+    Per attacker family (``families``, in grid order) its :class:`FamilyResult` against θ = I, and
+    the defender's ``worst`` case (the fastest configuration of any family on θ against the fastest
+    on I); ``eps``, the step ``cap`` and the ``n_rows`` of D_H the attacker held; ``loss``, the
+    loss D_H was probed with ("mse" or "bce").
+    """
 
     eps: float
     cap: int
@@ -409,8 +441,9 @@ def attack_evaluation(
     max_steps: int = 20000,
     ridge_rel: float = 1e-4,
 ):
-    """Judge θ by what its attackers feel: every attacker family probing D_H through θ and
-    through θ = I (docs/findings.md §4).
+    """Judge θ by what its attackers feel.
+
+    Every attacker family probing D_H through θ and through θ = I (docs/findings.md §4).
 
     Each configuration of :func:`attacker_grid` (GD, momentum, Adam, Adagrad, CG, L-BFGS,
     Jacobi-PCG, whitening, a solve) trains a linear probe on the features ``Xθ`` of D_H, from

@@ -1,11 +1,12 @@
-"""The worst case over seeds, for a table of attacked θ's (docs/findings.md §4–5): each attacked
-:class:`Variant` (a method's θ, hardened or not) is run through an attacker grid
+"""The worst case over seeds, for a table of attacked θ's (docs/findings.md §4–5).
+
+Each attacked :class:`Variant` (a method's θ, hardened or not) is run through an attacker grid
 (:func:`pycore.attacks.run_grid`) per seed and problem (:class:`VariantRun`); :func:`analyse`
 gathers, per (variant, rows, task, ε), each family's best slow-down against identity beside its κ
 bound and the defender's worst cases (:class:`Analysis`), :func:`best_so_far_curves` the
-best-so-far curves (:class:`BestSoFar`), :func:`targets` the hardening targets of
-docs/findings.md §5 (:class:`Target`). :func:`pycore.attack_evaluation` is the same
-judgement of one θ; ``experiments/attacks.py`` is the command that runs and prints these.
+best-so-far curves (:class:`BestSoFar`), :func:`targets` the hardening targets of docs/findings.md
+§5 (:class:`Target`). :func:`pycore.attack_evaluation` is the same judgement of one θ;
+``experiments/attacks.py`` is the command that runs and prints these.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ from pycore._validation import ParameterError
 
 @dataclass(frozen=True)
 class Variant:
-    """An attacked θ: a ``method``'s, hardened by ``harden`` or not; ``name`` is its label in
-    results.json and the θ archive (:func:`pycore._thetas.run_name`: ``ours+haar``)."""
+    """An attacked θ: a ``method``'s, hardened by ``harden`` or not.
+
+    ``name`` is its label in results.json and the θ archive (:func:`pycore._thetas.run_name`:
+    ``ours+haar``).
+    """
 
     method: str
     harden: str = "none"
@@ -55,9 +59,12 @@ class Variant:
 
 @dataclass(frozen=True)
 class VariantRun:
-    """One variant of one immunization seed: its θ (by digest), the numbers hardening must keep
-    on each row set (``numbers[rows]``: RIR, (i), (ii), best D_P loss), and the attacker grid on
-    each problem (``problems[rows][task]``, task "D_H" or "D_P")."""
+    """One variant of one immunization seed.
+
+    Its θ (by digest), the numbers hardening must keep on each row set (``numbers[rows]``: RIR,
+    (i), (ii), best D_P loss), and the attacker grid on each problem (``problems[rows][task]``,
+    task "D_H" or "D_P").
+    """
 
     seed: int
     variant: Variant
@@ -90,9 +97,12 @@ class VariantRun:
 
 @dataclass(frozen=True)
 class FamilyCell:
-    """One attacker family on one (variant, problem, ε), one entry per seed: its best slow-down
-    against identity (``slowdown``) beside its κ ``bound``, the best configuration on θ and on
-    identity; for a hardened variant also against the rotated identity (``*_vs_rotated``)."""
+    """One attacker family on one (variant, problem, ε), one entry per seed.
+
+    Its best slow-down against identity (``slowdown``) beside its κ ``bound``, the best
+    configuration on θ and on identity; for a hardened variant also against the rotated identity
+    (``*_vs_rotated``).
+    """
 
     slowdown: tuple[W.Slowdown, ...]
     bound: tuple[float, ...]
@@ -107,9 +117,11 @@ class FamilyCell:
 
 @dataclass(frozen=True)
 class Cell:
-    """A variant on one problem (``rows``, ``task``) at one ``eps``, per seed: every family
-    (``families``) and the defender's worst case over all families and over the first-order
-    ones."""
+    """A variant on one problem (``rows``, ``task``) at one ``eps``, per seed.
+
+    Every family (``families``) and the defender's worst case over all families and over the
+    first-order ones.
+    """
 
     variant: Variant
     rows: str
@@ -143,8 +155,11 @@ class Analysis:
 
     @property
     def variants(self) -> list[Variant]:
-        """The analysed variants, in the order of the runs (identity is the reference, not one
-        of them)."""
+        """The analysed variants, in the order of the runs.
+
+        The analysed variants, in the order of the runs (identity is the reference, not one
+        of them).
+        """
         return list(dict.fromkeys(v for v, *_ in self.cells))
 
     def to_dict(self) -> list[dict]:
@@ -152,8 +167,11 @@ class Analysis:
 
 
 def _by_seed(runs) -> tuple[dict, list[Variant], list[int]]:
-    """``({(seed, variant): run}, variants, seeds)``; every seed must have identity's run, the
-    reference of every slow-down."""
+    """The runs by ``(seed, variant)``, the variants and the seeds.
+
+    ``({(seed, variant): run}, variants, seeds)``; every seed must have identity's run, the
+    reference of every slow-down.
+    """
     runs = list(runs)
     if not runs:
         raise ParameterError("runs", "no runs to analyse")
@@ -168,10 +186,11 @@ def _by_seed(runs) -> tuple[dict, list[Variant], list[int]]:
 
 
 def analyse(runs, grid, eps_list, cap: int, *, rotated: Variant | None = None) -> Analysis:
-    """Per variant (≠ identity), problem, ε and seed: each family's best slow-down against
-    identity (a hardened variant: also against ``rotated``, identity hardened alike) beside its κ
-    bound, and the worst cases over all families and over the first-order ones
-    (docs/findings.md §4).
+    """Per variant (≠ identity), problem, ε and seed.
+
+    Each family's best slow-down against identity (a hardened variant: also against ``rotated``,
+    identity hardened alike) beside its κ bound, and the worst cases over all families and over the
+    first-order ones (docs/findings.md §4).
 
     Parameters
     ----------
@@ -246,10 +265,13 @@ def analyse(runs, grid, eps_list, cap: int, *, rotated: Variant | None = None) -
 
 @dataclass(frozen=True)
 class Curve:
-    """Best-so-far on D_H of one variant on one row set, over the configurations of a ``pool``
+    """Best-so-far on D_H of one variant on one row set, over the configurations of a pool.
+
+    Best-so-far on D_H of one variant on one row set, over the configurations of a ``pool``
     ("all" or "first_order"): after k configurations tried in a random order, the fewest steps on
     θ over the best of the WHOLE grid on identity; median and 10/90 % quantiles over orders and
-    seeds."""
+    seeds.
+    """
 
     variant: Variant
     rows: str
@@ -286,7 +308,9 @@ class BestSoFar:
 
 
 def best_so_far_curves(runs, grid, eps: float, cap: int, orders: int) -> BestSoFar:
-    """The best-so-far curves on D_H of every variant and row set (TamperBench's: how fast an
+    """The best-so-far curves on D_H of every variant and row set.
+
+    The best-so-far curves on D_H of every variant and row set (TamperBench's: how fast an
     attacker who tries configurations in a random order finds the worst case).
 
     Parameters
@@ -351,8 +375,11 @@ TARGET_EPS, TARGET_SLOWDOWN, TARGET_DP, TARGET_RTOL = 1e-4, 10.0, 1.2, 1e-10
 
 @dataclass(frozen=True)
 class Target:
-    """A hardened variant against the targets: Adam's per-seed slow-downs on D_H and D_P, the
-    largest change of an invariant, and whether each target is met (None: undecided, a cap)."""
+    """A hardened variant against the targets.
+
+    Adam's per-seed slow-downs on D_H and D_P, the largest change of an invariant, and whether each
+    target is met (None: undecided, a cap).
+    """
 
     variant: Variant
     adam_dh: tuple[W.Slowdown, ...]
@@ -367,7 +394,9 @@ class Target:
 
 
 def targets(runs, analysis: Analysis) -> list[Target]:
-    """The hardening targets of docs/findings.md §5 (training rows, ε = :data:`TARGET_EPS`) for
+    """The hardening targets of docs/findings.md §5.
+
+    The hardening targets of docs/findings.md §5 (training rows, ε = :data:`TARGET_EPS`) for
     each hardened variant but identity's that was attacked by Adam.
 
     Parameters

@@ -1,7 +1,9 @@
-"""Kaggle "House Prices", split as in the paper (docs/theory.md §9):
-:func:`pycore.data.load_table` with D_H = rows with ``MSZoning == "RL"``, D_P's target
-``LotArea``, D_H's ``SalePrice``, inputs every other Kaggle column (79, ``Id`` included, as the
-authors' code) in Kaggle's order."""
+"""Kaggle "House Prices", split as in the paper (docs/theory.md §9).
+
+:func:`pycore.data.load_table` with D_H = rows with ``MSZoning == "RL"``, D_P's target ``LotArea``,
+D_H's ``SalePrice``, inputs every other Kaggle column (79, ``Id`` included, as the authors' code)
+in Kaggle's order.
+"""
 
 from __future__ import annotations
 
@@ -53,8 +55,10 @@ def load_house_price(
     on_outlier: str = "warn",
     on_missing: str = "fill",
 ) -> TableData:
-    """The paper's tasks from the Kaggle train.csv (default: the packaged copy); other columns
-    refused."""
+    """The paper's tasks from the Kaggle train.csv (default: the packaged copy).
+
+    Other columns refused.
+    """
     path = default_path() if path is None else Path(path)
     header = read_header(path)
     missing = [c for c in (TARGET_P, TARGET_H, *INPUTS) if c not in header]  # the targets first

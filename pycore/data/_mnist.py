@@ -61,10 +61,13 @@ def load_mnist_5k() -> MnistDigits:
 
 
 def _read_idx(directory: Path, stem: str, magic: int) -> np.ndarray:
-    """An IDX file's uint8 array: the header first, the size it declares checked against
+    """An IDX file's uint8 array.
+
+    The header first, the size it declares checked against
     :data:`pycore.limits.MAX_DATA_FILE_BYTES` (decompressed), then the body read straight into one
     array of that size, so the peak is the data itself (a gzip member may inflate far beyond its
-    size on disk)."""
+    size on disk).
+    """
     p = next((directory / n for n in (stem, stem + ".gz") if os.path.lexists(directory / n)), None)
     if p is None:
         raise FileNotFoundError(f"{directory}: neither {stem} nor {stem}.gz found")
@@ -131,8 +134,10 @@ def load_mnist(mnist_dir=None) -> MnistDigits:
 
 
 def _split_by_digit(pixels: np.ndarray, labels: np.ndarray, source: str) -> MnistDigits:
-    """Pixels (uint8, or floats in [0, 255]) per digit as float64 / 255, one digit at a time: the
-    peak is the input plus its float64 copy (8 bytes a pixel), never a full-size temporary."""
+    """Pixels (uint8, or floats in [0, 255]) per digit as float64 / 255, one digit at a time.
+
+    The peak is the input plus its float64 copy (8 bytes a pixel), never a full-size temporary.
+    """
     if pixels.dtype != np.uint8 and (
         not np.all(np.isfinite(pixels)) or pixels.min() < 0 or pixels.max() > 255
     ):
@@ -192,8 +197,10 @@ class PairSplit:
 def split_digits(
     digits: MnistDigits, n_train: int, rng: np.random.Generator, n_heldout: int | None = None
 ) -> PairSplit:
-    """``n_train`` training rows per digit, the next ``n_heldout`` (default: all every digit
-    has) held out."""
+    """``n_train`` training rows per digit and the next ``n_heldout`` held out.
+
+    ``n_heldout`` defaults to all every digit has.
+    """
     smallest = min(digits.count(d) for d in range(10))
     check_number(n_train, "n_train", integer=True)
     check_number(n_heldout, "n_heldout", low=0, integer=True, none_ok=True)
@@ -220,8 +227,11 @@ def pair_task(
     *,
     heldout: bool = False,
 ) -> LinearTask:
-    """The task of the ordered pair (P, H): D_P is digit P (BCE on its ink targets), D_H digit
-    H, on the split's training (or ``heldout``) rows."""
+    """The task of the ordered pair (P, H).
+
+    D_P is digit P (BCE on its ink targets), D_H digit H, on the split's training (or ``heldout``)
+    rows.
+    """
     rows = split.heldout if heldout else split.train
     X_P, X_H = digits.by_digit[p][rows[p]], digits.by_digit[h][rows[h]]
     for name, d, X in (("X_P", p, X_P), ("X_H", h, X_H)):

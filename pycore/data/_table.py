@@ -1,5 +1,6 @@
-"""A CSV table of the user's own as the two tasks of docs/theory.md §1, preprocessed per split as
-§9.
+"""A CSV table of the user's own as the two tasks of docs/theory.md §1.
+
+Each split is preprocessed as docs/theory.md §9 says.
 
 D_H = the rows whose column has a given text (``split="COLUMN=VALUE"``), D_P = the others (a row
 whose split cell is empty among them, counted); or two files.  Per split: empty input cells
@@ -67,12 +68,15 @@ ON_MISSING = ("fill", "error")
 
 @dataclass(frozen=True)
 class TableData:
-    """The tasks (``heldout``: None below two rows), inputs in θ's order, and what was changed in
+    """The tasks of a table, its inputs in θ's order, and what was changed in the data.
+
+    The tasks (``heldout``: None below two rows), inputs in θ's order, and what was changed in
     the user's data before use: ``filled`` empty input cells per split and ``missing`` per column
     (set to 0), ``encoded`` the text columns label-encoded, ``dropped`` the non-numeric columns
     left out of the default inputs, ``blank_split`` the rows whose split column is empty (they are
     D_P's: their cell does not read the split's value); ``binary_target_p``: D_P's target holds
-    only 0 and 1."""
+    only 0 and 1.
+    """
 
     train: LinearTask
     heldout: LinearTask | None
@@ -126,10 +130,12 @@ class TableData:
 
 
 def read_header(path) -> list[str]:
-    """The column names of a CSV file's first non-blank record (a quoted name may hold a line
-    break, as pandas reads it); a ``ValueError`` naming the file when it is binary, wider than
-    :data:`pycore.limits.MAX_COLUMNS` or repeats a name (pandas would read a second ``SalePrice``
-    as the input ``SalePrice.1``)."""
+    """The column names of a CSV file's first non-blank record.
+
+    A quoted name may hold a line break, as pandas reads it. A ``ValueError`` naming the file when
+    it is binary, wider than :data:`pycore.limits.MAX_COLUMNS` or repeats a name (pandas would read
+    a second ``SalePrice`` as the input ``SalePrice.1``).
+    """
     check_regular_file(path, "expected a CSV table")
     try:
         with open(path, "rb") as fh:
@@ -175,8 +181,10 @@ def read_header(path) -> list[str]:
 
 
 def _read(path, names, text_column=None):
-    """Every column as a pandas categorical; ``text_column`` keeps its cells' text (``"01"`` ≠
-    ``"1"``)."""
+    """Every column as a pandas categorical.
+
+    ``text_column`` keeps its cells' text (``"01"`` ≠ ``"1"``).
+    """
     import pandas as pd
 
     try:
@@ -242,8 +250,10 @@ class _Column:
         return self.numeric
 
     def values(self) -> np.ndarray:
-        """float64 per row, NaN where empty; refuses a non-numeric or non-finite cell
-        naming its line."""
+        """float64 per row, NaN where empty.
+
+        Refuses a non-numeric or non-finite cell naming its line.
+        """
         if self._values is None:
             for bad, what in (
                 (self.junk, "non-numeric"),
@@ -257,8 +267,11 @@ class _Column:
         return self._values
 
     def labels(self, rows) -> np.ndarray:
-        """Label codes of ``rows``: ranks of their texts in code-point order (``sorted``, as
-        scikit-learn's LabelEncoder), an empty cell counting as the text "0"."""
+        """Label codes of ``rows``.
+
+        Ranks of their texts in code-point order (``sorted``, as scikit-learn's LabelEncoder), an
+        empty cell counting as the text "0".
+        """
         c = self.codes[rows].astype(np.int64) + 1  # 0 = empty
         present = np.flatnonzero(np.bincount(c, minlength=self.texts.size + 1))
         texts = ["0" if k == 0 else self.texts[k - 1] for k in present]
@@ -272,10 +285,12 @@ _TINY_STD = float(np.sqrt(np.finfo(np.float64).tiny))
 
 
 def _zscore(A: np.ndarray) -> np.ndarray:
-    """Column z-scores in place (docs/theory.md §9); a constant column (``ptp == 0``: a rounded
-    mean would leave ±1 from std ~1e-17) becomes exactly 0; columns whose sums overflow, or whose
-    squares underflow (std below √tiny ≈ 1.5e-154: cells near 1e-310 gave std 0), use
-    ``A/max|A|``."""
+    """Column z-scores in place (docs/theory.md §9).
+
+    A constant column (``ptp == 0``: a rounded mean would leave ±1 from std ~1e-17) becomes exactly
+    0; columns whose sums overflow, or whose squares underflow (std below √tiny ≈ 1.5e-154: cells
+    near 1e-310 gave std 0), use ``A/max|A|``.
+    """
     constant = np.ptp(A, axis=0) == 0
     mean, std = np.empty(A.shape[1]), np.empty(A.shape[1])
     with np.errstate(over="ignore", invalid="ignore"):
@@ -298,8 +313,11 @@ def _zscore(A: np.ndarray) -> np.ndarray:
 
 
 def _check_outliers(col: _Column, v: np.ndarray, on_outlier: str) -> None:
-    """Warn about (or refuse) a cell beyond OUTLIER_FACTOR × the column's median nonzero
-    magnitude."""
+    """Warn about (or refuse) a cell beyond OUTLIER_FACTOR × its column's median magnitude.
+
+    Warn about (or refuse) a cell beyond OUTLIER_FACTOR × the column's median nonzero
+    magnitude.
+    """
     idx = outliers(v) if on_outlier != "ignore" else ()
     if len(idx) == 0:
         return
@@ -333,14 +351,16 @@ def load_table(
     loss: str = "mse",
     name: str | None = None,
 ) -> TableData:
-    """The module docstring's :class:`TableData`.  ``inputs`` (θ's column order): default every
-    all-numeric column but the targets and the split column (a text column only when named).
-    ``split``'s VALUE matches a cell's text, or its number in an all-numeric column (``1`` finds
-    ``1.0``).  ``loss`` is D_P's (:class:`~pycore.LinearTask`).  Bad arguments (a split
-    that matches no row, a split smaller than ``n_train``): :class:`ParameterError`; bad files:
-    ``ValueError`` naming file, column, line.  Splits below ``n_train`` and every target's
-    first bad or empty cell are reported together, in one error (a ``ParameterError`` naming
-    ``n_train`` when a split is too small)."""
+    """The module docstring's :class:`TableData`.
+
+    ``inputs`` (θ's column order): default every all-numeric column but the targets and the split
+    column (a text column only when named). ``split``'s VALUE matches a cell's text, or its number
+    in an all-numeric column (``1`` finds ``1.0``).  ``loss`` is D_P's
+    (:class:`~pycore.LinearTask`).  Bad arguments (a split that matches no row, a split smaller
+    than ``n_train``): :class:`ParameterError`; bad files: ``ValueError`` naming file, column,
+    line.  Splits below ``n_train`` and every target's first bad or empty cell are reported
+    together, in one error (a ``ParameterError`` naming ``n_train`` when a split is too small).
+    """
     target_h = target_p if target_h is None else target_h
     check_number(n_train, "n_train", low=2, integer=True)
     check_choice(on_outlier, "on_outlier", ON_OUTLIER)
@@ -510,8 +530,11 @@ def load_table(
 
 
 def _split_rows(col: _Column, value: str) -> np.ndarray:
-    """Rows whose cell reads ``value``: its text, else (an all-numeric column) its number; a
-    :class:`ParameterError` listing the column's values when none does."""
+    """Rows whose cell reads ``value``.
+
+    Its text, else (an all-numeric column) its number; a :class:`ParameterError` listing the
+    column's values when none does.
+    """
     hit = col.texts == value
     if not hit.any() and col.numeric:
         try:

@@ -1,5 +1,8 @@
-"""The public deep API (docs/design.md §3): :func:`immunize_model` and :func:`audit_model`, for any
-timm classifier and data given as an ``(X, y)`` tensor pair, a ``Dataset`` or a ``DataLoader``."""
+"""The public deep API (docs/design.md §3).
+
+:func:`immunize_model` and :func:`audit_model`, for any timm classifier and data given as an ``(X,
+y)`` tensor pair, a ``Dataset`` or a ``DataLoader``.
+"""
 
 from __future__ import annotations
 
@@ -40,9 +43,12 @@ MAX_SEED = 2**63 - 1
 
 
 class NearChanceWarning(UserWarning):
-    """The model given to :func:`immunize_model` scores near chance on D_P's given rows
+    """The model given to :func:`immunize_model` scores near chance on D_P's given rows.
+
+    The model given to :func:`immunize_model` scores near chance on D_P's given rows
     (:func:`pycore.near_chance`): ``.parameter`` names it (``"model"``), ``.top1`` and
-    ``.chance`` are the two accuracies (%)."""
+    ``.chance`` are the two accuracies (%).
+    """
 
     def __init__(self, parameter: str, message: str, top1: float, chance: float):
         super().__init__(message)
@@ -50,8 +56,11 @@ class NearChanceWarning(UserWarning):
 
 
 def _check_seed(seed) -> int:
-    """``seed`` as an int, or a :class:`ParameterError` naming it (before any work: a negative
-    seed failed in numpy's generator after the training)."""
+    """``seed`` as an int, or a :class:`ParameterError` naming it.
+
+    ``seed`` as an int, or a :class:`ParameterError` naming it (before any work: a negative
+    seed failed in numpy's generator after the training).
+    """
     if (
         isinstance(seed, bool)
         or not isinstance(seed, numbers.Integral)
@@ -63,8 +72,11 @@ def _check_seed(seed) -> int:
 
 @dataclass(frozen=True)
 class GroupedRIR:
-    """RIR_θ₀ by the paper's protocol (docs/theory.md §8): means over ``groups`` random groups of
-    ``group_size`` rows of (i), (ii) and RIR, and Definition 3.1 on those means."""
+    """RIR_θ₀ by the paper's protocol (docs/theory.md §8).
+
+    Means over ``groups`` random groups of ``group_size`` rows of (i), (ii) and RIR, and Definition
+    3.1 on those means.
+    """
 
     harmful_ratio: float
     pretrain_ratio: float
@@ -85,11 +97,14 @@ HELDOUT, MIN_HELDOUT, PROBE_STEPS = 0.25, 8, (10, 60)
 
 @dataclass(frozen=True)
 class HeldOutProbe:
-    """The paper's GD probe (step 1/L, :func:`pycore.deep.linear_probe_curve`) on D_H rows
+    """The paper's GD probe on D_H rows held out from the immunization.
+
+    The paper's GD probe (step 1/L, :func:`pycore.deep.linear_probe_curve`) on D_H rows
     held out from the immunization: trained on ``rows[0]`` of them, scored (D_H accuracy, %) on
     the other ``rows[1]`` after each of ``steps`` full-batch GD steps, on θ₀'s features
     (``reference``) and on the immunized model's (``model``). ``deficit`` = reference − model in
-    points: > 0 the attacker learns D_H slower from the immunized model, < 0 faster."""
+    points: > 0 the attacker learns D_H slower from the immunized model, < 0 faster.
+    """
 
     steps: tuple
     rows: tuple
@@ -111,20 +126,22 @@ class HeldOutProbe:
 
 @dataclass(frozen=True)
 class DeepImmunization:
-    """:func:`immunize_model`'s result: the immunized copy; (i) ``harmful_ratio``, (ii)
-    ``pretrain_ratio`` and ``rir`` of its features against the given model's on ALL rows it was
-    immunized on (``dp``, and ``dh`` less the held-out rows; exact κ's, the quantities of the
-    linear problem the layer is, docs/theory.md §8, §10), Definition 3.1 on them
-    (``immunized``); the paper's grouped RIR_θ₀ (``grouped``: means over
-    20 groups of 100 rows, the quantity the paper's tables report, with its own Definition 3.1
-    verdict ``grouped.immunized``; the two can disagree, docs/design.md §4); the RIR ceiling of
-    the given model's features and the closed form's Definition 3.1 window on them (``None``:
-    κ(C) = 1; with a NaN ceiling: features whose κ's are float32 round-off's); ``probe``: the
-    paper's GD probe on D_H rows held out from the immunization, on θ₀'s features and on the
-    model's (:class:`HeldOutProbe`; None when ``dh`` was too small to hold rows out or
-    ``heldout=0``); ``reason``: how training ended, when Definition 3.1 fails why, the grouped
-    verdict when it differs from the all-rows one, and when the held-out probe learned D_H faster
-    from the model than from θ₀."""
+    """:func:`immunize_model`'s result: the immunized copy.
+
+    (i) ``harmful_ratio``, (ii) ``pretrain_ratio`` and ``rir`` of its features against the given
+    model's on ALL rows it was immunized on (``dp``, and ``dh`` less the held-out rows; exact κ's,
+    the quantities of the linear problem the layer is, docs/theory.md §8, §10), Definition 3.1 on
+    them (``immunized``); the paper's grouped RIR_θ₀ (``grouped``: means over 20 groups of 100
+    rows, the quantity the paper's tables report, with its own Definition 3.1 verdict
+    ``grouped.immunized``; the two can disagree, docs/design.md §4); the RIR ceiling of the given
+    model's features and the closed form's Definition 3.1 window on them (``None``: κ(C) = 1; with
+    a NaN ceiling: features whose κ's are float32 round-off's); ``probe``: the paper's GD probe on
+    D_H rows held out from the immunization, on θ₀'s features and on the model's
+    (:class:`HeldOutProbe`; None when ``dh`` was too small to hold rows out or ``heldout=0``);
+    ``reason``: how training ended, when Definition 3.1 fails why, the grouped verdict when it
+    differs from the all-rows one, and when the held-out probe learned D_H faster from the model
+    than from θ₀.
+    """
 
     model: ImmunizedNet
     method: str
@@ -239,7 +256,7 @@ def immunize_model(
     --------
     >>> import torch
     >>> from pycore.deep import create_model, immunize_model
-    >>> net = create_model("resnet10t", 2, seed=0)
+    >>> net = create_model("test_resnet", 2, seed=0, img_size=32)  # timm's tiny test ResNet
     >>> g = torch.Generator().manual_seed(0)
     >>> X, y = torch.randn(96, 3, 32, 32, generator=g), torch.arange(96) % 2
     >>> res = immunize_model(net, (X[:48], y[:48]), (X[48:], y[48:]), adaptive_steps=200)
@@ -348,8 +365,11 @@ def immunize_model(
 
 
 def _hold_out(n: int, heldout: float, seed: int):
-    """``(rows to immunize on, held-out rows or None, why none)`` of ``dh``'s ``n``: a seeded
-    ``heldout`` share, at least :data:`MIN_HELDOUT` rows, when 2 rows are left to immunize on."""
+    """The rows of ``dh`` to immunize on, the held-out rows (or None), and why none.
+
+    ``(rows to immunize on, held-out rows or None, why none)`` of ``dh``'s ``n``: a seeded
+    ``heldout`` share, at least :data:`MIN_HELDOUT` rows, when 2 rows are left to immunize on.
+    """
     if heldout == 0:
         return None, None, "no held-out GD probe (heldout=0)"
     k = max(MIN_HELDOUT, int(round(heldout * n)))
@@ -375,8 +395,10 @@ def _take(data, rows: np.ndarray):
 
 
 def _probe(Z_ref, Z, y, classes: int, seed: int) -> HeldOutProbe:
-    """:class:`HeldOutProbe` of the held-out rows' features before (``Z_ref``) and after (``Z``):
-    the same seeded half trains the probe on both, the other half scores it."""
+    """:class:`HeldOutProbe` of the held-out rows' features before (``Z_ref``) and after (``Z``).
+
+    The same seeded half trains the probe on both, the other half scores it.
+    """
     n = len(y)
     perm = np.random.default_rng([seed, 6]).permutation(n)
     fit, score = np.sort(perm[: n // 2]), np.sort(perm[n // 2 :])
@@ -391,8 +413,11 @@ def _probe(Z_ref, Z, y, classes: int, seed: int) -> HeldOutProbe:
 
 
 def _warn_near_chance(model: ImmunizedNet, Z_P: np.ndarray, y_p: np.ndarray) -> None:
-    """A :class:`NearChanceWarning` when ``model``'s own head on its D_P features ``Z_P`` (all
-    given rows) scores near chance (the rule deepnet.py applies to θ₀)."""
+    """A :class:`NearChanceWarning` when the model's own head scores near chance on D_P.
+
+    A :class:`NearChanceWarning` when ``model``'s own head on its D_P features ``Z_P`` (all
+    given rows) scores near chance (the rule deepnet.py applies to θ₀).
+    """
     head = model.classifier
     W = head.weight.detach().double().cpu().numpy()
     b = 0.0 if head.bias is None else head.bias.detach().double().cpu().numpy()
@@ -427,8 +452,10 @@ AUDIT_OPTIONS = {
 
 
 def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) -> AuditResult:
-    """Attack ``model`` and ``reference`` (θ₀) on the harmful task with every operator and say
-    how much the defense slows each (docs/design.md §3).
+    """Attack a defended model and its θ₀ on the harmful task, and say how much each is slowed.
+
+    Every operator attacks ``model`` and ``reference`` (θ₀); the result says how much the defense
+    slows each (docs/design.md §3).
 
     The operators of :mod:`pycore.deep._operators`: linear probes (GD at 1/L, Adam, whitened
     Adam), the layer removed, LoRA adapters at each of ``lora_ranks``, fine-tuning of the last
@@ -483,7 +510,7 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     --------
     >>> import torch
     >>> from pycore.deep import audit_model, create_model
-    >>> net = create_model("resnet10t", 2, seed=0)
+    >>> net = create_model("test_resnet", 2, seed=0, img_size=32)  # timm's tiny test ResNet
     >>> g = torch.Generator().manual_seed(0)
     >>> dh = (torch.randn(60, 3, 32, 32, generator=g), torch.arange(60) % 2)
     >>> audit = audit_model(net, reference=net, dh=dh, operators=("gd", "adam"))

@@ -5,7 +5,8 @@ file rewritten while read is a :class:`CheckpointError`, never a signal (a memor
 of SIGBUS when the file shrinks). The format is told by the content: safetensors, or a torch file
 through ``torch.load(weights_only=True)`` only. The metadata :func:`save_model` writes is a timm
 name and
-integer shape options only: the file is untrusted."""
+integer shape options only: the file is untrusted.
+"""
 
 from __future__ import annotations
 
@@ -32,8 +33,10 @@ FORMAT = "pycore.deep.immunized/2"
 
 
 class CheckpointError(PicklableError, ValueError):
-    """A checkpoint file is missing, unreadable, changed while read, or not a weights-only file;
-    ``.path`` the file and ``.tensor`` the tensor at fault, where one is."""
+    """A checkpoint file is missing, unreadable, changed while read, or not a weights-only file.
+
+    ``.path`` the file and ``.tensor`` the tensor at fault, where one is.
+    """
 
     def __init__(self, message: str, *, path: str | None = None, tensor: str | None = None):
         super().__init__(message)
@@ -102,9 +105,29 @@ def _torch(data: bytes, path: str) -> dict:
 
 
 def read_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """``(state_dict, metadata)`` of a safetensors or weights-only torch file, DDP's ``module.``
-    prefix and ``{"state_dict": ...}`` nesting unwrapped; NaN/inf or all-zero weights are a
-    CheckpointError."""
+    """The tensors and metadata of a safetensors or weights-only torch file.
+
+    Read by content, not by name; DDP's ``module.`` prefix and ``{"state_dict": ...}`` nesting are
+    unwrapped.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file, at most :data:`pycore.limits.MAX_CHECKPOINT_BYTES`.
+
+    Returns
+    -------
+    state_dict : dict of str to torch.Tensor
+        The tensors.
+    metadata : dict of str to str
+        The safetensors metadata (empty for a torch file).
+
+    Raises
+    ------
+    CheckpointError
+        A missing, unreadable, oversized or unrecognised file, NaN/inf weights (``.tensor`` names
+        the first) or all-zero weights; ``.path`` names the file.
+    """
     path = os.fspath(path)
     data = _read_bytes(path)
     if len(data) > 9 and data[8:9] == b"{" and struct.unpack("<Q", data[:8])[0] <= len(data) - 8:
@@ -131,8 +154,31 @@ def read_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
 
 
 def save_model(model: ImmunizedNet, path: str | os.PathLike, extra: dict | None = None) -> str:
-    """Write an :class:`ImmunizedNet` of :func:`~pycore.deep.create_model` as safetensors
-    with the metadata :func:`load_model` rebuilds it from."""
+    """Write an :class:`ImmunizedNet` of :func:`~pycore.deep.create_model` as safetensors.
+
+    The metadata carries what :func:`load_model` rebuilds the model from: the timm name, its
+    options and the number of classes.
+
+    Parameters
+    ----------
+    model : ImmunizedNet
+        A model whose backbone :func:`~pycore.deep.create_model` made (it records the timm name and
+        options).
+    path : str or os.PathLike
+        The file to write; its folder is created.
+    extra : dict, optional
+        More metadata, stored as JSON under ``"extra"``.
+
+    Returns
+    -------
+    str
+        ``path``.
+
+    Raises
+    ------
+    ParameterError
+        A model not made by :func:`~pycore.deep.create_model` (``.parameter`` is ``"model"``).
+    """
     from safetensors.torch import save_file  # noqa: PLC0415
 
     args = getattr(model.net, "model_args", None)
@@ -157,10 +203,13 @@ def save_model(model: ImmunizedNet, path: str | os.PathLike, extra: dict | None 
 
 
 def _check_metadata(path: str, name: str, kwargs: dict, num_classes: int, sd: dict) -> None:
-    """The architecture a checkpoint's metadata asks for, checked against its tensors before any
+    """The architecture a checkpoint's metadata asks for, checked against its tensors.
+
+    The architecture a checkpoint's metadata asks for, checked against its tensors before any
     real weight exists: options that set a count (``depth``) may not exceed what the file's
     names hold (a 232-byte file asked for ``depth`` 100000: 5-24 GB), then the network is built on
-    the meta device (shapes, no storage) and its names, count and shapes must be the file's."""
+    the meta device (shapes, no storage) and its names, count and shapes must be the file's.
+    """
     indices = [int(part) for k in sd for part in k.split(".") if part.isdigit()]
     depth = kwargs.get("depth")
     if isinstance(depth, int) and depth > min(len(sd), 1 + max(indices, default=-1)):
@@ -188,8 +237,11 @@ def _layer_of(model) -> dict:
 
 
 def _check_fits(own: dict, sd: dict, what: str, path: str) -> None:
-    """A :class:`CheckpointMismatchError` unless ``sd`` has exactly ``own``'s names, shapes and
-    kinds of dtype (``own`` may hold meta tensors: only shapes and dtypes are read)."""
+    """A :class:`CheckpointMismatchError` unless ``sd`` matches ``own``'s names, shapes and dtypes.
+
+    A :class:`CheckpointMismatchError` unless ``sd`` has exactly ``own``'s names, shapes and
+    kinds of dtype (``own`` may hold meta tensors: only shapes and dtypes are read).
+    """
     kind = lambda t: "complex" if t.is_complex() else "float" if t.is_floating_point() else "int"  # noqa: E731
     problems = [
         f"{len(v)} {name} (e.g. {v[0]})"
@@ -222,8 +274,11 @@ def _check_fits(own: dict, sd: dict, what: str, path: str) -> None:
 
 
 def _load_into(module, sd: dict, what: str, path: str) -> None:
-    """``sd`` into ``module`` (names, shapes and kinds checked first); a tensor that is finite in
-    the file but not in the module's dtype (1e300 in a float64 file, float32 model) is refused."""
+    """``sd`` into ``module`` (names, shapes and kinds checked first).
+
+    A tensor that is finite in the file but not in the module's dtype (1e300 in a float64 file,
+    float32 model) is refused.
+    """
     _check_fits(module.state_dict(), sd, what, path)
     module.load_state_dict(sd, strict=True)
     for k, v in module.state_dict().items():
@@ -239,16 +294,40 @@ def _load_into(module, sd: dict, what: str, path: str) -> None:
 def load_model(
     path: str | os.PathLike, model: str | None = None, **model_kwargs
 ) -> tuple[ImmunizedNet, dict]:
-    """Any checkpoint as an :class:`ImmunizedNet` in eval mode with gradients off, and its
-    metadata.
+    """Any checkpoint as an :class:`ImmunizedNet` in eval mode, and its metadata.
 
     A :func:`save_model` file carries its architecture (``model`` must agree or be None); a plain
     timm state dict needs ``model`` and its ``model_kwargs``, its classes are read from its
-    classifier and an identity layer is inserted. Every failure is one line:
-    :class:`CheckpointError` (``.path``; ``.tensor`` for a tensor that is not finite in the file
-    or overflows the model's float32), or :class:`CheckpointMismatchError` for tensors that do
-    not fit the architecture (``.tensor`` the first peft adapter tensor of a model saved with
-    unmerged LoRA adapters)."""
+    classifier and an identity layer is inserted. The metadata's architecture is checked against
+    the file's tensors before any real weight is allocated. The model's gradients are off.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A safetensors or weights-only torch file (:func:`read_weights`).
+    model : str, optional
+        The timm architecture: required for a plain state dict, checked for a :func:`save_model`
+        file.
+    **model_kwargs
+        timm options of a plain state dict's architecture (e.g. ``img_size``).
+
+    Returns
+    -------
+    model : ImmunizedNet
+        The model, in eval mode with gradients off.
+    metadata : dict of str to str
+        The file's metadata (empty for a torch file).
+
+    Raises
+    ------
+    CheckpointError
+        ``.path`` names the file; ``.tensor`` a tensor that is not finite in the file or overflows
+        the model's float32: an unreadable file, no metadata and no ``model``, an architecture that
+        cannot be built.
+    CheckpointMismatchError
+        Tensors that do not fit the architecture, another architecture than ``model``, or peft
+        adapter tensors of a model saved with unmerged LoRA adapters (``.tensor`` the first).
+    """
     path = os.fspath(path)
     sd, meta = read_weights(path)
     adapters = [

@@ -18,21 +18,26 @@ from torch import nn
 
 
 def _window(size: int, kernel: int, padding: int) -> tuple[slice, slice]:
-    """The input rows (or columns) the one output position reads, and the kernel taps that
-    read them: tap ``t`` reads input row ``t - padding`` (stride and dilation 1 for the one
-    position; rows outside ``[0, size)`` are padding, and padding is never negative)."""
+    """The input rows (or columns) the one output position reads, and the taps that read them.
+
+    Tap ``t`` reads input row ``t - padding`` (stride and dilation 1 for the one position; rows
+    outside ``[0, size)`` are padding, and padding is never negative).
+    """
     last = min(size, kernel - padding)
     return slice(0, last), slice(padding, last + padding)
 
 
 class OnePositionConv2d(nn.Conv2d):
-    """An ``nn.Conv2d`` that, when its output map is 1×1, computes it as
-    ``x_window · W_tapsᵀ + b`` (a linear layer over the input window it reads).
+    """An ``nn.Conv2d`` that computes a 1×1 output map as a matrix product.
+
+    When its output map is 1×1, computes it as ``x_window · W_tapsᵀ + b`` (a linear layer over the
+    input window it reads).
 
     Any other input goes to ``nn.Conv2d``. The fast path needs zero padding, no dilation and one
     group, so other settings always take the plain convolution. A module becomes one in place
     (:func:`one_position_convs`); its parameters, state dict and ``isinstance(m, nn.Conv2d)`` are
-    unchanged, the same way ``torch.nn.utils.parametrize`` gives a module a subclass."""
+    unchanged, the same way ``torch.nn.utils.parametrize`` gives a module a subclass.
+    """
 
     def _one_position(self, x: torch.Tensor) -> bool:
         if (
@@ -60,9 +65,22 @@ class OnePositionConv2d(nn.Conv2d):
 
 
 def one_position_convs(module: nn.Module) -> nn.Module:
-    """Make every plain ``nn.Conv2d`` in ``module`` a :class:`OnePositionConv2d`, in place, and
-    return ``module``. Subclasses of ``nn.Conv2d`` (timm's ``Conv2dSame``, for one) are left as
-    they are: their forward is their own."""
+    """Make every plain ``nn.Conv2d`` of a module a :class:`OnePositionConv2d`, in place.
+
+    Subclasses of ``nn.Conv2d`` (timm's ``Conv2dSame``, for one) are left as they are: their
+    forward is their own. The values and gradients are those of ``nn.Conv2d`` for every geometry;
+    the product is taken exactly where the output map is 1×1.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The module whose convolutions change class.
+
+    Returns
+    -------
+    torch.nn.Module
+        ``module`` itself.
+    """
     for mod in module.modules():
         if type(mod) is nn.Conv2d:
             mod.__class__ = OnePositionConv2d

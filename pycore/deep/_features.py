@@ -1,5 +1,4 @@
-"""The features of an :class:`~pycore.deep.ImmunizedNet` (what RIR_θ₀ and the probes
-measure)."""
+"""The features of an :class:`~pycore.deep.ImmunizedNet` (what RIR_θ₀ and the probes measure)."""
 
 from __future__ import annotations
 
@@ -22,12 +21,43 @@ def extract(
     data_name: str = "data",
     model_name: str | None = None,
 ) -> np.ndarray:
-    """Float64 (N × D) features of ``data``, ``model`` in eval mode: ``what="Z"`` the immunized
-    features, ``"X"`` the layer's input (``cached=True``: ``data`` holds ``X``). Non-finite
-    features raise at the first sample that has them: a :class:`~pycore.deep.DataError`
-    naming ``data_name`` and the sample when its input is not finite, else a
-    :class:`~pycore.DivergenceError` whose ``.parameter`` is ``model_name`` (the
-    model's weights overflow). All-zero features raise a ``ValueError``."""
+    """Float64 features of a dataset, the model in eval mode.
+
+    The model's training mode is restored afterwards.
+
+    Parameters
+    ----------
+    model : ImmunizedNet
+        The model.
+    data : torch.utils.data.Dataset
+        Samples ``(input, label)``; with ``cached`` the inputs are the layer's inputs X.
+    cached : bool, default False
+        ``data`` holds X (from :func:`prelogits_dataset`), not images.
+    batch_size : int, default 256
+        Samples per forward pass.
+    what : {"Z", "X"}, default "Z"
+        The immunized features (the layer's output) or the layer's input.
+    data_name : str, default "data"
+        The data's name in errors.
+    model_name : str, optional
+        The model's name in errors (``.parameter`` of a DivergenceError).
+
+    Returns
+    -------
+    ndarray, shape (N, D)
+        The features.
+
+    Raises
+    ------
+    DataError
+        Features not finite at a sample whose input is not finite, naming ``data_name`` and the
+        sample.
+    DivergenceError
+        Features not finite from finite inputs (the model's weights overflow); ``.parameter`` is
+        ``model_name``.
+    ValueError
+        Every feature is zero.
+    """
     was = model.training
     model.eval()
     dev = next(model.parameters()).device
@@ -52,8 +82,11 @@ def extract(
 
 
 def _non_finite(model, x, i: int, start: int, data_name: str, model_name) -> None:
-    """Raise for sample ``i`` (row ``i - start`` of the batch ``x``), whose features are not
-    finite: its input's fault, or the model's."""
+    """Raise for sample ``i``, whose features are not finite.
+
+    Raise for sample ``i`` (row ``i - start`` of the batch ``x``), whose features are not
+    finite: its input's fault, or the model's.
+    """
     if not bool(torch.isfinite(x[i - start]).all()):
         raise DataError(
             f"{data_name}: sample {i}'s input contains NaN or inf", argument=data_name, sample=i
@@ -69,8 +102,31 @@ def _non_finite(model, x, i: int, start: int, data_name: str, model_name) -> Non
 def prelogits_dataset(
     model, data: Dataset, *, batch_size: int = 256, data_name: str = "data"
 ) -> TensorDataset:
-    """``TensorDataset(X, y)`` of the layer's inputs, computed once (what scope ``"layer"``
-    trains on)."""
+    """``TensorDataset(X, y)`` of the layer's inputs, computed once.
+
+    What scope ``"layer"`` trains on: the backbone is frozen, so its output is computed once.
+
+    Parameters
+    ----------
+    model : ImmunizedNet
+        The model.
+    data : torch.utils.data.Dataset
+        Samples ``(input, label)``.
+    batch_size : int, default 256
+        Samples per forward pass.
+    data_name : str, default "data"
+        The data's name in errors.
+
+    Returns
+    -------
+    torch.utils.data.TensorDataset
+        The layer's inputs (in the layer's dtype) and the labels.
+
+    Raises
+    ------
+    DataError, DivergenceError, ValueError
+        As :func:`extract` raises.
+    """
     X = extract(model, data, batch_size=batch_size, what="X", data_name=data_name)
     X = torch.from_numpy(X).to(model.layer.weight.dtype)
     return TensorDataset(X, torch.from_numpy(dataset_labels(data, data_name)))

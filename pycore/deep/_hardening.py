@@ -1,5 +1,7 @@
-"""Hardening of the immunization layer (docs/theory.md §10, docs/findings.md §7): a feature map
-``Z → ZM`` after immunization, the D_P classifier compensated (``W' = MᵀW``, ``V' = VM⁻ᵀ``).
+"""Hardening of the immunization layer (docs/theory.md §10, docs/findings.md §7).
+
+A feature map ``Z → ZM`` after immunization, the D_P classifier compensated (``W' = MᵀW``, ``V' =
+VM⁻ᵀ``).
 
 * ``"haar"``: ``M = Q`` Haar-random orthogonal (:func:`pycore.haar_rotation`, the linear
   side's ``"haar"``): every spectrum (κ, RIR_θ₀, the GD probe) is kept; it removes the alignment
@@ -8,7 +10,8 @@
   class means scaled by ``s``, rotated. Not conditioning: it usually LOWERS (i); whitening or
   fine-tuning undoes it.
 
-Which kind exists on which side, and why: :mod:`pycore._hardening`."""
+Which kind exists on which side, and why: :mod:`pycore._hardening`.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +28,11 @@ HARDENINGS = ("none", "haar", "label_subspace")
 
 
 def label_subspace(Z: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray:
-    """Orthonormal basis (D × r, r ≤ num_classes − 1) of the span of the centred class means of
-    ``(Z, y)``, directions below ``1e-10`` of the largest singular value dropped."""
+    """Orthonormal basis of the span of the centred class means of ``(Z, y)``.
+
+    Orthonormal basis (D × r, r ≤ num_classes − 1) of the span of the centred class means of
+    ``(Z, y)``, directions below ``1e-10`` of the largest singular value dropped.
+    """
     Z, y = np.asarray(Z, dtype=np.float64), np.asarray(y)
     if Z.ndim != 2 or y.shape != (Z.shape[0],):
         raise ValueError(f"Z must be N x D and y of length N, got {Z.shape} and {y.shape}")
@@ -49,8 +55,10 @@ def hardening_map(
     rng: np.random.Generator,
     scale: float = 0.01,
 ) -> tuple[np.ndarray, int]:
-    """The map ``M`` of ``kind`` from the defender's D_H features and labels, and the squashed
-    dimension."""
+    """The map ``M`` of ``kind`` from the defender's D_H features and labels.
+
+    Returns ``(M, the squashed dimension)``.
+    """
     if kind not in HARDENINGS or kind == "none":
         raise ValueError(f"kind must be one of {HARDENINGS[1:]}, got {kind!r}")
     if not (np.isfinite(scale) and 0 < scale <= 1):
@@ -90,8 +98,10 @@ def harden(
     cached: bool = False,
     batch_size: int = 256,
 ) -> dict:
-    """Harden ``model``'s immunization layer in place: features ``Z → ZM`` with the D_P head
-    compensated, so that D_P's logits are unchanged (module docstring; docs/findings.md §7).
+    """Harden ``model``'s immunization layer in place.
+
+    Features ``Z → ZM`` with the D_P head compensated, so that D_P's logits are unchanged (module
+    docstring; docs/findings.md §7).
 
     Parameters
     ----------
@@ -122,7 +132,7 @@ def harden(
     >>> import numpy as np, torch
     >>> from torch.utils.data import TensorDataset
     >>> from pycore.deep import ImmunizedNet, create_model, harden
-    >>> net = ImmunizedNet(create_model("resnet10t", 2, seed=0)).eval()
+    >>> net = ImmunizedNet(create_model("test_resnet", 2, seed=0, img_size=32)).eval()
     >>> g = torch.Generator().manual_seed(0)
     >>> dh = TensorDataset(torch.randn(32, 3, 32, 32, generator=g), torch.arange(32) % 4)
     >>> info = harden(net, dh, "label_subspace", num_classes=4, rng=np.random.default_rng(0))

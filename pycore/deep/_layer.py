@@ -1,4 +1,6 @@
-"""The immunization layer on frozen features IS the linear problem (docs/theory.md §10,
+"""The immunization layer on frozen features IS the linear problem.
+
+The immunization layer on frozen features IS the linear problem (docs/theory.md §10,
 docs/design.md §4): with the layer's inputs ``X_P``, ``X_H`` (the backbone's pre-logits, rows =
 samples) and ``W = θᵀ``, the features are ``Z = Xθ`` and every quantity of the linear core applies.
 
@@ -10,7 +12,8 @@ samples) and ``W = θᵀ``, the features are ``Z = Xθ`` and every quantity of t
   ``closed_form``): the best any θ of this layer can do, with its Definition 3.1 window;
 * :func:`set_layer` writes θ into an :class:`~pycore.deep.ImmunizedNet` and solves the D_P
   head exactly: the classifier becomes ``V(θᵀ)⁺``, so the D_P logits are θ₀'s (Definition
-  3.1(c): every invertible θ leaves D_P's best head as good as before)."""
+  3.1(c): every invertible θ leaves D_P's best head as good as before).
+"""
 
 from __future__ import annotations
 
@@ -49,10 +52,12 @@ def relative_step_lr(D: int) -> float:
 
 @dataclass(frozen=True)
 class LayerSolution:
-    """A θ for the layer and what is known about it on the rows it was computed from: (i), (ii)
-    (exact κ's of all rows, docs/theory.md §8), the RIR ceiling, the closed form's Definition 3.1
-    window (``None`` when κ(C) = 1, or with a NaN ceiling when the features are float32
-    round-off's, :func:`attainability`), why the run ended, and where it started."""
+    """A θ for the layer and what is known about it on the rows it was computed from.
+
+    (i), (ii) (exact κ's of all rows, docs/theory.md §8), the RIR ceiling, the closed form's
+    Definition 3.1 window (``None`` when κ(C) = 1, or with a NaN ceiling when the features are
+    float32 round-off's, :func:`attainability`), why the run ended, and where it started.
+    """
 
     theta: np.ndarray
     harmful_ratio: float
@@ -71,22 +76,38 @@ class LayerSolution:
 
 
 def _rows(X: np.ndarray) -> np.ndarray:
-    """``X`` with the same Gram matrix and fewer rows: its R factor when N > D (``XᵀX = RᵀR``, so
-    every κ, regularizer and preconditioner of θ is unchanged)."""
+    """``X`` with the same Gram matrix and fewer rows.
+
+    Its R factor when N > D (``XᵀX = RᵀR``, so every κ, regularizer and preconditioner of θ is
+    unchanged).
+    """
     X = np.asarray(X, dtype=np.float64)
     return np.linalg.qr(X, mode="r") if X.shape[0] > X.shape[1] else X
 
 
 def resolution(dtype, *features) -> float:
-    """The σ_min/σ_max below which features stored in ``dtype`` (a torch or NumPy float type)
-    resolve no direction: ``eps(dtype)·‖Z‖_F/‖Z‖₂``, the largest over the given feature matrices.
+    """The σ_min/σ_max below which features stored in a float type resolve no direction.
 
-    Rounding each entry of Z to ``dtype`` is a perturbation E with ``‖E‖₂ ≤ ‖E‖_F ≤
-    (eps/2)‖Z‖_F``, and by Weyl's inequality it moves every singular value of Z by at most that:
-    a direction whose σ lies below ``eps·‖Z‖_F`` may be rounding alone (the arithmetic inside the
-    network may have lost more; this is the floor no computation in ``dtype`` gets under).
-    ``‖Z‖₂²`` is the largest eigenvalue of the smaller Gram matrix of Z (to ~n·eps relative, far
-    inside what a floor needs; a full SVD of a 500×2048 Z costs 20× more)."""
+    ``eps(dtype)·‖Z‖_F/‖Z‖₂``, the largest over the given feature matrices. Rounding each entry of
+    Z to ``dtype`` is a perturbation E with ``‖E‖₂ ≤ ‖E‖_F ≤ (eps/2)‖Z‖_F``, and by Weyl's
+    inequality it moves every singular value of Z by at most that: a direction whose σ lies below
+    ``eps·‖Z‖_F`` may be rounding alone (the arithmetic inside the network may have lost more; this
+    is the floor no computation in ``dtype`` gets under). ``‖Z‖₂²`` is the largest eigenvalue of
+    the smaller Gram matrix of Z (to ~n·eps relative, far inside what a floor needs; a full SVD of
+    a 500×2048 Z costs 20× more).
+
+    Parameters
+    ----------
+    dtype : torch.dtype or numpy float type
+        The type the features were stored in.
+    *features : array_like
+        Feature matrices (rows = samples).
+
+    Returns
+    -------
+    float
+        The floor.
+    """
     eps = torch.finfo(dtype).eps if isinstance(dtype, torch.dtype) else np.finfo(dtype).eps
     ratios = []
     for Z in features:
@@ -98,22 +119,48 @@ def resolution(dtype, *features) -> float:
 
 
 def attainability(X_P, X_H, *, precision=None) -> tuple[float, ExponentWindow | None, str]:
-    """The range-restricted RIR ceiling of the layer's features, the closed form's Definition 3.1
-    window, and a sentence saying whether Definition 3.1 is attainable by any θ of the layer.
+    """Whether Definition 3.1 is attainable by any θ of the layer, on its features.
 
-    ``precision``: the float type the features were computed in (float32 for a float32 network;
-    None: exact). A task whose σ_min/σ_max lies below :func:`resolution` has a direction that is
+    The range-restricted RIR ceiling of the layer's features and the closed form's Definition 3.1
+    window. A task whose σ_min/σ_max lies below :func:`resolution` has a direction that is
     round-off (a LayerNorm without bias leaves every feature row summing to zero), its κ is that
-    round-off's: no window is reported (``None``), the ceiling is NaN (a ratio of round-off κ's
-    is no ceiling), and the sentence says why. The R factor of X has X's singular values, so the
-    floor is the same on either."""
+    round-off's: no window is reported, the ceiling is NaN (a ratio of round-off κ's is no
+    ceiling), and the sentence says why. The R factor of X has X's singular values, so the floor is
+    the same on either.
+
+    Parameters
+    ----------
+    X_P, X_H : array_like, shape (N_P, D) and (N_H, D)
+        The layer's inputs (the backbone's pre-logits) on D_P and D_H.
+    precision : torch.dtype or numpy float type, optional
+        The float type the features were computed in (float32 for a float32 network); None: exact.
+
+    Returns
+    -------
+    ceiling : float
+        The range-restricted RIR ceiling (NaN when the features are not resolved).
+    window : ExponentWindow or None
+        The closed form's window (None when κ(C) ≈ 1 or the features are not resolved).
+    reason : str
+        One sentence: whether some θ of the layer meets Definition 3.1, or why none can be told.
+
+    Raises
+    ------
+    ValueError
+        Features that are not finite real matrices.
+    SpectrumError
+        Zero features.
+    """
     c, window, why, resolved = _reach(X_P, X_H, precision)
     return (c.range_restricted if resolved else float("nan")), window, why
 
 
 def _reach(X_P, X_H, precision):
-    """:func:`attainability`'s answer with the whole :class:`~pycore.Ceiling` and whether
-    the features are resolved in ``precision``."""
+    """:func:`attainability`'s answer with the whole :class:`~pycore.Ceiling`.
+
+    :func:`attainability`'s answer with the whole :class:`~pycore.Ceiling` and whether
+    the features are resolved in ``precision``.
+    """
     c = rir_ceiling(X_P, X_H)
     floor = None if precision is None else resolution(precision, X_P, X_H)
     for task, kappa in (("D_P", c.kappa_K_P), ("D_H", c.kappa_K_H)):
@@ -144,25 +191,29 @@ def _reach(X_P, X_H, precision):
 
 
 def _ratios(theta, X_P, X_H, ceiling) -> tuple[float, float]:
-    """(i), (ii) of θ from the SVDs of the features (docs/theory.md §8), against the κ's of
-    ``ceiling`` (the features' own, θ = I); θ's columns that are exactly zero (the closed form's
-    past rank K_P) add only zero singular values and are left out."""
+    """(i), (ii) of θ from the SVDs of the features (docs/theory.md §8).
+
+    They are taken against the κ's of ``ceiling`` (the features' own, θ = I); θ's columns that are
+    exactly zero (the closed form's past rank K_P) add only zero singular values and are left out.
+    """
     live = np.flatnonzero(np.any(theta != 0, axis=0))
     kP, kH = (ProductGramSpectrum(X)(theta[:, live]).kappa for X in (X_P, X_H))
     return float(kH / ceiling.kappa_K_H), float(kP / ceiling.kappa_K_P)
 
 
 class _Problem:
-    """The layer's linear problem for :func:`pycore._adaptive.adaptive_descent` from the small side
-    of every Gram matrix (docs/design.md §6): per task ``X = U diag(s) Vᵀ`` once
-    (:class:`pycore.linalg.RowFactor`), ``F = diag(s)Vᵀθ`` (r×width), H's nonzero spectrum from
-    the r×r ``W = FFᵀ`` (:class:`pycore.linalg.GramStack`) and the preconditioned directions as
-    low-rank products (:class:`pycore.linalg.FactorPreconditioner`): no D×D H, G or
-    eigendecomposition. One evaluation per θ; the margin's κ's come from W's eigenvalues
-    (relative error ≤ eps·κ(H), checked: above :data:`EIG_KAPPA_LIMIT` they come from the SVD of
-    ``Xθ``, as in the linear core). ``ref``: κ(H_P), κ(H_H) of the given model's features, the
-    denominators of (i) and (ii). Both K's of full rank: K⁺ = K⁻¹, the exact preconditioner 2θG
-    (docs/theory.md §4), no projector; else K⁺ for both."""
+    """The layer's linear problem for :func:`pycore._adaptive.adaptive_descent`.
+
+    Computed from the small side of every Gram matrix (docs/design.md §6): per task ``X = U diag(s)
+    Vᵀ`` once (:class:`pycore.linalg.RowFactor`), ``F = diag(s)Vᵀθ`` (r×width), H's nonzero
+    spectrum from the r×r ``W = FFᵀ`` (:class:`pycore.linalg.GramStack`) and the preconditioned
+    directions as low-rank products (:class:`pycore.linalg.FactorPreconditioner`): no D×D H, G or
+    eigendecomposition. One evaluation per θ; the margin's κ's come from W's eigenvalues (relative
+    error ≤ eps·κ(H), checked: above :data:`EIG_KAPPA_LIMIT` they come from the SVD of ``Xθ``, as
+    in the linear core). ``ref``: κ(H_P), κ(H_H) of the given model's features, the denominators of
+    (i) and (ii). Both K's of full rank: K⁺ = K⁻¹, the exact preconditioner 2θG (docs/theory.md
+    §4), no projector; else K⁺ for both.
+    """
 
     def __init__(self, X_P, X_H, ref):
         self.width = X_P.shape[1]
@@ -220,8 +271,11 @@ STARTS = ("closed_form", "identity")
 
 
 def _closed_form(XP, XH, ceiling) -> tuple[np.ndarray, str]:
-    """The linear core's closed form on the layer's features at its default exponent
-    (:func:`pycore.auto_exponent`: the window's balanced one), and why that one."""
+    """The linear core's closed form on the layer's features at its default exponent.
+
+    The linear core's closed form on the layer's features at its default exponent
+    (:func:`pycore.auto_exponent`: the window's balanced one), and why that one.
+    """
     task = LinearTask(XP, np.zeros(len(XP)), XH, np.zeros(len(XH)), name="layer features")
     a, how = auto_exponent(task, ceiling)
     return closed_form(task, a, ceiling)[0], how
@@ -246,23 +300,53 @@ def adaptive_layer(
     min_rate: float | None = MIN_GAIN_RATE,
     progress: bool = False,
 ) -> LayerSolution:
-    """θ by the adaptive rule of the linear default (:func:`pycore._adaptive.adaptive_descent`) on
-    the layer's inputs (all rows, float64; docs/design.md §4).
+    """θ by the adaptive rule of the linear default on the layer's inputs (docs/design.md §4).
 
-    Before any step: features that ``precision`` does not resolve (:func:`attainability`) are
-    refused, θ = I with no window and a NaN ceiling. ``start="closed_form"`` (when the closed
-    form's window is open) starts from the closed form at the window's balanced exponent, ``S``
-    (D×r, r = rank K_P): the rule runs on the closed form's features ``XS`` from θ' = I and
-    ``θ = Sθ'`` (its D − r other columns zero, as the closed form's). Such a θ reads only
-    range(K_P), so no θ of this form has a margin min(ln(i), −ln(ii)) above ``min(½ ln ceiling,
-    ln κ(K_P))`` (docs/theory.md §10; (ii) ≥ 1/κ(K_P) for every θ), and the run ends once it is
-    within :data:`pycore._adaptive.PROGRESS_TOL` of that bound: from the balanced exponent, at
-    step 0. Otherwise (``"identity"``, or no open window) the rule runs from θ = I, its bound
-    ``min(½ ln exact ceiling, ln κ(K_P))`` (the exact ceiling is infinite when D_H varies where
-    D_P does not). Every step works on the small side of the Gram matrices (:class:`_Problem`);
-    ``min_rate`` as in :func:`~pycore._adaptive.adaptive_descent` (default
-    :data:`MIN_GAIN_RATE`); ``lr`` default :func:`relative_step_lr` of θ's width; ``progress``:
-    a bar on a terminal. The kept θ's (i) and (ii) are exact (SVD)."""
+    All rows, in float64 (:func:`pycore.adaptive_descent`). Before any step, features that
+    ``precision`` does not resolve (:func:`attainability`) are refused: θ = I with no window and a
+    NaN ceiling. ``start="closed_form"`` (when the closed form's window is open) starts from the
+    closed form at the window's balanced exponent, ``S`` (D×r, r = rank K_P): the rule runs on the
+    closed form's features ``XS`` from θ' = I and ``θ = Sθ'`` (its D − r other columns zero, as the
+    closed form's). Such a θ reads only range(K_P), so no θ of this form has a margin
+    min(ln(i), −ln(ii)) above ``min(½ ln ceiling, ln κ(K_P))`` (docs/theory.md §10; (ii) ≥
+    1/κ(K_P) for every θ), and the run ends once it is within :data:`pycore._adaptive.PROGRESS_TOL`
+    of that bound: from the balanced exponent, at step 0. Otherwise (``"identity"``, or no open
+    window) the rule runs from θ = I, its bound ``min(½ ln exact ceiling, ln κ(K_P))`` (the exact
+    ceiling is infinite when D_H varies where D_P does not). Every step works on the small side of
+    the Gram matrices. The kept θ's (i) and (ii) are exact (SVD).
+
+    Parameters
+    ----------
+    X_P, X_H : array_like, shape (N_P, D) and (N_H, D)
+        The layer's inputs on D_P and D_H.
+    steps : int
+        The most steps of the rule.
+    patience : int
+        As for :func:`pycore.adaptive_descent`.
+    lr : float, optional
+        Adam's learning rate (default :func:`relative_step_lr` of θ's width).
+    precision : torch.dtype or numpy float type, optional
+        As for :func:`attainability`.
+    start : {"closed_form", "identity"}, default "closed_form"
+        Where the rule starts.
+    min_rate : float, optional
+        As for :func:`pycore.adaptive_descent` (default :data:`MIN_GAIN_RATE`).
+    progress : bool, default False
+        A bar on a terminal.
+
+    Returns
+    -------
+    LayerSolution
+        θ (D×D), its exact (i) and (ii), the ceiling, the window, why the run ended, its steps,
+        history and start.
+
+    Raises
+    ------
+    ParameterError
+        An unknown ``start``.
+    DivergenceError
+        An Adam step became non-finite.
+    """
     check_choice(start, "start", STARTS)
     XP, XH = _rows(X_P), _rows(X_H)
     D = XP.shape[1]
@@ -310,8 +394,11 @@ def adaptive_layer(
 
 
 def _one_hot(y, n_rows: int, name: str, num_classes) -> np.ndarray:
-    """Integer class labels ``y`` (N,) as an N×C one-hot matrix (C = ``num_classes`` or the
-    largest label + 1), or a ParameterError naming ``name``."""
+    """Integer class labels ``y`` (N,) as an N×C one-hot matrix.
+
+    Integer class labels ``y`` (N,) as an N×C one-hot matrix (C = ``num_classes`` or the
+    largest label + 1), or a ParameterError naming ``name``.
+    """
     y = np.asarray(y)
     if y.ndim != 1 or y.shape[0] != n_rows or y.dtype.kind not in "iu" or (y.size and y.min() < 0):
         raise ParameterError(
@@ -341,18 +428,47 @@ def kstep_layer(
     num_classes: tuple[int | None, int | None] = (None, None),
     precision=None,
 ) -> LayerSolution:
-    """θ by the k-step immunizer (``immunize(task, "kstep")``, docs/theory.md §11) on the layer's
-    inputs and the tasks' integer class labels (one-hot targets, the bias column of the deep
-    probe), from θ = I at ``lr`` (default :func:`relative_step_lr`), at most ``epochs`` steps of
-    the adaptive rule; ``steps`` is k, the GD probe's steps. ``num_classes`` gives (C_P, C_H)
-    (None: the largest label + 1); ``precision`` as in :func:`attainability`.
+    """θ by the k-step immunizer on the layer's inputs and the tasks' class labels.
 
-    E_k depends on the targets, so the R factor of :func:`_rows` (which keeps only XᵀX) does not
-    suffice: the immunizer works on X's thin SVD ``X = U diag(s) Vᵀ`` with the targets kept as
-    ``UᵀY`` and the part of the bias column outside range(U) (:class:`pycore.linalg.KStepProbe`);
-    the residual ``‖(I − UUᵀ)Y‖`` enters L(W_k) and L* alike and cancels from E_k. The returned
-    (i), (ii) are the exact κ ratios of all rows; the k-step ratios are in ``reason`` and in
-    ``history`` (``kstep_harmful_ratio``, ``kstep_pretrain_ratio`` per step)."""
+    The linear core's ``immunize(task, "kstep")`` (docs/theory.md §11) on one-hot targets with the
+    deep probe's bias column, from θ = I, at most ``epochs`` steps of the adaptive rule. E_k
+    depends on the targets, so the R factor that keeps only XᵀX does not suffice: the immunizer
+    works on X's thin SVD ``X = U diag(s) Vᵀ`` with the targets kept as ``UᵀY`` and the part of the
+    bias column outside range(U) (:class:`pycore.linalg.KStepProbe`); the residual
+    ``‖(I − UUᵀ)Y‖`` enters L(W_k) and L* alike and cancels from E_k.
+
+    Parameters
+    ----------
+    X_P, X_H : array_like, shape (N_P, D) and (N_H, D)
+        The layer's inputs on D_P and D_H.
+    y_P, y_H : array_like of int
+        The tasks' class labels.
+    steps : int, default 10
+        k, the GD probe's steps.
+    epochs : int, default 5000
+        The most steps of the adaptive rule.
+    patience : int, default 300
+        As for :func:`pycore.adaptive_descent`.
+    lr : float, optional
+        Adam's learning rate (default :func:`relative_step_lr`).
+    num_classes : pair of int or None, default (None, None)
+        (C_P, C_H); None: the largest label + 1.
+    precision : torch.dtype or numpy float type, optional
+        As for :func:`attainability`.
+
+    Returns
+    -------
+    LayerSolution
+        θ, the exact κ ratios (i), (ii) of all rows, the ceiling, the window; the k-step ratios are
+        in ``reason`` and in ``history`` (``kstep_harmful_ratio``, ``kstep_pretrain_ratio`` per
+        step).
+
+    Raises
+    ------
+    ParameterError
+        Labels that are not non-negative integers of the rows' count, or beyond ``num_classes``
+        (``.parameter`` names ``y_P`` or ``y_H``); options out of bounds.
+    """
     X_P = np.asarray(X_P, dtype=np.float64)
     X_H = np.asarray(X_H, dtype=np.float64)
     Y_P = _one_hot(y_P, X_P.shape[0], "y_P", num_classes[0])
@@ -384,10 +500,30 @@ def kstep_layer(
 
 @bounded_blas
 def closed_form_layer(X_P, X_H, *, precision=None) -> LayerSolution:
-    """The closed form (docs/theory.md §10) on the layer's inputs at its default exponent (the
-    linear core's ``closed_form``: the window's balanced one); ``precision`` as in
-    :func:`attainability` (features it does not resolve: the closed form still, on their κ's,
-    with a NaN ceiling and no window)."""
+    """The closed form (docs/theory.md §10) on the layer's inputs at its default exponent.
+
+    The linear core's ``closed_form`` at the window's balanced exponent; on features ``precision``
+    does not resolve, the closed form still, on their κ's, with a NaN ceiling and no window.
+
+    Parameters
+    ----------
+    X_P, X_H : array_like, shape (N_P, D) and (N_H, D)
+        The layer's inputs on D_P and D_H.
+    precision : torch.dtype or numpy float type, optional
+        As for :func:`attainability`.
+
+    Returns
+    -------
+    LayerSolution
+        θ, its exact (i) and (ii), the ceiling, the window and the verdict.
+
+    Raises
+    ------
+    ValueError
+        Features that are not finite real matrices.
+    SpectrumError
+        Zero features.
+    """
     XP, XH = _rows(X_P), _rows(X_H)
     c, window, why, resolved = _reach(XP, XH, precision)
     theta, how = _closed_form(XP, XH, c)
@@ -398,9 +534,11 @@ def closed_form_layer(X_P, X_H, *, precision=None) -> LayerSolution:
 
 @torch.no_grad()
 def set_layer(model, theta: np.ndarray) -> float:
-    """Write θ into ``model``'s layer (``W = θᵀ``) and the D_P head that keeps θ₀'s logits:
+    """Write θ into ``model``'s layer (``W = θᵀ``) and the D_P head that keeps θ₀'s logits.
+
     ``V ← V(θᵀ)⁺`` in float64 (a bias of the layer ``b ← θᵀb``); returns κ(θ) over its nonzero
-    spectrum (how much float32 rounding of ``W`` the compensation amplifies)."""
+    spectrum (how much float32 rounding of ``W`` the compensation amplifies).
+    """
     layer, head = model.layer, model.classifier
     T = torch.as_tensor(np.asarray(theta, dtype=np.float64), device=layer.weight.device)
     W0 = layer.weight.double()

@@ -1,6 +1,9 @@
-"""Any timm classifier with the paper's immunization layer (docs/theory.md §8-9, paper §5.2, App.
+"""Any timm classifier with the paper's immunization layer.
+
+Any timm classifier with the paper's immunization layer (docs/theory.md §8-9, paper §5.2, App.
 C.3; docs/design.md §3). :class:`ImmunizedNet` has timm's interface itself, so an attacker who
-swaps the head keeps the layer and no per-family code is needed."""
+swaps the head keeps the layer and no per-family code is needed.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +27,11 @@ class PretrainedUnavailableError(RuntimeError):
 
 
 class UnmergedAdaptersError(ParameterError):
-    """A model carries peft (LoRA) adapter layers, so it has no one linear classifier on its
-    pre-logits: ``.modules`` names the adapted modules; merge them first."""
+    """A model carries peft (LoRA) adapter layers, so it has no one linear classifier.
+
+    A model carries peft (LoRA) adapter layers, so it has no one linear classifier on its
+    pre-logits: ``.modules`` names the adapted modules; merge them first.
+    """
 
     def __init__(self, parameter: str, message: str, modules: tuple = ()):
         super().__init__(parameter, message)
@@ -38,10 +44,13 @@ MODEL_DTYPE = torch.float32
 
 
 def check_model(model, name: str = "model") -> None:
-    """A :class:`ParameterError` naming ``name`` unless ``model`` is an ``nn.Module`` whose
+    """A :class:`ParameterError` naming ``name`` unless ``model`` is a float32 module on a device.
+
+    A :class:`ParameterError` naming ``name`` unless ``model`` is an ``nn.Module`` whose
     floating parameters and buffers are all float32 on a real device (CPU or CUDA): half,
     bfloat16 and float64 models, and models on the meta device (shapes only), are refused before
-    any work, with what is supported."""
+    any work, with what is supported.
+    """
     if not isinstance(model, nn.Module):
         raise ParameterError(
             name,
@@ -73,8 +82,11 @@ def check_model(model, name: str = "model") -> None:
 
 
 def _bias_caches(model: nn.Module) -> list:
-    """The modules of ``model`` that cache their attention biases (timm's LeViT, EfficientFormer,
-    EfficientViT (MSRA), TinyViT: ``attention_bias_cache``, filled by an eval-mode forward)."""
+    """The modules of ``model`` that cache their attention biases.
+
+    The modules of ``model`` that cache their attention biases (timm's LeViT, EfficientFormer,
+    EfficientViT (MSRA), TinyViT: ``attention_bias_cache``, filled by an eval-mode forward).
+    """
     return [
         m for m in model.modules() if isinstance(getattr(m, "attention_bias_cache", None), dict)
     ]
@@ -86,11 +98,14 @@ def _drop_bias_cache(module, args, output) -> None:
 
 
 def uncached_attention_biases(model: nn.Module) -> nn.Module:
-    """``model`` with every attention-bias cache (:func:`_bias_caches`) emptied after each
+    """``model`` with every attention-bias cache emptied after each forward.
+
+    ``model`` with every attention-bias cache (:func:`_bias_caches`) emptied after each
     forward, so each forward reads the biases as they are: the library trains models in eval
     mode (θ₀'s normalisation statistics), where timm would keep the biases of the first forward
     (stale once they train, and a graph that a second backward cannot pass) and a cached tensor
-    that is no graph leaf makes ``copy.deepcopy`` fail. Idempotent; returns ``model``."""
+    that is no graph leaf makes ``copy.deepcopy`` fail. Idempotent; returns ``model``.
+    """
     for m in _bias_caches(model):
         m.attention_bias_cache = {}
         if _drop_bias_cache not in m._forward_hooks.values():
@@ -99,21 +114,42 @@ def uncached_attention_biases(model: nn.Module) -> nn.Module:
 
 
 def copy_model(model: nn.Module) -> nn.Module:
-    """``copy.deepcopy(model)`` with its attention-bias caches left out (the copy's are empty;
+    """``copy.deepcopy(model)`` with its attention-bias caches left out.
+
+    ``copy.deepcopy(model)`` with its attention-bias caches left out (the copy's are empty;
     ``model`` is not changed): a cache filled by a forward with gradients holds a tensor that is
-    no graph leaf, which ``deepcopy`` refuses."""
+    no graph leaf, which ``deepcopy`` refuses.
+    """
     return copy.deepcopy(model, {id(m.attention_bias_cache): {} for m in _bias_caches(model)})
 
 
 def linear_classifier(net: nn.Module) -> nn.Linear:
-    """timm's classifier of ``net`` as the one ``nn.Linear`` on its pre-logits that the
-    immunization layer feeds.  An ``nn.Linear`` as it is.  LeViT's heads (``NormLinear``: a
-    BatchNorm1d before the Linear; in the distilled models a second such head on the same
-    pre-logits, the logits their mean) are folded into one with timm's own ``NormLinear.fuse``,
-    exact in eval mode, and installed in ``net`` (both heads become the one module, so its own
-    forward gives the same logits).  Any other classifier, e.g. DeiT's and PiT's distilled pair
-    (its heads read two different tokens, no one head on the pre-logits equals it), is a
-    :class:`ParameterError`."""
+    """The classifier of a timm network as the one ``nn.Linear`` the immunization layer feeds.
+
+    An ``nn.Linear`` as it is. LeViT's heads (``NormLinear``: a BatchNorm1d before the Linear; in
+    the distilled models a second such head on the same pre-logits, the logits their mean) are
+    folded into one with timm's own ``NormLinear.fuse``, exact in eval mode, and installed in
+    ``net`` (both heads become the one module, so its own forward gives the same logits).
+
+    Parameters
+    ----------
+    net : torch.nn.Module
+        A timm classifier (it has ``get_classifier``).
+
+    Returns
+    -------
+    torch.nn.Linear
+        The classifier on the pre-logits.
+
+    Raises
+    ------
+    UnmergedAdaptersError
+        The network carries peft adapters (``.modules`` names them).
+    ParameterError
+        Any other classifier, e.g. DeiT's and PiT's distilled pair (its heads read two different
+        tokens, no one head on the pre-logits equals it), or none (``num_classes=0``);
+        ``.parameter`` is ``"model"``.
+    """
     head = net.get_classifier()
     heads = tuple(head) if isinstance(head, (tuple, list)) else (head,)
     if heads and isinstance(heads[0], nn.Linear) and all(h is heads[0] for h in heads):
@@ -155,9 +191,12 @@ def classifier_width(net: nn.Module) -> int:
 
 
 class ImmunizedNet(nn.Module):
-    """A timm classifier ``net`` with the immunization layer (default: an identity
+    """A timm classifier with the immunization layer before its classifier.
+
+    A timm classifier ``net`` with the immunization layer (default: an identity
     ImmunizationHead) before its classifier: :meth:`features` gives the immunized features ``Z``,
-    :meth:`prelogits` ``X``."""
+    :meth:`prelogits` ``X``.
+    """
 
     def __init__(
         self, net: nn.Module, layer: nn.Module | None = None, *, lambda_reg: float = 1e-7
@@ -183,7 +222,7 @@ class ImmunizedNet(nn.Module):
 
     @property
     def pretrained_cfg(self) -> dict:
-        """timm's data config of ``net`` (its input size and normalisation)."""
+        """The timm data config of ``net`` (its input size and normalisation)."""
         return getattr(self.net, "pretrained_cfg", {})
 
     @property
@@ -218,8 +257,11 @@ class ImmunizedNet(nn.Module):
         return self.layer(self.prelogits(x))
 
     def set_trainable(self, scope: str = "layer", stages: int = 1) -> tuple[list, list]:
-        """Freeze all but the layer, the classifier and, with ``scope="tail"``, the backbone's last
-        ``stages`` stages; returns the disjoint ``(extractor, classifier)`` parameter lists."""
+        """Freeze all but the layer, the classifier and, with ``scope="tail"``, the last stages.
+
+        Freeze all but the layer, the classifier and, with ``scope="tail"``, the backbone's last
+        ``stages`` stages; returns the disjoint ``(extractor, classifier)`` parameter lists.
+        """
         if scope not in ("layer", "tail"):
             raise ParameterError("scope", f"scope must be 'layer' or 'tail', got {scope!r}")
         self.requires_grad_(False)
@@ -232,9 +274,27 @@ class ImmunizedNet(nn.Module):
 
 
 def tail_modules(net: nn.Module, stages: int = 1) -> list[nn.Module]:
-    """The backbone's last ``stages`` stages by timm's ``feature_info`` (ResNet18 ``stages=2``:
-    layer3, layer4; a ViT's last block) and every top-level module after them but the
-    classifier."""
+    """The backbone's last stages and every top-level module after them but the classifier.
+
+    Stages by timm's ``feature_info`` (ResNet18 ``stages=2``: layer3, layer4; a ViT's last block).
+
+    Parameters
+    ----------
+    net : torch.nn.Module
+        A timm classifier.
+    stages : int, default 1
+        How many last stages.
+
+    Returns
+    -------
+    list of torch.nn.Module
+        The modules, in order.
+
+    Raises
+    ------
+    ParameterError
+        ``stages`` outside [1, the stages ``feature_info`` lists] (``.parameter`` is ``"stages"``).
+    """
     info = getattr(net, "feature_info", None)
     names = [f["module"] for f in info] if info else []
     if not names or not 1 <= stages <= len(names):
@@ -253,7 +313,9 @@ def tail_modules(net: nn.Module, stages: int = 1) -> list[nn.Module]:
 
 @torch.no_grad()
 def fold_batchnorm(modules) -> int:
-    """Fold every eval-mode ``BatchNorm2d`` of ``modules`` that directly follows a bias-free
+    """Fold every eval-mode ``BatchNorm2d`` that follows a bias-free ``Conv2d`` into it.
+
+    Fold every eval-mode ``BatchNorm2d`` of ``modules`` that directly follows a bias-free
     ``Conv2d`` of its width (in module order, only identities or dropouts between them, as in a
     ResNet's conv → bn pairs) into that convolution; returns how many were folded. The function
     in eval mode is unchanged: the convolution's weight is scaled by ``γ/σ`` per output channel
@@ -263,7 +325,8 @@ def fold_batchnorm(modules) -> int:
     Why (docs/design.md §4): a trained network's BatchNorm whose running variance is tiny (the
     demo ResNet18's ``layer4.0.downsample.1`` at 32 px: median 1.5e-4, gains γ/σ up to 204)
     multiplies every optimizer step on the convolution before it by its gain when the network is
-    trained in eval mode; folded, a step moves the function by what it moves the weights."""
+    trained in eval mode; folded, a step moves the function by what it moves the weights.
+    """
     folded = 0
     for mod in modules:
         conv = None
@@ -292,10 +355,13 @@ def fold_batchnorm(modules) -> int:
 
 @torch.no_grad()
 def fold_batchnorm_checked(model: nn.Module, modules, x: torch.Tensor, rtol=1e-4) -> int:
-    """:func:`fold_batchnorm` of ``modules`` (parts of ``model``), kept only if ``model``'s
+    """:func:`fold_batchnorm` of ``modules``, kept only if the model's output is unchanged.
+
+    :func:`fold_batchnorm` of ``modules`` (parts of ``model``), kept only if ``model``'s
     eval-mode output on ``x`` is unchanged to ``rtol`` (relative to its largest entry): a pair the
     module order misreads (a BatchNorm that does not read the convolution before it) restores
-    every tensor as it was. Returns how many were folded (0 when restored)."""
+    every tensor as it was. Returns how many were folded (0 when restored).
+    """
     was = model.training
     model.eval()
     saved = {k: v.clone() for k, v in model.state_dict().items()}
@@ -313,10 +379,40 @@ def fold_batchnorm_checked(model: nn.Module, modules, x: torch.Tensor, rtol=1e-4
 def create_model(
     name: str, num_classes: int, *, pretrained: bool = False, seed: int | None = None, **kwargs
 ) -> nn.Module:
-    """``timm.create_model`` with one-line errors, the initialisation drawn from ``seed`` without
-    touching the global RNG. ``img_size`` goes to models that take it (ViTs); for size-agnostic
-    ones (CNNs) it sets only the input size of their data config, which the image transforms
-    read."""
+    """``timm.create_model`` with one-line errors, initialised from a seed.
+
+    The initialisation is drawn from ``seed`` without touching the global RNG. ``img_size`` goes to
+    models that take it (ViTs); for size-agnostic ones (CNNs) it sets only the input size of their
+    data config, which the image transforms read. The name and options are recorded for
+    :func:`~pycore.deep.save_model`.
+
+    Parameters
+    ----------
+    name : str
+        A timm model name (``timm.list_models()``).
+    num_classes : int
+        The classifier's classes, in [1, 100000].
+    pretrained : bool, default False
+        timm's pretrained weights (from the hub or its cache).
+    seed : int, optional
+        Seeds the initialisation (None: the global RNG).
+    **kwargs
+        Integer architecture options in [1, 100000]: one of :data:`MODEL_KWARGS` (``img_size``,
+        ``patch_size``, ``depth``, ...).
+
+    Returns
+    -------
+    torch.nn.Module
+        The timm model.
+
+    Raises
+    ------
+    ParameterError
+        An unknown name (``"model"``), a bad ``num_classes``, an option that is not one of
+        :data:`MODEL_KWARGS` or out of bounds (named), or options timm cannot build.
+    PretrainedUnavailableError
+        ``pretrained`` weights that cannot be had (offline, not cached).
+    """
     if not isinstance(name, str) or not timm.is_model(name):
         raise ParameterError(
             "model", f"{name!r} is not a timm model name (timm.list_models() lists them)"
@@ -382,7 +478,10 @@ def create_model(
 
 
 def as_immunized(model: nn.Module, *, lambda_reg: float = 1e-7) -> ImmunizedNet:
-    """A deep copy of ``model`` as an :class:`ImmunizedNet` (an identity layer inserted unless
-    it is one), made by :func:`copy_model`."""
+    """A deep copy of ``model`` as an :class:`ImmunizedNet`.
+
+    A deep copy of ``model`` as an :class:`ImmunizedNet` (an identity layer inserted unless
+    it is one), made by :func:`copy_model`.
+    """
     model = copy_model(model)
     return model if isinstance(model, ImmunizedNet) else ImmunizedNet(model, lambda_reg=lambda_reg)

@@ -1,4 +1,6 @@
-"""The objective of each deep immunization method, term by term (paper Eq. (11); docs/theory.md
+"""The objective of each deep immunization method, term by term.
+
+The objective of each deep immunization method, term by term (paper Eq. (11); docs/theory.md
 §6-7).
 
 With ``X`` the layer's inputs and ``Z = X Wᵀ + b`` its outputs (App. C.3), per batch pair:
@@ -14,7 +16,8 @@ With ``X`` the layer's inputs and ``Z = X Wᵀ + b`` its outputs (App. C.3), per
 
 R_well / R_ill: the fused op on float64 features through the layer's preconditioned weight gradient
 ``grad_W (XᵀX + λI)⁻¹`` (Algorithm 1 line 6); the CE path uses the same weights
-unpreconditioned."""
+unpreconditioned.
+"""
 
 from __future__ import annotations
 
@@ -56,9 +59,20 @@ LAMBDA_OF_TERM = {
 
 
 def log_kappa(Z: torch.Tensor) -> torch.Tensor:
-    """Differentiable ``log κ(ZᵀZ)`` over the nonzero spectrum (Opt-κ, float64), from the smaller
-    Gram matrix, rank tolerance ``λ_max · n · eps``; NaN when none is above it (the loop's NaN
-    handling)."""
+    """Differentiable ``log κ(ZᵀZ)`` over the nonzero spectrum (Opt-κ, float64).
+
+    Computed from the smaller Gram matrix, rank tolerance ``λ_max · n · eps``.
+
+    Parameters
+    ----------
+    Z : torch.Tensor, shape (N, D)
+        The features.
+
+    Returns
+    -------
+    torch.Tensor
+        A scalar; NaN when no eigenvalue is above the tolerance (the loop's NaN handling).
+    """
     Z = Z.double()
     G = Z @ Z.T if Z.shape[0] <= Z.shape[1] else Z.T @ Z
     ev = torch.linalg.eigvalsh(G)
@@ -72,10 +86,30 @@ def log_kappa(Z: torch.Tensor) -> torch.Tensor:
 def imma_harmful_loss(
     Z: torch.Tensor, y: torch.Tensor, num_classes: int, *, steps: int, inner_lr: float
 ) -> torch.Tensor:
-    """IMMA's lower level: CE of a zero-initialised linear probe (bias column) after ``steps``
-    unrolled GD steps of ``inner_lr / λ_max(AᵀA/N)`` on ``(Z, y)``, differentiable in ``Z`` through
-    every step. λ_max is detached: the step is the attacker's choice, which no rescaling of the
-    features games."""
+    """IMMA's lower level: the CE of an attacker's probe after a few unrolled GD steps.
+
+    The probe is linear and zero-initialised (with a bias column), trained ``steps`` GD steps of
+    ``inner_lr / λ_max(AᵀA/N)`` on ``(Z, y)``, differentiable in ``Z`` through every step. λ_max is
+    detached: the step is the attacker's choice, which no rescaling of the features games.
+
+    Parameters
+    ----------
+    Z : torch.Tensor, shape (N, D)
+        The harmful features.
+    y : torch.Tensor of int64, shape (N,)
+        Their class labels.
+    num_classes : int
+        The harmful task's classes.
+    steps : int
+        The attacker's unrolled GD steps.
+    inner_lr : float
+        The attacker's step, in units of 1/λ_max(AᵀA/N).
+
+    Returns
+    -------
+    torch.Tensor
+        The scalar cross-entropy after the steps.
+    """
     Z = Z.double()
     n = Z.shape[0]
     A = torch.cat([Z, torch.ones(n, 1, dtype=Z.dtype, device=Z.device)], 1)
@@ -90,16 +124,33 @@ def imma_harmful_loss(
 def kstep_loss(
     Z: torch.Tensor, y: torch.Tensor, *, steps: int, num_classes: int, bias: bool = True
 ) -> torch.Tensor:
-    """E_k, the k-step remaining fraction of a GD probe on ``(Z, y)`` (docs/theory.md §11), in
-    float64 and differentiable in ``Z`` by autograd: the torch twin of
-    :func:`pycore.kstep_remaining` (one-hot targets of ``num_classes``; with ``bias`` the
-    column ``c·1``, c the RMS row norm of Z, part of the graph).
+    """E_k, the k-step remaining fraction of a GD probe on ``(Z, y)``, differentiable in ``Z``.
 
+    The torch twin of :func:`pycore.kstep_remaining` (docs/theory.md §11), in float64, by autograd:
     ``k`` unrolled GD steps of step ``1/s_1²`` (``s_1 = ‖A‖₂``, through ``svdvals``; N cancels),
-    and ``E_k = [L(W_k) − L(W*)]/[L(0) − L(W*)]`` with the least-squares solution W* detached:
-    by the envelope theorem its derivative is that of ``L* = min_W L``, and both differences are
+    and ``E_k = [L(W_k) − L(W*)]/[L(0) − L(W*)]`` with the least-squares solution W* detached: by
+    the envelope theorem its derivative is that of ``L* = min_W L``, and both differences are
     written so that the small term ``A(W_k − W*)`` is formed directly. Where Z is rank-deficient
-    the gradient is that of E_k at fixed rank; at a λ_max tie that of one of its eigenvectors."""
+    the gradient is that of E_k at fixed rank; at a λ_max tie that of one of its eigenvectors.
+
+    Parameters
+    ----------
+    Z : torch.Tensor, shape (N, D)
+        The features.
+    y : torch.Tensor of int64, shape (N,)
+        Class labels (one-hot targets of ``num_classes``).
+    steps : int
+        k.
+    num_classes : int
+        The classes of the one-hot targets.
+    bias : bool, default True
+        The column ``c·1``, c the RMS row norm of Z, part of the graph.
+
+    Returns
+    -------
+    torch.Tensor
+        The scalar E_k in [0, 1].
+    """
     A = Z.double()
     n = A.shape[0]
     if bias:
@@ -122,8 +173,10 @@ def kstep_loss(
 
 
 def _cond(Z: torch.Tensor, kind: str) -> torch.Tensor:
-    """Fused-op R_kind of ``ZᵀZ`` in float64; NaN for non-finite ``Z`` (the loop's NaN
-    handling)."""
+    """Fused-op R_kind of ``ZᵀZ`` in float64.
+
+    NaN for non-finite ``Z`` (the loop's NaN handling).
+    """
     Z = Z.double()
     if not bool(torch.isfinite(Z).all()):
         return Z.sum() * float("nan")
@@ -144,10 +197,41 @@ def loss_terms(
     imma_inner_lr: float = 1.0,
     kstep_steps: int = 10,
 ) -> dict[str, torch.Tensor]:
-    """The unweighted terms of ``method``'s objective on one (rank-local) batch pair of the layer's
-    inputs ``XP`` / ``XH``: ``"ce"`` and the keys of :data:`LAMBDA_OF_TERM` the method has
-    (``kstep``: ``log E_k`` of each task's batch, docs/theory.md §11, driven down on D_P and up on
-    D_H)."""
+    """The unweighted terms of a method's objective on one batch pair of the layer's inputs.
+
+    The batch is rank-local under several processes. ``"ce"`` is D_P's cross-entropy through the
+    layer without preconditioning; the other terms are the keys of :data:`LAMBDA_OF_TERM` the
+    method has (``kstep``: ``log E_k`` of each task's batch, docs/theory.md §11, driven down on D_P
+    and up on D_H).
+
+    Parameters
+    ----------
+    model : ImmunizedNet
+        The model (its layer and classifier are read).
+    method : str
+        One of :data:`DEEP_METHODS` (the closed form and the simulated attackers have only ``"ce"``
+        here).
+    XP, yP : torch.Tensor
+        D_P's layer inputs and labels.
+    XH, yH : torch.Tensor
+        D_H's layer inputs and labels.
+    num_classes_h : int
+        D_H's classes.
+    label_smoothing : float, default 0.1
+        Of the D_P cross-entropy.
+    imma_inner_steps : int, default 3
+        IMMA's unrolled attacker steps (:func:`imma_harmful_loss`).
+    imma_inner_lr : float, default 1.0
+        IMMA's attacker step.
+    kstep_steps : int, default 10
+        k of the k-step terms.
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        ``"ce"`` and the method's terms: ``"r_well"``, ``"r_ill"``, ``"log_kappa_gap"``,
+        ``"kstep_p"``, ``"kstep_h"`` or ``"imma_harm"``.
+    """
     layer = model.layer
     ZP = F.linear(XP, layer.weight, layer.bias)  # CE path: no preconditioning
     terms = {"ce": F.cross_entropy(model.classifier(ZP), yP, label_smoothing=label_smoothing)}

@@ -1,4 +1,6 @@
-"""Every operator an attacker has against a released extractor, and the audit that runs them
+"""Every operator an attacker has against a released extractor, and the audit that runs them.
+
+Every operator an attacker has against a released extractor, and the audit that runs them
 against θ₀'s budget (docs/design.md §3, docs/findings.md §7).
 
 An operator learns D_H from the model it is given, at each setting of its grid
@@ -28,7 +30,8 @@ where eval mode reached 83 %, after 20 steps at lr 1e-4), the layer as a plain `
 released model's layer has no preconditioner); the retrain trains its re-initialised modules in
 train mode (their BatchNorm statistics are new and must be learned). Every copy is evaluated in
 eval mode. A setting whose loss or logits become non-finite is marked diverged and left out of
-the best-of-grid."""
+the best-of-grid.
+"""
 
 from __future__ import annotations
 
@@ -91,8 +94,11 @@ LORA_RANKS = (8, 32)  # the ranks of the operator-transfer report cited in docs/
 
 @dataclass(frozen=True)
 class AttackData:
-    """The attacker's data: images to train on, a validation split to watch, a test split to be
-    scored on, and the number of classes."""
+    """The attacker's data.
+
+    Images to train on, a validation split to watch, a test split to be scored on, and the number
+    of classes.
+    """
 
     train: Dataset
     val: Dataset
@@ -108,10 +114,12 @@ class AttackData:
 
 @dataclass(frozen=True)
 class Schedule:
-    """How long operators run (in optimizer steps) and how often they are evaluated: probes
-    every step, from ``probe_min_steps`` to ``probe_max_steps``; deep operators every
-    ``deep_eval_every`` steps (0: once an epoch of the training split), from
-    ``deep_min_epochs`` to ``deep_max_epochs`` epochs; mini-batches of ``batch_size``."""
+    """How long operators run (in optimizer steps) and how often they are evaluated.
+
+    Probes every step, from ``probe_min_steps`` to ``probe_max_steps``; deep operators every
+    ``deep_eval_every`` steps (0: once an epoch of the training split), from ``deep_min_epochs`` to
+    ``deep_max_epochs`` epochs; mini-batches of ``batch_size``.
+    """
 
     batch_size: int = 64
     probe_min_steps: int = 40
@@ -122,9 +130,26 @@ class Schedule:
 
 
 def operator_names(operators=OPERATORS, lora_ranks=LORA_RANKS) -> tuple:
-    """The operator names ``operators`` expand to (``lora`` → ``lora_r<r>`` per rank); an unknown
-    name, a rank that is not a positive integer (``numbers.Integral``, not bool) or ``lora``
-    without peft installed is a ParameterError naming it."""
+    """The operator names a selection expands to (``lora`` → ``lora_r<r>`` per rank).
+
+    Parameters
+    ----------
+    operators : str or sequence of str, default OPERATORS
+        Names of :data:`OPERATORS`.
+    lora_ranks : int or sequence of int, default LORA_RANKS
+        The LoRA ranks, positive integers (``numbers.Integral``, not bool).
+
+    Returns
+    -------
+    tuple of str
+        The names, in order, each once.
+
+    Raises
+    ------
+    ParameterError
+        An unknown or empty selection, or ``lora`` without peft installed (``"operators"``); a rank
+        that is not a positive integer (``"lora_ranks"``).
+    """
     if isinstance(operators, str):
         operators = (operators,)
     bad = [o for o in operators if o not in OPERATORS]
@@ -164,8 +189,31 @@ class _Attacked(nn.Module):
 
 
 def attack_copy(model, num_classes: int, *, seed: int) -> _Attacked:
-    """A deep copy of ``model`` (timm classifier or ImmunizedNet) as the attacker gets it: frozen,
-    eval mode, its layer a plain ``nn.Linear`` with the same weights, a new seeded linear head."""
+    """A deep copy of a model as the attacker gets it.
+
+    Frozen, in eval mode, its layer a plain ``nn.Linear`` with the same weights, a new seeded
+    linear head.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A timm classifier or an :class:`ImmunizedNet` (an identity layer is inserted into a
+        classifier); not changed.
+    num_classes : int
+        The attacker's classes (the new head's outputs).
+    seed : int
+        Seeds the new head.
+
+    Returns
+    -------
+    torch.nn.Module
+        backbone → layer → head, with ``net``, ``layer`` and ``head`` attributes.
+
+    Raises
+    ------
+    ParameterError
+        A model whose classifier is not one linear layer on its pre-logits.
+    """
     m = as_immunized(model).eval()
     old = m.layer
     layer = nn.Linear(old.weight.shape[1], old.weight.shape[0], bias=old.bias is not None)
@@ -190,10 +238,29 @@ def _width(mod: nn.Module) -> int:
 
 
 def lora_targets(attacked: nn.Module, rank: int) -> dict[str, int]:
-    """The modules LoRA adapts, each with its adapter's rank: every ``nn.Linear`` and ungrouped
-    ``nn.Conv2d`` of the backbone and the layer (not the heads), at ``min(rank, width)`` with
-    ``width = min(out, in·kernel)`` (a wider adapter adds no rank). A rank above the width of every
-    target, or a model without one, is a ParameterError."""
+    """The modules LoRA adapts, each with its adapter's rank.
+
+    Every ``nn.Linear`` and ungrouped ``nn.Conv2d`` of the backbone and the layer (not the heads),
+    at ``min(rank, width)`` with ``width = min(out, in·kernel)`` (a wider adapter adds no rank).
+
+    Parameters
+    ----------
+    attacked : torch.nn.Module
+        The attacker's copy (:func:`attack_copy`).
+    rank : int
+        The adapters' rank.
+
+    Returns
+    -------
+    dict of str to int
+        Module name → rank.
+
+    Raises
+    ------
+    ParameterError
+        A model without a target (``"model"``), or a rank above the width of every target
+        (``"lora_ranks"``).
+    """
     skip = {id(attacked.head), id(attacked.net.get_classifier())}
     widths = {
         n: _width(mod)
@@ -216,8 +283,10 @@ def lora_targets(attacked: nn.Module, rank: int) -> dict[str, int]:
 
 
 def _with_lora(attacked: _Attacked, rank: int, seed: int) -> _Attacked:
-    """peft LoRA adapters (α = r: the update is BA) on :func:`lora_targets`; only the adapters
-    and the head train."""
+    """The peft LoRA adapters (α = r: the update is BA) on :func:`lora_targets`.
+
+    Only the adapters and the head train.
+    """
     from peft import LoraConfig, inject_adapter_in_model  # noqa: PLC0415  (peft imports slowly)
 
     ranks = lora_targets(attacked, rank)
@@ -240,12 +309,31 @@ def _with_lora(attacked: _Attacked, rank: int, seed: int) -> _Attacked:
 
 
 def retrain_scope(model, reference) -> tuple[str, ...] | None:
-    """The modules of the backbone a removal by retraining re-initialises: the fewest last stages
-    (timm's ``feature_info``, with the modules after them but the classifier:
-    :func:`~pycore.deep.tail_modules`) that hold every tensor ``model`` changed against
-    ``reference``; every top-level module but the classifier when no tail holds them all (the
-    stem changed). None when the backbones are equal (a layer-only defense, which
-    ``remove_layer`` takes off)."""
+    """The modules of the backbone a removal by retraining re-initialises.
+
+    The fewest last stages (timm's ``feature_info``, with the modules after them but the
+    classifier: :func:`~pycore.deep.tail_modules`) that hold every tensor ``model`` changed against
+    ``reference``; every top-level module but the classifier when no tail holds them all (the stem
+    changed).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The defended model.
+    reference : torch.nn.Module
+        θ₀, the model it came from.
+
+    Returns
+    -------
+    tuple of str or None
+        The module names; None when the backbones are equal (a layer-only defense, which
+        ``remove_layer`` takes off).
+
+    Raises
+    ------
+    ParameterError
+        The two differ in structure (``"reference"``).
+    """
     net, ref = as_immunized(model).net, as_immunized(reference).net
     mine, base = net.state_dict(), ref.state_dict()
     if mine.keys() != base.keys() or any(v.shape != base[k].shape for k, v in mine.items()):
@@ -268,8 +356,11 @@ def retrain_scope(model, reference) -> tuple[str, ...] | None:
 
 @torch.no_grad()
 def _reinitialise(modules, seed: int) -> None:
-    """PyTorch's default initialisation of every layer in ``modules`` (``reset_parameters``),
-    BatchNorm statistics reset, drawn from ``seed`` without touching the global generator."""
+    """PyTorch's default initialisation of every layer in ``modules``, drawn from ``seed``.
+
+    PyTorch's default initialisation of every layer in ``modules`` (``reset_parameters``),
+    BatchNorm statistics reset, drawn from ``seed`` without touching the global generator.
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for mod in modules:
@@ -281,9 +372,12 @@ def _reinitialise(modules, seed: int) -> None:
 
 
 def _attacker(model, data: AttackData, op: str, seed: int, scope=None, reinit=False) -> _Attacked:
-    """The copy operator ``op`` trains: its trainable parameters marked, convolutions with one
-    output position computed as products (:mod:`pycore.deep._convs`: the same values up to
-    round-off, ~10× less CPU time on a ResNet's 1×1 maps)."""
+    """The copy operator ``op`` trains.
+
+    Its trainable parameters marked, convolutions with one output position computed as products
+    (:mod:`pycore.deep._convs`: the same values up to round-off, ~10× less CPU time on a ResNet's
+    1×1 maps).
+    """
     m = attack_copy(model, data.classes, seed=seed)
     if op.startswith("lora_r"):
         m = _with_lora(m, int(op[6:]), seed)
@@ -327,8 +421,10 @@ def _accuracy(m: nn.Module, ds: Dataset) -> float | str:
 
 
 class _DeepRuns:
-    """:class:`pycore.deep._slowdown.Runs` of one deep operator: one attack copy and one Adam per
-    learning rate, every copy on the same seeded mini-batches."""
+    """:class:`pycore.deep._slowdown.Runs` of one deep operator.
+
+    One attack copy and one Adam per learning rate, every copy on the same seeded mini-batches.
+    """
 
     def __init__(
         self, build: Callable, lrs, data: AttackData, *, seed, batch_size, eval_every, fresh=False
@@ -422,10 +518,33 @@ def operator(
     scope: tuple | None = None,
     reinit: bool = False,
 ) -> Operator:
-    """Operator ``name`` (one of :func:`operator_names`) against ``model`` on ``data``.
-    ``features``: ``{"Z": (train, val, test), "X": ...}`` of the model when already extracted
-    (the immunized features, and the layer's inputs for ``remove_layer``); ``scope`` the module
-    names ``retrain_tail`` trains (:func:`retrain_scope`), re-initialised when ``reinit``."""
+    """One operator against a model on the attacker's data, ready to run.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model attacked (θ₀ for a budget, the defended model for a slowdown).
+    data : AttackData
+        The attacker's splits.
+    name : str
+        One of :func:`operator_names`.
+    seed : int, default 0
+        Seeds the operator's runs.
+    schedule : Schedule, default Schedule()
+        How long the runs go and how often they are evaluated.
+    features : dict, optional
+        ``{"Z": (train, val, test), "X": ...}`` of the model when already extracted (the immunized
+        features, and the layer's inputs for ``remove_layer``).
+    scope : tuple of str, optional
+        The module names ``retrain_tail`` trains (:func:`retrain_scope`).
+    reinit : bool, default False
+        Re-initialise ``scope`` first (a retrain, not a fine-tuning).
+
+    Returns
+    -------
+    Operator
+        Its run factory ``make``, learning-rate grid, step bounds and setting labels.
+    """
     net = as_immunized(model).eval()
     y = [dataset_labels(d) for d in (data.train, data.val, data.test)]
     base = name.split("_r")[0] if name.startswith("lora_r") else name
@@ -503,8 +622,11 @@ def operator(
 
 
 def _tail_stages(net: nn.Module, name: str, scope) -> int:
-    """How many last stages operator ``name`` trains with every earlier stage frozen (0: it
-    trains more, or the network has no stages)."""
+    """How many last stages operator ``name`` trains with every earlier stage frozen.
+
+    How many last stages operator ``name`` trains with every earlier stage frozen (0: it
+    trains more, or the network has no stages).
+    """
     stages = stage_names(net)
     if not stages:
         return 0
@@ -538,9 +660,42 @@ def budgets(
     features: dict | None = None,
     progress: Callable = lambda name: None,
 ) -> dict[str, Budget]:
-    """θ₀'s :class:`~pycore.deep.Budget` of every operator of ``operators`` against
-    ``reference`` (``retrain_tail`` only with a ``scope``: θ₀'s own modules of that scope
-    fine-tuned, the reference of a retrain)."""
+    """θ₀'s :class:`~pycore.deep.Budget` of every operator, against the reference.
+
+    ``retrain_tail`` runs only with a ``scope``: θ₀'s own modules of that scope fine-tuned, the
+    reference of a retrain.
+
+    Parameters
+    ----------
+    reference : torch.nn.Module
+        θ₀.
+    data : AttackData
+        The attacker's splits.
+    operators : str or sequence of str, default OPERATORS
+        As for :func:`operator_names`.
+    lora_ranks : int or sequence of int, default LORA_RANKS
+        As for :func:`operator_names`.
+    seed : int, default 0
+        Seeds every run.
+    schedule : Schedule, default Schedule()
+        How long the runs go and how often they are evaluated.
+    scope : tuple of str, optional
+        :func:`retrain_scope` of the defended model.
+    features : dict, optional
+        As for :func:`operator`.
+    progress : callable, optional
+        Called with each operator's name as it starts.
+
+    Returns
+    -------
+    dict of str to Budget
+        Operator name → θ₀'s budget.
+
+    Raises
+    ------
+    ParameterError
+        As :func:`operator_names` raises.
+    """
     names = operator_names(operators, lora_ranks)
     chance, out = data.chance, {}
     for n in names:
@@ -574,10 +729,39 @@ def slowdowns(
     features: dict | None = None,
     progress: Callable = lambda name: None,
 ) -> dict[str, Slowdown]:
-    """Every operator of ``reference_budgets`` against ``model``: its
-    :class:`~pycore.deep.Slowdown` under θ₀'s budget (``retrain_tail`` re-initialises
-    ``scope``; left out when there is none). An operator every setting of which diverged on
-    ``model`` raises ``FloatingPointError`` naming it and them."""
+    """Every operator of θ₀'s budgets against a model, under those budgets.
+
+    ``retrain_tail`` re-initialises ``scope`` (it is left out when there is none).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The defended model.
+    data : AttackData
+        The attacker's splits (those of the budgets).
+    reference_budgets : dict of str to Budget
+        :func:`budgets` of θ₀.
+    seed : int, default 0
+        Seeds every run.
+    schedule : Schedule, default Schedule()
+        How long the runs go and how often they are evaluated.
+    scope : tuple of str, optional
+        :func:`retrain_scope` of the model.
+    features : dict, optional
+        As for :func:`operator`.
+    progress : callable, optional
+        Called with each operator's name as it starts.
+
+    Returns
+    -------
+    dict of str to Slowdown
+        Operator name → its :class:`~pycore.deep.Slowdown`.
+
+    Raises
+    ------
+    FloatingPointError
+        Every setting of an operator diverged on ``model``; the message names it and them.
+    """
     out = {}
     for n, ref in reference_budgets.items():
         if n == "retrain_tail" and not scope:
@@ -599,11 +783,13 @@ def slowdowns(
 
 @dataclass(frozen=True)
 class AuditResult:
-    """Every operator's :class:`~pycore.deep.Slowdown` against one model, and the two
-    worst cases: ``worst_slowdown``, the smallest slowdown over operators (the attacker's best
-    way around the defense; ``worst_slowdown_censored`` when even that one is a censored lower
-    bound), and ``worst``, the operator that reaches the highest test accuracy at θ₀'s budget,
-    with its deficit."""
+    """Every operator's :class:`~pycore.deep.Slowdown` against one model, and the two worst cases.
+
+    ``worst_slowdown``, the smallest slowdown over operators (the attacker's best way around the
+    defense; ``worst_slowdown_censored`` when even that one is a censored lower bound), and
+    ``worst``, the operator that reaches the highest test accuracy at θ₀'s budget, with its
+    deficit.
+    """
 
     operators: tuple  # Slowdown, in the order run
     worst_slowdown: float
@@ -632,7 +818,24 @@ class AuditResult:
 
 
 def audit_result(results: dict[str, Slowdown]) -> AuditResult:
-    """:class:`AuditResult` of ``{operator: Slowdown}`` (one model's)."""
+    """The :class:`AuditResult` of one model's slowdowns.
+
+    Parameters
+    ----------
+    results : dict of str to Slowdown
+        Operator name → slowdown (:func:`slowdowns`).
+
+    Returns
+    -------
+    AuditResult
+        The slowdowns in order, the smallest one (the attacker's best way around the defense) and
+        the operator of highest test accuracy at θ₀'s budget, with its deficit.
+
+    Raises
+    ------
+    ParameterError
+        No operator was run (``"operators"``).
+    """
     if not results:
         raise ParameterError("operators", "no operator was run")
     rows = tuple(results.values())

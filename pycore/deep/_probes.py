@@ -1,4 +1,6 @@
-"""Linear probes: the attacker who trains a new head on frozen features (paper Eq. (4),
+"""Linear probes: the attacker who trains a new head on frozen features.
+
+Linear probes: the attacker who trains a new head on frozen features (paper Eq. (4),
 Figure 3; docs/design.md §3).
 
 Every probe is softmax cross-entropy on ``A = [Z, c·1]`` from ``W = 0`` in float64 NumPy, ``c`` the
@@ -13,7 +15,8 @@ a slow-down by shrinking its features):
 * :func:`preprocess_features`, the attacker's preprocessing: scaling, standardising, whitening.
 
 Both are :class:`pycore.deep._slowdown.Runs`: they train to their next evaluation and report the
-validation and test accuracy there."""
+validation and test accuracy there.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +32,11 @@ ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 
 @dataclass(frozen=True)
 class ProbeCurve:
-    """Test (and validation) accuracy (%) of the attacker after each epoch (index 0 = before
-    training)."""
+    """Test (and validation) accuracy (%) of the attacker after each epoch.
+
+    Test (and validation) accuracy (%) of the attacker after each epoch (index 0 = before
+    training).
+    """
 
     test_accuracy: list[float]
     validation_accuracy: list[float] = field(default_factory=list)
@@ -44,8 +50,28 @@ def _finite_matrix(Z, name: str) -> np.ndarray:
 
 
 def probe_inputs(Z_train, *Z_eval) -> list[np.ndarray]:
-    """``[A_train, *A_eval]``: each feature matrix with the bias column ``c·1``, ``c`` the RMS row
-    norm of ``Z_train`` (1 if that is 0)."""
+    """The probe's design matrices: each feature matrix with a bias column.
+
+    The column is ``c·1``, ``c`` the RMS row norm of ``Z_train`` (1 if that is 0), the same for
+    every matrix.
+
+    Parameters
+    ----------
+    Z_train : array_like, shape (N, D)
+        The training features.
+    *Z_eval : array_like, shape (M, D)
+        Features to evaluate on.
+
+    Returns
+    -------
+    list of ndarray
+        ``[A_train, *A_eval]``, each with D + 1 columns.
+
+    Raises
+    ------
+    ValueError
+        Features that are not finite real matrices (named), or of another width.
+    """
     Zt = _finite_matrix(Z_train, "Z_train")
     c = float(np.sqrt((Zt * Zt).sum(1).mean())) or 1.0
     out = []
@@ -60,10 +86,33 @@ def probe_inputs(Z_train, *Z_eval) -> list[np.ndarray]:
 def preprocess_features(
     Z_train, Z_test, kind: str, *, ridge: float = 1e-6
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The attacker's preprocessing, statistics from ``Z_train``: ``"scale"`` by the RMS row norm,
-    ``"standardize"`` (a column of std 0 is only centred), ``"whiten"`` by the covariance's
-    eigenvalues floored at ``ridge·λ_max``: the adaptive attacker, who undoes any invertible linear
-    map of the features, conditioning included."""
+    """The attacker's preprocessing of features, statistics from the training rows.
+
+    ``"scale"`` by the RMS row norm, ``"standardize"`` (a column of std 0 is only centred),
+    ``"whiten"`` by the covariance's eigenvalues floored at ``ridge·λ_max``: the adaptive attacker,
+    who undoes any invertible linear map of the features, conditioning included.
+
+    Parameters
+    ----------
+    Z_train : array_like, shape (N, D)
+        The training features (the statistics).
+    Z_test : array_like, shape (M, D)
+        Other features, preprocessed the same way.
+    kind : {"scale", "standardize", "whiten"}
+        The preprocessing.
+    ridge : float, default 1e-6
+        The whitening floor, relative to λ_max.
+
+    Returns
+    -------
+    train, test : ndarray
+        Both preprocessed, in float64.
+
+    Raises
+    ------
+    ValueError
+        An unknown kind.
+    """
     Zt, Zv = (np.asarray(Z, dtype=np.float64) for Z in (Z_train, Z_test))
     if kind == "scale":
         c = float(np.sqrt((Zt * Zt).sum(1).mean())) or 1.0
@@ -102,8 +151,11 @@ class _Probe:
         self.n, self.eval_every = len(self.A), eval_every
 
     def _report(self, W: np.ndarray, active, steps, test: bool) -> list:
-        """Each active head's :class:`~pycore.deep._slowdown.Eval` (a string when it is no longer
-        finite), None for the others."""
+        """Each active head's evaluation, None for the others.
+
+        Each active head's :class:`~pycore.deep._slowdown.Eval` (a string when it is no longer
+        finite), None for the others.
+        """
         (Av, yv), (At, yt) = self.evals
         val = np.atleast_1d(_accuracy(Av, W, yv))
         tst = np.atleast_1d(_accuracy(At, W, yt)) if test else np.full(len(val), np.nan)
@@ -119,8 +171,10 @@ class _Probe:
 
 
 class GDProbe(_Probe):
-    """Full-batch GD with step ``1/λ_max(AᵀA/N)`` from ``W = 0`` (module docstring): one setting,
-    evaluated every ``eval_every`` steps."""
+    """Full-batch GD with step ``1/λ_max(AᵀA/N)`` from ``W = 0`` (module docstring).
+
+    One setting, evaluated every ``eval_every`` steps.
+    """
 
     def __init__(self, A_train, y_train, validation, test, *, classes: int, eval_every: int = 1):
         super().__init__(A_train, y_train, validation, test, classes, eval_every)
@@ -138,11 +192,14 @@ class GDProbe(_Probe):
 
 
 class AdamProbe(_Probe):
-    """Adam from ``W = 0`` on seeded mini-batches (each epoch a permutation of the training rows,
+    """Adam from ``W = 0`` on seeded mini-batches, one head per learning rate, stepped together.
+
+    Adam from ``W = 0`` on seeded mini-batches (each epoch a permutation of the training rows,
     ``default_rng([seed, epoch])``, an incomplete last batch dropped), one head per learning rate
     of ``lrs``, stepped together; evaluated every ``eval_every`` steps. Each head's arithmetic is
     ``torch.optim.Adam``'s with its defaults, in float64; a head left out of a call to
-    :meth:`advance` keeps its state and step count (the heads at one step move as one array)."""
+    :meth:`advance` keeps its state and step count (the heads at one step move as one array).
+    """
 
     def __init__(
         self,
@@ -204,9 +261,40 @@ def linear_probe_curve(
     num_classes: int | None = None,
     validation=None,
 ) -> ProbeCurve:
-    """The paper's probe (Eq. (4), Figure 3): :class:`GDProbe` on ``Z_train``, test (and
-    ``validation=(Z_val, y_val)``) accuracy (%) before training and after each of ``epochs``
-    full-batch steps."""
+    """The paper's probe (Eq. (4), Figure 3): a GD-trained linear head's accuracy, epoch by epoch.
+
+    :class:`GDProbe` (full-batch GD, step 1/L, a bias column) on ``Z_train``; test (and validation)
+    accuracy (%) before training and after each of ``epochs`` steps.
+
+    Parameters
+    ----------
+    Z_train : array_like, shape (N, D)
+        The training features.
+    y_train : array_like of int, shape (N,)
+        Their labels.
+    Z_test : array_like, shape (M, D)
+        The test features.
+    y_test : array_like of int, shape (M,)
+        Their labels.
+    epochs : int, default 50
+        Full-batch GD steps.
+    num_classes : int, optional
+        The classes (default: the largest label + 1).
+    validation : pair of array_like, optional
+        ``(Z_val, y_val)``, also scored after every step.
+
+    Returns
+    -------
+    ProbeCurve
+        Test (and validation) accuracy (%) at each of the ``epochs + 1`` points.
+
+    Raises
+    ------
+    ValueError
+        Features that are not finite real matrices, or of other widths.
+    FloatingPointError
+        The probe's head became non-finite.
+    """
     y_train, y_test = np.asarray(y_train), np.asarray(y_test)
     Zv, yv = validation if validation is not None else (Z_test, y_test)
     A, At, Av = probe_inputs(Z_train, Z_test, Zv)

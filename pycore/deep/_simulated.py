@@ -1,5 +1,6 @@
-"""Immunization against simulated attackers (docs/theory.md §12, docs/design.md §4): the
-non-fine-tunable-learning family, of which SOPHON (Deng et al., IEEE S&P 2024) is the named
+"""Immunization against simulated attackers (docs/theory.md §12, docs/design.md §4).
+
+The non-fine-tunable-learning family, of which SOPHON (Deng et al., IEEE S&P 2024) is the named
 instance.
 
 The defense changes the backbone's *function* so that an attacker's own first steps on D_H make
@@ -28,7 +29,8 @@ the model ends on the last checked state within ``dp_tolerance`` points of where
 from their stored inputs, :mod:`pycore.deep._tail`); ``"backbone"`` every backbone parameter.
 The model stays in eval mode, as in :func:`pycore.deep.immunize_in_place`, its defended
 BatchNorms folded into their convolutions first (``fold_batchnorm``; the function unchanged,
-:func:`pycore.deep._models.fold_batchnorm`)."""
+:func:`pycore.deep._models.fold_batchnorm`).
+"""
 
 from __future__ import annotations
 
@@ -132,9 +134,31 @@ SOPHON = SimulatedOptions(
 
 
 def suppression_loss(logits: torch.Tensor, y: torch.Tensor, kind: str) -> torch.Tensor:
-    """The loss the defender drives DOWN on the attacker's model: ``kl_uniform`` is ``KL(u ‖ p)``
-    (zero when the predictions are uniform), ``inverse_ce`` is ``−log(1 − p_y)`` (zero when the
-    true class gets no probability); means over the batch, float64."""
+    """The loss the defender drives DOWN on the attacker's model.
+
+    ``kl_uniform`` is ``KL(u ‖ p)`` (zero when the predictions are uniform), ``inverse_ce`` is
+    ``−log(1 − p_y)`` (zero when the true class gets no probability); means over the batch, in
+    float64.
+
+    Parameters
+    ----------
+    logits : torch.Tensor, shape (N, C)
+        The attacker's model's logits.
+    y : torch.Tensor of int64, shape (N,)
+        The true classes.
+    kind : {"kl_uniform", "inverse_ce"}
+        The suppression.
+
+    Returns
+    -------
+    torch.Tensor
+        The scalar loss.
+
+    Raises
+    ------
+    ParameterError
+        An unknown kind (``.parameter`` is ``"suppression"``).
+    """
     logp = torch.log_softmax(logits.double(), 1)
     if kind == "kl_uniform":
         return -math.log(logits.shape[1]) - logp.mean(1).mean()
@@ -158,8 +182,10 @@ class _Features(nn.Module):
 
 
 def _lora_factors(params: dict, rank: int, gen: torch.Generator) -> dict:
-    """``{name: (A, B)}`` for every 2-D or 4-D weight of ``params``: ``A`` as peft draws it
-    (Kaiming-uniform, a = √5), ``B = 0``, so ``W + BA`` starts at ``W``."""
+    """``{name: (A, B)}`` for every 2-D or 4-D weight of ``params``.
+
+    ``A`` as peft draws it (Kaiming-uniform, a = √5), ``B = 0``, so ``W + BA`` starts at ``W``.
+    """
     out = {}
     for n, w in params.items():
         if not n.endswith("weight") or w.dim() not in (2, 4):
@@ -191,9 +217,12 @@ def _dp_checker(model, data, seed: int, device):
 def immunize_simulated(
     model, p_train, h_train, opts: SimulatedOptions, *, seed: int, num_classes_h: int
 ) -> dict:
-    """Immunize the :class:`~pycore.deep.ImmunizedNet` ``model`` in place against
+    """Immunize an :class:`~pycore.deep.ImmunizedNet` in place against simulated attackers.
+
+    Immunize the :class:`~pycore.deep.ImmunizedNet` ``model`` in place against
     simulated attackers (module docstring) on the images ``p_train`` (its own classes) and
-    ``h_train``; returns what it did: ``{"steps", "kept", "reason", "history", "seconds"}``."""
+    ``h_train``; returns what it did: ``{"steps", "kept", "reason", "history", "seconds"}``.
+    """
     t0 = time.perf_counter()
     rng = np.random.default_rng([seed, 21])
     gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
@@ -301,8 +330,11 @@ def immunize_simulated(
 
 
 def _accumulate(scope: dict, params: dict, loss: torch.Tensor, weight: float) -> None:
-    """``weight·∂loss/∂params`` added to ``.grad`` of the defended parameters ``scope`` (the
-    attacker's copies ``params`` of them, by name: first order)."""
+    """``weight·∂loss/∂params`` added to ``.grad`` of the defended parameters.
+
+    ``weight·∂loss/∂params`` added to ``.grad`` of the defended parameters ``scope`` (the
+    attacker's copies ``params`` of them, by name: first order).
+    """
     grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     for (n, p), g in zip(scope.items(), grads):
         if g is not None:
@@ -319,13 +351,15 @@ def _new_head(classes: int, dim: int, gen, dev) -> list:
 
 
 def _probe_trajectory(feats, scope, H, stream, lr, opts, classes, gen, dev) -> float:
-    """The probe attacker (module docstring): its head alone trains, so its whole run is cheap.
-    The features of ``inner_steps`` batches' first halves, computed once, are scaled or
-    standardised (statistics of them, as the audit's Adam probe does); a new head takes
-    ``probe_steps`` Adam steps on them (mini-batches of half a batch); the suppression loss of the
-    head at four points of that run (a quarter, half, three quarters, the end), on the batches'
-    other halves, is differentiated with respect to the defended weights (the head held fixed:
-    first order). Returns the mean suppression loss."""
+    """The probe attacker (module docstring).
+
+    Its head alone trains, so its whole run is cheap. The features of ``inner_steps`` batches'
+    first halves, computed once, are scaled or standardised (statistics of them, as the audit's
+    Adam probe does); a new head takes ``probe_steps`` Adam steps on them (mini-batches of half a
+    batch); the suppression loss of the head at four points of that run (a quarter, half, three
+    quarters, the end), on the batches' other halves, is differentiated with respect to the
+    defended weights (the head held fixed: first order). Returns the mean suppression loss.
+    """
     xs, ys = zip(*((t.to(dev) for t in fetch(H, next(stream))) for _ in range(opts.inner_steps)))
     half = len(xs[0]) // 2
     xa, ya = torch.cat([x[:half] for x in xs]), torch.cat([y[:half] for y in ys])
@@ -364,9 +398,11 @@ def _probe_trajectory(feats, scope, H, stream, lr, opts, classes, gen, dev) -> f
 
 
 def _trajectory(feats, scope, H, stream, op, lr, opts, classes, gen, dev) -> float:
-    """One simulated attacker's trajectory (module docstring, steps 1-2): accumulates the summed
-    suppression gradient into ``.grad`` of the defended parameters ``scope``; returns the mean
-    suppression loss."""
+    """One simulated attacker's trajectory (module docstring, steps 1-2).
+
+    Accumulates the summed suppression gradient into ``.grad`` of the defended parameters
+    ``scope``; returns the mean suppression loss.
+    """
     if op == "probe":
         return _probe_trajectory(feats, scope, H, stream, lr, opts, classes, gen, dev)
     head = _new_head(classes, feats.model.layer.weight.shape[0], gen, dev)

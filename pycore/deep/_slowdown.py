@@ -28,7 +28,8 @@ plateau nor reaches a target.
   the setting of best validation accuracy among those still running at B₀ in the race on it.
 
 Runs are supplied by a factory ``make(variant, lrs) -> runs`` (:class:`Runs`); this module only
-schedules them, so it is tested with synthetic runs and serves every operator alike."""
+schedules them, so it is tested with synthetic runs and serves every operator alike.
+"""
 
 from __future__ import annotations
 
@@ -50,8 +51,11 @@ PRUNE_GAP = 5.0  # points: θ₀'s settings this far below the best are not run 
 
 @dataclass(frozen=True)
 class Eval:
-    """One evaluation of a run: the optimizer steps taken, the validation accuracy (%) and the
-    test accuracy (%, NaN when not asked for)."""
+    """One evaluation of a run.
+
+    The optimizer steps taken, the validation accuracy (%) and the test accuracy (%, NaN when not
+    asked for).
+    """
 
     step: int
     validation: float
@@ -59,15 +63,20 @@ class Eval:
 
 
 class Runs(Protocol):
-    """Settings of one operator stepped together (one variant, several learning rates),
-    evaluated every ``eval_every`` steps."""
+    """Settings of one operator stepped together, evaluated every ``eval_every`` steps.
+
+    Settings of one operator stepped together (one variant, several learning rates),
+    evaluated every ``eval_every`` steps.
+    """
 
     eval_every: int
 
     def advance(self, active: list[bool], test: bool) -> list[Eval | str | None]:
-        """Train each active setting to its next evaluation: an :class:`Eval` (with the test
-        accuracy when ``test``), or a string saying why the setting diverged (it is never
-        advanced again); inactive settings give None."""
+        """Train each active setting to its next evaluation.
+
+        An :class:`Eval` (with the test accuracy when ``test``), or a string saying why the setting
+        diverged (it is never advanced again); inactive settings give None.
+        """
 
 
 # make(variant, lrs) -> Runs for those learning rates of that variant
@@ -85,8 +94,11 @@ def smoothed(values) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Trace:
-    """One setting's run: the steps it was evaluated at, its validation accuracy (%) there and its
-    test accuracy at the budget (NaN: not run that far, or not asked for)."""
+    """One setting's run.
+
+    The steps it was evaluated at, its validation accuracy (%) there and its test accuracy at the
+    budget (NaN: not run that far, or not asked for).
+    """
 
     variant: str
     lr: float
@@ -111,13 +123,14 @@ class Trace:
 
 @dataclass(frozen=True)
 class Budget:
-    """θ₀'s budget for one operator (module docstring): the plateau (%, smoothed validation)
-    reached by ``setting``, ``budget_steps`` B₀, the target and ``reference_steps`` s₀ (the first
-    step any setting reaches it), the run's length, θ₀'s test accuracy at B₀ (in the race
-    :func:`attack` runs, on θ₀), whether the plateau
-    was confirmed within the step limit, whether the best setting was still at an end of the
-    widened grid, the grid as widened on θ₀ (every model's race starts from it) and every
-    setting's trace."""
+    """θ₀'s budget for one operator (module docstring).
+
+    The plateau (%, smoothed validation) reached by ``setting``, ``budget_steps`` B₀, the target
+    and ``reference_steps`` s₀ (the first step any setting reaches it), the run's length, θ₀'s test
+    accuracy at B₀ (in the race :func:`attack` runs, on θ₀), whether the plateau was confirmed
+    within the step limit, whether the best setting was still at an end of the widened grid, the
+    grid as widened on θ₀ (every model's race starts from it) and every setting's trace.
+    """
 
     operator: str
     chance: float
@@ -135,8 +148,11 @@ class Budget:
 
     @property
     def learns(self) -> bool:
-        """Whether θ₀'s plateau is at least twice chance (a budget on a task the operator does
-        not learn measures nothing)."""
+        """Whether θ₀'s plateau is at least twice chance.
+
+        Whether θ₀'s plateau is at least twice chance (a budget on a task the operator does
+        not learn measures nothing).
+        """
         return self.plateau >= 2 * self.chance
 
     def to_dict(self) -> dict:
@@ -147,11 +163,13 @@ class Budget:
 
 @dataclass(frozen=True)
 class Slowdown:
-    """One operator against one model under θ₀'s :class:`Budget` (module docstring): the
-    slowdown (``censored``: a lower bound stored as :data:`SLOWDOWN_CAP`), the steps the fastest
-    setting needed (None when censored), that setting, the model's test accuracy at B₀ and the
-    signed deficit θ₀ − model there (points; > 0: the defense slowed the attacker), whether the
-    best setting was still at an end of the widened grid, and every setting's trace."""
+    """One operator against one model under θ₀'s :class:`Budget` (module docstring).
+
+    The slowdown (``censored``: a lower bound stored as :data:`SLOWDOWN_CAP`), the steps the
+    fastest setting needed (None when censored), that setting, the model's test accuracy at B₀ and
+    the signed deficit θ₀ − model there (points; > 0: the defense slowed the attacker), whether the
+    best setting was still at an end of the widened grid, and every setting's trace.
+    """
 
     operator: str
     slowdown: float
@@ -200,8 +218,10 @@ class _Race:
         return not self.state[key]["why"]
 
     def advance(self, wanted: Callable[[tuple], bool]) -> bool:
-        """One evaluation more for every live setting ``wanted`` accepts; False when none
-        moved. The test split is scored at the budget step."""
+        """One evaluation more for every live setting ``wanted`` accepts.
+
+        False when none moved. The test split is scored at the budget step.
+        """
         moved = False
         for runs, keys in self.groups:
             active = [self.live(k) and wanted(k) for k in keys]
@@ -246,9 +266,11 @@ class _Race:
         return [self.trace(k) for k in sorted(self.state)]
 
     def widen(self, best: Trace) -> tuple | None:
-        """The setting beyond ``best``'s end of its learning-rate list, added to the race; None
-        when ``best`` is inside the list, the list has one rate, or that end was widened
-        :data:`MAX_WIDEN` times."""
+        """The setting beyond ``best``'s end of its learning-rate list, added to the race.
+
+        None when ``best`` is inside the list, the list has one rate, or that end was widened
+        :data:`MAX_WIDEN` times.
+        """
         v, lrs, r = best.variant, self.grid[best.variant], self.ratio[best.variant]
         end = -1 if best.lr == lrs[0] else 1 if best.lr == lrs[-1] else 0
         if not end or r is None or self.widened[(v, end)] >= MAX_WIDEN:
@@ -265,9 +287,11 @@ class _Race:
 
 
 def _snap(lr: float, ratio: float) -> float:
-    """``lr`` to three significant digits; on a grid of ratio √10 (half decades: 1e-3, 3.16e-3,
-    0.01, ...) snapped to the half decade, so that products of rounded rates do not drift
-    (3.16e-3·√10 is 0.01, not 0.00999)."""
+    """``lr`` to three significant digits.
+
+    On a grid of ratio √10 (half decades: 1e-3, 3.16e-3, 0.01, ...) snapped to the half decade, so
+    that products of rounded rates do not drift (3.16e-3·√10 is 0.01, not 0.00999).
+    """
     if abs(ratio - math.sqrt(10.0)) < 1e-2:
         lr = 10.0 ** (round(2.0 * math.log10(lr)) / 2.0)
     return float(f"{lr:.3g}")
@@ -281,14 +305,12 @@ def _diverged(operator: str, traces: list[Trace]) -> FloatingPointError:
 
 
 def _live(traces: list[Trace]) -> list[Trace]:
-    """The settings that were evaluated and did not diverge (the only ones a best is taken
-    from)."""
+    """The settings that were evaluated and did not diverge: the only ones a best is taken from."""
     return [t for t in traces if t.steps and not t.diverged]
 
 
 def _plateau(traces: list[Trace]) -> tuple[Trace, float, int]:
-    """The live trace of the highest smoothed validation accuracy, that accuracy, and B₀ on
-    it."""
+    """The live trace of the highest smoothed validation accuracy, that accuracy, and B₀ on it."""
     best = max(_live(traces), key=lambda t: (t.best, -t.steps[0], -t.lr))
     return best, best.best, best.first_reaching(best.best - PLATEAU_TOLERANCE)
 
@@ -303,9 +325,12 @@ def budget(
     max_steps: int,
     labels: Callable | None = None,
 ) -> Budget:
-    """θ₀'s :class:`Budget` for ``operator`` (module docstring): every setting of ``grid``
-    (``{variant: learning rates}``) run at least ``min_steps`` and until ``BUDGET_FACTOR·B₀``
-    steps, at most ``max_steps``; the grid widened while its best setting sits at an end."""
+    """θ₀'s :class:`Budget` for ``operator`` (module docstring).
+
+    Every setting of ``grid`` (``{variant: learning rates}``) run at least ``min_steps`` and until
+    ``BUDGET_FACTOR·B₀`` steps, at most ``max_steps``; the grid widened while its best setting sits
+    at an end.
+    """
     race = _Race(make, grid, labels)
     length, keep = min(min_steps, max_steps), None  # at most max_steps, whatever min_steps
     while True:
@@ -349,10 +374,13 @@ def budget(
 
 
 def _fastest(traces: list[Trace], target: float) -> tuple[Trace | None, int | None]:
-    """The live setting that first reached ``target`` (of several at the same step, the one of
+    """The live setting that first reached ``target``, and that step.
+
+    The live setting that first reached ``target`` (of several at the same step, the one of
     highest smoothed validation accuracy there, then the lowest rate: a choice that does not
     depend on how far the settings ran after it) and that step; ``(None, None)`` when none
-    did."""
+    did.
+    """
     reach = []
     for t in _live(traces):
         s = t.first_reaching(target)
@@ -365,17 +393,23 @@ def _fastest(traces: list[Trace], target: float) -> tuple[Trace | None, int | No
 
 
 def _race(operator, make, grid, labels, *, b0, limit, target):
-    """Every setting of ``grid`` until one reaches ``target`` (then it alone on to ``b0``) or
+    """Every setting of ``grid`` until one reaches ``target`` or until ``limit``, widened.
+
+    Every setting of ``grid`` until one reaches ``target`` (then it alone on to ``b0``) or
     until ``limit``; then, while the fastest setting (the best live one when none got there) sits
     at an end of its learning-rate list, the next rate beyond it (:meth:`_Race.widen`), raced to
     the step to beat. Returns ``(race, steps to the target or None, test accuracy at b0, the
     chosen setting)``: the test accuracy is the one of the setting of best validation accuracy at
-    ``b0`` among those still running there."""
+    ``b0`` among those still running there.
+    """
     race = _Race(make, grid, labels, budget_step=b0)
 
     def race_to(limit, keys=None):
-        """The settings ``keys`` (default all) until one of them reaches the target (then only
-        it, on to B₀), or until ``limit``."""
+        """The settings ``keys`` until one of them reaches the target, or until ``limit``.
+
+        The settings ``keys`` (default all) until one of them reaches the target (then only
+        it, on to B₀), or until ``limit``.
+        """
         pool = sorted(race.state) if keys is None else sorted(keys)
         while True:
             best, s = _fastest([race.trace(k) for k in pool], target)
@@ -412,9 +446,12 @@ def _race(operator, make, grid, labels, *, b0, limit, target):
 def attack(
     operator: str, make: Factory, reference: Budget, *, labels: Callable | None = None
 ) -> Slowdown:
-    """The :class:`Slowdown` of ``operator`` on a model (``make`` builds its runs) against θ₀'s
+    """The :class:`Slowdown` of an operator on a model against θ₀'s budget of it.
+
+    The :class:`Slowdown` of ``operator`` on a model (``make`` builds its runs) against θ₀'s
     ``reference`` budget of the same operator (module docstring); the race starts from the grid
-    as widened on θ₀."""
+    as widened on θ₀.
+    """
     b0, s0, target = reference.budget_steps, reference.reference_steps, reference.target
     cap = max(b0, math.ceil(SLOWDOWN_CAP * s0))
     race, s, test, chosen = _race(

@@ -12,7 +12,8 @@ stages are most of a forward pass.
 The stem before the first stage still runs, on zeros shaped like one input image, and its output
 is discarded; :meth:`TailRunner.check` compares the tail's output from the stored inputs with
 the whole network's on a batch, so a network whose tail reads anything but its first stage's
-input (a skip across stages) is refused rather than trained on the wrong function."""
+input (a skip across stages) is refused rather than trained on the wrong function.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +26,18 @@ from pycore.deep._data import dataset_labels, fetch
 
 
 def stage_names(net: nn.Module) -> list[str]:
-    """The stage modules of timm's ``feature_info``, first to last (empty without one)."""
+    """The stage modules of timm's ``feature_info``, first to last.
+
+    Parameters
+    ----------
+    net : torch.nn.Module
+        A timm model.
+
+    Returns
+    -------
+    list of str
+        The stages' module names; empty without a ``feature_info``.
+    """
     info = getattr(net, "feature_info", None)
     return [f["module"] for f in info] if info else []
 
@@ -35,8 +47,11 @@ class _Stop(Exception):
 
 
 class TailRunner:
-    """The last ``stages`` stages of ``net`` (timm's ``feature_info``) run from the stored inputs
-    of the first of them (module docstring)."""
+    """The last ``stages`` stages of ``net`` run from the stored inputs of the first of them.
+
+    The last ``stages`` stages of ``net`` (timm's ``feature_info``) run from the stored inputs
+    of the first of them (module docstring).
+    """
 
     def __init__(self, net: nn.Module, stages: int):
         names = stage_names(net)
@@ -83,10 +98,12 @@ class TailRunner:
         return TensorDataset(torch.cat(hs), torch.as_tensor(dataset_labels(data)))
 
     def attach(self, net: nn.Module, image_shape: tuple) -> _FromTail:
-        """Make ``net`` take stored tail inputs (in place, until :meth:`_FromTail.detach`): its
-        earlier stages become ``nn.Identity``, and the returned module's
-        ``forward_features(h)`` runs the stem on zeros shaped ``image_shape`` and the tail from
-        the batch ``h``; ``forward_head`` is the network's."""
+        """Make ``net`` take stored tail inputs (in place, until :meth:`_FromTail.detach`).
+
+        Its earlier stages become ``nn.Identity``, and the returned module's
+        ``forward_features(h)`` runs the stem on zeros shaped ``image_shape`` and the tail from the
+        batch ``h``; ``forward_head`` is the network's.
+        """
         removed = {}
         for name in self.prefix:
             parent, _, leaf = name.rpartition(".")
@@ -96,8 +113,11 @@ class TailRunner:
         return _FromTail(net, self.first, tuple(image_shape), removed)
 
     def check(self, full: nn.Module, tail: nn.Module, x: torch.Tensor, rtol=1e-4) -> None:
-        """``tail`` (from :meth:`attach` on a copy of ``full``) gives ``full``'s pre-logits on
-        ``x`` to float round-off; otherwise a ParameterError naming ``model``."""
+        """Check that ``tail`` gives ``full``'s pre-logits on ``x`` to float round-off.
+
+        ``tail`` (from :meth:`attach` on a copy of ``full``) gives ``full``'s pre-logits on
+        ``x`` to float round-off; otherwise a ParameterError naming ``model``.
+        """
         x = x.to(next(full.parameters()).device)
         with torch.no_grad():
             want = full.forward_head(full.forward_features(x), pre_logits=True)
@@ -113,8 +133,10 @@ class TailRunner:
 
 
 class _FromTail(nn.Module):
-    """A network whose earlier stages were removed: ``forward_features(h)`` runs the stem on
-    zeros and feeds ``h`` to the first tail stage."""
+    """A network whose earlier stages were removed.
+
+    ``forward_features(h)`` runs the stem on zeros and feeds ``h`` to the first tail stage.
+    """
 
     def __init__(self, net: nn.Module, first: str, image_shape: tuple, removed: dict):
         super().__init__()

@@ -1,4 +1,6 @@
-"""Deep immunization of an :class:`~pycore.deep.ImmunizedNet` in place (paper Eq. (11),
+"""Deep immunization of an :class:`~pycore.deep.ImmunizedNet` in place.
+
+Deep immunization of an :class:`~pycore.deep.ImmunizedNet` in place (paper Eq. (11),
 Algorithm 1 on deep nets, §5.2; docs/theory.md §9; docs/design.md §4).
 
 With ``rule="adaptive"`` (the default of ``ours``) and for ``closed_form`` the layer is set from
@@ -11,7 +13,8 @@ step 0 soon swamps or fades), one backward and one SGD step. The model stays in 
 normalisation statistics belong to θ₀, so the regularizers shape exactly the features RIR_θ₀
 measures. Under ``torchrun`` each rank evaluates the regularizers on its own batch (DDP averages
 gradients; balancing all-reduces the term gradients); ``virtual_ranks=W`` reproduces that
-objective in one process."""
+objective in one process.
+"""
 
 from __future__ import annotations
 
@@ -105,14 +108,16 @@ OPTION_CHOICES = {
 
 @dataclass(frozen=True)
 class DeepOptions(Options):
-    """Options of deep immunization. ``ours`` defaults to the adaptive rule of the linear default
-    on the layer's frozen features (``rule``, ``adaptive_steps``, ``patience``, ``adaptive_lr``;
-    docs/design.md §4). ``rule="sgd"`` and the baselines run the paper's loop: the layer (and with
-    ``scope="tail"`` the backbone's last stages) by SGD lr 0.1, ≤ 400 steps of 64 + 64 samples,
-    every term re-balanced every step; the paper's Table 4 uses fixed λ's, ``lr=1e-5``,
-    ``scope="tail"`` (experiments/deep_configs.py). Every option is checked by
-    :data:`OPTION_RULES` or :data:`OPTION_CHOICES`, or is a bool
-    (:class:`pycore.Options`)."""
+    """Options of deep immunization.
+
+    ``ours`` defaults to the adaptive rule of the linear default on the layer's frozen features
+    (``rule``, ``adaptive_steps``, ``patience``, ``adaptive_lr``; docs/design.md §4).
+    ``rule="sgd"`` and the baselines run the paper's loop: the layer (and with ``scope="tail"`` the
+    backbone's last stages) by SGD lr 0.1, ≤ 400 steps of 64 + 64 samples, every term re-balanced
+    every step; the paper's Table 4 uses fixed λ's, ``lr=1e-5``, ``scope="tail"``
+    (experiments/deep_configs.py). Every option is checked by :data:`OPTION_RULES` or
+    :data:`OPTION_CHOICES`, or is a bool (:class:`pycore.Options`).
+    """
 
     RULES = OPTION_RULES
     CHOICES = OPTION_CHOICES
@@ -167,15 +172,34 @@ class DeepOptions(Options):
 
 
 def options(base: DeepOptions | None = None, **given) -> DeepOptions:
-    """``base`` (default :class:`DeepOptions`) with ``given`` replaced; an unknown or bad option is
-    a :class:`~pycore.ParameterError` whose ``.parameter`` names it."""
+    """Deep immunization options: a base set with some replaced, each checked.
+
+    Parameters
+    ----------
+    base : DeepOptions, optional
+        The options to start from (default :class:`DeepOptions`).
+    **given
+        Options to replace, by name.
+
+    Returns
+    -------
+    DeepOptions
+        The options.
+
+    Raises
+    ------
+    ParameterError
+        An unknown or bad option; ``.parameter`` names it.
+    """
     return DeepOptions.build(base or DeepOptions(), "deep immunization", **given)
 
 
 class NonFiniteLossError(DivergenceError):
-    """A non-finite loss or gradient: ``.parameter`` names the option to change, ``.step`` the
-    failed step (not applied: the model keeps its last good step, which only experiments/ write to
-    a file)."""
+    """A non-finite loss or gradient.
+
+    ``.parameter`` names the option to change, ``.step`` the failed step (not applied: the model
+    keeps its last good step, which only experiments/ write to a file).
+    """
 
     def __init__(self, parameter: str, message: str, step: int):
         super().__init__(parameter, message)
@@ -184,8 +208,10 @@ class NonFiniteLossError(DivergenceError):
 
 @dataclass
 class TrainResult:
-    """What :func:`immunize_in_place` did: the λ's in force at the end (and the ridge), the
-    per-step history."""
+    """What :func:`immunize_in_place` did.
+
+    The λ's in force at the end (and the ridge), the per-step history.
+    """
 
     method: str
     steps: int
@@ -233,10 +259,36 @@ def balanced_lambdas(
     previous: dict | None = None,
     weights: dict | None = None,
 ) -> dict[str, float]:
-    """``λ_term = balance·‖∇CE‖/‖∇term‖`` on ``params`` (``weights`` replaces ``balance`` for the
-    λ's it names), gradients averaged over ranks, no ``.grad`` touched. A term whose gradient norm
-    is 0 or non-finite keeps its ``previous`` λ; without one that is a
-    :class:`FloatingPointError`."""
+    """The λ of each term that balances its gradient against the cross-entropy's.
+
+    ``λ_term = balance·‖∇CE‖/‖∇term‖`` on ``params`` (``weights`` replaces ``balance`` for the λ's
+    it names), gradients averaged over ranks, no ``.grad`` touched.
+
+    Parameters
+    ----------
+    terms : dict of str to torch.Tensor
+        ``"ce"`` and the method's terms (:func:`loss_terms`), each a scalar with a graph.
+    params : sequence of torch.Tensor
+        The parameters whose gradients are compared.
+    balance : float
+        The ratio of each term's weighted gradient norm to the cross-entropy's.
+    world : int, default 1
+        Ranks to average the gradients over (all-reduced when above 1).
+    previous : dict, optional
+        The λ's in force, kept for a term whose gradient norm is 0 or non-finite.
+    weights : dict, optional
+        Ratios that replace ``balance`` for the λ's they name.
+
+    Returns
+    -------
+    dict of str to float
+        λ name (``"lambda_p"``, ``"lambda_h"``, ...) → value.
+
+    Raises
+    ------
+    FloatingPointError
+        A term whose gradient norm is 0 or non-finite, with no ``previous`` λ.
+    """
     flat = {}
     for k, v in terms.items():
         gs = torch.autograd.grad(v, params, retain_graph=True, allow_unused=True)
@@ -275,16 +327,21 @@ def _all_reduce(values: list[float], world: int, device, op: str = "sum") -> lis
 
 
 def _rescale(model, c: float) -> None:
-    """Classifier weight × c, layer bias ÷ c: on inputs X/c the model gives the logits it gave
-    on X."""
+    """Classifier weight × c, layer bias ÷ c.
+
+    On inputs X/c the model gives the logits it gave on X.
+    """
     model.classifier.weight.mul_(c)
     if model.layer.bias is not None:
         model.layer.bias.div_(c)
 
 
 def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
-    """A function giving the model's top-1 (%) on up to 1024 seeded D_P training samples (its
-    own head)."""
+    """A function giving the model's top-1 (%) on up to 1024 seeded D_P training samples.
+
+    A function giving the model's top-1 (%) on up to 1024 seeded D_P training samples (its
+    own head).
+    """
     idx = torch.from_numpy(
         np.sort(np.random.default_rng([seed, 11]).permutation(len(data))[:1024])
     )
@@ -315,12 +372,53 @@ def immunize_in_place(
     ddp: bool = False,
     progress: bool = False,
 ) -> TrainResult:
-    """Immunize the :class:`~pycore.deep.ImmunizedNet` ``model`` in place with ``method``.
+    """Immunize an :class:`~pycore.deep.ImmunizedNet` in place with a method.
 
-    ``p_train`` / ``h_train`` yield ``(x, y)``: images, or with ``cached=True`` (scope ``"layer"``)
-    the layer's inputs ``X``. Under ``torchrun`` pass ``rank``/``world`` and ``ddp=True``. A
-    non-finite
-    loss or gradient raises :class:`NonFiniteLossError`, ``model`` left at its last good step."""
+    The loop of paper Eq. (11) (its steps, λ balancing, hardening), the layer solved as the linear
+    problem (the closed form, and the adaptive rule of ``"ours"``/``"kstep"``), or the simulated
+    attackers (:class:`~pycore.deep.SimulatedOptions`). Under ``torchrun`` pass ``rank``/``world``
+    and ``ddp=True``.
+
+    Parameters
+    ----------
+    model : ImmunizedNet
+        The model, changed in place.
+    p_train, h_train : torch.utils.data.Dataset
+        D_P's and D_H's training samples ``(x, y)``: images, or with ``cached=True`` (scope
+        ``"layer"``) the layer's inputs ``X``.
+    method : str, default "ours"
+        One of :data:`DEEP_METHODS`.
+    opts : DeepOptions or SimulatedOptions, default DeepOptions()
+        The method's options (:func:`options`).
+    seed : int, default 0
+        Seeds the batches and every draw.
+    num_classes_h : int
+        D_H's classes.
+    cached : bool, default False
+        The datasets hold the layer's inputs (required by the methods that solve the layer).
+    device : str or torch.device, default "cpu"
+        Where the model trains.
+    rank, world : int, default 0 and 1
+        This process's rank and the number of processes.
+    ddp : bool, default False
+        Wrap the objective in DistributedDataParallel.
+    progress : bool, default False
+        A bar with the time left on a terminal.
+
+    Returns
+    -------
+    TrainResult
+        The steps taken, the λ's in force at the end (and the ridge), the per-step history, the
+        hardening, and why training stopped early ("" when it did not).
+
+    Raises
+    ------
+    ParameterError
+        An unknown method, options of the wrong kind or inconsistent with the data (``scope`` with
+        cached features, ``virtual_ranks`` with several processes), named.
+    NonFiniteLossError
+        A non-finite loss or gradient; ``model`` is left at its last good step.
+    """
     if method not in DEEP_METHODS:
         raise ParameterError("method", f"unknown method {method!r}; choose one of {DEEP_METHODS}")
     if method in SIMULATED_METHODS:
@@ -525,9 +623,12 @@ def _harden(model, h_train, opts, seed, num_classes_h, cached) -> dict | None:
 def _linear_layer(
     model, p_train, h_train, method, opts, seed, num_classes_h, device, progress=False
 ):
-    """The layer as the linear problem (:mod:`pycore.deep._layer`) on the features of all given
+    """The layer as the linear problem on the features of all given rows.
+
+    The layer as the linear problem (:mod:`pycore.deep._layer`) on the features of all given
     rows, the D_P head solved exactly; hardening as in the loop; ``progress``: the adaptive
-    rule's bar on a terminal."""
+    rule's bar on a terminal.
+    """
     from pycore.deep._features import extract  # noqa: PLC0415
     from pycore.deep._layer import (  # noqa: PLC0415
         adaptive_layer,
@@ -576,10 +677,12 @@ def _linear_layer(
 def _step(
     runner, batches, opt, trainable, balance_params, opts, lambdas, rebalance, world, device
 ):
-    """One step: ``(loss, term values, λ's, failure)``; ``failure`` is "" when the update was
-    applied, else the reason (the update is then NOT applied). Ranks agree on a non-finite loss
-    BEFORE the backward: DDP all-reduces gradients inside backward(), a rank that skipped it would
-    hang the rest."""
+    """One step: ``(loss, term values, λ's, failure)``.
+
+    ``failure`` is "" when the update was applied, else the reason (the update is then NOT
+    applied). Ranks agree on a non-finite loss BEFORE the backward: DDP all-reduces gradients
+    inside backward(), a rank that skipped it would hang the rest.
+    """
     opt.zero_grad(set_to_none=True)
     try:
         terms = runner(batches)
