@@ -4,7 +4,7 @@ much, and what the condition number alone could have forced.
 
 Every attacker family of :func:`pycore.attacks.attacker_grid` probes ``Z = Xθ`` of D_H and D_P
 (training and held-out rows) for identity and each of ``--methods`` (``--hardened-methods`` also
-hardened, :mod:`pycore.hardening`) and counts its steps to each ε;
+hardened, :func:`pycore.harden_result`) and counts its steps to each ε;
 :func:`pycore.attacks.analyse` names each family's best configuration, the defender's
 worst case and what κ alone can force.
 

@@ -74,7 +74,7 @@ def build_parser() -> common.Parser:
         "--operators",
         type=common.comma_list(choices=OPERATORS),
         default=list(OPERATORS),
-        help="operators to attack with (pycore.deep.operators; default: all)",
+        help="operators to attack with (pycore.deep.OPERATORS; default: all)",
     )
     p.add_argument(
         "--lora-ranks",

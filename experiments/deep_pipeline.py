@@ -127,7 +127,7 @@ class RunConfig:
     rir_group_size: int = 100
     probe_epochs: int = 60
     eval_batch: int = 256
-    operators: tuple = OPERATORS  # pycore.deep.operators, each under θ₀'s budget
+    operators: tuple = OPERATORS  # pycore.deep.OPERATORS, each under θ₀'s budget
     lora_ranks: tuple = LORA_RANKS
     schedule: Schedule = field(default_factory=Schedule)
     more_data_seeds: tuple = (0,)  # the seeds the attacker with more images is run on

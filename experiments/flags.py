@@ -282,7 +282,7 @@ def add_immunize_options(parser, preset: str | None, *, own_table: bool = False)
 
     shown = (_shown_defaults(preset) if own_table else PRESETS[preset]) if preset else {}
     g = parser.add_argument_group(
-        "immunization options (pycore.immunization; each one typed beats the preset)"
+        "immunization options (pycore.immunize; each one typed beats the preset)"
     )
 
     def option(flag, **kwargs):

