@@ -127,6 +127,7 @@ class EvaluationReference:
         self._dp_loss_before: dict = {}
 
     def dp_loss_before(self, rows: str = "train") -> float:  # at θ = I, on first use
+        """D_P's best loss at θ = I on ``rows`` ("train" or "heldout"), computed on first use."""
         if rows not in self._dp_loss_before:
             t = self.train if rows == "train" else self.heldout
             self._dp_loss_before[rows] = best_probe_loss(t.loss, t.X_P, t.Y_P)

@@ -148,6 +148,10 @@ class Preconditioner:
         return 2.0 * self.factor @ (a * np.outer(T @ v, v) - b * ((T @ Z.T) @ Z))
 
     def apply_theta_G(self, M):  # given M = θG
+        """The step direction from ``M = θG``.
+
+        ``2M`` (exact), ``2ΠM`` (pinv), ``2(K + λI)⁻¹KM`` (ridge), ``2KM`` (none).
+        """
         if self.mode == "exact":
             return 2.0 * M
         if self.mode == "pinv":

@@ -36,6 +36,16 @@ MAX_PROBE_STEPS = 100_000
 
 @dataclass(frozen=True)
 class ProbeTrace:
+    """The trace of exact-line-search GD probing (:func:`gd_exact_line_search`).
+
+    Attributes
+    ----------
+    norm_ratio : ndarray, shape (steps + 1,)
+        ‖w_t − w*‖²/‖w_0 − w*‖², from t = 0.
+    step_sizes : ndarray, shape (steps,)
+        The exact line-search step α_t of each step (0 once converged).
+    """
+
     norm_ratio: np.ndarray  # (steps+1,) ‖w_t − w*‖²/‖w_0 − w*‖²
     step_sizes: np.ndarray  # (steps,) exact line-search α_t
 
@@ -141,10 +151,12 @@ class ProbingProblem:
         return f, self.Z.T @ (scipy.special.expit(z) - yy) + self.ridge * w, f - self.L_star
 
     def value_grad(self, w: np.ndarray):
+        """``(L(w), ∇L(w))``."""
         f, g, _ = self.evaluate(w)
         return f, g
 
     def value(self, w: np.ndarray):
+        """``L(w)``."""
         return self.evaluate(w)[0]
 
     def hessian(self, w: np.ndarray) -> np.ndarray:

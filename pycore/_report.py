@@ -138,6 +138,20 @@ def from_json(obj):
 
 
 def dumps_json(obj, **kw) -> str:
+    """``obj`` as a strict JSON string (:func:`to_json`: non-finite floats as marked strings).
+
+    Parameters
+    ----------
+    obj : object
+        A result object (its ``to_dict()``), NumPy values, paths, containers of those.
+    **kw
+        ``json.dumps``'s options (``indent``, ``sort_keys``, ...).
+
+    Returns
+    -------
+    str
+        The JSON text, with no NaN or Infinity literal.
+    """
     return json.dumps(to_json(obj), allow_nan=False, **kw)
 
 

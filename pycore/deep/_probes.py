@@ -183,6 +183,7 @@ class GDProbe(_Probe):
         self.steps = 0
 
     def advance(self, active: list[bool], test: bool = True) -> list:
+        """``eval_every`` GD steps of the head, then its evaluation (``[None]`` if not active)."""
         if not active[0]:
             return [None]
         for _ in range(self.eval_every):
@@ -242,6 +243,7 @@ class AdamProbe(_Probe):
         self.steps[g] = t
 
     def advance(self, active: list[bool], test: bool = True) -> list:
+        """``eval_every`` Adam steps of each active head, then each one's evaluation, else None."""
         on = np.flatnonzero(active)
         for _ in range(self.eval_every):
             # the groups of heads at one step count, fixed before any of them steps (a head
