@@ -152,6 +152,27 @@ def defense_rows(stages: int) -> tuple:
     )
 
 
+def frontier_rows(stages: int) -> tuple:
+    """Each defense of :func:`defense_rows` at a third and at three times its default strength
+    (its steps), beside the default itself: the worst-case slowdown against D_P top-1 cost along
+    the knob (``deepnet.py --config demo-frontier --seeds 0``, docs/findings.md §7)."""
+    rows = []
+    for row in defense_rows(stages)[1:]:  # the layer's k-step has no steps knob: its rule stops
+        knob = "max_steps" if isinstance(row.options, DeepOptions) else "steps"
+        default = getattr(row.options, knob)
+        for factor in (1 / 3, 1, 3):
+            steps = round(default * factor)
+            rows.append(
+                Row(
+                    f"{row.name}@{steps}",
+                    row.method,
+                    replace(row.options, **{knob: steps}),
+                    f"{row.label}, {steps} steps",
+                )
+            )
+    return tuple(rows)
+
+
 _VIT32 = {"img_size": 32, "patch_size": 8, "depth": 4}
 _RESNET = dict(model="resnet18", data="mnist", model_kwargs={"img_size": 32}, theta0_epochs=3)
 # vit_tiny at 32 px, patch 8 (16 tokens), 4 blocks, width 96 (3 heads): trained from scratch on
@@ -179,6 +200,12 @@ CONFIGS: dict[str, RunConfig] = {
     "demo-defense-vit": RunConfig(
         "demo-defense-vit", rows=defense_rows(1), theta0_lr=3e-3, **_VIT
     ),
+    "demo-frontier-resnet18": RunConfig(
+        "demo-frontier-resnet18", rows=frontier_rows(2), theta0_lr=2e-3, **_RESNET
+    ),
+    "demo-frontier-vit": RunConfig(
+        "demo-frontier-vit", rows=frontier_rows(1), theta0_lr=3e-3, **_VIT
+    ),
     "demo-baselines-resnet18": RunConfig(
         "demo-baselines-resnet18", rows=baseline_rows(), theta0_lr=2e-3, **_RESNET
     ),
@@ -203,6 +230,7 @@ GROUPS = {
     "demo": ("demo-resnet18", "demo-vit"),
     "demo-defense": ("demo-defense-resnet18", "demo-defense-vit"),
     "demo-baselines": ("demo-baselines-resnet18", "demo-baselines-vit"),
+    "demo-frontier": ("demo-frontier-resnet18", "demo-frontier-vit"),
 }
 DEMO_CONFIGS = GROUPS["demo"]
 
