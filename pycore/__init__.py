@@ -16,7 +16,7 @@ Evaluation and metrics
     evaluate_linear, LinearEvaluation, SplitEvaluation, EvaluationReference, immunized_def31,
     chance_accuracy, near_chance, norm_ratio_curves, RIR, rir, feature_rir, grouped_feature_rir,
     Ceiling, rir_ceiling, ExponentWindow, def31_exponent_window, best_probe_loss,
-    attack_evaluation, AttackEvaluation, kstep_remaining, kstep_remaining_grad
+    attack_evaluation, AttackEvaluation, kstep_remaining, kstep_remaining_grad, KStepRemaining
 Spectra and regularizers
     condition_number, SpectrumInfo, spectrum_info, gram_spectrum, rank_tolerance, r_ill, r_well
     and their gradients and step bounds, preconditioned_grad_theta
@@ -85,7 +85,7 @@ from pycore._immunization import (
     options_of,
     resolve_options,
 )
-from pycore._kstep import kstep_remaining, kstep_remaining_grad
+from pycore._kstep import KStepRemaining, kstep_remaining, kstep_remaining_grad
 from pycore._losses import best_probe_loss
 from pycore._methods import imma_objective, opt_kappa_objective
 from pycore._metrics import (
@@ -181,6 +181,7 @@ __all__ = [
     "AttackEvaluation",
     "kstep_remaining",
     "kstep_remaining_grad",
+    "KStepRemaining",
     # spectra and regularizers
     "condition_number",
     "SpectrumInfo",

@@ -4,8 +4,9 @@ The entry points are :func:`immunize_model` and :func:`audit_model` (docs/design
 library computes and returns, the experiments (``experiments/deepnet.py``, ``audit.py``) write.
 
 Immunization
-    immunize_model, DeepImmunization, GroupedRIR, NearChanceWarning, DEEP_METHODS, DeepOptions,
-    options, immunize_in_place, NonFiniteLossError, SimulatedOptions, SOPHON, HARDENINGS, harden
+    immunize_model, DeepImmunization, GroupedRIR, HeldOutProbe, NearChanceWarning, DEEP_METHODS,
+    DeepOptions, options, immunize_in_place, TrainResult, NonFiniteLossError, SimulatedOptions,
+    SOPHON, HARDENINGS, harden
 The immunization layer as the linear problem
     adaptive_layer, closed_form_layer, kstep_layer, LayerSolution, attainability, resolution,
     kstep_loss
@@ -13,8 +14,8 @@ Models, checkpoints, data
     ImmunizedNet, create_model, PretrainedUnavailableError, UnmergedAdaptersError,
     linear_classifier, tail_modules,
     load_model, save_model, read_weights, CheckpointError, CheckpointMismatchError, DataError,
-    image_folder, model_normalization, mnist_digits, as_dataset, dataset_labels, fetch,
-    ShardedBatches,
+    image_folder, ImageFolder, model_normalization, mnist_digits, as_dataset, dataset_labels,
+    fetch, ShardedBatches,
     extract, prelogits_dataset
 Attackers (operators) and the slowdown
     audit_model, AuditResult, audit_result, OPERATORS, LORA_RANKS, LR_GRIDS, operator_names,
@@ -22,13 +23,14 @@ Attackers (operators) and the slowdown
     Schedule, attack_copy, retrain_scope, budgets, slowdowns, Budget, Slowdown, SLOWDOWN_CAP,
     linear_probe_curve, ProbeCurve, GDProbe, AdamProbe
 Several processes (torchrun)
-    init_from_env, broadcast_module, barrier, shutdown
+    init_from_env, DistContext, DistributedEnvError, broadcast_module, barrier, shutdown
 """
 
 from pycore._public import publish
 from pycore.deep._api import (
     DeepImmunization,
     GroupedRIR,
+    HeldOutProbe,
     NearChanceWarning,
     audit_model,
     immunize_model,
@@ -43,6 +45,7 @@ from pycore.deep._checkpoint import (
 from pycore.deep._convs import OnePositionConv2d, one_position_convs
 from pycore.deep._data import (
     DataError,
+    ImageFolder,
     ShardedBatches,
     as_dataset,
     dataset_labels,
@@ -51,7 +54,14 @@ from pycore.deep._data import (
     mnist_digits,
     model_normalization,
 )
-from pycore.deep._distributed import barrier, broadcast_module, init_from_env, shutdown
+from pycore.deep._distributed import (
+    DistContext,
+    DistributedEnvError,
+    barrier,
+    broadcast_module,
+    init_from_env,
+    shutdown,
+)
 from pycore.deep._features import extract, prelogits_dataset
 from pycore.deep._hardening import HARDENINGS, harden
 from pycore.deep._layer import (
@@ -108,6 +118,7 @@ from pycore.deep._tail import TailRunner, stage_names
 from pycore.deep._train import (
     DeepOptions,
     NonFiniteLossError,
+    TrainResult,
     balanced_lambdas,
     immunize_in_place,
     options,
@@ -118,11 +129,13 @@ __all__ = [
     "immunize_model",
     "DeepImmunization",
     "GroupedRIR",
+    "HeldOutProbe",
     "NearChanceWarning",
     "DEEP_METHODS",
     "DeepOptions",
     "options",
     "immunize_in_place",
+    "TrainResult",
     "NonFiniteLossError",
     "SimulatedOptions",
     "SOPHON",
@@ -157,6 +170,7 @@ __all__ = [
     "CheckpointMismatchError",
     "DataError",
     "image_folder",
+    "ImageFolder",
     "model_normalization",
     "mnist_digits",
     "as_dataset",
@@ -196,6 +210,8 @@ __all__ = [
     "Eval",
     # several processes (torchrun)
     "init_from_env",
+    "DistContext",
+    "DistributedEnvError",
     "broadcast_module",
     "barrier",
     "shutdown",

@@ -18,6 +18,22 @@ from torch import nn
 
 @dataclass(frozen=True)
 class DistContext:
+    """The place of a process in a run of one or several (:func:`init_from_env`).
+
+    Attributes
+    ----------
+    rank : int
+        This process's rank (0 alone).
+    world : int
+        The number of processes.
+    local_rank : int
+        The rank on this machine (the CUDA device it takes).
+    backend : str or None
+        ``"nccl"`` or ``"gloo"``; None for one process.
+    device : torch.device
+        Where this process computes.
+    """
+
     rank: int
     world: int
     local_rank: int
