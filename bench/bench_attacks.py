@@ -27,7 +27,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
-    from pycore.data.house_price import load_house_price
+    from pycore.data import load_house_price
 
     d = load_house_price()
     problems = {"lsq (House Prices D_H, 200×79)": A.make_problem(d.train.X_H, d.train.Y_H)}

@@ -43,12 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_jobs import JOBS  # noqa: E402
 from bench.timing import interleaved_best  # noqa: E402
-from pycore.immunization import (  # noqa: E402
-    PRESETS,
-    draws_random,
-    immunize_batch,
-    resolve_options,
-)
+from pycore import PRESETS, draws_random, immunize_batch, resolve_options  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,7 +96,7 @@ def floor_step(task, method: str, preset: str):
     rng = np.random.default_rng(0)
     theta = np.eye(task.D) + 1e-3 * rng.standard_normal((task.D, task.D))
     factors = (task.factor_P, task.factor_H)
-    # dsyevr's workspace per W size, as pycore.spectral caches it: once, not once per step
+    # dsyevr's workspace per W size, as pycore/_spectral.py caches it: once, not once per step
     lworks = [int(lapack.dsyevr_lwork(f.A.shape[0], lower=1)[0]) for f in factors]
     live = np.flatnonzero(task.factor_P.live | task.factor_H.live)
     m = task.Y_P.shape[1]

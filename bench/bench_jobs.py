@@ -26,14 +26,14 @@ import scipy.linalg.lapack as lapack  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pycore.immunization import PRESETS, immunize  # noqa: E402
+from pycore import PRESETS, immunize  # noqa: E402
 
 METHODS = ("ours", "opt_kappa", "r_ill_only", "imma")
 
 
 def house_price(protocol):
-    from pycore.data.house_price import load_house_price
-    from pycore.protocol import strict_protocol
+    from pycore import strict_protocol
+    from pycore.data import load_house_price
 
     d = load_house_price()
     if protocol == "strict":
@@ -42,7 +42,7 @@ def house_price(protocol):
 
 
 def mnist():
-    from pycore.data.mnist import load_mnist_5k, pair_task, split_digits
+    from pycore.data import load_mnist_5k, pair_task, split_digits
 
     digits = load_mnist_5k()
     split = split_digits(digits, 100, np.random.default_rng(0), 100)  # mnist.py's defaults

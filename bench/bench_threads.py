@@ -1,6 +1,6 @@
 """Per-call time of gemm, eigh and SVD with 1 and 2 BLAS threads per matrix size: the measurement
-behind ``pycore.threads.SMALL_MATRIX_DIM`` (up to which the library runs its BLAS single-threaded;
-tests/test_threads.py checks that it does).
+behind ``SMALL_MATRIX_DIM`` of pycore/_threads.py (up to which the library runs its BLAS
+single-threaded; tests/test_threads.py checks that it does).
 
     python bench/bench_threads.py [--sizes 79,256,784,1500] [--rounds 3]
 """

@@ -13,7 +13,7 @@
 // second product applies) runs in float64.  Pass float64 Z for float64 products (the paper's
 // setting).
 // Input checks live here, once: TORCH_CHECK_VALUE (Python ValueError) whose message starts with
-// the name of the argument at fault; pycore/ops.py re-raises them as CondRegError(parameter=that name).
+// the name of the argument at fault; pycore/_ops.py re-raises them as CondRegError(parameter=that name).
 #include <Python.h>
 
 #include <ATen/ATen.h>

@@ -1,7 +1,7 @@
 // Helpers of pycore::cond_reg shared by the CPU kernel (cond_reg.cpp) and the CUDA
 // registration (cuda/cond_reg_cuda.cpp).  Needs ATen; the torch-free part is spectral_summary.h.
 // Every check raises TORCH_CHECK_VALUE (Python ValueError) with a message that starts with the
-// name of the argument at fault (pycore/ops.py turns it into CondRegError(parameter=that name)).
+// name of the argument at fault (pycore/_ops.py turns it into CondRegError(parameter=that name)).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -23,7 +23,7 @@ namespace pycore {
 enum RegKind : int { kIll = 0, kWell = 1 };
 
 // Layout of the float64 summary buffer.  The first kDiagSize entries are returned to Python as
-// the `diag` output of pycore::cond_reg (keep in sync with pycore/ops.py::_DIAG_FIELDS).
+// the `diag` output of pycore::cond_reg (keep in sync with pycore/_ops.py::_DIAG_FIELDS).
 enum SummaryIndex : int {
   kSigmaMax = 0,    // λ_max(H)
   kSigmaMin = 1,    // smallest eigenvalue of H above the rank tolerance (σ_k)

@@ -2,10 +2,10 @@
 """Worst-case attack evaluation of linear immunization (docs/findings.md §4): who is slowed, by how
 much, and what the condition number alone could have forced.
 
-Every attacker family of :func:`pycore.worst_case.attacker_grid` probes ``Z = Xθ`` of D_H and D_P
+Every attacker family of :func:`pycore.attacks.attacker_grid` probes ``Z = Xθ`` of D_H and D_P
 (training and held-out rows) for identity and each of ``--methods`` (``--hardened-methods`` also
-hardened, :mod:`pycore.hardening`) and counts its steps to each ε;
-:func:`pycore.worst_case_analysis.analyse` names each family's best configuration, the defender's
+hardened, :func:`pycore.harden_result`) and counts its steps to each ε;
+:func:`pycore.attacks.analyse` names each family's best configuration, the defender's
 worst case and what κ alone can force.
 
     python experiments/attacks.py                        # strict, 5 seeds, closed form, Alg. 1
@@ -27,19 +27,28 @@ if not __package__:  # run as a file: the checkout's root first on sys.path, not
 import numpy as np
 
 from experiments import common
-from pycore import worst_case as W
-from pycore.data.mnist import parse_pairs
-from pycore.immunization import MAX_EPOCHS, METHODS
-from pycore.report import environment, save_figure
-from pycore.thetas import task_arrays, theta_key
-from pycore.worst_case_analysis import Variant, VariantRun, analyse, best_so_far_curves, targets
+from pycore import MAX_EPOCHS, METHODS
+from pycore.attacks import (
+    FAMILIES,
+    MAX_ORDERS,
+    GridRun,
+    Variant,
+    VariantRun,
+    analyse,
+    attacker_grid,
+    best_so_far_curves,
+    run_grid,
+    targets,
+)
+from pycore.data import parse_pairs
+from pycore.report import environment, save_figure, task_arrays, theta_key
 
 MAX_STEPS = (
     1_000_000  # a trajectory keeps a loss per step: 50× the default cap, ample for ε = 1e-6
 )
 TASKS = ("D_H", "D_P")
 OUTPUTS = ("table.md", "best_so_far.png", "thetas.npz", "results.json")
-LSQ_FAMILIES = tuple(f for f in W.FAMILIES if f != "newton")
+LSQ_FAMILIES = tuple(f for f in FAMILIES if f != "newton")
 
 
 def build_parser() -> common.Parser:
@@ -88,7 +97,7 @@ def build_parser() -> common.Parser:
     )
     p.add_argument(
         "--orders",
-        type=common.count(1, W.MAX_ORDERS),
+        type=common.count(1, MAX_ORDERS),
         default=200,
         help="random orders of the configurations for the best-so-far curves",
     )
@@ -137,7 +146,7 @@ def build_parser() -> common.Parser:
 
 def prepare(args, parser) -> None:
     """The checks that involve several flags, before any compute."""
-    from pycore.immunization import options_of
+    from pycore import options_of
 
     if args.mnist_only and not args.mnist_pairs:
         raise common.UsageError("needs --mnist-pairs", "--mnist-only")
@@ -158,14 +167,15 @@ def prepare(args, parser) -> None:
     common.check_out(args.out, OUTPUTS)
 
 
-def _digest(theta: np.ndarray) -> str:
+def digest(theta: np.ndarray) -> str:
+    """The ``theta_digest`` results.json records for θ: the first 16 hex digits of the SHA-1 of
+    its C-order float64 bytes; equal θ's of several runs are attacked once."""
     return hashlib.sha1(np.ascontiguousarray(theta).tobytes()).hexdigest()[:16]
 
 
 def _numbers(theta, splits) -> dict:
     """Per row set: what hardening must leave unchanged (docs/findings.md §5)."""
-    from pycore.losses import best_probe_loss
-    from pycore.metrics import rir
+    from pycore import best_probe_loss, rir
 
     return {
         rows: {
@@ -201,20 +211,20 @@ def _immunize_job(job) -> dict:
     return out
 
 
-def _grid_job(unit) -> W.GridRun:
+def _grid_job(unit) -> GridRun:
     """Every attacker configuration of ``grid`` probing ``Z = Xθ`` against ``Y`` (a worker task:
     everything it needs comes in ``unit``)."""
-    from pycore.probe import make_problem
+    from pycore.attacks import make_problem
 
     theta, X, Y, loss, ridge_rel, grid, eps, cap = unit
-    return W.run_grid(
+    return run_grid(
         make_problem(X @ theta, Y, loss, ridge_rel=ridge_rel), grid, eps=eps, max_steps=cap
     )
 
 
 def run(args) -> tuple[dict, dict]:
     """The experiment: ``(results, archive)``, the archive the θ's and inputs for thetas.npz."""
-    from pycore.protocol import strict_protocol
+    from pycore import strict_protocol
 
     t_start = time.perf_counter()
     if args.mnist_only:
@@ -241,7 +251,7 @@ def run(args) -> tuple[dict, dict]:
     if args.protocol == "strict":
         train, held, strict = strict_protocol(train, held, data.feature_names)
     splits = {"train": train, "heldout": held}
-    grid = tuple(c for c in W.attacker_grid("lsq", quick=args.quick) if c.family in args.attackers)
+    grid = tuple(c for c in attacker_grid("lsq", quick=args.quick) if c.family in args.attackers)
     found, archive = evaluate(
         splits,
         args.methods,
@@ -302,7 +312,7 @@ def evaluate(
     thetas, archive = {}, {}
     for (_, _, method, seed, _), e in zip(jobs, entries):
         for v, theta in e["thetas"].items():
-            thetas[_digest(theta)] = theta
+            thetas[digest(theta)] = theta
             archive[theta_key(v.method, seed, v.harden)] = theta
         if e["rotation"] is not None:
             archive[theta_key(method, seed, harden, "Q")] = e["rotation"]
@@ -329,7 +339,7 @@ def evaluate(
     for (_, _, method, seed, _), e in zip(jobs, entries):
         plain = e["numbers"][Variant(method)]
         for v, theta in e["thetas"].items():
-            d, numbers = _digest(theta), e["numbers"][v]
+            d, numbers = digest(theta), e["numbers"][v]
             runs.append(
                 VariantRun(
                     seed=seed,
@@ -363,12 +373,12 @@ def evaluate(
 def run_mnist(args, t_start) -> tuple[dict, dict]:
     """MNIST ordered pairs with logistic probing, immunized with the preset "mnist" (as
     experiments/mnist.py) and hardened like House Prices: ``(results, archive)``."""
-    from pycore.data.mnist import load_mnist, pair_task, split_digits
+    from pycore.data import load_mnist, pair_task, split_digits
 
     digits = load_mnist()
     grid = tuple(
         c
-        for c in W.attacker_grid("logistic", quick=args.quick)
+        for c in attacker_grid("logistic", quick=args.quick)
         if c.family in args.attackers or c.family == "newton"
     )
     out = {
@@ -447,7 +457,7 @@ INTRO = (
     "Slow-down = steps of the family's best configuration on θ / on identity (median over seeds, "
     "min–max in brackets; ≥ when θ's run hit the cap, ≤ when identity's did); [b] = "
     "what κ alone can "
-    "force on the family (pycore.worst_case.kappa_bounds: GD r, momentum/CG/L-BFGS √r, "
+    "force on the family (pycore.attacks.kappa_bounds: GD r, momentum/CG/L-BFGS √r, "
     "Adam/Adagrad "
     "r_J, Jacobi-PCG √r_J, whitening/closed form 1; r = κ(θ)/κ(I), r_J the same for the "
     "Jacobi-scaled "
@@ -706,7 +716,7 @@ def plot_best_so_far(res: dict, path) -> None:
 
 
 def main(argv=None) -> int:
-    from pycore.thetas import save_thetas
+    from pycore.report import save_thetas
 
     parser = build_parser()
 

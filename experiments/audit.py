@@ -15,10 +15,9 @@ table.md (both models, and every row minus θ₀), audit.png."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
 import time
 from dataclasses import replace
+from pathlib import Path
 
 if not __package__:  # run as a file: the checkout's root first on sys.path, not experiments/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -28,9 +27,14 @@ import torch
 from experiments import common, deep_report
 from experiments.deep_configs import CONFIGS
 from experiments.deep_pipeline import Row, RunOptions, audit_seed, load_splits, result_of
-from pycore.deep.operators import Schedule
-from pycore.deep import CheckpointError, load_model
-from pycore.deep.operators import LORA_RANKS, OPERATORS, operator_names
+from pycore.deep import (
+    LORA_RANKS,
+    OPERATORS,
+    CheckpointError,
+    Schedule,
+    load_model,
+    operator_names,
+)
 from pycore.report import dumps_json
 
 
@@ -70,7 +74,7 @@ def build_parser() -> common.Parser:
         "--operators",
         type=common.comma_list(choices=OPERATORS),
         default=list(OPERATORS),
-        help="operators to attack with (pycore.deep.operators; default: all)",
+        help="operators to attack with (pycore.deep.OPERATORS; default: all)",
     )
     p.add_argument(
         "--lora-ranks",

@@ -100,7 +100,7 @@ __all__ = [
 def load_house_price_data(args):
     """The paper's House Prices tasks from ``--data``, ``--n-train``, ``--on-outlier`` and
     ``--on-missing``, with the line that counts what was changed in the data."""
-    from pycore.data.house_price import load_house_price
+    from pycore.data import load_house_price
 
     data = load_house_price(
         args.data, n_train=args.n_train, on_outlier=args.on_outlier, on_missing=args.on_missing
@@ -126,8 +126,8 @@ class Immunizer:
     harden: str = "none"
 
     def options(self, method: str):
-        """``method``'s options as run: :func:`pycore.immunization.resolve_options`."""
-        from pycore.immunization import resolve_options
+        """``method``'s options as run: :func:`pycore.resolve_options`."""
+        from pycore import resolve_options
 
         certified = self.certified and method == "ours"
         return resolve_options(
@@ -140,8 +140,7 @@ class Immunizer:
     def batch(self, task, method: str, rngs) -> list:
         """One result per generator, the runs stepped together (``immunize_batch``; certified
         runs one at a time), each then hardened with its own generator."""
-        from pycore.hardening import harden_result
-        from pycore.immunization import immunize_batch, immunize_certified
+        from pycore import harden_result, immunize_batch, immunize_certified
 
         kw = dict(preset=self.preset, **self.given.get(method, {}))
         if self.certified and method == "ours":
@@ -152,7 +151,7 @@ class Immunizer:
 
     def draws_random(self, method: str) -> bool:
         """Whether ``method``'s runs use their generator (else every seed gives the same run)."""
-        from pycore.immunization import draws_random
+        from pycore import draws_random
 
         return draws_random(method, self.options(method))
 
@@ -204,7 +203,7 @@ def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
     """The :class:`Immunizer` of the typed flags, every method's options built (so checked by the
     library) before any compute; a typed option that none of ``methods`` has is a
     :class:`UsageError` naming its flag."""
-    from pycore.immunization import METHODS, CertifiedOptions, options_of
+    from pycore import METHODS, CertifiedOptions, options_of
 
     if args.certified and "ours" not in methods:
         raise UsageError(

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pycore.deep import DeepOptions
-from pycore.deep.simulated import SOPHON, SimulatedOptions
-
 from experiments.deep_pipeline import Row, RunConfig, Sizes
+from pycore.deep import SOPHON, DeepOptions, SimulatedOptions
 
 # Paper Table 3 (3 seeds): (i), (ii), RIR_θ₀, D_P top-1 %; θ₀ top-1 68.24 (ResNet18) / 81.78 (ViT).
 # Keyed by the configuration name "<model>-<data>" whose table prints them beside ours.
@@ -44,7 +42,7 @@ PAPER_TABLE3 = {
 }
 
 
-def paper_tail(stages: int, epochs: int, lam_p: "float | None" = None, lam_h=None) -> DeepOptions:
+def paper_tail(stages: int, epochs: int, lam_p: float | None = None, lam_h=None) -> DeepOptions:
     """Paper §5.2 and Table 4: the backbone's last ``stages`` stages with the layer, SGD with
     Nesterov momentum 0.9 at lr 1e-5, weight decay 0 on the extractor and 2e-5 on the
     classifier, label-smoothing CE, ``epochs`` of the shorter loader, fixed λ's. With ``lam_p``,
@@ -238,7 +236,7 @@ GROUPS = {
 DEMO_CONFIGS = GROUPS["demo"]
 
 
-def with_model(rc: RunConfig, model: "str | None", img_size: "int | None") -> RunConfig:
+def with_model(rc: RunConfig, model: str | None, img_size: int | None) -> RunConfig:
     """``rc`` with another timm model and/or input side (a model's own shape options are
     dropped)."""
     kwargs = dict(rc.model_kwargs) if model is None else {}

@@ -27,53 +27,58 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Subset, TensorDataset
 
+from pycore import (
+    Options,
+    bounded_blas,
+    chance_accuracy,
+    feature_rir,
+    gram_spectrum,
+    grouped_feature_rir,
+    immunized_def31,
+)
 from pycore.deep import (
+    LORA_RANKS,
+    OPERATORS,
+    SLOWDOWN_CAP,
+    AttackData,
+    AuditResult,
+    Budget,
+    DataError,
     DeepOptions,
     GroupedRIR,
     ImmunizedNet,
     NonFiniteLossError,
-    create_model,
-    immunize_in_place,
-    load_model,
-)
-from pycore.deep.data import (
-    DataError,
+    Schedule,
     ShardedBatches,
+    Slowdown,
+    attainability,
+    audit_result,
+    barrier,
+    broadcast_module,
+    budgets,
+    create_model,
     dataset_labels,
+    extract,
     fetch,
     image_folder,
+    immunize_in_place,
+    init_from_env,
+    linear_probe_curve,
+    load_model,
     mnist_digits,
-)
-from pycore.deep.distributed import barrier, broadcast_module, init_from_env
-from pycore.deep.features import extract, prelogits_dataset
-from pycore.deep.layer import attainability
-from pycore.deep.models import tail_modules
-from pycore.deep.operators import (
-    LORA_RANKS,
-    OPERATORS,
-    AttackData,
-    AuditResult,
-    Schedule,
-    audit_result,
-    budgets,
+    prelogits_dataset,
     retrain_scope,
     slowdowns,
+    tail_modules,
 )
-from pycore.deep.probes import linear_probe_curve
-from pycore.deep.slowdown import SLOWDOWN_CAP, Budget, Slowdown
-from pycore.evaluate import chance_accuracy, immunized_def31
-from pycore.metrics import feature_rir, grouped_feature_rir
-from pycore.options import Options
 from pycore.report import environment, summarize
-from pycore.spectral import gram_spectrum
-from pycore.threads import bounded_blas
 
 
 @dataclass(frozen=True)
 class Row:
     """One immunization of every seed: its key in the results, the method and its options (the
     method's own option set: :class:`~pycore.deep.DeepOptions`, or
-    :class:`~pycore.deep.simulated.SimulatedOptions`), and how tables label it."""
+    :class:`~pycore.deep.SimulatedOptions`), and how tables label it."""
 
     name: str
     method: str
@@ -123,7 +128,7 @@ class RunConfig:
     rir_group_size: int = 100
     probe_epochs: int = 60
     eval_batch: int = 256
-    operators: tuple = OPERATORS  # pycore.deep.operators, each under θ₀'s budget
+    operators: tuple = OPERATORS  # pycore.deep.OPERATORS, each under θ₀'s budget
     lora_ranks: tuple = LORA_RANKS
     schedule: Schedule = field(default_factory=Schedule)
     more_data_seeds: tuple = (0,)  # the seeds the attacker with more images is run on
@@ -138,10 +143,10 @@ class RunConfig:
 class RunOptions:
     """What is not a hyper-parameter: data roots, the θ₀ source."""
 
-    dp_root: "str | None" = None
-    dh_root: "str | None" = None
+    dp_root: str | None = None
+    dh_root: str | None = None
     val_split: str = "val"
-    checkpoint: "str | None" = None
+    checkpoint: str | None = None
     pretrained: bool = False
     quiet: bool = False
 
@@ -254,8 +259,8 @@ class Splits:
     p_val: object
     h_train: object
     attack: AttackData
-    attack_more: "AttackData | None"
-    dp_attack: "AttackData | None"
+    attack_more: AttackData | None
+    dp_attack: AttackData | None
     classes: tuple
     theta0_train: object
 
@@ -354,12 +359,12 @@ class RowResult:
     immunized: bool
     harmful_spread: dict
     probe: tuple
-    audit: "AuditResult | None" = None
-    dp_finetune: "Slowdown | None" = None
-    more_data: "AuditResult | None" = None
+    audit: AuditResult | None = None
+    dp_finetune: Slowdown | None = None
+    more_data: AuditResult | None = None
     train: dict = field(default_factory=dict)
-    retrain_scope: "tuple | None" = None
-    extractor: "str | None" = None
+    retrain_scope: tuple | None = None
+    extractor: str | None = None
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -380,8 +385,8 @@ class SeedResult:
     seed: int
     theta0: RowResult
     budgets: dict
-    dp_budget: "Budget | None"
-    more_budgets: "dict | None"
+    dp_budget: Budget | None
+    more_budgets: dict | None
     rows: dict
     errors: dict
     attainability: dict
@@ -430,8 +435,8 @@ class Evaluation:
     reference: dict
     splits: Splits
     budgets: dict
-    dp_budget: "Budget | None"
-    more_budgets: "dict | None"
+    dp_budget: Budget | None
+    more_budgets: dict | None
     rc: RunConfig
     seed: int
 
@@ -627,7 +632,7 @@ def _names(net, modules) -> list[str]:
     return [names[id(m)] for m in modules]
 
 
-def _planned_scope(row: Row, theta0) -> "tuple | None":
+def _planned_scope(row: Row, theta0) -> tuple | None:
     """The modules a row's method may change, known from its options before it runs (for θ₀'s
     retrain budgets): the tail stages and whatever follows them, or the whole backbone."""
     o = row.options
@@ -1033,7 +1038,7 @@ def result_of(
 
 def run_configs(
     rcs: list, seeds: list[int], opts: RunOptions, ctx, *, on_extractor=None, jobs: int = 1
-) -> "list | None":
+) -> list | None:
     """Every seed of every configuration in ``rcs``; rank 0 returns per configuration its
     results (:func:`_result`), the other ranks None. With ``jobs > 1`` (one process, no
     torchrun) each (configuration, seed)'s θ₀ and budgets run in a worker process, and each of
@@ -1077,7 +1082,7 @@ def run_configs(
 
 def run_config(
     rc: RunConfig, seeds: list[int], opts: RunOptions, ctx, *, on_extractor=None
-) -> "dict | None":
+) -> dict | None:
     """:func:`run_configs` of one configuration, in this process."""
     hook = None if on_extractor is None else (lambda _: on_extractor)
     res = run_configs([rc], seeds, opts, ctx, on_extractor=hook)

@@ -47,7 +47,7 @@ def label(result: dict, key: str) -> str:
     return METHOD_LABELS.get(key, key)
 
 
-def _slow(x: "float | None", censored: "bool | None", cap: float) -> str:
+def _slow(x: float | None, censored: bool | None, cap: float) -> str:
     if x is None:
         return "—"
     return f"≥{fmt(cap, 3)}" if censored else fmt(x, 3)
@@ -74,7 +74,7 @@ def _operators(result: dict, key: str = "operators") -> list[str]:
     return seen
 
 
-def table_markdown(result: dict, paper: "dict | None" = None) -> str:
+def table_markdown(result: dict, paper: dict | None = None) -> str:
     """The headline (whether each row slows each attacker, beside Definition 3.1), the slowdown
     matrix per seed, the deficits at θ₀'s budget, θ₀'s budgets, the attacker with more images,
     the D_P fine-tuning check, Table 3's κ columns (with the paper's numbers when given), the

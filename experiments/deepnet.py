@@ -33,13 +33,19 @@ import torch
 from experiments import common, deep_report
 from experiments.deep_configs import CONFIGS, GROUPS, PAPER_TABLE3, with_model
 from experiments.deep_pipeline import Row, RunOptions, run_configs
-from pycore.deep import DEEP_METHODS, DeepOptions, create_model, options, save_model
-from pycore.deep.data import model_normalization
-from pycore.deep.models import linear_classifier
-from pycore.deep.distributed import init_from_env, shutdown
-from pycore.evaluate import near_chance
+from pycore import ParameterError, near_chance
+from pycore.deep import (
+    DEEP_METHODS,
+    DeepOptions,
+    create_model,
+    init_from_env,
+    linear_classifier,
+    model_normalization,
+    options,
+    save_model,
+    shutdown,
+)
 from pycore.report import dumps_json
-from pycore.validation import ParameterError
 
 FILES = ("results.json", "table.md", "finetune.png", "operators.png", "frontier.png")
 
@@ -193,7 +199,7 @@ def add_deep_options(parser) -> None:
     )
 
 
-def _first_image_size(root: Path) -> "tuple[int, int] | None":
+def _first_image_size(root: Path) -> tuple[int, int] | None:
     """The size of D_P's first training image (by name), None when it cannot be read
     (image_folder then reports the bad file or folder)."""
     from PIL import Image  # noqa: PLC0415
@@ -368,8 +374,8 @@ def plan(args) -> list:
     return runs
 
 
-def theta0_warning(result: dict, args) -> "dict | None":
-    """θ₀ near chance on D_P's validation split, on any seed (:func:`pycore.evaluate.near_chance`,
+def theta0_warning(result: dict, args) -> dict | None:
+    """θ₀ near chance on D_P's validation split, on any seed (:func:`pycore.near_chance`,
     chance the majority class's share); the advice fits where θ₀ came from."""
     low = []
     for s in result["per_seed"]:

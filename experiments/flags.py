@@ -259,7 +259,7 @@ def float_or_word(text: str) -> float | str:
 
 def add_option(group, flag: str, options, *, shown=None, **kwargs) -> argparse.Action:
     """``group.add_argument(flag, **kwargs)`` for the option that ``flag`` names (``--lambda-h``
-    sets ``lambda_h``) of the :class:`pycore.options.Options` class ``options``, absent unless
+    sets ``lambda_h``) of the :class:`pycore.Options` class ``options``, absent unless
     typed; ``--help`` adds the library's rule and ``shown``, the default it prints."""
     dest = flag.removeprefix("--").replace("-", "_")
     action = group.add_argument(flag, dest=dest, default=argparse.SUPPRESS, **kwargs)
@@ -278,12 +278,11 @@ def given_options(args, names) -> dict:
 def add_immunize_options(parser, preset: str | None, *, own_table: bool = False) -> None:
     """A flag per option of every linear method (``--help`` shows ``preset``'s values, and with
     ``own_table`` the values a table of one's own runs), ``--certified`` and ``--harden``."""
-    from pycore.hardening import HARDENINGS
-    from pycore.immunization import PRESETS, LinearOptions
+    from pycore import HARDENINGS, PRESETS, LinearOptions
 
     shown = (_shown_defaults(preset) if own_table else PRESETS[preset]) if preset else {}
     g = parser.add_argument_group(
-        "immunization options (pycore.immunization; each one typed beats the preset)"
+        "immunization options (pycore.immunize; each one typed beats the preset)"
     )
 
     def option(flag, **kwargs):
@@ -337,14 +336,14 @@ def add_immunize_options(parser, preset: str | None, *, own_table: bool = False)
         "--harden",
         choices=HARDENINGS,
         default="none",
-        help="θ → θQ after the method (pycore.hardening.harden_result, docs/findings.md §5)",
+        help="θ → θQ after the method (pycore.harden_result, docs/findings.md §5)",
     )
 
 
 def _shown_defaults(preset: str) -> dict:
     """``--help``'s default of each option: the preset's value, and where a table of one's own
     runs another (the library's defaults, e.g. "auto" λ's), that one too, per method."""
-    from pycore.immunization import METHODS, PRESETS, resolve_options
+    from pycore import METHODS, PRESETS, resolve_options
 
     def text(v):
         return f"{v:g}" if isinstance(v, float) else str(v)

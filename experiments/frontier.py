@@ -5,7 +5,7 @@
 Per protocol and row set: the closed form over its exponent a (its RIR is the ceiling for every
 a ≥ 0), Algorithm 1 over a λ_H × η grid per optimizer (with its training-row path) and the
 baselines at their preset; the grid point closest to (i) ≥ 10, (ii) ≤ 0.1 on the strict protocol
-(:func:`pycore.frontier.target_progress`) is re-run on ``--confirm-seeds``.
+(:func:`pycore.target_progress`) is re-run on ``--confirm-seeds``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,14 @@ if not __package__:  # run as a file: the checkout's root first on sys.path, not
 import numpy as np
 
 from experiments import common
-from pycore.frontier import closed_form_frontier, ratios, regularizer_product, target_progress
-from pycore.immunization import MAX_EPOCHS, METHODS
+from pycore import (
+    MAX_EPOCHS,
+    METHODS,
+    closed_form_frontier,
+    frontier_ratios,
+    regularizer_product,
+    target_progress,
+)
 from pycore.report import METHOD_LABELS, environment, fmt, save_figure
 
 OUTPUTS = ("table.md", "frontier.png", "results.json")
@@ -144,7 +150,7 @@ def _run_job(job):
     """Immunize one (protocol, method, config, seed) (a worker task: the tasks come in ``job``);
     ratios on both row sets, the training-row path from the history, the regularizer product, or
     the error that stopped it."""
-    from pycore.immunization import immunize, resolve_options
+    from pycore import immunize, resolve_options
 
     protocol, method, kw, seed, tag, (train, held) = job
     options = resolve_options(method, PRESET[protocol], **kw).to_dict()
@@ -164,9 +170,9 @@ def _run_job(job):
     except (ValueError, FloatingPointError) as exc:
         out.update(error=f"{type(exc).__name__}: {exc}", wall_seconds=time.perf_counter() - t0)
         return out
-    out["train"] = ratios(res.theta, train).to_dict()
+    out["train"] = frontier_ratios(res.theta, train).to_dict()
     if held is not None:
-        out["heldout"] = ratios(res.theta, held).to_dict()
+        out["heldout"] = frontier_ratios(res.theta, held).to_dict()
     out["regularizer_product"] = regularizer_product(res.theta, train)
     h = res.history
     if h.get("kappa_P") and h.get("kappa_H"):
@@ -185,8 +191,7 @@ def _run_job(job):
 
 
 def run(args) -> dict:
-    from pycore.metrics import def31_exponent_window, rir_ceiling
-    from pycore.protocol import strict_protocol
+    from pycore import def31_exponent_window, rir_ceiling, strict_protocol
 
     t_start = time.perf_counter()
     data = common.load_house_price_data(args)
@@ -321,7 +326,7 @@ def table_markdown(res: dict) -> str:
         f"{g['optimizers']}, λ_H ∈ {g['lambda_h']}, η ∈ {g['lr']}, "
         f"{g['epochs']} epochs, λ_P of GD {g['gd_lambda_p']:g}; {g['other settings']}. R·R = "
         "R_well(H_P)·R_ill(H_H), the paper's regularizer term at its best scale up to 2√(λ_Pλ_H) "
-        "(pycore.frontier.regularizer_product: lower = preferred by Algorithm 1's objective).\n",
+        "(pycore.regularizer_product: lower = preferred by Algorithm 1's objective).\n",
     ]
     for prot in res["protocols"]:
         cf, w = res["closed_form"][prot], res["exponent_window"][prot]

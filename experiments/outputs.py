@@ -16,7 +16,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from pycore.validation import ParameterError
+from pycore import ParameterError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 

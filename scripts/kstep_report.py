@@ -28,10 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from pycore import LinearTask, attack_evaluation, evaluate_linear, immunize  # noqa: E402
-from pycore.data.house_price import load_house_price  # noqa: E402
-from pycore.kstep import kstep_remaining  # noqa: E402
-from pycore.protocol import strict_protocol  # noqa: E402
+from pycore import (  # noqa: E402
+    LinearTask,
+    attack_evaluation,
+    evaluate_linear,
+    immunize,
+    kstep_remaining,  # noqa: E402
+    strict_protocol,  # noqa: E402
+)
+from pycore.data import load_house_price  # noqa: E402
 from pycore.report import fmt  # noqa: E402
 
 K_GRID = (1, 10, 100, 1000)

@@ -33,16 +33,16 @@ import torch
 
 from experiments.deep_configs import CONFIGS, paper_tail
 from experiments.deep_pipeline import RunOptions, load_splits, train_classifier
+from pycore import feature_rir
 from pycore.deep import (
     DeepOptions,
     ImmunizedNet,
     NonFiniteLossError,
     create_model,
+    extract,
     immunize_in_place,
+    loss_terms,
 )
-from pycore.deep.features import extract
-from pycore.deep.objectives import loss_terms
-from pycore.metrics import feature_rir
 
 
 def _features(model, ds) -> np.ndarray:

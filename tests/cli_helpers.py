@@ -3,19 +3,15 @@ that an error is one clear line (docs/cli.md)."""
 
 from __future__ import annotations
 
-import time
-
 # An error line must be none of: a traceback, a raw OS error ("[Errno 16] ..."), or the mark the
 # `tripwire` fixture (tests/conftest.py) leaves when the computation started.
 NOT_IN_AN_ERROR = ("Traceback", "[Errno", "COMPUTED")
 
 
 def call(capsys, mod, argv):
-    """``(exit code, stderr, seconds)`` of ``mod.main(argv)``."""
-    t0 = time.perf_counter()
+    """``(exit code, stderr)`` of ``mod.main(argv)``."""
     rc = mod.main(argv)
-    elapsed = time.perf_counter() - t0
-    return rc, capsys.readouterr().err, elapsed
+    return rc, capsys.readouterr().err
 
 
 def one_line(err: str, *words) -> str:

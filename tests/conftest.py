@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import sys
+
 import pytest
 
 
@@ -20,15 +23,16 @@ def tripwire(monkeypatch):
 
 @pytest.fixture
 def work_spy(monkeypatch):
-    """The models ``pycore.deep.immunize_model`` copied (its first piece of work), so a test can
-    show that a check came before any work."""
-    from pycore.deep import api
+    """The modules the deep API deep-copied, in order: the first piece of work of
+    ``immunize_model`` (the copy it immunizes) and of ``audit_model`` (the copies it attacks) is
+    a copy of a model, so a check that comes before any work leaves the list empty."""
+    calls, real = [], copy.deepcopy
 
-    calls, real = [], api.as_immunized
+    def spy(x, memo=None):
+        nn = sys.modules.get("torch.nn")
+        if nn is not None and isinstance(x, nn.Module):
+            calls.append(x)
+        return real(x, memo)
 
-    def spy(model, **kw):
-        calls.append(model)
-        return real(model, **kw)
-
-    monkeypatch.setattr(api, "as_immunized", spy)
+    monkeypatch.setattr(copy, "deepcopy", spy)
     return calls

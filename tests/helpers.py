@@ -1,4 +1,5 @@
-"""Test helpers: matrices with a prescribed spectrum, central differences."""
+"""Test helpers: matrices with a prescribed spectrum, central differences, the memory a call
+takes, a named pipe that cannot hang a test."""
 
 from __future__ import annotations
 
@@ -76,3 +77,66 @@ def known_kappa(seed=0, N=50, D=20):
     U, V, Q = (np.linalg.qr(rng.standard_normal((n, D)))[0] for n in (N, D, D))
     X = (U * np.sqrt(np.logspace(0, -1, D))) @ V.T
     return X, V @ np.diag(np.logspace(0, -1, D)) @ Q.T, rng.standard_normal(N)
+
+
+def traced_peak(call, error=ValueError, match=None):
+    """``(the exception, tracemalloc's peak in bytes)`` of a call that must raise ``error``
+    (matching ``match``): numpy traces its buffers, so a refusal that comes before an allocation
+    peaks far below it."""
+    import tracemalloc
+
+    import pytest
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(error, match=match) as info:
+            call()
+        return info.value, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def fifo(path):
+    """A named pipe at ``path`` that a (wrongly) blocked reader gets fed after 3 s, so a test
+    fails instead of hanging."""
+    import os
+    import threading
+    import time
+
+    os.mkfifo(path)
+
+    def feed():
+        time.sleep(3)
+        try:
+            # ENXIO without a reader, as it should be
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"a,b\n1,2\n")
+            os.close(fd)
+        except OSError:
+            pass
+
+    threading.Thread(target=feed, daemon=True).start()
+    return path
+
+
+def lying_checkpoint(path, **kwargs):
+    """A few hundred bytes of safetensors in :func:`pycore.deep.save_model`'s format whose
+    metadata asks for a timm ViT built with ``kwargs`` (one tensor, the class token)."""
+    import json
+    import tempfile
+
+    import torch
+    from safetensors.torch import save_file
+
+    from pycore.deep import ImmunizedNet, create_model, read_weights, save_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        net = ImmunizedNet(create_model("test_resnet", 2, seed=0))
+        fmt = read_weights(save_model(net, f"{tmp}/m.safetensors"))[1]["format"]
+    meta = {"format": fmt, "model": "vit_tiny_patch16_224", "num_classes": "2"}
+    save_file(
+        {"net.cls_token": torch.ones(1, 1, 192)},
+        path,
+        metadata={**meta, "model_kwargs": json.dumps(kwargs)},
+    )
+    return path

@@ -1,9 +1,12 @@
-"""The public linear API: README's library section runs, per-method options and presets, results
-carry Definition 3.1, evaluate_linear refuses what does not belong together."""
+"""The public linear API: README's library section runs, the public names and the namespaces they
+are documented under, per-method options and presets, results carry Definition 3.1,
+evaluate_linear refuses what does not belong together, the errors cross process boundaries."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import pickle
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -12,21 +15,27 @@ import numpy as np
 import pytest
 
 import pycore
-from pycore.data.house_price import load_house_price
-from pycore.evaluate import EvaluationReference, evaluate_linear, immunized_def31
-from pycore.immunization import (
+from pycore import (
     METHODS,
     PRESETS,
+    DivergenceError,
+    EvaluationReference,
+    LinearTask,
+    ParameterError,
+    SpectrumError,
     auto_exponent,
+    def31_exponent_window,
+    evaluate_linear,
     immunize,
     immunize_certified,
+    immunized_def31,
     options_of,
     resolve_options,
+    rir,
+    rir_ceiling,
+    strict_protocol,
 )
-from pycore.metrics import def31_exponent_window, rir, rir_ceiling
-from pycore.protocol import strict_protocol
-from pycore.tasks import LinearTask
-from pycore.validation import ParameterError
+from pycore.data import load_house_price
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = json.loads(
@@ -74,10 +83,7 @@ def test_public_names():
         immunize,
         evaluate_linear,
     )
-    # one name, one meaning: pycore.immunize is the function, its module has another name
-    import pycore.immunization as module
-
-    assert isinstance(module, types.ModuleType) and module.immunize is pycore.immunize
+    # one name, one meaning: pycore.immunize is the function, no module of that name
     assert callable(pycore.immunize) and not isinstance(pycore.immunize, types.ModuleType)
     for name in pycore.__all__:
         assert not isinstance(getattr(pycore, name), types.ModuleType), name
@@ -93,6 +99,32 @@ def test_public_names():
         "closed_form",
     }
     assert [f.name for f in fields(options_of("identity"))] == []
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        "pycore",
+        "pycore.attacks",
+        "pycore.linalg",
+        "pycore.report",
+        "pycore.data",
+        "pycore.ops",
+        "pycore.deep",
+        "pycore.deep.slowdown",
+    ],
+)
+def test_public_classes_and_functions_name_the_namespace_they_are_imported_from(space):
+    """Reprs, tracebacks and pickles name the documented path (``pycore.ParameterError``), not the
+    private module that defines the object."""
+    import importlib
+
+    module = importlib.import_module(space)
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert (obj.__module__, obj.__qualname__) == (space, name), name
+            assert pickle.loads(pickle.dumps(obj)) is obj, name
 
 
 # ---------------------------------------------------------------- options
@@ -192,7 +224,7 @@ def test_presets_reproduce_the_reference_thetas(house_prices, preset):
 
 
 def test_mnist_presets_reproduce_the_reference_thetas():
-    from pycore.data.mnist import load_mnist_5k, pair_task, split_digits
+    from pycore.data import load_mnist_5k, pair_task, split_digits
 
     digits = load_mnist_5k()
     task = pair_task(digits, split_digits(digits, 20, np.random.default_rng(0), 10), 0, 1)
@@ -349,3 +381,41 @@ def test_a_task_keeps_its_own_read_only_copy_of_the_callers_arrays():
     for a in (task.X_P, task.Y_P, task.X_H, task.Y_H, task.K_P, task.K_H):
         with pytest.raises(ValueError):
             a[0, 0] = 0.0  # read-only: nothing can edit the task in place
+
+
+def _deep_error():
+    from pycore.deep import NonFiniteLossError
+
+    return NonFiniteLossError("lr", "loss is NaN", 7)
+
+
+def _op_error():
+    from pycore.ops import CondRegError
+
+    return CondRegError("Z", "Z is sparse")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ParameterError("lambda_h", "too large"),
+        lambda: DivergenceError("lr", "θ is NaN"),
+        lambda: SpectrumError("X_P is zero"),
+        _deep_error,
+        _op_error,
+    ],
+    ids=[
+        "ParameterError",
+        "DivergenceError",
+        "SpectrumError",
+        "NonFiniteLossError",
+        "CondRegError",
+    ],
+)
+def test_exceptions_cross_process_boundaries_as_themselves(make):
+    """Every error that carries ``.parameter`` takes it first and keeps it through a pickle."""
+    exc = make()
+    back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is type(exc) and back.args == exc.args and back.__dict__ == exc.__dict__
+    if hasattr(exc, "parameter"):
+        assert back.parameter == exc.parameter != str(exc)

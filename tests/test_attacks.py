@@ -8,9 +8,7 @@ import pytest
 import scipy.linalg
 import scipy.optimize
 
-from pycore import attacks as A
-from pycore.spectral import condition_number
-from pycore.validation import ParameterError
+from pycore import ParameterError, attacks as A, condition_number
 
 ADAPTIVE = {"adam": {"lr_factor": 0.1}, "adagrad": {"lr_factor": 1.0}}
 
@@ -281,9 +279,8 @@ def test_the_experiment_end_to_end(tmp_path):
     """experiments/attacks.py, CI-sized: θ archived bit for bit, the analysis agrees with the
     raw steps."""
     from experiments import attacks as E
-    from pycore.report import read_json
-    from pycore.thetas import load_thetas
-    from pycore.worst_case import slowdown
+    from pycore.attacks import slowdown
+    from pycore.report import load_thetas, read_json
 
     out = tmp_path / "o"
     assert (
@@ -317,7 +314,7 @@ def test_the_experiment_end_to_end(tmp_path):
         "closed_form+haar",
     }
     for r in saved["runs"]:
-        assert E._digest(arrays[f"{r['variant']}/seed{r['seed']}"]) == r["theta_digest"]
+        assert E.digest(arrays[f"{r['variant']}/seed{r['seed']}"]) == r["theta_digest"]
     by = {r["variant"]: r["problems"]["train"]["D_H"]["steps"] for r in saved["runs"]}
     e = saved["eps"].index(1e-4)
     [cell] = [

@@ -9,19 +9,15 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-import pycore.optim as optim
-from pycore import losses
-from pycore.batch import GramStack
-from pycore.immunization import (
+from pycore import (
+    LinearTask,
     draws_random,
     immunize,
     immunize_batch,
     options_of,
     resolve_options,
 )
-from pycore.precondition import FactorPreconditioner, Preconditioner
-from pycore.regularizers import hessian_regularizer
-from pycore.tasks import LinearTask
+from pycore.linalg import FactorPreconditioner, GramStack, Preconditioner, hessian_regularizer
 
 
 def dead_column_task(seed=0, N=90, D=9, loss="mse"):
@@ -143,29 +139,19 @@ def test_factor_directions_match_the_preconditioner(mode, ridge, shape):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-8 * np.abs(want).max())
 
 
-def test_stacked_residuals_are_each_runs_own():
+def test_a_stack_wider_than_a_cache_chunk_gives_each_run_its_own_bits():
+    """Adam steps a stack a cache-sized chunk at a time: three 120×120 θ's (43,200 entries) are
+    cut inside a run and inside a row, one run alone (14,400) is one chunk; the bits agree."""
     rng = np.random.default_rng(0)
-    P, Y = rng.standard_normal((4, 7, 1)), (rng.random((7, 1)) > 0.5).astype(float)
-    for loss in ("mse", "bce"):
-        L, R = losses.residual(loss, P, Y)
-        for b in range(4):
-            Lb, Rb = losses.residual(loss, P[b], Y)
-            assert L[b] == Lb
-            np.testing.assert_array_equal(R[b], Rb)
-
-
-def test_adam_in_chunks_is_the_whole_array_step(monkeypatch):
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((3, 40, 50))
-    gs = [g * 10.0**e for g, e in zip(rng.standard_normal((4, 3, 40, 50)), (-8, -2, 0, 3))]
-    out = []
-    for chunk in (1 << 20, 999):  # one chunk, and chunks that split rows and runs
-        monkeypatch.setattr(optim, "ADAM_CHUNK", chunk)
-        opt, y = optim.Adam(0.01), x
-        for g in gs:
-            y = opt.step(y, g)
-        out.append(y)
-    np.testing.assert_array_equal(*out)
+    X_P, X_H = rng.standard_normal((40, 120)), rng.standard_normal((40, 120))
+    task = LinearTask(X_P, rng.standard_normal(40), X_H, rng.standard_normal(40))
+    kw = dict(epochs=2, batch_size=None, init="random")
+    stack = immunize_batch(
+        task, "opt_kappa", rngs=[np.random.default_rng(s) for s in range(3)], **kw
+    )
+    for seed, res in enumerate(stack):
+        alone = immunize(task, "opt_kappa", rng=np.random.default_rng(seed), **kw)
+        np.testing.assert_array_equal(res.theta, alone.theta)
 
 
 def test_house_price_batches_keep_seed_free_methods_whole_and_split_the_rest():
@@ -182,7 +168,7 @@ def test_house_price_batches_keep_seed_free_methods_whole_and_split_the_rest():
 
 @pytest.mark.parametrize("method", LOOPS)
 def test_a_task_with_zero_inputs_is_a_spectrum_error(method):
-    from pycore.spectral import SpectrumError
+    from pycore import SpectrumError
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((30, 4))

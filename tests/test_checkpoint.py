@@ -1,23 +1,28 @@
-"""Checkpoints (pycore/deep/checkpoint.py): what a file may hold, and the tensor and file an error
-names."""
+"""Checkpoints (:func:`pycore.deep.load_model`, :func:`pycore.deep.save_model`): what a file may
+hold, its metadata checked against its tensors before a network is built, and the tensor and file
+an error names."""
 
 from __future__ import annotations
 
 import pickle
+import resource
 
 import pytest
+import timm
 import torch
 from safetensors.torch import save_file
 
 from pycore.deep import (
     CheckpointError,
     CheckpointMismatchError,
+    ImmunizedNet,
+    UnmergedAdaptersError,
     create_model,
     load_model,
+    read_weights,
     save_model,
 )
-from pycore.deep.checkpoint import FORMAT
-from pycore.deep.models import ImmunizedNet, UnmergedAdaptersError
+from tests.helpers import lying_checkpoint
 
 torch.set_num_threads(1)
 
@@ -67,8 +72,9 @@ def test_a_model_with_unmerged_lora_adapters_is_refused_naming_them(tmp_path):
 @pytest.mark.parametrize("kind", ["pycore", "timm"])
 def test_a_file_of_unmerged_lora_adapters_is_refused_naming_one(tmp_path, kind):
     if kind == "pycore":
-        m = _with_lora(ImmunizedNet(create_model("resnet10t", 2, seed=0)))
-        meta = {"format": FORMAT, "model": "resnet10t", "num_classes": "2"}
+        plain = ImmunizedNet(create_model("resnet10t", 2, seed=0))
+        meta = read_weights(save_model(plain, tmp_path / "plain.safetensors"))[1]
+        m = _with_lora(plain)
     else:
         m, meta = _with_lora(create_model("resnet10t", 2, seed=0)), None
     path = tmp_path / "lora.safetensors"
@@ -77,3 +83,32 @@ def test_a_file_of_unmerged_lora_adapters_is_refused_naming_one(tmp_path, kind):
         load_model(path, None if kind == "pycore" else "resnet10t")
     adapters = {k for k in m.state_dict() if ".lora_" in k or ".base_layer." in k}
     assert e.value.tensor in adapters and e.value.path == str(path)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"depth": 100000},
+        {"embed_dim": 99999, "num_heads": 3},
+        {"img_size": 100000, "patch_size": 1},
+    ],
+)
+def test_checkpoint_metadata_is_checked_against_its_tensors_before_building(
+    tmp_path, monkeypatch, kwargs
+):
+    """Each of these asks for 5-120 GB: refused naming the file, with no network built off the
+    meta device (shapes, no storage) and no memory to speak of."""
+    path = lying_checkpoint(tmp_path / "evil.safetensors", **kwargs)
+    devices, real = [], timm.create_model
+
+    def spy(*args, **kw):
+        net = real(*args, **kw)
+        devices.append({p.device.type for p in net.parameters()})
+        return net
+
+    monkeypatch.setattr(timm, "create_model", spy)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(CheckpointMismatchError, match="evil.safetensors"):
+        load_model(path)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+    assert all(d <= {"meta"} for d in devices) and grown < 200 << 20, devices

@@ -1,8 +1,10 @@
-"""Linear core: spectra, metrics, the ceiling, the immunizers, certified mode, probe solvers."""
+"""Linear core: spectra (also at the edges of float64), regularizers, metrics and the ceiling, the
+arrays and parameters each refuses by name, the immunizers, certified mode, probe solvers."""
 
 from __future__ import annotations
 
 import itertools
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -10,15 +12,36 @@ import scipy.optimize
 from scipy.special import expit
 
 import pycore
-from pycore import attacks, precondition as P, probe, regularizers as R
-from pycore.evaluate import EvaluationReference
-from pycore.immunization import METHODS, IMMAOptions, immunize, immunize_certified
-from pycore.losses import best_probe_loss
-from pycore.methods import imma_objective
-from pycore.metrics import rir, rir_ceiling
-from pycore.optim import damped_newton
-from pycore.spectral import SpectrumError, gram_spectrum, spectrum_info
-from pycore.tasks import LinearTask
+from pycore import (
+    METHODS,
+    EvaluationReference,
+    IMMAOptions,
+    LinearTask,
+    ParameterError,
+    SpectrumError,
+    best_probe_loss,
+    condition_number,
+    def31_exponent_window,
+    feature_rir,
+    gram_spectrum,
+    grouped_feature_rir,
+    imma_objective,
+    immunize,
+    immunize_certified,
+    preconditioned_r_ill_step_bound,
+    preconditioned_r_well_step_bound,
+    r_ill,
+    r_ill_grad,
+    r_ill_grad_theta,
+    r_well,
+    r_well_grad,
+    r_well_grad_theta,
+    rir,
+    rir_ceiling,
+    spectrum_info,
+)
+from pycore.attacks import attack, exact_line_search_steps, gd_exact_line_search, make_problem
+from pycore.linalg import hessian_regularizer, precondition
 from tests.helpers import central_diff, rel_err, with_spectrum
 
 
@@ -62,9 +85,10 @@ def test_hessian_regularizer_matches_matrix_path_also_with_fewer_rows_than_colum
     for N, D in ((12, 5), (3, 7)):
         Z = rng.standard_normal((N, D))
         for kind in ("ill", "well"):
-            reg, ev = R.hessian_regularizer(Z, kind), R.evaluate(Z.T @ Z, kind, p=D)
-            assert reg.value == pytest.approx(ev.value, rel=1e-9)
-            assert reg.info.rank == min(N, D) and rel_err(reg.G, ev.grad) < 1e-9
+            reg, H = hessian_regularizer(Z, kind), Z.T @ Z
+            value, grad = (r_ill, r_ill_grad) if kind == "ill" else (r_well, r_well_grad)
+            assert reg.value == pytest.approx(value(H), rel=1e-9)
+            assert reg.info.rank == min(N, D) and rel_err(reg.G, grad(H)) < 1e-9
 
 
 @pytest.mark.parametrize(
@@ -87,7 +111,7 @@ def test_r_ill_of_rank_one_and_ties():
         pycore.r_ill(np.outer([1.0, 2.0], [3.0, 1.0]))
     info = spectrum_info(np.diag([2.0, 2.0, 1.0]))
     assert info.tie_max and not info.tie_min
-    assert R.hessian_regularizer(np.diag([3.0, 1.0, 1.0]), "ill").tie
+    assert hessian_regularizer(np.diag([3.0, 1.0, 1.0]), "ill").tie
 
 
 # ---------------------------------------------------------------- metrics and ceiling
@@ -181,20 +205,18 @@ def test_imma_gradient_matches_finite_differences():
     assert rel_err(g0, g) > 1e-3
 
 
-def test_imma_upper_level_uses_the_dp_mini_batches(monkeypatch):
-    import pycore.methods as M
+def test_imma_steps_on_the_dp_mini_batches():
+    """batch_size=8 of 20 D_P rows: each step sees a mini-batch (a different run from the full
+    batch and from batches of 10); a batch of every row is the full batch, bit for bit."""
+    task = small_task(3, N=20, D=4)
 
-    seen, real = [], M.imma_objective
+    def theta(batch_size):
+        kw = dict(rng=np.random.default_rng(0), epochs=2, batch_size=batch_size)
+        return immunize(task, "imma", **kw).theta
 
-    def spy(*args, batch_P=None, **kw):
-        seen.append(batch_P[0].shape[-2])  # rows of the mini-batch (a stack of runs: B×b×D)
-        return real(*args, batch_P=batch_P, **kw)
-
-    monkeypatch.setattr(M, "imma_objective", spy)
-    immunize(
-        small_task(3, N=20, D=4), "imma", rng=np.random.default_rng(0), epochs=2, batch_size=8
-    )
-    assert seen == [8, 8, 4, 8, 8, 4]
+    full = theta(None)
+    np.testing.assert_array_equal(theta(20), full)
+    assert not np.array_equal(theta(8), full) and not np.array_equal(theta(8), theta(10))
 
 
 def test_ours_immunizes_a_synthetic_task():
@@ -231,9 +253,9 @@ def test_uncapped_regularizer_step_can_violate_monotonicity():
     """The same step without the docs/theory.md §5 cap: a large R_well step raises κ(H_P)."""
     t = small_task(30, N=30, D=5)
     theta = np.eye(t.D)
-    reg = R.hessian_regularizer(t.X_P, "well")
-    bound = R.preconditioned_r_well_step_bound(reg.info, D=t.D)
-    step = P.precondition(theta, reg.G, t.K_P, "exact")
+    reg = hessian_regularizer(t.X_P, "well")
+    bound = preconditioned_r_well_step_bound(reg.info, D=t.D)
+    step = precondition(theta, reg.G, t.K_P, "exact")
     assert any(
         gram_spectrum(t.X_P @ (theta - eta * step)).kappa > reg.info.kappa
         for eta in bound * np.array([2.0, 5.0, 20.0, 100.0])
@@ -271,29 +293,28 @@ def test_closed_form_with_fewer_harmful_rows_than_rank_keeps_dp_loss():
 # ---------------------------------------------------------------- the probes' solvers
 
 
-def test_damped_newton_solves_a_strictly_convex_problem_to_the_floor():
+def test_the_logistic_probing_problem_is_solved_to_the_floor():
+    """w* of the ridge-logistic problem (damped Newton) against a generic solver."""
     rng = np.random.default_rng(1)
     A = rng.standard_normal((60, 5))
     y = (rng.random(60) < 0.5).astype(float)  # not separable: a unique interior minimiser
-    lam = 1e-3
+    problem = make_problem(A, y, "logistic", ridge_rel=1e-3)
+    lam = 1e-3 * np.linalg.norm(A, 2) ** 2 / 4  # λ = ridge_rel·‖Z‖₂²/4
 
     def value(w):
         t = A @ w
         return float(np.sum(np.logaddexp(0.0, t) - y * t) + 0.5 * lam * w @ w)
 
-    def value_grad(w):
-        return value(w), A.T @ (expit(A @ w) - y) + lam * w
+    def grad(w):
+        return A.T @ (expit(A @ w) - y) + lam * w
 
-    def hessian(w):
-        s = expit(A @ w)
-        return (A.T * (s * (1 - s))) @ A + lam * np.eye(5)
-
-    w, info = damped_newton(value_grad, value, hessian, np.zeros(5), tol=1e-13, max_iter=100)
     ref = scipy.optimize.minimize(
-        value, np.zeros(5), jac=lambda w: value_grad(w)[1], method="BFGS", options={"gtol": 1e-12}
+        value, np.zeros(5), jac=grad, method="BFGS", options={"gtol": 1e-12}
     )
-    assert info["grad_norm"] <= 1e-10 and value(w) <= ref.fun + 1e-12
-    np.testing.assert_allclose(w, ref.x, rtol=1e-6, atol=1e-8)
+    assert np.linalg.norm(grad(problem.w_star)) <= 1e-10
+    assert problem.L_star == pytest.approx(value(problem.w_star), rel=1e-14)
+    assert problem.L_star <= ref.fun + 1e-12
+    np.testing.assert_allclose(problem.w_star, ref.x, rtol=1e-6, atol=1e-8)
 
 
 def test_best_bce_probe_loss_matches_a_generic_solver():
@@ -338,56 +359,187 @@ def test_probe_equals_the_unhalved_exact_line_search(case):
             alpha = float(np.sum(g * g)) / curv
             w, E = w - alpha * g, E - alpha * Zg
         ratios.append(float(np.sum((w - w_star) ** 2)) / float(np.sum(w_star**2)))
-    assert np.array_equal(probe.gd_exact_line_search(Z, Y, 25).norm_ratio, np.array(ratios))
+    assert np.array_equal(gd_exact_line_search(Z, Y, 25).norm_ratio, np.array(ratios))
 
 
 def test_attack_gd_exact_uses_the_shared_loop_on_least_squares():
     rng = np.random.default_rng(0)
     Z = rng.standard_normal((50, 8)) @ np.diag(np.logspace(0, -2, 8))
-    P_ = attacks.make_problem(Z, rng.standard_normal(50))
-    tr = attacks.attack(P_, "gd_exact", max_steps=40, tol=0.0)
-    ws = [
-        w for w, _, _ in itertools.islice(probe.exact_line_search_steps(*P_.work, np.zeros(8)), 40)
-    ]
+    P_ = make_problem(Z, rng.standard_normal(50))
+    tr = attack(P_, "gd_exact", max_steps=40, tol=0.0)
+    ws = [w for w, _, _ in itertools.islice(exact_line_search_steps(*P_.work, np.zeros(8)), 40)]
     assert len(ws) == 40 and np.array_equal(tr.w_final, ws[-1]) and tr.rel_subopt.size == 41
 
 
-def test_task_threads_is_the_policy_of_worker_tasks(monkeypatch):
-    """One BLAS thread inside a worker task whatever the matrix size, an entry point inside keeps
-    that decision, the user's count wins. Checked on the limits pycore.threads asks threadpoolctl
-    for, so the test means the same on one core as on many."""
-    import contextlib
+# ---------------------------------------------------------------- arrays and parameters named
 
-    from pycore import threads
+NAN = float("nan")
 
-    asked = []
 
-    class Controller:  # threadpoolctl's ThreadpoolController, recording what it is asked
-        @contextlib.contextmanager
-        def limit(self, *, limits, user_api):
-            asked.append((limits, user_api))
-            yield
+@pytest.mark.parametrize(
+    "A",
+    [
+        np.array([[1.0, NAN], [0.0, 1.0]]),
+        np.ones(3),
+        np.ones((2, 2, 2)),
+        np.zeros((0, 3)),
+        np.array([["1", "2"], ["3", "4"]]),
+        np.eye(2) * (1 + 1j),
+        np.array([[1, None], [2, 3]], dtype=object),
+    ],
+)
+def test_bad_arrays_name_the_argument(A):
+    with pytest.raises(ValueError, match="^S "):
+        condition_number(A)
 
-    monkeypatch.setattr(threads, "_ctl", Controller)
-    for v in (
-        "OMP_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "BLIS_NUM_THREADS",
-        "VECLIB_MAXIMUM_THREADS",
-        "PYCORE_BLAS_THREADS",
+
+def test_metric_parameters_are_named():
+    rng = np.random.default_rng(0)
+    X, Z = rng.normal(size=(6, 3)), rng.normal(size=(20, 4))
+    # rtol NaN would count no singular value as nonzero, rtol ≥ 1 would cut σ_max
+    S = np.diag([3.0, 2.0, 1.0])
+    for call, param in (
+        (lambda: spectrum_info(S, rtol=NAN), "rtol"),
+        (lambda: gram_spectrum(S, rtol=1.0), "rtol"),
+        (lambda: hessian_regularizer(S, "ill", rtol=-1.0), "rtol"),
+        (lambda: hessian_regularizer(S, "well", rtol="1e-9"), "rtol"),
+        (lambda: rir_ceiling(X, X, null_rtol=NAN), "null_rtol"),
+        (lambda: grouped_feature_rir(X, X, X, X, rng=rng, groups=0), "groups"),
+        (lambda: grouped_feature_rir(X, X, X, X, rng=rng, group_size=NAN), "group_size"),
+        (lambda: hessian_regularizer(X, "x"), "kind"),
+        (lambda: rir(np.eye(4), Z, rng.normal(size=(20, 5))), "X_H"),
     ):
-        monkeypatch.delenv(v, raising=False)
-    big = np.ones((2 * threads.SMALL_MATRIX_DIM, 2))
-    entry = threads.bounded_blas(lambda a: len(asked))
-    with threads.task_threads():
-        assert asked == [(1, "blas")]
-        assert entry(big) == 1  # the task's decision holds: no second limit inside
-    assert entry(big) == 1 and entry(np.ones((3, 3))) == 2 and asked[-1] == (1, "blas")
-    asked.clear()
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice wins: nothing limited
-    with threads.task_threads():
-        assert entry(np.ones((3, 3))) == 0
-    monkeypatch.setenv("PYCORE_BLAS_THREADS", "2")
-    with threads.task_threads():
-        assert asked == [(2, "blas")]
+        with pytest.raises(ParameterError) as e:
+            call()
+        assert e.value.parameter == param
+    with pytest.raises(ValueError, match="Z_H"):
+        grouped_feature_rir(X, np.full((6, 3), NAN), X, X, rng=rng)
+
+
+def test_feature_rir_refuses_mismatched_features():
+    """Features of mismatched widths, or a reference of other rows, are refused naming them."""
+    Z = np.random.default_rng(0).normal(size=(20, 4))
+    for args, param in (
+        ((Z, Z[:, :3], Z, Z[:, :3]), "Z_H"),
+        ((Z, Z, Z, Z[:, :3]), "Z_H_ref"),
+        ((Z, Z, Z[:10], Z), "Z_P_ref"),
+        ((Z, Z, Z, Z[:10]), "Z_H_ref"),
+    ):
+        for f in (
+            feature_rir,
+            lambda *a: grouped_feature_rir(*a, rng=np.random.default_rng(), group_size=5),
+        ):
+            with pytest.raises(ParameterError) as e:
+                f(*args)
+            assert e.value.parameter == param
+
+
+def test_a_matrix_that_must_be_symmetric_is_checked_with_a_round_off_tolerance():
+    rng = np.random.default_rng(1)
+    X, A = rng.normal(size=(30, 5)), rng.normal(size=(5, 5))
+    K, theta = X.T @ X, np.eye(5) + 0.1 * rng.normal(size=(5, 5))
+    for call, param in (
+        (lambda M: r_well_grad_theta(theta, M), "K"),
+        (lambda M: r_ill_grad_theta(theta, M), "K"),
+        (preconditioned_r_ill_step_bound, "H"),
+        (preconditioned_r_well_step_bound, "H"),
+    ):
+        for bad in (K + 1e-3 * np.abs(K).max() * (A - A.T), X.T @ X[:, :4]):
+            with pytest.raises(ParameterError) as e:
+                call(bad)
+            assert e.value.parameter == param
+        # what a product leaves (≫ eps, ≪ √eps) passes: the same result as the symmetric matrix
+        assert np.allclose(call(K + 1e-12 * np.abs(K).max() * (A - A.T)), call(K), rtol=1e-8)
+
+
+def test_a_tall_task_never_forms_an_n_by_n_factor():
+    """5000 held-out rows, whose full SVD's U would be 200 MB that nothing uses."""
+    X = np.random.default_rng(0).standard_normal((5000, 20))
+    tracemalloc.start()
+    try:
+        c = rir_ceiling(X, X[:300])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert c.rank_K_P == 20 and peak < 50 << 20
+
+
+# ---------------------------------------------------------------- spectra at the edges of float64
+
+
+def test_zero_and_tied_spectra():
+    X = np.eye(3)
+    for call in (
+        lambda: condition_number(np.zeros((3, 3))),
+        lambda: gram_spectrum(np.zeros((4, 3))),
+        lambda: r_ill(2.0 * np.eye(3)),
+        lambda: gram_spectrum(np.diag([1e200, 1e199])),
+        lambda: condition_number(np.full((2, 2), 1e308)),
+        lambda: rir(0 * np.eye(3), X, X),
+    ):
+        with pytest.raises(SpectrumError):
+            call()
+    assert spectrum_info(np.diag([1e308, 1.0])).rank == 1  # 1 is below σ_max·2·eps
+
+
+@pytest.mark.parametrize(
+    "S,kappa",
+    [
+        (np.diag([1e308, 1e308]), 1.0),
+        (np.diag([1e308, 1e307]), 10.0),
+        (np.diag([4e-300, 1e-300]), 4.0),
+    ],
+)
+def test_condition_number_near_float_limits(S, kappa):
+    """diag(1e308, 1e308): S + Sᵀ overflows, so symmetry is checked without forming it."""
+    assert condition_number(S) == pytest.approx(kappa, rel=1e-12)
+
+
+@pytest.mark.parametrize("c", [1e80, 1e-80, 1e140, 1e-140])
+def test_regularizers_scale_exactly_where_representable(c):
+    """R_well(cS) = c²R_well(S), R_ill(cS) = R_ill(S)/c², ∇R_well(cS) = c∇R_well(S), ∇R_ill(cS) =
+    ∇R_ill(S)/c³, computed on S/max|S| near the float64 limits (never ±inf)."""
+    S = np.diag([3.0, 2.0, 1.0])
+    assert r_well(c * S) == pytest.approx(c * c * r_well(S), rel=1e-12)
+    assert r_ill(c * S) == pytest.approx(r_ill(S) / c**2, rel=1e-12)
+    assert np.allclose(r_well_grad(c * S), c * r_well_grad(S), rtol=1e-12, atol=0)
+    if 1e-100 < c < 1e100:
+        assert np.allclose(r_ill_grad(c * S), r_ill_grad(S) / c**3, rtol=1e-12, atol=0)
+    elif c > 1:  # |∇R_ill| ~ c⁻³ underflows: 0 is the float answer
+        assert np.all(np.abs(r_ill_grad(c * S)) < 1e-300)
+    else:  # ... or overflows: an error, never ±inf
+        with pytest.raises(SpectrumError):
+            r_ill_grad(c * S)
+
+
+@pytest.mark.parametrize(
+    "S,f",
+    [
+        (np.diag([1e200, 3e199]), r_well),
+        (np.diag([1e308, 1.0]), r_well),
+        (np.diag([3e-160, 1e-160]), r_ill),
+        (np.diag([1e-170, 1e-171]), r_ill),
+    ],
+)
+def test_regularizers_outside_float64_are_errors_not_nan_or_inf(S, f):
+    """R_well(diag(1e200, 3e199)) ~ 1e400 and R_ill(diag(3e-160, 1e-160)) ~ 5e319 do not fit."""
+    with pytest.raises(SpectrumError):
+        f(S)
+
+
+def _near_twins(noise, seed=0):
+    """D_H = D_P's rows plus ``noise``: the RIR ceiling is 1 + O(noise)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(60, 6))
+    X_H = X + noise * rng.normal(size=X.shape)
+    return LinearTask(X, rng.normal(size=60), X_H, rng.normal(size=60))
+
+
+def test_a_window_whose_width_is_round_off_is_empty():
+    """Both tasks of the same rows: κ(C) = 1 + 4e-15 is round-off, not a window
+    [2.6e14, 2.6e14 + 1)."""
+    same = _near_twins(0.0)
+    ceiling = rir_ceiling(same.X_P, same.X_H)
+    assert ceiling.kappa_C > 1 and def31_exponent_window(ceiling).empty
+    narrow = _near_twins(0.005)
+    assert not def31_exponent_window(rir_ceiling(narrow.X_P, narrow.X_H)).empty

@@ -5,6 +5,7 @@ pipeline's own extractors; the flags checked before compute."""
 
 import json
 import os
+from argparse import Namespace
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,11 +15,20 @@ import torch
 
 from experiments import audit, common, deep_configs, deep_report, deepnet
 from experiments.deep_pipeline import Row, RunConfig, RunOptions, Sizes, run_configs
-from pycore.deep import DeepOptions, ImmunizedNet, create_model, load_model, options, save_model
-from pycore.deep.distributed import init_from_env
-from pycore.deep.operators import Schedule
-from pycore.deep.simulated import SimulatedOptions
+from pycore.deep import (
+    DeepOptions,
+    ImmunizedNet,
+    Schedule,
+    SimulatedOptions,
+    create_model,
+    init_from_env,
+    load_model,
+    options,
+    save_model,
+)
 from pycore.report import dumps_json
+from tests.cli_helpers import call, one_line
+from tests.helpers import lying_checkpoint
 
 torch.set_num_threads(1)
 
@@ -227,6 +237,13 @@ def test_audit_names_the_model_whose_features_are_not_finite(
         assert rc == 1 and f"error: {flag}:" in err, err
 
 
+def test_audit_names_the_flag_of_a_checkpoint_whose_metadata_lies(capsys, tmp_path):
+    evil = lying_checkpoint(tmp_path / "evil.safetensors", depth=100000)
+    argv = ["--model", str(evil), "--reference", str(evil), "--out", str(tmp_path / "o")]
+    rc, err = call(capsys, audit, argv)
+    assert rc == 2 and one_line(err, "--model", "evil.safetensors")
+
+
 # --- deepnet.py on one's own ImageFolder roots --------------------------------------------------
 
 
@@ -296,8 +313,7 @@ def test_own_image_folders_run_end_to_end(folders):
 
 def test_deepnet_has_a_flag_per_deep_option():
     parser = deepnet.build_parser()
-    dests = {a.dest for a in parser._actions if a.option_strings}
-    assert set(DeepOptions.names()) <= dests
+    assert [n for n in DeepOptions.names() if parser.flag_for(n) is None] == []
     args = parser.parse_args(["--demo", "--balance", "none", "--no-nesterov", "--max-steps", "7"])
     given = common.given_options(args, DeepOptions.names())
     assert given == {"balance": None, "nesterov": False, "max_steps": 7}
@@ -416,6 +432,81 @@ def test_an_interrupted_rerun_leaves_every_earlier_output_as_it_was(
     (out / "folders" / "extractor_ours.safetensors").mkdir()
     rc, err = _one_line_error(capsys, deepnet, argv)
     assert rc == 2 and "error: --out:" in err and "extractor_ours" in err
+
+
+# --- deepnet.py: the layout of the roots, the image size, the threads, θ₀ near chance ---------
+
+
+def _image_root(root, classes=("a", "b"), n=3, side=16):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            pixels = rng.integers(0, 255, size=(side, side, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / c / f"{i}.png")
+    return root
+
+
+def _deep_roots(tmp_path, side=16, dp_split="train"):
+    for root, split in (("dp", dp_split), ("dp", "val"), ("dh", "train"), ("dh", "val")):
+        _image_root(tmp_path / root / split, side=side)
+    return ["--dp-root", str(tmp_path / "dp"), "--dh-root", str(tmp_path / "dh")]
+
+
+def _no_compute(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("COMPUTED")
+
+    monkeypatch.setattr(deepnet, "run_configs", boom)
+
+
+def test_a_root_without_train_names_the_layout(capsys, tmp_path, monkeypatch):
+    _no_compute(monkeypatch)
+    argv = [*_deep_roots(tmp_path, dp_split="training"), "--theta0-epochs", "1"]
+    rc, err = call(capsys, deepnet, [*argv, "--out", str(tmp_path / "o")])
+    assert rc == 2 and one_line(err, "--dp-root", "train/", "training/")
+
+
+def test_a_model_too_small_for_the_images_asks_for_img_size(capsys, tmp_path, monkeypatch):
+    """convnext_atto on 28-px images fails inside its padding: refused naming the model and
+    --img-size."""
+    _no_compute(monkeypatch)
+    argv = [*_deep_roots(tmp_path, side=28), "--model", "convnext_atto", "--theta0-epochs", "1"]
+    rc, err = call(capsys, deepnet, [*argv, "--out", str(tmp_path / "o")])
+    assert rc == 2 and one_line(err, "--img-size", "convnext_atto")
+
+
+def test_a_huge_img_size_is_said_and_threads_are_capped(capsys, tmp_path, monkeypatch):
+    _no_compute(monkeypatch)
+    argv = [*_deep_roots(tmp_path), "--theta0-epochs", "1", "--img-size", "4096"]
+    rc = deepnet.main([*argv, "--threads", "1024", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "COMPUTED" in err  # the run went on, after the warnings
+    warned = [line for line in err.splitlines() if "warning" in line]
+    assert any("--img-size" in line and "4096" in line for line in warned), err
+    assert any("--threads" in line for line in warned), err
+    assert common.thread_count(1024, "x") == common.usable_cores()
+
+
+def test_theta0_near_chance_is_flagged_by_its_majority_class_and_source():
+    """90 % of D_P in one class: a θ₀ at 91 % learned nothing (1/classes would call it fine); the
+    advice to pass --checkpoint goes only to runs that did not pass one."""
+
+    def result(*accs, chance=90.0):
+        seeds = [
+            {"seed": s, "theta0": {"dp_top1": a}, "classes": [2, 2], "dp_chance": chance}
+            for s, a in enumerate(accs)
+        ]
+        return {"per_seed": seeds}
+
+    plain = Namespace(checkpoint=None, pretrained=False)
+    assert [s["seed"] for s in deepnet.theta0_warning(result(99.0, 91.0), plain)["seeds"]] == [1]
+    assert deepnet.theta0_warning(result(97.0, 98.0), plain) is None
+    given = Namespace(checkpoint="theta0.safetensors", pretrained=False)
+    message = deepnet.theta0_warning(result(91.0), given)["message"]
+    assert "theta0.safetensors" in message and "pass --checkpoint" not in message
 
 
 def test_theta0_batchnorm_statistics_are_those_of_the_whole_training_set():

@@ -1,17 +1,28 @@
-"""The data the deep API takes (pycore/deep/data.py): every input form held to one rule for
-labels and samples, the first bad sample named with the argument that holds it."""
+"""The data the deep API takes (pycore/deep/_data.py): every input form held to one rule for
+labels and samples, the first bad sample named with the argument that holds it, labels bounded
+before anything is sized by them, image folders that are not files refused without reading."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
+import types
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from pycore.deep import DataError, api, create_model, immunize_model
-from pycore.deep.data import as_dataset, dataset_labels
+from pycore.deep import (
+    DataError,
+    as_dataset,
+    audit_model,
+    create_model,
+    dataset_labels,
+    image_folder,
+    immunize_model,
+)
 
 torch.set_num_threads(1)
 
@@ -109,11 +120,65 @@ def test_the_first_non_finite_input_of_a_tensor_pair_is_named_before_any_work(ne
     assert (type(again), again.argument, again.sample) == (DataError, "dp", 7)
 
 
-def test_the_first_non_finite_input_of_a_dataset_is_named(net, monkeypatch):
+def test_the_first_non_finite_input_of_a_dataset_is_named(net):
+    """A Dataset's samples are read when its features are: the error names the sample there,
+    before any training could meet its non-finite features."""
     X, y = _data(16, 1)
     X[5, 0, 0, 0] = float("inf")
-    trained = []
-    monkeypatch.setattr(api, "immunize_in_place", lambda *a, **k: trained.append(1))
     with pytest.raises(DataError) as e:
         immunize_model(net, _data(16, 2), _Pairs(X, y.tolist()), adaptive_steps=5)
-    assert (e.value.argument, e.value.sample) == ("dh", 5) and not trained
+    assert (e.value.argument, e.value.sample) == ("dh", 5)
+
+
+def test_one_huge_label_is_refused_before_a_classifier_is_sized_by_it(net, work_spy):
+    """One label of 5,000,000 among 16 samples would size a 20.5 GB classifier."""
+    X, y = _data(16, 1)
+    huge = y.clone()
+    huge[5] = 5_000_000
+    with pytest.raises(DataError, match="5000000") as e:
+        immunize_model(net, (X, y), (X, huge), epochs=1)
+    assert str(e.value).startswith("dh") and "sample 5" in str(e.value)
+    with pytest.raises(DataError, match="5000000"):
+        audit_model(net, reference=net, dh=(X, huge), operators="gd")
+    assert not work_spy
+    with pytest.raises(DataError, match="dp"):  # D_P's labels must be the model's classes
+        immunize_model(net, (X, y + 1), (X, y), epochs=1)
+
+
+def _image_root(root, classes=("a", "b"), n=3, side=16):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            pixels = rng.integers(0, 255, size=(side, side, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / c / f"{i}.png")
+    return root
+
+
+def test_a_named_pipe_called_png_is_refused_not_read(tmp_path):
+    """A FIFO x.png in a class folder, there when the folder is listed or put there after: a
+    DataError naming it, never a read that blocks for ever (an alarm ends the wait here)."""
+    _image_root(tmp_path / "dp" / "train")
+    model = types.SimpleNamespace(pretrained_cfg={"input_size": (3, 16, 16)})  # a data config
+    listed = image_folder(tmp_path / "dp", "train", model)  # every image a file when listed
+    fifo = tmp_path / "dp" / "train" / "a" / "x.png"
+    os.mkfifo(fifo)
+
+    def hung(signum, frame):
+        raise TimeoutError("blocked reading the pipe")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        with pytest.raises(DataError, match="x.png"):
+            image_folder(tmp_path / "dp", "train", model)
+        fifo.unlink()
+        (tmp_path / "dp" / "train" / "a" / "0.png").unlink()
+        os.mkfifo(tmp_path / "dp" / "train" / "a" / "0.png")  # a pipe put there after the listing
+        with pytest.raises(DataError, match="0.png"):
+            listed[0]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

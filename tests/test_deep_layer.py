@@ -1,27 +1,24 @@
-"""The immunization layer as the linear problem (pycore/deep/layer.py; docs/design.md §4): its
-steps from the small side of the Gram matrices equal the D×D ones, the default starts from the
-closed form at its window's balanced exponent (whose margin no step improves), that exponent lies
-inside the window, and features float32 does not resolve are refused before any step."""
+"""The immunization layer as the linear problem (:func:`pycore.deep.adaptive_layer`;
+docs/design.md §4): its steps from the small side of the Gram matrices equal the D×D ones, the
+default starts from the closed form at its window's balanced exponent (whose margin no step
+improves), that exponent lies inside the window, and features float32 does not resolve are refused
+before any step."""
 
 import numpy as np
 import pytest
 import torch
 
-from pycore.adaptive import adaptive_descent
-from pycore.deep import layer
-from pycore.deep.layer import (
-    _closed_form,
-    _Problem,
-    _reach,
-    adaptive_layer,
-    attainability,
-    closed_form_layer,
-    relative_step_lr,
+from pycore import (
+    LinearTask,
+    ParameterError,
+    adaptive_descent,
+    def31_exponent_window,
+    immunize,
+    rir,
+    rir_ceiling,
 )
-from pycore.metrics import def31_exponent_window, rir, rir_ceiling
-from pycore.precondition import precondition
-from pycore.regularizers import grad_theta_and_regularizer
-from pycore.validation import ParameterError
+from pycore.deep import adaptive_layer, attainability, closed_form_layer
+from pycore.linalg import grad_theta_and_regularizer, precondition
 
 
 def _pair(seed, N_P, N_H, D):
@@ -38,27 +35,38 @@ def _margin(theta, X_P, X_H):
     return min(np.log(r.harmful_ratio), -np.log(r.pretrain_ratio))
 
 
+def _dense_rule(X_P, X_H, ref, mode):
+    """The adaptive rule's two callables from the D×D matrices: H = θᵀKθ, its eigh, G and K⁺
+    (or K⁻¹) times ∇_θR = 2KθG (docs/theory.md §4); ``ref``: κ(K_P), κ(K_H)."""
+    K = (X_P.T @ X_P, X_H.T @ X_H)
+
+    def log_ratios(theta):
+        kP, kH = (grad_theta_and_regularizer(theta, k, "well")[1].info.kappa for k in K)
+        return np.log(kH / ref[1]), np.log(kP / ref[0])
+
+    def directions(theta):
+        return tuple(
+            precondition(theta, grad_theta_and_regularizer(theta, k, kind)[1].G, k, mode)
+            for k, kind in zip(K, ("well", "ill"))
+        )
+
+    return log_ratios, directions
+
+
 @pytest.mark.parametrize("N,D", [(12, 20), (40, 9)])
 def test_the_small_side_equals_the_dxd_computation(N, D):
-    """The layer's κ's and preconditioned directions from the r×r W = FFᵀ (N < D: r = N; N > D:
-    the exact preconditioner) equal those of the D×D H = θᵀKθ, its eigen-decomposition, G and
-    K⁺, to round-off."""
+    """Twenty steps of the layer's rule from θ = I, every κ and preconditioned direction from the
+    r×r W = FFᵀ (N < D: K⁺; N > D: the exact preconditioner), follow the rule run on the D×D
+    H = θᵀKθ, its eigen-decomposition, G and K⁺, to round-off."""
     X_P, X_H = _pair(1, N, N + 3, D)
-    theta = np.eye(D) + 0.1 * np.random.default_rng(2).standard_normal((D, D))
-    ref = tuple(np.linalg.cond(X) ** 2 for X in (X_P, X_H))
-    problem = _Problem(X_P, X_H, ref)
-    log_i, log_ii = problem.log_ratios(theta)
-    d_P, d_H = problem.directions(theta)
-    mode = "pinv" if N < D else "exact"
-    for X, kind, log_ratio, d, k_ref in (
-        (X_P, "well", log_ii, d_P, ref[0]),
-        (X_H, "ill", log_i, d_H, ref[1]),
-    ):
-        K = X.T @ X
-        _, reg = grad_theta_and_regularizer(theta, K, kind)  # D×D: H, its eigh, G
-        assert log_ratio == pytest.approx(np.log(reg.info.kappa / k_ref), abs=1e-9)
-        dense = precondition(theta, reg.G, K, mode)  # K⁺ (or K⁻¹) times ∇_θR = 2KθG
-        assert np.linalg.norm(d - dense) <= 1e-9 * np.linalg.norm(dense)
+    sol = adaptive_layer(X_P, X_H, steps=20, patience=1000, lr=0.05, start="identity")
+    c = rir_ceiling(X_P, X_H)
+    rule = _dense_rule(X_P, X_H, (c.kappa_K_P, c.kappa_K_H), "pinv" if N < D else "exact")
+    dense = adaptive_descent(np.eye(D), *rule, lr=0.05, epochs=20, patience=1000)
+    assert sol.steps == dense.steps == 20
+    for key in ("harmful_ratio", "pretrain_ratio"):
+        np.testing.assert_allclose(sol.history[key], dense.history[key], rtol=1e-9)
+    assert np.linalg.norm(sol.theta - dense.theta) <= 1e-9 * np.linalg.norm(dense.theta)
 
 
 def test_the_default_starts_from_the_closed_form_and_no_step_gains_margin():
@@ -67,24 +75,20 @@ def test_the_default_starts_from_the_closed_form_and_no_step_gains_margin():
     of the rule without the bound find no larger margin."""
     X_P, X_H = _pair(3, 30, 40, 12)
     sol = adaptive_layer(X_P, X_H, steps=5000, patience=300)
-    c, window, _, _ = _reach(X_P, X_H, None)
+    c = rir_ceiling(X_P, X_H)
+    window = def31_exponent_window(c)
     bound = min(0.5 * np.log(c.range_restricted), np.log(c.kappa_K_P))
-    assert window is not None and not window.empty and window.balanced > window.low
+    assert not window.empty and window.balanced > window.low
     assert sol.start == "closed_form" and sol.steps == 0 and sol.immunized
     assert _margin(sol.theta, X_P, X_H) == pytest.approx(bound, rel=1e-8)
     # at the middle of the window (i) = 1/(ii) = √ceiling, the closed form's own θ
     assert sol.harmful_ratio == pytest.approx(1 / sol.pretrain_ratio, rel=1e-8)
     np.testing.assert_allclose(sol.theta, closed_form_layer(X_P, X_H).theta, rtol=0, atol=0)
-    theta, _ = _closed_form(X_P, X_H, c)
-    S = theta[:, : c.rank_K_P]
-    problem = _Problem(X_P @ S, X_H @ S, (c.kappa_K_P, c.kappa_K_H))
+    S = sol.theta[:, : c.rank_K_P]
+    rule = _dense_rule(X_P @ S, X_H @ S, (c.kappa_K_P, c.kappa_K_H), "exact")
+    width = S.shape[1]  # the layer's lr, 0.27/√width (docs/design.md §4)
     run = adaptive_descent(
-        np.eye(S.shape[1]),
-        problem.log_ratios,
-        problem.directions,
-        lr=relative_step_lr(S.shape[1]),
-        epochs=200,
-        patience=1000,
+        np.eye(width), *rule, lr=0.03 * np.sqrt(79 / width), epochs=200, patience=1000
     )
     h = run.history
     margins = np.minimum(np.log(h["harmful_ratio"]), -np.log(h["pretrain_ratio"]))
@@ -115,35 +119,27 @@ def test_the_balanced_exponent_lies_inside_the_window_and_has_the_largest_margin
     assert attainability(X_P, X_H)[1] == w
 
     def margin(a):
-        from pycore.methods import closed_form
-        from pycore.tasks import LinearTask
-
         task = LinearTask(X_P, np.zeros(2), X_H, np.zeros(2))
-        return _margin(closed_form(task, a, c)[0], X_P, X_H)
+        theta = immunize(task, "closed_form", rng=np.random.default_rng(0), exponent=a).theta
+        return _margin(theta, X_P, X_H)
 
     best = margin(w.balanced)
     assert best == pytest.approx(np.log(c.kappa_K_P), rel=1e-9)
     assert all(margin(a) < best for a in np.linspace(w.low, w.high, 7)[1:-1])
 
 
-def test_unresolved_features_are_refused_before_any_step(monkeypatch):
+def test_unresolved_features_are_refused_before_any_step():
     """Float32 features whose rows sum to zero (a LayerNorm without bias): no step, no window,
-    no ceiling (NaN), θ = I; counted by the rule's calls, not by time."""
+    no ceiling (NaN), θ = I."""
     rng = np.random.default_rng(3)
     D = 24
     X = (rng.standard_normal((200, D)) * np.linspace(1.0, 3.0, D)).astype(np.float32)
     X_P = X - X.mean(axis=1, keepdims=True)
     X_H = (X_P[::-1] * np.linspace(3.0, 1.0, D)).astype(np.float32)
     X_H = X_H - X_H.mean(axis=1, keepdims=True)
-    calls = []
-    real = layer.adaptive_descent
-    monkeypatch.setattr(
-        layer, "adaptive_descent", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
     sol = adaptive_layer(X_P, X_H, steps=5000, patience=300, precision=torch.float32)
-    assert not calls and sol.steps == 0 and sol.start == "none" and not sol.immunized
+    assert sol.steps == 0 and sol.start == "none" and not sol.immunized and not sol.history
     assert sol.window is None and np.isnan(sol.ceiling) and np.array_equal(sol.theta, np.eye(D))
     assert np.isnan(attainability(X_P, X_H, precision=torch.float32)[0])
     # the same features, exact: resolved, so the rule runs
-    adaptive_layer(X_P, X_H, steps=2, patience=300)
-    assert calls
+    assert adaptive_layer(X_P, X_H, steps=2, patience=300).start != "none"

@@ -1,4 +1,4 @@
-"""Linear probes in float64 NumPy (pycore/deep/probes.py; paper Eq. (4), Figure 3): the Adam grid
+"""Linear probes in float64 NumPy (pycore/deep/_probes.py; paper Eq. (4), Figure 3): the Adam grid
 is its settings run alone and torch.optim.Adam's arithmetic, the GD probe is scale-free, and
 whitening undoes any invertible linear map of the features."""
 
@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from pycore.deep.probes import (
+from pycore.deep import (
     AdamProbe,
+    Eval,
     GDProbe,
     linear_probe_curve,
     preprocess_features,
     probe_inputs,
 )
-from pycore.deep.slowdown import Eval
 
 LRS = (1e-3, 1e-2, 1e-1)
 

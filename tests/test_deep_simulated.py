@@ -1,4 +1,4 @@
-"""The simulated-attacker immunizer (pycore/deep/simulated.py; docs/theory.md §12, docs/design.md
+"""The simulated-attacker immunizer (pycore/deep/_simulated.py; docs/theory.md §12, docs/design.md
 §4) and its dispatch by ``immunize_in_place``: what it moves, the D_P guard, its options, the
 suppression losses."""
 
@@ -12,14 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from pycore.deep import DeepOptions, ImmunizedNet, create_model, immunize_in_place
-from pycore.deep.simulated import (
+from pycore import ParameterError
+from pycore.deep import (
     SOPHON,
+    DeepOptions,
+    ImmunizedNet,
     SimulatedOptions,
-    immunize_simulated,
+    create_model,
+    immunize_in_place,
     suppression_loss,
 )
-from pycore.validation import ParameterError
 
 torch.set_num_threads(1)
 
@@ -53,6 +55,16 @@ def theta0(tasks):
     m.requires_grad_(False)
     assert _top1(m, tasks[0]) == 100.0
     return m
+
+
+def immunize_simulated(model, p_train, h_train, opts, *, seed, num_classes_h):
+    """``immunize_in_place`` of the ``simulated`` method, as what it did: the suppression steps
+    taken, the one kept (the D_P guard's last checked state), why it stopped, the history."""
+    res = immunize_in_place(
+        model, p_train, h_train, "simulated", opts, seed=seed, num_classes_h=num_classes_h
+    )
+    steps = len(res.history["suppression"])
+    return {"steps": steps, "kept": res.steps, "reason": res.stopped, "history": res.history}
 
 
 def _top1(model, data) -> float:

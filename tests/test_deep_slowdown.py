@@ -1,4 +1,4 @@
-"""θ₀'s budget and the slowdown an attacker feels (pycore/deep/slowdown.py; docs/design.md §3),
+"""θ₀'s budget and the slowdown an attacker feels (pycore/deep/_slowdown.py; docs/design.md §3),
 on synthetic runs: each setting's validation accuracy follows a given curve of the step, so every
 number the module derives (plateau, B₀, target, s₀, slowdown, censoring, widening, deficit) is
 known in advance."""
@@ -10,8 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from pycore.deep import slowdown as S
-from pycore.deep.slowdown import Eval
+from pycore.deep import SLOWDOWN_CAP, Eval, slowdown as S
 
 GRID = {"": (0.001, 0.01, 0.1)}
 CHANCE = 20.0
@@ -148,8 +147,8 @@ def test_a_model_that_never_reaches_the_target_is_censored_at_the_cap():
     s0 = ref.reference_steps
     flat = _factory(lambda lr, s: {0.001: 25.0, 0.01: 40.0, 0.1: 30.0}[lr])  # best inside
     got = S.attack("op", flat, ref)
-    assert (got.slowdown, got.censored, got.steps_to_target) == (S.SLOWDOWN_CAP, True, None)
-    cap = math.ceil(S.SLOWDOWN_CAP * s0)
+    assert (got.slowdown, got.censored, got.steps_to_target) == (SLOWDOWN_CAP, True, None)
+    cap = math.ceil(SLOWDOWN_CAP * s0)
     assert cap > ref.budget_steps and flat.log["steps"] == {lr: cap for lr in GRID[""]}
     assert flat.log["evals"] == 3 * cap  # one evaluation a step, three settings, no more
 
@@ -159,10 +158,10 @@ def test_a_slowdown_of_the_cap_itself_is_censored(extra, censored):
     lag = S.SMOOTHING - 1
     ref = _budget(_step_curve({0.001: 28, 0.01: 8, 0.1: 18}))
     s0 = ref.reference_steps
-    reach = int(S.SLOWDOWN_CAP * s0) + extra
+    reach = int(SLOWDOWN_CAP * s0) + extra
     got = S.attack("op", _factory(_step_curve({0.001: 999, 0.01: reach - lag, 0.1: 999})), ref)
     assert got.censored is censored
-    assert got.slowdown == (S.SLOWDOWN_CAP if censored else reach / s0)
+    assert got.slowdown == (SLOWDOWN_CAP if censored else reach / s0)
 
 
 def test_the_grid_is_widened_while_the_best_rate_is_at_an_end_and_at_most_max_widen_times():

@@ -1,11 +1,11 @@
-"""The deep options (pycore/deep/train.py): their bounds, checked when given."""
+"""The deep options (pycore/deep/_train.py): their bounds, checked when given."""
 
 from __future__ import annotations
 
 import pytest
 
+from pycore import ParameterError
 from pycore.deep import DeepOptions, options
-from pycore.validation import ParameterError
 
 
 @pytest.mark.parametrize("lr", [1e30, 1.5, 0.0, -0.1, float("inf")])

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from pycore import ops
+from pycore import ParameterError, limits, ops
 from pycore.deep import (
+    AttackData,
     CheckpointError,
     CheckpointMismatchError,
     DataError,
@@ -23,22 +24,24 @@ from pycore.deep import (
     ImmunizedNet,
     NonFiniteLossError,
     PretrainedUnavailableError,
+    Schedule,
     audit_model,
+    balanced_lambdas,
+    budgets,
     create_model,
+    fetch,
     image_folder,
+    imma_harmful_loss,
     immunize_in_place,
     immunize_model,
     load_model,
+    log_kappa,
+    loss_terms,
+    prelogits_dataset,
     read_weights,
     save_model,
+    tail_modules,
 )
-from pycore.deep.operators import AttackData, Schedule, budgets
-from pycore.deep.data import _decode, fetch
-from pycore.deep.features import prelogits_dataset
-from pycore.deep.models import tail_modules
-from pycore.deep.objectives import imma_harmful_loss, log_kappa, loss_terms
-from pycore.deep.train import balanced_lambdas
-from pycore.validation import ParameterError
 
 torch.set_num_threads(1)
 
@@ -240,14 +243,23 @@ def test_bad_checkpoints_are_one_clear_error(saved, tmp_path):
             read_weights(bad)
 
 
-def test_a_checkpoint_that_changes_while_read_is_an_error_never_a_signal(saved, monkeypatch):
+def test_a_checkpoint_that_changes_while_read_is_an_error_never_a_signal(
+    saved, tmp_path, monkeypatch
+):
     """A memory-mapped read died of SIGBUS (the whole process) when the file shrank underneath; the
     file is read once into memory and its size checked against the size it had when opened."""
-    from pycore.deep import checkpoint
+    import builtins
 
-    path, real = saved[1], checkpoint.check_regular_file
-    # it shrank
-    monkeypatch.setattr(checkpoint, "check_regular_file", lambda *a, **k: real(*a, **k) + 10)
+    path = tmp_path / "shrinking.safetensors"
+    path.write_bytes(Path(saved[1]).read_bytes())
+    real = builtins.open
+
+    def shrink_then_open(file, mode="r", *a, **k):  # another process cuts the file first
+        if os.fspath(file) == str(path) and "r" in mode:
+            os.truncate(path, path.stat().st_size - 10)
+        return real(file, mode, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", shrink_then_open)
     with pytest.raises(CheckpointError, match=path.name):
         read_weights(path)
 
@@ -267,36 +279,46 @@ def _folder(root, classes, per_class):
     return root
 
 
+def _one_of_each(root, images):
+    """``root/train/c0/`` and ``c1/``, one image of ``images`` ({file name: PIL image}) each in
+    turn, as an :func:`image_folder` for resnet10t, and each file's index in it."""
+    for i, (name, img) in enumerate(images.items()):
+        (root / "train" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        img.save(root / "train" / f"c{i % 2}" / name)
+    ds = image_folder(root, "train", create_model("resnet10t", 2))
+    return ds, {Path(f).name: k for k, (f, _) in enumerate(ds.samples)}
+
+
 def test_16_bit_and_float_images_are_scaled_not_clipped(tmp_path):
     from PIL import Image
 
     gray = np.random.default_rng(1).integers(0, 256, (32, 32), dtype=np.uint8)
-    Image.fromarray(gray).save(tmp_path / "a8.png")
-    # the same picture, 16 bits
-    Image.fromarray(gray.astype(np.uint16) * 257).save(tmp_path / "a16.png")
-    Image.fromarray(gray.astype(np.float32) / 255).save(tmp_path / "af.tiff")
+    images = {
+        "a8.png": Image.fromarray(gray),
+        "b8.png": Image.fromarray(gray),
+        "a16.png": Image.fromarray(gray.astype(np.uint16) * 257),  # the same picture, 16 bits
+        "af.tiff": Image.fromarray(gray.astype(np.float32) / 255),
+        "big.tiff": Image.fromarray(gray.astype(np.float32)),  # floats beyond [0, 1]
+        "c8.png": Image.fromarray(gray),
+    }
+    ds, at = _one_of_each(tmp_path, images)
     for name in ("a16.png", "af.tiff"):
-        torch.testing.assert_close(
-            _decode(str(tmp_path / name)), _decode(str(tmp_path / "a8.png")), atol=1e-6, rtol=0
-        )
-    Image.fromarray(gray.astype(np.float32)).save(tmp_path / "big.tiff")  # floats beyond [0, 1]
+        torch.testing.assert_close(ds[at[name]][0], ds[at["a8.png"]][0], atol=1e-5, rtol=0)
     with pytest.raises(DataError, match="big.tiff"):
-        _decode(str(tmp_path / "big.tiff"))
+        ds[at["big.tiff"]]
 
 
 def test_elongated_or_huge_images_are_refused_before_decoding(tmp_path, monkeypatch):
     from PIL import Image
 
-    from pycore.deep import data
-
-    Image.new("L", (20000, 1)).save(tmp_path / "long.png")
+    images = {f"{n}.png": Image.new("L", (20, 20)) for n in ("a", "b", "c")}
+    ds, at = _one_of_each(tmp_path, {"long.png": Image.new("L", (20000, 1)), **images})
     monkeypatch.setattr(Image.Image, "convert", lambda *a, **k: pytest.fail("decoded"))
     with pytest.raises(DataError, match="long.png"):
-        _decode(str(tmp_path / "long.png"))
-    monkeypatch.setattr(data, "MAX_IMAGE_PIXELS", 100)
-    Image.new("L", (20, 20)).save(tmp_path / "square.png")
-    with pytest.raises(DataError, match="square.png"):
-        _decode(str(tmp_path / "square.png"))
+        ds[at["long.png"]]
+    monkeypatch.setattr(limits, "MAX_IMAGE_PIXELS", 100)
+    with pytest.raises(DataError, match="a.png"):
+        ds[at["a.png"]]
 
 
 def test_degenerate_image_folders_are_refused_naming_the_folder(tmp_path):
@@ -439,8 +461,10 @@ def test_fine_tuning_learns_and_leaves_the_model_alone():
 # --- distributed --------------------------------------------------------------------------------
 
 
-def _ddp_run(**kw):
+def _ddp_run(nan=False, **kw):
     m = ImmunizedNet(create_model("resnet10t", 3, seed=0))
+    if nan:
+        m.layer.register_forward_hook(lambda mod, args, out: out * float("nan"))
     res = immunize_in_place(
         m,
         TensorDataset(*_data(32, 10)),
@@ -463,17 +487,12 @@ def _ddp_worker(rank, port, out):
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    import pycore.deep.objectives as T
-    from pycore.deep.distributed import init_from_env, shutdown
+    from pycore.deep import init_from_env, shutdown
 
     ctx = init_from_env("cpu")
     m, res = _ddp_run(rank=ctx.rank, world=ctx.world, ddp=True)
-    cond = T._cond  # then rank 1 alone gets a non-finite R_ill
-    T._cond = lambda Z, kind: (
-        cond(Z, kind) * (float("nan") if rank == 1 and kind == "ill" else 1.0)
-    )
-    try:
-        _ddp_run(rank=ctx.rank, world=ctx.world, ddp=True)
+    try:  # then rank 1 alone gets a non-finite loss: its layer's outputs NaN
+        _ddp_run(rank=ctx.rank, world=ctx.world, ddp=True, nan=rank == 1)
         stop = "returned"
     except NonFiniteLossError as exc:
         stop = exc.step
@@ -517,7 +536,7 @@ def test_fetch_decodes_in_a_forked_child_after_the_parent_has_decoded():
     gets a pool of its own instead of waiting forever."""
     import multiprocessing
 
-    from pycore.deep.data import fetch
+    from pycore.deep import fetch
 
     class Decoded(torch.utils.data.Dataset):  # not a TensorDataset: fetch uses its pool
         def __len__(self):

@@ -1,25 +1,24 @@
-"""Hardening θ → θQ (pycore.hardening, docs/findings.md §5) keeps every κ, RIR and the best D_P
-loss."""
+"""Hardening θ → θQ (:func:`pycore.harden`, :func:`pycore.harden_result`, docs/findings.md §5)
+keeps every κ, RIR and the best D_P loss."""
 
 import numpy as np
 import pytest
 
-from pycore.attacks import attack, jacobi_scaling, make_problem, run_attackers
-from pycore.hardening import (
+from pycore import (
     HARDENINGS,
-    check_orthogonal,
+    LinearTask,
+    ParameterError,
+    best_probe_loss,
     equalizing_rotation,
     haar_rotation,
     harden,
     harden_result,
     hardening_rotation,
+    immunize,
     orthogonality_defect,
+    rir,
 )
-from pycore.immunization import immunize
-from pycore.losses import best_probe_loss
-from pycore.metrics import rir
-from pycore.tasks import LinearTask
-from pycore.validation import ParameterError
+from pycore.attacks import attack, jacobi_scaling, make_problem, run_attackers
 
 RTOL = 1e-10  # the invariance asked for; round-off here is ~1e-13 (κ up to ~1e6, D ≤ 40)
 
@@ -185,7 +184,7 @@ def test_bad_hardening_input_names_the_argument():
         (lambda: hardening_rotation("haar", 3), "rng"),
         (lambda: hardening_rotation("equalize", 3, rng=np.random.default_rng(0)), "Z"),
         (lambda: equalizing_rotation(np.ones((2, 3))), "H"),
-        (lambda: check_orthogonal(np.ones((2, 3))), "Q"),
+        (lambda: harden(np.eye(2), np.ones((2, 3))), "Q"),
         (lambda: harden(np.eye(3), np.eye(4)), "Q"),
     ]:
         with pytest.raises(ParameterError) as info:

@@ -3,16 +3,25 @@ own."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from experiments import house_price
-from pycore.data.house_price import load_house_price
-from pycore.evaluate import evaluate_linear
-from pycore.immunization import immunize
-from pycore.metrics import rir, rir_ceiling
+from pycore import (
+    OutlierWarning,
+    ParameterError,
+    evaluate_linear,
+    immunize,
+    limits,
+    rir,
+    rir_ceiling,
+)
+from pycore.data import default_path, load_house_price, load_table
 from pycore.report import pm, read_json
 from tests.cli_helpers import call, one_line
+from tests.helpers import fifo
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +265,7 @@ def test_own_table_end_to_end(capsys, tmp_path, own_csv, how):
 )
 def test_own_table_flags_are_checked_naming_the_flag(capsys, tmp_path, own_csv, argv, flag):
     argv = [str(own_csv) if a == "FILE" else a for a in argv]
-    rc, err, _ = call(
+    rc, err = call(
         capsys, house_price, ["--data", str(own_csv), *argv, "--out", str(tmp_path / "o")]
     )
     assert rc == 2 and one_line(err, flag)
@@ -285,9 +294,265 @@ def test_an_absurd_cell_is_one_warning_line_or_refused(capsys, tmp_path, own_csv
         "1",
         "--no-plot",
     ]
-    rc, err, _ = call(capsys, house_price, [*argv, "--out", str(tmp_path / "o")])
+    rc, err = call(capsys, house_price, [*argv, "--out", str(tmp_path / "o")])
     assert rc == 0 and one_line(err, "warning", "'a'")
-    rc, err, _ = call(
+    rc, err = call(
         capsys, house_price, [*argv, "--on-outlier", "error", "--out", str(tmp_path / "o2")]
     )
     assert rc == 1 and one_line(err, "'a'") and not (tmp_path / "o2").exists()
+
+
+# --- the House Prices file: what the loader refuses, names or keeps ------------------------------
+
+
+@pytest.fixture(scope="module")
+def hp_lines() -> list[str]:
+    return default_path().read_text().splitlines()
+
+
+def _col(lines, name) -> int:
+    return lines[0].split(",").index(name)
+
+
+def _set_cell(lines, row, name, value) -> list[str]:
+    """Data row ``row`` of column ``name`` set to ``value`` (Kaggle's file has no quoted
+    commas)."""
+    cells = lines[row + 1].split(",")
+    cells[_col(lines, name)] = value
+    return lines[: row + 1] + [",".join(cells)] + lines[row + 2 :]
+
+
+def _write(tmp_path, lines, name="train.csv"):
+    (tmp_path / name).write_text("\n".join(lines) + "\n")
+    return tmp_path / name
+
+
+def _harmful_rows(lines) -> list[int]:
+    return [
+        i for i, line in enumerate(lines[1:]) if line.split(",")[_col(lines, "MSZoning")] == "RL"
+    ]
+
+
+def test_a_path_that_is_not_a_regular_file_is_refused_naming_it(tmp_path, monkeypatch, hp_lines):
+    with pytest.raises(FileNotFoundError, match="missing.csv"):
+        load_house_price(tmp_path / "missing.csv")
+    for path in (
+        tmp_path,
+        fifo(tmp_path / "fifo.csv"),
+        *["/dev/zero"] * os.path.exists("/dev/zero"),
+    ):
+        with pytest.raises(ValueError, match=str(path)):
+            load_house_price(path)
+    monkeypatch.setattr(limits, "MAX_DATA_FILE_BYTES", 1000)
+    with pytest.raises(ValueError, match="train.csv"):
+        load_house_price(_write(tmp_path, hp_lines))
+
+
+def test_a_wide_header_is_refused_before_pandas_reads(tmp_path, hp_lines, monkeypatch):
+    """1,000,000 extra header columns (8.3 MB): pandas pads every row to every declared column,
+    so the width is capped on the header line, before pandas is called."""
+    p = _write(
+        tmp_path, [hp_lines[0] + "".join(f",x{i}" for i in range(1_000_000)), *hp_lines[1:]]
+    )
+    import pandas as pd
+
+    monkeypatch.setattr(pd, "read_csv", lambda *a, **k: pytest.fail("pandas read a refused file"))
+    for load in (
+        load_house_price,
+        lambda q: load_table(q, target_p="SalePrice", split="MSZoning=RL"),
+    ):
+        with pytest.raises(ValueError, match=f"{p}.*{limits.MAX_COLUMNS}"):
+            load(p)
+
+
+def test_kaggle_column_set_is_required_and_column_order_is_not(tmp_path, hp_lines):
+    """An extra column is refused by name (load_table reads any table), and so is a repeated one
+    (pandas would rename a second SalePrice SalePrice.1: an input). The paper's inputs are taken
+    in Kaggle's order whatever the file's order."""
+    for extra in ("Extra", "SalePrice", "LotShape"):
+        lines = [f"{ln},{extra if i == 0 else 1}" for i, ln in enumerate(hp_lines)]
+        with pytest.raises(ValueError, match=extra):
+            load_house_price(_write(tmp_path, lines))
+    drop = _col(hp_lines, "Alley")
+    with pytest.raises(ValueError, match="Alley"):
+        load_house_price(
+            _write(
+                tmp_path,
+                [",".join(ln.split(",")[:drop] + ln.split(",")[drop + 1 :]) for ln in hp_lines],
+            )
+        )
+    order = np.random.default_rng(0).permutation(len(hp_lines[0].split(",")))
+    a = load_house_price()
+    b = load_house_price(
+        _write(tmp_path, [",".join(np.array(ln.split(","))[order]) for ln in hp_lines])
+    )
+    assert a.feature_names == b.feature_names
+    for part in ("train", "heldout"):
+        for k in ("X_P", "Y_P", "X_H", "Y_H"):
+            assert np.array_equal(getattr(getattr(a, part), k), getattr(getattr(b, part), k))
+
+
+@pytest.mark.parametrize("value", ["1e308", "-1e308"])
+def test_a_huge_cell_is_not_zeroed_and_other_columns_keep_their_bits(tmp_path, hp_lines, value):
+    """One 1e308 cell must not overflow its column's std to inf and zero the whole column."""
+    # training row 5 of D_H
+    lines = _set_cell(hp_lines, _harmful_rows(hp_lines)[5], "GrLivArea", value)
+    with pytest.warns(OutlierWarning, match="GrLivArea"):
+        d = load_house_price(_write(tmp_path, lines))
+    j = d.feature_names.index("GrLivArea")
+    col = np.concatenate([d.train.X_H[:, j], d.heldout.X_H[:, j]])  # the whole split is z-scored
+    assert col.mean() == pytest.approx(0.0, abs=1e-9) and col.std() == pytest.approx(1.0, rel=1e-9)
+    assert np.sign(d.train.X_H[5, j]) == np.sign(float(value)) and abs(d.train.X_H[5, j]) > 30
+    ref = load_house_price()
+    assert np.array_equal(np.delete(ref.train.X_H, j, 1), np.delete(d.train.X_H, j, 1))
+    assert np.array_equal(ref.train.X_P, d.train.X_P)
+
+
+@pytest.mark.parametrize(
+    "column,value",
+    [
+        ("LotFrontage", "inf"),
+        ("SalePrice", ""),
+        ("SalePrice", "inf"),
+        ("SalePrice", "-1e999"),
+        ("SalePrice", "x"),
+        ("GrLivArea", "lots"),
+    ],
+)
+def test_bad_cells_name_column_and_line(tmp_path, hp_lines, column, value):
+    row = _harmful_rows(hp_lines)[2]
+    with pytest.raises(ValueError, match=f"{column}.*line {row + 2}"):
+        load_house_price(_write(tmp_path, _set_cell(hp_lines, row, column, value)))
+
+
+# --- a table of one's own through the command: what is changed is counted, flags named ----------
+
+
+def _own_csv(path, n=60, seed=1, *, empty=(3, 10, 11), pid=("1.0", "2.0")):
+    """x, y (cells ``empty`` blank), text c, group g, PID stored as floats, target t, 0/1 b."""
+    rng = np.random.default_rng(seed)
+    lines = ["x,y,c,g,PID,t,b"]
+    for i in range(n):
+        cells = [
+            f"{rng.normal():.6f}",
+            "" if i in empty else f"{rng.normal():.6f}",
+            "uvw"[i % 3],
+            "ab"[i % 2],
+            pid[i % 2],
+            f"{rng.normal():.6f}",
+            str(int(rng.random() > 0.5)),
+        ]
+        lines.append(",".join(cells))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _numeric_csv(path, columns, rows, rng):
+    """``columns`` normal inputs c0, c1, …, a group g (a/b alternating) and a normal target t."""
+    lines = [",".join(f"c{j}" for j in range(columns)) + ",g,t"]
+    for i in range(rows):
+        cells = [f"{v:.5f}" for v in rng.normal(size=columns)]
+        lines.append(",".join([*cells, "ab"[i % 2], f"{rng.normal():.5f}"]))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _run_hp(capsys, argv):
+    return call(capsys, house_price, [*argv, "--seeds", "1", "--no-plot", "--jobs", "1"])
+
+
+def test_changes_to_ones_data_are_counted_and_recorded(capsys, tmp_path):
+    csv_path, out = _own_csv(tmp_path / "own.csv"), tmp_path / "out"
+    base = ["--data", str(csv_path), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
+    rc, err = _run_hp(capsys, [*base, "--methods", "identity", "--out", str(out)])
+    assert rc == 0, err
+    data = read_json(out / "results.json")["data"]
+    assert data["changes"]["missing_cells_filled_with_0"] == {"y": 3}
+    assert data["changes"]["dropped_non_numeric_columns"] == ["c"]  # g is the split column
+    assert data["changes"]["label_encoded_text_columns"] == []
+    # named, the text column is encoded and listed
+    argv = [*base, "--inputs", "x,y,c", "--methods", "identity", "--out", str(out)]
+    rc, err = _run_hp(capsys, argv)
+    assert rc == 0 and read_json(out / "results.json")["data"]["changes"][
+        "label_encoded_text_columns"
+    ] == ["c"]
+    # refused on demand: the file, column and line
+    rc, err = _run_hp(capsys, [*base, "--on-missing", "error", "--out", str(out)])
+    assert rc == 1 and "'y'" in one_line(err, str(csv_path), "line 5")
+
+
+def test_the_changes_line_is_printed(capsys, tmp_path):
+    csv_path = _own_csv(tmp_path / "own.csv")
+    argv = ["--data", str(csv_path), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
+    argv += ["--methods", "identity", "--seeds", "1", "--no-plot", "--out", str(tmp_path / "o")]
+    assert house_price.main(argv) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if str(csv_path) in line]
+    assert any("'y'" in line and "3" in line and "'c'" in line for line in printed), printed
+
+
+def test_a_small_split_names_the_flag_and_a_float_split_value_matches(capsys, tmp_path):
+    csv_path, out = _own_csv(tmp_path / "own.csv"), str(tmp_path / "out")
+    base = ["--data", str(csv_path), "--target-p", "t", "--methods", "identity", "--out", out]
+    rc, err = _run_hp(capsys, [*base, "--split", "PID=1"])  # 30 rows per split < 200
+    assert rc == 2 and one_line(err, "--n-train")
+    rc, err = _run_hp(capsys, [*base, "--split", "PID=1", "--n-train", "10"])
+    assert rc == 0, err  # "1" finds the cells stored as "1.0"
+    rc, err = _run_hp(capsys, [*base, "--split", "PID=3", "--n-train", "10"])
+    assert rc == 2 and one_line(err, "--split", "'1.0'", "'2.0'")  # the values it saw
+
+
+def test_a_zero_one_target_runs_bce_when_asked_and_says_which_loss_runs(capsys, tmp_path):
+    csv_path, out = _own_csv(tmp_path / "own.csv"), tmp_path / "out"
+    d = load_table(csv_path, target_p="b", target_h="t", split="g=b", n_train=10, loss="bce")
+    assert d.train.loss == "bce" and set(np.unique(d.train.Y_P)) == {0.0, 1.0}
+    assert d.binary_target_p and not np.isin(d.train.Y_H, (0.0, 1.0)).all()
+    with pytest.raises(ParameterError) as e:  # a continuous target is not a label
+        load_table(csv_path, target_p="t", split="g=b", n_train=10, loss="bce")
+    assert e.value.parameter == "loss"
+    base = ["--data", str(csv_path), "--target-p", "b", "--target-h", "t", "--split", "g=b"]
+    base += ["--n-train", "10", "--methods", "identity", "--out", str(out)]
+    assert house_price.main([*base, "--seeds", "1", "--no-plot"]) == 0
+    said = capsys.readouterr().out
+    assert "--loss" in said and read_json(out / "results.json")["data"]["loss"] == "mse"
+    assert house_price.main([*base, "--seeds", "1", "--no-plot", "--loss", "bce"]) == 0
+    assert read_json(out / "results.json")["data"]["loss"] == "bce"
+
+
+def test_a_table_whose_methods_exceed_the_budget_is_refused_before_any_run(
+    capsys, tmp_path, monkeypatch
+):
+    def boom(*a, **k):
+        raise AssertionError("COMPUTED")
+
+    monkeypatch.setattr(house_price, "run_batch", boom)
+    monkeypatch.setattr(limits, "MAX_WORK_BYTES", 1 << 20)
+    p = _numeric_csv(tmp_path / "wide.csv", 200, 40, np.random.default_rng(0))
+    argv = ["--data", str(p), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
+    rc, err = _run_hp(capsys, [*argv, "--methods", "ours", "--out", str(tmp_path / "o")])
+    assert rc == 1 and one_line(err, "200", "MAX_WORK_BYTES")
+
+
+def test_one_lambda_given_names_that_lambda(capsys, tmp_path):
+    csv_path = _own_csv(tmp_path / "own.csv")
+    argv = ["--data", str(csv_path), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
+    argv += ["--methods", "ours", "--out", str(tmp_path / "o")]
+    for flag, value in (("--lambda-p", "100"), ("--lambda-h", "1e7")):
+        rc, err = _run_hp(capsys, [*argv, flag, value])
+        assert rc == 2 and flag in one_line(err), err
+
+
+def test_hardening_is_not_said_to_change_a_loss_that_is_round_off(capsys, tmp_path):
+    """10 training rows, 12 inputs: D_P is fit exactly, its best loss ~1e-31 with θ and ~1e-30
+    with θQ; the hardening check compares them as equal, not as a change of 358 %."""
+    p = _numeric_csv(tmp_path / "fit.csv", 12, 60, np.random.default_rng(2))
+    argv = ["--data", str(p), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
+    argv += ["--methods", "identity,closed_form", "--harden", "haar", "--out", str(tmp_path / "o")]
+    rc, err = _run_hp(capsys, argv)
+    assert rc == 0, err
+    runs = [
+        r
+        for e in read_json(tmp_path / "o" / "results.json")["methods"].values()
+        for r in e["runs"]
+    ]
+    assert max(r["train"]["dp_loss_after"] for r in runs) < 1e-20  # the exact fit of this case
+    assert max(r["hardening"]["max_rel_diff_vs_unhardened"] for r in runs) < 1e-8

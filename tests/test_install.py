@@ -1,6 +1,7 @@
 """The installed environment (docs/design.md §5): declared dependencies, the pins, the wheel's
 contents (the library; the torchvision hook only where torchvision's own import fails), ``import
-timm`` with nothing imported first, nothing outside pip's record.
+timm`` with nothing imported first, nothing outside pip's record; the experiments, not installed,
+run from the checkout.
 """
 
 from __future__ import annotations
@@ -329,3 +330,25 @@ def test_install_has_numpy_before_it_builds_the_op(tmp_path):
     calls = [c.split() for c in log.read_text().splitlines() if " install " in f" {c} "]
     build = next(i for i, c in enumerate(calls) if "--no-build-isolation" in c)
     assert any("numpy" in c for c in calls[:build]), calls
+
+
+def test_scripts_run_from_the_checkout_as_files_and_as_modules(tmp_path):
+    """No PYTHONPATH and no installed ``experiments``: ``python -m experiments.X`` from the root
+    and ``python experiments/X.py`` from any folder run this checkout's code (the traceback that
+    --debug prints shows the file that raised)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for cmd, cwd in (
+        (["-m", "experiments.mnist"], ROOT),
+        ([str(ROOT / "experiments" / "mnist.py")], tmp_path),
+    ):
+        proc = subprocess.run(
+            [sys.executable, *cmd, "--seeds", "4-2", "--debug"],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "--seeds" in proc.stderr.splitlines()[-1]
+        assert str(ROOT / "experiments" / "flags.py") in proc.stderr

@@ -5,7 +5,6 @@ the torch twin."""
 
 from __future__ import annotations
 
-import doctest
 import warnings
 
 import numpy as np
@@ -13,16 +12,23 @@ import pytest
 import torch
 from helpers import central_diff, orthogonal, rel_err, with_spectrum
 
-import pycore.kstep
-from pycore import LinearTask, immunize
-from pycore.deep.layer import LayerSolution, kstep_layer
-from pycore.deep.objectives import kstep_loss
-from pycore.immunization import ALL_METHODS, METHODS, draws_random, immunize_batch, options_of
-from pycore.kstep import KStepProbe, kstep_remaining, kstep_remaining_grad, probe_matrix
-from pycore.losses import best_probe_loss
-from pycore.regularizers import TieWarning
-from pycore.spectral import SpectrumError
-from pycore.validation import ParameterError
+from pycore import (
+    ALL_METHODS,
+    METHODS,
+    LinearTask,
+    ParameterError,
+    SpectrumError,
+    TieWarning,
+    best_probe_loss,
+    draws_random,
+    immunize,
+    immunize_batch,
+    kstep_remaining,
+    kstep_remaining_grad,
+    options_of,
+)
+from pycore.deep import LayerSolution, kstep_layer, kstep_loss
+from pycore.linalg import KStepProbe, probe_matrix
 
 EPS = np.finfo(np.float64).eps
 
@@ -347,13 +353,3 @@ def test_torch_twin_equals_the_numpy_value_and_gradient(N, D, rank, bias):
     info, g = kstep_remaining_grad(Z, np.eye(3)[y], steps=10, bias=bias)
     assert abs(E.item() - info.remaining) <= 1e-10
     assert rel_err(Zt.grad.numpy(), g) < 1e-9
-
-
-def test_docstring_examples_run():
-    finder = doctest.DocTestFinder(exclude_empty=True)
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    tests = [t for t in finder.find(pycore.kstep) if t.examples]
-    assert tests
-    for t in tests:
-        runner.run(t)
-    assert runner.summarize(verbose=False).failed == 0

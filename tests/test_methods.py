@@ -1,4 +1,5 @@
-"""The linear loops (pycore/methods.py): what the adaptive Algorithm 1 says of where it ended."""
+"""The linear loops (:func:`pycore.immunize`): what the adaptive Algorithm 1 says of where it
+ended."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import pytest
 from sklearn import datasets
 
 from pycore import LinearTask, immunize, rir_ceiling
-from pycore.methods import SMALL_FRACTION
+
+# below this fraction of the ceiling the result advises the closed form (docs/design.md §4)
+SMALL_FRACTION = 0.05
 
 
 def _wine(std: bool) -> LinearTask:
@@ -38,3 +41,15 @@ def test_the_adaptive_default_says_its_fraction_of_the_ceiling(std):
     if small:  # what the advice points to gets the ceiling
         best = immunize(task, res.diagnostics["advice"], rng=np.random.default_rng(0))
         assert best.immunized and best.rir == pytest.approx(ceiling, rel=1e-6)
+
+
+def test_algorithm_1_on_a_narrow_window_points_to_what_meets_it():
+    """Ceiling 1.007 (D_H = D_P's rows plus noise 0.005): Adam ends at (i) = (ii) = 1; the advice
+    is the closed form, which meets Definition 3.1 on the same task."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 6))
+    X_H = X + 0.005 * rng.normal(size=X.shape)
+    task = LinearTask(X, rng.normal(size=60), X_H, rng.normal(size=60))
+    res = immunize(task, "ours", rng=np.random.default_rng(0))
+    assert not res.immunized and res.diagnostics["advice"] == "closed_form"
+    assert immunize(task, res.diagnostics["advice"], rng=np.random.default_rng(0)).immunized

@@ -1,17 +1,26 @@
-"""MNIST: data loading, pair tasks, the fast N < D paths of the immunizer, and a CI-sized run of
-``experiments/mnist.py``."""
+"""MNIST: data loading (broken and oversized files named, bounded memory), pair tasks, the fast
+N < D paths of the immunizer, and a CI-sized run of ``experiments/mnist.py``."""
 
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.linalg
 
-from pycore import losses
-from pycore.data.mnist import (
+from pycore import (
+    IMMAOptions,
+    LinearTask,
+    ParameterError,
+    imma_objective,
+    immunize_batch,
+    limits,
+)
+from pycore.data import (
+    MnistDigits,
     ink_targets,
     load_mnist_5k,
     load_mnist_idx,
@@ -19,12 +28,9 @@ from pycore.data.mnist import (
     parse_pairs,
     split_digits,
 )
-from pycore.immunization import IMMAOptions
-from pycore.methods import imma_inner_step_size, imma_objective
-from pycore.precondition import G_parts, Preconditioner, precondition, theta_G
-from pycore.regularizers import hessian_regularizer
+from pycore.linalg import G_parts, Preconditioner, hessian_regularizer, precondition, theta_G
 from pycore.report import read_json
-from pycore.tasks import LinearTask
+from tests.helpers import added_peak_rss, fifo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,6 +40,17 @@ def _low_rank_rows(rng, n=40, D=90, rank=30, zero_cols=12):
     X = rng.standard_normal((n, rank)) @ rng.standard_normal((rank, D))
     X[:, :zero_cols] = 0.0
     return X
+
+
+def _mse(X, theta, w, Y):
+    """‖Xθw − Y‖²/(N·m): the D_H loss of docs/theory.md §1."""
+    return float(np.mean((X @ theta @ w - Y) ** 2))
+
+
+def _bce(X, theta, omega, Y, bias):
+    """The mean binary cross-entropy of the logits Xθω + bias against Y ∈ {0, 1}."""
+    z = X @ theta @ omega + bias
+    return float(np.mean(np.logaddexp(0.0, z) - Y * z))
 
 
 def _reference_regularizer(Z, kind):
@@ -91,13 +108,15 @@ def test_imma_objective_matches_explicit_unroll():
     w, omega = rng.standard_normal((40, 1)) / 7, rng.standard_normal((40, 1)) / 7
     F, gF = imma_objective(theta, w, omega, task, cfg, 0.1)
     # Explicit D³ unroll with M = wwᵀ, and its gradient by central differences along a direction.
-    c = imma_inner_step_size(task, w, cfg) * 2.0 / task.Y_H.size
+    # the attacker's step inner_lr/L, L = (2/N)λ_max(K_H)‖w‖² (docs/theory.md §7), times 2/N
+    n = task.Y_H.size
+    c = cfg.inner_lr / (2.0 / n * np.linalg.norm(X_H, 2) ** 2 * np.sum(w * w)) * 2.0 / n
     M, B = w @ w.T, X_H.T @ (task.Y_H @ w.T)
 
     def f(th):
         for _ in range(3):
             th = th - c * (task.K_H @ th @ M - B)
-        return losses.mse(X_H, th, w, task.Y_H)[0] - losses.bce(X_P, th, omega, task.Y_P, 0.1)[0]
+        return _mse(X_H, th, w, task.Y_H) - _bce(X_P, th, omega, task.Y_P, 0.1)
 
     assert F == pytest.approx(f(theta), rel=1e-12)
     E = rng.standard_normal((40, 40))
@@ -141,6 +160,74 @@ def test_idx_loader_errors(tmp_path):
     _write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(2), 2049, False)
     with pytest.raises(ValueError, match="magic"):
         load_mnist_idx(tmp_path)
+
+
+def _idx_images(n=20) -> bytes:
+    return (
+        (2051).to_bytes(4, "big")
+        + b"".join(d.to_bytes(4, "big") for d in (n, 28, 28))
+        + bytes(n * 784)
+    )
+
+
+@pytest.mark.parametrize(
+    "case", ["fifo", "dev_zero", "truncated_gzip", "gzip_bomb", "truncated_header"]
+)
+def test_a_broken_idx_file_is_refused_naming_the_file(tmp_path, monkeypatch, case):
+    name = "train-images-idx3-ubyte" + (".gz" if "gzip" in case else "")
+    if case == "fifo":
+        fifo(tmp_path / name)
+    elif case == "dev_zero":
+        if not os.path.exists("/dev/zero"):
+            pytest.skip("no /dev/zero")
+        os.symlink("/dev/zero", tmp_path / name)
+    else:
+        (tmp_path / name).write_bytes(
+            {
+                "truncated_gzip": gzip.compress(_idx_images())[:300],
+                "gzip_bomb": gzip.compress(_idx_images(50)),  # inflates to 39 kB
+                "truncated_header": _idx_images()[:8],
+            }[case]
+        )
+    monkeypatch.setattr(limits, "MAX_DATA_FILE_BYTES", 10_000)
+    with pytest.raises(ValueError, match=name):
+        load_mnist_idx(tmp_path)
+
+
+def test_a_gzipped_idx_file_loads_in_a_small_multiple_of_its_size(tmp_path):
+    """20k blank images (15.7 MB decompressed) in a small .gz: the load adds less than 11× the
+    decompressed data to the peak RSS (its float64 copy is 8×; reading the file whole, then
+    astype(float64), / 255 and one mask per digit took 25×)."""
+    n = 20_000
+    labels = (np.arange(n) % 10).astype(np.uint8)
+    with gzip.open(tmp_path / "train-images-idx3-ubyte.gz", "wb") as fh:
+        fh.write((2051).to_bytes(4, "big") + b"".join(v.to_bytes(4, "big") for v in (n, 28, 28)))
+        fh.write(bytes(n * 784))
+    with gzip.open(tmp_path / "train-labels-idx1-ubyte.gz", "wb") as fh:
+        fh.write((2049).to_bytes(4, "big") + n.to_bytes(4, "big") + labels.tobytes())
+    added, threes = added_peak_rss(
+        "from pycore.data import load_mnist_idx",
+        "load_mnist_idx(sys.argv[1]).count(3)",
+        str(tmp_path),
+    )
+    assert int(threes) == n // 10 and added < 11 * n * 784, added / (n * 784)
+
+
+@pytest.mark.parametrize(
+    "kw,param",
+    [
+        (dict(n_train=float("nan")), "n_train"),
+        (dict(n_train=8), "n_train"),
+        (dict(n_train=2, n_heldout=-1), "n_heldout"),
+    ],
+)
+def test_split_digits_names_a_bad_size(kw, param):
+    digits = MnistDigits(
+        {d: np.random.default_rng(d).uniform(0, 1, size=(8, 784)) for d in range(10)}, "s"
+    )
+    with pytest.raises(ParameterError) as e:
+        split_digits(digits, rng=np.random.default_rng(0), **kw)
+    assert e.value.parameter == param
 
 
 def test_parse_pairs():
@@ -251,31 +338,18 @@ def test_success_counts_use_pair_seed_means_and_both_criteria():
 
 
 @pytest.mark.parametrize("loss", ["bce", "mse"])
-def test_full_batch_loss_through_the_features_matches_losses_module(loss):
+def test_the_full_batch_loss_through_the_features_is_the_loss_of_the_rows(loss):
     """The loops' full-batch D_P loss goes through the small-side features ``F = Aθ`` (``Xθω =
-    U(Fω)``); a stack of runs gets each run's own loss and gradients."""
-    from pycore.methods import _Inputs, _loss_parts
-
+    U(Fω)``): the first epoch's loss, taken there before the first step, equals the loss recorded
+    at the start from ``Xθω``, for every run of a stack (each from its own random θ)."""
     rng = np.random.default_rng(6)
     X = _low_rank_rows(rng, n=30, D=40)
     Y = ink_targets(X)
     task = LinearTask(X, Y, X, Y, loss=loss)
-    theta = rng.standard_normal((3, 40, 40))
-    omega, bias = rng.standard_normal((3, 40, 1)), rng.standard_normal((3, 1))
-    inp = _Inputs.of(task, restrict=False)
-    got = _loss_parts(inp, None, theta, omega, bias, task.factor_P.features(theta))
-    for b in range(3):
-        if loss == "mse":
-            ref = (*losses.mse(X, theta[b], omega[b], Y), None)
-        else:
-            ref = losses.bce(X, theta[b], omega[b], Y, bias[b])
-        # Same quantities, products associated differently (through U and F, X's rank cut):
-        # agreement to a few ulps of the largest entry, far below anything an optimiser sees.
-        assert got[0][b] == pytest.approx(ref[0], rel=1e-13)
-        np.testing.assert_allclose(got[1][b], ref[1], rtol=0, atol=1e-12 * np.abs(ref[1]).max())
-        g_t = got[2][b] @ got[3][b]
-        np.testing.assert_allclose(g_t, ref[2], rtol=0, atol=1e-12 * np.abs(ref[2]).max())
-        if loss == "bce":
-            np.testing.assert_allclose(got[4][b], ref[3], rtol=0, atol=1e-12 * abs(ref[3]).max())
-        else:
-            assert got[4] is None
+    rngs = [np.random.default_rng(s) for s in range(3)]
+    runs = immunize_batch(task, "opt_kappa", rngs=rngs, epochs=1, batch_size=None, init="random")
+    starts = [r.history["loss_P"][0] for r in runs]
+    assert len(set(starts)) == 3  # three different runs
+    for r in runs:
+        at_start, first_epoch = r.history["loss_P"][:2]
+        assert first_epoch == pytest.approx(at_start, rel=1e-13)

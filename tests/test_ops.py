@@ -1,6 +1,6 @@
-"""The fused op and the immunization head (pycore.ops): registration, agreement with the float64
-NumPy core and the autograd reference, refusals (CondRegError naming the argument), fallback, CUDA
-sources."""
+"""The fused op and the immunization head (:mod:`pycore.ops`): registration, agreement with the
+float64 NumPy core and the autograd reference, refusals (CondRegError naming the argument),
+fallback, CUDA sources."""
 
 import json
 import os
@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from pycore import ops, regularizers as core
+from pycore import SpectrumError, ops, r_ill, r_ill_grad, r_well, r_well_grad
+from pycore.linalg import hessian_regularizer
 from pycore.ops import CondRegError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,11 +55,7 @@ def rel(a, b):
 
 def core_value_and_grad(Z, kind):
     H = (Z.T @ Z).numpy()
-    r, G = (
-        (core.r_ill(H), core.r_ill_grad(H))
-        if kind == "ill"
-        else (core.r_well(H), core.r_well_grad(H))
-    )
+    r, G = (r_ill(H), r_ill_grad(H)) if kind == "ill" else (r_well(H), r_well_grad(H))
     return r, 2.0 * Z.numpy() @ G  # dR/dZ = 2 Z ∇_H R (docs/theory.md §4)
 
 
@@ -177,10 +174,10 @@ def test_diagnostics_and_ties():
     _, d = ops.cond_regularizer_with_diagnostics(Z.T, "well")  # 4×6: the same spectrum and 2 zeros
     assert d.path == "gram" and d.rank == 4 and abs(d.eigengap - 5.0) < 1e-12
     # σ = (1, 2e-9, 1e-9): the two smallest differ by 2x, no tie although the gap is ~1e-9·λ_max;
-    # op = core.
+    # the op and the linear core agree.
     for eigs, tie in (([1.0, 2e-9, 1e-9], False), ([1.0, 1e-9 * (1 + 1e-12), 1e-9], True)):
         _, d = ops.cond_regularizer_with_diagnostics(with_spectrum(eigs), "ill", warn=False)
-        reg = core.hessian_regularizer(with_spectrum(eigs).numpy(), "ill")
+        reg = hessian_regularizer(with_spectrum(eigs).numpy(), "ill")
         assert (d.tie, d.rank) == (reg.tie, reg.info.rank) == (tie, 3)
 
 
@@ -215,8 +212,20 @@ def test_refusals_are_one_line_cond_reg_errors_naming_the_argument(
     assert e.value.parameter == arg and "\n" not in str(e.value)
     assert pickle.loads(pickle.dumps(e.value)).parameter == arg
     if undefined:
-        with pytest.raises(core.SpectrumError):
+        with pytest.raises(SpectrumError):
             core_value_and_grad(Z.detach(), kind)
+
+
+def test_a_batch_too_wide_for_the_default_rank_tolerance_names_rtol():
+    """1 × 10⁸ float32: D·eps = 11.9 ≥ 1 would cut λ_max itself (a batch "zero or underflowing");
+    refused naming rtol, before any product (a stride-0 view: no 400 MB)."""
+    Z = torch.ones(1, 1).expand(1, 10**8)
+    for fn in (ops.cond_regularizer, ops.reference_cond_regularizer):
+        with pytest.raises(ops.CondRegError) as e:
+            fn(Z, "well")
+        assert e.value.parameter == "rtol" and "100000000" in str(e.value)
+    # an explicit tolerance reads the same width (on a small batch here: D·eps < 1 is unchanged)
+    assert float(ops.cond_regularizer(torch.randn(4, 8, dtype=torch.float64), "well")) > 0
 
 
 def test_meta_tensors_work_through_the_fake_and_diagnostics_refuse_them():

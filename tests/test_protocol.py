@@ -6,18 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycore.data.house_price import load_house_price
-from pycore.evaluate import evaluate_linear
-from pycore.metrics import def31_exponent_window, rir, rir_ceiling
-from pycore.protocol import strict_protocol
-from pycore.tasks import LinearTask
-from pycore.threads import blas_threads
-from pycore.validation import ParameterError
+from pycore import (
+    LinearTask,
+    ParameterError,
+    blas_threads,
+    def31_exponent_window,
+    evaluate_linear,
+    rir,
+    rir_ceiling,
+    strict_protocol,
+)
+from pycore.data import load_house_price
 
 
 @pytest.fixture(autouse=True)
 def one_blas_thread():
-    with blas_threads(1):  # the library's own rule at these sizes (pycore/threads.py)
+    with blas_threads(1):  # the library's own rule at these sizes (docs/design.md §5)
         yield
 
 

@@ -1,4 +1,4 @@
-"""Results plumbing (pycore/report.py): strict JSON that gives every value back."""
+"""Results plumbing (pycore/_report.py): strict JSON that gives every value back."""
 
 from __future__ import annotations
 

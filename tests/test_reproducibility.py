@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-from pycore.methods import opt_kappa_objective
-from pycore.precondition import Preconditioner, ridge_factor
-from pycore.regularizers import hessian_regularizer
+from pycore import opt_kappa_objective
+from pycore.linalg import Preconditioner, hessian_regularizer, ridge_factor
 from tests.helpers import psd_with_spectrum
 
 EPS = np.finfo(np.float64).eps

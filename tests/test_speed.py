@@ -9,14 +9,13 @@ import pytest
 import scipy.linalg
 import threadpoolctl
 
-from pycore.regularizers import hessian_regularizer
-from pycore.spectral import ProductGramSpectrum, SymmetricEigen, gram_spectrum
-from pycore.threads import blas_threads
+from pycore import blas_threads, gram_spectrum
+from pycore.linalg import ProductGramSpectrum, SymmetricEigen, hessian_regularizer
 
 
 @pytest.fixture(autouse=True)
 def one_blas_thread():
-    with blas_threads(1):  # the library's own rule at these sizes (pycore/threads.py)
+    with blas_threads(1):  # the library's own rule at these sizes (docs/design.md §5)
         yield
 
 

@@ -7,8 +7,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycore import precondition as P, regularizers as R
-from pycore.spectral import SpectrumError, condition_number as _kappa, spectrum_info
+from pycore import (
+    SpectrumError,
+    TieWarning,
+    condition_number as _kappa,
+    preconditioned_grad_theta,
+    preconditioned_r_ill_step_bound,
+    preconditioned_r_well_step_bound,
+    r_ill,
+    r_ill_grad,
+    r_ill_grad_theta,
+    r_ill_step_bound,
+    r_well,
+    r_well_grad,
+    r_well_grad_theta,
+    r_well_step_bound,
+    spectrum_info,
+)
 from tests.helpers import (
     central_diff,
     orthogonal,
@@ -29,10 +44,10 @@ def test_r_well_nonnegative_and_closed_form(seed):
     rng = np.random.default_rng(seed)
     m, n = rng.integers(2, 9, size=2)
     s = separated_spectrum(min(m, n), rng)
-    val = R.r_well(with_spectrum(s, rng, (m, n)))
+    val = r_well(with_spectrum(s, rng, (m, n)))
     assert val >= 0 and val == pytest.approx(np.sum(s[0] ** 2 - s**2) / (2 * min(m, n)), rel=1e-12)
     # zero exactly at κ = 1
-    assert R.r_well(3.0 * orthogonal(5, rng)) == pytest.approx(0.0, abs=1e-12)
+    assert r_well(3.0 * orthogonal(5, rng)) == pytest.approx(0.0, abs=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -42,7 +57,7 @@ def test_r_well_bounds_log_kappa_corrected(seed):
     p = int(rng.integers(2, 8))
     s = separated_spectrum(p, rng, lo=rng.uniform(0.01, 1), hi=rng.uniform(1.5, 20))
     S = with_spectrum(s, rng)
-    assert np.log(_kappa(S)) <= p * R.r_well(S) / s[-1] ** 2 + 1e-12
+    assert np.log(_kappa(S)) <= p * r_well(S) / s[-1] ** 2 + 1e-12
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -52,8 +67,8 @@ def test_r_well_gd_step_lowers_kappa_below_corrected_bound(seed):
     p = int(rng.integers(3, 8))
     s = separated_spectrum(p, rng)
     S = with_spectrum(s, rng)
-    for eta in np.array([0.05, 0.5, 0.95]) * R.r_well_step_bound(S):
-        S2 = S - eta * R.r_well_grad(S)
+    for eta in np.array([0.05, 0.5, 0.95]) * r_well_step_bound(S):
+        S2 = S - eta * r_well_grad(S)
         expected = np.sort(np.r_[(1 - eta + eta / p) * s[0], (1 + eta / p) * s[1:]])[::-1]
         np.testing.assert_allclose(np.linalg.svd(S2, compute_uv=False), expected, rtol=1e-10)
         assert _kappa(S2) < _kappa(S)
@@ -62,7 +77,7 @@ def test_r_well_gd_step_lowers_kappa_below_corrected_bound(seed):
 def test_r_well_step_bound_is_sharp():
     """Just above η* the step no longer lowers κ: the bound is the true threshold."""
     S = with_spectrum([5.0, 4.0, 1.0], np.random.default_rng(3))
-    assert _kappa(S - 1.05 * R.r_well_step_bound(S) * R.r_well_grad(S)) > _kappa(S)
+    assert _kappa(S - 1.05 * r_well_step_bound(S) * r_well_grad(S)) > _kappa(S)
 
 
 # ---------------------------------------------------------------- Theorem 4.1 (R_ill)
@@ -74,7 +89,7 @@ def test_r_ill_two_sided_bounds(seed):
     rng = np.random.default_rng(seed)
     k = int(rng.integers(2, 8))
     s = separated_spectrum(k, rng)
-    v, span = R.r_ill(with_spectrum(s, rng)), s[0] ** 2 - s[-1] ** 2
+    v, span = r_ill(with_spectrum(s, rng)), s[0] ** 2 - s[-1] ** 2
     assert 2 * k / ((k - 1) * span) * (1 - 1e-12) <= v <= 2 * k / span * (1 + 1e-12)
 
 
@@ -83,14 +98,14 @@ def test_r_ill_undefined_at_kappa_one_not_zero():
     # κ = 1, rank 1
     for S in (2.0 * orthogonal(4, rng), np.outer([1.0, 2.0, 3.0], [1.0, -1.0, 0.5])):
         with pytest.raises(SpectrumError):
-            R.r_ill(S)
+            r_ill(S)
 
 
 def test_r_ill_tends_to_zero_with_spread_not_with_kappa():
     """R_ill → 0 iff σ₁²−σ_k² → ∞: a huge κ with a small spread keeps R_ill large."""
     tiny_spread, big_spread = np.diag([1e-3, 1e-9]), np.diag([1e3, 5e2])  # κ = 1e6 and 2
     assert _kappa(tiny_spread) > _kappa(big_spread)
-    assert R.r_ill(tiny_spread) > 1e6 > 1e-3 > R.r_ill(big_spread)
+    assert r_ill(tiny_spread) > 1e6 > 1e-3 > r_ill(big_spread)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -100,13 +115,13 @@ def test_r_ill_sharpened_log_kappa_bound(seed):
     k = int(rng.integers(2, 8))
     s = separated_spectrum(k, rng, lo=rng.uniform(0.01, 1), hi=rng.uniform(1.5, 50))
     S = with_spectrum(s, rng)
-    assert 1 / np.log(_kappa(S)) <= (k - 1) / k * s[0] ** 2 * R.r_ill(S) * (1 + 1e-12)
+    assert 1 / np.log(_kappa(S)) <= (k - 1) / k * s[0] ** 2 * r_ill(S) * (1 + 1e-12)
 
 
 def test_the_papers_readings_as_upper_bounds_are_false():
     """ "R_well ≥ log κ" fails at S = 0.1·diag(2, 1), "R_ill ≥ 1/log κ" at S = 10·diag(2, 1)."""
     S = np.diag([2.0, 1.0])
-    assert R.r_well(0.1 * S) < np.log(2) and R.r_ill(10 * S) < 1 / np.log(2)
+    assert r_well(0.1 * S) < np.log(2) and r_ill(10 * S) < 1 / np.log(2)
 
 
 @pytest.mark.parametrize("seed", SEEDS[:15])
@@ -117,7 +132,7 @@ def test_gradients_match_central_differences(seed):
     S = with_spectrum(
         separated_spectrum(min(m, n), rng, lo=0.5, hi=3.0, min_gap=0.05), rng, (m, n)
     )
-    for r, grad in ((R.r_well, R.r_well_grad), (R.r_ill, R.r_ill_grad)):
+    for r, grad in ((r_well, r_well_grad), (r_ill, r_ill_grad)):
         assert rel_err(grad(S), central_diff(r, S)) < 1e-7
 
 
@@ -128,17 +143,17 @@ def test_r_ill_gd_step_raises_kappa(seed):
     k = int(rng.integers(2, 8))
     S = with_spectrum(separated_spectrum(k, rng), rng)
     for frac in (0.01, 0.5, 0.99):
-        assert _kappa(S - frac * R.r_ill_step_bound(S) * R.r_ill_grad(S)) > _kappa(S)
+        assert _kappa(S - frac * r_ill_step_bound(S) * r_ill_grad(S)) > _kappa(S)
 
 
 def test_r_ill_step_at_rank_drop_value_loses_rank_and_gradients_warn_at_ties():
     """The exact bad point η = k d²/(k−1): σ_k is sent to 0 (rank drop)."""
     S, k, d = np.diag([3.0, 2.0, 1.0]), 3, (9 + 4 + 1) / 6 - 0.5
-    assert spectrum_info(S - (k * d**2 / (k - 1)) * R.r_ill_grad(S)).rank == 2
-    with pytest.warns(R.TieWarning, match="σ_min"):
-        R.r_ill_grad(np.diag([3.0, 1.0, 1.0]))
-    with pytest.warns(R.TieWarning, match="σ_max"):
-        R.r_well_grad(np.diag([3.0, 3.0, 1.0]))
+    assert spectrum_info(S - (k * d**2 / (k - 1)) * r_ill_grad(S)).rank == 2
+    with pytest.warns(TieWarning, match="σ_min"):
+        r_ill_grad(np.diag([3.0, 1.0, 1.0]))
+    with pytest.warns(TieWarning, match="σ_max"):
+        r_well_grad(np.diag([3.0, 3.0, 1.0]))
 
 
 # ---------------------------------------------------------------- Theorem 4.2 (through θ)
@@ -156,7 +171,7 @@ def test_theta_gradients_match_central_differences(seed, N_less_than_D):
     K = _rank_deficient_K(rng, 5, 3 if N_less_than_D else 12)
     theta = np.eye(5) + 0.3 * rng.standard_normal((5, 5))
     # R_well: p = D
-    for r, grad in ((R.r_well, R.r_well_grad_theta), (R.r_ill, R.r_ill_grad_theta)):
+    for r, grad in ((r_well, r_well_grad_theta), (r_ill, r_ill_grad_theta)):
         assert (
             rel_err(grad(theta, K), central_diff(lambda t: r(t.T @ K @ t), theta, h=1e-6)) < 1e-6
         )
@@ -168,11 +183,11 @@ def test_exact_preconditioned_form_equals_explicit_solve(seed):
     rng = np.random.default_rng(seed)
     K = _rank_deficient_K(rng, 6, 20)
     theta = np.eye(6) + 0.2 * rng.standard_normal((6, 6))
-    for kind, grad in (("well", R.r_well_grad_theta), ("ill", R.r_ill_grad_theta)):
+    for kind, grad in (("well", r_well_grad_theta), ("ill", r_ill_grad_theta)):
         g = grad(theta, K)
-        exact = P.preconditioned_grad_theta(theta, K, kind, mode="exact")
+        exact = preconditioned_grad_theta(theta, K, kind, mode="exact")
         assert rel_err(exact, np.linalg.solve(K, g)) < 1e-9
-        ridge = P.preconditioned_grad_theta(theta, K, kind, mode="ridge", ridge=0.5)
+        ridge = preconditioned_grad_theta(theta, K, kind, mode="ridge", ridge=0.5)
         assert rel_err(ridge, np.linalg.solve(K + 0.5 * np.eye(6), g)) < 1e-10
 
 
@@ -181,11 +196,11 @@ def test_pinv_preconditioner_is_pseudo_inverse_and_gives_same_hessian(seed):
     rng = np.random.default_rng(seed)
     K = _rank_deficient_K(rng, 6, 4)
     theta = np.eye(6) + 0.2 * rng.standard_normal((6, 6))
-    pinv = P.preconditioned_grad_theta(theta, K, "ill", mode="pinv")
-    assert rel_err(pinv, np.linalg.pinv(K, rcond=1e-12) @ R.r_ill_grad_theta(theta, K)) < 1e-7
+    pinv = preconditioned_grad_theta(theta, K, "ill", mode="pinv")
+    assert rel_err(pinv, np.linalg.pinv(K, rcond=1e-12) @ r_ill_grad_theta(theta, K)) < 1e-7
     t1, t2 = (
         theta - 1e-3 * pinv,
-        theta - 1e-3 * P.preconditioned_grad_theta(theta, K, "ill", mode="exact"),
+        theta - 1e-3 * preconditioned_grad_theta(theta, K, "ill", mode="exact"),
     )
     assert rel_err(t1.T @ K @ t1, t2.T @ K @ t2) < 1e-10
 
@@ -194,7 +209,7 @@ def test_pinv_preconditioner_is_pseudo_inverse_and_gives_same_hessian(seed):
 
 
 def _precond_step(theta, K, kind, eta):
-    return theta - eta * P.preconditioned_grad_theta(theta, K, kind, mode="exact")
+    return theta - eta * preconditioned_grad_theta(theta, K, kind, mode="exact")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -208,9 +223,9 @@ def test_preconditioned_step_monotone_under_corrected_bound(seed, kind):
     theta = with_spectrum(separated_spectrum(D, rng, 0.3, 2.0), rng)
     H = theta.T @ K @ theta
     if kind == "well":
-        bound, fracs, moved = R.preconditioned_r_well_step_bound(H), (0.1, 0.5, 1.0), np.less
+        bound, fracs, moved = preconditioned_r_well_step_bound(H), (0.1, 0.5, 1.0), np.less
     else:
-        bound, fracs, moved = R.preconditioned_r_ill_step_bound(H), (0.01, 0.5, 0.99), np.greater
+        bound, fracs, moved = preconditioned_r_ill_step_bound(H), (0.01, 0.5, 0.99), np.greater
     for frac in fracs:
         t2 = _precond_step(theta, K, kind, frac * bound)
         assert moved(_kappa(t2.T @ K @ t2), _kappa(H))
@@ -222,7 +237,7 @@ def test_preconditioned_r_well_printed_first_term_alone_fails():
     assert eta < 1 / ((1 - 1 / D) * 1.0)
     t2 = _precond_step(np.sqrt(H), np.eye(3), "well", eta)
     # excluded
-    assert _kappa(t2.T @ t2) > _kappa(H) and eta > R.preconditioned_r_well_step_bound(H)
+    assert _kappa(t2.T @ t2) > _kappa(H) and eta > preconditioned_r_well_step_bound(H)
 
 
 def test_preconditioned_r_ill_printed_bound_admits_a_rank_drop():
@@ -233,9 +248,7 @@ def test_preconditioned_r_ill_printed_bound_admits_a_rank_drop():
     eta = k * d**2 / (2 * (k - 1) * smin)
     assert eta < d**2 / (1 - 2 * smin / k)  # admitted by the printed bound
     info = spectrum_info((t2 := _precond_step(np.sqrt(H), np.eye(3), "ill", eta)).T @ t2)
-    assert (
-        info.rank == 2 and info.kappa < _kappa(H) and eta >= R.preconditioned_r_ill_step_bound(H)
-    )
+    assert info.rank == 2 and info.kappa < _kappa(H) and eta >= preconditioned_r_ill_step_bound(H)
 
 
 # ---------------------------------------------------------------- Proposition 3.2 and Sec. 3.1
@@ -246,8 +259,7 @@ def test_prop32_counterexample_the_library_gives_the_true_spectrum():
     [0, 1]] the spectrum of θᵀKθ is (4.5616, 0.4384), the proposition's formula sᵢ²·uᵢᵀKuᵢ gives
     (4.5125, 0.4875) and so UNDERestimates κ (9.256 against 10.405). Every κ the library reports
     (of H, of the features through the SVD, and the RIR built on them) is the true one."""
-    from pycore.metrics import rir
-    from pycore.spectral import gram_spectrum
+    from pycore import gram_spectrum, rir
 
     K, theta = np.diag([2.0, 1.0]), np.array([[1.0, 1.0], [0.0, 1.0]])
     true = (5 + np.sqrt(17.0)) / (5 - np.sqrt(17.0))  # θᵀKθ = [[2, 2], [2, 3]]: (5 ± √17)/2
@@ -283,7 +295,7 @@ def test_kappa_ratio_bounded_by_kappa_C_with_equality(seed):
 def test_aligned_eigenvectors_do_not_rule_out_immunization():
     """Sec. 3.1's "aligned eigenvectors ⇒ no immunization" is false: shared eigenvectors,
     opposite eigenvalue order, and θ = K_P^{-½} reaches RIR = κ(C)κ(K_P)/κ(K_H) = 9 > 1."""
-    from pycore.metrics import rir
+    from pycore import rir
 
     XP, XH = np.diag(np.sqrt([1.0, 2.0, 3.0])), np.diag(np.sqrt([3.0, 2.0, 1.0]))
     assert rir(np.diag(1 / np.sqrt([1.0, 2.0, 3.0])), XP, XH).value == pytest.approx(
@@ -321,7 +333,7 @@ def test_the_gd_attacker_contracts_at_the_rate_of_eq_2(seed):
 
 
 def test_exact_line_search_step_minimises_along_gradient():
-    from pycore.probe import gd_exact_line_search
+    from pycore.attacks import gd_exact_line_search
 
     rng = np.random.default_rng(0)
     Z, y = rng.standard_normal((30, 6)), rng.standard_normal(30)
@@ -334,7 +346,7 @@ def test_exact_line_search_step_minimises_along_gradient():
 
 def test_invertible_theta_keeps_best_pretraining_loss():
     """Def 3.1(c): any invertible θ leaves min_ω L(D_P, ω, θ) unchanged; a singular θ need not."""
-    from pycore.losses import best_probe_loss
+    from pycore import best_probe_loss
 
     rng = np.random.default_rng(0)
     X, y = rng.standard_normal((40, 5)), rng.standard_normal((40, 1))
@@ -360,10 +372,10 @@ def test_right_side_preconditioner_orientation():
         H, W, grad_W, Kinv = (
             theta.T @ K @ theta,
             theta.T,
-            R.r_well_grad_theta(theta, K).T,
+            r_well_grad_theta(theta, K).T,
             np.linalg.inv(K),
         )
-        eta = 0.99 * R.preconditioned_r_well_step_bound(H)
+        eta = 0.99 * preconditioned_r_well_step_bound(H)
         for W2, side in ((W - eta * grad_W @ Kinv, "right"), (W - eta * Kinv @ grad_W, "left")):
             fails[side] += not _kappa(W2 @ K @ W2.T) < _kappa(H)
     assert fails["right"] == 0 and fails["left"] >= 5

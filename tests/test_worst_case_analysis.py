@@ -1,24 +1,17 @@
-"""The worst case over seeds (pycore.worst_case_analysis, docs/findings.md §4–5): the analysis
+"""The worst case over seeds (:func:`pycore.attacks.analyse`, docs/findings.md §4–5): the analysis
 agrees with the attacker grid's raw steps."""
 
 import numpy as np
 import pytest
 
-from pycore import attacks as A, worst_case as W
-from pycore.validation import ParameterError
-from pycore.worst_case_analysis import (
-    Variant,
-    VariantRun,
-    analyse,
-    best_so_far_curves,
-    targets,
-)
+from pycore import ParameterError, attacks as A
+from pycore.attacks import Variant, VariantRun, analyse, best_so_far_curves, targets
 from tests.helpers import known_kappa
 
 
 def test_analysis_over_seeds_agrees_with_the_grid_runs():
     X, theta, y = known_kappa(1)
-    grid = W.attacker_grid("lsq", quick=True)
+    grid = A.attacker_grid("lsq", quick=True)
     Qr = np.linalg.qr(np.random.default_rng(2).standard_normal((X.shape[1],) * 2))[0]
     identity, rotated, m, hardened = (
         Variant("identity"),
@@ -30,7 +23,7 @@ def test_analysis_over_seeds_agrees_with_the_grid_runs():
     problems = {
         v: {
             "train": {
-                t: W.run_grid(A.make_problem(X[r] @ th, y[r]), grid, eps=(1e-4,), max_steps=1000)
+                t: A.run_grid(A.make_problem(X[r] @ th, y[r]), grid, eps=(1e-4,), max_steps=1000)
                 for t, r in (("D_H", slice(0, 30)), ("D_P", slice(20, 50)))
             }
         }
@@ -54,26 +47,26 @@ def test_analysis_over_seeds_agrees_with_the_grid_runs():
     assert an.variants == [rotated, m, hardened]
     cell = an(hardened, "train", "D_H", 1e-4)
     run, ref, rot = (problems[v]["train"]["D_H"] for v in (hardened, identity, rotated))
-    fb, fr, fo = (W.family_best(r, 1e-4) for r in (run, ref, rot))
+    fb, fr, fo = (A.family_best(r, 1e-4) for r in (run, ref, rot))
     for fam in ("adam", "cg", "closed_form"):
         c = cell.families[fam]
-        assert c.slowdown == (W.slowdown(fb[fam].steps, fr[fam].steps, 1000),) * 2
-        assert c.slowdown_vs_rotated[0] == W.slowdown(fb[fam].steps, fo[fam].steps, 1000)
+        assert c.slowdown == (A.slowdown(fb[fam].steps, fr[fam].steps, 1000),) * 2
+        assert c.slowdown_vs_rotated[0] == A.slowdown(fb[fam].steps, fo[fam].steps, 1000)
     assert an(m, "train", "D_H", 1e-4).families["adam"].slowdown_vs_rotated is None
-    assert cell.worst_all[0] == W.worst_case(run, ref, 1e-4)
+    assert cell.worst_all[0] == A.worst_case(run, ref, 1e-4)
     curves = best_so_far_curves(runs, grid, 1e-4, 1000, 20).curve(hardened, "train", "all")
     # ends at the worst case
     assert curves.median[-1] == pytest.approx(cell.worst_all[0].slowdown)
     [t] = targets(runs, an)
     assert t.variant == hardened and t.inv_ok is True
-    assert t.dh_ok == W.within(cell.families["adam"].slowdown, low=10)
+    assert t.dh_ok == A.within(cell.families["adam"].slowdown, low=10)
 
 
 def test_runs_without_their_reference_are_refused():
     X, theta, y = known_kappa(1)
-    grid = W.attacker_grid("lsq", quick=True)
+    grid = A.attacker_grid("lsq", quick=True)
     problems = {
-        "train": {"D_H": W.run_grid(A.make_problem(X @ theta, y), grid, eps=(1e-4,), max_steps=50)}
+        "train": {"D_H": A.run_grid(A.make_problem(X @ theta, y), grid, eps=(1e-4,), max_steps=50)}
     }
 
     def run(seed, variant):

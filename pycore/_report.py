@@ -1,0 +1,215 @@
+"""Results plumbing: summaries, table numbers, provenance, strict JSON, progress bar, figures."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+# The one label table of the methods (linear, deep, and the deep tables' reference row "init").
+METHOD_LABELS = {
+    "init": "Init. θ₀",
+    "identity": "Identity",
+    "r_ill_only": "R_ill only",
+    "imma": "IMMA",
+    "opt_kappa": "Opt κ",
+    "opt_kappa_balanced": "Opt κ (balanced)",
+    "ours": "Ours (Alg. 1)",
+    "closed_form": "Closed form (docs/theory.md §10)",
+    "kstep": "k-step (docs/theory.md §11)",
+}
+
+
+def summarize(values) -> dict:
+    """``{"mean", "std", "per_seed"}`` with the population std (ddof = 0) over seeds."""
+    a = np.asarray(list(values), dtype=float)
+    return {"mean": float(a.mean()), "std": float(a.std()), "per_seed": [float(x) for x in a]}
+
+
+def fmt(x: float, digits: int = 4) -> str:
+    """4 significant digits, scientific outside [1e-3, 1e5); ∞ and n/a spelled out."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if math.isinf(x):
+        return "∞"
+    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
+        return f"{x:.{digits - 1}e}"
+    return f"{float(f'{x:.{digits}g}'):g}"
+
+
+def pm(summary: dict, digits: int = 4) -> str:
+    """``mean ± std``; a std at round-off level of the mean prints as 0 (not 3.5e-18)."""
+    mean, std = summary["mean"], summary["std"]
+    if math.isfinite(mean) and std <= 1e-12 * abs(mean):
+        std = 0.0
+    return f"{fmt(mean, digits)} ± {fmt(std, 2)}"
+
+
+def environment() -> dict:
+    """Versions and the command line, recorded in every results.json."""
+    import scipy
+
+    from pycore import __version__
+
+    versions = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+    }
+    for mod in ("torch", "timm", "pandas", "matplotlib"):
+        if mod in sys.modules:
+            versions[mod] = getattr(sys.modules[mod], "__version__", "?")
+    versions["pycore"] = __version__
+    return {
+        "versions": versions,
+        "command": [Path(sys.executable).name] + sys.argv,
+        "platform": platform.platform(),
+    }
+
+
+# Strict JSON has no NaN or infinity, yet an infinite RIR ceiling is an answer: every results.json
+# spells non-finite floats as these strings, and read_json turns them back into floats.
+NONFINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+# A string value that reads like one of them (a column named "NaN"), or starts with this mark, is
+# written with the mark in front and read back without it: every value survives a round trip.
+# The mark is U+0000, which no string of an older file began with (argv, paths and CSV headers
+# cannot hold it), so older files read as they always did.
+STRING_MARK = "\x00"
+
+
+def to_json(obj):
+    """``obj`` as strict JSON values.
+
+    A result object → its ``to_dict()``, NumPy → Python, paths → str, tuples → lists, non-finite
+    floats → strings, a string that reads like one of those (or starts with :data:`STRING_MARK`) →
+    marked.
+    """
+    if callable(getattr(obj, "to_dict", None)):
+        return to_json(obj.to_dict())
+    if isinstance(obj, Mapping):
+        return {(k if isinstance(k, str) else str(to_json(k))): to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_json(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_json(obj.tolist())
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        x = float(obj)
+        return (
+            x
+            if math.isfinite(x)
+            else "NaN"
+            if math.isnan(x)
+            else ("Infinity" if x > 0 else "-Infinity")
+        )
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, str):
+        return STRING_MARK + obj if obj in NONFINITE or obj.startswith(STRING_MARK) else obj
+    if obj is None:
+        return obj
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def from_json(obj):
+    """The inverse of :func:`to_json` for non-finite floats and marked strings.
+
+    Inverse of :func:`to_json` for the non-finite floats (``"Infinity"`` → ``inf`` etc.) and
+    the strings it marked (:data:`STRING_MARK`).
+    """
+    if isinstance(obj, dict):
+        return {k: from_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [from_json(v) for v in obj]
+    if isinstance(obj, str):
+        if obj in NONFINITE:
+            return NONFINITE[obj]
+        if obj.startswith(STRING_MARK):
+            return obj[len(STRING_MARK) :]
+    return obj
+
+
+def dumps_json(obj, **kw) -> str:
+    """``obj`` as a strict JSON string (:func:`to_json`: non-finite floats as marked strings).
+
+    Parameters
+    ----------
+    obj : object
+        A result object (its ``to_dict()``), NumPy values, paths, containers of those.
+    **kw
+        ``json.dumps``'s options (``indent``, ``sort_keys``, ...).
+
+    Returns
+    -------
+    str
+        The JSON text, with no NaN or Infinity literal.
+    """
+    return json.dumps(to_json(obj), allow_nan=False, **kw)
+
+
+def write_json(path: Path, obj) -> None:
+    """``obj`` as strict JSON, via a temporary file renamed into place (never half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(dumps_json(obj, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def read_json(path: Path):
+    """A ``results.json`` back, with ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` as floats."""
+    return from_json(json.loads(Path(path).read_text()))
+
+
+def _is_terminal(stream) -> bool:
+    """Whether ``stream`` is an open terminal.
+
+    False for a closed stderr (``2>&-`` makes ``sys.stderr`` None) or a closed file.
+    """
+    try:
+        return stream is not None and bool(stream.isatty())
+    except (ValueError, OSError):
+        return False
+
+
+def progress(iterable=None, **kw):
+    """A tqdm progress bar that stays silent when stderr is not a terminal (CI, pipes).
+
+    Parameters
+    ----------
+    iterable : iterable, optional
+        What the bar iterates over.
+    **kw
+        tqdm's options; ``disable`` defaults to "stderr is not a terminal" and ``leave`` to False.
+
+    Returns
+    -------
+    tqdm.tqdm
+        The bar.
+    """
+    from tqdm.auto import tqdm
+
+    kw.setdefault("disable", not _is_terminal(sys.stderr))
+    kw.setdefault("leave", False)
+    return tqdm(iterable, **kw)
+
+
+def save_figure(fig, path: Path, dpi: int = 120, rect=None) -> None:
+    """``tight_layout`` (within ``rect``), save (creating the folder) and close.
+
+    Figures never pile up.
+    """
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout(rect=rect)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

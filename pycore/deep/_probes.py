@@ -1,0 +1,311 @@
+"""Linear probes: the attacker who trains a new head on frozen features.
+
+Linear probes: the attacker who trains a new head on frozen features (paper Eq. (4),
+Figure 3; docs/design.md §3).
+
+Every probe is softmax cross-entropy on ``A = [Z, c·1]`` from ``W = 0`` in float64 NumPy, ``c`` the
+RMS row norm of the training features (rescaling Z then rescales A exactly, so no extractor fakes
+a slow-down by shrinking its features):
+
+* :class:`GDProbe`, full-batch gradient descent with step ``1/λ_max(AᵀA/N)`` (the paper's threat
+  model; the CE Hessian is bounded by ``½·(AᵀA/N) ⊗ I``, so the step is safe and only the
+  spectrum's spread slows it, Eq. (2));
+* :class:`AdamProbe`, Adam on seeded mini-batches, the learning rates of a grid stepped together
+  as one ``(settings, D + 1, classes)`` array (each setting's arithmetic is the one it has alone);
+* :func:`preprocess_features`, the attacker's preprocessing: scaling, standardising, whitening.
+
+Both are :class:`pycore.deep._slowdown.Runs`: they train to their next evaluation and report the
+validation and test accuracy there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pycore.deep._slowdown import Eval
+
+PREPROCESSINGS = ("scale", "standardize", "whiten")
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
+
+
+@dataclass(frozen=True)
+class ProbeCurve:
+    """Test (and validation) accuracy (%) of the attacker after each epoch.
+
+    Test (and validation) accuracy (%) of the attacker after each epoch (index 0 = before
+    training).
+    """
+
+    test_accuracy: list[float]
+    validation_accuracy: list[float] = field(default_factory=list)
+
+
+def _finite_matrix(Z, name: str) -> np.ndarray:
+    Z = np.asarray(Z, dtype=np.float64)
+    if Z.ndim != 2 or not np.isfinite(Z).all():
+        raise ValueError(f"{name}: probe features must be a finite N x D array, got {Z.shape}")
+    return Z
+
+
+def probe_inputs(Z_train, *Z_eval) -> list[np.ndarray]:
+    """The probe's design matrices: each feature matrix with a bias column.
+
+    The column is ``c·1``, ``c`` the RMS row norm of ``Z_train`` (1 if that is 0), the same for
+    every matrix.
+
+    Parameters
+    ----------
+    Z_train : array_like, shape (N, D)
+        The training features.
+    *Z_eval : array_like, shape (M, D)
+        Features to evaluate on.
+
+    Returns
+    -------
+    list of ndarray
+        ``[A_train, *A_eval]``, each with D + 1 columns.
+
+    Raises
+    ------
+    ValueError
+        Features that are not finite real matrices (named), or of another width.
+    """
+    Zt = _finite_matrix(Z_train, "Z_train")
+    c = float(np.sqrt((Zt * Zt).sum(1).mean())) or 1.0
+    out = []
+    for k, Z in enumerate((Zt, *Z_eval)):
+        Z = _finite_matrix(Z, "Z_train" if k == 0 else f"Z_eval[{k - 1}]")
+        if Z.shape[1] != Zt.shape[1]:
+            raise ValueError(f"probe features have {Z.shape[1]} columns, training {Zt.shape[1]}")
+        out.append(np.hstack([Z, np.full((len(Z), 1), c)]))
+    return out
+
+
+def preprocess_features(
+    Z_train, Z_test, kind: str, *, ridge: float = 1e-6
+) -> tuple[np.ndarray, np.ndarray]:
+    """The attacker's preprocessing of features, statistics from the training rows.
+
+    ``"scale"`` by the RMS row norm, ``"standardize"`` (a column of std 0 is only centred),
+    ``"whiten"`` by the covariance's eigenvalues floored at ``ridge·λ_max``: the adaptive attacker,
+    who undoes any invertible linear map of the features, conditioning included.
+
+    Parameters
+    ----------
+    Z_train : array_like, shape (N, D)
+        The training features (the statistics).
+    Z_test : array_like, shape (M, D)
+        Other features, preprocessed the same way.
+    kind : {"scale", "standardize", "whiten"}
+        The preprocessing.
+    ridge : float, default 1e-6
+        The whitening floor, relative to λ_max.
+
+    Returns
+    -------
+    train, test : ndarray
+        Both preprocessed, in float64.
+
+    Raises
+    ------
+    ValueError
+        An unknown kind.
+    """
+    Zt, Zv = (np.asarray(Z, dtype=np.float64) for Z in (Z_train, Z_test))
+    if kind == "scale":
+        c = float(np.sqrt((Zt * Zt).sum(1).mean())) or 1.0
+        return Zt / c, Zv / c
+    mu = Zt.mean(0)
+    if kind == "standardize":
+        sd = Zt.std(0)
+        sd = np.where(sd > 0, sd, 1.0)
+        return (Zt - mu) / sd, (Zv - mu) / sd
+    if kind == "whiten":
+        lam, V = np.linalg.eigh(np.cov((Zt - mu).T, bias=True))
+        lam = np.maximum(lam, 0.0) + ridge * max(float(lam.max()), 1e-300)
+        T = V / np.sqrt(lam)
+        return (Zt - mu) @ T, (Zv - mu) @ T
+    raise ValueError(f"unknown preprocessing {kind!r}; choose one of {PREPROCESSINGS}")
+
+
+def _softmax_residual(logits: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """``softmax(logits) − Y`` along the last axis (max-shifted: no overflow)."""
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True) - Y
+
+
+def _accuracy(A: np.ndarray, W: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Accuracy (%) of the head(s) ``W`` (``(D, C)`` or ``(G, D, C)``) on ``(A, y)``."""
+    return 100.0 * (np.argmax(A @ W, -1) == y).mean(-1)
+
+
+class _Probe:
+    """What both probes share: the training rows, the two evaluation splits, the classes."""
+
+    def __init__(self, A_train, y_train, validation, test, classes: int, eval_every: int):
+        self.A, self.y = A_train, np.asarray(y_train, dtype=np.int64)
+        self.evals = [(A, np.asarray(y, dtype=np.int64)) for A, y in (validation, test)]
+        self.Y = np.eye(classes)[self.y]
+        self.n, self.eval_every = len(self.A), eval_every
+
+    def _report(self, W: np.ndarray, active, steps, test: bool) -> list:
+        """Each active head's evaluation, None for the others.
+
+        Each active head's :class:`~pycore.deep._slowdown.Eval` (a string when it is no longer
+        finite), None for the others.
+        """
+        (Av, yv), (At, yt) = self.evals
+        val = np.atleast_1d(_accuracy(Av, W, yv))
+        tst = np.atleast_1d(_accuracy(At, W, yt)) if test else np.full(len(val), np.nan)
+        bad = ~np.isfinite(W).all(axis=(-2, -1))
+        return [
+            None
+            if not on
+            else "non-finite head"
+            if bad[g]
+            else Eval(int(steps[g]), float(val[g]), float(tst[g]))
+            for g, on in enumerate(active)
+        ]
+
+
+class GDProbe(_Probe):
+    """Full-batch GD with step ``1/λ_max(AᵀA/N)`` from ``W = 0`` (module docstring).
+
+    One setting, evaluated every ``eval_every`` steps.
+    """
+
+    def __init__(self, A_train, y_train, validation, test, *, classes: int, eval_every: int = 1):
+        super().__init__(A_train, y_train, validation, test, classes, eval_every)
+        self.eta = self.n / float(np.linalg.norm(self.A, 2) ** 2)
+        self.W = np.zeros((self.A.shape[1], classes))
+        self.steps = 0
+
+    def advance(self, active: list[bool], test: bool = True) -> list:
+        """``eval_every`` GD steps of the head, then its evaluation (``[None]`` if not active)."""
+        if not active[0]:
+            return [None]
+        for _ in range(self.eval_every):
+            self.W -= self.eta * (self.A.T @ _softmax_residual(self.A @ self.W, self.Y)) / self.n
+            self.steps += 1
+        return self._report(self.W[None], active, [self.steps], test)
+
+
+class AdamProbe(_Probe):
+    """Adam from ``W = 0`` on seeded mini-batches, one head per learning rate, stepped together.
+
+    Adam from ``W = 0`` on seeded mini-batches (each epoch a permutation of the training rows,
+    ``default_rng([seed, epoch])``, an incomplete last batch dropped), one head per learning rate
+    of ``lrs``, stepped together; evaluated every ``eval_every`` steps. Each head's arithmetic is
+    ``torch.optim.Adam``'s with its defaults, in float64; a head left out of a call to
+    :meth:`advance` keeps its state and step count (the heads at one step move as one array).
+    """
+
+    def __init__(
+        self,
+        A_train,
+        y_train,
+        validation,
+        test,
+        *,
+        lrs,
+        classes: int,
+        batch_size: int = 64,
+        seed: int = 0,
+        eval_every: int = 1,
+    ):
+        super().__init__(A_train, y_train, validation, test, classes, eval_every)
+        self.lr = np.asarray(lrs, dtype=np.float64)[:, None, None]
+        shape = (len(self.lr), self.A.shape[1], classes)
+        self.W, self.m, self.v = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        self.steps = np.zeros(len(self.lr), dtype=np.int64)
+        self.bs, self.seed = min(batch_size, self.n), seed
+        self.per_epoch = self.n // self.bs
+        self.orders: dict[int, np.ndarray] = {}
+
+    def _batch(self, step: int) -> np.ndarray:
+        epoch, k = divmod(step, self.per_epoch)
+        if epoch not in self.orders:
+            self.orders = {epoch: np.random.default_rng([self.seed, epoch]).permutation(self.n)}
+        return self.orders[epoch][k * self.bs : (k + 1) * self.bs]
+
+    def _step(self, g: np.ndarray) -> None:
+        """One Adam step of the heads ``g`` (all at the same step count)."""
+        (b1, b2), t = ADAM_BETAS, int(self.steps[g[0]]) + 1
+        idx = self._batch(t - 1)
+        A, Y = self.A[idx], self.Y[idx]
+        grad = np.matmul(A.T, _softmax_residual(np.matmul(A, self.W[g]), Y)) / len(idx)
+        self.m[g] = b1 * self.m[g] + (1 - b1) * grad
+        self.v[g] = b2 * self.v[g] + (1 - b2) * grad * grad
+        c1, c2 = 1 - b1**t, 1 - b2**t
+        self.W[g] -= (self.lr[g] / c1) * self.m[g] / (np.sqrt(self.v[g]) / np.sqrt(c2) + ADAM_EPS)
+        self.steps[g] = t
+
+    def advance(self, active: list[bool], test: bool = True) -> list:
+        """``eval_every`` Adam steps of each active head, then each one's evaluation, else None."""
+        on = np.flatnonzero(active)
+        for _ in range(self.eval_every):
+            # the groups of heads at one step count, fixed before any of them steps (a head
+            # that steps from t to t + 1 is not in the group at t + 1 of this round)
+            for g in [on[self.steps[on] == t] for t in np.unique(self.steps[on])]:
+                self._step(g)
+        return self._report(self.W, active, self.steps, test)
+
+
+def linear_probe_curve(
+    Z_train,
+    y_train,
+    Z_test,
+    y_test,
+    *,
+    epochs: int = 50,
+    num_classes: int | None = None,
+    validation=None,
+) -> ProbeCurve:
+    """The paper's probe (Eq. (4), Figure 3): a GD-trained linear head's accuracy, epoch by epoch.
+
+    :class:`GDProbe` (full-batch GD, step 1/L, a bias column) on ``Z_train``; test (and validation)
+    accuracy (%) before training and after each of ``epochs`` steps.
+
+    Parameters
+    ----------
+    Z_train : array_like, shape (N, D)
+        The training features.
+    y_train : array_like of int, shape (N,)
+        Their labels.
+    Z_test : array_like, shape (M, D)
+        The test features.
+    y_test : array_like of int, shape (M,)
+        Their labels.
+    epochs : int, default 50
+        Full-batch GD steps.
+    num_classes : int, optional
+        The classes (default: the largest label + 1).
+    validation : pair of array_like, optional
+        ``(Z_val, y_val)``, also scored after every step.
+
+    Returns
+    -------
+    ProbeCurve
+        Test (and validation) accuracy (%) at each of the ``epochs + 1`` points.
+
+    Raises
+    ------
+    ValueError
+        Features that are not finite real matrices, or of other widths.
+    FloatingPointError
+        The probe's head became non-finite.
+    """
+    y_train, y_test = np.asarray(y_train), np.asarray(y_test)
+    Zv, yv = validation if validation is not None else (Z_test, y_test)
+    A, At, Av = probe_inputs(Z_train, Z_test, Zv)
+    C = int(num_classes or max(y_train.max(), y_test.max(), np.max(yv)) + 1)
+    probe = GDProbe(A, y_train, (Av, yv), (At, y_test), classes=C)
+    first = probe._report(probe.W[None], [True], [0], True)[0]
+    evals = [first, *(probe.advance([True])[0] for _ in range(epochs))]
+    if not all(isinstance(e, Eval) for e in evals):
+        raise FloatingPointError("the GD probe's head became non-finite")
+    return ProbeCurve(
+        [e.test for e in evals], [e.validation for e in evals] if validation is not None else []
+    )
