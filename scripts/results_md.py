@@ -108,7 +108,7 @@ EXPERIMENTS = [
         "The same θ₀'s and splits, seed 0: the k-step immunizer on the layer and on the "
         "backbone's tail, the simulated attackers on the whole backbone, SOPHON on the tail "
         "(docs/design.md §4), judged as above.",
-        "python experiments/deepnet.py --config demo-defense --seeds 0 --threads 1",
+        "python experiments/deepnet.py --config demo-defense --seeds 1 --threads 1",
         "results/deepnet",
         files=("demo-defense-resnet18/table.md", "demo-defense-vit/table.md"),
     ),
