@@ -140,3 +140,16 @@ def lying_checkpoint(path, **kwargs):
         metadata={**meta, "model_kwargs": json.dumps(kwargs)},
     )
     return path
+
+
+def image_root(root, classes=("a", "b"), n=3, side=16):
+    """An ImageFolder root: ``n`` seeded random ``side``-px RGB PNGs per class folder."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            pixels = rng.integers(0, 255, size=(side, side, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / c / f"{i}.png")
+    return root

@@ -28,7 +28,7 @@ from pycore.deep import (
 )
 from pycore.report import dumps_json
 from tests.cli_helpers import call, one_line
-from tests.helpers import lying_checkpoint
+from tests.helpers import image_root, lying_checkpoint
 
 torch.set_num_threads(1)
 
@@ -437,21 +437,9 @@ def test_an_interrupted_rerun_leaves_every_earlier_output_as_it_was(
 # --- deepnet.py: the layout of the roots, the image size, the threads, θ₀ near chance ---------
 
 
-def _image_root(root, classes=("a", "b"), n=3, side=16):
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for c in classes:
-        (root / c).mkdir(parents=True, exist_ok=True)
-        for i in range(n):
-            pixels = rng.integers(0, 255, size=(side, side, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / c / f"{i}.png")
-    return root
-
-
 def _deep_roots(tmp_path, side=16, dp_split="train"):
     for root, split in (("dp", dp_split), ("dp", "val"), ("dh", "train"), ("dh", "val")):
-        _image_root(tmp_path / root / split, side=side)
+        image_root(tmp_path / root / split, side=side)
     return ["--dp-root", str(tmp_path / "dp"), "--dh-root", str(tmp_path / "dh")]
 
 

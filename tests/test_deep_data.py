@@ -23,6 +23,7 @@ from pycore.deep import (
     image_folder,
     immunize_model,
 )
+from tests.helpers import image_root
 
 torch.set_num_threads(1)
 
@@ -145,22 +146,10 @@ def test_one_huge_label_is_refused_before_a_classifier_is_sized_by_it(net, work_
         immunize_model(net, (X, y + 1), (X, y), epochs=1)
 
 
-def _image_root(root, classes=("a", "b"), n=3, side=16):
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for c in classes:
-        (root / c).mkdir(parents=True, exist_ok=True)
-        for i in range(n):
-            pixels = rng.integers(0, 255, size=(side, side, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / c / f"{i}.png")
-    return root
-
-
 def test_a_named_pipe_called_png_is_refused_not_read(tmp_path):
     """A FIFO x.png in a class folder, there when the folder is listed or put there after: a
     DataError naming it, never a read that blocks for ever (an alarm ends the wait here)."""
-    _image_root(tmp_path / "dp" / "train")
+    image_root(tmp_path / "dp" / "train")
     model = types.SimpleNamespace(pretrained_cfg={"input_size": (3, 16, 16)})  # a data config
     listed = image_folder(tmp_path / "dp", "train", model)  # every image a file when listed
     fifo = tmp_path / "dp" / "train" / "a" / "x.png"
