@@ -27,6 +27,7 @@ import torch
 from experiments import common, deep_report
 from experiments.deep_configs import CONFIGS
 from experiments.deep_pipeline import Row, RunOptions, audit_seed, load_splits, result_of
+from pycore import ParameterError
 from pycore.deep import (
     LORA_RANKS,
     OPERATORS,
@@ -36,6 +37,15 @@ from pycore.deep import (
     operator_names,
 )
 from pycore.report import dumps_json
+
+
+def _operator_name(name: str) -> str:
+    """One operator name (pycore.deep.operator_names' rule), or a ValueError saying why not."""
+    try:
+        operator_names((name,))
+    except ParameterError as exc:
+        raise ValueError(str(exc)) from None
+    return name
 
 
 def build_parser() -> common.Parser:
@@ -65,16 +75,17 @@ def build_parser() -> common.Parser:
         "--rir-group-size", type=common.count(2, 100_000), default=100, help="RIR_θ₀: group size"
     )
     p.add_argument(
-        "--max-epochs",
-        type=common.count(1, 10_000),
-        default=Schedule.deep_max_epochs,
-        help="the longest a deep operator runs on θ₀ to find its plateau (epochs)",
+        "--max-steps",
+        type=common.count(1, 1_000_000),
+        default=Schedule.deep_max_steps,
+        help="the longest a deep operator runs on θ₀ to find its plateau (optimizer steps)",
     )
     p.add_argument(
         "--operators",
-        type=common.comma_list(choices=OPERATORS),
+        type=common.comma_list(_operator_name),
         default=list(OPERATORS),
-        help="operators to attack with (pycore.deep.OPERATORS; default: all)",
+        help="operators to attack with: " + ", ".join(OPERATORS) + " or retrain_last<k> "
+        "(default: all)",
     )
     p.add_argument(
         "--lora-ranks",
@@ -134,7 +145,7 @@ def main(argv=None) -> int:
             rir_group_size=args.rir_group_size,
             operators=tuple(args.operators),
             lora_ranks=tuple(args.lora_ranks),
-            schedule=replace(base.schedule, deep_max_epochs=args.max_epochs),
+            schedule=replace(base.schedule, deep_max_steps=args.max_steps),
             more_data_seeds=(),
         )
         roots = (r and str(r) for r in (args.dp_root, args.dh_root))

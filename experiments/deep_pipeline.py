@@ -2,14 +2,17 @@
 Figure 3).
 
 Per seed: the images split so that the attacker's are disjoint from every image the defense saw
-(:class:`Sizes`); θ₀ (trained on D_P here, loaded, or pretrained); θ₀'s budget for every operator
-(:mod:`pycore.deep.slowdown`); then every row of the configuration immunizes a copy of θ₀ and is
-measured: D_P top-1; (i), (ii), RIR_θ₀ and Definition 3.1 on the defense's rows (exact κ's) and by
-the paper's groups; the GD probe curve of Figure 3 on the attacker's images; every operator's
-slowdown under θ₀'s budget; full fine-tuning on fresh D_P images (the deep (ii),
-``dp_finetune``); and, on the seeds asked, the operators again with several times the attacker's
-images. Everything random is seeded from the seed, torch runs deterministic algorithms: one seed
-and thread count give one set of digits.
+(:class:`Sizes`; θ₀'s own images do not depend on the attacker's setting); θ₀ (trained on D_P
+here, loaded, or pretrained); θ₀'s side of the judge on the attacker's images
+(:func:`pycore.deep.reference_path`: every operator's plateau on θ₀, the one target, scratch, the
+FLOP cap, the cheapest path on θ₀, the ceiling); then every row of the configuration immunizes a
+copy of θ₀ and is measured: D_P top-1; (i), (ii), RIR_θ₀ and Definition 3.1 on the defense's rows
+(exact κ's) and by the paper's groups; the GD probe curve of Figure 3 on the attacker's images;
+the attacker's cheapest path on it and what the defense is worth
+(:func:`pycore.deep.cheapest_path`, :func:`pycore.deep.worth`); full fine-tuning on fresh D_P
+images against θ₀'s (the deep (ii), ``dp_finetune``); and, on the seeds asked, the judge again
+with several times the attacker's images. Everything random is seeded from the seed, torch runs
+deterministic algorithms: one seed and thread count give one set of digits.
 
 The measurements are frozen dataclasses (:class:`RowResult`, :class:`SeedResult`,
 :class:`RowSummary`) with ``to_dict()``; results.json is their JSON."""
@@ -17,10 +20,14 @@ The measurements are frozen dataclasses (:class:`RowResult`, :class:`SeedResult`
 from __future__ import annotations
 
 import copy
+import hashlib
 import io
+import math
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,23 +46,22 @@ from pycore import (
 from pycore.deep import (
     LORA_RANKS,
     OPERATORS,
-    SLOWDOWN_CAP,
     AttackData,
-    AuditResult,
     Budget,
+    CheapestPath,
     DataError,
     DeepOptions,
     GroupedRIR,
     ImmunizedNet,
     NonFiniteLossError,
+    ReferencePath,
     Schedule,
     ShardedBatches,
-    Slowdown,
+    Worth,
     attainability,
-    audit_result,
     barrier,
     broadcast_module,
-    budgets,
+    cheapest_path,
     create_model,
     dataset_labels,
     extract,
@@ -66,10 +72,13 @@ from pycore.deep import (
     linear_probe_curve,
     load_model,
     mnist_digits,
+    operator,
     prelogits_dataset,
+    reference_path,
     retrain_scope,
-    slowdowns,
+    slowdown,
     tail_modules,
+    worth,
 )
 from pycore.report import environment, summarize
 
@@ -96,12 +105,14 @@ class Row:
 
 @dataclass(frozen=True)
 class Sizes:
-    """Images per split. ``defense``: per task, the images the defense immunizes with (θ₀ trains
-    on D_P's and on every D_P image no other split holds); ``dp_val``: D_P's validation images
-    (D_P top-1); the attacker's D_H splits (``attack_*``, disjoint from the defense's) and, with
-    ``dp_attack``, the same three splits of fresh D_P images for the D_P fine-tuning check;
-    ``more_data``: the second attacker's training images as a multiple of ``attack_train`` (1:
-    none)."""
+    """Images per split. ``defense``: per task, the images the defense immunizes with; ``dp_val``:
+    D_P's validation images (D_P top-1); ``dp_finetune``: with ``dp_attack``, the training,
+    validation and test images of fresh D_P data for the D_P fine-tuning check; θ₀ trains on the
+    defense's D_P images and every D_P image no other split holds, none of which depends on the
+    attacker's setting. The attacker's D_H splits (``attack_*``, disjoint from the defense's):
+    its validation and test splits are cut before its training images, so that they too stay the
+    same for any ``attack_train``; ``more_data``: the second attacker's training images as a
+    multiple of ``attack_train`` (1: none)."""
 
     defense: int = 960
     dp_val: int = 250
@@ -110,11 +121,21 @@ class Sizes:
     attack_test: int = 256
     more_data: int = 4
     dp_attack: bool = True
+    dp_finetune: tuple = (128, 128, 256)
 
 
 @dataclass
 class RunConfig:
-    """One experiment: the timm model, the data, the rows and the evaluation sizes."""
+    """One experiment: the timm model, the data, the rows and the evaluation sizes.
+
+    ``operators`` run on θ₀ (they set the target) and ``row_operators`` (default: the same) on
+    every row; ``scratch_max_steps`` bounds scratch's race to the target; ``reference_race``
+    races θ₀'s operators in FLOPs as a model's (θ₀'s cheapest path exact, the others' costs
+    lower bounds: :func:`pycore.deep.reference_path`); ``target_operators`` are those whose
+    plateaus on θ₀ set the target (default: every probe, LoRA and fine-tuning operator);
+    ``seconds`` is the
+    expected CPU-seconds of θ₀'s side and of one row on one seed (the progress line's estimate of
+    the time left, corrected by the speed observed)."""
 
     name: str
     model: str  # a timm model name
@@ -128,10 +149,15 @@ class RunConfig:
     rir_group_size: int = 100
     probe_epochs: int = 60
     eval_batch: int = 256
-    operators: tuple = OPERATORS  # pycore.deep.OPERATORS, each under θ₀'s budget
+    operators: tuple = OPERATORS
+    row_operators: tuple | None = None
     lora_ranks: tuple = LORA_RANKS
     schedule: Schedule = field(default_factory=Schedule)
+    scratch_max_steps: int = 300
+    reference_race: bool = False  # θ₀'s operators raced as a model's (the quick demo)
+    target_operators: tuple | None = None  # those whose θ₀ plateaus set the target (None: all)
     more_data_seeds: tuple = (0,)  # the seeds the attacker with more images is run on
+    seconds: tuple = (600.0, 60.0)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -149,6 +175,7 @@ class RunOptions:
     checkpoint: str | None = None
     pretrained: bool = False
     quiet: bool = False
+    cache: str | None = None  # a folder: θ₀ and θ₀'s side kept between runs (Cache)
 
 
 def clock(seconds: dict):
@@ -278,14 +305,10 @@ def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
     probe = create_model(rc.model, 1, seed=0, **rc.model_kwargs)  # its data config only
     z = rc.sizes
     more = z.attack_train * max(z.more_data, 1)
-    dp_sizes = [
-        z.defense,
-        z.dp_val,
-        *([z.attack_train, z.attack_val, z.attack_test] * z.dp_attack),
-    ]
+    dp_sizes = [z.defense, z.dp_val, *(list(z.dp_finetune) * z.dp_attack)]
     if rc.data == "mnist":
         p_all, h_all = mnist_digits(probe, (0, 1, 2, 3, 4)), mnist_digits(probe, (5, 6, 7, 8, 9))
-        h_sizes = [z.defense, more, z.attack_val, z.attack_test]
+        h_sizes = [z.defense, z.attack_val, z.attack_test, more]
         ncp = nch = 5
         h_test = None
     else:
@@ -303,7 +326,7 @@ def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
                     f"{root}: train/ and {opts.val_split}/ hold different class folders"
                 )
         p_all, h_all, h_test = sets["p_train"], sets["h_train"], sets["h_val"]
-        h_sizes = [z.defense, more, z.attack_val]
+        h_sizes = [z.defense, z.attack_val, more]
         ncp, nch = len(sets["p_train"].classes), len(sets["h_train"].classes)
     if rc.data != "mnist":  # your own folders: every split shrunk alike to the images there are
         dp_sizes, h_sizes = _fit(dp_sizes, len(p_all), "D_P"), _fit(h_sizes, len(h_all), "D_H")
@@ -312,14 +335,17 @@ def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
     p = _parts(p_all, [*dp_sizes, rest], np.random.default_rng([seed, 1]), "D_P")
     h = _parts(h_all, h_sizes, np.random.default_rng([seed, 2]), "D_H")
     if h_test is None:
-        h_test = h[3]
-    elif len(h_test) > z.attack_test:
-        h_test = _parts(h_test, [z.attack_test], np.random.default_rng([seed, 3]), "D_H test")[0]
-    more_train = h[1]  # the attacker with more images has these; the other a seeded part
+        h_val, h_test, more_train = h[1], h[2], h[3]
+    else:
+        h_val, more_train = h[1], h[2]
+        if len(h_test) > z.attack_test:
+            h_test = _parts(h_test, [z.attack_test], np.random.default_rng([seed, 3]), "D_H test")
+            h_test = h_test[0]
+    # the attacker with more images has all of the pool; the other a seeded part of it
     pick = np.random.default_rng([seed, 4]).permutation(len(more_train))[: z.attack_train]
     attack_train = _take(more_train, np.sort(pick))
-    attack = AttackData(attack_train, h[2], h_test, nch)
-    attack_more = AttackData(more_train, h[2], h_test, nch) if z.more_data > 1 else None
+    attack = AttackData(attack_train, h_val, h_test, nch)
+    attack_more = AttackData(more_train, h_val, h_test, nch) if z.more_data > 1 else None
     dp_attack = AttackData(p[2], p[3], p[4], ncp) if z.dp_attack else None
     return Splits(p[0], p[1], h[0], attack, attack_more, dp_attack, (ncp, nch), _join(p[0], p[-1]))
 
@@ -342,12 +368,82 @@ def spectrum_spread(Z, Z_ref, *, rng, groups: int, group_size: int) -> dict:
 
 
 @dataclass(frozen=True)
+class FinetuneReference:
+    """θ₀'s side of the D_P fine-tuning check: full fine-tuning's plateau on fresh D_P images, the
+    target it sets, and θ₀'s steps to it (the deep (ii): D_P must stay as easy to fine-tune)."""
+
+    budget: Budget
+    target: float
+    steps: int | None
+
+    def to_dict(self) -> dict:
+        return {"budget": self.budget.to_dict(), "target": self.target, "steps": self.steps}
+
+
+# a model on which D_P fine-tuning needs this many times θ₀'s steps is censored there
+FINETUNE_CAP = 10.0
+
+
+@dataclass(frozen=True)
+class FinetuneCheck:
+    """Full fine-tuning on fresh D_P images against θ₀'s: the model's steps to θ₀'s target over
+    θ₀'s (``censored``: not within :data:`FINETUNE_CAP` times θ₀'s steps, a lower bound)."""
+
+    slowdown: float
+    censored: bool
+    steps: int | None
+    reference_steps: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def finetune_reference(theta0, data: AttackData, rc: RunConfig, seed: int) -> FinetuneReference:
+    op = operator(theta0, data, "finetune_full", seed=seed, schedule=rc.schedule)
+    b = slowdown.budget(
+        op.name,
+        op.make,
+        op.grid,
+        chance=data.chance,
+        min_steps=op.min_steps,
+        max_steps=op.max_steps,
+    )
+    target = slowdown.target_level(data.chance, b.plateau)
+    r = slowdown.reach(op.name, op.make, b.grid, target=target, limit=b.run_steps)
+    return FinetuneReference(b, target, r.steps)
+
+
+def finetune_check(model, data: AttackData, ref: FinetuneReference, rc, seed) -> FinetuneCheck:
+    op = operator(model, data, "finetune_full", seed=seed, schedule=rc.schedule)
+    cap = math.ceil(FINETUNE_CAP * ref.steps)
+    r = slowdown.reach(op.name, op.make, ref.budget.grid, target=ref.target, limit=cap)
+    censored = r.steps is None or r.steps >= FINETUNE_CAP * ref.steps
+    return FinetuneCheck(
+        FINETUNE_CAP if censored else r.steps / ref.steps,
+        bool(censored),
+        r.steps,
+        ref.steps,
+    )
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One model judged on one attacker data set: its cheapest path and its worth."""
+
+    path: CheapestPath
+    worth: Worth
+
+    def to_dict(self) -> dict:
+        return {**self.worth.to_dict(), **self.path.to_dict()}
+
+
+@dataclass(frozen=True)
 class RowResult:
     """One row of one seed (module docstring): D_P top-1 (%); (i), (ii), RIR_θ₀ on the defense's
     rows and by the paper's groups, Definition 3.1 on each; where (i) comes from; the GD probe's
-    D_H test accuracy per epoch (Figure 3); the operators under θ₀'s budget (``audit``), full
-    fine-tuning on fresh D_P images (``dp_finetune``), the operators with more images
-    (``more_data``); how training went."""
+    D_H test accuracy per epoch (Figure 3); the attacker's cheapest path and the defense's worth
+    (``judged``), full fine-tuning on fresh D_P images (``dp_finetune``), the judge with more
+    images (``more_data``); how training went."""
 
     row: str
     method: str
@@ -359,34 +455,34 @@ class RowResult:
     immunized: bool
     harmful_spread: dict
     probe: tuple
-    audit: AuditResult | None = None
-    dp_finetune: Slowdown | None = None
-    more_data: AuditResult | None = None
+    judged: Judged | None = None
+    dp_finetune: FinetuneCheck | None = None
+    more_data: Judged | None = None
     train: dict = field(default_factory=dict)
     retrain_scope: tuple | None = None
     extractor: str | None = None
+    seconds: float = 0.0
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["grouped"] = {**asdict(self.grouped), "immunized": self.grouped.immunized}
         out["immunized_groups"] = self.grouped.immunized
-        for k in ("audit", "more_data", "dp_finetune"):
+        for k in ("judged", "more_data", "dp_finetune"):
             out[k] = None if getattr(self, k) is None else getattr(self, k).to_dict()
-        out["operators"] = out["audit"]["operators"] if out["audit"] else {}
         return out
 
 
 @dataclass(frozen=True)
 class SeedResult:
-    """One seed: θ₀'s own row and its budgets (D_H, D_P fine-tuning, more images), every row,
-    the rows that failed, what any θ of the layer can do on θ₀'s features, the classes, chance on
-    D_P, and the seconds per phase."""
+    """One seed: θ₀'s own row and its side of the judge (D_H, D_P fine-tuning, more images),
+    every row, the rows that failed, what any θ of the layer can do on θ₀'s features, the
+    classes, chance on D_P, and the seconds per phase."""
 
     seed: int
     theta0: RowResult
-    budgets: dict
-    dp_budget: Budget | None
-    more_budgets: dict | None
+    reference: ReferencePath
+    dp_reference: FinetuneReference | None
+    more_reference: ReferencePath | None
     rows: dict
     errors: dict
     attainability: dict
@@ -395,56 +491,40 @@ class SeedResult:
     phase_seconds: dict
 
     def to_dict(self) -> dict:
-        return _chosen_traces(
-            {
-                "seed": self.seed,
-                "theta0": self.theta0.to_dict(),
-                "budgets": {k: b.to_dict() for k, b in self.budgets.items()},
-                "dp_budget": self.dp_budget and self.dp_budget.to_dict(),
-                "more_budgets": self.more_budgets
-                and {k: b.to_dict() for k, b in self.more_budgets.items()},
-                "rows": {k: r.to_dict() for k, r in self.rows.items()},
-                "errors": self.errors,
-                "attainability": self.attainability,
-                "classes": list(self.classes),
-                "dp_chance": self.dp_chance,
-                "phase_seconds": self.phase_seconds,
-            }
-        )
-
-
-def _chosen_traces(d):
-    """``d`` with every budget's and slowdown's traces cut to the setting it chose (results.json
-    keeps the curve each number was read from, not every setting's)."""
-    if isinstance(d, dict):
-        out = {k: _chosen_traces(v) for k, v in d.items()}
-        if "traces" in out and isinstance(out["traces"], (list, tuple)) and "setting" in out:
-            out["traces"] = [t for t in out["traces"] if t["label"] == out["setting"]]
-        return out
-    if isinstance(d, (list, tuple)):
-        return [_chosen_traces(v) for v in d]
-    return d
+        return {
+            "seed": self.seed,
+            "theta0": self.theta0.to_dict(),
+            "reference": self.reference.to_dict(),
+            "dp_reference": self.dp_reference and self.dp_reference.to_dict(),
+            "more_reference": self.more_reference and self.more_reference.to_dict(),
+            "rows": {k: r.to_dict() for k, r in self.rows.items()},
+            "errors": self.errors,
+            "attainability": self.attainability,
+            "classes": list(self.classes),
+            "dp_chance": self.dp_chance,
+            "phase_seconds": self.phase_seconds,
+        }
 
 
 @dataclass(frozen=True)
 class Evaluation:
     """What every row of a seed is measured against: the defense's pools and θ₀'s features of
-    them, D_P's validation split, the attacker's data, θ₀'s budgets."""
+    them, D_P's validation split, the attacker's data, θ₀'s sides of the judge."""
 
     pools: dict
     reference: dict
     splits: Splits
-    budgets: dict
-    dp_budget: Budget | None
-    more_budgets: dict | None
+    attack: ReferencePath
+    dp_reference: FinetuneReference | None
+    more: ReferencePath | None
     rc: RunConfig
     seed: int
 
 
 @bounded_blas
-def measure(model, ev: Evaluation, row: Row, phase, *, audit: bool = True, name=None) -> RowResult:
-    """Every number of one row (:class:`RowResult`) for ``model`` against θ₀ (``ev``); ``name``:
-    the argument a non-finite feature's error names (``model``)."""
+def measure(model, ev: Evaluation, row: Row, phase, *, name=None) -> RowResult:
+    """Every number of one row but the attackers' (:class:`RowResult`) for ``model`` against θ₀
+    (``ev``); ``name``: the argument a non-finite feature's error names (``model``)."""
     rc, seed, sp = ev.rc, ev.seed, ev.splits
     with phase("features_rir"):
         f = {
@@ -485,7 +565,7 @@ def measure(model, ev: Evaluation, row: Row, phase, *, audit: bool = True, name=
             epochs=rc.probe_epochs,
             num_classes=a.classes,
         ).test_accuracy
-    out = RowResult(
+    return RowResult(
         row.name,
         row.method,
         acc,
@@ -497,55 +577,46 @@ def measure(model, ev: Evaluation, row: Row, phase, *, audit: bool = True, name=
         spread,
         tuple(curve),
     )
-    return attack_row(model, ev, out, phase) if audit else out
 
 
-def attack_row(model, ev: Evaluation, result: RowResult, phase) -> RowResult:
-    """``result`` with every operator's slowdown under θ₀'s budgets (:mod:`pycore.deep.slowdown`),
-    the D_P fine-tuning check and, where θ₀ has them, the budgets with more images; the retrain
-    re-initialises ``result.retrain_scope``."""
+def judge(model, theta0, ev: Evaluation, result: RowResult, phase, say=None) -> RowResult:
+    """``result`` with the attacker's cheapest path and the defense's worth on the attacker's
+    images (:func:`pycore.deep.cheapest_path`), the D_P fine-tuning check and, where θ₀ has it,
+    the judge with more images."""
     rc, seed, sp = ev.rc, ev.seed, ev.splits
-    scope = result.retrain_scope
-    kw = dict(seed=seed, schedule=rc.schedule, scope=scope)
+    kw = dict(seed=seed, schedule=rc.schedule, operators=rc.row_operators)
+    tell = (lambda op: say(f"[{rc.name} seed {seed}] {result.row}: {op}")) if say else None
     with phase("operators"):
-        audit = audit_result(slowdowns(model, sp.attack, _with_retrain(ev, scope), **kw))
+        path = cheapest_path(model, sp.attack, ev.attack, theta0, progress=tell or _quiet, **kw)
+        judged = Judged(path, worth(path, ev.attack))
     dp = more = None
-    if ev.dp_budget is not None:
+    if ev.dp_reference is not None:
         with phase("dp_finetune"):
-            dp = slowdowns(model, sp.dp_attack, {"finetune_full": ev.dp_budget}, **kw)
-            dp = dp["finetune_full"]
-    if ev.more_budgets is not None:
+            dp = finetune_check(model, sp.dp_attack, ev.dp_reference, rc, seed)
+    if ev.more is not None:
         with phase("more_data"):
-            more_b = _with_retrain(replace(ev, budgets=ev.more_budgets), scope)
-            more = audit_result(slowdowns(model, sp.attack_more, more_b, **kw))
-    return replace(result, audit=audit, dp_finetune=dp, more_data=more)
+            p = cheapest_path(model, sp.attack_more, ev.more, theta0, **kw)
+            more = Judged(p, worth(p, ev.more))
+    return replace(result, judged=judged, dp_finetune=dp, more_data=more)
 
 
-def _attacked(model, ev: Evaluation, result: RowResult, phase):
-    """``(attack_row(...), None)``, or ``(None, error)`` when every setting of an operator
-    diverged on the row's model (the row is reported as failed, the seed goes on)."""
+def _quiet(*_a, **_k) -> None:
+    return None
+
+
+def _judged(model, theta0, ev: Evaluation, result: RowResult, phase, say=None):
+    """``(judge(...), None)``, or ``(None, error)`` when every setting of an operator diverged on
+    the row's model (the row is reported as failed, the seed goes on)."""
     try:
-        return attack_row(model, ev, result, phase), None
+        return judge(model, theta0, ev, result, phase, say), None
     except FloatingPointError as exc:
         return None, {"message": str(exc), "step": None, "checkpoint": None, "parameter": None}
 
 
-def _with_retrain(ev: Evaluation, scope) -> dict:
-    """θ₀'s budgets with the retrain's of ``scope`` (when there is one) under ``retrain_tail``."""
-    out = {k: v for k, v in ev.budgets.items() if not k.startswith("retrain_tail")}
-    if scope is not None and _retrain_key(scope) in ev.budgets:
-        out["retrain_tail"] = ev.budgets[_retrain_key(scope)]
-    return out
-
-
-def _retrain_key(scope: tuple) -> str:
-    return "retrain_tail:" + ",".join(scope)
-
-
 def seed_setup(rc: RunConfig, seed: int, opts: RunOptions, ctx, phase, say):
     """θ₀ and its :class:`Evaluation` for one seed: the splits, θ₀ (trained, loaded or
-    pretrained), then :func:`evaluation`, with the retrain budgets of the scopes ``rc``'s rows
-    may change. Returns ``(θ₀, evaluation, θ₀'s row, attainability)``."""
+    pretrained), then :func:`evaluation`. Returns ``(θ₀, evaluation, θ₀'s row,
+    attainability)``."""
     torch.manual_seed(seed)
     sp = load_splits(rc, opts, seed)
     ncp = sp.classes[0]
@@ -557,31 +628,87 @@ def seed_setup(rc: RunConfig, seed: int, opts: RunOptions, ctx, phase, say):
             )
     else:
         net = create_model(rc.model, ncp, pretrained=opts.pretrained, seed=seed, **rc.model_kwargs)
+    cache = Cache(opts.cache if ctx.world == 1 else None)
     with phase("theta0"):
         if rc.theta0_epochs and not opts.checkpoint and not opts.pretrained:
-            if ctx.is_main:
-                train_classifier(
-                    net,
-                    sp.theta0_train,
-                    epochs=rc.theta0_epochs,
-                    lr=rc.theta0_lr,
-                    seed=seed,
-                    device=ctx.device,
-                )
-            broadcast_module(net)
+
+            def train():
+                if ctx.is_main:
+                    say(f"[{rc.name} seed {seed}] θ₀: {rc.theta0_epochs} epochs on D_P")
+                    train_classifier(
+                        net,
+                        sp.theta0_train,
+                        epochs=rc.theta0_epochs,
+                        lr=rc.theta0_lr,
+                        seed=seed,
+                        device=ctx.device,
+                    )
+                broadcast_module(net)
+                return net.state_dict()
+
+            z = rc.sizes
+            key = ("theta0", rc.model, rc.model_kwargs, rc.theta0_epochs, rc.theta0_lr, seed)
+            key += (rc.data, z.defense, z.dp_val, z.dp_finetune if z.dp_attack else ())
+            net.load_state_dict(cache.get(key, train))
     theta0 = net if isinstance(net, ImmunizedNet) else ImmunizedNet(net)
     theta0.to(ctx.device).eval().requires_grad_(False)
-    scopes = {s for s in (_planned_scope(r, theta0) for r in rc.rows) if s}
-    ev, row0, reach = evaluation(theta0, sp, rc, seed, phase, say, scopes)
+    ev, row0, reach = evaluation(theta0, sp, rc, seed, phase, say, cache=cache)
     return theta0, ev, row0, reach
 
 
-def evaluation(theta0, sp: Splits, rc: RunConfig, seed: int, phase, say, scopes=(), name=None):
+class Cache:
+    """θ₀ and θ₀'s side of the judge kept in a folder (``RunOptions.cache``) between runs, so that
+    rerunning a row does not rerun them. An entry's name is a hash of everything it depends on:
+    its key (the configuration's fields and the seed it was computed from, θ₀'s weights for θ₀'s
+    side) and the source of the code that computes it (pycore/deep and this module), so an entry
+    of other code or another setting is never read. Entries are written whole (a temporary file
+    renamed into place); without a folder nothing is kept."""
+
+    def __init__(self, folder):
+        self.folder = None if folder is None else Path(folder)
+
+    @staticmethod
+    def _code() -> bytes:
+        import pycore.deep  # noqa: PLC0415
+
+        files = sorted(Path(pycore.deep.__file__).parent.glob("*.py")) + [Path(__file__)]
+        return b"".join(f.read_bytes() for f in files)
+
+    def _path(self, key) -> Path:
+        h = hashlib.sha256(self._code())
+        h.update(repr(key).encode())
+        return self.folder / f"{key[0]}-{h.hexdigest()[:20]}.pt"
+
+    def get(self, key: tuple, compute):
+        if self.folder is None:
+            return compute()
+        path = self._path(key)
+        if path.exists():
+            return torch.load(path, weights_only=False)
+        value = compute()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        torch.save(value, tmp)
+        os.replace(tmp, path)
+        return value
+
+
+def _weights_digest(model) -> str:
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def evaluation(
+    theta0, sp: Splits, rc: RunConfig, seed: int, phase, say, name=None, cache: Cache = None
+):
     """What every row of a seed is measured against (:class:`Evaluation`): θ₀'s features of the
-    defense's pools, what any θ of the layer can do on them, θ₀'s budget of every operator (a
-    retrain for each of ``scopes``), of D_P fine-tuning and, on the seeds asked, with more
-    images; θ₀'s own row (``name``: the argument a non-finite feature's error names). Returns
-    ``(evaluation, θ₀'s row, attainability)``."""
+    defense's pools, what any θ of the layer can do on them, θ₀'s side of the judge on the
+    attacker's images (and, on the seeds asked, with more images), θ₀'s D_P fine-tuning; θ₀'s own
+    row (``name``: the argument a non-finite feature's error names). Returns ``(evaluation, θ₀'s
+    row, attainability)``."""
     pools = {"p_train": sp.p_train, "h_train": sp.h_train, "p_val": sp.p_val}
     reference = {
         k: extract(theta0, d, batch_size=rc.eval_batch, data_name=k, model_name=name)
@@ -591,40 +718,48 @@ def evaluation(theta0, sp: Splits, rc: RunConfig, seed: int, phase, say, scopes=
         reference["p_train"], reference["h_train"], precision=theta0.layer.weight.dtype
     )
     reach = {"ceiling": ceiling, "window": window and window.to_dict(), "why": why}
-    kw = dict(seed=seed, schedule=rc.schedule, lora_ranks=rc.lora_ranks)
-    say(f"[{rc.name} seed {seed}] θ₀'s budgets")
-    with phase("budgets"):
-        b = _budgets(theta0, sp.attack, rc, scopes, kw)
-        dp_b = (
-            budgets(theta0, sp.dp_attack, ("finetune_full",), **kw)["finetune_full"]
-            if sp.dp_attack is not None
-            else None
-        )
-        more = (
-            _budgets(theta0, sp.attack_more, rc, scopes, kw)
-            if sp.attack_more is not None and seed in rc.more_data_seeds
-            else None
-        )
-    ev = Evaluation(pools, reference, sp, b, dp_b, more, rc, seed)
-    row0 = measure(theta0, ev, Row("init", "init"), phase, audit=False)
-    return ev, row0, reach
+    kw = dict(
+        seed=seed,
+        schedule=rc.schedule,
+        lora_ranks=rc.lora_ranks,
+        scratch_max_steps=rc.scratch_max_steps,
+        race=rc.reference_race,
+        setting=rc.target_operators,
+    )
 
+    def tell(op):
+        say(f"[{rc.name} seed {seed}] θ₀: {op}")
 
-def _budgets(theta0, data: AttackData, rc: RunConfig, scopes, kw) -> dict:
-    """θ₀'s budget of every operator of ``rc`` on ``data``, the retrain's once per scope (keyed
-    by :func:`_retrain_key`)."""
-    ops = [o for o in rc.operators if o != "retrain_tail"]
-    b = budgets(theta0, data, ops, **kw)
-    if "retrain_tail" in rc.operators:
-        upper = tuple(_names(theta0.net, tail_modules(theta0.net, 1)))
-        for scope in sorted(scopes):
-            # fine-tuning θ₀'s last stage is the retrain's reference when that is its scope
-            b[_retrain_key(scope)] = (
-                replace(b["finetune_upper"], operator="retrain_tail")
-                if scope == upper and "finetune_upper" in b
-                else budgets(theta0, data, ("retrain_tail",), scope=scope, **kw)["retrain_tail"]
+    cache = cache or Cache(None)
+    key = (_weights_digest(theta0), seed, rc.operators, rc.lora_ranks, rc.schedule)
+    key += (rc.scratch_max_steps, rc.reference_race, rc.target_operators, rc.sizes, rc.model)
+    key += (rc.model_kwargs,)
+    with phase("reference"):
+        attack = cache.get(
+            ("reference", *key),
+            lambda: reference_path(theta0, sp.attack, rc.operators, progress=tell, **kw),
+        )
+        ceiling_text = "censored" if attack.ceiling_censored else f"{attack.ceiling:.3g}"
+        say(
+            f"[{rc.name} seed {seed}] θ₀: target {attack.target:.1f}% "
+            f"({attack.target_operator}), cheapest {attack.cheapest.operator} "
+            f"{attack.cheapest.flops:.3g} FLOPs, ceiling {ceiling_text}"
+        )
+    dp_ref = more = None
+    if sp.dp_attack is not None:
+        with phase("dp_reference"):
+            dp_ref = cache.get(
+                ("dp_reference", *key), lambda: finetune_reference(theta0, sp.dp_attack, rc, seed)
             )
-    return b
+    if sp.attack_more is not None and seed in rc.more_data_seeds:
+        with phase("more_reference"):
+            more = cache.get(
+                ("more_reference", *key),
+                lambda: reference_path(theta0, sp.attack_more, rc.operators, **kw),
+            )
+    ev = Evaluation(pools, reference, sp, attack, dp_ref, more, rc, seed)
+    row0 = measure(theta0, ev, Row("init", "init"), phase)
+    return ev, row0, reach
 
 
 def _names(net, modules) -> list[str]:
@@ -690,7 +825,7 @@ def immunize_row(theta0, ev: Evaluation, row: Row, ctx, phase, say, on_extractor
     changed = retrain_scope(model, theta0)
     if changed is not None and not set(changed) <= set(scope or ()):
         raise RuntimeError(f"{row.name} changed {changed}, outside its scope {scope}")
-    result = measure(model, ev, row, phase, audit=False)
+    result = measure(model, ev, row, phase)
     train = {
         "steps": res.steps,
         "lambdas": res.lambdas,
@@ -711,41 +846,44 @@ def immunize_row(theta0, ev: Evaluation, row: Row, ctx, phase, say, on_extractor
 def audit_seed(
     model, reference, rc: RunConfig, seed: int, opts: RunOptions, say, splits=None
 ) -> SeedResult:
-    """Any extractor ``model`` against a θ₀ ``reference`` (both ImmunizedNet) on the images of
-    ``rc`` for one seed (``splits``: :func:`load_splits`'s, when already loaded): θ₀'s budgets,
-    and the row ``"model"`` measured and attacked (a retrain re-initialises what ``model``
-    changed); a feature that is not finite names the model it came from."""
+    """Any extractor ``model`` (an ImmunizedNet) judged against a θ₀ ``reference`` on the images
+    of ``rc`` for one seed (``splits``: :func:`load_splits`'s, when already loaded): θ₀'s side,
+    and the row ``"model"`` measured and judged; a feature that is not finite names the model it
+    came from."""
     seconds = {}
     phase = clock(seconds)
     torch.manual_seed(seed)
     sp = load_splits(rc, opts, seed) if splits is None else splits
-    scope = retrain_scope(model, reference)
-    scopes = {scope} if scope else ()
-    ev, row0, reach = evaluation(reference, sp, rc, seed, phase, say, scopes, name="reference")
+    ev, row0, reach = evaluation(reference, sp, rc, seed, phase, say, name="reference")
     row = replace(
-        measure(model, ev, Row("model", "audit"), phase, audit=False, name="model"),
-        retrain_scope=scope,
+        measure(model, ev, Row("model", "audit"), phase, name="model"),
+        retrain_scope=retrain_scope(model, reference),
     )
-    return seed_result(ev, row0, {"model": attack_row(model, ev, row, phase)}, {}, reach, seconds)
+    row = judge(model, reference, ev, row, phase, say)
+    return seed_result(ev, row0, {"model": row}, {}, reach, seconds)
 
 
-def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=None):
-    """θ₀, its budgets, every row and every measurement of one seed, in this process (every
-    rank under torchrun: the ranks immunize together, rank 0 measures); rank 0 returns the
+def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=None, eta=None):
+    """θ₀, its side of the judge, every row and every measurement of one seed, in this process
+    (every rank under torchrun: the ranks immunize together, rank 0 measures); rank 0 returns the
     :class:`SeedResult`."""
     seconds = {}
     phase = clock(seconds)
     theta0, ev, row0, reach = seed_setup(rc, seed, opts, ctx, phase, say)
+    if eta:
+        eta.done(rc.seconds[0])
     row0 = _with_extractor(row0, theta0, seed, on_extractor if ctx.is_main else None)
     rows, errors = {}, {}
     for row in rc.rows:
         result, error, model = immunize_row(theta0, ev, row, ctx, phase, say, on_extractor)
         if result is not None:
-            result, error = _attacked(model, ev, result, phase)
+            result, error = _judged(model, theta0, ev, result, phase, say)
         if error:
             errors[row.name] = error
         elif result is not None:
             rows[row.name] = result
+        if eta:
+            eta.done(rc.seconds[1])
     barrier()
     if not ctx.is_main:
         return None
@@ -763,9 +901,9 @@ def seed_result(ev: Evaluation, row0, rows, errors, reach, seconds) -> SeedResul
     return SeedResult(
         ev.seed,
         row0,
-        ev.budgets,
-        ev.dp_budget,
-        ev.more_budgets,
+        ev.attack,
+        ev.dp_reference,
+        ev.more,
         rows,
         errors,
         reach,
@@ -773,6 +911,27 @@ def seed_result(ev: Evaluation, row0, rows, errors, reach, seconds) -> SeedResul
         chance_accuracy(dataset_labels(ev.splits.p_val)),
         seconds,
     )
+
+
+class Progress:
+    """The time left, from each configuration's expected CPU-seconds (``RunConfig.seconds``)
+    corrected by the speed observed so far: after each finished piece of work, the expected
+    seconds left times the seconds taken per expected second done."""
+
+    def __init__(self, rcs, seeds, say, jobs: int = 1):
+        self.total = sum((rc.seconds[0] + len(rc.rows) * rc.seconds[1]) * len(seeds) for rc in rcs)
+        self.done_expected, self.say, self.jobs, self.t0 = 0.0, say, jobs, time.perf_counter()
+
+    def done(self, expected: float) -> None:
+        self.done_expected += expected
+        took = time.perf_counter() - self.t0
+        left = max(self.total - self.done_expected, 0.0) * took / max(self.done_expected, 1e-9)
+        share = 100.0 * self.done_expected / max(self.total, 1e-9)
+        self.say(
+            f"[progress] {share:.0f}% of the planned work in {took:.0f} s; about {left:.0f} s "
+            "left",
+            flush=True,
+        )
 
 
 # --------------------------------------------------------------------------- worker processes
@@ -834,7 +993,7 @@ def _row_job(job: RowJob) -> tuple:
     ev = replace(job.evaluation, splits=load_splits(job.rc, job.opts, job.seed))
     result, error, model = immunize_row(theta0, ev, job.row, ctx, phase, say, job.on_extractor)
     if result is not None:
-        result, error = _attacked(model, ev, result, phase)
+        result, error = _judged(model, theta0, ev, result, phase)
     return job.row.name, result, error, seconds
 
 
@@ -848,13 +1007,59 @@ def _add_seconds(total: dict, more: dict) -> dict:
 # --------------------------------------------------------------------------- over seeds
 
 
+def _per_seed_flag(values: list, flags: list) -> dict:
+    got = [v for v in values if v is not None]
+    return {
+        "per_seed": values,
+        "censored": flags,
+        "min": min(got) if got else None,
+        "max": max(got) if got else None,
+    }
+
+
+def _judged_summary(judged: list) -> dict:
+    """Per seed: worth (with and without the probes), the retrain bound, the share of the
+    headroom, the cheapest operator and, per operator, its FLOPs to the target and its plateau."""
+    if not judged or judged[0] is None:
+        return {}
+    w = [j.worth for j in judged]
+    ops = {}
+    for name in judged[0].path.names():
+        cs = [j.path[name] for j in judged]
+        ops[name] = {
+            "kind": cs[0].kind,
+            "flops_to_target": [c.flops_to_target for c in cs],
+            "flops_limit": [c.flops_limit for c in cs],
+            "censored": [c.censored for c in cs],
+            "steps_to_target": [c.steps_to_target for c in cs],
+            "plateau": [c.plateau for c in cs],
+            "setting": [c.setting for c in cs],
+        }
+    return {
+        "worth": _per_seed_flag([x.worth for x in w], [x.worth_censored for x in w]),
+        "worth_without_probes": _per_seed_flag(
+            [x.worth_without_probes for x in w], [x.worth_without_probes_censored for x in w]
+        ),
+        "retrain_bound": _per_seed_flag(
+            [x.retrain_bound for x in w], [x.retrain_bound_censored for x in w]
+        ),
+        "headroom_share": _per_seed_flag(
+            [x.headroom_share for x in w], [x.worth_censored for x in w]
+        ),
+        "ceiling": _per_seed_flag([x.ceiling for x in w], [x.ceiling_censored for x in w]),
+        "cheapest_operator": [x.cheapest_operator for x in w],
+        "exact": [j.path.exact for j in judged],
+        "operators": ops,
+    }
+
+
 @dataclass(frozen=True)
 class RowSummary:
     """One row over the seeds that have it: each headline number's ``{mean, std, per_seed}``,
-    the Definition 3.1 counts, the GD probe curve, and per operator the slowdown per seed (with
-    its censoring and setting), its minimum over seeds and the deficit at θ₀'s budget; the worst
-    case over operators per seed (``worst_slowdown``) and its minimum; the D_P fine-tuning
-    slowdown per seed and its maximum; the same with more images."""
+    the Definition 3.1 counts, the GD probe curve, the judge per seed (worth, worth without the
+    probes, retrain bound, share of the headroom, cheapest operator, every operator's FLOPs to the
+    target and plateau), the D_P fine-tuning slowdown per seed and its maximum, the same judge
+    with more images, and how training went."""
 
     row: str
     method: str
@@ -864,9 +1069,7 @@ class RowSummary:
     immunized_count: int
     immunized_groups_count: int
     probe_curve: dict
-    operators: dict
-    worst_slowdown: dict
-    worst: dict
+    judged: dict
     dp_finetune_slowdown: dict
     more_data: dict
     train: dict
@@ -878,7 +1081,6 @@ class RowSummary:
         return out
 
 
-# each headline number of a row: its attribute path on a RowResult
 HEADLINE = {
     "rir_theta0": ("rir",),
     "harmful_ratio": ("harmful_ratio",),
@@ -903,41 +1105,6 @@ def _curve(curves) -> dict:
     return {k: getattr(np, k)(a, 0).tolist() for k in ("mean", "std", "min", "max")}
 
 
-def _operators(audits: list) -> dict:
-    """Per operator over seeds: slowdown, censoring, setting, edge, deficit at B₀."""
-    if not audits or audits[0] is None:
-        return {}
-    names = [s.operator for s in audits[0].operators]
-    out = {}
-    for op in names:
-        per = [a[op] if any(s.operator == op for s in a.operators) else None for a in audits]
-        got = [s for s in per if s is not None]
-        out[op] = {
-            "slowdown": [s.slowdown if s else None for s in per],
-            "censored": [s.censored if s else None for s in per],
-            "setting": [s.setting if s else None for s in per],
-            "edge": [s.edge if s else None for s in per],
-            "min_slowdown": min(s.slowdown for s in got),
-            # a minimum that is a censored cap is a lower bound
-            "min_censored": min((s.slowdown, s.censored) for s in got)[1],
-            "deficit": summarize(s.deficit for s in got),
-            "test_at_budget": summarize(s.test_at_budget for s in got),
-        }
-    return out
-
-
-def _worst(audits: list) -> dict:
-    if not audits or audits[0] is None:
-        return {}
-    per = [a.worst_slowdown for a in audits]
-    return {
-        "per_seed": per,
-        "operator": [a.worst_slowdown_operator for a in audits],
-        "censored": [a.worst_slowdown_censored for a in audits],
-        "min": min(per),
-    }
-
-
 def summarize_row(row: Row, seeds: list, results: list, theta0s: list) -> RowSummary:
     """:class:`RowSummary` of ``results`` (one :class:`RowResult` per seed of ``seeds``), θ₀'s
     rows of the same seeds beside them."""
@@ -949,7 +1116,6 @@ def summarize_row(row: Row, seeds: list, results: list, theta0s: list) -> RowSum
         numbers[f"probe_epoch{e}_delta"] = summarize(
             r.probe[e] - t.probe[e] for r, t in zip(results, theta0s)
         )
-    audits = [r.audit for r in results]
     dps = [r.dp_finetune for r in results]
     mores = [r.more_data for r in results if r.more_data is not None]
     return RowSummary(
@@ -961,41 +1127,82 @@ def summarize_row(row: Row, seeds: list, results: list, theta0s: list) -> RowSum
         sum(bool(r.immunized) for r in results),
         sum(bool(r.grouped.immunized) for r in results),
         _curve([r.probe for r in results]),
-        _operators(audits),
-        _worst(audits),
-        {
-            "operator": [a.worst for a in audits] if audits[0] is not None else [],
-            "deficit": [a.worst_deficit for a in audits] if audits[0] is not None else [],
-        },
+        _judged_summary([r.judged for r in results]),
         {
             "per_seed": [d.slowdown for d in dps] if dps[0] is not None else [],
             "censored": [d.censored for d in dps] if dps[0] is not None else [],
             "max": max(d.slowdown for d in dps) if dps[0] is not None else None,
         },
-        {"operators": _operators(mores), "worst_slowdown": _worst(mores)} if mores else {},
+        _judged_summary(mores),
         {k: [r.train.get(k) for r in results] for k in ("steps", "reason", "seconds")},
     )
 
 
-def _budget_table(seeds: list[SeedResult], key: str) -> dict:
-    """θ₀'s budgets of every operator over seeds (for the tables)."""
-    out = {}
-    for s in seeds:
-        src = {
-            "budgets": s.budgets,
-            "more": s.more_budgets or {},
-            "dp": {"finetune_full": s.dp_budget} if s.dp_budget else {},
-        }[key]
-        for op, b in src.items():
-            out.setdefault(op, []).append({**b.to_dict(), "traces": None, "seed": s.seed})
-    return out
+def _theta0_summary(seeds: list[SeedResult]) -> dict:
+    """θ₀'s side per seed: the target, the operator whose plateau set it, θ₀'s cheapest operator
+    and its FLOPs, scratch's FLOPs, the ceiling, the cap; every operator's plateau, B₀, FLOPs to
+    the target on θ₀; the same with more images and D_P fine-tuning's."""
+
+    def side(refs: list) -> dict:
+        refs = [r for r in refs if r is not None]
+        if not refs:
+            return {}
+        ops = {}
+        for c in refs[0].path.operators:
+            n = c.operator
+            ops[n] = {
+                "kind": c.kind,
+                "plateau": [r.path[n].plateau for r in refs],
+                "budget_steps": [
+                    r.budgets[n].budget_steps if n in r.budgets else None for r in refs
+                ],
+                "confirmed": [
+                    r.budgets[n].plateau_reached if n in r.budgets else None for r in refs
+                ],
+                "flops_to_target": [r.path[n].flops_to_target for r in refs],
+                "steps_to_target": [r.path[n].steps_to_target for r in refs],
+                "censored": [r.path[n].censored for r in refs],
+                "setting": [r.path[n].setting for r in refs],
+                "cost": [r.path[n].cost.to_dict() for r in refs],
+            }
+        return {
+            "target": [r.target for r in refs],
+            "target_operator": [r.target_operator for r in refs],
+            "chance": [r.chance for r in refs],
+            "cheapest_operator": [r.cheapest.operator for r in refs],
+            "cheapest_flops": [r.cheapest.flops for r in refs],
+            "scratch_flops": [r.scratch and r.scratch.flops for r in refs],
+            "ceiling": _per_seed_flag(
+                [r.ceiling for r in refs], [r.ceiling_censored for r in refs]
+            ),
+            "cap": [r.cap for r in refs],
+            "batch_size": refs[0].batch_size,
+            "image_side": refs[0].image_side,
+            "operators": ops,
+        }
+
+    dps = [s.dp_reference for s in seeds if s.dp_reference is not None]
+    return {
+        "attack": side([s.reference for s in seeds]),
+        "more_data": side([s.more_reference for s in seeds]),
+        "dp_finetune": {
+            "plateau": [d.budget.plateau for d in dps],
+            "target": [d.target for d in dps],
+            "steps": [d.steps for d in dps],
+            "budget_steps": [d.budget.budget_steps for d in dps],
+            "confirmed": [d.budget.plateau_reached for d in dps],
+            "setting": [d.budget.setting for d in dps],
+        }
+        if dps
+        else {},
+    }
 
 
 def result_of(
     rc: RunConfig, opts: RunOptions, seeds, per_seed: list, t0, row_specs=None, **extra
 ) -> dict:
     """results.json of one configuration over ``seeds``: per row its :class:`RowSummary` (θ₀'s
-    first; ``row_specs`` default ``rc.rows``), θ₀'s budgets, every seed's results, the
+    first; ``row_specs`` default ``rc.rows``), θ₀'s side per seed, every seed's results, the
     seconds."""
     phases = {}
     for s in per_seed:
@@ -1012,6 +1219,7 @@ def result_of(
         if have:
             ss, res, t0s = zip(*have)
             rows[r.name] = summarize_row(r, list(ss), list(res), list(t0s))
+    theta0 = _theta0_summary(per_seed)
     return {
         "config": rc.name,
         "model": rc.model,
@@ -1021,17 +1229,19 @@ def result_of(
         else f"D_P {opts.dp_root} vs D_H {opts.dh_root}",
         "seeds": list(seeds),
         "threads": torch.get_num_threads(),
+        "attacker": {
+            "batch_size": theta0["attack"].get("batch_size"),
+            "image_side": theta0["attack"].get("image_side"),
+            "train_images": len(per_seed[0].reference.budgets) and rc.sizes.attack_train,
+        },
         "run_config": rc.to_dict(),
         "rows": {k: v.to_dict() for k, v in rows.items()},
-        "budgets": _budget_table(per_seed, "budgets"),
-        "dp_budgets": _budget_table(per_seed, "dp"),
-        "more_budgets": _budget_table(per_seed, "more"),
+        "theta0": theta0,
         "per_seed": [s.to_dict() for s in per_seed],
         "errors": {f"seed{s.seed}": s.errors for s in per_seed if s.errors},
         "wall_seconds": time.perf_counter() - t0,
         "phase_seconds": phases,
         "environment": environment(),
-        "slowdown_cap": SLOWDOWN_CAP,
         **extra,
     }
 
@@ -1040,26 +1250,33 @@ def run_configs(
     rcs: list, seeds: list[int], opts: RunOptions, ctx, *, on_extractor=None, jobs: int = 1
 ) -> list | None:
     """Every seed of every configuration in ``rcs``; rank 0 returns per configuration its
-    results (:func:`_result`), the other ranks None. With ``jobs > 1`` (one process, no
-    torchrun) each (configuration, seed)'s θ₀ and budgets run in a worker process, and each of
-    its rows in whichever worker is free once they are done: every number is the same as with
-    ``jobs = 1``. ``on_extractor(rc)`` gives each configuration's callback ``(model, row, seed,
-    status) -> path or None``."""
+    results (:func:`result_of`), the other ranks None. With ``jobs > 1`` (one process, no
+    torchrun) each (configuration, seed)'s θ₀ and its side of the judge run in a worker process,
+    and each of its rows in whichever worker is free once they are done: every number is the same
+    as with ``jobs = 1``. ``on_extractor(rc)`` gives each configuration's callback ``(model, row,
+    seed, status) -> path or None``."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     t0, threads = time.perf_counter(), torch.get_num_threads()
-    say = print if ctx.is_main and not opts.quiet else (lambda *a, **k: None)
+    say = print if ctx.is_main and not opts.quiet else _quiet
     for rc in rcs:
         say(
             f"[{rc.name}] model={rc.model} seeds={seeds} rows={[r.name for r in rc.rows]} "
             f"world={ctx.world} threads={threads} device={ctx.device} jobs={jobs}"
         )
+    eta = Progress(rcs, seeds, say, jobs)
     hook = (lambda rc: None) if on_extractor is None else on_extractor
     if jobs > 1 and ctx.world == 1:
         from experiments.common import pool_chain  # noqa: PLC0415
 
         todo = [(rc, s, opts, str(ctx.device), threads, hook(rc)) for rc in rcs for s in seeds]
         done = []
-        for (ev, row0, reach, seconds), row_outs in pool_chain(_seed_job, _row_job, todo, jobs):
+
+        def tick(stage, task):
+            eta.done(task[0].seconds[0] if stage == "first" else task.rc.seconds[1])
+
+        for (ev, row0, reach, seconds), row_outs in pool_chain(
+            _seed_job, _row_job, todo, jobs, on_done=tick
+        ):
             rows, errors = {}, {}
             for name, result, error, secs in row_outs:
                 _add_seconds(seconds, secs)
@@ -1071,7 +1288,7 @@ def run_configs(
             done.append(seed_result(ev, row0, rows, errors, reach, seconds))
         per = [done[i * len(seeds) : (i + 1) * len(seeds)] for i in range(len(rcs))]
     else:
-        per = [[run_seed(rc, s, opts, ctx, say, hook(rc)) for s in seeds] for rc in rcs]
+        per = [[run_seed(rc, s, opts, ctx, say, hook(rc), eta) for s in seeds] for rc in rcs]
     if not ctx.is_main:
         return None
     return [

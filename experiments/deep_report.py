@@ -1,12 +1,11 @@
 """Tables and figures of the deep-net experiments from experiments/deep_pipeline.py's results
-(nothing here computes a metric). The tables lead with whether each row slows each attacker:
-the worst-case slowdown over operators, per seed, beside Definition 3.1 (docs/findings.md §7)."""
+(nothing here computes a metric). The tables lead with what each defense is worth to its
+attacker: the attacker's cheapest path in FLOPs on the defended model against θ₀'s, beside the
+ceiling of training from scratch and Definition 3.1 (docs/theory.md §12, docs/findings.md §7)."""
 
 from __future__ import annotations
 
 import math
-
-import numpy as np
 
 from pycore.report import METHOD_LABELS, fmt, pm, save_figure
 
@@ -17,7 +16,7 @@ OPERATOR_LABELS = {
     "remove_layer": "layer removed, then the Adam probe",
     "finetune_upper": "fine-tune last stage + layer + new head",
     "finetune_full": "fine-tune the whole network + new head",
-    "retrain_tail": "changed stages re-initialised and retrained + new head",
+    "scratch": "the architecture trained from scratch (ignores the release)",
 }
 SHORT = {
     "gd": "GD 1/L",
@@ -26,14 +25,17 @@ SHORT = {
     "remove_layer": "layer removed",
     "finetune_upper": "FT upper",
     "finetune_full": "FT full",
-    "retrain_tail": "retrain",
+    "scratch": "scratch",
 }
 
 
 def operator_label(op: str, short: bool = False) -> str:
-    """``lora_r8`` → "LoRA r8" (every other operator by its table)."""
+    """``lora_r8`` → "LoRA r8", ``retrain_last2`` → "retrain 2" (the others by their tables)."""
     if op.startswith("lora_r"):
         return f"LoRA r{op[6:]}" if short else f"LoRA rank {op[6:]} (peft) + new head"
+    if op.startswith("retrain_last"):
+        k = op.removeprefix("retrain_last")
+        return f"retrain {k}" if short else f"last {k} stage(s) re-initialised and retrained"
     return (SHORT if short else OPERATOR_LABELS).get(op, op)
 
 
@@ -47,15 +49,22 @@ def label(result: dict, key: str) -> str:
     return METHOD_LABELS.get(key, key)
 
 
-def _slow(x: float | None, censored: bool | None, cap: float) -> str:
+def _ratio(x: float | None, lower: bool | None) -> str:
+    """A FLOP ratio, ``≥`` for a lower bound, — when undefined."""
     if x is None:
         return "—"
-    return f"≥{fmt(cap, 3)}" if censored else fmt(x, 3)
+    return ("≥" if lower else "") + fmt(x, 3)
 
 
-def _per_seed(op: dict, cap: float) -> str:
-    """``a / b / c`` per seed."""
-    return " / ".join(_slow(x, c, cap) for x, c in zip(op["slowdown"], op["censored"]))
+def _flops(x, lower: bool | None = False) -> str:
+    # None, or infinity (no cap: no scratch), as results.json holds it (a marked string)
+    if not isinstance(x, (int, float)) or math.isinf(x):
+        return "—"
+    return ("≥" if lower else "") + f"{x:.2g}"
+
+
+def _share(x: float | None) -> str:
+    return "—" if x is None else f"{x:+.2f}"
 
 
 def _failures(result: dict) -> dict:
@@ -66,141 +75,182 @@ def _failures(result: dict) -> dict:
     return out
 
 
-def _operators(result: dict, key: str = "operators") -> list[str]:
+def _operators(result: dict, key: str = "judged") -> list[str]:
     seen = []
     for r in result["rows"].values():
-        src = r[key] if key == "operators" else r[key].get("operators", {})
-        seen += [o for o in src if o not in seen]
+        seen += [o for o in (r.get(key) or {}).get("operators", {}) if o not in seen]
     return seen
 
 
+def _theta0_lines(side: dict, seeds: list, title: str) -> list[str]:
+    """θ₀'s side per seed: target, cheapest attacker, scratch, ceiling, cap."""
+    if not side:
+        return []
+    c = side["ceiling"]
+    out = [
+        "",
+        title,
+        "",
+        "| seed | target % (set by) | cheapest on θ₀ (FLOPs) | scratch FLOPs | ceiling | cap |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, seed in enumerate(seeds):
+        out.append(
+            f"| {seed} | {side['target'][i]:.1f} "
+            f"({operator_label(side['target_operator'][i], True)})"
+            f" | {operator_label(side['cheapest_operator'][i], True)} "
+            f"({_flops(side['cheapest_flops'][i])}) | {_flops(side['scratch_flops'][i])} | "
+            f"{_ratio(c['per_seed'][i], c['censored'][i])} | {_flops(side['cap'][i])} |"
+        )
+    out += [
+        "",
+        "Every operator on θ₀: its plateau (%, the highest level held over two evaluations), "
+        "B₀ (the first step within 1 point of it), whether it was confirmed, its steps and FLOPs "
+        "to the target (— : its plateau is below the target, or it costs more than the cap), "
+        "per seed (a / b / c).",
+        "",
+        "| operator | plateau % | B₀ | confirmed | steps to target | FLOPs to target | FLOPs "
+        "setup + per step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for op, o in side["operators"].items():
+        join = lambda xs, f=str: " / ".join("—" if x is None else f(x) for x in xs)  # noqa: E731
+        cost = o["cost"][0]
+        out.append(
+            f"| {operator_label(op, True)} | {join(o['plateau'], lambda x: f'{x:.1f}')} | "
+            f"{join(o['budget_steps'])} | {sum(bool(x) for x in o['confirmed'])}/"
+            f"{len(o['confirmed'])} | {join(o['steps_to_target'])} | "
+            f"{join(o['flops_to_target'], _flops)} | {_flops(cost['setup'])} + "
+            f"{_flops(cost['per_step'])} |"
+        )
+    return out
+
+
+def _judge_lines(result: dict, rows_: dict, key: str, n: int) -> list[str]:
+    """Per row and seed: worth (share of the headroom) [cheapest operator], worth without the
+    probes, the retrain bound; then every operator's cost over its cost on θ₀."""
+    out = [
+        "| row | worth per seed (share of headroom) [cheapest] | worth without probes | "
+        "retrain bound | Def. 3.1 | D_P top-1 − θ₀ | D_P fine-tuning slowdown (max) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m, r in rows_.items():
+        j = r.get(key) or {}
+        if not j:
+            continue
+        w, s = j["worth"], j["headroom_share"]
+        per = " / ".join(
+            f"{_ratio(x, c)} ({_share(h)}) [{operator_label(o, True)}]"
+            for x, c, h, o in zip(
+                w["per_seed"], w["censored"], s["per_seed"], j["cheapest_operator"]
+            )
+        )
+        wp, rb = j["worth_without_probes"], j["retrain_bound"]
+        dp = r["dp_finetune_slowdown"]
+        dps = fmt(dp["max"], 3) if dp["per_seed"] and key == "judged" else "—"
+        out.append(
+            f"| {label(result, m)} | {per} | "
+            + " / ".join(_ratio(x, c) for x, c in zip(wp["per_seed"], wp["censored"]))
+            + " | "
+            + " / ".join(_ratio(x, c) for x, c in zip(rb["per_seed"], rb["censored"]))
+            + f" | {r['immunized_count']}/{n} | {_signed(r['dp_top1_delta'])} | {dps} |"
+        )
+    ops = _operators(result, key)
+    theta0 = result["theta0"]["attack" if key == "judged" else "more_data"]["operators"]
+    out += [
+        "",
+        "Each operator's cost to the target on the row over its cost on θ₀, per seed (a / b / c; "
+        "≥: it was cut off once it had spent what the row's cheapest operator of its kind paid, a "
+        "lower bound; —: it does not reach the target on θ₀).",
+        "",
+        "| row | " + " | ".join(operator_label(o, True) for o in ops) + " |",
+        "|---|" + "---|" * len(ops),
+    ]
+    for m, r in rows_.items():
+        j = r.get(key) or {}
+        if not j:
+            continue
+        cells = []
+        for o in ops:
+            mine, base = j["operators"].get(o), theta0.get(o)
+            if mine is None or base is None:
+                cells.append("—")
+                continue
+            per = []
+            for i, b in enumerate(base["flops_to_target"]):
+                if b is None:
+                    per.append("—")
+                    continue
+                f = mine["flops_to_target"][i]
+                per.append(_ratio((mine["flops_limit"][i] if f is None else f) / b, f is None))
+            cells.append(" / ".join(per))
+        out.append(f"| {label(result, m)} | " + " | ".join(cells) + " |")
+    return out
+
+
 def table_markdown(result: dict, paper: dict | None = None) -> str:
-    """The headline (whether each row slows each attacker, beside Definition 3.1), the slowdown
-    matrix per seed, the deficits at θ₀'s budget, θ₀'s budgets, the attacker with more images,
-    the D_P fine-tuning check, Table 3's κ columns (with the paper's numbers when given), the
-    layer's attainable window and where (i) comes from."""
+    """The headline (what each row is worth to its attacker, beside the ceiling and Definition
+    3.1), θ₀'s side (the target, the cheapest attacker, scratch, every operator's plateau and
+    cost), each operator's cost on each row, the attacker with more images, the D_P
+    fine-tuning check, Table 3's κ columns (with the paper's numbers when given), the layer's
+    attainable window and where (i) comes from."""
     rows, rc, n = result["rows"], result["run_config"], len(result["seeds"])
-    cap = result["slowdown_cap"]
-    z, sch = rc["sizes"], rc["schedule"]
+    z = rc["sizes"]
+    att = result["attacker"]
     rows_ = {k: r for k, r in rows.items() if k != "init"}
-    ops = _operators(result)
+    ceil = result["theta0"]["attack"].get("ceiling", {})
     lines = [
         f"# Deep-net immunization: {result['config']} — {result['model_text']} on "
         f"{result['data']}",
         "",
-        f"Seeds {result['seeds']}; {result['threads']} thread(s). The attacker's D_H images "
-        f"({z['attack_train']} to train on, {z['attack_val']} to watch, {z['attack_test']} to be "
-        "scored on) are disjoint from every image the defense saw. **Slowdown**: the steps an "
-        "operator needs to reach 90 % of θ₀'s gain over chance, over the steps it needs on θ₀, "
-        f"its learning-rate grid widened per model until the best rate is inside it; ≥{fmt(cap)}: "
-        "censored (it never got there within that many times θ₀'s steps). The worst case of a "
-        "row is its smallest slowdown over operators: the attacker's best way around it.",
+        f"Seeds {result['seeds']}; {result['threads']} thread(s); {result['wall_seconds']:.0f} s "
+        f"wall. The attacker's D_H images ({z['attack_train']} to train on, batches of "
+        f"{att['batch_size']}, {att['image_side']} px; {z['attack_val']} to watch, "
+        f"{z['attack_test']} to be scored on) are disjoint from every image the defense saw. One "
+        "target for every operator and model: 90 % of the best plateau's gain over chance on θ₀. "
+        "**Worth**: the attacker's cheapest cost in FLOPs (every operator, its learning rates "
+        "tuned; linear probes, LoRA, fine-tuning, the retrain of every suffix of stages, training "
+        "from scratch) on the row over the same on θ₀; **share of the headroom**: log worth / "
+        "log ceiling (1: as costly as training from scratch; < 0: the row helped the attacker); "
+        "**retrain bound**: the row's cheapest retrain over θ₀'s cheapest; ≥: a lower bound "
+        "(docs/theory.md §12).",
         "",
     ]
+    if ceil:
+        lines += [
+            "**Ceiling** (scratch's cost over the cheapest on θ₀) per seed: "
+            + " / ".join(_ratio(x, c) for x, c in zip(ceil["per_seed"], ceil["censored"])),
+            "",
+        ]
     lines += [
         f"- {label(result, m)}: failed: {'; '.join(f)}" for m, f in _failures(result).items()
     ]
-    lines += [
-        "| row | worst-case slowdown per seed (operator) | worst case, min over seeds | Def. 3.1 "
-        "| (i) ↑ | (ii) ↓ | D_P top-1 − θ₀ | D_P fine-tuning slowdown (max) | GD probe @10 − θ₀ "
-        "(points) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for m, r in rows_.items():
-        w = r["worst_slowdown"]
-        per = (
-            " / ".join(
-                f"{_slow(x, c, cap)} ({operator_label(o, True)})"
-                for x, c, o in zip(w["per_seed"], w["censored"], w["operator"])
-            )
-            if w
-            else "—"
-        )
-        low = (
-            _slow(
-                w["min"],
-                all(c for x, c in zip(w["per_seed"], w["censored"]) if x == w["min"]),
-                cap,
-            )
-            if w
-            else "—"
-        )
-        dp = r["dp_finetune_slowdown"]
-        dps = _slow(dp["max"], False, cap) if dp["per_seed"] else "—"
-        probe = next((k for k in r if k.startswith("probe_epoch10_delta")), None)
-        lines.append(
-            f"| {label(result, m)} | {per} | {low} | {r['immunized_count']}/{n} | "
-            f"{pm(r['harmful_ratio'])} | {pm(r['pretrain_ratio'])} | "
-            f"{_signed(r['dp_top1_delta'])} | {dps} | "
-            f"{_signed(r[probe]) if probe else '—'} |"
-        )
-    head = "| row | " + " | ".join(operator_label(o, True) for o in ops) + " |"
-    rule = "|---|" + "---|" * len(ops)
-    lines += [
-        "",
-        "Slowdown per operator, per seed (a / b / c); < 1: the defense helped the attacker.",
-        "",
-        head,
-        rule,
-    ]
-    for m, r in rows_.items():
-        cells = [_per_seed(r["operators"][o], cap) if o in r["operators"] else "—" for o in ops]
-        lines.append(f"| {label(result, m)} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "Signed deficit at θ₀'s budget B₀: θ₀'s D_H test accuracy at B₀ minus the model's "
-        "(points, mean ± std over seeds; > 0: the defense slowed the attacker).",
-        "",
-        head,
-        rule,
-    ]
-    for m, r in rows_.items():
-        cells = [
-            _signed(r["operators"][o]["deficit"]) if o in r["operators"] else "—" for o in ops
-        ]
-        lines.append(f"| {label(result, m)} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "θ₀'s budget per operator: its plateau on the validation split (%, a trailing mean of 3 "
-        "evaluations), chance, B₀ (the first step within 1 point of the plateau), s₀ (θ₀'s steps "
-        "to the target, 90 % of the plateau's gain over chance), θ₀'s test accuracy at B₀ and its "
-        "best setting per seed; the plateau confirmed by a run of 3·B₀ steps (seeds), the best "
-        "rate at an end of the widened grid (seeds).",
-    ]
-    lines += _budget_lines(result["budgets"], "D_H", z, sch)
-    if result.get("more_budgets"):
-        more = _operators(result, "more_data")
-        seeds = sorted({b["seed"] for v in result["more_budgets"].values() for b in v})
+    lines += _judge_lines(result, rows_, "judged", n)
+    lines += _theta0_lines(result["theta0"]["attack"], result["seeds"], "θ₀'s side per seed:")
+    more = result["theta0"].get("more_data")
+    if more:
         lines += [
             "",
-            f"The attacker with {z['more_data']}× the images ({z['more_data'] * z['attack_train']}"
-            f" to train on; seed(s) {seeds}): slowdown per operator.",
+            f"The attacker with {z['more_data']}× the images "
+            f"({z['more_data'] * z['attack_train']} to train on; seed(s) "
+            f"{rc['more_data_seeds']}), with its own target and ceiling:",
             "",
-            "| row | " + " | ".join(operator_label(o, True) for o in more) + " | worst case |",
-            "|---|" + "---|" * (len(more) + 1),
         ]
-        for m, r in rows_.items():
-            md = r["more_data"]
-            if not md:
-                continue
-            cells = [
-                _per_seed(md["operators"][o], cap) if o in md["operators"] else "—" for o in more
-            ]
-            w = md["worst_slowdown"]
-            lines.append(
-                f"| {label(result, m)} | "
-                + " | ".join(cells)
-                + f" | {_slow(w['min'], False, cap)} |"
-            )
-        lines += _budget_lines(result["more_budgets"], "D_H with more images", z, sch)
-    if result.get("dp_budgets"):
-        lines += _budget_lines(
-            result["dp_budgets"],
+        lines += _judge_lines(result, rows_, "more_data", len(rc["more_data_seeds"]))
+        lines += _theta0_lines(more, list(rc["more_data_seeds"]), "θ₀'s side with more images:")
+    dp = result["theta0"].get("dp_finetune")
+    if dp:
+        lines += [
+            "",
             "Full fine-tuning on fresh D_P images (the deep (ii): D_P must stay as easy to "
-            "fine-tune as on θ₀)",
-            z,
-            sch,
-        )
+            "fine-tune as on θ₀), θ₀ per seed: plateau "
+            + " / ".join(f"{x:.1f}" for x in dp["plateau"])
+            + " %, target "
+            + " / ".join(f"{x:.1f}" for x in dp["target"])
+            + " %, steps to it "
+            + " / ".join(str(x) for x in dp["steps"])
+            + f", confirmed {sum(dp['confirmed'])}/{len(dp['confirmed'])}.",
+        ]
     p_cols = " paper RIR_θ₀ | paper D_P % |" if paper else ""
     lines += [
         "",
@@ -266,41 +316,6 @@ def table_markdown(result: dict, paper: dict | None = None) -> str:
 
 def _signed(summary: dict, digits: int = 1) -> str:
     return f"{summary['mean']:+.{digits}f} ± {summary['std']:.{digits}f}"
-
-
-def _budget_lines(budgets: dict, title: str, z: dict, sch: dict) -> list[str]:
-    """θ₀'s budgets over seeds: plateau (validation %), chance, B₀ and s₀ (steps), θ₀'s best
-    setting per seed, whether the plateau was confirmed (a run 3·B₀ long) and whether the best
-    rate sat at an end of the widened grid."""
-    out = [
-        "",
-        f"{title} (steps: optimizer steps of batches of {sch['batch_size']}, full-batch for GD):",
-        "",
-        "| operator | plateau % | chance % | B₀ | s₀ | test at B₀ % | setting | confirmed "
-        "| at an end |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for op, per in budgets.items():
-        name = "retrain (" + op.split(":", 1)[1] + ")" if op.startswith("retrain_tail:") else op
-
-        def col(k):
-            return pm(
-                {
-                    "mean": float(np.mean([b[k] for b in per])),
-                    "std": float(np.std([b[k] for b in per])),
-                },
-                3,
-            )
-
-        out.append(
-            f"| {operator_label(name, True)} | {col('plateau')} | {col('chance')} | "
-            f"{' / '.join(str(b['budget_steps']) for b in per)} | "
-            f"{' / '.join(str(b['reference_steps']) for b in per)} | {col('test_at_budget')} | "
-            f"{' / '.join(b['setting'] for b in per)} | "
-            f"{sum(b['plateau_reached'] for b in per)}/{len(per)} | "
-            f"{sum(b['edge'] for b in per)}/{len(per)} |"
-        )
-    return out
 
 
 # ---------------------------------------------------------------------------------- figures
@@ -373,43 +388,54 @@ def plot_probing(result: dict, path) -> None:
 
 
 def plot_operators(result: dict, path) -> None:
-    """One panel per operator: each row's slowdown per seed (markers) and its minimum (bar), on a
-    log scale; 1 = as fast as on θ₀, the cap marks a censored run."""
-    rows = {k: r for k, r in result["rows"].items() if k != "init"}
+    """One panel per operator: each row's cost to the target over θ₀'s per seed (open markers: a
+    lower bound), on a log scale; 1 = as costly as on θ₀."""
+    rows = {k: r for k, r in result["rows"].items() if k != "init" and r.get("judged")}
     ops = _operators(result)
-    cap = result["slowdown_cap"]
-    fig, axes, side = _figure(result, len(ops), "Slowdown per operator (≥ cap: censored)", 2)
+    theta0 = result["theta0"]["attack"].get("operators", {})
+    fig, axes, side = _figure(result, max(len(ops), 1), "Each operator's FLOPs over θ₀'s", 2)
     for ax, op in zip(axes, ops):
         for i, (m, r) in enumerate(rows.items()):
-            o = r["operators"].get(op)
-            if not o:
+            mine, base = r["judged"]["operators"].get(op), theta0.get(op)
+            if not mine or not base:
                 continue
-            ys = [y for y in o["slowdown"] if y is not None]
-            bar = ax.bar(i, o["min_slowdown"], color=f"C{i}", alpha=0.35, label=label(result, m))
-            ax.plot([i] * len(ys), ys, "o", color=bar.patches[0].get_facecolor()[:3], ms=3)
+            for s, b in enumerate(base["flops_to_target"]):
+                if b is None:
+                    continue
+                f = mine["flops_to_target"][s]
+                y = (mine["flops_limit"][s] if f is None else f) / b
+                ax.plot(
+                    i,
+                    y,
+                    "o",
+                    color=f"C{i}",
+                    ms=4,
+                    mfc="none" if f is None else f"C{i}",
+                    label=label(result, m),
+                )
         ax.axhline(1, color="k", lw=0.8)
-        ax.axhline(cap, color="firebrick", lw=0.8, ls=":")
         ax.set(yscale="log", title=operator_label(op), xticks=[])
         ax.title.set_fontsize(8)
     if axes:
-        axes[0].set_ylabel("slowdown (×θ₀'s steps)  ↑ slower attacker")
+        axes[0].set_ylabel("FLOPs to the target (× θ₀'s)  ↑ slower attacker")
     _finish(fig, axes, side, path)
 
 
 def plot_frontier(result: dict, path) -> None:
-    """Each row's worst-case slowdown (min over seeds) against its D_P top-1 cost (θ₀ − row,
-    points): the frontier of a defense over its strength."""
-    fig, (ax,), side = _figure(result, 1, "Worst-case slowdown against D_P top-1 cost")
+    """Each row's share of the headroom per seed against its D_P top-1 cost (θ₀ − row, points):
+    the frontier of a defense over its strength."""
+    fig, (ax,), side = _figure(result, 1, "Share of the headroom against D_P top-1 cost")
     for m, r in result["rows"].items():
-        if m == "init" or not r["worst_slowdown"]:
+        j = r.get("judged") or {}
+        if m == "init" or not j:
             continue
-        ax.plot(
-            -r["dp_top1_delta"]["mean"], r["worst_slowdown"]["min"], "o", label=label(result, m)
-        )
-    ax.axhline(1, color="k", lw=0.8)
+        ys = [y for y in j["headroom_share"]["per_seed"] if y is not None]
+        if ys:
+            ax.plot([-r["dp_top1_delta"]["mean"]] * len(ys), ys, "o", label=label(result, m))
+    ax.axhline(0, color="k", lw=0.8)
+    ax.axhline(1, color="firebrick", lw=0.8, ls=":")
     ax.set(
-        yscale="log",
         xlabel="D_P top-1 cost (points)  ← better",
-        ylabel="worst-case slowdown  ↑ better",
+        ylabel="share of the headroom (log worth / log ceiling)  ↑ better",
     )
     _finish(fig, [ax], side, path)

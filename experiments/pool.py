@@ -165,19 +165,26 @@ def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
         return list(progress(results, total=len(items), desc=desc))
 
 
-def pool_chain(first, then, items, jobs: int) -> list:
+def pool_chain(first, then, items, jobs: int, on_done=None) -> list:
     """Two stages in one pool: ``first(x)`` returns ``(result, follow_ups)`` and every follow-up
     ``y`` runs as ``then(y)`` as soon as its ``first`` has returned, on whichever worker is free
     (a long ``first`` no longer holds its follow-ups on one worker).  Returns ``[(result,
     [then(y) for y in follow_ups]), ...]`` in the order of ``items``; errors and interrupts as
-    :func:`pool_map`."""
+    :func:`pool_map`. ``on_done(stage, task)`` (``stage`` "first" or "then"), if given, is called
+    in this process as each task finishes (a progress line)."""
     items = list(items)
     n = min(jobs, usable_cores())
+    done_cb = on_done or (lambda stage, task: None)
     if n < 2 or not items:
         out = []
         for x in items:
             result, follow = _task(first, x)
-            out.append((result, [_task(then, y) for y in follow]))
+            done_cb("first", x)
+            outs = []
+            for y in follow:
+                outs.append(_task(then, y))
+                done_cb("then", y)
+            out.append((result, outs))
         return out
     results, followed = [None] * len(items), [None] * len(items)
     tasks = list(items)  # then each follow-up, as it is submitted
@@ -187,16 +194,18 @@ def pool_chain(first, then, items, jobs: int) -> list:
         return ex.submit(_tracked, fn, len(tasks) - 1, x)
 
     with _workers(n, tasks=tasks) as ex:
-        pending = {ex.submit(_tracked, first, i, x): (i, None) for i, x in enumerate(items)}
+        pending = {ex.submit(_tracked, first, i, x): (i, None, x) for i, x in enumerate(items)}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
-                i, j = pending.pop(fut)
+                i, j, x = pending.pop(fut)
                 if j is None:
                     results[i], follow = fut.result()
                     followed[i] = [None] * len(follow)
                     for j, y in enumerate(follow):
-                        pending[submit(then, y)] = (i, j)
+                        pending[submit(then, y)] = (i, j, y)
+                    done_cb("first", x)
                 else:
                     followed[i][j] = fut.result()
+                    done_cb("then", x)
     return list(zip(results, followed))

@@ -70,8 +70,8 @@ def test_readme_library_section_runs_as_written():
     assert np.isfinite(scope["ev"].train.rir) and scope["ev"].train.dp_loss_after >= 0
     assert scope["attack"].worst.slowdown > 0
     assert np.isfinite([scope["out"].harmful_ratio, scope["out"].pretrain_ratio]).all()
-    adam = scope["audit"]["adam"]
-    assert adam.slowdown > 0 and 0 <= adam.test_at_budget <= 100
+    adam, audit = scope["audit"]["adam"], scope["audit"]
+    assert adam.flops > 0 and adam.cost.setup > 0 and audit.worth.worth > 0
 
 
 def test_public_names():

@@ -7,7 +7,6 @@ operator; the adaptive default meets Definition 3.1 where the closed form's wind
 and says so where it is."""
 
 import copy
-import math
 
 import numpy as np
 import pytest
@@ -18,30 +17,24 @@ from torch.utils.data import TensorDataset
 from pycore import DivergenceError, ParameterError
 from pycore.deep import (
     AttackData,
-    Budget,
     ImmunizedNet,
     Schedule,
-    Slowdown,
     attack_copy,
     audit_model,
-    audit_result,
-    budgets,
+    cheapest_path,
     create_model,
     immunize_model,
     lora_targets,
     operator,
     operator_names,
+    reference_path,
     retrain_scope,
-    slowdowns,
-    tail_modules,
 )
 
 torch.set_num_threads(1)
 
-# the operators' runs at test size: probes for a few dozen steps, deep operators an epoch or two
-TINY = Schedule(
-    batch_size=8, probe_min_steps=5, probe_max_steps=40, deep_min_epochs=1, deep_max_epochs=2
-)
+# the operators' runs at test size: probes for a few dozen steps, deep operators a few
+TINY = Schedule(batch_size=8, min_steps=5, probe_max_steps=40, deep_max_steps=6)
 
 
 def _images(n, seed, classes=3):
@@ -184,7 +177,7 @@ def test_lora_without_peft_is_refused_before_any_operator_runs(
 
     monkeypatch.setitem(sys.modules, "peft", None)  # as if not installed
     with pytest.raises(ParameterError) as e:
-        budgets(theta0, data, ("gd", "lora"), schedule=TINY)
+        reference_path(theta0, data, ("gd", "lora"), schedule=TINY)
     assert e.value.parameter == "operators" and not work_spy
 
 
@@ -214,9 +207,10 @@ def test_each_setting_of_a_deep_grid_trains_as_it_would_alone(op, theta0, data):
     settings end apart, so the check can fail."""
     make = operator(theta0, data, op, seed=0, schedule=TINY).make
     both, alone = make("", (1e-3, 1e-2)), make("", (1e-2,))
-    for _ in range(3):
-        (_, two), (one,) = both.advance([True, True], True), alone.advance([True], True)
-        assert (two.step, two.validation, two.test) == (one.step, one.validation, one.test)
+    for k in (1, 2, 3):
+        (_, two), (one,) = both.advance([k, k]), alone.advance([k])
+        assert (two.step, two.validation) == (one.step, one.validation)
+        assert both.test(1) == alone.test(0)
     a, b, c = (m.state_dict() for m in (*both.models, alone.models[0]))
     assert all(torch.equal(b[k], c[k]) for k in c)
     assert any(not torch.equal(a[k], b[k]) for k in a)
@@ -235,7 +229,7 @@ def _bn_modes(runs) -> tuple[dict, list, dict]:
     seen, before = [], {n: b.running_mean.clone() for n, b in bns.items()}
     for n, b in bns.items():
         b.register_forward_hook(lambda mod, i, o, n=n: seen.append((n, mod.training)))
-    runs.advance([True], True)
+    runs.advance([1])
     return bns, seen, before
 
 
@@ -252,13 +246,12 @@ def test_fine_tuning_trains_and_scores_in_eval_mode_on_the_released_statistics(t
 def test_a_retrain_learns_its_new_statistics_and_scores_in_eval_mode(theta0, data):
     """The retrain's re-initialised BatchNorms train on batch statistics (their running ones
     move), the frozen stages' stay in eval mode; every evaluation runs in eval mode."""
-    scope = tuple(_names(theta0.net, tail_modules(theta0.net, 1)))
-    op = operator(theta0, data, "retrain_tail", schedule=TINY, scope=scope, reinit=True)
+    op = operator(theta0, data, "retrain_last1", schedule=TINY)
     runs = op.make("", (1e-3,))
     bns, seen, before = _bn_modes(runs)
     trained = {n for n, b in bns.items() if b.weight.requires_grad}
     assert trained and trained != set(bns)
-    k = len(bns) * runs.eval_every  # the training steps' forward passes, then the evaluations
+    k = len(bns)  # the training step's forward pass, then the evaluations
     assert all(t == (n in trained) for n, t in seen[:k])
     assert len(seen) > k and not any(t for _, t in seen[k:])
     moved = {n for n, b in bns.items() if not torch.equal(b.running_mean, before[n])}
@@ -277,19 +270,20 @@ def layer_only(theta0):
 
 
 def test_remove_layer_on_a_layer_only_defense_is_theta0s_own_probe(theta0, layer_only, data):
-    """The layer taken off, the attacker probes θ₀'s own pre-logits: slowdown 1 and deficit 0
-    exactly, every evaluation θ₀'s; on θ₀ itself (identity layer) it is its Adam probe, number
-    for number; the layer does change the Adam probe, so the check can fail."""
-    ref = budgets(theta0, data, ("adam", "remove_layer"), schedule=TINY)
-    assert {k: v for k, v in ref["remove_layer"].to_dict().items() if k != "operator"} == {
-        k: v for k, v in ref["adam"].to_dict().items() if k != "operator"
-    }
-    got = slowdowns(layer_only, data, ref, schedule=TINY)
-    removed = got["remove_layer"]
-    assert (removed.slowdown, removed.censored, removed.deficit) == (1.0, False, 0.0)
-    own = slowdowns(theta0, data, {"remove_layer": ref["remove_layer"]}, schedule=TINY)
-    assert removed.traces == own["remove_layer"].traces
-    assert [t.validation for t in got["adam"].traces] != [t.validation for t in removed.traces]
+    """The layer taken off, the attacker probes θ₀'s own pre-logits: the same cost and every
+    evaluation θ₀'s; on θ₀ itself (identity layer) it is its Adam probe, number for number; the
+    layer does change the Adam probe, so the check can fail."""
+    ops = ("remove_layer", "adam")
+    ref = reference_path(theta0, data, ops, schedule=TINY)
+    strip = lambda b: {k: v for k, v in b.to_dict().items() if k != "operator"}  # noqa: E731
+    assert strip(ref.budgets["remove_layer"]) == strip(ref.budgets["adam"])
+    got = cheapest_path(layer_only, data, ref, theta0, schedule=TINY)
+    removed, base = got["remove_layer"], ref.path["remove_layer"]
+    assert removed.steps_to_target == base.steps_to_target and not removed.censored
+    assert removed.reach.traces == base.reach.traces
+    assert [t.validation for t in got["adam"].reach.traces] != [
+        t.validation for t in removed.reach.traces
+    ]
 
 
 def test_retrain_scope_names_the_stages_the_defense_changed(theta0):
@@ -319,31 +313,6 @@ def test_retrain_scope_names_the_stages_the_defense_changed(theta0):
     assert e.value.parameter == "reference"
 
 
-def test_retrain_tail_reinitialises_its_scope_on_the_model_and_fine_tunes_it_on_theta0(
-    theta0, data
-):
-    model = copy.deepcopy(theta0)
-    with torch.no_grad():
-        model.net.layer4[0].conv1.weight.mul_(3.0)
-        model.layer.weight.mul_(2.0)
-    scope = retrain_scope(model, theta0)
-    conv = "net.net.layer4.0.conv1.weight"  # the attack copy: backbone → tail runner → network
-
-    def first(m, reinit):
-        runs = operator(m, data, "retrain_tail", schedule=TINY, scope=scope, reinit=reinit)
-        return runs.make("", (1e-3,)).models[0].state_dict()
-
-    fresh, again, kept = first(model, True), first(model, True), first(theta0, False)
-    assert torch.equal(fresh[conv], again[conv])  # seeded
-    assert not torch.equal(fresh[conv], model.net.layer4[0].conv1.weight)
-    assert not torch.equal(fresh[conv], theta0.net.layer4[0].conv1.weight)
-    assert torch.equal(fresh["layer.weight"], torch.eye(*model.layer.weight.shape))
-    assert torch.equal(kept[conv], theta0.net.layer4[0].conv1.weight)
-    with pytest.raises(ParameterError) as e:
-        operator(model, data, "retrain_tail", schedule=TINY)
-    assert e.value.parameter == "scope"
-
-
 def test_a_model_whose_features_or_logits_are_not_finite_is_never_scored(theta0, data):
     """Features that overflow float32: the probes refuse the model, every fine-tuning setting
     diverges at its first step (an error naming the operator, not an accuracy); non-finite
@@ -351,44 +320,11 @@ def test_a_model_whose_features_or_logits_are_not_finite_is_never_scored(theta0,
     bad = copy.deepcopy(theta0)
     with torch.no_grad():
         bad.layer.weight.fill_(3e38)
-    ref = budgets(theta0, data, ("gd", "finetune_upper"), schedule=TINY)
+    ref = reference_path(theta0, data, ("gd", "finetune_upper"), schedule=TINY)
     with pytest.raises(DivergenceError):
-        slowdowns(bad, data, {"gd": ref["gd"]}, schedule=TINY)
+        cheapest_path(bad, data, ref, theta0, schedule=TINY, operators=("gd",))
     with pytest.raises(FloatingPointError, match="finetune_upper"):
-        slowdowns(bad, data, {"finetune_upper": ref["finetune_upper"]}, schedule=TINY)
-
-
-# --- the worst cases ----------------------------------------------------------------------------
-
-
-def _slowdown(op, slowdown, test, *, censored=False, theta0_test=80.0):
-    ref = Budget(op, 20.0, 90.0, 83.0, 100, 10, "lr 0.01", theta0_test, 300, True, False)
-    return Slowdown(op, slowdown, censored, None, "lr 0.01", test, theta0_test - test, False, ref)
-
-
-def test_the_worst_cases_are_the_smallest_slowdown_and_the_highest_accuracy_at_b0():
-    rows = {
-        "lora_r8": _slowdown("lora_r8", 2.0, math.nan),  # no test accuracy at B₀
-        "gd": _slowdown("gd", 10.0, 40.0, censored=True),
-        "adam": _slowdown("adam", 1.5, 70.0),
-        "finetune_full": _slowdown("finetune_full", 3.0, 85.0),  # helped: deficit −5
-    }
-    a = audit_result(rows)
-    assert (a.worst_slowdown, a.worst_slowdown_operator, a.worst_slowdown_censored) == (
-        1.5,
-        "adam",
-        False,
-    )
-    assert a.worst == "finetune_full" and a.worst_deficit == pytest.approx(-5.0)
-    assert a["gd"] is rows["gd"] and set(a.to_dict()["operators"]) == set(rows)
-    with pytest.raises(KeyError):
-        a["retrain_tail"]
-    # a censored cap is the worst slowdown only when every operator is censored
-    capped = audit_result({"gd": rows["gd"], "adam": _slowdown("adam", 10.0, 30.0)})
-    assert (capped.worst_slowdown_operator, capped.worst_slowdown_censored) == ("adam", False)
-    with pytest.raises(ParameterError) as e:
-        audit_result({})
-    assert e.value.parameter == "operators"
+        cheapest_path(bad, data, ref, theta0, schedule=TINY, operators=("finetune_upper",))
 
 
 # --- the adaptive default -----------------------------------------------------------------------
@@ -454,23 +390,30 @@ def test_features_with_a_round_off_direction_report_no_window():
     assert attainability(Y_P, Y_H, precision=torch.float32)[1] is not None
 
 
-def test_audit_model_returns_every_operator_and_the_worst_case():
-    """A layer-only defense (the closed form) against θ₀: every operator but the retrain (nothing
-    of the backbone changed), the layer's removal exactly θ₀'s, the worst cases over operators."""
+def test_audit_model_returns_every_operator_and_what_the_defense_is_worth():
+    """A layer-only defense (the closed form) against θ₀: every operator asked for, the layer's
+    removal costing exactly θ₀'s Adam probe, the worth the cheapest operator's cost over θ₀'s,
+    scratch the same run on both."""
     net = create_model("test_resnet", 3, seed=0)
     out = immunize_model(net, _images(48, 1), _images(48, 2), method="closed_form")
-    a = audit_model(out.model, reference=net, dh=_images(30, 4), max_epochs=1, lora_ranks=(2,))
-    names = [s.operator for s in a.operators]
-    assert names == [
-        "gd",
-        "adam",
-        "adam_whitened",
-        "remove_layer",
-        "lora_r2",
-        "finetune_upper",
-        "finetune_full",
-    ]
-    assert (a["remove_layer"].slowdown, a["remove_layer"].deficit) == (1.0, 0.0)
-    assert a.worst_slowdown == min(s.slowdown for s in a.operators) <= 1.0
-    assert a.worst == max(a.operators, key=lambda s: s.test_at_budget).operator
-    assert set(a.to_dict()["operators"]) == set(names)
+    ops = ("gd", "remove_layer", "adam", "lora", "finetune_upper", "scratch")
+    a = audit_model(
+        out.model,
+        reference=net,
+        dh=_images(30, 4),
+        operators=ops,
+        lora_ranks=(2,),
+        max_steps=6,
+        scratch_max_steps=6,
+        progress=False,
+    )
+    names = a.path.names()
+    assert names == ["gd", "remove_layer", "adam", "lora_r2", "finetune_upper", "scratch"]
+    removed, base = a["remove_layer"], a.reference.path["adam"]
+    if not base.censored:
+        assert removed.steps_to_target == base.steps_to_target
+    best = a.path.cheapest()
+    assert a.worth.cheapest_operator == best.operator
+    assert a.worth.worth == pytest.approx(best.flops / a.reference.cheapest.flops)
+    assert a["scratch"] is a.reference.scratch
+    assert set(a.to_dict()["path"]["operators"]) == set(names)

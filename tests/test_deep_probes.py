@@ -51,15 +51,17 @@ def test_an_adam_grid_steps_each_rate_as_it_would_alone(task):
     grid = _adam(task, LRS)
     got = [[] for _ in LRS]
     for active in ([True, True, True], [True, False, True], [False, False, True]) * 5:
-        for g, e in enumerate(grid.advance(list(active))):
+        targets = [int(grid.steps[g]) + 1 if on else None for g, on in enumerate(active)]
+        for g, e in enumerate(grid.advance(targets)):
             if e is not None:
                 got[g].append(e)
     for g, lr in enumerate(LRS):
         alone = _adam(task, (lr,))
-        want = [alone.advance([True])[0] for _ in range(int(grid.steps[g]))]
+        want = [alone.advance([k])[0] for k in range(1, int(grid.steps[g]) + 1)]
         assert np.array_equal(grid.W[g], alone.W[0]), lr
-        assert [(e.step, e.validation, e.test) for e in got[g]] == [
-            (e.step, e.validation, e.test) for e in want if e.step in {x.step for x in got[g]}
+        assert grid.test(g) == alone.test(0)
+        assert [(e.step, e.validation) for e in got[g]] == [
+            (e.step, e.validation) for e in want if e.step in {x.step for x in got[g]}
         ]
     assert grid.steps.tolist() == [10, 5, 15]  # the heads ended at different steps
     assert not np.array_equal(grid.W[0], grid.W[2])
@@ -72,8 +74,7 @@ def test_each_head_is_torch_adam_on_the_same_batches(task):
     Z, y = task
     probe = _adam(task, LRS, batch_size=32, seed=3)
     steps = 15  # two epochs of 6 batches and a half
-    for _ in range(steps):
-        probe.advance([True] * len(LRS))
+    probe.advance([steps] * len(LRS))
     A = torch.from_numpy(probe_inputs(Z[:200])[0])
     Y = torch.from_numpy(y[:200])
     for g, lr in enumerate(LRS):
@@ -116,7 +117,7 @@ def test_the_gd_probe_takes_its_step_from_the_spectrum():
     A = np.diag([3.0, 1.0, 0.5])
     probe = GDProbe(A, [0, 1, 2], (A, [0, 1, 2]), (A, [0, 1, 2]), classes=3)
     assert probe.eta == pytest.approx(3 / 9.0, rel=1e-15)  # N / λ_max(AᵀA)
-    first = probe.advance([True])[0]
+    first = probe.advance([1])[0]
     assert isinstance(first, Eval) and first.step == 1
 
 
@@ -157,7 +158,11 @@ def test_scaling_and_standardising_are_undone_for_the_adam_probe(task, kind):
     for X in (Z, 1e-3 * Z):
         a, b = preprocess_features(X[:200], X[200:], kind)
         probe = _adam((np.vstack([a, b]), y), LRS)
-        runs.append([[e.test for e in probe.advance([True] * 3)] for _ in range(8)])
+        curve = []
+        for k in range(1, 9):
+            probe.advance([k] * len(LRS))
+            curve.append([probe.test(g) for g in range(len(LRS))])
+        runs.append(curve)
     np.testing.assert_allclose(runs[0], runs[1])
 
 

@@ -43,6 +43,7 @@ from pycore.deep._checkpoint import (
     save_model,
 )
 from pycore.deep._convs import OnePositionConv2d, one_position_convs
+from pycore.deep._cost import Cost
 from pycore.deep._data import (
     DataError,
     ImageFolder,
@@ -64,6 +65,17 @@ from pycore.deep._distributed import (
 )
 from pycore.deep._features import extract, prelogits_dataset
 from pycore.deep._hardening import HARDENINGS, harden
+from pycore.deep._judge import (
+    AttackCost,
+    AuditResult,
+    CheapestPath,
+    ReferencePath,
+    Worth,
+    audit,
+    cheapest_path,
+    reference_path,
+    worth,
+)
 from pycore.deep._layer import (
     LayerSolution,
     adaptive_layer,
@@ -92,17 +104,15 @@ from pycore.deep._operators import (
     LR_GRIDS,
     OPERATORS,
     AttackData,
-    AuditResult,
     Operator,
     Schedule,
+    architecture,
     attack_copy,
-    audit_result,
     budgets,
     lora_targets,
     operator,
     operator_names,
     retrain_scope,
-    slowdowns,
 )
 from pycore.deep._probes import (
     AdamProbe,
@@ -113,7 +123,7 @@ from pycore.deep._probes import (
     probe_inputs,
 )
 from pycore.deep._simulated import SOPHON, SimulatedOptions, suppression_loss
-from pycore.deep._slowdown import SLOWDOWN_CAP, Budget, Eval, Slowdown
+from pycore.deep._slowdown import Budget, Eval, Reach
 from pycore.deep._tail import TailRunner, stage_names
 from pycore.deep._train import (
     DeepOptions,
@@ -184,7 +194,16 @@ __all__ = [
     # attackers (operators) and the slowdown
     "audit_model",
     "AuditResult",
-    "audit_result",
+    "audit",
+    "reference_path",
+    "cheapest_path",
+    "worth",
+    "ReferencePath",
+    "CheapestPath",
+    "AttackCost",
+    "Worth",
+    "Cost",
+    "architecture",
     "OPERATORS",
     "LORA_RANKS",
     "LR_GRIDS",
@@ -197,10 +216,8 @@ __all__ = [
     "attack_copy",
     "retrain_scope",
     "budgets",
-    "slowdowns",
     "Budget",
-    "Slowdown",
-    "SLOWDOWN_CAP",
+    "Reach",
     "linear_probe_curve",
     "ProbeCurve",
     "GDProbe",

@@ -21,19 +21,16 @@ from pycore._report import progress as progress_bar
 from pycore._validation import ParameterError, check_number
 from pycore.deep._data import as_dataset, dataset_labels, label_count
 from pycore.deep._features import extract, prelogits_dataset
+from pycore.deep._judge import AuditResult, audit
 from pycore.deep._layer import attainability
 from pycore.deep._models import ImmunizedNet, as_immunized, check_model
 from pycore.deep._operators import (
     LORA_RANKS,
     OPERATORS,
     AttackData,
-    AuditResult,
     Schedule,
-    audit_result,
-    budgets,
     operator_names,
-    retrain_scope,
-    slowdowns,
+    retrain_depths,
 )
 from pycore.deep._probes import linear_probe_curve
 from pycore.deep._train import DeepOptions, immunize_in_place, options
@@ -446,24 +443,25 @@ AUDIT_OPTIONS = {
     "lora_ranks": LORA_RANKS,
     "test_fraction": 0.2,
     "val_fraction": 0.2,
-    "max_epochs": Schedule.deep_max_epochs,
+    "max_steps": Schedule.deep_max_steps,
+    "scratch_max_steps": 300,
     "progress": True,
 }
 
 
 def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) -> AuditResult:
-    """Attack a defended model and its θ₀ on the harmful task, and say how much each is slowed.
+    """Attack a defended model and its θ₀ on the harmful task: what the defense is worth in FLOPs.
 
-    Every operator attacks ``model`` and ``reference`` (θ₀); the result says how much the defense
-    slows each (docs/design.md §3).
+    Every operator attacks ``reference`` (θ₀) until its plateau is confirmed; the best plateau sets
+    one target (90 % of its gain over chance). Each operator's cost is its FLOPs to the target,
+    its learning rates tuned; the attacker's cost on a model is the cheapest operator's. The
+    defense's worth is the attacker's cost on ``model`` over the cost on θ₀, against the ceiling
+    of training the same architecture from scratch (docs/theory.md §12).
 
-    The operators of :mod:`pycore.deep._operators`: linear probes (GD at 1/L, Adam, whitened
+    The operators of :data:`~pycore.deep.OPERATORS`: linear probes (GD at 1/L, Adam, whitened
     Adam), the layer removed, LoRA adapters at each of ``lora_ranks``, fine-tuning of the last
-    stage and of the whole network, and (when ``model``'s backbone differs from the reference's)
-    a retrain of the changed stages. Each runs on ``reference`` first, until its validation
-    accuracy plateaus (θ₀'s budget B₀); then on ``model``, its learning-rate grid widened until
-    the best setting is inside it, and is scored by the slowdown: the steps it needs to reach
-    90 % of θ₀'s gain over chance, over θ₀'s steps (:mod:`pycore.deep._slowdown`).
+    stage and of the whole network, the retrain of every suffix of stages (re-initialised by the
+    architecture's own initialisation) and training from scratch.
 
     Parameters
     ----------
@@ -483,16 +481,18 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
         ``operators`` (a subset of :data:`~pycore.deep.OPERATORS`), ``lora_ranks``
         (positive integers), ``test_fraction``, ``val_fraction`` (in (0, 1); the held-out
         split has max(2, round(fraction·n)) samples and must leave the splits their 2),
-        ``max_epochs`` (the longest a deep operator runs on θ₀, in epochs of the training
-        split), ``progress`` (a bar over the operators, θ₀'s budgets then the model's, with the
+        ``max_steps`` (the longest a deep operator runs on θ₀ to its plateau, in optimizer
+        steps), ``scratch_max_steps`` (the longest scratch trains to reach the target),
+        ``progress`` (a bar over the operators, θ₀'s budgets then the model's, with the
         time left, on a terminal only: :func:`pycore.report.progress`; False: none)
         (:data:`AUDIT_OPTIONS`).
 
     Returns
     -------
     AuditResult
-        Per operator its :class:`~pycore.deep.Slowdown` (θ₀'s budget inside), the
-        worst-case slowdown over operators and the operator of highest accuracy at θ₀'s budget.
+        θ₀'s side (plateaus, target, scratch, the FLOP cap, θ₀'s cheapest path), the model's
+        cheapest path (per operator its :class:`~pycore.deep.AttackCost`) and its
+        :class:`~pycore.deep.Worth`.
 
     Raises
     ------
@@ -514,8 +514,8 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     >>> g = torch.Generator().manual_seed(0)
     >>> dh = (torch.randn(60, 3, 32, 32, generator=g), torch.arange(60) % 2)
     >>> audit = audit_model(net, reference=net, dh=dh, operators=("gd", "adam"))
-    >>> [s.operator for s in audit.operators], audit["gd"].slowdown, audit.worst_slowdown
-    (['gd', 'adam'], 1.0, 1.0)
+    >>> audit.path.names(), audit.worth.worth, audit.slowdown("adam")
+    (['gd', 'adam'], 1.0, (1.0, False))
     """
     check_model(model, "model")
     check_model(reference, "reference")
@@ -530,7 +530,10 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     operator_names(o["operators"], o["lora_ranks"])  # names, ranks, peft: before any work
     for k in ("test_fraction", "val_fraction"):
         check_number(o[k], k, low=0, high=1, low_open=True, high_open=True)
-    max_epochs = check_number(o["max_epochs"], "max_epochs", low=1, high=10_000, integer=True)
+    max_steps = check_number(o["max_steps"], "max_steps", low=1, high=1_000_000, integer=True)
+    scratch_steps = check_number(
+        o["scratch_max_steps"], "scratch_max_steps", low=1, high=1_000_000, integer=True
+    )
     train = as_dataset(dh, "dh")
     test = None if dh_test is None else as_dataset(dh_test, "dh_test")
     n = len(train)
@@ -567,23 +570,27 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     classes = max(label_count(dataset_labels(d, name), name) for d, name in names)
     train, val = Subset(train, sorted(perm[k:])), Subset(train, sorted(perm[:k]))
     data = AttackData(train, val, test, classes)
-    schedule = Schedule(deep_max_epochs=max_epochs)
-    scope = retrain_scope(model, reference)
-    names = operator_names(o["operators"], o["lora_ranks"])
-    runs = 2 * (len(names) - (scope is None and "retrain_tail" in names))
+    schedule = Schedule(deep_max_steps=max_steps)
+    names = operator_names(o["operators"], o["lora_ranks"], depths=retrain_depths(reference))
     bar = progress_bar(
-        total=runs, desc="audit_model", **({} if o["progress"] else {"disable": True})
+        total=2 * len(names), desc="audit_model", **({} if o["progress"] else {"disable": True})
     )
 
-    def say(name):  # each operator as it starts: θ₀'s budgets, then the model's slowdowns
+    def say(name):  # each operator as it starts: θ₀'s plateaus, then the model's race
         bar.set_postfix_str(name)
         bar.update(1)
 
-    kw = dict(seed=seed, schedule=schedule, scope=scope)
     try:
-        ref = budgets(
-            reference, data, o["operators"], lora_ranks=o["lora_ranks"], progress=say, **kw
+        return audit(
+            model,
+            reference,
+            data,
+            operators=o["operators"],
+            lora_ranks=o["lora_ranks"],
+            seed=seed,
+            schedule=schedule,
+            scratch_max_steps=scratch_steps,
+            progress=say,
         )
-        return audit_result(slowdowns(model, data, ref, progress=say, **kw))
     finally:
         bar.close()

@@ -1,10 +1,8 @@
-"""Every operator an attacker has against a released extractor, and the audit that runs them.
-
-Every operator an attacker has against a released extractor, and the audit that runs them
-against θ₀'s budget (docs/design.md §3, docs/findings.md §7).
+"""Every operator an attacker has against a released extractor (docs/theory.md §12).
 
 An operator learns D_H from the model it is given, at each setting of its grid
-(:data:`LR_GRIDS`, widened per model by :mod:`pycore.deep._slowdown`):
+(:data:`LR_GRIDS`, widened per model by :mod:`pycore.deep._slowdown`), and has a cost in FLOPs
+(:mod:`pycore.deep._cost`):
 
 * ``gd``: linear probe on the frozen features, full-batch GD with step 1/L (the paper's threat
   model, Eq. (4)); nothing to tune.
@@ -19,18 +17,20 @@ An operator learns D_H from the model it is given, at each setting of its grid
 * ``finetune_upper``: the backbone's last stage (timm's ``feature_info``), the layer and a new
   head.
 * ``finetune_full``: the whole network and a new head.
-* ``retrain_tail``: the stages the defense changed (:func:`retrain_scope`) re-initialised and
-  trained from the frozen earlier stages with the layer (reset to the identity) and a new head:
-  the attacker's fallback when fine-tuning is slowed. On θ₀ (its reference) the same modules
-  are fine-tuned from θ₀'s weights.
+* ``retrain``: the last ``k`` stages re-initialised by the architecture's own initialisation (a
+  fresh ``timm.create_model``) and trained from the frozen earlier stages with the layer (reset to
+  the identity) and a new head, one operator per ``k`` (``retrain_last<k>``, every suffix of
+  stages): the attacker who keeps only what the release's early stages give.
+* ``scratch``: the same architecture from its own random initialisation, trained on the
+  attacker's images: the attacker who ignores the release. It is the same run on every model.
 
 Deep operators train a copy with Adam on seeded mini-batches in eval mode (the released model's
 normalisation statistics: on the demo's ResNet18 full fine-tuning in train mode reached about 50 %
 where eval mode reached 83 %, after 20 steps at lr 1e-4), the layer as a plain ``nn.Linear`` (a
-released model's layer has no preconditioner); the retrain trains its re-initialised modules in
-train mode (their BatchNorm statistics are new and must be learned). Every copy is evaluated in
-eval mode. A setting whose loss or logits become non-finite is marked diverged and left out of
-the best-of-grid.
+released model's layer has no preconditioner); a retrain trains its re-initialised modules, and
+``scratch`` its whole network, in train mode (their BatchNorm statistics are new and must be
+learned). Every copy is evaluated in eval mode. A setting whose loss or logits become non-finite
+is marked diverged and left out of the best-of-grid.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ import importlib.util
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
+import timm
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -52,10 +53,17 @@ import pycore.deep._slowdown as slowdown
 from pycore._threads import bounded_blas
 from pycore._validation import ParameterError, check_counts
 from pycore.deep._convs import one_position_convs
+from pycore.deep._cost import (
+    Cost,
+    counted_flops,
+    forward_flops,
+    head_step_flops,
+    preprocessing_flops,
+)
 from pycore.deep._data import ShardedBatches, dataset_labels, fetch
-from pycore.deep._models import as_immunized, tail_modules
+from pycore.deep._models import as_immunized, create_model, tail_modules
 from pycore.deep._probes import AdamProbe, GDProbe, preprocess_features, probe_inputs
-from pycore.deep._slowdown import Budget, Eval, Slowdown
+from pycore.deep._slowdown import Budget, Eval
 from pycore.deep._tail import TailRunner, stage_names
 
 OPERATORS = (
@@ -66,10 +74,13 @@ OPERATORS = (
     "lora",
     "finetune_upper",
     "finetune_full",
-    "retrain_tail",
+    "retrain",
+    "scratch",
 )
 PROBES = ("gd", "adam", "adam_whitened", "remove_layer")
 _ROOT10 = math.sqrt(10.0)
+_RETRAIN = re.compile(r"retrain_last([1-9][0-9]*)")
+_LORA = re.compile(r"lora_r([1-9][0-9]*)")
 
 
 def _rates(low: float, n: int) -> tuple:
@@ -87,9 +98,30 @@ LR_GRIDS = {
     "lora": {"": _rates(1e-4, 3)},
     "finetune_upper": {"": _rates(1e-4, 3)},
     "finetune_full": {"": _rates(3.16e-5, 3)},
-    "retrain_tail": {"": _rates(1e-4, 3)},
+    "retrain": {"": _rates(1e-4, 3)},
+    "scratch": {"": _rates(3.16e-4, 3)},
 }
 LORA_RANKS = (8, 32)  # the ranks of the operator-transfer report cited in docs/findings.md §7
+
+
+def family(name: str) -> str:
+    """The operator family of an operator name: its key in :data:`LR_GRIDS`.
+
+    Parameters
+    ----------
+    name : str
+        An operator name (``lora_r8``, ``retrain_last2``, ``adam``, ...).
+
+    Returns
+    -------
+    str
+        ``"lora"``, ``"retrain"`` or the name itself.
+    """
+    if name.startswith("lora_r"):
+        return "lora"
+    if _RETRAIN.fullmatch(name):
+        return "retrain"
+    return name
 
 
 @dataclass(frozen=True)
@@ -114,30 +146,33 @@ class AttackData:
 
 @dataclass(frozen=True)
 class Schedule:
-    """How long operators run (in optimizer steps) and how often they are evaluated.
+    """How long operators run, in optimizer steps of mini-batches of ``batch_size``.
 
-    Probes every step, from ``probe_min_steps`` to ``probe_max_steps``; deep operators every
-    ``deep_eval_every`` steps (0: once an epoch of the training split), from ``deep_min_epochs`` to
-    ``deep_max_epochs`` epochs; mini-batches of ``batch_size``.
+    Every operator is evaluated at :func:`pycore.deep._slowdown.next_eval`'s steps; a plateau is
+    confirmed after ``min_steps`` at the earliest (every kind of operator alike); probes run at
+    most ``probe_max_steps``, deep operators ``deep_max_steps``, on θ₀.
     """
 
     batch_size: int = 64
-    probe_min_steps: int = 40
-    probe_max_steps: int = 3000
-    deep_eval_every: int = 0
-    deep_min_epochs: int = 4
-    deep_max_epochs: int = 60
+    min_steps: int = 40
+    probe_max_steps: int = 20000
+    deep_max_steps: int = 300
 
 
-def operator_names(operators=OPERATORS, lora_ranks=LORA_RANKS) -> tuple:
-    """The operator names a selection expands to (``lora`` → ``lora_r<r>`` per rank).
+def operator_names(operators=OPERATORS, lora_ranks=LORA_RANKS, *, depths: tuple | None = None):
+    """The operator names a selection expands to.
+
+    ``lora`` → ``lora_r<r>`` per rank; ``retrain`` → ``retrain_last<k>`` for every ``k`` of
+    ``depths`` (kept as ``retrain`` when ``depths`` is None: the model is not known yet).
 
     Parameters
     ----------
     operators : str or sequence of str, default OPERATORS
-        Names of :data:`OPERATORS`.
+        Names of :data:`OPERATORS`, or ``retrain_last<k>``.
     lora_ranks : int or sequence of int, default LORA_RANKS
         The LoRA ranks, positive integers (``numbers.Integral``, not bool).
+    depths : tuple of int, optional
+        The model's :func:`retrain_depths`.
 
     Returns
     -------
@@ -147,12 +182,24 @@ def operator_names(operators=OPERATORS, lora_ranks=LORA_RANKS) -> tuple:
     Raises
     ------
     ParameterError
-        An unknown or empty selection, or ``lora`` without peft installed (``"operators"``); a rank
-        that is not a positive integer (``"lora_ranks"``).
+        An unknown, empty or absent selection, a ``retrain_last<k>`` beyond the model's stages,
+        or ``lora`` without peft installed (``"operators"``); a rank that is not a positive
+        integer (``"lora_ranks"``).
     """
     if isinstance(operators, str):
         operators = (operators,)
-    bad = [o for o in operators if o not in OPERATORS]
+    if operators is None or not isinstance(operators, (tuple, list)):
+        raise ParameterError(
+            "operators",
+            f"operators must be a name or a sequence of names of {', '.join(OPERATORS)}; "
+            f"got {operators!r}",
+        )
+    bad = [
+        o
+        for o in operators
+        if not isinstance(o, str)
+        or not (o in OPERATORS or _RETRAIN.fullmatch(o) or _LORA.fullmatch(o))
+    ]
     if bad or not operators:
         raise ParameterError(
             "operators",
@@ -162,6 +209,7 @@ def operator_names(operators=OPERATORS, lora_ranks=LORA_RANKS) -> tuple:
         )
     if "lora" in operators:
         ranks = check_counts(lora_ranks, "lora_ranks", low=1)
+    if any(family(o) == "lora" for o in operators):
         if importlib.util.find_spec("peft") is None:  # before the other operators compute
             raise ParameterError(
                 "operators",
@@ -170,7 +218,18 @@ def operator_names(operators=OPERATORS, lora_ranks=LORA_RANKS) -> tuple:
             )
     out = []
     for o in operators:
-        out += [f"lora_r{r}" for r in ranks] if o == "lora" else [o]
+        if o == "lora":
+            out += [f"lora_r{r}" for r in ranks]
+        elif o == "retrain" and depths is not None:
+            out += [f"retrain_last{k}" for k in depths]
+        else:
+            if depths is not None and (m := _RETRAIN.fullmatch(o)) and int(m[1]) not in depths:
+                raise ParameterError(
+                    "operators",
+                    f"{o}: the model's distinct suffixes of stages are the last "
+                    f"{', '.join(map(str, depths))} (timm's feature_info)",
+                )
+            out.append(o)
     return tuple(dict.fromkeys(out))
 
 
@@ -354,44 +413,145 @@ def retrain_scope(model, reference) -> tuple[str, ...] | None:
     return tuple(n for n, _ in net.named_children() if n != head)
 
 
-@torch.no_grad()
-def _reinitialise(modules, seed: int) -> None:
-    """PyTorch's default initialisation of every layer in ``modules``, drawn from ``seed``.
+def architecture(model) -> Callable[[int, int], nn.Module]:
+    """The model's architecture from its own initialisation: ``fresh(num_classes, seed)``.
 
-    PyTorch's default initialisation of every layer in ``modules`` (``reset_parameters``),
-    BatchNorm statistics reset, drawn from ``seed`` without touching the global generator.
+    A network made by :func:`~pycore.deep.create_model` or :func:`~pycore.deep.load_model` is
+    rebuilt from the name and options it records; any other timm network from the architecture
+    its ``pretrained_cfg`` names, when that builds the same shapes.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A timm classifier or an :class:`~pycore.deep.ImmunizedNet`.
+
+    Returns
+    -------
+    callable
+        ``fresh(num_classes, seed) -> torch.nn.Module``, drawn from ``seed`` without touching the
+        global generator.
+
+    Raises
+    ------
+    ParameterError
+        ``"model"``: the architecture cannot be rebuilt.
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for mod in modules:
-            for m in mod.modules():
-                if hasattr(m, "reset_running_stats"):
-                    m.reset_running_stats()
-                if hasattr(m, "reset_parameters"):
-                    m.reset_parameters()
+    net = getattr(model, "net", model)
+    args = getattr(net, "model_args", None)
+    if args:
+        name, kw = args["name"], {k: v for k, v in args.items() if k != "name"}
+        return lambda classes, seed: create_model(name, classes, seed=seed, **kw)
+    arch = (getattr(net, "pretrained_cfg", None) or {}).get("architecture")
+    if arch and timm.is_model(arch):
+
+        def fresh(classes: int, seed: int) -> nn.Module:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                return timm.create_model(arch, num_classes=classes)
+
+        mine = {k: v.shape for k, v in net.state_dict().items()}
+        theirs = {k: v.shape for k, v in fresh(_classes(net), 0).state_dict().items()}
+        head = _classifier_prefix(net)
+        same = lambda d: {k: v for k, v in d.items() if not (head and k.startswith(head))}  # noqa: E731
+        if same(mine) == same(theirs):
+            return fresh
+    raise ParameterError(
+        "model",
+        f"{type(net).__name__} cannot be rebuilt from its own initialisation (it records no "
+        "pycore.deep.create_model options, and its pretrained_cfg's architecture has other "
+        "shapes): make it with pycore.deep.create_model or load_model, or leave the retrain and "
+        "scratch operators out",
+    )
 
 
-def _attacker(model, data: AttackData, op: str, seed: int, scope=None, reinit=False) -> _Attacked:
+def _classes(net: nn.Module) -> int:
+    return int(getattr(net, "num_classes", 0) or 1)
+
+
+def _classifier_prefix(net: nn.Module) -> str:
+    names = {id(m): n for n, m in net.named_modules()}
+    return names.get(id(net.get_classifier()), "")
+
+
+def retrain_depths(model) -> tuple[int, ...]:
+    """The suffixes of stages a retrain can re-initialise, each with parameters of its own.
+
+    ``k`` for each suffix of the last ``k`` stages (timm's ``feature_info``) whose parameters
+    differ from the next shorter suffix's (a first stage without parameters adds nothing).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A timm network or an :class:`~pycore.deep.ImmunizedNet`.
+
+    Returns
+    -------
+    tuple of int
+        The depths, shortest first; empty for a network without stages.
+    """
+    net = getattr(model, "net", model)
+    out, seen = [], set()
+    for k in range(1, len(stage_names(net)) + 1):
+        params = {
+            f"{n}.{p}"
+            for n in retrain_modules(net, k)
+            for p, _ in net.get_submodule(n).named_parameters()
+        }
+        if params != seen:
+            out.append(k)
+            seen = params
+    return tuple(out)
+
+
+def retrain_modules(net: nn.Module, k: int) -> tuple[str, ...]:
+    """The module names ``retrain_last<k>`` re-initialises: the last ``k`` stages and after.
+
+    Parameters
+    ----------
+    net : torch.nn.Module
+        A timm network.
+    k : int
+        How many last stages (timm's ``feature_info``).
+
+    Returns
+    -------
+    tuple of str
+        :func:`~pycore.deep.tail_modules`'s names.
+    """
+    return tuple(_module_names(tail_modules(net, k), net))
+
+
+@torch.no_grad()
+def _reinitialise(net: nn.Module, names, fresh_net: nn.Module) -> None:
+    """Modules ``names`` of ``net`` take ``fresh_net``'s weights and buffers (one architecture)."""
+    for n in names:
+        net.get_submodule(n).load_state_dict(fresh_net.get_submodule(n).state_dict())
+
+
+def _attacker(model, data: AttackData, op: str, seed: int, fresh=None) -> nn.Module:
     """The copy operator ``op`` trains.
 
     Its trainable parameters marked, convolutions with one output position computed as products
     (:mod:`pycore.deep._convs`: the same values up to round-off, ~10× less CPU time on a ResNet's
     1×1 maps).
     """
+    if op == "scratch":
+        m = fresh(data.classes, seed).requires_grad_(True)
+        return one_position_convs(m).to(memory_format=torch.channels_last)
     m = attack_copy(model, data.classes, seed=seed)
     if op.startswith("lora_r"):
         m = _with_lora(m, int(op[6:]), seed)
     else:
         if op == "finetune_full":
             mods = [m]
-        elif op == "retrain_tail":
-            mods = [m.net.get_submodule(n) for n in scope] + [m.layer, m.head]
-            if reinit:
-                _reinitialise(mods[:-2], seed)
-                with torch.no_grad():
-                    m.layer.weight.copy_(torch.eye(*m.layer.weight.shape))
-                    if m.layer.bias is not None:
-                        m.layer.bias.zero_()
+        elif (k := _RETRAIN.fullmatch(op)) is not None:
+            names = retrain_modules(m.net, int(k[1]))
+            _reinitialise(m.net, names, fresh(_classes(m.net), seed))
+            mods = [m.net.get_submodule(n) for n in names] + [m.layer, m.head]
+            with torch.no_grad():
+                m.layer.weight.copy_(torch.eye(*m.layer.weight.shape))
+                if m.layer.bias is not None:
+                    m.layer.bias.zero_()
         else:
             mods = [*tail_modules(m.net, 1), m.layer, m.head]
         for mod in mods:
@@ -423,16 +583,14 @@ def _accuracy(m: nn.Module, ds: Dataset) -> float | str:
 class _DeepRuns:
     """:class:`pycore.deep._slowdown.Runs` of one deep operator.
 
-    One attack copy and one Adam per learning rate, every copy on the same seeded mini-batches.
+    One attack copy and one Adam per learning rate, every copy on the same seeded mini-batches;
+    with ``fresh`` the modules that own a trainable parameter train in train mode.
     """
 
-    def __init__(
-        self, build: Callable, lrs, data: AttackData, *, seed, batch_size, eval_every, fresh=False
-    ):
+    def __init__(self, build: Callable, lrs, data: AttackData, *, seed, batch_size, fresh=False):
         self.models = [build() for _ in lrs]
         self.trainable = [[p for p in m.parameters() if p.requires_grad] for m in self.models]
         self.opts = [torch.optim.Adam(ps, lr=lr) for ps, lr in zip(self.trainable, lrs)]
-        # with ``fresh`` (a retrain) the modules that own a trainable parameter run in train mode
         self.owners = [
             [
                 mod
@@ -441,7 +599,7 @@ class _DeepRuns:
             ]
             for m in self.models
         ]
-        self.data, self.eval_every = data, eval_every
+        self.data = data
         self.y = torch.as_tensor(dataset_labels(data.train), dtype=torch.int64)
         self.batches = ShardedBatches(len(data.train), batch_size, seed=seed)
         self.steps = [0] * len(lrs)
@@ -452,14 +610,14 @@ class _DeepRuns:
             self._order = (epoch, [idx for (idx,) in self.batches.epoch(epoch)])
         return self._order[1][k]
 
-    def _train(self, g: int) -> str | None:
+    def _train(self, g: int, to: int) -> str | None:
         m, opt = self.models[g], self.opts[g]
         dev = next(m.parameters()).device
         m.eval()
         for mod in self.owners[g]:
             mod.train()
         try:
-            for _ in range(self.eval_every):
+            while self.steps[g] < to:
                 idx = self._batch(self.steps[g])
                 loss = F.cross_entropy(
                     m(_inputs(fetch(self.data.train, idx)[0], dev)), self.y[idx].to(dev)
@@ -474,37 +632,85 @@ class _DeepRuns:
             m.eval()
         return None
 
-    def advance(self, active: list[bool], test: bool) -> list:
+    def advance(self, targets: list) -> list:
         out = []
-        for g, on in enumerate(active):
-            if not on:
+        for g, to in enumerate(targets):
+            if to is None:
                 out.append(None)
                 continue
-            why = self._train(g)
-            if why is None:
-                val = _accuracy(self.models[g], self.data.val)
-                tst = _accuracy(self.models[g], self.data.test) if test else float("nan")
-                why = next((a for a in (val, tst) if isinstance(a, str)), None)
-            out.append(why or Eval(self.steps[g], val, tst))
+            why = self._train(g, to)
+            val = _accuracy(self.models[g], self.data.val) if why is None else why
+            out.append(val if isinstance(val, str) else Eval(self.steps[g], val))
         return out
+
+    def test(self, index: int) -> float | str:
+        return _accuracy(self.models[index], self.data.test)
 
 
 @dataclass(frozen=True)
 class Operator:
-    """One operator against one model, ready to run: its run factory, grid and schedule."""
+    """One operator against one model, ready to run.
+
+    Its run factory, learning-rate grid, step bounds on θ₀, setting labels and :class:`Cost`.
+    """
 
     name: str
     make: Callable
     grid: dict
     min_steps: int
     max_steps: int
+    cost: Cost
     labels: Callable | None = None
+
+    @property
+    def probe(self) -> bool:
+        return self.name in PROBES
 
 
 def _features(model, data: AttackData, what: str) -> tuple:
     from pycore.deep._features import extract  # noqa: PLC0415
 
     return tuple(extract(model, d, what=what) for d in (data.train, data.val, data.test))
+
+
+# images a forward pass is counted on (FLOPs are linear in the batch)
+_COUNT_BATCH = 8
+
+
+def _probe_cost(net, data: AttackData, name: str, variant_kinds, width: int, bs: int) -> Cost:
+    """A probe's cost: the extraction of its training features, its preprocessing, its steps."""
+    n = len(data.train)
+    x = fetch(data.train, torch.arange(min(_COUNT_BATCH, n)))[0]
+    x = x.to(next(net.parameters()).device)
+    feats = net.prelogits if name == "remove_layer" else net.features
+    setup = forward_flops(_Call(feats), x) * n / len(x)
+    pre = max(preprocessing_flops(k, n, width) for k in variant_kinds)
+    rows = n if name == "gd" else min(bs, n)
+    return Cost(setup + pre, head_step_flops(rows, width + 1, data.classes))
+
+
+class _Call(nn.Module):
+    """A bound method as a module (FLOPs are counted on module calls)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def _step_flops(build: Callable, data: AttackData, bs: int) -> float:
+    """The FLOPs of one training step of a fresh copy from ``build`` on the first batch."""
+    m = build()
+    dev = next(m.parameters()).device
+    x = _inputs(fetch(data.train, torch.arange(bs))[0], dev)
+    y = torch.as_tensor(dataset_labels(data.train)[:bs], dtype=torch.int64, device=dev)
+
+    def step():
+        F.cross_entropy(m(x), y).backward()
+
+    return counted_flops(step)
 
 
 def operator(
@@ -515,40 +721,39 @@ def operator(
     seed: int = 0,
     schedule: Schedule = Schedule(),
     features: dict | None = None,
-    scope: tuple | None = None,
-    reinit: bool = False,
+    fresh: Callable | None = None,
 ) -> Operator:
-    """One operator against a model on the attacker's data, ready to run.
+    """One operator against a model on the attacker's data, ready to run, with its cost.
 
     Parameters
     ----------
     model : torch.nn.Module
-        The model attacked (θ₀ for a budget, the defended model for a slowdown).
+        The model attacked (θ₀, or a defended model).
     data : AttackData
         The attacker's splits.
     name : str
-        One of :func:`operator_names`.
+        One of :func:`operator_names`'s expanded names.
     seed : int, default 0
-        Seeds the operator's runs.
+        Seeds the operator's runs (and a retrain's or scratch's initialisation).
     schedule : Schedule, default Schedule()
-        How long the runs go and how often they are evaluated.
+        The batch size and the step bounds.
     features : dict, optional
         ``{"Z": (train, val, test), "X": ...}`` of the model when already extracted (the immunized
         features, and the layer's inputs for ``remove_layer``).
-    scope : tuple of str, optional
-        The module names ``retrain_tail`` trains (:func:`retrain_scope`).
-    reinit : bool, default False
-        Re-initialise ``scope`` first (a retrain, not a fine-tuning).
+    fresh : callable, optional
+        ``fresh(num_classes, seed)``, the architecture from its own initialisation
+        (:func:`architecture`; default: the model's own).
 
     Returns
     -------
     Operator
-        Its run factory ``make``, learning-rate grid, step bounds and setting labels.
+        Its run factory ``make``, learning-rate grid, step bounds, labels and FLOPs.
     """
     net = as_immunized(model).eval()
     y = [dataset_labels(d) for d in (data.train, data.val, data.test)]
-    base = name.split("_r")[0] if name.startswith("lora_r") else name
-    grid = LR_GRIDS["lora" if name.startswith("lora_r") else base]
+    base = family(name)
+    grid = LR_GRIDS[base]
+    bs = min(schedule.batch_size, len(data.train))
     if name in PROBES:
         what = "X" if name == "remove_layer" else "Z"
         Zt, Zv, Zs = (features or {}).get(what) or _features(net, data, what)
@@ -573,33 +778,43 @@ def operator(
                 seed=seed,
             )
 
+        kinds = ("gd",) if name == "gd" else tuple(grid)
+        cost = _probe_cost(net, data, name, kinds, Zt.shape[1], schedule.batch_size)
         labels = (lambda v, lr: "step 1/L") if name == "gd" else None
         return Operator(
-            name, make, grid, schedule.probe_min_steps, schedule.probe_max_steps, labels
+            name, make, grid, schedule.min_steps, schedule.probe_max_steps, cost, labels
         )
-    if name == "retrain_tail" and not scope:
-        raise ParameterError("scope", "retrain_tail needs the modules to retrain (retrain_scope)")
-    bs = min(schedule.batch_size, len(data.train))
-    per_epoch = len(data.train) // bs
-    every = schedule.deep_eval_every or per_epoch
-    build = lambda: _attacker(net, data, name, seed, scope, reinit)  # noqa: E731
-    k = _tail_stages(net.net, name, scope)
+    if (base in ("retrain", "scratch")) and fresh is None:
+        fresh = architecture(net)
+    build = lambda: _attacker(net, data, name, seed, fresh)  # noqa: E731
+    k = _tail_stages(net.net, name)
+    setup = waste = 0.0
     if k:  # the frozen earlier stages' outputs, once per image (pycore.deep._tail)
         runner = TailRunner(net.net, k)
         shape = tuple(fetch(data.train, torch.arange(1))[0].shape[1:])
         images = data
+        # the attacker's one-time work: its training images through the frozen stages
+        trained = []
+        setup = counted_flops(lambda: trained.append(runner.dataset(net.net, images.train)))
         data = AttackData(
-            *(runner.dataset(net.net, d) for d in (images.train, images.val, images.test)),
+            trained[0],
+            *(runner.dataset(net.net, d) for d in (images.val, images.test)),
             images.classes,
         )
 
         def build():
-            m = _attacker(net, images, name, seed, scope, reinit)
+            m = _attacker(net, images, name, seed, fresh)
             m.net = runner.attach(m.net, shape)
             return m
 
         first = fetch(images.train, torch.arange(min(8, len(images.train))))[0]
         runner.check(net.net, runner.attach(copy.deepcopy(net.net), shape), first)
+        # the stem runs on zeros in every tail step and its output is discarded (_tail): not
+        # the attacker's work, so not counted
+        zeros = torch.zeros((bs, *shape), device=first.device)
+        stem = runner.attach(copy.deepcopy(net.net), shape).net
+        waste = counted_flops(lambda: runner.inputs(stem, zeros))
+    cost = Cost(setup, _step_flops(build, data, bs) - waste)
 
     def make(variant: str, lrs: tuple):
         return _DeepRuns(
@@ -608,43 +823,30 @@ def operator(
             data,
             seed=seed,
             batch_size=bs,
-            eval_every=every,
-            fresh=reinit and name == "retrain_tail",
+            fresh=base in ("retrain", "scratch"),
         )
 
-    return Operator(
-        name,
-        make,
-        grid,
-        _whole(schedule.deep_min_epochs * per_epoch, every),
-        _whole(schedule.deep_max_epochs * per_epoch, every),
-    )
+    return Operator(name, make, grid, schedule.min_steps, schedule.deep_max_steps, cost)
 
 
-def _tail_stages(net: nn.Module, name: str, scope) -> int:
+def _tail_stages(net: nn.Module, name: str) -> int:
     """How many last stages operator ``name`` trains with every earlier stage frozen.
 
-    How many last stages operator ``name`` trains with every earlier stage frozen (0: it
-    trains more, or the network has no stages).
+    0: it trains more, or the network has no stages.
     """
     stages = stage_names(net)
     if not stages:
         return 0
     if name == "finetune_upper":
         return 1
-    if name == "retrain_tail":
-        k = sum(s in scope for s in stages)
-        return k if k and set(scope) == set(_module_names(tail_modules(net, k), net)) else 0
+    if (m := _RETRAIN.fullmatch(name)) is not None:
+        return int(m[1])
     return 0
 
 
 def _module_names(mods, net) -> list[str]:
     names = {id(m): n for n, m in net.named_modules()}
     return [names[id(m)] for m in mods]
-
-
-def _whole(steps: int, every: int) -> int:
-    return max(every, every * math.ceil(steps / every))
 
 
 @bounded_blas
@@ -656,14 +858,11 @@ def budgets(
     lora_ranks=LORA_RANKS,
     seed: int = 0,
     schedule: Schedule = Schedule(),
-    scope: tuple | None = None,
     features: dict | None = None,
+    fresh: Callable | None = None,
     progress: Callable = lambda name: None,
-) -> dict[str, Budget]:
-    """θ₀'s :class:`~pycore.deep.Budget` of every operator, against the reference.
-
-    ``retrain_tail`` runs only with a ``scope``: θ₀'s own modules of that scope fine-tuned, the
-    reference of a retrain.
+) -> dict[str, tuple[Budget, Operator]]:
+    """θ₀'s plateau of every operator but ``scratch`` (which does not use θ₀), with its operator.
 
     Parameters
     ----------
@@ -678,173 +877,42 @@ def budgets(
     seed : int, default 0
         Seeds every run.
     schedule : Schedule, default Schedule()
-        How long the runs go and how often they are evaluated.
-    scope : tuple of str, optional
-        :func:`retrain_scope` of the defended model.
+        The batch size and the step bounds.
     features : dict, optional
+        As for :func:`operator`.
+    fresh : callable, optional
         As for :func:`operator`.
     progress : callable, optional
         Called with each operator's name as it starts.
 
     Returns
     -------
-    dict of str to Budget
-        Operator name → θ₀'s budget.
+    dict of str to (Budget, Operator)
+        Operator name → θ₀'s budget and the operator it was run with.
 
     Raises
     ------
     ParameterError
         As :func:`operator_names` raises.
     """
-    names = operator_names(operators, lora_ranks)
+    net = as_immunized(reference)
+    names = operator_names(operators, lora_ranks, depths=retrain_depths(net))
     chance, out = data.chance, {}
     for n in names:
-        if n == "retrain_tail" and not scope:
+        if n == "scratch":
             continue
         progress(n)
-        op = operator(
-            reference, data, n, seed=seed, schedule=schedule, scope=scope, features=features
-        )
-        out[n] = slowdown.budget(
-            n,
-            op.make,
-            op.grid,
-            chance=chance,
-            min_steps=op.min_steps,
-            max_steps=op.max_steps,
-            labels=op.labels,
+        op = operator(net, data, n, seed=seed, schedule=schedule, features=features, fresh=fresh)
+        out[n] = (
+            slowdown.budget(
+                n,
+                op.make,
+                op.grid,
+                chance=chance,
+                min_steps=op.min_steps,
+                max_steps=op.max_steps,
+                labels=op.labels,
+            ),
+            op,
         )
     return out
-
-
-@bounded_blas
-def slowdowns(
-    model,
-    data: AttackData,
-    reference_budgets: dict[str, Budget],
-    *,
-    seed: int = 0,
-    schedule: Schedule = Schedule(),
-    scope: tuple | None = None,
-    features: dict | None = None,
-    progress: Callable = lambda name: None,
-) -> dict[str, Slowdown]:
-    """Every operator of θ₀'s budgets against a model, under those budgets.
-
-    ``retrain_tail`` re-initialises ``scope`` (it is left out when there is none).
-
-    Parameters
-    ----------
-    model : torch.nn.Module
-        The defended model.
-    data : AttackData
-        The attacker's splits (those of the budgets).
-    reference_budgets : dict of str to Budget
-        :func:`budgets` of θ₀.
-    seed : int, default 0
-        Seeds every run.
-    schedule : Schedule, default Schedule()
-        How long the runs go and how often they are evaluated.
-    scope : tuple of str, optional
-        :func:`retrain_scope` of the model.
-    features : dict, optional
-        As for :func:`operator`.
-    progress : callable, optional
-        Called with each operator's name as it starts.
-
-    Returns
-    -------
-    dict of str to Slowdown
-        Operator name → its :class:`~pycore.deep.Slowdown`.
-
-    Raises
-    ------
-    FloatingPointError
-        Every setting of an operator diverged on ``model``; the message names it and them.
-    """
-    out = {}
-    for n, ref in reference_budgets.items():
-        if n == "retrain_tail" and not scope:
-            continue
-        progress(n)
-        op = operator(
-            model,
-            data,
-            n,
-            seed=seed,
-            schedule=schedule,
-            scope=scope,
-            reinit=True,
-            features=features,
-        )
-        out[n] = slowdown.attack(n, op.make, ref, labels=op.labels)
-    return out
-
-
-@dataclass(frozen=True)
-class AuditResult:
-    """Every operator's :class:`~pycore.deep.Slowdown` against one model, and the two worst cases.
-
-    ``worst_slowdown``, the smallest slowdown over operators (the attacker's best way around the
-    defense; ``worst_slowdown_censored`` when even that one is a censored lower bound), and
-    ``worst``, the operator that reaches the highest test accuracy at θ₀'s budget, with its
-    deficit.
-    """
-
-    operators: tuple  # Slowdown, in the order run
-    worst_slowdown: float
-    worst_slowdown_operator: str
-    worst_slowdown_censored: bool
-    worst: str
-    worst_deficit: float
-    extra: dict = field(default_factory=dict)
-
-    def __getitem__(self, name: str) -> Slowdown:
-        for s in self.operators:
-            if s.operator == name:
-                return s
-        raise KeyError(name)
-
-    def to_dict(self) -> dict:
-        return {
-            "operators": {s.operator: s.to_dict() for s in self.operators},
-            "worst_slowdown": self.worst_slowdown,
-            "worst_slowdown_operator": self.worst_slowdown_operator,
-            "worst_slowdown_censored": self.worst_slowdown_censored,
-            "worst": self.worst,
-            "worst_deficit": self.worst_deficit,
-            **self.extra,
-        }
-
-
-def audit_result(results: dict[str, Slowdown]) -> AuditResult:
-    """The :class:`AuditResult` of one model's slowdowns.
-
-    Parameters
-    ----------
-    results : dict of str to Slowdown
-        Operator name → slowdown (:func:`slowdowns`).
-
-    Returns
-    -------
-    AuditResult
-        The slowdowns in order, the smallest one (the attacker's best way around the defense) and
-        the operator of highest test accuracy at θ₀'s budget, with its deficit.
-
-    Raises
-    ------
-    ParameterError
-        No operator was run (``"operators"``).
-    """
-    if not results:
-        raise ParameterError("operators", "no operator was run")
-    rows = tuple(results.values())
-    slow = min(rows, key=lambda s: (s.slowdown, s.censored))
-    # an operator with no test accuracy at B₀ (NaN: its run diverged on the way) is never the
-    # worst; max() over NaN keys depends on the order
-    worst = max(
-        rows, key=lambda s: -math.inf if math.isnan(s.test_at_budget) else s.test_at_budget
-    )
-    return AuditResult(
-        rows, slow.slowdown, slow.operator, slow.censored, worst.operator, worst.deficit
-    )

@@ -14,8 +14,8 @@ a slow-down by shrinking its features):
   as one ``(settings, D + 1, classes)`` array (each setting's arithmetic is the one it has alone);
 * :func:`preprocess_features`, the attacker's preprocessing: scaling, standardising, whitening.
 
-Both are :class:`pycore.deep._slowdown.Runs`: they train to their next evaluation and report the
-validation and test accuracy there.
+Both are :class:`pycore.deep._slowdown.Runs`: they train each setting to the step asked for and
+report its validation accuracy there; ``test`` scores a head on the test split.
 """
 
 from __future__ import annotations
@@ -144,52 +144,63 @@ def _accuracy(A: np.ndarray, W: np.ndarray, y: np.ndarray) -> np.ndarray:
 class _Probe:
     """What both probes share: the training rows, the two evaluation splits, the classes."""
 
-    def __init__(self, A_train, y_train, validation, test, classes: int, eval_every: int):
+    def __init__(self, A_train, y_train, validation, test, classes: int):
         self.A, self.y = A_train, np.asarray(y_train, dtype=np.int64)
         self.evals = [(A, np.asarray(y, dtype=np.int64)) for A, y in (validation, test)]
         self.Y = np.eye(classes)[self.y]
-        self.n, self.eval_every = len(self.A), eval_every
+        self.n = len(self.A)
 
-    def _report(self, W: np.ndarray, active, steps, test: bool) -> list:
-        """Each active head's evaluation, None for the others.
+    def _heads(self) -> np.ndarray:
+        """The heads, ``(settings, D + 1, classes)``."""
+        raise NotImplementedError
 
-        Each active head's :class:`~pycore.deep._slowdown.Eval` (a string when it is no longer
-        finite), None for the others.
+    def _report(self, targets, steps) -> list:
+        """Each head with a target: its evaluation; None for the others.
+
+        An :class:`~pycore.deep._slowdown.Eval`, or a string when the head is no longer finite.
         """
-        (Av, yv), (At, yt) = self.evals
+        W = self._heads()
+        Av, yv = self.evals[0]
         val = np.atleast_1d(_accuracy(Av, W, yv))
-        tst = np.atleast_1d(_accuracy(At, W, yt)) if test else np.full(len(val), np.nan)
         bad = ~np.isfinite(W).all(axis=(-2, -1))
         return [
             None
-            if not on
+            if t is None
             else "non-finite head"
             if bad[g]
-            else Eval(int(steps[g]), float(val[g]), float(tst[g]))
-            for g, on in enumerate(active)
+            else Eval(int(steps[g]), float(val[g]))
+            for g, t in enumerate(targets)
         ]
+
+    def test(self, index: int) -> float | str:
+        """The test accuracy (%) of head ``index`` as it is now (a string: not finite)."""
+        W = self._heads()[index]
+        if not np.isfinite(W).all():
+            return "non-finite head"
+        At, yt = self.evals[1]
+        return float(_accuracy(At, W, yt))
 
 
 class GDProbe(_Probe):
-    """Full-batch GD with step ``1/λ_max(AᵀA/N)`` from ``W = 0`` (module docstring).
+    """Full-batch GD with step ``1/λ_max(AᵀA/N)`` from ``W = 0`` (module docstring)."""
 
-    One setting, evaluated every ``eval_every`` steps.
-    """
-
-    def __init__(self, A_train, y_train, validation, test, *, classes: int, eval_every: int = 1):
-        super().__init__(A_train, y_train, validation, test, classes, eval_every)
+    def __init__(self, A_train, y_train, validation, test, *, classes: int):
+        super().__init__(A_train, y_train, validation, test, classes)
         self.eta = self.n / float(np.linalg.norm(self.A, 2) ** 2)
         self.W = np.zeros((self.A.shape[1], classes))
         self.steps = 0
 
-    def advance(self, active: list[bool], test: bool = True) -> list:
-        """``eval_every`` GD steps of the head, then its evaluation (``[None]`` if not active)."""
-        if not active[0]:
+    def _heads(self) -> np.ndarray:
+        return self.W[None]
+
+    def advance(self, targets: list) -> list:
+        """GD steps of the head to ``targets[0]``, then its evaluation (``[None]`` without one)."""
+        if targets[0] is None:
             return [None]
-        for _ in range(self.eval_every):
+        while self.steps < targets[0]:
             self.W -= self.eta * (self.A.T @ _softmax_residual(self.A @ self.W, self.Y)) / self.n
             self.steps += 1
-        return self._report(self.W[None], active, [self.steps], test)
+        return self._report(targets, [self.steps])
 
 
 class AdamProbe(_Probe):
@@ -197,9 +208,9 @@ class AdamProbe(_Probe):
 
     Adam from ``W = 0`` on seeded mini-batches (each epoch a permutation of the training rows,
     ``default_rng([seed, epoch])``, an incomplete last batch dropped), one head per learning rate
-    of ``lrs``, stepped together; evaluated every ``eval_every`` steps. Each head's arithmetic is
-    ``torch.optim.Adam``'s with its defaults, in float64; a head left out of a call to
-    :meth:`advance` keeps its state and step count (the heads at one step move as one array).
+    of ``lrs``, stepped together. Each head's arithmetic is ``torch.optim.Adam``'s with its
+    defaults, in float64; a head without a target in a call to :meth:`advance` keeps its state and
+    step count (the heads at one step move as one array).
     """
 
     def __init__(
@@ -213,9 +224,8 @@ class AdamProbe(_Probe):
         classes: int,
         batch_size: int = 64,
         seed: int = 0,
-        eval_every: int = 1,
     ):
-        super().__init__(A_train, y_train, validation, test, classes, eval_every)
+        super().__init__(A_train, y_train, validation, test, classes)
         self.lr = np.asarray(lrs, dtype=np.float64)[:, None, None]
         shape = (len(self.lr), self.A.shape[1], classes)
         self.W, self.m, self.v = np.zeros(shape), np.zeros(shape), np.zeros(shape)
@@ -223,6 +233,9 @@ class AdamProbe(_Probe):
         self.bs, self.seed = min(batch_size, self.n), seed
         self.per_epoch = self.n // self.bs
         self.orders: dict[int, np.ndarray] = {}
+
+    def _heads(self) -> np.ndarray:
+        return self.W
 
     def _batch(self, step: int) -> np.ndarray:
         epoch, k = divmod(step, self.per_epoch)
@@ -242,15 +255,17 @@ class AdamProbe(_Probe):
         self.W[g] -= (self.lr[g] / c1) * self.m[g] / (np.sqrt(self.v[g]) / np.sqrt(c2) + ADAM_EPS)
         self.steps[g] = t
 
-    def advance(self, active: list[bool], test: bool = True) -> list:
-        """``eval_every`` Adam steps of each active head, then each one's evaluation, else None."""
-        on = np.flatnonzero(active)
-        for _ in range(self.eval_every):
-            # the groups of heads at one step count, fixed before any of them steps (a head
-            # that steps from t to t + 1 is not in the group at t + 1 of this round)
-            for g in [on[self.steps[on] == t] for t in np.unique(self.steps[on])]:
-                self._step(g)
-        return self._report(self.W, active, self.steps, test)
+    def advance(self, targets: list) -> list:
+        """Adam steps of each head with a target to that step, then each one's evaluation."""
+        goal = np.array([-1 if t is None else t for t in targets], dtype=np.int64)
+        while True:
+            on = np.flatnonzero(self.steps < goal)
+            if not on.size:
+                break
+            # the heads at one step count move as one array; the lowest count first
+            t = self.steps[on].min()
+            self._step(on[self.steps[on] == t])
+        return self._report(targets, self.steps)
 
 
 def linear_probe_curve(
@@ -302,10 +317,13 @@ def linear_probe_curve(
     A, At, Av = probe_inputs(Z_train, Z_test, Zv)
     C = int(num_classes or max(y_train.max(), y_test.max(), np.max(yv)) + 1)
     probe = GDProbe(A, y_train, (Av, yv), (At, y_test), classes=C)
-    first = probe._report(probe.W[None], [True], [0], True)[0]
-    evals = [first, *(probe.advance([True])[0] for _ in range(epochs))]
-    if not all(isinstance(e, Eval) for e in evals):
-        raise FloatingPointError("the GD probe's head became non-finite")
-    return ProbeCurve(
-        [e.test for e in evals], [e.validation for e in evals] if validation is not None else []
-    )
+    val, test = [], []
+    for epoch in range(epochs + 1):
+        if epoch:
+            probe.advance([epoch])
+        t = probe.test(0)
+        if isinstance(t, str):
+            raise FloatingPointError("the GD probe's head became non-finite")
+        val.append(float(_accuracy(Av, probe.W, np.asarray(yv))))
+        test.append(t)
+    return ProbeCurve(test, val if validation is not None else [])
