@@ -39,7 +39,7 @@ import copy
 import importlib.util
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -96,14 +96,15 @@ LORA_RANKS = (8, 32)  # the ranks of the operator-transfer report cited in docs/
 class AttackData:
     """The attacker's data.
 
-    Images to train on, a validation split to watch, a test split to be scored on, and the number
-    of classes.
+    Images to train on, a validation split to watch, a test split to be scored on, the number
+    of classes, and the name of the argument each split came from (in errors).
     """
 
     train: Dataset
     val: Dataset
     test: Dataset
     classes: int
+    names: tuple = ("dh", "dh", "dh")  # the argument each split came from, named in errors
 
     @property
     def chance(self) -> float:
@@ -147,12 +148,20 @@ def operator_names(operators=OPERATORS, lora_ranks=LORA_RANKS) -> tuple:
     Raises
     ------
     ParameterError
-        An unknown or empty selection, or ``lora`` without peft installed (``"operators"``); a rank
-        that is not a positive integer (``"lora_ranks"``).
+        An unknown or empty selection, or one that is not a name or names (None), or ``lora``
+        without peft installed (``"operators"``); a rank that is not a positive integer
+        (``"lora_ranks"``).
     """
     if isinstance(operators, str):
         operators = (operators,)
-    bad = [o for o in operators if o not in OPERATORS]
+    if not isinstance(operators, Iterable):
+        raise ParameterError(
+            "operators",
+            f"operators must be a name or a sequence of names of {', '.join(OPERATORS)}, got "
+            f"{operators!r}",
+        )
+    operators = tuple(operators)
+    bad = [o for o in operators if not isinstance(o, str) or o not in OPERATORS]
     if bad or not operators:
         raise ParameterError(
             "operators",
@@ -501,10 +510,13 @@ class Operator:
     labels: Callable | None = None
 
 
-def _features(model, data: AttackData, what: str) -> tuple:
+def _features(model, data: AttackData, what: str, model_name: str | None = None) -> tuple:
     from pycore.deep._features import extract  # noqa: PLC0415
 
-    return tuple(extract(model, d, what=what) for d in (data.train, data.val, data.test))
+    return tuple(
+        extract(model, d, what=what, data_name=n, model_name=model_name)
+        for d, n in zip((data.train, data.val, data.test), data.names)
+    )
 
 
 def operator(
@@ -517,6 +529,7 @@ def operator(
     features: dict | None = None,
     scope: tuple | None = None,
     reinit: bool = False,
+    model_name: str | None = None,
 ) -> Operator:
     """One operator against a model on the attacker's data, ready to run.
 
@@ -539,6 +552,8 @@ def operator(
         The module names ``retrain_tail`` trains (:func:`retrain_scope`).
     reinit : bool, default False
         Re-initialise ``scope`` first (a retrain, not a fine-tuning).
+    model_name : str, optional
+        The model's name in errors (``"model"``, ``"reference"``).
 
     Returns
     -------
@@ -551,7 +566,7 @@ def operator(
     grid = LR_GRIDS["lora" if name.startswith("lora_r") else base]
     if name in PROBES:
         what = "X" if name == "remove_layer" else "Z"
-        Zt, Zv, Zs = (features or {}).get(what) or _features(net, data, what)
+        Zt, Zv, Zs = (features or {}).get(what) or _features(net, data, what, model_name)
         prep = {}
 
         def make(variant: str, lrs: tuple):
@@ -659,6 +674,7 @@ def budgets(
     scope: tuple | None = None,
     features: dict | None = None,
     progress: Callable = lambda name: None,
+    model_name: str | None = None,
 ) -> dict[str, Budget]:
     """θ₀'s :class:`~pycore.deep.Budget` of every operator, against the reference.
 
@@ -685,6 +701,8 @@ def budgets(
         As for :func:`operator`.
     progress : callable, optional
         Called with each operator's name as it starts.
+    model_name : str, optional
+        The reference's name in errors.
 
     Returns
     -------
@@ -703,7 +721,14 @@ def budgets(
             continue
         progress(n)
         op = operator(
-            reference, data, n, seed=seed, schedule=schedule, scope=scope, features=features
+            reference,
+            data,
+            n,
+            seed=seed,
+            schedule=schedule,
+            scope=scope,
+            features=features,
+            model_name=model_name,
         )
         out[n] = slowdown.budget(
             n,
@@ -728,6 +753,7 @@ def slowdowns(
     scope: tuple | None = None,
     features: dict | None = None,
     progress: Callable = lambda name: None,
+    model_name: str | None = None,
 ) -> dict[str, Slowdown]:
     """Every operator of θ₀'s budgets against a model, under those budgets.
 
@@ -751,6 +777,8 @@ def slowdowns(
         As for :func:`operator`.
     progress : callable, optional
         Called with each operator's name as it starts.
+    model_name : str, optional
+        The model's name in errors.
 
     Returns
     -------
@@ -776,6 +804,7 @@ def slowdowns(
             scope=scope,
             reinit=True,
             features=features,
+            model_name=model_name,
         )
         out[n] = slowdown.attack(n, op.make, ref, labels=op.labels)
     return out
@@ -788,7 +817,7 @@ class AuditResult:
     ``worst_slowdown``, the smallest slowdown over operators (the attacker's best way around the
     defense; ``worst_slowdown_censored`` when even that one is a censored lower bound), and
     ``worst``, the operator that reaches the highest test accuracy at θ₀'s budget, with its
-    deficit.
+    deficit; ``skipped``: the operators asked for that were not run, each with why.
     """
 
     operators: tuple  # Slowdown, in the order run
@@ -798,6 +827,7 @@ class AuditResult:
     worst: str
     worst_deficit: float
     extra: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)  # operator name → why it was not run
 
     def __getitem__(self, name: str) -> Slowdown:
         for s in self.operators:
@@ -813,17 +843,20 @@ class AuditResult:
             "worst_slowdown_censored": self.worst_slowdown_censored,
             "worst": self.worst,
             "worst_deficit": self.worst_deficit,
+            **({"skipped": dict(self.skipped)} if self.skipped else {}),
             **self.extra,
         }
 
 
-def audit_result(results: dict[str, Slowdown]) -> AuditResult:
+def audit_result(results: dict[str, Slowdown], skipped: dict | None = None) -> AuditResult:
     """The :class:`AuditResult` of one model's slowdowns.
 
     Parameters
     ----------
     results : dict of str to Slowdown
         Operator name → slowdown (:func:`slowdowns`).
+    skipped : dict of str to str, optional
+        Operator name → why it was asked for and not run.
 
     Returns
     -------
@@ -846,5 +879,11 @@ def audit_result(results: dict[str, Slowdown]) -> AuditResult:
         rows, key=lambda s: -math.inf if math.isnan(s.test_at_budget) else s.test_at_budget
     )
     return AuditResult(
-        rows, slow.slowdown, slow.operator, slow.censored, worst.operator, worst.deficit
+        rows,
+        slow.slowdown,
+        slow.operator,
+        slow.censored,
+        worst.operator,
+        worst.deficit,
+        skipped=dict(skipped or {}),
     )
