@@ -19,7 +19,7 @@ from pycore._adaptive import adaptive_descent, kappa_log_ratios, regularizer_dir
 from pycore._batch import GramStack
 from pycore._kstep import KStepProbe
 from pycore._metrics import def31_exponent_window, rir_ceiling
-from pycore._optim import check_scale, make_optimizer
+from pycore._optim import check_growth, check_scale, make_optimizer
 from pycore._precondition import FactorPreconditioner, Preconditioner
 from pycore._regularizers import (
     hessian_regularizer,
@@ -65,6 +65,10 @@ def _epoch_steps(n, batch_size, rngs):
 def _log(hist: dict, *values):  # one entry per key of hist, in order
     for key, v in zip(hist, values):
         hist[key].append(v)
+
+
+def _max_abs(theta) -> float:  # θ's scale at a run's start (optim.check_growth)
+    return float(np.max(np.abs(theta)))
 
 
 def _x_norm(task):  # max_i ‖x_i‖₁ over both tasks: |Xθ| ≤ it × max|θ| (optim.check_scale)
@@ -316,7 +320,7 @@ def algorithm1(task, method, o, rngs):
         for _ in rngs
     ]
     XP, YP = inp.X_P, inp.Y_P
-    x_norm = _x_norm(task)
+    x_norm, start = _x_norm(task), _max_abs(theta)
     w_P, w_H = 1.0, np.ones(B)
     if opt_kappa:
         for b, (th, d) in enumerate(zip(theta0, diags)):
@@ -393,6 +397,7 @@ def algorithm1(task, method, o, rngs):
             steps += 1
         last = epoch == o.epochs
         record(epoch, ep_loss / max(n_seen, 1), None if last else (gram_P, gram_H))
+    check_growth(theta, start, f"{method}: after {o.epochs} epochs")
     theta = inp.put(theta0, theta)
     out = []
     for b in range(B):
@@ -487,6 +492,7 @@ def _r_ill_only(task, o, theta0):
         _log(hists[b], 0, *k0[b], 1.0)
     step_max = o.lr * o.lambda_h
     kappas = list(k0)
+    start = _max_abs(theta)
     for epoch in range(1, o.epochs + 1):
         for _ in range(n_batches):
             try:
@@ -521,6 +527,8 @@ def _r_ill_only(task, o, theta0):
             raise DivergenceError(
                 "lambda_h", f"r_ill_only: θ became non-finite at epoch {epoch}; lower lambda_h"
             )
+    # its step is lr·λ_h wherever Thm 4.3's bound does not clip it
+    check_growth(theta, start, f"r_ill_only: after {o.epochs} epochs")
     theta = inp.put(theta0, theta)
     for b in range(B):
         diags[b]["kappa_end"] = kappas[b]
@@ -622,7 +630,7 @@ def imma(task, method, o, rngs):
     )
     hists = [{"epoch": [], "objective": [], "kappa_P": [], "kappa_H": []} for _ in rngs]
     n_P = inp.X_P.shape[0]
-    x_norm = _x_norm(task)
+    x_norm, start = _x_norm(task), _max_abs(theta)
     for epoch in range(1, o.epochs + 1):
         for rows in _epoch_steps(n_P, o.batch_size, rngs):
             X_b, Y_b = (inp.X_P, inp.Y_P) if rows is None else (inp.X_P[rows], inp.Y_P[rows])
@@ -646,6 +654,7 @@ def imma(task, method, o, rngs):
             kappas = [_exact_kappas(inp, th) for th in theta]
         for b in range(B):
             _log(hists[b], epoch, float(F[b]), *kappas[b])
+    check_growth(theta, start, f"imma: after {o.epochs} epochs")
     theta = inp.put(theta0, theta)
     out = []
     for b in range(B):

@@ -156,6 +156,28 @@ def check_scale(
         )
 
 
+# Bound on θ's growth over a run, max |θ| at its end over max |θ| at its start: both House Prices
+# tables stay within 5×; past 1e6× the steps, not the data, made θ (lr = 1e30 turned θ = I into
+# the sum of its first gradients, every κ ratio of the result about 1e14, returned as a result).
+THETA_GROWTH = 1e6
+
+
+def check_growth(x: np.ndarray, start: float, where: str, parameter: str = "lr") -> None:
+    """A :class:`DivergenceError` naming ``parameter`` if ``x`` grew past its start.
+
+    Raised when max |x| exceeds :data:`THETA_GROWTH` × ``start`` (the initial max |x|): a run's
+    end, checked before its θ is returned (a run that fails on the way keeps its own error).
+    """
+    x_max = max(float(x.max()), -float(x.min()))
+    if x_max > THETA_GROWTH * start:
+        raise DivergenceError(
+            parameter,
+            f"{where}: θ diverged (max |θ| {x_max:.3e}, {x_max / start:.3g} times its start, "
+            f"beyond the {THETA_GROWTH:g} a run may grow: the steps, not the data, made it); "
+            f"lower {parameter}",
+        )
+
+
 def largest_term(step: float | None = None, **terms) -> str:
     """The name of the largest term of a divergent gradient.
 

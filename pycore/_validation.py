@@ -136,11 +136,12 @@ def as_target(Y, n_rows: int, name: str = "Y") -> np.ndarray:
 
 
 def check_theta(theta, D: int, name: str = "theta") -> np.ndarray:
-    """A D×D float64 feature extractor (docs/theory.md §1)."""
+    """A D×D float64 feature extractor (docs/theory.md §1); another shape names ``name``."""
     theta = as_float_matrix(theta, name)
     if theta.shape != (D, D):
-        raise ValueError(
-            f"{name} must be {D}×{D} to match the data's {D} columns, got shape {theta.shape}"
+        raise ParameterError(
+            name,
+            f"{name} must be {D}×{D} to match the data's {D} columns, got shape {theta.shape}",
         )
     return theta
 

@@ -25,10 +25,10 @@ from pycore._spectral import gram_spectrum
 from pycore._threads import bounded_blas
 from pycore._validation import (
     ParameterError,
-    as_float_matrix,
     check_choice,
     check_number,
     check_rng,
+    check_theta,
     check_work,
 )
 
@@ -480,8 +480,8 @@ def attack_evaluation(
     Raises
     ------
     ParameterError
-        θ of another width (``"theta"``), rows that select nothing of D_H (``"rows"``), ``eps``
-        outside (0, 1), an ``rng`` that is not a Generator.
+        θ of another shape than (D, D) (``"theta"``), rows that select nothing of D_H
+        (``"rows"``), ``eps`` outside (0, 1), an ``rng`` that is not a Generator.
 
     Examples
     --------
@@ -500,12 +500,8 @@ def attack_evaluation(
      'closed_form']
     """
     check_rng(rng)
-    theta = as_float_matrix(theta, "theta")
     X, Y = task.X_H, task.Y_H
-    if theta.shape[0] != X.shape[1]:
-        raise ParameterError(
-            "theta", f"theta must have {X.shape[1]} rows (the inputs), got {theta.shape}"
-        )
+    theta = check_theta(theta, X.shape[1])
     try:
         idx = np.arange(X.shape[0])[slice(None) if rows is None else rows]
     except (IndexError, TypeError, ValueError) as exc:

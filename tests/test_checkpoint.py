@@ -12,6 +12,7 @@ import timm
 import torch
 from safetensors.torch import save_file
 
+from pycore import ParameterError
 from pycore.deep import (
     CheckpointError,
     CheckpointMismatchError,
@@ -112,3 +113,29 @@ def test_checkpoint_metadata_is_checked_against_its_tensors_before_building(
         load_model(path)
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
     assert all(d <= {"meta"} for d in devices) and grown < 200 << 20, devices
+
+
+def test_save_model_names_a_folder_or_a_model_it_cannot_save(tmp_path):
+    net = create_model("test_resnet", 2, seed=0, img_size=32)
+    for path in (tmp_path, 3.5):
+        with pytest.raises(ParameterError) as e:
+            save_model(net, path)
+        assert e.value.parameter == "path"
+    for model in (timm.create_model("test_resnet", num_classes=2), "resnet18", None):
+        with pytest.raises(ParameterError) as e:  # no record of how to rebuild it
+            save_model(model, tmp_path / "m.safetensors")
+        assert e.value.parameter == "model"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CheckpointError) as e:  # its folder would be a file
+        save_model(net, tmp_path / "file" / "m.safetensors")
+    assert e.value.path == str(tmp_path / "file" / "m.safetensors")
+
+
+def test_a_plain_model_of_create_model_saves_and_loads_with_its_logits(tmp_path):
+    net = create_model("test_resnet", 3, seed=0, img_size=32).eval()
+    path = save_model(net, tmp_path / "plain.safetensors")
+    back, _ = load_model(path)
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(back(x), net(x), rtol=1e-5, atol=1e-6)
+    assert back.classifier.out_features == 3 and not hasattr(net, "layer")

@@ -3,6 +3,7 @@ work, the warning about a θ₀ near chance, the grouped verdict in the reason, 
 
 from __future__ import annotations
 
+import copy
 import sys
 import warnings
 
@@ -10,11 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from pycore import ParameterError
+from pycore import DivergenceError, ParameterError
 from pycore.deep import (
     LR_GRIDS,
+    SOPHON,
     AttackData,
+    ImmunizedNet,
     NearChanceWarning,
+    SimulatedOptions,
     audit_model,
     create_model,
     immunize_model,
@@ -306,3 +310,121 @@ def test_the_audit_counts_every_operator_run_on_its_bar_only_when_asked(
     )
     (bar,) = seen
     assert (bar.total, bar.n, bar.disable) == (4, 4, not progress)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return create_model("test_resnet", 2, seed=0, img_size=32).eval()
+
+
+@pytest.mark.parametrize("operators", [None, 3, ("gd", None), ()])
+def test_audit_operators_that_are_not_names_are_named(tiny, operators_spy, operators):
+    with pytest.raises(ParameterError) as e:
+        audit_model(tiny, reference=tiny, dh=_data(20, 1), operators=operators)
+    assert e.value.parameter == "operators" and not operators_spy
+
+
+@pytest.mark.parametrize("progress", ["yes", 1, None])
+def test_a_progress_that_is_not_a_bool_is_named_before_any_work(
+    tiny, work_spy, operators_spy, progress
+):
+    with pytest.raises(ParameterError) as e:
+        immunize_model(tiny, _data(16, 1), _data(16, 2), progress=progress)
+    assert e.value.parameter == "progress" and not work_spy
+    with pytest.raises(ParameterError) as e:
+        audit_model(tiny, reference=tiny, dh=_data(20, 1), operators="gd", progress=progress)
+    assert e.value.parameter == "progress" and not operators_spy
+
+
+def test_an_unknown_method_is_named_before_any_work(tiny, work_spy):
+    with pytest.raises(ParameterError) as e:
+        immunize_model(tiny, _data(16, 1), _data(16, 2), method="sophon2")
+    assert e.value.parameter == "method" and not work_spy
+
+
+def test_the_retrain_of_a_backbone_the_defense_left_alone_is_theta0s(tiny):
+    """A defense of the layer alone: every retrain re-initialises stages the defense did not
+    touch, so it runs as on θ₀ and is taken from θ₀'s side, cost for cost (no operator is dropped
+    or refused); ``retrain_tail``, the old name, is refused naming ``operators``."""
+    defended = ImmunizedNet(copy.deepcopy(tiny))
+    with torch.no_grad():
+        defended.layer.weight.mul_(2.0)  # the layer changed, the backbone not
+    audit = audit_model(
+        defended,
+        reference=tiny,
+        dh=_data(20, 1),
+        operators=("gd", "retrain_last1"),
+        max_steps=4,
+        progress=False,
+    )
+    assert audit.path.names() == ["gd", "retrain_last1"]
+    mine, base = audit["retrain_last1"], audit.reference.path["retrain_last1"]
+    assert mine.reach is base.reach or mine.flops_limit <= base.flops
+    with pytest.raises(ParameterError) as e:
+        audit_model(defended, reference=tiny, dh=_data(20, 1), operators="retrain_tail")
+    assert e.value.parameter == "operators"
+
+
+@pytest.mark.parametrize("method", ["simulated", "sophon"])
+def test_the_simulated_attackers_run_on_images_with_their_own_options(tiny, method):
+    """Their options are SimulatedOptions (sophon's from SOPHON), scope 'tail' by default: the
+    images are passed as they are, never cached as features."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NearChanceWarning)  # a random-init model
+        res = immunize_model(
+            tiny, _data(16, 1), _data(16, 2), method=method, steps=2, progress=False
+        )
+    assert res.method == method and isinstance(res.options, SimulatedOptions)
+    assert res.options.lr == (SOPHON.lr if method == "sophon" else SimulatedOptions().lr)
+    assert res.steps <= 2 and res.model is not tiny
+    for kw, parameter in (
+        ({"scope": "layer"}, "scope"),
+        ({"adaptive_steps": 5}, "adaptive_steps"),
+    ):
+        with pytest.raises(ParameterError) as e:
+            immunize_model(tiny, _data(16, 1), _data(16, 2), method=method, **kw)
+        assert e.value.parameter == parameter
+
+
+def _broken(model, how):
+    bad = copy.deepcopy(model)
+    with torch.no_grad():
+        if how == "nan":
+            next(bad.parameters())[0] = float("nan")
+        else:
+            for p in bad.parameters():
+                p.zero_()
+    return bad
+
+
+@pytest.mark.parametrize("how", ["nan", "zero"])
+def test_weights_that_give_no_features_name_the_model_they_belong_to(
+    tiny, work_spy, operators_spy, how
+):
+    bad = _broken(tiny, how)
+    work_spy.clear()  # the copy made here
+    with pytest.raises(ParameterError) as e:
+        immunize_model(bad, _data(16, 1), _data(16, 2), progress=False)
+    assert e.value.parameter == "model" and not work_spy
+    for model, reference, name in ((bad, tiny, "model"), (tiny, bad, "reference")):
+        with pytest.raises(ParameterError) as e:
+            audit_model(model, reference=reference, dh=_data(20, 1), operators="gd")
+        assert e.value.parameter == name and not operators_spy
+
+
+@pytest.mark.parametrize("scale,error", [(0.0, ParameterError), (3e38, DivergenceError)])
+def test_zero_or_overflowing_features_name_the_model_they_come_from(tiny, scale, error):
+    """Finite weights whose features are all zero (a zeroed immunization layer) or overflow
+    float32 (a layer of 3e38): blamed on the model that gives them, the inputs being fine."""
+    dead = ImmunizedNet(copy.deepcopy(tiny))
+    with torch.no_grad():
+        dead.layer.weight.fill_(scale)
+    with pytest.raises(error) as e:
+        immunize_model(dead, _data(16, 1), _data(16, 2), progress=False)
+    assert e.value.parameter == "model"
+    for model, reference, name in ((dead, tiny, "model"), (tiny, dead, "reference")):
+        with pytest.raises(error) as e:
+            audit_model(
+                model, reference=reference, dh=_data(20, 1), operators="gd", progress=False
+            )
+        assert e.value.parameter == name

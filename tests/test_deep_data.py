@@ -171,3 +171,158 @@ def test_a_named_pipe_called_png_is_refused_not_read(tmp_path):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return create_model("test_resnet", 2, seed=0, img_size=32).eval()
+
+
+class _Lazy(Dataset):
+    """``_data(24, 1)`` read one sample at a time, sample ``k`` replaced by ``bad(x, y)``."""
+
+    def __init__(self, k, bad):
+        self.X, self.y = _data(24, 1)
+        self.k, self.bad = k, bad
+
+    def __len__(self):
+        return len(self.X)
+
+    def __getitem__(self, i):
+        x, y = self.X[i], self.y[i]
+        return self.bad(x, y) if i == self.k else (x, y)
+
+
+@pytest.mark.parametrize(
+    "images",
+    [
+        lambda X: X[:, :1],  # one channel into a 3-channel model
+        lambda X: torch.cat([X, X[:, :1]], 1),  # four
+        lambda X: X[:, 0],  # (N, H, W): no channel axis (once read as 16 channels)
+        lambda X: X[:, None],  # 5-D
+        lambda X: (X * 100).to(torch.uint8),  # not floating point
+        lambda X: X.to(torch.complex64),
+    ],
+    ids=["1 channel", "4 channels", "3-D", "5-D", "uint8", "complex"],
+)
+def test_images_of_another_form_are_named_before_any_work(tiny, work_spy, images):
+    X, y = _data(16, 1)
+    for kw, argument in (
+        (dict(dp=(X, y), dh=(images(X), y)), "dh"),
+        (dict(dp=(images(X), y), dh=(X, y)), "dp"),
+    ):
+        with pytest.raises(DataError) as e:
+            immunize_model(tiny, kw["dp"], kw["dh"], adaptive_steps=5, progress=False)
+        assert e.value.argument == argument and not work_spy
+    with pytest.raises(DataError) as e:
+        audit_model(tiny, reference=tiny, dh=(X, y), dh_test=(images(X), y), operators="gd")
+    assert e.value.argument == "dh_test" and not work_spy
+
+
+def test_float64_and_float16_images_are_the_float32_images_they_hold(tiny):
+    X, y = _data(16, 1)
+    for cast in (torch.float64, torch.float16, torch.bfloat16):
+        ds = as_dataset((X.to(cast), y), "dh", tiny)
+        assert ds.tensors[0].dtype == torch.float32
+        assert torch.equal(ds.tensors[0], X.to(cast).float())
+        x, label = as_dataset(_Lazy(3, lambda x, y: (x.double(), y)), "dh", tiny)[3]
+        assert x.dtype == torch.float32 and torch.equal(x, _data(24, 1)[0][3]) and label == 1
+    audit = audit_model(tiny, reference=tiny, dh=(X.double(), y), operators="gd", progress=False)
+    assert audit.slowdown("gd")[0] in (1.0, None) and audit.worth.worth == 1.0
+
+
+def test_a_float64_input_beyond_float32_is_named_with_its_sample(tiny, work_spy):
+    X, y = _data(16, 1)
+    X = X.double()
+    X[6, 0, 1, 1] = 1e300
+    with pytest.raises(DataError) as e:
+        immunize_model(tiny, (X, y), _data(16, 2), progress=False)
+    assert (e.value.argument, e.value.sample) == ("dp", 6) and not work_spy
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda x, y: (x[:, :28, :28], y),  # another size
+        lambda x, y: (x[:1], y),  # another channel count
+        lambda x, y: {"image": x, "label": y},  # another form (Hugging Face's)
+        lambda x, y: (x, 0.5),  # a label that is no class
+        lambda x, y: (x * float("nan"), y),
+        lambda x, y: (x.to(torch.int32), y),
+    ],
+    ids=["size", "channels", "dict", "label", "nan", "int"],
+)
+def test_a_lazy_datasets_bad_sample_is_named_by_its_index_where_it_is_read(tiny, bad):
+    """Sample 7 of 24 (never sample 0, the one checked at the door) is named with the argument
+    that holds it, by its index in that argument, however deep the read: immunize_model's
+    features, audit_model's splits (Subsets) read in a thread pool."""
+    with pytest.raises(DataError) as e:
+        immunize_model(tiny, _data(16, 2), _Lazy(7, bad), adaptive_steps=5, progress=False)
+    assert (e.value.argument, e.value.sample) == ("dh", 7)
+    with pytest.raises(DataError) as e:
+        audit_model(tiny, reference=tiny, dh=_Lazy(7, bad), operators="gd", progress=False)
+    assert (e.value.argument, e.value.sample) == ("dh", 7)
+
+
+def test_a_model_of_one_image_size_names_images_of_another(work_spy):
+    vit = create_model("vit_tiny_patch16_224", 2, seed=0, img_size=32)
+    X, y = _data(8, 1)
+    with pytest.raises(DataError) as e:
+        immunize_model(vit, (X, y), (X[:, :, :16, :16], y), progress=False)
+    assert e.value.argument == "dh" and not work_spy
+
+
+def test_labels_out_of_range_name_their_argument_and_sample(tiny):
+    X, y = _data(16, 1)
+    neg = y.clone()
+    neg[4] = -1
+    for call, argument in (
+        (lambda: immunize_model(tiny, (X, y), (X, neg), progress=False), "dh"),
+        (lambda: immunize_model(tiny, (X, y + 1), (X, y), progress=False), "dp"),
+        (lambda: audit_model(tiny, reference=tiny, dh=(X, neg), operators="gd"), "dh"),
+        (lambda: audit_model(tiny, reference=tiny, dh=(X, y), dh_test=(X, neg)), "dh_test"),
+    ):
+        with pytest.raises(DataError) as e:
+            call()
+        assert (e.value.argument, e.value.sample) == (argument, 1 if argument == "dp" else 4)
+
+
+def test_a_task_of_one_class_is_refused_naming_it(tiny, work_spy):
+    """One class: a slowdown of 1.0 and immunized=True about nothing."""
+    X, y = _data(16, 1)
+    for call, argument in (
+        (lambda: immunize_model(tiny, (X, y), (X, y * 0), progress=False), "dh"),
+        (lambda: audit_model(tiny, reference=tiny, dh=(X, y * 0 + 1), operators="gd"), "dh"),
+    ):
+        with pytest.raises(DataError) as e:
+            call()
+        assert e.value.argument == argument and not work_spy
+    with pytest.raises(DataError) as e:  # checked with the model's classes, on its copy
+        immunize_model(tiny, (X, y * 0), (X, y), progress=False)
+    assert e.value.argument == "dp"
+    X_test, y_test = _data(4, 3)  # a test split of one class is a test split
+    audit = audit_model(
+        tiny,
+        reference=tiny,
+        dh=(X, y),
+        dh_test=(X_test, y_test * 0),
+        operators="gd",
+        progress=False,
+    )
+    assert audit.slowdown("gd")[0] in (1.0, None) and audit.worth.worth == 1.0
+
+
+def test_inputs_that_are_all_zero_are_blamed_on_the_inputs(tiny, work_spy):
+    X, y = _data(16, 1)
+    zero = _Lazy(-1, None)
+    zero.X = torch.zeros_like(zero.X)
+    for call, argument in (
+        (lambda: immunize_model(tiny, (X * 0, y), (X, y), progress=False), "dp"),
+        (lambda: audit_model(tiny, reference=tiny, dh=(X * 0, y), operators="gd"), "dh"),
+    ):
+        with pytest.raises(DataError) as e:
+            call()
+        assert e.value.argument == argument and not work_spy
+    with pytest.raises(DataError) as e:  # a lazy Dataset's: when its features are computed
+        immunize_model(tiny, (X, y), zero, progress=False)
+    assert e.value.argument == "dh"

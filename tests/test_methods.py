@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from sklearn import datasets
 
-from pycore import LinearTask, immunize, rir_ceiling
+from pycore import DivergenceError, LinearTask, immunize, rir_ceiling
+from pycore._optim import THETA_GROWTH
 
 # below this fraction of the ceiling the result advises the closed form (docs/design.md §4)
 SMALL_FRACTION = 0.05
@@ -53,3 +54,19 @@ def test_algorithm_1_on_a_narrow_window_points_to_what_meets_it():
     res = immunize(task, "ours", rng=np.random.default_rng(0))
     assert not res.immunized and res.diagnostics["advice"] == "closed_form"
     assert immunize(task, res.diagnostics["advice"], rng=np.random.default_rng(0)).immunized
+
+
+@pytest.mark.parametrize("method", ["r_ill_only", "imma", "opt_kappa", "opt_kappa_balanced"])
+def test_a_learning_rate_that_blows_theta_up_is_a_divergence_naming_lr(method):
+    """lr = 1e30 makes θ the sum of its first steps (every κ ratio about 1e14, returned as a
+    result before): refused when θ ends the run past THETA_GROWTH times its start; lr = 1e-3
+    runs."""
+    rng = np.random.default_rng(0)
+    X_P = rng.standard_normal((50, 4)) * [1.0, 0.5, 0.2, 0.1]
+    X_H = rng.standard_normal((40, 4)) @ rng.standard_normal((4, 4))
+    task = LinearTask(X_P, rng.standard_normal(50), X_H, rng.standard_normal(40))
+    with pytest.raises(DivergenceError) as e:
+        immunize(task, method, rng=np.random.default_rng(0), lr=1e30, epochs=300)
+    assert e.value.parameter == "lr"
+    theta = immunize(task, method, rng=np.random.default_rng(0), lr=1e-3, epochs=300).theta
+    assert np.abs(theta).max() < THETA_GROWTH

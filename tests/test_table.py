@@ -268,3 +268,29 @@ def test_cells_near_1e_310_are_z_scored_not_called_nan(tmp_path):
     got = np.r_[d.train.X_P[:, 0], d.heldout.X_P[:, 0]]
     a = np.array(x[::2]) * 1e300 * 1e10  # D_P: the rows with g = a
     assert np.allclose(got, (a - a.mean()) / a.std(), atol=1e-9)
+
+
+@pytest.mark.parametrize("split", ["P", "H"])
+def test_a_target_constant_on_a_splits_training_rows_is_refused_naming_it(tmp_path, split):
+    """A constant target leaves nothing to fit or probe; one varying only in the held-out rows
+    is as constant where it is trained on."""
+    rows = range(1, 40, 2) if split == "H" else range(0, 40, 2)  # g = h on the odd rows
+    path = _csv(tmp_path / "t.csv", cells={(r, 3): "7" for r in list(rows)[:10]})
+    with pytest.raises(ValueError) as e:
+        _load(path)
+    assert not isinstance(e.value, ParameterError)
+    assert str(path) in str(e.value) and "'y'" in str(e.value) and f"D_{split}" in str(e.value)
+    _load(path, n_train=11)  # the 11th training row varies
+
+
+def test_the_split_column_as_an_input_is_said(tmp_path):
+    """Constant on D_H (0 after z-scoring), it informs D_P alone: said, not refused (the paper's
+    House Prices inputs hold MSZoning, its split column)."""
+    path = _csv(tmp_path / "t.csv", header="a,b,c,y,g")
+    named = _load(path, inputs=["a", "g"])
+    assert named.split_input and named.changes()["split_column_is_an_input"]
+    assert "'g'" in named.changes_line()
+    assert np.all(named.train.X_H[:, 1] == 0)  # constant on D_H
+    for data in (_load(path), _load(path, inputs=["a", "b"])):
+        assert not data.split_input and data.changes_line() is None
+    assert load_house_price().split_input

@@ -159,6 +159,7 @@ def test_the_facade_gives_the_grids_numbers():
     assert saved["worst"] == {**dataclasses.asdict(ev.worst), "bound": ev.worst.bound}
     cases = [
         ({"theta": np.eye(7)}, "theta"),
+        ({"theta": np.ones((20, 4))}, "theta"),  # (D, D) only, as evaluate_linear takes
         ({"rows": [0, 99]}, "rows"),
         ({"rows": []}, "rows"),
         ({"rng": None}, "rng"),

@@ -11,8 +11,11 @@ and population std of ALL the split's rows, training and held-out alike (the pap
 docs/theory.md §9; a constant column → 0); training rows the first ``n_train`` of each split in
 file order (the authors' code: the same rows for every seed) or drawn with ``rng``.  D_P's target
 is z-scored for the squared loss and kept as its 0/1 labels for ``loss="bce"``.  A cell reading
-``nan`` or ``inf`` is refused, not filled.  Every change to the user's data is recorded in
-:class:`TableData` (``missing``, ``encoded``, ``dropped``, ``blank_split``).  Memory: the header's
+``nan`` or ``inf`` is refused, not filled; so is a target constant on a split's training rows.
+Every change to the user's data is recorded in :class:`TableData` (``missing``, ``encoded``,
+``dropped``, ``blank_split``), and the split column named as an input is said (``split_input``:
+it is constant on D_H, so it is 0 there after z-scoring and informs D_P's features alone; the
+paper's House Prices inputs hold it).  Memory: the header's
 width is capped before pandas pads every row to it; columns are read as categoricals.
 """
 
@@ -75,7 +78,7 @@ class TableData:
     (set to 0), ``encoded`` the text columns label-encoded, ``dropped`` the non-numeric columns
     left out of the default inputs, ``blank_split`` the rows whose split column is empty (they are
     D_P's: their cell does not read the split's value); ``binary_target_p``: D_P's target holds
-    only 0 and 1.
+    only 0 and 1; ``split_input``: the split column is one of the inputs (constant on D_H).
     """
 
     train: LinearTask
@@ -91,6 +94,7 @@ class TableData:
     binary_target_p: bool = False
     blank_split: int = 0
     split_column: str | None = None
+    split_input: bool = False
 
     def changes(self) -> dict:
         """What was changed in the data before use (results.json's record)."""
@@ -100,6 +104,7 @@ class TableData:
             "label_encoded_text_columns": list(self.encoded),
             "dropped_non_numeric_columns": list(self.dropped),
             "empty_split_cells_in_D_P": self.blank_split,
+            "split_column_is_an_input": self.split_input,
         }
 
     def changes_line(self) -> str | None:
@@ -118,6 +123,11 @@ class TableData:
         if self.blank_split:
             parts.append(
                 f"{self.blank_split} row(s) with an empty {self.split_column!r} cell put in D_P"
+            )
+        if self.split_input:
+            parts.append(
+                f"the split column {self.split_column!r} is an input (constant on D_H: 0 there "
+                "after z-scoring, it informs D_P's features alone)"
             )
         for cols, what in (
             (self.encoded, "text column(s) label-encoded"),
@@ -458,6 +468,12 @@ def load_table(
         if np.isnan(y[s]).any():
             line = rows[np.flatnonzero(np.isnan(y[s]))[0]] + 2
             problems.setdefault(f"{files[f]}: target column {target!r} is empty (line {line})")
+        elif y[s].size > 1 and np.ptp(y[s][:n_train]) == 0:  # nothing to fit or probe
+            problems.setdefault(
+                f"{files[f]}: target column {target!r} is constant ({y[s][0]:g}) on the "
+                f"{min(n_train, y[s].size)} training rows of D_{s} ({where[s]}); a task needs a "
+                "target that varies"
+            )
         X[s], filled[s] = np.empty((rows.size, len(inputs))), 0
     if problems:
         message = "; ".join(problems)
@@ -526,6 +542,7 @@ def load_table(
         binary,
         blank_split,
         split_col,
+        split_col is not None and split_col in inputs,
     )
 
 

@@ -18,12 +18,13 @@ from torch.utils.data import Subset, TensorDataset
 from pycore._evaluate import chance_accuracy, immunized_def31, near_chance
 from pycore._metrics import ExponentWindow, feature_rir, grouped_feature_rir
 from pycore._report import progress as progress_bar
-from pycore._validation import ParameterError, check_number
+from pycore._validation import ParameterError, check_choice, check_number
 from pycore.deep._data import as_dataset, dataset_labels, label_count
 from pycore.deep._features import extract, prelogits_dataset
 from pycore.deep._judge import AuditResult, audit
 from pycore.deep._layer import attainability
 from pycore.deep._models import ImmunizedNet, as_immunized, check_model
+from pycore.deep._objectives import DEEP_METHODS, SIMULATED_METHODS
 from pycore.deep._operators import (
     LORA_RANKS,
     OPERATORS,
@@ -33,6 +34,7 @@ from pycore.deep._operators import (
     retrain_depths,
 )
 from pycore.deep._probes import linear_probe_curve
+from pycore.deep._simulated import SOPHON, SimulatedOptions
 from pycore.deep._train import DeepOptions, immunize_in_place, options
 
 # torch.Generator.manual_seed takes seeds below 2**64, numpy's default_rng any non-negative one
@@ -204,9 +206,11 @@ def immunize_model(
         ``forward_head(pre_logits=True)`` and ``get_classifier()``, float32 on a CPU or CUDA
         device. Left as it is.
     dp, dh : tuple of tensors, Dataset or DataLoader
-        The pre-training task D_P (labels are ``model``'s classes) and the harmful task D_H: an
-        ``(X, y)`` pair, or a Dataset (a DataLoader's) of ``(input tensor, label)`` pairs; labels
-        are integers (class indices), inputs finite.
+        The pre-training task D_P (labels are ``model``'s classes) and the harmful task D_H, each
+        of at least 2 classes: an ``(X, y)`` pair, or a Dataset (a DataLoader's) of ``(input
+        tensor, label)`` pairs; labels are integers (class indices), inputs finite images of the
+        model's channels, one size, float32 (float64 and float16 are cast)
+        (:func:`~pycore.deep.as_dataset`).
     method : str
         One of :data:`~pycore.deep.DEEP_METHODS`.
     seed : int
@@ -220,7 +224,9 @@ def immunize_model(
         A progress bar with the time left for the long steps (the adaptive rule, the SGD loop), on
         a terminal only (:func:`pycore.report.progress`); False: none.
     **opts
-        Fields of :class:`~pycore.deep.DeepOptions`.
+        Fields of :class:`~pycore.deep.DeepOptions`; for ``simulated`` and ``sophon`` of
+        :class:`~pycore.deep.SimulatedOptions` (``sophon``'s start from
+        :data:`~pycore.deep.SOPHON`), whose scope trains the backbone on the images.
 
     Returns
     -------
@@ -234,12 +240,15 @@ def immunize_model(
     Raises
     ------
     ParameterError
-        An unknown or out-of-range option, ``seed`` or ``heldout``, named; a ``model`` that is not
-        float32 on a CPU or CUDA device (half, bfloat16, float64, the meta device).
+        An unknown ``method``, an unknown or out-of-range option, ``seed``, ``heldout`` or
+        ``progress``, named; a ``model`` that is not float32 on a CPU or CUDA device (half,
+        bfloat16, float64, the meta device), or whose weights are NaN, inf or all zero, or
+        whose features are all zero.
     DataError
         ``.argument`` names ``dp`` or ``dh`` (``.sample`` the first bad sample): labels of
-        ``dp`` outside the model's classes, unbounded or non-integer labels, inputs with NaN or
-        inf, samples that are not ``(input, label)`` pairs.
+        ``dp`` outside the model's classes, unbounded or non-integer labels, one class, inputs
+        with NaN or inf or all zero, images of another rank, channel count, size or dtype,
+        samples that are not ``(input, label)`` pairs.
     NonFiniteLossError
         The SGD loop's loss became non-finite; names the option to change.
 
@@ -265,19 +274,23 @@ def immunize_model(
     check_model(model, "model")
     seed = _check_seed(seed)
     check_number(heldout, "heldout", low=0.0, high=1.0, high_open=True)
-    o = options(**opts)
-    p, h = as_dataset(dp, "dp"), as_dataset(dh, "dh")
+    _check_flag(progress, "progress")
+    o = _method_options(method, opts)
+    p, h = as_dataset(dp, "dp", model), as_dataset(dh, "dh", model)
     classes_h = label_count(dataset_labels(h, "dh"), "dh")  # before the harmful head is sized
     y_p = dataset_labels(p, "dp")
     keep, held_rows, why_no_probe = _hold_out(len(h), heldout, seed)
     out = as_immunized(model).eval()
     label_count(y_p, "dp", out.classifier.out_features)
-    cached = o.scope == "layer"
+    cached = getattr(o, "scope", None) == "layer"
     if cached:
-        p = prelogits_dataset(out, p, data_name="dp")
-        h = prelogits_dataset(out, h, data_name="dh")
+        p = prelogits_dataset(out, p, data_name="dp", model_name="model")
+        h = prelogits_dataset(out, h, data_name="dh", model_name="model")
     # all of dh's features at once, split by rows after: an error names dh's own sample
-    before = [extract(out, d, cached=cached, data_name=n) for d, n in ((p, "dp"), (h, "dh"))]
+    before = [
+        extract(out, d, cached=cached, data_name=n, model_name="model")
+        for d, n in ((p, "dp"), (h, "dh"))
+    ]
     held = None
     if held_rows is not None:
         held, held_before = _take(h, held_rows), before[1][held_rows]
@@ -359,6 +372,26 @@ def immunize_model(
         res.history,
         probe,
     )
+
+
+def _check_flag(value, name: str) -> bool:
+    """``value`` if it is True or False, else a :class:`ParameterError` naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ParameterError(name, f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _method_options(method, opts: dict):
+    """The options of ``method``, each checked.
+
+    :class:`DeepOptions`, or for the simulated attackers :class:`SimulatedOptions` (``sophon``
+    from :data:`SOPHON`'s): their scope trains the backbone, so images are never cached.
+    """
+    check_choice(method, "method", DEEP_METHODS)
+    if method in SIMULATED_METHODS:
+        base = SOPHON if method == "sophon" else SimulatedOptions()
+        return SimulatedOptions.build(base, f"method {method!r}", **opts)
+    return options(**opts)
 
 
 def _hold_out(n: int, heldout: float, seed: int):
@@ -478,7 +511,8 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
     seed : int
         Seeds the splits and every operator; an integer in [0, 2**63 − 1].
     **opts
-        ``operators`` (a subset of :data:`~pycore.deep.OPERATORS`), ``lora_ranks``
+        ``operators`` (a subset of :data:`~pycore.deep.OPERATORS`, or ``lora_r<r>``,
+        ``retrain_last<k>``), ``lora_ranks``
         (positive integers), ``test_fraction``, ``val_fraction`` (in (0, 1); the held-out
         split has max(2, round(fraction·n)) samples and must leave the splits their 2),
         ``max_steps`` (the longest a deep operator runs on θ₀ to its plateau, in optimizer
@@ -500,10 +534,13 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
         An unknown option or a bad value, named, before any work: a ``model`` or ``reference``
         that is not a float32 module on a CPU or CUDA device; ``dh`` too small for the three
         splits, or a ``test_fraction`` or ``val_fraction`` that leaves a split below 2 samples;
-        a LoRA operator without peft installed (``operators``).
+        a LoRA operator without peft installed, ``operators`` that are not names, or
+        ``retrain_tail`` alone against an unchanged backbone (``operators``); a ``model`` or
+        ``reference`` whose weights are NaN, inf or all zero, or whose features are all zero.
     DataError
         ``.argument`` names ``dh`` or ``dh_test`` (``.sample`` the first bad sample): unbounded
-        or non-integer labels, inputs with NaN or inf, samples that are not ``(input, label)``
+        or non-integer labels, a ``dh`` of one class, inputs with NaN or inf or all zero, images
+        of another rank, channel count, size or dtype, samples that are not ``(input, label)``
         pairs.
 
     Examples
@@ -527,15 +564,23 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
             f"unknown option {bad[0]!r} of audit_model; options: {', '.join(AUDIT_OPTIONS)}",
         )
     o = {**AUDIT_OPTIONS, **opts}
-    operator_names(o["operators"], o["lora_ranks"])  # names, ranks, peft: before any work
+    names = operator_names(o["operators"], o["lora_ranks"])  # names, ranks, peft: before any work
     for k in ("test_fraction", "val_fraction"):
         check_number(o[k], k, low=0, high=1, low_open=True, high_open=True)
     max_steps = check_number(o["max_steps"], "max_steps", low=1, high=1_000_000, integer=True)
     scratch_steps = check_number(
         o["scratch_max_steps"], "scratch_max_steps", low=1, high=1_000_000, integer=True
     )
-    train = as_dataset(dh, "dh")
-    test = None if dh_test is None else as_dataset(dh_test, "dh_test")
+    _check_flag(o["progress"], "progress")
+    train = as_dataset(dh, "dh", model)
+    test = None if dh_test is None else as_dataset(dh_test, "dh_test", model)
+    # labels bounded before the attacker's heads are sized by them (data.label_count), each
+    # named by its index in the argument that holds it
+    classes = max(
+        label_count(dataset_labels(d, name), name, least=least)
+        for d, name, least in ((train, "dh", 2), (test, "dh_test", 1))  # a test split: any
+        if d is not None
+    )
     n = len(train)
     if n < MIN_SPLIT * (2 if test is not None else 3):
         raise ParameterError(
@@ -565,11 +610,10 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
             f"val_fraction {o['val_fraction']:g} keeps {k} of the attacker's {m} samples to "
             f"validate on, leaving {m - k} to train on; at least {MIN_SPLIT} are needed",
         )
-    # labels bounded before the attacker's heads are sized by them (data.label_count)
-    names = ((train, "dh"), (test, "dh" if dh_test is None else "dh_test"))
-    classes = max(label_count(dataset_labels(d, name), name) for d, name in names)
     train, val = Subset(train, sorted(perm[k:])), Subset(train, sorted(perm[:k]))
-    data = AttackData(train, val, test, classes)
+    data = AttackData(
+        train, val, test, classes, ("dh", "dh", "dh" if dh_test is None else "dh_test")
+    )
     schedule = Schedule(deep_max_steps=max_steps)
     names = operator_names(o["operators"], o["lora_ranks"], depths=retrain_depths(reference))
     bar = progress_bar(

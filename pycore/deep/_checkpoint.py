@@ -24,6 +24,7 @@ from pycore import limits
 from pycore._validation import ParameterError, PicklableError, check_regular_file
 from pycore.deep._models import (
     ImmunizedNet,
+    as_immunized,
     classifier_width,
     create_model,
     linear_classifier,
@@ -33,9 +34,10 @@ FORMAT = "pycore.deep.immunized/2"
 
 
 class CheckpointError(PicklableError, ValueError):
-    """A checkpoint file is missing, unreadable, changed while read, or not a weights-only file.
+    """A checkpoint file is missing, unreadable, changed while read, or not weights-only.
 
-    ``.path`` the file and ``.tensor`` the tensor at fault, where one is.
+    Or it cannot be written (:func:`save_model`). ``.path`` the file and ``.tensor`` the tensor
+    at fault, where one is.
     """
 
     def __init__(self, message: str, *, path: str | None = None, tensor: str | None = None):
@@ -153,19 +155,21 @@ def read_weights(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     return sd, meta
 
 
-def save_model(model: ImmunizedNet, path: str | os.PathLike, extra: dict | None = None) -> str:
-    """Write an :class:`ImmunizedNet` of :func:`~pycore.deep.create_model` as safetensors.
+def save_model(model, path: str | os.PathLike, extra: dict | None = None) -> str:
+    """Write a model of :func:`~pycore.deep.create_model` as safetensors.
 
     The metadata carries what :func:`load_model` rebuilds the model from: the timm name, its
     options and the number of classes.
 
     Parameters
     ----------
-    model : ImmunizedNet
-        A model whose backbone :func:`~pycore.deep.create_model` made (it records the timm name and
-        options).
+    model : ImmunizedNet or torch.nn.Module
+        An :class:`ImmunizedNet` whose backbone :func:`~pycore.deep.create_model` made (it records
+        the timm name and options), or such a backbone itself: it is saved with an identity
+        layer, so :func:`load_model` gives it back as an :class:`ImmunizedNet` with the same
+        logits.
     path : str or os.PathLike
-        The file to write; its folder is created.
+        The file to write (not a folder); its folder is created.
     extra : dict, optional
         More metadata, stored as JSON under ``"extra"``.
 
@@ -177,17 +181,35 @@ def save_model(model: ImmunizedNet, path: str | os.PathLike, extra: dict | None 
     Raises
     ------
     ParameterError
-        A model not made by :func:`~pycore.deep.create_model` (``.parameter`` is ``"model"``).
+        A model not made by :func:`~pycore.deep.create_model` (``.parameter`` is ``"model"``); a
+        ``path`` that is a folder or not a path (``"path"``).
+    CheckpointError
+        The file cannot be written (``.path``).
     """
+    from safetensors import SafetensorError  # noqa: PLC0415
     from safetensors.torch import save_file  # noqa: PLC0415
 
-    args = getattr(model.net, "model_args", None)
-    if not args:
+    net = model.net if isinstance(model, ImmunizedNet) else model
+    args = getattr(net, "model_args", None)
+    if not isinstance(model, torch.nn.Module) or not args:
         raise ParameterError(
             "model",
             "save_model needs a model made by pycore.deep.create_model (it records "
-            "the timm name and options a checkpoint must carry)",
+            f"the timm name and options a checkpoint must carry), got a {type(model).__name__}",
         )
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise ParameterError(
+            "path", f"path must be a file path, got {type(path).__name__}"
+        ) from None
+    if os.path.isdir(path):
+        raise ParameterError(
+            "path",
+            f"{path}: is a folder; save_model writes one file (e.g. {path}/model.safetensors)",
+        )
+    if not isinstance(model, ImmunizedNet):  # the identity layer: the same logits
+        model = as_immunized(model)
     sd = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     meta = {
         "format": FORMAT,
@@ -196,9 +218,13 @@ def save_model(model: ImmunizedNet, path: str | os.PathLike, extra: dict | None 
         "model_kwargs": json.dumps({k: v for k, v in args.items() if k != "name"}),
         "extra": json.dumps(extra or {}, default=str),
     }
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    save_file(sd, path, metadata=meta)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        save_file(sd, path, metadata=meta)
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointError(
+            f"{path}: cannot be written ({_first_line(exc)})", path=path
+        ) from None
     return path
 
 

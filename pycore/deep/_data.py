@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from pycore import limits
 from pycore._validation import PicklableError
 from pycore.data._mnist import read_mnist_5k
+from pycore.deep._models import MODEL_DTYPE, image_input
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -305,11 +306,17 @@ def mnist_demo_tasks(
     return dict(zip(("p_train", "p_val", "h_train", "h_test"), out))
 
 
-def as_dataset(data, name: str) -> Dataset:
-    """The data the deep API takes, as a Dataset of ``(x, y)``.
+def as_dataset(data, name: str, model=None) -> Dataset:
+    """The data the deep API takes, as a Dataset of ``(x, y)``, checked where it enters.
 
-    At least 2 samples, each an input tensor and an integer label (:func:`dataset_labels`); a
-    tensor's inputs finite. Checked before any sample is used.
+    At least 2 samples, each an input tensor and an integer label; inputs floating point (cast to
+    float32, the dtype of every model the library takes: float64, float16 and bfloat16 inputs are
+    cast, integer and complex ones refused), finite, all of one shape; with a ``model`` that takes
+    images (a convolution: every timm image classifier), images ``(C, H, W)`` of its channels (and
+    of its size, for a model that takes one size only: :func:`~pycore.deep._models.image_input`).
+    A tensor pair is checked whole before any work; a Dataset's first sample is checked here and
+    every sample as it is read (the Dataset is wrapped), so a sample of another form, shape or
+    dtype, a non-integer label or a NaN is named by its index in ``data`` whenever it is read.
 
     Parameters
     ----------
@@ -318,29 +325,42 @@ def as_dataset(data, name: str) -> Dataset:
         (its dataset).
     name : str
         The argument's name in errors (``"dp"``, ``"dh"``).
+    model : torch.nn.Module, optional
+        The model the inputs are for (images, when it has a convolution).
 
     Returns
     -------
     torch.utils.data.Dataset
-        The data (a TensorDataset for a tensor pair).
+        The data: a TensorDataset for a tensor pair (or a TensorDataset), else ``data`` wrapped.
 
     Raises
     ------
     DataError
         Anything else, naming ``name`` (``.argument``) and the first bad sample (``.sample``):
-        mismatched shapes, non-integer labels, NaN or inf inputs, fewer than 2 samples, samples
-        that are not ``(input, label)`` pairs.
+        mismatched shapes, images of another rank, channel count or size, non-float inputs,
+        non-integer labels, NaN or inf inputs, fewer than 2 samples, samples that are not
+        ``(input, label)`` pairs, a tensor's inputs all zero.
     """
+    want = image_input(model) if model is not None else None
+    if want == (None, None):  # no convolution: a module of features (any shape), not images
+        want = None
     if isinstance(data, DataLoader):
         data = data.dataset
+    if isinstance(data, _Checked):
+        data = data.dataset
+    if isinstance(data, TensorDataset) and len(data.tensors) == 2:
+        data = data.tensors
     if isinstance(data, (tuple, list)) and len(data) == 2:
         x, y = (torch.as_tensor(v) for v in data)
-        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y) or not x.is_floating_point():
+        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
             raise DataError(
-                f"{name}: expected (X, y) with X a float tensor of N inputs and y N integer "
-                f"labels, got shapes {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype}",
+                f"{name}: expected (X, y) with X a tensor of N inputs and y N integer labels, got "
+                f"shapes {tuple(x.shape)} {x.dtype} and {tuple(y.shape)} {y.dtype}",
                 argument=name,
             )
+        x = _inputs(x, name, None, want)
+        if not bool(x.any()):
+            raise DataError(f"{name}: every input is zero", argument=name)
         data = TensorDataset(x, torch.from_numpy(_integer_labels(y.cpu().numpy(), name)))
     if not isinstance(data, Dataset) or not hasattr(data, "__len__"):
         raise DataError(
@@ -351,25 +371,141 @@ def as_dataset(data, name: str) -> Dataset:
     if len(data) < 2:
         raise DataError(f"{name}: {len(data)} sample(s); at least 2 are needed", argument=name)
     if isinstance(data, TensorDataset):
-        x = data.tensors[0]
-        if x.is_floating_point() or x.is_complex():
-            bad = ~torch.isfinite(x.reshape(len(x), -1)).all(1)
-            if bool(bad.any()):
-                i = int(bad.nonzero()[0])
-                raise DataError(
-                    f"{name}: sample {i}'s input contains NaN or inf", argument=name, sample=i
-                )
+        return data
+    labels = _known_labels(data)
+    if labels is not None:  # known without reading a sample: checked now
+        _integer_labels(labels, name)
+    first = _Checked(data, name, None, want)[0][0]
+    return _Checked(data, name, tuple(first.shape), want)
+
+
+class _Checked(Dataset):
+    """A user's Dataset whose every sample is checked as it is read (:func:`as_dataset`).
+
+    Each sample must be an ``(input, label)`` pair whose input has ``shape`` (sample 0's) and the
+    model's image form ``want``, is finite and floating point (returned as float32), and whose
+    label is an integer; an error names the argument ``name`` and the sample's index in
+    ``dataset``, wherever the sample is read (a Subset of a split, a worker thread).
+    """
+
+    def __init__(self, dataset: Dataset, name: str, shape: tuple | None, want):
+        self.dataset, self.name, self.shape, self.want = dataset, name, shape, want
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int):
+        item = self.dataset[i]
+        _check_sample(item, self.name, i)
+        x = _inputs(torch.as_tensor(item[0]), self.name, i, self.want)
+        if self.shape is not None and tuple(x.shape) != self.shape:
+            raise DataError(
+                f"{self.name}: sample {i}'s input has shape {tuple(x.shape)}, sample 0's "
+                f"{self.shape}; every input must have one shape (resize the images to one size)",
+                argument=self.name,
+                sample=i,
+            )
+        y = _integer_labels(np.asarray([_label(item[1], self.name, i)]), self.name, start=i)
+        return x, int(y[0])
+
+
+def _inputs(x: torch.Tensor, name: str, sample: int | None, want) -> torch.Tensor:
+    """Inputs ``x`` checked and as float32 (a stack of N, or sample ``sample`` alone).
+
+    Floating point inputs are cast to float32 (the library's models are float32: a float64 array
+    from NumPy, or half-precision images, are what a user means as they are); anything else is a
+    :class:`DataError`, as is a NaN or inf (before or after the cast) and, with ``want`` (the
+    model's :func:`~pycore.deep._models.image_input`), an input that is not an image of its
+    channels and size. The error names ``name`` and the first bad sample.
+    """
+    one = sample is not None
+    what = f"{name}: sample {sample}'s input" if one else f"{name}: X"
+    if not x.is_floating_point():
+        raise DataError(
+            f"{what} is {str(x.dtype).removeprefix('torch.')}; inputs must be floating point "
+            "(float32; float64 and float16 are cast): convert integer images to float and "
+            "normalise them as the model expects (pycore.deep.model_normalization)",
+            argument=name,
+            sample=sample,
+        )
+    if want is not None:
+        _check_image(x, what, name, sample, want)
+    bad = _non_finite(x if one else x.reshape(len(x), -1))
+    if bad is None and x.dtype != MODEL_DTYPE:
+        x = x.to(MODEL_DTYPE)
+        bad = _non_finite(x if one else x.reshape(len(x), -1))
+        overflow = " once cast to float32 (values beyond its range)"
     else:
-        _check_sample(data[0], name)
-    return data
+        overflow = ""
+    if bad is not None:
+        i = sample if one else bad
+        raise DataError(
+            f"{name}: sample {i}'s input contains NaN or inf{overflow}", argument=name, sample=i
+        )
+    return x
 
 
-def _check_sample(item, name: str) -> None:
-    """A :class:`DataError` naming ``name`` unless ``item`` is an ``(input tensor, label)`` pair.
+def _non_finite(x: torch.Tensor) -> int | None:
+    """The first row of ``x`` (or 0 for one sample) that holds a NaN or inf, or None."""
+    if x.ndim < 2:
+        x = x.reshape(1, -1)
+    if x.ndim > 2:  # one sample
+        return None if bool(torch.isfinite(x).all()) else 0
+    bad = ~torch.isfinite(x).all(1)
+    return int(bad.nonzero()[0]) if bool(bad.any()) else None
 
-    A :class:`DataError` naming ``name`` unless ``item`` (a Dataset's first sample) is an
-    ``(input tensor, label)`` pair: a dict (Hugging Face's ``{"image": ..., "label": ...}``) or
-    a bare tensor is not.
+
+def _check_image(x: torch.Tensor, what: str, name: str, sample, want) -> None:
+    """A :class:`DataError` unless ``x`` is images of the model's form ``want``.
+
+    Images ``(N, C, H, W)`` (sample ``sample`` alone: ``(C, H, W)``) of ``want``'s channels and
+    size (either None: any).
+    """
+    channels, size = want
+    rank = 3 if sample is not None else 4
+    form = "(C, H, W)" if sample is not None else "(N, C, H, W)"
+    shape = tuple(x.shape)
+    if x.ndim != rank:
+        hint = ""
+        if x.ndim == rank - 1:  # grey images without their channel axis
+            hint = (
+                f"; for {'(H, W)' if sample is not None else '(N, H, W)'} grey images add the "
+                f"channel axis ({'x[None]' if sample is not None else 'X[:, None]'})"
+                + (f" and repeat it to the model's {channels} channels" if channels else "")
+            )
+        raise DataError(
+            f"{what} has shape {shape} ({x.ndim}-D); expected images {form}{hint}",
+            argument=name,
+            sample=sample,
+        )
+    c, hw = shape[-3], shape[-2:]
+    if channels is not None and c != channels:
+        raise DataError(
+            f"{what} has {c} channel(s) (shape {shape}); the model takes {channels}"
+            + (
+                f" (repeat a grey image's channel: "
+                f"{'x.expand(3, -1, -1)' if sample is not None else 'X.expand(-1, 3, -1, -1)'})"
+                if c == 1 and channels == 3
+                else ""
+            ),
+            argument=name,
+            sample=sample,
+        )
+    if size is not None and tuple(hw) != size:
+        raise DataError(
+            f"{what} is {hw[0]}x{hw[1]} px; the model takes {size[0]}x{size[1]} only (resize "
+            "the images, or create the model with their img_size)",
+            argument=name,
+            sample=sample,
+        )
+
+
+def _check_sample(item, name: str, i: int = 0) -> None:
+    """A :class:`DataError` naming ``name`` and ``i`` unless ``item`` is an input-label pair.
+
+    A :class:`DataError` naming ``name`` and ``i`` unless ``item`` (a Dataset's sample ``i``) is
+    an ``(input tensor, label)`` pair: a dict (Hugging Face's ``{"image": ..., "label": ...}``)
+    or a bare tensor is not.
     """
     what = (
         f"a dict (keys {', '.join(map(repr, list(item)[:4]))})"
@@ -384,20 +520,21 @@ def _check_sample(item, name: str) -> None:
     )
     if what is not None:
         raise DataError(
-            f"{name}: sample 0 is {what}; expected (input tensor, integer label) pairs: an (X, y) "
-            "pair of tensors, a Dataset of (x, y) pairs, or a DataLoader over one (map a dict "
+            f"{name}: sample {i} is {what}; expected (input tensor, integer label) pairs: an (X, "
+            "y) pair of tensors, a Dataset of (x, y) pairs, or a DataLoader over one (map a dict "
             "dataset to pairs first, e.g. lambda s: (s['image'], s['label']))",
             argument=name,
-            sample=0,
+            sample=i,
         )
 
 
-def _integer_labels(y, name: str) -> np.ndarray:
+def _integer_labels(y, name: str, start: int = 0) -> np.ndarray:
     """``y`` (one label per sample) as int64, or a :class:`DataError` naming the first bad one.
 
-    ``y`` (one label per sample) as int64, or a :class:`DataError` naming ``name`` and the
-    first sample whose label is not an integer (0.7, NaN, a text, a vector): a label is a class
-    index, and truncating 0.7 to class 0 would train on labels nobody gave.
+    ``y`` (one label per sample, the first sample ``start``) as int64, or a :class:`DataError`
+    naming ``name`` and the first sample whose label is not an integer (0.7, NaN, a text, a
+    vector): a label is a class index, and truncating 0.7 to class 0 would train on labels nobody
+    gave.
     """
     a = np.asarray(y)
     if a.ndim != 1 or a.dtype.kind not in "biuf":
@@ -412,10 +549,10 @@ def _integer_labels(y, name: str) -> np.ndarray:
         if bad.size:
             i = int(bad[0])
             raise DataError(
-                f"{name}: sample {i} has label {float(a[i])!r}; labels must be integers (class "
-                "indices)",
+                f"{name}: sample {start + i} has label {float(a[i])!r}; labels must be integers "
+                "(class indices)",
                 argument=name,
-                sample=i,
+                sample=start + i,
             )
     return a.astype(np.int64)
 
@@ -434,6 +571,24 @@ def _label(v, name: str, i: int):
             sample=i,
         )
     return v
+
+
+def _known_labels(ds: Dataset) -> np.ndarray | None:
+    """The labels of a dataset known without reading its samples, or None.
+
+    A TensorDataset's, ``targets`` (torchvision's convention), and those of a ``Subset`` (or a
+    checked wrapper) of such a dataset.
+    """
+    if isinstance(ds, _Checked):
+        return _known_labels(ds.dataset)
+    if isinstance(ds, TensorDataset):
+        return ds.tensors[1].cpu().numpy()
+    if hasattr(ds, "targets"):
+        return np.asarray(ds.targets)
+    if hasattr(ds, "indices") and hasattr(ds, "dataset"):
+        y = _known_labels(ds.dataset)
+        return None if y is None else np.asarray(y)[np.asarray(ds.indices, dtype=np.int64)]
+    return None
 
 
 def dataset_labels(ds: Dataset, name: str = "data") -> np.ndarray:
@@ -457,26 +612,20 @@ def dataset_labels(ds: Dataset, name: str = "data") -> np.ndarray:
     DataError
         A label that is not an integer, naming ``name`` and its sample.
     """
-    if isinstance(ds, TensorDataset):
-        y = ds.tensors[1].cpu().numpy()
-    elif hasattr(ds, "targets"):
-        y = np.asarray(ds.targets)
-    elif hasattr(ds, "indices") and hasattr(ds.dataset, "targets"):
-        y = np.asarray(ds.dataset.targets)[np.asarray(ds.indices)]
-    elif hasattr(ds, "indices") and isinstance(ds.dataset, TensorDataset):
-        y = ds.dataset.tensors[1].cpu().numpy()[np.asarray(ds.indices)]
-    else:
+    y = _known_labels(ds)
+    if y is None:
         y = np.asarray([_label(ds[i][1], name, i) for i in range(len(ds))])
     return _integer_labels(y, name)
 
 
-def label_count(y, name: str, classes: int | None = None) -> int:
+def label_count(y, name: str, classes: int | None = None, *, least: int = 2) -> int:
     """The classes ``max(label) + 1`` of the labels ``y``, checked.
 
     The classes ``max(label) + 1`` of the labels ``y`` (:func:`dataset_labels`), or a
     :class:`DataError` naming ``name``, the label and its sample when one is negative, or not below
     ``classes`` (the model's classifier) or :data:`pycore.limits.MAX_CLASSES` (before any
-    classifier is sized by it).
+    classifier is sized by it), or when fewer than ``least`` classes occur (a task of one class
+    has nothing to learn: every κ and slowdown of it would be a number about nothing).
     """
     y = np.asarray(y).reshape(-1)
     top = limits.MAX_CLASSES if classes is None else classes
@@ -490,7 +639,15 @@ def label_count(y, name: str, classes: int | None = None) -> int:
             f"{name}: sample {i} has label {y[i]}; labels must be in [0, {top}) "
             f"({limit}; a task's classes are its largest label + 1"
             + (", and each sizes the attacker's classifier" if classes is None else "")
-            + ")"
+            + ")",
+            argument=name,
+            sample=i,
+        )
+    if np.unique(y).size < least:
+        raise DataError(
+            f"{name}: every one of its {y.size} samples has label {y[0]}; a task needs at least "
+            f"{least} classes",
+            argument=name,
         )
     return int(y.max()) + 1
 

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from pycore._validation import DivergenceError
+from pycore._validation import DivergenceError, ParameterError
 from pycore.deep._data import DataError, dataset_labels, fetch
 
 
@@ -51,20 +51,22 @@ def extract(
     ------
     DataError
         Features not finite at a sample whose input is not finite, naming ``data_name`` and the
-        sample.
+        sample; every feature zero because every input is.
     DivergenceError
         Features not finite from finite inputs (the model's weights overflow); ``.parameter`` is
         ``model_name``.
-    ValueError
-        Every feature is zero.
+    ParameterError
+        Every feature zero from inputs that are not (``.parameter`` is ``model_name``; a
+        ``ValueError`` without one).
     """
     was = model.training
     model.eval()
     dev = next(model.parameters()).device
-    out = []
+    out, signal = [], False
     try:
         for s in range(0, len(data), batch_size):
             x = fetch(data, torch.arange(s, min(s + batch_size, len(data))))[0].to(dev)
+            signal = signal or bool(x.any())
             X = x if cached else model.prelogits(x)
             out.append((model.layer(X) if what == "Z" else X).double().cpu())
             bad = ~torch.isfinite(out[-1]).all(1)
@@ -74,10 +76,16 @@ def extract(
         model.train(was)
     Z = torch.cat(out).numpy()
     if not Z.any():
-        raise ValueError(
-            f"every feature of the {type(model.net).__name__} is zero on these {len(Z)} samples "
-            "(its weights give no signal)"
+        if not signal:
+            raise DataError(
+                f"{data_name}: every one of its {len(Z)} inputs is zero", argument=data_name
+            )
+        message = (
+            f"{model_name + ': ' if model_name else ''}every feature of the "
+            f"{type(model.net).__name__} is zero on these {len(Z)} samples of {data_name} "
+            "though their inputs are not (its weights give no signal)"
         )
+        raise ParameterError(model_name, message) if model_name else ValueError(message)
     return Z
 
 
@@ -100,7 +108,12 @@ def _non_finite(model, x, i: int, start: int, data_name: str, model_name) -> Non
 
 
 def prelogits_dataset(
-    model, data: Dataset, *, batch_size: int = 256, data_name: str = "data"
+    model,
+    data: Dataset,
+    *,
+    batch_size: int = 256,
+    data_name: str = "data",
+    model_name: str | None = None,
 ) -> TensorDataset:
     """``TensorDataset(X, y)`` of the layer's inputs, computed once.
 
@@ -116,6 +129,8 @@ def prelogits_dataset(
         Samples per forward pass.
     data_name : str, default "data"
         The data's name in errors.
+    model_name : str, optional
+        The model's name in errors.
 
     Returns
     -------
@@ -124,9 +139,11 @@ def prelogits_dataset(
 
     Raises
     ------
-    DataError, DivergenceError, ValueError
+    DataError, DivergenceError, ParameterError, ValueError
         As :func:`extract` raises.
     """
-    X = extract(model, data, batch_size=batch_size, what="X", data_name=data_name)
+    X = extract(
+        model, data, batch_size=batch_size, what="X", data_name=data_name, model_name=model_name
+    )
     X = torch.from_numpy(X).to(model.layer.weight.dtype)
     return TensorDataset(X, torch.from_numpy(dataset_labels(data, data_name)))

@@ -331,6 +331,7 @@ def reference_path(
     setting: tuple | None = None,
     fresh: Callable | None = None,
     progress: Callable = lambda name: None,
+    model_name: str | None = None,
 ) -> ReferencePath:
     """θ₀'s side: the plateaus, the target, scratch, the cap and θ₀'s cheapest path.
 
@@ -363,6 +364,8 @@ def reference_path(
         (default: :func:`~pycore.deep.architecture` of ``reference``).
     progress : callable, optional
         Called with each operator's name as it starts.
+    model_name : str, optional
+        θ₀'s name in errors (``"reference"``).
 
     Returns
     -------
@@ -396,13 +399,16 @@ def reference_path(
         schedule=schedule,
         fresh=fresh,
         progress=progress,
+        model_name=model_name,
     )
     top = max(found, key=lambda n: (found[n][0].plateau, -names.index(n)))
     target = slowdown.target_level(data.chance, found[top][0].plateau)
     scratch = None
     if "scratch" in names:
         progress("scratch")
-        op = operator(net, data, "scratch", seed=seed, schedule=schedule, fresh=fresh)
+        op = operator(
+            net, data, "scratch", seed=seed, schedule=schedule, fresh=fresh, model_name=model_name
+        )
         scratch = _race(
             op, op.grid, target, op.cost.at(scratch_max_steps), max_steps=scratch_max_steps
         )
@@ -428,7 +434,7 @@ def reference_path(
             0,
             0,
         )
-        kw = dict(seed=seed, schedule=schedule, fresh=fresh)
+        kw = dict(seed=seed, schedule=schedule, fresh=fresh, model_name=model_name)
         path = _race_path(net, data, names, prelim, lambda n, limit: below.get(n), progress, kw)
         costs = list(path.operators)
     else:
@@ -443,7 +449,9 @@ def reference_path(
             else:  # a retrain, or an operator that does not set the target: raced to it
                 # within the cap from its own grid
                 progress(n)
-                op = operator(net, data, n, seed=seed, schedule=schedule, fresh=fresh)
+                op = operator(
+                    net, data, n, seed=seed, schedule=schedule, fresh=fresh, model_name=model_name
+                )
                 costs.append(_race(op, op.grid, target, cap))
                 grids[n] = costs[-1].reach.grid
     return ReferencePath(
@@ -499,6 +507,7 @@ def cheapest_path(
     fresh: Callable | None = None,
     operators=None,
     progress: Callable = lambda name: None,
+    model_name: str | None = None,
 ) -> CheapestPath:
     """Every operator raced in FLOPs on a defended model against θ₀'s target (module docstring).
 
@@ -525,6 +534,8 @@ def cheapest_path(
         A subset of ``reference.operators`` (default all of them).
     progress : callable, optional
         Called with each operator's name as it starts.
+    model_name : str, optional
+        The model's name in errors (``"model"``).
 
     Returns
     -------
@@ -549,7 +560,7 @@ def cheapest_path(
         return None
 
     names = reference.operators if operators is None else tuple(operators)
-    kw = dict(seed=seed, schedule=schedule, features=features, fresh=fresh)
+    kw = dict(seed=seed, schedule=schedule, features=features, fresh=fresh, model_name=model_name)
     return _race_path(net, data, names, reference, reuse, progress, kw)
 
 
@@ -732,6 +743,7 @@ def audit(
             scratch_max_steps=scratch_max_steps,
             fresh=fresh,
             progress=progress,
+            model_name="reference",
         )
     path = cheapest_path(
         model,
@@ -742,5 +754,6 @@ def audit(
         schedule=schedule,
         fresh=fresh,
         progress=progress,
+        model_name="model",
     )
     return AuditResult(reference, path, worth(path, reference))

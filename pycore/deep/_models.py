@@ -49,7 +49,8 @@ def check_model(model, name: str = "model") -> None:
     A :class:`ParameterError` naming ``name`` unless ``model`` is an ``nn.Module`` whose
     floating parameters and buffers are all float32 on a real device (CPU or CUDA): half,
     bfloat16 and float64 models, and models on the meta device (shapes only), are refused before
-    any work, with what is supported.
+    any work, with what is supported; so are a NaN or inf parameter or buffer (named) and
+    parameters that are all zero.
     """
     if not isinstance(model, nn.Module):
         raise ParameterError(
@@ -79,6 +80,33 @@ def check_model(model, name: str = "model") -> None:
         raise ParameterError(
             name, f"{name} is spread over devices {sorted(devices)}; supported: one device"
         )
+    # weights that cannot give features, named here: found later, they read as a broken input
+    named = [(k, t) for k, t in model.state_dict().items() if t.is_floating_point()]
+    bad = next((k for k, t in named if not bool(torch.isfinite(t).all())), None)
+    if bad is not None:
+        raise ParameterError(name, f"{name}'s tensor {bad!r} contains NaN or inf")
+    params = [p for p in model.parameters() if p.is_floating_point()]
+    if params and not any(bool(p.any()) for p in params):
+        raise ParameterError(name, f"every weight of {name} is zero: it gives no features")
+
+
+def image_input(model) -> tuple[int | None, tuple[int, int] | None]:
+    """The channels and, for a model that takes one size only, the size of its input images.
+
+    The channels are the first ``nn.Conv2d``'s (timm's stem or patch embedding; None without
+    one); the size ``(H, W)`` is that of a timm patch embedding that asserts it
+    (``strict_img_size``: a ViT built for one ``img_size``), else None (any size).
+    """
+    channels = size = None
+    for m in getattr(model, "net", model).modules():
+        if channels is None and isinstance(m, nn.Conv2d):
+            channels = int(m.in_channels)
+        if size is None and getattr(m, "strict_img_size", False):
+            img = getattr(m, "img_size", None)
+            size = (int(img[0]), int(img[1])) if img is not None else None
+        if channels is not None and size is not None:
+            break
+    return channels, size
 
 
 def _bias_caches(model: nn.Module) -> list:

@@ -39,7 +39,7 @@ import copy
 import importlib.util
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,14 +128,15 @@ def family(name: str) -> str:
 class AttackData:
     """The attacker's data.
 
-    Images to train on, a validation split to watch, a test split to be scored on, and the number
-    of classes.
+    Images to train on, a validation split to watch, a test split to be scored on, the number
+    of classes, and the name of the argument each split came from (in errors).
     """
 
     train: Dataset
     val: Dataset
     test: Dataset
     classes: int
+    names: tuple = ("dh", "dh", "dh")  # the argument each split came from, named in errors
 
     @property
     def chance(self) -> float:
@@ -188,12 +189,13 @@ def operator_names(operators=OPERATORS, lora_ranks=LORA_RANKS, *, depths: tuple 
     """
     if isinstance(operators, str):
         operators = (operators,)
-    if operators is None or not isinstance(operators, (tuple, list)):
+    if not isinstance(operators, Iterable):
         raise ParameterError(
             "operators",
-            f"operators must be a name or a sequence of names of {', '.join(OPERATORS)}; "
-            f"got {operators!r}",
+            f"operators must be a name or a sequence of names of {', '.join(OPERATORS)}, got "
+            f"{operators!r}",
         )
+    operators = tuple(operators)
     bad = [
         o
         for o in operators
@@ -667,10 +669,13 @@ class Operator:
         return self.name in PROBES
 
 
-def _features(model, data: AttackData, what: str) -> tuple:
+def _features(model, data: AttackData, what: str, model_name: str | None = None) -> tuple:
     from pycore.deep._features import extract  # noqa: PLC0415
 
-    return tuple(extract(model, d, what=what) for d in (data.train, data.val, data.test))
+    return tuple(
+        extract(model, d, what=what, data_name=n, model_name=model_name)
+        for d, n in zip((data.train, data.val, data.test), data.names)
+    )
 
 
 # images a forward pass is counted on (FLOPs are linear in the batch)
@@ -722,6 +727,7 @@ def operator(
     schedule: Schedule = Schedule(),
     features: dict | None = None,
     fresh: Callable | None = None,
+    model_name: str | None = None,
 ) -> Operator:
     """One operator against a model on the attacker's data, ready to run, with its cost.
 
@@ -743,6 +749,8 @@ def operator(
     fresh : callable, optional
         ``fresh(num_classes, seed)``, the architecture from its own initialisation
         (:func:`architecture`; default: the model's own).
+    model_name : str, optional
+        The model's name in errors (``"model"``, ``"reference"``).
 
     Returns
     -------
@@ -756,7 +764,7 @@ def operator(
     bs = min(schedule.batch_size, len(data.train))
     if name in PROBES:
         what = "X" if name == "remove_layer" else "Z"
-        Zt, Zv, Zs = (features or {}).get(what) or _features(net, data, what)
+        Zt, Zv, Zs = (features or {}).get(what) or _features(net, data, what, model_name)
         prep = {}
 
         def make(variant: str, lrs: tuple):
@@ -861,6 +869,7 @@ def budgets(
     features: dict | None = None,
     fresh: Callable | None = None,
     progress: Callable = lambda name: None,
+    model_name: str | None = None,
 ) -> dict[str, tuple[Budget, Operator]]:
     """θ₀'s plateau of every operator but ``scratch`` (which does not use θ₀), with its operator.
 
@@ -884,6 +893,8 @@ def budgets(
         As for :func:`operator`.
     progress : callable, optional
         Called with each operator's name as it starts.
+    model_name : str, optional
+        The reference's name in errors.
 
     Returns
     -------
@@ -902,7 +913,16 @@ def budgets(
         if n == "scratch":
             continue
         progress(n)
-        op = operator(net, data, n, seed=seed, schedule=schedule, features=features, fresh=fresh)
+        op = operator(
+            net,
+            data,
+            n,
+            seed=seed,
+            schedule=schedule,
+            features=features,
+            fresh=fresh,
+            model_name=model_name,
+        )
         out[n] = (
             slowdown.budget(
                 n,

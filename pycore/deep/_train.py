@@ -596,7 +596,11 @@ def immunize_in_place(
 def _simulated(model, p_train, h_train, method, opts, seed, num_classes_h, cached):
     """:func:`pycore.deep._simulated.immunize_simulated` as a :class:`TrainResult`."""
     if cached:
-        raise ParameterError("scope", f"{method} trains the backbone: pass images, not features")
+        raise ParameterError(
+            "scope",
+            f"{method} trains the backbone (scope {getattr(opts, 'scope', 'tail')!r}): pass its "
+            "images with cached=False, not the cached features of scope 'layer'",
+        )
     if not isinstance(opts, SimulatedOptions):
         raise ParameterError("opts", f"{method} takes SimulatedOptions, got {type(opts).__name__}")
     out = immunize_simulated(model, p_train, h_train, opts, seed=seed, num_classes_h=num_classes_h)
