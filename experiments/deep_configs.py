@@ -164,8 +164,8 @@ def defense_rows(stages: int) -> tuple:
 
 def frontier_rows(stages: int) -> tuple:
     """Each defense of :func:`defense_rows` at a third and at three times its default strength
-    (its steps), beside the default itself: the worst-case slowdown against D_P top-1 cost along
-    the knob (``deepnet.py --config demo-frontier --seeds 0``, docs/findings.md §7)."""
+    (its steps), beside the default itself: the share of the headroom against D_P top-1 cost
+    along the knob (``deepnet.py --config demo-frontier --seeds 0``, docs/findings.md §7)."""
     rows = []
     for row in defense_rows(stages)[1:]:  # the layer's k-step has no steps knob: its rule stops
         knob = "max_steps" if isinstance(row.options, DeepOptions) else "steps"
@@ -227,7 +227,8 @@ CONFIGS: dict[str, RunConfig] = {
             f"demo-setting-{b}-{n}",
             rows=(),
             theta0_lr=lr,
-            sizes=Sizes(attack_train=n, more_data=1, dp_attack=False),
+            sizes=Sizes(attack_train=n, more_data=1),
+            dp_check=False,
             reference_race=True,
             **kw,
         )

@@ -153,8 +153,9 @@ class RunConfig:
     row_operators: tuple | None = None
     lora_ranks: tuple = LORA_RANKS
     schedule: Schedule = field(default_factory=Schedule)
-    scratch_max_steps: int = 300
+    scratch_max_steps: int = 600
     reference_race: bool = False  # θ₀'s operators raced as a model's (the quick demo)
+    dp_check: bool = True  # the D_P fine-tuning check (its splits are cut either way)
     target_operators: tuple | None = None  # those whose θ₀ plateaus set the target (None: all)
     more_data_seeds: tuple = (0,)  # the seeds the attacker with more images is run on
     seconds: tuple = (600.0, 60.0)
@@ -746,7 +747,7 @@ def evaluation(
             f"{attack.cheapest.flops:.3g} FLOPs, ceiling {ceiling_text}"
         )
     dp_ref = more = None
-    if sp.dp_attack is not None:
+    if sp.dp_attack is not None and rc.dp_check:
         with phase("dp_reference"):
             dp_ref = cache.get(
                 ("dp_reference", *key), lambda: finetune_reference(theta0, sp.dp_attack, rc, seed)
@@ -1152,7 +1153,11 @@ def _theta0_summary(seeds: list[SeedResult]) -> dict:
             n = c.operator
             ops[n] = {
                 "kind": c.kind,
-                "plateau": [r.path[n].plateau for r in refs],
+                # the budget's confirmed plateau where the operator set the target, else the
+                # highest level its race held
+                "plateau": [
+                    r.budgets[n].plateau if n in r.budgets else r.path[n].plateau for r in refs
+                ],
                 "budget_steps": [
                     r.budgets[n].budget_steps if n in r.budgets else None for r in refs
                 ],

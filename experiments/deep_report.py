@@ -104,10 +104,10 @@ def _theta0_lines(side: dict, seeds: list, title: str) -> list[str]:
         )
     out += [
         "",
-        "Every operator on θ₀: its plateau (%, the highest level held over two evaluations), "
-        "B₀ (the first step within 1 point of it), whether it was confirmed, its steps and FLOPs "
-        "to the target (— : its plateau is below the target, or it costs more than the cap), "
-        "per seed (a / b / c).",
+        "Every operator on θ₀: its plateau (%, the highest level held over two evaluations; "
+        "for an operator that does not set the target, the highest its race held), B₀ (the "
+        "first step within 1 point of it), whether it was confirmed, its steps and FLOPs to the "
+        "target (—: it did not get there within what it was allowed), per seed (a / b / c).",
         "",
         "| operator | plateau % | B₀ | confirmed | steps to target | FLOPs to target | FLOPs "
         "setup + per step |",

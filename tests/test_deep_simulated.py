@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import copy
 import math
+import types
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -222,3 +225,69 @@ def test_immunize_in_place_dispatches_the_simulated_methods_by_their_options(the
                 copy.deepcopy(theta0), *tasks, method, opts, num_classes_h=3, cached=cached
             )
         assert e.value.parameter == parameter
+
+
+class _LinearFeatures(torch.nn.Module):
+    """The smallest extractor: features ``z = x Wᵀ`` (the attacker's head reads them)."""
+
+    def __init__(self, W):
+        super().__init__()
+        self.w = torch.nn.Parameter(W.clone())
+        self.model = types.SimpleNamespace(layer=types.SimpleNamespace(weight=W))
+
+    def forward(self, x):
+        return x @ self.w.T
+
+
+def test_sophons_inner_loop_is_a_hand_computed_first_order_step():
+    """SOPHON's simulated fine-tuning (SGD at 1e-4 in the published settings; lr 0.5 here so the
+    step shows), one inner step on a 3-feature extractor: the attacker takes one SGD step of the
+    cross-entropy on the batch's first half (its weights W and its new head A, b), and the
+    defender's gradient is that of the inverse cross-entropy −log(1 − p_y) at the attacker's new
+    W', on the other half, the head held at A', b' (first order): computed here by hand from the
+    softmax's derivatives, in float64 (the loop runs in float32: agreement to its round-off)."""
+    from pycore.deep._simulated import _new_head, _trajectory
+
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(3, 4, generator=g)
+    x = torch.randn(8, 4, generator=g)
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    feats = _LinearFeatures(W)
+    scope = {"w": feats.w}
+    opts = replace(SOPHON, inner_steps=1, inner_lr=0.5)
+    lr = 0.5
+    sup = _trajectory(
+        feats,
+        scope,
+        TensorDataset(x, y),
+        iter([torch.arange(8)]),
+        "finetune",
+        lr,
+        opts,
+        3,
+        torch.Generator().manual_seed(7),
+        "cpu",
+    )
+    A, b = (t.detach().double() for t in _new_head(3, 3, torch.Generator().manual_seed(7), "cpu"))
+
+    def softmax(logits):
+        e = np.exp(logits - logits.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True)
+
+    Wn, An, bn, xn = (t.double().numpy() for t in (W, A, b, x))
+    yn = y.numpy()
+    xa, ya, xe, ye = xn[:4], yn[:4], xn[4:], yn[4:]
+    # the attacker's step: d CE / d logits = (p − Y)/n
+    za = xa @ Wn.T
+    d = (softmax(za @ An.T + bn) - np.eye(3)[ya]) / len(ya)
+    W1 = Wn - lr * (d @ An).T @ xa
+    A1, b1 = An - lr * d.T @ za, bn - lr * d.sum(0)
+    # the defender's gradient: d/dlogit_j of −log(1 − p_y) = p_y (δ_jy − p_j) / (1 − p_y)
+    ze = xe @ W1.T
+    p = softmax(ze @ A1.T + b1)
+    py = p[np.arange(len(ye)), ye]
+    ds = py[:, None] * (np.eye(3)[ye] - p) / (1 - py)[:, None] / len(ye)
+    want = (ds @ A1).T @ xe
+    assert sup == pytest.approx(float(np.mean(-np.log1p(-py))), rel=1e-5)
+    np.testing.assert_allclose(feats.w.grad.numpy(), want, rtol=1e-4, atol=1e-7)
+    assert np.abs(want).max() > 1e-3  # a gradient that can be wrong

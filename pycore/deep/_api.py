@@ -477,7 +477,7 @@ AUDIT_OPTIONS = {
     "test_fraction": 0.2,
     "val_fraction": 0.2,
     "max_steps": Schedule.deep_max_steps,
-    "scratch_max_steps": 300,
+    "scratch_max_steps": 600,
     "progress": True,
 }
 

@@ -326,7 +326,7 @@ def reference_path(
     lora_ranks=LORA_RANKS,
     seed: int = 0,
     schedule: Schedule = Schedule(),
-    scratch_max_steps: int = 300,
+    scratch_max_steps: int = 600,
     race: bool = False,
     setting: tuple | None = None,
     fresh: Callable | None = None,
@@ -349,7 +349,7 @@ def reference_path(
         Seeds every run.
     schedule : Schedule, default Schedule()
         The batch size and the step bounds.
-    scratch_max_steps : int, default 300
+    scratch_max_steps : int, default 600
         The most steps scratch trains to reach the target.
     race : bool, default False
         Race θ₀'s operators in FLOPs as on a defended model (θ₀'s cheapest path is exact, an
@@ -710,7 +710,7 @@ def audit(
     lora_ranks=LORA_RANKS,
     seed: int = 0,
     schedule: Schedule = Schedule(),
-    scratch_max_steps: int = 300,
+    scratch_max_steps: int = 600,
     fresh: Callable | None = None,
     progress: Callable = lambda name: None,
 ) -> AuditResult:
