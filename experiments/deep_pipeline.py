@@ -17,6 +17,7 @@ The measurements are frozen dataclasses (:class:`RowResult`, :class:`SeedResult`
 from __future__ import annotations
 
 import copy
+import functools
 import io
 import time
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Subset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from pycore import (
     Options,
@@ -66,6 +67,8 @@ from pycore.deep import (
     linear_probe_curve,
     load_model,
     mnist_digits,
+    model_normalization,
+    operator_names,
     prelogits_dataset,
     retrain_scope,
     slowdowns,
@@ -272,9 +275,37 @@ def _join(a, b):
     return Subset(a.dataset, sorted([*a.indices, *b.indices]))
 
 
+# a folder's images are decoded once and held as float32 tensors when they take at most this; a
+# larger folder is decoded as it is read (each evaluation decodes its batches again)
+HELD_IMAGE_BYTES = 1 << 30
+
+
+class HeldImages(Dataset):
+    """An image folder's ``(image, class)`` pairs decoded once, in the folder's order (so that
+    every part taken of it holds the same images as a part of the folder would): ``classes`` and
+    ``targets`` as the folder's."""
+
+    def __init__(self, folder):
+        self.classes, self.targets = folder.classes, folder.targets
+        self.images, self.labels = fetch(folder, torch.arange(len(folder)))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.images[i], int(self.labels[i])
+
+
+def _held(folder, side: int):
+    """``folder`` decoded once (:class:`HeldImages`) when its images fit in
+    :data:`HELD_IMAGE_BYTES`, else as it is."""
+    return HeldImages(folder) if len(folder) * 3 * 4 * side**2 <= HELD_IMAGE_BYTES else folder
+
+
 def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
     """The images of every split (:class:`Sizes`), decoded for the model: MNIST digits 0-4 (D_P)
-    and 5-9 (D_H), or the ImageFolder roots (D_H's ``val`` split is the attacker's test split)."""
+    and 5-9 (D_H), or the ImageFolder roots (D_H's ``val`` split is the attacker's test split),
+    each folder decoded once when it fits (:func:`_held`)."""
     probe = create_model(rc.model, 1, seed=0, **rc.model_kwargs)  # its data config only
     z = rc.sizes
     more = z.attack_train * max(z.more_data, 1)
@@ -289,8 +320,9 @@ def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
         ncp = nch = 5
         h_test = None
     else:
+        side = model_normalization(probe)["input_size"][-1]
         sets = {
-            f"{t}_{s}": image_folder(root, split, probe)
+            f"{t}_{s}": _held(image_folder(root, split, probe), side)
             for t, root in (("p", opts.dp_root), ("h", opts.dh_root))
             for s, split in (("train", "train"), ("val", opts.val_split))
         }
@@ -500,34 +532,55 @@ def measure(model, ev: Evaluation, row: Row, phase, *, audit: bool = True, name=
     return attack_row(model, ev, out, phase) if audit else out
 
 
-def attack_row(model, ev: Evaluation, result: RowResult, phase) -> RowResult:
+def attack_row(model, ev: Evaluation, result: RowResult, phase, say=None) -> RowResult:
     """``result`` with every operator's slowdown under θ₀'s budgets (:mod:`pycore.deep.slowdown`),
     the D_P fine-tuning check and, where θ₀ has them, the budgets with more images; the retrain
-    re-initialises ``result.retrain_scope``."""
+    re-initialises ``result.retrain_scope``; ``say`` gets a line as each operator starts."""
     rc, seed, sp = ev.rc, ev.seed, ev.splits
     scope = result.retrain_scope
     kw = dict(seed=seed, schedule=rc.schedule, scope=scope)
+    head = f"[{rc.name} seed {seed}] {result.row} attacked"
     with phase("operators"):
-        audit = audit_result(slowdowns(model, sp.attack, _with_retrain(ev, scope), **kw))
+        b = _with_retrain(ev, scope)
+        audit = audit_result(
+            slowdowns(model, sp.attack, b, progress=_progress(say, head, b), **kw)
+        )
     dp = more = None
     if ev.dp_budget is not None:
         with phase("dp_finetune"):
-            dp = slowdowns(model, sp.dp_attack, {"finetune_full": ev.dp_budget}, **kw)
+            b = {"finetune_full": ev.dp_budget}
+            dp = slowdowns(
+                model, sp.dp_attack, b, progress=_progress(say, f"{head} on D_P", b), **kw
+            )
             dp = dp["finetune_full"]
     if ev.more_budgets is not None:
         with phase("more_data"):
-            more_b = _with_retrain(replace(ev, budgets=ev.more_budgets), scope)
-            more = audit_result(slowdowns(model, sp.attack_more, more_b, **kw))
+            b = _with_retrain(replace(ev, budgets=ev.more_budgets), scope)
+            progress = _progress(say, f"{head}, more", b)
+            more = audit_result(slowdowns(model, sp.attack_more, b, progress=progress, **kw))
     return replace(result, audit=audit, dp_finetune=dp, more_data=more)
 
 
-def _attacked(model, ev: Evaluation, result: RowResult, phase):
+def _attacked(model, ev: Evaluation, result: RowResult, phase, say=None):
     """``(attack_row(...), None)``, or ``(None, error)`` when every setting of an operator
     diverged on the row's model (the row is reported as failed, the seed goes on)."""
     try:
-        return attack_row(model, ev, result, phase), None
+        return attack_row(model, ev, result, phase, say), None
     except FloatingPointError as exc:
         return None, {"message": str(exc), "step": None, "checkpoint": None, "parameter": None}
+
+
+def _progress(say, head: str, operators):
+    """The ``progress`` callback of the operators' phases: a line per operator as it starts,
+    ``head: name (k/n)`` (the phase runs minutes on a CPU with nothing else to show)."""
+    names = list(operators)
+
+    def progress(name):
+        if say is not None:
+            k = f" ({names.index(name) + 1}/{len(names)})" if name in names else ""
+            say(f"{head}: {name}{k}")
+
+    return progress
 
 
 def _with_retrain(ev: Evaluation, scope) -> dict:
@@ -592,16 +645,27 @@ def evaluation(theta0, sp: Splits, rc: RunConfig, seed: int, phase, say, scopes=
     )
     reach = {"ceiling": ceiling, "window": window and window.to_dict(), "why": why}
     kw = dict(seed=seed, schedule=rc.schedule, lora_ranks=rc.lora_ranks)
-    say(f"[{rc.name} seed {seed}] θ₀'s budgets")
+    names = [
+        n for n in operator_names(rc.operators, rc.lora_ranks) if scopes or n != "retrain_tail"
+    ]
+    head = f"[{rc.name} seed {seed}] θ₀'s budgets"
     with phase("budgets"):
-        b = _budgets(theta0, sp.attack, rc, scopes, kw)
+        b = _budgets(theta0, sp.attack, rc, scopes, kw, _progress(say, head, names))
         dp_b = (
-            budgets(theta0, sp.dp_attack, ("finetune_full",), **kw)["finetune_full"]
+            budgets(
+                theta0,
+                sp.dp_attack,
+                ("finetune_full",),
+                progress=_progress(say, f"{head} on D_P", ("finetune_full",)),
+                **kw,
+            )["finetune_full"]
             if sp.dp_attack is not None
             else None
         )
         more = (
-            _budgets(theta0, sp.attack_more, rc, scopes, kw)
+            _budgets(
+                theta0, sp.attack_more, rc, scopes, kw, _progress(say, f"{head}, more", names)
+            )
             if sp.attack_more is not None and seed in rc.more_data_seeds
             else None
         )
@@ -610,11 +674,11 @@ def evaluation(theta0, sp: Splits, rc: RunConfig, seed: int, phase, say, scopes=
     return ev, row0, reach
 
 
-def _budgets(theta0, data: AttackData, rc: RunConfig, scopes, kw) -> dict:
+def _budgets(theta0, data: AttackData, rc: RunConfig, scopes, kw, progress) -> dict:
     """θ₀'s budget of every operator of ``rc`` on ``data``, the retrain's once per scope (keyed
-    by :func:`_retrain_key`)."""
+    by :func:`_retrain_key`); ``progress(name)`` as each starts."""
     ops = [o for o in rc.operators if o != "retrain_tail"]
-    b = budgets(theta0, data, ops, **kw)
+    b = budgets(theta0, data, ops, progress=progress, **kw)
     if "retrain_tail" in rc.operators:
         upper = tuple(_names(theta0.net, tail_modules(theta0.net, 1)))
         for scope in sorted(scopes):
@@ -622,7 +686,9 @@ def _budgets(theta0, data: AttackData, rc: RunConfig, scopes, kw) -> dict:
             b[_retrain_key(scope)] = (
                 replace(b["finetune_upper"], operator="retrain_tail")
                 if scope == upper and "finetune_upper" in b
-                else budgets(theta0, data, ("retrain_tail",), scope=scope, **kw)["retrain_tail"]
+                else budgets(
+                    theta0, data, ("retrain_tail",), scope=scope, progress=progress, **kw
+                )["retrain_tail"]
             )
     return b
 
@@ -726,7 +792,8 @@ def audit_seed(
         measure(model, ev, Row("model", "audit"), phase, audit=False, name="model"),
         retrain_scope=scope,
     )
-    return seed_result(ev, row0, {"model": attack_row(model, ev, row, phase)}, {}, reach, seconds)
+    attacked = attack_row(model, ev, row, phase, say)
+    return seed_result(ev, row0, {"model": attacked}, {}, reach, seconds)
 
 
 def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=None):
@@ -741,7 +808,7 @@ def run_seed(rc: RunConfig, seed: int, opts: RunOptions, ctx, say, on_extractor=
     for row in rc.rows:
         result, error, model = immunize_row(theta0, ev, row, ctx, phase, say, on_extractor)
         if result is not None:
-            result, error = _attacked(model, ev, result, phase)
+            result, error = _attacked(model, ev, result, phase, say)
         if error:
             errors[row.name] = error
         elif result is not None:
@@ -803,6 +870,12 @@ def _saved(model) -> bytes:
     return buf.getvalue()
 
 
+def _say(on: bool):
+    """The progress printer: each line flushed at once (a worker's stdout may be a pipe, which
+    would hold its lines until it exits), or nothing."""
+    return functools.partial(print, flush=True) if on else (lambda *a, **k: None)
+
+
 def _worker_torch(threads: int) -> None:
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -813,7 +886,7 @@ def _seed_job(job) -> tuple:
     θ₀'s row, attainability, budgets' seconds), [RowJob, ...])``."""
     rc, seed, opts, device, threads, on_extractor = job
     _worker_torch(threads)
-    say = (lambda *a, **k: None) if opts.quiet else print
+    say = _say(not opts.quiet)
     seconds = {}
     ctx = init_from_env(device)
     theta0, ev, row0, reach = seed_setup(rc, seed, opts, ctx, clock(seconds), say)
@@ -826,7 +899,7 @@ def _seed_job(job) -> tuple:
 def _row_job(job: RowJob) -> tuple:
     """One row of a seed in a worker: ``(row name, RowResult or None, error or None, seconds)``."""
     _worker_torch(job.threads)
-    say = (lambda *a, **k: None) if job.opts.quiet else print
+    say = _say(not job.opts.quiet)
     seconds = {}
     phase = clock(seconds)
     theta0 = job.model()
@@ -834,7 +907,7 @@ def _row_job(job: RowJob) -> tuple:
     ev = replace(job.evaluation, splits=load_splits(job.rc, job.opts, job.seed))
     result, error, model = immunize_row(theta0, ev, job.row, ctx, phase, say, job.on_extractor)
     if result is not None:
-        result, error = _attacked(model, ev, result, phase)
+        result, error = _attacked(model, ev, result, phase, say)
     return job.row.name, result, error, seconds
 
 
@@ -1043,11 +1116,15 @@ def run_configs(
     results (:func:`_result`), the other ranks None. With ``jobs > 1`` (one process, no
     torchrun) each (configuration, seed)'s θ₀ and budgets run in a worker process, and each of
     its rows in whichever worker is free once they are done: every number is the same as with
-    ``jobs = 1``. ``on_extractor(rc)`` gives each configuration's callback ``(model, row, seed,
-    status) -> path or None``."""
+    ``jobs = 1``; one seed of one row runs here (a pool would only start a worker per stage).
+    ``on_extractor(rc)`` gives each configuration's callback ``(model, row, seed, status) ->
+    path or None``."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     t0, threads = time.perf_counter(), torch.get_num_threads()
-    say = print if ctx.is_main and not opts.quiet else (lambda *a, **k: None)
+    say = _say(ctx.is_main and not opts.quiet)
+    # one (configuration, seed) of one row leaves a pool nothing to run side by side
+    if len(rcs) * len(seeds) == 1 and max(len(rc.rows) for rc in rcs) <= 1:
+        jobs = 1
     for rc in rcs:
         say(
             f"[{rc.name}] model={rc.model} seeds={seeds} rows={[r.name for r in rc.rows]} "

@@ -440,11 +440,10 @@ def stage_extractor(folder, token, first_seed, config, model, row, seed, status)
 
 
 def _write_all(staged: list, token: str) -> None:
-    """Move every staged output into place, results.json files last; any failure or interruption
-    before that removes this run's temporaries and leaves every earlier output as it was."""
-    staged = sorted(staged, key=lambda p: p.name == "results.json")
-    for final in staged:
-        os.replace(_staged(final, token), final)
+    """Move every staged output of every configuration into place at once (:func:`common.commit`:
+    all or none); any failure or interruption before that removes this run's temporaries and
+    leaves every earlier output as it was."""
+    common.commit([(_staged(final, token), final) for final in staged])
 
 
 def main(argv=None) -> int:

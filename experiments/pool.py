@@ -1,9 +1,10 @@
 """The experiments' process pool (docs/cli.md "Outputs"): :func:`pool_map` and :func:`pool_chain`
-over forked ``concurrent.futures`` workers, one BLAS thread per task, every worker killed on any
-error or signal, and a worker that dies named by the task it ran (:class:`WorkerDiedError`).
+over ``concurrent.futures`` workers, one BLAS thread per task, every worker killed on any error or
+signal, and a worker that dies named by the task it ran (:class:`WorkerDiedError`).
 
-A task gets everything it needs as its value (a job, or arguments bound with
-``functools.partial``), pickled with it; results come back as values.
+Workers are forked, unless torch is loaded in this process (:func:`start_method`). A task gets
+everything it needs as its value (a job, or arguments bound with ``functools.partial``), pickled
+with it; results come back as values.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import functools
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -39,6 +41,17 @@ def usable_cores() -> int:
     )
 
 
+def start_method() -> str:
+    """How the pool starts its workers: ``"fork"`` (cheap: nothing is imported again), or
+    ``"spawn"`` (a fresh interpreter) once torch is loaded in this process.
+
+    torch's CPU kernels run on an OpenMP thread team (GNU libgomp) that does not survive a fork:
+    a forked worker whose first parallel region joins the team waits forever for threads it does
+    not have (``deepnet.py --jobs 2`` hung so, parent and workers asleep on futexes). Whether the
+    parent has run a parallel region yet cannot be asked, so any loaded torch counts."""
+    return "spawn" if "torch" in sys.modules else "fork"
+
+
 def _watch_parent(parent: int) -> None:
     # the parent died, even by SIGKILL: its workers must not outlive it
     while os.getppid() == parent:
@@ -49,7 +62,7 @@ def _watch_parent(parent: int) -> None:
 # The one piece of module state, and only in a worker process: (the pool's shared array of
 # running tasks, this worker's slot in it), set once by the pool's initializer, so that the parent
 # can name the task of a worker that died. It cannot travel with the tasks: a shared-memory array
-# reaches a process only by inheritance (the fork and the initializer's arguments), and a task,
+# reaches a process only as it starts (the initializer's arguments), and a task,
 # which the pool pickles by name, reaches what the initializer set only through its module.
 _SLOT = None
 
@@ -62,7 +75,7 @@ def _worker_init(parent: int, slots) -> None:
     pids[slot], _SLOT = os.getpid(), (running, slot)
     # Ctrl-C reaches the group: the parent stops the pool
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (forked)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (when forked)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
 
@@ -92,10 +105,11 @@ def _label(item) -> str:
 
 @contextmanager
 def _workers(n: int, tasks=None):
-    """A fork pool of ``n`` workers; on any exception, Ctrl-C or SIGTERM in the block every worker
-    is killed first. A task submitted through :func:`_tracked` with its index in ``tasks`` (the
-    items, as submitted) is named when the worker running it dies (:class:`WorkerDiedError`)."""
-    ctx = multiprocessing.get_context("fork")
+    """A pool of ``n`` workers (started as :func:`start_method` says); on any exception, Ctrl-C or
+    SIGTERM in the block every worker is killed first. A task submitted through :func:`_tracked`
+    with its index in ``tasks`` (the items, as submitted) is named when the worker running it dies
+    (:class:`WorkerDiedError`)."""
+    ctx = multiprocessing.get_context(start_method())
     slots = (ctx.Array("q", n, lock=False), ctx.Array("q", n, lock=False), ctx.Value("i", 0))
     ex = ProcessPoolExecutor(
         n, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(), slots)
@@ -150,7 +164,7 @@ def _died(ex, slots, items) -> WorkerDiedError | None:
 
 
 def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
-    """``[fn(x) for x in items]`` over at most ``jobs`` forked workers (none for one task); on any
+    """``[fn(x) for x in items]`` over at most ``jobs`` workers (none for one task); on any
     exception, Ctrl-C or SIGTERM every worker is killed first; a worker's exception arrives as
     itself.  ``fn`` is pickled with each item: data every item needs is bound to it
     (``functools.partial(fn, data)``) and travels with each task."""

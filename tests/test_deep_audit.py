@@ -5,6 +5,8 @@ pipeline's own extractors; the flags checked before compute."""
 
 import json
 import os
+import subprocess
+import sys
 from argparse import Namespace
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +33,7 @@ from tests.cli_helpers import call, one_line
 from tests.helpers import image_root, lying_checkpoint
 
 torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
 
 SCHEDULE = Schedule(
     batch_size=8, probe_min_steps=5, probe_max_steps=20, deep_min_epochs=1, deep_max_epochs=2
@@ -247,6 +250,26 @@ def test_audit_names_the_flag_of_a_checkpoint_whose_metadata_lies(capsys, tmp_pa
 # --- deepnet.py on one's own ImageFolder roots --------------------------------------------------
 
 
+def small_folders():
+    """The "folders" configuration with its sizes and schedule cut to a few images."""
+    return replace(
+        deep_configs.CONFIGS["folders"],
+        sizes=Sizes(
+            defense=8,
+            dp_val=4,
+            attack_train=4,
+            attack_val=4,
+            attack_test=4,
+            more_data=1,
+            dp_attack=False,
+        ),
+        rir_groups=2,
+        rir_group_size=8,
+        schedule=SCHEDULE,
+        operators=("gd", "adam"),
+    )
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """deepnet.py with nothing but two ImageFolder roots of 32 px PNGs (two classes each; a colour
@@ -263,22 +286,7 @@ def folders(tmp_path_factory):
                     a = rng.integers(0, 120, (32, 32, 3), dtype=np.uint8)
                     a[..., c + shift] += 120
                     Image.fromarray(a).save(tmp / root / split / f"class{c}" / f"{i}.png")
-    small = replace(
-        deep_configs.CONFIGS["folders"],
-        sizes=Sizes(
-            defense=8,
-            dp_val=4,
-            attack_train=4,
-            attack_val=4,
-            attack_test=4,
-            more_data=1,
-            dp_attack=False,
-        ),
-        rir_groups=2,
-        rir_group_size=8,
-        schedule=SCHEDULE,
-        operators=("gd", "adam"),
-    )
+    small = small_folders()
     mp = pytest.MonkeyPatch()
     mp.setitem(deep_configs.CONFIGS, "folders", small)
     dp, dh, out = tmp / "dp", tmp / "dh", tmp / "out"
@@ -309,6 +317,35 @@ def test_own_image_folders_run_end_to_end(folders):
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
     theta0, _ = load_model(out / "extractor_init.safetensors")
     assert theta0.classifier.out_features == 2
+
+
+def test_own_folders_with_the_default_flags_finish(tmp_path):
+    """The command a user types first (default --jobs, two torch threads) ends, in a process of
+    its own, within a timeout: its workers, forked from a parent whose torch had run its OpenMP
+    threads, waited on them for ever (one seed of one row now runs without a pool; a pool's
+    workers are spawned: tests/test_pool.py). The folders configuration's sizes are cut to the
+    images (small_folders)."""
+    roots = _deep_roots(tmp_path, side=16, n=8)
+    code = (
+        "import sys, torch\nfrom experiments import deep_configs, deepnet\n"
+        "from tests.test_deep_audit import small_folders\n"
+        "deep_configs.CONFIGS['folders'] = small_folders()\n"
+        "torch.set_num_threads(2)  # torch's default here, which importing this module pins to 1\n"
+        "sys.exit(deepnet.main(sys.argv[1:]))\n"
+    )
+    argv = [*roots, "--model", "resnet10t", "--seeds", "1", "--methods", "ours"]
+    argv += ["--theta0-epochs", "1", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "out" / "folders" / "results.json").read_text())
+    assert list(res["rows"]) == ["init", "ours"] and not res["errors"]
 
 
 def test_deepnet_has_a_flag_per_deep_option():
@@ -437,9 +474,9 @@ def test_an_interrupted_rerun_leaves_every_earlier_output_as_it_was(
 # --- deepnet.py: the layout of the roots, the image size, the threads, θ₀ near chance ---------
 
 
-def _deep_roots(tmp_path, side=16, dp_split="train"):
+def _deep_roots(tmp_path, side=16, dp_split="train", n=3):
     for root, split in (("dp", dp_split), ("dp", "val"), ("dh", "train"), ("dh", "val")):
-        image_root(tmp_path / root / split, side=side)
+        image_root(tmp_path / root / split, side=side, n=n)
     return ["--dp-root", str(tmp_path / "dp"), "--dh-root", str(tmp_path / "dh")]
 
 
