@@ -37,6 +37,8 @@ from pycore.deep import (
 )
 from pycore.report import dumps_json
 
+RIR_GROUP_SIZE = 100  # the paper's
+
 
 def build_parser() -> common.Parser:
     p = common.Parser("audit.py", __doc__.split("\n\n")[0])
@@ -62,7 +64,10 @@ def build_parser() -> common.Parser:
         "--rir-groups", type=common.count(1, 1000), default=20, help="RIR_θ₀: random groups"
     )
     p.add_argument(
-        "--rir-group-size", type=common.count(2, 100_000), default=100, help="RIR_θ₀: group size"
+        "--rir-group-size",
+        type=common.count(2, 100_000),
+        help="RIR_θ₀: group size, at most the defense's rows of each task (default "
+        f"{RIR_GROUP_SIZE}, or all the rows where there are fewer)",
     )
     p.add_argument(
         "--max-epochs",
@@ -100,6 +105,13 @@ def main(argv=None) -> int:
                 "pass both --dp-root and --dh-root, or neither (the demo digits)",
                 "--dh-root" if args.dh_root is None else "--dp-root",
             )
+        common.distinct_roots(args.dp_root, args.dh_root)
+        if args.img_size and not args.backbone:
+            raise common.UsageError(
+                "sets the input side of --backbone's plain timm checkpoints; a checkpoint "
+                "written by deepnet.py carries its own",
+                "--img-size",
+            )
         if args.threads:
             torch.set_num_threads(common.thread_count(args.threads, "audit.py"))
         models = []
@@ -131,7 +143,7 @@ def main(argv=None) -> int:
             model_kwargs={k: v for k, v in arch.items() if k != "name"},
             rows=(),
             rir_groups=args.rir_groups,
-            rir_group_size=args.rir_group_size,
+            rir_group_size=args.rir_group_size or RIR_GROUP_SIZE,
             operators=tuple(args.operators),
             lora_ranks=tuple(args.lora_ranks),
             schedule=replace(base.schedule, deep_max_epochs=args.max_epochs),
@@ -149,6 +161,14 @@ def main(argv=None) -> int:
                     f"{args.dp_root or 'the demo digits 0-4'} hold {splits.classes[0]} D_P "
                     f"classes, the models classify {classes}: D_P must be their task",
                     "--dp-root" if args.dp_root else "--model",
+                )
+            rows = min(len(splits.p_train), len(splits.h_train))
+            if (args.rir_group_size or 0) > rows:
+                raise common.UsageError(
+                    f"groups of {args.rir_group_size} rows, but the defense's rows number "
+                    f"{rows} (D_P {len(splits.p_train)}, D_H {len(splits.h_train)}): at most "
+                    f"{rows}",
+                    "--rir-group-size",
                 )
             per_seed.append(audit_seed(model, ref, rc, seed, opts, say, splits))
         result = result_of(

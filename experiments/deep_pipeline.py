@@ -223,17 +223,26 @@ def _take(ds, idx: np.ndarray):
 MIN_SPLIT_IMAGES = 8
 
 
-def _fit(sizes: list[int], n: int, name: str) -> list[int]:
-    """``sizes`` scaled by one factor so that their sum fits in ``n`` images (unchanged when it
-    does); a split that would fall below :data:`MIN_SPLIT_IMAGES` is a DataError naming the
-    task."""
-    if sum(sizes) <= n:
-        return list(sizes)
-    out = [int(k * n / sum(sizes)) for k in sizes]
+def _fit(sizes: dict, n: int, name: str, argument: str) -> list[int]:
+    """``sizes`` (split → images) scaled by one factor so that their sum fits in ``n`` images
+    (unchanged when it does); a split that would fall below :data:`MIN_SPLIT_IMAGES` is a
+    DataError naming the task, the images it needs and the folder's ``argument``."""
+    k = list(sizes.values())
+    if sum(k) <= n:
+        return k
+
+    def shrunk(m: int) -> list[int]:
+        return [int(x * m / sum(k)) for x in k]
+
+    out = shrunk(n)
     if min(out) < MIN_SPLIT_IMAGES:
+        enough = (m for m in range(n + 1, sum(k)) if min(shrunk(m)) >= MIN_SPLIT_IMAGES)
+        need = next(enough, sum(k))
+        split = ", ".join(f"{s} {x}" for s, x in sizes.items())
         raise DataError(
-            f"{name}'s training folder has {n} images; this configuration's {len(sizes)} splits "
-            f"need at least {MIN_SPLIT_IMAGES} each in proportion to {sizes}"
+            f"{name}'s training folder has {n} images; it needs at least {need}: its splits "
+            f"({split}) shrink alike to the images there are, each to {MIN_SPLIT_IMAGES} or more",
+            argument=argument,
         )
     return out
 
@@ -309,14 +318,23 @@ def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
     probe = create_model(rc.model, 1, seed=0, **rc.model_kwargs)  # its data config only
     z = rc.sizes
     more = z.attack_train * max(z.more_data, 1)
-    dp_sizes = [
-        z.defense,
-        z.dp_val,
-        *([z.attack_train, z.attack_val, z.attack_test] * z.dp_attack),
-    ]
+    dp_sizes = {
+        "defense": z.defense,
+        "validation": z.dp_val,
+        **(
+            {"fine-tuning train": z.attack_train, "watch": z.attack_val, "test": z.attack_test}
+            if z.dp_attack
+            else {}
+        ),
+    }
     if rc.data == "mnist":
         p_all, h_all = mnist_digits(probe, (0, 1, 2, 3, 4)), mnist_digits(probe, (5, 6, 7, 8, 9))
-        h_sizes = [z.defense, more, z.attack_val, z.attack_test]
+        h_sizes = {
+            "defense": z.defense,
+            "attack": more,
+            "watch": z.attack_val,
+            "test": z.attack_test,
+        }
         ncp = nch = 5
         h_test = None
     else:
@@ -335,10 +353,13 @@ def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
                     f"{root}: train/ and {opts.val_split}/ hold different class folders"
                 )
         p_all, h_all, h_test = sets["p_train"], sets["h_train"], sets["h_val"]
-        h_sizes = [z.defense, more, z.attack_val]
+        h_sizes = {"defense": z.defense, "attack": more, "watch": z.attack_val}
         ncp, nch = len(sets["p_train"].classes), len(sets["h_train"].classes)
     if rc.data != "mnist":  # your own folders: every split shrunk alike to the images there are
-        dp_sizes, h_sizes = _fit(dp_sizes, len(p_all), "D_P"), _fit(h_sizes, len(h_all), "D_H")
+        dp_sizes = _fit(dp_sizes, len(p_all), "D_P", "dp_root")
+        h_sizes = _fit(h_sizes, len(h_all), "D_H", "dh_root")
+    else:
+        dp_sizes, h_sizes = list(dp_sizes.values()), list(h_sizes.values())
     # the rest of D_P last, so the other parts do not depend on how many images there are
     rest = max(len(p_all) - sum(dp_sizes), 0)
     p = _parts(p_all, [*dp_sizes, rest], np.random.default_rng([seed, 1]), "D_P")
@@ -412,7 +433,7 @@ class RowResult:
 class SeedResult:
     """One seed: θ₀'s own row and its budgets (D_H, D_P fine-tuning, more images), every row,
     the rows that failed, what any θ of the layer can do on θ₀'s features, the classes, chance on
-    D_P, and the seconds per phase."""
+    D_P, the seconds per phase and the images of each split (:func:`split_images`)."""
 
     seed: int
     theta0: RowResult
@@ -425,6 +446,7 @@ class SeedResult:
     classes: tuple
     dp_chance: float
     phase_seconds: dict
+    images: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return _chosen_traces(
@@ -441,6 +463,7 @@ class SeedResult:
                 "classes": list(self.classes),
                 "dp_chance": self.dp_chance,
                 "phase_seconds": self.phase_seconds,
+                "images": self.images,
             }
         )
 
@@ -839,7 +862,23 @@ def seed_result(ev: Evaluation, row0, rows, errors, reach, seconds) -> SeedResul
         ev.splits.classes,
         chance_accuracy(dataset_labels(ev.splits.p_val)),
         seconds,
+        split_images(ev.splits),
     )
+
+
+def split_images(sp: Splits) -> dict:
+    """How many images each split holds as run (your own folders shrink them all alike from the
+    configuration's :class:`Sizes`)."""
+    a, more = sp.attack, sp.attack_more
+    return {
+        "defense_p": len(sp.p_train),
+        "defense_h": len(sp.h_train),
+        "dp_val": len(sp.p_val),
+        "attack_train": len(a.train),
+        "attack_val": len(a.val),
+        "attack_test": len(a.test),
+        "more_train": len(more.train) if more is not None else None,
+    }
 
 
 # --------------------------------------------------------------------------- worker processes

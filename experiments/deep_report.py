@@ -74,6 +74,21 @@ def _operators(result: dict, key: str = "operators") -> list[str]:
     return seen
 
 
+def _images(result: dict) -> dict:
+    """The images of each split as run (the first seed's ``images``; the configuration's nominal
+    sizes for a results.json without them), the defense's as words, and the groups' size as
+    used (capped at the defense's rows)."""
+    rc = result["run_config"]
+    z = {**rc["sizes"], "more_train": rc["sizes"]["more_data"] * rc["sizes"]["attack_train"]}
+    first = result["per_seed"][0] if result.get("per_seed") else {}
+    z.update({k: v for k, v in first.get("images", {}).items() if v is not None})
+    p, h = z.get("defense_p", z["defense"]), z.get("defense_h", z["defense"])
+    z["defense"] = f"{p} per task" if p == h else f"{p} of D_P, {h} of D_H"
+    z["group_size"] = first.get("theta0", {}).get("grouped", {}).get("group_size")
+    z["group_size"] = z["group_size"] or rc["rir_group_size"]
+    return z
+
+
 def table_markdown(result: dict, paper: dict | None = None) -> str:
     """The headline (whether each row slows each attacker, beside Definition 3.1), the slowdown
     matrix per seed, the deficits at θ₀'s budget, θ₀'s budgets, the attacker with more images,
@@ -81,7 +96,7 @@ def table_markdown(result: dict, paper: dict | None = None) -> str:
     layer's attainable window and where (i) comes from."""
     rows, rc, n = result["rows"], result["run_config"], len(result["seeds"])
     cap = result["slowdown_cap"]
-    z, sch = rc["sizes"], rc["schedule"]
+    z, sch = _images(result), rc["schedule"]
     rows_ = {k: r for k, r in rows.items() if k != "init"}
     ops = _operators(result)
     lines = [
@@ -173,7 +188,7 @@ def table_markdown(result: dict, paper: dict | None = None) -> str:
         seeds = sorted({b["seed"] for v in result["more_budgets"].values() for b in v})
         lines += [
             "",
-            f"The attacker with {z['more_data']}× the images ({z['more_data'] * z['attack_train']}"
+            f"The attacker with {z['more_data']}× the images ({z['more_train']}"
             f" to train on; seed(s) {seeds}): slowdown per operator.",
             "",
             "| row | " + " | ".join(operator_label(o, True) for o in more) + " | worst case |",
@@ -205,8 +220,8 @@ def table_markdown(result: dict, paper: dict | None = None) -> str:
     lines += [
         "",
         "Table 3's columns: (i), (ii), RIR_θ₀ and Def. 3.1 on exact κ's of the features of the "
-        f"defense's rows ({z['defense']} per task), the linear problem the layer is; 'groups': "
-        f"the paper's protocol, means over {rc['rir_groups']} groups of {rc['rir_group_size']} "
+        f"defense's rows ({z['defense']}), the linear problem the layer is; 'groups': "
+        f"the paper's protocol, means over {rc['rir_groups']} groups of {z['group_size']} "
         "of the same rows. D_P top-1 on D_P's validation split; the GD probe (Figure 3) trains "
         "on the attacker's images.",
         "",

@@ -225,8 +225,9 @@ def _image_side(root: Path, rc) -> int:
 
 
 def _check_roots(args) -> None:
-    """Each root holds train/ and the --val-split folder (a root with training/ failed later on
-    an AttributeError)."""
+    """The roots are two folders, each holding train/ and the --val-split folder (a root with
+    training/ failed later on an AttributeError)."""
+    common.distinct_roots(args.dp_root, args.dh_root)
     for flag, root in (("--dp-root", args.dp_root), ("--dh-root", args.dh_root)):
         missing = [s for s in ("train", args.val_split) if root and not (root / s).is_dir()]
         if missing:
@@ -266,11 +267,18 @@ def _check_input_size(rc, args) -> None:
         print(
             f"deepnet.py: warning: --img-size {args.img_size} upsamples D_P's "
             f"{size[0]}x{size[1]}-px images {args.img_size / max(size):.0f}×: each takes "
-            f"{one / 2**20:.0f} MiB as float32, a batch of {batch} "
-            f"{batch * one / 2**30:.1f} GiB",
+            f"{_bytes(one)} as float32, a batch of {batch} {_bytes(batch * one)}",
             file=sys.stderr,
             flush=True,
         )
+
+
+def _bytes(n: float) -> str:
+    """``n`` bytes in the largest binary unit that keeps it ≥ 1, to three digits."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.3g} {unit}" if n < 1000 else f"{n:.0f} {unit}"
+        n /= 1024
 
 
 def _check_classifier(rc, flag: str) -> None:

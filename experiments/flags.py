@@ -81,8 +81,15 @@ def comma_list(item=str, *, choices=None, max_items: int = MAX_ITEMS):
 
     def convert(t):
         parts = [p.strip() for p in t.split(",")]
-        if len(parts) > max_items or not all(parts):
-            raise ValueError(f"expected at most {max_items} non-empty items, got {t[:80]!r}")
+        if not t:
+            raise ValueError(
+                "is empty: give one item or more, comma-separated"
+                + (f" (from {','.join(choices)})" if choices is not None else "")
+            )
+        if not all(parts):
+            raise ValueError(f"an empty item in {t[:80]!r} (a comma too many?)")
+        if len(parts) > max_items:
+            raise ValueError(f"{len(parts)} items; at most {max_items}")
         values = [item(p) for p in parts]
         bad = [v for v in values if choices is not None and v not in choices]
         if bad or len(set(values)) != len(values):
@@ -123,6 +130,17 @@ def existing(kind: str = "file"):
         return p
 
     return flag_type("path", None, convert)
+
+
+def distinct_roots(dp_root, dh_root) -> None:
+    """``--dh-root`` is not ``--dp-root``'s folder: the attacker's images must be disjoint from
+    every image the defense saw (the reports say they are)."""
+    if dp_root and dh_root and Path(dp_root).resolve() == Path(dh_root).resolve():
+        raise UsageError(
+            f"{dh_root} is --dp-root's folder too: D_H's images (the attacker's) must be another "
+            "task's, disjoint from D_P's",
+            "--dh-root",
+        )
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):

@@ -12,6 +12,7 @@ import os
 import secrets
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 import warnings
@@ -59,6 +60,12 @@ def check_out(out, names=()) -> Path:
         raise UsageError(
             f"{first} is {'not a folder' if not first.is_dir() else 'not writable'}", "--out"
         )
+    try:  # tried, not asked: root may "access" /proc, where nothing can be made
+        os.rmdir(tempfile.mkdtemp(prefix=".out-check-", dir=first))
+    except OSError as exc:
+        raise UsageError(
+            f"nothing can be written in {first} ({exc.strerror or exc})", "--out"
+        ) from None
     blocked = _blocked(out, names)
     if blocked:
         raise UsageError(blocked, "--out")
@@ -215,8 +222,9 @@ def _raise_terminated(signum, frame):
 
 
 def describe(exc: BaseException, parser) -> str:
-    """One line for ``exc``, led by the flag that sets its ``.parameter`` where there is one
-    (``parser``: the command's :class:`experiments.flags.Parser`, which knows its flags)."""
+    """One line for ``exc``, led by the flag that sets its ``.parameter`` (or gives the data of its
+    ``.argument``) where there is one (``parser``: the command's
+    :class:`experiments.flags.Parser`, which knows its flags)."""
     # "No space left on device: PATH", not "[Errno 28] ..."
     if isinstance(exc, OSError) and exc.strerror:
         msg = exc.strerror + (f": {exc.filename}" if exc.filename else "")
@@ -226,6 +234,8 @@ def describe(exc: BaseException, parser) -> str:
     if parameter:
         flag = parser.flag_for(parameter)
         msg = f"{flag}: {msg}" if flag else f"{msg} (setting {parameter!r})"
+    elif parser.flag_for(getattr(exc, "argument", None)):  # data a flag gave (DataError)
+        msg = f"{parser.flag_for(exc.argument)}: {msg}"
     # what a user or their data can cause
     expected = (
         isinstance(exc, (ValueError, OSError, FloatingPointError, RunError))

@@ -5,6 +5,7 @@ pipeline's own extractors; the flags checked before compute."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from argparse import Namespace
@@ -18,6 +19,7 @@ import torch
 from experiments import audit, common, deep_configs, deep_report, deepnet
 from experiments.deep_pipeline import Row, RunConfig, RunOptions, Sizes, run_configs
 from pycore.deep import (
+    DataError,
     DeepOptions,
     ImmunizedNet,
     Schedule,
@@ -218,6 +220,14 @@ def test_audit_errors_name_the_flag_before_any_compute(
         (["--model", init, "--reference", init, "--max-epochs", "1e9"], "--max-epochs"),
         (["--model", init, "--reference", init, "--operators", "gd,lbfgs"], "--operators"),
         (["--model", init, "--reference", init, "--epochs", "3"], "--epochs"),  # gone
+        (["--model", init, "--reference", init, "--img-size", "64"], "--img-size"),  # no backbone
+        (
+            ["--model", init, "--reference", init, "--dp-root", str(tmp_path)]
+            + ["--dh-root", str(tmp_path)],
+            "--dh-root",
+        ),
+        # TINY's defense has 32 rows per task: groups of 33 cannot be drawn
+        (["--model", init, "--reference", init, "--rir-group-size", "33"], "--rir-group-size"),
     ):
         rc, err = _one_line_error(capsys, audit, [*argv, *out])
         assert rc == 2 and flag in err, err
@@ -317,6 +327,17 @@ def test_own_image_folders_run_end_to_end(folders):
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
     theta0, _ = load_model(out / "extractor_init.safetensors")
     assert theta0.classifier.out_features == 2
+    images = res["per_seed"][0]["images"]
+    assert (images["defense_p"], images["defense_h"], images["attack_test"]) == (8, 8, 4)
+
+
+def test_the_table_gives_the_images_each_split_held(folders):
+    """The report's counts are the images the run had (a folder shrinks every split), not the
+    configuration's nominal sizes."""
+    res = json.loads(json.dumps(folders["result"]))
+    res["per_seed"][0]["images"].update(defense_p=65, defense_h=71, attack_train=17)
+    words = re.findall(r"\d+", deep_report.table_markdown(res))
+    assert {"65", "71", "17"} <= set(words)
 
 
 def test_own_folders_with_the_default_flags_finish(tmp_path):
@@ -494,6 +515,31 @@ def test_a_root_without_train_names_the_layout(capsys, tmp_path, monkeypatch):
     assert rc == 2 and one_line(err, "--dp-root", "train/", "training/")
 
 
+def test_one_folder_as_both_roots_is_refused(capsys, tmp_path, monkeypatch):
+    """D_H's folder is D_P's (by another path): the attacker's images would be the defense's."""
+    _no_compute(monkeypatch)
+    roots = _deep_roots(tmp_path)
+    (tmp_path / "link").symlink_to(tmp_path / "dp")
+    argv = [*roots[:2], "--dh-root", str(tmp_path / "link"), "--theta0-epochs", "1"]
+    rc, err = call(capsys, deepnet, [*argv, "--out", str(tmp_path / "o")])
+    assert rc == 2 and one_line(err, "--dh-root")
+
+
+def test_too_few_images_say_how_many_each_folder_needs():
+    """A folder below what its splits need, shrunk alike, is a DataError naming its flag's
+    argument and the number of images that would do (one fewer would not)."""
+    from experiments.deep_pipeline import MIN_SPLIT_IMAGES, _fit
+
+    sizes = {"defense": 500, "validation": 250, "train": 128, "watch": 64, "test": 128}
+    with pytest.raises(DataError) as e:
+        _fit(sizes, 12, "D_P", "dp_root")
+    need = next(n for n in range(12, 2000) if min(int(k * n / 1070) for k in sizes.values()) >= 8)
+    assert e.value.argument == "dp_root" and str(need) in re.findall(r"\d+", str(e.value))
+    assert min(_fit(sizes, need, "D_P", "dp_root")) == MIN_SPLIT_IMAGES
+    with pytest.raises(DataError):
+        _fit(sizes, need - 1, "D_P", "dp_root")
+
+
 def test_a_model_too_small_for_the_images_asks_for_img_size(capsys, tmp_path, monkeypatch):
     """convnext_atto on 28-px images fails inside its padding: refused naming the model and
     --img-size."""
@@ -513,6 +559,21 @@ def test_a_huge_img_size_is_said_and_threads_are_capped(capsys, tmp_path, monkey
     assert any("--img-size" in line and "4096" in line for line in warned), err
     assert any("--threads" in line for line in warned), err
     assert common.thread_count(1024, "x") == common.usable_cores()
+
+
+def test_the_cost_of_an_upsampled_image_is_said_in_units_that_fit(capsys, tmp_path, monkeypatch):
+    """--img-size 100 on 16-px images: one image is 3·100²·4 bytes as float32, a batch that many
+    times the batch (both said as nonzero numbers in their units)."""
+    _no_compute(monkeypatch)
+    argv = [*_deep_roots(tmp_path), "--theta0-epochs", "1", "--img-size", "100"]
+    deepnet.main([*argv, "--out", str(tmp_path / "o")])
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "--img-size" in x]
+    units = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    words = line.replace(",", " ").split()
+    said = [float(w) * units[u] for w, u in zip(words, words[1:]) if u in units]
+    one = 3 * 100**2 * 4
+    assert said[0] == pytest.approx(one, rel=0.01)
+    assert said[1] / said[0] == pytest.approx(round(said[1] / said[0]), rel=0.01) > 1
 
 
 def test_theta0_near_chance_is_flagged_by_its_majority_class_and_source():

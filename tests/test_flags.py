@@ -33,6 +33,8 @@ USAGE_CASES = [  # (module, argv, the flag the one line must name)
     (house_price, ["--methods", "ours,bogus"], "--methods"),
     (house_price, ["--methods", "ours,ours"], "--methods"),
     (house_price, ["--methods", ","], "--methods"),
+    (house_price, ["--methods", ""], "--methods"),
+    (mnist, ["--pairs", ""], "--pairs"),
     (house_price, ["--precond", "magic"], "--precond"),
     (house_price, ["--methods", "closed_form", "--exponent", "nan"], "--exponent"),
     (house_price, ["--methods", "ours", "--precond", "ridge", "--ridge", "0"], "--ridge"),

@@ -307,11 +307,18 @@ def test_commit_gives_every_output_the_umasks_mode(tmp_path):
     assert mode == plain.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-@pytest.mark.parametrize("make", ["file", "under_a_file", "output_name_is_a_folder", "read_only"])
+@pytest.mark.parametrize(
+    "make", ["file", "under_a_file", "output_name_is_a_folder", "read_only", "in_proc"]
+)
 def test_out_is_checked_before_any_compute(tripwire, capsys, tmp_path, monkeypatch, make):
+    """Among them a folder where nothing can be made even by root (/proc/x)."""
+    if make == "in_proc" and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc here")
     f = tmp_path / "file"
     f.write_text("keep me")
-    out = {"file": f, "under_a_file": f / "sub"}.get(make, tmp_path / "out")
+    out = {"file": f, "under_a_file": f / "sub", "in_proc": Path("/proc/x")}.get(
+        make, tmp_path / "out"
+    )
     if make == "output_name_is_a_folder":
         (out / "table.md").mkdir(parents=True)
     if make == "read_only":  # tests may run as root, for whom chmod does not bind

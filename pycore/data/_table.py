@@ -448,6 +448,7 @@ def load_table(
     if rng is not None:
         parts = [(s, f, rows[rng.permutation(rows.size)]) for s, f, rows in parts]
     X, y, filled, missing, encoded = {}, {}, {}, {}, []
+    empty = {}  # (file, target) → [(first empty line, split)]: one problem per file, in line order
     for s, f, rows in parts:
         target = target_p if s == "P" else target_h
         try:
@@ -456,9 +457,11 @@ def load_table(
             problems.setdefault(str(exc), None)
             continue
         if np.isnan(y[s]).any():
-            line = rows[np.flatnonzero(np.isnan(y[s]))[0]] + 2
-            problems.setdefault(f"{files[f]}: target column {target!r} is empty (line {line})")
+            empty.setdefault((f, target), []).append((rows[np.isnan(y[s])].min() + 2, s))
         X[s], filled[s] = np.empty((rows.size, len(inputs))), 0
+    for (f, target), at in empty.items():
+        lines = ", ".join(f"line {line} (D_{s}: {where[s]})" for line, s in sorted(at))
+        problems.setdefault(f"{files[f]}: target column {target!r} is empty at {lines}")
     if problems:
         message = "; ".join(problems)
         if "n_train" in problems.values():
