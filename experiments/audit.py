@@ -22,26 +22,27 @@ from pathlib import Path
 if not __package__:  # run as a file: the checkout's root first on sys.path, not experiments/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import torch
-
-from experiments import common, deep_report
-from experiments.deep_configs import CONFIGS
-from experiments.deep_pipeline import Row, RunOptions, audit_seed, load_splits, result_of
-from pycore.deep import (
-    LORA_RANKS,
-    OPERATORS,
-    CheckpointError,
-    Schedule,
-    load_model,
-    operator_names,
-)
-from pycore.report import dumps_json
+# torch, timm and what imports them load in main's body: --help needs none
+from experiments import common
+from experiments.deep_catalog import DEEP_MAX_EPOCHS, LORA_RANKS, OPERATORS
 
 RIR_GROUP_SIZE = 100  # the paper's
 
 
+def audit_seed(*args, **kwargs):
+    """:func:`experiments.deep_pipeline.audit_seed` (imported when the audit runs)."""
+    from experiments.deep_pipeline import audit_seed as audit
+
+    return audit(*args, **kwargs)
+
+
 def build_parser() -> common.Parser:
-    p = common.Parser("audit.py", __doc__.split("\n\n")[0])
+    p = common.Parser(
+        "audit.py",
+        __doc__.split("\n\n")[0],
+        "Without --dp-root/--dh-root the images are the demo's: the bundled MNIST digits, 0-4 "
+        "as D_P and 5-9 as D_H, at the demo's sizes (the models must then classify 5 digits).",
+    )
     p.add_argument(
         "--model", type=common.existing("file"), required=True, help="the model to audit"
     )
@@ -72,14 +73,14 @@ def build_parser() -> common.Parser:
     p.add_argument(
         "--max-epochs",
         type=common.count(1, 10_000),
-        default=Schedule.deep_max_epochs,
+        default=DEEP_MAX_EPOCHS,
         help="the longest a deep operator runs on θ₀ to find its plateau (epochs)",
     )
     p.add_argument(
         "--operators",
         type=common.comma_list(choices=OPERATORS),
         default=list(OPERATORS),
-        help="operators to attack with (pycore.deep.OPERATORS; default: all)",
+        help="operators to attack with (pycore.deep.OPERATORS)",
     )
     p.add_argument(
         "--lora-ranks",
@@ -92,12 +93,20 @@ def build_parser() -> common.Parser:
         "--threads", type=common.count(1, 1024), help="torch intra-op threads (recorded)"
     )
     common.add_out(p, "results/audit")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines and no table on stdout")
     return p
 
 
 def main(argv=None) -> int:
     def body(args):
+        import torch
+
+        from experiments import deep_report
+        from experiments.deep_configs import CONFIGS
+        from experiments.deep_pipeline import Row, RunOptions, load_splits, result_of
+        from pycore.deep import CheckpointError, load_model, operator_names
+        from pycore.report import dumps_json
+
         out = common.check_out(args.out, ("results.json", "table.md", "audit.png"))
         operator_names(args.operators, args.lora_ranks)  # a bad name or rank: before compute
         if (args.dp_root is None) != (args.dh_root is None):

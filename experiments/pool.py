@@ -18,7 +18,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from experiments.outputs import RunError
 
@@ -163,20 +163,29 @@ def _died(ex, slots, items) -> WorkerDiedError | None:
     )
 
 
-def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
+def pool_map(fn, items, jobs: int, desc: str | None = None, done=None) -> list:
     """``[fn(x) for x in items]`` over at most ``jobs`` workers (none for one task); on any
     exception, Ctrl-C or SIGTERM every worker is killed first; a worker's exception arrives as
     itself.  ``fn`` is pickled with each item: data every item needs is bound to it
-    (``functools.partial(fn, data)``) and travels with each task."""
+    (``functools.partial(fn, data)``) and travels with each task.  Progress: ``done(k, item)``
+    as the k-th result arrives, in order (else a bar named ``desc`` on a terminal)."""
     from pycore.report import progress
 
     items = list(items)
     n = max(1, min(jobs, len(items), usable_cores()))
-    if n == 1:
-        return [_task(fn, x) for x in progress(items, desc=desc)]
-    with _workers(n, items) as ex:
-        results = ex.map(functools.partial(_tracked, fn), range(len(items)), items)
-        return list(progress(results, total=len(items), desc=desc))
+    with _workers(n, items) if n > 1 else nullcontext() as ex:
+        results = (
+            ex.map(functools.partial(_tracked, fn), range(len(items)), items)
+            if n > 1
+            else (_task(fn, x) for x in items)
+        )
+        if done is None:
+            return list(progress(results, total=len(items), desc=desc))
+        out = []
+        for k, r in enumerate(results):
+            out.append(r)
+            done(k, items[k])
+        return out
 
 
 def pool_chain(first, then, items, jobs: int) -> list:

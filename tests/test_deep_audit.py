@@ -573,7 +573,8 @@ def test_the_cost_of_an_upsampled_image_is_said_in_units_that_fit(capsys, tmp_pa
     said = [float(w) * units[u] for w, u in zip(words, words[1:]) if u in units]
     one = 3 * 100**2 * 4
     assert said[0] == pytest.approx(one, rel=0.01)
-    assert said[1] / said[0] == pytest.approx(round(said[1] / said[0]), rel=0.01) > 1
+    batch = said[1] / said[0]
+    assert batch == pytest.approx(round(batch), rel=0.01) and round(batch) > 1
 
 
 def test_theta0_near_chance_is_flagged_by_its_majority_class_and_source():
