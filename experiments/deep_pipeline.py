@@ -1175,7 +1175,9 @@ def run_configs(
 
         todo = [(rc, s, opts, str(ctx.device), threads, hook(rc)) for rc in rcs for s in seeds]
         done = []
-        for (ev, row0, reach, seconds), row_outs in pool_chain(_seed_job, _row_job, todo, jobs):
+        # spawned: torch's OpenMP threads do not survive a fork (experiments.pool.START)
+        chained = pool_chain(_seed_job, _row_job, todo, jobs, start="spawn")
+        for (ev, row0, reach, seconds), row_outs in chained:
             rows, errors = {}, {}
             for name, result, error, secs in row_outs:
                 _add_seconds(seconds, secs)

@@ -132,8 +132,8 @@ def write_outputs(out, files) -> list[Path]:
     return [final for _, final in staged]
 
 
-# The outputs a :func:`main` call has moved into place, so that its last line can say which files
-# an interrupted or failed run left new (None outside main). A context variable, not an argument:
+# The outputs a :func:`main` call has moved into place, so that an interrupted run's last line can
+# say which files are new (None outside main). A context variable, not an argument:
 # the commands write through helpers that main does not see.
 _COMMITTED: contextvars.ContextVar[list | None] = contextvars.ContextVar("committed", default=None)
 
@@ -155,9 +155,8 @@ def commit(moves) -> None:
     """Move each staged file ``tmp`` over its ``final`` (``moves``: ``(tmp, final)`` pairs in the
     same folders), all at once: SIGINT and SIGTERM that arrive meanwhile are held until every file
     is in place, then raised, so an interrupted run leaves all its outputs or none. Each file gets
-    the umask's mode (safetensors writes 0600). Only a failure of the move itself (a full disk
-    cannot cause one: a rename allocates nothing) can leave some new and some old: the error names
-    both."""
+    the umask's mode (safetensors writes 0600). Only a failure of the move itself (or SIGKILL)
+    can leave some new and some old: the error names both."""
     moves = [(Path(t), Path(f)) for t, f in moves]
     mode, done = _file_mode(), []
     with _signals_held():

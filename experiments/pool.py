@@ -2,9 +2,9 @@
 over ``concurrent.futures`` workers, one BLAS thread per task, every worker killed on any error or
 signal, and a worker that dies named by the task it ran (:class:`WorkerDiedError`).
 
-Workers are forked, unless torch is loaded in this process (:func:`start_method`). A task gets
-everything it needs as its value (a job, or arguments bound with ``functools.partial``), pickled
-with it; results come back as values.
+Workers are forked, or spawned for tasks that run torch (``start``: see :data:`START`). A task
+gets everything it needs as its value (a job, or arguments bound with ``functools.partial``),
+pickled with it; results come back as values.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import functools
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -41,15 +40,12 @@ def usable_cores() -> int:
     )
 
 
-def start_method() -> str:
-    """How the pool starts its workers: ``"fork"`` (cheap: nothing is imported again), or
-    ``"spawn"`` (a fresh interpreter) once torch is loaded in this process.
-
-    torch's CPU kernels run on an OpenMP thread team (GNU libgomp) that does not survive a fork:
-    a forked worker whose first parallel region joins the team waits forever for threads it does
-    not have (``deepnet.py --jobs 2`` hung so, parent and workers asleep on futexes). Whether the
-    parent has run a parallel region yet cannot be asked, so any loaded torch counts."""
-    return "spawn" if "torch" in sys.modules else "fork"
+# How a pool starts its workers. "fork" (the default: nothing is imported again) for tasks that
+# never run torch, the linear commands'; "spawn" (a fresh interpreter) for tasks that do. torch's
+# CPU kernels run on an OpenMP thread team (GNU libgomp) that does not survive a fork: a forked
+# worker whose first parallel region joins the team waits for ever on threads it does not have
+# (deepnet.py --jobs 2 hung so, parent and workers asleep on futexes).
+START = ("fork", "spawn")
 
 
 def _watch_parent(parent: int) -> None:
@@ -104,12 +100,14 @@ def _label(item) -> str:
 
 
 @contextmanager
-def _workers(n: int, tasks=None):
-    """A pool of ``n`` workers (started as :func:`start_method` says); on any exception, Ctrl-C or
+def _workers(n: int, tasks=None, start: str = "fork"):
+    """A pool of ``n`` workers started by ``start`` (:data:`START`); on any exception, Ctrl-C or
     SIGTERM in the block every worker is killed first. A task submitted through :func:`_tracked`
     with its index in ``tasks`` (the items, as submitted) is named when the worker running it dies
     (:class:`WorkerDiedError`)."""
-    ctx = multiprocessing.get_context(start_method())
+    if start not in START:
+        raise ValueError(f"start must be one of {START}, not {start!r}")
+    ctx = multiprocessing.get_context(start)
     slots = (ctx.Array("q", n, lock=False), ctx.Array("q", n, lock=False), ctx.Value("i", 0))
     ex = ProcessPoolExecutor(
         n, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(), slots)
@@ -163,17 +161,20 @@ def _died(ex, slots, items) -> WorkerDiedError | None:
     )
 
 
-def pool_map(fn, items, jobs: int, desc: str | None = None, done=None) -> list:
+def pool_map(
+    fn, items, jobs: int, desc: str | None = None, done=None, start: str = "fork"
+) -> list:
     """``[fn(x) for x in items]`` over at most ``jobs`` workers (none for one task); on any
     exception, Ctrl-C or SIGTERM every worker is killed first; a worker's exception arrives as
     itself.  ``fn`` is pickled with each item: data every item needs is bound to it
     (``functools.partial(fn, data)``) and travels with each task.  Progress: ``done(k, item)``
-    as the k-th result arrives, in order (else a bar named ``desc`` on a terminal)."""
+    as the k-th result arrives, in order (else a bar named ``desc`` on a terminal).  ``start``:
+    how the workers start (:data:`START`; ``"spawn"`` for tasks that run torch)."""
     from pycore.report import progress
 
     items = list(items)
     n = max(1, min(jobs, len(items), usable_cores()))
-    with _workers(n, items) if n > 1 else nullcontext() as ex:
+    with _workers(n, items, start) if n > 1 else nullcontext() as ex:
         results = (
             ex.map(functools.partial(_tracked, fn), range(len(items)), items)
             if n > 1
@@ -188,12 +189,12 @@ def pool_map(fn, items, jobs: int, desc: str | None = None, done=None) -> list:
         return out
 
 
-def pool_chain(first, then, items, jobs: int) -> list:
+def pool_chain(first, then, items, jobs: int, start: str = "fork") -> list:
     """Two stages in one pool: ``first(x)`` returns ``(result, follow_ups)`` and every follow-up
     ``y`` runs as ``then(y)`` as soon as its ``first`` has returned, on whichever worker is free
     (a long ``first`` no longer holds its follow-ups on one worker).  Returns ``[(result,
-    [then(y) for y in follow_ups]), ...]`` in the order of ``items``; errors and interrupts as
-    :func:`pool_map`."""
+    [then(y) for y in follow_ups]), ...]`` in the order of ``items``; errors, interrupts and
+    ``start`` as :func:`pool_map`."""
     items = list(items)
     n = min(jobs, usable_cores())
     if n < 2 or not items:
@@ -209,7 +210,7 @@ def pool_chain(first, then, items, jobs: int) -> list:
         tasks.append(x)
         return ex.submit(_tracked, fn, len(tasks) - 1, x)
 
-    with _workers(n, tasks=tasks) as ex:
+    with _workers(n, tasks, start) as ex:
         pending = {ex.submit(_tracked, first, i, x): (i, None) for i, x in enumerate(items)}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)

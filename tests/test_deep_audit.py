@@ -153,10 +153,19 @@ def test_results_hold_every_operators_slowdown_per_seed_and_its_minimum(pipeline
         assert (tmp_path / "p.png").stat().st_size > 1000
 
 
-def test_worker_processes_give_every_number_again(pipeline):
+def test_worker_processes_give_every_number_again(pipeline, monkeypatch):
     """``jobs = 2``: θ₀ and its budgets in one worker, each row in whichever worker is free: the
-    same numbers as in one process."""
+    same numbers as in one process; the workers are spawned (a forked one hung on torch's OpenMP
+    threads: tests/test_pool.py)."""
+    starts, chain = [], common.pool_chain
+
+    def spy(*a, **k):
+        starts.append(k.get("start", "fork"))
+        return chain(*a, **k)
+
+    monkeypatch.setattr(common, "pool_chain", spy)
     (res,) = run_configs([TINY], [0], RunOptions(quiet=True), init_from_env("cpu"), jobs=2)
+    assert starts == ["spawn"]
     assert [_timeless(s) for s in res["per_seed"]] == [
         _timeless(s) for s in pipeline[0]["per_seed"]
     ]

@@ -102,15 +102,16 @@ def fill(n):
 
 
 @needs_two
-def test_workers_of_a_parent_whose_torch_ran_threads_do_not_hang(tmp_path):
+def test_spawned_workers_of_a_parent_whose_torch_ran_threads_do_not_hang(tmp_path):
     """torch's OpenMP thread team does not survive a fork: a forked worker's first parallel region
-    waited for ever on the parent's threads. The pool ends within a timeout, with the values."""
+    waited for ever on the parent's threads. Spawned, the pool ends within a timeout, with the
+    values."""
     (tmp_path / "torch_task.py").write_text(TORCH_TASK)
     code = (
         "import torch\nfrom experiments import pool\nfrom torch_task import fill\n"
         "torch.set_num_threads(2)\n"
         "torch.ones(1 << 22).add_(1)  # the parent's team of two threads\n"
-        "print(pool.pool_map(fill, [1, 2, 3], jobs=2))\n"
+        "print(pool.pool_map(fill, [1, 2, 3], jobs=2, start='spawn'))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code],
