@@ -14,6 +14,7 @@ table.md (both models, and every row minus θ₀), audit.png."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from dataclasses import replace
@@ -160,7 +161,7 @@ def main(argv=None) -> int:
         )
         roots = (r and str(r) for r in (args.dp_root, args.dh_root))
         opts = RunOptions(*roots, args.val_split, quiet=args.quiet)
-        say = (lambda *a, **k: None) if args.quiet else print
+        say = (lambda *a, **k: None) if args.quiet else functools.partial(print, flush=True)
         t0 = time.perf_counter()
         per_seed = []
         for seed in args.seeds:
@@ -203,7 +204,9 @@ def main(argv=None) -> int:
                 "audit.png": lambda p: deep_report.plot_operators(result, p),
             },
         )
-        print(table, f"wrote {out}/results.json, table.md, audit.png", sep="\n")
+        if not args.quiet:
+            print(table)
+        print(f"wrote {out}/results.json, table.md, audit.png")
 
     return common.main(build_parser(), body, argv)
 
