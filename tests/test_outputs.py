@@ -272,6 +272,7 @@ def test_sigint_while_the_outputs_move_into_place_leaves_them_all_new(capsys, tm
     old = {p.name: p.stat().st_ino for p in out.iterdir()}
     code = (
         "import os, signal, sys\nfrom experiments import house_price\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal\n"
         "real = os.replace\n"
         "def replace(src, dst):\n"
         "    if os.path.basename(dst) == 'results.json':  # a file moved before it, one after\n"
