@@ -20,6 +20,7 @@ The measurements are frozen dataclasses (:class:`RowResult`, :class:`SeedResult`
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import io
 import math
@@ -32,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Subset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from pycore import (
     Options,
@@ -72,6 +73,7 @@ from pycore.deep import (
     linear_probe_curve,
     load_model,
     mnist_digits,
+    model_normalization,
     operator,
     prelogits_dataset,
     reference_path,
@@ -248,17 +250,26 @@ def _take(ds, idx: np.ndarray):
 MIN_SPLIT_IMAGES = 8
 
 
-def _fit(sizes: list[int], n: int, name: str) -> list[int]:
-    """``sizes`` scaled by one factor so that their sum fits in ``n`` images (unchanged when it
-    does); a split that would fall below :data:`MIN_SPLIT_IMAGES` is a DataError naming the
-    task."""
-    if sum(sizes) <= n:
-        return list(sizes)
-    out = [int(k * n / sum(sizes)) for k in sizes]
+def _fit(sizes: dict, n: int, name: str, argument: str) -> list[int]:
+    """``sizes`` (split → images) scaled by one factor so that their sum fits in ``n`` images
+    (unchanged when it does); a split that would fall below :data:`MIN_SPLIT_IMAGES` is a
+    DataError naming the task, the images it needs and the folder's ``argument``."""
+    k = list(sizes.values())
+    if sum(k) <= n:
+        return k
+
+    def shrunk(m: int) -> list[int]:
+        return [int(x * m / sum(k)) for x in k]
+
+    out = shrunk(n)
     if min(out) < MIN_SPLIT_IMAGES:
+        enough = (m for m in range(n + 1, sum(k)) if min(shrunk(m)) >= MIN_SPLIT_IMAGES)
+        need = next(enough, sum(k))
+        split = ", ".join(f"{s} {x}" for s, x in sizes.items())
         raise DataError(
-            f"{name}'s training folder has {n} images; this configuration's {len(sizes)} splits "
-            f"need at least {MIN_SPLIT_IMAGES} each in proportion to {sizes}"
+            f"{name}'s training folder has {n} images; it needs at least {need}: its splits "
+            f"({split}) shrink alike to the images there are, each to {MIN_SPLIT_IMAGES} or more",
+            argument=argument,
         )
     return out
 
@@ -300,21 +311,65 @@ def _join(a, b):
     return Subset(a.dataset, sorted([*a.indices, *b.indices]))
 
 
+# a folder's images are decoded once and held as float32 tensors when they take at most this; a
+# larger folder is decoded as it is read (each evaluation decodes its batches again)
+HELD_IMAGE_BYTES = 1 << 30
+
+
+class HeldImages(Dataset):
+    """An image folder's ``(image, class)`` pairs decoded once, in the folder's order (so that
+    every part taken of it holds the same images as a part of the folder would): ``classes`` and
+    ``targets`` as the folder's."""
+
+    def __init__(self, folder):
+        self.classes, self.targets = folder.classes, folder.targets
+        self.images, self.labels = fetch(folder, torch.arange(len(folder)))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.images[i], int(self.labels[i])
+
+
+def _held(folder, side: int):
+    """``folder`` decoded once (:class:`HeldImages`) when its images fit in
+    :data:`HELD_IMAGE_BYTES`, else as it is."""
+    return HeldImages(folder) if len(folder) * 3 * 4 * side**2 <= HELD_IMAGE_BYTES else folder
+
+
 def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
     """The images of every split (:class:`Sizes`), decoded for the model: MNIST digits 0-4 (D_P)
-    and 5-9 (D_H), or the ImageFolder roots (D_H's ``val`` split is the attacker's test split)."""
+    and 5-9 (D_H), or the ImageFolder roots (D_H's ``val`` split is the attacker's test split),
+    each folder decoded once when it fits (:func:`_held`)."""
     probe = create_model(rc.model, 1, seed=0, **rc.model_kwargs)  # its data config only
     z = rc.sizes
     more = z.attack_train * max(z.more_data, 1)
-    dp_sizes = [z.defense, z.dp_val, *(list(z.dp_finetune) * z.dp_attack)]
+    # D_P's splits have sizes of their own (not the attacker's): θ₀'s images, the rest of D_P,
+    # are the same whatever the attacker's setting
+    dp_sizes = {
+        "defense": z.defense,
+        "validation": z.dp_val,
+        **(
+            dict(zip(("fine-tuning train", "watch", "test"), z.dp_finetune)) if z.dp_attack else {}
+        ),
+    }
     if rc.data == "mnist":
         p_all, h_all = mnist_digits(probe, (0, 1, 2, 3, 4)), mnist_digits(probe, (5, 6, 7, 8, 9))
-        h_sizes = [z.defense, z.attack_val, z.attack_test, more]
+        # the attacker's validation and test splits before its training pool: the same images
+        # for any number of training images
+        h_sizes = {
+            "defense": z.defense,
+            "watch": z.attack_val,
+            "test": z.attack_test,
+            "attack": more,
+        }
         ncp = nch = 5
         h_test = None
     else:
+        side = model_normalization(probe)["input_size"][-1]
         sets = {
-            f"{t}_{s}": image_folder(root, split, probe)
+            f"{t}_{s}": _held(image_folder(root, split, probe), side)
             for t, root in (("p", opts.dp_root), ("h", opts.dh_root))
             for s, split in (("train", "train"), ("val", opts.val_split))
         }
@@ -327,10 +382,13 @@ def load_splits(rc: RunConfig, opts: RunOptions, seed: int) -> Splits:
                     f"{root}: train/ and {opts.val_split}/ hold different class folders"
                 )
         p_all, h_all, h_test = sets["p_train"], sets["h_train"], sets["h_val"]
-        h_sizes = [z.defense, z.attack_val, more]
+        h_sizes = {"defense": z.defense, "watch": z.attack_val, "attack": more}
         ncp, nch = len(sets["p_train"].classes), len(sets["h_train"].classes)
     if rc.data != "mnist":  # your own folders: every split shrunk alike to the images there are
-        dp_sizes, h_sizes = _fit(dp_sizes, len(p_all), "D_P"), _fit(h_sizes, len(h_all), "D_H")
+        dp_sizes = _fit(dp_sizes, len(p_all), "D_P", "dp_root")
+        h_sizes = _fit(h_sizes, len(h_all), "D_H", "dh_root")
+    else:
+        dp_sizes, h_sizes = list(dp_sizes.values()), list(h_sizes.values())
     # the rest of D_P last, so the other parts do not depend on how many images there are
     rest = max(len(p_all) - sum(dp_sizes), 0)
     p = _parts(p_all, [*dp_sizes, rest], np.random.default_rng([seed, 1]), "D_P")
@@ -477,7 +535,8 @@ class RowResult:
 class SeedResult:
     """One seed: θ₀'s own row and its side of the judge (D_H, D_P fine-tuning, more images),
     every row, the rows that failed, what any θ of the layer can do on θ₀'s features, the
-    classes, chance on D_P, and the seconds per phase."""
+    classes, chance on D_P, the seconds per phase and the images of each split
+    (:func:`split_images`)."""
 
     seed: int
     theta0: RowResult
@@ -490,21 +549,38 @@ class SeedResult:
     classes: tuple
     dp_chance: float
     phase_seconds: dict
+    images: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {
-            "seed": self.seed,
-            "theta0": self.theta0.to_dict(),
-            "reference": self.reference.to_dict(),
-            "dp_reference": self.dp_reference and self.dp_reference.to_dict(),
-            "more_reference": self.more_reference and self.more_reference.to_dict(),
-            "rows": {k: r.to_dict() for k, r in self.rows.items()},
-            "errors": self.errors,
-            "attainability": self.attainability,
-            "classes": list(self.classes),
-            "dp_chance": self.dp_chance,
-            "phase_seconds": self.phase_seconds,
-        }
+        return _chosen_traces(
+            {
+                "seed": self.seed,
+                "theta0": self.theta0.to_dict(),
+                "reference": self.reference.to_dict(),
+                "dp_reference": self.dp_reference and self.dp_reference.to_dict(),
+                "more_reference": self.more_reference and self.more_reference.to_dict(),
+                "rows": {k: r.to_dict() for k, r in self.rows.items()},
+                "errors": self.errors,
+                "attainability": self.attainability,
+                "classes": list(self.classes),
+                "dp_chance": self.dp_chance,
+                "phase_seconds": self.phase_seconds,
+                "images": self.images,
+            }
+        )
+
+
+def _chosen_traces(d):
+    """``d`` with every budget's traces cut to the setting it chose (results.json keeps the
+    curve each number was read from, not every setting's)."""
+    if isinstance(d, dict):
+        out = {k: _chosen_traces(v) for k, v in d.items()}
+        if "traces" in out and isinstance(out["traces"], (list, tuple)) and "setting" in out:
+            out["traces"] = [t for t in out["traces"] if t["label"] == out["setting"]]
+        return out
+    if isinstance(d, (list, tuple)):
+        return [_chosen_traces(v) for v in d]
+    return d
 
 
 @dataclass(frozen=True)
@@ -586,9 +662,10 @@ def judge(model, theta0, ev: Evaluation, result: RowResult, phase, say=None) -> 
     the judge with more images."""
     rc, seed, sp = ev.rc, ev.seed, ev.splits
     kw = dict(seed=seed, schedule=rc.schedule, operators=rc.row_operators)
-    tell = (lambda op: say(f"[{rc.name} seed {seed}] {result.row}: {op}")) if say else None
+    names = rc.row_operators or ev.attack.operators
+    tell = _progress(say, f"[{rc.name} seed {seed}] {result.row} attacked", names)
     with phase("operators"):
-        path = cheapest_path(model, sp.attack, ev.attack, theta0, progress=tell or _quiet, **kw)
+        path = cheapest_path(model, sp.attack, ev.attack, theta0, progress=tell, **kw)
         judged = Judged(path, worth(path, ev.attack))
     dp = more = None
     if ev.dp_reference is not None:
@@ -603,6 +680,19 @@ def judge(model, theta0, ev: Evaluation, result: RowResult, phase, say=None) -> 
 
 def _quiet(*_a, **_k) -> None:
     return None
+
+
+def _progress(say, head: str, operators):
+    """The ``progress`` callback of the operators' phases: a line per operator as it starts,
+    ``head: name (k/n)`` (the phase runs minutes on a CPU with nothing else to show)."""
+    names = list(operators)
+
+    def progress(name):
+        if say is not None:
+            k = f" ({names.index(name) + 1}/{len(names)})" if name in names else ""
+            say(f"{head}: {name}{k}")
+
+    return progress
 
 
 def _judged(model, theta0, ev: Evaluation, result: RowResult, phase, say=None):
@@ -728,8 +818,7 @@ def evaluation(
         setting=rc.target_operators,
     )
 
-    def tell(op):
-        say(f"[{rc.name} seed {seed}] θ₀: {op}")
+    tell = _progress(say, f"[{rc.name} seed {seed}] θ₀", rc.operators)
 
     cache = cache or Cache(None)
     key = (_weights_digest(theta0), seed, rc.operators, rc.lora_ranks, rc.schedule)
@@ -911,7 +1000,23 @@ def seed_result(ev: Evaluation, row0, rows, errors, reach, seconds) -> SeedResul
         ev.splits.classes,
         chance_accuracy(dataset_labels(ev.splits.p_val)),
         seconds,
+        split_images(ev.splits),
     )
+
+
+def split_images(sp: Splits) -> dict:
+    """How many images each split holds as run (your own folders shrink them all alike from the
+    configuration's :class:`Sizes`)."""
+    a, more = sp.attack, sp.attack_more
+    return {
+        "defense_p": len(sp.p_train),
+        "defense_h": len(sp.h_train),
+        "dp_val": len(sp.p_val),
+        "attack_train": len(a.train),
+        "attack_val": len(a.val),
+        "attack_test": len(a.test),
+        "more_train": len(more.train) if more is not None else None,
+    }
 
 
 class Progress:
@@ -929,9 +1034,7 @@ class Progress:
         left = max(self.total - self.done_expected, 0.0) * took / max(self.done_expected, 1e-9)
         share = 100.0 * self.done_expected / max(self.total, 1e-9)
         self.say(
-            f"[progress] {share:.0f}% of the planned work in {took:.0f} s; about {left:.0f} s "
-            "left",
-            flush=True,
+            f"[progress] {share:.0f}% of the planned work in {took:.0f} s; about {left:.0f} s left"
         )
 
 
@@ -963,6 +1066,12 @@ def _saved(model) -> bytes:
     return buf.getvalue()
 
 
+def _say(on: bool):
+    """The progress printer: each line flushed at once (a worker's stdout may be a pipe, which
+    would hold its lines until it exits), or nothing."""
+    return functools.partial(print, flush=True) if on else (lambda *a, **k: None)
+
+
 def _worker_torch(threads: int) -> None:
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -973,7 +1082,7 @@ def _seed_job(job) -> tuple:
     θ₀'s row, attainability, budgets' seconds), [RowJob, ...])``."""
     rc, seed, opts, device, threads, on_extractor = job
     _worker_torch(threads)
-    say = (lambda *a, **k: None) if opts.quiet else print
+    say = _say(not opts.quiet)
     seconds = {}
     ctx = init_from_env(device)
     theta0, ev, row0, reach = seed_setup(rc, seed, opts, ctx, clock(seconds), say)
@@ -986,7 +1095,7 @@ def _seed_job(job) -> tuple:
 def _row_job(job: RowJob) -> tuple:
     """One row of a seed in a worker: ``(row name, RowResult or None, error or None, seconds)``."""
     _worker_torch(job.threads)
-    say = (lambda *a, **k: None) if job.opts.quiet else print
+    say = _say(not job.opts.quiet)
     seconds = {}
     phase = clock(seconds)
     theta0 = job.model()
@@ -1262,7 +1371,10 @@ def run_configs(
     seed, status) -> path or None``."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     t0, threads = time.perf_counter(), torch.get_num_threads()
-    say = print if ctx.is_main and not opts.quiet else _quiet
+    say = _say(ctx.is_main and not opts.quiet)
+    # one (configuration, seed) of one row leaves a pool nothing to run side by side
+    if len(rcs) * len(seeds) == 1 and max(len(rc.rows) for rc in rcs) <= 1:
+        jobs = 1
     for rc in rcs:
         say(
             f"[{rc.name}] model={rc.model} seeds={seeds} rows={[r.name for r in rc.rows]} "
@@ -1279,9 +1391,9 @@ def run_configs(
         def tick(stage, task):
             eta.done(task[0].seconds[0] if stage == "first" else task.rc.seconds[1])
 
-        for (ev, row0, reach, seconds), row_outs in pool_chain(
-            _seed_job, _row_job, todo, jobs, on_done=tick
-        ):
+        # spawned: torch's OpenMP threads do not survive a fork (experiments.pool.START)
+        chained = pool_chain(_seed_job, _row_job, todo, jobs, start="spawn", on_done=tick)
+        for (ev, row0, reach, seconds), row_outs in chained:
             rows, errors = {}, {}
             for name, result, error, secs in row_outs:
                 _add_seconds(seconds, secs)

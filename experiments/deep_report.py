@@ -188,6 +188,21 @@ def _judge_lines(result: dict, rows_: dict, key: str, n: int) -> list[str]:
     return out
 
 
+def _images(result: dict) -> dict:
+    """The images of each split as run (the first seed's ``images``; the configuration's nominal
+    sizes for a results.json without them), the defense's as words, and the groups' size as
+    used (capped at the defense's rows)."""
+    rc = result["run_config"]
+    z = {**rc["sizes"], "more_train": rc["sizes"]["more_data"] * rc["sizes"]["attack_train"]}
+    first = result["per_seed"][0] if result.get("per_seed") else {}
+    z.update({k: v for k, v in first.get("images", {}).items() if v is not None})
+    p, h = z.get("defense_p", z["defense"]), z.get("defense_h", z["defense"])
+    z["defense"] = f"{p} per task" if p == h else f"{p} of D_P, {h} of D_H"
+    z["group_size"] = first.get("theta0", {}).get("grouped", {}).get("group_size")
+    z["group_size"] = z["group_size"] or rc["rir_group_size"]
+    return z
+
+
 def table_markdown(result: dict, paper: dict | None = None) -> str:
     """The headline (what each row is worth to its attacker, beside the ceiling and Definition
     3.1), θ₀'s side (the target, the cheapest attacker, scratch, every operator's plateau and
@@ -195,7 +210,7 @@ def table_markdown(result: dict, paper: dict | None = None) -> str:
     fine-tuning check, Table 3's κ columns (with the paper's numbers when given), the layer's
     attainable window and where (i) comes from."""
     rows, rc, n = result["rows"], result["run_config"], len(result["seeds"])
-    z = rc["sizes"]
+    z = _images(result)
     att = result["attacker"]
     rows_ = {k: r for k, r in rows.items() if k != "init"}
     ceil = result["theta0"]["attack"].get("ceiling", {})
@@ -231,9 +246,8 @@ def table_markdown(result: dict, paper: dict | None = None) -> str:
     if more:
         lines += [
             "",
-            f"The attacker with {z['more_data']}× the images "
-            f"({z['more_data'] * z['attack_train']} to train on; seed(s) "
-            f"{rc['more_data_seeds']}), with its own target and ceiling:",
+            f"The attacker with {z['more_data']}× the images ({z['more_train']} to train on; "
+            f"seed(s) {rc['more_data_seeds']}), with its own target and ceiling:",
             "",
         ]
         lines += _judge_lines(result, rows_, "more_data", len(rc["more_data_seeds"]))
@@ -255,8 +269,8 @@ def table_markdown(result: dict, paper: dict | None = None) -> str:
     lines += [
         "",
         "Table 3's columns: (i), (ii), RIR_θ₀ and Def. 3.1 on exact κ's of the features of the "
-        f"defense's rows ({z['defense']} per task), the linear problem the layer is; 'groups': "
-        f"the paper's protocol, means over {rc['rir_groups']} groups of {rc['rir_group_size']} "
+        f"defense's rows ({z['defense']}), the linear problem the layer is; 'groups': "
+        f"the paper's protocol, means over {rc['rir_groups']} groups of {z['group_size']} "
         "of the same rows. D_P top-1 on D_P's validation split; the GD probe (Figure 3) trains "
         "on the attacker's images.",
         "",

@@ -18,7 +18,6 @@ finetune.png (Fig. 3), attacks.png, the first seed's extractor_<row>.safetensors
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import secrets
@@ -29,37 +28,34 @@ from pathlib import Path
 if not __package__:  # run as a file: the checkout's root first on sys.path, not experiments/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import torch
-
-from experiments import common, deep_report
-from experiments.deep_configs import CONFIGS, GROUPS, PAPER_TABLE3, with_model
-from experiments.deep_pipeline import Row, RunOptions, run_configs
-from pycore import ParameterError, near_chance
-from pycore.deep import (
-    DEEP_METHODS,
-    DeepOptions,
-    create_model,
-    init_from_env,
-    linear_classifier,
-    model_normalization,
-    options,
-    save_model,
-    shutdown,
-)
-from pycore.report import dumps_json
+# torch, timm and what imports them load in the functions that run the job: --help needs none
+from experiments import common
+from experiments.deep_catalog import CONFIGS, DEEP_METHODS, GROUPS
+from pycore import near_chance
 
 FILES = ("results.json", "table.md", "finetune.png", "operators.png", "frontier.png")
 
 
 def build_parser() -> common.Parser:
-    p = common.Parser("deepnet.py", __doc__.split("\n\n")[0])
+    p = common.Parser(
+        "deepnet.py",
+        __doc__.split("\n\n")[0],
+        "Without --dp-root/--dh-root: --demo (or --config demo...) runs on the bundled MNIST "
+        "digits, 0-4 as D_P and 5-9 as D_H, with θ₀ trained here; the paper's configurations "
+        "(--config resnet18-cars, ...) and --config folders need both roots; with none of these "
+        "flags nothing runs.",
+    )
     p.add_argument(
         "--config",
         choices=sorted({*CONFIGS, *GROUPS}),
         help="named configuration (folders with --dp-root); "
         + "; ".join(f"{g}: {', '.join(c)}" for g, c in GROUPS.items()),
     )
-    p.add_argument("--demo", action="store_true", help="CPU demo: " + ", ".join(GROUPS["demo"]))
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="CPU demo: " + ", ".join(GROUPS["demo"]) + " on the bundled MNIST digits",
+    )
     p.add_argument(
         "--model", help="any timm model name (timm.list_models()); replaces the configuration's"
     )
@@ -94,7 +90,7 @@ def build_parser() -> common.Parser:
         type=common.comma_list(choices=DEEP_METHODS),
         help="with --dp-root/--dh-root: one row per method on the layer (default: ours)",
     )
-    add_deep_options(p)
+    common.add_deep_options(p)
     p.add_argument(
         "--seeds",
         type=common.seeds,
@@ -106,7 +102,12 @@ def build_parser() -> common.Parser:
         type=common.count(1, 1024),
         help="torch threads (recorded; a result is reproducible for a seed AND a thread count)",
     )
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="where torch runs: auto is CUDA when torch sees a device, else the CPU",
+    )
     p.add_argument(
         "--jobs",
         type=common.count(1, common.MAX_JOBS),
@@ -122,88 +123,13 @@ def build_parser() -> common.Parser:
         help="recompute θ₀ and its side of the judge (by default kept in OUT/.cache for reruns "
         "on the demo digits, keyed by every setting and the code's source)",
     )
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress lines and no table on stdout (the files are written; errors and "
+        "warnings still go to stderr)",
+    )
     return p
-
-
-def add_deep_options(parser) -> None:
-    """A flag per field of :class:`pycore.deep.DeepOptions` (``--lambda-h`` sets ``lambda_h``),
-    absent unless typed: the configuration's options stay the default of every one."""
-    g = parser.add_argument_group("immunization options (default: the configuration's)")
-
-    def option(flag, **kwargs):
-        common.add_option(g, flag, DeepOptions, **kwargs)
-
-    flag = argparse.BooleanOptionalAction
-    option(
-        "--rule",
-        metavar="WORD",
-        help="ours: adaptive (the linear default's rule on the layer) or sgd (the paper's loop)",
-    )
-    option("--adaptive-steps", type=int, metavar="N", help="the adaptive rule's step budget")
-    option("--patience", type=int, metavar="N", help="the adaptive rule's patience (steps)")
-    option(
-        "--adaptive-lr",
-        type=common.float_or_none,
-        metavar="X|none",
-        help="the adaptive rule's Adam lr (none: 0.27/√D)",
-    )
-    option("--epochs", type=int, metavar="N", help="epochs of the paired D_P/D_H loader")
-    option("--max-steps", type=common.int_or_none, metavar="N|none", help="step cap")
-    option("--batch-size", type=int, metavar="N", help="samples per task and step, per rank")
-    option("--lr", type=float, metavar="X", help="the loop's learning rate")
-    option("--optimizer", metavar="WORD", help="the loop's optimizer: sgd (the paper's) or adam")
-    option("--momentum", type=float, metavar="X", help="SGD momentum")
-    option("--nesterov", action=flag, help="Nesterov momentum")
-    option("--weight-decay-extractor", type=float, metavar="X", help="weight decay of θ")
-    option("--weight-decay-classifier", type=float, metavar="X", help="of the classifier")
-    option("--label-smoothing", type=float, metavar="X", help="of the D_P cross-entropy")
-    option("--lambda-p", type=float, metavar="X", help="R_well weight (with --balance none)")
-    option("--lambda-h", type=float, metavar="X", help="R_ill weight (with --balance none)")
-    option("--lambda-kappa", type=float, metavar="X", help="Opt κ weight")
-    option("--lambda-imma", type=float, metavar="X", help="IMMA harmful-loss weight")
-    option(
-        "--balance",
-        type=common.float_or_none,
-        metavar="X|none",
-        help="λ = b·‖∇CE‖/‖∇term‖ (App. C.2); none: the fixed --lambda-* values",
-    )
-    option(
-        "--balance-every", type=int, metavar="N", help="steps between balances (0: step 0 only)"
-    )
-    option(
-        "--balance-ill",
-        type=common.float_or_none,
-        metavar="X|none",
-        help="the balance of the R_ill term alone (the trade-off sweep)",
-    )
-    option("--imma-inner-steps", type=int, metavar="N", help="IMMA: unrolled attacker steps")
-    option("--kstep-steps", type=int, metavar="N", help="kstep: the GD probe's steps k of E_k")
-    option("--imma-inner-lr", type=float, metavar="X", help="IMMA: attacker step (1/λ_max units)")
-    option(
-        "--ridge-rel", type=float, metavar="X", help="preconditioner ridge, relative to tr(XᵀX)/N"
-    )
-    option(
-        "--scope",
-        metavar="WORD",
-        help="layer: the immunization layer alone; tail: also the backbone's last --stages stages",
-    )
-    option("--stages", type=int, metavar="N", help="--scope tail: the backbone's last stages")
-    option("--virtual-ranks", type=int, metavar="N", help="reproduce N ranks' objective in one")
-    option("--harden", metavar="WORD", help="also measure every row hardened this way")
-    option("--harden-scale", type=float, metavar="X", help="strength of --harden")
-    option("--normalize", action=flag, help="steps in unit-scale features")
-    option(
-        "--fold-batchnorm",
-        action=flag,
-        help="scope tail: fold the trained BatchNorms into their convolutions first",
-    )
-    option(
-        "--dp-tolerance",
-        type=common.float_or_none,
-        metavar="X|none",
-        help="end on the last state within this many %% of D_P's top-1",
-    )
 
 
 def _first_image_size(root: Path) -> tuple[int, int] | None:
@@ -219,7 +145,16 @@ def _first_image_size(root: Path) -> tuple[int, int] | None:
         return None
 
 
+def run_configs(*args, **kwargs):
+    """:func:`experiments.deep_pipeline.run_configs` (imported when the job runs)."""
+    from experiments.deep_pipeline import run_configs as run
+
+    return run(*args, **kwargs)
+
+
 def _own_side(rc) -> int:
+    from pycore.deep import create_model, model_normalization
+
     kwargs = {k: v for k, v in rc.model_kwargs.items() if k != "img_size"}
     return model_normalization(create_model(rc.model, 1, seed=0, **kwargs))["input_size"][-1]
 
@@ -232,8 +167,9 @@ def _image_side(root: Path, rc) -> int:
 
 
 def _check_roots(args) -> None:
-    """Each root holds train/ and the --val-split folder (a root with training/ failed later on
-    an AttributeError)."""
+    """The roots are two folders, each holding train/ and the --val-split folder (a root with
+    training/ failed later on an AttributeError)."""
+    common.distinct_roots(args.dp_root, args.dh_root)
     for flag, root in (("--dp-root", args.dp_root), ("--dh-root", args.dh_root)):
         missing = [s for s in ("train", args.val_split) if root and not (root / s).is_dir()]
         if missing:
@@ -250,6 +186,10 @@ def _check_input_size(rc, args) -> None:
     """The model takes its inputs at the side it will see (convnext_atto cannot take 28 px: a raw
     RuntimeError deep in the first step), and a side far above the images' is said, with what
     one image costs."""
+    import torch
+
+    from pycore.deep import create_model, model_normalization
+
     net = create_model(rc.model, 2, seed=0, **rc.model_kwargs).eval()
     side = model_normalization(net)["input_size"][-1]
     try:
@@ -273,16 +213,28 @@ def _check_input_size(rc, args) -> None:
         print(
             f"deepnet.py: warning: --img-size {args.img_size} upsamples D_P's "
             f"{size[0]}x{size[1]}-px images {args.img_size / max(size):.0f}×: each takes "
-            f"{one / 2**20:.0f} MiB as float32, a batch of {batch} "
-            f"{batch * one / 2**30:.1f} GiB",
+            f"{_bytes(one)} as float32, a batch of {batch} {_bytes(batch * one)}",
             file=sys.stderr,
             flush=True,
         )
 
 
+def _bytes(n: float) -> str:
+    """``n`` bytes in the largest binary unit that keeps it ≥ 1, to three digits."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.3g} {unit}" if n < 1000 else f"{n:.0f} {unit}"
+        n /= 1024
+
+
 def _check_classifier(rc, flag: str) -> None:
     """The model has the one linear classifier the layer feeds (a DeiT distilled pair has not):
     checked on the meta device (shapes, no weights), before any compute."""
+    import torch
+
+    from pycore import ParameterError
+    from pycore.deep import create_model, linear_classifier
+
     try:
         with torch.device("meta"):
             linear_classifier(create_model(rc.model, 2, **rc.model_kwargs))
@@ -293,6 +245,12 @@ def _check_classifier(rc, flag: str) -> None:
 def plan(args) -> list:
     """The configurations to run with the flags applied, every combination checked before
     compute."""
+    import torch
+
+    from experiments.deep_configs import CONFIGS, GROUPS, with_model
+    from experiments.deep_pipeline import Row
+    from pycore.deep import DeepOptions, options
+
     name = args.config or ("folders" if args.dp_root or args.dh_root else None)
     if (args.demo and args.config) or not (args.demo or name):
         raise common.UsageError("pass --demo, --config NAME, or --dp-root and --dh-root", "--demo")
@@ -435,6 +393,8 @@ def stage_extractor(folder, token, first_seed, config, model, row, seed, status)
     """on_extractor: the first seed's extractors and every last good model, each written whole
     under its temporary name (moved into place with the run's other outputs at its end); returns
     the final path."""
+    from pycore.deep import save_model
+
     if status == "immunized" and seed != first_seed:
         return None
     # a row's name is a file name's part, never a folder
@@ -447,15 +407,22 @@ def stage_extractor(folder, token, first_seed, config, model, row, seed, status)
 
 
 def _write_all(staged: list, token: str) -> None:
-    """Move every staged output into place, results.json files last; any failure or interruption
-    before that removes this run's temporaries and leaves every earlier output as it was."""
-    staged = sorted(staged, key=lambda p: p.name == "results.json")
-    for final in staged:
-        os.replace(_staged(final, token), final)
+    """Move every staged output of every configuration into place at once (:func:`common.commit`:
+    all or none); any failure or interruption before that removes this run's temporaries and
+    leaves every earlier output as it was."""
+    common.commit([(_staged(final, token), final) for final in staged])
 
 
 def main(argv=None) -> int:
     def body(args):
+        import torch
+
+        from experiments import deep_report
+        from experiments.deep_configs import PAPER_TABLE3
+        from experiments.deep_pipeline import RunOptions
+        from pycore.deep import init_from_env, shutdown
+        from pycore.report import dumps_json
+
         runs = plan(args)
         # --demo: one seed (the quick demo); a group of --config: three (demo-full)
         seeds = (

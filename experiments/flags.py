@@ -11,7 +11,9 @@ import argparse
 import dataclasses
 import math
 import sys
+import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 from experiments.outputs import UsageError
 from experiments.pool import MAX_JOBS, usable_cores
@@ -81,8 +83,15 @@ def comma_list(item=str, *, choices=None, max_items: int = MAX_ITEMS):
 
     def convert(t):
         parts = [p.strip() for p in t.split(",")]
-        if len(parts) > max_items or not all(parts):
-            raise ValueError(f"expected at most {max_items} non-empty items, got {t[:80]!r}")
+        if not t:
+            raise ValueError(
+                "is empty: give one item or more, comma-separated"
+                + (f" (from {','.join(choices)})" if choices is not None else "")
+            )
+        if not all(parts):
+            raise ValueError(f"an empty item in {t[:80]!r} (a comma too many?)")
+        if len(parts) > max_items:
+            raise ValueError(f"{len(parts)} items; at most {max_items}")
         values = [item(p) for p in parts]
         bad = [v for v in values if choices is not None and v not in choices]
         if bad or len(set(values)) != len(values):
@@ -125,12 +134,25 @@ def existing(kind: str = "file"):
     return flag_type("path", None, convert)
 
 
+def distinct_roots(dp_root, dh_root) -> None:
+    """``--dh-root`` is not ``--dp-root``'s folder: the attacker's images must be disjoint from
+    every image the defense saw (the reports say they are)."""
+    if dp_root and dh_root and Path(dp_root).resolve() == Path(dh_root).resolve():
+        raise UsageError(
+            f"{dh_root} is --dp-root's folder too: D_H's images (the attacker's) must be another "
+            "task's, disjoint from D_P's",
+            "--dh-root",
+        )
+
+
 class _Help(argparse.RawDescriptionHelpFormatter):
     """Each flag's help ends with its bound (the action's or its type's ``bound``) and default
     (the action's ``shown``, else its default)."""
 
     def _get_help_string(self, action):
         default = getattr(action, "shown", action.default)
+        if isinstance(default, (list, tuple)):  # as typed: a comma list
+            default = ",".join(map(str, default))
         notes = [getattr(action, "bound", None) or getattr(action.type, "bound", None)]
         if not any(default is x for x in (None, False, argparse.SUPPRESS)):
             notes.append(
@@ -144,9 +166,13 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (a :class:`UsageError`), no prefix abbreviations
     (``--seed`` is not ``--seeds``) and ``--debug``."""
 
-    def __init__(self, prog: str, description: str | None = None):
+    def __init__(self, prog: str, description: str | None = None, epilog: str | None = None):
         super().__init__(
-            prog=prog, description=description, formatter_class=_Help, allow_abbrev=False
+            prog=prog,
+            description=description,
+            epilog=epilog and textwrap.fill(epilog, 79),  # the raw formatter keeps lines
+            formatter_class=_Help,
+            allow_abbrev=False,
         )
         self.add_argument("--debug", action="store_true", help="on error, print the traceback")
 
@@ -337,6 +363,91 @@ def add_immunize_options(parser, preset: str | None, *, own_table: bool = False)
         choices=HARDENINGS,
         default="none",
         help="θ → θQ after the method (pycore.harden_result, docs/findings.md §5)",
+    )
+
+
+def add_deep_options(parser) -> None:
+    """A flag per field of :class:`pycore.deep.DeepOptions` (``--lambda-h`` sets ``lambda_h``),
+    absent unless typed: the configuration's options stay the default of every one. Each rule
+    comes from :mod:`experiments.deep_catalog` (``--help`` imports no torch); the library checks
+    the values."""
+    from experiments.deep_catalog import DEEP_OPTIONS
+
+    g = parser.add_argument_group("immunization options (default: the configuration's)")
+    rules = SimpleNamespace(describe=DEEP_OPTIONS.__getitem__)  # a flag of no field: KeyError
+
+    def option(flag, **kwargs):
+        add_option(g, flag, rules, **kwargs)
+
+    flag = argparse.BooleanOptionalAction
+    option(
+        "--rule",
+        metavar="WORD",
+        help="ours: adaptive (the linear default's rule on the layer) or sgd (the paper's loop)",
+    )
+    option("--adaptive-steps", type=int, metavar="N", help="the adaptive rule's step budget")
+    option("--patience", type=int, metavar="N", help="the adaptive rule's patience (steps)")
+    option(
+        "--adaptive-lr",
+        type=float_or_none,
+        metavar="X|none",
+        help="the adaptive rule's Adam lr (none: 0.27/√D)",
+    )
+    option("--epochs", type=int, metavar="N", help="epochs of the paired D_P/D_H loader")
+    option("--max-steps", type=int_or_none, metavar="N|none", help="step cap")
+    option("--batch-size", type=int, metavar="N", help="samples per task and step, per rank")
+    option("--lr", type=float, metavar="X", help="the loop's learning rate")
+    option("--optimizer", metavar="WORD", help="the loop's optimizer: sgd (the paper's) or adam")
+    option("--momentum", type=float, metavar="X", help="SGD momentum")
+    option("--nesterov", action=flag, help="Nesterov momentum")
+    option("--weight-decay-extractor", type=float, metavar="X", help="weight decay of θ")
+    option("--weight-decay-classifier", type=float, metavar="X", help="of the classifier")
+    option("--label-smoothing", type=float, metavar="X", help="of the D_P cross-entropy")
+    option("--lambda-p", type=float, metavar="X", help="R_well weight (with --balance none)")
+    option("--lambda-h", type=float, metavar="X", help="R_ill weight (with --balance none)")
+    option("--lambda-kappa", type=float, metavar="X", help="Opt κ weight")
+    option("--lambda-imma", type=float, metavar="X", help="IMMA harmful-loss weight")
+    option(
+        "--balance",
+        type=float_or_none,
+        metavar="X|none",
+        help="λ = b·‖∇CE‖/‖∇term‖ (App. C.2); none: the fixed --lambda-* values",
+    )
+    option(
+        "--balance-every", type=int, metavar="N", help="steps between balances (0: step 0 only)"
+    )
+    option(
+        "--balance-ill",
+        type=float_or_none,
+        metavar="X|none",
+        help="the balance of the R_ill term alone (the trade-off sweep)",
+    )
+    option("--imma-inner-steps", type=int, metavar="N", help="IMMA: unrolled attacker steps")
+    option("--kstep-steps", type=int, metavar="N", help="kstep: the GD probe's steps k of E_k")
+    option("--imma-inner-lr", type=float, metavar="X", help="IMMA: attacker step (1/λ_max units)")
+    option(
+        "--ridge-rel", type=float, metavar="X", help="preconditioner ridge, relative to tr(XᵀX)/N"
+    )
+    option(
+        "--scope",
+        metavar="WORD",
+        help="layer: the immunization layer alone; tail: also the backbone's last --stages stages",
+    )
+    option("--stages", type=int, metavar="N", help="--scope tail: the backbone's last stages")
+    option("--virtual-ranks", type=int, metavar="N", help="reproduce N ranks' objective in one")
+    option("--harden", metavar="WORD", help="also measure every row hardened this way")
+    option("--harden-scale", type=float, metavar="X", help="strength of --harden")
+    option("--normalize", action=flag, help="steps in unit-scale features")
+    option(
+        "--fold-batchnorm",
+        action=flag,
+        help="scope tail: fold the trained BatchNorms into their convolutions first",
+    )
+    option(
+        "--dp-tolerance",
+        type=float_or_none,
+        metavar="X|none",
+        help="end on the last state within this many %% of D_P's top-1",
     )
 
 

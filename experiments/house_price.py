@@ -305,8 +305,16 @@ def summarize_method(rows: list[dict]) -> dict:
 
 
 def run(args) -> tuple[dict, dict]:
-    """``(results, θ archive)``: every method and seed on the data of ``args``."""
+    """``(results, θ archive)``: every method and seed on the data of ``args``; a line at the
+    start and one per batch of runs as it ends."""
     t_start = time.perf_counter()
+    workers = max(1, min(args.jobs, common.usable_cores()))
+    where = args.data if args.target_p is not None else "the paper's House Prices data"
+    print(
+        f"{len(args.methods)} method(s) × {len(args.seeds)} seed(s), {args.protocol} protocol on "
+        f"{where}, {workers} worker(s)",
+        flush=True,
+    )
     if args.target_p is None:  # the paper's data (the Kaggle column set, checked by the loader)
         data = common.load_house_price_data(args)
     else:
@@ -349,9 +357,16 @@ def run(args) -> tuple[dict, dict]:
         )
     shared = Shared(train, heldout, args.immunizer, ceiling, EvaluationReference(train, heldout))
     jobs = batches(args.methods, args.seeds, args.immunizer, args.jobs)
-    done = common.pool_map(
-        functools.partial(run_batch, shared), jobs, args.jobs, desc="immunizing"
-    )
+
+    def said(k, job):
+        method, seeds = job
+        print(
+            f"  {LABELS.get(method, method)}, seed(s) {', '.join(map(str, seeds))}: done "
+            f"({k + 1}/{len(jobs)}, {time.perf_counter() - t_start:.0f} s)",
+            flush=True,
+        )
+
+    done = common.pool_map(functools.partial(run_batch, shared), jobs, args.jobs, done=said)
     outs = {(m, s): o for (m, seeds), batch in zip(jobs, done) for s, o in zip(seeds, batch)}
     per_method, thetas, archive = {m: [] for m in args.methods}, {}, {}
     for method in args.methods:

@@ -1,19 +1,22 @@
 """What a command leaves behind and how it ends (docs/cli.md "Errors, exit codes, signals" and
-"Outputs"): output files written whole or not at all (:func:`write_outputs`, checked before any
-compute by :func:`check_out`), and :func:`main`, the exit-code policy: one line per error, 2 for a
-usage error (:class:`UsageError`), 1 for a failed run (:class:`RunError`), 130/143 after SIGINT or
-SIGTERM (:class:`Terminated`).
+"Outputs"): a run's output files written all or none (:func:`write_outputs`, :func:`commit`;
+checked before any compute by :func:`check_out`), and :func:`main`, the exit-code policy: one line
+per error, 2 for a usage error (:class:`UsageError`), 1 for a failed run (:class:`RunError`),
+130/143 after SIGINT or SIGTERM (:class:`Terminated`), the line saying which outputs are new.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 import secrets
 import signal
 import sys
+import tempfile
 import threading
 import traceback
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 from pycore import ParameterError
@@ -57,6 +60,12 @@ def check_out(out, names=()) -> Path:
         raise UsageError(
             f"{first} is {'not a folder' if not first.is_dir() else 'not writable'}", "--out"
         )
+    try:  # tried, not asked: root may "access" /proc, where nothing can be made
+        os.rmdir(tempfile.mkdtemp(prefix=".out-check-", dir=first))
+    except OSError as exc:
+        raise UsageError(
+            f"nothing can be written in {first} ({exc.strerror or exc})", "--out"
+        ) from None
     blocked = _blocked(out, names)
     if blocked:
         raise UsageError(blocked, "--out")
@@ -90,32 +99,107 @@ def write_run(out, table: str, result: dict, files: dict) -> None:
 
 def write_outputs(out, files) -> list[Path]:
     """Write ``files`` (name → str, bytes, or a function writing the file at the path it is given)
-    into ``out`` in order, each under a temporary name then ``os.replace``d over ``out/name``: a
-    reader never sees half a file, and nothing is deleted but this call's own failed temporary.
-    A folder or symbolic link at any name is refused before the first file is written; an error
+    into ``out``, all or none: each in order under a temporary name beside its final one, then
+    all moved into place at once (:func:`commit`). A failure or an interrupt before the move
+    leaves every earlier output as it was and removes this call's temporaries, nothing else; a
+    folder or symbolic link at any name is refused before the first file is written; an error
     names the output, never the temporary file."""
     out = Path(out)
     blocked = _blocked(out, files)
     if blocked:
         raise RunError(f"{blocked}; nothing was written")
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, content in files.items():
-        final = out / name
-        tmp = final.with_name(f".{final.stem}.{os.getpid()}-{secrets.token_hex(4)}{final.suffix}")
-        try:
-            with open(tmp, "xb") as fh:  # exclusive: never another run's file
-                if not callable(content):
-                    fh.write(content.encode() if isinstance(content, str) else content)
-            if callable(content):
-                content(tmp)
-            os.replace(tmp, final)
-        except BaseException as exc:
+    token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    staged = []
+    try:
+        for name, content in files.items():
+            final = out / name
+            tmp = final.with_name(f".{final.stem}.{token}{final.suffix}")
+            staged.append((tmp, final))
+            try:
+                with open(tmp, "xb") as fh:  # exclusive: never another run's file
+                    if not callable(content):
+                        fh.write(content.encode() if isinstance(content, str) else content)
+                if callable(content):
+                    content(tmp)
+            except BaseException as exc:
+                _raise_for_output(exc, tmp, final)
+                raise
+        commit(staged)
+    finally:
+        for tmp, _ in staged:  # what was not moved: this call's own temporaries only
             tmp.unlink(missing_ok=True)
-            _raise_for_output(exc, tmp, final)
-            raise
-        written.append(final)
-    return written
+    return [final for _, final in staged]
+
+
+# The outputs a :func:`main` call has moved into place, so that an interrupted run's last line can
+# say which files are new (None outside main). A context variable, not an argument:
+# the commands write through helpers that main does not see.
+_COMMITTED: contextvars.ContextVar[list | None] = contextvars.ContextVar("committed", default=None)
+
+
+def _file_mode() -> int:
+    """The mode a new file gets under this process's umask (``0o666 & ~umask``), read without
+    changing the umask where /proc says it."""
+    try:
+        with open("/proc/self/status") as fh:
+            line = next(x for x in fh if x.startswith("Umask:"))
+        umask = int(line.split()[1], 8)
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+def commit(moves) -> None:
+    """Move each staged file ``tmp`` over its ``final`` (``moves``: ``(tmp, final)`` pairs in the
+    same folders), all at once: SIGINT and SIGTERM that arrive meanwhile are held until every file
+    is in place, then raised, so an interrupted run leaves all its outputs or none. Each file gets
+    the umask's mode (safetensors writes 0600). Only a failure of the move itself (or SIGKILL)
+    can leave some new and some old: the error names both."""
+    moves = [(Path(t), Path(f)) for t, f in moves]
+    mode, done = _file_mode(), []
+    with _signals_held():
+        try:
+            for tmp, final in moves:
+                os.chmod(tmp, mode)
+                os.replace(tmp, final)
+                done.append(final)
+        except OSError as exc:
+            new = ", ".join(str(f) for f in done) or "none"
+            old = ", ".join(str(f) for _, f in moves[len(done) :])
+            raise RunError(
+                f"moving the outputs into place failed at {moves[len(done)][1]} "
+                f"({exc.strerror or exc}): new: {new}; left as they were: {old}"
+            ) from None
+        finally:
+            record = _COMMITTED.get()
+            if record is not None:
+                record += done
+
+
+@contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM recorded, not acted on, inside the block, then handled as they would
+    have been (a Python handler runs in the main thread between bytecodes: holding them there
+    covers a signal delivered to any thread). An ignored or default disposition is left alone,
+    and off the main thread nothing can be held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held, seen = {}, []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            held[sig] = handler
+            signal.signal(sig, lambda signum, frame: seen.append((signum, frame)))
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        for signum, frame in seen[:1]:  # as the first one would have
+            held[signum](signum, frame)
 
 
 def _raise_for_output(exc: BaseException, tmp: Path, final: Path) -> None:
@@ -137,8 +221,9 @@ def _raise_terminated(signum, frame):
 
 
 def describe(exc: BaseException, parser) -> str:
-    """One line for ``exc``, led by the flag that sets its ``.parameter`` where there is one
-    (``parser``: the command's :class:`experiments.flags.Parser`, which knows its flags)."""
+    """One line for ``exc``, led by the flag that sets its ``.parameter`` (or gives the data of its
+    ``.argument``) where there is one (``parser``: the command's
+    :class:`experiments.flags.Parser`, which knows its flags)."""
     # "No space left on device: PATH", not "[Errno 28] ..."
     if isinstance(exc, OSError) and exc.strerror:
         msg = exc.strerror + (f": {exc.filename}" if exc.filename else "")
@@ -148,6 +233,8 @@ def describe(exc: BaseException, parser) -> str:
     if parameter:
         flag = parser.flag_for(parameter)
         msg = f"{flag}: {msg}" if flag else f"{msg} (setting {parameter!r})"
+    elif parser.flag_for(getattr(exc, "argument", None)):  # data a flag gave (DataError)
+        msg = f"{parser.flag_for(exc.argument)}: {msg}"
     # what a user or their data can cause
     expected = (
         isinstance(exc, (ValueError, OSError, FloatingPointError, RunError))
@@ -175,6 +262,8 @@ def main(parser, body, argv=None) -> int:
         f"{prog}: warning: {' '.join(str(m).split())}", file=sys.stderr, flush=True
     )
     code, line, err = EXIT_OK, None, None
+    written = []
+    token = _COMMITTED.set(written)
     try:
         code = int(body(parser.parse_args(argv)) or 0)
     except SystemExit as exc:  # --help
@@ -182,13 +271,14 @@ def main(parser, body, argv=None) -> int:
     except (KeyboardInterrupt, Terminated) as exc:
         sig = "SIGINT" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
         code, err = 128 + getattr(signal, sig), exc
-        line = f"interrupted ({sig}); earlier outputs left as they were"
+        line = f"interrupted ({sig}); {_what_was_written(written)}"
     except UsageError as exc:
         code, line, err = EXIT_USAGE, f"error: {' '.join(str(exc).split())}", exc
     except Exception as exc:  # noqa: BLE001 -- the policy: one line, the traceback only with --debug
         code = EXIT_USAGE if isinstance(exc, ParameterError) else EXIT_RUNTIME
         line, err = f"error: {describe(exc, parser)}", exc
     finally:
+        _COMMITTED.reset(token)
         warnings.showwarning = show
         if term is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, term)
@@ -199,6 +289,18 @@ def main(parser, body, argv=None) -> int:
     if as_script and code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
         _stop_past_threads(code)
     return code
+
+
+def _what_was_written(written: list) -> str:
+    """What an interrupted run left on disk, in words: its outputs, each whole (they are moved
+    into place together, after the computation), or none."""
+    if not written:
+        return "no output was written: earlier outputs left as they were"
+    folders = sorted({str(p.parent) for p in written})
+    return (
+        f"its outputs were all written first ({', '.join(p.name for p in written)} in "
+        f"{', '.join(folders)})"
+    )
 
 
 def _stop_past_threads(code: int) -> None:

@@ -1,9 +1,10 @@
 """The experiments' process pool (docs/cli.md "Outputs"): :func:`pool_map` and :func:`pool_chain`
-over forked ``concurrent.futures`` workers, one BLAS thread per task, every worker killed on any
-error or signal, and a worker that dies named by the task it ran (:class:`WorkerDiedError`).
+over ``concurrent.futures`` workers, one BLAS thread per task, every worker killed on any error or
+signal, and a worker that dies named by the task it ran (:class:`WorkerDiedError`).
 
-A task gets everything it needs as its value (a job, or arguments bound with
-``functools.partial``), pickled with it; results come back as values.
+Workers are forked, or spawned for tasks that run torch (``start``: see :data:`START`). A task
+gets everything it needs as its value (a job, or arguments bound with ``functools.partial``),
+pickled with it; results come back as values.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from experiments.outputs import RunError
 
@@ -39,6 +40,14 @@ def usable_cores() -> int:
     )
 
 
+# How a pool starts its workers. "fork" (the default: nothing is imported again) for tasks that
+# never run torch, the linear commands'; "spawn" (a fresh interpreter) for tasks that do. torch's
+# CPU kernels run on an OpenMP thread team (GNU libgomp) that does not survive a fork: a forked
+# worker whose first parallel region joins the team waits for ever on threads it does not have
+# (deepnet.py --jobs 2 hung so, parent and workers asleep on futexes).
+START = ("fork", "spawn")
+
+
 def _watch_parent(parent: int) -> None:
     # the parent died, even by SIGKILL: its workers must not outlive it
     while os.getppid() == parent:
@@ -49,7 +58,7 @@ def _watch_parent(parent: int) -> None:
 # The one piece of module state, and only in a worker process: (the pool's shared array of
 # running tasks, this worker's slot in it), set once by the pool's initializer, so that the parent
 # can name the task of a worker that died. It cannot travel with the tasks: a shared-memory array
-# reaches a process only by inheritance (the fork and the initializer's arguments), and a task,
+# reaches a process only as it starts (the initializer's arguments), and a task,
 # which the pool pickles by name, reaches what the initializer set only through its module.
 _SLOT = None
 
@@ -62,7 +71,7 @@ def _worker_init(parent: int, slots) -> None:
     pids[slot], _SLOT = os.getpid(), (running, slot)
     # Ctrl-C reaches the group: the parent stops the pool
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (forked)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler (when forked)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
 
@@ -91,11 +100,14 @@ def _label(item) -> str:
 
 
 @contextmanager
-def _workers(n: int, tasks=None):
-    """A fork pool of ``n`` workers; on any exception, Ctrl-C or SIGTERM in the block every worker
-    is killed first. A task submitted through :func:`_tracked` with its index in ``tasks`` (the
-    items, as submitted) is named when the worker running it dies (:class:`WorkerDiedError`)."""
-    ctx = multiprocessing.get_context("fork")
+def _workers(n: int, tasks=None, start: str = "fork"):
+    """A pool of ``n`` workers started by ``start`` (:data:`START`); on any exception, Ctrl-C or
+    SIGTERM in the block every worker is killed first. A task submitted through :func:`_tracked`
+    with its index in ``tasks`` (the items, as submitted) is named when the worker running it dies
+    (:class:`WorkerDiedError`)."""
+    if start not in START:
+        raise ValueError(f"start must be one of {START}, not {start!r}")
+    ctx = multiprocessing.get_context(start)
     slots = (ctx.Array("q", n, lock=False), ctx.Array("q", n, lock=False), ctx.Value("i", 0))
     ex = ProcessPoolExecutor(
         n, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(), slots)
@@ -149,29 +161,41 @@ def _died(ex, slots, items) -> WorkerDiedError | None:
     )
 
 
-def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
-    """``[fn(x) for x in items]`` over at most ``jobs`` forked workers (none for one task); on any
+def pool_map(
+    fn, items, jobs: int, desc: str | None = None, done=None, start: str = "fork"
+) -> list:
+    """``[fn(x) for x in items]`` over at most ``jobs`` workers (none for one task); on any
     exception, Ctrl-C or SIGTERM every worker is killed first; a worker's exception arrives as
     itself.  ``fn`` is pickled with each item: data every item needs is bound to it
-    (``functools.partial(fn, data)``) and travels with each task."""
+    (``functools.partial(fn, data)``) and travels with each task.  Progress: ``done(k, item)``
+    as the k-th result arrives, in order (else a bar named ``desc`` on a terminal).  ``start``:
+    how the workers start (:data:`START`; ``"spawn"`` for tasks that run torch)."""
     from pycore.report import progress
 
     items = list(items)
     n = max(1, min(jobs, len(items), usable_cores()))
-    if n == 1:
-        return [_task(fn, x) for x in progress(items, desc=desc)]
-    with _workers(n, items) as ex:
-        results = ex.map(functools.partial(_tracked, fn), range(len(items)), items)
-        return list(progress(results, total=len(items), desc=desc))
+    with _workers(n, items, start) if n > 1 else nullcontext() as ex:
+        results = (
+            ex.map(functools.partial(_tracked, fn), range(len(items)), items)
+            if n > 1
+            else (_task(fn, x) for x in items)
+        )
+        if done is None:
+            return list(progress(results, total=len(items), desc=desc))
+        out = []
+        for k, r in enumerate(results):
+            out.append(r)
+            done(k, items[k])
+        return out
 
 
-def pool_chain(first, then, items, jobs: int, on_done=None) -> list:
+def pool_chain(first, then, items, jobs: int, start: str = "fork", on_done=None) -> list:
     """Two stages in one pool: ``first(x)`` returns ``(result, follow_ups)`` and every follow-up
     ``y`` runs as ``then(y)`` as soon as its ``first`` has returned, on whichever worker is free
     (a long ``first`` no longer holds its follow-ups on one worker).  Returns ``[(result,
-    [then(y) for y in follow_ups]), ...]`` in the order of ``items``; errors and interrupts as
-    :func:`pool_map`. ``on_done(stage, task)`` (``stage`` "first" or "then"), if given, is called
-    in this process as each task finishes (a progress line)."""
+    [then(y) for y in follow_ups]), ...]`` in the order of ``items``; errors, interrupts and
+    ``start`` as :func:`pool_map`. ``on_done(stage, task)`` (``stage`` "first" or "then"), if
+    given, is called in this process as each task finishes (a progress line)."""
     items = list(items)
     n = min(jobs, usable_cores())
     done_cb = on_done or (lambda stage, task: None)
@@ -193,7 +217,7 @@ def pool_chain(first, then, items, jobs: int, on_done=None) -> list:
         tasks.append(x)
         return ex.submit(_tracked, fn, len(tasks) - 1, x)
 
-    with _workers(n, tasks=tasks) as ex:
+    with _workers(n, tasks, start) as ex:
         pending = {ex.submit(_tracked, first, i, x): (i, None, x) for i, x in enumerate(items)}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)

@@ -33,7 +33,7 @@ class Experiment(NamedTuple):
 
 EXPERIMENTS = [
     Experiment(
-        "House Prices, paper protocol (paper Table 1)",
+        "House Prices, paper protocol (paper Table 1; the README's first table)",
         "The paper's 79 inputs, D_P = rows with `MSZoning` ≠ RL (target `LotArea`), D_H "
         "= the RL rows "
         "(target `SalePrice`), 200 training rows each, 5 seeds, every method with the "
@@ -44,7 +44,7 @@ EXPERIMENTS = [
         check=True,
     ),
     Experiment(
-        "House Prices, strict protocol (the README's table)",
+        "House Prices, strict protocol (the README's second table)",
         "The same rows with the inputs constant on D_P's training rows dropped and "
         "every input projected "
         "onto range(K_P) (docs/theory.md §10), the `strict` preset (the paper's Table 4 "

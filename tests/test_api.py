@@ -8,6 +8,7 @@ import inspect
 import json
 import pickle
 import re
+import warnings
 from dataclasses import fields
 from pathlib import Path
 
@@ -64,8 +65,12 @@ def test_readme_library_section_runs_as_written():
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 2, "README.md's library section lost a python block"
     scope = {}
-    for source in blocks:  # a failure's traceback names the block's line
-        exec(compile(source, "README.md (library section)", "exec"), scope)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for source in blocks:  # a failure's traceback names the block's line
+            exec(compile(source, "README.md (library section)", "exec"), scope)
+    # what the examples print beside their results, the section says (and why)
+    assert {type(w.message).__name__ for w in said} <= set(re.findall(r"`(\w+Warning)`", section))
     assert isinstance(scope["res"].immunized, bool) and np.isfinite(scope["res"].rir)
     assert np.isfinite(scope["ev"].train.rir) and scope["ev"].train.dp_loss_after >= 0
     assert scope["attack"].worst.slowdown > 0

@@ -5,6 +5,9 @@ pipeline's own extractors; the flags checked before compute."""
 
 import json
 import os
+import re
+import subprocess
+import sys
 from argparse import Namespace
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +19,7 @@ import torch
 from experiments import audit, common, deep_configs, deep_report, deepnet
 from experiments.deep_pipeline import Row, RunConfig, RunOptions, Sizes, run_configs
 from pycore.deep import (
+    DataError,
     DeepOptions,
     ImmunizedNet,
     Schedule,
@@ -31,6 +35,7 @@ from tests.cli_helpers import call, one_line
 from tests.helpers import image_root, lying_checkpoint
 
 torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
 
 SCHEDULE = Schedule(batch_size=8, min_steps=5, probe_max_steps=20, deep_max_steps=4)
 # MNIST 0-4 vs 5-9 at 32 px on timm's test ResNet: a layer-only row and a tail row, four
@@ -156,10 +161,19 @@ def test_results_hold_every_rows_worth_per_seed_and_every_operators_cost(pipelin
         assert (tmp_path / "p.png").stat().st_size > 1000
 
 
-def test_worker_processes_give_every_number_again(pipeline):
+def test_worker_processes_give_every_number_again(pipeline, monkeypatch):
     """``jobs = 2``: θ₀ and its budgets in one worker, each row in whichever worker is free: the
-    same numbers as in one process."""
+    same numbers as in one process; the workers are spawned (a forked one hung on torch's OpenMP
+    threads: tests/test_pool.py)."""
+    starts, chain = [], common.pool_chain
+
+    def spy(*a, **k):
+        starts.append(k.get("start", "fork"))
+        return chain(*a, **k)
+
+    monkeypatch.setattr(common, "pool_chain", spy)
     (res,) = run_configs([TINY], [0], RunOptions(quiet=True), init_from_env("cpu"), jobs=2)
+    assert starts == ["spawn"]
     assert [_timeless(s) for s in res["per_seed"]] == [
         _timeless(s) for s in pipeline[0]["per_seed"]
     ]
@@ -173,7 +187,7 @@ def test_worker_processes_give_every_number_again(pipeline):
 @pytest.fixture
 def tiny_demo(monkeypatch):
     """audit.py's images without roots are the demo's: at TINY's sizes here."""
-    monkeypatch.setitem(deep_configs.CONFIGS, "demo-resnet18", TINY)
+    monkeypatch.setitem(deep_configs.CONFIGS, "demo-full-resnet18", TINY)
 
 
 def test_audit_reproduces_the_pipeline(pipeline, tiny_demo, tmp_path):
@@ -223,6 +237,14 @@ def test_audit_errors_name_the_flag_before_any_compute(
         (["--model", init, "--reference", init, "--max-steps", "1e9"], "--max-steps"),
         (["--model", init, "--reference", init, "--operators", "gd,lbfgs"], "--operators"),
         (["--model", init, "--reference", init, "--epochs", "3"], "--epochs"),  # gone
+        (["--model", init, "--reference", init, "--img-size", "64"], "--img-size"),  # no backbone
+        (
+            ["--model", init, "--reference", init, "--dp-root", str(tmp_path)]
+            + ["--dh-root", str(tmp_path)],
+            "--dh-root",
+        ),
+        # TINY's defense has 32 rows per task: groups of 33 cannot be drawn
+        (["--model", init, "--reference", init, "--rir-group-size", "33"], "--rir-group-size"),
     ):
         rc, err = _one_line_error(capsys, audit, [*argv, *out])
         assert rc == 2 and flag in err, err
@@ -255,6 +277,26 @@ def test_audit_names_the_flag_of_a_checkpoint_whose_metadata_lies(capsys, tmp_pa
 # --- deepnet.py on one's own ImageFolder roots --------------------------------------------------
 
 
+def small_folders():
+    """The "folders" configuration with its sizes and schedule cut to a few images."""
+    return replace(
+        deep_configs.CONFIGS["folders"],
+        sizes=Sizes(
+            defense=8,
+            dp_val=4,
+            attack_train=4,
+            attack_val=4,
+            attack_test=4,
+            more_data=1,
+            dp_attack=False,
+        ),
+        rir_groups=2,
+        rir_group_size=8,
+        schedule=SCHEDULE,
+        operators=("gd", "adam"),
+    )
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """deepnet.py with nothing but two ImageFolder roots of 32 px PNGs (two classes each; a colour
@@ -271,22 +313,7 @@ def folders(tmp_path_factory):
                     a = rng.integers(0, 120, (32, 32, 3), dtype=np.uint8)
                     a[..., c + shift] += 120
                     Image.fromarray(a).save(tmp / root / split / f"class{c}" / f"{i}.png")
-    small = replace(
-        deep_configs.CONFIGS["folders"],
-        sizes=Sizes(
-            defense=8,
-            dp_val=4,
-            attack_train=4,
-            attack_val=4,
-            attack_test=4,
-            more_data=1,
-            dp_attack=False,
-        ),
-        rir_groups=2,
-        rir_group_size=8,
-        schedule=SCHEDULE,
-        operators=("gd", "adam"),
-    )
+    small = small_folders()
     mp = pytest.MonkeyPatch()
     mp.setitem(deep_configs.CONFIGS, "folders", small)
     dp, dh, out = tmp / "dp", tmp / "dh", tmp / "out"
@@ -317,6 +344,46 @@ def test_own_image_folders_run_end_to_end(folders):
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
     theta0, _ = load_model(out / "extractor_init.safetensors")
     assert theta0.classifier.out_features == 2
+    images = res["per_seed"][0]["images"]
+    assert (images["defense_p"], images["defense_h"], images["attack_test"]) == (8, 8, 4)
+
+
+def test_the_table_gives_the_images_each_split_held(folders):
+    """The report's counts are the images the run had (a folder shrinks every split), not the
+    configuration's nominal sizes."""
+    res = json.loads(json.dumps(folders["result"]))
+    res["per_seed"][0]["images"].update(defense_p=65, defense_h=71, attack_train=17)
+    words = re.findall(r"\d+", deep_report.table_markdown(res))
+    assert {"65", "71", "17"} <= set(words)
+
+
+def test_own_folders_with_the_default_flags_finish(tmp_path):
+    """The command a user types first (default --jobs, two torch threads) ends, in a process of
+    its own, within a timeout: its workers, forked from a parent whose torch had run its OpenMP
+    threads, waited on them for ever (one seed of one row now runs without a pool; a pool's
+    workers are spawned: tests/test_pool.py). The folders configuration's sizes are cut to the
+    images (small_folders)."""
+    roots = _deep_roots(tmp_path, side=16, n=8)
+    code = (
+        "import sys, torch\nfrom experiments import deep_configs, deepnet\n"
+        "from tests.test_deep_audit import small_folders\n"
+        "deep_configs.CONFIGS['folders'] = small_folders()\n"
+        "torch.set_num_threads(2)  # torch's default here, which importing this module pins to 1\n"
+        "sys.exit(deepnet.main(sys.argv[1:]))\n"
+    )
+    argv = [*roots, "--model", "resnet10t", "--seeds", "1", "--methods", "ours"]
+    argv += ["--theta0-epochs", "1", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "out" / "folders" / "results.json").read_text())
+    assert list(res["rows"]) == ["init", "ours"] and not res["errors"]
 
 
 def test_deepnet_has_a_flag_per_deep_option():
@@ -448,9 +515,9 @@ def test_an_interrupted_rerun_leaves_every_earlier_output_as_it_was(
 # --- deepnet.py: the layout of the roots, the image size, the threads, θ₀ near chance ---------
 
 
-def _deep_roots(tmp_path, side=16, dp_split="train"):
+def _deep_roots(tmp_path, side=16, dp_split="train", n=3):
     for root, split in (("dp", dp_split), ("dp", "val"), ("dh", "train"), ("dh", "val")):
-        image_root(tmp_path / root / split, side=side)
+        image_root(tmp_path / root / split, side=side, n=n)
     return ["--dp-root", str(tmp_path / "dp"), "--dh-root", str(tmp_path / "dh")]
 
 
@@ -466,6 +533,31 @@ def test_a_root_without_train_names_the_layout(capsys, tmp_path, monkeypatch):
     argv = [*_deep_roots(tmp_path, dp_split="training"), "--theta0-epochs", "1"]
     rc, err = call(capsys, deepnet, [*argv, "--out", str(tmp_path / "o")])
     assert rc == 2 and one_line(err, "--dp-root", "train/", "training/")
+
+
+def test_one_folder_as_both_roots_is_refused(capsys, tmp_path, monkeypatch):
+    """D_H's folder is D_P's (by another path): the attacker's images would be the defense's."""
+    _no_compute(monkeypatch)
+    roots = _deep_roots(tmp_path)
+    (tmp_path / "link").symlink_to(tmp_path / "dp")
+    argv = [*roots[:2], "--dh-root", str(tmp_path / "link"), "--theta0-epochs", "1"]
+    rc, err = call(capsys, deepnet, [*argv, "--out", str(tmp_path / "o")])
+    assert rc == 2 and one_line(err, "--dh-root")
+
+
+def test_too_few_images_say_how_many_each_folder_needs():
+    """A folder below what its splits need, shrunk alike, is a DataError naming its flag's
+    argument and the number of images that would do (one fewer would not)."""
+    from experiments.deep_pipeline import MIN_SPLIT_IMAGES, _fit
+
+    sizes = {"defense": 500, "validation": 250, "train": 128, "watch": 64, "test": 128}
+    with pytest.raises(DataError) as e:
+        _fit(sizes, 12, "D_P", "dp_root")
+    need = next(n for n in range(12, 2000) if min(int(k * n / 1070) for k in sizes.values()) >= 8)
+    assert e.value.argument == "dp_root" and str(need) in re.findall(r"\d+", str(e.value))
+    assert min(_fit(sizes, need, "D_P", "dp_root")) == MIN_SPLIT_IMAGES
+    with pytest.raises(DataError):
+        _fit(sizes, need - 1, "D_P", "dp_root")
 
 
 def test_a_model_too_small_for_the_images_asks_for_img_size(capsys, tmp_path, monkeypatch):
@@ -487,6 +579,22 @@ def test_a_huge_img_size_is_said_and_threads_are_capped(capsys, tmp_path, monkey
     assert any("--img-size" in line and "4096" in line for line in warned), err
     assert any("--threads" in line for line in warned), err
     assert common.thread_count(1024, "x") == common.usable_cores()
+
+
+def test_the_cost_of_an_upsampled_image_is_said_in_units_that_fit(capsys, tmp_path, monkeypatch):
+    """--img-size 100 on 16-px images: one image is 3·100²·4 bytes as float32, a batch that many
+    times the batch (both said as nonzero numbers in their units)."""
+    _no_compute(monkeypatch)
+    argv = [*_deep_roots(tmp_path), "--theta0-epochs", "1", "--img-size", "100"]
+    deepnet.main([*argv, "--out", str(tmp_path / "o")])
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "--img-size" in x]
+    units = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    words = line.replace(",", " ").split()
+    said = [float(w) * units[u] for w, u in zip(words, words[1:]) if u in units]
+    one = 3 * 100**2 * 4
+    assert said[0] == pytest.approx(one, rel=0.01)
+    batch = said[1] / said[0]
+    assert batch == pytest.approx(round(batch), rel=0.01) and round(batch) > 1
 
 
 def test_theta0_near_chance_is_flagged_by_its_majority_class_and_source():

@@ -4,6 +4,8 @@ random-init timm models at 32 px, a few steps each."""
 import copy
 import os
 import socket
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,6 +46,7 @@ from pycore.deep import (
 )
 
 torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _data(n, seed, classes=3):
@@ -508,19 +511,38 @@ def _ddp_worker(rank, port, out):
     shutdown()
 
 
-def test_ddp_gloo_two_processes_match_virtual_ranks_and_stop_together(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def _ddp_pair(port: int, out: str) -> list:
+    """Both ranks' exit codes: two workers forked from this process (a fresh interpreter: see the
+    test), joined."""
     fork = torch.multiprocessing.get_context("fork")  # the workers need no new torch import
-    workers = [
-        fork.Process(target=_ddp_worker, args=(r, port, str(tmp_path / "ddp"))) for r in (0, 1)
-    ]
+    workers = [fork.Process(target=_ddp_worker, args=(r, port, out)) for r in (0, 1)]
     for w in workers:
         w.start()
     for w in workers:
         w.join(300)
-    assert [w.exitcode for w in workers] == [0, 0]
+    return [w.exitcode for w in workers]
+
+
+def test_ddp_gloo_two_processes_match_virtual_ranks_and_stop_together(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # the ranks fork from a fresh interpreter, not from this one: a fork inherits whatever
+    # threads and state earlier tests left here (torch's OpenMP team hangs a forked child)
+    code = (
+        "import sys\nfrom tests.test_deepnet import _ddp_pair\n"
+        f"codes = _ddp_pair({port}, {str(tmp_path / 'ddp')!r})\n"
+        "print(codes)\nsys.exit(0 if codes == [0, 0] else 1)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     got = [torch.load(f"{tmp_path / 'ddp'}.{r}", weights_only=True) for r in (0, 1)]
     assert got[0]["stop"] == got[1]["stop"] == 0  # NaN on one rank: both stop at step 0
     m, res = _ddp_run(opts={"virtual_ranks": 2})

@@ -8,6 +8,9 @@ Each case checks the exit code and that the flag is in the one line, never the m
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,7 @@ from experiments import attacks, common, frontier, house_price, mnist
 from tests.cli_helpers import call, one_line
 
 SCRIPTS = (house_price, mnist, frontier, attacks)
+ROOT = Path(__file__).resolve().parents[1]
 
 USAGE_CASES = [  # (module, argv, the flag the one line must name)
     (house_price, ["--seeds", "4-2"], "--seeds"),
@@ -33,6 +37,8 @@ USAGE_CASES = [  # (module, argv, the flag the one line must name)
     (house_price, ["--methods", "ours,bogus"], "--methods"),
     (house_price, ["--methods", "ours,ours"], "--methods"),
     (house_price, ["--methods", ","], "--methods"),
+    (house_price, ["--methods", ""], "--methods"),
+    (mnist, ["--pairs", ""], "--pairs"),
     (house_price, ["--precond", "magic"], "--precond"),
     (house_price, ["--methods", "closed_form", "--exponent", "nan"], "--exponent"),
     (house_price, ["--methods", "ours", "--precond", "ridge", "--ridge", "0"], "--ridge"),
@@ -114,3 +120,46 @@ def test_every_count_flag_refuses_a_value_past_its_bound(mod):
     for action in counts:
         with pytest.raises(argparse.ArgumentTypeError):
             action.type(huge[action.type.__name__])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["experiments/deepnet.py"],
+        ["-m", "experiments.audit"],
+        ["experiments/house_price.py"],
+        ["experiments/mnist.py"],
+        ["experiments/attacks.py"],
+        ["experiments/frontier.py"],
+    ],
+    ids=lambda a: a[-1],
+)
+def test_help_answers_without_importing_torch(argv):
+    """``--help`` prints the flags (exit 0) and never loads torch or timm (seconds of imports):
+    checked on the modules a fresh interpreter holds after it."""
+    run = (
+        f"runpy.run_module({argv[1]!r}, run_name='__main__', alter_sys=True)"
+        if argv[0] == "-m"
+        else f"runpy.run_path({argv[0]!r}, run_name='__main__')"
+    )
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = [{argv[-1]!r}, '--help']\n"
+        "try:\n"
+        f"    {run}\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code in (0, None), exc.code\n"
+        "print(sorted(m for m in ('torch', 'timm', 'torchvision') if m in sys.modules))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--out" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_deep_catalog_is_what_the_library_and_configurations_hold():
+    """experiments/deep_catalog.py (what the deep --help prints without torch) is current."""
+    from scripts import deep_catalog
+
+    assert (ROOT / "experiments" / "deep_catalog.py").read_text() == deep_catalog.render()

@@ -127,6 +127,31 @@ def test_the_experiment_end_to_end(capsys, tmp_path):
     assert "Ours" in capsys.readouterr().out
 
 
+def test_the_run_speaks_before_loading_and_after_each_batch(capsys, tmp_path, monkeypatch):
+    """A line before the data is even read, and one as each batch of runs ends (the main job ran
+    silent for 20 s)."""
+    from experiments import common
+
+    seen = []  # what stdout held at each step, consumed as it goes
+    load, run_batch = common.load_house_price_data, house_price.run_batch
+
+    def spy(name, fn):
+        def wrapped(*a, **k):
+            seen.append((name, capsys.readouterr().out))
+            return fn(*a, **k)
+
+        return wrapped
+
+    monkeypatch.setattr(common, "load_house_price_data", spy("load", load))
+    monkeypatch.setattr(house_price, "run_batch", spy("batch", run_batch))
+    argv = ["--seeds", "1", "--methods", "identity,closed_form,ours", "--epochs", "2"]
+    argv += ["--probe-steps", "2", "--jobs", "1", "--no-plot", "--out", str(tmp_path / "o")]
+    assert house_price.main(argv) == 0
+    assert [n for n, _ in seen] == ["load", "batch", "batch", "batch"]
+    assert seen[0][1].strip()  # said before the data was read
+    assert [len(out.splitlines()) for _, out in seen[2:]] == [1, 1]  # one line per batch ended
+
+
 def test_presets_and_typed_options_reach_the_library(data, own_csv):
     """The paper's data runs the paper's presets (its tables must not move), a table of one's own
     the library defaults; typed options beat either, method by method."""

@@ -214,8 +214,8 @@ def test_a_concurrent_run_cannot_remove_a_live_runs_files(tmp_path):
         tmp_path, {"table.md": "A", "fig.png": a_writes_its_figure, "results.json": "A"}
     )
     assert seen["a_tmp_alive"]
-    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {
-        "table.md": "B",
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {  # A's set, moved in whole
+        "table.md": "A",
         "fig.png": "A's figure",
         "results.json": "A",
     }
@@ -241,30 +241,85 @@ def test_an_interrupted_or_failed_run_leaves_the_previous_outputs(
     assert _snapshot(out) == before
 
 
-def test_a_failure_while_writing_leaves_no_partial_file(capsys, tmp_path, monkeypatch):
-    """The figure fails half-way: the files already replaced are complete, results.json (written
-    last) is still the previous run's, and no temporary file is left behind."""
+@pytest.mark.parametrize("exc,code", [(OSError(28, "No space left on device"), 1), (None, 130)])
+def test_a_failure_or_interrupt_while_writing_leaves_every_earlier_output(
+    capsys, tmp_path, monkeypatch, exc, code
+):
+    """The figure, written after table.md, fails half-way or is interrupted (Ctrl-C): every
+    earlier output is left byte for byte (none new beside old ones), and no temporary file."""
     out = tmp_path / "hp"
     argv = [*TINY, "--out", str(out)]
     assert house_price.main(argv) == 0
-    old = (out / "results.json").read_bytes()
+    before = _snapshot(out)
 
     def broken_plot(result, path):
         Path(path).write_bytes(b"half a png")
-        raise OSError(28, "No space left on device")
+        raise exc or KeyboardInterrupt()
 
     monkeypatch.setattr(house_price, "plot_norm_ratio", broken_plot)
     rc, err = call(capsys, house_price, [a for a in argv if a != "--no-plot"])
-    assert rc == 1 and one_line(err)
-    assert (out / "results.json").read_bytes() == old
-    assert sorted(p.name for p in out.iterdir()) == ["results.json", "table.md", "thetas.npz"]
+    assert rc == code and one_line(err)
+    assert _snapshot(out) == before
 
 
-@pytest.mark.parametrize("make", ["file", "under_a_file", "output_name_is_a_folder", "read_only"])
+def test_sigint_while_the_outputs_move_into_place_leaves_them_all_new(capsys, tmp_path):
+    """SIGINT arrives between the moves of two output files (results.json's is the last): the
+    run ends 130 with every output new (none of the earlier run's beside them)."""
+    out = tmp_path / "hp"
+    argv = [*HP_TINY, "--out", str(out)]
+    assert house_price.main(argv) == 0
+    capsys.readouterr()
+    old = {p.name: p.stat().st_ino for p in out.iterdir()}
+    code = (
+        "import os, signal, sys\nfrom experiments import house_price\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal\n"
+        "real = os.replace\n"
+        "def replace(src, dst):\n"
+        "    if os.path.basename(dst) == 'results.json':  # a file moved before it, one after\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return real(src, dst)\n"
+        "os.replace = replace\n"
+        "sys.exit(house_price.main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 130, proc.stderr
+    new = {p.name: p.stat().st_ino for p in out.iterdir()}
+    assert set(new) == set(old) and all(new[n] != old[n] for n in old)  # each file replaced
+
+
+def test_commit_gives_every_output_the_umasks_mode(tmp_path):
+    """A staged file written 0600 (as safetensors writes) lands with the mode every other output
+    gets under the umask."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    staged, plain = tmp_path / ".m.tmp", tmp_path / "plain.txt"
+    staged.write_bytes(b"weights")
+    staged.chmod(0o600)
+    common.write_outputs(tmp_path, {"plain.txt": "x"})
+    common.commit([(staged, tmp_path / "extractor_ours.safetensors")])
+    mode = (tmp_path / "extractor_ours.safetensors").stat().st_mode & 0o777
+    assert mode == plain.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+@pytest.mark.parametrize(
+    "make", ["file", "under_a_file", "output_name_is_a_folder", "read_only", "in_proc"]
+)
 def test_out_is_checked_before_any_compute(tripwire, capsys, tmp_path, monkeypatch, make):
+    """Among them a folder where nothing can be made even by root (/proc/x)."""
+    if make == "in_proc" and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc here")
     f = tmp_path / "file"
     f.write_text("keep me")
-    out = {"file": f, "under_a_file": f / "sub"}.get(make, tmp_path / "out")
+    out = {"file": f, "under_a_file": f / "sub", "in_proc": Path("/proc/x")}.get(
+        make, tmp_path / "out"
+    )
     if make == "output_name_is_a_folder":
         (out / "table.md").mkdir(parents=True)
     if make == "read_only":  # tests may run as root, for whom chmod does not bind

@@ -91,6 +91,40 @@ def test_pool_map_caps_jobs_and_errors_arrive_as_themselves():
     assert e.value.parameter == "lambda_h" and f"worker {os.getpid()}" not in str(e.value)
 
 
+TORCH_TASK = """
+import torch
+
+
+def fill(n):
+    torch.set_num_threads(2)
+    return float(torch.ones(1 << 22).add_(n).sum())  # a parallel region of two threads
+"""
+
+
+@needs_two
+def test_spawned_workers_of_a_parent_whose_torch_ran_threads_do_not_hang(tmp_path):
+    """torch's OpenMP thread team does not survive a fork: a forked worker's first parallel region
+    waited for ever on the parent's threads. Spawned, the pool ends within a timeout, with the
+    values."""
+    (tmp_path / "torch_task.py").write_text(TORCH_TASK)
+    code = (
+        "import torch\nfrom experiments import pool\nfrom torch_task import fill\n"
+        "torch.set_num_threads(2)\n"
+        "torch.ones(1 << 22).add_(1)  # the parent's team of two threads\n"
+        "print(pool.pool_map(fill, [1, 2, 3], jobs=2, start='spawn'))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**ENV, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["[8388608.0,", "12582912.0,", "16777216.0]"]
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for d in filter(str.isdigit, os.listdir("/proc")):

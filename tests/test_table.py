@@ -71,6 +71,19 @@ def test_every_problem_of_the_splits_and_targets_is_one_error(tmp_path):
     assert not isinstance(e.value, ParameterError) and "'yy'" in str(e.value)
 
 
+def test_empty_target_cells_are_one_problem_per_file_with_each_splits_first_line(tmp_path):
+    """Empty target cells in both splits of one file, rows drawn in a seeded order: the file is
+    named once, each split's first empty line (in the file's order) follows, lowest first."""
+    empty = {(i, 3): "" for i in (12, 2, 9, 5, 16)}  # D_P (even rows): lines 4, 14, 18; D_H: 7, 11
+    path = _csv(tmp_path / "t.csv", rows=30, header="a,b,c,yy,g", cells=empty)
+    with pytest.raises(ValueError) as e:
+        load_table(path, target_p="yy", split="g=h", n_train=5, rng=np.random.default_rng(3))
+    text = str(e.value)
+    assert text.count(str(path)) == 1
+    lines = [int(w) for w in text.replace(",", " ").replace("(", " ").split() if w.isdigit()]
+    assert lines == [4, 7]
+
+
 # --- a table of numeric, text and group columns --------------------------------------------------
 
 

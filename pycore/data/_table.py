@@ -458,6 +458,7 @@ def load_table(
     if rng is not None:
         parts = [(s, f, rows[rng.permutation(rows.size)]) for s, f, rows in parts]
     X, y, filled, missing, encoded = {}, {}, {}, {}, []
+    empty = {}  # (file, target) → [(first empty line, split)]: one problem per file, in line order
     for s, f, rows in parts:
         target = target_p if s == "P" else target_h
         try:
@@ -466,8 +467,7 @@ def load_table(
             problems.setdefault(str(exc), None)
             continue
         if np.isnan(y[s]).any():
-            line = rows[np.flatnonzero(np.isnan(y[s]))[0]] + 2
-            problems.setdefault(f"{files[f]}: target column {target!r} is empty (line {line})")
+            empty.setdefault((f, target), []).append((rows[np.isnan(y[s])].min() + 2, s))
         elif y[s].size > 1 and np.ptp(y[s][:n_train]) == 0:  # nothing to fit or probe
             problems.setdefault(
                 f"{files[f]}: target column {target!r} is constant ({y[s][0]:g}) on the "
@@ -475,6 +475,9 @@ def load_table(
                 "target that varies"
             )
         X[s], filled[s] = np.empty((rows.size, len(inputs))), 0
+    for (f, target), at in empty.items():
+        lines = ", ".join(f"line {line} (D_{s}: {where[s]})" for line, s in sorted(at))
+        problems.setdefault(f"{files[f]}: target column {target!r} is empty at {lines}")
     if problems:
         message = "; ".join(problems)
         if "n_train" in problems.values():
