@@ -151,9 +151,7 @@ class Immunizer:
 
     def draws_random(self, method: str) -> bool:
         """Whether ``method``'s runs use their generator (else every seed gives the same run)."""
-        from pycore import draws_random
-
-        return draws_random(method, self.options(method))
+        return self.options(method).draws_random
 
     def to_dict(self) -> dict:
         """For results.json: the settings and every method's options as run."""

@@ -9,9 +9,9 @@ building blocks), :mod:`pycore.report` (results as files), :mod:`pycore.data`,
 
 Tasks and immunization
     LinearTask, immunize, immunize_batch, immunize_certified, ImmunizationResult, METHODS,
-    EXTRA_METHODS, ALL_METHODS, PRESETS, options_of, resolve_options, draws_random, the options
-    classes, auto_exponent, check_method_work, MAX_EPOCHS, opt_kappa_objective, imma_objective,
-    adaptive_descent, AdaptiveRun
+    PRESETS, Method, MethodRun, method_of, register_method, unregister_method, options_of,
+    resolve_options, the options classes, auto_exponent, check_method_work, MAX_EPOCHS,
+    opt_kappa_objective, imma_objective, adaptive_descent, AdaptiveRun
 Evaluation and metrics
     evaluate_linear, LinearEvaluation, SplitEvaluation, EvaluationReference, immunized_def31,
     chance_accuracy, near_chance, norm_ratio_curves, RIR, rir, feature_rir, grouped_feature_rir,
@@ -31,6 +31,8 @@ Errors, warnings and threads
 """
 
 from pycore._adaptive import AdaptiveRun, adaptive_descent
+from pycore._algorithm1 import CertifiedOptions, OursOptions
+from pycore._closed_form import ClosedFormOptions, auto_exponent
 from pycore._evaluate import (
     EvaluationReference,
     LinearEvaluation,
@@ -60,25 +62,13 @@ from pycore._hardening import (
     loss_floor,
     orthogonality_defect,
 )
+from pycore._imma import IMMAOptions, imma_objective
 from pycore._immunization import (
-    ALL_METHODS,
-    EXTRA_METHODS,
-    MAX_EPOCHS,
     METHODS,
     PRESETS,
-    CertifiedOptions,
-    ClosedFormOptions,
     IdentityOptions,
-    IMMAOptions,
     ImmunizationResult,
-    KStepOptions,
-    LinearOptions,
-    OptKappaOptions,
-    OursOptions,
-    RIllOnlyOptions,
-    auto_exponent,
     check_method_work,
-    draws_random,
     immunize,
     immunize_batch,
     immunize_certified,
@@ -86,8 +76,9 @@ from pycore._immunization import (
     resolve_options,
 )
 from pycore._kstep import KStepRemaining, kstep_remaining, kstep_remaining_grad
+from pycore._kstep_immunizer import KStepOptions
+from pycore._linear_options import MAX_EPOCHS, LinearOptions
 from pycore._losses import best_probe_loss
-from pycore._methods import imma_objective, opt_kappa_objective
 from pycore._metrics import (
     RIR,
     Ceiling,
@@ -98,10 +89,13 @@ from pycore._metrics import (
     rir,
     rir_ceiling,
 )
+from pycore._opt_kappa import OptKappaOptions, opt_kappa_objective
 from pycore._options import Options
 from pycore._precondition import preconditioned_grad_theta
 from pycore._protocol import StrictReport, strict_protocol
 from pycore._public import publish
+from pycore._r_ill_only import RIllOnlyOptions
+from pycore._registry import Method, MethodRun, method_of, register_method, unregister_method
 from pycore._regularizers import (
     TieWarning,
     preconditioned_r_ill_step_bound,
@@ -136,13 +130,15 @@ __all__ = [
     "immunize_certified",
     "ImmunizationResult",
     "METHODS",
-    "EXTRA_METHODS",
-    "ALL_METHODS",
     "PRESETS",
+    "Method",
+    "MethodRun",
+    "method_of",
+    "register_method",
+    "unregister_method",
     "MAX_EPOCHS",
     "options_of",
     "resolve_options",
-    "draws_random",
     "auto_exponent",
     "check_method_work",
     "Options",

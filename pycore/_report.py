@@ -11,19 +11,6 @@ from pathlib import Path
 
 import numpy as np
 
-# The one label table of the methods (linear, deep, and the deep tables' reference row "init").
-METHOD_LABELS = {
-    "init": "Init. θ₀",
-    "identity": "Identity",
-    "r_ill_only": "R_ill only",
-    "imma": "IMMA",
-    "opt_kappa": "Opt κ",
-    "opt_kappa_balanced": "Opt κ (balanced)",
-    "ours": "Ours (Alg. 1)",
-    "closed_form": "Closed form (docs/theory.md §10)",
-    "kstep": "k-step (docs/theory.md §11)",
-}
-
 
 def summarize(values) -> dict:
     """``{"mean", "std", "per_seed"}`` with the population std (ddof = 0) over seeds."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import pycore._worst_case as W
-from pycore._report import METHOD_LABELS
+from pycore._registry import METHOD_LABELS
 from pycore._thetas import run_name
 from pycore._validation import ParameterError
 

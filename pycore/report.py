@@ -4,8 +4,8 @@ The library computes and returns; the experiments write with these (docs/design.
 """
 
 from pycore._public import publish
+from pycore._registry import METHOD_LABELS
 from pycore._report import (
-    METHOD_LABELS,
     dumps_json,
     environment,
     fmt,

@@ -26,8 +26,7 @@ import torch
 from pycore import LinearTask, immunize
 from pycore._adaptive import adaptive_descent
 from pycore._batch import GramStack
-from pycore._immunization import auto_exponent
-from pycore._methods import closed_form
+from pycore._closed_form import auto_exponent, closed_form
 from pycore._metrics import ExponentWindow, def31_exponent_window, rir_ceiling
 from pycore._precondition import FactorPreconditioner
 from pycore._spectral import (
