@@ -251,7 +251,7 @@ def run(args) -> tuple[dict, dict]:
     if args.protocol == "strict":
         train, held, strict = strict_protocol(train, held, data.feature_names)
     splits = {"train": train, "heldout": held}
-    grid = tuple(c for c in attacker_grid("lsq", quick=args.quick) if c.family in args.attackers)
+    grid = tuple(c for c in attacker_grid("mse", quick=args.quick) if c.family in args.attackers)
     found, archive = evaluate(
         splits,
         args.methods,
@@ -259,7 +259,7 @@ def run(args) -> tuple[dict, dict]:
         args.seeds,
         args.immunizer,
         grid,
-        "lsq",
+        "mse",
         args.max_steps,
         args.eps,
         args,
@@ -378,7 +378,7 @@ def run_mnist(args, t_start) -> tuple[dict, dict]:
     digits = load_mnist()
     grid = tuple(
         c
-        for c in attacker_grid("logistic", quick=args.quick)
+        for c in attacker_grid("bce", quick=args.quick)
         if c.family in args.attackers or c.family == "newton"
     )
     out = {
@@ -406,7 +406,7 @@ def run_mnist(args, t_start) -> tuple[dict, dict]:
             args.mnist_seeds,
             args.mnist_immunizer,
             grid,
-            "logistic",
+            "bce",
             args.mnist_max_steps,
             args.eps,
             args,

@@ -240,7 +240,7 @@ def _checked(problem: ProbingProblem, c) -> dict:
     extra = sorted(set(c) - {"attacker", *ATTACKERS[name]})
     if extra:
         raise ParameterError(extra[0], f"{name} takes {list(ATTACKERS[name])}, not {extra[0]!r}")
-    if name == "closed_form" and problem.loss != "lsq":
+    if name == "closed_form" and problem.loss != "mse":
         raise ParameterError(
             "attacker", "closed_form is the least-squares attacker; use newton for logistic"
         )
@@ -278,8 +278,8 @@ def _momentum_coefficients(problem: ProbingProblem, cfg: dict) -> tuple[float, f
 
 
 def _block_ops(problem: ProbingProblem):
-    """``(grad(W), gap(W))`` on a D × m block (lsq: the working form and gap of ``evaluate``)."""
-    if problem.loss != "lsq":
+    """``(grad(W), gap(W))`` on a D × m block (mse: the working form and gap of ``evaluate``)."""
+    if problem.loss != "mse":
         return (lambda W: problem.evaluate(W)[1]), (lambda W: problem.evaluate(W)[2])
     Zw, yw = problem.work
     rs = problem.r_star
@@ -367,17 +367,17 @@ def _run_single(problem: ProbingProblem, c: dict, max_steps: int, tol: float, rn
     GD with exact line search (Figure 1), CG (CGLS; logistic: SciPy's Polak–Ribière), L-BFGS
     (SciPy, its stopping tests off), Jacobi-PCG (CG in u = S⁻¹w), whitening (exact descent along
     −P∇L: affine invariant, docs/findings.md §4), the closed form (one ``lstsq``, ONE step) and
-    damped Newton (logistic; for lsq the closed form).
+    damped Newton (logistic; for mse the closed form).
     """
     name = c["attacker"]
-    if name == "pcg_jacobi" and problem.loss == "lsq":  # CGLS on ZS: the same objective (ZSu = Zw)
+    if name == "pcg_jacobi" and problem.loss == "mse":  # CGLS on ZS: the same objective (ZSu = Zw)
         s = jacobi_scaling(problem.Z)
         t = _run_single(
             make_problem(problem.Z * s, problem.y), {"attacker": "cg"}, max_steps, tol, rng
         )
         t.attacker, t.w_final, t.params = name, t.w_final * s, {"variant": "CGLS on ZS"}
         return t
-    if name in ("closed_form", "newton") and problem.loss == "lsq":
+    if name in ("closed_form", "newton") and problem.loss == "mse":
         name, max_steps = "closed_form", 1
     w, g, rec = _start(problem, tol)
     info = {}
@@ -389,7 +389,7 @@ def _run_single(problem: ProbingProblem, c: dict, max_steps: int, tol: float, rn
             "maxfun": 10 * max_steps + 100,
         }
         w, info = _scipy(problem, w, rec, max_steps, "L-BFGS-B", opts)
-    elif name in ("cg", "pcg_jacobi") and problem.loss == "logistic":
+    elif name in ("cg", "pcg_jacobi") and problem.loss == "bce":
         s = (
             jacobi_scaling(problem.Z, curvature=0.25, ridge=problem.ridge)
             if name == "pcg_jacobi"
@@ -414,7 +414,7 @@ def _run_single(problem: ProbingProblem, c: dict, max_steps: int, tol: float, rn
         w = rec.follow([_at(problem, np.linalg.lstsq(problem.Z, problem.y, rcond=None)[0])], 1, w)
     elif name == "cg":
         w = rec.follow(_cgls(problem, w, g), max_steps, w)
-    elif name == "gd_exact" and problem.loss == "lsq":
+    elif name == "gd_exact" and problem.loss == "mse":
         steps = (_at(problem, v) for v, _, _ in exact_line_search_steps(*problem.work, w))
         w = rec.follow(steps, max_steps, w)
     else:
@@ -463,7 +463,7 @@ def _exact_descent(problem: ProbingProblem, w, g, P):
         gd = float(g @ d)
         if not gd > 0.0:
             return
-        if problem.loss == "lsq":
+        if problem.loss == "mse":
             zd = Zw @ d
             alpha = gd / float(zd @ zd)
         else:

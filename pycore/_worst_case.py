@@ -20,8 +20,8 @@ from typing import NamedTuple
 import numpy as np
 
 import pycore._attacks as A
-from pycore._probe import LOSSES
 from pycore._spectral import gram_spectrum
+from pycore._tasks import LOSSES
 from pycore._threads import bounded_blas
 from pycore._validation import (
     ParameterError,
@@ -97,7 +97,7 @@ def _cfg(family, attacker, **params) -> AttackerConfig:
     return AttackerConfig(family, attacker, tuple(sorted(params.items())))
 
 
-def attacker_grid(loss: str = "lsq", *, quick: bool = False) -> tuple[AttackerConfig, ...]:
+def attacker_grid(loss: str = "mse", *, quick: bool = False) -> tuple[AttackerConfig, ...]:
     """Every configuration of every family for ``loss``; ``quick``: a few per family."""
     check_choice(loss, "loss", LOSSES)
     mus = (1.0, 0.1) if quick else MU_FACTORS
@@ -123,7 +123,7 @@ def attacker_grid(loss: str = "lsq", *, quick: bool = False) -> tuple[AttackerCo
         for r in (("all",) if quick else A.WHITEN_ROWS)
         for d in ((1e-8,) if quick else WHITEN_RIDGE)
     ]
-    g.append(_cfg("closed_form", "closed_form") if loss == "lsq" else _cfg("newton", "newton"))
+    g.append(_cfg("closed_form", "closed_form") if loss == "mse" else _cfg("newton", "newton"))
     return tuple(g)
 
 
@@ -333,10 +333,10 @@ def _restricted_kappa(Hm: np.ndarray, basis: np.ndarray) -> float:  # κ of Hm o
 def kappa_reference(problem: A.ProbingProblem) -> dict:
     """The κ's an attacker family feels on ``range(Zᵀ)``.
 
-    ``kappa`` of the Hessian (lsq: ZᵀZ; logistic: ``∇²L(w*)``) and ``kappa_jacobi`` of ``J^{-½}∇²L
+    ``kappa`` of the Hessian (mse: ZᵀZ; logistic: ``∇²L(w*)``) and ``kappa_jacobi`` of ``J^{-½}∇²L
     J^{-½}``, ``J = diag ∇²L``, what a diagonal preconditioner faces (van der Sluis 1969).
     """
-    if problem.loss == "lsq":
+    if problem.loss == "mse":
         s = A.jacobi_scaling(problem.Z)
         return {
             "kappa": float(gram_spectrum(problem.Z, vectors=False).kappa),
@@ -515,7 +515,7 @@ def attack_evaluation(
     eps = check_number(eps, "eps", low=0.0, high=1.0, low_open=True, high_open=True)
     labels = task.loss == "bce" and task.Y_H.shape[1] == 1 and np.isin(task.Y_H, (0, 1)).all()
     loss = "bce" if labels else "mse"  # a continuous D_H target: the squared loss
-    grid = attacker_grid("logistic" if labels else "lsq", quick=quick)
+    grid = attacker_grid("bce" if labels else "mse", quick=quick)
     pairs = ((theta, rng), (np.eye(X.shape[1]), copy.deepcopy(rng)))
     run, ref = (
         run_grid(

@@ -298,7 +298,7 @@ def test_the_logistic_probing_problem_is_solved_to_the_floor():
     rng = np.random.default_rng(1)
     A = rng.standard_normal((60, 5))
     y = (rng.random(60) < 0.5).astype(float)  # not separable: a unique interior minimiser
-    problem = make_problem(A, y, "logistic", ridge_rel=1e-3)
+    problem = make_problem(A, y, "bce", ridge_rel=1e-3)
     lam = 1e-3 * np.linalg.norm(A, 2) ** 2 / 4  # λ = ridge_rel·‖Z‖₂²/4
 
     def value(w):

@@ -24,11 +24,11 @@ from tests.helpers import known_kappa, traced_peak
 
 
 def test_grid_covers_every_family_as_stated():
-    g = A.attacker_grid("lsq")
+    g = A.attacker_grid("mse")
     assert {c.family for c in g} == set(A.FAMILIES) - {"newton"} and len(g) == 65
     assert sum(c.family == "adam" for c in g) == len(A.ADAM_LR_FACTORS) * len(A.ADAM_BETAS) == 28
-    assert {c.family for c in A.attacker_grid("logistic")} == set(A.FAMILIES) - {"closed_form"}
-    assert len({c.label for c in g}) == len(g) and len(A.attacker_grid("lsq", quick=True)) == 15
+    assert {c.family for c in A.attacker_grid("bce")} == set(A.FAMILIES) - {"closed_form"}
+    assert len({c.label for c in g}) == len(g) and len(A.attacker_grid("mse", quick=True)) == 15
     assert all(set(dict(c.params)) <= set(A.ATTACKERS[c.attacker]) for c in g)
     with pytest.raises(ParameterError) as info:
         A.attacker_grid("hinge")
@@ -38,7 +38,7 @@ def test_grid_covers_every_family_as_stated():
 def test_run_grid_is_the_engine_and_the_worst_case_on_known_kappa():
     X, theta, y = known_kappa()
     P, Q = A.make_problem(X, y), A.make_problem(X @ theta, y)
-    grid = A.attacker_grid("lsq", quick=True)
+    grid = A.attacker_grid("mse", quick=True)
     ref, run = (A.run_grid(p, grid, eps=(1e-2, 1e-4), max_steps=5000) for p in (P, Q))
     traj = A.run_attackers(
         Q, [dict(c.params, attacker=c.attacker) for c in grid], max_steps=5000, tol=1e-4
@@ -100,7 +100,7 @@ def test_kappa_reference_diagonal_and_logistic():
         1.0, abs=1e-8
     )
     X = np.random.default_rng(0).standard_normal((60, 5))
-    L = A.make_problem(X, (X[:, 0] > 0).astype(float), "logistic", ridge_rel=1e-2)
+    L = A.make_problem(X, (X[:, 0] > 0).astype(float), "bce", ridge_rel=1e-2)
     ev, kl = np.linalg.eigvalsh(L.hessian(L.w_star)), A.kappa_reference(L)
     assert kl["kappa"] == pytest.approx(ev[-1] / ev[0], rel=1e-8) and kl["kappa_jacobi"] >= 1
 
@@ -128,7 +128,7 @@ def test_the_facade_gives_the_grids_numbers():
     task = LinearTask(X[:20], rng.standard_normal((20, 1)), X, y[:, None])
     rows = np.arange(10, 50)
     ev = attack_evaluation(theta, task, rng=np.random.default_rng(5), rows=rows, max_steps=500)
-    grid = A.attacker_grid("lsq")
+    grid = A.attacker_grid("mse")
     run, ref = (
         A.run_grid(
             A.make_problem(X[rows] @ t, y[rows]),

@@ -11,7 +11,7 @@ from tests.helpers import known_kappa
 
 def test_analysis_over_seeds_agrees_with_the_grid_runs():
     X, theta, y = known_kappa(1)
-    grid = A.attacker_grid("lsq", quick=True)
+    grid = A.attacker_grid("mse", quick=True)
     Qr = np.linalg.qr(np.random.default_rng(2).standard_normal((X.shape[1],) * 2))[0]
     identity, rotated, m, hardened = (
         Variant("identity"),
@@ -64,7 +64,7 @@ def test_analysis_over_seeds_agrees_with_the_grid_runs():
 
 def test_runs_without_their_reference_are_refused():
     X, theta, y = known_kappa(1)
-    grid = A.attacker_grid("lsq", quick=True)
+    grid = A.attacker_grid("mse", quick=True)
     problems = {
         "train": {"D_H": A.run_grid(A.make_problem(X @ theta, y), grid, eps=(1e-4,), max_steps=50)}
     }
