@@ -334,7 +334,7 @@ def add_immunize_options(parser, preset: str | None, *, own_table: bool = False)
     parser.add_argument("--certified", action="store_true", help="ours in certified-monotone mode")
     parser.add_argument(
         "--harden",
-        choices=HARDENINGS,
+        choices=HARDENINGS["linear"],
         default="none",
         help="θ → θQ after the method (pycore.harden_result, docs/findings.md §5)",
     )

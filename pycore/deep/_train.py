@@ -100,7 +100,7 @@ OPTION_RULES = {
 }
 OPTION_CHOICES = {
     "scope": ("layer", "tail"),
-    "harden": HARDENINGS,
+    "harden": HARDENINGS["deep"],
     "rule": ("adaptive", "sgd"),
     "optimizer": ("sgd", "adam"),
 }
