@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_jobs import JOBS  # noqa: E402
 from bench.timing import interleaved_best  # noqa: E402
-from pycore import PRESETS, immunize_batch, resolve_options  # noqa: E402
+from pycore import PRESETS, immunize_batch  # noqa: E402
+from pycore._immunization import resolve_options  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,7 +27,8 @@ if not __package__:  # run as a file: the checkout's root first on sys.path, not
 import numpy as np
 
 from experiments import common
-from pycore import MAX_EPOCHS, METHODS
+from pycore import METHODS
+from pycore._linear_options import MAX_EPOCHS
 from pycore.attacks import (
     FAMILIES,
     MAX_ORDERS,
@@ -175,7 +176,8 @@ def digest(theta: np.ndarray) -> str:
 
 def _numbers(theta, splits) -> dict:
     """Per row set: what hardening must leave unchanged (docs/findings.md §5)."""
-    from pycore import best_probe_loss, rir
+    from pycore import rir
+    from pycore._losses import best_probe_loss
 
     return {
         rows: {

@@ -126,8 +126,8 @@ class Immunizer:
     harden: str = "none"
 
     def options(self, method: str):
-        """``method``'s options as run: :func:`pycore.resolve_options`."""
-        from pycore import resolve_options
+        """``method``'s options as run: :func:`pycore._immunization.resolve_options`."""
+        from pycore._immunization import resolve_options
 
         certified = self.certified and method == "ours"
         return resolve_options(
@@ -201,7 +201,8 @@ def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
     """The :class:`Immunizer` of the typed flags, every method's options built (so checked by the
     library) before any compute; a typed option that none of ``methods`` has is a
     :class:`UsageError` naming its flag."""
-    from pycore import METHODS, CertifiedOptions, options_of
+    from pycore import METHODS, options_of
+    from pycore._algorithm1 import CertifiedOptions
 
     if args.certified and "ours" not in methods:
         raise UsageError(

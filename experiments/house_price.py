@@ -27,16 +27,15 @@ from experiments import common
 from pycore import (
     METHODS,
     EvaluationReference,
-    auto_exponent,
-    check_method_work,
     def31_exponent_window,
     evaluate_linear,
-    invariant_change,
-    loss_floor,
-    norm_ratio_curves,
     rir_ceiling,
     strict_protocol,
 )
+from pycore._closed_form import auto_exponent
+from pycore._evaluate import norm_ratio_curves
+from pycore._hardening import invariant_change, loss_floor
+from pycore._immunization import check_method_work
 from pycore.attacks import MAX_PROBE_STEPS
 from pycore.data import load_table
 from pycore.report import (

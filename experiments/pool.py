@@ -67,7 +67,7 @@ def _worker_init(parent: int, slots) -> None:
 
 
 def _task(fn, item):
-    from pycore import task_threads
+    from pycore._threads import task_threads
 
     # one BLAS thread per task, in a worker or not: results never depend on --jobs
     with task_threads():

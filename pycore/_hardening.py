@@ -369,6 +369,18 @@ def harden_result(res, task, kind: str, *, rng: np.random.Generator | None = Non
         As :func:`hardening_rotation` raises.
     ValueError
         The work would exceed :data:`pycore.limits.MAX_WORK_BYTES`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import LinearTask, harden_result, immunize
+    >>> rng = np.random.default_rng(0)
+    >>> X_P, X_H = rng.standard_normal((30, 3)), rng.standard_normal((30, 3)) * [3.0, 1.0, 1.0]
+    >>> task = LinearTask(X_P, rng.standard_normal(30), X_H, rng.standard_normal(30))
+    >>> res = immunize(task, "closed_form", rng=rng)
+    >>> hard = harden_result(res, task, "haar", rng=rng)
+    >>> bool(np.isclose(hard.rir, res.rir, rtol=1e-9)), bool(np.allclose(hard.theta, res.theta))
+    (True, False)
     """
     Q = hardening_rotation(
         kind, task.D, rng=rng, Z=task.X_H @ res.theta if kind == "equalize" else None

@@ -108,6 +108,14 @@ def options_of(method: str) -> type[LinearOptions]:
     ------
     ParameterError
         An unknown method (``.parameter`` is ``"method"``).
+
+    Examples
+    --------
+    >>> from pycore import options_of
+    >>> options_of("imma").names()[-2:]  # the keywords immunize(task, "imma", ...) takes
+    ('inner_steps', 'inner_lr')
+    >>> options_of("imma")(inner_steps=0).inner_lr  # built and checked, with the defaults
+    0.5
     """
     return method_of(method).options
 

@@ -264,8 +264,8 @@ def kstep_remaining_grad(
     Z, Y, steps, bias
         As for :func:`kstep_remaining`.
     warn_tie : bool, default True
-        Warn :class:`~pycore.TieWarning` at a λ_max tie (docs/theory.md §3): η = 1/λ_max has no
-        gradient there.
+        Warn :class:`~pycore._regularizers.TieWarning` at a λ_max tie (docs/theory.md §3):
+        η = 1/λ_max has no gradient there.
 
     Returns
     -------

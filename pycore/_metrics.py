@@ -2,7 +2,7 @@
 
 Immunization metrics: RIR (paper Eq. (15)), its ceiling and exponent window (docs/theory.md
 §10), RIR_θ₀ by group sampling (§8).  Every κ of a Hessian ``θᵀXᵀXθ`` is κ(Xθ)² from the SVD of the
-features (:func:`pycore.gram_spectrum`): RIR multiplies four κ's that reach 1e10.
+features (:func:`pycore._spectral.gram_spectrum`): RIR multiplies four κ's that reach 1e10.
 """
 
 from __future__ import annotations
@@ -177,6 +177,16 @@ def feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref) -> RIR:
         Features that are not finite real matrices.
     SpectrumError
         Features with no condition number (zero).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import feature_rir
+    >>> rng = np.random.default_rng(0)
+    >>> Z_P, Z_H = rng.standard_normal((40, 3)), rng.standard_normal((30, 3))
+    >>> r = feature_rir(2.0 * Z_P, Z_H @ np.diag([4.0, 1.0, 1.0]), Z_P, Z_H)
+    >>> round(r.pretrain_ratio, 12), bool(r.harmful_ratio > 1)  # a scale keeps every κ
+    (1.0, True)
     """
     return _ratio(**_check_features(Z_P, Z_H, Z_P_ref, Z_H_ref))
 
@@ -353,6 +363,17 @@ def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
     ------
     ValueError
         κ(C) = 1: every exponent gives the same spectra, there is no window.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import def31_exponent_window, rir_ceiling
+    >>> rng = np.random.default_rng(0)
+    >>> X_P = rng.standard_normal((30, 4)) * [1.0, 0.5, 0.2, 0.1]
+    >>> X_H = rng.standard_normal((30, 4)) @ rng.standard_normal((4, 4))
+    >>> w = def31_exponent_window(rir_ceiling(X_P, X_H))
+    >>> w.empty, bool(w.low <= w.balanced < w.high)
+    (False, True)
     """
     lc = np.log(ceiling.kappa_C)
     if not lc > 0:
@@ -409,6 +430,18 @@ def grouped_feature_rir(
         ``groups`` or ``group_size`` out of bounds, or features as :func:`feature_rir` refuses.
     SpectrumError
         A group's features with no condition number.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import grouped_feature_rir
+    >>> rng = np.random.default_rng(0)
+    >>> Z_P, Z_H = rng.standard_normal((40, 3)), rng.standard_normal((30, 3))
+    >>> g = grouped_feature_rir(
+    ...     2.0 * Z_P, Z_H, Z_P, Z_H, rng=np.random.default_rng(0), groups=5, group_size=10
+    ... )
+    >>> g["groups"], g["group_size"], round(g["value"]["mean"], 12)
+    (5, 10, 1.0)
     """
     check_number(groups, "groups", low=1, integer=True)
     check_number(group_size, "group_size", low=2, integer=True)

@@ -150,6 +150,13 @@ def r_well(S) -> float:
         ``S`` not a finite real 2-D array (the message names ``S``).
     SpectrumError
         S = 0, or a value outside float64.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import r_well
+    >>> r_well(np.diag([3.0, 1.0])), r_well(2.0 * np.eye(3))  # 0 exactly at κ = 1
+    (2.0, 0.0)
     """
     return evaluate(S, "well", grad=False).value
 
@@ -174,6 +181,13 @@ def r_ill(S) -> float:
     SpectrumError
         S = 0, all k nonzero singular values equal (κ = 1, rank 1 included: the denominator is 0),
         or a value outside float64.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import r_ill
+    >>> r_ill(np.diag([3.0, 1.0]))  # 1/((9 + 1)/4 − 1/2)
+    0.5
     """
     return evaluate(S, "ill", grad=False).value
 
@@ -181,49 +195,17 @@ def r_ill(S) -> float:
 def r_well_grad(S) -> np.ndarray:
     """∇_S R_well = σ₁u₁v₁ᵀ − S/p (Theorem A.1(3)).
 
-    Warns :class:`TieWarning` at a σ_max tie, where R_well is not differentiable.
-
-    Parameters
-    ----------
-    S : array_like, shape (m, n)
-        A real finite matrix.
-
-    Returns
-    -------
-    ndarray, shape (m, n)
-        The gradient.
-
-    Raises
-    ------
-    ValueError
-        ``S`` not a finite real 2-D array (the message names ``S``).
-    SpectrumError
-        S = 0, or a value outside float64.
+    Warns :class:`TieWarning` at a σ_max tie, where R_well is not differentiable; refuses what
+    :func:`r_well` refuses.
     """
     return evaluate(S, "well").grad
 
 
 def r_ill_grad(S) -> np.ndarray:
-    """∇_S R_ill = (σ_k u_k v_kᵀ − S/k)/d² (Theorem 4.1(3)).
+    """∇_S R_ill = (σ_k u_k v_kᵀ − S/k)/d² (Theorem 4.1(3)), 0 where it underflows.
 
-    Warns :class:`TieWarning` at a σ_min tie, where R_ill is not differentiable.
-
-    Parameters
-    ----------
-    S : array_like, shape (m, n)
-        A real finite matrix.
-
-    Returns
-    -------
-    ndarray, shape (m, n)
-        The gradient (0 where it underflows).
-
-    Raises
-    ------
-    ValueError
-        ``S`` not a finite real 2-D array (the message names ``S``).
-    SpectrumError
-        R_ill undefined at S (as :func:`r_ill`), or a gradient that overflows float64.
+    Warns :class:`TieWarning` at a σ_min tie, where R_ill is not differentiable; refuses what
+    :func:`r_ill` refuses, and a gradient that overflows float64.
     """
     return evaluate(S, "ill").grad
 
@@ -344,52 +326,12 @@ def grad_theta_and_regularizer(theta, K, kind: str):
 
 
 def r_well_grad_theta(theta, K) -> np.ndarray:
-    """∇_θ R_well(θᵀKθ) = 2Kθ(σ₁v₁v₁ᵀ − H/D) (Theorem 4.2(1)).
-
-    Parameters
-    ----------
-    theta : array_like, shape (D, D)
-        The feature extractor.
-    K : array_like, shape (D, D)
-        ``XᵀX``, symmetric positive semi-definite (to round-off).
-
-    Returns
-    -------
-    ndarray, shape (D, D)
-        The gradient.
-
-    Raises
-    ------
-    ParameterError
-        K not symmetric or not positive semi-definite (``"K"``), θ of another size.
-    SpectrumError
-        ``θᵀKθ = 0``.
-    """
+    """∇_θ R_well(θᵀKθ) = 2Kθ(σ₁v₁v₁ᵀ − H/D) (Theorem 4.2(1))."""
     return grad_theta_and_regularizer(theta, K, "well")[0]
 
 
 def r_ill_grad_theta(theta, K) -> np.ndarray:
-    """∇_θ R_ill(θᵀKθ) = 2Kθ(σ_k v_k v_kᵀ − H/k)/d² (Theorem 4.2(2)).
-
-    Parameters
-    ----------
-    theta : array_like, shape (D, D)
-        The feature extractor.
-    K : array_like, shape (D, D)
-        ``XᵀX``, symmetric positive semi-definite (to round-off).
-
-    Returns
-    -------
-    ndarray, shape (D, D)
-        The gradient.
-
-    Raises
-    ------
-    ParameterError
-        K not symmetric or not positive semi-definite (``"K"``), θ of another size.
-    SpectrumError
-        R_ill undefined at ``θᵀKθ`` (zero, or κ = 1).
-    """
+    """∇_θ R_ill(θᵀKθ) = 2Kθ(σ_k v_k v_kᵀ − H/k)/d² (Theorem 4.2(2))."""
     return grad_theta_and_regularizer(theta, K, "ill")[0]
 
 
@@ -405,24 +347,9 @@ def _spec(x, symmetric_name: str | None = None) -> SpectrumInfo:
 def r_well_step_bound(S, p: int | None = None) -> float:
     """The largest η* with κ(S − η∇R_well(S)) < κ(S) for all 0 < η < η*.
 
-    Theorem A.1(4), corrected: ``η* = (1−ρ)/(1−(1−ρ)/p)``, ``ρ = σ₂σ_k/σ₁²``.
-
-    Parameters
-    ----------
-    S : array_like or SpectrumInfo
-        The matrix, or its spectrum.
-    p : int, optional
-        R_well's normaliser (default ``min(S.shape)``).
-
-    Returns
-    -------
-    float
-        η*; 0 when κ cannot drop (rank < 2, or a σ_max tie).
-
-    Raises
-    ------
-    ValueError
-        ``S`` not a finite real 2-D array.
+    Theorem A.1(4), corrected: ``η* = (1−ρ)/(1−(1−ρ)/p)``, ``ρ = σ₂σ_k/σ₁²``, for a matrix or its
+    :class:`SpectrumInfo`; ``p`` defaults to ``min(S.shape)``. 0 when κ cannot drop (rank < 2, or a
+    σ_max tie).
     """
     info = _spec(S)
     p = (info.sigma.size if isinstance(S, SpectrumInfo) else min(np.shape(S))) if p is None else p
@@ -436,22 +363,7 @@ def r_well_step_bound(S, p: int | None = None) -> float:
 def r_ill_step_bound(S) -> float:
     """A sufficient η for κ(S − η∇R_ill(S)) > κ(S): ``η < k d²/(k−1)`` (Theorem 4.1(4)).
 
-    Parameters
-    ----------
-    S : array_like or SpectrumInfo
-        The matrix, or its spectrum.
-
-    Returns
-    -------
-    float
-        The bound ``k d²/(k−1)``.
-
-    Raises
-    ------
-    ValueError
-        ``S`` not a finite real 2-D array.
-    SpectrumError
-        R_ill undefined at S.
+    For a matrix or its :class:`SpectrumInfo`; a SpectrumError where R_ill is undefined.
     """
     info = _spec(S)
     s, k = info.sigma, info.rank
@@ -462,24 +374,8 @@ def r_ill_step_bound(S) -> float:
 def preconditioned_r_well_step_bound(H, D: int | None = None) -> float:
     """A sufficient η for ``θ − ηK⁻¹∇_θR_well`` to lower κ(θᵀKθ) (Theorem 4.3(1), corrected).
 
-    ``η ≤ (√σ₁ − √σ₂) / (2(1−1/D)σ₁^{3/2} + (2/D)σ₂^{3/2})``, σ the eigenvalues of H = θᵀKθ.
-
-    Parameters
-    ----------
-    H : array_like or SpectrumInfo
-        The symmetric Hessian θᵀKθ (to round-off), or its spectrum.
-    D : int, optional
-        R_well's normaliser (default H's size).
-
-    Returns
-    -------
-    float
-        The bound; 0 when κ cannot drop (rank < 2, or a σ₁ tie).
-
-    Raises
-    ------
-    ParameterError
-        H not symmetric (``"H"``).
+    ``η ≤ (√σ₁ − √σ₂) / (2(1−1/D)σ₁^{3/2} + (2/D)σ₂^{3/2})``, σ the eigenvalues of the symmetric
+    H = θᵀKθ (or its :class:`SpectrumInfo`), D defaulting to H's size; 0 when κ cannot drop.
     """
     info = _spec(H, "H")
     D = info.sigma.size if D is None else D
@@ -492,24 +388,8 @@ def preconditioned_r_well_step_bound(H, D: int | None = None) -> float:
 def preconditioned_r_ill_step_bound(H) -> float:
     """A strict upper bound on η for ``θ − ηK⁻¹∇_θR_ill`` to raise κ(θᵀKθ) (Thm 4.3(2), corrected).
 
-    ``min(d²/((1−2/k)σ_min) [k > 2], k d²/(2(k−1)σ_min))``; at the second, σ_min reaches 0.
-
-    Parameters
-    ----------
-    H : array_like or SpectrumInfo
-        The symmetric Hessian θᵀKθ (to round-off), or its spectrum.
-
-    Returns
-    -------
-    float
-        The bound.
-
-    Raises
-    ------
-    ParameterError
-        H not symmetric (``"H"``).
-    SpectrumError
-        R_ill undefined at H.
+    ``min(d²/((1−2/k)σ_min) [k > 2], k d²/(2(k−1)σ_min))`` for the symmetric H = θᵀKθ (or its
+    :class:`SpectrumInfo`); at the second, σ_min reaches 0.
     """
     info = _spec(H, "H")
     s, k = info.sigma, info.rank

@@ -247,6 +247,13 @@ def condition_number(S, *, rtol: float | None = None) -> float:
         ``rtol`` out of bounds.
     SpectrumError
         S = 0, or σ_max overflows float64.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import condition_number
+    >>> condition_number(np.diag([4.0, 2.0, 0.0]))  # over the nonzero spectrum
+    2.0
     """
     return spectrum_info(S, rtol=rtol).kappa
 

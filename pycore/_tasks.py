@@ -120,7 +120,7 @@ class LinearTask:
         """``(κ(H_P(I)), κ(H_H(I)))``, the denominators of (ii) and (i).
 
         ``(κ(H_P(I)), κ(H_H(I)))``: the denominators of (ii) and (i) (docs/theory.md §8), from
-        the SVDs of ``X_P`` and ``X_H`` (:func:`pycore.gram_spectrum`).
+        the SVDs of ``X_P`` and ``X_H`` (:func:`pycore._spectral.gram_spectrum`).
         """
         from pycore._spectral import gram_spectrum  # spectral's checks import this module's peers
 

@@ -1,12 +1,12 @@
-"""The adaptive rule's stops (:func:`pycore.adaptive_descent`; docs/design.md §4): a known bound
-on the margin ends the run once reached, a margin that gains less than a stated rate ends it after
-its restarts, and a progress bar counts its steps only when asked for."""
+"""The adaptive rule's stops (:func:`pycore._adaptive.adaptive_descent`; docs/design.md §4): a
+known bound on the margin ends the run once reached, a margin that gains less than a stated rate
+ends it after its restarts, and a progress bar counts its steps only when asked for."""
 
 import numpy as np
 import pytest
 import tqdm.auto
 
-from pycore import adaptive_descent
+from pycore._adaptive import adaptive_descent
 
 # docs/design.md §4: a gain of 1e-3 in the margin counts as progress; two restarts, then the end
 PROGRESS_TOL, RESTARTS = 1e-3, 2

@@ -23,18 +23,18 @@ from pycore import (
     LinearTask,
     ParameterError,
     SpectrumError,
-    auto_exponent,
     def31_exponent_window,
     evaluate_linear,
     immunize,
     immunize_certified,
     immunized_def31,
     options_of,
-    resolve_options,
     rir,
     rir_ceiling,
     strict_protocol,
 )
+from pycore._closed_form import auto_exponent
+from pycore._immunization import resolve_options
 from pycore.data import load_house_price
 
 ROOT = Path(__file__).resolve().parents[1]

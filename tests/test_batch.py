@@ -9,13 +9,8 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from pycore import (
-    LinearTask,
-    immunize,
-    immunize_batch,
-    options_of,
-    resolve_options,
-)
+from pycore import LinearTask, immunize, immunize_batch, options_of
+from pycore._immunization import resolve_options
 from pycore.linalg import FactorPreconditioner, GramStack, Preconditioner, hessian_regularizer
 
 

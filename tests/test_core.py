@@ -15,31 +15,32 @@ import pycore
 from pycore import (
     METHODS,
     EvaluationReference,
-    IMMAOptions,
     LinearTask,
     ParameterError,
     SpectrumError,
-    best_probe_loss,
     condition_number,
     def31_exponent_window,
     feature_rir,
     gram_spectrum,
     grouped_feature_rir,
-    imma_objective,
     immunize,
     immunize_certified,
-    preconditioned_r_ill_step_bound,
-    preconditioned_r_well_step_bound,
     r_ill,
-    r_ill_grad,
-    r_ill_grad_theta,
     r_well,
-    r_well_grad,
-    r_well_grad_theta,
     rir,
     rir_ceiling,
-    spectrum_info,
 )
+from pycore._imma import IMMAOptions, imma_objective
+from pycore._losses import best_probe_loss
+from pycore._regularizers import (
+    preconditioned_r_ill_step_bound,
+    preconditioned_r_well_step_bound,
+    r_ill_grad,
+    r_ill_grad_theta,
+    r_well_grad,
+    r_well_grad_theta,
+)
+from pycore._spectral import spectrum_info
 from pycore.attacks import attack, exact_line_search_steps, gd_exact_line_search, make_problem
 from pycore.linalg import hessian_regularizer, precondition
 from tests.helpers import central_diff, rel_err, with_spectrum

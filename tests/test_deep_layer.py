@@ -8,15 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pycore import (
-    LinearTask,
-    ParameterError,
-    adaptive_descent,
-    def31_exponent_window,
-    immunize,
-    rir,
-    rir_ceiling,
-)
+from pycore import LinearTask, ParameterError, def31_exponent_window, immunize, rir, rir_ceiling
+from pycore._adaptive import adaptive_descent
 from pycore.deep import adaptive_layer, attainability, closed_form_layer
 from pycore.linalg import grad_theta_and_regularizer, precondition
 

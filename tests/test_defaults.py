@@ -13,14 +13,8 @@ import numpy as np
 import pytest
 from sklearn import datasets
 
-from pycore import (
-    LinearTask,
-    ParameterError,
-    adaptive_descent,
-    def31_exponent_window,
-    immunize,
-    rir_ceiling,
-)
+from pycore import LinearTask, ParameterError, def31_exponent_window, immunize, rir_ceiling
+from pycore._adaptive import adaptive_descent
 
 RESTARTS = 2  # the adaptive rule's restarts before it stops (docs/design.md §4)
 

@@ -88,7 +88,8 @@ def test_an_option_no_chosen_method_has_is_refused(tripwire, capsys, tmp_path):
 def test_every_linear_option_has_its_flag_and_the_library_checks_it(mod, tmp_path):
     """A flag per option of every method (Adam's betas pair aside), each reaching the library as
     typed: a value the library refuses is a usage error naming that flag."""
-    from pycore import METHODS, CertifiedOptions, options_of
+    from pycore import METHODS, options_of
+    from pycore._algorithm1 import CertifiedOptions
 
     parser = mod.build_parser()
     names = {*CertifiedOptions.names(), *(n for m in METHODS for n in options_of(m).names())}

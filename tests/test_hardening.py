@@ -1,23 +1,18 @@
-"""Hardening θ → θQ (:func:`pycore.harden`, :func:`pycore.harden_result`, docs/findings.md §5)
-keeps every κ, RIR and the best D_P loss."""
+"""Hardening θ → θQ (:func:`pycore._hardening.harden`, :func:`pycore.harden_result`,
+docs/findings.md §5) keeps every κ, RIR and the best D_P loss."""
 
 import numpy as np
 import pytest
 
-from pycore import (
-    HARDENINGS,
-    LinearTask,
-    ParameterError,
-    best_probe_loss,
+from pycore import HARDENINGS, LinearTask, ParameterError, harden_result, immunize, rir
+from pycore._hardening import (
     equalizing_rotation,
     haar_rotation,
     harden,
-    harden_result,
     hardening_rotation,
-    immunize,
     orthogonality_defect,
-    rir,
 )
+from pycore._losses import best_probe_loss
 from pycore.attacks import attack, jacobi_scaling, make_problem, run_attackers
 
 RTOL = 1e-10  # the invariance asked for; round-off here is ~1e-13 (κ up to ~1e6, D ≤ 40)

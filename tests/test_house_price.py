@@ -9,15 +9,8 @@ import numpy as np
 import pytest
 
 from experiments import house_price
-from pycore import (
-    OutlierWarning,
-    ParameterError,
-    evaluate_linear,
-    immunize,
-    limits,
-    rir,
-    rir_ceiling,
-)
+from pycore import ParameterError, evaluate_linear, immunize, limits, rir, rir_ceiling
+from pycore._validation import OutlierWarning
 from pycore.data import default_path, load_house_price, load_table
 from pycore.report import pm, read_json
 from tests.cli_helpers import call, one_line

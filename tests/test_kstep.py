@@ -17,15 +17,15 @@ from pycore import (
     LinearTask,
     ParameterError,
     SpectrumError,
-    TieWarning,
-    best_probe_loss,
     immunize,
     immunize_batch,
     kstep_remaining,
-    kstep_remaining_grad,
     method_of,
     options_of,
 )
+from pycore._kstep import kstep_remaining_grad
+from pycore._losses import best_probe_loss
+from pycore._regularizers import TieWarning
 from pycore.deep import LayerSolution, kstep_layer, kstep_loss
 from pycore.linalg import KStepProbe, probe_matrix
 

@@ -11,14 +11,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from pycore import (
-    IMMAOptions,
-    LinearTask,
-    ParameterError,
-    imma_objective,
-    immunize_batch,
-    limits,
-)
+from pycore import LinearTask, ParameterError, immunize_batch, limits
+from pycore._imma import IMMAOptions, imma_objective
 from pycore.data import (
     MnistDigits,
     ink_targets,

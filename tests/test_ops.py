@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from pycore import SpectrumError, ops, r_ill, r_ill_grad, r_well, r_well_grad
+from pycore import SpectrumError, ops, r_ill, r_well
+from pycore._regularizers import r_ill_grad, r_well_grad
 from pycore.linalg import hessian_regularizer
 from pycore.ops import CondRegError
 

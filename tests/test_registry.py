@@ -14,7 +14,6 @@ from pycore import (
     Method,
     MethodRun,
     ParameterError,
-    check_method_work,
     evaluate_linear,
     gram_spectrum,
     immunize,
@@ -24,6 +23,7 @@ from pycore import (
     register_method,
     unregister_method,
 )
+from pycore._immunization import check_method_work
 from pycore.attacks import Variant
 from pycore.report import METHOD_LABELS, read_json, write_json
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-from pycore import opt_kappa_objective
+from pycore._opt_kappa import opt_kappa_objective
 from pycore.linalg import Preconditioner, hessian_regularizer, ridge_factor
 from tests.helpers import psd_with_spectrum
 

@@ -9,7 +9,8 @@ import pytest
 import scipy.linalg
 import threadpoolctl
 
-from pycore import blas_threads, gram_spectrum
+from pycore import gram_spectrum
+from pycore._threads import blas_threads
 from pycore.linalg import ProductGramSpectrum, SymmetricEigen, hessian_regularizer
 
 

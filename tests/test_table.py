@@ -9,7 +9,8 @@ import warnings
 import numpy as np
 import pytest
 
-from pycore import OutlierWarning, ParameterError
+from pycore import ParameterError
+from pycore._validation import OutlierWarning
 from pycore.data import INPUTS, default_path, load_house_price, load_table, read_header
 from tests.helpers import added_peak_rss
 

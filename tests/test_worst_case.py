@@ -9,16 +9,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from pycore import (
-    LinearTask,
-    ParameterError,
-    attack_evaluation,
-    attacks as A,
-    closed_form_frontier,
-    limits,
-    regularizer_product,
-    target_progress,
-)
+from pycore import LinearTask, ParameterError, attack_evaluation, attacks as A, limits
+from pycore._frontier import closed_form_frontier, regularizer_product, target_progress
 from pycore.report import dumps_json, load_thetas, save_thetas, theta_key
 from tests.helpers import known_kappa, traced_peak
 

@@ -87,6 +87,20 @@ class GroupedRIR:
     def immunized(self) -> bool:
         return immunized_def31(self.harmful_ratio, self.pretrain_ratio)
 
+    @classmethod
+    def of(cls, Z_P, Z_H, Z_P0, Z_H0, *, rng, groups: int, group_size: int) -> GroupedRIR:
+        """The means of :func:`pycore.grouped_feature_rir` over the features after and before."""
+        g = grouped_feature_rir(
+            Z_P, Z_H, Z_P0, Z_H0, rng=rng, groups=groups, group_size=group_size
+        )
+        return cls(
+            g["harmful_ratio"]["mean"],
+            g["pretrain_ratio"]["mean"],
+            g["value"]["mean"],
+            g["groups"],
+            g["group_size"],
+        )
+
 
 # The held-out check of immunize_model: the share of dh held out from the immunization (at least
 # MIN_HELDOUT rows: the GD probe trains on half of them and is scored on the other half, so each
@@ -311,15 +325,8 @@ def immunize_model(
     )
     after = [extract(out, d, cached=cached) for d in (p, h)]
     r = feature_rir(*after, *before)
-    g = grouped_feature_rir(
+    grouped = GroupedRIR.of(
         *after, *before, rng=np.random.default_rng(seed), groups=20, group_size=100
-    )
-    grouped = GroupedRIR(
-        g["harmful_ratio"]["mean"],
-        g["pretrain_ratio"]["mean"],
-        g["value"]["mean"],
-        g["groups"],
-        g["group_size"],
     )
     ceiling, window, why = attainability(*before, precision=out.layer.weight.dtype)
     ok = immunized_def31(r.harmful_ratio, r.pretrain_ratio)

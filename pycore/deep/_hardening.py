@@ -3,7 +3,7 @@
 A feature map ``Z → ZM`` after immunization, the D_P classifier compensated (``W' = MᵀW``, ``V' =
 VM⁻ᵀ``).
 
-* ``"haar"``: ``M = Q`` Haar-random orthogonal (:func:`pycore.haar_rotation`, the linear
+* ``"haar"``: ``M = Q`` Haar-random orthogonal (:func:`pycore._hardening.haar_rotation`, the linear
   side's ``"haar"``): every spectrum (κ, RIR_θ₀, the GD probe) is kept; it removes the alignment
   with the coordinate axes that a per-coordinate optimiser (Adam) exploits.
 * ``"label_subspace"`` (deep only): ``M = (I − (1 − s)·P_U)·Q``, the span ``U`` of D_H's centred

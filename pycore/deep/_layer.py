@@ -273,7 +273,7 @@ def _closed_form(XP, XH, ceiling) -> tuple[np.ndarray, str]:
     """The linear core's closed form on the layer's features at its default exponent.
 
     The linear core's closed form on the layer's features at its default exponent
-    (:func:`pycore.auto_exponent`: the window's balanced one), and why that one.
+    (:func:`pycore._closed_form.auto_exponent`: the window's balanced one), and why that one.
     """
     task = LinearTask(XP, np.zeros(len(XP)), XH, np.zeros(len(XH)), name="layer features")
     a, how = auto_exponent(task, ceiling)
@@ -301,18 +301,18 @@ def adaptive_layer(
 ) -> LayerSolution:
     """θ by the adaptive rule of the linear default on the layer's inputs (docs/design.md §4).
 
-    All rows, in float64 (:func:`pycore.adaptive_descent`). Before any step, features that
-    ``precision`` does not resolve (:func:`attainability`) are refused: θ = I with no window and a
-    NaN ceiling. ``start="closed_form"`` (when the closed form's window is open) starts from the
-    closed form at the window's balanced exponent, ``S`` (D×r, r = rank K_P): the rule runs on the
-    closed form's features ``XS`` from θ' = I and ``θ = Sθ'`` (its D − r other columns zero, as the
-    closed form's). Such a θ reads only range(K_P), so no θ of this form has a margin
-    min(ln(i), −ln(ii)) above ``min(½ ln ceiling, ln κ(K_P))`` (docs/theory.md §10; (ii) ≥
-    1/κ(K_P) for every θ), and the run ends once it is within :data:`pycore._adaptive.PROGRESS_TOL`
-    of that bound: from the balanced exponent, at step 0. Otherwise (``"identity"``, or no open
-    window) the rule runs from θ = I, its bound ``min(½ ln exact ceiling, ln κ(K_P))`` (the exact
-    ceiling is infinite when D_H varies where D_P does not). Every step works on the small side of
-    the Gram matrices. The kept θ's (i) and (ii) are exact (SVD).
+    All rows, in float64 (:func:`pycore._adaptive.adaptive_descent`). Before any step, features
+    that ``precision`` does not resolve (:func:`attainability`) are refused: θ = I with no window
+    and a NaN ceiling. ``start="closed_form"`` (when the closed form's window is open) starts from
+    the closed form at the window's balanced exponent, ``S`` (D×r, r = rank K_P): the rule runs on
+    the closed form's features ``XS`` from θ' = I and ``θ = Sθ'`` (its D − r other columns zero, as
+    the closed form's). Such a θ reads only range(K_P), so no θ of this form has a margin
+    min(ln(i), −ln(ii)) above ``min(½ ln ceiling, ln κ(K_P))`` (docs/theory.md §10; (ii) ≥ 1/κ(K_P)
+    for every θ), and the run ends once it is within :data:`pycore._adaptive.PROGRESS_TOL` of that
+    bound: from the balanced exponent, at step 0. Otherwise (``"identity"``, or no open window) the
+    rule runs from θ = I, its bound ``min(½ ln exact ceiling, ln κ(K_P))`` (the exact ceiling is
+    infinite when D_H varies where D_P does not). Every step works on the small side of the Gram
+    matrices. The kept θ's (i) and (ii) are exact (SVD).
 
     Parameters
     ----------
@@ -321,7 +321,7 @@ def adaptive_layer(
     steps : int
         The most steps of the rule.
     patience : int
-        As for :func:`pycore.adaptive_descent`.
+        As for :func:`pycore._adaptive.adaptive_descent`.
     lr : float, optional
         Adam's learning rate (default :func:`relative_step_lr` of θ's width).
     precision : torch.dtype or numpy float type, optional
@@ -329,7 +329,7 @@ def adaptive_layer(
     start : {"closed_form", "identity"}, default "closed_form"
         Where the rule starts.
     min_rate : float, optional
-        As for :func:`pycore.adaptive_descent` (default :data:`MIN_GAIN_RATE`).
+        As for :func:`pycore._adaptive.adaptive_descent` (default :data:`MIN_GAIN_RATE`).
     progress : bool, default False
         A bar on a terminal.
 
@@ -447,7 +447,7 @@ def kstep_layer(
     epochs : int, default 5000
         The most steps of the adaptive rule.
     patience : int, default 300
-        As for :func:`pycore.adaptive_descent`.
+        As for :func:`pycore._adaptive.adaptive_descent`.
     lr : float, optional
         Adam's learning rate (default :func:`relative_step_lr`).
     num_classes : pair of int or None, default (None, None)

@@ -116,7 +116,7 @@ class DeepOptions(Options):
     backbone's last stages) by SGD lr 0.1, ≤ 400 steps of 64 + 64 samples, every term re-balanced
     every step; the paper's Table 4 uses fixed λ's, ``lr=1e-5``, ``scope="tail"``
     (experiments/deep_configs.py). Every option is checked by :data:`OPTION_RULES` or
-    :data:`OPTION_CHOICES`, or is a bool (:class:`pycore.Options`).
+    :data:`OPTION_CHOICES`, or is a bool (:class:`pycore._options.Options`).
     """
 
     RULES = OPTION_RULES
