@@ -97,41 +97,12 @@ def regularizer_directions(
     return directions
 
 
-def _unit(a):
-    n = np.linalg.norm(a)
-    return a / n if n > 0 else a
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    """How :func:`adaptive_descent` steps and when it stops.
 
-
-def adaptive_descent(
-    theta: np.ndarray,
-    log_ratios: Callable,
-    directions: Callable,
-    *,
-    lr: float,
-    epochs: int,
-    patience: int,
-    betas=(0.9, 0.999),
-    adam_eps: float = 1e-8,
-    bound: float = np.inf,
-    min_rate: float | None = None,
-    progress: bool = False,
-) -> AdaptiveRun:
-    """The adaptive rule (module docstring) from a given θ.
-
-    At most ``epochs`` steps. A margin that stays ≤ 0 for ``4·patience`` steps restarts the run
-    from ``theta`` at lr/3 (one of the :data:`RESTARTS`), or ends it when none is left; a
-    ``SpectrumError`` of ``directions`` ends it at that step.
-
-    Parameters
+    Attributes
     ----------
-    theta : ndarray
-        The starting θ (any shape ``directions`` and ``log_ratios`` take).
-    log_ratios : callable
-        ``θ ↦ (ln(i), ln(ii))``, exact: they choose the kept iterate
-        (:func:`kappa_log_ratios` for a linear task).
-    directions : callable
-        ``θ ↦ (d_P, d_H)``, the two preconditioned regularizer directions
-        (:func:`regularizer_directions`).
     lr : float
         Adam's first learning rate; each restart divides it by 3.
     epochs : int
@@ -150,6 +121,48 @@ def adaptive_descent(
         The least margin gain per step that counts as progress once the margin is positive,
         measured over windows of ``patience`` steps; None: only :data:`PROGRESS_TOL` since the best
         iterate counts.
+    """
+
+    lr: float
+    epochs: int
+    patience: int
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    bound: float = np.inf
+    min_rate: float | None = None
+
+
+def _unit(a):
+    n = np.linalg.norm(a)
+    return a / n if n > 0 else a
+
+
+def adaptive_descent(
+    theta: np.ndarray,
+    log_ratios: Callable,
+    directions: Callable,
+    settings: AdaptiveSettings,
+    *,
+    progress: bool = False,
+) -> AdaptiveRun:
+    """The adaptive rule (module docstring) from a given θ.
+
+    At most ``epochs`` steps. A margin that stays ≤ 0 for ``4·patience`` steps restarts the run
+    from ``theta`` at lr/3 (one of the :data:`RESTARTS`), or ends it when none is left; a
+    ``SpectrumError`` of ``directions`` ends it at that step.
+
+    Parameters
+    ----------
+    theta : ndarray
+        The starting θ (any shape ``directions`` and ``log_ratios`` take).
+    log_ratios : callable
+        ``θ ↦ (ln(i), ln(ii))``, exact: they choose the kept iterate
+        (:func:`kappa_log_ratios` for a linear task).
+    directions : callable
+        ``θ ↦ (d_P, d_H)``, the two preconditioned regularizer directions
+        (:func:`regularizer_directions`).
+    settings : AdaptiveSettings
+        The learning rate, the step budget, the patience, Adam's constants and the stops.
     progress : bool, default False
         A bar on a terminal (:func:`pycore.report.progress`) over the ``epochs`` steps, its time
         left an upper bound (the run can stop early).
@@ -165,7 +178,11 @@ def adaptive_descent(
     DivergenceError
         An Adam step became non-finite (``.parameter`` is ``"lr"``).
     """
-    make = lambda lr: make_optimizer("adam", lr, betas, adam_eps, param="θ")  # noqa: E731
+    lr, epochs, patience = settings.lr, settings.epochs, settings.patience
+    bound, min_rate = settings.bound, settings.min_rate
+    make = lambda lr: make_optimizer(  # noqa: E731
+        "adam", lr, settings.betas, settings.adam_eps, param="θ"
+    )
     opt = make(lr)
     best, best_m, best_step, since, left = theta, 0.0, 0, 0, RESTARTS
     window = None  # (step, best margin) where the current min_rate window began

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 
 import pycore._losses as losses
-from pycore._adaptive import adaptive_descent, kappa_log_ratios, regularizer_directions
+from pycore._adaptive import (
+    AdaptiveSettings,
+    adaptive_descent,
+    kappa_log_ratios,
+    regularizer_directions,
+)
 from pycore._linear_options import AdamOptions
 from pycore._loops import (
     Inputs,
@@ -341,11 +346,9 @@ def algorithm1_auto(task, o) -> MethodRun:
         regularizer_directions(
             XP, XH, precond=o.precond, ridge=o.ridge, K_P=task.K_P, K_H=task.K_H
         ),
-        lr=o.lr,
-        epochs=o.epochs,
-        patience=o.patience,
-        betas=o.betas,
-        adam_eps=o.adam_eps,
+        AdaptiveSettings(
+            lr=o.lr, epochs=o.epochs, patience=o.patience, betas=o.betas, adam_eps=o.adam_eps
+        ),
     )
     best, best_m, stop, advice = run.theta, run.margin, run.stop, None
     log_i, log_ii = log_ratios(best)

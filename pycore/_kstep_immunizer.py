@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import pycore._losses as losses
-from pycore._adaptive import adaptive_descent
+from pycore._adaptive import AdaptiveSettings, adaptive_descent
 from pycore._kstep import DEFAULT_STEPS, KStepProbe
 from pycore._linear_options import LinearOptions
 from pycore._registry import Method, MethodRun, each_run
@@ -141,9 +141,7 @@ def kstep(task, o, rngs) -> list[MethodRun]:
             theta,
             problem.log_ratios,
             problem.directions,
-            lr=o.lr,
-            epochs=o.epochs,
-            patience=o.patience,
+            AdaptiveSettings(lr=o.lr, epochs=o.epochs, patience=o.patience),
         )
         theta, hist = run.theta, run.history
         hist = {

@@ -6,6 +6,7 @@ House Prices (the Kaggle ``train.csv`` inside the PyPI package ``tid-regression-
 """
 
 from pycore._public import publish
+from pycore.data._csv import MISSING_MARKS, read_header
 from pycore.data._house_price import INPUTS, KAGGLE_COLUMNS, default_path, load_house_price
 from pycore.data._mnist import (
     MnistDigits,
@@ -18,7 +19,7 @@ from pycore.data._mnist import (
     parse_pairs,
     split_digits,
 )
-from pycore.data._table import MISSING_MARKS, TableData, load_table, read_header
+from pycore.data._table import TableData, TableSpec, load_table
 
 __all__ = [
     # House Prices
@@ -38,6 +39,7 @@ __all__ = [
     "pair_task",
     # any table
     "TableData",
+    "TableSpec",
     "load_table",
     "read_header",
     "MISSING_MARKS",

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pycore.data._csv import read_header
 from pycore.data._files import packaged_file
-from pycore.data._table import TableData, load_table, read_header
+from pycore.data._table import TableData, load_table
 
 KAGGLE_COLUMNS = (
     "Id MSSubClass MSZoning LotFrontage LotArea Street Alley LotShape LandContour "

@@ -24,7 +24,7 @@ import scipy.linalg
 import torch
 
 from pycore import LinearTask, immunize
-from pycore._adaptive import adaptive_descent
+from pycore._adaptive import AdaptiveSettings, adaptive_descent
 from pycore._batch import GramStack
 from pycore._closed_form import auto_exponent, closed_form
 from pycore._metrics import ExponentWindow, def31_exponent_window, rir_ceiling
@@ -369,11 +369,13 @@ def adaptive_layer(
         np.eye(width),
         problem.log_ratios,
         problem.directions,
-        lr=relative_step_lr(width) if lr is None else lr,
-        epochs=steps,
-        patience=patience,
-        bound=bound,
-        min_rate=min_rate,
+        AdaptiveSettings(
+            lr=relative_step_lr(width) if lr is None else lr,
+            epochs=steps,
+            patience=patience,
+            bound=bound,
+            min_rate=min_rate,
+        ),
         progress=progress,
     )
     theta = run.theta if S is None else np.pad(S @ run.theta, ((0, 0), (0, D - width)))
