@@ -313,3 +313,28 @@ def check_regular_file(path, what: str, *, max_bytes: int | None = None, error=V
     if st.st_size > max_bytes:
         raise error(f"{p}: is {st.st_size} bytes, larger than the {max_bytes} byte limit ({what})")
     return int(st.st_size)
+
+
+# torch.Generator.manual_seed takes seeds below 2**64, numpy's default_rng any non-negative one
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed) -> int:
+    """``seed`` as an int, or a :class:`ParameterError` naming it.
+
+    Checked before any work: a negative seed failed in numpy's generator after the training.
+    """
+    if (
+        isinstance(seed, bool)
+        or not isinstance(seed, numbers.Integral)
+        or not 0 <= seed <= MAX_SEED
+    ):
+        raise ParameterError("seed", f"seed must be an integer in [0, 2**63 - 1], got {seed!r}")
+    return int(seed)
+
+
+def check_flag(value, name: str) -> bool:
+    """``value`` if it is True or False, else a :class:`ParameterError` naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ParameterError(name, f"{name} must be True or False, got {value!r}")
+    return bool(value)
