@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -85,17 +86,35 @@ def extension_available() -> bool:
     return _HAS_EXTENSION
 
 
+# The tag before the sentence of every refusal of the C++ op (PYCORE_CHECK_ARG, csrc/cond_reg.h).
+ARGUMENT_TAG = re.compile(r"pycore\.argument=(\w+);")
+
+
+def refused_argument(exc: BaseException) -> tuple[str, str] | None:
+    """``(argument, sentence)`` of a refusal of the C++ op; None for any other error.
+
+    The op's ValueError carries the argument at fault as a tag (``pycore.argument=Z;``) before
+    the sentence; compiled code (``torch.compile``) gets that ValueError as it is.
+    """
+    first = (str(exc).splitlines() or [""])[0]
+    tag = ARGUMENT_TAG.match(first)
+    return None if tag is None else (tag.group(1), first[tag.end() :])
+
+
 def _run(where: str, name: str, op, *args):
     """``op(*args)``, the C++ refusals as CondRegError.
 
-    ``op(*args)``, the C++ checks' ValueError (argument name first) and the dispatcher's
-    NotImplementedError (no kernel for this layout or device) as CondRegError.
+    The C++ checks' tagged ValueError (:func:`refused_argument`) and the dispatcher's
+    NotImplementedError (no kernel for this layout or device) as CondRegError; any other error
+    as it is.
     """
     try:
         return op(*args)
     except ValueError as exc:
-        msg = str(exc).splitlines()[0]
-        raise CondRegError(msg.split(maxsplit=1)[0], f"{where}: {msg}") from None
+        refused = refused_argument(exc)
+        if refused is None:
+            raise
+        raise CondRegError(refused[0], f"{where}: {refused[1]}") from None
     except NotImplementedError:
         t = args[0]
         raise CondRegError(
