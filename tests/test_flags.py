@@ -79,7 +79,7 @@ def test_an_option_no_chosen_method_has_is_refused(tripwire, capsys, tmp_path):
         (["--methods", "imma", "--certified"], "--certified"),
     ):
         rc, err = call(capsys, house_price, [*argv, "--out", str(tmp_path / "o")])
-        assert rc == 2 and one_line(err, flag)
+        assert rc == 2 and one_line(err, flag) and not (tmp_path / "o").exists()
     args = house_price.parse_args(["--methods", "imma,ours", "--inner-steps", "5", "--lr", "0.01"])
     assert args.immunizer.given == {"imma": {"inner_steps": 5, "lr": 0.01}, "ours": {"lr": 0.01}}
 
