@@ -229,3 +229,15 @@ def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
     for m in methods:
         run.options(m)
     return run
+
+
+def add_methods(parser) -> None:
+    """``--methods``: a comma list of :data:`pycore.METHODS`, every one by default."""
+    from pycore import METHODS
+
+    parser.add_argument(
+        "--methods",
+        type=comma_list(choices=METHODS),
+        default=",".join(METHODS),
+        help="methods to run",
+    )

@@ -25,7 +25,6 @@ import numpy as np
 
 from experiments import common
 from pycore import (
-    METHODS,
     EvaluationReference,
     def31_exponent_window,
     evaluate_linear,
@@ -107,12 +106,7 @@ OUTPUTS = ("table.md", "norm_ratio.png", "thetas.npz", "results.json")
 def build_parser() -> common.Parser:
     p = common.Parser("house_price.py", __doc__)
     common.add_run_flags(p, "5", "results/house_price")
-    p.add_argument(
-        "--methods",
-        type=common.comma_list(choices=METHODS),
-        default=",".join(METHODS),
-        help="methods to run",
-    )
+    common.add_methods(p)
     p.add_argument(
         "--protocol",
         choices=("paper", "strict"),

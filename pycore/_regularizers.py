@@ -167,7 +167,7 @@ def r_ill(S) -> float:
     Parameters
     ----------
     S : array_like, shape (m, n)
-        A real finite matrix.
+        A real finite matrix with two distinct nonzero singular values.
 
     Returns
     -------

@@ -230,9 +230,10 @@ def condition_number(S, *, rtol: float | None = None) -> float:
     Parameters
     ----------
     S : array_like, shape (m, n)
-        A real finite matrix.
+        The matrix, real and finite.
     rtol : float, optional
-        The rank cut-off relative to σ_max, in [0, 1) (:func:`rank_tolerance`).
+        Singular values below ``rtol·σ_max`` count as zero, ``rtol`` in [0, 1); default the rank
+        rule of docs/theory.md §2 (``pycore._spectral.rank_tolerance``).
 
     Returns
     -------

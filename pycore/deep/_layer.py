@@ -521,9 +521,9 @@ def closed_form_layer(X_P, X_H, *, precision=None) -> LayerSolution:
     Raises
     ------
     ValueError
-        Features that are not finite real matrices.
+        ``X_P`` or ``X_H`` not a finite real matrix.
     SpectrumError
-        Zero features.
+        ``X_P`` or ``X_H`` zero.
     """
     XP, XH = _rows(X_P), _rows(X_H)
     c, window, why, resolved = _reach(XP, XH, precision)
