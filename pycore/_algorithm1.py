@@ -292,8 +292,7 @@ def fixed_lambda_loop(task, method, o, rngs, terms_of=RegularizerTerms):
 def _certified_steps(theta, task, o, pre_P, pre_H, cert):
     """Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5).
 
-    Each regularizer step clipped to ``safety`` × its bound (docs/theory.md §5) and κ checked
-    after it; a bound of 0 (a tie) skips the step.
+    κ is checked after each; a bound of 0 (a tie) skips the step.
     """
     cert["checked"] += 1
     for tag, X, lam, pre in (

@@ -543,9 +543,8 @@ def _scipy(
 def jacobi_scaling(Z, *, curvature: float = 1.0, ridge: float = 0.0) -> np.ndarray:
     """The Jacobi preconditioner an attacker reads off their features.
 
-    ``diag(c·ZᵀZ + λI)^{-½}`` (1 where zero): the Jacobi preconditioner an attacker reads off
-    their features (logistic: the Hessian at w = 0, c = ¼, plus the ridge, lest a never-inked pixel
-    explode).
+    ``diag(c·ZᵀZ + λI)^{-½}``, 1 where zero (logistic: the Hessian at w = 0, c = ¼, plus the ridge,
+    lest a never-inked pixel explode).
     """
     d = curvature * np.sum(np.asarray(Z, dtype=np.float64) ** 2, axis=0) + ridge
     out = np.ones_like(d)

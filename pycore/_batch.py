@@ -83,8 +83,7 @@ class GramStack:
     def u(self, index) -> np.ndarray:
         """Unit eigenvectors of the W's (B×r) for the ``index``-th largest eigenvalue of each run.
 
-        Unit eigenvectors of the W's (B×r) for the ``index``-th largest eigenvalue of each run
-        (inverse iteration at the dsterf eigenvalue, :meth:`SymmetricEigen.vector_at_value`).
+        By inverse iteration at the dsterf eigenvalue (:meth:`SymmetricEigen.vector_at_value`).
         """
         index = np.broadcast_to(np.asarray(index), (len(self),))
         key = tuple(int(i) for i in index)

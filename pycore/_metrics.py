@@ -1,8 +1,8 @@
 """Immunization metrics: RIR (paper Eq. (15)), its ceiling and exponent window, RIR_θ₀.
 
-Immunization metrics: RIR (paper Eq. (15)), its ceiling and exponent window (docs/theory.md
-§10), RIR_θ₀ by group sampling (§8).  Every κ of a Hessian ``θᵀXᵀXθ`` is κ(Xθ)² from the SVD of the
-features (:func:`pycore._spectral.gram_spectrum`): RIR multiplies four κ's that reach 1e10.
+The ceiling and window are docs/theory.md §10's, the group sampling §8's. Every κ of a Hessian
+``θᵀXᵀXθ`` is κ(Xθ)² from the SVD of the features (:func:`pycore._spectral.gram_spectrum`): RIR
+multiplies four κ's that reach 1e10.
 """
 
 from __future__ import annotations
@@ -63,9 +63,8 @@ def _check_pair(X_P, X_H, names=("X_P", "X_H")):
 def right_singular_vectors(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, np.ndarray]:
     """``(s, Vt)``: the singular values of ``X`` (N×D) and ALL D right singular vectors.
 
-    ``(s, Vt)``: the singular values of ``X`` (N×D) and ALL D right singular vectors
-    (range(XᵀX), then its complement), sizes checked up front: a full SVD of a tall X forms an N×N
-    U (35k: 10 GB).
+    ``Vt``'s rows span range(XᵀX), then its complement. Sizes are checked up front: a full SVD of a
+    tall X forms an N×N U (35k: 10 GB).
     """
     N, D = X.shape
     check_dense_size((D, D), f"the {D}×{D} basis of {name}'s row space ({name} is {N}×{D})")

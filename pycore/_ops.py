@@ -1,13 +1,12 @@
 """The fused condition-number regularizer op and the immunization head.
 
-The fused condition-number regularizer op and the immunization head (docs/theory.md §3-4,
-docs/design.md §2), as pytorch/extension-cpp does it: ``torch.ops.pycore.*`` are defined, with
-their input checks, in C++ (csrc/; CPU kernels, CUDA when built); this module registers the fake
-implementation and autograd, and turns the C++ refusals into :class:`CondRegError` (under
-``torch.compile``: its base ValueError). Without the extension (not built, or
-``PYCORE_DISABLE_EXTENSION=1``; one RuntimeWarning) the entry points run the plain reference,
-:func:`reference_cond_regularizer` and a float64 solve on the weight gradient: the same values and
-refusals of R, no diagnostics, no meta tensors, no ``torch.compile(fullgraph=True)``.
+docs/theory.md §3-4, docs/design.md §2, as pytorch/extension-cpp does it: ``torch.ops.pycore.*``
+are defined, with their input checks, in C++ (csrc/; CPU kernels, CUDA when built); this module
+registers the fake implementation and autograd, and turns the C++ refusals into
+:class:`CondRegError` (under ``torch.compile``: its base ValueError). Without the extension (not
+built, or ``PYCORE_DISABLE_EXTENSION=1``; one RuntimeWarning) the entry points run the plain
+reference, :func:`reference_cond_regularizer` and a float64 solve on the weight gradient: the same
+values and refusals of R, no diagnostics, no meta tensors, no ``torch.compile(fullgraph=True)``.
 """
 
 from __future__ import annotations
@@ -388,8 +387,7 @@ def _precondition_right(X: torch.Tensor, lambda_reg: float, grad_W: torch.Tensor
 def precond_linear(X, W, bias=None, lambda_reg: float = 1e-7, precondition: bool = True):
     """``X Wᵀ + b`` whose weight gradient is ``(grad_outᵀX)(XᵀX + λI)⁻¹``.
 
-    ``X Wᵀ + b`` whose weight gradient is ``(grad_outᵀX)(XᵀX + λI)⁻¹`` (docs/theory.md §4,
-    right side).
+    The preconditioner multiplies the weight gradient on the right (docs/theory.md §4).
     """
     if _HAS_EXTENSION:
         return _run(

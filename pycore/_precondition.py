@@ -114,8 +114,8 @@ def theta_G(theta, reg, Z):
 class Preconditioner:
     """What preconditioner ``mode`` needs per task, computed once.
 
-    What preconditioner ``mode`` needs per task, computed once (with the rows ``X`` and N < D
-    from the SVD of X, the same cut-off on s² as :func:`range_basis` on K's eigenvalues).
+    With the rows ``X`` and N < D, from the SVD of X, with the same cut-off on s² as
+    :func:`range_basis` on K's eigenvalues.
     """
 
     def __init__(self, K, mode, ridge, X=None):

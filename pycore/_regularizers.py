@@ -1,9 +1,8 @@
 """Condition-number regularizers R_well and R_ill (docs/theory.md §3), gradients and step bounds.
 
-Condition-number regularizers R_well and R_ill (docs/theory.md §3), their gradients through θ
-(§4, ``∇_θR = 2KθG``, Theorem 4.2) and step-size bounds (§5, corrected): ``‖S‖_F`` and ONE extreme
-singular pair, never a derivative of an eigendecomposition; a (near-)tie there is a
-:class:`TieWarning`.
+The gradients through θ are §4's (``∇_θR = 2KθG``, Theorem 4.2), the step-size bounds §5's
+(corrected). Each needs ``‖S‖_F`` and ONE extreme singular pair, never a derivative of an
+eigendecomposition; a (near-)tie there is a :class:`TieWarning`.
 """
 
 from __future__ import annotations
@@ -226,8 +225,7 @@ class HessianRegularizer(_Tie):
     def vector(self, i: int) -> np.ndarray:
         """Eigenvector of H for the i-th largest eigenvalue.
 
-        Eigenvector of H for the i-th largest eigenvalue (bit-for-bit one ``evr`` subset
-        call on H).
+        Bit for bit one ``evr`` subset call on H.
         """
         if i not in self._vectors:
             if self._eig is None:  # N < D: the two extreme vectors are all there is
@@ -258,8 +256,7 @@ def hessian_regularizer(
 ) -> HessianRegularizer:
     """R_kind(ZᵀZ) and ``G = ∇_H R``, the immunizers' in-loop path.
 
-    R_kind(ZᵀZ) and ``G = ∇_H R``, the immunizers' in-loop path (Theorem 4.2: R_well with p =
-    D).
+    R_well with p = D (Theorem 4.2).
 
     N < D (MNIST): the spectrum of the N×N ``ZZᵀ`` (``v = Zᵀu/√λ``), both extreme vectors kept, and
     ``matrices=False`` skips the D×D ``H`` and ``G``.  Otherwise one reduction of H

@@ -228,8 +228,7 @@ def run_grid(
 class Best(NamedTuple):
     """The fewest ``steps`` a set of configurations took to ε and the attacker that took them.
 
-    The fewest ``steps`` a set of configurations took to ε and the ``attacker`` (its label)
-    that took them; ``(None, None)`` when none was within the cap.
+    ``attacker`` is its label; ``(None, None)`` when none was within the cap.
     """
 
     steps: int | None
@@ -276,9 +275,9 @@ def slowdown(s_theta: int | None, s_ref: int | None, cap: int) -> Slowdown:
 class FamilyResult:
     """The fastest configuration on θ among some attacker families against the reference's.
 
-    The fastest configuration on θ among some attacker families against the fastest on the
-    reference: steps to ε (None = not within the cap), the :func:`slowdown` θ/reference with its
-    ``kind``, and the :func:`kappa_bounds` ``bound`` of the ``family`` (None where not given).
+    Steps to ε on θ and on the reference (None = not within the cap), the :func:`slowdown`
+    θ/reference with its ``kind``, and the :func:`kappa_bounds` ``bound`` of the ``family`` (None
+    where not given).
     """
 
     family: str | None

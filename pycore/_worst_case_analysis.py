@@ -157,8 +157,7 @@ class Analysis:
     def variants(self) -> list[Variant]:
         """The analysed variants, in the order of the runs.
 
-        The analysed variants, in the order of the runs (identity is the reference, not one
-        of them).
+        Identity is the reference, not one of them.
         """
         return list(dict.fromkeys(v for v, *_ in self.cells))
 
@@ -267,10 +266,9 @@ def analyse(runs, grid, eps_list, cap: int, *, rotated: Variant | None = None) -
 class Curve:
     """Best-so-far on D_H of one variant on one row set, over the configurations of a pool.
 
-    Best-so-far on D_H of one variant on one row set, over the configurations of a ``pool``
-    ("all" or "first_order"): after k configurations tried in a random order, the fewest steps on
-    θ over the best of the WHOLE grid on identity; median and 10/90 % quantiles over orders and
-    seeds.
+    ``pool`` is "all" or "first_order": after k configurations tried in a random order, the fewest
+    steps on θ over the best of the WHOLE grid on identity; median and 10/90 % quantiles over
+    orders and seeds.
     """
 
     variant: Variant
@@ -310,8 +308,8 @@ class BestSoFar:
 def best_so_far_curves(runs, grid, eps: float, cap: int, orders: int) -> BestSoFar:
     """The best-so-far curves on D_H of every variant and row set.
 
-    The best-so-far curves on D_H of every variant and row set (TamperBench's: how fast an
-    attacker who tries configurations in a random order finds the worst case).
+    TamperBench's: how fast an attacker who tries configurations in a random order finds the worst
+    case.
 
     Parameters
     ----------
@@ -396,8 +394,8 @@ class Target:
 def targets(runs, analysis: Analysis) -> list[Target]:
     """The hardening targets of docs/findings.md §5.
 
-    The hardening targets of docs/findings.md §5 (training rows, ε = :data:`TARGET_EPS`) for
-    each hardened variant but identity's that was attacked by Adam.
+    On the training rows, ε = :data:`TARGET_EPS`, for each hardened variant but identity's that was
+    attacked by Adam.
 
     Parameters
     ----------

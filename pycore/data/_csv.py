@@ -232,8 +232,7 @@ def zscore(A: np.ndarray) -> np.ndarray:
 def check_outliers(col: Column, v: np.ndarray, on_outlier: str) -> None:
     """Warn about (or refuse) a cell beyond OUTLIER_FACTOR × its column's median magnitude.
 
-    Warn about (or refuse) a cell beyond OUTLIER_FACTOR × the column's median nonzero
-    magnitude.
+    The median is over the column's nonzero magnitudes.
     """
     idx = outliers(v) if on_outlier != "ignore" else ()
     if len(idx) == 0:

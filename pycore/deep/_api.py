@@ -36,8 +36,7 @@ from pycore.deep._train import DeepOptions, immunize_in_place, options
 class NearChanceWarning(UserWarning):
     """The model given to :func:`immunize_model` scores near chance on D_P's given rows.
 
-    The model given to :func:`immunize_model` scores near chance on D_P's given rows
-    (:func:`pycore.near_chance`): ``.parameter`` names it (``"model"``), ``.top1`` and
+    By :func:`pycore.near_chance`: ``.parameter`` names the model (``"model"``), ``.top1`` and
     ``.chance`` are the two accuracies (%).
     """
 

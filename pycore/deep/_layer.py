@@ -1,8 +1,8 @@
 """The immunization layer on frozen features IS the linear problem.
 
-The immunization layer on frozen features IS the linear problem (docs/theory.md §10,
-docs/design.md §4): with the layer's inputs ``X_P``, ``X_H`` (the backbone's pre-logits, rows =
-samples) and ``W = θᵀ``, the features are ``Z = Xθ`` and every quantity of the linear core applies.
+docs/theory.md §10, docs/design.md §4: with the layer's inputs ``X_P``, ``X_H`` (the backbone's
+pre-logits, rows = samples) and ``W = θᵀ``, the features are ``Z = Xθ`` and every quantity of the
+linear core applies.
 
 * :func:`adaptive_layer` trains θ by the linear default's adaptive rule
   (:func:`pycore._adaptive.adaptive_descent`, the same code) on the layer's features;
@@ -157,8 +157,7 @@ def attainability(X_P, X_H, *, precision=None) -> tuple[float, ExponentWindow | 
 def _reach(X_P, X_H, precision):
     """:func:`attainability`'s answer with the whole :class:`~pycore.Ceiling`.
 
-    :func:`attainability`'s answer with the whole :class:`~pycore.Ceiling` and whether
-    the features are resolved in ``precision``.
+    Also whether the features are resolved in ``precision``.
     """
     c = rir_ceiling(X_P, X_H)
     floor = None if precision is None else resolution(precision, X_P, X_H)
@@ -272,8 +271,7 @@ STARTS = ("closed_form", "identity")
 def _closed_form(XP, XH, ceiling) -> tuple[np.ndarray, str]:
     """The linear core's closed form on the layer's features at its default exponent.
 
-    The linear core's closed form on the layer's features at its default exponent
-    (:func:`pycore._closed_form.auto_exponent`: the window's balanced one), and why that one.
+    The default is :func:`pycore._closed_form.auto_exponent`'s, the window's balanced one.
     """
     task = LinearTask(XP, np.zeros(len(XP)), XH, np.zeros(len(XH)), name="layer features")
     a, how = auto_exponent(task, ceiling)
@@ -397,8 +395,7 @@ def adaptive_layer(
 def _one_hot(y, n_rows: int, name: str, num_classes) -> np.ndarray:
     """Integer class labels ``y`` (N,) as an N×C one-hot matrix.
 
-    Integer class labels ``y`` (N,) as an N×C one-hot matrix (C = ``num_classes`` or the
-    largest label + 1), or a ParameterError naming ``name``.
+    C is ``num_classes`` or the largest label + 1; a bad label is a ParameterError naming ``name``.
     """
     y = np.asarray(y)
     if y.ndim != 1 or y.shape[0] != n_rows or y.dtype.kind not in "iu" or (y.size and y.min() < 0):

@@ -1,7 +1,6 @@
 """Deep immunization of an :class:`~pycore.deep.ImmunizedNet` in place.
 
-Deep immunization of an :class:`~pycore.deep.ImmunizedNet` in place (paper Eq. (11),
-Algorithm 1 on deep nets, §5.2; docs/theory.md §9; docs/design.md §4).
+Paper Eq. (11), Algorithm 1 on deep nets, §5.2; docs/theory.md §9; docs/design.md §4.
 
 With ``rule="adaptive"`` (the default of ``ours``) and for ``closed_form`` the layer is set from
 the linear problem on the frozen features (:mod:`pycore.deep._layer`). Otherwise (``rule="sgd"``,
@@ -171,8 +170,7 @@ def _rescale(model, c: float) -> None:
 def _dp_accuracy(model, data, cached: bool, device, seed: int, scale: float):
     """A function giving the model's top-1 (%) on up to 1024 seeded D_P training samples.
 
-    A function giving the model's top-1 (%) on up to 1024 seeded D_P training samples (its
-    own head).
+    With its own head.
     """
     idx = torch.from_numpy(
         np.sort(np.random.default_rng([seed, 11]).permutation(len(data))[:1024])
