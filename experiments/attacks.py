@@ -5,7 +5,7 @@ much, and what the condition number alone could have forced.
 Every attacker family of :func:`pycore.attacks.attacker_grid` probes ``Z = Xθ`` of D_H and D_P
 (training and held-out rows) for identity and each of ``--methods`` (``--hardened-methods`` also
 hardened, :func:`pycore.harden_result`) and counts its steps to each ε;
-:func:`pycore.attacks.analyse` names each family's best configuration, the defender's
+:func:`pycore._worst_case_analysis.analyse` names each family's best configuration, the defender's
 worst case and what κ alone can force.
 
     python experiments/attacks.py                        # strict, 5 seeds, closed form, Alg. 1
@@ -29,20 +29,12 @@ import numpy as np
 from experiments import common
 from pycore import METHODS
 from pycore._linear_options import MAX_EPOCHS
-from pycore.attacks import (
-    FAMILIES,
-    MAX_ORDERS,
-    GridRun,
-    Variant,
-    VariantRun,
-    analyse,
-    attacker_grid,
-    best_so_far_curves,
-    run_grid,
-    targets,
-)
-from pycore.data import parse_pairs
-from pycore.report import environment, save_figure, task_arrays, theta_key
+from pycore._thetas import task_arrays, theta_key
+from pycore._worst_case import FAMILIES, MAX_ORDERS
+from pycore._worst_case_analysis import Variant, VariantRun, analyse, best_so_far_curves, targets
+from pycore.attacks import GridRun, attacker_grid, run_grid
+from pycore.data._mnist import parse_pairs
+from pycore.report import environment, save_figure
 
 MAX_STEPS = (
     1_000_000  # a trajectory keeps a loss per step: 50× the default cap, ample for ε = 1e-6

@@ -35,18 +35,17 @@ from pycore._closed_form import auto_exponent
 from pycore._evaluate import norm_ratio_curves
 from pycore._hardening import invariant_change, loss_floor
 from pycore._immunization import check_method_work
-from pycore.attacks import MAX_PROBE_STEPS
+from pycore._probe import MAX_PROBE_STEPS
+from pycore._thetas import run_thetas, task_arrays
 from pycore.data import load_table
 from pycore.report import (
     METHOD_LABELS as LABELS,
     environment,
     fmt,
     pm,
-    run_thetas,
     save_figure,
     save_thetas,
     summarize,
-    task_arrays,
 )
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.

@@ -21,7 +21,9 @@ import numpy as np
 
 from experiments import common
 from pycore import EvaluationReference, immunized_def31, report, rir_ceiling
-from pycore.data import MnistDigits, load_mnist, pair_task, parse_pairs, split_digits
+from pycore._thetas import run_thetas, task_arrays
+from pycore.data import MnistDigits, load_mnist, pair_task, split_digits
+from pycore.data._mnist import parse_pairs
 
 LABELS, fmt, pm = report.METHOD_LABELS, report.fmt, report.pm  # the tables' cells
 
@@ -164,7 +166,7 @@ def run_pair(shared: Shared, pair: Pair):
             ref.rir(g[("theta", "P")], g[("theta", "H")], "heldout"),
         )
 
-    rows, saved = [], report.task_arrays({"train": train, "heldout": held}, at) if st.save else {}
+    rows, saved = [], task_arrays({"train": train, "heldout": held}, at) if st.save else {}
     for method in st.methods:
         rngs = [np.random.default_rng([seed, p, h]) for seed in st.seeds]
         last = None  # (θ, its measurement): a run equal to the one before is measured once
@@ -185,7 +187,7 @@ def run_pair(shared: Shared, pair: Pair):
                     ),
                 }
             if st.save:
-                saved.update(report.run_thetas(res, method, seed, harden, at))
+                saved.update(run_thetas(res, method, seed, harden, at))
             rows.append(
                 {
                     "pair": [p, h],

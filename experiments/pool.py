@@ -154,7 +154,7 @@ def pool_map(fn, items, jobs: int, desc: str | None = None) -> list:
     exception, Ctrl-C or SIGTERM every worker is killed first; a worker's exception arrives as
     itself.  ``fn`` is pickled with each item: data every item needs is bound to it
     (``functools.partial(fn, data)``) and travels with each task."""
-    from pycore.report import progress
+    from pycore._report import progress
 
     items = list(items)
     n = max(1, min(jobs, len(items), usable_cores()))

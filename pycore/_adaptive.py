@@ -59,7 +59,7 @@ def kappa_log_ratios(X_P: np.ndarray, X_H: np.ndarray, theta_ref: np.ndarray) ->
     """The exact ``(ln(i), ln(ii))`` of a θ of a linear task, as a function.
 
     ``θ ↦ (ln(i), ln(ii))`` from the exact κ's of ``X_Hθ`` and ``X_Pθ`` (one QR of each X,
-    :class:`pycore.linalg.ProductGramSpectrum`) against those at ``theta_ref``.
+    :class:`pycore._spectral.ProductGramSpectrum`) against those at ``theta_ref``.
     """
     spec_P, spec_H = ProductGramSpectrum(X_P), ProductGramSpectrum(X_H)
     kP0, kH0 = spec_P(theta_ref).kappa, spec_H(theta_ref).kappa
@@ -82,7 +82,7 @@ def regularizer_directions(
     """The two preconditioned regularizer directions of a linear task, as a function.
 
     ``θ ↦ (K_P⁺∇_θR_well(H_P), K_H⁺∇_θR_ill(H_H))`` (docs/theory.md §4; ``precond`` as
-    :class:`pycore.linalg.Preconditioner`, ``K = XᵀX`` unless given); raises
+    :class:`pycore._precondition.Preconditioner`, ``K = XᵀX`` unless given); raises
     ``SpectrumError`` where R has no value.
     """
     pre_P = Preconditioner(X_P.T @ X_P if K_P is None else K_P, precond, ridge, X_P)
@@ -164,7 +164,7 @@ def adaptive_descent(
     settings : AdaptiveSettings
         The learning rate, the step budget, the patience, Adam's constants and the stops.
     progress : bool, default False
-        A bar on a terminal (:func:`pycore.report.progress`) over the ``epochs`` steps, its time
+        A bar on a terminal (:func:`pycore._report.progress`) over the ``epochs`` steps, its time
         left an upper bound (the run can stop early).
 
     Returns

@@ -370,13 +370,13 @@ def norm_ratio_curves(theta: np.ndarray, task: LinearTask, steps: int) -> dict:
     task : LinearTask
         The task whose rows and targets are probed.
     steps : int
-        GD steps from w₀ = 0, in [0, :data:`pycore.attacks.MAX_PROBE_STEPS`].
+        GD steps from w₀ = 0, in [0, :data:`pycore._probe.MAX_PROBE_STEPS`].
 
     Returns
     -------
     dict
         ``{"D_P": curve, "D_H": curve}``, each an array of ``steps + 1`` ratios
-        ‖w_t − w*‖²/‖w_0 − w*‖² (:func:`pycore.attacks.gd_exact_line_search`).
+        ‖w_t − w*‖²/‖w_0 − w*‖² (:func:`pycore._probe.gd_exact_line_search`).
 
     Raises
     ------

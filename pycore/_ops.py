@@ -290,9 +290,43 @@ def cond_regularizer_with_diagnostics(
     tie_rtol: float | None = None,
     warn: bool = True,
 ):
-    """``(R, CondDiagnostics)``; a RuntimeWarning at a tie (``warn``).
+    """``R`` and what the op measured on the way: a :class:`CondDiagnostics`.
 
-    Needs the extension and data.
+    Needs the compiled extension. A RuntimeWarning at an eigenvalue tie (``warn``), where the
+    gradient is not defined.
+
+    Parameters
+    ----------
+    Z : torch.Tensor, shape (N, D)
+        float32 or float64 features.
+    kind : {"ill", "well"}
+        R_ill or R_well.
+    rtol, tie_rtol : float, optional
+        The rank cut-off and the tie threshold, relative to λ_max (the op's defaults: D·eps and
+        √eps of Z's dtype).
+    warn : bool, default True
+        Warn at a tie.
+
+    Returns
+    -------
+    value : torch.Tensor
+        R, a scalar with ``Z``'s gradient.
+    diagnostics : CondDiagnostics
+        σ_max, σ_min, κ, rank, the eigengap, the tie flag and how the eigenvector was found.
+
+    Raises
+    ------
+    CondRegError
+        Input the op refuses; ``.parameter`` names the argument.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pycore.ops import cond_regularizer_with_diagnostics
+    >>> Z = torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64))
+    >>> value, d = cond_regularizer_with_diagnostics(Z, "well")
+    >>> float(value), d.rank, round(d.kappa, 12)  # κ(ZᵀZ) = 9
+    (20.0, 2, 9.0)
     """
     if not _HAS_EXTENSION:
         raise RuntimeError(

@@ -167,7 +167,7 @@ class FactorPreconditioner:
 
     They come from the task's :class:`pycore.linalg.RowFactor` (``K = V diag(s²) Vᵀ``, ``F =
     diag(s)Vᵀθ``), as a low-rank product ``L @ R`` (:meth:`parts`): with ``FG = EF``
-    (:class:`pycore.linalg.GramTerm`),
+    (:class:`pycore._batch.GramTerm`),
 
     - ``"pinv"``: ``K⁺∇_θR = 2VVᵀθG = 2(V diag(1/s) E) F``;
     - ``"ridge"``: ``(K + λI)⁻¹∇_θR = 2(V diag(s/(s² + λ)) E) F`` (exactly zero on null(K));

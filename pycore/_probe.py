@@ -176,12 +176,48 @@ def make_problem(
     newton_tol: float = 1e-13,
     max_newton: int = 200,
 ) -> ProbingProblem:
-    """Validate ``(Z, y)`` and solve the probing problem.
+    """Validate ``(Z, y)`` and solve the probing problem an attacker faces.
 
     ``loss`` is :class:`pycore.LinearTask`'s: ``"mse"`` (½‖Zw − y‖²) or ``"bce"`` (the logistic
-    loss plus a ridge, labels in {0, 1}). Computes ``w*`` (mse: minimum norm; bce:
-    damped Newton), ``L*``, L and μ, the smallest NONZERO eigenvalue (logistic: at w*, the
-    defender's worst case; rank rule of docs/theory.md §2).
+    loss plus a ridge, labels in {0, 1}). Computes ``w*`` (mse: minimum norm; bce: damped Newton),
+    ``L*``, L and μ, the smallest NONZERO eigenvalue (bce: at w*, the defender's worst case; rank
+    rule of docs/theory.md §2).
+
+    Parameters
+    ----------
+    Z : array_like, shape (N, D)
+        The features the attacker probes (``Xθ``).
+    y : array_like, shape (N,) or (N, 1)
+        The attacker's targets (0/1 labels for ``"bce"``).
+    loss : {"mse", "bce"}, default "mse"
+        The probe's loss.
+    ridge_rel : float, default 1e-4
+        ``"bce"``'s ridge, relative to ‖Z‖₂²/4 (separable data has no minimiser without it).
+    newton_tol : float, default 1e-13
+        ``"bce"``: damped Newton's tolerance on the gradient.
+    max_newton : int, default 200
+        ``"bce"``: the most Newton steps.
+
+    Returns
+    -------
+    ProbingProblem
+        ``w_star``, ``L_star``, ``smoothness``, ``strong_convexity``, ``kappa``, ``rank``.
+
+    Raises
+    ------
+    ParameterError
+        Shapes that do not match, a zero ``Z``, labels not in {0, 1} for ``"bce"``, an option
+        out of its bounds; ``.parameter`` names it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.attacks import make_problem
+    >>> rng = np.random.default_rng(0)
+    >>> Z = rng.standard_normal((40, 4)) * [1.0, 2.0, 4.0, 8.0]
+    >>> problem = make_problem(Z, Z @ np.ones(4))
+    >>> problem.rank, round(problem.kappa, 3)  # κ(ZᵀZ): what GD's rate depends on
+    (4, 100.257)
     """
     check_choice(loss, "loss", LOSSES)
     check_number(ridge_rel, "ridge_rel", low=0.0)

@@ -256,13 +256,40 @@ def hessian_regularizer(
 ) -> HessianRegularizer:
     """R_kind(ZᵀZ) and ``G = ∇_H R``, the immunizers' in-loop path.
 
-    R_well with p = D (Theorem 4.2).
+    R_well with p = D (Theorem 4.2). N < D (MNIST): the spectrum of the N×N ``ZZᵀ``
+    (``v = Zᵀu/√λ``), both extreme vectors kept, and ``matrices=False`` skips the D×D ``H`` and
+    ``G``. Otherwise one reduction of H (:class:`pycore._spectral.SymmetricEigen`): 3-7× cheaper
+    than the SVD of Z and exact enough for the gradient (λ_min to ``eps·κ(H)``). Exact metrics use
+    ``gram_spectrum``.
 
-    N < D (MNIST): the spectrum of the N×N ``ZZᵀ`` (``v = Zᵀu/√λ``), both extreme vectors kept, and
-    ``matrices=False`` skips the D×D ``H`` and ``G``.  Otherwise one reduction of H
-    (:class:`pycore.linalg.SymmetricEigen`): 3-7× cheaper than the SVD of Z and exact enough for
-    the
-    gradient (λ_min to ``eps·κ(H)``).  Exact metrics use ``gram_spectrum``.
+    Parameters
+    ----------
+    Z : array_like, shape (N, D)
+        The features.
+    kind : {"ill", "well"}
+        R_ill or R_well.
+    rtol : float, optional
+        The rank cut-off relative to the largest eigenvalue.
+    matrices : bool, default True
+        Form ``H`` and ``G`` (D×D).
+
+    Returns
+    -------
+    HessianRegularizer
+        ``value``, ``G``, ``H``, the spectrum's ``info`` and the extreme eigenvectors (``vector``).
+
+    Raises
+    ------
+    SpectrumError
+        R has no value at ``ZᵀZ`` (zero, or R_ill at κ = 1).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.linalg import hessian_regularizer
+    >>> reg = hessian_regularizer(np.diag([3.0, 1.0]), "well")  # H = diag(9, 1)
+    >>> reg.value, reg.G.shape  # ½·81 − (81 + 1)/4
+    (20.0, (2, 2))
     """
     check_choice(kind, "kind", KINDS)
     Z = as_float_matrix(Z, "Z")

@@ -98,7 +98,32 @@ def _cfg(family, attacker, **params) -> AttackerConfig:
 
 
 def attacker_grid(loss: str = "mse", *, quick: bool = False) -> tuple[AttackerConfig, ...]:
-    """Every configuration of every family for ``loss``; ``quick``: a few per family."""
+    """Every configuration of every attacker family for a loss.
+
+    Parameters
+    ----------
+    loss : {"mse", "bce"}, default "mse"
+        The probe's loss (``"mse"`` has the closed form, ``"bce"`` Newton).
+    quick : bool, default False
+        A few configurations per family instead of the whole grid.
+
+    Returns
+    -------
+    tuple of AttackerConfig
+        ``(family, attacker, params)`` per configuration.
+
+    Raises
+    ------
+    ParameterError
+        An unknown loss (``.parameter`` is ``"loss"``).
+
+    Examples
+    --------
+    >>> from pycore.attacks import attacker_grid
+    >>> grid = attacker_grid(quick=True)
+    >>> len(grid), grid[0].family, sorted({c.family for c in grid})[:4]
+    (15, 'gd', ['adagrad', 'adam', 'cg', 'closed_form'])
+    """
     check_choice(loss, "loss", LOSSES)
     mus = (1.0, 0.1) if quick else MU_FACTORS
     g = [_cfg("gd", "gd_exact")]
@@ -189,7 +214,43 @@ def run_grid(
     rng: np.random.Generator | None = None,
     second_order_max_steps: int = 100,
 ) -> GridRun:
-    """Every configuration of ``grid`` on ``problem`` until min(eps) or ``max_steps``."""
+    """Every configuration of a grid on a problem, until min(eps) or the step cap.
+
+    Parameters
+    ----------
+    problem : ProbingProblem
+        From :func:`make_problem`.
+    grid : sequence of AttackerConfig
+        From :func:`attacker_grid`.
+    eps : float or sequence of float, default (1e-2, 1e-4)
+        The relative suboptimalities whose first steps are kept.
+    max_steps : int, default 20000
+        The step cap of the first-order attackers.
+    rng : numpy.random.Generator, optional
+        For the stochastic attackers.
+    second_order_max_steps : int, default 100
+        The step cap of Newton.
+
+    Returns
+    -------
+    GridRun
+        Per configuration its steps to each ``eps`` (None: not within the cap).
+
+    Raises
+    ------
+    ParameterError
+        A bad ``eps`` or cap; ``.parameter`` names it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.attacks import attacker_grid, make_problem, run_grid
+    >>> rng = np.random.default_rng(0)
+    >>> Z = rng.standard_normal((40, 4)) * [1.0, 2.0, 4.0, 8.0]
+    >>> run = run_grid(make_problem(Z, Z @ np.ones(4)), attacker_grid(quick=True), eps=(1e-4,))
+    >>> len(run.configs) == len(attacker_grid(quick=True))
+    True
+    """
     grid = tuple(grid)
     if not grid:
         raise ParameterError("grid", "the attacker grid is empty")
@@ -294,10 +355,40 @@ class FamilyResult:
 
 
 def worst_case(run: GridRun, ref: GridRun, eps: float, families=None) -> FamilyResult:
-    """The defender's worst case at ``eps`` over ``families`` (default all).
+    """The defender's worst case at ``eps``: the fastest attacker on θ against the reference's.
 
     The fewest steps on θ (named), the best on the reference and their :func:`slowdown`; ties go to
-    the earlier one.
+    the earlier configuration.
+
+    Parameters
+    ----------
+    run : GridRun
+        The grid on θ's features.
+    ref : GridRun
+        The same grid on the reference's (θ = I).
+    eps : float
+        One of the runs' ``eps``.
+    families : sequence of str, optional
+        The families compared (default all).
+
+    Returns
+    -------
+    FamilyResult
+        The attackers, their steps, the slowdown θ/reference and its ``kind``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.attacks import attacker_grid, make_problem, run_grid, worst_case
+    >>> rng = np.random.default_rng(0)
+    >>> Z = rng.standard_normal((40, 4)) * [1.0, 2.0, 4.0, 8.0]
+    >>> grid, y = attacker_grid(quick=True), Z @ np.ones(4)
+    >>> ref = run_grid(make_problem(Z, y), grid, eps=(1e-4,), max_steps=5000)
+    >>> run = run_grid(make_problem(Z @ np.diag([1.0, 1.0, 1.0, 10.0]), y), grid, eps=(1e-4,),
+    ...                max_steps=5000)
+    >>> w = worst_case(run, ref, 1e-4, families=("gd",))
+    >>> w.steps, w.reference_steps, w.kind  # a stretched direction slows GD down
+    (81, 60, '=')
     """
     fams = set(FAMILIES if families is None else families)
 

@@ -195,12 +195,12 @@ def analyse(runs, grid, eps_list, cap: int, *, rotated: Variant | None = None) -
     ----------
     runs : sequence of VariantRun
         Every variant of every seed, identity's included, each on the same problems.
-    grid : sequence of pycore.attacks.AttackerConfig
+    grid : sequence of pycore._worst_case.AttackerConfig
         The grid the runs used (:func:`pycore.attacks.attacker_grid`).
     eps_list : sequence of float
         The targets to analyse, each one of the runs' ``eps``.
     cap : int
-        The runs' step cap (a capped run gives a bound, :func:`pycore.attacks.slowdown`).
+        The runs' step cap (a capped run gives a bound, :func:`pycore._worst_case.slowdown`).
     rotated : Variant, optional
         Identity hardened as the hardened variants are: the second reference of a hardened
         variant (``slowdown_vs_rotated``), which isolates the conditioning from the loss of the
@@ -319,7 +319,7 @@ def best_so_far_curves(runs, grid, eps: float, cap: int, orders: int) -> BestSoF
         The target, one of the runs' ``eps``.
     orders : int
         Random orders per seed, each from ``default_rng([0, seed])``
-        (:func:`pycore.attacks.best_so_far`), so a seed's curves do not depend on the others.
+        (:func:`pycore._worst_case.best_so_far`), so a seed's curves do not depend on the others.
 
     Returns
     -------
@@ -329,7 +329,7 @@ def best_so_far_curves(runs, grid, eps: float, cap: int, orders: int) -> BestSoF
     Raises
     ------
     ParameterError
-        As :func:`analyse`; ``orders`` outside [1, :data:`pycore.attacks.MAX_ORDERS`].
+        As :func:`analyse`; ``orders`` outside [1, :data:`pycore._worst_case.MAX_ORDERS`].
     """
     by, variants, seeds = _by_seed(runs)
     first = [i for i, c in enumerate(grid) if c.family in W.FIRST_ORDER]

@@ -9,22 +9,13 @@ from pycore._report import (
     dumps_json,
     environment,
     fmt,
-    from_json,
     pm,
-    progress,
     read_json,
     save_figure,
     summarize,
-    to_json,
     write_json,
 )
-from pycore._thetas import (
-    load_thetas,
-    run_thetas,
-    save_thetas,
-    task_arrays,
-    theta_key,
-)
+from pycore._thetas import load_thetas, save_thetas
 
 __all__ = [
     "METHOD_LABELS",
@@ -32,16 +23,10 @@ __all__ = [
     "fmt",
     "pm",
     "environment",
-    "progress",
     "save_figure",
-    "to_json",
-    "from_json",
     "dumps_json",
     "write_json",
     "read_json",
-    "theta_key",
-    "run_thetas",
-    "task_arrays",
     "save_thetas",
     "load_thetas",
 ]

@@ -222,7 +222,8 @@ def test_presets_reproduce_the_reference_thetas(house_prices, preset):
 
 
 def test_mnist_presets_reproduce_the_reference_thetas():
-    from pycore.data import load_mnist_5k, pair_task, split_digits
+    from pycore.data import pair_task, split_digits
+    from pycore.data._mnist import load_mnist_5k
 
     digits = load_mnist_5k()
     task = pair_task(digits, split_digits(digits, 20, np.random.default_rng(0), 10), 0, 1)

@@ -8,6 +8,7 @@ import pytest
 import scipy.linalg
 import scipy.optimize
 
+import pycore._attacks as AT
 from pycore import ParameterError, attacks as A, condition_number
 
 ADAPTIVE = {"adam": {"lr_factor": 0.1}, "adagrad": {"lr_factor": 1.0}}
@@ -72,7 +73,7 @@ def test_reference_optima_and_constants():
 def test_every_attacker_reaches_the_optimum(loss):
     P = lsq_problem(1, kappa=200.0) if loss == "mse" else logistic_problem(1)
     tol = 1e-12 if loss == "mse" else 1e-10
-    for name in (a for a in A.ATTACKERS if a != ("newton" if loss == "mse" else "closed_form")):
+    for name in (a for a in AT.ATTACKERS if a != ("newton" if loss == "mse" else "closed_form")):
         tr = A.attack(P, name, max_steps=50000, tol=tol, **ADAPTIVE.get(name, {}))
         assert tr.final_rel_subopt <= tol and tr.steps_to(tol) == len(tr.rel_subopt) - 1, name
         # the predictor, not only the loss, is the optimum (w is unique only on range(Zᵀ))
@@ -100,7 +101,7 @@ def test_momentum_methods_pay_sqrt_kappa_at_their_tuned_rates():
     P = lsq_problem(7, kappa=1e3, N=80, D=30, null=3)
     sk = math.sqrt(P.kappa)
     q = (sk - 1) / (sk + 1)
-    runs = A.run_attackers(
+    runs = AT.run_attackers(
         P,
         [{"attacker": a} for a in ("gd_constant", "heavy_ball", "nesterov", "cg")],
         max_steps=100000,
@@ -134,10 +135,12 @@ def test_rescaling_theta_changes_no_step_count(loss):
     Q = A.make_problem(P.Z * 37.0, P.y, loss, ridge_rel=P.info.get("ridge_rel", 1e-4))
     configs = [
         {"attacker": a, **ADAPTIVE.get(a, {})}
-        for a in A.ATTACKERS
+        for a in AT.ATTACKERS
         if a not in ("closed_form", "newton", "lbfgs", "cg", "pcg_jacobi")
     ]
-    for a, b in zip(A.run_attackers(P, configs, tol=1e-4), A.run_attackers(Q, configs, tol=1e-4)):
+    for a, b in zip(
+        AT.run_attackers(P, configs, tol=1e-4), AT.run_attackers(Q, configs, tol=1e-4)
+    ):
         assert a.steps_to(1e-4) is not None and abs(a.steps_to(1e-4) - b.steps_to(1e-4)) <= 1, (
             a.attacker
         )
@@ -159,7 +162,7 @@ def test_a_single_attacker_is_a_one_configuration_sweep():
         dict(attacker="whiten", rows="half"),
         dict(attacker="cg"),
     ]
-    block = A.run_attackers(P, configs, max_steps=3000, tol=1e-8, rng=np.random.default_rng(1))
+    block = AT.run_attackers(P, configs, max_steps=3000, tol=1e-8, rng=np.random.default_rng(1))
     eps = (1e-2, 1e-4, 1e-6, 1e-8)
     # the same iterations up to round-off, which Adam amplifies late
     for c, got in zip(configs, block):
@@ -172,7 +175,7 @@ def test_a_single_attacker_is_a_one_configuration_sweep():
         len(hb.rel_subopt) == hb.steps_to(1e-8) + 1 < len(nes.rel_subopt) == nes.steps_to(1e-8) + 1
     )
     assert len(block[0].rel_subopt) == 3001 and not any(t.info["diverged"] for t in block)
-    blown = A.run_attackers(
+    blown = AT.run_attackers(
         P, [{"attacker": "adam", "lr_factor": 1e8}, configs[1]], max_steps=3000, tol=1e-8
     )
     assert (
@@ -251,10 +254,10 @@ def test_bad_problems_and_runs_are_refused_by_name():
     P = lsq_problem(0)
     # w = 0 optimal
     cases = [
-        (lambda: A.run_attackers(P, []), "configs"),
+        (lambda: AT.run_attackers(P, []), "configs"),
         (lambda: A.make_problem(P.Z, P.y, "hinge"), "loss"),
         (
-            lambda: A.run_attackers(P, [{"attacker": "cg"}], second_order_max_steps=0),
+            lambda: AT.run_attackers(P, [{"attacker": "cg"}], second_order_max_steps=0),
             "second_order_max_steps",
         ),
         (lambda: A.attack(logistic_problem(0), "closed_form"), "attacker"),
@@ -279,7 +282,7 @@ def test_the_experiment_end_to_end(tmp_path):
     """experiments/attacks.py, CI-sized: θ archived bit for bit, the analysis agrees with the
     raw steps."""
     from experiments import attacks as E
-    from pycore.attacks import slowdown
+    from pycore._worst_case import slowdown
     from pycore.report import load_thetas, read_json
 
     out = tmp_path / "o"

@@ -11,7 +11,8 @@ import pytest
 
 from pycore import LinearTask, immunize, immunize_batch, options_of
 from pycore._immunization import resolve_options
-from pycore.linalg import FactorPreconditioner, GramStack, Preconditioner, hessian_regularizer
+from pycore._precondition import FactorPreconditioner, Preconditioner
+from pycore.linalg import GramStack, hessian_regularizer
 
 
 def dead_column_task(seed=0, N=90, D=9, loss="mse"):

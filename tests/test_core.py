@@ -32,6 +32,8 @@ from pycore import (
 )
 from pycore._imma import IMMAOptions, imma_objective
 from pycore._losses import best_probe_loss
+from pycore._precondition import precondition
+from pycore._probe import exact_line_search_steps, gd_exact_line_search
 from pycore._regularizers import (
     preconditioned_r_ill_step_bound,
     preconditioned_r_well_step_bound,
@@ -41,8 +43,8 @@ from pycore._regularizers import (
     r_well_grad_theta,
 )
 from pycore._spectral import spectrum_info
-from pycore.attacks import attack, exact_line_search_steps, gd_exact_line_search, make_problem
-from pycore.linalg import hessian_regularizer, precondition
+from pycore.attacks import attack, make_problem
+from pycore.linalg import hessian_regularizer
 from tests.helpers import central_diff, rel_err, with_spectrum
 
 

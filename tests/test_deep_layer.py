@@ -10,8 +10,9 @@ import torch
 
 from pycore import LinearTask, ParameterError, def31_exponent_window, immunize, rir, rir_ceiling
 from pycore._adaptive import AdaptiveSettings, adaptive_descent
+from pycore._precondition import precondition
+from pycore._regularizers import grad_theta_and_regularizer
 from pycore.deep import adaptive_layer, attainability, closed_form_layer
-from pycore.linalg import grad_theta_and_regularizer, precondition
 
 
 def _pair(seed, N_P, N_H, D):

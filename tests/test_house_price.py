@@ -11,7 +11,8 @@ import pytest
 from experiments import house_price
 from pycore import ParameterError, evaluate_linear, immunize, limits, rir, rir_ceiling
 from pycore._validation import OutlierWarning
-from pycore.data import default_path, load_house_price, load_table
+from pycore.data import load_house_price, load_table
+from pycore.data._house_price import default_path
 from pycore.report import pm, read_json
 from tests.cli_helpers import call, one_line
 from tests.helpers import fifo

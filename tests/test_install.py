@@ -258,7 +258,7 @@ def test_fresh_venv_install_then_uninstall_leaves_no_trace(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     for code, out in (
         ("import pycore.deep, timm", ""),
-        ("import pycore.ops as o; print(o.extension_available())", "True"),
+        ("import pycore._ops as o; print(o.extension_available())", "True"),
         ("import importlib.util as u; print(u.find_spec('experiments'))", "None"),
     ):
         ok = subprocess.run(

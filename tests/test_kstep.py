@@ -23,11 +23,11 @@ from pycore import (
     method_of,
     options_of,
 )
-from pycore._kstep import kstep_remaining_grad
+from pycore._kstep import kstep_remaining_grad, probe_matrix
 from pycore._losses import best_probe_loss
 from pycore._regularizers import TieWarning
 from pycore.deep import LayerSolution, kstep_layer, kstep_loss
-from pycore.linalg import KStepProbe, probe_matrix
+from pycore.linalg import KStepProbe
 
 EPS = np.finfo(np.float64).eps
 

@@ -24,7 +24,7 @@ from pycore import (
     unregister_method,
 )
 from pycore._immunization import check_method_work
-from pycore.attacks import Variant
+from pycore._worst_case_analysis import Variant
 from pycore.report import METHOD_LABELS, read_json, write_json
 
 

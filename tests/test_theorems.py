@@ -330,7 +330,7 @@ def test_the_gd_attacker_contracts_at_the_rate_of_eq_2(seed):
 
 
 def test_exact_line_search_step_minimises_along_gradient():
-    from pycore.attacks import gd_exact_line_search
+    from pycore._probe import gd_exact_line_search
 
     rng = np.random.default_rng(0)
     Z, y = rng.standard_normal((30, 6)), rng.standard_normal(30)

@@ -212,7 +212,7 @@ def immunize_model(
         ``reason`` says so); 0: no probe, every row immunizes.
     progress : bool
         A progress bar with the time left for the long steps (the adaptive rule, the SGD loop), on
-        a terminal only (:func:`pycore.report.progress`); False: none.
+        a terminal only (:func:`pycore._report.progress`); False: none.
     **opts
         Fields of :class:`~pycore.deep.DeepOptions`; for ``simulated`` and ``sophon`` of
         :class:`~pycore.deep.SimulatedOptions` (``sophon``'s start from

@@ -70,7 +70,7 @@ def audit_model(model, *, reference, dh, dh_test=None, seed: int = 0, **opts) ->
         ``max_steps`` (the longest a deep operator runs on θ₀ to its plateau, in optimizer
         steps), ``scratch_max_steps`` (the longest scratch trains to reach the target),
         ``progress`` (a bar over the operators, θ₀'s budgets then the model's, with the
-        time left, on a terminal only: :func:`pycore.report.progress`; False: none)
+        time left, on a terminal only: :func:`pycore._report.progress`; False: none)
         (:data:`AUDIT_OPTIONS`).
 
     Returns

@@ -205,12 +205,12 @@ class _Problem:
     Computed from the small side of every Gram matrix (docs/design.md §6): per task ``X = U diag(s)
     Vᵀ`` once (:class:`pycore.linalg.RowFactor`), ``F = diag(s)Vᵀθ`` (r×width), H's nonzero
     spectrum from the r×r ``W = FFᵀ`` (:class:`pycore.linalg.GramStack`) and the preconditioned
-    directions as low-rank products (:class:`pycore.linalg.FactorPreconditioner`): no D×D H, G or
-    eigendecomposition. One evaluation per θ; the margin's κ's come from W's eigenvalues (relative
-    error ≤ eps·κ(H), checked: above :data:`EIG_KAPPA_LIMIT` they come from the SVD of ``Xθ``, as
-    in the linear core). ``ref``: κ(H_P), κ(H_H) of the given model's features, the denominators of
-    (i) and (ii). Both K's of full rank: K⁺ = K⁻¹, the exact preconditioner 2θG (docs/theory.md
-    §4), no projector; else K⁺ for both.
+    directions as low-rank products (:class:`pycore._precondition.FactorPreconditioner`): no D×D H,
+    G or eigendecomposition. One evaluation per θ; the margin's κ's come from W's eigenvalues
+    (relative error ≤ eps·κ(H), checked: above :data:`EIG_KAPPA_LIMIT` they come from the SVD of
+    ``Xθ``, as in the linear core). ``ref``: κ(H_P), κ(H_H) of the given model's features, the
+    denominators of (i) and (ii). Both K's of full rank: K⁺ = K⁻¹, the exact preconditioner 2θG
+    (docs/theory.md §4), no projector; else K⁺ for both.
     """
 
     def __init__(self, X_P, X_H, ref):
