@@ -24,6 +24,7 @@ Errors
     ParameterError, DivergenceError, SpectrumError
 """
 
+from pycore._attack_evaluation import AttackEvaluation, attack_evaluation
 from pycore._evaluate import (
     EvaluationReference,
     LinearEvaluation,
@@ -68,7 +69,6 @@ from pycore._spectral import (
 from pycore._tasks import LinearTask
 from pycore._threads import bounded_blas  # noqa: F401  (experiments/deep_pipeline.py)
 from pycore._validation import DivergenceError, ParameterError
-from pycore._worst_case import AttackEvaluation, attack_evaluation
 
 __all__ = [
     # tasks and immunization

@@ -18,7 +18,7 @@ import numpy as np
 import scipy.special
 
 from pycore._optim import damped_newton
-from pycore._spectral import rank_tolerance
+from pycore._spectral import numerical_rank, rank_tolerance
 from pycore._tasks import LOSSES
 from pycore._threads import bounded_blas
 from pycore._validation import (
@@ -297,3 +297,34 @@ def make_problem(
         sigma,
         info={"rank_tol": float(tol), "ridge_rel": ridge_rel, "reference_newton": newton_info},
     )
+
+
+def jacobi_scaling(Z, *, curvature: float = 1.0, ridge: float = 0.0) -> np.ndarray:
+    """The Jacobi preconditioner an attacker reads off their features.
+
+    ``diag(c·ZᵀZ + λI)^{-½}``, 1 where zero (logistic: the Hessian at w = 0, c = ¼, plus the ridge,
+    lest a never-inked pixel explode).
+    """
+    d = curvature * np.sum(np.asarray(Z, dtype=np.float64) ** 2, axis=0) + ridge
+    out = np.ones_like(d)
+    out[d > 0] = 1.0 / np.sqrt(d[d > 0])
+    return out
+
+
+def whitening_preconditioner(Z_est, ridge_rel: float = 1e-8) -> np.ndarray:
+    """The whitening preconditioner of an attacker's own rows.
+
+    ``(Σ̂₊ + δI)⁻¹``, ``Σ̂ = Z_estᵀZ_est/n``, ``δ = ridge_rel·λ_max(Σ̂)``; Σ̂₊ raises the
+    numerically zero eigenvalues to the smallest nonzero one, lest round-off there be amplified by
+    1/δ.
+    """
+    Z_est = as_float_matrix(Z_est, "Z_est")
+    check_number(ridge_rel, "ridge_rel", low=0.0, low_open=True)
+    S = Z_est.T @ Z_est / Z_est.shape[0]
+    lam, U = np.linalg.eigh(0.5 * (S + S.T))
+    top = max(float(lam[-1]), np.finfo(float).tiny)
+    sv = np.linalg.svd(Z_est, compute_uv=False)
+    rank = numerical_rank(sv, Z_est.shape)
+    floor = float(lam[lam.size - rank]) if rank else top
+    lam = np.where(np.arange(lam.size) < lam.size - rank, floor, lam)  # eigh sorts ascending
+    return (U / (lam + ridge_rel * top)) @ U.T

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pycore import HARDENINGS, LinearTask, ParameterError, harden_result, immunize, rir
-from pycore._attacks import jacobi_scaling, run_attackers
+from pycore._attacks import run_attackers
 from pycore._hardening import (
     equalizing_rotation,
     haar_rotation,
@@ -14,6 +14,7 @@ from pycore._hardening import (
     orthogonality_defect,
 )
 from pycore._losses import best_probe_loss
+from pycore._probe import jacobi_scaling
 from pycore.attacks import attack, make_problem
 
 RTOL = 1e-10  # the invariance asked for; round-off here is ~1e-13 (κ up to ~1e6, D ≤ 40)
