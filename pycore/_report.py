@@ -43,12 +43,12 @@ def fmt(x: float, digits: int = 4) -> str:
     x : float or None
         The number.
     digits : int, default 4
-        Significant digits.
+        Significant digits of ``x``.
 
     Returns
     -------
     str
-        The cell's text.
+        ``x`` as a table prints it.
 
     Examples
     --------
@@ -268,13 +268,12 @@ def read_json(path: Path):
     Examples
     --------
     >>> import pathlib, tempfile
-    >>> from pycore.report import read_json, write_json
-    >>> folder = tempfile.TemporaryDirectory()
-    >>> path = pathlib.Path(folder.name) / "results.json"
-    >>> write_json(path, {"values": [1.0, float("nan")]})
-    >>> read_json(path)
-    {'values': [1.0, nan]}
-    >>> folder.cleanup()
+    >>> from pycore.report import read_json
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = pathlib.Path(folder) / "results.json"
+    ...     _ = path.write_text('{"values": [1.0, "NaN"], "ceiling": "Infinity"}')
+    ...     read_json(path)
+    {'values': [1.0, nan], 'ceiling': inf}
     """
     return from_json(json.loads(Path(path).read_text()))
 
@@ -332,9 +331,9 @@ def save_figure(fig, path: Path, dpi: int = 120, rect=None) -> None:
 
     Examples
     --------
-    >>> import pathlib, tempfile
     >>> import matplotlib
-    >>> matplotlib.use("Agg")
+    >>> matplotlib.use("Agg")  # no display needed
+    >>> import pathlib, tempfile
     >>> import matplotlib.pyplot as plt
     >>> from pycore.report import save_figure
     >>> folder = tempfile.TemporaryDirectory()

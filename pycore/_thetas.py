@@ -168,11 +168,10 @@ def load_thetas(path, *, max_bytes: int | None = None) -> tuple[dict[str, np.nda
     >>> import pathlib, tempfile
     >>> import numpy as np
     >>> from pycore.report import load_thetas, save_thetas
-    >>> folder = tempfile.TemporaryDirectory()
-    >>> path = save_thetas(pathlib.Path(folder.name) / "thetas.npz", {"ours": np.eye(3)})
-    >>> load_thetas(path)[0]["ours"].shape
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     saved = save_thetas(pathlib.Path(folder) / "t.npz", {"ours": np.eye(3)})
+    ...     load_thetas(saved)[0]["ours"].shape
     (3, 3)
-    >>> folder.cleanup()
     """
     limit = limits.MAX_ARCHIVE_BYTES if max_bytes is None else max_bytes
     check_number(limit, "max_bytes", low=0, integer=True)
