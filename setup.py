@@ -9,46 +9,13 @@ machine never downloads CUDA packages.  CUDA sources are compiled only when torc
 built with CUDA and a toolkit is found (`CUDA_HOME`); override with the environment variables
 PYCORE_NO_CUDA=1 (CPU op only) or PYCORE_FORCE_CUDA=1 (fail loudly if CUDA cannot be built).
 PYCORE_NO_EXTENSION=1 installs the pure-Python package (pycore.ops then falls back to PyTorch).
-
-With PYCORE_TORCHVISION_HOOK=1 the wheel (editable or not) also carries, top-level,
-``_model_immunization_torchvision.py`` and the ``.pth`` line that imports it at interpreter start,
-so pip records both and ``pip uninstall`` removes them. scripts/install.sh sets it only where
-torchvision's own import fails beside the installed torch (docs/design.md §5); without it the
-wheel holds the package alone.
+The wheel holds the package ``pycore`` alone: nothing else is written to site-packages.
 """
 
 import os
 import sys
 
 from setuptools import setup
-from setuptools.command.build_py import build_py
-
-HOOK = "_model_immunization_torchvision"
-
-
-class build_py_with_hook(build_py):
-    """build_py that also puts the torchvision hook and its ``.pth`` at the root of the wheel when
-    PYCORE_TORCHVISION_HOOK=1.
-
-    In an editable build setuptools keeps only the wheel's root folder (``install_lib``) from
-    what the build writes, so the two files go there; otherwise into ``build_lib`` as usual."""
-
-    def run(self):
-        super().run()
-        if not _flag("PYCORE_TORCHVISION_HOOK"):
-            return
-        root = (
-            self.get_finalized_command("install").install_lib
-            if getattr(self, "editable_mode", False)
-            else self.build_lib
-        )
-        os.makedirs(root, exist_ok=True)
-        self.copy_file(
-            os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{HOOK}.py"),
-            os.path.join(root, f"{HOOK}.py"),
-        )
-        with open(os.path.join(root, "model_immunization_torchvision.pth"), "w") as f:
-            f.write(f"import {HOOK}\n")
 
 
 def _flag(name: str) -> bool:
@@ -108,4 +75,4 @@ def _extensions():
 
 ext_modules, cmdclass = _extensions()
 
-setup(ext_modules=ext_modules, cmdclass={**cmdclass, "build_py": build_py_with_hook})
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

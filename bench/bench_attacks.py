@@ -34,7 +34,7 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((200, 79))
     y = (X @ rng.standard_normal(79) + rng.standard_normal(200) > 0).astype(float)
-    problems["logistic (synthetic, 200×79)"] = A.make_problem(X, y, "logistic")
+    problems["logistic (synthetic, 200×79)"] = A.make_problem(X, y, "bce")
     for label, prob in problems.items():
         rows, first = [], {}  # one configuration per attacker, from the quick grid
         for c in W.attacker_grid(prob.loss, quick=True):

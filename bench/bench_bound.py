@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_jobs import JOBS  # noqa: E402
 from bench.timing import interleaved_best  # noqa: E402
-from pycore import PRESETS, draws_random, immunize_batch, resolve_options  # noqa: E402
+from pycore import PRESETS, immunize_batch  # noqa: E402
+from pycore._immunization import resolve_options  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,7 +135,7 @@ def steps_per_epoch(task, preset: str) -> int:
 def run_steps(task, method: str, preset: str, seeds: int, epochs: int) -> int:
     """Run-steps of ``seeds`` runs of ``method`` for ``epochs`` epochs: a method whose runs draw
     nothing (R_ill only from θ = I) is one run, as the runners compute it."""
-    runs = seeds if draws_random(method, resolve_options(method, preset)) else 1
+    runs = seeds if resolve_options(method, preset).draws_random else 1
     return runs * epochs * steps_per_epoch(task, preset)
 
 

@@ -42,7 +42,8 @@ def house_price(protocol):
 
 
 def mnist():
-    from pycore.data import load_mnist_5k, pair_task, split_digits
+    from pycore.data import pair_task, split_digits
+    from pycore.data._mnist import load_mnist_5k
 
     digits = load_mnist_5k()
     split = split_digits(digits, 100, np.random.default_rng(0), 100)  # mnist.py's defaults

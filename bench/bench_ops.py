@@ -22,12 +22,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pycore._ops as _ops  # noqa: E402
 from bench.timing import interleaved_best  # noqa: E402
 from pycore import ops  # noqa: E402
 
 SHAPES = [(64, 512), (256, 512), (100, 768), (256, 768), (2048, 512)]
 CASES = [
-    (N, D, dt, k) for dt in (torch.float64, torch.float32) for N, D in SHAPES for k in ops.KINDS
+    (N, D, dt, k) for dt in (torch.float64, torch.float32) for N, D in SHAPES for k in _ops.KINDS
 ]
 
 
@@ -43,7 +44,7 @@ def calls(N, D, dtype, kind):
     return {
         "fused": lambda: torch.autograd.grad(ops.cond_regularizer(Z, kind), Z),
         "raw op": lambda: torch.ops.pycore.cond_reg(Zd, kind, None, None, True),
-        "reference": lambda: torch.autograd.grad(ops.reference_cond_regularizer(Z, kind), Z),
+        "reference": lambda: torch.autograd.grad(_ops.reference_cond_regularizer(Z, kind), Z),
         "gemms": gemms,
         "eigvalsh": lambda: torch.linalg.eigvalsh(M64),
     }
@@ -71,7 +72,7 @@ def main(argv=None):
         ap.error(f"--repeat: expected an integer >= 1, got {args.repeat}")
     torch.set_num_threads(1)
     print(
-        f"torch {torch.__version__}, 1 thread, extension built: {ops.extension_available()}, "
+        f"torch {torch.__version__}, 1 thread, extension built: {_ops.extension_available()}, "
         f"best of {args.repeat}"
     )
     cols = [

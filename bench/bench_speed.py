@@ -8,7 +8,7 @@ thread, every pair of callables interleaved and timed best-of-N:
   formed ``Z = Xθ`` (:func:`pycore.linalg.hessian_regularizer`), features included;
 - warm start: the smallest eigenpair of the harmful Hessian along a real strict-protocol run, by
   shift-invert Lanczos (ARPACK) started from the previous step's vector, against the dense
-  reduction (:class:`pycore.linalg.SymmetricEigen`), and the same on a slowly varying r = 600
+  reduction (:class:`pycore._spectral.SymmetricEigen`), and the same on a slowly varying r = 600
   matrix.
 
     python bench/bench_speed.py [--repeat 5]
@@ -35,11 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import interleaved_best  # noqa: E402
 from pycore import immunize, immunize_batch  # noqa: E402
-from pycore.linalg import (  # noqa: E402
-    GramStack,
-    SymmetricEigen,
-    hessian_regularizer,
-)
+from pycore._spectral import SymmetricEigen  # noqa: E402
+from pycore.linalg import GramStack, hessian_regularizer  # noqa: E402
 
 SEEDS = range(5)
 
@@ -53,7 +50,8 @@ def strict_task():
 
 
 def mnist_task():
-    from pycore.data import load_mnist_5k, pair_task, split_digits
+    from pycore.data import pair_task, split_digits
+    from pycore.data._mnist import load_mnist_5k
 
     digits = load_mnist_5k()
     return pair_task(digits, split_digits(digits, 100, np.random.default_rng(0), 100), 0, 1)

@@ -12,8 +12,8 @@
 // spectral and scalar step (eigenvalues, rank, eigenvector, R, the n×n matrix 2∇R that the
 // second product applies) runs in float64.  Pass float64 Z for float64 products (the paper's
 // setting).
-// Input checks live here, once: TORCH_CHECK_VALUE (Python ValueError) whose message starts with
-// the name of the argument at fault; pycore/_ops.py re-raises them as CondRegError(parameter=that name).
+// Input checks live here, once: PYCORE_CHECK_ARG (cond_reg.h), a Python ValueError tagged with the
+// argument at fault; pycore/_ops.py re-raises them as CondRegError(parameter=that argument).
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -41,7 +41,7 @@ namespace pycore {
 int parse_kind(c10::string_view kind) {
   if (kind == "ill") return kIll;
   if (kind == "well") return kWell;
-  TORCH_CHECK_VALUE(false, "kind must be 'ill' or 'well', got '", std::string(kind), "'");
+  PYCORE_CHECK_ARG(false, "kind", "kind must be 'ill' or 'well', got '", std::string(kind), "'");
 }
 
 double dtype_eps(at::ScalarType t) {
@@ -51,22 +51,22 @@ double dtype_eps(at::ScalarType t) {
 
 void check_cond_reg_inputs(const at::Tensor& Z, c10::optional<double> rtol,
                            c10::optional<double> tie_rtol) {
-  TORCH_CHECK_VALUE(Z.dim() == 2, "Z must be a 2-D (N x D) feature matrix, got ", Z.dim(),
+  PYCORE_CHECK_ARG(Z.dim() == 2, "Z", "Z must be a 2-D (N x D) feature matrix, got ", Z.dim(),
                     "-D with shape ", Z.sizes());
-  TORCH_CHECK_VALUE(Z.scalar_type() == at::kFloat || Z.scalar_type() == at::kDouble,
+  PYCORE_CHECK_ARG(Z.scalar_type() == at::kFloat || Z.scalar_type() == at::kDouble, "Z",
                     "Z must be float32 or float64, got ", Z.scalar_type());
-  TORCH_CHECK_VALUE(Z.size(0) >= 1 && Z.size(1) >= 1, "Z must be non-empty, got shape ", Z.sizes());
+  PYCORE_CHECK_ARG(Z.size(0) >= 1 && Z.size(1) >= 1, "Z", "Z must be non-empty, got shape ", Z.sizes());
   // rtol >= 1 would cut λ_max itself (rank 0).
-  TORCH_CHECK_VALUE(!rtol.has_value() || (*rtol >= 0.0 && *rtol < 1.0),
+  PYCORE_CHECK_ARG(!rtol.has_value() || (*rtol >= 0.0 && *rtol < 1.0), "rtol",
                     "rtol must be a number in [0, 1), got ", rtol.value_or(0.0));
-  TORCH_CHECK_VALUE(!tie_rtol.has_value() || (*tie_rtol >= 0.0 && std::isfinite(*tie_rtol)),
+  PYCORE_CHECK_ARG(!tie_rtol.has_value() || (*tie_rtol >= 0.0 && std::isfinite(*tie_rtol)), "tie_rtol",
                     "tie_rtol must be a finite number >= 0, got ", tie_rtol.value_or(0.0));
 }
 
 // Every entry of Z enters a diagonal entry of M = ZᵀZ or ZZᵀ as a square: one O(n) scan finds
 // NaN/Inf in Z (instead of an O(ND) pass) before the eigensolver sees them.
 void check_finite_gram(const at::Tensor& M) {
-  TORCH_CHECK_VALUE(at::isfinite(M.diagonal()).all().item<bool>(),
+  PYCORE_CHECK_ARG(at::isfinite(M.diagonal()).all().item<bool>(), "Z",
                     "Z contains NaN or Inf (or ZᵀZ overflows ", M.scalar_type(), ")");
 }
 
@@ -75,17 +75,17 @@ void check_finite_gram(const at::Tensor& M) {
 // overflow, an undefined R_ill (rank <= 1, or κ = 1 up to round-off).
 void check_summary(const double* sp, int kind, at::ScalarType t) {
   const double lmax = sp[kSigmaMax], value = sp[kValue64];
-  TORCH_CHECK_VALUE(lmax == lmax, "Z gives NaN eigenvalues of ZᵀZ");
-  TORCH_CHECK_VALUE(sp[kRank] > 0.0, "Z gives ZᵀZ = 0 in ", t,
+  PYCORE_CHECK_ARG(lmax == lmax, "Z", "Z gives NaN eigenvalues of ZᵀZ");
+  PYCORE_CHECK_ARG(sp[kRank] > 0.0, "Z", "Z gives ZᵀZ = 0 in ", t,
                     " (zero or underflowing features): R is undefined without a nonzero eigenvalue");
   const double vmax = t == at::kFloat ? static_cast<double>(std::numeric_limits<float>::max())
                                       : std::numeric_limits<double>::max();
   const bool overflow = !std::isfinite(lmax * lmax) ||
                         (sp[kDegenerate] == 0.0 && !(std::abs(value) <= vmax && std::isfinite(sp[kCVec]) &&
                                                      std::isfinite(sp[kCMat])));
-  TORCH_CHECK_VALUE(!overflow, "Z gives R_", kind == kIll ? "ill" : "well", " = ", value,
+  PYCORE_CHECK_ARG(!overflow, "Z", "Z gives R_", kind == kIll ? "ill" : "well", " = ", value,
                     " or a gradient that overflows ", t, " (λ_max of ZᵀZ = ", lmax, "): rescale the features");
-  TORCH_CHECK_VALUE(sp[kDegenerate] == 0.0, "Z gives an undefined R_ill: ZᵀZ has rank ",
+  PYCORE_CHECK_ARG(sp[kDegenerate] == 0.0, "Z", "Z gives an undefined R_ill: ZᵀZ has rank ",
                     static_cast<int64_t>(sp[kRank]), " and κ = ", sp[kKappa],
                     ", R_ill needs two distinct nonzero eigenvalues");
 }
@@ -257,17 +257,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cond_reg_cpu(const at::Tensor& Z,
 namespace {
 
 void check_head_inputs(const at::Tensor& X, const at::Tensor& W, double lambda_reg) {
-  TORCH_CHECK_VALUE(X.dim() == 2 && X.layout() == at::kStrided,
+  PYCORE_CHECK_ARG(X.dim() == 2 && X.layout() == at::kStrided, "X",
                     "X must be a dense 2-D (N x D_in) matrix, got a ", X.dim(), "-D ", X.layout(),
                     " tensor");
-  TORCH_CHECK_VALUE(W.dim() == 2 && X.size(1) == W.size(1), "W must have shape (D_out, ", X.size(1),
+  PYCORE_CHECK_ARG(W.dim() == 2 && X.size(1) == W.size(1), "W", "W must have shape (D_out, ", X.size(1),
                     ") to match X, got ", W.sizes());
-  TORCH_CHECK_VALUE(X.scalar_type() == at::kFloat || X.scalar_type() == at::kDouble,
+  PYCORE_CHECK_ARG(X.scalar_type() == at::kFloat || X.scalar_type() == at::kDouble, "X",
                     "X must be float32 or float64, got ", X.scalar_type());
-  TORCH_CHECK_VALUE(W.scalar_type() == X.scalar_type() && W.device() == X.device(), "W is ",
+  PYCORE_CHECK_ARG(W.scalar_type() == X.scalar_type() && W.device() == X.device(), "W", "W is ",
                     W.scalar_type(), " on ", W.device(), " but X is ", X.scalar_type(), " on ",
                     X.device());
-  TORCH_CHECK_VALUE(lambda_reg >= 0.0 && std::isfinite(lambda_reg),
+  PYCORE_CHECK_ARG(lambda_reg >= 0.0 && std::isfinite(lambda_reg), "lambda_reg",
                     "lambda_reg must be a finite number >= 0, got ", lambda_reg);
 }
 
@@ -278,8 +278,8 @@ at::Tensor precond_linear(const at::Tensor& X, const at::Tensor& W,
                           bool precondition) {
   check_head_inputs(X, W, lambda_reg);
   if (!bias.has_value() || !bias->defined()) return at::mm(X, W.t());
-  TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == W.size(0) &&
-                        bias->scalar_type() == W.scalar_type() && bias->device() == W.device(),
+  PYCORE_CHECK_ARG(bias->dim() == 1 && bias->size(0) == W.size(0) &&
+                        bias->scalar_type() == W.scalar_type() && bias->device() == W.device(), "bias",
                     "bias must be a ", W.scalar_type(), " vector of length ", W.size(0), " on ",
                     W.device(), ", got ", bias->scalar_type(), " ", bias->sizes(), " on ",
                     bias->device());
@@ -300,9 +300,9 @@ std::tuple<at::Tensor, at::Tensor> precond_linear_backward(const at::Tensor& gra
                                                            bool precondition, bool need_input,
                                                            bool need_weight) {
   check_head_inputs(X, W, lambda_reg);
-  TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.size(0) == X.size(0) &&
+  PYCORE_CHECK_ARG(grad_out.dim() == 2 && grad_out.size(0) == X.size(0) &&
                         grad_out.size(1) == W.size(0) && grad_out.scalar_type() == X.scalar_type() &&
-                        grad_out.device() == X.device(),
+                        grad_out.device() == X.device(), "grad_out",
                     "grad_out must be ", X.scalar_type(), " of shape (", X.size(0), ", ", W.size(0),
                     ") on ", X.device(), ", got ", grad_out.scalar_type(), " ", grad_out.sizes(), " on ",
                     grad_out.device());
@@ -319,8 +319,8 @@ std::tuple<at::Tensor, at::Tensor> precond_linear_backward(const at::Tensor& gra
   if (!X.is_meta() && std::get<1>(chol).item<int64_t>() != 0) {
     // A NaN/Inf batch fails the factorisation too: name it (checked only on failure, no sync otherwise).
     const int64_t bad = (~at::isfinite(X)).sum().item<int64_t>();
-    TORCH_CHECK_VALUE(bad == 0, "X contains NaN or Inf (", bad, " of ", X.numel(), " entries)");
-    TORCH_CHECK_VALUE(false, "lambda_reg = ", lambda_reg, " leaves ", gram ? "XXᵀ + λI" : "XᵀX + λI",
+    PYCORE_CHECK_ARG(bad == 0, "X", "X contains NaN or Inf (", bad, " of ", X.numel(), " entries)");
+    PYCORE_CHECK_ARG(false, "lambda_reg", "lambda_reg = ", lambda_reg, " leaves ", gram ? "XXᵀ + λI" : "XᵀX + λI",
                       " not positive definite in float64 (rank-deficient batch features): use a larger "
                       "lambda_reg");
   }

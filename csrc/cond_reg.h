@@ -1,10 +1,14 @@
 // Helpers of pycore::cond_reg shared by the CPU kernel (cond_reg.cpp) and the CUDA
 // registration (cuda/cond_reg_cuda.cpp).  Needs ATen; the torch-free part is spectral_summary.h.
-// Every check raises TORCH_CHECK_VALUE (Python ValueError) with a message that starts with the
-// name of the argument at fault (pycore/_ops.py turns it into CondRegError(parameter=that name)).
+// Every refusal is PYCORE_CHECK_ARG: a Python ValueError that carries the argument at fault as a
+// tag before the sentence a user reads (pycore/_ops.py raises CondRegError(parameter=the tag's
+// name, the sentence)); the name is never read from the sentence.
 #pragma once
 
 #include <ATen/ATen.h>
+
+// Refuses argument `arg` unless `cond`: "pycore.argument=<arg>;<message>" (pycore/_ops.py ARGUMENT_TAG).
+#define PYCORE_CHECK_ARG(cond, arg, ...) TORCH_CHECK_VALUE(cond, "pycore.argument=", arg, ";", __VA_ARGS__)
 
 namespace pycore {
 

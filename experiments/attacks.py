@@ -5,7 +5,7 @@ much, and what the condition number alone could have forced.
 Every attacker family of :func:`pycore.attacks.attacker_grid` probes ``Z = Xθ`` of D_H and D_P
 (training and held-out rows) for identity and each of ``--methods`` (``--hardened-methods`` also
 hardened, :func:`pycore.harden_result`) and counts its steps to each ε;
-:func:`pycore.attacks.analyse` names each family's best configuration, the defender's
+:func:`pycore._worst_case_analysis.analyse` names each family's best configuration, the defender's
 worst case and what κ alone can force.
 
     python experiments/attacks.py                        # strict, 5 seeds, closed form, Alg. 1
@@ -27,21 +27,14 @@ if not __package__:  # run as a file: the checkout's root first on sys.path, not
 import numpy as np
 
 from experiments import common
-from pycore import MAX_EPOCHS, METHODS
-from pycore.attacks import (
-    FAMILIES,
-    MAX_ORDERS,
-    GridRun,
-    Variant,
-    VariantRun,
-    analyse,
-    attacker_grid,
-    best_so_far_curves,
-    run_grid,
-    targets,
-)
-from pycore.data import parse_pairs
-from pycore.report import environment, save_figure, task_arrays, theta_key
+from pycore import METHODS
+from pycore._linear_options import MAX_EPOCHS
+from pycore._thetas import task_arrays, theta_key
+from pycore._worst_case import FAMILIES, MAX_ORDERS
+from pycore._worst_case_analysis import Variant, VariantRun, analyse, best_so_far_curves, targets
+from pycore.attacks import GridRun, attacker_grid, run_grid
+from pycore.data._mnist import parse_pairs
+from pycore.report import environment, save_figure
 
 MAX_STEPS = (
     1_000_000  # a trajectory keeps a loss per step: 50× the default cap, ample for ε = 1e-6
@@ -175,7 +168,8 @@ def digest(theta: np.ndarray) -> str:
 
 def _numbers(theta, splits) -> dict:
     """Per row set: what hardening must leave unchanged (docs/findings.md §5)."""
-    from pycore import best_probe_loss, rir
+    from pycore import rir
+    from pycore._losses import best_probe_loss
 
     return {
         rows: {
@@ -251,7 +245,7 @@ def run(args) -> tuple[dict, dict]:
     if args.protocol == "strict":
         train, held, strict = strict_protocol(train, held, data.feature_names)
     splits = {"train": train, "heldout": held}
-    grid = tuple(c for c in attacker_grid("lsq", quick=args.quick) if c.family in args.attackers)
+    grid = tuple(c for c in attacker_grid("mse", quick=args.quick) if c.family in args.attackers)
     found, archive = evaluate(
         splits,
         args.methods,
@@ -259,7 +253,7 @@ def run(args) -> tuple[dict, dict]:
         args.seeds,
         args.immunizer,
         grid,
-        "lsq",
+        "mse",
         args.max_steps,
         args.eps,
         args,
@@ -378,7 +372,7 @@ def run_mnist(args, t_start) -> tuple[dict, dict]:
     digits = load_mnist()
     grid = tuple(
         c
-        for c in attacker_grid("logistic", quick=args.quick)
+        for c in attacker_grid("bce", quick=args.quick)
         if c.family in args.attackers or c.family == "newton"
     )
     out = {
@@ -406,7 +400,7 @@ def run_mnist(args, t_start) -> tuple[dict, dict]:
             args.mnist_seeds,
             args.mnist_immunizer,
             grid,
-            "logistic",
+            "bce",
             args.mnist_max_steps,
             args.eps,
             args,

@@ -132,8 +132,8 @@ class Immunizer:
     harden: str = "none"
 
     def options(self, method: str):
-        """``method``'s options as run: :func:`pycore.resolve_options`."""
-        from pycore import resolve_options
+        """``method``'s options as run: :func:`pycore._immunization.resolve_options`."""
+        from pycore._immunization import resolve_options
 
         certified = self.certified and method == "ours"
         return resolve_options(
@@ -157,9 +157,7 @@ class Immunizer:
 
     def draws_random(self, method: str) -> bool:
         """Whether ``method``'s runs use their generator (else every seed gives the same run)."""
-        from pycore import draws_random
-
-        return draws_random(method, self.options(method))
+        return self.options(method).draws_random
 
     def to_dict(self) -> dict:
         """For results.json: the settings and every method's options as run."""
@@ -209,7 +207,8 @@ def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
     """The :class:`Immunizer` of the typed flags, every method's options built (so checked by the
     library) before any compute; a typed option that none of ``methods`` has is a
     :class:`UsageError` naming its flag."""
-    from pycore import METHODS, CertifiedOptions, options_of
+    from pycore import METHODS, options_of
+    from pycore._algorithm1 import CertifiedOptions
 
     if args.certified and "ours" not in methods:
         raise UsageError(
@@ -236,3 +235,15 @@ def immunizer(parser, args, methods, preset: str | None) -> Immunizer:
     for m in methods:
         run.options(m)
     return run
+
+
+def add_methods(parser) -> None:
+    """``--methods``: a comma list of :data:`pycore.METHODS`, every one by default."""
+    from pycore import METHODS
+
+    parser.add_argument(
+        "--methods",
+        type=comma_list(choices=METHODS),
+        default=",".join(METHODS),
+        help="methods to run",
+    )

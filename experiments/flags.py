@@ -285,7 +285,7 @@ def float_or_word(text: str) -> float | str:
 
 def add_option(group, flag: str, options, *, shown=None, **kwargs) -> argparse.Action:
     """``group.add_argument(flag, **kwargs)`` for the option that ``flag`` names (``--lambda-h``
-    sets ``lambda_h``) of the :class:`pycore.Options` class ``options``, absent unless
+    sets ``lambda_h``) of the :class:`pycore._options.Options` class ``options``, absent unless
     typed; ``--help`` adds the library's rule and ``shown``, the default it prints."""
     dest = flag.removeprefix("--").replace("-", "_")
     action = group.add_argument(flag, dest=dest, default=argparse.SUPPRESS, **kwargs)
@@ -360,7 +360,7 @@ def add_immunize_options(parser, preset: str | None, *, own_table: bool = False)
     parser.add_argument("--certified", action="store_true", help="ours in certified-monotone mode")
     parser.add_argument(
         "--harden",
-        choices=HARDENINGS,
+        choices=HARDENINGS["linear"],
         default="none",
         help="θ → θQ after the method (pycore.harden_result, docs/findings.md §5)",
     )
@@ -454,7 +454,8 @@ def add_deep_options(parser) -> None:
 def _shown_defaults(preset: str) -> dict:
     """``--help``'s default of each option: the preset's value, and where a table of one's own
     runs another (the library's defaults, e.g. "auto" λ's), that one too, per method."""
-    from pycore import METHODS, PRESETS, resolve_options
+    from pycore import METHODS, PRESETS
+    from pycore._immunization import resolve_options
 
     def text(v):
         return f"{v:g}" if isinstance(v, float) else str(v)

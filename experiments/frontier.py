@@ -5,7 +5,7 @@
 Per protocol and row set: the closed form over its exponent a (its RIR is the ceiling for every
 a ≥ 0), Algorithm 1 over a λ_H × η grid per optimizer (with its training-row path) and the
 baselines at their preset; the grid point closest to (i) ≥ 10, (ii) ≤ 0.1 on the strict protocol
-(:func:`pycore.target_progress`) is re-run on ``--confirm-seeds``.
+(:func:`pycore._frontier.target_progress`) is re-run on ``--confirm-seeds``.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ if not __package__:  # run as a file: the checkout's root first on sys.path, not
 import numpy as np
 
 from experiments import common
-from pycore import (
-    MAX_EPOCHS,
-    METHODS,
+from pycore import METHODS
+from pycore._frontier import (
     closed_form_frontier,
     frontier_ratios,
     regularizer_product,
     target_progress,
 )
+from pycore._linear_options import MAX_EPOCHS
 from pycore.report import METHOD_LABELS, environment, fmt, save_figure
 
 OUTPUTS = ("table.md", "frontier.png", "results.json")
@@ -150,7 +150,8 @@ def _run_job(job):
     """Immunize one (protocol, method, config, seed) (a worker task: the tasks come in ``job``);
     ratios on both row sets, the training-row path from the history, the regularizer product, or
     the error that stopped it."""
-    from pycore import immunize, resolve_options
+    from pycore import immunize
+    from pycore._immunization import resolve_options
 
     protocol, method, kw, seed, tag, (train, held) = job
     options = resolve_options(method, PRESET[protocol], **kw).to_dict()

@@ -25,30 +25,27 @@ import numpy as np
 
 from experiments import common
 from pycore import (
-    METHODS,
     EvaluationReference,
-    auto_exponent,
-    check_method_work,
     def31_exponent_window,
     evaluate_linear,
-    invariant_change,
-    loss_floor,
-    norm_ratio_curves,
     rir_ceiling,
     strict_protocol,
 )
-from pycore.attacks import MAX_PROBE_STEPS
+from pycore._closed_form import auto_exponent
+from pycore._evaluate import norm_ratio_curves
+from pycore._hardening import invariant_change, loss_floor
+from pycore._immunization import check_method_work
+from pycore._probe import MAX_PROBE_STEPS
+from pycore._thetas import run_thetas, task_arrays
 from pycore.data import load_table
 from pycore.report import (
     METHOD_LABELS as LABELS,
     environment,
     fmt,
     pm,
-    run_thetas,
     save_figure,
     save_thetas,
     summarize,
-    task_arrays,
 )
 
 # Paper Table 1 (5 seeds): (i) harmful ratio ↑, (ii) pre-training ratio ↓, RIR ↑.
@@ -108,12 +105,7 @@ OUTPUTS = ("table.md", "norm_ratio.png", "thetas.npz", "results.json")
 def build_parser() -> common.Parser:
     p = common.Parser("house_price.py", __doc__)
     common.add_run_flags(p, "5", "results/house_price")
-    p.add_argument(
-        "--methods",
-        type=common.comma_list(choices=METHODS),
-        default=",".join(METHODS),
-        help="methods to run",
-    )
+    common.add_methods(p)
     p.add_argument(
         "--protocol",
         choices=("paper", "strict"),

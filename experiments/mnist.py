@@ -20,19 +20,12 @@ if not __package__:  # run as a file: the checkout's root first on sys.path, not
 import numpy as np
 
 from experiments import common
-from pycore import METHODS, EvaluationReference, immunized_def31, rir_ceiling
-from pycore.data import MnistDigits, load_mnist, pair_task, parse_pairs, split_digits
-from pycore.report import (
-    METHOD_LABELS as LABELS,
-    environment,
-    fmt,
-    pm,
-    run_thetas,
-    save_figure,
-    save_thetas,
-    summarize,
-    task_arrays,
-)
+from pycore import EvaluationReference, immunized_def31, report, rir_ceiling
+from pycore._thetas import run_thetas, task_arrays
+from pycore.data import MnistDigits, load_mnist, pair_task, split_digits
+from pycore.data._mnist import parse_pairs
+
+LABELS, fmt, pm = report.METHOD_LABELS, report.fmt, report.pm  # the tables' cells
 
 # Paper Table 2 (3 seeds, mean over the 90 pairs) and its success counts: successes_def31 from the
 # Figure 2 text (Definition 3.1: "R_ill Only fails for all digit pairs, IMMA only succeeds in one
@@ -77,12 +70,7 @@ def build_parser() -> common.Parser:
         help="ordered digit pairs: 'all' (90) or a list like 0-1,3-8 (P-H)",
     )
     common.add_run_flags(p, "3", "results/mnist")
-    p.add_argument(
-        "--methods",
-        type=common.comma_list(choices=METHODS),
-        default=",".join(METHODS),
-        help="methods to run",
-    )
+    common.add_methods(p)
     p.add_argument(
         "--mnist-dir",
         type=common.existing("folder"),
@@ -265,7 +253,7 @@ def run(args) -> tuple[dict, dict]:
         "seeds": args.seeds,
         "immunize": args.immunizer.to_dict(),
         "methods": summarise_methods(rows, args.methods),
-        **environment(),
+        **report.environment(),
         "wall_seconds": time.perf_counter() - t_start,
     }, {k: v for _, saved in outs for k, v in saved.items()}
 
@@ -277,7 +265,7 @@ def summarise_methods(rows: list[dict], method_list) -> dict:
         mr = [r for r in rows if r["method"] == m]
         paper = {"paper": PAPER_TABLE2[m]} if m in PAPER_TABLE2 else {}
         methods[m] = {
-            **{k: summarize(r[k] for r in mr) for k in SUMMARISED},
+            **{k: report.summarize(r[k] for r in mr) for k in SUMMARISED},
             **success_counts(mr),
             **paper,
             "runs": mr,
@@ -447,7 +435,7 @@ def plot_heatmap(result: dict, path) -> None:
         "mean over seeds "
         "(paper Figure 2); success counts on the pairs' seed means"
     )
-    save_figure(fig, path, dpi=110)
+    report.save_figure(fig, path, dpi=110)
 
 
 def main(argv=None) -> int:
@@ -472,7 +460,9 @@ def main(argv=None) -> int:
             result,
             {
                 "heatmap.png": None if args.no_plot else lambda p: plot_heatmap(result, p),
-                "thetas.npz": (lambda p: save_thetas(p, archive, meta)) if archive else None,
+                "thetas.npz": (lambda p: report.save_thetas(p, archive, meta))
+                if archive
+                else None,
             },
         )
 

@@ -76,7 +76,7 @@ def _worker_init(parent: int, slots) -> None:
 
 
 def _task(fn, item):
-    from pycore import task_threads
+    from pycore._threads import task_threads
 
     # one BLAS thread per task, in a worker or not: results never depend on --jobs
     with task_threads():
@@ -170,7 +170,7 @@ def pool_map(
     (``functools.partial(fn, data)``) and travels with each task.  Progress: ``done(k, item)``
     as the k-th result arrives, in order (else a bar named ``desc`` on a terminal).  ``start``:
     how the workers start (:data:`START`; ``"spawn"`` for tasks that run torch)."""
-    from pycore.report import progress
+    from pycore._report import progress
 
     items = list(items)
     n = max(1, min(jobs, len(items), usable_cores()))

@@ -1,93 +1,51 @@
 """Model immunization from a condition-number perspective (Zheng, Bai, Bullins, Yeh; ICML 2025).
 
 The linear core: float64 NumPy/SciPy, never imports torch (:mod:`pycore.ops` and
-:mod:`pycore.deep` do). Its public names are the ones below (docs/design.md §3); the modules
-whose names start with an underscore are the implementation. The other public namespaces are
-:mod:`pycore.attacks` (the attackers and the worst case), :mod:`pycore.linalg` (the float64
+:mod:`pycore.deep` do). Its public names are the ones below (docs/api.md lists them by task); the
+modules whose names start with an underscore are the implementation. The other public namespaces
+are :mod:`pycore.attacks` (the attackers and the worst case), :mod:`pycore.linalg` (the float64
 building blocks), :mod:`pycore.report` (results as files), :mod:`pycore.data`,
-:mod:`pycore.ops` and :mod:`pycore.deep`.
+:mod:`pycore.limits`, :mod:`pycore.ops` and :mod:`pycore.deep`.
 
 Tasks and immunization
     LinearTask, immunize, immunize_batch, immunize_certified, ImmunizationResult, METHODS,
-    EXTRA_METHODS, ALL_METHODS, PRESETS, options_of, resolve_options, draws_random, the options
-    classes, auto_exponent, check_method_work, MAX_EPOCHS, opt_kappa_objective, imma_objective,
-    adaptive_descent, AdaptiveRun
-Evaluation and metrics
-    evaluate_linear, LinearEvaluation, SplitEvaluation, EvaluationReference, immunized_def31,
-    chance_accuracy, near_chance, norm_ratio_curves, RIR, rir, feature_rir, grouped_feature_rir,
-    Ceiling, rir_ceiling, ExponentWindow, def31_exponent_window, best_probe_loss,
-    attack_evaluation, AttackEvaluation, kstep_remaining, kstep_remaining_grad, KStepRemaining
-Spectra and regularizers
-    condition_number, SpectrumInfo, spectrum_info, gram_spectrum, rank_tolerance, r_ill, r_well
-    and their gradients and step bounds, preconditioned_grad_theta
-Hardening, the frontier, the strict protocol
-    HARDENINGS, harden, harden_result, haar_rotation, equalizing_rotation, hardening_rotation,
-    orthogonality_defect, invariant_change, loss_floor, closed_form_frontier, FrontierPoint,
-    FrontierRatios, frontier_ratios, regularizer_product, target_progress, strict_protocol,
-    StrictReport
-Errors, warnings and threads
-    ParameterError, DivergenceError, SpectrumError, TieWarning, OutlierWarning, bounded_blas,
-    task_threads, blas_threads, threads_for
+    PRESETS, options_of, LinearOptions
+Adding a method
+    Method, MethodRun, method_of, register_method, unregister_method
+Evaluation
+    evaluate_linear, LinearEvaluation, SplitEvaluation, EvaluationReference, attack_evaluation,
+    AttackEvaluation, immunized_def31, near_chance
+Metrics and regularizers
+    rir, RIR, feature_rir, grouped_feature_rir, rir_ceiling, Ceiling, def31_exponent_window,
+    ExponentWindow, kstep_remaining, condition_number, r_ill, r_well
+Hardening and the strict protocol
+    HARDENINGS, harden_result, strict_protocol
+Errors
+    ParameterError, DivergenceError, SpectrumError
 """
 
-from pycore._adaptive import AdaptiveRun, adaptive_descent
+from pycore._attack_evaluation import AttackEvaluation, attack_evaluation
 from pycore._evaluate import (
     EvaluationReference,
     LinearEvaluation,
     SplitEvaluation,
-    chance_accuracy,
+    chance_accuracy,  # noqa: F401  (experiments/deep_pipeline.py, until it is thinned)
     evaluate_linear,
     immunized_def31,
     near_chance,
-    norm_ratio_curves,
 )
-from pycore._frontier import (
-    FrontierPoint,
-    FrontierRatios,
-    closed_form_frontier,
-    frontier_ratios,
-    regularizer_product,
-    target_progress,
-)
-from pycore._hardening import (
-    HARDENINGS,
-    equalizing_rotation,
-    haar_rotation,
-    harden,
-    harden_result,
-    hardening_rotation,
-    invariant_change,
-    loss_floor,
-    orthogonality_defect,
-)
+from pycore._hardening import HARDENINGS, harden_result
 from pycore._immunization import (
-    ALL_METHODS,
-    EXTRA_METHODS,
-    MAX_EPOCHS,
     METHODS,
     PRESETS,
-    CertifiedOptions,
-    ClosedFormOptions,
-    IdentityOptions,
-    IMMAOptions,
     ImmunizationResult,
-    KStepOptions,
-    LinearOptions,
-    OptKappaOptions,
-    OursOptions,
-    RIllOnlyOptions,
-    auto_exponent,
-    check_method_work,
-    draws_random,
     immunize,
     immunize_batch,
     immunize_certified,
     options_of,
-    resolve_options,
 )
-from pycore._kstep import KStepRemaining, kstep_remaining, kstep_remaining_grad
-from pycore._losses import best_probe_loss
-from pycore._methods import imma_objective, opt_kappa_objective
+from pycore._kstep import kstep_remaining
+from pycore._linear_options import LinearOptions
 from pycore._metrics import (
     RIR,
     Ceiling,
@@ -98,35 +56,19 @@ from pycore._metrics import (
     rir,
     rir_ceiling,
 )
-from pycore._options import Options
-from pycore._precondition import preconditioned_grad_theta
-from pycore._protocol import StrictReport, strict_protocol
+from pycore._options import Options  # noqa: F401  (experiments/deep_pipeline.py)
+from pycore._protocol import strict_protocol
 from pycore._public import publish
-from pycore._regularizers import (
-    TieWarning,
-    preconditioned_r_ill_step_bound,
-    preconditioned_r_well_step_bound,
-    r_ill,
-    r_ill_grad,
-    r_ill_grad_theta,
-    r_ill_step_bound,
-    r_well,
-    r_well_grad,
-    r_well_grad_theta,
-    r_well_step_bound,
-)
+from pycore._registry import Method, MethodRun, method_of, register_method, unregister_method
+from pycore._regularizers import r_ill, r_well
 from pycore._spectral import (
     SpectrumError,
-    SpectrumInfo,
     condition_number,
-    gram_spectrum,
-    rank_tolerance,
-    spectrum_info,
+    gram_spectrum,  # noqa: F401  (experiments/deep_pipeline.py)
 )
 from pycore._tasks import LinearTask
-from pycore._threads import blas_threads, bounded_blas, task_threads, threads_for
-from pycore._validation import DivergenceError, OutlierWarning, ParameterError
-from pycore._worst_case import AttackEvaluation, attack_evaluation
+from pycore._threads import bounded_blas  # noqa: F401  (experiments/deep_pipeline.py)
+from pycore._validation import DivergenceError, ParameterError
 
 __all__ = [
     # tasks and immunization
@@ -136,97 +78,45 @@ __all__ = [
     "immunize_certified",
     "ImmunizationResult",
     "METHODS",
-    "EXTRA_METHODS",
-    "ALL_METHODS",
     "PRESETS",
-    "MAX_EPOCHS",
     "options_of",
-    "resolve_options",
-    "draws_random",
-    "auto_exponent",
-    "check_method_work",
-    "Options",
     "LinearOptions",
-    "IdentityOptions",
-    "ClosedFormOptions",
-    "OursOptions",
-    "CertifiedOptions",
-    "RIllOnlyOptions",
-    "IMMAOptions",
-    "OptKappaOptions",
-    "KStepOptions",
-    "opt_kappa_objective",
-    "imma_objective",
-    "adaptive_descent",
-    "AdaptiveRun",
-    # evaluation and metrics
+    # adding a method
+    "Method",
+    "MethodRun",
+    "method_of",
+    "register_method",
+    "unregister_method",
+    # evaluation
     "evaluate_linear",
     "LinearEvaluation",
     "SplitEvaluation",
     "EvaluationReference",
-    "immunized_def31",
-    "chance_accuracy",
-    "near_chance",
-    "norm_ratio_curves",
-    "RIR",
-    "rir",
-    "feature_rir",
-    "grouped_feature_rir",
-    "Ceiling",
-    "rir_ceiling",
-    "ExponentWindow",
-    "def31_exponent_window",
-    "best_probe_loss",
     "attack_evaluation",
     "AttackEvaluation",
+    "immunized_def31",
+    "near_chance",
+    # metrics and regularizers
+    "rir",
+    "RIR",
+    "feature_rir",
+    "grouped_feature_rir",
+    "rir_ceiling",
+    "Ceiling",
+    "def31_exponent_window",
+    "ExponentWindow",
     "kstep_remaining",
-    "kstep_remaining_grad",
-    "KStepRemaining",
-    # spectra and regularizers
     "condition_number",
-    "SpectrumInfo",
-    "spectrum_info",
-    "gram_spectrum",
-    "rank_tolerance",
     "r_ill",
     "r_well",
-    "r_ill_grad",
-    "r_well_grad",
-    "r_ill_grad_theta",
-    "r_well_grad_theta",
-    "r_ill_step_bound",
-    "r_well_step_bound",
-    "preconditioned_r_ill_step_bound",
-    "preconditioned_r_well_step_bound",
-    "preconditioned_grad_theta",
-    # hardening, the frontier, the strict protocol
+    # hardening, the strict protocol
     "HARDENINGS",
-    "harden",
     "harden_result",
-    "haar_rotation",
-    "equalizing_rotation",
-    "hardening_rotation",
-    "orthogonality_defect",
-    "invariant_change",
-    "loss_floor",
-    "closed_form_frontier",
-    "FrontierPoint",
-    "FrontierRatios",
-    "frontier_ratios",
-    "regularizer_product",
-    "target_progress",
     "strict_protocol",
-    "StrictReport",
-    # errors, warnings, threads
+    # errors
     "ParameterError",
     "DivergenceError",
     "SpectrumError",
-    "TieWarning",
-    "OutlierWarning",
-    "bounded_blas",
-    "task_threads",
-    "blas_threads",
-    "threads_for",
 ]
 publish(__name__, globals(), __all__)
 del publish

@@ -59,7 +59,7 @@ def kappa_log_ratios(X_P: np.ndarray, X_H: np.ndarray, theta_ref: np.ndarray) ->
     """The exact ``(ln(i), ln(ii))`` of a θ of a linear task, as a function.
 
     ``θ ↦ (ln(i), ln(ii))`` from the exact κ's of ``X_Hθ`` and ``X_Pθ`` (one QR of each X,
-    :class:`pycore.linalg.ProductGramSpectrum`) against those at ``theta_ref``.
+    :class:`pycore._spectral.ProductGramSpectrum`) against those at ``theta_ref``.
     """
     spec_P, spec_H = ProductGramSpectrum(X_P), ProductGramSpectrum(X_H)
     kP0, kH0 = spec_P(theta_ref).kappa, spec_H(theta_ref).kappa
@@ -82,7 +82,7 @@ def regularizer_directions(
     """The two preconditioned regularizer directions of a linear task, as a function.
 
     ``θ ↦ (K_P⁺∇_θR_well(H_P), K_H⁺∇_θR_ill(H_H))`` (docs/theory.md §4; ``precond`` as
-    :class:`pycore.linalg.Preconditioner`, ``K = XᵀX`` unless given); raises
+    :class:`pycore._precondition.Preconditioner`, ``K = XᵀX`` unless given); raises
     ``SpectrumError`` where R has no value.
     """
     pre_P = Preconditioner(X_P.T @ X_P if K_P is None else K_P, precond, ridge, X_P)
@@ -97,41 +97,12 @@ def regularizer_directions(
     return directions
 
 
-def _unit(a):
-    n = np.linalg.norm(a)
-    return a / n if n > 0 else a
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    """How :func:`adaptive_descent` steps and when it stops.
 
-
-def adaptive_descent(
-    theta: np.ndarray,
-    log_ratios: Callable,
-    directions: Callable,
-    *,
-    lr: float,
-    epochs: int,
-    patience: int,
-    betas=(0.9, 0.999),
-    adam_eps: float = 1e-8,
-    bound: float = np.inf,
-    min_rate: float | None = None,
-    progress: bool = False,
-) -> AdaptiveRun:
-    """The adaptive rule (module docstring) from a given θ.
-
-    At most ``epochs`` steps. A margin that stays ≤ 0 for ``4·patience`` steps restarts the run
-    from ``theta`` at lr/3 (one of the :data:`RESTARTS`), or ends it when none is left; a
-    ``SpectrumError`` of ``directions`` ends it at that step.
-
-    Parameters
+    Attributes
     ----------
-    theta : ndarray
-        The starting θ (any shape ``directions`` and ``log_ratios`` take).
-    log_ratios : callable
-        ``θ ↦ (ln(i), ln(ii))``, exact: they choose the kept iterate
-        (:func:`kappa_log_ratios` for a linear task).
-    directions : callable
-        ``θ ↦ (d_P, d_H)``, the two preconditioned regularizer directions
-        (:func:`regularizer_directions`).
     lr : float
         Adam's first learning rate; each restart divides it by 3.
     epochs : int
@@ -150,8 +121,50 @@ def adaptive_descent(
         The least margin gain per step that counts as progress once the margin is positive,
         measured over windows of ``patience`` steps; None: only :data:`PROGRESS_TOL` since the best
         iterate counts.
+    """
+
+    lr: float
+    epochs: int
+    patience: int
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    bound: float = np.inf
+    min_rate: float | None = None
+
+
+def _unit(a):
+    n = np.linalg.norm(a)
+    return a / n if n > 0 else a
+
+
+def adaptive_descent(
+    theta: np.ndarray,
+    log_ratios: Callable,
+    directions: Callable,
+    settings: AdaptiveSettings,
+    *,
+    progress: bool = False,
+) -> AdaptiveRun:
+    """The adaptive rule (module docstring) from a given θ.
+
+    At most ``epochs`` steps. A margin that stays ≤ 0 for ``4·patience`` steps restarts the run
+    from ``theta`` at lr/3 (one of the :data:`RESTARTS`), or ends it when none is left; a
+    ``SpectrumError`` of ``directions`` ends it at that step.
+
+    Parameters
+    ----------
+    theta : ndarray
+        The starting θ (any shape ``directions`` and ``log_ratios`` take).
+    log_ratios : callable
+        ``θ ↦ (ln(i), ln(ii))``, exact: they choose the kept iterate
+        (:func:`kappa_log_ratios` for a linear task).
+    directions : callable
+        ``θ ↦ (d_P, d_H)``, the two preconditioned regularizer directions
+        (:func:`regularizer_directions`).
+    settings : AdaptiveSettings
+        The learning rate, the step budget, the patience, Adam's constants and the stops.
     progress : bool, default False
-        A bar on a terminal (:func:`pycore.report.progress`) over the ``epochs`` steps, its time
+        A bar on a terminal (:func:`pycore._report.progress`) over the ``epochs`` steps, its time
         left an upper bound (the run can stop early).
 
     Returns
@@ -165,7 +178,11 @@ def adaptive_descent(
     DivergenceError
         An Adam step became non-finite (``.parameter`` is ``"lr"``).
     """
-    make = lambda lr: make_optimizer("adam", lr, betas, adam_eps, param="θ")  # noqa: E731
+    lr, epochs, patience = settings.lr, settings.epochs, settings.patience
+    bound, min_rate = settings.bound, settings.min_rate
+    make = lambda lr: make_optimizer(  # noqa: E731
+        "adam", lr, settings.betas, settings.adam_eps, param="θ"
+    )
     opt = make(lr)
     best, best_m, best_step, since, left = theta, 0.0, 0, 0, RESTARTS
     window = None  # (step, best margin) where the current min_rate window began

@@ -18,12 +18,16 @@ import scipy.optimize
 import scipy.special
 
 from pycore._optim import damped_newton
-from pycore._probe import ProbingProblem, exact_line_search_steps, make_problem
-from pycore._spectral import numerical_rank
+from pycore._probe import (
+    ProbingProblem,
+    exact_line_search_steps,
+    jacobi_scaling,
+    make_problem,
+    whitening_preconditioner,
+)
 from pycore._threads import bounded_blas
 from pycore._validation import (
     ParameterError,
-    as_float_matrix,
     check_betas,
     check_choice,
     check_number,
@@ -212,9 +216,45 @@ def attack(
     rng=None,
     **params,
 ) -> AttackTrajectory:
-    """One attacker configuration.
+    """One attacker configuration on a probing problem.
 
-    :func:`run_attackers` on ``[{"attacker": attacker, **params}]``.
+    Parameters
+    ----------
+    problem : ProbingProblem
+        From :func:`make_problem`.
+    attacker : str
+        One of the attacker engine's names (``"gd_constant"``, ``"gd_exact"``, ``"cg"``,
+        ``"adam"``, ``"whiten"``, ...; :func:`attacker_grid` lists every configuration).
+    max_steps : int, default 20000
+        The step cap.
+    tol : float, default 1e-6
+        The relative suboptimality at which the run stops.
+    rng : numpy.random.Generator, optional
+        For the stochastic attackers.
+    **params
+        The attacker's own settings (``lr_factor``, ``step_factor``, ...).
+
+    Returns
+    -------
+    AttackTrajectory
+        ``rel_subopt`` per step; ``steps_to(eps)`` is the first step at or below ``eps``.
+
+    Raises
+    ------
+    ParameterError
+        An unknown attacker or setting, or one out of its bounds; ``.parameter`` names it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.attacks import attack, make_problem
+    >>> rng = np.random.default_rng(0)
+    >>> Z = rng.standard_normal((40, 4)) * [1.0, 2.0, 4.0, 8.0]
+    >>> problem = make_problem(Z, Z @ np.ones(4))
+    >>> gd = attack(problem, "gd_constant", max_steps=2000, tol=1e-8)
+    >>> cg = attack(problem, "cg", max_steps=2000, tol=1e-8)
+    >>> gd.steps_to(1e-6), cg.steps_to(1e-6)  # GD pays κ, CG at most the dimension
+    (438, 4)
     """
     return run_attackers(
         problem, [dict(params, attacker=attacker)], max_steps=max_steps, tol=tol, rng=rng
@@ -240,7 +280,7 @@ def _checked(problem: ProbingProblem, c) -> dict:
     extra = sorted(set(c) - {"attacker", *ATTACKERS[name]})
     if extra:
         raise ParameterError(extra[0], f"{name} takes {list(ATTACKERS[name])}, not {extra[0]!r}")
-    if name == "closed_form" and problem.loss != "lsq":
+    if name == "closed_form" and problem.loss != "mse":
         raise ParameterError(
             "attacker", "closed_form is the least-squares attacker; use newton for logistic"
         )
@@ -278,8 +318,8 @@ def _momentum_coefficients(problem: ProbingProblem, cfg: dict) -> tuple[float, f
 
 
 def _block_ops(problem: ProbingProblem):
-    """``(grad(W), gap(W))`` on a D × m block (lsq: the working form and gap of ``evaluate``)."""
-    if problem.loss != "lsq":
+    """``(grad(W), gap(W))`` on a D × m block (mse: the working form and gap of ``evaluate``)."""
+    if problem.loss != "mse":
         return (lambda W: problem.evaluate(W)[1]), (lambda W: problem.evaluate(W)[2])
     Zw, yw = problem.work
     rs = problem.r_star
@@ -367,17 +407,17 @@ def _run_single(problem: ProbingProblem, c: dict, max_steps: int, tol: float, rn
     GD with exact line search (Figure 1), CG (CGLS; logistic: SciPy's Polak–Ribière), L-BFGS
     (SciPy, its stopping tests off), Jacobi-PCG (CG in u = S⁻¹w), whitening (exact descent along
     −P∇L: affine invariant, docs/findings.md §4), the closed form (one ``lstsq``, ONE step) and
-    damped Newton (logistic; for lsq the closed form).
+    damped Newton (logistic; for mse the closed form).
     """
     name = c["attacker"]
-    if name == "pcg_jacobi" and problem.loss == "lsq":  # CGLS on ZS: the same objective (ZSu = Zw)
+    if name == "pcg_jacobi" and problem.loss == "mse":  # CGLS on ZS: the same objective (ZSu = Zw)
         s = jacobi_scaling(problem.Z)
         t = _run_single(
             make_problem(problem.Z * s, problem.y), {"attacker": "cg"}, max_steps, tol, rng
         )
         t.attacker, t.w_final, t.params = name, t.w_final * s, {"variant": "CGLS on ZS"}
         return t
-    if name in ("closed_form", "newton") and problem.loss == "lsq":
+    if name in ("closed_form", "newton") and problem.loss == "mse":
         name, max_steps = "closed_form", 1
     w, g, rec = _start(problem, tol)
     info = {}
@@ -389,7 +429,7 @@ def _run_single(problem: ProbingProblem, c: dict, max_steps: int, tol: float, rn
             "maxfun": 10 * max_steps + 100,
         }
         w, info = _scipy(problem, w, rec, max_steps, "L-BFGS-B", opts)
-    elif name in ("cg", "pcg_jacobi") and problem.loss == "logistic":
+    elif name in ("cg", "pcg_jacobi") and problem.loss == "bce":
         s = (
             jacobi_scaling(problem.Z, curvature=0.25, ridge=problem.ridge)
             if name == "pcg_jacobi"
@@ -414,7 +454,7 @@ def _run_single(problem: ProbingProblem, c: dict, max_steps: int, tol: float, rn
         w = rec.follow([_at(problem, np.linalg.lstsq(problem.Z, problem.y, rcond=None)[0])], 1, w)
     elif name == "cg":
         w = rec.follow(_cgls(problem, w, g), max_steps, w)
-    elif name == "gd_exact" and problem.loss == "lsq":
+    elif name == "gd_exact" and problem.loss == "mse":
         steps = (_at(problem, v) for v, _, _ in exact_line_search_steps(*problem.work, w))
         w = rec.follow(steps, max_steps, w)
     else:
@@ -463,7 +503,7 @@ def _exact_descent(problem: ProbingProblem, w, g, P):
         gd = float(g @ d)
         if not gd > 0.0:
             return
-        if problem.loss == "lsq":
+        if problem.loss == "mse":
             zd = Zw @ d
             alpha = gd / float(zd @ zd)
         else:
@@ -538,35 +578,3 @@ def _scipy(
         "fun_grad_evals": int(res.nfev),
         "message": str(res.message),
     }
-
-
-def jacobi_scaling(Z, *, curvature: float = 1.0, ridge: float = 0.0) -> np.ndarray:
-    """The Jacobi preconditioner an attacker reads off their features.
-
-    ``diag(c·ZᵀZ + λI)^{-½}`` (1 where zero): the Jacobi preconditioner an attacker reads off
-    their features (logistic: the Hessian at w = 0, c = ¼, plus the ridge, lest a never-inked pixel
-    explode).
-    """
-    d = curvature * np.sum(np.asarray(Z, dtype=np.float64) ** 2, axis=0) + ridge
-    out = np.ones_like(d)
-    out[d > 0] = 1.0 / np.sqrt(d[d > 0])
-    return out
-
-
-def whitening_preconditioner(Z_est, ridge_rel: float = 1e-8) -> np.ndarray:
-    """The whitening preconditioner of an attacker's own rows.
-
-    ``(Σ̂₊ + δI)⁻¹``, ``Σ̂ = Z_estᵀZ_est/n``, ``δ = ridge_rel·λ_max(Σ̂)``; Σ̂₊ raises the
-    numerically zero eigenvalues to the smallest nonzero one, lest round-off there be amplified by
-    1/δ.
-    """
-    Z_est = as_float_matrix(Z_est, "Z_est")
-    check_number(ridge_rel, "ridge_rel", low=0.0, low_open=True)
-    S = Z_est.T @ Z_est / Z_est.shape[0]
-    lam, U = np.linalg.eigh(0.5 * (S + S.T))
-    top = max(float(lam[-1]), np.finfo(float).tiny)
-    sv = np.linalg.svd(Z_est, compute_uv=False)
-    rank = numerical_rank(sv, Z_est.shape)
-    floor = float(lam[lam.size - rank]) if rank else top
-    lam = np.where(np.arange(lam.size) < lam.size - rank, floor, lam)  # eigh sorts ascending
-    return (U / (lam + ridge_rel * top)) @ U.T

@@ -46,7 +46,7 @@ class GramTerm:
 class GramStack:
     """Spectra of ``H_b = F_bᵀF_b`` for a stack ``F`` (B×r×D) from ``W_b = F_bF_bᵀ``.
 
-    One dense symmetric reduction per run (:class:`pycore.linalg.SymmetricEigen`, dsyevr's own
+    One dense symmetric reduction per run (:class:`pycore._spectral.SymmetricEigen`, dsyevr's own
     calls), summarised as :func:`pycore._spectral.summarise` summarises the D eigenvalues of H (its
     D − r zeros exact, rank cut with H's shape D×D).
     """
@@ -83,8 +83,7 @@ class GramStack:
     def u(self, index) -> np.ndarray:
         """Unit eigenvectors of the W's (B×r) for the ``index``-th largest eigenvalue of each run.
 
-        Unit eigenvectors of the W's (B×r) for the ``index``-th largest eigenvalue of each run
-        (inverse iteration at the dsterf eigenvalue, :meth:`SymmetricEigen.vector_at_value`).
+        By inverse iteration at the dsterf eigenvalue (:meth:`SymmetricEigen.vector_at_value`).
         """
         index = np.broadcast_to(np.asarray(index), (len(self),))
         key = tuple(int(i) for i in index)

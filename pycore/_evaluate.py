@@ -34,6 +34,12 @@ def immunized_def31(harmful_ratio: float, pretrain_ratio: float) -> bool:
     -------
     bool
         Whether θ immunizes: False when either ratio is NaN.
+
+    Examples
+    --------
+    >>> from pycore import immunized_def31
+    >>> immunized_def31(2.0, 0.5), immunized_def31(2.0, 1.5), immunized_def31(2.0, float("nan"))
+    (True, False, False)
     """
     return bool(harmful_ratio > 1.0 and pretrain_ratio < 1.0)
 
@@ -75,6 +81,12 @@ def near_chance(top1: float, chance: float) -> bool:
     -------
     bool
         True when ``top1`` is near ``chance``.
+
+    Examples
+    --------
+    >>> from pycore import near_chance
+    >>> near_chance(55.0, 50.0), near_chance(90.0, 50.0)  # the bar is 75 % here
+    (True, False)
     """
     return bool(top1 < min(1.5 * chance, 0.5 * (chance + 100.0)))
 
@@ -358,13 +370,13 @@ def norm_ratio_curves(theta: np.ndarray, task: LinearTask, steps: int) -> dict:
     task : LinearTask
         The task whose rows and targets are probed.
     steps : int
-        GD steps from w₀ = 0, in [0, :data:`pycore.attacks.MAX_PROBE_STEPS`].
+        GD steps from w₀ = 0, in [0, :data:`pycore._probe.MAX_PROBE_STEPS`].
 
     Returns
     -------
     dict
         ``{"D_P": curve, "D_H": curve}``, each an array of ``steps + 1`` ratios
-        ‖w_t − w*‖²/‖w_0 − w*‖² (:func:`pycore.attacks.gd_exact_line_search`).
+        ‖w_t − w*‖²/‖w_0 − w*‖² (:func:`pycore._probe.gd_exact_line_search`).
 
     Raises
     ------

@@ -3,8 +3,9 @@
 θ → θQ with Q orthogonal (docs/findings.md §5). Every Hessian becomes ``QᵀH(θ)Q`` (same κ's, RIR
 and best D_P loss with ω → Qᵀω); only the basis changes, which coordinate-wise attackers see.
 
-The kinds of hardening, linear (:data:`HARDENINGS`) and deep
-(:data:`pycore.deep.HARDENINGS`); a name means one operation on both sides:
+The kinds of hardening of both sides are one table, :data:`HARDENINGS`
+(``HARDENINGS["linear"]``, ``HARDENINGS["deep"]``; :data:`pycore.deep.HARDENINGS` is the same
+object); a name means one operation on both sides:
 
 * ``"haar"`` (both): Q a Haar draw on O(D) from the run's generator, :func:`haar_rotation`, the
   one implementation both sides use.
@@ -23,6 +24,7 @@ the deep side :func:`pycore.deep.harden` applies a kind to a model's immunizatio
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MappingProxyType
 
 import numpy as np
 import scipy.fft
@@ -37,7 +39,10 @@ from pycore._validation import (
     check_work,
 )
 
-HARDENINGS = ("none", "haar", "equalize")
+# The one table of the hardening kinds, per side (the module docstring says what each is).
+HARDENINGS = MappingProxyType(
+    {"linear": ("none", "haar", "equalize"), "deep": ("none", "haar", "label_subspace")}
+)
 
 # Rotations built here are orthogonal to ~D·eps (≈ 2e-13 at D = 784); 1e-10 is far above that and
 # far below any matrix that is not a rotation.
@@ -240,8 +245,8 @@ def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = N
     Parameters
     ----------
     kind : str
-        One of :data:`HARDENINGS`: ``"none"``, ``"haar"`` (a Haar rotation drawn from ``rng``) or
-        ``"equalize"`` (:func:`equalizing_rotation` of ``ZᵀZ``).
+        One of ``HARDENINGS["linear"]``: ``"none"``, ``"haar"`` (a Haar rotation drawn from
+        ``rng``) or ``"equalize"`` (:func:`equalizing_rotation` of ``ZᵀZ``).
     D : int
         The size of θ.
     rng : numpy.random.Generator, optional
@@ -261,7 +266,7 @@ def hardening_rotation(kind: str, D: int, *, rng: np.random.Generator | None = N
     ValueError
         The work would exceed :data:`pycore.limits.MAX_WORK_BYTES`.
     """
-    check_choice(kind, "harden", HARDENINGS)
+    check_choice(kind, "harden", HARDENINGS["linear"])
     if kind == "none":
         return None
     rows = 0 if Z is None else np.shape(Z)[0]
@@ -348,7 +353,7 @@ def harden_result(res, task, kind: str, *, rng: np.random.Generator | None = Non
     task : LinearTask
         The task ``res`` was immunized on (``"equalize"`` reads its harmful rows).
     kind : str
-        One of :data:`HARDENINGS`.
+        One of ``HARDENINGS["linear"]``.
     rng : numpy.random.Generator, optional
         For ``"haar"``: the generator the run used, after the run.
 
@@ -364,6 +369,18 @@ def harden_result(res, task, kind: str, *, rng: np.random.Generator | None = Non
         As :func:`hardening_rotation` raises.
     ValueError
         The work would exceed :data:`pycore.limits.MAX_WORK_BYTES`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import LinearTask, harden_result, immunize
+    >>> rng = np.random.default_rng(0)
+    >>> X_P, X_H = rng.standard_normal((30, 3)), rng.standard_normal((30, 3)) * [3.0, 1.0, 1.0]
+    >>> task = LinearTask(X_P, rng.standard_normal(30), X_H, rng.standard_normal(30))
+    >>> res = immunize(task, "closed_form", rng=rng)
+    >>> hard = harden_result(res, task, "haar", rng=rng)
+    >>> bool(np.isclose(hard.rir, res.rir, rtol=1e-9)), bool(np.allclose(hard.theta, res.theta))
+    (True, False)
     """
     Q = hardening_rotation(
         kind, task.D, rng=rng, Z=task.X_H @ res.theta if kind == "equalize" else None

@@ -1,8 +1,10 @@
 """Immunize a linear feature extractor θ ∈ R^{D×D}.
 
 One entry point, per-method options (scipy style), ``immunize(task, "imma", rng=rng,
-preset="strict", inner_steps=5)`` (docs/design.md §3). Methods: :data:`METHODS` (docs/theory.md §6,
-§7, §10) and :data:`EXTRA_METHODS` (§11), options: :func:`options_of`, settings: :data:`PRESETS`.
+preset="strict", inner_steps=5)`` (docs/design.md §3). The methods are the records of
+:mod:`pycore._registry`, each declared beside its implementation; :data:`METHODS` are those of
+the documented tables (docs/theory.md §6, §7, §10), ``"kstep"`` the k-step immunizer (§11).
+Options: :func:`options_of`, settings: :data:`PRESETS`.
 """
 
 from __future__ import annotations
@@ -13,246 +15,42 @@ from types import MappingProxyType
 
 import numpy as np
 
-import pycore._kstep as kstep_core
-import pycore._methods as methods
+from pycore._algorithm1 import OURS, CertifiedOptions
+from pycore._closed_form import CLOSED_FORM
 from pycore._evaluate import immunized_def31
-from pycore._metrics import def31_exponent_window, rir_ceiling
-from pycore._optim import OPTIMIZERS
-from pycore._options import Options
-from pycore._precondition import PRECONDITIONERS
+from pycore._imma import IMMA
+from pycore._kstep_immunizer import KSTEP
+from pycore._linear_options import LinearOptions
+from pycore._opt_kappa import OPT_KAPPA, OPT_KAPPA_BALANCED
+from pycore._r_ill_only import R_ILL_ONLY
+from pycore._registry import Method, MethodRun, each_run, method_of, register_builtin
 from pycore._spectral import SpectrumError, gram_spectrum
 from pycore._tasks import LinearTask
 from pycore._threads import bounded_blas
-from pycore._validation import ParameterError, check_betas, check_choice, check_rng, check_work
-
-# Bounds of the counts (epochs=10**23 fails at once instead of running until killed): 100× the
-# paper's largest epoch count (Table 4: 1000), ~300× IMMA's 3 unrolled steps.
-MAX_EPOCHS = 100_000
-MAX_INNER_STEPS = 1_000
-MAX_BATCH = 10**6
-MAX_KSTEP_STEPS = kstep_core.MAX_STEPS
-# the k-step immunizer's directions: the θ-gradient, or K⁺ times it (pycore.linalg.KStepProbe)
-KSTEP_PRECONDITIONERS = ("none", "pinv")
-# option → check_number bounds; NaN fails every bound (each is checked positively)
-# the attacker's step inner_lr/L is stable below 2
-OPTION_RULES = {
-    "epochs": dict(low=0, high=MAX_EPOCHS, integer=True),
-    "lr": dict(low=0.0, low_open=True),
-    "patience": dict(low=1, high=MAX_EPOCHS, integer=True),
-    "lambda_p": dict(low=0.0),
-    "lambda_h": dict(low=0.0),
-    "lambda_kappa": dict(low=0.0),
-    "adam_eps": dict(low=0.0, low_open=True),
-    "batch_size": dict(low=1, high=MAX_BATCH, integer=True, none_ok=True),
-    "ridge": dict(low=0.0),
-    "inner_steps": dict(low=0, high=MAX_INNER_STEPS, integer=True),
-    "inner_lr": dict(low=0.0, high=2.0, high_open=True),
-    "safety": dict(low=0.0, high=1.0, low_open=True, high_open=True),
-    "exponent": dict(),  # any finite number
-    "steps": dict(low=1, high=MAX_KSTEP_STEPS, integer=True),
-}
-OPTION_CHOICES = {
-    "optimizer": OPTIMIZERS,
-    "precond": PRECONDITIONERS,
-    "init": ("identity", "random"),
-}
-# options that also take a word: "auto" λ's (the adaptive Algorithm 1), the "auto" exponent
-OPTION_WORDS = {"lambda_p": ("auto",), "lambda_h": ("auto",), "exponent": ("auto",)}
-
-
-@dataclass(frozen=True)
-class LinearOptions(Options):
-    """Base of the per-method options (:func:`options_of`).
-
-    The rules of :data:`OPTION_RULES`, :data:`OPTION_CHOICES` and :data:`OPTION_WORDS`, Adam's
-    ``betas`` a pair in [0, 1).
-    """
-
-    RULES = OPTION_RULES
-    CHOICES = OPTION_CHOICES
-    CHECKS = {"betas": check_betas}
-    WORDS = OPTION_WORDS
-
-    def __post_init__(self):
-        super().__post_init__()
-        if getattr(self, "precond", None) == "ridge" and not self.ridge > 0:
-            raise ParameterError("ridge", f"precond 'ridge' needs ridge > 0, got {self.ridge!r}")
+from pycore._validation import ParameterError, check_choice, check_rng, check_work
 
 
 @dataclass(frozen=True)
 class IdentityOptions(LinearOptions):
     """θ = I: no options."""
 
-
-@dataclass(frozen=True)
-class ClosedFormOptions(LinearOptions):
-    """Exponent a of s² = λ_C^a (docs/theory.md §10).
-
-    A number, or "auto" (:func:`auto_exponent`).
-    """
-
-    exponent: float | str = "auto"
-
-
-@dataclass(frozen=True)
-class _LoopOptions(LinearOptions):
-    epochs: int = 100  # paper Sec. 5.1 text (Table 4 says 1000)
-    lr: float = 0.02  # paper 0.005; docs/findings.md §1
-    batch_size: int | None = 64  # D_P mini-batch of the loss term (paper: 64); None = full batch
-    init: str = "identity"  # or "random": nn.Linear's U(±1/√D)
-
-
-@dataclass(frozen=True)
-class _AdamOptions(_LoopOptions):
-    optimizer: str = "adam"  # the paper's, for linear models; "gd" = Algorithm 1 as printed
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-
-
-@dataclass(frozen=True)
-class OursOptions(_AdamOptions):
-    """Algorithm 1 (docs/theory.md §6).
-
-    Both λ's "auto" (default) is the adaptive rule (docs/design.md §4); numbers give the paper's
-    fixed-λ loop (``PRESETS``).
-    """
-
-    lambda_p: float | str = "auto"  # λ_P, weight of R_well(H_P); the paper's: 100
-    # λ_H, weight of R_ill(H_H); the paper's 1e7 leaves R_ill inert under Adam
-    lambda_h: float | str = "auto"
-    precond: str = "pinv"  # K⁺ (K is singular on real data, docs/theory.md §5)
-    ridge: float = 0.0  # λ of precond "ridge", (K + λI)⁻¹
-    patience: int = 300  # "auto": steps without progress before lr/3 (twice), then stop
-    lr: float = 0.03
-    epochs: int | None = None  # None: 5000 (a budget) with "auto" λ's, 100 with numbers
-
-    def __post_init__(self):
-        if self.epochs is None:
-            object.__setattr__(self, "epochs", 5000 if self.lambda_p == "auto" else 100)
-        super().__post_init__()
-        auto = [name for name in ("lambda_p", "lambda_h") if getattr(self, name) == "auto"]
-        if len(auto) == 1:
-            # named: the λ that was set to a number (both default to "auto", so it is the one a
-            # caller gave), not the one left at its default
-            given = "lambda_h" if auto[0] == "lambda_p" else "lambda_p"
-            raise ParameterError(
-                given,
-                f"{given} = {getattr(self, given)!r} picks the fixed-λ loop, which needs "
-                f"{auto[0]} as a number too (it is 'auto', the adaptive default's setting of "
-                "both λ's)",
-            )
-        if auto and (self.optimizer != "adam" or self.init != "identity"):
-            bad = "optimizer" if self.optimizer != "adam" else "init"
-            raise ParameterError(
-                bad,
-                f"the adaptive default (both λ's 'auto') runs Adam from θ = I; "
-                f"{bad} = {getattr(self, bad)!r} needs numbers for both λ's",
-            )
-
     @property
-    def auto(self) -> bool:
-        return self.lambda_p == "auto"
+    def draws_random(self) -> bool:
+        return False
 
 
-@dataclass(frozen=True)
-class CertifiedOptions(OursOptions):
-    """:func:`immunize_certified`: ``safety`` is the fraction of each §5 step bound taken."""
-
-    safety: float = 0.9
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.auto:
-            raise ParameterError(
-                "lambda_p",
-                "certified mode needs numbers for lambda_p and lambda_h "
-                "(preset='house_price' gives the table's)",
-            )
-        if self.precond not in ("exact", "pinv"):
-            raise ParameterError(
-                "precond",
-                "certified mode needs precond 'exact' or 'pinv' "
-                "(the bounds of docs/theory.md §5 are for K⁻¹/K⁺)",
-            )
+def _identity(task, o, rngs) -> list[MethodRun]:
+    return each_run(MethodRun(np.eye(task.D), None, {}, {}, "θ = I, the reference"), rngs)
 
 
-@dataclass(frozen=True)
-class RIllOnlyOptions(_LoopOptions):
-    """R_ill only (docs/theory.md §7): plain GD with step min(lr·λ_H, safety·bound)."""
+IDENTITY = Method("identity", "Identity", IdentityOptions, _identity, work=(2, 1), in_tables=True)
 
-    lambda_h: float = 1e10
-    precond: str = "pinv"
-    ridge: float = 0.0
-    safety: float = 0.9
-
-
-@dataclass(frozen=True)
-class IMMAOptions(_AdamOptions):
-    """IMMA (docs/theory.md §7): the unrolled attacker's steps and their size.
-
-    IMMA: ``inner_steps`` unrolled attacker GD steps of size ``inner_lr``/L (docs/theory.md
-    §7).
-    """
-
-    inner_steps: int = 3
-    inner_lr: float = 0.5
-
-
-@dataclass(frozen=True)
-class OptKappaOptions(_AdamOptions):
-    """Opt κ (docs/theory.md §7): the weight of κ(H_P) − κ(H_H), on κ or log κ.
-
-    Opt κ: weight ``lambda_kappa`` of κ(H_P) − κ(H_H), of log κ when ``log`` (docs/theory.md
-    §7).
-    """
-
-    lambda_kappa: float = 1.0
-    log: bool = False
-
-
-@dataclass(frozen=True)
-class KStepOptions(LinearOptions):
-    """The k-step immunizer (docs/theory.md §11).
-
-    The adaptive rule on the k-step ratios of a GD probe of ``steps`` steps (the deep demo's
-    GD-probe epoch), with a bias column when ``bias``; ``lr``, ``epochs``, ``patience`` as for the
-    adaptive "ours". ``precond``: the θ-gradients as they are ("none", the default: Adam scales
-    each entry itself) or K⁺-preconditioned ("pinv", Algorithm 1's; docs/findings.md §2 measures
-    both).
-    """
-
-    steps: int = kstep_core.DEFAULT_STEPS
-    lr: float = 0.03
-    epochs: int = 5000
-    patience: int = 300
-    bias: bool = False
-    precond: str = "none"
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.precond not in KSTEP_PRECONDITIONERS:
-            raise ParameterError(
-                "precond",
-                f"kstep's precond must be one of {KSTEP_PRECONDITIONERS}, got {self.precond!r}",
-            )
-
-
-_OPTIONS = {
-    "identity": IdentityOptions,
-    "r_ill_only": RIllOnlyOptions,
-    "imma": IMMAOptions,
-    "opt_kappa": OptKappaOptions,
-    "opt_kappa_balanced": OptKappaOptions,
-    "ours": OursOptions,
-    "closed_form": ClosedFormOptions,
-}
-# The methods of the documented tables: every command's default list.
-METHODS = tuple(_OPTIONS)
-# Methods no command runs by default (their numbers are in docs/findings.md, not in the tables):
-# the k-step immunizer.
-EXTRA_METHODS = ("kstep",)
-_OPTIONS["kstep"] = KStepOptions
-ALL_METHODS = METHODS + EXTRA_METHODS
+# The library's own methods, in the order of the tables' rows.
+_BUILTIN = (IDENTITY, R_ILL_ONLY, IMMA, OPT_KAPPA, OPT_KAPPA_BALANCED, OURS, CLOSED_FORM, KSTEP)
+register_builtin(*_BUILTIN)
+# The methods of the documented tables: every command's default list. The others (the k-step
+# immunizer) have their numbers in docs/findings.md, not in the tables.
+METHODS = tuple(m.name for m in _BUILTIN if m.in_tables)
 
 # Named settings (docs/design.md §3), each option applied to every method that has it: MNIST's λ_H
 # from the paper's rule of balancing the two preconditioned gradient norms (docs/findings.md §1).
@@ -291,30 +89,13 @@ PRESETS = MappingProxyType(
 )
 
 
-# Working set per method (pycore._validation.check_work): (D×D arrays, N×D blocks per row of both
-# tasks) at its peak, from tracemalloc on random tasks (D = 300-400, N = 25-600) rounded up, the
-# task's K_P and K_H included; certified "ours" and the fixed-λ loop are the larger of its modes.
-WORK = MappingProxyType(
-    {
-        "identity": (2, 1),
-        "closed_form": (2, 3),
-        "ours": (21, 7),
-        "imma": (13, 1),
-        "r_ill_only": (6, 4),
-        "opt_kappa": (21, 5),
-        "opt_kappa_balanced": (21, 5),
-        "kstep": (18, 5),
-    }
-)
-
-
 def options_of(method: str) -> type[LinearOptions]:
     """The options class of a linear method.
 
     Parameters
     ----------
     method : str
-        One of :data:`ALL_METHODS`.
+        A method's name (:func:`pycore.method_of`).
 
     Returns
     -------
@@ -327,8 +108,16 @@ def options_of(method: str) -> type[LinearOptions]:
     ------
     ParameterError
         An unknown method (``.parameter`` is ``"method"``).
+
+    Examples
+    --------
+    >>> from pycore import options_of
+    >>> options_of("imma").names()[-2:]  # the keywords immunize(task, "imma", ...) takes
+    ('inner_steps', 'inner_lr')
+    >>> options_of("imma")(inner_steps=0).inner_lr  # built and checked, with the defaults
+    0.5
     """
-    return _OPTIONS[check_choice(method, "method", ALL_METHODS)]
+    return method_of(method).options
 
 
 def resolve_options(
@@ -343,7 +132,7 @@ def resolve_options(
     Parameters
     ----------
     method : str
-        One of :data:`ALL_METHODS`.
+        A method's name (:func:`pycore.method_of`).
     preset : str, optional
         A name of :data:`PRESETS`; each of its values the method has applies.
     certified : bool, default False
@@ -372,34 +161,6 @@ def resolve_options(
     return cls.build(base, what, **options)
 
 
-def draws_random(method: str, options: LinearOptions) -> bool:
-    """Whether a run of a method draws from its generator.
-
-    A run that does not gives the same θ for every seed: θ = I, the closed form, R_ill only from
-    θ = I, the adaptive Algorithm 1 and the k-step immunizer (:func:`immunize_batch` computes such
-    runs once).
-
-    Parameters
-    ----------
-    method : str
-        One of :data:`ALL_METHODS`.
-    options : LinearOptions
-        The method's options as run (:func:`resolve_options`).
-
-    Returns
-    -------
-    bool
-        True when the run uses its generator (mini-batches, a random start).
-    """
-    if method in ("identity", "closed_form", "kstep"):
-        return False
-    if method == "ours":
-        return not options.auto
-    if method == "r_ill_only":
-        return options.init != "identity"
-    return True
-
-
 @dataclass(frozen=True, eq=False)
 class ImmunizationResult:
     """θ_I, what happened on the way there, and Definition 3.1 on the task's rows.
@@ -409,7 +170,7 @@ class ImmunizationResult:
     Attributes
     ----------
     method : str
-        One of :data:`ALL_METHODS`.
+        The method's name.
     theta : ndarray, shape (D, D)
         The immunized feature extractor; features are ``Xθ``.
     omega : ndarray or None
@@ -465,11 +226,11 @@ def immunize(
     task : LinearTask
         The pre-training task D_P and the harmful task D_H (docs/theory.md §1).
     method : str, default "ours"
-        One of :data:`ALL_METHODS`: ``"ours"`` (Algorithm 1; by default the adaptive variant of
-        docs/design.md §4), ``"closed_form"`` (the optimal θ of docs/theory.md §10), the
-        baselines ``"r_ill_only"``, ``"imma"``, ``"opt_kappa"``, ``"opt_kappa_balanced"``,
-        ``"identity"`` (θ = I), or ``"kstep"`` (the k-step immunizer of docs/theory.md §11,
-        :data:`EXTRA_METHODS`).
+        A registered method (:func:`pycore.method_of`): ``"ours"`` (Algorithm 1; by default
+        the adaptive variant of docs/design.md §4), ``"closed_form"`` (the optimal θ of
+        docs/theory.md §10), the baselines ``"r_ill_only"``, ``"imma"``, ``"opt_kappa"``,
+        ``"opt_kappa_balanced"``, ``"identity"`` (θ = I), ``"kstep"`` (the k-step immunizer of
+        docs/theory.md §11), or one added by :func:`pycore.register_method`.
     rng : numpy.random.Generator
         Every random draw of the run (mini-batches, a random start); the library never seeds.
     preset : str, optional
@@ -639,30 +400,15 @@ def _run(task, method, opts, rngs) -> list[ImmunizationResult]:
         check_rng(rng)
     check_method_work(task, method)
     t0 = time.perf_counter()
-    if method == "closed_form":
-        ceiling = rir_ceiling(task.X_P, task.X_H)
-        a, why = (
-            auto_exponent(task, ceiling)
-            if opts.exponent == "auto"
-            else (float(opts.exponent), f"exponent {float(opts.exponent):.4g} as given")
-        )
-        theta, diag = methods.closed_form(task, a, ceiling)
-        runs = [(theta.copy(), None, {}, dict(diag)) for _ in rngs]
-        whys = [why] * len(rngs)
-    elif method == "identity":
-        runs = [(np.eye(task.D), None, {}, {}) for _ in rngs]
-        whys = ["θ = I, the reference"] * len(rngs)
-    else:
-        runs = methods.RUNNERS[method](task, method, opts, rngs)
-        whys = [d.get("stop", f"ran the {opts.epochs} epochs asked for") for *_, d in runs]
+    runs = method_of(method).run(task, opts, rngs)
     seconds = (time.perf_counter() - t0) / len(rngs)
-    return [_result(task, method, opts, run, why, seconds) for run, why in zip(runs, whys)]
+    return [_result(task, method, opts, run, seconds) for run in runs]
 
 
-def _result(task, method, opts, run, why, seconds) -> ImmunizationResult:
-    theta, omega, hist, diag = run
+def _result(task, method, opts, run: MethodRun, seconds) -> ImmunizationResult:
+    why = run.reason
     try:
-        hr, pr = _ratios(task, theta, diag)
+        hr, pr = _ratios(task, run.theta, run.diagnostics)
         value = hr / pr
     except SpectrumError as exc:  # θ collapsed a task's features: no κ, no Definition 3.1
         hr = pr = value = float("nan")
@@ -674,16 +420,16 @@ def _result(task, method, opts, run, why, seconds) -> ImmunizationResult:
     )
     return ImmunizationResult(
         method=method,
-        theta=theta,
-        omega=omega,
+        theta=run.theta,
+        omega=run.omega,
         options=opts,
         harmful_ratio=hr,
         pretrain_ratio=pr,
         rir=value,
         immunized=ok,
         reason=why,
-        history=hist,
-        diagnostics=diag,
+        history=run.history,
+        diagnostics=run.diagnostics,
         wall_seconds=seconds,
     )
 
@@ -691,15 +437,15 @@ def _result(task, method, opts, run, why, seconds) -> ImmunizationResult:
 def check_method_work(task: LinearTask, method: str) -> int:
     """The float64 work a method sets out to hold on a task, checked against the budget.
 
-    Counted from :data:`WORK` (the method's D×D arrays and N×D blocks at its peak) and checked
-    before any of them is allocated (and before worker processes start).
+    Counted from the method's ``work`` (:class:`pycore.Method`: its D×D arrays and N×D blocks at
+    its peak) and checked before any of them is allocated (and before worker processes start).
 
     Parameters
     ----------
     task : LinearTask
         The task the method would run on.
     method : str
-        One of :data:`ALL_METHODS`.
+        A method's name (:func:`pycore.method_of`).
 
     Returns
     -------
@@ -714,7 +460,7 @@ def check_method_work(task: LinearTask, method: str) -> int:
         The working set exceeds :data:`pycore.limits.MAX_WORK_BYTES`; the message names D, the
         bytes and the limit.
     """
-    squares, blocks = WORK[check_choice(method, "method", ALL_METHODS)]
+    squares, blocks = method_of(method).work
     rows = task.X_P.shape[0] + task.X_H.shape[0]
     return check_work(task.D, rows, squares, blocks, f"immunize({method!r})")
 
@@ -730,49 +476,3 @@ def _ratios(task, theta, diag) -> tuple[float, float]:
         gram_spectrum(X @ theta, vectors=False).kappa for X in (task.X_P, task.X_H)
     )
     return kH / ref[1], kP / ref[0]
-
-
-def auto_exponent(task: LinearTask, ceiling=None) -> tuple[float, str]:
-    """The closed form's default exponent, and why.
-
-    The balanced exponent of the Definition 3.1 window ((i) = 1/(ii) = √ceiling) clamped into it,
-    or 0 (H_P = I) when Definition 3.1 is out of reach of the closed form.
-
-    Parameters
-    ----------
-    task : LinearTask
-        The task the closed form immunizes.
-    ceiling : Ceiling, optional
-        ``rir_ceiling(task.X_P, task.X_H)`` when already computed.
-
-    Returns
-    -------
-    exponent : float
-        The exponent a of ``s² = λ_C^a`` (docs/theory.md §10).
-    reason : str
-        Why this exponent: the window it lies in, or why Definition 3.1 is not attainable.
-    """
-    ceiling = ceiling if ceiling is not None else rir_ceiling(task.X_P, task.X_H)
-    no = "exponent 0: Definition 3.1 is not attainable by the closed form"
-    if not ceiling.kappa_C > 1 + 1e-8:  # 1e-8: far above κ(C)'s round-off at 1 (~p·eps)
-        return (
-            0.0,
-            f"{no}, κ(C) = {ceiling.kappa_C:.6g} ≈ 1 (every exponent gives the same spectra)",
-        )
-    w = def31_exponent_window(ceiling)
-    if w.empty:
-        return 0.0, (
-            f"{no}, its window [{w.low:.4g}, {w.high:.4g}) is empty (range-restricted ceiling "
-            f"{ceiling.range_restricted:.4g} ≤ 1)"
-        )
-    a = min(max(w.balanced, w.low), w.high)
-    spread = float(np.max(np.abs(np.log(ceiling.lambda_C[: ceiling.rank_C]))))
-    if abs(a) * spread / 2 > 300:  # s = λ_C^(a/2) beyond 1e±130: θ is no longer representable
-        return 0.0, (
-            f"{no} in float64, its balanced exponent {a:.4g} scales θ's columns past 1e130 "
-            f"(κ(C) = {ceiling.kappa_C:.6g} is too close to 1)"
-        )
-    return a, (
-        f"exponent {a:.4g}: the balanced exponent of the Definition 3.1 window "
-        f"[{w.low:.4g}, {w.high:.4g})" + (", clamped at 0" if a != w.balanced else "")
-    )

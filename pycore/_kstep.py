@@ -137,19 +137,21 @@ def _core(B, Yt, steps, shape, grad, y_norm):
     )
     if not grad:
         return info, None
-    return info, _adjoint(B, Yt, steps, Ur, sr, Vr, P, value, den)
+    return info, _adjoint(B, Yt, steps, (Ur, sr, Vr), P, value, den)
 
 
-def _adjoint(B, Yt, k, Ur, sr, Vr, P, value, den):
+def _adjoint(B, Yt, k, svd, P, value, den):
     """``∂E_k/∂B`` by the adjoint of the GD recursion (docs/theory.md §11).
 
-    ``∂E_k/∂B`` by the adjoint of ``e_{t+1} = (I − ηBᵀB)e_t``, ``e_t = W_t − W*``,
+    ``svd`` is B's thin SVD over its rank, ``(U_r, s_r, V_r)``. The recursion is
+    ``e_{t+1} = (I − ηBᵀB)e_t``, ``e_t = W_t − W*``,
     ``e₀ = −W* = −B⁺Y`` (docs/theory.md §11): ``n = ½‖Be_k‖²``, ``d = ½‖Be₀‖²``, E = n/d. The
     small quantities (``Be_t``) are formed directly, never as a difference of losses. Terms: the
     direct one of n, the iterates' dependence on ``BᵀB`` and on η = 1/s_1² (``∂s_1 = u_1v_1ᵀ``),
     that of W* through ``B⁺`` (fixed rank), and ``∂d = −∂L* = −R*W*ᵀ`` (the envelope theorem),
     ``R* = BW* − Y``.
     """
+    Ur, sr, Vr = svd
     eta = 1.0 / sr[0] ** 2
     W_star = Vr @ (P / sr[:, None])
     full_row_rank = Ur.shape[1] == B.shape[0]
@@ -264,8 +266,8 @@ def kstep_remaining_grad(
     Z, Y, steps, bias
         As for :func:`kstep_remaining`.
     warn_tie : bool, default True
-        Warn :class:`~pycore.TieWarning` at a λ_max tie (docs/theory.md §3): η = 1/λ_max has no
-        gradient there.
+        Warn :class:`~pycore._regularizers.TieWarning` at a λ_max tie (docs/theory.md §3):
+        η = 1/λ_max has no gradient there.
 
     Returns
     -------

@@ -1,8 +1,8 @@
 """Immunization metrics: RIR (paper Eq. (15)), its ceiling and exponent window, RIR_θ₀.
 
-Immunization metrics: RIR (paper Eq. (15)), its ceiling and exponent window (docs/theory.md
-§10), RIR_θ₀ by group sampling (§8).  Every κ of a Hessian ``θᵀXᵀXθ`` is κ(Xθ)² from the SVD of the
-features (:func:`pycore.gram_spectrum`): RIR multiplies four κ's that reach 1e10.
+The ceiling and window are docs/theory.md §10's, the group sampling §8's. Every κ of a Hessian
+``θᵀXᵀXθ`` is κ(Xθ)² from the SVD of the features (:func:`pycore._spectral.gram_spectrum`): RIR
+multiplies four κ's that reach 1e10.
 """
 
 from __future__ import annotations
@@ -63,9 +63,8 @@ def _check_pair(X_P, X_H, names=("X_P", "X_H")):
 def right_singular_vectors(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, np.ndarray]:
     """``(s, Vt)``: the singular values of ``X`` (N×D) and ALL D right singular vectors.
 
-    ``(s, Vt)``: the singular values of ``X`` (N×D) and ALL D right singular vectors
-    (range(XᵀX), then its complement), sizes checked up front: a full SVD of a tall X forms an N×N
-    U (35k: 10 GB).
+    ``Vt``'s rows span range(XᵀX), then its complement. Sizes are checked up front: a full SVD of a
+    tall X forms an N×N U (35k: 10 GB).
     """
     N, D = X.shape
     check_dense_size((D, D), f"the {D}×{D} basis of {name}'s row space ({name} is {N}×{D})")
@@ -177,6 +176,16 @@ def feature_rir(Z_P, Z_H, Z_P_ref, Z_H_ref) -> RIR:
         Features that are not finite real matrices.
     SpectrumError
         Features with no condition number (zero).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import feature_rir
+    >>> rng = np.random.default_rng(0)
+    >>> Z_P, Z_H = rng.standard_normal((40, 3)), rng.standard_normal((30, 3))
+    >>> r = feature_rir(2.0 * Z_P, Z_H @ np.diag([4.0, 1.0, 1.0]), Z_P, Z_H)
+    >>> round(r.pretrain_ratio, 12), bool(r.harmful_ratio > 1)  # a scale keeps every κ
+    (1.0, True)
     """
     return _ratio(**_check_features(Z_P, Z_H, Z_P_ref, Z_H_ref))
 
@@ -353,6 +362,17 @@ def def31_exponent_window(ceiling: Ceiling) -> ExponentWindow:
     ------
     ValueError
         κ(C) = 1: every exponent gives the same spectra, there is no window.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import def31_exponent_window, rir_ceiling
+    >>> rng = np.random.default_rng(0)
+    >>> X_P = rng.standard_normal((30, 4)) * [1.0, 0.5, 0.2, 0.1]
+    >>> X_H = rng.standard_normal((30, 4)) @ rng.standard_normal((4, 4))
+    >>> w = def31_exponent_window(rir_ceiling(X_P, X_H))
+    >>> w.empty, bool(w.low <= w.balanced < w.high)
+    (False, True)
     """
     lc = np.log(ceiling.kappa_C)
     if not lc > 0:
@@ -409,6 +429,18 @@ def grouped_feature_rir(
         ``groups`` or ``group_size`` out of bounds, or features as :func:`feature_rir` refuses.
     SpectrumError
         A group's features with no condition number.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import grouped_feature_rir
+    >>> rng = np.random.default_rng(0)
+    >>> Z_P, Z_H = rng.standard_normal((40, 3)), rng.standard_normal((30, 3))
+    >>> g = grouped_feature_rir(
+    ...     2.0 * Z_P, Z_H, Z_P, Z_H, rng=np.random.default_rng(0), groups=5, group_size=10
+    ... )
+    >>> g["groups"], g["group_size"], round(g["value"]["mean"], 12)
+    (5, 10, 1.0)
     """
     check_number(groups, "groups", low=1, integer=True)
     check_number(group_size, "group_size", low=2, integer=True)

@@ -1,13 +1,12 @@
 """The fused condition-number regularizer op and the immunization head.
 
-The fused condition-number regularizer op and the immunization head (docs/theory.md §3-4,
-docs/design.md §2), as pytorch/extension-cpp does it: ``torch.ops.pycore.*`` are defined, with
-their input checks, in C++ (csrc/; CPU kernels, CUDA when built); this module registers the fake
-implementation and autograd, and turns the C++ refusals into :class:`CondRegError` (under
-``torch.compile``: its base ValueError). Without the extension (not built, or
-``PYCORE_DISABLE_EXTENSION=1``; one RuntimeWarning) the entry points run the plain reference,
-:func:`reference_cond_regularizer` and a float64 solve on the weight gradient: the same values and
-refusals of R, no diagnostics, no meta tensors, no ``torch.compile(fullgraph=True)``.
+docs/theory.md §3-4, docs/design.md §2, as pytorch/extension-cpp does it: ``torch.ops.pycore.*``
+are defined, with their input checks, in C++ (csrc/; CPU kernels, CUDA when built); this module
+registers the fake implementation and autograd, and turns the C++ refusals into
+:class:`CondRegError` (under ``torch.compile``: its base ValueError). Without the extension (not
+built, or ``PYCORE_DISABLE_EXTENSION=1``; one RuntimeWarning) the entry points run the plain
+reference, :func:`reference_cond_regularizer` and a float64 solve on the weight gradient: the same
+values and refusals of R, no diagnostics, no meta tensors, no ``torch.compile(fullgraph=True)``.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -85,17 +85,35 @@ def extension_available() -> bool:
     return _HAS_EXTENSION
 
 
+# The tag before the sentence of every refusal of the C++ op (PYCORE_CHECK_ARG, csrc/cond_reg.h).
+ARGUMENT_TAG = re.compile(r"pycore\.argument=(\w+);")
+
+
+def refused_argument(exc: BaseException) -> tuple[str, str] | None:
+    """``(argument, sentence)`` of a refusal of the C++ op; None for any other error.
+
+    The op's ValueError carries the argument at fault as a tag (``pycore.argument=Z;``) before
+    the sentence; compiled code (``torch.compile``) gets that ValueError as it is.
+    """
+    first = (str(exc).splitlines() or [""])[0]
+    tag = ARGUMENT_TAG.match(first)
+    return None if tag is None else (tag.group(1), first[tag.end() :])
+
+
 def _run(where: str, name: str, op, *args):
     """``op(*args)``, the C++ refusals as CondRegError.
 
-    ``op(*args)``, the C++ checks' ValueError (argument name first) and the dispatcher's
-    NotImplementedError (no kernel for this layout or device) as CondRegError.
+    The C++ checks' tagged ValueError (:func:`refused_argument`) and the dispatcher's
+    NotImplementedError (no kernel for this layout or device) as CondRegError; any other error
+    as it is.
     """
     try:
         return op(*args)
     except ValueError as exc:
-        msg = str(exc).splitlines()[0]
-        raise CondRegError(msg.split(maxsplit=1)[0], f"{where}: {msg}") from None
+        refused = refused_argument(exc)
+        if refused is None:
+            raise
+        raise CondRegError(refused[0], f"{where}: {refused[1]}") from None
     except NotImplementedError:
         t = args[0]
         raise CondRegError(
@@ -272,9 +290,43 @@ def cond_regularizer_with_diagnostics(
     tie_rtol: float | None = None,
     warn: bool = True,
 ):
-    """``(R, CondDiagnostics)``; a RuntimeWarning at a tie (``warn``).
+    """``R`` and what the op measured on the way: a :class:`CondDiagnostics`.
 
-    Needs the extension and data.
+    Needs the compiled extension. A RuntimeWarning at an eigenvalue tie (``warn``), where the
+    gradient is not defined.
+
+    Parameters
+    ----------
+    Z : torch.Tensor, shape (N, D)
+        float32 or float64 features.
+    kind : {"ill", "well"}
+        R_ill or R_well.
+    rtol, tie_rtol : float, optional
+        The rank cut-off and the tie threshold, relative to λ_max (the op's defaults: D·eps and
+        √eps of Z's dtype).
+    warn : bool, default True
+        Warn at a tie.
+
+    Returns
+    -------
+    value : torch.Tensor
+        R, a scalar with ``Z``'s gradient.
+    diagnostics : CondDiagnostics
+        σ_max, σ_min, κ, rank, the eigengap, the tie flag and how the eigenvector was found.
+
+    Raises
+    ------
+    CondRegError
+        Input the op refuses; ``.parameter`` names the argument.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pycore.ops import cond_regularizer_with_diagnostics
+    >>> Z = torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64))
+    >>> value, d = cond_regularizer_with_diagnostics(Z, "well")
+    >>> float(value), d.rank, round(d.kappa, 12)  # κ(ZᵀZ) = 9
+    (20.0, 2, 9.0)
     """
     if not _HAS_EXTENSION:
         raise RuntimeError(
@@ -369,8 +421,7 @@ def _precondition_right(X: torch.Tensor, lambda_reg: float, grad_W: torch.Tensor
 def precond_linear(X, W, bias=None, lambda_reg: float = 1e-7, precondition: bool = True):
     """``X Wᵀ + b`` whose weight gradient is ``(grad_outᵀX)(XᵀX + λI)⁻¹``.
 
-    ``X Wᵀ + b`` whose weight gradient is ``(grad_outᵀX)(XᵀX + λI)⁻¹`` (docs/theory.md §4,
-    right side).
+    The preconditioner multiplies the weight gradient on the right (docs/theory.md §4).
     """
     if _HAS_EXTENSION:
         return _run(

@@ -114,8 +114,8 @@ def theta_G(theta, reg, Z):
 class Preconditioner:
     """What preconditioner ``mode`` needs per task, computed once.
 
-    What preconditioner ``mode`` needs per task, computed once (with the rows ``X`` and N < D
-    from the SVD of X, the same cut-off on s² as :func:`range_basis` on K's eigenvalues).
+    With the rows ``X`` and N < D, from the SVD of X, with the same cut-off on s² as
+    :func:`range_basis` on K's eigenvalues.
     """
 
     def __init__(self, K, mode, ridge, X=None):
@@ -167,7 +167,7 @@ class FactorPreconditioner:
 
     They come from the task's :class:`pycore.linalg.RowFactor` (``K = V diag(s²) Vᵀ``, ``F =
     diag(s)Vᵀθ``), as a low-rank product ``L @ R`` (:meth:`parts`): with ``FG = EF``
-    (:class:`pycore.linalg.GramTerm`),
+    (:class:`pycore._batch.GramTerm`),
 
     - ``"pinv"``: ``K⁺∇_θR = 2VVᵀθG = 2(V diag(1/s) E) F``;
     - ``"ridge"``: ``(K + λI)⁻¹∇_θR = 2(V diag(s/(s² + λ)) E) F`` (exactly zero on null(K));

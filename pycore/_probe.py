@@ -18,7 +18,8 @@ import numpy as np
 import scipy.special
 
 from pycore._optim import damped_newton
-from pycore._spectral import rank_tolerance
+from pycore._spectral import numerical_rank, rank_tolerance
+from pycore._tasks import LOSSES
 from pycore._threads import bounded_blas
 from pycore._validation import (
     ParameterError,
@@ -28,8 +29,6 @@ from pycore._validation import (
     check_number,
 )
 
-LOSSES = ("lsq", "logistic")
-_LOSS_ALIASES = {"mse": "lsq", "bce": "logistic"}  # pycore.LinearTask's names
 # Upper bound on the steps of one probe (3 floats a step in results.json; Figure 1 uses 100).
 MAX_PROBE_STEPS = 100_000
 
@@ -96,7 +95,7 @@ class ProbingProblem:
     """``min_w L(w)`` of a linear probe and the constants that bound its attackers.
 
     ``w*``, ``L*``, smoothness L, ``strong_convexity`` μ on ``range(Zᵀ)``,
-    ``rank``, singular values, ``r_star = Zw* − y`` (lsq).
+    ``rank``, singular values, ``r_star = Zw* − y`` (mse).
     """
 
     Z: np.ndarray
@@ -111,7 +110,7 @@ class ProbingProblem:
     sigma: np.ndarray
     r_star: np.ndarray | None = None
     info: dict = field(default_factory=dict)
-    # lsq with N > D iterates on Z = QR: ½‖Zw − y‖² = ½‖Rw − Qᵀy‖² + const, D² work a product
+    # mse with N > D iterates on Z = QR: ½‖Zw − y‖² = ½‖Rw − Qᵀy‖² + const, D² work a product
     Zw: np.ndarray | None = field(default=None, repr=False)
     yw: np.ndarray | None = field(default=None, repr=False)
     const: float = 0.0
@@ -126,17 +125,17 @@ class ProbingProblem:
 
     @property
     def work(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(Z, y)`` the attackers iterate with (``(R, Qᵀy)`` for lsq with N > D)."""
+        """``(Z, y)`` the attackers iterate with (``(R, Qᵀy)`` for mse with N > D)."""
         return (self.Zw, self.yw) if self.Zw is not None else (self.Z, self.y)
 
     def evaluate(self, w: np.ndarray):
         """``(L(w), ∇L(w), L(w) − L*)``; logistic also for a block ``w`` (D, m).
 
-        The lsq gap ``½‖e‖² + eᵀr*``, ``e = Z(w − w*)``, does not cancel against L*.
+        The mse gap ``½‖e‖² + eᵀr*``, ``e = Z(w − w*)``, does not cancel against L*.
         """
         Zw, yw = self.work
         z = Zw @ w
-        if self.loss == "lsq":
+        if self.loss == "mse":
             r = z - yw
             e = r - self.r_star
             return (
@@ -160,8 +159,8 @@ class ProbingProblem:
         return self.evaluate(w)[0]
 
     def hessian(self, w: np.ndarray) -> np.ndarray:
-        """``ZᵀZ`` (lsq) or ``Zᵀ diag(σ(z)(1−σ(z))) Z + λI`` (logistic)."""
-        if self.loss == "lsq":
+        """``ZᵀZ`` (mse) or ``Zᵀ diag(σ(z)(1−σ(z))) Z + λI`` (logistic)."""
+        if self.loss == "mse":
             return self.Z.T @ self.Z
         s = scipy.special.expit(self.Z @ w)
         return (self.Z.T * (s * (1.0 - s))) @ self.Z + self.ridge * np.eye(self.dim)
@@ -171,19 +170,55 @@ class ProbingProblem:
 def make_problem(
     Z,
     y,
-    loss: str = "lsq",
+    loss: str = "mse",
     *,
     ridge_rel: float = 1e-4,
     newton_tol: float = 1e-13,
     max_newton: int = 200,
 ) -> ProbingProblem:
-    """Validate ``(Z, y)`` and solve the probing problem.
+    """Validate ``(Z, y)`` and solve the probing problem an attacker faces.
 
-    Labels are {0, 1} for ``"logistic"``/``"bce"``; computes ``w*`` (lsq: minimum norm; logistic:
-    damped Newton), ``L*``, L and μ, the smallest NONZERO eigenvalue (logistic: at w*, the
-    defender's worst case; rank rule of docs/theory.md §2).
+    ``loss`` is :class:`pycore.LinearTask`'s: ``"mse"`` (½‖Zw − y‖²) or ``"bce"`` (the logistic
+    loss plus a ridge, labels in {0, 1}). Computes ``w*`` (mse: minimum norm; bce: damped Newton),
+    ``L*``, L and μ, the smallest NONZERO eigenvalue (bce: at w*, the defender's worst case; rank
+    rule of docs/theory.md §2).
+
+    Parameters
+    ----------
+    Z : array_like, shape (N, D)
+        The features the attacker probes (``Xθ``).
+    y : array_like, shape (N,) or (N, 1)
+        The attacker's targets (0/1 labels for ``"bce"``).
+    loss : {"mse", "bce"}, default "mse"
+        The probe's loss.
+    ridge_rel : float, default 1e-4
+        ``"bce"``'s ridge, relative to ‖Z‖₂²/4 (separable data has no minimiser without it).
+    newton_tol : float, default 1e-13
+        ``"bce"``: damped Newton's tolerance on the gradient.
+    max_newton : int, default 200
+        ``"bce"``: the most Newton steps.
+
+    Returns
+    -------
+    ProbingProblem
+        ``w_star``, ``L_star``, ``smoothness``, ``strong_convexity``, ``kappa``, ``rank``.
+
+    Raises
+    ------
+    ParameterError
+        Shapes that do not match, a zero ``Z``, labels not in {0, 1} for ``"bce"``, an option
+        out of its bounds; ``.parameter`` names it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.attacks import make_problem
+    >>> rng = np.random.default_rng(0)
+    >>> Z = rng.standard_normal((40, 4)) * [1.0, 2.0, 4.0, 8.0]
+    >>> problem = make_problem(Z, Z @ np.ones(4))
+    >>> problem.rank, round(problem.kappa, 3)  # κ(ZᵀZ): what GD's rate depends on
+    (4, 100.257)
     """
-    loss = _LOSS_ALIASES.get(loss, loss)
     check_choice(loss, "loss", LOSSES)
     check_number(ridge_rel, "ridge_rel", low=0.0)
     check_number(newton_tol, "newton_tol", low=0.0, high=1.0, high_open=True)
@@ -202,7 +237,7 @@ def make_problem(
     if rank == 0:
         raise ParameterError("Z", "Z is (numerically) zero: there is nothing to probe")
     Q = Vt[:rank].T  # orthonormal basis of range(Zᵀ)
-    if loss == "lsq":
+    if loss == "mse":
         w_star = Q @ ((U[:, :rank].T @ y) / sigma[:rank])  # min-norm lstsq through the SVD
         Zw, yw, const = None, None, 0.0
         if N > D:
@@ -262,3 +297,34 @@ def make_problem(
         sigma,
         info={"rank_tol": float(tol), "ridge_rel": ridge_rel, "reference_newton": newton_info},
     )
+
+
+def jacobi_scaling(Z, *, curvature: float = 1.0, ridge: float = 0.0) -> np.ndarray:
+    """The Jacobi preconditioner an attacker reads off their features.
+
+    ``diag(c·ZᵀZ + λI)^{-½}``, 1 where zero (logistic: the Hessian at w = 0, c = ¼, plus the ridge,
+    lest a never-inked pixel explode).
+    """
+    d = curvature * np.sum(np.asarray(Z, dtype=np.float64) ** 2, axis=0) + ridge
+    out = np.ones_like(d)
+    out[d > 0] = 1.0 / np.sqrt(d[d > 0])
+    return out
+
+
+def whitening_preconditioner(Z_est, ridge_rel: float = 1e-8) -> np.ndarray:
+    """The whitening preconditioner of an attacker's own rows.
+
+    ``(Σ̂₊ + δI)⁻¹``, ``Σ̂ = Z_estᵀZ_est/n``, ``δ = ridge_rel·λ_max(Σ̂)``; Σ̂₊ raises the
+    numerically zero eigenvalues to the smallest nonzero one, lest round-off there be amplified by
+    1/δ.
+    """
+    Z_est = as_float_matrix(Z_est, "Z_est")
+    check_number(ridge_rel, "ridge_rel", low=0.0, low_open=True)
+    S = Z_est.T @ Z_est / Z_est.shape[0]
+    lam, U = np.linalg.eigh(0.5 * (S + S.T))
+    top = max(float(lam[-1]), np.finfo(float).tiny)
+    sv = np.linalg.svd(Z_est, compute_uv=False)
+    rank = numerical_rank(sv, Z_est.shape)
+    floor = float(lam[lam.size - rank]) if rank else top
+    lam = np.where(np.arange(lam.size) < lam.size - rank, floor, lam)  # eigh sorts ascending
+    return (U / (lam + ridge_rel * top)) @ U.T

@@ -101,6 +101,18 @@ def strict_protocol(
         An unknown restriction, a held-out task or names of another width.
     ValueError
         Every input column constant on D_P's training rows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import LinearTask, strict_protocol
+    >>> rng = np.random.default_rng(0)
+    >>> X_P = np.hstack([rng.standard_normal((20, 2)), np.ones((20, 1))])  # a constant column
+    >>> X_H = rng.standard_normal((20, 3))
+    >>> task = LinearTask(X_P, rng.standard_normal(20), X_H, rng.standard_normal(20))
+    >>> train, _, report = strict_protocol(task, feature_names=["a", "b", "c"])
+    >>> train.D, report.dropped_columns
+    (2, ['c'])
     """
     check_choice(restriction, "restriction", RESTRICTIONS)
     D0 = train.D

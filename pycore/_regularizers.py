@@ -1,9 +1,8 @@
 """Condition-number regularizers R_well and R_ill (docs/theory.md §3), gradients and step bounds.
 
-Condition-number regularizers R_well and R_ill (docs/theory.md §3), their gradients through θ
-(§4, ``∇_θR = 2KθG``, Theorem 4.2) and step-size bounds (§5, corrected): ``‖S‖_F`` and ONE extreme
-singular pair, never a derivative of an eigendecomposition; a (near-)tie there is a
-:class:`TieWarning`.
+The gradients through θ are §4's (``∇_θR = 2KθG``, Theorem 4.2), the step-size bounds §5's
+(corrected). Each needs ``‖S‖_F`` and ONE extreme singular pair, never a derivative of an
+eigendecomposition; a (near-)tie there is a :class:`TieWarning`.
 """
 
 from __future__ import annotations
@@ -150,6 +149,13 @@ def r_well(S) -> float:
         ``S`` not a finite real 2-D array (the message names ``S``).
     SpectrumError
         S = 0, or a value outside float64.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import r_well
+    >>> r_well(np.diag([3.0, 1.0])), r_well(2.0 * np.eye(3))  # 0 exactly at κ = 1
+    (2.0, 0.0)
     """
     return evaluate(S, "well", grad=False).value
 
@@ -160,7 +166,7 @@ def r_ill(S) -> float:
     Parameters
     ----------
     S : array_like, shape (m, n)
-        A real finite matrix.
+        A real finite matrix with two distinct nonzero singular values.
 
     Returns
     -------
@@ -174,6 +180,13 @@ def r_ill(S) -> float:
     SpectrumError
         S = 0, all k nonzero singular values equal (κ = 1, rank 1 included: the denominator is 0),
         or a value outside float64.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import r_ill
+    >>> r_ill(np.diag([3.0, 1.0]))  # 1/((9 + 1)/4 − 1/2)
+    0.5
     """
     return evaluate(S, "ill", grad=False).value
 
@@ -181,49 +194,17 @@ def r_ill(S) -> float:
 def r_well_grad(S) -> np.ndarray:
     """∇_S R_well = σ₁u₁v₁ᵀ − S/p (Theorem A.1(3)).
 
-    Warns :class:`TieWarning` at a σ_max tie, where R_well is not differentiable.
-
-    Parameters
-    ----------
-    S : array_like, shape (m, n)
-        A real finite matrix.
-
-    Returns
-    -------
-    ndarray, shape (m, n)
-        The gradient.
-
-    Raises
-    ------
-    ValueError
-        ``S`` not a finite real 2-D array (the message names ``S``).
-    SpectrumError
-        S = 0, or a value outside float64.
+    Warns :class:`TieWarning` at a σ_max tie, where R_well is not differentiable; refuses what
+    :func:`r_well` refuses.
     """
     return evaluate(S, "well").grad
 
 
 def r_ill_grad(S) -> np.ndarray:
-    """∇_S R_ill = (σ_k u_k v_kᵀ − S/k)/d² (Theorem 4.1(3)).
+    """∇_S R_ill = (σ_k u_k v_kᵀ − S/k)/d² (Theorem 4.1(3)), 0 where it underflows.
 
-    Warns :class:`TieWarning` at a σ_min tie, where R_ill is not differentiable.
-
-    Parameters
-    ----------
-    S : array_like, shape (m, n)
-        A real finite matrix.
-
-    Returns
-    -------
-    ndarray, shape (m, n)
-        The gradient (0 where it underflows).
-
-    Raises
-    ------
-    ValueError
-        ``S`` not a finite real 2-D array (the message names ``S``).
-    SpectrumError
-        R_ill undefined at S (as :func:`r_ill`), or a gradient that overflows float64.
+    Warns :class:`TieWarning` at a σ_min tie, where R_ill is not differentiable; refuses what
+    :func:`r_ill` refuses, and a gradient that overflows float64.
     """
     return evaluate(S, "ill").grad
 
@@ -244,8 +225,7 @@ class HessianRegularizer(_Tie):
     def vector(self, i: int) -> np.ndarray:
         """Eigenvector of H for the i-th largest eigenvalue.
 
-        Eigenvector of H for the i-th largest eigenvalue (bit-for-bit one ``evr`` subset
-        call on H).
+        Bit for bit one ``evr`` subset call on H.
         """
         if i not in self._vectors:
             if self._eig is None:  # N < D: the two extreme vectors are all there is
@@ -276,14 +256,40 @@ def hessian_regularizer(
 ) -> HessianRegularizer:
     """R_kind(ZᵀZ) and ``G = ∇_H R``, the immunizers' in-loop path.
 
-    R_kind(ZᵀZ) and ``G = ∇_H R``, the immunizers' in-loop path (Theorem 4.2: R_well with p =
-    D).
+    R_well with p = D (Theorem 4.2). N < D (MNIST): the spectrum of the N×N ``ZZᵀ``
+    (``v = Zᵀu/√λ``), both extreme vectors kept, and ``matrices=False`` skips the D×D ``H`` and
+    ``G``. Otherwise one reduction of H (:class:`pycore._spectral.SymmetricEigen`): 3-7× cheaper
+    than the SVD of Z and exact enough for the gradient (λ_min to ``eps·κ(H)``). Exact metrics use
+    ``gram_spectrum``.
 
-    N < D (MNIST): the spectrum of the N×N ``ZZᵀ`` (``v = Zᵀu/√λ``), both extreme vectors kept, and
-    ``matrices=False`` skips the D×D ``H`` and ``G``.  Otherwise one reduction of H
-    (:class:`pycore.linalg.SymmetricEigen`): 3-7× cheaper than the SVD of Z and exact enough for
-    the
-    gradient (λ_min to ``eps·κ(H)``).  Exact metrics use ``gram_spectrum``.
+    Parameters
+    ----------
+    Z : array_like, shape (N, D)
+        The features.
+    kind : {"ill", "well"}
+        R_ill or R_well.
+    rtol : float, optional
+        The rank cut-off relative to the largest eigenvalue.
+    matrices : bool, default True
+        Form ``H`` and ``G`` (D×D).
+
+    Returns
+    -------
+    HessianRegularizer
+        ``value``, ``G``, ``H``, the spectrum's ``info`` and the extreme eigenvectors (``vector``).
+
+    Raises
+    ------
+    SpectrumError
+        R has no value at ``ZᵀZ`` (zero, or R_ill at κ = 1).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.linalg import hessian_regularizer
+    >>> reg = hessian_regularizer(np.diag([3.0, 1.0]), "well")  # H = diag(9, 1)
+    >>> reg.value, reg.G.shape  # ½·81 − (81 + 1)/4
+    (20.0, (2, 2))
     """
     check_choice(kind, "kind", KINDS)
     Z = as_float_matrix(Z, "Z")
@@ -344,52 +350,12 @@ def grad_theta_and_regularizer(theta, K, kind: str):
 
 
 def r_well_grad_theta(theta, K) -> np.ndarray:
-    """∇_θ R_well(θᵀKθ) = 2Kθ(σ₁v₁v₁ᵀ − H/D) (Theorem 4.2(1)).
-
-    Parameters
-    ----------
-    theta : array_like, shape (D, D)
-        The feature extractor.
-    K : array_like, shape (D, D)
-        ``XᵀX``, symmetric positive semi-definite (to round-off).
-
-    Returns
-    -------
-    ndarray, shape (D, D)
-        The gradient.
-
-    Raises
-    ------
-    ParameterError
-        K not symmetric or not positive semi-definite (``"K"``), θ of another size.
-    SpectrumError
-        ``θᵀKθ = 0``.
-    """
+    """∇_θ R_well(θᵀKθ) = 2Kθ(σ₁v₁v₁ᵀ − H/D) (Theorem 4.2(1))."""
     return grad_theta_and_regularizer(theta, K, "well")[0]
 
 
 def r_ill_grad_theta(theta, K) -> np.ndarray:
-    """∇_θ R_ill(θᵀKθ) = 2Kθ(σ_k v_k v_kᵀ − H/k)/d² (Theorem 4.2(2)).
-
-    Parameters
-    ----------
-    theta : array_like, shape (D, D)
-        The feature extractor.
-    K : array_like, shape (D, D)
-        ``XᵀX``, symmetric positive semi-definite (to round-off).
-
-    Returns
-    -------
-    ndarray, shape (D, D)
-        The gradient.
-
-    Raises
-    ------
-    ParameterError
-        K not symmetric or not positive semi-definite (``"K"``), θ of another size.
-    SpectrumError
-        R_ill undefined at ``θᵀKθ`` (zero, or κ = 1).
-    """
+    """∇_θ R_ill(θᵀKθ) = 2Kθ(σ_k v_k v_kᵀ − H/k)/d² (Theorem 4.2(2))."""
     return grad_theta_and_regularizer(theta, K, "ill")[0]
 
 
@@ -405,24 +371,9 @@ def _spec(x, symmetric_name: str | None = None) -> SpectrumInfo:
 def r_well_step_bound(S, p: int | None = None) -> float:
     """The largest η* with κ(S − η∇R_well(S)) < κ(S) for all 0 < η < η*.
 
-    Theorem A.1(4), corrected: ``η* = (1−ρ)/(1−(1−ρ)/p)``, ``ρ = σ₂σ_k/σ₁²``.
-
-    Parameters
-    ----------
-    S : array_like or SpectrumInfo
-        The matrix, or its spectrum.
-    p : int, optional
-        R_well's normaliser (default ``min(S.shape)``).
-
-    Returns
-    -------
-    float
-        η*; 0 when κ cannot drop (rank < 2, or a σ_max tie).
-
-    Raises
-    ------
-    ValueError
-        ``S`` not a finite real 2-D array.
+    Theorem A.1(4), corrected: ``η* = (1−ρ)/(1−(1−ρ)/p)``, ``ρ = σ₂σ_k/σ₁²``, for a matrix or its
+    :class:`SpectrumInfo`; ``p`` defaults to ``min(S.shape)``. 0 when κ cannot drop (rank < 2, or a
+    σ_max tie).
     """
     info = _spec(S)
     p = (info.sigma.size if isinstance(S, SpectrumInfo) else min(np.shape(S))) if p is None else p
@@ -436,22 +387,7 @@ def r_well_step_bound(S, p: int | None = None) -> float:
 def r_ill_step_bound(S) -> float:
     """A sufficient η for κ(S − η∇R_ill(S)) > κ(S): ``η < k d²/(k−1)`` (Theorem 4.1(4)).
 
-    Parameters
-    ----------
-    S : array_like or SpectrumInfo
-        The matrix, or its spectrum.
-
-    Returns
-    -------
-    float
-        The bound ``k d²/(k−1)``.
-
-    Raises
-    ------
-    ValueError
-        ``S`` not a finite real 2-D array.
-    SpectrumError
-        R_ill undefined at S.
+    For a matrix or its :class:`SpectrumInfo`; a SpectrumError where R_ill is undefined.
     """
     info = _spec(S)
     s, k = info.sigma, info.rank
@@ -462,24 +398,8 @@ def r_ill_step_bound(S) -> float:
 def preconditioned_r_well_step_bound(H, D: int | None = None) -> float:
     """A sufficient η for ``θ − ηK⁻¹∇_θR_well`` to lower κ(θᵀKθ) (Theorem 4.3(1), corrected).
 
-    ``η ≤ (√σ₁ − √σ₂) / (2(1−1/D)σ₁^{3/2} + (2/D)σ₂^{3/2})``, σ the eigenvalues of H = θᵀKθ.
-
-    Parameters
-    ----------
-    H : array_like or SpectrumInfo
-        The symmetric Hessian θᵀKθ (to round-off), or its spectrum.
-    D : int, optional
-        R_well's normaliser (default H's size).
-
-    Returns
-    -------
-    float
-        The bound; 0 when κ cannot drop (rank < 2, or a σ₁ tie).
-
-    Raises
-    ------
-    ParameterError
-        H not symmetric (``"H"``).
+    ``η ≤ (√σ₁ − √σ₂) / (2(1−1/D)σ₁^{3/2} + (2/D)σ₂^{3/2})``, σ the eigenvalues of the symmetric
+    H = θᵀKθ (or its :class:`SpectrumInfo`), D defaulting to H's size; 0 when κ cannot drop.
     """
     info = _spec(H, "H")
     D = info.sigma.size if D is None else D
@@ -492,24 +412,8 @@ def preconditioned_r_well_step_bound(H, D: int | None = None) -> float:
 def preconditioned_r_ill_step_bound(H) -> float:
     """A strict upper bound on η for ``θ − ηK⁻¹∇_θR_ill`` to raise κ(θᵀKθ) (Thm 4.3(2), corrected).
 
-    ``min(d²/((1−2/k)σ_min) [k > 2], k d²/(2(k−1)σ_min))``; at the second, σ_min reaches 0.
-
-    Parameters
-    ----------
-    H : array_like or SpectrumInfo
-        The symmetric Hessian θᵀKθ (to round-off), or its spectrum.
-
-    Returns
-    -------
-    float
-        The bound.
-
-    Raises
-    ------
-    ParameterError
-        H not symmetric (``"H"``).
-    SpectrumError
-        R_ill undefined at H.
+    ``min(d²/((1−2/k)σ_min) [k > 2], k d²/(2(k−1)σ_min))`` for the symmetric H = θᵀKθ (or its
+    :class:`SpectrumInfo`); at the second, σ_min reaches 0.
     """
     info = _spec(H, "H")
     s, k = info.sigma, info.rank

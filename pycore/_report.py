@@ -11,28 +11,51 @@ from pathlib import Path
 
 import numpy as np
 
-# The one label table of the methods (linear, deep, and the deep tables' reference row "init").
-METHOD_LABELS = {
-    "init": "Init. θ₀",
-    "identity": "Identity",
-    "r_ill_only": "R_ill only",
-    "imma": "IMMA",
-    "opt_kappa": "Opt κ",
-    "opt_kappa_balanced": "Opt κ (balanced)",
-    "ours": "Ours (Alg. 1)",
-    "closed_form": "Closed form (docs/theory.md §10)",
-    "kstep": "k-step (docs/theory.md §11)",
-}
-
 
 def summarize(values) -> dict:
-    """``{"mean", "std", "per_seed"}`` with the population std (ddof = 0) over seeds."""
+    """Mean, population std (ddof = 0) and the values of a number over seeds.
+
+    Parameters
+    ----------
+    values : iterable of float
+        One value per seed.
+
+    Returns
+    -------
+    dict
+        ``{"mean", "std", "per_seed"}``.
+
+    Examples
+    --------
+    >>> from pycore.report import summarize
+    >>> summarize([1.0, 2.0, 3.0])["mean"], summarize([1.0, 3.0])["std"]
+    (2.0, 1.0)
+    """
     a = np.asarray(list(values), dtype=float)
     return {"mean": float(a.mean()), "std": float(a.std()), "per_seed": [float(x) for x in a]}
 
 
 def fmt(x: float, digits: int = 4) -> str:
-    """4 significant digits, scientific outside [1e-3, 1e5); ∞ and n/a spelled out."""
+    """A table cell: 4 significant digits, scientific outside [1e-3, 1e5); ∞ and n/a spelled out.
+
+    Parameters
+    ----------
+    x : float or None
+        The number.
+    digits : int, default 4
+        Significant digits of ``x``.
+
+    Returns
+    -------
+    str
+        ``x`` as a table prints it.
+
+    Examples
+    --------
+    >>> from pycore.report import fmt
+    >>> fmt(3.14159), fmt(123456.0), fmt(0.00012345), fmt(float("inf")), fmt(float("nan"))
+    ('3.142', '1.235e+05', '1.234e-04', '∞', 'n/a')
+    """
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
     if math.isinf(x):
@@ -43,7 +66,26 @@ def fmt(x: float, digits: int = 4) -> str:
 
 
 def pm(summary: dict, digits: int = 4) -> str:
-    """``mean ± std``; a std at round-off level of the mean prints as 0 (not 3.5e-18)."""
+    """``mean ± std`` of a :func:`summarize`; a std at round-off level of the mean prints as 0.
+
+    Parameters
+    ----------
+    summary : dict
+        ``{"mean", "std", ...}``.
+    digits : int, default 4
+        Significant digits of the mean (the std has 2).
+
+    Returns
+    -------
+    str
+        The cell's text.
+
+    Examples
+    --------
+    >>> from pycore.report import pm, summarize
+    >>> pm(summarize([1.0, 3.0])), pm({"mean": 1.0, "std": 3.5e-18})
+    ('2 ± 1', '1 ± 0')
+    """
     mean, std = summary["mean"], summary["std"]
     if math.isfinite(mean) and std <= 1e-12 * abs(mean):
         std = 0.0
@@ -51,7 +93,21 @@ def pm(summary: dict, digits: int = 4) -> str:
 
 
 def environment() -> dict:
-    """Versions and the command line, recorded in every results.json."""
+    """Versions and the command line, recorded in every results.json.
+
+    Returns
+    -------
+    dict
+        ``{"versions", "command", "platform"}``: Python's, NumPy's, SciPy's and pycore's versions
+        (and torch's, timm's, pandas' and matplotlib's when imported), ``sys.argv``, the platform.
+
+    Examples
+    --------
+    >>> from pycore.report import environment
+    >>> env = environment()
+    >>> sorted(env), {"numpy", "scipy", "pycore"} <= set(env["versions"])
+    (['command', 'platform', 'versions'], True)
+    """
     import scipy
 
     from pycore import __version__
@@ -151,12 +207,44 @@ def dumps_json(obj, **kw) -> str:
     -------
     str
         The JSON text, with no NaN or Infinity literal.
+
+    Examples
+    --------
+    >>> from pycore.report import dumps_json
+    >>> dumps_json({"ceiling": float("inf"), "rir": 2.5})
+    '{"ceiling": "Infinity", "rir": 2.5}'
     """
     return json.dumps(to_json(obj), allow_nan=False, **kw)
 
 
 def write_json(path: Path, obj) -> None:
-    """``obj`` as strict JSON, via a temporary file renamed into place (never half a file)."""
+    """``obj`` as strict JSON, via a temporary file renamed into place (never half a file).
+
+    Non-finite floats are the strings ``"Infinity"``, ``"-Infinity"``, ``"NaN"`` (:func:`read_json`
+    reads them back as floats).
+
+    Parameters
+    ----------
+    path : path
+        The file.
+    obj : object
+        A result object (its ``to_dict()``), NumPy values, paths, containers of those.
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from pycore.report import read_json, write_json
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> path = pathlib.Path(folder.name) / "results.json"
+    >>> write_json(path, {"ceiling": float("inf"), "rir": 2.5})
+    >>> '"Infinity"' in path.read_text(), read_json(path)
+    (True, {'ceiling': inf, 'rir': 2.5})
+    >>> folder.cleanup()
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -165,7 +253,28 @@ def write_json(path: Path, obj) -> None:
 
 
 def read_json(path: Path):
-    """A ``results.json`` back, with ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` as floats."""
+    """A ``results.json`` back, with ``"Infinity"``, ``"-Infinity"`` and ``"NaN"`` as floats.
+
+    Parameters
+    ----------
+    path : path
+        A file :func:`write_json` wrote.
+
+    Returns
+    -------
+    object
+        The JSON values, non-finite floats restored.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from pycore.report import read_json
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = pathlib.Path(folder) / "results.json"
+    ...     _ = path.write_text('{"values": [1.0, "NaN"], "ceiling": "Infinity"}')
+    ...     read_json(path)
+    {'values': [1.0, nan], 'ceiling': inf}
+    """
     return from_json(json.loads(Path(path).read_text()))
 
 
@@ -203,9 +312,37 @@ def progress(iterable=None, **kw):
 
 
 def save_figure(fig, path: Path, dpi: int = 120, rect=None) -> None:
-    """``tight_layout`` (within ``rect``), save (creating the folder) and close.
+    """``tight_layout`` (within ``rect``), save (creating the folder) and close the figure.
 
-    Figures never pile up.
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+        The figure.
+    path : path
+        The file; its folder is created.
+    dpi : int, default 120
+        Resolution.
+    rect : tuple of float, optional
+        ``tight_layout``'s rectangle.
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> import matplotlib
+    >>> matplotlib.use("Agg")  # no display needed
+    >>> import pathlib, tempfile
+    >>> import matplotlib.pyplot as plt
+    >>> from pycore.report import save_figure
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> fig, ax = plt.subplots()
+    >>> _ = ax.plot([0, 1], [1, 0])
+    >>> save_figure(fig, pathlib.Path(folder.name) / "plots" / "line.png")
+    >>> (pathlib.Path(folder.name) / "plots" / "line.png").exists(), plt.fignum_exists(fig.number)
+    (True, False)
+    >>> folder.cleanup()
     """
     import matplotlib.pyplot as plt
 

@@ -93,8 +93,7 @@ def rank_tolerance(sigma_max: float, shape: tuple[int, ...], rtol: float | None 
 def numerical_rank(s: np.ndarray, shape) -> int:
     """How many of the descending singular values of a matrix pass :func:`rank_tolerance`.
 
-    How many of the descending singular values ``s`` of a ``shape`` matrix pass
-    :func:`rank_tolerance`.
+    ``s`` descending, of a ``shape`` matrix.
     """
     return int(np.count_nonzero(s > rank_tolerance(s[0], shape)))
 
@@ -230,9 +229,10 @@ def condition_number(S, *, rtol: float | None = None) -> float:
     Parameters
     ----------
     S : array_like, shape (m, n)
-        A real finite matrix.
+        The matrix, real and finite.
     rtol : float, optional
-        The rank cut-off relative to σ_max, in [0, 1) (:func:`rank_tolerance`).
+        Singular values below ``rtol·σ_max`` count as zero, ``rtol`` in [0, 1); default the rank
+        rule of docs/theory.md §2 (``pycore._spectral.rank_tolerance``).
 
     Returns
     -------
@@ -247,6 +247,13 @@ def condition_number(S, *, rtol: float | None = None) -> float:
         ``rtol`` out of bounds.
     SpectrumError
         S = 0, or σ_max overflows float64.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore import condition_number
+    >>> condition_number(np.diag([4.0, 2.0, 0.0]))  # over the nonzero spectrum
+    2.0
     """
     return spectrum_info(S, rtol=rtol).kappa
 
@@ -431,12 +438,11 @@ _EVR_SAFE_LOW, _EVR_SAFE_HIGH = 1e-140, 1e70
 class SymmetricEigen:
     """All eigenvalues of a symmetric matrix and any of its eigenvectors from ONE reduction.
 
-    All eigenvalues of a symmetric matrix and any of its eigenvectors from ONE tridiagonal
-    reduction (``eigh(H, driver="evr")`` redoes ``dsytrd``, the O(n³) part, every call): dsyevr's
-    own LAPACK calls and workspace sizes, so ``values`` (``dsterf``, ascending) and :meth:`vector`
-    are bit-for-bit those of separate ``eigh`` calls (a test checks it).  Matrices dsyevr would
-    rescale,
-    size 1 or a LAPACK failure go through ``scipy.linalg.eigh`` itself.
+    ``eigh(H, driver="evr")`` redoes ``dsytrd``, the O(n³) part, every call; this class makes
+    dsyevr's own LAPACK calls with its workspace sizes once, so ``values`` (``dsterf``, ascending)
+    and :meth:`vector` are bit for bit those of separate ``eigh`` calls (a test checks it).
+    Matrices dsyevr would rescale, size 1 or a LAPACK failure go through ``scipy.linalg.eigh``
+    itself.
     """
 
     __slots__ = ("_H", "_c", "_d", "_e", "_tau", "_lwork", "values")
@@ -469,10 +475,9 @@ class SymmetricEigen:
     def vector_at_value(self, j: int) -> np.ndarray:
         """Unit eigenvector for the j-th smallest eigenvalue by inverse iteration.
 
-        Unit eigenvector for the j-th smallest eigenvalue by inverse iteration (``dstein``) at
-        the ``dsterf`` eigenvalue already in :attr:`values`, without dsyevr's bisection
-        (``dstebz``) for it: half the cost of :meth:`vector`, equal to it to round-off (both
-        eigenvalues are accurate to eps·‖H‖).
+        ``dstein`` at the ``dsterf`` eigenvalue already in :attr:`values`, without dsyevr's
+        bisection (``dstebz``) for it: half the cost of :meth:`vector`, equal to it to round-off
+        (both eigenvalues are accurate to eps·‖H‖).
         """
         if self._c is not None:
             n = self._d.size

@@ -119,8 +119,8 @@ class LinearTask:
     def reference_kappas(self) -> tuple[float, float]:
         """``(κ(H_P(I)), κ(H_H(I)))``, the denominators of (ii) and (i).
 
-        ``(κ(H_P(I)), κ(H_H(I)))``: the denominators of (ii) and (i) (docs/theory.md §8), from
-        the SVDs of ``X_P`` and ``X_H`` (:func:`pycore.gram_spectrum`).
+        docs/theory.md §8, from the SVDs of ``X_P`` and ``X_H``
+        (:func:`pycore._spectral.gram_spectrum`).
         """
         from pycore._spectral import gram_spectrum  # spectral's checks import this module's peers
 
@@ -138,8 +138,8 @@ class LinearTask:
     def factor_P(self):
         """:class:`pycore.linalg.RowFactor` of ``X_P``, once per task.
 
-        :class:`pycore.linalg.RowFactor` of ``X_P``: thin SVD with K_P's rank rule, once per
-        task (the small side of every ``H_P(θ)`` and K_P's preconditioner).
+        A thin SVD with K_P's rank rule: the small side of every ``H_P(θ)`` and K_P's
+        preconditioner.
         """
         from pycore._spectral import RowFactor
 

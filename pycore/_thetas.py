@@ -64,7 +64,34 @@ def task_arrays(tasks: dict, prefix: str = "") -> dict:
 
 
 def save_thetas(path, arrays: dict, meta: dict | None = None) -> Path:
-    """Write ``arrays`` (key → numeric array) and ``meta`` (strict JSON) to ``path``."""
+    """Write ``arrays`` (key → numeric array) and ``meta`` (strict JSON) to a θ archive.
+
+    Parameters
+    ----------
+    path : path
+        The ``.npz`` file.
+    arrays : dict of str to ndarray
+        The θ's (and task arrays) by key.
+    meta : dict, optional
+        What the archive records beside them (the settings).
+
+    Returns
+    -------
+    pathlib.Path
+        The file written.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import numpy as np
+    >>> from pycore.report import load_thetas, save_thetas
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> path = pathlib.Path(folder.name) / "thetas.npz"
+    >>> arrays, meta = load_thetas(save_thetas(path, {"ours": np.eye(2)}, {"seed": 0}))
+    >>> sorted(arrays), meta
+    (['ours'], {'seed': 0})
+    >>> folder.cleanup()
+    """
     out = {}
     for k, v in arrays.items():
         if (
@@ -115,7 +142,37 @@ def _refusal(zf: zipfile.ZipFile, limit: int) -> str | None:
 
 
 def load_thetas(path, *, max_bytes: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
-    """``(arrays, meta)`` of a :func:`save_thetas` archive, at most ``max_bytes`` decompressed."""
+    """``(arrays, meta)`` of a :func:`save_thetas` archive, at most ``max_bytes`` decompressed.
+
+    Parameters
+    ----------
+    path : path
+        The archive.
+    max_bytes : int, optional
+        The most bytes it may decompress to (default :data:`pycore.limits.MAX_ARCHIVE_BYTES`).
+
+    Returns
+    -------
+    arrays : dict of str to ndarray
+        The arrays by key.
+    meta : dict
+        The metadata.
+
+    Raises
+    ------
+    ValueError
+        A file that is not such an archive, or one past ``max_bytes``, named.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> import numpy as np
+    >>> from pycore.report import load_thetas, save_thetas
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     saved = save_thetas(pathlib.Path(folder) / "t.npz", {"ours": np.eye(3)})
+    ...     load_thetas(saved)[0]["ours"].shape
+    (3, 3)
+    """
     limit = limits.MAX_ARCHIVE_BYTES if max_bytes is None else max_bytes
     check_number(limit, "max_bytes", low=0, integer=True)
     check_regular_file(path, "a θ archive (.npz)", max_bytes=limit)

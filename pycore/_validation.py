@@ -182,8 +182,7 @@ def check_number(
 ):
     """``value`` as a finite float (an int when ``integer``) in the interval, checked.
 
-    ``value`` as a finite float (an int when ``integer``) in the interval, else a
-    :class:`ParameterError` naming ``name``; ``None`` passes through when ``none_ok``.
+    Otherwise a :class:`ParameterError` naming ``name``; ``None`` passes through when ``none_ok``.
     """
     if value is None and none_ok:
         return None
@@ -271,8 +270,7 @@ OUTLIER_FACTOR = 1e6
 def outliers(values, factor: float = OUTLIER_FACTOR) -> np.ndarray:
     """Indices of the finite entries beyond ``factor`` × the median magnitude of the nonzero ones.
 
-    Indices of the finite entries beyond ``factor`` × the median magnitude of the nonzero ones
-    (robust to the outlier itself); empty with < 2 nonzero entries.
+    Robust to the outlier itself; empty with < 2 nonzero entries.
     """
     a = np.abs(np.asarray(values, dtype=np.float64))
     nz = a[np.isfinite(a) & (a > 0)]
@@ -284,10 +282,9 @@ def outliers(values, factor: float = OUTLIER_FACTOR) -> np.ndarray:
 def check_regular_file(path, what: str, *, max_bytes: int | None = None, error=ValueError) -> int:
     """The size of ``path``, an existing regular file of at most ``max_bytes``.
 
-    The size of ``path``, an existing regular file of at most ``max_bytes`` (default
-    :data:`pycore.limits.MAX_DATA_FILE_BYTES` at call time): a FIFO or device is refused before it
-    is opened (reading one could block forever).  Missing: ``FileNotFoundError``; other problems:
-    ``error``.
+    ``max_bytes`` defaults to :data:`pycore.limits.MAX_DATA_FILE_BYTES` at call time. A FIFO or
+    device is refused before it is opened (reading one could block forever). Missing:
+    ``FileNotFoundError``; other problems: ``error``.
     """
     p = os.fspath(path)
     try:
@@ -313,3 +310,28 @@ def check_regular_file(path, what: str, *, max_bytes: int | None = None, error=V
     if st.st_size > max_bytes:
         raise error(f"{p}: is {st.st_size} bytes, larger than the {max_bytes} byte limit ({what})")
     return int(st.st_size)
+
+
+# torch.Generator.manual_seed takes seeds below 2**64, numpy's default_rng any non-negative one
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed) -> int:
+    """``seed`` as an int, or a :class:`ParameterError` naming it.
+
+    Checked before any work: a negative seed failed in numpy's generator after the training.
+    """
+    if (
+        isinstance(seed, bool)
+        or not isinstance(seed, numbers.Integral)
+        or not 0 <= seed <= MAX_SEED
+    ):
+        raise ParameterError("seed", f"seed must be an integer in [0, 2**63 - 1], got {seed!r}")
+    return int(seed)
+
+
+def check_flag(value, name: str) -> bool:
+    """``value`` if it is True or False, else a :class:`ParameterError` naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ParameterError(name, f"{name} must be True or False, got {value!r}")
+    return bool(value)

@@ -8,28 +8,23 @@ strongest attacker found, named. Cost = iterations to a relative suboptimality �
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 import pycore._attacks as A
-from pycore._probe import LOSSES
+from pycore._probe import jacobi_scaling
 from pycore._spectral import gram_spectrum
+from pycore._tasks import LOSSES
 from pycore._threads import bounded_blas
 from pycore._validation import (
     ParameterError,
     check_choice,
     check_number,
-    check_rng,
-    check_theta,
-    check_work,
 )
 
 # family → (what κ alone can force on it: kappa_bounds, group). Groups: "first-order" (gradients
@@ -97,8 +92,33 @@ def _cfg(family, attacker, **params) -> AttackerConfig:
     return AttackerConfig(family, attacker, tuple(sorted(params.items())))
 
 
-def attacker_grid(loss: str = "lsq", *, quick: bool = False) -> tuple[AttackerConfig, ...]:
-    """Every configuration of every family for ``loss``; ``quick``: a few per family."""
+def attacker_grid(loss: str = "mse", *, quick: bool = False) -> tuple[AttackerConfig, ...]:
+    """Every configuration of every attacker family for a loss.
+
+    Parameters
+    ----------
+    loss : {"mse", "bce"}, default "mse"
+        The probe's loss (``"mse"`` has the closed form, ``"bce"`` Newton).
+    quick : bool, default False
+        A few configurations per family instead of the whole grid.
+
+    Returns
+    -------
+    tuple of AttackerConfig
+        ``(family, attacker, params)`` per configuration.
+
+    Raises
+    ------
+    ParameterError
+        An unknown loss (``.parameter`` is ``"loss"``).
+
+    Examples
+    --------
+    >>> from pycore.attacks import attacker_grid
+    >>> grid = attacker_grid(quick=True)
+    >>> len(grid), grid[0].family, sorted({c.family for c in grid})[:4]
+    (15, 'gd', ['adagrad', 'adam', 'cg', 'closed_form'])
+    """
     check_choice(loss, "loss", LOSSES)
     mus = (1.0, 0.1) if quick else MU_FACTORS
     g = [_cfg("gd", "gd_exact")]
@@ -123,7 +143,7 @@ def attacker_grid(loss: str = "lsq", *, quick: bool = False) -> tuple[AttackerCo
         for r in (("all",) if quick else A.WHITEN_ROWS)
         for d in ((1e-8,) if quick else WHITEN_RIDGE)
     ]
-    g.append(_cfg("closed_form", "closed_form") if loss == "lsq" else _cfg("newton", "newton"))
+    g.append(_cfg("closed_form", "closed_form") if loss == "mse" else _cfg("newton", "newton"))
     return tuple(g)
 
 
@@ -189,7 +209,43 @@ def run_grid(
     rng: np.random.Generator | None = None,
     second_order_max_steps: int = 100,
 ) -> GridRun:
-    """Every configuration of ``grid`` on ``problem`` until min(eps) or ``max_steps``."""
+    """Every configuration of a grid on a problem, until min(eps) or the step cap.
+
+    Parameters
+    ----------
+    problem : ProbingProblem
+        From :func:`make_problem`.
+    grid : sequence of AttackerConfig
+        From :func:`attacker_grid`.
+    eps : float or sequence of float, default (1e-2, 1e-4)
+        The relative suboptimalities whose first steps are kept.
+    max_steps : int, default 20000
+        The step cap of the first-order attackers.
+    rng : numpy.random.Generator, optional
+        For the stochastic attackers.
+    second_order_max_steps : int, default 100
+        The step cap of Newton.
+
+    Returns
+    -------
+    GridRun
+        Per configuration its steps to each ``eps`` (None: not within the cap).
+
+    Raises
+    ------
+    ParameterError
+        A bad ``eps`` or cap; ``.parameter`` names it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.attacks import attacker_grid, make_problem, run_grid
+    >>> rng = np.random.default_rng(0)
+    >>> Z = rng.standard_normal((40, 4)) * [1.0, 2.0, 4.0, 8.0]
+    >>> run = run_grid(make_problem(Z, Z @ np.ones(4)), attacker_grid(quick=True), eps=(1e-4,))
+    >>> len(run.configs) == len(attacker_grid(quick=True))
+    True
+    """
     grid = tuple(grid)
     if not grid:
         raise ParameterError("grid", "the attacker grid is empty")
@@ -228,8 +284,7 @@ def run_grid(
 class Best(NamedTuple):
     """The fewest ``steps`` a set of configurations took to ε and the attacker that took them.
 
-    The fewest ``steps`` a set of configurations took to ε and the ``attacker`` (its label)
-    that took them; ``(None, None)`` when none was within the cap.
+    ``attacker`` is its label; ``(None, None)`` when none was within the cap.
     """
 
     steps: int | None
@@ -276,9 +331,9 @@ def slowdown(s_theta: int | None, s_ref: int | None, cap: int) -> Slowdown:
 class FamilyResult:
     """The fastest configuration on θ among some attacker families against the reference's.
 
-    The fastest configuration on θ among some attacker families against the fastest on the
-    reference: steps to ε (None = not within the cap), the :func:`slowdown` θ/reference with its
-    ``kind``, and the :func:`kappa_bounds` ``bound`` of the ``family`` (None where not given).
+    Steps to ε on θ and on the reference (None = not within the cap), the :func:`slowdown`
+    θ/reference with its ``kind``, and the :func:`kappa_bounds` ``bound`` of the ``family`` (None
+    where not given).
     """
 
     family: str | None
@@ -295,10 +350,40 @@ class FamilyResult:
 
 
 def worst_case(run: GridRun, ref: GridRun, eps: float, families=None) -> FamilyResult:
-    """The defender's worst case at ``eps`` over ``families`` (default all).
+    """The defender's worst case at ``eps``: the fastest attacker on θ against the reference's.
 
     The fewest steps on θ (named), the best on the reference and their :func:`slowdown`; ties go to
-    the earlier one.
+    the earlier configuration.
+
+    Parameters
+    ----------
+    run : GridRun
+        The grid on θ's features.
+    ref : GridRun
+        The same grid on the reference's (θ = I).
+    eps : float
+        One of the runs' ``eps``.
+    families : sequence of str, optional
+        The families compared (default all).
+
+    Returns
+    -------
+    FamilyResult
+        The attackers, their steps, the slowdown θ/reference and its ``kind``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.attacks import attacker_grid, make_problem, run_grid, worst_case
+    >>> rng = np.random.default_rng(0)
+    >>> Z = rng.standard_normal((40, 4)) * [1.0, 2.0, 4.0, 8.0]
+    >>> grid, y = attacker_grid(quick=True), Z @ np.ones(4)
+    >>> ref = run_grid(make_problem(Z, y), grid, eps=(1e-4,), max_steps=5000)
+    >>> run = run_grid(make_problem(Z @ np.diag([1.0, 1.0, 1.0, 10.0]), y), grid, eps=(1e-4,),
+    ...                max_steps=5000)
+    >>> w = worst_case(run, ref, 1e-4, families=("gd",))
+    >>> w.steps, w.reference_steps, w.kind  # a stretched direction slows GD down
+    (81, 60, '=')
     """
     fams = set(FAMILIES if families is None else families)
 
@@ -333,11 +418,11 @@ def _restricted_kappa(Hm: np.ndarray, basis: np.ndarray) -> float:  # κ of Hm o
 def kappa_reference(problem: A.ProbingProblem) -> dict:
     """The κ's an attacker family feels on ``range(Zᵀ)``.
 
-    ``kappa`` of the Hessian (lsq: ZᵀZ; logistic: ``∇²L(w*)``) and ``kappa_jacobi`` of ``J^{-½}∇²L
+    ``kappa`` of the Hessian (mse: ZᵀZ; logistic: ``∇²L(w*)``) and ``kappa_jacobi`` of ``J^{-½}∇²L
     J^{-½}``, ``J = diag ∇²L``, what a diagonal preconditioner faces (van der Sluis 1969).
     """
-    if problem.loss == "lsq":
-        s = A.jacobi_scaling(problem.Z)
+    if problem.loss == "mse":
+        s = jacobi_scaling(problem.Z)
         return {
             "kappa": float(gram_spectrum(problem.Z, vectors=False).kappa),
             "kappa_jacobi": float(gram_spectrum(problem.Z * s, vectors=False).kappa),
@@ -399,147 +484,3 @@ def within(items, *, low: float | None = None, high: float | None = None) -> boo
     if any(hi < low or lo > high for lo, hi in bounds):
         return False
     return True if all(lo >= low and hi <= high for lo, hi in bounds) else None
-
-
-@dataclass(frozen=True)
-class AttackEvaluation:
-    """What :func:`attack_evaluation` found.
-
-    Per attacker family (``families``, in grid order) its :class:`FamilyResult` against θ = I, and
-    the defender's ``worst`` case (the fastest configuration of any family on θ against the fastest
-    on I); ``eps``, the step ``cap`` and the ``n_rows`` of D_H the attacker held; ``loss``, the
-    loss D_H was probed with ("mse" or "bce").
-    """
-
-    eps: float
-    cap: int
-    n_rows: int
-    families: Mapping[str, FamilyResult] = field(hash=False)
-    worst: FamilyResult
-    loss: str = "mse"
-
-    def to_dict(self) -> dict:
-        return {
-            "eps": self.eps,
-            "cap": self.cap,
-            "n_rows": self.n_rows,
-            "families": {f: r.to_dict() for f, r in self.families.items()},
-            "worst": self.worst.to_dict(),
-            "loss": self.loss,
-        }
-
-
-@bounded_blas
-def attack_evaluation(
-    theta,
-    task,
-    *,
-    rng: np.random.Generator,
-    rows=None,
-    eps: float = 1e-4,
-    quick: bool = False,
-    max_steps: int = 20000,
-    ridge_rel: float = 1e-4,
-):
-    """Judge θ by what its attackers feel.
-
-    Every attacker family probing D_H through θ and through θ = I (docs/findings.md §4).
-
-    Each configuration of :func:`attacker_grid` (GD, momentum, Adam, Adagrad, CG, L-BFGS,
-    Jacobi-PCG, whitening, a solve) trains a linear probe on the features ``Xθ`` of D_H, from
-    ``w = 0`` to a relative suboptimality ``eps``: least squares, as
-    :class:`~pycore.LinearTask` probes D_H, or ridge-logistic when a "bce" task's D_H targets
-    are one column of 0/1 labels (MNIST's ink labels); a family counts with its best
-    configuration, the defender with the fastest attacker of all.
-
-    Parameters
-    ----------
-    theta : array_like, shape (D, D)
-        The feature extractor under attack.
-    task : LinearTask
-        Its ``X_H``, ``Y_H`` are the attacker's data.
-    rng : numpy.random.Generator
-        Draws each "half" whitening's rows, the same for θ and for I.
-    rows : index, optional
-        The rows of D_H the attacker holds (default all): a slice, indices or a mask.
-    eps : float, default 1e-4
-        Relative suboptimality ``(L(w) − L*)/(L(0) − L*)`` an attacker must reach, in (0, 1).
-    quick : bool, default False
-        A few configurations per family instead of the stated grid.
-    max_steps : int, default 20000
-        Step cap of every configuration (a capped run gives a bound, ``kind`` ">=" or "<=").
-    ridge_rel : float, default 1e-4
-        The logistic probe's ridge, relative to ‖Z‖₂²/4 (a "bce" task).
-
-    Returns
-    -------
-    AttackEvaluation
-        ``families[f]`` (:class:`FamilyResult`: the best configuration's steps on θ and on I,
-        their ``slowdown`` and ``kind``, the κ ``bound``) and the ``worst`` case.
-
-    Raises
-    ------
-    ParameterError
-        θ of another shape than (D, D) (``"theta"``), rows that select nothing of D_H
-        (``"rows"``), ``eps`` outside (0, 1), an ``rng`` that is not a Generator.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from pycore import LinearTask, attack_evaluation, immunize
-    >>> rng = np.random.default_rng(0)
-    >>> X_P = rng.standard_normal((50, 4)) * [1.0, 0.5, 0.2, 0.1]
-    >>> X_H = rng.standard_normal((40, 4)) @ rng.standard_normal((4, 4))
-    >>> task = LinearTask(X_P, rng.standard_normal(50), X_H, rng.standard_normal(40))
-    >>> theta = immunize(task, "closed_form", rng=rng).theta
-    >>> ev = attack_evaluation(theta, task, rng=rng, quick=True, max_steps=500)
-    >>> ev.worst.slowdown, ev.worst.kind  # an attacker who solves is not slowed at all
-    (1.0, '=')
-    >>> list(ev.families)
-    ['gd', 'heavy_ball', 'nesterov', 'adam', 'adagrad', 'cg', 'lbfgs', 'pcg_jacobi', 'whiten',
-     'closed_form']
-    """
-    check_rng(rng)
-    X, Y = task.X_H, task.Y_H
-    theta = check_theta(theta, X.shape[1])
-    try:
-        idx = np.arange(X.shape[0])[slice(None) if rows is None else rows]
-    except (IndexError, TypeError, ValueError) as exc:
-        raise ParameterError(
-            "rows", f"rows must index the {X.shape[0]} rows of D_H: {exc}"
-        ) from None
-    if idx.ndim != 1 or idx.size == 0:
-        raise ParameterError("rows", "rows must select at least one row of D_H")
-    X, Y = X[idx], Y[idx]
-    check_work(X.shape[1], X.shape[0], 12, 4, "attack_evaluation")
-    eps = check_number(eps, "eps", low=0.0, high=1.0, low_open=True, high_open=True)
-    labels = task.loss == "bce" and task.Y_H.shape[1] == 1 and np.isin(task.Y_H, (0, 1)).all()
-    loss = "bce" if labels else "mse"  # a continuous D_H target: the squared loss
-    grid = attacker_grid("logistic" if labels else "lsq", quick=quick)
-    pairs = ((theta, rng), (np.eye(X.shape[1]), copy.deepcopy(rng)))
-    run, ref = (
-        run_grid(
-            A.make_problem(X @ t, Y, loss, ridge_rel=ridge_rel),
-            grid,
-            eps=(eps,),
-            max_steps=max_steps,
-            rng=g,
-        )
-        for t, g in pairs
-    )
-    bounds = kappa_bounds(run.kappa, ref.kappa)
-
-    def best(fams, family=None):  # worst_case over the given families, with its bound
-        w = worst_case(run, ref, eps, fams)
-        family = family or w.family
-        return dataclasses.replace(w, family=family, bound=bounds.get(family))
-
-    families = {f: best([f], f) for f in dict.fromkeys(c.family for c in grid)}
-    return AttackEvaluation(
-        eps=eps,
-        cap=max_steps,
-        n_rows=X.shape[0],
-        families=MappingProxyType(families),
-        worst=best(None),
-        loss=loss,
-    )

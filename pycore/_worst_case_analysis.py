@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import pycore._worst_case as W
-from pycore._report import METHOD_LABELS
+from pycore._registry import METHOD_LABELS
 from pycore._thetas import run_name
 from pycore._validation import ParameterError
 
@@ -157,8 +157,7 @@ class Analysis:
     def variants(self) -> list[Variant]:
         """The analysed variants, in the order of the runs.
 
-        The analysed variants, in the order of the runs (identity is the reference, not one
-        of them).
+        Identity is the reference, not one of them.
         """
         return list(dict.fromkeys(v for v, *_ in self.cells))
 
@@ -196,12 +195,12 @@ def analyse(runs, grid, eps_list, cap: int, *, rotated: Variant | None = None) -
     ----------
     runs : sequence of VariantRun
         Every variant of every seed, identity's included, each on the same problems.
-    grid : sequence of pycore.attacks.AttackerConfig
+    grid : sequence of pycore._worst_case.AttackerConfig
         The grid the runs used (:func:`pycore.attacks.attacker_grid`).
     eps_list : sequence of float
         The targets to analyse, each one of the runs' ``eps``.
     cap : int
-        The runs' step cap (a capped run gives a bound, :func:`pycore.attacks.slowdown`).
+        The runs' step cap (a capped run gives a bound, :func:`pycore._worst_case.slowdown`).
     rotated : Variant, optional
         Identity hardened as the hardened variants are: the second reference of a hardened
         variant (``slowdown_vs_rotated``), which isolates the conditioning from the loss of the
@@ -267,10 +266,9 @@ def analyse(runs, grid, eps_list, cap: int, *, rotated: Variant | None = None) -
 class Curve:
     """Best-so-far on D_H of one variant on one row set, over the configurations of a pool.
 
-    Best-so-far on D_H of one variant on one row set, over the configurations of a ``pool``
-    ("all" or "first_order"): after k configurations tried in a random order, the fewest steps on
-    θ over the best of the WHOLE grid on identity; median and 10/90 % quantiles over orders and
-    seeds.
+    ``pool`` is "all" or "first_order": after k configurations tried in a random order, the fewest
+    steps on θ over the best of the WHOLE grid on identity; median and 10/90 % quantiles over
+    orders and seeds.
     """
 
     variant: Variant
@@ -310,8 +308,8 @@ class BestSoFar:
 def best_so_far_curves(runs, grid, eps: float, cap: int, orders: int) -> BestSoFar:
     """The best-so-far curves on D_H of every variant and row set.
 
-    The best-so-far curves on D_H of every variant and row set (TamperBench's: how fast an
-    attacker who tries configurations in a random order finds the worst case).
+    TamperBench's: how fast an attacker who tries configurations in a random order finds the worst
+    case.
 
     Parameters
     ----------
@@ -321,7 +319,7 @@ def best_so_far_curves(runs, grid, eps: float, cap: int, orders: int) -> BestSoF
         The target, one of the runs' ``eps``.
     orders : int
         Random orders per seed, each from ``default_rng([0, seed])``
-        (:func:`pycore.attacks.best_so_far`), so a seed's curves do not depend on the others.
+        (:func:`pycore._worst_case.best_so_far`), so a seed's curves do not depend on the others.
 
     Returns
     -------
@@ -331,7 +329,7 @@ def best_so_far_curves(runs, grid, eps: float, cap: int, orders: int) -> BestSoF
     Raises
     ------
     ParameterError
-        As :func:`analyse`; ``orders`` outside [1, :data:`pycore.attacks.MAX_ORDERS`].
+        As :func:`analyse`; ``orders`` outside [1, :data:`pycore._worst_case.MAX_ORDERS`].
     """
     by, variants, seeds = _by_seed(runs)
     first = [i for i, c in enumerate(grid) if c.family in W.FIRST_ORDER]
@@ -396,8 +394,8 @@ class Target:
 def targets(runs, analysis: Analysis) -> list[Target]:
     """The hardening targets of docs/findings.md §5.
 
-    The hardening targets of docs/findings.md §5 (training rows, ε = :data:`TARGET_EPS`) for
-    each hardened variant but identity's that was attacked by Adam.
+    On the training rows, ε = :data:`TARGET_EPS`, for each hardened variant but identity's that was
+    attacked by Adam.
 
     Parameters
     ----------

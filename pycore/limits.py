@@ -39,3 +39,16 @@ MAX_ASPECT = 20  # longer side / shorter side: a resize of the short side stays 
 # A task's classes are max(label) + 1, and a classifier is sized by them: one label of 5,000,000
 # among 16 samples asked for a 20.5 GB head.  timm's num_classes bound (create_model) is the same.
 MAX_CLASSES = 100_000
+
+__all__ = [
+    "MAX_DENSE_BYTES",
+    "MAX_WORK_BYTES",
+    "MAX_DATA_FILE_BYTES",
+    "MAX_ARCHIVE_BYTES",
+    "MAX_COLUMNS",
+    "MAX_HEADER_BYTES",
+    "MAX_CHECKPOINT_BYTES",
+    "MAX_IMAGE_PIXELS",
+    "MAX_ASPECT",
+    "MAX_CLASSES",
+]

@@ -4,27 +4,18 @@ The library computes and returns; the experiments write with these (docs/design.
 """
 
 from pycore._public import publish
+from pycore._registry import METHOD_LABELS
 from pycore._report import (
-    METHOD_LABELS,
     dumps_json,
     environment,
     fmt,
-    from_json,
     pm,
-    progress,
     read_json,
     save_figure,
     summarize,
-    to_json,
     write_json,
 )
-from pycore._thetas import (
-    load_thetas,
-    run_thetas,
-    save_thetas,
-    task_arrays,
-    theta_key,
-)
+from pycore._thetas import load_thetas, save_thetas
 
 __all__ = [
     "METHOD_LABELS",
@@ -32,16 +23,10 @@ __all__ = [
     "fmt",
     "pm",
     "environment",
-    "progress",
     "save_figure",
-    "to_json",
-    "from_json",
     "dumps_json",
     "write_json",
     "read_json",
-    "theta_key",
-    "run_thetas",
-    "task_arrays",
     "save_thetas",
     "load_thetas",
 ]

@@ -8,6 +8,7 @@ import pytest
 import scipy.linalg
 import scipy.optimize
 
+import pycore._attacks as AT
 from pycore import ParameterError, attacks as A, condition_number
 
 ADAPTIVE = {"adam": {"lr_factor": 0.1}, "adagrad": {"lr_factor": 1.0}}
@@ -33,7 +34,7 @@ def logistic_problem(seed, N=150, D=10, ridge_rel=1e-3):
     X = rng.standard_normal((N, D))
     X[:, -1], X[:, -2] = X[:, 0], 0.0  # rank deficient, like MNIST's never-inked pixels
     y = (X @ rng.standard_normal(D) + 0.7 * rng.standard_normal(N) > 0).astype(float)
-    return A.make_problem(X, y, "logistic", ridge_rel=ridge_rel)
+    return A.make_problem(X, y, "bce", ridge_rel=ridge_rel)
 
 
 def test_reference_optima_and_constants():
@@ -68,11 +69,11 @@ def test_reference_optima_and_constants():
     assert err <= 1e-5 * np.linalg.norm(P.value_grad(w)[1])
 
 
-@pytest.mark.parametrize("loss", ["lsq", "logistic"])
+@pytest.mark.parametrize("loss", ["mse", "bce"])
 def test_every_attacker_reaches_the_optimum(loss):
-    P = lsq_problem(1, kappa=200.0) if loss == "lsq" else logistic_problem(1)
-    tol = 1e-12 if loss == "lsq" else 1e-10
-    for name in (a for a in A.ATTACKERS if a != ("newton" if loss == "lsq" else "closed_form")):
+    P = lsq_problem(1, kappa=200.0) if loss == "mse" else logistic_problem(1)
+    tol = 1e-12 if loss == "mse" else 1e-10
+    for name in (a for a in AT.ATTACKERS if a != ("newton" if loss == "mse" else "closed_form")):
         tr = A.attack(P, name, max_steps=50000, tol=tol, **ADAPTIVE.get(name, {}))
         assert tr.final_rel_subopt <= tol and tr.steps_to(tol) == len(tr.rel_subopt) - 1, name
         # the predictor, not only the loss, is the optimum (w is unique only on range(Zᵀ))
@@ -100,7 +101,7 @@ def test_momentum_methods_pay_sqrt_kappa_at_their_tuned_rates():
     P = lsq_problem(7, kappa=1e3, N=80, D=30, null=3)
     sk = math.sqrt(P.kappa)
     q = (sk - 1) / (sk + 1)
-    runs = A.run_attackers(
+    runs = AT.run_attackers(
         P,
         [{"attacker": a} for a in ("gd_constant", "heavy_ball", "nesterov", "cg")],
         max_steps=100000,
@@ -120,24 +121,26 @@ def test_cg_terminates_in_the_number_of_distinct_eigenvalues_and_the_solve_in_on
     Z = prescribed(rng, 40, 15, [3.0] * 5 + [1.0] * 5 + [0.2] * 3 + [0.0] * 2)
     tr = A.attack(A.make_problem(Z, rng.standard_normal(40)), "cg", max_steps=3, tol=0.0)
     assert len(tr.rel_subopt) == 4 and tr.final_rel_subopt <= 1e-12
-    # Newton on lsq: solve
+    # Newton on mse: solve
     for kappa, name in ((1e2, "closed_form"), (1e8, "closed_form"), (1e8, "newton")):
         tr = A.attack(lsq_problem(1, kappa=kappa), name)
         assert tr.attacker == "closed_form" and tr.steps_to(1e-6) == 1 and tr.step_cap == 1
 
 
-@pytest.mark.parametrize("loss", ["lsq", "logistic"])
+@pytest.mark.parametrize("loss", ["mse", "bce"])
 def test_rescaling_theta_changes_no_step_count(loss):
     """θ → cθ: the attacker undoes it by w → w/c (Adam's lr, L and the logistic ridge are
     scale-aware)."""
-    P = lsq_problem(5, kappa=1e3) if loss == "lsq" else logistic_problem(5)
+    P = lsq_problem(5, kappa=1e3) if loss == "mse" else logistic_problem(5)
     Q = A.make_problem(P.Z * 37.0, P.y, loss, ridge_rel=P.info.get("ridge_rel", 1e-4))
     configs = [
         {"attacker": a, **ADAPTIVE.get(a, {})}
-        for a in A.ATTACKERS
+        for a in AT.ATTACKERS
         if a not in ("closed_form", "newton", "lbfgs", "cg", "pcg_jacobi")
     ]
-    for a, b in zip(A.run_attackers(P, configs, tol=1e-4), A.run_attackers(Q, configs, tol=1e-4)):
+    for a, b in zip(
+        AT.run_attackers(P, configs, tol=1e-4), AT.run_attackers(Q, configs, tol=1e-4)
+    ):
         assert a.steps_to(1e-4) is not None and abs(a.steps_to(1e-4) - b.steps_to(1e-4)) <= 1, (
             a.attacker
         )
@@ -159,7 +162,7 @@ def test_a_single_attacker_is_a_one_configuration_sweep():
         dict(attacker="whiten", rows="half"),
         dict(attacker="cg"),
     ]
-    block = A.run_attackers(P, configs, max_steps=3000, tol=1e-8, rng=np.random.default_rng(1))
+    block = AT.run_attackers(P, configs, max_steps=3000, tol=1e-8, rng=np.random.default_rng(1))
     eps = (1e-2, 1e-4, 1e-6, 1e-8)
     # the same iterations up to round-off, which Adam amplifies late
     for c, got in zip(configs, block):
@@ -172,7 +175,7 @@ def test_a_single_attacker_is_a_one_configuration_sweep():
         len(hb.rel_subopt) == hb.steps_to(1e-8) + 1 < len(nes.rel_subopt) == nes.steps_to(1e-8) + 1
     )
     assert len(block[0].rel_subopt) == 3001 and not any(t.info["diverged"] for t in block)
-    blown = A.run_attackers(
+    blown = AT.run_attackers(
         P, [{"attacker": "adam", "lr_factor": 1e8}, configs[1]], max_steps=3000, tol=1e-8
     )
     assert (
@@ -251,17 +254,17 @@ def test_bad_problems_and_runs_are_refused_by_name():
     P = lsq_problem(0)
     # w = 0 optimal
     cases = [
-        (lambda: A.run_attackers(P, []), "configs"),
+        (lambda: AT.run_attackers(P, []), "configs"),
         (lambda: A.make_problem(P.Z, P.y, "hinge"), "loss"),
         (
-            lambda: A.run_attackers(P, [{"attacker": "cg"}], second_order_max_steps=0),
+            lambda: AT.run_attackers(P, [{"attacker": "cg"}], second_order_max_steps=0),
             "second_order_max_steps",
         ),
         (lambda: A.attack(logistic_problem(0), "closed_form"), "attacker"),
         (lambda: A.make_problem(P.Z, P.y[:-1]), "y"),
         (lambda: A.make_problem(P.Z, np.ones((60, 2))), "y"),
-        (lambda: A.make_problem(P.Z, np.arange(60), "logistic"), "y"),
-        (lambda: A.make_problem(P.Z, P.y > 0, "logistic", ridge_rel=0.0), "ridge_rel"),
+        (lambda: A.make_problem(P.Z, np.arange(60), "bce"), "y"),
+        (lambda: A.make_problem(P.Z, P.y > 0, "bce", ridge_rel=0.0), "ridge_rel"),
         (lambda: A.make_problem(np.zeros((5, 2)), np.ones(5)), "Z"),
         (lambda: A.attack(A.make_problem(np.eye(4)[:, :2], [0, 0, 1, 1]), "cg"), "y"),
     ]
@@ -279,7 +282,7 @@ def test_the_experiment_end_to_end(tmp_path):
     """experiments/attacks.py, CI-sized: θ archived bit for bit, the analysis agrees with the
     raw steps."""
     from experiments import attacks as E
-    from pycore.attacks import slowdown
+    from pycore._worst_case import slowdown
     from pycore.report import load_thetas, read_json
 
     out = tmp_path / "o"

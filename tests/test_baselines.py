@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycore import LinearTask, immunize, opt_kappa_objective, rir
+from pycore import LinearTask, immunize, rir
+from pycore._opt_kappa import opt_kappa_objective
 from tests.helpers import central_diff, rel_err, with_spectrum
 
 

@@ -9,15 +9,10 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from pycore import (
-    LinearTask,
-    draws_random,
-    immunize,
-    immunize_batch,
-    options_of,
-    resolve_options,
-)
-from pycore.linalg import FactorPreconditioner, GramStack, Preconditioner, hessian_regularizer
+from pycore import LinearTask, immunize, immunize_batch, options_of
+from pycore._immunization import resolve_options
+from pycore._precondition import FactorPreconditioner, Preconditioner
+from pycore.linalg import GramStack, hessian_regularizer
 
 
 def dead_column_task(seed=0, N=90, D=9, loss="mse"):
@@ -55,7 +50,7 @@ def test_a_stack_gives_each_run_its_own_bits(method, setting):
         assert res.history == alone.history
         np.testing.assert_array_equal(res.rir, alone.rir)
     options = resolve_options(method, kw.pop("preset"), **kw)
-    assert draws_random(method, options) != np.array_equal(stack[0].theta, stack[1].theta)
+    assert options.draws_random != np.array_equal(stack[0].theta, stack[1].theta)
 
 
 def test_runs_that_draw_nothing_are_one_run():
@@ -66,10 +61,10 @@ def test_runs_that_draw_nothing_are_one_run():
     assert all(np.array_equal(r.theta, runs[0].theta) for r in runs)
     assert runs[0].theta is not runs[1].theta  # each result owns its arrays
     assert [r.bit_generator.state for r in rngs] == states  # no generator was touched
-    assert not draws_random("r_ill_only", resolve_options("r_ill_only"))
-    assert draws_random("r_ill_only", resolve_options("r_ill_only", init="random"))
-    assert not draws_random("ours", resolve_options("ours"))  # the adaptive default, from θ = I
-    assert draws_random("ours", resolve_options("ours", "strict"))
+    assert not resolve_options("r_ill_only").draws_random
+    assert resolve_options("r_ill_only", init="random").draws_random
+    assert not resolve_options("ours").draws_random  # the adaptive default, from θ = I
+    assert resolve_options("ours", "strict").draws_random
 
 
 @pytest.mark.parametrize("method", ["ours", "opt_kappa", "imma", "r_ill_only"])

@@ -15,33 +15,36 @@ import pycore
 from pycore import (
     METHODS,
     EvaluationReference,
-    IMMAOptions,
     LinearTask,
     ParameterError,
     SpectrumError,
-    best_probe_loss,
     condition_number,
     def31_exponent_window,
     feature_rir,
     gram_spectrum,
     grouped_feature_rir,
-    imma_objective,
     immunize,
     immunize_certified,
-    preconditioned_r_ill_step_bound,
-    preconditioned_r_well_step_bound,
     r_ill,
-    r_ill_grad,
-    r_ill_grad_theta,
     r_well,
-    r_well_grad,
-    r_well_grad_theta,
     rir,
     rir_ceiling,
-    spectrum_info,
 )
-from pycore.attacks import attack, exact_line_search_steps, gd_exact_line_search, make_problem
-from pycore.linalg import hessian_regularizer, precondition
+from pycore._imma import IMMAOptions, imma_objective
+from pycore._losses import best_probe_loss
+from pycore._precondition import precondition
+from pycore._probe import exact_line_search_steps, gd_exact_line_search
+from pycore._regularizers import (
+    preconditioned_r_ill_step_bound,
+    preconditioned_r_well_step_bound,
+    r_ill_grad,
+    r_ill_grad_theta,
+    r_well_grad,
+    r_well_grad_theta,
+)
+from pycore._spectral import spectrum_info
+from pycore.attacks import attack, make_problem
+from pycore.linalg import hessian_regularizer
 from tests.helpers import central_diff, rel_err, with_spectrum
 
 
@@ -298,7 +301,7 @@ def test_the_logistic_probing_problem_is_solved_to_the_floor():
     rng = np.random.default_rng(1)
     A = rng.standard_normal((60, 5))
     y = (rng.random(60) < 0.5).astype(float)  # not separable: a unique interior minimiser
-    problem = make_problem(A, y, "logistic", ridge_rel=1e-3)
+    problem = make_problem(A, y, "bce", ridge_rel=1e-3)
     lam = 1e-3 * np.linalg.norm(A, 2) ** 2 / 4  # λ = ridge_rel·‖Z‖₂²/4
 
     def value(w):

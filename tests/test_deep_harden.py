@@ -5,7 +5,9 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from pycore import ParameterError, blas_threads, grouped_feature_rir, haar_rotation
+from pycore import ParameterError, grouped_feature_rir
+from pycore._hardening import haar_rotation
+from pycore._threads import blas_threads
 from pycore.deep import (
     DeepOptions,
     ImmunizedNet,

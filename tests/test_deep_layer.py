@@ -8,17 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from pycore import (
-    LinearTask,
-    ParameterError,
-    adaptive_descent,
-    def31_exponent_window,
-    immunize,
-    rir,
-    rir_ceiling,
-)
+from pycore import LinearTask, ParameterError, def31_exponent_window, immunize, rir, rir_ceiling
+from pycore._adaptive import AdaptiveSettings, adaptive_descent
+from pycore._precondition import precondition
+from pycore._regularizers import grad_theta_and_regularizer
 from pycore.deep import adaptive_layer, attainability, closed_form_layer
-from pycore.linalg import grad_theta_and_regularizer, precondition
 
 
 def _pair(seed, N_P, N_H, D):
@@ -62,7 +56,7 @@ def test_the_small_side_equals_the_dxd_computation(N, D):
     sol = adaptive_layer(X_P, X_H, steps=20, patience=1000, lr=0.05, start="identity")
     c = rir_ceiling(X_P, X_H)
     rule = _dense_rule(X_P, X_H, (c.kappa_K_P, c.kappa_K_H), "pinv" if N < D else "exact")
-    dense = adaptive_descent(np.eye(D), *rule, lr=0.05, epochs=20, patience=1000)
+    dense = adaptive_descent(np.eye(D), *rule, AdaptiveSettings(lr=0.05, epochs=20, patience=1000))
     assert sol.steps == dense.steps == 20
     for key in ("harmful_ratio", "pretrain_ratio"):
         np.testing.assert_allclose(sol.history[key], dense.history[key], rtol=1e-9)
@@ -88,7 +82,9 @@ def test_the_default_starts_from_the_closed_form_and_no_step_gains_margin():
     rule = _dense_rule(X_P @ S, X_H @ S, (c.kappa_K_P, c.kappa_K_H), "exact")
     width = S.shape[1]  # the layer's lr, 0.27/√width (docs/design.md §4)
     run = adaptive_descent(
-        np.eye(width), *rule, lr=0.03 * np.sqrt(79 / width), epochs=200, patience=1000
+        np.eye(width),
+        *rule,
+        AdaptiveSettings(lr=0.03 * np.sqrt(79 / width), epochs=200, patience=1000),
     )
     h = run.history
     margins = np.minimum(np.log(h["harmful_ratio"]), -np.log(h["pretrain_ratio"]))

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from pycore import ParameterError, limits, ops
+import pycore._ops as _ops
+from pycore import ParameterError, limits
 from pycore.deep import (
     AttackData,
     CheckpointError,
@@ -351,7 +352,7 @@ def test_loss_terms_use_the_op_and_precondition_only_the_regularizers():
     XP, yP, XH, yH = dp.tensors[0][:8], dp.tensors[1][:8], dh.tensors[0][:8], dh.tensors[1][:8]
     m.layer.lambda_reg = 1e-3
     t = loss_terms(m, "ours", XP, yP, XH, yH, 3)
-    ref = ops.reference_cond_regularizer(m.layer(XH).double(), "ill")
+    ref = _ops.reference_cond_regularizer(m.layer(XH).double(), "ill")
     torch.testing.assert_close(t["r_ill"], ref, rtol=1e-8, atol=0)
     t["ce"].backward(retain_graph=True)
     W = m.layer.weight.detach().clone().requires_grad_(True)
@@ -363,7 +364,7 @@ def test_loss_terms_use_the_op_and_precondition_only_the_regularizers():
     m.zero_grad()
     t["r_ill"].backward()
     X, W = XH.double(), m.layer.weight.detach().double().clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(ops.reference_cond_regularizer(X @ W.T, "ill"), W)
+    (g,) = torch.autograd.grad(_ops.reference_cond_regularizer(X @ W.T, "ill"), W)
     want = g @ torch.linalg.inv(X.T @ X + 1e-3 * torch.eye(X.shape[1], dtype=torch.float64))
     got = m.layer.weight.grad.double()
     torch.testing.assert_close(got, want, rtol=2e-3, atol=1e-3 * float(abs(want).max()))

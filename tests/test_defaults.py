@@ -13,14 +13,8 @@ import numpy as np
 import pytest
 from sklearn import datasets
 
-from pycore import (
-    LinearTask,
-    ParameterError,
-    adaptive_descent,
-    def31_exponent_window,
-    immunize,
-    rir_ceiling,
-)
+from pycore import LinearTask, ParameterError, def31_exponent_window, immunize, rir_ceiling
+from pycore._adaptive import AdaptiveSettings, adaptive_descent
 
 RESTARTS = 2  # the adaptive rule's restarts before it stops (docs/design.md §4)
 
@@ -181,7 +175,7 @@ def test_a_step_too_large_for_the_margin_is_retried_at_a_third():
     # lr 1 visits -1, -2, -3, ...: never inside (-2.45, -2.2); lr 1/3 reaches -7/3
     log_ratios, directions = _band_problem(-2.45, -2.2)
     run = adaptive_descent(
-        np.zeros((1, 1)), log_ratios, directions, lr=1.0, epochs=400, patience=20
+        np.zeros((1, 1)), log_ratios, directions, AdaptiveSettings(lr=1.0, epochs=400, patience=20)
     )
     assert run.margin > 0
     assert run.theta[0, 0] == pytest.approx(-7 / 3, abs=1e-6)
@@ -191,7 +185,10 @@ def test_a_step_too_large_for_the_margin_is_retried_at_a_third():
 def test_a_margin_that_no_lr_reaches_stops_after_the_restarts():
     log_ratios, directions = _band_problem(-2.45 + 1e-9, -2.45)  # an empty band
     run = adaptive_descent(
-        np.zeros((1, 1)), log_ratios, directions, lr=1.0, epochs=10_000, patience=20
+        np.zeros((1, 1)),
+        log_ratios,
+        directions,
+        AdaptiveSettings(lr=1.0, epochs=10_000, patience=20),
     )
     assert run.margin == 0 and run.theta[0, 0] == 0
     assert run.restarts == RESTARTS

@@ -118,6 +118,26 @@ def test_public_functions_document_their_parameters_and_what_they_return(name, f
         assert set(params) <= documented, (name, sorted(set(params) - documented))
 
 
+# The linear namespaces' every function also shows how it is called (issue 49); pycore.deep is
+# checked for its Parameters and Returns above.
+LINEAR = [space for space in NAMESPACES if not space.startswith("pycore.deep")]
+
+
+@pytest.mark.parametrize("space", LINEAR)
+def test_every_public_linear_function_is_documented_with_an_example_that_runs(space):
+    module = importlib.import_module(space)
+    examples = {name for name, _ in EXAMPLES}
+    for name in module.__all__:
+        func = getattr(module, name)
+        if not inspect.isroutine(func):
+            continue
+        doc = inspect.getdoc(func) or ""
+        assert _section(doc, "Returns") and _section(doc, "Examples"), f"{space}.{name}"
+        if inspect.signature(func).parameters:
+            assert _section(doc, "Parameters"), f"{space}.{name}"
+        assert any(e == f"{space}.{name}" or e.startswith(f"{space}.{name}.") for e in examples)
+
+
 def test_the_docstring_check_finds_a_missing_section():
     def documented(a, b):
         """One line.

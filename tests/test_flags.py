@@ -85,7 +85,7 @@ def test_an_option_no_chosen_method_has_is_refused(tripwire, capsys, tmp_path):
         (["--methods", "imma", "--certified"], "--certified"),
     ):
         rc, err = call(capsys, house_price, [*argv, "--out", str(tmp_path / "o")])
-        assert rc == 2 and one_line(err, flag)
+        assert rc == 2 and one_line(err, flag) and not (tmp_path / "o").exists()
     args = house_price.parse_args(["--methods", "imma,ours", "--inner-steps", "5", "--lr", "0.01"])
     assert args.immunizer.given == {"imma": {"inner_steps": 5, "lr": 0.01}, "ours": {"lr": 0.01}}
 
@@ -94,7 +94,8 @@ def test_an_option_no_chosen_method_has_is_refused(tripwire, capsys, tmp_path):
 def test_every_linear_option_has_its_flag_and_the_library_checks_it(mod, tmp_path):
     """A flag per option of every method (Adam's betas pair aside), each reaching the library as
     typed: a value the library refuses is a usage error naming that flag."""
-    from pycore import METHODS, CertifiedOptions, options_of
+    from pycore import METHODS, options_of
+    from pycore._algorithm1 import CertifiedOptions
 
     parser = mod.build_parser()
     names = {*CertifiedOptions.names(), *(n for m in METHODS for n in options_of(m).names())}

@@ -9,16 +9,10 @@ import numpy as np
 import pytest
 
 from experiments import house_price
-from pycore import (
-    OutlierWarning,
-    ParameterError,
-    evaluate_linear,
-    immunize,
-    limits,
-    rir,
-    rir_ceiling,
-)
-from pycore.data import default_path, load_house_price, load_table
+from pycore import ParameterError, evaluate_linear, immunize, limits, rir, rir_ceiling
+from pycore._validation import OutlierWarning
+from pycore.data import load_house_price, load_table
+from pycore.data._house_price import default_path
 from pycore.report import pm, read_json
 from tests.cli_helpers import call, one_line
 from tests.helpers import fifo
@@ -293,7 +287,7 @@ def test_own_table_flags_are_checked_naming_the_flag(capsys, tmp_path, own_csv, 
     rc, err = call(
         capsys, house_price, ["--data", str(own_csv), *argv, "--out", str(tmp_path / "o")]
     )
-    assert rc == 2 and one_line(err, flag)
+    assert rc == 2 and one_line(err, flag) and not (tmp_path / "o").exists()
 
 
 def test_an_absurd_cell_is_one_warning_line_or_refused(capsys, tmp_path, own_csv):
@@ -501,9 +495,11 @@ def test_changes_to_ones_data_are_counted_and_recorded(capsys, tmp_path):
     assert rc == 0 and read_json(out / "results.json")["data"]["changes"][
         "label_encoded_text_columns"
     ] == ["c"]
-    # refused on demand: the file, column and line
+    # refused on demand: the file, column and line; the last run's results left as they were
+    written = (out / "results.json").read_bytes()
     rc, err = _run_hp(capsys, [*base, "--on-missing", "error", "--out", str(out)])
     assert rc == 1 and "'y'" in one_line(err, str(csv_path), "line 5")
+    assert (out / "results.json").read_bytes() == written
 
 
 def test_the_changes_line_is_printed(capsys, tmp_path):
@@ -519,11 +515,14 @@ def test_a_small_split_names_the_flag_and_a_float_split_value_matches(capsys, tm
     csv_path, out = _own_csv(tmp_path / "own.csv"), str(tmp_path / "out")
     base = ["--data", str(csv_path), "--target-p", "t", "--methods", "identity", "--out", out]
     rc, err = _run_hp(capsys, [*base, "--split", "PID=1"])  # 30 rows per split < 200
-    assert rc == 2 and one_line(err, "--n-train")
+    assert rc == 2 and one_line(err, "--n-train") and not (tmp_path / "out").exists()
     rc, err = _run_hp(capsys, [*base, "--split", "PID=1", "--n-train", "10"])
     assert rc == 0, err  # "1" finds the cells stored as "1.0"
+    rows = read_json(tmp_path / "out" / "results.json")["data"]
+    assert rows["rows_P"] == rows["rows_H"] == 30  # each split found its 30 rows
     rc, err = _run_hp(capsys, [*base, "--split", "PID=3", "--n-train", "10"])
     assert rc == 2 and one_line(err, "--split", "'1.0'", "'2.0'")  # the values it saw
+    assert read_json(tmp_path / "out" / "results.json")["data"] == rows  # nothing rewritten
 
 
 def test_a_zero_one_target_runs_bce_when_asked_and_says_which_loss_runs(capsys, tmp_path):
@@ -555,6 +554,7 @@ def test_a_table_whose_methods_exceed_the_budget_is_refused_before_any_run(
     argv = ["--data", str(p), "--target-p", "t", "--split", "g=b", "--n-train", "10"]
     rc, err = _run_hp(capsys, [*argv, "--methods", "ours", "--out", str(tmp_path / "o")])
     assert rc == 1 and one_line(err, "200", "MAX_WORK_BYTES")
+    assert not (tmp_path / "o" / "results.json").exists()
 
 
 def test_one_lambda_given_names_that_lambda(capsys, tmp_path):
@@ -564,6 +564,7 @@ def test_one_lambda_given_names_that_lambda(capsys, tmp_path):
     for flag, value in (("--lambda-p", "100"), ("--lambda-h", "1e7")):
         rc, err = _run_hp(capsys, [*argv, flag, value])
         assert rc == 2 and flag in one_line(err), err
+        assert not (tmp_path / "o").exists()
 
 
 def test_hardening_is_not_said_to_change_a_loss_that_is_round_off(capsys, tmp_path):

@@ -1,7 +1,7 @@
 """The installed environment (docs/design.md §5): declared dependencies, the pins, the wheel's
-contents (the library; the torchvision hook only where torchvision's own import fails), ``import
-timm`` with nothing imported first, nothing outside pip's record; the experiments, not installed,
-run from the checkout.
+contents (the library alone: no start-up hook), ``import timm`` after ``pycore.deep`` in an
+interpreter that processed no ``.pth`` file, nothing outside pip's record; the experiments, not
+installed, run from the checkout.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ OURS = (
 )
 RUNTIME = {"numpy", "scipy", "threadpoolctl", "pandas", "matplotlib", "tqdm"}
 DEEP = {"torch", "torchvision", "timm", "safetensors"}
-HOOK = "_model_immunization_torchvision"
 # A copy of the checkout: what is neither source nor needed to build.
 NOT_SOURCE = (
     ".venv",
@@ -122,18 +121,13 @@ def test_installed_metadata_lists_the_dependencies():
 # ---------------------------------------------------------------- the wheel
 
 
-@pytest.mark.parametrize("hook", [False, True], ids=["without-hook", "with-hook"])
-def test_the_wheel_holds_the_library_and_the_hook_only_when_asked(tmp_path, hook):
-    """The wheel of a checkout (``experiments/`` in it) holds ``pycore`` alone: ``experiments`` is
-    not installed; with PYCORE_TORCHVISION_HOOK=1 (what scripts/install.sh sets where
-    torchvision's own import fails) also the hook and its ``.pth``."""
+def test_the_wheel_holds_the_library_alone(tmp_path):
+    """The wheel of a checkout (``experiments/`` in it) holds ``pycore`` and its metadata: no
+    ``experiments``, no ``.pth`` file, no other top-level module, nothing that runs at interpreter
+    start."""
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*NOT_SOURCE, "tests", "docs"))
-    env = {
-        **os.environ,
-        "PYCORE_NO_EXTENSION": "1",  # the op's build is not what this checks
-        "PYCORE_TORCHVISION_HOOK": str(int(hook)),
-    }
+    env = {**os.environ, "PYCORE_NO_EXTENSION": "1"}  # the op's build is not what this checks
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
         + ["--no-index", str(src), "-w", str(tmp_path / "wheel")],
@@ -143,78 +137,80 @@ def test_the_wheel_holds_the_library_and_the_hook_only_when_asked(tmp_path, hook
         timeout=300,
     )
     [wheel] = (tmp_path / "wheel").glob("*.whl")
-    top = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
-    hook_files = {f"{HOOK}.py", "model_immunization_torchvision.pth"}
-    assert top - {n for n in top if n.endswith(".dist-info")} == {"pycore"} | (
-        hook_files if hook else set()
-    )
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in names}
+    assert top - {n for n in top if n.endswith(".dist-info")} == {"pycore"}
+    assert not [n for n in names if n.endswith(".pth")]
 
 
-# ---------------------------------------------------------------- the torchvision hook
+# ---------------------------------------------------------------- torchvision beside the CPU torch
 
 
-def _hook_needed(cwd: Path, path: Path | None = None) -> bool:
-    """What scripts/install.sh asks: does torchvision fail to import here without the hook?
-    ``path``: a folder put first on the import path."""
-    env = {**BARE_ENV, **({"PYTHONPATH": str(path)} if path else {})}
-    out = subprocess.run(
-        [sys.executable, str(ROOT / f"{HOOK}.py"), "--needed"],
+def _bare(code: str, cwd: Path, *first: Path) -> subprocess.CompletedProcess:
+    """``code`` in an interpreter that processed no ``.pth`` file (``python -S``): this checkout,
+    then site-packages, on the import path (``first`` before them)."""
+    site = Path(md.distribution("torch").locate_file("")).resolve()
+    path = os.pathsep.join(map(str, (*first, ROOT, site)))
+    return subprocess.run(
+        [sys.executable, "-S", "-c", code],
         cwd=cwd,
-        env=env,
+        env={**BARE_ENV, "PYTHONPATH": path},
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert out.returncode in (0, 1), out.stderr[-2000:]
-    return out.returncode == 0
 
 
-def test_the_hook_is_needed_only_where_torchvision_fails_to_import(tmp_path):
-    for failing in (False, True):
-        stub = tmp_path / str(failing) / "torchvision"
-        stub.mkdir(parents=True)
-        body = "raise RuntimeError('operator torchvision::nms does not exist')" if failing else ""
-        (stub / "__init__.py").write_text(body + "\n")
-        assert _hook_needed(tmp_path, stub.parent) is failing
-
-
-def test_import_timm_works_with_nothing_imported_first(tmp_path):
-    """`import timm` works in a fresh interpreter whose start imported no torch; the hook is
-    installed exactly where torchvision's own import fails, and there it defined the two
-    schemas."""
-    _installed()
+def test_import_timm_works_after_pycore_deep_with_no_start_up_hook(tmp_path):
+    """No ``.pth`` ran: ``import pycore.deep`` imports no torch before it is needed and makes
+    ``import timm`` work; the schemas are defined by pycore only where torchvision's own library
+    could not load."""
     code = (
-        "import importlib.util, sys\nstart = 'torch' in sys.modules\n"
-        f"hook = importlib.util.find_spec({HOOK!r}) is not None\n"
-        "import timm, torch\n"
+        "import sys\nimport pycore\nstart = 'torch' in sys.modules\n"
+        "import pycore.deep, timm, torch\n"
         "m = timm.create_model('resnet10t', num_classes=2)\ntorch.ops.torchvision.nms\n"
-        f"shim = hook and sys.modules[{HOOK!r}].LIBRARY is not None\n"
-        "print(start, hook, shim)"
+        "print(start, pycore.deep._torchvision.LIBRARY is not None)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=BARE_ENV
-    )
+    out = _bare(code, tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    start, hook, shim = out.stdout.split()
-    needed = str(_hook_needed(tmp_path))
-    assert start == "False" and hook == needed and shim == needed
+    start, defined = out.stdout.split()
+    alone = _bare("import torchvision", tmp_path)  # torchvision's own import, no pycore
+    assert start == "False" and defined == str(alone.returncode != 0)
 
 
-def test_the_hook_defines_nothing_where_the_schemas_exist():
-    import importlib.util
-
-    import torch
-    import torchvision  # noqa: F401  (the schemas exist from here on: torchvision's own, or the hook's)
-
-    spec = importlib.util.spec_from_file_location(
-        "hook_copy", ROOT / "_model_immunization_torchvision.py"
+def test_the_schemas_are_defined_only_where_torchvision_cannot_load_its_library(tmp_path):
+    # a torchvision whose _C library is not loadable and that needs the schemas at import
+    broken = tmp_path / "broken" / "torchvision"
+    broken.mkdir(parents=True)
+    (broken / "_C.so").write_bytes(b"not a shared library")
+    (broken / "__init__.py").write_text("import torch\ntorch.ops.torchvision.nms\n")
+    # the module alone (pycore.deep would import timm, which needs more of torchvision)
+    load = (
+        "import importlib.util as u\n"
+        f"s = u.spec_from_file_location('t', {str(ROOT / 'pycore/deep/_torchvision.py')!r})\n"
+        "t = u.module_from_spec(s)\ns.loader.exec_module(t)\n"
     )
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)  # a fresh copy of the hook, after torchvision
-    assert hook.TorchvisionFinder not in sys.meta_path  # torchvision imported already: no finder
-    hook.ensure_torchvision_ops()
-    assert hook.LIBRARY is None and torch.ops.torchvision.nms is not None
-    assert hook.TorchvisionFinder.find_spec("numpy") is None  # any other import: nothing found
+    code = load + "import torchvision\nprint(t.LIBRARY is not None)"
+    out = _bare(code, tmp_path, broken.parent)
+    assert out.returncode == 0 and out.stdout.split() == ["True"], out.stderr[-2000:]
+    # a torchvision with no library to load: nothing is defined, its own import says why
+    code = load + "import torch\nprint(t.LIBRARY)\ntorch.ops.torchvision.nms"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "torchvision.py").write_text("raise ImportError('no torchvision here')\n")
+    out = _bare(code, tmp_path, empty)
+    assert out.stdout.split() == ["None"] and out.returncode != 0
+
+
+def test_nothing_is_defined_once_torchvision_is_imported():
+    import torch
+    import torchvision  # noqa: F401  (the schemas exist from here on)
+
+    from pycore.deep import _torchvision
+
+    before = _torchvision.LIBRARY
+    _torchvision.ensure_torchvision_ops()
+    assert _torchvision.LIBRARY is before and torch.ops.torchvision.nms is not None
 
 
 # ---------------------------------------------------------------- nothing outside pip's record
@@ -261,8 +257,8 @@ def test_fresh_venv_install_then_uninstall_leaves_no_trace(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     for code, out in (
-        ("import timm", ""),
-        ("import pycore.ops as o; print(o.extension_available())", "True"),
+        ("import pycore.deep, timm", ""),
+        ("import pycore._ops as o; print(o.extension_available())", "True"),
         ("import importlib.util as u; print(u.find_spec('experiments'))", "None"),
     ):
         ok = subprocess.run(
@@ -275,17 +271,8 @@ def test_fresh_venv_install_then_uninstall_leaves_no_trace(tmp_path):
             [str(py), *cmd, "--seeds", "4-2"], cwd=src, env=env, capture_output=True, text=True
         )
         assert usage.returncode == 2 and "--seeds" in usage.stderr, usage.stderr[-2000:]
-    hook = subprocess.run(
-        [str(py), "-c", f"import importlib.util as u; print(u.find_spec({HOOK!r}) is not None)"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    needed = subprocess.run(
-        [str(py), f"{HOOK}.py", "--needed"], cwd=src, env=env, capture_output=True
-    ).returncode
-    assert hook.stdout.strip() == str(needed == 0)  # installed exactly where needed
+    pths = [p.name for p in site.glob("*.pth") if re.search(r"pycore|immuniz", p.read_text())]
+    assert pths == [p for p in pths if p.startswith("__editable__")]  # pip's editable finder only
     check = (
         "import json, pathlib, tests.test_install as t; "
         f"print(json.dumps(t.unrecorded(pathlib.Path({str(site)!r}))))"

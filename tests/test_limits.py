@@ -18,7 +18,8 @@ from pycore import (
     limits,
     rir_ceiling,
 )
-from pycore.data import default_path, load_house_price
+from pycore.data import load_house_price
+from pycore.data._house_price import default_path
 from tests.helpers import traced_peak
 
 

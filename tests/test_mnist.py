@@ -11,24 +11,12 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from pycore import (
-    IMMAOptions,
-    LinearTask,
-    ParameterError,
-    imma_objective,
-    immunize_batch,
-    limits,
-)
-from pycore.data import (
-    MnistDigits,
-    ink_targets,
-    load_mnist_5k,
-    load_mnist_idx,
-    pair_task,
-    parse_pairs,
-    split_digits,
-)
-from pycore.linalg import G_parts, Preconditioner, hessian_regularizer, precondition, theta_G
+from pycore import LinearTask, ParameterError, immunize_batch, limits
+from pycore._imma import IMMAOptions, imma_objective
+from pycore._precondition import G_parts, Preconditioner, precondition, theta_G
+from pycore.data import MnistDigits, pair_task, split_digits
+from pycore.data._mnist import ink_targets, load_mnist_5k, load_mnist_idx, parse_pairs
+from pycore.linalg import hessian_regularizer
 from pycore.report import read_json
 from tests.helpers import added_peak_rss, fifo
 
@@ -206,7 +194,7 @@ def test_a_gzipped_idx_file_loads_in_a_small_multiple_of_its_size(tmp_path):
     with gzip.open(tmp_path / "train-labels-idx1-ubyte.gz", "wb") as fh:
         fh.write((2049).to_bytes(4, "big") + n.to_bytes(4, "big") + labels.tobytes())
     added, threes = added_peak_rss(
-        "from pycore.data import load_mnist_idx",
+        "from pycore.data._mnist import load_mnist_idx",
         "load_mnist_idx(sys.argv[1]).count(3)",
         str(tmp_path),
     )

@@ -9,13 +9,13 @@ import pytest
 from pycore import (
     LinearTask,
     ParameterError,
-    blas_threads,
     def31_exponent_window,
     evaluate_linear,
     rir,
     rir_ceiling,
     strict_protocol,
 )
+from pycore._threads import blas_threads
 from pycore.data import load_house_price
 
 

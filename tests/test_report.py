@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from pycore.report import dumps_json, from_json, read_json, write_json
+from pycore._report import from_json
+from pycore.report import dumps_json, read_json, write_json
 
 VALUES = {
     "column": "NaN",  # a string that reads like a non-finite float

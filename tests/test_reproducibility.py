@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-from pycore import opt_kappa_objective
-from pycore.linalg import Preconditioner, hessian_regularizer, ridge_factor
+from pycore._opt_kappa import opt_kappa_objective
+from pycore._precondition import Preconditioner, ridge_factor
+from pycore.linalg import hessian_regularizer
 from tests.helpers import psd_with_spectrum
 
 EPS = np.finfo(np.float64).eps

@@ -9,8 +9,10 @@ import pytest
 import scipy.linalg
 import threadpoolctl
 
-from pycore import blas_threads, gram_spectrum
-from pycore.linalg import ProductGramSpectrum, SymmetricEigen, hessian_regularizer
+from pycore import gram_spectrum
+from pycore._spectral import ProductGramSpectrum, SymmetricEigen
+from pycore._threads import blas_threads
+from pycore.linalg import hessian_regularizer
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,11 @@ import warnings
 import numpy as np
 import pytest
 
-from pycore import OutlierWarning, ParameterError
-from pycore.data import INPUTS, default_path, load_house_price, load_table, read_header
+from pycore import ParameterError
+from pycore._validation import OutlierWarning
+from pycore.data import load_house_price, load_table
+from pycore.data._csv import read_header
+from pycore.data._house_price import INPUTS, default_path
 from tests.helpers import added_peak_rss
 
 

@@ -7,23 +7,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycore import (
-    SpectrumError,
+from pycore import SpectrumError, condition_number as _kappa, r_ill, r_well
+from pycore._precondition import preconditioned_grad_theta
+from pycore._regularizers import (
     TieWarning,
-    condition_number as _kappa,
-    preconditioned_grad_theta,
     preconditioned_r_ill_step_bound,
     preconditioned_r_well_step_bound,
-    r_ill,
     r_ill_grad,
     r_ill_grad_theta,
     r_ill_step_bound,
-    r_well,
     r_well_grad,
     r_well_grad_theta,
     r_well_step_bound,
-    spectrum_info,
 )
+from pycore._spectral import spectrum_info
 from tests.helpers import (
     central_diff,
     orthogonal,
@@ -333,7 +330,7 @@ def test_the_gd_attacker_contracts_at_the_rate_of_eq_2(seed):
 
 
 def test_exact_line_search_step_minimises_along_gradient():
-    from pycore.attacks import gd_exact_line_search
+    from pycore._probe import gd_exact_line_search
 
     rng = np.random.default_rng(0)
     Z, y = rng.standard_normal((30, 6)), rng.standard_normal(30)
@@ -346,7 +343,7 @@ def test_exact_line_search_step_minimises_along_gradient():
 
 def test_invertible_theta_keeps_best_pretraining_loss():
     """Def 3.1(c): any invertible θ leaves min_ω L(D_P, ω, θ) unchanged; a singular θ need not."""
-    from pycore import best_probe_loss
+    from pycore._losses import best_probe_loss
 
     rng = np.random.default_rng(0)
     X, y = rng.standard_normal((40, 5)), rng.standard_normal((40, 1))

@@ -1,6 +1,6 @@
-"""The BLAS thread policy of the linear core (:func:`pycore.bounded_blas`,
-:func:`pycore.task_threads`, docs/design.md §5), checked on the limits it asks threadpoolctl for,
-so each test means the same on one core as on many."""
+"""The BLAS thread policy of the linear core (:func:`pycore._threads.bounded_blas`,
+:func:`pycore._threads.task_threads`, docs/design.md §5), checked on the limits it asks
+threadpoolctl for, so each test means the same on one core as on many."""
 
 import contextlib
 import os
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import threadpoolctl
 
-from pycore import ParameterError, blas_threads, bounded_blas, task_threads, threads_for
+from pycore import ParameterError, bounded_blas
+from pycore._threads import blas_threads, task_threads, threads_for
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_VARS = (
@@ -95,7 +96,7 @@ def test_entry_points_run_single_threaded_on_small_work_only():
     code = """
 import numpy as np
 from threadpoolctl import ThreadpoolController
-from pycore import bounded_blas, blas_threads
+from pycore._threads import bounded_blas, blas_threads
 SMALL_MATRIX_DIM = 1200
 raw = lambda: max(i['num_threads'] for i in ThreadpoolController().select(user_api='blas').info())
 count = bounded_blas(lambda *arrays: raw())
@@ -128,11 +129,11 @@ def test_library_entry_points_are_bounded(monkeypatch, clean_env, limits):
         EvaluationReference,
         LinearTask,
         feature_rir,
-        hardening_rotation,
         rir,
         rir_ceiling,
         strict_protocol,
     )
+    from pycore._hardening import hardening_rotation
 
     seen = []
     for name in ("svd", "eigh", "qr"):

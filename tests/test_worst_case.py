@@ -9,27 +9,22 @@ import zipfile
 import numpy as np
 import pytest
 
-from pycore import (
-    LinearTask,
-    ParameterError,
-    attack_evaluation,
-    attacks as A,
-    closed_form_frontier,
-    limits,
-    regularizer_product,
-    target_progress,
-)
-from pycore.report import dumps_json, load_thetas, save_thetas, theta_key
+import pycore._attacks as AT
+import pycore._worst_case as W
+from pycore import LinearTask, ParameterError, attack_evaluation, attacks as A, limits
+from pycore._frontier import closed_form_frontier, regularizer_product, target_progress
+from pycore._thetas import theta_key
+from pycore.report import dumps_json, load_thetas, save_thetas
 from tests.helpers import known_kappa, traced_peak
 
 
 def test_grid_covers_every_family_as_stated():
-    g = A.attacker_grid("lsq")
-    assert {c.family for c in g} == set(A.FAMILIES) - {"newton"} and len(g) == 65
-    assert sum(c.family == "adam" for c in g) == len(A.ADAM_LR_FACTORS) * len(A.ADAM_BETAS) == 28
-    assert {c.family for c in A.attacker_grid("logistic")} == set(A.FAMILIES) - {"closed_form"}
-    assert len({c.label for c in g}) == len(g) and len(A.attacker_grid("lsq", quick=True)) == 15
-    assert all(set(dict(c.params)) <= set(A.ATTACKERS[c.attacker]) for c in g)
+    g = A.attacker_grid("mse")
+    assert {c.family for c in g} == set(W.FAMILIES) - {"newton"} and len(g) == 65
+    assert sum(c.family == "adam" for c in g) == len(W.ADAM_LR_FACTORS) * len(W.ADAM_BETAS) == 28
+    assert {c.family for c in A.attacker_grid("bce")} == set(W.FAMILIES) - {"closed_form"}
+    assert len({c.label for c in g}) == len(g) and len(A.attacker_grid("mse", quick=True)) == 15
+    assert all(set(dict(c.params)) <= set(AT.ATTACKERS[c.attacker]) for c in g)
     with pytest.raises(ParameterError) as info:
         A.attacker_grid("hinge")
     assert info.value.parameter == "loss"
@@ -38,16 +33,16 @@ def test_grid_covers_every_family_as_stated():
 def test_run_grid_is_the_engine_and_the_worst_case_on_known_kappa():
     X, theta, y = known_kappa()
     P, Q = A.make_problem(X, y), A.make_problem(X @ theta, y)
-    grid = A.attacker_grid("lsq", quick=True)
+    grid = A.attacker_grid("mse", quick=True)
     ref, run = (A.run_grid(p, grid, eps=(1e-2, 1e-4), max_steps=5000) for p in (P, Q))
-    traj = A.run_attackers(
+    traj = AT.run_attackers(
         Q, [dict(c.params, attacker=c.attacker) for c in grid], max_steps=5000, tol=1e-4
     )
     assert run.steps == tuple((t.steps_to(1e-2), t.steps_to(1e-4)) for t in traj)
     assert (ref.kappa["kappa"], run.kappa["kappa"]) == pytest.approx((10, 1e3), rel=1e-9)
-    b = A.kappa_bounds(run.kappa, ref.kappa)
+    b = W.kappa_bounds(run.kappa, ref.kappa)
     assert (b["gd"], b["cg"], b["nesterov"], b["whiten"]) == pytest.approx((100, 10, 10, 1))
-    fb, fr = A.family_best(run, 1e-4), A.family_best(ref, 1e-4)
+    fb, fr = W.family_best(run, 1e-4), W.family_best(ref, 1e-4)
     for fam, (s, label) in fb.items():  # per family the minimum over its configurations
         own = [
             x
@@ -55,70 +50,70 @@ def test_run_grid_is_the_engine_and_the_worst_case_on_known_kappa():
             if c.family == fam and (x := run.steps_of(i, 1e-4)) is not None
         ]
         assert s == min(own) and label in [c.label for c in grid if c.family == fam]
-    gd = A.slowdown(fb["gd"][0], fr["gd"][0], 5000)
+    gd = W.slowdown(fb["gd"][0], fr["gd"][0], 5000)
     assert gd[1] == "=" and math.sqrt(100) < gd[0] <= 1.5 * 100  # GD pays ~κ: measured 60
     wc = A.worst_case(run, ref, 1e-4)  # whitening is affine invariant: nothing slows it
     assert (wc.family, wc.steps, wc.slowdown, wc.kind) == ("whiten", 1, 1.0, "=")
-    fo = A.worst_case(run, ref, 1e-4, A.FIRST_ORDER)
+    fo = A.worst_case(run, ref, 1e-4, W.FIRST_ORDER)
     steps = [
-        s for i, c in enumerate(grid) if c.family in A.FIRST_ORDER and (s := run.steps_of(i, 1e-4))
+        s for i, c in enumerate(grid) if c.family in W.FIRST_ORDER and (s := run.steps_of(i, 1e-4))
     ]
     assert fo.steps == min(steps) and 1 < fo.slowdown <= b[fo.family]  # CG: 19/7 ≤ √r
 
 
 def test_slowdown_kinds_and_the_interval_helper():
-    assert A.slowdown(300, 30, 1000) == (10.0, "=") and A.slowdown(None, 30, 1000) == (
+    assert W.slowdown(300, 30, 1000) == (10.0, "=") and W.slowdown(None, 30, 1000) == (
         1001 / 30,
         ">=",
     )
-    assert A.slowdown(30, None, 1000) == (30 / 1001, "<=") and A.slowdown(None, None, 1000) == (
+    assert W.slowdown(30, None, 1000) == (30 / 1001, "<=") and W.slowdown(None, None, 1000) == (
         None,
         "n/a",
     )
-    assert A.within([(12.0, "="), (11.0, ">=")], low=10) is True
-    assert A.within([(12.0, "="), (9.0, "=")], low=10) is False
-    assert A.within([(9.0, ">=")], low=10) is None  # a lower bound below 10 cannot tell
-    assert A.within([(9.0, "<=")], low=10) is False and A.within([(20.0, "<=")], low=10) is None
+    assert W.within([(12.0, "="), (11.0, ">=")], low=10) is True
+    assert W.within([(12.0, "="), (9.0, "=")], low=10) is False
+    assert W.within([(9.0, ">=")], low=10) is None  # a lower bound below 10 cannot tell
+    assert W.within([(9.0, "<=")], low=10) is False and W.within([(20.0, "<=")], low=10) is None
     assert (
-        A.within([(1.1, "="), (0.5, "<=")], high=1.2) is True
-        and A.within([(1.3, "=")], high=1.2) is False
+        W.within([(1.1, "="), (0.5, "<=")], high=1.2) is True
+        and W.within([(1.3, "=")], high=1.2) is False
     )
     assert (
-        A.within([(1.3, ">=")], high=1.2) is False and A.within([(None, "n/a")], high=1.2) is None
+        W.within([(1.3, ">=")], high=1.2) is False and W.within([(None, "n/a")], high=1.2) is None
     )
     assert (
-        A.within([(2.0, "=")], low=1.5, high=3) is True
-        and A.within([(2.0, "=")], low=2.5) is False
+        W.within([(2.0, "=")], low=1.5, high=3) is True
+        and W.within([(2.0, "=")], low=2.5) is False
     )
 
 
 def test_kappa_reference_diagonal_and_logistic():
     Zd = np.vstack([np.diag(np.sqrt(np.logspace(0, 4, 6))), np.zeros((4, 6))])
     # diagonal Hessian: κ_J = 1 whatever κ
-    kd = A.kappa_reference(A.make_problem(Zd, np.arange(10.0)))
+    kd = W.kappa_reference(A.make_problem(Zd, np.arange(10.0)))
     assert kd["kappa"] == pytest.approx(1e4, rel=1e-8) and kd["kappa_jacobi"] == pytest.approx(
         1.0, abs=1e-8
     )
     X = np.random.default_rng(0).standard_normal((60, 5))
-    L = A.make_problem(X, (X[:, 0] > 0).astype(float), "logistic", ridge_rel=1e-2)
-    ev, kl = np.linalg.eigvalsh(L.hessian(L.w_star)), A.kappa_reference(L)
+    L = A.make_problem(X, (X[:, 0] > 0).astype(float), "bce", ridge_rel=1e-2)
+    ev, kl = np.linalg.eigvalsh(L.hessian(L.w_star)), W.kappa_reference(L)
     assert kl["kappa"] == pytest.approx(ev[-1] / ev[0], rel=1e-8) and kl["kappa_jacobi"] >= 1
 
 
 def test_best_so_far_is_a_bounded_running_minimum():
     steps = [50, None, 7, 300, 12]
-    curves = A.best_so_far(steps, n_orders=40, rng=np.random.default_rng(0), cap=1000)
+    curves = W.best_so_far(steps, n_orders=40, rng=np.random.default_rng(0), cap=1000)
     assert (
         curves.shape == (40, 5)
         and np.all(np.diff(curves, axis=1) <= 0)
         and np.all(curves[:, -1] == 7)
     )
     assert set(curves[:, 0]) <= {50, 1001, 7, 300, 12}
-    again = A.best_so_far(steps, n_orders=40, rng=np.random.default_rng(0), cap=1000)
+    again = W.best_so_far(steps, n_orders=40, rng=np.random.default_rng(0), cap=1000)
     np.testing.assert_array_equal(curves, again)
-    for n in (0, A.MAX_ORDERS + 1, 10**9, 2.5):  # 1e9 orders: refused before any allocation
+    for n in (0, W.MAX_ORDERS + 1, 10**9, 2.5):  # 1e9 orders: refused before any allocation
         with pytest.raises(ParameterError) as info:
-            A.best_so_far(steps, n_orders=n, rng=np.random.default_rng(0), cap=1000)
+            W.best_so_far(steps, n_orders=n, rng=np.random.default_rng(0), cap=1000)
         assert info.value.parameter == "n_orders"
 
 
@@ -128,7 +123,7 @@ def test_the_facade_gives_the_grids_numbers():
     task = LinearTask(X[:20], rng.standard_normal((20, 1)), X, y[:, None])
     rows = np.arange(10, 50)
     ev = attack_evaluation(theta, task, rng=np.random.default_rng(5), rows=rows, max_steps=500)
-    grid = A.attacker_grid("lsq")
+    grid = A.attacker_grid("mse")
     run, ref = (
         A.run_grid(
             A.make_problem(X[rows] @ t, y[rows]),
@@ -140,9 +135,9 @@ def test_the_facade_gives_the_grids_numbers():
         for t in (theta, np.eye(20))
     )
     fb, fr, b = (
-        A.family_best(run, 1e-4),
-        A.family_best(ref, 1e-4),
-        A.kappa_bounds(run.kappa, ref.kappa),
+        W.family_best(run, 1e-4),
+        W.family_best(ref, 1e-4),
+        W.kappa_bounds(run.kappa, ref.kappa),
     )
     assert list(ev.families) == list(fb) and (ev.eps, ev.cap, ev.n_rows) == (1e-4, 500, 40)
     for f, r in ev.families.items():
@@ -151,7 +146,7 @@ def test_the_facade_gives_the_grids_numbers():
             *fb[f],
             *fr[f],
         )
-        assert (r.slowdown, r.kind, r.bound) == (*A.slowdown(fb[f].steps, fr[f].steps, 500), b[f])
+        assert (r.slowdown, r.kind, r.bound) == (*W.slowdown(fb[f].steps, fr[f].steps, 500), b[f])
     wc = A.worst_case(run, ref, 1e-4)
     assert ev.worst == dataclasses.replace(wc, bound=b[wc.family])
     saved = json.loads(dumps_json(ev))  # results.json keeps every family's numbers

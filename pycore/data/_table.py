@@ -15,57 +15,35 @@ is z-scored for the squared loss and kept as its 0/1 labels for ``loss="bce"``. 
 Every change to the user's data is recorded in :class:`TableData` (``missing``, ``encoded``,
 ``dropped``, ``blank_split``), and the split column named as an input is said (``split_input``:
 it is constant on D_H, so it is 0 there after z-scoring and informs D_P's features alone; the
-paper's House Prices inputs hold it).  Memory: the header's
-width is capped before pandas pads every row to it; columns are read as categoricals.
+paper's House Prices inputs hold it).  Reading the file: :mod:`pycore.data._csv`.
 """
 
 from __future__ import annotations
 
-import codecs
-import csv
-import io
-import warnings
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
-from pycore import limits
-from pycore._tasks import LinearTask
+from pycore._tasks import LOSSES, LinearTask
 from pycore._validation import (
-    OUTLIER_FACTOR,
-    OutlierWarning,
     ParameterError,
     check_choice,
     check_dense_size,
     check_number,
-    check_regular_file,
     check_rng,
-    outliers,
+)
+from pycore.data._csv import (
+    Column,
+    check_outliers,
+    read_columns,
+    read_header,
+    split_rows,
+    zscore,
 )
 
-# The cells read as empty (pandas' default missing-value marks but its spellings of NaN): the
-# Kaggle file marks missing values "NA" (and "None"); a "nan" cell is a non-finite number, refused
-# as "inf" is, not an empty cell set to 0.
-MISSING_MARKS = (
-    "",
-    "#N/A",
-    "#N/A N/A",
-    "#NA",
-    "-1.#IND",
-    "-1.#QNAN",
-    "1.#IND",
-    "1.#QNAN",
-    "<NA>",
-    "N/A",
-    "NA",
-    "NULL",
-    "None",
-    "n/a",
-    "null",
-)
 ON_OUTLIER = ("warn", "error", "ignore")
+
 ON_MISSING = ("fill", "error")
 
 
@@ -139,394 +117,137 @@ class TableData:
         return f"{self.source}: " + "; ".join(parts) if parts else None
 
 
-def read_header(path) -> list[str]:
-    """The column names of a CSV file's first non-blank record.
+@dataclass(frozen=True)
+class TableSpec:
+    """What :func:`load_table` reads from a table, and what it does with bad cells.
 
-    A quoted name may hold a line break, as pandas reads it. A ``ValueError`` naming the file when
-    it is binary, wider than :data:`pycore.limits.MAX_COLUMNS` or repeats a name (pandas would read
-    a second ``SalePrice`` as the input ``SalePrice.1``).
+    Attributes
+    ----------
+    target_p : str
+        D_P's target column.
+    target_h : str, optional
+        D_H's target column (default ``target_p``).
+    inputs : str or sequence of str, optional
+        The input columns in θ's order; default every all-numeric column but the targets and the
+        split column (a text column only when named).
+    split : str, optional
+        ``"COLUMN=VALUE"``: D_H is the rows whose cell reads VALUE (its text, or its number in an
+        all-numeric column: ``1`` finds ``1.0``); exactly one of ``split`` and ``harmful_path``.
+    harmful_path : path, optional
+        A second file holding D_H (D_P is then the first file).
+    n_train : int, default 200
+        Training rows per split; the rest are held out.
+    on_outlier : {"warn", "error", "ignore"}, default "warn"
+        What a cell far beyond its column's magnitude does.
+    on_missing : {"fill", "error"}, default "fill"
+        Empty input cells set to 0, or refused.
+    loss : {"mse", "bce"}, default "mse"
+        D_P's loss (:class:`pycore.LinearTask`); ``"bce"`` keeps D_P's target as 0/1 labels.
+    name : str, optional
+        The tasks' name (default the file's stem).
     """
-    check_regular_file(path, "expected a CSV table")
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(limits.MAX_HEADER_BYTES + 1)
-        # a multi-byte character cut at the end of the buffer is not an error
-        text = codecs.getincrementaldecoder("utf-8-sig")().decode(raw, final=False)
-        lines = io.StringIO(text, newline="").readlines()  # split at \n, \r, \r\n only
-        reader = csv.reader(lines)
-        names = next((row for row in reader if row), [])  # pandas skips blank lines too
-        used = "".join(lines[: reader.line_num])
-        if "\x00" in used:
-            raise ValueError("binary data (NUL bytes) in the header line")
-    except (OSError, csv.Error, ValueError) as exc:  # UnicodeDecodeError is a ValueError
-        raise ValueError(f"{path}: cannot be read as CSV ({type(exc).__name__}: {exc})") from None
-    if len(names) > limits.MAX_COLUMNS:
-        raise ValueError(
-            f"{path}: the header has more than {limits.MAX_COLUMNS} columns "
-            "(pycore.limits.MAX_COLUMNS), refused before reading the rows"
-        )
-    if len(raw) > limits.MAX_HEADER_BYTES and reader.line_num >= len(lines):
-        raise ValueError(f"{path}: the header line is longer than {limits.MAX_HEADER_BYTES} bytes")
-    if not any(n.strip() for n in names):
-        raise ValueError(f"{path}: is empty (no header line)")
-    for sep in (";", "\t", "|") if len(names) == 1 else ():
-        if sep in names[0]:
-            raise ValueError(
-                f"{path}: the header has a single column; the file looks {sep!r}-separated, "
-                "expected a comma-separated CSV"
-            )
-    empty = [i for i, n in enumerate(names) if not n.strip()]
-    if empty:
-        raise ValueError(
-            f"{path}: column {empty[0] + 1} of the header has an empty name"
-            + (f" ({len(empty)} columns in all)" if len(empty) > 1 else "")
-            + "; every column needs a name (a CSV written with pandas' index: index=False)"
-        )
-    dups = sorted({n for n in names if names.count(n) > 1}, key=names.index)
-    if dups:
-        raise ValueError(
-            f"{path}: duplicated column name(s) {', '.join(map(repr, dups))} in the header"
-        )
-    return names
+
+    target_p: str
+    target_h: str | None = None
+    inputs: object = None
+    split: str | None = None
+    harmful_path: object = None
+    n_train: int = 200
+    on_outlier: str = "warn"
+    on_missing: str = "fill"
+    loss: str = "mse"
+    name: str | None = None
+
+    @classmethod
+    def of(cls, spec, options: dict) -> TableSpec:
+        """``spec``, or one built from keyword ``options``; an unknown one is a ParameterError."""
+        names = [f.name for f in fields(cls)]
+        if spec is not None:
+            if not isinstance(spec, TableSpec) or options:
+                raise ParameterError("spec", "give a TableSpec or keyword options, not both")
+            return spec
+        for key in options:
+            if key not in names:
+                raise ParameterError(
+                    key, f"load_table has no option {key!r}; its options are: {', '.join(names)}"
+                )
+        if "target_p" not in options:
+            raise ParameterError("target_p", "load_table needs target_p, D_P's target column")
+        return cls(**options)
 
 
-def _read(path, names, text_column=None):
-    """Every column as a pandas categorical.
+def load_table(path, spec: TableSpec | None = None, *, rng=None, **options) -> TableData:
+    """The tasks of a CSV table (the module docstring's :class:`TableData`).
 
-    ``text_column`` keeps its cells' text (``"01"`` ≠ ``"1"``).
+    Parameters
+    ----------
+    path : path
+        The CSV file (D_P and D_H, or D_P alone with ``harmful_path``).
+    spec : TableSpec, optional
+        What to read; or give its fields as keyword ``options``.
+    rng : numpy.random.Generator, optional
+        Draws each split's training rows; None: the first ``n_train`` in file order.
+    **options
+        The fields of :class:`TableSpec` (``target_p`` at least, and one of ``split`` and
+        ``harmful_path``).
+
+    Returns
+    -------
+    TableData
+        The training and held-out tasks, the inputs in θ's order, and every change made to the
+        data.
+
+    Raises
+    ------
+    ParameterError
+        A bad argument (a split that matches no row, a split smaller than ``n_train``, a column
+        that is not in the file); ``.parameter`` names it. Splits below ``n_train`` and every
+        target's first bad or empty cell are reported together, in one error.
+    ValueError
+        A bad file, naming the file, the column and the line.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from pycore.data import load_table
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> path = pathlib.Path(folder.name) / "t.csv"
+    >>> rows = [f"{i},{i % 3},{i * i % 7},{'h' if i % 2 else 'p'}" for i in range(24)]
+    >>> _ = path.write_text(chr(10).join(["a,b,y,g", *rows]) + chr(10))
+    >>> d = load_table(path, target_p="y", split="g=h", n_train=8)
+    >>> d.feature_names, d.train.X_P.shape, d.heldout.X_H.shape
+    (['a', 'b'], (8, 2), (4, 2))
+    >>> folder.cleanup()
     """
-    import pandas as pd
-
-    try:
-        with warnings.catch_warnings():
-            # rows longer than the header: pandas drops the extra cells with a ParserWarning
-            warnings.simplefilter("error", pd.errors.ParserWarning)
-            dtype = defaultdict(
-                lambda: "category", {} if text_column is None else {text_column: str}
-            )
-            df = pd.read_csv(
-                path,
-                dtype=dtype,
-                index_col=False,
-                keep_default_na=False,
-                na_values=list(MISSING_MARKS),
-            )
-    except Exception as exc:  # pandas raises several types for unreadable files
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ValueError(
-            f"{path}: cannot be read as CSV ({type(exc).__name__}: {first})"
-        ) from None
-    if len(df) == 0:
-        raise ValueError(f"{path}: no data rows")
-    if len(df.columns) != len(names):
-        raise ValueError(
-            f"{path}: pandas read {len(df.columns)} columns, the header line has {len(names)}"
-        )
-    df.columns = names
-    if text_column is not None:
-        df[text_column] = df[text_column].astype("category")
-    return df
-
-
-class _Column:
-    """One column of a file: category codes (−1 = empty), the distinct texts and their numbers."""
-
-    def __init__(self, df, name, path):
-        import pandas as pd
-
-        cat = df[name].cat
-        self.name, self.path, self.codes, self._values = name, path, cat.codes.to_numpy(), None
-        self.texts = np.asarray(cat.categories, dtype=object)
-        self.numbers = pd.to_numeric(self.texts, errors="coerce").astype(np.float64)
-        # "nan" is a number, a non-finite one (values() refuses it as it refuses "inf")
-        spelled_nan = np.array([str(t).strip().lstrip("+-").lower() == "nan" for t in self.texts])
-        self.junk = np.isnan(self.numbers) & ~spelled_nan.astype(bool)
-        counts = np.bincount(self.codes[self.codes >= 0], minlength=self.texts.size)
-        self.numeric = not self.junk.any()
-        # mostly numbers with some text: a corrupt numeric column, not a category
-        self.corrupt = 0 < counts[self.junk].sum() < 0.5 * counts.sum()
-
-    def _first(self, bad_texts) -> str:
-        i = int(np.flatnonzero(bad_texts[self.codes] & (self.codes >= 0))[0])
-        return f"{self.texts[self.codes[i]]!r} (line {i + 2})"
-
-    def check_input(self) -> bool:
-        """Whether the column is numeric; refuses a corrupt numeric one naming its first text."""
-        if self.corrupt:
-            raise ValueError(
-                f"{self.path}: column {self.name!r} is numeric but has non-numeric value "
-                f"{self._first(self.junk)}"
-            )
-        return self.numeric
-
-    def values(self) -> np.ndarray:
-        """float64 per row, NaN where empty.
-
-        Refuses a non-numeric or non-finite cell naming its line.
-        """
-        if self._values is None:
-            for bad, what in (
-                (self.junk, "non-numeric"),
-                (~np.isfinite(self.numbers), "non-finite"),
-            ):
-                if bad.any():
-                    raise ValueError(
-                        f"{self.path}: column {self.name!r} has {what} value {self._first(bad)}"
-                    )
-            self._values = np.append(self.numbers, np.nan)[self.codes]  # code −1 (empty) → NaN
-        return self._values
-
-    def labels(self, rows) -> np.ndarray:
-        """Label codes of ``rows``.
-
-        Ranks of their texts in code-point order (``sorted``, as scikit-learn's LabelEncoder), an
-        empty cell counting as the text "0".
-        """
-        c = self.codes[rows].astype(np.int64) + 1  # 0 = empty
-        present = np.flatnonzero(np.bincount(c, minlength=self.texts.size + 1))
-        texts = ["0" if k == 0 else self.texts[k - 1] for k in present]
-        rank = {t: i for i, t in enumerate(sorted(set(texts)))}
-        lut = np.zeros(self.texts.size + 1)
-        lut[present] = [rank[t] for t in texts]
-        return lut[c]
-
-
-_TINY_STD = float(np.sqrt(np.finfo(np.float64).tiny))
-
-
-def _zscore(A: np.ndarray) -> np.ndarray:
-    """Column z-scores in place (docs/theory.md §9).
-
-    A constant column (``ptp == 0``: a rounded mean would leave ±1 from std ~1e-17) becomes exactly
-    0; columns whose sums overflow, or whose squares underflow (std below √tiny ≈ 1.5e-154: cells
-    near 1e-310 gave std 0), use ``A/max|A|``.
-    """
-    constant = np.ptp(A, axis=0) == 0
-    mean, std = np.empty(A.shape[1]), np.empty(A.shape[1])
-    with np.errstate(over="ignore", invalid="ignore"):
-        for a in range(0, A.shape[1], 16):  # std's temporary: 16 columns at a time, the same sums
-            mean[a : a + 16], std[a : a + 16] = (
-                A[:, a : a + 16].mean(axis=0),
-                A[:, a : a + 16].std(axis=0),
-            )
-    huge = ~(np.isfinite(mean) & np.isfinite(std)) | (~constant & (std < _TINY_STD))
-    if huge.any():
-        As = A[:, huge] / np.max(np.abs(A[:, huge]), axis=0)
-        with np.errstate(invalid="ignore", divide="ignore"):  # a constant column is zeroed below
-            A[:, huge] = (As - As.mean(axis=0)) / As.std(axis=0)
-        mean[huge], std[huge] = 0.0, 1.0
-    std[constant] = 1.0
-    A -= mean
-    A /= std
-    A[:, constant] = 0.0
-    return A
-
-
-def _check_outliers(col: _Column, v: np.ndarray, on_outlier: str) -> None:
-    """Warn about (or refuse) a cell beyond OUTLIER_FACTOR × its column's median magnitude.
-
-    Warn about (or refuse) a cell beyond OUTLIER_FACTOR × the column's median nonzero
-    magnitude.
-    """
-    idx = outliers(v) if on_outlier != "ignore" else ()
-    if len(idx) == 0:
-        return
-    a, i = np.abs(v), int(idx[0])
-    median = float(np.median(a[np.isfinite(a) & (a > 0)]))
-    msg = (
-        f"{col.path}: column {col.name!r} has {v[i]} (line {i + 2}), {a[i] / median:.1e} "
-        "× the median "
-        f"magnitude of its nonzero cells ({median:g}; rule: > {OUTLIER_FACTOR:g}×): "
-        "after z-scoring every "
-        "other row of the column would be nearly constant"
-        + (f"; {len(idx) - 1} more such cell(s) in the column" if len(idx) > 1 else "")
-    )
-    if on_outlier == "error":
-        raise ValueError(msg)
-    warnings.warn(msg, OutlierWarning, stacklevel=3)
-
-
-def load_table(
-    path,
-    *,
-    target_p: str,
-    target_h: str | None = None,
-    inputs=None,
-    split: str | None = None,
-    harmful_path=None,
-    n_train: int = 200,
-    rng: np.random.Generator | None = None,
-    on_outlier: str = "warn",
-    on_missing: str = "fill",
-    loss: str = "mse",
-    name: str | None = None,
-) -> TableData:
-    """The module docstring's :class:`TableData`.
-
-    ``inputs`` (θ's column order): default every all-numeric column but the targets and the split
-    column (a text column only when named). ``split``'s VALUE matches a cell's text, or its number
-    in an all-numeric column (``1`` finds ``1.0``).  ``loss`` is D_P's
-    (:class:`~pycore.LinearTask`).  Bad arguments (a split that matches no row, a split smaller
-    than ``n_train``): :class:`ParameterError`; bad files: ``ValueError`` naming file, column,
-    line.  Splits below ``n_train`` and every target's first bad or empty cell are reported
-    together, in one error (a ``ParameterError`` naming ``n_train`` when a split is too small).
-    """
-    target_h = target_p if target_h is None else target_h
-    check_number(n_train, "n_train", low=2, integer=True)
-    check_choice(on_outlier, "on_outlier", ON_OUTLIER)
-    check_choice(on_missing, "on_missing", ON_MISSING)
-    check_choice(loss, "loss", ("mse", "bce"))
-    check_rng(rng, none_ok=True)
-    if (split is None) == (harmful_path is None):
-        raise ParameterError("split", "give exactly one of split='COLUMN=VALUE' and harmful_path")
-    if split is not None and (
-        not isinstance(split, str) or "=" not in split or split.startswith("=")
-    ):
-        raise ParameterError("split", f"split must look like COLUMN=VALUE, got {split!r}")
-    split_col, split_value = split.split("=", 1) if split is not None else (None, None)
-    defaulted = inputs is None
-    if not defaulted:
-        inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-        bad = [c for c in inputs if c in (target_p, target_h) or inputs.count(c) > 1]
-        if not inputs or bad:
-            raise ParameterError(
-                "inputs",
-                "inputs must be distinct columns other than the targets, got "
-                f"{', '.join(map(repr, bad)) or 'none'}",
-            )
-    files = [Path(path)] + ([] if harmful_path is None else [Path(harmful_path)])
+    spec = TableSpec.of(spec, options)
+    inputs, split_col, split_value = _checked_arguments(spec, rng)
+    files = [Path(path)] + ([] if spec.harmful_path is None else [Path(spec.harmful_path)])
     headers = [read_header(p) for p in files]
-    named = [
-        ("target_p", [target_p], 0),
-        ("target_h", [target_h], -1),
-        ("split", [split_col], 0),
-        ("inputs", inputs or [], 0),
-        ("inputs", inputs or [], -1),
-    ]
-    for param, cols, f in named:
-        missing = [c for c in cols if c is not None and c not in headers[f]]
-        if missing:
-            shown = ", ".join(headers[f][:20]) + (" ..." if len(headers[f]) > 20 else "")
-            raise ParameterError(
-                param,
-                f"{files[f]}: no column {', '.join(map(repr, missing))} ({param}); "
-                f"its columns: {shown}",
-            )
-    frames = [_read(p, h, split_col) for p, h in zip(files, headers)]
-    cache, checked = {}, set()
-
-    def column(f, c, *, numbers=False) -> _Column:
-        if (f, c) not in cache:
-            cache[f, c] = _Column(frames[f], c, files[f])
-        if numbers and (f, c) not in checked:  # outliers: once per column of a file
-            checked.add((f, c))
-            _check_outliers(cache[f, c], cache[f, c].values(), on_outlier)
-        return cache[f, c]
-
+    _check_named_columns(files, headers, spec, split_col, inputs)
+    cols = _Columns([read_columns(p, h, split_col) for p, h in zip(files, headers)], files, spec)
+    defaulted = inputs is None
     if defaulted:
-        inputs = [
-            c
-            for c in headers[0]
-            if c not in (target_p, target_h, split_col) and column(0, c).check_input()
-        ]
-        if not inputs:
-            raise ParameterError(
-                "inputs",
-                f"{files[0]}: no numeric column besides the targets and the split "
-                "column; name the inputs",
-            )
-    dropped = [c for c in headers[0] if c not in (target_p, target_h, split_col, *inputs)]
-    blank_split = 0
-    if split_col is not None:
-        is_h = _split_rows(column(0, split_col), split_value)
-        blank_split = int((column(0, split_col).codes < 0).sum())  # counted in D_P, and said
-        parts = [("P", 0, np.flatnonzero(~is_h)), ("H", 0, np.flatnonzero(is_h))]
-        where = {"P": f"{split_col} ≠ {split_value!r}", "H": f"{split_col} = {split_value!r}"}
-    else:
-        parts = [("P", 0, np.arange(len(frames[0]))), ("H", 1, np.arange(len(frames[1])))]
-        where = {"P": f"file {files[0]}", "H": f"file {files[1]}"}
-    for f, df in enumerate(frames):
+        inputs = _default_inputs(cols, headers[0], spec, split_col)
+    targets = (spec.target_p, spec.target_h or spec.target_p)
+    dropped = [c for c in headers[0] if c not in (*targets, split_col, *inputs)]
+    parts, where, blank_split = _splits(cols, split_col, split_value)
+    for f, df in enumerate(cols.frames):
         check_dense_size((len(df), len(inputs)), f"{files[f]}: the inputs of its {len(df)} rows")
-    # every problem of the splits and targets in one error (a file fixed for one then failed on
-    # the next): a split below n_train, and per target its first bad or empty cell
-    problems = {
-        f"{files[f]}: D_{s} ({where[s]}) has {rows.size} rows, fewer than the "
-        f"n_train = {n_train} training rows asked for per split": "n_train"
-        for s, f, rows in parts
-        if rows.size < n_train
-    }
-    if rng is not None:
-        parts = [(s, f, rows[rng.permutation(rows.size)]) for s, f, rows in parts]
-    X, y, filled, missing, encoded = {}, {}, {}, {}, []
-    empty = {}  # (file, target) → [(first empty line, split)]: one problem per file, in line order
-    for s, f, rows in parts:
-        target = target_p if s == "P" else target_h
-        try:
-            y[s] = column(f, target, numbers=True).values()[rows]
-        except ValueError as exc:
-            problems.setdefault(str(exc), None)
-            continue
-        if np.isnan(y[s]).any():
-            empty.setdefault((f, target), []).append((rows[np.isnan(y[s])].min() + 2, s))
-        elif y[s].size > 1 and np.ptp(y[s][:n_train]) == 0:  # nothing to fit or probe
-            problems.setdefault(
-                f"{files[f]}: target column {target!r} is constant ({y[s][0]:g}) on the "
-                f"{min(n_train, y[s].size)} training rows of D_{s} ({where[s]}); a task needs a "
-                "target that varies"
-            )
-        X[s], filled[s] = np.empty((rows.size, len(inputs))), 0
-    for (f, target), at in empty.items():
-        lines = ", ".join(f"line {line} (D_{s}: {where[s]})" for line, s in sorted(at))
-        problems.setdefault(f"{files[f]}: target column {target!r} is empty at {lines}")
-    if problems:
-        message = "; ".join(problems)
-        if "n_train" in problems.values():
-            raise ParameterError("n_train", message)
-        raise ValueError(message)
+    parts, y = _targets(cols, parts, where, spec, rng)
     binary = bool(np.isin(y["P"], (0.0, 1.0)).all() and np.unique(y["P"]).size == 2)
-    if loss == "bce" and not binary:
+    if spec.loss == "bce" and not binary:
         raise ParameterError(
             "loss",
-            f"{files[0]}: loss 'bce' needs D_P's target {target_p!r} to hold the labels 0 and "
-            f"1 only; it holds {', '.join(f'{v:g}' for v in np.unique(y['P'])[:6])}",
+            f"{files[0]}: loss 'bce' needs D_P's target {spec.target_p!r} to hold the labels 0 "
+            f"and 1 only; it holds {', '.join(f'{v:g}' for v in np.unique(y['P'])[:6])}",
         )
-    for j, c in enumerate(inputs):
-        for f in range(len(files)):  # each column of a file is parsed once for both splits
-            # a defaulted input must be numeric
-            text = not column(f, c).check_input() and not defaulted
-            v = None if text else column(f, c, numbers=True).values()
-            if text and c not in encoded:
-                encoded.append(c)
-            used = np.concatenate([rows for _, g, rows in parts if g == f])
-            if on_missing == "error" and (cache[f, c].codes[used] < 0).any():
-                raise ValueError(
-                    f"{files[f]}: input column {c!r} is empty at line "
-                    f"{used[cache[f, c].codes[used] < 0].min() + 2} (on_missing='error'; "
-                    "'fill' sets empty input cells to 0)"
-                )
-            for s, _, rows in (part for part in parts if part[1] == f):
-                # an empty text cell is the text "0" (the authors' fillna(0) before encoding)
-                empty = cache[f, c].codes[rows] < 0
-                filled[s] += int(empty.sum())
-                missing[c] = missing.get(c, 0) + int(empty.sum())
-                X[s][:, j] = cache[f, c].labels(rows) if text else np.where(empty, 0.0, v[rows])
-            del cache[f, c]  # one column's numbers at a time
-    for s, f, rows in parts:
-        # D_P's 0/1 labels stay labels for the logistic loss; every other target is z-scored
-        keep = s == "P" and loss == "bce"
-        X[s], y[s] = _zscore(X[s]), y[s][:, None] if keep else _zscore(y[s][:, None])
-        for part, block in (("training", X[s][:n_train]), ("held-out", X[s][n_train:])):
-            if block.shape[0] > 1 and not np.any(block):
-                raise ValueError(
-                    f"{files[f]}: every input column is constant on the {block.shape[0]} {part} "
-                    f"rows of D_{s} ({where[s]}): X_{s} is zero after z-scoring, so its κ and "
-                    "the RIR are undefined"
-                )
-    name = name or files[0].stem
+    X, filled, missing, encoded = _input_matrices(cols, parts, inputs, defaulted)
+    _standardize(X, y, parts, where, cols)
+    name, n_train = spec.name or files[0].stem, spec.n_train
 
     def task(rows: slice, suffix: str = "") -> LinearTask:
         return LinearTask(
-            X["P"][rows], y["P"][rows], X["H"][rows], y["H"][rows], loss, name + suffix
+            X["P"][rows], y["P"][rows], X["H"][rows], y["H"][rows], spec.loss, name + suffix
         )
 
     nP, nH = len(X["P"]), len(X["H"])
@@ -549,25 +270,197 @@ def load_table(
     )
 
 
-def _split_rows(col: _Column, value: str) -> np.ndarray:
-    """Rows whose cell reads ``value``.
+def _checked_arguments(spec: TableSpec, rng):
+    """``(inputs or None, split column, split value)``, every argument checked first."""
+    target_p = spec.target_p
+    target_h = target_p if spec.target_h is None else spec.target_h
+    check_number(spec.n_train, "n_train", low=2, integer=True)
+    check_choice(spec.on_outlier, "on_outlier", ON_OUTLIER)
+    check_choice(spec.on_missing, "on_missing", ON_MISSING)
+    check_choice(spec.loss, "loss", LOSSES)
+    check_rng(rng, none_ok=True)
+    split = spec.split
+    if (split is None) == (spec.harmful_path is None):
+        raise ParameterError("split", "give exactly one of split='COLUMN=VALUE' and harmful_path")
+    if split is not None and (
+        not isinstance(split, str) or "=" not in split or split.startswith("=")
+    ):
+        raise ParameterError("split", f"split must look like COLUMN=VALUE, got {split!r}")
+    split_col, split_value = split.split("=", 1) if split is not None else (None, None)
+    inputs = spec.inputs
+    if inputs is not None:
+        inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+        bad = [c for c in inputs if c in (target_p, target_h) or inputs.count(c) > 1]
+        if not inputs or bad:
+            raise ParameterError(
+                "inputs",
+                "inputs must be distinct columns other than the targets, got "
+                f"{', '.join(map(repr, bad)) or 'none'}",
+            )
+    return inputs, split_col, split_value
 
-    Its text, else (an all-numeric column) its number; a :class:`ParameterError` listing the
-    column's values when none does.
-    """
-    hit = col.texts == value
-    if not hit.any() and col.numeric:
-        try:
-            hit = col.numbers == float(value)
-        except ValueError:
-            pass
-    if not hit.any():
-        counts = np.bincount(col.codes[col.codes >= 0], minlength=col.texts.size)
-        order = np.argsort(-counts, kind="stable")[:10]
-        shown = ", ".join(f"{col.texts[i]!r} ({counts[i]} rows)" for i in order)
+
+def _check_named_columns(files, headers, spec, split_col, inputs) -> None:
+    """A ParameterError naming the argument of a column its file lacks."""
+    target_h = spec.target_p if spec.target_h is None else spec.target_h
+    named = [
+        ("target_p", [spec.target_p], 0),
+        ("target_h", [target_h], -1),
+        ("split", [split_col], 0),
+        ("inputs", inputs or [], 0),
+        ("inputs", inputs or [], -1),
+    ]
+    for param, cols, f in named:
+        missing = [c for c in cols if c is not None and c not in headers[f]]
+        if missing:
+            shown = ", ".join(headers[f][:20]) + (" ..." if len(headers[f]) > 20 else "")
+            raise ParameterError(
+                param,
+                f"{files[f]}: no column {', '.join(map(repr, missing))} ({param}); "
+                f"its columns: {shown}",
+            )
+
+
+class _Columns:
+    """The files' columns, each parsed once and checked for outliers once, dropped when used."""
+
+    def __init__(self, frames, files, spec: TableSpec):
+        self.frames, self.files, self.spec = frames, files, spec
+        self.cache, self.checked = {}, set()
+
+    def get(self, f: int, c: str, *, numbers: bool = False) -> Column:
+        if (f, c) not in self.cache:
+            self.cache[f, c] = Column(self.frames[f], c, self.files[f])
+        if numbers and (f, c) not in self.checked:  # outliers: once per column of a file
+            self.checked.add((f, c))
+            check_outliers(self.cache[f, c], self.cache[f, c].values(), self.spec.on_outlier)
+        return self.cache[f, c]
+
+    def drop(self, f: int, c: str) -> None:
+        del self.cache[f, c]  # one column's numbers at a time
+
+
+def _default_inputs(cols: _Columns, header, spec: TableSpec, split_col) -> list[str]:
+    """Every all-numeric column but the targets and the split column."""
+    skip = (spec.target_p, spec.target_h or spec.target_p, split_col)
+    inputs = [c for c in header if c not in skip and cols.get(0, c).check_input()]
+    if not inputs:
         raise ParameterError(
-            "split",
-            f"{col.path}: no row has {col.name} = {value!r}; its values: {shown}"
-            + (f" and {col.texts.size - 10} more" if col.texts.size > 10 else ""),
+            "inputs",
+            f"{cols.files[0]}: no numeric column besides the targets and the split "
+            "column; name the inputs",
         )
-    return np.isin(col.codes, np.flatnonzero(hit))
+    return inputs
+
+
+def _splits(cols: _Columns, split_col, split_value):
+    """``[(task, file, rows)]`` of D_P and D_H, how each is described, the blank split cells."""
+    files = cols.files
+    if split_col is None:
+        parts = [
+            ("P", 0, np.arange(len(cols.frames[0]))),
+            ("H", 1, np.arange(len(cols.frames[1]))),
+        ]
+        return parts, {"P": f"file {files[0]}", "H": f"file {files[1]}"}, 0
+    column = cols.get(0, split_col)
+    is_h = split_rows(column, split_value)
+    blank_split = int((column.codes < 0).sum())  # counted in D_P, and said
+    parts = [("P", 0, np.flatnonzero(~is_h)), ("H", 0, np.flatnonzero(is_h))]
+    where = {"P": f"{split_col} ≠ {split_value!r}", "H": f"{split_col} = {split_value!r}"}
+    return parts, where, blank_split
+
+
+def _targets(cols: _Columns, parts, where, spec: TableSpec, rng):
+    """The parts in training order and each task's target, every problem of them in one error.
+
+    A split below ``n_train``, and per target its first bad or empty cell, or a target constant
+    on its training rows (a file fixed for one problem would fail on the next).
+    """
+    files, n_train = cols.files, spec.n_train
+    problems = {
+        f"{files[f]}: D_{s} ({where[s]}) has {rows.size} rows, fewer than the "
+        f"n_train = {n_train} training rows asked for per split": "n_train"
+        for s, f, rows in parts
+        if rows.size < n_train
+    }
+    if rng is not None:
+        parts = [(s, f, rows[rng.permutation(rows.size)]) for s, f, rows in parts]
+    y = {}
+    empty = {}  # (file, target) → [(first empty line, split)]: one problem per file, in line order
+    for s, f, rows in parts:
+        target = spec.target_p if s == "P" else (spec.target_h or spec.target_p)
+        try:
+            y[s] = cols.get(f, target, numbers=True).values()[rows]
+        except ValueError as exc:
+            problems.setdefault(str(exc), None)
+            continue
+        if np.isnan(y[s]).any():
+            empty.setdefault((f, target), []).append((rows[np.isnan(y[s])].min() + 2, s))
+        elif y[s].size > 1 and np.ptp(y[s][:n_train]) == 0:  # nothing to fit or probe
+            problems.setdefault(
+                f"{files[f]}: target column {target!r} is constant ({y[s][0]:g}) on the "
+                f"{min(n_train, y[s].size)} training rows of D_{s} ({where[s]}); a task needs a "
+                "target that varies"
+            )
+    for (f, target), at in empty.items():
+        lines = ", ".join(f"line {line} (D_{s}: {where[s]})" for line, s in sorted(at))
+        problems.setdefault(f"{files[f]}: target column {target!r} is empty at {lines}")
+    if problems:
+        message = "; ".join(problems)
+        if "n_train" in problems.values():
+            raise ParameterError("n_train", message)
+        raise ValueError(message)
+    return parts, y
+
+
+def _input_matrices(cols: _Columns, parts, inputs, defaulted):
+    """Each task's raw input matrix, empty cells 0 and named text columns label-encoded.
+
+    Returns the matrices and the counts of filled cells (per task, per column) and the encoded
+    columns.
+    """
+    X = {s: np.empty((rows.size, len(inputs))) for s, _, rows in parts}
+    filled, missing, encoded = dict.fromkeys(X, 0), {}, []
+    for j, c in enumerate(inputs):
+        for f in range(len(cols.files)):  # each column of a file is parsed once for both splits
+            # a defaulted input must be numeric
+            text = not cols.get(f, c).check_input() and not defaulted
+            v = None if text else cols.get(f, c, numbers=True).values()
+            if text and c not in encoded:
+                encoded.append(c)
+            codes = cols.cache[f, c].codes
+            used = np.concatenate([rows for _, g, rows in parts if g == f])
+            if cols.spec.on_missing == "error" and (codes[used] < 0).any():
+                raise ValueError(
+                    f"{cols.files[f]}: input column {c!r} is empty at line "
+                    f"{used[codes[used] < 0].min() + 2} (on_missing='error'; "
+                    "'fill' sets empty input cells to 0)"
+                )
+            for s, _, rows in (part for part in parts if part[1] == f):
+                # an empty text cell is the text "0" (the authors' fillna(0) before encoding)
+                empty = codes[rows] < 0
+                filled[s] += int(empty.sum())
+                missing[c] = missing.get(c, 0) + int(empty.sum())
+                col = cols.cache[f, c]
+                X[s][:, j] = col.labels(rows) if text else np.where(empty, 0.0, v[rows])
+            cols.drop(f, c)
+    return X, filled, missing, encoded
+
+
+def _standardize(X, y, parts, where, cols: _Columns) -> None:
+    """Every input and target z-scored per task in place (D_P's 0/1 labels kept for BCE).
+
+    A task whose inputs are all constant on its training or held-out rows is refused: its κ and
+    the RIR would be undefined.
+    """
+    n_train = cols.spec.n_train
+    for s, f, rows in parts:
+        keep = s == "P" and cols.spec.loss == "bce"
+        X[s], y[s] = zscore(X[s]), y[s][:, None] if keep else zscore(y[s][:, None])
+        for part, block in (("training", X[s][:n_train]), ("held-out", X[s][n_train:])):
+            if block.shape[0] > 1 and not np.any(block):
+                raise ValueError(
+                    f"{cols.files[f]}: every input column is constant on the {block.shape[0]} "
+                    f"{part} rows of D_{s} ({where[s]}): X_{s} is zero after z-scoring, so its "
+                    "κ and the RIR are undefined"
+                )

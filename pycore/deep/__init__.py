@@ -26,6 +26,8 @@ Several processes (torchrun)
     init_from_env, DistContext, DistributedEnvError, broadcast_module, barrier, shutdown
 """
 
+# first, before anything imports timm: torchvision importable beside a CPU-only torch
+from pycore.deep import _torchvision  # noqa: F401, I001
 from pycore._public import publish
 from pycore.deep._api import (
     DeepImmunization,

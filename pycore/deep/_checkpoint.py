@@ -231,10 +231,10 @@ def save_model(model, path: str | os.PathLike, extra: dict | None = None) -> str
 def _check_metadata(path: str, name: str, kwargs: dict, num_classes: int, sd: dict) -> None:
     """The architecture a checkpoint's metadata asks for, checked against its tensors.
 
-    The architecture a checkpoint's metadata asks for, checked against its tensors before any
-    real weight exists: options that set a count (``depth``) may not exceed what the file's
-    names hold (a 232-byte file asked for ``depth`` 100000: 5-24 GB), then the network is built on
-    the meta device (shapes, no storage) and its names, count and shapes must be the file's.
+    Before any real weight exists: options that set a count (``depth``) may not exceed what the
+    file's names hold (a 232-byte file asked for ``depth`` 100000: 5-24 GB), then the network is
+    built on the meta device (shapes, no storage) and its names, count and shapes must be the
+    file's.
     """
     indices = [int(part) for k in sd for part in k.split(".") if part.isdigit()]
     depth = kwargs.get("depth")

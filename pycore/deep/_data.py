@@ -503,9 +503,8 @@ def _check_image(x: torch.Tensor, what: str, name: str, sample, want) -> None:
 def _check_sample(item, name: str, i: int = 0) -> None:
     """A :class:`DataError` naming ``name`` and ``i`` unless ``item`` is an input-label pair.
 
-    A :class:`DataError` naming ``name`` and ``i`` unless ``item`` (a Dataset's sample ``i``) is
-    an ``(input tensor, label)`` pair: a dict (Hugging Face's ``{"image": ..., "label": ...}``)
-    or a bare tensor is not.
+    ``item`` is a Dataset's sample ``i``: a dict (Hugging Face's ``{"image": ..., "label": ...}``)
+    or a bare tensor is not a pair.
     """
     what = (
         f"a dict (keys {', '.join(map(repr, list(item)[:4]))})"
@@ -621,11 +620,11 @@ def dataset_labels(ds: Dataset, name: str = "data") -> np.ndarray:
 def label_count(y, name: str, classes: int | None = None, *, least: int = 2) -> int:
     """The classes ``max(label) + 1`` of the labels ``y``, checked.
 
-    The classes ``max(label) + 1`` of the labels ``y`` (:func:`dataset_labels`), or a
-    :class:`DataError` naming ``name``, the label and its sample when one is negative, or not below
-    ``classes`` (the model's classifier) or :data:`pycore.limits.MAX_CLASSES` (before any
-    classifier is sized by it), or when fewer than ``least`` classes occur (a task of one class
-    has nothing to learn: every κ and slowdown of it would be a number about nothing).
+    Labels as :func:`dataset_labels` gives them. A :class:`DataError` names ``name``, the label and
+    its sample when one is negative, or not below ``classes`` (the model's classifier) or
+    :data:`pycore.limits.MAX_CLASSES` (before any classifier is sized by it), or when fewer than
+    ``least`` classes occur (a task of one class has nothing to learn: every κ and slowdown of it
+    would be a number about nothing).
     """
     y = np.asarray(y).reshape(-1)
     top = limits.MAX_CLASSES if classes is None else classes
@@ -694,9 +693,8 @@ def fetch(ds: Dataset, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class ShardedBatches:
     """Per step ``batch_size * world`` consecutive indices of a seeded permutation.
 
-    Per step ``batch_size * world`` consecutive indices of ``default_rng([seed,
-    epoch]).permutation(n)``, rank ``r`` the ``r``-th slice; an incomplete last global batch is
-    dropped.
+    The permutation is ``default_rng([seed, epoch]).permutation(n)``; rank ``r`` takes the ``r``-th
+    slice; an incomplete last global batch is dropped.
     """
 
     def __init__(self, n: int, batch_size: int, *, seed: int, world: int = 1):

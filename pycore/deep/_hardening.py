@@ -3,7 +3,7 @@
 A feature map ``Z → ZM`` after immunization, the D_P classifier compensated (``W' = MᵀW``, ``V' =
 VM⁻ᵀ``).
 
-* ``"haar"``: ``M = Q`` Haar-random orthogonal (:func:`pycore.haar_rotation`, the linear
+* ``"haar"``: ``M = Q`` Haar-random orthogonal (:func:`pycore._hardening.haar_rotation`, the linear
   side's ``"haar"``): every spectrum (κ, RIR_θ₀, the GD probe) is kept; it removes the alignment
   with the coordinate axes that a per-coordinate optimiser (Adam) exploits.
 * ``"label_subspace"`` (deep only): ``M = (I − (1 − s)·P_U)·Q``, the span ``U`` of D_H's centred
@@ -19,12 +19,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from pycore._hardening import haar_rotation
+from pycore._hardening import HARDENINGS, haar_rotation
 from pycore._threads import bounded_blas
 from pycore.deep._data import dataset_labels
 from pycore.deep._features import extract
-
-HARDENINGS = ("none", "haar", "label_subspace")
 
 
 def label_subspace(Z: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray:
@@ -59,8 +57,8 @@ def hardening_map(
 
     Returns ``(M, the squashed dimension)``.
     """
-    if kind not in HARDENINGS or kind == "none":
-        raise ValueError(f"kind must be one of {HARDENINGS[1:]}, got {kind!r}")
+    if kind not in HARDENINGS["deep"] or kind == "none":
+        raise ValueError(f"kind must be one of {HARDENINGS['deep'][1:]}, got {kind!r}")
     if not (np.isfinite(scale) and 0 < scale <= 1):
         raise ValueError(f"scale must be in (0, 1], got {scale}")
     d = np.asarray(Z_H).shape[1]

@@ -1,8 +1,8 @@
 """The immunization layer on frozen features IS the linear problem.
 
-The immunization layer on frozen features IS the linear problem (docs/theory.md §10,
-docs/design.md §4): with the layer's inputs ``X_P``, ``X_H`` (the backbone's pre-logits, rows =
-samples) and ``W = θᵀ``, the features are ``Z = Xθ`` and every quantity of the linear core applies.
+docs/theory.md §10, docs/design.md §4: with the layer's inputs ``X_P``, ``X_H`` (the backbone's
+pre-logits, rows = samples) and ``W = θᵀ``, the features are ``Z = Xθ`` and every quantity of the
+linear core applies.
 
 * :func:`adaptive_layer` trains θ by the linear default's adaptive rule
   (:func:`pycore._adaptive.adaptive_descent`, the same code) on the layer's features;
@@ -24,10 +24,9 @@ import scipy.linalg
 import torch
 
 from pycore import LinearTask, immunize
-from pycore._adaptive import adaptive_descent
+from pycore._adaptive import AdaptiveSettings, adaptive_descent
 from pycore._batch import GramStack
-from pycore._immunization import auto_exponent
-from pycore._methods import closed_form
+from pycore._closed_form import auto_exponent, closed_form
 from pycore._metrics import ExponentWindow, def31_exponent_window, rir_ceiling
 from pycore._precondition import FactorPreconditioner
 from pycore._spectral import (
@@ -158,8 +157,7 @@ def attainability(X_P, X_H, *, precision=None) -> tuple[float, ExponentWindow | 
 def _reach(X_P, X_H, precision):
     """:func:`attainability`'s answer with the whole :class:`~pycore.Ceiling`.
 
-    :func:`attainability`'s answer with the whole :class:`~pycore.Ceiling` and whether
-    the features are resolved in ``precision``.
+    Also whether the features are resolved in ``precision``.
     """
     c = rir_ceiling(X_P, X_H)
     floor = None if precision is None else resolution(precision, X_P, X_H)
@@ -207,12 +205,12 @@ class _Problem:
     Computed from the small side of every Gram matrix (docs/design.md §6): per task ``X = U diag(s)
     Vᵀ`` once (:class:`pycore.linalg.RowFactor`), ``F = diag(s)Vᵀθ`` (r×width), H's nonzero
     spectrum from the r×r ``W = FFᵀ`` (:class:`pycore.linalg.GramStack`) and the preconditioned
-    directions as low-rank products (:class:`pycore.linalg.FactorPreconditioner`): no D×D H, G or
-    eigendecomposition. One evaluation per θ; the margin's κ's come from W's eigenvalues (relative
-    error ≤ eps·κ(H), checked: above :data:`EIG_KAPPA_LIMIT` they come from the SVD of ``Xθ``, as
-    in the linear core). ``ref``: κ(H_P), κ(H_H) of the given model's features, the denominators of
-    (i) and (ii). Both K's of full rank: K⁺ = K⁻¹, the exact preconditioner 2θG (docs/theory.md
-    §4), no projector; else K⁺ for both.
+    directions as low-rank products (:class:`pycore._precondition.FactorPreconditioner`): no D×D H,
+    G or eigendecomposition. One evaluation per θ; the margin's κ's come from W's eigenvalues
+    (relative error ≤ eps·κ(H), checked: above :data:`EIG_KAPPA_LIMIT` they come from the SVD of
+    ``Xθ``, as in the linear core). ``ref``: κ(H_P), κ(H_H) of the given model's features, the
+    denominators of (i) and (ii). Both K's of full rank: K⁺ = K⁻¹, the exact preconditioner 2θG
+    (docs/theory.md §4), no projector; else K⁺ for both.
     """
 
     def __init__(self, X_P, X_H, ref):
@@ -273,8 +271,7 @@ STARTS = ("closed_form", "identity")
 def _closed_form(XP, XH, ceiling) -> tuple[np.ndarray, str]:
     """The linear core's closed form on the layer's features at its default exponent.
 
-    The linear core's closed form on the layer's features at its default exponent
-    (:func:`pycore.auto_exponent`: the window's balanced one), and why that one.
+    The default is :func:`pycore._closed_form.auto_exponent`'s, the window's balanced one.
     """
     task = LinearTask(XP, np.zeros(len(XP)), XH, np.zeros(len(XH)), name="layer features")
     a, how = auto_exponent(task, ceiling)
@@ -302,18 +299,18 @@ def adaptive_layer(
 ) -> LayerSolution:
     """θ by the adaptive rule of the linear default on the layer's inputs (docs/design.md §4).
 
-    All rows, in float64 (:func:`pycore.adaptive_descent`). Before any step, features that
-    ``precision`` does not resolve (:func:`attainability`) are refused: θ = I with no window and a
-    NaN ceiling. ``start="closed_form"`` (when the closed form's window is open) starts from the
-    closed form at the window's balanced exponent, ``S`` (D×r, r = rank K_P): the rule runs on the
-    closed form's features ``XS`` from θ' = I and ``θ = Sθ'`` (its D − r other columns zero, as the
-    closed form's). Such a θ reads only range(K_P), so no θ of this form has a margin
-    min(ln(i), −ln(ii)) above ``min(½ ln ceiling, ln κ(K_P))`` (docs/theory.md §10; (ii) ≥
-    1/κ(K_P) for every θ), and the run ends once it is within :data:`pycore._adaptive.PROGRESS_TOL`
-    of that bound: from the balanced exponent, at step 0. Otherwise (``"identity"``, or no open
-    window) the rule runs from θ = I, its bound ``min(½ ln exact ceiling, ln κ(K_P))`` (the exact
-    ceiling is infinite when D_H varies where D_P does not). Every step works on the small side of
-    the Gram matrices. The kept θ's (i) and (ii) are exact (SVD).
+    All rows, in float64 (:func:`pycore._adaptive.adaptive_descent`). Before any step, features
+    that ``precision`` does not resolve (:func:`attainability`) are refused: θ = I with no window
+    and a NaN ceiling. ``start="closed_form"`` (when the closed form's window is open) starts from
+    the closed form at the window's balanced exponent, ``S`` (D×r, r = rank K_P): the rule runs on
+    the closed form's features ``XS`` from θ' = I and ``θ = Sθ'`` (its D − r other columns zero, as
+    the closed form's). Such a θ reads only range(K_P), so no θ of this form has a margin
+    min(ln(i), −ln(ii)) above ``min(½ ln ceiling, ln κ(K_P))`` (docs/theory.md §10; (ii) ≥ 1/κ(K_P)
+    for every θ), and the run ends once it is within :data:`pycore._adaptive.PROGRESS_TOL` of that
+    bound: from the balanced exponent, at step 0. Otherwise (``"identity"``, or no open window) the
+    rule runs from θ = I, its bound ``min(½ ln exact ceiling, ln κ(K_P))`` (the exact ceiling is
+    infinite when D_H varies where D_P does not). Every step works on the small side of the Gram
+    matrices. The kept θ's (i) and (ii) are exact (SVD).
 
     Parameters
     ----------
@@ -322,7 +319,7 @@ def adaptive_layer(
     steps : int
         The most steps of the rule.
     patience : int
-        As for :func:`pycore.adaptive_descent`.
+        As for :func:`pycore._adaptive.adaptive_descent`.
     lr : float, optional
         Adam's learning rate (default :func:`relative_step_lr` of θ's width).
     precision : torch.dtype or numpy float type, optional
@@ -330,7 +327,7 @@ def adaptive_layer(
     start : {"closed_form", "identity"}, default "closed_form"
         Where the rule starts.
     min_rate : float, optional
-        As for :func:`pycore.adaptive_descent` (default :data:`MIN_GAIN_RATE`).
+        As for :func:`pycore._adaptive.adaptive_descent` (default :data:`MIN_GAIN_RATE`).
     progress : bool, default False
         A bar on a terminal.
 
@@ -370,11 +367,13 @@ def adaptive_layer(
         np.eye(width),
         problem.log_ratios,
         problem.directions,
-        lr=relative_step_lr(width) if lr is None else lr,
-        epochs=steps,
-        patience=patience,
-        bound=bound,
-        min_rate=min_rate,
+        AdaptiveSettings(
+            lr=relative_step_lr(width) if lr is None else lr,
+            epochs=steps,
+            patience=patience,
+            bound=bound,
+            min_rate=min_rate,
+        ),
         progress=progress,
     )
     theta = run.theta if S is None else np.pad(S @ run.theta, ((0, 0), (0, D - width)))
@@ -396,8 +395,7 @@ def adaptive_layer(
 def _one_hot(y, n_rows: int, name: str, num_classes) -> np.ndarray:
     """Integer class labels ``y`` (N,) as an N×C one-hot matrix.
 
-    Integer class labels ``y`` (N,) as an N×C one-hot matrix (C = ``num_classes`` or the
-    largest label + 1), or a ParameterError naming ``name``.
+    C is ``num_classes`` or the largest label + 1; a bad label is a ParameterError naming ``name``.
     """
     y = np.asarray(y)
     if y.ndim != 1 or y.shape[0] != n_rows or y.dtype.kind not in "iu" or (y.size and y.min() < 0):
@@ -448,7 +446,7 @@ def kstep_layer(
     epochs : int, default 5000
         The most steps of the adaptive rule.
     patience : int, default 300
-        As for :func:`pycore.adaptive_descent`.
+        As for :func:`pycore._adaptive.adaptive_descent`.
     lr : float, optional
         Adam's learning rate (default :func:`relative_step_lr`).
     num_classes : pair of int or None, default (None, None)
@@ -520,9 +518,9 @@ def closed_form_layer(X_P, X_H, *, precision=None) -> LayerSolution:
     Raises
     ------
     ValueError
-        Features that are not finite real matrices.
+        ``X_P`` or ``X_H`` not a finite real matrix.
     SpectrumError
-        Zero features.
+        ``X_P`` or ``X_H`` zero.
     """
     XP, XH = _rows(X_P), _rows(X_H)
     c, window, why, resolved = _reach(XP, XH, precision)

@@ -1,8 +1,8 @@
 """Any timm classifier with the paper's immunization layer.
 
-Any timm classifier with the paper's immunization layer (docs/theory.md §8-9, paper §5.2, App.
-C.3; docs/design.md §3). :class:`ImmunizedNet` has timm's interface itself, so an attacker who
-swaps the head keeps the layer and no per-family code is needed.
+docs/theory.md §8-9, paper §5.2, App. C.3; docs/design.md §3. :class:`ImmunizedNet` has timm's
+interface itself, so an attacker who swaps the head keeps the layer and no per-family code is
+needed.
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ class PretrainedUnavailableError(RuntimeError):
 class UnmergedAdaptersError(ParameterError):
     """A model carries peft (LoRA) adapter layers, so it has no one linear classifier.
 
-    A model carries peft (LoRA) adapter layers, so it has no one linear classifier on its
-    pre-logits: ``.modules`` names the adapted modules; merge them first.
+    ``.modules`` names the adapted modules; merge them first.
     """
 
     def __init__(self, parameter: str, message: str, modules: tuple = ()):
@@ -46,11 +45,10 @@ MODEL_DTYPE = torch.float32
 def check_model(model, name: str = "model") -> None:
     """A :class:`ParameterError` naming ``name`` unless ``model`` is a float32 module on a device.
 
-    A :class:`ParameterError` naming ``name`` unless ``model`` is an ``nn.Module`` whose
-    floating parameters and buffers are all float32 on a real device (CPU or CUDA): half,
-    bfloat16 and float64 models, and models on the meta device (shapes only), are refused before
-    any work, with what is supported; so are a NaN or inf parameter or buffer (named) and
-    parameters that are all zero.
+    Float32 on a real device (CPU or CUDA), every floating parameter and buffer: half, bfloat16 and
+    float64 models, and models on the meta device (shapes only), are refused before any work, with
+    what is supported; so are a NaN or inf parameter or buffer (named) and parameters that are all
+    zero.
     """
     if not isinstance(model, nn.Module):
         raise ParameterError(
@@ -112,8 +110,8 @@ def image_input(model) -> tuple[int | None, tuple[int, int] | None]:
 def _bias_caches(model: nn.Module) -> list:
     """The modules of ``model`` that cache their attention biases.
 
-    The modules of ``model`` that cache their attention biases (timm's LeViT, EfficientFormer,
-    EfficientViT (MSRA), TinyViT: ``attention_bias_cache``, filled by an eval-mode forward).
+    timm's LeViT, EfficientFormer, EfficientViT (MSRA), TinyViT: ``attention_bias_cache``, filled
+    by an eval-mode forward.
     """
     return [
         m for m in model.modules() if isinstance(getattr(m, "attention_bias_cache", None), dict)
@@ -128,11 +126,11 @@ def _drop_bias_cache(module, args, output) -> None:
 def uncached_attention_biases(model: nn.Module) -> nn.Module:
     """``model`` with every attention-bias cache emptied after each forward.
 
-    ``model`` with every attention-bias cache (:func:`_bias_caches`) emptied after each
-    forward, so each forward reads the biases as they are: the library trains models in eval
-    mode (θ₀'s normalisation statistics), where timm would keep the biases of the first forward
-    (stale once they train, and a graph that a second backward cannot pass) and a cached tensor
-    that is no graph leaf makes ``copy.deepcopy`` fail. Idempotent; returns ``model``.
+    Each forward then reads the biases as they are (:func:`_bias_caches`): the library trains
+    models in eval mode (θ₀'s normalisation statistics), where timm would keep the biases of the
+    first forward (stale once they train, and a graph that a second backward cannot pass) and a
+    cached tensor that is no graph leaf makes ``copy.deepcopy`` fail. Idempotent; returns
+    ``model``.
     """
     for m in _bias_caches(model):
         m.attention_bias_cache = {}
@@ -144,9 +142,8 @@ def uncached_attention_biases(model: nn.Module) -> nn.Module:
 def copy_model(model: nn.Module) -> nn.Module:
     """``copy.deepcopy(model)`` with its attention-bias caches left out.
 
-    ``copy.deepcopy(model)`` with its attention-bias caches left out (the copy's are empty;
-    ``model`` is not changed): a cache filled by a forward with gradients holds a tensor that is
-    no graph leaf, which ``deepcopy`` refuses.
+    The copy's caches are empty and ``model`` is not changed: a cache filled by a forward with
+    gradients holds a tensor that is no graph leaf, which ``deepcopy`` refuses.
     """
     return copy.deepcopy(model, {id(m.attention_bias_cache): {} for m in _bias_caches(model)})
 
@@ -293,8 +290,8 @@ class ImmunizedNet(nn.Module):
     def set_trainable(self, scope: str = "layer", stages: int = 1) -> tuple[list, list]:
         """Freeze all but the layer, the classifier and, with ``scope="tail"``, the last stages.
 
-        Freeze all but the layer, the classifier and, with ``scope="tail"``, the backbone's last
-        ``stages`` stages; returns the disjoint ``(extractor, classifier)`` parameter lists.
+        ``stages`` of the backbone's last stages with ``scope="tail"``; returns the disjoint
+        ``(extractor, classifier)`` parameter lists.
         """
         if scope not in ("layer", "tail"):
             raise ParameterError("scope", f"scope must be 'layer' or 'tail', got {scope!r}")
@@ -514,8 +511,7 @@ def create_model(
 def as_immunized(model: nn.Module, *, lambda_reg: float = 1e-7) -> ImmunizedNet:
     """A deep copy of ``model`` as an :class:`ImmunizedNet`.
 
-    A deep copy of ``model`` as an :class:`ImmunizedNet` (an identity layer inserted unless
-    it is one), made by :func:`copy_model`.
+    An identity layer is inserted unless it is one; made by :func:`copy_model`.
     """
     model = copy_model(model)
     return model if isinstance(model, ImmunizedNet) else ImmunizedNet(model, lambda_reg=lambda_reg)

@@ -1,7 +1,6 @@
 """The objective of each deep immunization method, term by term.
 
-The objective of each deep immunization method, term by term (paper Eq. (11); docs/theory.md
-§6-7).
+Paper Eq. (11); docs/theory.md §6-7.
 
 With ``X`` the layer's inputs and ``Z = X Wᵀ + b`` its outputs (App. C.3), per batch pair:
 

@@ -1,7 +1,6 @@
 """Linear probes: the attacker who trains a new head on frozen features.
 
-Linear probes: the attacker who trains a new head on frozen features (paper Eq. (4),
-Figure 3; docs/design.md §3).
+Paper Eq. (4), Figure 3; docs/design.md §3.
 
 Every probe is softmax cross-entropy on ``A = [Z, c·1]`` from ``W = 0`` in float64 NumPy, ``c`` the
 RMS row norm of the training features (rescaling Z then rescales A exactly, so no extractor fakes
@@ -34,8 +33,7 @@ ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 class ProbeCurve:
     """Test (and validation) accuracy (%) of the attacker after each epoch.
 
-    Test (and validation) accuracy (%) of the attacker after each epoch (index 0 = before
-    training).
+    Index 0 is before training.
     """
 
     test_accuracy: list[float]

@@ -332,8 +332,8 @@ def immunize_simulated(
 def _accumulate(scope: dict, params: dict, loss: torch.Tensor, weight: float) -> None:
     """``weight·∂loss/∂params`` added to ``.grad`` of the defended parameters.
 
-    ``weight·∂loss/∂params`` added to ``.grad`` of the defended parameters ``scope`` (the
-    attacker's copies ``params`` of them, by name: first order).
+    ``scope`` holds the defended parameters; ``params`` the attacker's copies of them, by name
+    (first order).
     """
     grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     for (n, p), g in zip(scope.items(), grads):
