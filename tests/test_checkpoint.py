@@ -8,7 +8,6 @@ import pickle
 import resource
 
 import pytest
-import timm
 import torch
 from safetensors.torch import save_file
 
@@ -99,6 +98,8 @@ def test_checkpoint_metadata_is_checked_against_its_tensors_before_building(
 ):
     """Each of these asks for 5-120 GB: refused naming the file, with no network built off the
     meta device (shapes, no storage) and no memory to speak of."""
+    import timm  # after pycore.deep, which lets it import beside a CPU torch (docs/design.md §5)
+
     path = lying_checkpoint(tmp_path / "evil.safetensors", **kwargs)
     devices, real = [], timm.create_model
 
@@ -116,6 +117,8 @@ def test_checkpoint_metadata_is_checked_against_its_tensors_before_building(
 
 
 def test_save_model_names_a_folder_or_a_model_it_cannot_save(tmp_path):
+    import timm  # after pycore.deep (docs/design.md §5)
+
     net = create_model("test_resnet", 2, seed=0, img_size=32)
     for path in (tmp_path, 3.5):
         with pytest.raises(ParameterError) as e:

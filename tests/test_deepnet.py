@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import timm
 import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
@@ -143,6 +142,8 @@ def test_facade_errors_name_the_option(monkeypatch):
         with pytest.raises(ParameterError) as e:
             create_model(name, n, **kwargs)
         assert e.value.parameter == param
+    import timm  # after pycore.deep (docs/design.md §5)
+
     model = timm.create_model("resnet10t", num_classes=3)
     for opts, param in (
         ({"config": {"epochs": 5}}, "config"),
