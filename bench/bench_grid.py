@@ -8,7 +8,7 @@ the attacker's model (a random-init timm ResNet18 at 32 px and the demo's small 
 64 images), once as ``settings`` plain models one after another and once as one model batched
 over the settings (``torch.func.stack_module_state`` + ``vmap`` over ``functional_call``), and
 the probes' Adam grid as one ``(settings, D + 1, classes)`` array against one array per setting
-(:class:`pycore.deep.AdamProbe`). The ratio sequential / batched is the gain of batching
+(:class:`pycore.deep._probes.AdamProbe`). The ratio sequential / batched is the gain of batching
 (> 1: batching pays); the gradients of the two are checked equal to float32 round-off first.
 """
 
@@ -31,11 +31,9 @@ from torch.func import functional_call, stack_module_state, vmap  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.timing import interleaved_best  # noqa: E402
-from pycore.deep import (  # noqa: E402
-    AdamProbe,
-    attack_copy,
-    create_model,
-)
+from pycore.deep import create_model  # noqa: E402
+from pycore.deep._operators import attack_copy  # noqa: E402
+from pycore.deep._probes import AdamProbe  # noqa: E402
 
 MODELS = {
     "resnet18": ("resnet18", {"img_size": 32}),

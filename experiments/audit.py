@@ -38,9 +38,9 @@ def audit_seed(*args, **kwargs):
 
 
 def _operator_name(name: str) -> str:
-    """One operator name (pycore.deep.operator_names' rule), or a ValueError saying why not."""
+    """One operator name (operator_names' rule), or a ValueError saying why not."""
     from pycore import ParameterError  # noqa: PLC0415  (torch: only when the flag is given)
-    from pycore.deep import operator_names  # noqa: PLC0415
+    from pycore.deep._operators import operator_names  # noqa: PLC0415
 
     try:
         operator_names((name,))
@@ -118,7 +118,8 @@ def main(argv=None) -> int:
         from experiments import deep_report
         from experiments.deep_configs import CONFIGS
         from experiments.deep_pipeline import Row, RunOptions, load_splits, result_of
-        from pycore.deep import CheckpointError, load_model, operator_names
+        from pycore.deep import CheckpointError, load_model
+        from pycore.deep._operators import operator_names
         from pycore.report import dumps_json
 
         out = common.check_out(args.out, ("results.json", "table.md", "audit.png"))

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from experiments.deep_pipeline import Row, RunConfig, Sizes
-from pycore.deep import SOPHON, DeepOptions, Schedule, SimulatedOptions
+from pycore.deep import SOPHON, DeepOptions, SimulatedOptions
+from pycore.deep._operators import Schedule
 
 # Paper Table 3 (3 seeds): (i), (ii), RIR_θ₀, D_P top-1 %; θ₀ top-1 68.24 (ResNet18) / 81.78 (ViT).
 # Keyed by the configuration name "<model>-<data>" whose table prints them beside ours.

@@ -35,20 +35,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from pycore import (
-    Options,
-    bounded_blas,
-    chance_accuracy,
-    feature_rir,
-    gram_spectrum,
-    grouped_feature_rir,
-    immunized_def31,
-)
+from pycore import feature_rir, grouped_feature_rir, immunized_def31
+from pycore._evaluate import chance_accuracy
+from pycore._options import Options
+from pycore._spectral import gram_spectrum
+from pycore._threads import bounded_blas
 from pycore.deep import (
-    LORA_RANKS,
     OPERATORS,
     AttackData,
-    Budget,
     CheapestPath,
     DataError,
     DeepOptions,
@@ -56,32 +50,25 @@ from pycore.deep import (
     ImmunizedNet,
     NonFiniteLossError,
     ReferencePath,
-    Schedule,
-    ShardedBatches,
     Worth,
-    attainability,
-    barrier,
-    broadcast_module,
+    _slowdown as slowdown,
     cheapest_path,
     create_model,
-    dataset_labels,
-    extract,
-    fetch,
     image_folder,
-    immunize_in_place,
-    init_from_env,
-    linear_probe_curve,
     load_model,
     mnist_digits,
-    model_normalization,
-    operator,
-    prelogits_dataset,
     reference_path,
-    retrain_scope,
-    slowdown,
-    tail_modules,
     worth,
 )
+from pycore.deep._data import ShardedBatches, dataset_labels, fetch, model_normalization
+from pycore.deep._distributed import barrier, broadcast_module, init_from_env
+from pycore.deep._features import extract, prelogits_dataset
+from pycore.deep._layer import attainability
+from pycore.deep._models import tail_modules
+from pycore.deep._operators import LORA_RANKS, Schedule, operator, retrain_scope
+from pycore.deep._probes import linear_probe_curve
+from pycore.deep._slowdown import Budget
+from pycore.deep._train import immunize_in_place
 from pycore.report import environment, summarize
 
 

@@ -153,7 +153,8 @@ def run_configs(*args, **kwargs):
 
 
 def _own_side(rc) -> int:
-    from pycore.deep import create_model, model_normalization
+    from pycore.deep import create_model
+    from pycore.deep._data import model_normalization
 
     kwargs = {k: v for k, v in rc.model_kwargs.items() if k != "img_size"}
     return model_normalization(create_model(rc.model, 1, seed=0, **kwargs))["input_size"][-1]
@@ -188,7 +189,8 @@ def _check_input_size(rc, args) -> None:
     one image costs."""
     import torch
 
-    from pycore.deep import create_model, model_normalization
+    from pycore.deep import create_model
+    from pycore.deep._data import model_normalization
 
     net = create_model(rc.model, 2, seed=0, **rc.model_kwargs).eval()
     side = model_normalization(net)["input_size"][-1]
@@ -233,7 +235,8 @@ def _check_classifier(rc, flag: str) -> None:
     import torch
 
     from pycore import ParameterError
-    from pycore.deep import create_model, linear_classifier
+    from pycore.deep import create_model
+    from pycore.deep._models import linear_classifier
 
     try:
         with torch.device("meta"):
@@ -249,7 +252,8 @@ def plan(args) -> list:
 
     from experiments.deep_configs import CONFIGS, GROUPS, with_model
     from experiments.deep_pipeline import Row
-    from pycore.deep import DeepOptions, options
+    from pycore.deep import DeepOptions
+    from pycore.deep._deep_options import options
 
     name = args.config or ("folders" if args.dp_root or args.dh_root else None)
     if (args.demo and args.config) or not (args.demo or name):
@@ -420,7 +424,7 @@ def main(argv=None) -> int:
         from experiments import deep_report
         from experiments.deep_configs import PAPER_TABLE3
         from experiments.deep_pipeline import RunOptions
-        from pycore.deep import init_from_env, shutdown
+        from pycore.deep._distributed import init_from_env, shutdown
         from pycore.report import dumps_json
 
         runs = plan(args)

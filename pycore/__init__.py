@@ -29,7 +29,6 @@ from pycore._evaluate import (
     EvaluationReference,
     LinearEvaluation,
     SplitEvaluation,
-    chance_accuracy,  # noqa: F401  (experiments/deep_pipeline.py, until it is thinned)
     evaluate_linear,
     immunized_def31,
     near_chance,
@@ -56,18 +55,12 @@ from pycore._metrics import (
     rir,
     rir_ceiling,
 )
-from pycore._options import Options  # noqa: F401  (experiments/deep_pipeline.py)
 from pycore._protocol import strict_protocol
 from pycore._public import publish
 from pycore._registry import Method, MethodRun, method_of, register_method, unregister_method
 from pycore._regularizers import r_ill, r_well
-from pycore._spectral import (
-    SpectrumError,
-    condition_number,
-    gram_spectrum,  # noqa: F401  (experiments/deep_pipeline.py)
-)
+from pycore._spectral import SpectrumError, condition_number
 from pycore._tasks import LinearTask
-from pycore._threads import bounded_blas  # noqa: F401  (experiments/deep_pipeline.py)
 from pycore._validation import DivergenceError, ParameterError
 
 __all__ = [

@@ -4,8 +4,8 @@
 and best D_P loss with ω → Qᵀω); only the basis changes, which coordinate-wise attackers see.
 
 The kinds of hardening of both sides are one table, :data:`HARDENINGS`
-(``HARDENINGS["linear"]``, ``HARDENINGS["deep"]``; :data:`pycore.deep.HARDENINGS` is the same
-object); a name means one operation on both sides:
+(``HARDENINGS["linear"]``, ``HARDENINGS["deep"]``; :data:`pycore.deep._hardening.HARDENINGS` is
+the same object); a name means one operation on both sides:
 
 * ``"haar"`` (both): Q a Haar draw on O(D) from the run's generator, :func:`haar_rotation`, the
   one implementation both sides use.
@@ -18,7 +18,7 @@ object); a name means one operation on both sides:
   spectra, which every linear kind keeps.
 
 Here :func:`harden` applies a given Q to (θ, ω) and :func:`harden_result` a kind to a result; on
-the deep side :func:`pycore.deep.harden` applies a kind to a model's immunization layer.
+the deep side :func:`pycore.deep._hardening.harden` applies a kind to a model's immunization layer.
 """
 
 from __future__ import annotations
@@ -316,7 +316,8 @@ def harden(theta, Q, omega=None):
     Examples
     --------
     >>> import numpy as np
-    >>> from pycore import haar_rotation, harden, rir
+    >>> from pycore import rir
+    >>> from pycore._hardening import haar_rotation, harden
     >>> rng = np.random.default_rng(0)
     >>> X_P, X_H = rng.standard_normal((20, 3)), rng.standard_normal((20, 3))
     >>> theta, omega = np.diag([1.0, 2.0, 3.0]), np.ones(3)

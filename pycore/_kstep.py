@@ -4,7 +4,7 @@ How much of its excess squared loss an attacker's linear probe still has after `
 steps, on the attacker's own labels.
 
 The probe (docs/theory.md §11): ``A = Z`` or, with a bias column, ``A = [Z, c·1]``, ``c`` the RMS
-row norm of Z (the convention of :func:`pycore.deep.attacks.linear_probe_curve`: a rescaling of Z
+row norm of Z (the convention of :func:`pycore.deep._probes.linear_probe_curve`: a rescaling of Z
 rescales A exactly); loss ``L(W) = ‖AW − Y‖_F²/(2N)``, GD from ``W₀ = 0`` with step
 ``η = 1/λ_max(AᵀA/N)``. With ``A = Σ s_j u_j v_jᵀ`` over the nonzero spectrum (the rank rule of
 docs/theory.md §2) and ``r_j = s_j²/s_1²``::
@@ -20,7 +20,7 @@ in [0, 1], unchanged by ``Z → cZ`` and ``Y → cY``, and ``E_k ≤ (1 − 1/κ
   (:class:`pycore.linalg.RowFactor`: ``Xθ = U(Aθ)``, the targets kept as ``UᵀY`` and, with a
   bias column, the part of ``1`` outside range(U)), with the θ-gradient and its K⁺-preconditioned
   direction: what the ``kstep`` immunizer (:func:`pycore._methods.kstep`) and the deep layer
-  (:func:`pycore.deep.kstep_layer`) step on.
+  (:func:`pycore.deep._layer.kstep_layer`) step on.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ class Options:
     Examples
     --------
     >>> from dataclasses import dataclass
-    >>> from pycore import Options, ParameterError
+    >>> from pycore import ParameterError
+    >>> from pycore._options import Options
     >>> @dataclass(frozen=True)
     ... class Probe(Options):
     ...     RULES = {"steps": dict(low=1, high=1000, integer=True)}

@@ -25,7 +25,8 @@ def render() -> str:
     """The catalog's text, from the library and experiments/deep_configs.py."""
     sys.path.insert(0, str(ROOT))
     from experiments.deep_configs import CONFIGS, GROUPS
-    from pycore.deep import DEEP_METHODS, LORA_RANKS, OPERATORS, DeepOptions, Schedule
+    from pycore.deep import DEEP_METHODS, OPERATORS, DeepOptions
+    from pycore.deep._operators import LORA_RANKS, Schedule
 
     rules = {n: DeepOptions.describe(n) for n in DeepOptions.names()}
     lines = [

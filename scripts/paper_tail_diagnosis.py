@@ -34,15 +34,10 @@ import torch
 from experiments.deep_configs import CONFIGS, paper_tail
 from experiments.deep_pipeline import RunOptions, load_splits, train_classifier
 from pycore import feature_rir
-from pycore.deep import (
-    DeepOptions,
-    ImmunizedNet,
-    NonFiniteLossError,
-    create_model,
-    extract,
-    immunize_in_place,
-    loss_terms,
-)
+from pycore.deep import DeepOptions, ImmunizedNet, NonFiniteLossError, create_model
+from pycore.deep._features import extract
+from pycore.deep._objectives import loss_terms
+from pycore.deep._train import immunize_in_place
 
 
 def _features(model, ds) -> np.ndarray:

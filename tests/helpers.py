@@ -128,7 +128,8 @@ def lying_checkpoint(path, **kwargs):
     import torch
     from safetensors.torch import save_file
 
-    from pycore.deep import ImmunizedNet, create_model, read_weights, save_model
+    from pycore.deep import ImmunizedNet, create_model, save_model
+    from pycore.deep._checkpoint import read_weights
 
     with tempfile.TemporaryDirectory() as tmp:
         net = ImmunizedNet(create_model("test_resnet", 2, seed=0))

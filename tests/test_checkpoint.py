@@ -12,16 +12,9 @@ import torch
 from safetensors.torch import save_file
 
 from pycore import ParameterError
-from pycore.deep import (
-    CheckpointError,
-    CheckpointMismatchError,
-    ImmunizedNet,
-    UnmergedAdaptersError,
-    create_model,
-    load_model,
-    read_weights,
-    save_model,
-)
+from pycore.deep import CheckpointError, ImmunizedNet, create_model, load_model, save_model
+from pycore.deep._checkpoint import CheckpointMismatchError, read_weights
+from pycore.deep._models import UnmergedAdaptersError
 from tests.helpers import lying_checkpoint
 
 torch.set_num_threads(1)

@@ -21,7 +21,6 @@ from pycore import (
     condition_number,
     def31_exponent_window,
     feature_rir,
-    gram_spectrum,
     grouped_feature_rir,
     immunize,
     immunize_certified,
@@ -42,7 +41,7 @@ from pycore._regularizers import (
     r_well_grad,
     r_well_grad_theta,
 )
-from pycore._spectral import spectrum_info
+from pycore._spectral import gram_spectrum, spectrum_info
 from pycore.attacks import attack, make_problem
 from pycore.linalg import hessian_regularizer
 from tests.helpers import central_diff, rel_err, with_spectrum

@@ -13,7 +13,6 @@ import torch
 
 from pycore import DivergenceError, ParameterError
 from pycore.deep import (
-    LR_GRIDS,
     SOPHON,
     AttackData,
     ImmunizedNet,
@@ -23,6 +22,7 @@ from pycore.deep import (
     create_model,
     immunize_model,
 )
+from pycore.deep._operators import LR_GRIDS
 
 torch.set_num_threads(1)
 

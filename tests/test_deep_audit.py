@@ -22,14 +22,14 @@ from pycore.deep import (
     DataError,
     DeepOptions,
     ImmunizedNet,
-    Schedule,
     SimulatedOptions,
     create_model,
-    init_from_env,
     load_model,
-    options,
     save_model,
 )
+from pycore.deep._deep_options import options
+from pycore.deep._distributed import init_from_env
+from pycore.deep._operators import Schedule
 from pycore.report import dumps_json
 from tests.cli_helpers import call, one_line
 from tests.helpers import image_root, lying_checkpoint

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from pycore.deep import OnePositionConv2d, create_model, one_position_convs
+from pycore.deep import create_model
+from pycore.deep._convs import OnePositionConv2d, one_position_convs
 
 GEOMETRIES = [
     (k, p, s, h, w)

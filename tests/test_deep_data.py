@@ -14,15 +14,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from pycore.deep import (
-    DataError,
-    as_dataset,
-    audit_model,
-    create_model,
-    dataset_labels,
-    image_folder,
-    immunize_model,
-)
+from pycore.deep import DataError, audit_model, create_model, image_folder, immunize_model
+from pycore.deep._data import as_dataset, dataset_labels
 from tests.helpers import image_root
 
 torch.set_num_threads(1)

@@ -8,15 +8,10 @@ from torch.utils.data import TensorDataset
 from pycore import ParameterError, grouped_feature_rir
 from pycore._hardening import haar_rotation
 from pycore._threads import blas_threads
-from pycore.deep import (
-    DeepOptions,
-    ImmunizedNet,
-    create_model,
-    extract,
-    harden,
-    immunize_in_place,
-    prelogits_dataset,
-)
+from pycore.deep import DeepOptions, ImmunizedNet, create_model
+from pycore.deep._features import extract, prelogits_dataset
+from pycore.deep._hardening import harden
+from pycore.deep._train import immunize_in_place
 
 torch.set_num_threads(1)
 

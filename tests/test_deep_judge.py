@@ -15,25 +15,22 @@ from pycore.deep import (
     AttackCost,
     AttackData,
     CheapestPath,
-    Cost,
     ImmunizedNet,
     ReferencePath,
-    Schedule,
-    audit,
     cheapest_path,
     create_model,
-    operator,
     reference_path,
     worth,
 )
 from pycore.deep._cost import (
+    Cost,
     check_forward_flops,
     counted_flops,
     forward_flops,
     head_step_flops,
 )
-from pycore.deep._judge import CAP_FACTOR, MIN_CEILING
-from pycore.deep._operators import _attacker, architecture, retrain_modules
+from pycore.deep._judge import CAP_FACTOR, MIN_CEILING, audit
+from pycore.deep._operators import Schedule, _attacker, architecture, operator, retrain_modules
 
 SCHEDULE = Schedule(batch_size=8, min_steps=5, probe_max_steps=200, deep_max_steps=20)
 

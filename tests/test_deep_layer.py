@@ -1,4 +1,4 @@
-"""The immunization layer as the linear problem (:func:`pycore.deep.adaptive_layer`;
+"""The immunization layer as the linear problem (:func:`pycore.deep._layer.adaptive_layer`;
 docs/design.md §4): its steps from the small side of the Gram matrices equal the D×D ones, the
 default starts from the closed form at its window's balanced exponent (whose margin no step
 improves), that exponent lies inside the window, and features float32 does not resolve are refused
@@ -12,7 +12,7 @@ from pycore import LinearTask, ParameterError, def31_exponent_window, immunize, 
 from pycore._adaptive import AdaptiveSettings, adaptive_descent
 from pycore._precondition import precondition
 from pycore._regularizers import grad_theta_and_regularizer
-from pycore.deep import adaptive_layer, attainability, closed_form_layer
+from pycore.deep._layer import adaptive_layer, attainability, closed_form_layer
 
 
 def _pair(seed, N_P, N_H, D):

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from pycore import ParameterError
-from pycore.deep import ImmunizedNet, attack_copy, create_model, load_model, save_model
+from pycore.deep import ImmunizedNet, create_model, load_model, save_model
+from pycore.deep._operators import attack_copy
 
 torch.set_num_threads(1)
 

@@ -18,16 +18,18 @@ from pycore import DivergenceError, ParameterError
 from pycore.deep import (
     AttackData,
     ImmunizedNet,
-    Schedule,
-    attack_copy,
     audit_model,
     cheapest_path,
     create_model,
     immunize_model,
+    reference_path,
+)
+from pycore.deep._operators import (
+    Schedule,
+    attack_copy,
     lora_targets,
     operator,
     operator_names,
-    reference_path,
     retrain_scope,
 )
 
@@ -363,7 +365,7 @@ def test_features_with_a_round_off_direction_report_no_window():
     direction is float32 round-off, so κ is round-off's and no Definition 3.1 window is claimed,
     by the library call and by the layer; the same features in float64, and well-resolved
     float32 ones, keep their window (so the check can fail)."""
-    from pycore.deep import adaptive_layer, attainability, resolution
+    from pycore.deep._layer import adaptive_layer, attainability, resolution
 
     rng = np.random.default_rng(3)
     D = 24

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from pycore.deep import (
+from pycore.deep._probes import (
     AdamProbe,
-    Eval,
     GDProbe,
     linear_probe_curve,
     preprocess_features,
     probe_inputs,
 )
+from pycore.deep._slowdown import Eval
 
 LRS = (1e-3, 1e-2, 1e-1)
 

@@ -16,15 +16,9 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from pycore import ParameterError
-from pycore.deep import (
-    SOPHON,
-    DeepOptions,
-    ImmunizedNet,
-    SimulatedOptions,
-    create_model,
-    immunize_in_place,
-    suppression_loss,
-)
+from pycore.deep import SOPHON, DeepOptions, ImmunizedNet, SimulatedOptions, create_model
+from pycore.deep._simulated import suppression_loss
+from pycore.deep._train import immunize_in_place
 
 torch.set_num_threads(1)
 

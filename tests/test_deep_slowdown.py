@@ -9,14 +9,15 @@ import math
 
 import pytest
 
-from pycore.deep import Eval, slowdown as S
+from pycore.deep import _slowdown as S
+from pycore.deep._slowdown import Eval
 
 GRID = {"": (0.001, 0.01, 0.1)}
 CHANCE = 20.0
 
 
 class _Curves:
-    """:class:`pycore.deep.slowdown.Runs` of the learning rates ``lrs``: a setting's validation
+    """:class:`pycore.deep._slowdown.Runs` of the learning rates ``lrs``: a setting's validation
     accuracy at step ``s`` is ``curve(lr, s)`` (a string: it diverged there), its test accuracy
     that minus ``test_gap``. ``log`` (shared by every run of one factory) holds the last step
     each setting was trained to and how many evaluations were asked for."""

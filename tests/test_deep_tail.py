@@ -12,7 +12,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from pycore import ParameterError
-from pycore.deep import TailRunner, create_model, stage_names
+from pycore.deep import create_model
+from pycore.deep._tail import TailRunner, stage_names
 
 torch.set_num_threads(1)
 

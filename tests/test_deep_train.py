@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pycore import ParameterError
-from pycore.deep import DeepOptions, options
+from pycore.deep import DeepOptions
+from pycore.deep._deep_options import options
 
 
 @pytest.mark.parametrize("lr", [1e30, 1.5, 0.0, -0.1, float("inf")])

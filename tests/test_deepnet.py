@@ -20,30 +20,25 @@ from pycore import ParameterError, limits
 from pycore.deep import (
     AttackData,
     CheckpointError,
-    CheckpointMismatchError,
     DataError,
     DeepOptions,
     ImmunizedNet,
     NonFiniteLossError,
     PretrainedUnavailableError,
-    Schedule,
     audit_model,
-    balanced_lambdas,
-    budgets,
     create_model,
-    fetch,
     image_folder,
-    imma_harmful_loss,
-    immunize_in_place,
     immunize_model,
     load_model,
-    log_kappa,
-    loss_terms,
-    prelogits_dataset,
-    read_weights,
     save_model,
-    tail_modules,
 )
+from pycore.deep._checkpoint import CheckpointMismatchError, read_weights
+from pycore.deep._data import fetch
+from pycore.deep._features import prelogits_dataset
+from pycore.deep._models import tail_modules
+from pycore.deep._objectives import imma_harmful_loss, log_kappa, loss_terms
+from pycore.deep._operators import Schedule, budgets
+from pycore.deep._train import balanced_lambdas, immunize_in_place
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -492,7 +487,7 @@ def _ddp_worker(rank, port, out):
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    from pycore.deep import init_from_env, shutdown
+    from pycore.deep._distributed import init_from_env, shutdown
 
     ctx = init_from_env("cpu")
     m, res = _ddp_run(rank=ctx.rank, world=ctx.world, ddp=True)
@@ -560,7 +555,7 @@ def test_fetch_decodes_in_a_forked_child_after_the_parent_has_decoded():
     gets a pool of its own instead of waiting forever."""
     import multiprocessing
 
-    from pycore.deep import fetch
+    from pycore.deep._data import fetch
 
     class Decoded(torch.utils.data.Dataset):  # not a TensorDataset: fetch uses its pool
         def __len__(self):

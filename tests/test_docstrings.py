@@ -1,5 +1,6 @@
-"""The public API's docstrings (numpydoc style): every function of ``pycore`` and ``pycore.deep``
-documents its parameters and what it returns, and the Examples sections run as written."""
+"""The public API's docstrings (numpydoc style): every public function documents its parameters
+and what it returns and shows how it is called, every public class says what it is, and the
+Examples sections run as written."""
 
 from __future__ import annotations
 
@@ -77,10 +78,9 @@ def test_docstring_examples_run(name, test, one_torch_thread):
 
 
 def _functions():
-    """``(qualified name, function)`` of every function in ``pycore.__all__`` and
-    ``pycore.deep.__all__``."""
+    """``(qualified name, function)`` of every function in a public namespace's ``__all__``."""
     out = []
-    for space in ("pycore", "pycore.deep"):
+    for space in NAMESPACES:
         module = importlib.import_module(space)
         out += [
             (f"{space}.{name}", getattr(module, name))
@@ -118,13 +118,8 @@ def test_public_functions_document_their_parameters_and_what_they_return(name, f
         assert set(params) <= documented, (name, sorted(set(params) - documented))
 
 
-# The linear namespaces' every function also shows how it is called (issue 49); pycore.deep is
-# checked for its Parameters and Returns above.
-LINEAR = [space for space in NAMESPACES if not space.startswith("pycore.deep")]
-
-
-@pytest.mark.parametrize("space", LINEAR)
-def test_every_public_linear_function_is_documented_with_an_example_that_runs(space):
+@pytest.mark.parametrize("space", NAMESPACES)
+def test_every_public_function_is_documented_with_an_example_that_runs(space):
     module = importlib.import_module(space)
     examples = {name for name, _ in EXAMPLES}
     for name in module.__all__:
@@ -136,6 +131,17 @@ def test_every_public_linear_function_is_documented_with_an_example_that_runs(sp
         if inspect.signature(func).parameters:
             assert _section(doc, "Parameters"), f"{space}.{name}"
         assert any(e == f"{space}.{name}" or e.startswith(f"{space}.{name}.") for e in examples)
+
+
+@pytest.mark.parametrize("space", NAMESPACES)
+def test_every_public_class_has_its_own_docstring(space):
+    """A class's own docstring, not one it inherits or a dataclass's generated signature."""
+    module = importlib.import_module(space)
+    for name in module.__all__:
+        cls = getattr(module, name)
+        if inspect.isclass(cls):
+            doc = cls.__dict__.get("__doc__") or ""
+            assert doc.strip() and not doc.startswith(f"{cls.__name__}("), f"{space}.{name}"
 
 
 def test_the_docstring_check_finds_a_missing_section():

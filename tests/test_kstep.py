@@ -26,7 +26,8 @@ from pycore import (
 from pycore._kstep import kstep_remaining_grad, probe_matrix
 from pycore._losses import best_probe_loss
 from pycore._regularizers import TieWarning
-from pycore.deep import LayerSolution, kstep_layer, kstep_loss
+from pycore.deep._layer import LayerSolution, kstep_layer
+from pycore.deep._objectives import kstep_loss
 from pycore.linalg import KStepProbe
 
 EPS = np.finfo(np.float64).eps

@@ -15,7 +15,6 @@ from pycore import (
     MethodRun,
     ParameterError,
     evaluate_linear,
-    gram_spectrum,
     immunize,
     immunize_batch,
     method_of,
@@ -24,6 +23,7 @@ from pycore import (
     unregister_method,
 )
 from pycore._immunization import check_method_work
+from pycore._spectral import gram_spectrum
 from pycore._worst_case_analysis import Variant
 from pycore.report import METHOD_LABELS, read_json, write_json
 

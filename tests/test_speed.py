@@ -9,8 +9,7 @@ import pytest
 import scipy.linalg
 import threadpoolctl
 
-from pycore import gram_spectrum
-from pycore._spectral import ProductGramSpectrum, SymmetricEigen
+from pycore._spectral import ProductGramSpectrum, SymmetricEigen, gram_spectrum
 from pycore._threads import blas_threads
 from pycore.linalg import hessian_regularizer
 

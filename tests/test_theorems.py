@@ -256,7 +256,8 @@ def test_prop32_counterexample_the_library_gives_the_true_spectrum():
     [0, 1]] the spectrum of θᵀKθ is (4.5616, 0.4384), the proposition's formula sᵢ²·uᵢᵀKuᵢ gives
     (4.5125, 0.4875) and so UNDERestimates κ (9.256 against 10.405). Every κ the library reports
     (of H, of the features through the SVD, and the RIR built on them) is the true one."""
-    from pycore import gram_spectrum, rir
+    from pycore import rir
+    from pycore._spectral import gram_spectrum
 
     K, theta = np.diag([2.0, 1.0]), np.array([[1.0, 1.0], [0.0, 1.0]])
     true = (5 + np.sqrt(17.0)) / (5 - np.sqrt(17.0))  # θᵀKθ = [[2, 2], [2, 3]]: (5 ± √17)/2

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import threadpoolctl
 
-from pycore import ParameterError, bounded_blas
-from pycore._threads import blas_threads, task_threads, threads_for
+from pycore import ParameterError
+from pycore._threads import blas_threads, bounded_blas, task_threads, threads_for
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_VARS = (

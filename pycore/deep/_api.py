@@ -22,7 +22,6 @@ from pycore._validation import (
     check_number,
     check_seed,
 )
-from pycore.deep._audit_model import audit_model  # noqa: F401  (pycore.deep imports it here)
 from pycore.deep._data import as_dataset, dataset_labels, label_count
 from pycore.deep._features import extract, prelogits_dataset
 from pycore.deep._layer import attainability
@@ -88,7 +87,7 @@ HELDOUT, MIN_HELDOUT, PROBE_STEPS = 0.25, 8, (10, 60)
 class HeldOutProbe:
     """The paper's GD probe on D_H rows held out from the immunization.
 
-    The paper's GD probe (step 1/L, :func:`pycore.deep.linear_probe_curve`) on D_H rows
+    The paper's GD probe (step 1/L, :func:`pycore.deep._probes.linear_probe_curve`) on D_H rows
     held out from the immunization: trained on ``rows[0]`` of them, scored (D_H accuracy, %) on
     the other ``rows[1]`` after each of ``steps`` full-batch GD steps, on θ₀'s features
     (``reference``) and on the immunized model's (``model``). ``deficit`` = reference − model in
@@ -200,7 +199,7 @@ def immunize_model(
         of at least 2 classes: an ``(X, y)`` pair, or a Dataset (a DataLoader's) of ``(input
         tensor, label)`` pairs; labels are integers (class indices), inputs finite images of the
         model's channels, one size, float32 (float64 and float16 are cast)
-        (:func:`~pycore.deep.as_dataset`).
+        (:func:`pycore.deep._data.as_dataset`).
     method : str
         One of :data:`~pycore.deep.DEEP_METHODS`.
     seed : int

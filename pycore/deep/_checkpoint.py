@@ -185,6 +185,17 @@ def save_model(model, path: str | os.PathLike, extra: dict | None = None) -> str
         ``path`` that is a folder or not a path (``"path"``).
     CheckpointError
         The file cannot be written (``.path``).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from pycore.deep import ImmunizedNet, create_model, load_model, save_model
+    >>> net = ImmunizedNet(create_model("test_resnet", 2, seed=0, img_size=32))
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = save_model(net, os.path.join(folder, "net.safetensors"), extra={"seed": 0})
+    ...     back, metadata = load_model(path)
+    >>> metadata["model"], metadata["num_classes"], metadata["extra"]
+    ('test_resnet', '2', '{"seed": 0}')
     """
     from safetensors import SafetensorError  # noqa: PLC0415
     from safetensors.torch import save_file  # noqa: PLC0415
@@ -330,7 +341,7 @@ def load_model(
     Parameters
     ----------
     path : str or os.PathLike
-        A safetensors or weights-only torch file (:func:`read_weights`).
+        A safetensors or weights-only torch file (:func:`pycore.deep._checkpoint.read_weights`).
     model : str, optional
         The timm architecture: required for a plain state dict, checked for a :func:`save_model`
         file.
@@ -350,9 +361,21 @@ def load_model(
         ``.path`` names the file; ``.tensor`` a tensor that is not finite in the file or overflows
         the model's float32: an unreadable file, no metadata and no ``model``, an architecture that
         cannot be built.
-    CheckpointMismatchError
-        Tensors that do not fit the architecture, another architecture than ``model``, or peft
-        adapter tensors of a model saved with unmerged LoRA adapters (``.tensor`` the first).
+    pycore.deep._checkpoint.CheckpointMismatchError
+        A :class:`CheckpointError`: tensors that do not fit the architecture, another
+        architecture than ``model``, or peft adapter tensors of a model saved with unmerged LoRA
+        adapters (``.tensor`` the first).
+
+    Examples
+    --------
+    >>> import os, tempfile, torch
+    >>> from pycore.deep import ImmunizedNet, create_model, load_model, save_model
+    >>> net = ImmunizedNet(create_model("test_resnet", 2, seed=0, img_size=32)).eval()
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     back, metadata = load_model(save_model(net, os.path.join(folder, "net.safetensors")))
+    >>> x = torch.randn(4, 3, 32, 32)
+    >>> type(back).__name__, back.training, torch.equal(back(x), net(x))
+    ('ImmunizedNet', False, True)
     """
     path = os.fspath(path)
     sd, meta = read_weights(path)

@@ -159,7 +159,7 @@ def image_folder(root: str | os.PathLike, split: str, model) -> ImageFolder:
     split : str
         The split's folder name (``"train"``, ``"val"``).
     model : torch.nn.Module
-        The model the images are normalised for (:func:`model_normalization`).
+        The model the images are normalised for (:func:`pycore.deep._data.model_normalization`).
 
     Returns
     -------
@@ -172,6 +172,23 @@ def image_folder(root: str | os.PathLike, split: str, model) -> ImageFolder:
         A missing folder, fewer than 2 classes or 2 images in a class, a folder reached twice, an
         image that is not a regular file; the message names the path. An image that cannot be
         decoded, or is too large, is a DataError naming it when it is read.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from PIL import Image
+    >>> from pycore.deep import create_model, image_folder
+    >>> net = create_model("test_resnet", 2, seed=0, img_size=32)  # timm's tiny test ResNet
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     for name, colour in (("cat", (200, 120, 40)), ("dog", (40, 120, 200))):
+    ...         os.makedirs(os.path.join(root, "train", name))
+    ...         for i in range(2):
+    ...             image = Image.new("RGB", (40, 48), colour)
+    ...             image.save(os.path.join(root, "train", name, f"{i}.png"))
+    ...     data = image_folder(root, "train", net)
+    ...     x, y = data[3]  # decoded when read: resized and cropped to the model's 32 pixels
+    >>> len(data), data.classes, tuple(x.shape), y
+    (4, ['cat', 'dog'], (3, 32, 32), 1)
     """
     path = os.path.join(os.fspath(root), split)
     if not os.path.isdir(path):
@@ -243,7 +260,7 @@ def mnist_digits(model, digits: Sequence[int]) -> TensorDataset:
     Parameters
     ----------
     model : torch.nn.Module
-        The model the images are normalised for (:func:`model_normalization`).
+        The model the images are normalised for (:func:`pycore.deep._data.model_normalization`).
     digits : sequence of int
         The digits, in the order of their labels.
 
@@ -256,6 +273,15 @@ def mnist_digits(model, digits: Sequence[int]) -> TensorDataset:
     ------
     DataError
         The bundled data cannot be read.
+
+    Examples
+    --------
+    >>> from pycore.deep import create_model, mnist_digits
+    >>> net = create_model("test_resnet", 2, seed=0, img_size=32)  # timm's tiny test ResNet
+    >>> data = mnist_digits(net, (3, 8))  # 3 → label 0, 8 → label 1
+    >>> images, labels = data.tensors
+    >>> len(data), tuple(images.shape[1:]), labels.bincount().tolist()
+    (1000, (3, 32, 32), [500, 500])
     """
     try:
         pixels, labels, _ = _mnist_5k()
@@ -424,7 +450,7 @@ def _inputs(x: torch.Tensor, name: str, sample: int | None, want) -> torch.Tenso
         raise DataError(
             f"{what} is {str(x.dtype).removeprefix('torch.')}; inputs must be floating point "
             "(float32; float64 and float16 are cast): convert integer images to float and "
-            "normalise them as the model expects (pycore.deep.model_normalization)",
+            "normalise them as the model expects (pycore.deep._data.model_normalization)",
             argument=name,
             sample=sample,
         )

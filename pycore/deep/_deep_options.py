@@ -1,4 +1,4 @@
-"""The options of deep immunization, and what :func:`pycore.deep.immunize_in_place` returns.
+"""The options of deep immunization, and what :func:`pycore.deep._train.immunize_in_place` returns.
 
 :class:`DeepOptions` is checked by the rule tables below (:class:`pycore._options.Options`);
 the loop that reads it is :mod:`pycore.deep._train`.

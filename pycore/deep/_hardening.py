@@ -116,7 +116,7 @@ def harden(
     scale : float
         ``s`` of ``label_subspace``.
     cached, batch_size
-        As :func:`pycore.deep.extract`.
+        As :func:`pycore.deep._features.extract`.
 
     Returns
     -------
@@ -129,7 +129,8 @@ def harden(
     --------
     >>> import numpy as np, torch
     >>> from torch.utils.data import TensorDataset
-    >>> from pycore.deep import ImmunizedNet, create_model, harden
+    >>> from pycore.deep import ImmunizedNet, create_model
+    >>> from pycore.deep._hardening import harden
     >>> net = ImmunizedNet(create_model("test_resnet", 2, seed=0, img_size=32)).eval()
     >>> g = torch.Generator().manual_seed(0)
     >>> dh = TensorDataset(torch.randn(32, 3, 32, 32, generator=g), torch.arange(32) % 4)

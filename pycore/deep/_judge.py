@@ -342,7 +342,8 @@ def reference_path(
     data : AttackData
         The attacker's splits.
     operators : str or sequence of str, default OPERATORS
-        As for :func:`~pycore.deep.operator_names` (``scratch`` among them: the ceiling).
+        Names of :data:`OPERATORS`, ``lora_r<r>`` or ``retrain_last<k>`` (``scratch`` among them:
+        the ceiling).
     lora_ranks : int or sequence of int, default LORA_RANKS
         The LoRA ranks.
     seed : int, default 0
@@ -361,7 +362,7 @@ def reference_path(
         operator of ``operators``); the others are raced to it without a plateau run.
     fresh : callable, optional
         ``fresh(num_classes, seed)``: the architecture from its own initialisation
-        (default: :func:`~pycore.deep.architecture` of ``reference``).
+        (default: :func:`pycore.deep._operators.architecture` of ``reference``).
     progress : callable, optional
         Called with each operator's name as it starts.
     model_name : str, optional
@@ -375,8 +376,31 @@ def reference_path(
     Raises
     ------
     ParameterError
-        As :func:`~pycore.deep.operator_names` raises; ``operators`` without an operator that
-        uses θ₀.
+        An unknown, empty or absent selection, a ``retrain_last<k>`` beyond the model's stages,
+        LoRA without peft installed, or no operator that uses θ₀ (``"operators"``); a rank that
+        is not a positive integer (``"lora_ranks"``); a ``setting`` without a probe, LoRA or
+        fine-tuning operator (``"setting"``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pycore.deep import AttackData, create_model, reference_path
+    >>> from pycore.deep._operators import Schedule  # short step bounds, for an example
+    >>> g = torch.Generator().manual_seed(0)
+    >>> def split(n):  # two classes of 32-pixel images that differ in their mean
+    ...     y = torch.arange(n) % 2
+    ...     X = torch.randn(n, 3, 32, 32, generator=g) + y[:, None, None, None]
+    ...     return torch.utils.data.TensorDataset(X, y)
+    >>> data = AttackData(split(24), split(24), split(24), classes=2)  # train, val, test
+    >>> theta0 = create_model("test_resnet", 2, seed=0, img_size=32)  # timm's tiny ResNet
+    >>> schedule = Schedule(batch_size=8, min_steps=5, probe_max_steps=200, deep_max_steps=20)
+    >>> ref = reference_path(
+    ...     theta0, data, ("adam", "scratch"), schedule=schedule, scratch_max_steps=50
+    ... )
+    >>> ref.chance, ref.target, ref.target_operator  # chance + 0.9·(adam's plateau − chance)
+    (50.0, 95.0, 'adam')
+    >>> ref.path.names(), ref.cheapest.operator, ref.ceiling > 1  # scratch costs more
+    (['adam', 'scratch'], 'adam', True)
     """
     names = operator_names(operators, lora_ranks, depths=retrain_depths(reference))
     if all(n == "scratch" for n in names):
@@ -527,7 +551,7 @@ def cheapest_path(
     schedule : Schedule, default Schedule()
         As for ``reference``.
     features : dict, optional
-        As for :func:`~pycore.deep.operator`.
+        As for :func:`pycore.deep._operators.operator`.
     fresh : callable, optional
         As for :func:`reference_path`.
     operators : sequence of str, optional
@@ -546,6 +570,24 @@ def cheapest_path(
     ------
     ParameterError
         ``"model"``: its forward pass costs more than θ₀'s; ``"reference"``: another structure.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pycore.deep import AttackData, cheapest_path, create_model, reference_path
+    >>> from pycore.deep._operators import Schedule  # short step bounds, for an example
+    >>> g = torch.Generator().manual_seed(0)
+    >>> def split(n):  # two classes of 32-pixel images that differ in their mean
+    ...     y = torch.arange(n) % 2
+    ...     X = torch.randn(n, 3, 32, 32, generator=g) + y[:, None, None, None]
+    ...     return torch.utils.data.TensorDataset(X, y)
+    >>> data = AttackData(split(24), split(24), split(24), classes=2)  # train, val, test
+    >>> theta0 = create_model("test_resnet", 2, seed=0, img_size=32)  # timm's tiny ResNet
+    >>> schedule = Schedule(batch_size=8, min_steps=5, probe_max_steps=200, deep_max_steps=20)
+    >>> ref = reference_path(theta0, data, ("adam",), schedule=schedule)
+    >>> path = cheapest_path(theta0, data, ref, theta0, schedule=schedule)  # θ₀, undefended
+    >>> path.cheapest().operator, path["adam"].flops == ref.path["adam"].flops, path.exact
+    ('adam', True, True)
     """
     net, base = as_immunized(model), as_immunized(theta0)
     x = fetch(data.train, torch.arange(1))[0].to(next(net.parameters()).device)
@@ -641,6 +683,24 @@ def worth(path: CheapestPath, reference: ReferencePath) -> Worth:
     -------
     Worth
         Worth, worth without the probes, retrain bound, ceiling, share of the headroom.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pycore.deep import AttackData, cheapest_path, create_model, reference_path, worth
+    >>> from pycore.deep._operators import Schedule  # short step bounds, for an example
+    >>> g = torch.Generator().manual_seed(0)
+    >>> def split(n):  # two classes of 32-pixel images that differ in their mean
+    ...     y = torch.arange(n) % 2
+    ...     X = torch.randn(n, 3, 32, 32, generator=g) + y[:, None, None, None]
+    ...     return torch.utils.data.TensorDataset(X, y)
+    >>> data = AttackData(split(24), split(24), split(24), classes=2)  # train, val, test
+    >>> theta0 = create_model("test_resnet", 2, seed=0, img_size=32)  # timm's tiny ResNet
+    >>> schedule = Schedule(batch_size=8, min_steps=5, probe_max_steps=200, deep_max_steps=20)
+    >>> ref = reference_path(theta0, data, ("adam",), schedule=schedule)
+    >>> w = worth(cheapest_path(theta0, data, ref, theta0, schedule=schedule), ref)
+    >>> w.worth, w.worth_censored, w.cheapest_operator  # θ₀ against itself: worth 1
+    (1.0, False, 'adam')
     """
     theta0 = reference.path
     w, w_c = _ratio(path.cheapest(), theta0.cheapest())

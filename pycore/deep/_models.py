@@ -428,8 +428,8 @@ def create_model(
     seed : int, optional
         Seeds the initialisation (None: the global RNG).
     **kwargs
-        Integer architecture options in [1, 100000]: one of :data:`MODEL_KWARGS` (``img_size``,
-        ``patch_size``, ``depth``, ...).
+        Integer architecture options in [1, 100000]: one of
+        :data:`pycore.deep._models.MODEL_KWARGS` (``img_size``, ``patch_size``, ``depth``, ...).
 
     Returns
     -------
@@ -440,9 +440,23 @@ def create_model(
     ------
     ParameterError
         An unknown name (``"model"``), a bad ``num_classes``, an option that is not one of
-        :data:`MODEL_KWARGS` or out of bounds (named), or options timm cannot build.
+        :data:`~pycore.deep._models.MODEL_KWARGS` or out of bounds (named), or options timm
+        cannot build.
     PretrainedUnavailableError
         ``pretrained`` weights that cannot be had (offline, not cached).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pycore.deep import create_model
+    >>> net = create_model("test_resnet", 10, seed=0, img_size=32)  # timm's tiny test ResNet
+    >>> net.num_classes, net.pretrained_cfg["input_size"]
+    (10, (3, 32, 32))
+    >>> net.eval()(torch.zeros(4, 3, 32, 32)).shape
+    torch.Size([4, 10])
+    >>> again = create_model("test_resnet", 10, seed=0, img_size=32)  # the same seed, weights
+    >>> all(torch.equal(a, b) for a, b in zip(net.parameters(), again.parameters()))
+    True
     """
     if not isinstance(name, str) or not timm.is_model(name):
         raise ParameterError(

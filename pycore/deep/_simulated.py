@@ -27,7 +27,7 @@ D_P top-1 on up to 1024 of the given D_P rows is checked every ``check_every`` o
 the model ends on the last checked state within ``dp_tolerance`` points of where it started.
 ``scope="tail"`` defends the backbone's last ``stages`` stages and the immunization layer (run
 from their stored inputs, :mod:`pycore.deep._tail`); ``"backbone"`` every backbone parameter.
-The model stays in eval mode, as in :func:`pycore.deep.immunize_in_place`, its defended
+The model stays in eval mode, as in :func:`pycore.deep._train.immunize_in_place`, its defended
 BatchNorms folded into their convolutions first (``fold_batchnorm``; the function unchanged,
 :func:`pycore.deep._models.fold_batchnorm`).
 """
