@@ -96,12 +96,12 @@ def probe_calls(settings: int) -> dict:
 
     def sequential():
         for lr in lrs:
-            p = AdamProbe(A, y, ev, ev, lrs=(lr,), classes=5, eval_every=20)
-            p.advance([True], False)
+            p = AdamProbe(A, y, ev, ev, lrs=(lr,), classes=5)
+            p.advance([20])
 
     def batched():
-        p = AdamProbe(A, y, ev, ev, lrs=lrs, classes=5, eval_every=20)
-        p.advance([True] * settings, False)
+        p = AdamProbe(A, y, ev, ev, lrs=lrs, classes=5)
+        p.advance([20] * settings)
 
     return {"sequential": sequential, "batched": batched}
 
