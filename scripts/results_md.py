@@ -177,14 +177,22 @@ def tables_of(text: str, demote: int, title: bool) -> list[str]:
     return out
 
 
-def section(root: Path, n: int, e: Experiment, missing: bool) -> str:
+def section(root: Path, n: int, e: Experiment, missing: list[str]) -> str:
+    """Section ``n``: what ``e`` is, its command and the tables of its table.md files that exist
+    (a group's configurations not run yet are named, the others shown)."""
     title, what, command, out, files, check = e
     lines = [f"## {n}. {title}", "", what, "", "```bash", f"{command} --out {out}", "```", ""]
     if check:
         lines.append(f"<!-- readme-check: {command} -->")
+    present = [f for f in files if f not in missing]
     if missing:
-        lines.append("Not run yet: run the command, then `python scripts/results_md.py`.")
-    for f in [] if missing else files:
+        lines += [
+            "Not run yet"
+            + (f" ({', '.join(str(Path(f).parent) for f in missing)})" if present else "")
+            + ": run the command, then `python scripts/results_md.py`.",
+            "",
+        ]
+    for f in present:
         lines += tables_of(
             (root / out / f).read_text(encoding="utf-8"),
             2 if len(files) > 1 else 1,
@@ -204,14 +212,14 @@ def render(current: str, root: Path = ROOT) -> str:
     parts = [HEADER]
     for n, e in enumerate(EXPERIMENTS, 1):
         missing = [f for f in e.files if not (root / e.out / f).is_file()]
-        keep = bool(missing) and f"## {n}. {e.title}" in kept
+        keep = len(missing) == len(e.files) and f"## {n}. {e.title}" in kept
         if missing:
             print(
                 f"results_md.py: no {e.out}/{missing[0]}: section {n} "
                 f"{'kept as it was' if keep else 'says: not run yet'}",
                 file=sys.stderr,
             )
-        parts.append(kept[f"## {n}. {e.title}"] if keep else section(root, n, e, bool(missing)))
+        parts.append(kept[f"## {n}. {e.title}"] if keep else section(root, n, e, missing))
     return "\n".join(parts)
 
 
