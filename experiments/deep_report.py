@@ -240,7 +240,8 @@ def table_markdown(result: dict, paper: dict | None = None) -> str:
     lines += [
         f"- {label(result, m)}: failed: {'; '.join(f)}" for m, f in _failures(result).items()
     ]
-    lines += _judge_lines(result, rows_, "judged", n)
+    if any(r.get("judged") for r in rows_.values()):
+        lines += _judge_lines(result, rows_, "judged", n)
     lines += _theta0_lines(result["theta0"]["attack"], result["seeds"], "θ₀'s side per seed:")
     more = result["theta0"].get("more_data")
     if more:
@@ -250,7 +251,8 @@ def table_markdown(result: dict, paper: dict | None = None) -> str:
             f"seed(s) {rc['more_data_seeds']}), with its own target and ceiling:",
             "",
         ]
-        lines += _judge_lines(result, rows_, "more_data", len(rc["more_data_seeds"]))
+        if any(r.get("more_data") for r in rows_.values()):
+            lines += _judge_lines(result, rows_, "more_data", len(rc["more_data_seeds"]))
         lines += _theta0_lines(more, list(rc["more_data_seeds"]), "θ₀'s side with more images:")
     dp = result["theta0"].get("dp_finetune")
     if dp:
@@ -311,20 +313,21 @@ def table_markdown(result: dict, paper: dict | None = None) -> str:
             + " |"
             for s, w in zip(result["per_seed"], windows)
         ]
-    lines += [
-        "",
-        "(i) decomposed: the largest and the smallest nonzero eigenvalue of H_H relative to its "
-        "median, each divided by θ₀'s (geometric means over the groups; their quotient is the "
-        "groups' κ ratio).",
-        "",
-        "| row | groups (i) ↑ | top ratio | bottom ratio |",
-        "|---|---|---|---|",
-    ]
-    lines += [
-        f"| {label(result, m)} | {pm(r['groups_harmful_ratio'])} | {pm(r['harmful_top_ratio'])} "
-        f"| {pm(r['harmful_bottom_ratio'])} |"
-        for m, r in rows_.items()
-    ]
+    if rows_:
+        lines += [
+            "",
+            "(i) decomposed: the largest and the smallest nonzero eigenvalue of H_H relative to "
+            "its median, each divided by θ₀'s (geometric means over the groups; their quotient is "
+            "the groups' κ ratio).",
+            "",
+            "| row | groups (i) ↑ | top ratio | bottom ratio |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {label(result, m)} | {pm(r['groups_harmful_ratio'])} | "
+            f"{pm(r['harmful_top_ratio'])} | {pm(r['harmful_bottom_ratio'])} |"
+            for m, r in rows_.items()
+        ]
     return "\n".join(lines) + "\n"
 
 
