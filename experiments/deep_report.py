@@ -139,10 +139,13 @@ def _judge_lines(result: dict, rows_: dict, key: str, n: int) -> list[str]:
         if not j:
             continue
         w, s = j["worth"], j["headroom_share"]
+        # ≤: an operator stopped by its step bound had spent less than the cheapest paid, so
+        # the attacker's cheapest cost may be lower (CheapestPath.exact, docs/theory.md §12)
+        exact = j.get("exact") or [True] * len(w["per_seed"])
         per = " / ".join(
-            f"{_ratio(x, c)} ({_share(h)}) [{operator_label(o, True)}]"
-            for x, c, h, o in zip(
-                w["per_seed"], w["censored"], s["per_seed"], j["cheapest_operator"]
+            f"{'' if e else '≤'}{_ratio(x, c)} ({_share(h)}) [{operator_label(o, True)}]"
+            for x, c, h, o, e in zip(
+                w["per_seed"], w["censored"], s["per_seed"], j["cheapest_operator"], exact
             )
         )
         wp, rb = j["worth_without_probes"], j["retrain_bound"]
@@ -227,8 +230,9 @@ def table_markdown(result: dict, paper: dict | None = None) -> str:
         "tuned; linear probes, LoRA, fine-tuning, the retrain of every suffix of stages, training "
         "from scratch) on the row over the same on θ₀; **share of the headroom**: log worth / "
         "log ceiling (1: as costly as training from scratch; < 0: the row helped the attacker); "
-        "**retrain bound**: the row's cheapest retrain over θ₀'s cheapest; ≥: a lower bound "
-        "(docs/theory.md §12).",
+        "**retrain bound**: the row's cheapest retrain over θ₀'s cheapest; ≥: a lower bound; "
+        "≤: an upper bound (an operator stopped by its step bound had spent less than the "
+        "cheapest paid) (docs/theory.md §12).",
         "",
     ]
     if ceil:
