@@ -85,15 +85,17 @@ EXPERIMENTS = [
         "attackers and SOPHON) judged by the attacker's cheapest path in FLOPs against θ₀'s and "
         "against training from scratch (docs/theory.md §12); every operator on every row; the "
         "attacker with 4× the images on seed 0.",
-        "python experiments/deepnet.py --config demo-full --threads 1 --out results/deepnet",
+        "python experiments/deepnet.py --config demo-full --threads 1",
         "results/deepnet",
         files=("demo-full-resnet18/table.md", "demo-full-vit/table.md"),
     ),
     Experiment(
         "Deep nets: the quick demo",
-        "The same rows on one seed of each backbone, θ₀'s operators raced as a model's and the "
-        "operators that were the cheapest on some row of demo-full (docs/findings.md §7).",
-        "python experiments/deepnet.py --demo --threads 1 --out results/deepnet",
+        "The same rows on one seed of each backbone (the attacker's images: 128 for ResNet18, 512 "
+        "for the ViT), LoRA at rank 8 only, the deep operators cut at 100 steps, θ₀'s operators "
+        "raced in FLOPs as a model's (θ₀'s cheapest path exact, the others' costs lower bounds; "
+        "docs/findings.md §7).",
+        "python experiments/deepnet.py --demo --threads 1",
         "results/deepnet",
         files=("demo-resnet18/table.md", "demo-vit/table.md"),
     ),
@@ -102,7 +104,7 @@ EXPERIMENTS = [
         "θ₀'s side alone (every operator's plateau, the target, the cheapest attacker on θ₀, "
         "scratch and the ceiling) with 32, 128 and 512 attacker images, 3 seeds of both "
         "backbones: the table the demo's setting was chosen by.",
-        "python experiments/deepnet.py --config demo-setting --threads 1 --out results/deepnet",
+        "python experiments/deepnet.py --config demo-setting --threads 1",
         "results/deepnet",
         files=tuple(
             f"demo-setting-{b}-{n}/table.md" for b in ("resnet18", "vit") for n in (32, 128, 512)
@@ -204,22 +206,27 @@ def section(root: Path, n: int, e: Experiment, missing: list[str]) -> str:
 def render(current: str, root: Path = ROOT) -> str:
     """results.md from the outputs under ``root``; a section whose table.md is missing is kept from
     ``current``."""
+    # title → its section in current, renumbered where a section was added before it
     kept = {
-        p.splitlines()[0]: p.rstrip() + "\n"  # heading line → its section in current
+        p.splitlines()[0].split(". ", 1)[-1]: p.rstrip() + "\n"
         for p in re.split(r"(?m)^(?=## )", current)
         if p.startswith("## ")
     }
     parts = [HEADER]
     for n, e in enumerate(EXPERIMENTS, 1):
         missing = [f for f in e.files if not (root / e.out / f).is_file()]
-        keep = len(missing) == len(e.files) and f"## {n}. {e.title}" in kept
+        keep = len(missing) == len(e.files) and e.title in kept
         if missing:
             print(
                 f"results_md.py: no {e.out}/{missing[0]}: section {n} "
                 f"{'kept as it was' if keep else 'says: not run yet'}",
                 file=sys.stderr,
             )
-        parts.append(kept[f"## {n}. {e.title}"] if keep else section(root, n, e, missing))
+        parts.append(
+            re.sub(r"^## \d+\. ", f"## {n}. ", kept[e.title])
+            if keep
+            else section(root, n, e, missing)
+        )
     return "\n".join(parts)
 
 
