@@ -236,3 +236,31 @@ def test_results_md_is_the_tables_of_the_outputs_and_check_sees_a_change(tmp_pat
     table.write_text("| method | v |\n|--|--|\n| A | 2 ± 0 |\n")
     assert gen.main(["--check"], root=tmp_path) == 1 and "| A | 2 ± 0 |" in capsys.readouterr().err
     assert (tmp_path / "docs" / "results.md").read_text() == text  # --check writes nothing
+
+
+def test_results_md_shows_a_groups_partial_outputs_and_keeps_sections_by_title(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "results_md", rc.ROOT / "scripts" / "results_md.py"
+    )
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    group = next(e for e in gen.EXPERIMENTS if len(e.files) > 2)
+    n = gen.EXPERIMENTS.index(group) + 1
+    present, *absent = group.files
+    path = tmp_path / group.out / present
+    path.parent.mkdir(parents=True)
+    path.write_text("# T\n\nLegend.\n\n| seed | ceiling |\n|---|---|\n| 0 | 62.8 |\n")
+    (tmp_path / "docs").mkdir()
+    assert gen.main([], root=tmp_path) == 0
+    text = (tmp_path / "docs" / "results.md").read_text()
+    mine = text.split(f"## {n}. ")[1].split("\n## ")[0]
+    assert "| 0 | 62.8 |" in mine
+    assert all(f.split("/")[0] in mine for f in absent)
+    # an old section under another number is kept, renumbered, when its outputs are all absent
+    path.unlink()
+    old = text.replace(f"## {n}. {group.title}", f"## 99. {group.title}")
+    (tmp_path / "docs" / "results.md").write_text(old)
+    assert gen.main([], root=tmp_path) == 0
+    assert (tmp_path / "docs" / "results.md").read_text() == text
